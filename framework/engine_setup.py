@@ -1,0 +1,107 @@
+"""Start-up decisions: device, dtype, the model and its tokenizer, max_model_len and the KV cache size."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from framework.config import ConfigError, Mrv2Config
+from framework.models.hf_config import DecoderConfig
+from framework.models.loader import build_model, init_random_weights, load_safetensors_weights, read_hf_config
+from framework.models.presets import preset_config
+from framework.tokenizer import Tokenizer, checkpoint_eos_token_id, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_KV_CACHE_BYTES = 4 << 30  # default CPU KV budget when cache.num_blocks is not set
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with what the engine must know about it."""
+
+    model: nn.Module
+    hf_config: dict[str, Any]
+    tokenizer: Optional[Tokenizer]
+    eos_token_id: Optional[int]
+    vocab_size: int
+    max_model_len: int
+    device: torch.device
+    dtype: torch.dtype
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA device is available (use device=cpu or device=auto)")
+    return torch.device(name)
+
+
+def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
+    """Build the configured model: safetensors weights from `model.path`, or a preset's random weights."""
+    mc = config.model
+    dtype = _DTYPES.get(mc.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    hf_config = read_hf_config(mc.path) if mc.path else preset_config(mc.preset or "")
+    model = build_model(hf_config, dtype, device)
+    if mc.path:
+        load_safetensors_weights(model, mc.path)
+        eos = checkpoint_eos_token_id(Path(mc.path), hf_config)
+    else:
+        init_random_weights(model, mc.seed)
+        eos = hf_config.get("eos_token_id")
+    model.eval()
+    limit = int(hf_config.get("max_position_embeddings", 2048))
+    max_model_len = mc.max_model_len or limit
+    if max_model_len > limit:
+        raise ConfigError(f"model.max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}")
+    if isinstance(getattr(model, "config", None), DecoderConfig):
+        model.config.check_max_model_len(max_model_len)
+    return LoadedModel(
+        model=model,
+        hf_config=hf_config,
+        tokenizer=load_tokenizer(mc.path, hf_config),
+        eos_token_id=eos,
+        vocab_size=int(hf_config["vocab_size"]),
+        max_model_len=max_model_len,
+        device=device,
+        dtype=dtype,
+    )
+
+
+def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
+    shape = loaded.model.kv_cache_shape(1, block_size)
+    per_layer = int(torch.tensor(shape).prod()) * torch.empty(0, dtype=loaded.dtype).element_size()
+    return per_layer * loaded.model.num_kv_layers
+
+
+def num_kv_blocks(config: Mrv2Config, loaded: LoadedModel) -> int:
+    """KV blocks to allocate: configured, else sized from free memory (GPU) or a fixed budget (CPU).
+
+    Raises :class:`ConfigError` when the cache cannot hold one request of max_model_len tokens.
+    """
+    bs = config.cache.block_size
+    per_block = kv_bytes_per_block(loaded, bs)
+    blocks_per_req = -(-loaded.max_model_len // bs)
+    if config.cache.num_blocks is not None:
+        num_blocks = config.cache.num_blocks
+    elif loaded.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(loaded.device)
+        budget = total * config.cache.gpu_memory_utilization - (total - free)
+        num_blocks = int(budget // per_block)
+    else:
+        wanted = blocks_per_req * config.scheduler.max_num_seqs
+        num_blocks = max(min(wanted, CPU_KV_CACHE_BYTES // per_block), 1)
+    if num_blocks < blocks_per_req:
+        raise ConfigError(
+            f"the KV cache has {num_blocks} blocks of {bs} tokens ({num_blocks * bs} tokens), too small for one "
+            f"request of max_model_len={loaded.max_model_len}: raise cache.num_blocks or "
+            "cache.gpu_memory_utilization, or lower model.max_model_len"
+        )
+    return num_blocks

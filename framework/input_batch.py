@@ -1,0 +1,84 @@
+"""This step's batch: small per-row arrays built on the host, everything per-token built on the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from framework.kernels.input_prep import prepare_inputs_reference, token_batch_rows
+from framework.request_state import RequestState
+from framework.scheduler_output import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class InputBatch:
+    """One step's inputs. Host arrays are per batch row; device tensors say their index space."""
+
+    request_ids: list[str]  # batch_row -> request id
+    num_rows: int  # R
+    num_tokens: int  # T
+    num_logits: int  # L = R + total drafts
+    max_query_len: int
+    max_seq_len: int
+    idx_mapping_host: np.ndarray  # [R] int64: batch_row -> req_slot
+    num_draft_host: np.ndarray  # [R] int64
+    idx_mapping: torch.Tensor  # [R] int32: batch_row -> req_slot
+    query_start_loc: torch.Tensor  # [R+1] int32: first token of each row
+    query_lens: torch.Tensor  # [R] int32
+    num_draft: torch.Tensor  # [R] int32: drafts verified per row
+    cu_num_logits: torch.Tensor  # [R+1] int32: first logits row of each row
+    token_rows: torch.Tensor  # [T] int64: token -> batch_row
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    seq_lens: torch.Tensor  # [R] int32: KV length after this step
+    logits_indices: torch.Tensor  # [L] int64: logits_row -> token
+    expanded_idx_mapping: torch.Tensor  # [L] int32: logits_row -> req_slot
+    sample_positions: torch.Tensor  # [L] int64: position of the token each logits row samples
+
+
+def _prefix_sum(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def build_input_batch(output: SchedulerOutput, state: RequestState, device: torch.device) -> InputBatch:
+    """Host: idx_mapping and prefix sums (O(rows)). Device: tokens, positions, logits rows (O(tokens))."""
+    slots = np.fromiter((state.req_id_to_slot[r] for r in output.scheduled_request_ids), dtype=np.int64)
+    num_scheduled = np.asarray(output.num_scheduled_tokens, dtype=np.int64)
+    num_draft = np.asarray(output.num_draft_tokens, dtype=np.int64)
+    query_start_loc = _prefix_sum(num_scheduled)
+    cu_num_logits = _prefix_sum(num_draft + 1)
+    seq_lens_host = state.num_computed_host[slots] + num_scheduled
+    state.num_computed_host[slots] = seq_lens_host
+    num_tokens, num_logits = int(query_start_loc[-1]), int(cu_num_logits[-1])
+
+    def to_device(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
+
+    idx_mapping = to_device(slots)
+    qsl = to_device(query_start_loc)
+    cu_logits = to_device(cu_num_logits)
+    prepared = prepare_inputs_reference(
+        idx_mapping, qsl, cu_logits, num_tokens, num_logits, state.all_token_ids, state.prefill_len,
+        state.num_computed, state.last_sampled, state.draft_tokens,
+    )
+    return InputBatch(
+        request_ids=list(output.scheduled_request_ids),
+        num_rows=len(slots),
+        num_tokens=num_tokens,
+        num_logits=num_logits,
+        max_query_len=int(num_scheduled.max()),
+        max_seq_len=int(seq_lens_host.max()),
+        idx_mapping_host=slots,
+        num_draft_host=num_draft,
+        idx_mapping=idx_mapping,
+        query_start_loc=qsl,
+        query_lens=to_device(num_scheduled),
+        num_draft=to_device(num_draft),
+        cu_num_logits=cu_logits,
+        token_rows=token_batch_rows(qsl, num_tokens),
+        **prepared._asdict(),
+    )

@@ -1,0 +1,104 @@
+"""The offline API: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from tqdm import tqdm
+
+from framework.config import Mrv2Config, load_config
+from framework.engine import EngineCore
+from framework.request import RequestOutput
+from framework.sampling_params import InvalidRequestError, SamplingParams
+
+Prompt = Union[str, Sequence[int]]
+
+# LLM(...) keyword -> dotted config key
+_KWARGS = {
+    "dtype": "model.dtype",
+    "max_model_len": "model.max_model_len",
+    "model_state": "model.model_state",
+    "seed": "seed",
+    "device": "device",
+    "runner": "runner.kind",
+    "block_size": "cache.block_size",
+    "num_kv_blocks": "cache.num_blocks",
+    "gpu_memory_utilization": "cache.gpu_memory_utilization",
+    "max_num_seqs": "scheduler.max_num_seqs",
+    "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
+    "max_logprobs": "sampler.max_logprobs",
+}
+
+
+def _config_from_kwargs(model: str, kwargs: dict[str, Any]) -> Mrv2Config:
+    data: dict[str, Any] = {"model": {"path": model, "preset": None} if Path(model).is_dir() else {"preset": model}}
+    for key, value in kwargs.items():
+        if key not in _KWARGS:
+            raise TypeError(f"LLM() got an unknown argument '{key}'; allowed: {', '.join(sorted(_KWARGS))}")
+        *parents, leaf = _KWARGS[key].split(".")
+        node = data
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return load_config(data)
+
+
+class LLM:
+    """An engine in this process. `model` is a local HF directory or an embedded preset name ("tiny").
+
+    Keyword arguments map to config keys (`max_model_len`, `block_size`, `num_kv_blocks`, `max_num_seqs`,
+    `max_num_batched_tokens`, `dtype`, `device`, `runner`, `seed`, ...); or pass a full `config`.
+    """
+
+    def __init__(self, model: str = "tiny", *, config: Optional[Mrv2Config] = None, **kwargs: Any) -> None:
+        self.config = config if config is not None else _config_from_kwargs(model, kwargs)
+        self.engine = EngineCore(self.config)
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.engine.tokenizer
+
+    def _token_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError("this model has no tokenizer.json: pass prompts as lists of token ids")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def generate(
+        self,
+        prompts: Union[Prompt, Sequence[Prompt]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs come back in prompt order.
+
+        Every request is validated before any is queued, so one bad prompt queues nothing.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        requests = []
+        for prompt, p in zip(prompts, params):
+            ids = self._token_ids(prompt)
+            request_id = f"gen-{next(self._ids)}"
+            self.engine._validate(request_id, ids, p)
+            requests.append((request_id, ids, p, prompt if isinstance(prompt, str) else None))
+        for request_id, ids, p, text in requests:
+            self.engine.add_request(request_id, ids, p, prompt=text)
+        outputs: dict[str, RequestOutput] = {}
+        with tqdm(total=len(requests), desc="generate", unit="req", file=sys.stderr, disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    outputs[out.request_id] = out
+                    bar.update(1)
+        return [outputs[r[0]] for r in requests]

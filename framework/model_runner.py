@@ -1,0 +1,135 @@
+"""Model Runner V2: stable request slots, inputs prepared on the device, results copied asynchronously.
+
+Read `execute_model` and `sample_tokens` top to bottom: each is a numbered list of calls.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from framework.async_output import AsyncOutput
+from framework.block_tables import BlockTables
+from framework.config import Mrv2Config
+from framework.engine_setup import LoadedModel
+from framework.input_batch import InputBatch, build_input_batch
+from framework.kernels.input_prep import compute_num_sampled_reference, post_update_reference
+from framework.request_state import RequestState
+from framework.runner_interface import ModelRunner
+from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from model_states import select_model_state
+from samplers import Sampler, SamplingStates
+from speculators import Speculator
+
+
+class _ExecuteState(NamedTuple):
+    """What `execute_model` hands to `sample_tokens`."""
+
+    batch: InputBatch
+    hidden_states: torch.Tensor  # [T, hidden]
+
+
+class ModelRunnerV2(ModelRunner):
+    """The V2 runner. Per-slot owners: RequestState, BlockTables, SamplingStates, the ModelState and the
+    Speculator (if any); each has add_request / remove_request / apply_staged_writes."""
+
+    name = "v2"
+
+    def __init__(self, config: Mrv2Config, loaded: LoadedModel, num_kv_blocks: int) -> None:
+        self.device = loaded.device
+        self.model = loaded.model
+        max_reqs = config.scheduler.max_num_seqs
+        bs = config.cache.block_size
+        self.request_state = RequestState(
+            max_reqs, loaded.max_model_len, config.speculator.num_speculative_tokens, self.device
+        )
+        self.block_tables = BlockTables(max_reqs, -(-loaded.max_model_len // bs), bs, self.device)
+        self.sampling_states = SamplingStates(max_reqs, self.device)
+        self.sampler = Sampler(self.sampling_states)
+        state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
+        self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
+        self.speculator: Optional[Speculator] = None  # built by the speculators issue from config.speculator
+        self.kv_caches = [
+            torch.zeros(self.model.kv_cache_shape(num_kv_blocks, bs), dtype=loaded.dtype, device=self.device)
+            for _ in range(self.model.num_kv_layers)
+        ]
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._pending: Optional[_ExecuteState] = None
+
+    # ---- execute_model ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute_model(self, output: SchedulerOutput) -> None:
+        self._free_slots(output.finished_request_ids)  # 1. finished / preempted requests leave their slots
+        self._add_requests(output.new_requests)  # 2. new and resumed requests take slots
+        self._update_requests(output.cached_requests)  # 3. running requests gain KV blocks
+        self._apply_staged_writes()  # 4. one scatter per state tensor
+        if output.is_empty:
+            self._pending = None
+            return
+        batch = build_input_batch(output, self.request_state, self.device)  # 5. inputs, on the device
+        attn_metadata = self.model_state.prepare_attn_metadata(batch, self.block_tables)  # 6. block tables, KV slots
+        extra_inputs = self.model_state.prepare_inputs(batch)  # 7. architecture-specific inputs
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)  # 8.
+        self._pending = _ExecuteState(batch, hidden)
+
+    def _states(self) -> list:
+        owners = [self.block_tables, self.sampling_states, self.model_state]
+        return owners + ([self.speculator] if self.speculator is not None else [])
+
+    def _free_slots(self, request_ids: set[str]) -> None:
+        for request_id in request_ids:
+            slot = self.request_state.remove_request(request_id)
+            if slot is not None:
+                for owner in self._states():
+                    owner.remove_request(slot)
+
+    def _add_requests(self, new_requests: list[NewRequestData]) -> None:
+        for new in new_requests:
+            slot = self.request_state.add_request(new)
+            self.block_tables.add_request(slot, new.block_ids)
+            self.sampling_states.add_request(slot, new.sampling_params, new.sampling_seed)
+            self.model_state.add_request(slot, new)
+            if self.speculator is not None:
+                self.speculator.add_request(slot, new)
+
+    def _update_requests(self, cached: list[CachedRequestData]) -> None:
+        for data in cached:
+            self.block_tables.append_blocks(self.request_state.req_id_to_slot[data.request_id], data.new_block_ids)
+
+    def _apply_staged_writes(self) -> None:
+        self.request_state.apply_staged_writes()
+        for owner in self._states():
+            owner.apply_staged_writes()
+
+    # ---- sample_tokens ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def sample_tokens(self) -> AsyncOutput:
+        if self._pending is None:
+            return AsyncOutput.empty()
+        batch, hidden = self._pending
+        self._pending = None
+        logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [L, vocab] float32
+        stages = self.sampling_states.stages_for(batch.idx_mapping_host)
+        sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages)  # 2.
+        tokens, num_accepted = self._verify_drafts(batch, sampled.sampled_token_ids)  # 3. [R, K+1], [R]
+        rs = self.request_state
+        num_sampled, num_rejected = compute_num_sampled_reference(
+            batch.idx_mapping, batch.seq_lens, rs.prefill_len, num_accepted, batch.num_draft
+        )
+        output = AsyncOutput(batch.request_ids, tokens, num_sampled, self.copy_stream)  # 4. D2H on a side stream
+        post_update_reference(  # 5. advance the slots on the device
+            batch.idx_mapping, batch.query_lens, tokens, num_sampled, num_rejected,
+            rs.all_token_ids, rs.total_len, rs.num_computed, rs.last_sampled,
+        )
+        self.model_state.postprocess(batch, num_sampled, num_rejected)  # 6. architecture state advances
+        if self.speculator is not None:  # 7. next drafts, written where the next step's inputs read them
+            drafts = self.speculator.propose(batch, hidden, num_sampled, rs)
+            rs.draft_tokens[batch.idx_mapping.long()] = drafts
+        return output
+
+    def _verify_drafts(self, batch: InputBatch, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([R, K+1] tokens per row, [R] accepted drafts). Without drafts every row has one logits row."""
+        if batch.num_logits != batch.num_rows:
+            raise NotImplementedError("draft verification arrives with the rejection sampler (speculators issue)")
+        return sampled.view(batch.num_rows, 1), torch.zeros_like(batch.num_draft)

@@ -1,0 +1,113 @@
+"""The decoder-only geometry mrv2 reads from an HF `config.json`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+
+class UnsupportedModelError(ValueError):
+    """A checkpoint mrv2 cannot run; the message says which config field and why."""
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Llama / Mistral / Qwen2 / Qwen3 geometry and options (one module serves them all)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2: bias on q/k/v projections
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool  # Qwen3: RMSNorm over each head of q and k before RoPE
+    rope: dict[str, Any] = field(default_factory=dict)
+    eos_token_ids: tuple[int, ...] = ()
+    sliding_window: Optional[int] = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "DecoderConfig":
+        """Read an HF config dict; unknown or unsupported options raise :class:`UnsupportedModelError`."""
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise UnsupportedModelError("config.json has no 'architectures' entry")
+        arch = archs[0]
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"hidden_act={cfg.get('hidden_act')!r} is not supported (only 'silu')")
+        heads = cfg["num_attention_heads"]
+        kv_heads = cfg.get("num_key_value_heads") or heads
+        if heads % kv_heads:
+            raise UnsupportedModelError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        is_qwen2 = arch.startswith("Qwen2")
+        attention_bias = bool(cfg.get("attention_bias") or False)
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope.setdefault("rope_theta", cfg.get("rope_theta") or 10000.0)
+        rope.setdefault("rope_type", rope.pop("type", "default"))
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        window = cfg.get("sliding_window")
+        if is_qwen2 or arch.startswith("Qwen3"):
+            window = window if cfg.get("use_sliding_window") else None
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=True if is_qwen2 else attention_bias,
+            o_bias=False if is_qwen2 else attention_bias,
+            mlp_bias=bool(cfg.get("mlp_bias") or False),
+            qk_norm=arch.startswith("Qwen3"),
+            rope=rope,
+            eos_token_ids=eos_ids,
+            sliding_window=window,
+            raw=dict(cfg),
+        )
+
+    def check_max_model_len(self, max_model_len: int) -> None:
+        """Refuse lengths this model cannot attend over correctly."""
+        if self.sliding_window is not None and self.sliding_window < max_model_len:
+            raise UnsupportedModelError(
+                f"sliding_window={self.sliding_window} is smaller than max_model_len={max_model_len}; "
+                "sliding-window attention is not supported yet: set model.max_model_len <= the window"
+            )
+
+    def rope_inv_freq(self) -> torch.Tensor:
+        """[head_dim // 2] float32 inverse frequencies for RoPE (default, linear or llama3 scaling)."""
+        theta = float(self.rope["rope_theta"])
+        kind = self.rope.get("rope_type", "default")
+        inv = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim))
+        if kind == "default":
+            pass
+        elif kind == "linear":
+            inv = inv / float(self.rope["factor"])
+        elif kind == "llama3":
+            factor = float(self.rope["factor"])
+            low, high = float(self.rope["low_freq_factor"]), float(self.rope["high_freq_factor"])
+            old_len = float(self.rope["original_max_position_embeddings"])
+            wavelen = 2 * math.pi / inv
+            smooth = (old_len / wavelen - low) / (high - low)
+            scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+            mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+            inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+        else:
+            raise UnsupportedModelError(f"rope_type={kind!r} is not supported (default, linear, llama3)")
+        return inv.float()

@@ -1,0 +1,115 @@
+"""Build a model from an HF directory (safetensors only) or from an embedded preset."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from framework.registry import MODELS
+
+logger = logging.getLogger(__name__)
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory mrv2 refuses or cannot read; the message names the file and the problem."""
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """config.json of a local HF directory."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"model directory '{root}' does not exist")
+    cfg_file = root / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"'{root}' has no config.json")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"'{cfg_file}' is not valid JSON: {err}") from None
+
+
+def safetensors_files(path: str | Path) -> list[Path]:
+    """The checkpoint's safetensors shards; pickle-only checkpoints are refused, never unpickled."""
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (root / n).is_file()]
+        if missing:
+            raise CheckpointError(f"'{root}' is missing shards listed in {index.name}: {', '.join(missing)}")
+        return [root / n for n in names]
+    files = sorted(root.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = [p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES]
+    if pickles:
+        raise CheckpointError(
+            f"'{root}' offers weights only as pickle ({', '.join(sorted(pickles))}); mrv2 never unpickles "
+            "checkpoints: convert them to safetensors"
+        )
+    raise CheckpointError(f"'{root}' has no *.safetensors weights")
+
+
+def build_model(hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """Instantiate the registered model class for the config's architecture (weights uninitialised)."""
+    archs = hf_config.get("architectures") or []
+    if not archs:
+        raise CheckpointError("config.json has no 'architectures' entry")
+    if archs[0] not in MODELS:
+        raise CheckpointError(f"architecture '{archs[0]}' is not supported; registered: {', '.join(MODELS.names())}")
+    cls = MODELS.get(archs[0])
+    with torch.device(device):
+        model = cls.from_hf_config(hf_config)
+    return model.to(dtype=dtype)
+
+
+def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
+    """Copy every tensor of the checkpoint into the parameter of the same name; names are checked both ways."""
+    from safetensors import SafetensorsError, safe_open
+
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for file in safetensors_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    if name not in params:
+                        logger.debug("ignoring checkpoint tensor %s", name)
+                        continue
+                    tensor = f.get_tensor(name)
+                    if tensor.shape != params[name].shape:
+                        raise CheckpointError(
+                            f"{file.name}: '{name}' has shape {tuple(tensor.shape)}, model expects "
+                            f"{tuple(params[name].shape)}"
+                        )
+                    with torch.no_grad():
+                        params[name].copy_(tensor)
+                    loaded.add(name)
+        except SafetensorsError as err:
+            raise CheckpointError(f"'{file}' is not a readable safetensors file: {err}") from None
+    tied = {n for n, p in params.items() if any(p is q for m, q in params.items() if m in loaded)}
+    missing = sorted(set(params) - loaded - tied)
+    if missing:
+        raise CheckpointError(f"checkpoint '{path}' lacks weights: {', '.join(missing[:5])}"
+                              + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+
+
+def init_random_weights(model: nn.Module, seed: int) -> None:
+    """Deterministic random weights: N(0, 0.02) for matrices and embeddings, 1 for norms, 0 for biases."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
+                param.copy_(values)

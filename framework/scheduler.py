@@ -1,0 +1,159 @@
+"""Continuous batching under a token budget, with chunked prefill and preemption by recompute."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Optional, Sequence
+
+from framework.config import SchedulerConfig
+from framework.kv_cache_manager import KVCacheManager
+from framework.request import Request, RequestStatus
+from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+
+
+class Scheduler:
+    """Decides, each step, which requests compute how many tokens.
+
+    Running requests go first, in arrival order, each taking what it still needs (one token when decoding,
+    the rest of its prompt in budget-sized chunks when prefilling). When the KV cache cannot grow a running
+    request, the newest running request is preempted: its blocks are freed and it is re-queued at the front
+    to be recomputed later (prompt + output so far). Waiting requests are admitted while budget, slots and
+    blocks allow, and never in a step that preempted.
+    """
+
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
+        self.config = config
+        self.kv_cache = kv_cache
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._released_ids: set[str] = set()  # slots the runner must free at its next step
+
+    # ---- requests in and out -------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str) -> Optional[Request]:
+        """End a request wherever it is; returns it, or None if it is not here (already ended)."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        return request
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        if request in self.running:
+            self.running.remove(request)
+            self._released_ids.add(request.request_id)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv_cache.free(request.request_id)
+        del self.requests[request.request_id]
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv_cache.free(request.request_id)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self._released_ids.add(request.request_id)
+
+    # ---- one step ------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        rows: list[tuple[Request, int]] = []
+        new_data: list[NewRequestData] = []
+        cached_data: list[CachedRequestData] = []
+        preempted = False
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            new_blocks = self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n)
+            while new_blocks is None:
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+                new_blocks = self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n)
+            if new_blocks is None:
+                break  # the request itself was preempted; everyone after it already was too
+            rows.append((request, n))
+            cached_data.append(CachedRequestData(request.request_id, new_blocks))
+            budget -= n
+            i += 1
+
+        while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n) is None:
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            rows.append((request, n))
+            new_data.append(
+                NewRequestData(
+                    request_id=request.request_id,
+                    prefill_token_ids=request.all_token_ids,
+                    prompt_len=request.num_prompt_tokens,
+                    sampling_params=request.sampling_params,
+                    sampling_seed=request.sampling_seed,
+                    block_ids=list(self.kv_cache.blocks_of(request.request_id)),
+                    num_computed_tokens=request.num_computed_tokens,
+                )
+            )
+            budget -= n
+
+        for request, n in rows:
+            request.num_computed_tokens += n
+        released, self._released_ids = self._released_ids, set()
+        return SchedulerOutput(
+            scheduled_request_ids=[r.request_id for r, _ in rows],
+            num_scheduled_tokens=[n for _, n in rows],
+            num_draft_tokens=[0] * len(rows),
+            new_requests=new_data,
+            cached_requests=cached_data,
+            finished_request_ids=released,
+        )
+
+    def update_from_output(self, output: SchedulerOutput, sampled: Sequence[Sequence[int]]) -> list[Request]:
+        """Append each row's sampled tokens, apply stop conditions; returns the requests that finished."""
+        finished = []
+        for request_id, tokens in zip(output.scheduled_request_ids, sampled):
+            request = self.requests.get(request_id)
+            if request is None or request.status != RequestStatus.RUNNING or not tokens:
+                continue  # aborted meanwhile, or a prefill chunk that samples nothing
+            status = None
+            for token in tokens:
+                request.output_token_ids.append(token)
+                status = self._stop_status(request, token)
+                if status is not None:
+                    break
+            if status is not None:
+                self._finish(request, status)
+                finished.append(request)
+        return finished
+
+    def _stop_status(self, request: Request, token: int) -> Optional[RequestStatus]:
+        params = request.sampling_params
+        num_out = len(request.output_token_ids)
+        if num_out >= params.min_tokens:
+            if not params.ignore_eos and token == request.eos_token_id:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                request.stop_token_id = token
+                return RequestStatus.FINISHED_STOPPED
+        if num_out >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None

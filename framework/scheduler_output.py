@@ -1,0 +1,56 @@
+"""The scheduler's decision for one step: the hand-off from the scheduler to a model runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from framework.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    """A request that needs a slot: first scheduled, or resumed after preemption.
+
+    `prefill_token_ids` is the prompt plus any output produced before a preemption, so
+    `len(prefill_token_ids) >= prompt_len`; penalties and prompt logprobs use `prompt_len`.
+    """
+
+    request_id: str
+    prefill_token_ids: list[int]
+    prompt_len: int
+    sampling_params: SamplingParams
+    sampling_seed: int  # the request's seed, or one drawn for it: keys its noise by position
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    """A request that already holds a slot: the KV blocks it gained this step."""
+
+    request_id: str
+    new_block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """Everything a runner needs for one step.
+
+    Rows of the batch follow `scheduled_request_ids`; `num_scheduled_tokens[i]` tokens are computed for row i,
+    of which `num_draft_tokens[i]` are speculative drafts to verify.
+    """
+
+    scheduled_request_ids: list[str]
+    num_scheduled_tokens: list[int]
+    num_draft_tokens: list[int]
+    new_requests: list[NewRequestData]
+    cached_requests: list[CachedRequestData]
+    finished_request_ids: set[str] = field(default_factory=set)  # finished, aborted or preempted since last step
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled_request_ids

@@ -1,0 +1,69 @@
+"""Tokenizers: HF `tokenizers` from a checkpoint's tokenizer.json, or bytes for the embedded presets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Protocol
+
+from framework.models.presets import BYTE_EOS_ID
+
+
+class Tokenizer(Protocol):
+    """What the engine needs from a tokenizer."""
+
+    eos_token_id: Optional[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are tokens 0..255; 256 is end of text; ids above 256 decode to nothing."""
+
+    eos_token_id: Optional[int] = BYTE_EOS_ID
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A checkpoint's tokenizer.json through HF `tokenizers` (no remote code, no network)."""
+
+    def __init__(self, path: Path, eos_token_id: Optional[int]) -> None:
+        from tokenizers import Tokenizer as _Tok
+
+        self._tok = _Tok.from_file(str(path / "tokenizer.json"))
+        self.eos_token_id = eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self._tok.decode(token_ids, skip_special_tokens=True)
+
+
+def checkpoint_eos_token_id(path: Path, hf_config: dict) -> Optional[int]:
+    """The end-of-sequence id: generation_config.json first, then config.json (first id of a list)."""
+    for source in (path / "generation_config.json", None):
+        cfg = json.loads(source.read_text()) if source is not None and source.is_file() else hf_config
+        eos = cfg.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        if eos is not None:
+            return int(eos)
+    return None
+
+
+def load_tokenizer(path: Optional[str], hf_config: dict) -> Optional[Tokenizer]:
+    """The tokenizer for a model: HF directory's tokenizer.json, bytes for presets, None if absent."""
+    if path is None:
+        return ByteTokenizer()
+    root = Path(path)
+    if not (root / "tokenizer.json").is_file():
+        return None
+    return HFTokenizer(root, checkpoint_eos_token_id(root, hf_config))

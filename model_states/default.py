@@ -1,0 +1,28 @@
+"""Decoder-only models: no per-slot state beyond what the runner already owns."""
+
+from __future__ import annotations
+
+from framework.attention import AttentionMetadata
+from framework.block_tables import BlockTables
+from framework.input_batch import InputBatch
+from model_states.interface import ModelState
+
+
+class DefaultModelState(ModelState):
+    """Paged self-attention only: gathers block tables and KV slots for the batch."""
+
+    name = "default"
+
+    def prepare_attn_metadata(self, batch: InputBatch, block_tables: BlockTables) -> AttentionMetadata:
+        table = block_tables.gather(batch.idx_mapping)
+        return AttentionMetadata(
+            num_tokens=batch.num_tokens,
+            num_rows=batch.num_rows,
+            query_start_loc=batch.query_start_loc,
+            seq_lens=batch.seq_lens,
+            block_tables=table,
+            kv_slot_mapping=block_tables.kv_slot_mapping(batch.token_rows, batch.positions, table),
+            block_size=block_tables.block_size,
+            max_query_len=batch.max_query_len,
+            max_seq_len=batch.max_seq_len,
+        )

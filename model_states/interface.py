@@ -1,0 +1,54 @@
+"""The ModelState boundary: per-architecture state and hooks, kept out of the common runner path."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from framework.attention import AttentionMetadata
+    from framework.block_tables import BlockTables
+    from framework.input_batch import InputBatch
+    from framework.scheduler_output import NewRequestData
+
+
+class ModelState(ABC):
+    """Architecture-specific state owned per req_slot, with the runner's hook points.
+
+    Verbs (the same as every other per-slot owner): `add_request` when a request takes a slot,
+    `remove_request` when it leaves, `apply_staged_writes` once per step before inputs are prepared.
+    Step hooks: `prepare_attn_metadata` and `prepare_inputs` before the forward, `postprocess` after
+    sampling (with how many tokens each row sampled and rejected, so recurrent state can advance by the
+    accepted count). A reused slot must keep nothing of its previous owner.
+    """
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
+        self.model = model
+        self.hf_config = hf_config
+        self.max_num_reqs = max_num_reqs
+        self.device = device
+
+    def add_request(self, req_slot: int, request: "NewRequestData") -> None:
+        """A request took `req_slot`: stage whatever per-slot state it needs."""
+
+    def remove_request(self, req_slot: int) -> None:
+        """The request in `req_slot` finished or was preempted."""
+
+    def apply_staged_writes(self) -> None:
+        """Apply this step's staged per-slot writes."""
+
+    @abstractmethod
+    def prepare_attn_metadata(self, batch: "InputBatch", block_tables: "BlockTables") -> "AttentionMetadata":
+        """Attention metadata for this step's forward."""
+
+    def prepare_inputs(self, batch: "InputBatch") -> dict[str, torch.Tensor]:
+        """Extra keyword inputs of the model's forward (encoder features, recurrent state views, ...)."""
+        return {}
+
+    def postprocess(self, batch: "InputBatch", num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> None:
+        """After sampling: advance per-slot state. num_sampled / num_rejected: [R] int32 on the device."""
