@@ -180,8 +180,13 @@ def load_config(data: Any) -> Mrv2Config:
     """Validate a composed config (a dict or an OmegaConf node); raise :class:`ConfigError` on any problem."""
     if not isinstance(data, dict):
         from omegaconf import OmegaConf
+        from omegaconf.errors import MissingMandatoryValue
 
-        data = OmegaConf.to_container(data, resolve=True)
+        try:
+            data = OmegaConf.to_container(data, resolve=True, throw_on_missing=True)
+        except MissingMandatoryValue as err:
+            key = getattr(err, "full_key", None) or "a key"
+            raise ConfigError(f"invalid config:\n  {key}: required, but no value was given (set {key}=...)") from None
     try:
         return Mrv2Config.model_validate(data)
     except ValidationError as err:

@@ -72,7 +72,7 @@ def build_model(hf_config: dict[str, Any], dtype: torch.dtype, device: torch.dev
 
 def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
     """Copy every tensor of the checkpoint into the parameter of the same name; names are checked both ways."""
-    from safetensors import SafetensorsError, safe_open
+    from safetensors import SafetensorError, safe_open
 
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -92,7 +92,7 @@ def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
                     with torch.no_grad():
                         params[name].copy_(tensor)
                     loaded.add(name)
-        except SafetensorsError as err:
+        except SafetensorError as err:
             raise CheckpointError(f"'{file}' is not a readable safetensors file: {err}") from None
     tied = {n for n, p in params.items() if any(p is q for m, q in params.items() if m in loaded)}
     missing = sorted(set(params) - loaded - tied)

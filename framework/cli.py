@@ -1,0 +1,103 @@
+"""The `mrv2` command: `mrv2 run [overrides...]` and `mrv2 bench [overrides...]`, both Hydra apps.
+
+Any config key can be overridden (`sampler.temperature=0.8`), groups switched (`model=qwen3-0.6b`) and
+`-m` sweeps several values. stdout carries only results; logs, warnings and progress go to stderr.
+A bad config or bad input exits with status 2 and one readable message.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from framework.config import ConfigError
+
+USAGE = """usage: mrv2 {run,bench} [HYDRA OVERRIDES...]
+
+  mrv2 run                              complete the default prompts with the embedded tiny model
+  mrv2 run sampler=random sampler.max_tokens=64
+  mrv2 run -m sampler.temperature=0,0.8  (multirun: one job per value)
+  mrv2 bench experiment=nano             the "nano" throughput workload (needs a GPU to finish quickly)
+  mrv2 run --cfg job                     print the composed config
+"""
+
+
+def conf_dir() -> Path:
+    """The installed Hydra tree (package `mrv2_conf`, which is the repo's `conf/`)."""
+    return Path(str(resources.files("mrv2_conf")))
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from framework.models.hf_config import UnsupportedModelError
+    from framework.models.loader import CheckpointError
+    from framework.registry import RegistryError
+    from framework.sampling_params import InvalidRequestError
+
+    return (ConfigError, InvalidRequestError, CheckpointError, UnsupportedModelError, RegistryError)
+
+
+def _fail(message: str) -> None:
+    print(f"mrv2: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _hydra_app(config_name: str, task: Callable[[object], None]) -> Callable[[], None]:
+    import hydra
+
+    def guarded(cfg: object) -> None:
+        try:
+            task(cfg)
+        except _user_errors() as err:
+            _fail(str(err))
+
+    return hydra.main(config_path=str(conf_dir()), config_name=config_name, version_base=None)(guarded)
+
+
+def _run_task(cfg: object) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from framework.config import load_config
+    from framework.run_command import run_command
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # tell the jobs apart on stdout
+        print(f"=== job {hydra_cfg.job.num}: {' '.join(hydra_cfg.overrides.task) or '(defaults)'} ===")
+    run_command(load_config(cfg))
+
+
+def _bench_task(cfg: object) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from framework.bench import run_bench
+    from framework.config import load_config
+
+    config = load_config(cfg)
+    run_bench(config, Path(config.bench.output_dir or HydraConfig.get().runtime.output_dir))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `mrv2` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return
+    command, rest = argv[0], argv[1:]
+    tasks = {"run": _run_task, "bench": _bench_task}
+    if command not in tasks:
+        _fail(f"unknown command '{command}'; commands: run, bench")
+    overrides = [a for a in rest if not a.startswith("-") and "=" in a]
+    try:
+        from framework.cli_overrides import check_overrides
+
+        check_overrides(overrides, conf_dir())
+    except ConfigError as err:
+        _fail(str(err))
+    sys.argv = [f"mrv2 {command}", *rest]
+    _hydra_app(command, tasks[command])()
+
+
+if __name__ == "__main__":
+    main()

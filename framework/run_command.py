@@ -1,0 +1,34 @@
+"""`mrv2 run`: complete the configured prompts and print them, nothing else, on stdout."""
+
+from __future__ import annotations
+
+from framework.config import Mrv2Config
+from framework.llm import LLM
+from framework.sampling_params import SamplingParams
+
+
+def printable(text: str) -> str:
+    """Escape control characters (random-weight models emit them) so the terminal shows what came out."""
+    return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode() for c in text)
+
+
+def sampling_params_from_config(config: Mrv2Config) -> SamplingParams:
+    s = config.sampler
+    return SamplingParams(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        seed=s.seed,
+        max_tokens=s.max_tokens,
+        ignore_eos=s.ignore_eos,
+    )
+
+
+def run_command(config: Mrv2Config) -> None:
+    """Generate for `config.run.prompts` and print one block per prompt."""
+    llm = LLM(config=config)
+    outputs = llm.generate(config.run.prompts, sampling_params_from_config(config), use_tqdm=config.run.show_progress)
+    for i, out in enumerate(outputs):
+        print(f"--- completion {i} ({out.finish_reason}, {len(out.token_ids)} tokens) ---")
+        print(printable((out.prompt or "") + out.text))

@@ -1,0 +1,102 @@
+"""The `mrv2` command in subprocesses: run, multirun, bench, errors, and an installed wheel."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MRV2 = [sys.executable, "-m", "framework.cli"]
+
+
+def _mrv2(*args: str, cwd: Path, exe: list[str] = MRV2, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HYDRA_FULL_ERROR="0", TMPDIR=str(cwd))
+    return subprocess.run([*exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_prints_completions_only_and_is_repeatable(tmp_path):
+    first = _mrv2("run", "sampler.max_tokens=8", cwd=tmp_path)
+    second = _mrv2("run", "sampler.max_tokens=8", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert first.stdout.count("--- completion") == 3 and "def fibonacci(n):" in first.stdout
+    assert "INFO" not in first.stdout and "runner v2" in first.stderr  # logs go to stderr
+    assert list(tmp_path.iterdir()) == []  # `run` writes no files
+
+
+def test_multirun_sweeps_temperature(tmp_path):
+    res = _mrv2("run", "-m", "sampler.temperature=0,0.8", "sampler.max_tokens=6", "run.show_progress=false",
+                cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "=== job 0: sampler.temperature=0" in res.stdout and "=== job 1: sampler.temperature=0.8" in res.stdout
+    jobs = res.stdout.split("=== job 1")
+    assert jobs[0].split("\n", 1)[1] != jobs[1].split("\n", 1)[1]  # sampling changed the completions
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["sampler.temprature=1"], "sampler.temprature: unknown key (did you mean 'temperature'?)"),
+        (["model=nope"], "model=nope: unknown option; available model options: hf, qwen3-0.6b, tiny"),
+        (["scheduler.max_num_seqs=-3"], "scheduler.max_num_seqs: Input should be greater than or equal to 1"),
+        (["runner=v1"], "runner=v1 is not available yet"),
+        (["model=hf", "model.path=/does/not/exist"], "model directory '/does/not/exist' does not exist"),
+    ],
+)
+def test_bad_config_exits_with_one_message(tmp_path, args, message):
+    res = _mrv2("run", *args, cwd=tmp_path)
+    assert res.returncode == 2
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
+
+
+def test_unknown_command(tmp_path):
+    res = _mrv2("serve", cwd=tmp_path)
+    assert res.returncode == 2 and "unknown command 'serve'; commands: run, bench" in res.stderr
+
+
+def test_bench_writes_table_json_and_plot(tmp_path):
+    out = tmp_path / "bench_out"
+    res = _mrv2("bench", "experiment=smoke", f"bench.output_dir={out}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "out tok/s" in res.stdout and "mrv2 v2" in res.stdout
+    data = json.loads((out / "bench.json").read_text())
+    assert data["results"][0]["num_requests"] == 8 and data["results"][0]["output_tokens"] > 0
+    assert (out / "bench.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_wheel_installs_in_fresh_venv_and_runs(tmp_path):
+    wheel_dir = tmp_path / "wheels"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-w", str(wheel_dir)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert build.returncode == 0, build.stderr
+    wheel = next(wheel_dir.glob("mrv2-*.whl"))
+    env_dir = tmp_path / "venv"
+    # Dependencies (torch, transformers, ...) come from this interpreter; mrv2 itself only from the wheel.
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", str(wheel)],
+                          capture_output=True, text=True, timeout=600)
+    assert inst.returncode == 0, inst.stderr
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    where = subprocess.run(
+        [str(py), "-c", "import framework, importlib.resources as r; print(framework.__file__); print(r.files('mrv2_conf'))"],
+        cwd=work, capture_output=True, text=True,
+    )
+    assert where.returncode == 0, where.stderr
+    assert all(line.startswith(str(env_dir)) for line in where.stdout.split()), where.stdout
+    res = _mrv2("run", "sampler.max_tokens=4", cwd=work, exe=[str(env_dir / "bin" / "mrv2")])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("--- completion") == 3
+    shutil.rmtree(env_dir)

@@ -1,0 +1,94 @@
+"""Config validation: typos, unknown options and invalid values fail early with a message that names them."""
+
+from __future__ import annotations
+
+import pytest
+
+from framework.cli import conf_dir
+from framework.cli_overrides import check_overrides
+from framework.config import ConfigError, Mrv2Config, load_config
+
+
+def test_defaults_validate():
+    cfg = load_config({})
+    assert cfg.model.preset == "tiny" and cfg.runner.kind == "auto"
+
+
+def test_unknown_key_names_key_and_allowed_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config({"sampler": {"temprature": 1.0}})
+    msg = str(err.value)
+    assert "sampler.temprature: unknown key" in msg
+    assert "did you mean 'temperature'" in msg
+    assert "top_p" in msg  # the allowed keys are listed
+
+
+def test_out_of_range_value():
+    with pytest.raises(ConfigError, match=r"scheduler.max_num_seqs: Input should be greater than or equal to 1 \(got -3\)"):
+        load_config({"scheduler": {"max_num_seqs": -3}})
+
+
+def test_wrong_type():
+    with pytest.raises(ConfigError, match=r"cache.block_size: Input should be a valid integer"):
+        load_config({"cache": {"block_size": "big"}})
+
+
+def test_literal_choices_are_listed():
+    with pytest.raises(ConfigError, match=r"runner.kind: Input should be 'auto', 'v2' or 'v1'"):
+        load_config({"runner": {"kind": "v3"}})
+
+
+def test_cross_field_check_cache_too_small():
+    with pytest.raises(ConfigError, match=r"fewer than one request of model.max_model_len=512"):
+        load_config({"model": {"max_model_len": 512}, "cache": {"num_blocks": 4, "block_size": 16}})
+
+
+def test_speculator_tokens_need_a_method():
+    with pytest.raises(ConfigError, match="num_speculative_tokens must be 0 when speculator.method is none"):
+        load_config({"speculator": {"num_speculative_tokens": 3}})
+
+
+def test_bench_ranges_checked():
+    with pytest.raises(ConfigError, match=r"bench.input_len must be \[lo, hi\]"):
+        load_config({"bench": {"input_len": [10, 5]}})
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("sampler.temprature=1", "did you mean 'temperature'"),
+        ("model=nope", "available model options: hf, qwen3-0.6b, tiny"),
+        ("runner=v9", "available runner options: auto, v1, v2"),
+        ("scheduler.max_num_seqs.x=1", "has no sub-keys"),
+        ("+nothing=1", "allowed keys at the top level"),
+        ("model=tiny,nope", "model=nope: unknown option"),
+    ],
+)
+def test_cli_override_checks(override, expected):
+    with pytest.raises(ConfigError, match=expected):
+        check_overrides([override], conf_dir())
+
+
+def test_cli_override_checks_accept_valid_ones():
+    check_overrides(["model=tiny", "sampler.temperature=0.5", "hydra.verbose=true"], conf_dir())
+
+
+def test_composed_yaml_matches_schema():
+    """Every YAML option of every group composes into a valid config (no drift between conf/ and schema)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        for group in ("model", "runner", "sampler", "speculator", "scheduler", "cache", "experiment"):
+            for option in sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")):
+                overrides = [f"{group}={option}"] + (["model.path=/x"] if option == "hf" else [])
+                cfg = compose(config_name="run", overrides=overrides)
+                assert isinstance(load_config(cfg), Mrv2Config), (group, option)
+
+
+def test_missing_mandatory_value_is_named():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        cfg = compose(config_name="run", overrides=["model=hf"])
+    with pytest.raises(ConfigError, match=r"model.path: required"):
+        load_config(cfg)

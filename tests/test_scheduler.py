@@ -1,0 +1,81 @@
+"""Scheduler and KV block pool, without a model."""
+
+from __future__ import annotations
+
+from framework.config import SchedulerConfig
+from framework.kv_cache_manager import KVCacheManager
+from framework.request import Request, RequestStatus
+from framework.sampling_params import SamplingParams
+from framework.scheduler import Scheduler
+
+
+def _req(rid: str, n: int, max_tokens: int = 4) -> Request:
+    return Request(rid, list(range(n)), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+
+
+def _sched(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, max_model_len=64):
+    kv = KVCacheManager(num_blocks, block_size)
+    return Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget), kv, max_model_len), kv
+
+
+def test_budget_chunks_prefill_and_decodes_first():
+    s, _ = _sched(budget=10)
+    s.add_request(_req("a", 7))
+    s.add_request(_req("b", 9))
+    out = s.schedule()
+    assert out.scheduled_request_ids == ["a", "b"] and out.num_scheduled_tokens == [7, 3]
+    s.update_from_output(out, [[1], []])  # a sampled; b's chunk samples nothing
+    out = s.schedule()
+    assert out.scheduled_request_ids == ["a", "b"] and out.num_scheduled_tokens == [1, 6]
+    assert [n.request_id for n in out.new_requests] == [] and len(out.cached_requests) == 2
+
+
+def test_max_num_seqs_limits_running():
+    s, _ = _sched(max_num_seqs=2)
+    for i in range(3):
+        s.add_request(_req(f"r{i}", 3))
+    out = s.schedule()
+    assert out.scheduled_request_ids == ["r0", "r1"]
+    assert len(s.waiting) == 1
+
+
+def test_preemption_frees_newest_and_requeues_it_first():
+    s, kv = _sched(num_blocks=4, block_size=4, budget=64)
+    s.add_request(_req("old", 7, max_tokens=8))  # 2 blocks
+    s.add_request(_req("new", 8, max_tokens=8))  # 2 blocks: pool full
+    out = s.schedule()
+    assert out.num_scheduled_tokens == [7, 8] and kv.num_free_blocks == 0
+    s.update_from_output(out, [[1], [2]])
+    out = s.schedule()  # "old" needs position 7 -> fits in its block 2; "new" needs a 3rd block: preempt "new"
+    assert out.scheduled_request_ids == ["old"]
+    new = s.requests["new"]
+    assert new.status == RequestStatus.PREEMPTED and new.num_computed_tokens == 0 and new.num_preemptions == 1
+    assert s.waiting[0] is new
+    assert kv.num_free_blocks == 2
+    assert out.finished_request_ids == {"new"}  # the runner frees the preempted request's slot
+
+
+def test_resumed_request_refills_prompt_and_output():
+    s, kv = _sched(num_blocks=4, block_size=4, budget=64)
+    s.add_request(_req("old", 7, max_tokens=8))
+    s.add_request(_req("new", 8, max_tokens=8))
+    s.update_from_output(s.schedule(), [[1], [2]])
+    s.update_from_output(s.schedule(), [[3]])  # "new" preempted here
+    while "old" in s.requests:
+        s.update_from_output(s.schedule(), [[4]] * len(s.running))
+    out = s.schedule()
+    resumed = [n for n in out.new_requests if n.request_id == "new"][0]
+    assert resumed.prompt_len == 8 and resumed.prefill_token_ids == list(range(8)) + [2]
+    assert out.num_scheduled_tokens[out.scheduled_request_ids.index("new")] == 9
+
+
+def test_finish_and_abort_free_blocks():
+    s, kv = _sched()
+    s.add_request(_req("a", 5, max_tokens=1))
+    s.add_request(_req("b", 5, max_tokens=5))
+    out = s.schedule()
+    finished = s.update_from_output(out, [[9], [9]])
+    assert [r.request_id for r in finished] == ["a"] and finished[0].status == RequestStatus.FINISHED_LENGTH
+    assert s.abort_request("b").status == RequestStatus.FINISHED_ABORTED
+    assert kv.num_free_blocks == kv.num_blocks and s.num_unfinished == 0
+    assert s.schedule().finished_request_ids == {"a", "b"}  # the runner frees both slots
