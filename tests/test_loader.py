@@ -92,3 +92,14 @@ def test_unsupported_architecture(qwen3_dir, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="architecture 'GPT2LMHeadModel' is not supported; registered: Llama"):
         LLM(str(tmp_path), device="cpu")
+
+
+def test_checkpoint_tensor_without_parameter_is_an_error(qwen3_dir, tmp_path):
+    """A misread config (here: a Qwen3 checkpoint declared as Llama, which has no q/k norm) must not drop weights."""
+    cfg = json.loads((qwen3_dir / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for f in qwen3_dir.glob("*.safetensors*"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(CheckpointError, match=r"tensor 'model.layers.\d.self_attn.[qk]_norm.weight' matches no parameter"):
+        LLM(str(tmp_path), device="cpu")

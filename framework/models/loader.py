@@ -15,6 +15,7 @@ from framework.registry import MODELS
 logger = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some exporters save; recomputed from config
 
 
 class CheckpointError(ValueError):
@@ -74,15 +75,19 @@ def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
     """Copy every tensor of the checkpoint into the parameter of the same name; names are checked both ways."""
     from safetensors import SafetensorError, safe_open
 
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters(remove_duplicate=False))  # tied weights under both names
     loaded: set[str] = set()
     for file in safetensors_files(path):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
                     if name not in params:
-                        logger.debug("ignoring checkpoint tensor %s", name)
-                        continue
+                        if name.endswith(IGNORED_TENSOR_SUFFIXES):
+                            continue
+                        raise CheckpointError(
+                            f"{file.name}: tensor '{name}' matches no parameter of the model; the checkpoint "
+                            "does not fit its config.json"
+                        )
                     tensor = f.get_tensor(name)
                     if tensor.shape != params[name].shape:
                         raise CheckpointError(
@@ -94,8 +99,8 @@ def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
                     loaded.add(name)
         except SafetensorError as err:
             raise CheckpointError(f"'{file}' is not a readable safetensors file: {err}") from None
-    tied = {n for n, p in params.items() if any(p is q for m, q in params.items() if m in loaded)}
-    missing = sorted(set(params) - loaded - tied)
+    loaded_params = [params[n] for n in loaded]
+    missing = sorted(n for n, p in params.items() if n not in loaded and not any(p is q for q in loaded_params))
     if missing:
         raise CheckpointError(f"checkpoint '{path}' lacks weights: {', '.join(missing[:5])}"
                               + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
