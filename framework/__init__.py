@@ -1,9 +1,11 @@
 """mrv2's core engine: config, registries, scheduler, KV cache, slots, the V2 runner, models and the LLM API.
 
-Public API::
+Public API:
 
-    from framework import LLM, SamplingParams
-    outputs = LLM("tiny").generate(["def add(a, b):"], SamplingParams(temperature=0, max_tokens=16))
+```python
+from framework import LLM, SamplingParams
+outputs = LLM("tiny").generate(["def add(a, b):"], SamplingParams(temperature=0, max_tokens=16))
+```
 """
 
 from framework.config import ConfigError, Mrv2Config, load_config

@@ -53,7 +53,7 @@ def _choices(value: Any) -> list[str]:
 
 
 def check_overrides(overrides: list[str], conf_dir: Path) -> None:
-    """Raise :class:`ConfigError` for an unknown key or group option among `overrides`."""
+    """Raise `ConfigError` for an unknown key or group option among `overrides`."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and p.name not in ("hydra", "__pycache__"))

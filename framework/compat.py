@@ -19,8 +19,23 @@ def v2_unsupported_reasons(config: Mrv2Config) -> list[str]:
     return []
 
 
+def check_speculator(config: Mrv2Config) -> None:
+    """`speculator.method` must name a registered speculator; drafts need the rejection sampler (planned)."""
+    from framework.registry import SPECULATORS
+
+    method = config.speculator.method
+    if method == "none":
+        return
+    if method not in SPECULATORS:
+        raise ConfigError(
+            f"speculator.method={method}: unknown speculator; registered: {', '.join(SPECULATORS.names()) or 'none yet'}"
+        )
+    raise ConfigError(f"speculator.method={method}: draft verification (the rejection sampler) is not available yet")
+
+
 def select_runner(config: Mrv2Config) -> str:
-    """`runner.kind` resolved to "v2" or "v1"; raises :class:`ConfigError` when the choice cannot run."""
+    """`runner.kind` resolved to "v2" or "v1"; raises `ConfigError` when the choice cannot run."""
+    check_speculator(config)
     reasons = v2_unsupported_reasons(config)
     kind = config.runner.kind
     if kind == "v2" and reasons:

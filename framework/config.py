@@ -172,12 +172,14 @@ def format_validation_error(err: ValidationError, schema: type[BaseModel] = Mrv2
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             lines.append(f"{key}: unknown key{hint}; allowed keys: {', '.join(allowed)}")
         else:
-            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+            value = e.get("input")
+            got = "" if isinstance(value, (dict, list)) else f" (got {value!r})"  # a whole section is noise
+            lines.append(f"{key}: {e['msg']}{got}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
 def load_config(data: Any) -> Mrv2Config:
-    """Validate a composed config (a dict or an OmegaConf node); raise :class:`ConfigError` on any problem."""
+    """Validate a composed config (a dict or an OmegaConf node); raise `ConfigError` on any problem."""
     if not isinstance(data, dict):
         from omegaconf import OmegaConf
         from omegaconf.errors import MissingMandatoryValue

@@ -43,7 +43,7 @@ class EngineCore:
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: Optional[str] = None
     ) -> None:
-        """Queue a request; raises :class:`InvalidRequestError` (and changes nothing) if it cannot be served."""
+        """Queue a request; raises `InvalidRequestError` (and changes nothing) if it cannot be served."""
         self._validate(request_id, prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self._seed_rng.randrange(1 << 63)
         self.scheduler.add_request(

@@ -84,7 +84,7 @@ def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
 def num_kv_blocks(config: Mrv2Config, loaded: LoadedModel) -> int:
     """KV blocks to allocate: configured, else sized from free memory (GPU) or a fixed budget (CPU).
 
-    Raises :class:`ConfigError` when the cache cannot hold one request of max_model_len tokens.
+    Raises `ConfigError` when the cache cannot hold one request of max_model_len tokens.
     """
     bs = config.cache.block_size
     per_block = kv_bytes_per_block(loaded, bs)

@@ -51,7 +51,8 @@ class Registry(Generic[T]):
         def add(obj: Union[T, str]) -> Union[T, str]:
             if name in self._entries:
                 raise RegistryError(
-                    f"{self.kind} '{name}' is registered twice ({self._sources[name]} and {source})"
+                    f"{self.kind} '{name}' is registered twice: first {self._entries[name]!r} "
+                    f"({self._sources[name]}), then {obj!r} ({source})"
                 )
             self._entries[name] = obj
             self._sources[name] = source

@@ -37,7 +37,7 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        """Raise :class:`InvalidRequestError` naming the first invalid field."""
+        """Raise `InvalidRequestError` naming the first invalid field."""
 
         def bad(name: str, allowed: str) -> InvalidRequestError:
             return InvalidRequestError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: must be {allowed}")

@@ -92,3 +92,16 @@ def test_missing_mandatory_value_is_named():
         cfg = compose(config_name="run", overrides=["model=hf"])
     with pytest.raises(ConfigError, match=r"model.path: required"):
         load_config(cfg)
+
+
+def test_cross_field_error_does_not_dump_the_section():
+    with pytest.raises(ConfigError) as err:
+        load_config({"speculator": {"num_speculative_tokens": 3}})
+    assert "{" not in str(err.value)
+
+
+def test_unknown_speculator_is_named():
+    from framework.compat import select_runner
+
+    with pytest.raises(ConfigError, match="speculator.method=ngram: unknown speculator; registered: none yet"):
+        select_runner(load_config({"speculator": {"method": "ngram", "num_speculative_tokens": 2}}))

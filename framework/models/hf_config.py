@@ -39,7 +39,7 @@ class DecoderConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "DecoderConfig":
-        """Read an HF config dict; unknown or unsupported options raise :class:`UnsupportedModelError`."""
+        """Read an HF config dict; unknown or unsupported options raise `UnsupportedModelError`."""
         archs = cfg.get("architectures") or []
         if not archs:
             raise UnsupportedModelError("config.json has no 'architectures' entry")
