@@ -1,19 +1,38 @@
-"""Device-to-host copy of one step's sampled tokens, started on a side stream before the post-update."""
+"""Device-to-host copy of one step's results, started on a side stream before the post-update.
+
+Sampled tokens, their logprobs, per-row errors and prompt logprobs all travel here; `AsyncOutput.get()` is
+the one place where the host waits for the device.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from samplers.logprobs import LogprobsTensors
+    from samplers.prompt_logprobs import PromptLogprobsPiece
+
+
+class LogprobsLists(NamedTuple):
+    """Host copy of logprobs for consecutive tokens: entry i is column 0 = chosen token, then the top-k."""
+
+    token_ids: list[list[int]]  # [n][1+k]
+    logprobs: list[list[float]]  # [n][1+k]
+    ranks: list[int]  # [n]: rank of the chosen token
 
 
 @dataclass(frozen=True)
 class ModelRunnerOutput:
-    """Per batch row: the tokens the request produced this step (empty for a prefill chunk)."""
+    """Per batch row: the tokens the request produced this step (empty for a prefill chunk), and extras."""
 
     request_ids: list[str]
     sampled_token_ids: list[list[int]]
+    logprobs: Optional[list[Optional[LogprobsLists]]] = None  # per batch row, one entry per sampled token
+    errors: Optional[list[int]] = None  # per batch row: 0, or a samplers.sampler ROW_* error code
+    prompt_logprobs: dict[str, tuple[int, LogprobsLists]] = field(default_factory=dict)  # id -> (start, lists)
 
 
 class AsyncOutput:
@@ -29,21 +48,36 @@ class AsyncOutput:
         sampled: torch.Tensor,  # [R, K+1] int64
         num_sampled: torch.Tensor,  # [R] int32
         copy_stream: Optional[torch.cuda.Stream] = None,
+        *,
+        logprobs: Optional["LogprobsTensors"] = None,  # [L, 1+k] per logits row
+        logits_row_starts: Optional[Sequence[int]] = None,  # [R] first logits row of each batch row
+        errors: Optional[torch.Tensor] = None,  # [R] int32
+        prompt_logprobs: Optional["PromptLogprobsPiece"] = None,
     ) -> None:
         self.request_ids = request_ids
+        self._logits_row_starts = list(logits_row_starts) if logits_row_starts is not None else None
+        self._prompt_meta = prompt_logprobs
+        tensors: dict[str, torch.Tensor] = {"sampled": sampled, "num_sampled": num_sampled}
+        if logprobs is not None:
+            tensors.update(lp_ids=logprobs.token_ids, lp_values=logprobs.logprobs, lp_ranks=logprobs.ranks)
+        if errors is not None:
+            tensors["errors"] = errors
+        if prompt_logprobs is not None:
+            t = prompt_logprobs.tensors
+            tensors.update(plp_ids=t.token_ids, plp_values=t.logprobs, plp_ranks=t.ranks)
         self._event: Optional[torch.cuda.Event] = None
         if copy_stream is None:
-            self._sampled, self._num_sampled = sampled, num_sampled
+            self._host = tensors
             return
         main = torch.cuda.current_stream()
+        self._host = {}
         with torch.cuda.stream(copy_stream):
             copy_stream.wait_stream(main)
-            self._sampled = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
-            self._num_sampled = torch.empty(num_sampled.shape, dtype=num_sampled.dtype, pin_memory=True)
-            self._sampled.copy_(sampled, non_blocking=True)
-            self._num_sampled.copy_(num_sampled, non_blocking=True)
-            sampled.record_stream(copy_stream)
-            num_sampled.record_stream(copy_stream)
+            for name, tensor in tensors.items():
+                pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                pinned.copy_(tensor, non_blocking=True)
+                tensor.record_stream(copy_stream)
+                self._host[name] = pinned
             self._event = torch.cuda.Event()
             self._event.record(copy_stream)
 
@@ -55,6 +89,24 @@ class AsyncOutput:
         """Wait for the copy (GPU) and return plain Python lists."""
         if self._event is not None:
             self._event.synchronize()
-        counts = self._num_sampled.tolist()
-        rows = self._sampled.tolist()
-        return ModelRunnerOutput(self.request_ids, [row[:n] for row, n in zip(rows, counts)])
+        h = self._host
+        counts = h["num_sampled"].tolist()
+        rows = h["sampled"].tolist()
+        sampled = [row[:n] for row, n in zip(rows, counts)]
+        logprobs = None
+        if "lp_ids" in h:
+            ids, values, ranks = h["lp_ids"].tolist(), h["lp_values"].tolist(), h["lp_ranks"].tolist()
+            starts = self._logits_row_starts if self._logits_row_starts is not None else list(range(len(rows)))
+            logprobs = [LogprobsLists(ids[s:s + n], values[s:s + n], ranks[s:s + n]) if n else None
+                        for s, n in zip(starts, counts)]
+        prompt: dict[str, tuple[int, LogprobsLists]] = {}
+        if self._prompt_meta is not None:
+            ids, values, ranks = h["plp_ids"].tolist(), h["plp_values"].tolist(), h["plp_ranks"].tolist()
+            offset = 0
+            meta = self._prompt_meta
+            for request_id, start, n in zip(meta.request_ids, meta.starts, meta.counts):
+                sl = slice(offset, offset + n)
+                prompt[request_id] = (start, LogprobsLists(ids[sl], values[sl], ranks[sl]))
+                offset += n
+        errors = h["errors"].tolist() if "errors" in h else None
+        return ModelRunnerOutput(self.request_ids, sampled, logprobs, errors, prompt)

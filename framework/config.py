@@ -62,7 +62,17 @@ class SamplerConfig(_Strict):
     seed: Optional[int] = Field(None, description="Per-request seed; null = drawn from the run seed.")
     max_tokens: int = Field(32, ge=1)
     ignore_eos: bool = False
-    max_logprobs: int = Field(20, ge=0, description="Largest `logprobs` a request may ask for.")
+    max_logprobs: int = Field(20, ge=0, description="Largest `logprobs` / `prompt_logprobs` a request may ask for.")
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
+        "raw_logprobs",
+        description="Logprobs of the model's logits (raw) or of the distribution each token was drawn from, "
+        "after penalties, masks, temperature, top-k/top-p and min-p (processed). Prompt logprobs are always raw.",
+    )
+    logits_processors: list[str] = Field(
+        default_factory=list,
+        description="Registered custom logits processors to enable (registry `LOGITS_PROCESSORS`, entry-point "
+        "group `mrv2.logits_processors`); requests pass them arguments in `SamplingParams.extra_args`.",
+    )
 
 
 class SpeculatorConfig(_Strict):

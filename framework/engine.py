@@ -11,10 +11,13 @@ from framework.config import Mrv2Config
 from framework.engine_setup import load_model, num_kv_blocks, resolve_device
 from framework.kv_cache_manager import KVCacheManager
 from framework.model_runner import ModelRunnerV2
+from framework.output_processor import OutputProcessor
 from framework.request import Request, RequestOutput, RequestStatus
 from framework.runner_interface import ModelRunner
-from framework.sampling_params import InvalidRequestError, SamplingParams
+from framework.sampling_params import InvalidRequestError, SamplingParams, first_out_of_vocab
 from framework.scheduler import Scheduler
+from samplers.logits_processors import logits_processor_classes
+from samplers.sampler import ROW_ERROR_MESSAGES
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,8 @@ class EngineCore:
         self.kv_cache = KVCacheManager(blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.max_model_len)
         self.runner: ModelRunner = ModelRunnerV2(config, self.loaded, blocks)
+        self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
+        self._processor_classes = logits_processor_classes(config.sampler.logits_processors)
         self._seed_rng = random.Random(config.seed)
         self._arrivals = 0
         logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens", runner_kind, self.loaded.device, blocks,
@@ -43,23 +48,27 @@ class EngineCore:
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: Optional[str] = None
     ) -> None:
-        """Queue a request; raises `InvalidRequestError` (and changes nothing) if it cannot be served."""
-        self._validate(request_id, prompt_token_ids, params)
+        """Queue a request; raises `InvalidRequestError` (and changes nothing) if it cannot be served.
+
+        The request keeps its own copy of `params`, with string `bad_words` tokenised.
+        """
+        params = self._validate(request_id, prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self._seed_rng.randrange(1 << 63)
-        self.scheduler.add_request(
-            Request(
-                request_id=request_id,
-                prompt_token_ids=list(prompt_token_ids),
-                sampling_params=params,
-                eos_token_id=self.loaded.eos_token_id,
-                sampling_seed=seed,
-                prompt=prompt,
-                arrival_index=self._arrivals,
-            )
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=params,
+            eos_token_id=self.loaded.eos_token_id,
+            sampling_seed=seed,
+            prompt=prompt,
+            arrival_index=self._arrivals,
         )
+        self.scheduler.add_request(request)
+        self.output_processor.add_request(request)
         self._arrivals += 1
 
-    def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """Check the request against the engine (vocabulary, limits, tokenizer); returns the prepared params."""
         params.validate()
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id '{request_id}' is already in use")
@@ -75,43 +84,54 @@ class EngineCore:
         bad = next((t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
         if bad is not None:
             raise InvalidRequestError(f"request '{request_id}': token id {bad!r} is outside the vocabulary [0, {vocab})")
-        if params.logprobs is not None and params.logprobs > self.config.sampler.max_logprobs:
-            raise InvalidRequestError(
-                f"request '{request_id}': logprobs={params.logprobs} exceeds sampler.max_logprobs="
-                f"{self.config.sampler.max_logprobs}"
-            )
+        max_logprobs = self.config.sampler.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > max_logprobs:
+                raise InvalidRequestError(
+                    f"request '{request_id}': {name}={value} exceeds sampler.max_logprobs={max_logprobs}"
+                )
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError(f"request '{request_id}': SamplingParams.stop needs a tokenizer "
+                                      "(this model has no tokenizer.json)")
+        prepared = params.clone()
+        prepared.resolve_bad_words(self.tokenizer.encode if self.tokenizer is not None else None)
+        id_lists = {
+            "stop_token_ids": params.stop_token_ids,
+            "logit_bias": list((params.logit_bias or {}).keys()),
+            "allowed_token_ids": params.allowed_token_ids or [],
+            "bad_words": [t for word in prepared.bad_words_token_ids for t in word],
+        }
+        for name, ids in id_lists.items():
+            bad = first_out_of_vocab(ids, vocab)
+            if bad is not None:
+                raise InvalidRequestError(
+                    f"request '{request_id}': SamplingParams.{name} has token id {bad}, outside the vocabulary "
+                    f"[0, {vocab})"
+                )
+        for cls in self._processor_classes:
+            cls.validate_params(prepared, vocab)
+        return prepared
 
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
         """Abort a request; its output (finish_reason "abort"), or None if the id is not in flight."""
         request = self.scheduler.abort_request(request_id)
-        return None if request is None else self._output(request)
+        return None if request is None else self.output_processor.abort(request)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; returns the requests that finished in it."""
+        """Run one step; returns the requests that finished in it, plus progress of streaming requests
+        (`SamplingParams.output_kind` "delta" or "cumulative")."""
         scheduler_output = self.scheduler.schedule()  # 1. what runs this step
         if scheduler_output.is_empty and self.scheduler.num_unfinished:
             raise RuntimeError("the scheduler could not schedule any waiting request (KV cache too small?)")
         self.runner.execute_model(scheduler_output)  # 2. state updates, inputs, forward
         runner_output = self.runner.sample_tokens().get()  # 3. sample; wait for the copy only here
-        finished = self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids)  # 4.
-        return [self._output(r) for r in finished]
-
-    def _output(self, request: Request) -> RequestOutput:
-        tokenizer = self.loaded.tokenizer
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            token_ids=list(request.output_token_ids),
-            text=tokenizer.decode(request.output_token_ids) if tokenizer is not None else "",
-            finished=request.status.is_finished,
-            finish_reason=request.status.value if request.status.is_finished else None,
-            stop_reason=request.stop_token_id,
-            num_preemptions=request.num_preemptions,
-        )
+        errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
+        self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids, errors)  # 4. stop tokens
+        return self.output_processor.process(runner_output)  # 5. logprobs, text, stop strings, deltas
 
     @property
     def num_free_blocks(self) -> int:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 from tqdm import tqdm
 
@@ -30,6 +31,8 @@ _KWARGS = {
     "max_num_seqs": "scheduler.max_num_seqs",
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
     "max_logprobs": "sampler.max_logprobs",
+    "logprobs_mode": "sampler.logprobs_mode",
+    "logits_processors": "sampler.logits_processors",
 }
 
 
@@ -69,16 +72,13 @@ class LLM:
             return self.tokenizer.encode(prompt)
         return list(prompt)
 
-    def generate(
+    def _queue(
         self,
         prompts: Union[Prompt, Sequence[Prompt]],
-        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-        use_tqdm: bool = True,
-    ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs come back in prompt order.
-
-        Every request is validated before any is queued, so one bad prompt queues nothing.
-        """
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None],
+        output_kind: str,
+    ) -> list[str]:
+        """Validate every request, then queue them all (one bad prompt queues nothing); returns their ids."""
         if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
@@ -89,16 +89,49 @@ class LLM:
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         requests = []
         for prompt, p in zip(prompts, params):
+            if p.output_kind != output_kind:
+                p = dataclasses.replace(p, output_kind=output_kind)
             ids = self._token_ids(prompt)
             request_id = f"gen-{next(self._ids)}"
             self.engine._validate(request_id, ids, p)
             requests.append((request_id, ids, p, prompt if isinstance(prompt, str) else None))
         for request_id, ids, p, text in requests:
             self.engine.add_request(request_id, ids, p, prompt=text)
+        return [r[0] for r in requests]
+
+    def generate(
+        self,
+        prompts: Union[Prompt, Sequence[Prompt]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs come back in prompt order.
+
+        Every request is validated before any is queued, so one bad prompt queues nothing. Each request's
+        output is its final one (`output_kind` is taken as "final_only").
+        """
+        request_ids = self._queue(prompts, sampling_params, "final_only")
         outputs: dict[str, RequestOutput] = {}
-        with tqdm(total=len(requests), desc="generate", unit="req", file=sys.stderr, disable=not use_tqdm) as bar:
+        with tqdm(total=len(request_ids), desc="generate", unit="req", file=sys.stderr, disable=not use_tqdm) as bar:
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
-                    outputs[out.request_id] = out
-                    bar.update(1)
-        return [outputs[r[0]] for r in requests]
+                    if out.finished:
+                        outputs[out.request_id] = out
+                        bar.update(1)
+        return [outputs[r] for r in request_ids]
+
+    def generate_stream(
+        self,
+        prompts: Union[Prompt, Sequence[Prompt]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+    ) -> Iterator[RequestOutput]:
+        """Generate for every prompt and yield deltas as they are produced (`output_kind="delta"`).
+
+        Each yielded `RequestOutput` holds the tokens, text and logprobs that request gained since its
+        previous one; the last output of a request has `finished=True`. Requests are interleaved; tell
+        them apart by `request_id` (or by `prompt`/`prompt_token_ids`). Joining a request's deltas gives
+        what `generate` returns for it.
+        """
+        self._queue(prompts, sampling_params, "delta")
+        while self.engine.has_unfinished_requests():
+            yield from self.engine.step()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 
 from framework.async_output import AsyncOutput
@@ -14,12 +15,14 @@ from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
 from framework.engine_setup import LoadedModel
 from framework.input_batch import InputBatch, build_input_batch
-from framework.kernels.input_prep import compute_num_sampled_reference, post_update_reference
+from framework.kernels.input_prep import compute_num_sampled_reference, post_update_reference, token_batch_rows
 from framework.request_state import RequestState
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from model_states import select_model_state
-from samplers import Sampler, SamplingStates
+from samplers.logits_processors import build_logits_processors
+from samplers.sampler import Sampler
+from samplers.states import SamplingStates
 from speculators import Speculator
 
 
@@ -45,8 +48,14 @@ class ModelRunnerV2(ModelRunner):
             max_reqs, loaded.max_model_len, config.speculator.num_speculative_tokens, self.device
         )
         self.block_tables = BlockTables(max_reqs, -(-loaded.max_model_len // bs), bs, self.device)
-        self.sampling_states = SamplingStates(max_reqs, self.device)
-        self.sampler = Sampler(self.sampling_states)
+        vocab_size = loaded.vocab_size
+        self.sampling_states = SamplingStates(
+            max_reqs, self.device, vocab_size=vocab_size, history=self.request_state,
+            num_computed_host=lambda: self.request_state.num_computed_host, eos_token_id=loaded.eos_token_id,
+            logits_processors=build_logits_processors(config.sampler.logits_processors, max_reqs, vocab_size,
+                                                      self.device),
+        )
+        self.sampler = Sampler(self.sampling_states, config.sampler.logprobs_mode)
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
         self.speculator: Optional[Speculator] = None  # built by the speculators issue from config.speculator
@@ -88,7 +97,7 @@ class ModelRunnerV2(ModelRunner):
         for new in new_requests:
             slot = self.request_state.add_request(new)
             self.block_tables.add_request(slot, new.block_ids)
-            self.sampling_states.add_request(slot, new.sampling_params, new.sampling_seed)
+            self.sampling_states.add_request(slot, new)
             self.model_state.add_request(slot, new)
             if self.speculator is not None:
                 self.speculator.add_request(slot, new)
@@ -117,16 +126,38 @@ class ModelRunnerV2(ModelRunner):
         num_sampled, num_rejected = compute_num_sampled_reference(
             batch.idx_mapping, batch.seq_lens, rs.prefill_len, num_accepted, batch.num_draft
         )
-        output = AsyncOutput(batch.request_ids, tokens, num_sampled, self.copy_stream)  # 4. D2H on a side stream
-        post_update_reference(  # 5. advance the slots on the device
+        prompt_logprobs = None
+        if self.sampling_states.prompt_logprobs.any_in(batch.idx_mapping_host):  # 4. in chunks of 1024 positions
+            prompt_logprobs = self.sampling_states.prompt_logprobs.compute(batch, hidden, self.model.compute_logits)
+        output = AsyncOutput(  # 5. D2H on a side stream
+            batch.request_ids, tokens, num_sampled, self.copy_stream, logprobs=sampled.logprobs,
+            logits_row_starts=self._logits_row_starts(batch), errors=self._row_errors(batch, sampled.errors),
+            prompt_logprobs=prompt_logprobs,
+        )
+        post_update_reference(  # 6. advance the slots on the device
             batch.idx_mapping, batch.query_lens, tokens, num_sampled, num_rejected,
             rs.all_token_ids, rs.total_len, rs.num_computed, rs.last_sampled,
         )
-        self.model_state.postprocess(batch, num_sampled, num_rejected)  # 6. architecture state advances
-        if self.speculator is not None:  # 7. next drafts, written where the next step's inputs read them
+        self.sampling_states.record_sampled(batch.idx_mapping, tokens, num_sampled)  # 7. penalty counts advance
+        self.model_state.postprocess(batch, num_sampled, num_rejected)  # 8. architecture state advances
+        if self.speculator is not None:  # 9. next drafts, written where the next step's inputs read them
             drafts = self.speculator.propose(batch, hidden, num_sampled, rs)
             rs.draft_tokens[batch.idx_mapping.long()] = drafts
         return output
+
+    @staticmethod
+    def _logits_row_starts(batch: InputBatch) -> np.ndarray:
+        """[R] first logits_row of each batch row (host prefix sum of 1 + drafts)."""
+        return np.cumsum(1 + batch.num_draft_host) - (1 + batch.num_draft_host)
+
+    @staticmethod
+    def _row_errors(batch: InputBatch, errors: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """[R] int32: the worst error code of each batch row's logits rows."""
+        if errors is None or batch.num_logits == batch.num_rows:
+            return errors
+        rows = token_batch_rows(batch.cu_num_logits, batch.num_logits)
+        return torch.zeros(batch.num_rows, dtype=errors.dtype, device=errors.device).scatter_reduce_(
+            0, rows, errors, "amax")
 
     def _verify_drafts(self, batch: InputBatch, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """([R, K+1] tokens per row, [R] accepted drafts). Without drafts every row has one logits row."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from framework.sampling_params import SamplingParams
 
@@ -18,10 +18,12 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
 
     @property
     def is_finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED,
+                        RequestStatus.FINISHED_ERROR)
 
 
 @dataclass
@@ -40,6 +42,8 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (reset to 0 by preemption)
     num_preemptions: int = 0
     stop_token_id: Optional[int] = None
+    stop_string: Optional[str] = None  # the stop string that ended it (set by the output processor)
+    error: Optional[str] = None  # why it finished with status FINISHED_ERROR
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -56,8 +60,27 @@ class Request:
 
 
 @dataclass
+class Logprob:
+    """The logprob of one token at one position, its rank (1 = most likely) and its text."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+SampleLogprobs = list[dict[int, Logprob]]  # per output token: sampled token and the top-k
+PromptLogprobs = list[Optional[dict[int, Logprob]]]  # per prompt token; the first is None
+
+
+@dataclass
 class RequestOutput:
-    """What `LLM.generate` returns per request (and `EngineCore.step` per finished request)."""
+    """What `LLM.generate` returns per request (and `EngineCore.step` per finished or streamed request).
+
+    For `output_kind="delta"`, `token_ids`, `text` and `logprobs` hold only what is new since the request's
+    previous output; otherwise everything so far. `prompt_logprobs` appear once the prompt is done (in a
+    delta stream: once). `cumulative_logprob` is the sum of the sampled tokens' logprobs (None unless
+    `logprobs` was asked for).
+    """
 
     request_id: str
     prompt: Optional[str]
@@ -65,6 +88,10 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     finished: bool
-    finish_reason: Optional[str]  # "stop" | "length" | "abort" | None while running
-    stop_reason: Optional[int] = None  # the stop token id that ended it, if any
+    finish_reason: Optional[str]  # "stop" | "length" | "abort" | "error" | None while running
+    stop_reason: Union[int, str, None] = None  # the stop token id or stop string that ended it, if any
     num_preemptions: int = 0
+    logprobs: Optional[SampleLogprobs] = None
+    prompt_logprobs: Optional[PromptLogprobs] = None
+    cumulative_logprob: Optional[float] = None
+    error: Optional[str] = None  # set when finish_reason is "error"

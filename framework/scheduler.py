@@ -43,6 +43,14 @@ class Scheduler:
         self._finish(request, RequestStatus.FINISHED_ABORTED)
         return request
 
+    def finish_request(self, request_id: str, status: RequestStatus) -> Optional[Request]:
+        """End a running or waiting request with `status` (e.g. a stop string matched); None if not here."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        self._finish(request, status)
+        return request
+
     @property
     def num_unfinished(self) -> int:
         return len(self.requests)
@@ -127,13 +135,27 @@ class Scheduler:
             finished_request_ids=released,
         )
 
-    def update_from_output(self, output: SchedulerOutput, sampled: Sequence[Sequence[int]]) -> list[Request]:
-        """Append each row's sampled tokens, apply stop conditions; returns the requests that finished."""
+    def update_from_output(
+        self,
+        output: SchedulerOutput,
+        sampled: Sequence[Sequence[int]],
+        errors: Optional[Sequence[Optional[str]]] = None,
+    ) -> list[Request]:
+        """Append each row's sampled tokens, apply stop conditions; returns the requests that finished.
+
+        `errors[i]`, when set, ends row i's request with status FINISHED_ERROR and appends nothing (its logits
+        were not finite, or every token was excluded); the other rows are not affected.
+        """
         finished = []
-        for request_id, tokens in zip(output.scheduled_request_ids, sampled):
+        for i, (request_id, tokens) in enumerate(zip(output.scheduled_request_ids, sampled)):
             request = self.requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING or not tokens:
                 continue  # aborted meanwhile, or a prefill chunk that samples nothing
+            if errors is not None and errors[i]:
+                request.error = errors[i]
+                self._finish(request, RequestStatus.FINISHED_ERROR)
+                finished.append(request)
+                continue
             status = None
             for token in tokens:
                 request.output_token_ids.append(token)

@@ -2,12 +2,22 @@
 
 The noise of a request depends only on its seed and the position of the token being sampled, never on the
 batch, so a seeded request draws the same tokens alone or among others, and after preemption. The hash is
-32-bit integer arithmetic that a Triton kernel reproduces bit for bit (`lowbias32` mixing).
+32-bit integer arithmetic (`lowbias32` mixing) that `_gumbel_sample_kernel` reproduces bit for bit with
+`tl.uint32` arithmetic; the reference does the same in int64 with explicit masking.
+
+    key(seed, pos)   = mix(mix(seed_lo + mix(seed_hi + 0x632BE5AB)) ^ pos * 0x9E3779B9)
+    bits(tok)        = mix(key ^ tok * 0x85EBCA6B)
+    u                = ((bits >> 8) + 0.5) / 2**24          in (0, 1), float32
+    sample           = argmax(logits - log(-log(u)))        first index on ties; all -inf -> 0
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
+
+from samplers.triton_utils import use_triton, vocab_block
 
 _MASK32 = 0xFFFFFFFF
 
@@ -37,10 +47,15 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return mix32(key ^ _mul32(positions.long() & _MASK32, 0x9E3779B9))
 
 
+def hash_bits_reference(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[L, V] int64 holding the 32-bit hash of (seed, position, token id) of every logits row and token."""
+    token_hash = _mul32(torch.arange(vocab_size, device=seeds.device, dtype=torch.int64), 0x85EBCA6B)
+    return mix32(row_keys(seeds, positions).unsqueeze(1) ^ token_hash.unsqueeze(0))
+
+
 def uniform_noise_reference(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[L, V] float32 uniforms in (0, 1), a pure function of (seed, position, token id)."""
-    token_hash = _mul32(torch.arange(vocab_size, device=seeds.device, dtype=torch.int64), 0x85EBCA6B)
-    bits = mix32(row_keys(seeds, positions).unsqueeze(1) ^ token_hash.unsqueeze(0))
+    bits = hash_bits_reference(seeds, positions, vocab_size)
     return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
@@ -53,3 +68,118 @@ def gumbel_sample_reference(
     u = uniform_noise_reference(seeds, positions, logits.shape[1])
     gumbel = -torch.log(-torch.log(u))
     return torch.argmax(logits + gumbel, dim=-1)
+
+
+# ---- Triton ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mix32(x):
+    """lowbias32 on tl.uint32 (multiplication wraps modulo 2**32, shifts are logical)."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _row_key(seed, position):
+    """uint32 key of one logits row from its int64 seed and int64 position (see `row_keys`)."""
+    seed_lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    seed_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    key = _mix32(seed_lo + _mix32(seed_hi + 0x632BE5AB))
+    return _mix32(key ^ ((position & 0xFFFFFFFF).to(tl.uint32) * 0x9E3779B9))
+
+
+@triton.jit
+def _token_bits(key, token_ids):
+    return _mix32(key ^ (token_ids.to(tl.uint32) * 0x85EBCA6B))
+
+
+@triton.jit
+def _uniform_noise_kernel(
+    seeds_ptr, positions_ptr, out_ptr, out_stride, vocab_size,
+    RAW_BITS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    logits_row = tl.program_id(0)
+    token_ids = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = token_ids < vocab_size
+    key = _row_key(tl.load(seeds_ptr + logits_row), tl.load(positions_ptr + logits_row))
+    bits = _token_bits(key, token_ids)
+    if RAW_BITS:
+        tl.store(out_ptr + logits_row * out_stride + token_ids, bits.to(tl.int64), mask=mask)
+    else:
+        u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        tl.store(out_ptr + logits_row * out_stride + token_ids, u, mask=mask)
+
+
+def uniform_noise_triton(
+    seeds: torch.Tensor,  # [L] int64
+    positions: torch.Tensor,  # [L] int64
+    vocab_size: int,
+    raw_bits: bool = False,
+) -> torch.Tensor:
+    """[L, V] float32 uniforms (or, with `raw_bits`, the int64-held 32-bit hashes) from the Triton hash."""
+    num_rows = seeds.shape[0]
+    out = torch.empty(num_rows, vocab_size, dtype=torch.int64 if raw_bits else torch.float32, device=seeds.device)
+    if num_rows == 0:
+        return out
+    block = vocab_block(vocab_size)
+    _uniform_noise_kernel[(num_rows, triton.cdiv(vocab_size, block))](
+        seeds.long().contiguous(), positions.long().contiguous(), out, out.stride(0), vocab_size,
+        RAW_BITS=raw_bits, BLOCK=block,
+    )
+    return out
+
+
+@triton.jit
+def _gumbel_sample_kernel(
+    logits_ptr, logits_stride, seeds_ptr, positions_ptr, out_ptr, vocab_size, BLOCK: tl.constexpr,
+):
+    logits_row = tl.program_id(0)
+    key = _row_key(tl.load(seeds_ptr + logits_row), tl.load(positions_ptr + logits_row))
+    best_value = tl.full([], -float("inf"), tl.float32)
+    best_token = tl.zeros([], dtype=tl.int32)
+    for start in range(0, vocab_size, BLOCK):
+        token_ids = start + tl.arange(0, BLOCK)
+        mask = token_ids < vocab_size
+        logits = tl.load(logits_ptr + logits_row * logits_stride + token_ids, mask=mask, other=-float("inf"))
+        u = ((_token_bits(key, token_ids) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        noisy = tl.where(mask, logits - tl.log(-tl.log(u)), -float("inf"))
+        block_best = tl.max(noisy, axis=0)
+        block_token = tl.argmax(noisy, axis=0, tie_break_left=True)
+        # Strictly greater: on a tie across blocks the first (lowest) token id wins, like torch.argmax.
+        take = block_best > best_value
+        best_token = tl.where(take, start + block_token, best_token)
+        best_value = tl.where(take, block_best, best_value)
+    tl.store(out_ptr + logits_row, best_token.to(tl.int64))
+
+
+def gumbel_sample_triton(
+    logits: torch.Tensor,  # [L, V] float32, temperature-scaled and masked (-inf = excluded), no NaN
+    seeds: torch.Tensor,  # [L] int64: seed of each logits row's request
+    positions: torch.Tensor,  # [L] int64: position the sampled token will occupy
+) -> torch.Tensor:
+    """[L] int64, same result as `gumbel_sample_reference` (one program per logits row)."""
+    num_rows, vocab_size = logits.shape
+    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    if num_rows == 0:
+        return out
+    logits = logits if logits.stride(1) == 1 else logits.contiguous()
+    _gumbel_sample_kernel[(num_rows,)](
+        logits, logits.stride(0), seeds.long().contiguous(), positions.long().contiguous(), out, vocab_size,
+        BLOCK=vocab_block(vocab_size),
+    )
+    return out
+
+
+def gumbel_sample(
+    logits: torch.Tensor,  # [L, V] float32, temperature-scaled and masked (-inf = excluded), no NaN
+    seeds: torch.Tensor,  # [L] int64
+    positions: torch.Tensor,  # [L] int64
+) -> torch.Tensor:
+    """[L] int64 sampled token ids: Triton on CUDA, the reference elsewhere."""
+    if use_triton(logits):
+        return gumbel_sample_triton(logits, seeds, positions)
+    return gumbel_sample_reference(logits, seeds, positions)

@@ -1,44 +1,107 @@
-"""The sampling pipeline: one logits row per sampled or verified token, parameters read by req_slot."""
+"""The sampling pipeline: one logits row per sampled or verified token, parameters read by req_slot.
+
+Order (each stage skipped when no request of the batch uses it, decided on the host):
+
+1. non-finite logits (NaN, +inf) -> -inf, row flagged
+2. allowed_token_ids, 3. bad_words, 4. min_tokens, 5. logit_bias, 6. repetition/frequency/presence
+   penalties, 7. custom logits processors
+8. temperature (greedy rows: none), 9. top-k then top-p, 10. min-p
+11. greedy rows take the argmax, the others Gumbel-max with (seed, position) noise
+12. a row whose chosen token has a -inf logit (every token excluded) is flagged
+13. logprobs of the chosen token and the top-k: raw (the model's logits, after step 1) or processed (the
+    distribution the token was drawn from: after step 10, or after step 7 for greedy rows)
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, Optional
 
 import torch
 
-from samplers.gumbel import gumbel_sample_reference
+from samplers.gumbel import gumbel_sample
+from samplers.logits_processors import LogitsContext
+from samplers.logprobs import LogprobsTensors, compute_logprobs
+from samplers.sanitize import sanitize_logits
 from samplers.states import SamplingStages, SamplingStates
-from samplers.top_k_top_p import apply_min_p_reference, apply_top_k_top_p_reference
+from samplers.top_k_top_p import apply_min_p, apply_top_k_top_p
+
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+
+# SamplerOutput.errors codes, per logits row.
+ROW_OK = 0
+ROW_NONFINITE_LOGITS = 1
+ROW_NO_TOKEN_LEFT = 2
+ROW_ERROR_MESSAGES = {
+    ROW_NONFINITE_LOGITS: "the model produced NaN or +inf logits",
+    ROW_NO_TOKEN_LEFT: "no token can be sampled: every token is excluded (allowed_token_ids, bad_words, ...)",
+}
 
 
 class SamplerOutput(NamedTuple):
     sampled_token_ids: torch.Tensor  # [L] int64: one token per logits row
+    logprobs: Optional[LogprobsTensors] = None  # [L, 1+k] when some request asked for logprobs
+    errors: Optional[torch.Tensor] = None  # [L] int32: ROW_OK or an error code
 
 
 class Sampler:
-    """greedy | temperature -> top-k/top-p -> min-p -> Gumbel-max, each stage skipped when unused."""
+    """The pipeline above, over `SamplingStates`; `logprobs_mode` picks raw or processed logprobs."""
 
-    def __init__(self, states: SamplingStates) -> None:
+    def __init__(self, states: SamplingStates, logprobs_mode: LogprobsMode = "raw_logprobs") -> None:
         self.states = states
+        self.logprobs_mode = logprobs_mode
 
     def __call__(
         self,
-        logits: torch.Tensor,  # [L, V] float32
+        logits: torch.Tensor,  # [L, V] float32 (may be overwritten)
         expanded_idx_mapping: torch.Tensor,  # [L] int32: logits row -> req_slot
         sample_positions: torch.Tensor,  # [L] int64: position of the token being sampled
         stages: SamplingStages,
     ) -> SamplerOutput:
-        greedy_ids = torch.argmax(logits, dim=-1)
-        if not stages.any_random:
-            return SamplerOutput(greedy_ids)
-        slots = expanded_idx_mapping.long()
-        t = self.states.tensors
-        temperature = t["temperature"][slots]
-        is_greedy = temperature == 0
-        scaled = logits / torch.where(is_greedy, 1.0, temperature).unsqueeze(1)
-        if stages.any_top_k or stages.any_top_p:
-            scaled = apply_top_k_top_p_reference(scaled, t["top_k"][slots], t["top_p"][slots])
-        if stages.any_min_p:
-            scaled = apply_min_p_reference(scaled, t["min_p"][slots])
-        sampled = gumbel_sample_reference(scaled, t["seed"][slots], sample_positions)
-        return SamplerOutput(torch.where(is_greedy, greedy_ids, sampled))
+        logits, nonfinite = sanitize_logits(logits.float())  # 1.
+        want_logprobs = stages.num_logprobs >= 0
+        raw = None
+        if want_logprobs and self.logprobs_mode == "raw_logprobs":
+            raw = logits.clone() if (stages.any_logits_edit or stages.any_random) else logits
+        logits = self.apply_logits_edits(logits, expanded_idx_mapping, sample_positions, stages)  # 2.-7.
+        row = self.states.params.gather(expanded_idx_mapping)
+        if stages.any_random:
+            logits = logits / row.temperature.unsqueeze(1)  # 8.
+            if stages.any_top_k or stages.any_top_p:
+                logits = apply_top_k_top_p(logits, row.top_k, row.top_p)  # 9.
+            if stages.any_min_p:
+                logits = apply_min_p(logits, row.min_p)  # 10.
+            sampled = torch.where(row.is_greedy, logits.argmax(dim=-1),  # 11.
+                                  gumbel_sample(logits, row.seed, sample_positions))
+        else:
+            sampled = logits.argmax(dim=-1)
+        no_token = logits.gather(1, sampled.unsqueeze(1)).squeeze(1) == float("-inf")  # 12.
+        errors = torch.where(nonfinite, ROW_NONFINITE_LOGITS, torch.where(no_token, ROW_NO_TOKEN_LEFT, ROW_OK)).int()
+        logprobs = None
+        if want_logprobs:  # 13.
+            logprobs = compute_logprobs(raw if raw is not None else logits, sampled, stages.num_logprobs)
+        return SamplerOutput(sampled, logprobs, errors)
+
+    def apply_logits_edits(
+        self,
+        logits: torch.Tensor,  # [L, V] float32
+        expanded_idx_mapping: torch.Tensor,  # [L] int32
+        sample_positions: torch.Tensor,  # [L] int64
+        stages: SamplingStages,
+    ) -> torch.Tensor:
+        """Stages 2-7: masks, bias, penalties and custom processors, in that order."""
+        s = self.states
+        if stages.any_allowed_tokens:
+            logits = s.allowed_tokens.apply(logits, expanded_idx_mapping)
+        if stages.any_bad_words:
+            logits = s.bad_words.apply(logits, expanded_idx_mapping, sample_positions)
+        if stages.any_min_tokens:
+            logits = s.min_tokens.apply(logits, expanded_idx_mapping, sample_positions)
+        if stages.any_logit_bias:
+            logits = s.logit_bias.apply(logits, expanded_idx_mapping)
+        if stages.any_penalties:
+            logits = s.penalties.apply(logits, expanded_idx_mapping)
+        if stages.processors:
+            context = LogitsContext(expanded_idx_mapping, sample_positions, s.history)
+            for i in stages.processors:
+                logits = s.processors[i].apply(logits, context)
+        return logits

@@ -1,14 +1,28 @@
-"""Per-request-slot sampling parameters, written when a request joins and read through an index mapping."""
+"""Per-request-slot sampling state, written when a request joins and read through an index mapping.
+
+`SamplingStates` owns one state object per kind of parameter and forwards the per-slot verbs to each;
+`stages_for` tells, from host mirrors only, which stages this step's batch needs.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 
+from framework.scheduler_output import NewRequestData
 from framework.sampling_params import SamplingParams
 from framework.staged_writes import StagedWrites
+from samplers.allowed_tokens import AllowedTokensState
+from samplers.bad_words import BadWordsState
+from samplers.history import TokenHistory
+from samplers.logit_bias import LogitBiasState
+from samplers.logits_processors import LogitsProcessor
+from samplers.min_tokens import MinTokensState
+from samplers.penalties import PenaltiesState
+from samplers.prompt_logprobs import PromptLogprobsState
 
 
 @dataclass(frozen=True)
@@ -19,20 +33,39 @@ class SamplingStages:
     any_top_k: bool
     any_top_p: bool
     any_min_p: bool
+    any_allowed_tokens: bool = False
+    any_bad_words: bool = False
+    any_min_tokens: bool = False
+    any_logit_bias: bool = False
+    any_penalties: bool = False
+    processors: tuple[int, ...] = ()  # indices of the custom processors some request uses
+    num_logprobs: int = -1  # largest `logprobs` in the batch; -1 = nobody asked
+
+    @property
+    def any_logits_edit(self) -> bool:
+        """Whether any stage before temperature changes the logits."""
+        return (self.any_allowed_tokens or self.any_bad_words or self.any_min_tokens or self.any_logit_bias
+                or self.any_penalties or bool(self.processors))
 
 
-class SamplingStates:
-    """temperature / top_k / top_p / min_p / seed per req_slot, on the device, with host mirrors.
+class RowParams(NamedTuple):
+    """Per logits row, the scalar parameters of its request (greedy rows get the filters switched off)."""
 
-    The host mirrors answer "does any request in this batch need stage X" without touching the device.
-    Adding a request overwrites every field of its slot, so a reused slot keeps nothing of its last owner.
-    """
+    is_greedy: torch.Tensor  # [L] bool
+    temperature: torch.Tensor  # [L] float32, 1.0 on greedy rows
+    top_k: torch.Tensor  # [L] int32, 0 on greedy rows
+    top_p: torch.Tensor  # [L] float32, 1.0 on greedy rows
+    min_p: torch.Tensor  # [L] float32, 0.0 on greedy rows
+    seed: torch.Tensor  # [L] int64
+
+
+class SamplingParamsState:
+    """temperature / top_k / top_p / min_p / seed per req_slot, on the device, with host mirrors."""
 
     FIELDS = {"temperature": torch.float32, "top_k": torch.int32, "top_p": torch.float32,
               "min_p": torch.float32, "seed": torch.int64}
 
     def __init__(self, max_num_reqs: int, device: torch.device) -> None:
-        self.device = device
         self.tensors = {n: torch.zeros(max_num_reqs, dtype=dt, device=device) for n, dt in self.FIELDS.items()}
         self.host = {n: np.zeros(max_num_reqs, dtype=torch.empty(0, dtype=dt).numpy().dtype)
                      for n, dt in self.FIELDS.items()}
@@ -57,12 +90,99 @@ class SamplingStates:
         for staged in self._staged.values():
             staged.apply()
 
+    def gather(self, expanded_idx_mapping: torch.Tensor) -> RowParams:
+        slots = expanded_idx_mapping.long()
+        t = {name: tensor[slots] for name, tensor in self.tensors.items()}
+        greedy = t["temperature"] == 0
+        return RowParams(
+            is_greedy=greedy,
+            temperature=torch.where(greedy, 1.0, t["temperature"]),
+            top_k=torch.where(greedy, 0, t["top_k"]),
+            top_p=torch.where(greedy, 1.0, t["top_p"]),
+            min_p=torch.where(greedy, 0.0, t["min_p"]),
+            seed=t["seed"],
+        )
+
+
+class SamplingStates:
+    """Every per-slot sampling state of the runner, behind the usual verbs.
+
+    Adding a request overwrites every field of its slot in every state, so a reused slot keeps nothing of
+    its last owner. `history` is the runner's `RequestState` (token history on the device);
+    `num_computed_host` returns its host mirror of computed tokens (used to size prompt logprobs).
+    """
+
+    def __init__(
+        self,
+        max_num_reqs: int,
+        device: torch.device,
+        *,
+        vocab_size: int,
+        history: TokenHistory,
+        num_computed_host: Callable[[], np.ndarray],
+        eos_token_id: Optional[int] = None,
+        logits_processors: Sequence[LogitsProcessor] = (),
+    ) -> None:
+        self.device = device
+        self.params = SamplingParamsState(max_num_reqs, device)
+        self.allowed_tokens = AllowedTokensState(max_num_reqs, vocab_size, device)
+        self.bad_words = BadWordsState(max_num_reqs, device, history)
+        self.min_tokens = MinTokensState(max_num_reqs, device, history, eos_token_id)
+        self.logit_bias = LogitBiasState(max_num_reqs, device)
+        self.penalties = PenaltiesState(max_num_reqs, vocab_size, device, history)
+        self.prompt_logprobs = PromptLogprobsState(max_num_reqs, history, num_computed_host)
+        self.processors = list(logits_processors)
+        self.history = history
+        self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int64)  # host only: -1 = no logprobs
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The scalar parameters by name ([S] each)."""
+        return self.params.tensors
+
+    def _param_states(self) -> list:
+        return [self.allowed_tokens, self.bad_words, self.min_tokens, self.logit_bias, self.penalties]
+
+    def add_request(self, req_slot: int, new: NewRequestData) -> None:
+        params = new.sampling_params
+        self.params.add_request(req_slot, params, new.sampling_seed)
+        for state in self._param_states() + self.processors:
+            state.add_request(req_slot, params)
+        self.prompt_logprobs.add_request(req_slot, new)
+        self.num_logprobs[req_slot] = -1 if params.logprobs is None else params.logprobs
+
+    def remove_request(self, req_slot: int) -> None:
+        self.num_logprobs[req_slot] = -1
+        for state in [self.params, *self._param_states(), self.prompt_logprobs, *self.processors]:
+            state.remove_request(req_slot)
+
+    def apply_staged_writes(self) -> None:
+        for state in [self.params, *self._param_states(), *self.processors]:
+            state.apply_staged_writes()
+
     def stages_for(self, req_slots: np.ndarray) -> SamplingStages:
         """Stages needed by the requests in `req_slots` (host-side check, no device sync)."""
-        random = self.host["temperature"][req_slots] > 0
+        host = self.params.host
+        random = host["temperature"][req_slots] > 0
         return SamplingStages(
             any_random=bool(random.any()),
-            any_top_k=bool((random & (self.host["top_k"][req_slots] > 0)).any()),
-            any_top_p=bool((random & (self.host["top_p"][req_slots] < 1.0)).any()),
-            any_min_p=bool((random & (self.host["min_p"][req_slots] > 0)).any()),
+            any_top_k=bool((random & (host["top_k"][req_slots] > 0)).any()),
+            any_top_p=bool((random & (host["top_p"][req_slots] < 1.0)).any()),
+            any_min_p=bool((random & (host["min_p"][req_slots] > 0)).any()),
+            any_allowed_tokens=self.allowed_tokens.any_in(req_slots),
+            any_bad_words=self.bad_words.any_in(req_slots),
+            any_min_tokens=self.min_tokens.any_in(req_slots),
+            any_logit_bias=self.logit_bias.any_in(req_slots),
+            any_penalties=self.penalties.any_in(req_slots),
+            processors=tuple(i for i, p in enumerate(self.processors) if p.is_active(req_slots)),
+            num_logprobs=int(self.num_logprobs[req_slots].max()) if len(req_slots) else -1,
         )
+
+    def record_sampled(
+        self,
+        idx_mapping: torch.Tensor,  # [R] int32: batch_row -> req_slot
+        sampled: torch.Tensor,  # [R, K+1] int64
+        num_sampled: torch.Tensor,  # [R] int32
+    ) -> None:
+        """Post-update on the device: the penalty counts advance by this step's tokens."""
+        self.penalties.record_sampled(idx_mapping, sampled, num_sampled)

@@ -1,0 +1,184 @@
+"""Turning a step's sampled tokens into `RequestOutput`s: logprobs, text, stop strings, streaming deltas.
+
+Runs on the host after `Scheduler.update_from_output` has appended the tokens and applied the token-level
+stop conditions (eos, stop_token_ids, max_tokens, errors). Stop strings need the text, so they are checked
+here, and a request they end is finished through the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from framework.async_output import LogprobsLists, ModelRunnerOutput
+from framework.detokenizer import IncrementalDetokenizer, find_stop_string
+from framework.request import Logprob, PromptLogprobs, Request, RequestOutput, RequestStatus, SampleLogprobs
+from framework.scheduler import Scheduler
+
+
+@dataclass
+class _OutputState:
+    """Host-side output bookkeeping of one request."""
+
+    request: Request
+    detokenizer: Optional[IncrementalDetokenizer]
+    logprobs: Optional[SampleLogprobs]
+    cumulative_logprob: Optional[float]
+    prompt_logprobs: Optional[PromptLogprobs]
+    num_prompt_logprobs_missing: int = 0
+    num_tokens_seen: int = 0  # output tokens already turned into text/logprobs
+    # What the last streamed output covered (delta mode).
+    sent_tokens: int = 0
+    sent_chars: int = 0
+    sent_prompt_logprobs: bool = False
+
+
+class OutputProcessor:
+    """Per-request detokenizer, logprobs and stream offsets, keyed by request id."""
+
+    def __init__(self, tokenizer: Any, scheduler: Scheduler) -> None:
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self._states: dict[str, _OutputState] = {}
+
+    def add_request(self, request: Request) -> None:
+        params = request.sampling_params
+        detok = None
+        if params.detokenize and self.tokenizer is not None:
+            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
+        prompt_lp = None
+        if params.prompt_logprobs is not None:
+            prompt_lp = [None] * request.num_prompt_tokens
+        self._states[request.request_id] = _OutputState(
+            request=request,
+            detokenizer=detok,
+            logprobs=[] if params.logprobs is not None else None,
+            cumulative_logprob=0.0 if params.logprobs is not None else None,
+            prompt_logprobs=prompt_lp,
+            num_prompt_logprobs_missing=max(request.num_prompt_tokens - 1, 0) if prompt_lp is not None else 0,
+        )
+
+    def process(self, runner_output: ModelRunnerOutput) -> list[RequestOutput]:
+        """Outputs of this step: every request that finished, and streamed requests that made progress."""
+        outputs = []
+        for row, request_id in enumerate(runner_output.request_ids):
+            state = self._states.get(request_id)
+            if state is None:
+                continue  # aborted earlier
+            if request_id in runner_output.prompt_logprobs:
+                self._add_prompt_logprobs(state, *runner_output.prompt_logprobs[request_id])
+            row_logprobs = runner_output.logprobs[row] if runner_output.logprobs is not None else None
+            self._add_tokens(state, row_logprobs)
+            output = self._make_output(state)
+            if output is not None:
+                outputs.append(output)
+        return outputs
+
+    def abort(self, request: Request) -> RequestOutput:
+        """The final output of an aborted request."""
+        state = self._states.get(request.request_id)
+        if state is None:
+            self.add_request(request)
+            state = self._states[request.request_id]
+        output = self._make_output(state)
+        assert output is not None
+        return output
+
+    # ---- per request ---------------------------------------------------------------------------------
+    def _add_prompt_logprobs(self, state: _OutputState, start: int, lists: LogprobsLists) -> None:
+        if state.prompt_logprobs is None:
+            return
+        k = state.request.sampling_params.prompt_logprobs or 0
+        for i in range(len(lists.ranks)):
+            position = start + 1 + i  # the prompt token this entry scores
+            if state.prompt_logprobs[position] is None:
+                state.num_prompt_logprobs_missing -= 1
+            state.prompt_logprobs[position] = self._logprob_entry(state, lists, i, k)
+
+    def _logprob_entry(self, state: _OutputState, lists: LogprobsLists, i: int, k: int) -> dict[int, Logprob]:
+        """{token: Logprob} for entry i: the chosen token (with its rank), then the top-k (rank = place)."""
+        ids, values = lists.token_ids[i], lists.logprobs[i]
+        decode = state.detokenizer.decode_one if state.detokenizer is not None else (lambda _: None)
+        entry = {ids[0]: Logprob(values[0], lists.ranks[i], decode(ids[0]))}
+        for place in range(1, min(k, len(ids) - 1) + 1):
+            if ids[place] not in entry:
+                entry[ids[place]] = Logprob(values[place], place, decode(ids[place]))
+        return entry
+
+    def _add_tokens(self, state: _OutputState, row_logprobs: Optional[LogprobsLists]) -> None:
+        request = state.request
+        params = request.sampling_params
+        new_tokens = request.output_token_ids[state.num_tokens_seen:]
+        stopped_by_token = request.status == RequestStatus.FINISHED_STOPPED
+        for i, token in enumerate(new_tokens):
+            if state.logprobs is not None and row_logprobs is not None and i < len(row_logprobs.ranks):
+                state.logprobs.append(self._logprob_entry(state, row_logprobs, i, params.logprobs or 0))
+                state.cumulative_logprob = (state.cumulative_logprob or 0.0) + row_logprobs.logprobs[i][0]
+            if state.detokenizer is None:
+                continue
+            delta = state.detokenizer.append(token)
+            num_output = state.num_tokens_seen + i + 1
+            if params.stop and delta and not stopped_by_token and num_output >= params.min_tokens:
+                hit = find_stop_string(state.detokenizer.text, params.stop, len(delta))
+                if hit is not None:
+                    self._stop_at_string(state, hit, num_output)
+                    break
+        state.num_tokens_seen = len(request.output_token_ids)
+        if request.status.is_finished and state.detokenizer is not None and request.stop_string is None:
+            state.detokenizer.flush()
+
+    def _stop_at_string(self, state: _OutputState, hit: tuple[str, int], num_output: int) -> None:
+        stop, index = hit
+        request = state.request
+        detok = state.detokenizer
+        assert detok is not None
+        keep = index + len(stop) if request.sampling_params.include_stop_str_in_output else index
+        detok.text = detok.text[:keep]
+        del request.output_token_ids[num_output:]  # tokens after the one that completed the stop string
+        if state.logprobs is not None:
+            del state.logprobs[num_output:]
+        request.stop_string = stop
+        request.stop_token_id = None
+        if request.status.is_finished:
+            request.status = RequestStatus.FINISHED_STOPPED  # it also hit max_tokens on this token
+        else:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+
+    def _make_output(self, state: _OutputState) -> Optional[RequestOutput]:
+        request = state.request
+        params = request.sampling_params
+        finished = request.status.is_finished
+        kind = params.output_kind
+        if finished:
+            self._states.pop(request.request_id, None)
+        elif kind == "final_only" or len(request.output_token_ids) == state.sent_tokens:
+            return None
+        text = state.detokenizer.text if state.detokenizer is not None else ""
+        if not finished and params.stop and not params.include_stop_str_in_output:
+            text = text[: max(0, len(text) - (max(len(s) for s in params.stop) - 1))]  # a stop string may be growing
+        prompt_done = state.prompt_logprobs is not None and state.num_prompt_logprobs_missing == 0
+        prompt_logprobs = state.prompt_logprobs if prompt_done else None
+        token_ids, logprobs = list(request.output_token_ids), state.logprobs
+        if kind == "delta":
+            token_ids = token_ids[state.sent_tokens:]
+            logprobs = logprobs[state.sent_tokens:] if logprobs is not None else None
+            text, sent_chars = text[state.sent_chars:], len(text)
+            prompt_logprobs = None if state.sent_prompt_logprobs else prompt_logprobs
+            state.sent_chars = sent_chars
+            state.sent_prompt_logprobs = state.sent_prompt_logprobs or prompt_logprobs is not None
+        state.sent_tokens = len(request.output_token_ids)
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=token_ids,
+            text=text,
+            finished=finished,
+            finish_reason=request.status.value if finished else None,
+            stop_reason=request.stop_string if request.stop_string is not None else request.stop_token_id,
+            num_preemptions=request.num_preemptions,
+            logprobs=list(logprobs) if logprobs is not None else None,
+            prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
+            cumulative_logprob=state.cumulative_logprob,
+            error=request.error,
+        )

@@ -1,0 +1,283 @@
+"""Repetition, frequency and presence penalties (vLLM semantics), with per-slot token counts on the device.
+
+For a logits row of the request in slot s, with `count[t]` the occurrences of token t in its output so far
+and `in_prompt[t]` whether t occurs in its original prompt (`prompt_len`, not the resumed prefill):
+
+    seen   = in_prompt[t] or count[t] > 0
+    l_t    = l_t / repetition if (seen and l_t > 0) else l_t * repetition if seen else l_t
+    l_t   -= frequency * count[t] + presence * (count[t] > 0)
+
+The counts live on the device ([S, V] int32 and [S, V] bool, allocated when the first request with a penalty
+arrives). They are rebuilt from the token history when such a request takes a slot (so a reused or resumed
+slot starts exact), and advanced from the sampled tokens every step without a host sync.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from framework.sampling_params import SamplingParams
+from framework.staged_writes import StagedWrites
+from samplers.history import TokenHistory
+from samplers.triton_utils import use_triton, vocab_block
+
+
+class PenaltyCounts:
+    """The [S, V] output-token counts and prompt-token presence of each req_slot."""
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device) -> None:
+        self.output_counts = torch.zeros(max_num_reqs, vocab_size, dtype=torch.int32, device=device)  # [S, V]
+        self.prompt_mask = torch.zeros(max_num_reqs, vocab_size, dtype=torch.bool, device=device)  # [S, V]
+
+
+class PenaltiesState:
+    """repetition / frequency / presence penalty per req_slot, and the token counts they read."""
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, history: TokenHistory) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.vocab_size = vocab_size
+        self.device = device
+        self.history = history
+        self.repetition = torch.ones(max_num_reqs, dtype=torch.float32, device=device)
+        self.frequency = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
+        self.presence = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
+        self.host_active = np.zeros(max_num_reqs, dtype=bool)
+        self._staged = [StagedWrites(t) for t in (self.repetition, self.frequency, self.presence)]
+        self.counts: Optional[PenaltyCounts] = None
+        self._rebuild_slots: list[int] = []
+
+    def add_request(self, req_slot: int, params: SamplingParams) -> None:
+        values = (params.repetition_penalty, params.frequency_penalty, params.presence_penalty)
+        for staged, value in zip(self._staged, values):
+            staged.stage(req_slot, value)
+        active = values != (1.0, 0.0, 0.0)
+        self.host_active[req_slot] = active
+        if active:
+            if self.counts is None:
+                self.counts = PenaltyCounts(self.max_num_reqs, self.vocab_size, self.device)
+            self._rebuild_slots.append(req_slot)
+
+    def remove_request(self, req_slot: int) -> None:
+        """Nothing to clear: a new owner with a penalty rebuilds the slot's counts, one without never reads them."""
+        self.host_active[req_slot] = False
+
+    def apply_staged_writes(self) -> None:
+        """Write parameters; rebuild the counts of new penalised slots (the history is already on the device)."""
+        for staged in self._staged:
+            staged.apply()
+        if self._rebuild_slots and self.counts is not None:
+            slots = torch.tensor(self._rebuild_slots, dtype=torch.int64).to(self.device, non_blocking=True)
+            init_token_counts(self.history.all_token_ids, self.history.prompt_len, self.history.prefill_len, slots,
+                              self.counts.output_counts, self.counts.prompt_mask)
+        self._rebuild_slots.clear()
+
+    def any_in(self, req_slots: np.ndarray) -> bool:
+        return bool(self.host_active[req_slots].any())
+
+    def apply(
+        self,
+        logits: torch.Tensor,  # [L, V] float32
+        expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
+    ) -> torch.Tensor:
+        assert self.counts is not None
+        return apply_penalties(logits, expanded_idx_mapping, self.repetition, self.frequency, self.presence,
+                               self.counts.output_counts, self.counts.prompt_mask)
+
+    def record_sampled(
+        self,
+        idx_mapping: torch.Tensor,  # [R] int32: batch_row -> req_slot
+        sampled: torch.Tensor,  # [R, K+1] int64: tokens of each row, the first num_sampled valid
+        num_sampled: torch.Tensor,  # [R] int32
+    ) -> None:
+        """Count this step's sampled tokens (on the device; every slot, only penalised ones are ever read)."""
+        if self.counts is not None:
+            update_token_counts(idx_mapping, sampled, num_sampled, self.counts.output_counts)
+
+
+# ---- references --------------------------------------------------------------------------------------------
+
+
+def apply_penalties_reference(
+    logits: torch.Tensor,  # [L, V] float32
+    expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
+    repetition: torch.Tensor,  # [S] float32, 1 = off
+    frequency: torch.Tensor,  # [S] float32, 0 = off
+    presence: torch.Tensor,  # [S] float32, 0 = off
+    output_counts: torch.Tensor,  # [S, V] int32
+    prompt_mask: torch.Tensor,  # [S, V] bool
+) -> torch.Tensor:
+    """[L, V] penalised logits."""
+    slots = expanded_idx_mapping.long()
+    counts = output_counts[slots].float()  # [L, V]
+    in_output = counts > 0
+    seen = prompt_mask[slots] | in_output
+    rep = repetition[slots].unsqueeze(1)
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalised, logits)
+    return logits - frequency[slots].unsqueeze(1) * counts - presence[slots].unsqueeze(1) * in_output.float()
+
+
+def init_token_counts_reference(
+    all_token_ids: torch.Tensor,  # [S, max_model_len] int32
+    prompt_len: torch.Tensor,  # [S] int32
+    prefill_len: torch.Tensor,  # [S] int32
+    req_slots: torch.Tensor,  # [N] int64: slots to rebuild
+    output_counts: torch.Tensor,  # [S, V] int32, rows of req_slots overwritten
+    prompt_mask: torch.Tensor,  # [S, V] bool, rows of req_slots overwritten
+) -> None:
+    """Rebuild the rows of `req_slots` from their history: prompt presence, and counts of the output part."""
+    rows = all_token_ids[req_slots].long()  # [N, M]
+    cols = torch.arange(rows.shape[1], device=rows.device).unsqueeze(0)
+    prompt = prompt_len.long()[req_slots].unsqueeze(1)
+    prefill = prefill_len.long()[req_slots].unsqueeze(1)
+    vocab = output_counts.shape[1]
+    in_prompt = torch.zeros(len(req_slots), vocab, dtype=torch.int32, device=rows.device)
+    in_prompt.scatter_add_(1, rows, (cols < prompt).int())
+    counts = torch.zeros_like(in_prompt).scatter_add_(1, rows, ((cols >= prompt) & (cols < prefill)).int())
+    prompt_mask[req_slots] = in_prompt > 0
+    output_counts[req_slots] = counts
+
+
+def update_token_counts_reference(
+    idx_mapping: torch.Tensor,  # [R] int32: batch_row -> req_slot
+    sampled: torch.Tensor,  # [R, K+1] int64
+    num_sampled: torch.Tensor,  # [R] int32
+    output_counts: torch.Tensor,  # [S, V] int32, updated in place
+) -> None:
+    """Add each row's first num_sampled tokens to its slot's counts."""
+    cols = torch.arange(sampled.shape[1], device=sampled.device).unsqueeze(0)
+    valid = (cols < num_sampled.long().unsqueeze(1)).int()  # [R, K+1]
+    slots = idx_mapping.long().unsqueeze(1).expand_as(sampled)
+    output_counts.index_put_((slots, sampled.long()), valid, accumulate=True)
+
+
+# ---- Triton ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _apply_penalties_kernel(
+    logits_ptr, logits_stride, idx_ptr, rep_ptr, freq_ptr, pres_ptr, counts_ptr, prompt_ptr, vocab_size,
+    BLOCK: tl.constexpr,
+):
+    logits_row = tl.program_id(0)
+    req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
+    rep = tl.load(rep_ptr + req_slot)
+    freq = tl.load(freq_ptr + req_slot)
+    pres = tl.load(pres_ptr + req_slot)
+    if (rep != 1.0) | (freq != 0.0) | (pres != 0.0):
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < vocab_size
+        x = tl.load(logits_ptr + logits_row * logits_stride + offs, mask=mask)
+        counts = tl.load(counts_ptr + req_slot * vocab_size + offs, mask=mask, other=0).to(tl.float32)
+        in_prompt = tl.load(prompt_ptr + req_slot * vocab_size + offs, mask=mask, other=0) != 0
+        in_output = counts > 0
+        penalised = tl.where(x > 0, x / rep, x * rep)
+        x = tl.where(in_prompt | in_output, penalised, x)
+        x = x - freq * counts - pres * in_output.to(tl.float32)
+        tl.store(logits_ptr + logits_row * logits_stride + offs, x, mask=mask)
+
+
+def apply_penalties_triton(
+    logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, repetition: torch.Tensor, frequency: torch.Tensor,
+    presence: torch.Tensor, output_counts: torch.Tensor, prompt_mask: torch.Tensor,
+) -> torch.Tensor:
+    """In place, same result as `apply_penalties_reference` (grid: logits rows x vocab blocks)."""
+    num_rows, vocab_size = logits.shape
+    if num_rows:
+        block = vocab_block(vocab_size)
+        _apply_penalties_kernel[(num_rows, triton.cdiv(vocab_size, block))](
+            logits, logits.stride(0), expanded_idx_mapping, repetition, frequency, presence, output_counts,
+            prompt_mask, vocab_size, BLOCK=block,
+        )
+    return logits
+
+
+@triton.jit
+def _init_token_counts_kernel(
+    tokens_ptr, tokens_stride, prompt_len_ptr, prefill_len_ptr, slots_ptr, counts_ptr, prompt_ptr, vocab_size,
+    BLOCK: tl.constexpr,
+):
+    req_slot = tl.load(slots_ptr + tl.program_id(0))
+    prompt_len = tl.load(prompt_len_ptr + req_slot)
+    prefill_len = tl.load(prefill_len_ptr + req_slot)
+    for start in range(0, prefill_len, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < prefill_len
+        tokens = tl.load(tokens_ptr + req_slot * tokens_stride + offs, mask=mask, other=0).to(tl.int64)
+        dest = req_slot * vocab_size + tokens
+        tl.store(prompt_ptr + dest, tl.full([BLOCK], 1, tl.int1), mask=mask & (offs < prompt_len))
+        tl.atomic_add(counts_ptr + dest, tl.full([BLOCK], 1, tl.int32), mask=mask & (offs >= prompt_len))
+
+
+def init_token_counts_triton(
+    all_token_ids: torch.Tensor, prompt_len: torch.Tensor, prefill_len: torch.Tensor, req_slots: torch.Tensor,
+    output_counts: torch.Tensor, prompt_mask: torch.Tensor,
+) -> None:
+    """Same as `init_token_counts_reference`: the rows are cleared first, then one program per slot adds."""
+    output_counts[req_slots] = 0
+    prompt_mask[req_slots] = False
+    if len(req_slots):
+        _init_token_counts_kernel[(len(req_slots),)](
+            all_token_ids, all_token_ids.stride(0), prompt_len, prefill_len, req_slots, output_counts, prompt_mask,
+            output_counts.shape[1], BLOCK=256,
+        )
+
+
+@triton.jit
+def _update_token_counts_kernel(idx_ptr, sampled_ptr, sampled_stride, num_sampled_ptr, counts_ptr, vocab_size,
+                                BLOCK: tl.constexpr):
+    batch_row = tl.program_id(0)
+    req_slot = tl.load(idx_ptr + batch_row).to(tl.int64)
+    n = tl.load(num_sampled_ptr + batch_row)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    tokens = tl.load(sampled_ptr + batch_row * sampled_stride + cols, mask=mask, other=0)
+    tl.atomic_add(counts_ptr + req_slot * vocab_size + tokens, tl.full([BLOCK], 1, tl.int32), mask=mask)
+
+
+def update_token_counts_triton(
+    idx_mapping: torch.Tensor, sampled: torch.Tensor, num_sampled: torch.Tensor, output_counts: torch.Tensor,
+) -> None:
+    """Same as `update_token_counts_reference` (one program per batch row, atomics for repeated tokens)."""
+    if sampled.shape[0]:
+        sampled = sampled.contiguous()
+        _update_token_counts_kernel[(sampled.shape[0],)](
+            idx_mapping, sampled, sampled.stride(0), num_sampled, output_counts, output_counts.shape[1],
+            BLOCK=max(16, triton.next_power_of_2(sampled.shape[1])),
+        )
+
+
+# ---- dispatch ------------------------------------------------------------------------------------------------
+
+
+def apply_penalties(
+    logits: torch.Tensor,  # [L, V] float32 (written in place on CUDA)
+    expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
+    repetition: torch.Tensor,  # [S] float32
+    frequency: torch.Tensor,  # [S] float32
+    presence: torch.Tensor,  # [S] float32
+    output_counts: torch.Tensor,  # [S, V] int32
+    prompt_mask: torch.Tensor,  # [S, V] bool
+) -> torch.Tensor:
+    """[L, V] penalised logits (Triton on CUDA, the reference elsewhere)."""
+    fn = apply_penalties_triton if use_triton(logits) else apply_penalties_reference
+    return fn(logits, expanded_idx_mapping, repetition, frequency, presence, output_counts, prompt_mask)
+
+
+def init_token_counts(all_token_ids: torch.Tensor, prompt_len: torch.Tensor, prefill_len: torch.Tensor,
+                      req_slots: torch.Tensor, output_counts: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+    """Rebuild the counts of `req_slots` [N] int64 from the history (Triton on CUDA)."""
+    fn = init_token_counts_triton if use_triton(output_counts) else init_token_counts_reference
+    fn(all_token_ids, prompt_len, prefill_len, req_slots, output_counts, prompt_mask)
+
+
+def update_token_counts(idx_mapping: torch.Tensor, sampled: torch.Tensor, num_sampled: torch.Tensor,
+                        output_counts: torch.Tensor) -> None:
+    """Count this step's sampled tokens [R, K+1] (first num_sampled [R] of each row) into `output_counts`."""
+    fn = update_token_counts_triton if use_triton(output_counts) else update_token_counts_reference
+    fn(idx_mapping, sampled, num_sampled, output_counts)
