@@ -29,6 +29,7 @@ class AsyncOutput:
         sampled: torch.Tensor,  # [R, K+1] int64
         num_sampled: torch.Tensor,  # [R] int32
         copy_stream: Optional[torch.cuda.Stream] = None,
+        host_buffers: Optional[tuple[torch.Tensor, torch.Tensor]] = None,  # pinned [>=R, >=K+1], [>=R]
     ) -> None:
         self.request_ids = request_ids
         self._event: Optional[torch.cuda.Event] = None
@@ -38,8 +39,12 @@ class AsyncOutput:
         main = torch.cuda.current_stream()
         with torch.cuda.stream(copy_stream):
             copy_stream.wait_stream(main)
-            self._sampled = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
-            self._num_sampled = torch.empty(num_sampled.shape, dtype=num_sampled.dtype, pin_memory=True)
+            if host_buffers is None:
+                host_buffers = (torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True),
+                                torch.empty(num_sampled.shape, dtype=num_sampled.dtype, pin_memory=True))
+            rows, width = sampled.shape
+            self._sampled = host_buffers[0][:rows, :width]
+            self._num_sampled = host_buffers[1][:rows]
             self._sampled.copy_(sampled, non_blocking=True)
             self._num_sampled.copy_(num_sampled, non_blocking=True)
             sampled.record_stream(copy_stream)

@@ -93,6 +93,9 @@ class CacheConfig(_Strict):
         None, ge=1, description="KV blocks; null = enough for max_num_seqs full-length requests (CPU) or profiled (GPU)."
     )
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    token_history_on_host: Optional[bool] = Field(
+        None, description="Keep the per-slot token history in pinned host memory read by the GPU; null = on a GPU."
+    )
 
 
 class RunConfig(_Strict):

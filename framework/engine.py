@@ -27,10 +27,13 @@ class EngineCore:
         runner_kind = select_runner(config)
         self.loaded = load_model(config, resolve_device(config.device))
         self.max_model_len = self.loaded.max_model_len
-        blocks = num_kv_blocks(config, self.loaded)
+        self.runner: ModelRunner = ModelRunnerV2(config, self.loaded)
+        on_gpu = self.loaded.device.type == "cuda"
+        peak = self.runner.profile_run() if on_gpu and config.cache.num_blocks is None else 0
+        blocks = num_kv_blocks(config, self.loaded, peak)
+        self.runner.initialize_kv_cache(blocks)
         self.kv_cache = KVCacheManager(blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.max_model_len)
-        self.runner: ModelRunner = ModelRunnerV2(config, self.loaded, blocks)
         self._seed_rng = random.Random(config.seed)
         self._arrivals = 0
         logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens", runner_kind, self.loaded.device, blocks,

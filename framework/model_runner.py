@@ -14,9 +14,10 @@ from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
 from framework.engine_setup import LoadedModel
 from framework.input_batch import InputBatch, build_input_batch
-from framework.kernels.input_prep import compute_num_sampled_reference, post_update_reference
+from framework.kernels.input_prep import compute_num_sampled, post_update
 from framework.request_state import RequestState
 from framework.runner_interface import ModelRunner
+from framework.sampling_params import SamplingParams
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from model_states import select_model_state
 from samplers import Sampler, SamplingStates
@@ -36,13 +37,15 @@ class ModelRunnerV2(ModelRunner):
 
     name = "v2"
 
-    def __init__(self, config: Mrv2Config, loaded: LoadedModel, num_kv_blocks: int) -> None:
+    def __init__(self, config: Mrv2Config, loaded: LoadedModel) -> None:
         self.device = loaded.device
         self.model = loaded.model
         max_reqs = config.scheduler.max_num_seqs
         bs = config.cache.block_size
+        on_host = config.cache.token_history_on_host
         self.request_state = RequestState(
-            max_reqs, loaded.max_model_len, config.speculator.num_speculative_tokens, self.device
+            max_reqs, loaded.max_model_len, config.speculator.num_speculative_tokens, self.device,
+            history_on_host=self.device.type == "cuda" if on_host is None else on_host,
         )
         self.block_tables = BlockTables(max_reqs, -(-loaded.max_model_len // bs), bs, self.device)
         self.sampling_states = SamplingStates(max_reqs, self.device)
@@ -50,12 +53,55 @@ class ModelRunnerV2(ModelRunner):
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
         self.speculator: Optional[Speculator] = None  # built by the speculators issue from config.speculator
-        self.kv_caches = [
-            torch.zeros(self.model.kv_cache_shape(num_kv_blocks, bs), dtype=loaded.dtype, device=self.device)
-            for _ in range(self.model.num_kv_layers)
-        ]
+        self.config, self.loaded = config, loaded
+        self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight.
+        self._host_buffers = [
+            (torch.empty(max_reqs, config.speculator.num_speculative_tokens + 1, dtype=torch.int64, pin_memory=True),
+             torch.empty(max_reqs, dtype=torch.int32, pin_memory=True))
+            for _ in range(3)
+        ] if self.copy_stream is not None else []
+        self._num_outputs = 0
         self._pending: Optional[_ExecuteState] = None
+
+    # ---- start-up ----------------------------------------------------------------------------------------
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate every layer's paged KV cache (`num_blocks` blocks of `cache.block_size` tokens)."""
+        shape = self.model.kv_cache_shape(num_blocks, self.config.cache.block_size)
+        self.kv_caches = [torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
+                          for _ in range(self.model.num_kv_layers)]
+
+    def profile_run(self) -> int:
+        """Run one full-budget step (prefill + sampling) on dummy requests; returns peak activation bytes.
+
+        The KV cache is sized from what is left after this peak. Uses a throwaway KV cache just large enough.
+        """
+        cfg = self.config
+        num_tokens = min(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs * (self.loaded.max_model_len - 1))
+        num_reqs = min(cfg.scheduler.max_num_seqs, num_tokens)
+        lens = [num_tokens // num_reqs + (i < num_tokens % num_reqs) for i in range(num_reqs)]
+        bs = cfg.cache.block_size
+        blocks, new = 0, []
+        for i, n in enumerate(lens):
+            need = -(-n // bs)
+            new.append(NewRequestData(f"__profile_{i}", [0] * n, n, SamplingParams(temperature=1.0, top_p=0.9,
+                                      top_k=50), i, list(range(blocks, blocks + need)), 0))
+            blocks += need
+        self.initialize_kv_cache(blocks)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+        output = SchedulerOutput([r.request_id for r in new], lens, [0] * num_reqs, new, [])
+        self.execute_model(output)
+        self.sample_tokens().get()
+        self._free_slots({r.request_id for r in new})
+        self.kv_caches = []
+        if self.device.type != "cuda":
+            return 0
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - base
 
     # ---- execute_model ---------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -114,11 +160,11 @@ class ModelRunnerV2(ModelRunner):
         sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages)  # 2.
         tokens, num_accepted = self._verify_drafts(batch, sampled.sampled_token_ids)  # 3. [R, K+1], [R]
         rs = self.request_state
-        num_sampled, num_rejected = compute_num_sampled_reference(
+        num_sampled, num_rejected = compute_num_sampled(
             batch.idx_mapping, batch.seq_lens, rs.prefill_len, num_accepted, batch.num_draft
         )
-        output = AsyncOutput(batch.request_ids, tokens, num_sampled, self.copy_stream)  # 4. D2H on a side stream
-        post_update_reference(  # 5. advance the slots on the device
+        output = self._start_output_copy(batch, tokens, num_sampled)  # 4. D2H copy on a side stream
+        post_update(  # 5. advance the slots on the device
             batch.idx_mapping, batch.query_lens, tokens, num_sampled, num_rejected,
             rs.all_token_ids, rs.total_len, rs.num_computed, rs.last_sampled,
         )
@@ -127,6 +173,11 @@ class ModelRunnerV2(ModelRunner):
             drafts = self.speculator.propose(batch, hidden, num_sampled, rs)
             rs.draft_tokens[batch.idx_mapping.long()] = drafts
         return output
+
+    def _start_output_copy(self, batch: InputBatch, tokens: torch.Tensor, num_sampled: torch.Tensor) -> AsyncOutput:
+        buffers = self._host_buffers[self._num_outputs % len(self._host_buffers)] if self._host_buffers else None
+        self._num_outputs += 1
+        return AsyncOutput(batch.request_ids, tokens, num_sampled, self.copy_stream, buffers)
 
     def _verify_drafts(self, batch: InputBatch, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """([R, K+1] tokens per row, [R] accepted drafts). Without drafts every row has one logits row."""

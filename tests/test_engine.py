@@ -163,3 +163,13 @@ def test_kv_cache_too_small_for_one_request_at_startup(tiny_llm_factory):
 
     with pytest.raises(ConfigError, match="too small for one request of max_model_len=1024"):
         tiny_llm_factory(num_kv_blocks=8)
+
+
+def test_profile_run_leaves_no_state_behind(tiny_llm_factory):
+    llm = tiny_llm_factory(max_num_batched_tokens=64, max_num_seqs=4)
+    runner = llm.engine.runner
+    kv = runner.kv_caches
+    assert runner.profile_run() == 0  # CPU: no device peak to measure
+    assert runner.request_state.num_active == 0 and len(runner.request_state.free_slots) == 4
+    runner.kv_caches = kv
+    assert llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].token_ids == _run_alone(tiny_llm_factory, [1, 2, 3], GREEDY)
