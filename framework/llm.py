@@ -30,6 +30,9 @@ _KWARGS = {
     "max_num_seqs": "scheduler.max_num_seqs",
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
     "max_logprobs": "sampler.max_logprobs",
+    "async_scheduling": "scheduler.async_scheduling",
+    "cuda_graphs": "runner.cuda_graphs",
+    "token_history_on_host": "cache.token_history_on_host",
 }
 
 

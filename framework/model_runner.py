@@ -12,6 +12,7 @@ import torch
 from framework.async_output import AsyncOutput
 from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
+from framework.cuda_graphs import DecodeCudaGraphs
 from framework.engine_setup import LoadedModel
 from framework.input_batch import InputBatch, build_input_batch
 from framework.kernels.input_prep import compute_num_sampled, post_update
@@ -55,6 +56,7 @@ class ModelRunnerV2(ModelRunner):
         self.speculator: Optional[Speculator] = None  # built by the speculators issue from config.speculator
         self.config, self.loaded = config, loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
+        self.cuda_graphs: Optional[DecodeCudaGraphs] = None
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight.
         self._host_buffers = [
@@ -71,6 +73,19 @@ class ModelRunnerV2(ModelRunner):
         shape = self.model.kv_cache_shape(num_blocks, self.config.cache.block_size)
         self.kv_caches = [torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
                           for _ in range(self.model.num_kv_layers)]
+
+    def capture_cuda_graphs(self) -> None:
+        """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`); call after the KV cache exists."""
+        rc = self.config.runner
+        if self.device.type != "cuda" or not rc.cuda_graphs:
+            return
+        max_reqs = self.config.scheduler.max_num_seqs
+        sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
+        self.cuda_graphs = DecodeCudaGraphs(
+            self.model, self.kv_caches, sizes, self.block_tables.max_blocks_per_req, self.config.cache.block_size,
+            self.loaded.max_model_len, self.device,
+        )
+        self.cuda_graphs.capture()
 
     def profile_run(self) -> int:
         """Run one full-budget step (prefill + sampling) on dummy requests; returns peak activation bytes.
@@ -116,8 +131,16 @@ class ModelRunnerV2(ModelRunner):
         batch = build_input_batch(output, self.request_state, self.device)  # 5. inputs, on the device
         attn_metadata = self.model_state.prepare_attn_metadata(batch, self.block_tables)  # 6. block tables, KV slots
         extra_inputs = self.model_state.prepare_inputs(batch)  # 7. architecture-specific inputs
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)  # 8.
+        hidden = self._forward(batch, attn_metadata, extra_inputs)  # 8. graph replay or eager
         self._pending = _ExecuteState(batch, hidden)
+
+    def _forward(self, batch: InputBatch, attn_metadata, extra_inputs: dict) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        graphs = self.cuda_graphs
+        pure_decode = batch.num_tokens == batch.num_rows == batch.num_logits and not extra_inputs
+        size = graphs.padded_size(batch.num_rows) if graphs is not None and pure_decode else None
+        if size is not None:
+            return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)
 
     def _states(self) -> list:
         owners = [self.block_tables, self.sampling_states, self.model_state]

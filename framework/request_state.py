@@ -48,7 +48,7 @@ class RequestState:
         # Host-side upper bound of num_computed (exact without speculation): sizes attention grids, never synced.
         self.num_computed_host = np.zeros(max_num_reqs, dtype=np.int64)
         self._staged = [
-            StagedWrites(t)
+            StagedWrites(t, device)
             for t in (self.all_token_ids, self.prompt_len, self.prefill_len, self.total_len, self.num_computed,
                       self.last_sampled)
         ]

@@ -26,6 +26,9 @@ class ModelRunner(ABC):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the paged KV cache."""
 
+    def capture_cuda_graphs(self) -> None:
+        """Capture CUDA graphs once the KV cache exists (runners without graphs do nothing)."""
+
     @abstractmethod
     def execute_model(self, output: SchedulerOutput) -> None: ...
 

@@ -125,3 +125,15 @@ def test_block_table_gather_and_slot_mapping_triton(block_size):
     ref = compute_kv_slot_mapping_reference(token_rows, positions, batch, block_size, num_padded_tokens=8)
     got = compute_kv_slot_mapping_triton(token_rows, positions, batch, block_size, num_padded_tokens=8)
     assert torch.equal(got, ref) and got[-2:].tolist() == [-1, -1]
+
+
+def test_scatter_triton_matches_reference():
+    from framework.kernels.scatter import scatter_reference, scatter_triton
+
+    target = torch.zeros(7, 300, dtype=torch.int32, device=DEVICE)
+    expected = target.clone()
+    index = torch.tensor([0, 5, 299, 2100 - 1, 1500], device=DEVICE)
+    values = torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32, device=DEVICE)
+    scatter_reference(expected, index, values)
+    scatter_triton(target, index, values)
+    assert torch.equal(target, expected) and int(expected.view(-1)[2099]) == 4
