@@ -129,6 +129,8 @@ class BenchConfig(_Strict):
     temperature: float = Field(0.6, ge=0.0)
     seed: int = 0
     baselines: list[Literal["hf"]] = Field(default_factory=list, description="Also run these on the same requests.")
+    hf_batch_size: int = Field(256, ge=1, description="Batch size of the HF transformers baseline.")
+    decode_idle_batch: int = Field(0, ge=0, description="If > 0 (GPU): measure GPU idle time of decode at this batch.")
     output_dir: Optional[str] = Field(None, description="Where JSON and plot go; null = Hydra's run directory.")
 
     @model_validator(mode="after")

@@ -57,6 +57,8 @@ class ModelRunnerV2(ModelRunner):
         self.config, self.loaded = config, loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
         self.cuda_graphs: Optional[DecodeCudaGraphs] = None
+        # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.
+        self.step_events: Optional[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = None
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight.
         self._host_buffers = [
@@ -121,6 +123,9 @@ class ModelRunnerV2(ModelRunner):
     # ---- execute_model ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> None:
+        if self.step_events is not None and self.device.type == "cuda":
+            self.step_events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self.step_events[-1][0].record()
         self._free_slots(output.finished_request_ids)  # 1. finished / preempted requests leave their slots
         self._add_requests(output.new_requests)  # 2. new and resumed requests take slots
         self._update_requests(output.cached_requests)  # 3. running requests gain KV blocks
@@ -195,6 +200,8 @@ class ModelRunnerV2(ModelRunner):
         if self.speculator is not None:  # 7. next drafts, written where the next step's inputs read them
             drafts = self.speculator.propose(batch, hidden, num_sampled, rs)
             rs.draft_tokens[batch.idx_mapping.long()] = drafts
+        if self.step_events is not None and self.device.type == "cuda":
+            self.step_events[-1][1].record()
         return output
 
     def _start_output_copy(self, batch: InputBatch, tokens: torch.Tensor, num_sampled: torch.Tensor) -> AsyncOutput:
