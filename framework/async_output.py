@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 class LogprobsLists(NamedTuple):
     """Host copy of logprobs for consecutive tokens: entry i is column 0 = chosen token, then the top-k."""
 
-    token_ids: list[list[int]]  # [n][1+k]
-    logprobs: list[list[float]]  # [n][1+k]
+    token_ids: list[list[int]]  # n lists of 1+k
+    logprobs: list[list[float]]  # n lists of 1+k
     ranks: list[int]  # [n]: rank of the chosen token
 
 
@@ -48,6 +48,7 @@ class AsyncOutput:
         sampled: torch.Tensor,  # [R, K+1] int64
         num_sampled: torch.Tensor,  # [R] int32
         copy_stream: Optional[torch.cuda.Stream] = None,
+        host_buffers: Optional[tuple[torch.Tensor, torch.Tensor]] = None,  # pinned [>=R, >=K+1], [>=R]
         *,
         logprobs: Optional["LogprobsTensors"] = None,  # [L, 1+k] per logits row
         logits_row_starts: Optional[Sequence[int]] = None,  # [R] first logits row of each batch row
@@ -73,11 +74,15 @@ class AsyncOutput:
         self._host = {}
         with torch.cuda.stream(copy_stream):
             copy_stream.wait_stream(main)
+            if host_buffers is not None:  # reused landing buffers for the tokens (the runner rotates them)
+                rows, width = sampled.shape
+                self._host["sampled"] = host_buffers[0][:rows, :width]
+                self._host["num_sampled"] = host_buffers[1][:rows]
             for name, tensor in tensors.items():
-                pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-                pinned.copy_(tensor, non_blocking=True)
+                if name not in self._host:
+                    self._host[name] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                self._host[name].copy_(tensor, non_blocking=True)
                 tensor.record_stream(copy_stream)
-                self._host[name] = pinned
             self._event = torch.cuda.Event()
             self._event.record(copy_stream)
 

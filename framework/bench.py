@@ -79,25 +79,68 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
 
 
 def bench_hf(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
-    """HF transformers `generate` on the same weights, one request at a time (no padding effects)."""
+    """HF transformers `generate` on the same weights and requests, in left-padded batches of `hf_batch_size`.
+
+    A batch runs until its longest request is done; only each request's own output length is counted, so
+    the work HF spends past a request's end counts against it, as it would in a real deployment.
+    """
     from tqdm import tqdm
 
     from framework.hf_reference import hf_model_from_mrv2
 
     loaded = llm.engine.loaded
     model = hf_model_from_mrv2(loaded)
+    order = sorted(range(len(workload.prompts)), key=lambda i: workload.output_lens[i])  # similar lengths together
+    batches = [order[i: i + bench.hf_batch_size] for i in range(0, len(order), bench.hf_batch_size)]
     _sync(loaded.device)
     start = time.perf_counter()
-    out_tokens = 0
-    for prompt, n in tqdm(list(zip(workload.prompts, workload.output_lens)), desc="hf", file=sys.stderr):
-        ids = torch.tensor([prompt], device=loaded.device)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=bench.temperature > 0, temperature=bench.temperature or None,
-                             top_p=None, top_k=None, pad_token_id=0)
-        out_tokens += out.shape[1] - len(prompt)
+    for batch in tqdm(batches, desc="hf generate", unit="batch", file=sys.stderr):
+        width = max(len(workload.prompts[i]) for i in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(batch):  # left padding
+            p = workload.prompts[i]
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        n = max(workload.output_lens[i] for i in batch)
+        with torch.inference_mode():
+            model.generate(ids.to(loaded.device), attention_mask=mask.to(loaded.device), max_new_tokens=n,
+                           min_new_tokens=n, do_sample=bench.temperature > 0, temperature=bench.temperature or None,
+                           top_p=None, top_k=None, pad_token_id=0)
     _sync(loaded.device)
-    return BenchResult("hf transformers", len(workload.prompts), sum(map(len, workload.prompts)), out_tokens,
-                       time.perf_counter() - start)
+    return BenchResult("hf transformers", len(workload.prompts), sum(map(len, workload.prompts)),
+                       sum(workload.output_lens), time.perf_counter() - start)
+
+
+def decode_idle_fraction(llm: LLM, batch_size: int, steps: int) -> dict[str, float]:
+    """Fraction of wall time the GPU is idle between decode steps at `batch_size` running requests.
+
+    Busy time per step is measured with CUDA events around the step's device work; idle = 1 - busy / wall.
+    """
+    engine = llm.engine
+    for i in range(batch_size):
+        engine.add_request(f"idle-{i}", [(i * 7 + j) % 250 for j in range(32)],
+                           SamplingParams(temperature=0.6, max_tokens=steps + 64, ignore_eos=True, seed=i))
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()):
+        engine.step()  # prefill everything first: only decode steps are measured
+    for _ in range(3):
+        engine.step()
+    runner = engine.runner
+    runner.step_events = []
+    _sync(engine.loaded.device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    _sync(engine.loaded.device)
+    wall = time.perf_counter() - start
+    events, runner.step_events = runner.step_events, None
+    busy = sum(a.elapsed_time(b) for a, b in events) / 1e3
+    for i in range(batch_size):
+        engine.abort_request(f"idle-{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {"batch_size": batch_size, "steps": steps, "wall_s": wall, "gpu_busy_s": busy,
+            "idle_fraction": max(0.0, 1 - busy / wall), "step_ms": wall / steps * 1e3}
 
 
 def format_table(results: list[BenchResult]) -> str:
@@ -110,7 +153,7 @@ def format_table(results: list[BenchResult]) -> str:
     return "\n".join([head, "-" * len(head), *rows])
 
 
-def write_results(results: list[BenchResult], config: Mrv2Config, out_dir: Path) -> None:
+def write_results(results: list[BenchResult], config: Mrv2Config, out_dir: Path, extra: dict | None = None) -> None:
     """bench.json (config + results) and bench.png (throughput bars) in `out_dir`."""
     import matplotlib
 
@@ -123,6 +166,7 @@ def write_results(results: list[BenchResult], config: Mrv2Config, out_dir: Path)
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "results": [asdict(r) | {"output_tok_per_s": r.output_tok_per_s, "total_tok_per_s": r.total_tok_per_s}
                     for r in results],
+        **(extra or {}),
     }
     (out_dir / "bench.json").write_text(json.dumps(payload, indent=2))
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -143,6 +187,11 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     if "hf" in config.bench.baselines:
         results.append(bench_hf(llm, workload, config.bench))
     print(format_table(results))
-    write_results(results, config, out_dir)
+    extra = {}
+    if config.bench.decode_idle_batch and llm.engine.loaded.device.type == "cuda":
+        extra["decode_idle"] = decode_idle_fraction(llm, config.bench.decode_idle_batch, steps=200)
+        d = extra["decode_idle"]
+        print(f"decode at batch {d['batch_size']}: {d['step_ms']:.2f} ms/step, GPU idle {100 * d['idle_fraction']:.1f}%")
+    write_results(results, config, out_dir, extra)
     print(f"results written to {out_dir}", file=sys.stderr)
     return results

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from framework.kernels.block_table import compute_kv_slot_mapping_reference, gather_block_tables_reference
+from framework.kernels.block_table import compute_kv_slot_mapping, gather_block_tables
 from framework.staged_writes import StagedWrites
 
 
@@ -44,8 +44,8 @@ class BlockTables:
 
     def gather(self, idx_mapping: torch.Tensor) -> torch.Tensor:
         """[R, max_blocks] int32 rows in batch order."""
-        return gather_block_tables_reference(idx_mapping, self.table)
+        return gather_block_tables(idx_mapping, self.table)
 
     def kv_slot_mapping(self, token_rows: torch.Tensor, positions: torch.Tensor, batch_table: torch.Tensor) -> torch.Tensor:
         """[T] int64 KV slot of each token."""
-        return compute_kv_slot_mapping_reference(token_rows, positions, batch_table, self.block_size)
+        return compute_kv_slot_mapping(token_rows, positions, batch_table, self.block_size)

@@ -25,8 +25,11 @@ USAGE = """usage: mrv2 {run,bench} [HYDRA OVERRIDES...]
 
 
 def conf_dir() -> Path:
-    """The installed Hydra tree (package `mrv2_conf`, which is the repo's `conf/`)."""
-    return Path(str(resources.files("mrv2_conf")))
+    """The Hydra tree: package `mrv2_conf` once installed (it is the repo's `conf/`), else the source tree's."""
+    try:
+        return Path(str(resources.files("mrv2_conf")))
+    except ModuleNotFoundError:  # running from a source checkout on PYTHONPATH, not installed
+        return Path(__file__).resolve().parents[1] / "conf"
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -50,6 +50,17 @@ class RunnerConfig(_Strict):
     """Which model runner executes the steps (see "Runner selection" in the architecture page)."""
 
     kind: Literal["auto", "v2", "v1"] = Field("auto", description="auto picks V2 unless the config needs V1.")
+    cuda_graphs: bool = Field(True, description="Replay captured CUDA graphs for decode batches (GPU only).")
+    cuda_graph_sizes: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512],
+        description="Decode batch sizes to capture; larger batches and mixed batches run eagerly.",
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "RunnerConfig":
+        if not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1:
+            raise ValueError("runner.cuda_graph_sizes must be a non-empty list of positive batch sizes")
+        return self
 
 
 class SamplerConfig(_Strict):
@@ -93,6 +104,9 @@ class SchedulerConfig(_Strict):
 
     max_num_seqs: int = Field(64, ge=1, description="Most requests running at once (= request slots).")
     max_num_batched_tokens: int = Field(2048, ge=1, description="Token budget of one step; prefills are chunked to fit.")
+    async_scheduling: bool = Field(
+        True, description="Schedule step N+1 on the host while the device runs step N (outputs arrive one step later)."
+    )
 
 
 class CacheConfig(_Strict):
@@ -103,6 +117,9 @@ class CacheConfig(_Strict):
         None, ge=1, description="KV blocks; null = enough for max_num_seqs full-length requests (CPU) or profiled (GPU)."
     )
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    token_history_on_host: Optional[bool] = Field(
+        None, description="Keep the per-slot token history in pinned host memory read by the GPU; null = on a GPU."
+    )
 
 
 class RunConfig(_Strict):
@@ -122,6 +139,8 @@ class BenchConfig(_Strict):
     temperature: float = Field(0.6, ge=0.0)
     seed: int = 0
     baselines: list[Literal["hf"]] = Field(default_factory=list, description="Also run these on the same requests.")
+    hf_batch_size: int = Field(256, ge=1, description="Batch size of the HF transformers baseline.")
+    decode_idle_batch: int = Field(0, ge=0, description="If > 0 (GPU): measure GPU idle time of decode at this batch.")
     output_dir: Optional[str] = Field(None, description="Where JSON and plot go; null = Hydra's run directory.")
 
     @model_validator(mode="after")

@@ -11,7 +11,6 @@ import inspect
 from typing import Any, Optional, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
-_CONTEXT_TOKENS = 5  # prompt tokens that seed the window, so the first output token decodes in context
 
 
 def make_decode(tokenizer: Any, skip_special_tokens: bool):  # type: ignore[no-untyped-def]
@@ -26,13 +25,17 @@ def make_decode(tokenizer: Any, skip_special_tokens: bool):  # type: ignore[no-u
 
 
 class IncrementalDetokenizer:
-    """Turns output tokens into text one token at a time; `text` is everything released so far."""
+    """Turns output tokens into text one token at a time; `text` is everything released so far.
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
+    The text matches `tokenizer.decode(output_token_ids)` (the output is decoded on its own, as the engine
+    always did, not as a continuation of the prompt).
+    """
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
         self._decode = make_decode(tokenizer, skip_special_tokens)
-        self._tokens = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self._tokens: list[int] = []
         self._prefix_offset = 0  # window start
-        self._read_offset = len(self._tokens)  # tokens before this are already in `text`
+        self._read_offset = 0  # tokens before this are already in `text`
         self.text = ""
 
     def append(self, token_id: int) -> str:

@@ -30,13 +30,18 @@ class EngineCore:
         runner_kind = select_runner(config)
         self.loaded = load_model(config, resolve_device(config.device))
         self.max_model_len = self.loaded.max_model_len
-        blocks = num_kv_blocks(config, self.loaded)
+        self.runner: ModelRunner = ModelRunnerV2(config, self.loaded)
+        on_gpu = self.loaded.device.type == "cuda"
+        peak = self.runner.profile_run() if on_gpu and config.cache.num_blocks is None else 0
+        blocks = num_kv_blocks(config, self.loaded, peak)
+        self.runner.initialize_kv_cache(blocks)
+        self.runner.capture_cuda_graphs()
         self.kv_cache = KVCacheManager(blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.max_model_len)
-        self.runner: ModelRunner = ModelRunnerV2(config, self.loaded, blocks)
         self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
         self._processor_classes = logits_processor_classes(config.sampler.logits_processors)
         self._seed_rng = random.Random(config.seed)
+        self._in_flight: Optional[tuple] = None  # (SchedulerOutput, AsyncOutput) of the step not yet read back
         self._arrivals = 0
         logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens", runner_kind, self.loaded.device, blocks,
                     config.cache.block_size)
@@ -119,19 +124,33 @@ class EngineCore:
         return None if request is None else self.output_processor.abort(request)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        return self.scheduler.num_unfinished > 0 or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; returns the requests that finished in it, plus progress of streaming requests
-        (`SamplingParams.output_kind` "delta" or "cumulative")."""
+        """Run one step; returns the requests that finished (with async scheduling: in the previous step),
+        plus the progress of streaming requests (`SamplingParams.output_kind` "delta" or "cumulative").
+
+        With `scheduler.async_scheduling`, step N+1 is scheduled and queued on the device before the host
+        waits for step N's tokens, so the device never idles while the host does its bookkeeping.
+        """
         scheduler_output = self.scheduler.schedule()  # 1. what runs this step
-        if scheduler_output.is_empty and self.scheduler.num_unfinished:
+        future = None
+        if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
+            self.runner.execute_model(scheduler_output)  # 2. state updates, inputs, forward (queued)
+            future = self.runner.sample_tokens()  # 3. sampling and post-update (queued)
+        if scheduler_output.is_empty and self._in_flight is None and self.scheduler.num_unfinished:
             raise RuntimeError("the scheduler could not schedule any waiting request (KV cache too small?)")
-        self.runner.execute_model(scheduler_output)  # 2. state updates, inputs, forward
-        runner_output = self.runner.sample_tokens().get()  # 3. sample; wait for the copy only here
+        current = (scheduler_output, future) if future is not None and not scheduler_output.is_empty else None
+        if self.config.scheduler.async_scheduling:
+            done, self._in_flight = self._in_flight, current
+        else:
+            done = current
+        if done is None:
+            return []
+        runner_output = done[1].get()  # 4. the only place the host waits for the device
         errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
-        self.scheduler.update_from_output(scheduler_output, runner_output.sampled_token_ids, errors)  # 4. stop tokens
-        return self.output_processor.process(runner_output)  # 5. logprobs, text, stop strings, deltas
+        self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stop tokens
+        return self.output_processor.process(runner_output)  # 6. logprobs, text, stop strings, deltas
 
     @property
     def num_free_blocks(self) -> int:

@@ -81,23 +81,28 @@ def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
     return per_layer * loaded.model.num_kv_layers
 
 
-def num_kv_blocks(config: Mrv2Config, loaded: LoadedModel) -> int:
-    """KV blocks to allocate: configured, else sized from free memory (GPU) or a fixed budget (CPU).
+def num_kv_blocks(config: Mrv2Config, loaded: LoadedModel, peak_activation_bytes: int = 0) -> int:
+    """KV blocks to allocate: configured, else sized from memory (GPU) or a fixed budget (CPU).
 
-    Raises `ConfigError` when the cache cannot hold one request of max_model_len tokens.
+    On a GPU the process may bring the device to `gpu_memory_utilization` of its total memory: the KV cache
+    gets what is left after what is in use now (weights, other processes) and the profiled activation peak.
+    Never more than max_num_seqs full-length requests need. Raises `ConfigError` when the cache cannot hold
+    one request of max_model_len tokens.
     """
     bs = config.cache.block_size
     per_block = kv_bytes_per_block(loaded, bs)
     blocks_per_req = -(-loaded.max_model_len // bs)
     if config.cache.num_blocks is not None:
         num_blocks = config.cache.num_blocks
-    elif loaded.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(loaded.device)
-        budget = total * config.cache.gpu_memory_utilization - (total - free)
-        num_blocks = int(budget // per_block)
     else:
         wanted = blocks_per_req * config.scheduler.max_num_seqs
-        num_blocks = max(min(wanted, CPU_KV_CACHE_BYTES // per_block), 1)
+        if loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(loaded.device)
+            budget = total * config.cache.gpu_memory_utilization - (total - free) - peak_activation_bytes
+        else:
+            budget = CPU_KV_CACHE_BYTES
+        num_blocks = min(wanted, max(int(budget // per_block), 0))
     if num_blocks < blocks_per_req:
         raise ConfigError(
             f"the KV cache has {num_blocks} blocks of {bs} tokens ({num_blocks * bs} tokens), too small for one "

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from framework.kernels.input_prep import prepare_inputs_reference, token_batch_rows
+from framework.kernels.input_prep import prepare_inputs
 from framework.request_state import RequestState
 from framework.scheduler_output import SchedulerOutput
 
@@ -61,9 +61,9 @@ def build_input_batch(output: SchedulerOutput, state: RequestState, device: torc
     idx_mapping = to_device(slots)
     qsl = to_device(query_start_loc)
     cu_logits = to_device(cu_num_logits)
-    prepared = prepare_inputs_reference(
+    prepared, token_rows = prepare_inputs(
         idx_mapping, qsl, cu_logits, num_tokens, num_logits, state.all_token_ids, state.prefill_len,
-        state.num_computed, state.last_sampled, state.draft_tokens,
+        state.num_computed, state.last_sampled, state.draft_tokens, int(num_draft.max()) + 1,
     )
     return InputBatch(
         request_ids=list(output.scheduled_request_ids),
@@ -79,6 +79,6 @@ def build_input_batch(output: SchedulerOutput, state: RequestState, device: torc
         query_lens=to_device(num_scheduled),
         num_draft=to_device(num_draft),
         cu_num_logits=cu_logits,
-        token_rows=token_batch_rows(qsl, num_tokens),
+        token_rows=token_rows,
         **prepared._asdict(),
     )

@@ -33,6 +33,9 @@ _KWARGS = {
     "max_logprobs": "sampler.max_logprobs",
     "logprobs_mode": "sampler.logprobs_mode",
     "logits_processors": "sampler.logits_processors",
+    "async_scheduling": "scheduler.async_scheduling",
+    "cuda_graphs": "runner.cuda_graphs",
+    "token_history_on_host": "cache.token_history_on_host",
 }
 
 

@@ -13,15 +13,18 @@ import torch
 from framework.async_output import AsyncOutput
 from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
+from framework.cuda_graphs import DecodeCudaGraphs
 from framework.engine_setup import LoadedModel
 from framework.input_batch import InputBatch, build_input_batch
-from framework.kernels.input_prep import compute_num_sampled_reference, post_update_reference, token_batch_rows
+from framework.kernels.input_prep import compute_num_sampled, post_update, token_batch_rows
 from framework.request_state import RequestState
 from framework.runner_interface import ModelRunner
+from framework.sampling_params import SamplingParams
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from model_states import select_model_state
 from samplers.logits_processors import build_logits_processors
-from samplers.sampler import Sampler
+from samplers.prompt_logprobs import PromptLogprobsPiece
+from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
 from speculators import Speculator
 
@@ -39,13 +42,15 @@ class ModelRunnerV2(ModelRunner):
 
     name = "v2"
 
-    def __init__(self, config: Mrv2Config, loaded: LoadedModel, num_kv_blocks: int) -> None:
+    def __init__(self, config: Mrv2Config, loaded: LoadedModel) -> None:
         self.device = loaded.device
         self.model = loaded.model
         max_reqs = config.scheduler.max_num_seqs
         bs = config.cache.block_size
+        on_host = config.cache.token_history_on_host
         self.request_state = RequestState(
-            max_reqs, loaded.max_model_len, config.speculator.num_speculative_tokens, self.device
+            max_reqs, loaded.max_model_len, config.speculator.num_speculative_tokens, self.device,
+            history_on_host=self.device.type == "cuda" if on_host is None else on_host,
         )
         self.block_tables = BlockTables(max_reqs, -(-loaded.max_model_len // bs), bs, self.device)
         vocab_size = loaded.vocab_size
@@ -59,16 +64,78 @@ class ModelRunnerV2(ModelRunner):
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
         self.speculator: Optional[Speculator] = None  # built by the speculators issue from config.speculator
-        self.kv_caches = [
-            torch.zeros(self.model.kv_cache_shape(num_kv_blocks, bs), dtype=loaded.dtype, device=self.device)
-            for _ in range(self.model.num_kv_layers)
-        ]
+        self.config, self.loaded = config, loaded
+        self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
+        self.cuda_graphs: Optional[DecodeCudaGraphs] = None
+        # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.
+        self.step_events: Optional[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = None
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight.
+        self._host_buffers = [
+            (torch.empty(max_reqs, config.speculator.num_speculative_tokens + 1, dtype=torch.int64, pin_memory=True),
+             torch.empty(max_reqs, dtype=torch.int32, pin_memory=True))
+            for _ in range(3)
+        ] if self.copy_stream is not None else []
+        self._num_outputs = 0
         self._pending: Optional[_ExecuteState] = None
+
+    # ---- start-up ----------------------------------------------------------------------------------------
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate every layer's paged KV cache (`num_blocks` blocks of `cache.block_size` tokens)."""
+        shape = self.model.kv_cache_shape(num_blocks, self.config.cache.block_size)
+        self.kv_caches = [torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
+                          for _ in range(self.model.num_kv_layers)]
+
+    def capture_cuda_graphs(self) -> None:
+        """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`); call after the KV cache exists."""
+        rc = self.config.runner
+        if self.device.type != "cuda" or not rc.cuda_graphs:
+            return
+        max_reqs = self.config.scheduler.max_num_seqs
+        sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
+        self.cuda_graphs = DecodeCudaGraphs(
+            self.model, self.kv_caches, sizes, self.block_tables.max_blocks_per_req, self.config.cache.block_size,
+            self.loaded.max_model_len, self.device,
+        )
+        self.cuda_graphs.capture()
+
+    def profile_run(self) -> int:
+        """Run one full-budget step (prefill + sampling) on dummy requests; returns peak activation bytes.
+
+        The KV cache is sized from what is left after this peak. Uses a throwaway KV cache just large enough.
+        """
+        cfg = self.config
+        num_tokens = min(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs * (self.loaded.max_model_len - 1))
+        num_reqs = min(cfg.scheduler.max_num_seqs, num_tokens)
+        lens = [num_tokens // num_reqs + (i < num_tokens % num_reqs) for i in range(num_reqs)]
+        bs = cfg.cache.block_size
+        blocks, new = 0, []
+        for i, n in enumerate(lens):
+            need = -(-n // bs)
+            new.append(NewRequestData(f"__profile_{i}", [0] * n, n, SamplingParams(temperature=1.0, top_p=0.9,
+                                      top_k=50), i, list(range(blocks, blocks + need)), 0))
+            blocks += need
+        self.initialize_kv_cache(blocks)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+        output = SchedulerOutput([r.request_id for r in new], lens, [0] * num_reqs, new, [])
+        self.execute_model(output)
+        self.sample_tokens().get()
+        self._free_slots({r.request_id for r in new})
+        self.kv_caches = []
+        if self.device.type != "cuda":
+            return 0
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - base
 
     # ---- execute_model ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> None:
+        if self.step_events is not None and self.device.type == "cuda":
+            self.step_events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self.step_events[-1][0].record()
         self._free_slots(output.finished_request_ids)  # 1. finished / preempted requests leave their slots
         self._add_requests(output.new_requests)  # 2. new and resumed requests take slots
         self._update_requests(output.cached_requests)  # 3. running requests gain KV blocks
@@ -79,8 +146,16 @@ class ModelRunnerV2(ModelRunner):
         batch = build_input_batch(output, self.request_state, self.device)  # 5. inputs, on the device
         attn_metadata = self.model_state.prepare_attn_metadata(batch, self.block_tables)  # 6. block tables, KV slots
         extra_inputs = self.model_state.prepare_inputs(batch)  # 7. architecture-specific inputs
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)  # 8.
+        hidden = self._forward(batch, attn_metadata, extra_inputs)  # 8. graph replay or eager
         self._pending = _ExecuteState(batch, hidden)
+
+    def _forward(self, batch: InputBatch, attn_metadata, extra_inputs: dict) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        graphs = self.cuda_graphs
+        pure_decode = batch.num_tokens == batch.num_rows == batch.num_logits and not extra_inputs
+        size = graphs.padded_size(batch.num_rows) if graphs is not None and pure_decode else None
+        if size is not None:
+            return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)
 
     def _states(self) -> list:
         owners = [self.block_tables, self.sampling_states, self.model_state]
@@ -123,18 +198,14 @@ class ModelRunnerV2(ModelRunner):
         sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages)  # 2.
         tokens, num_accepted = self._verify_drafts(batch, sampled.sampled_token_ids)  # 3. [R, K+1], [R]
         rs = self.request_state
-        num_sampled, num_rejected = compute_num_sampled_reference(
+        num_sampled, num_rejected = compute_num_sampled(
             batch.idx_mapping, batch.seq_lens, rs.prefill_len, num_accepted, batch.num_draft
         )
         prompt_logprobs = None
         if self.sampling_states.prompt_logprobs.any_in(batch.idx_mapping_host):  # 4. in chunks of 1024 positions
             prompt_logprobs = self.sampling_states.prompt_logprobs.compute(batch, hidden, self.model.compute_logits)
-        output = AsyncOutput(  # 5. D2H on a side stream
-            batch.request_ids, tokens, num_sampled, self.copy_stream, logprobs=sampled.logprobs,
-            logits_row_starts=self._logits_row_starts(batch), errors=self._row_errors(batch, sampled.errors),
-            prompt_logprobs=prompt_logprobs,
-        )
-        post_update_reference(  # 6. advance the slots on the device
+        output = self._start_output_copy(batch, tokens, num_sampled, sampled, prompt_logprobs)  # 5. D2H, side stream
+        post_update(  # 6. advance the slots on the device
             batch.idx_mapping, batch.query_lens, tokens, num_sampled, num_rejected,
             rs.all_token_ids, rs.total_len, rs.num_computed, rs.last_sampled,
         )
@@ -143,7 +214,19 @@ class ModelRunnerV2(ModelRunner):
         if self.speculator is not None:  # 9. next drafts, written where the next step's inputs read them
             drafts = self.speculator.propose(batch, hidden, num_sampled, rs)
             rs.draft_tokens[batch.idx_mapping.long()] = drafts
+        if self.step_events is not None and self.device.type == "cuda":
+            self.step_events[-1][1].record()
         return output
+
+    def _start_output_copy(self, batch: InputBatch, tokens: torch.Tensor, num_sampled: torch.Tensor,
+                           sampled: SamplerOutput, prompt_logprobs: Optional[PromptLogprobsPiece]) -> AsyncOutput:
+        buffers = self._host_buffers[self._num_outputs % len(self._host_buffers)] if self._host_buffers else None
+        self._num_outputs += 1
+        return AsyncOutput(
+            batch.request_ids, tokens, num_sampled, self.copy_stream, buffers, logprobs=sampled.logprobs,
+            logits_row_starts=self._logits_row_starts(batch), errors=self._row_errors(batch, sampled.errors),
+            prompt_logprobs=prompt_logprobs,
+        )
 
     @staticmethod
     def _logits_row_starts(batch: InputBatch) -> np.ndarray:

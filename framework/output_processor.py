@@ -45,7 +45,7 @@ class OutputProcessor:
         params = request.sampling_params
         detok = None
         if params.detokenize and self.tokenizer is not None:
-            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
+            detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
         prompt_lp = None
         if params.prompt_logprobs is not None:
             prompt_lp = [None] * request.num_prompt_tokens

@@ -21,7 +21,10 @@ class RequestState:
     `all_token_ids`), `num_computed` (tokens whose KV is cached), `last_sampled`, `draft_tokens`.
     """
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_num_draft: int, device: torch.device) -> None:
+    def __init__(
+        self, max_num_reqs: int, max_model_len: int, max_num_draft: int, device: torch.device,
+        history_on_host: bool = False,
+    ) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.req_id_to_slot: dict[str, int] = {}
@@ -30,7 +33,12 @@ class RequestState:
         def zeros(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.int32, device=device)
 
-        self.all_token_ids = zeros(max_num_reqs, max_model_len)  # [S, max_model_len]
+        # [S, max_model_len]. On a GPU it lives in pinned host memory by default: the kernels read and write
+        # it through unified addressing, so max_num_reqs x max_model_len never occupies device memory.
+        if history_on_host:
+            self.all_token_ids = torch.zeros(max_num_reqs, max_model_len, dtype=torch.int32, pin_memory=True)
+        else:
+            self.all_token_ids = zeros(max_num_reqs, max_model_len)
         self.prompt_len = zeros(max_num_reqs)
         self.prefill_len = zeros(max_num_reqs)
         self.total_len = zeros(max_num_reqs)
@@ -40,7 +48,7 @@ class RequestState:
         # Host-side upper bound of num_computed (exact without speculation): sizes attention grids, never synced.
         self.num_computed_host = np.zeros(max_num_reqs, dtype=np.int64)
         self._staged = [
-            StagedWrites(t)
+            StagedWrites(t, device)
             for t in (self.all_token_ids, self.prompt_len, self.prefill_len, self.total_len, self.num_computed,
                       self.last_sampled)
         ]

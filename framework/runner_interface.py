@@ -19,6 +19,17 @@ class ModelRunner(ABC):
     name: str
 
     @abstractmethod
+    def profile_run(self) -> int:
+        """Run a worst-case step on dummy requests; returns the peak activation bytes (0 on the CPU)."""
+
+    @abstractmethod
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the paged KV cache."""
+
+    def capture_cuda_graphs(self) -> None:
+        """Capture CUDA graphs once the KV cache exists (runners without graphs do nothing)."""
+
+    @abstractmethod
     def execute_model(self, output: SchedulerOutput) -> None: ...
 
     @abstractmethod

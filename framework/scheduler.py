@@ -70,6 +70,7 @@ class Scheduler:
         self.kv_cache.free(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0  # a token still in flight is dropped; recompute samples it again
         request.num_preemptions += 1
         self.waiting.appendleft(request)
         self._released_ids.add(request.request_id)
@@ -85,7 +86,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self._ends_in_flight(request):
+                i += 1  # its last token is being sampled: nothing more to compute
+                continue
+            n = min(request.num_tokens + request.num_output_placeholders - request.num_computed_tokens, budget)
             new_blocks = self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n)
             while new_blocks is None:
                 victim = self.running[-1]
@@ -125,6 +129,8 @@ class Scheduler:
 
         for request, n in rows:
             request.num_computed_tokens += n
+            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1  # this row samples a token the host will see later
         released, self._released_ids = self._released_ids, set()
         return SchedulerOutput(
             scheduled_request_ids=[r.request_id for r, _ in rows],
@@ -150,7 +156,8 @@ class Scheduler:
         for i, (request_id, tokens) in enumerate(zip(output.scheduled_request_ids, sampled)):
             request = self.requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING or not tokens:
-                continue  # aborted meanwhile, or a prefill chunk that samples nothing
+                continue  # ended or preempted meanwhile, or a prefill chunk that samples nothing
+            request.num_output_placeholders -= 1
             if errors is not None and errors[i]:
                 request.error = errors[i]
                 self._finish(request, RequestStatus.FINISHED_ERROR)
@@ -166,6 +173,14 @@ class Scheduler:
                 self._finish(request, status)
                 finished.append(request)
         return finished
+
+    def _ends_in_flight(self, request: Request) -> bool:
+        """True when tokens already being sampled reach max_tokens or max_model_len (async scheduling)."""
+        if not request.num_output_placeholders:
+            return False
+        num_out = len(request.output_token_ids) + request.num_output_placeholders
+        return (num_out >= request.sampling_params.max_tokens
+                or request.num_tokens + request.num_output_placeholders >= self.max_model_len)
 
     def _stop_status(self, request: Request, token: int) -> Optional[RequestStatus]:
         params = request.sampling_params

@@ -6,6 +6,8 @@ from typing import Sequence
 
 import torch
 
+from framework.kernels.scatter import scatter_reference, scatter_triton
+
 
 class StagedWrites:
     """Collects `(slot, column, values)` writes for one 1-D or 2-D tensor and applies them in one scatter.
@@ -14,10 +16,12 @@ class StagedWrites:
     a step costs one host-to-device copy per state tensor however many requests joined.
     """
 
-    def __init__(self, target: torch.Tensor) -> None:
+    def __init__(self, target: torch.Tensor, device: torch.device | None = None) -> None:
         if target.dim() not in (1, 2):
             raise ValueError(f"StagedWrites supports 1-D and 2-D tensors, got shape {tuple(target.shape)}")
         self.target = target
+        # Where the writes are applied: a pinned host target on a GPU is written by a kernel on the stream.
+        self.device = device or target.device
         self._row_len = target.shape[1] if target.dim() == 2 else 1
         self._flat_index: list[int] = []
         self._values: list[float] = []
@@ -36,9 +40,11 @@ class StagedWrites:
         """Scatter every staged value into the target, then forget them."""
         if not self._flat_index:
             return
-        device = self.target.device
-        index = torch.tensor(self._flat_index, dtype=torch.int64).to(device, non_blocking=True)
-        values = torch.tensor(self._values, dtype=self.target.dtype).to(device, non_blocking=True)
-        self.target.view(-1).index_copy_(0, index, values)
+        index = torch.tensor(self._flat_index, dtype=torch.int64).to(self.device, non_blocking=True)
+        values = torch.tensor(self._values, dtype=self.target.dtype).to(self.device, non_blocking=True)
+        if self.device.type == "cuda" and not self.target.is_cuda:
+            scatter_triton(self.target, index, values)
+        else:
+            scatter_reference(self.target, index, values)
         self._flat_index.clear()
         self._values.clear()

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from framework.scheduler_output import NewRequestData
-from samplers.history import TokenHistory
 from samplers.logprobs import LogprobsTensors, compute_logprobs
 
 
@@ -43,12 +42,12 @@ class PromptLogprobsState:
 
     CHUNK = 1024
 
-    def __init__(self, max_num_reqs: int, history: TokenHistory, num_computed_host: Callable[[], np.ndarray]) -> None:
-        self.history = history
+    def __init__(self, max_num_reqs: int, num_computed_host: Callable[[], np.ndarray]) -> None:
         self._num_computed_host = num_computed_host  # [S] tokens computed after this step (exact in prefill)
         self.num_top = np.full(max_num_reqs, -1, dtype=np.int64)  # -1 = no prompt logprobs
         self.prompt_len = np.zeros(max_num_reqs, dtype=np.int64)
         self.scored = np.zeros(max_num_reqs, dtype=np.int64)  # next position to score
+        self.prompt_ids: dict[int, list[int]] = {}  # host copy of the prompt of each scoring slot (the targets)
 
     def add_request(self, req_slot: int, new: NewRequestData) -> None:
         wanted = new.sampling_params.prompt_logprobs
@@ -56,9 +55,12 @@ class PromptLogprobsState:
         self.num_top[req_slot] = wanted if (wanted is not None and fresh) else -1
         self.prompt_len[req_slot] = new.prompt_len
         self.scored[req_slot] = new.num_computed_tokens
+        if self.num_top[req_slot] >= 0:
+            self.prompt_ids[req_slot] = list(new.prefill_token_ids[: new.prompt_len])
 
     def remove_request(self, req_slot: int) -> None:
         self.num_top[req_slot] = -1
+        self.prompt_ids.pop(req_slot, None)
 
     def apply_staged_writes(self) -> None:
         """Nothing on the device."""
@@ -89,7 +91,7 @@ class PromptLogprobsState:
             n = stop - start
             # This step's tokens of the row begin at query_start_loc[row], which holds position `start`.
             token_index.append(batch.query_start_loc[batch_row].long() + torch.arange(n, device=hidden.device))
-            targets.append(self.history.all_token_ids[req_slot, start + 1: stop + 1].long())
+            targets.extend(self.prompt_ids[req_slot][start + 1: stop + 1])
             ids.append(batch.request_ids[batch_row])
             starts.append(start)
             counts.append(n)
@@ -97,7 +99,7 @@ class PromptLogprobsState:
         if not ids:
             return None
         token_index_all = torch.cat(token_index)
-        targets_all = torch.cat(targets)
+        targets_all = torch.tensor(targets, dtype=torch.int64).to(hidden.device, non_blocking=True)
         pieces = []
         for lo in range(0, len(token_index_all), self.CHUNK):
             logits = compute_logits(hidden[token_index_all[lo: lo + self.CHUNK]]).float()  # [<=CHUNK, V]

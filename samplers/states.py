@@ -130,7 +130,7 @@ class SamplingStates:
         self.min_tokens = MinTokensState(max_num_reqs, device, history, eos_token_id)
         self.logit_bias = LogitBiasState(max_num_reqs, device)
         self.penalties = PenaltiesState(max_num_reqs, vocab_size, device, history)
-        self.prompt_logprobs = PromptLogprobsState(max_num_reqs, history, num_computed_host)
+        self.prompt_logprobs = PromptLogprobsState(max_num_reqs, num_computed_host)
         self.processors = list(logits_processors)
         self.history = history
         self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int64)  # host only: -1 = no logprobs

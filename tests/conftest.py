@@ -11,6 +11,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Without a GPU, Triton kernels run in Triton's interpreter. The flag is read when a kernel is decorated, i.e.
+# when framework modules are imported, so it must be set here, before any test module imports them.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture
 def tiny_llm_factory():

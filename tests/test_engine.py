@@ -163,3 +163,29 @@ def test_kv_cache_too_small_for_one_request_at_startup(tiny_llm_factory):
 
     with pytest.raises(ConfigError, match="too small for one request of max_model_len=1024"):
         tiny_llm_factory(num_kv_blocks=8)
+
+
+def test_profile_run_leaves_no_state_behind(tiny_llm_factory):
+    llm = tiny_llm_factory(max_num_batched_tokens=64, max_num_seqs=4)
+    runner = llm.engine.runner
+    kv = runner.kv_caches
+    assert runner.profile_run() == 0  # CPU: no device peak to measure
+    assert runner.request_state.num_active == 0 and len(runner.request_state.free_slots) == 4
+    runner.kv_caches = kv
+    assert llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].token_ids == _run_alone(tiny_llm_factory, [1, 2, 3], GREEDY)
+
+
+@pytest.mark.parametrize("small_cache", [False, True])
+def test_async_scheduling_gives_the_same_outputs(tiny_llm_factory, small_cache):
+    prompts = _prompts(7, seed=9)
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=5 + 3 * i, ignore_eos=i % 2 == 0,
+                             stop_token_ids=[7, 9]) for i in range(7)]
+    kwargs = dict(num_kv_blocks=16, block_size=4, max_model_len=64, max_num_batched_tokens=8) if small_cache else {}
+    sync = tiny_llm_factory(async_scheduling=False, **kwargs).generate(prompts, params, use_tqdm=False)
+    llm = tiny_llm_factory(async_scheduling=True, **kwargs)
+    asyn = llm.generate(prompts, params, use_tqdm=False)
+    assert [(o.token_ids, o.finish_reason) for o in asyn] == [(o.token_ids, o.finish_reason) for o in sync]
+    assert all(len(o.token_ids) <= p.max_tokens for o, p in zip(asyn, params))
+    if small_cache:
+        assert sum(o.num_preemptions for o in asyn) > 0
+    assert llm.engine.num_free_blocks == llm.engine.kv_cache.num_blocks

@@ -1,6 +1,14 @@
-"""Paged attention: metadata and the reference backend."""
+"""Paged attention: metadata, the PyTorch references, and the backend dispatch (Triton on CUDA)."""
 
+from framework.attention.backend import attention_backend, paged_attention, store_kv
 from framework.attention.metadata import AttentionMetadata
 from framework.attention.paged import paged_attention_reference, store_kv_reference
 
-__all__ = ["AttentionMetadata", "paged_attention_reference", "store_kv_reference"]
+__all__ = [
+    "AttentionMetadata",
+    "attention_backend",
+    "paged_attention",
+    "paged_attention_reference",
+    "store_kv",
+    "store_kv_reference",
+]

@@ -8,9 +8,11 @@ kernels of the same names replace them.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
+import triton
+import triton.language as tl
 
 
 class PreparedInputs(NamedTuple):
@@ -115,3 +117,182 @@ def post_update_reference(
     last = sampled.gather(1, (num_sampled.long() - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
     last_sampled[slots] = torch.where(has_token, last.to(last_sampled.dtype), last_sampled[slots])
     total_len[slots] += num_sampled.to(total_len.dtype)
+
+
+# ---- Triton kernels ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _prepare_inputs_kernel(
+    idx_mapping_ptr, query_start_loc_ptr, cu_num_logits_ptr,
+    all_token_ids_ptr, token_stride, max_len,
+    prefill_len_ptr, num_computed_ptr, last_sampled_ptr, draft_tokens_ptr, draft_stride,
+    input_ids_ptr, positions_ptr, token_rows_ptr, seq_lens_ptr,
+    logits_indices_ptr, expanded_idx_mapping_ptr, sample_positions_ptr,
+    BLOCK: tl.constexpr, BLOCK_LOGITS: tl.constexpr,
+):
+    # One program per batch row: all of the row's tokens, then its logits rows.
+    row = tl.program_id(0)
+    slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
+    q_start = tl.load(query_start_loc_ptr + row)
+    q_end = tl.load(query_start_loc_ptr + row + 1)
+    n = q_end - q_start
+    computed = tl.load(num_computed_ptr + slot)
+    prefill_len = tl.load(prefill_len_ptr + slot)
+    last = tl.load(last_sampled_ptr + slot).to(tl.int64)
+    history_row = all_token_ids_ptr + slot * token_stride
+    for off in range(0, n, BLOCK):
+        j = off + tl.arange(0, BLOCK)
+        mask = j < n
+        pos = computed + j
+        # A row is either all prefill (every position < prefill_len) or decoding (every position >= it).
+        from_history = pos < prefill_len
+        hist = tl.load(history_row + tl.minimum(pos, max_len - 1), mask=mask & from_history, other=0)
+        draft = tl.load(draft_tokens_ptr + slot * draft_stride + (j - 1), mask=mask & (j >= 1) & ~from_history,
+                        other=0)
+        sampled = tl.where(j == 0, last, draft.to(tl.int64))
+        tok = tl.where(from_history, hist.to(tl.int64), sampled)
+        tl.store(input_ids_ptr + q_start + j, tok, mask=mask)
+        tl.store(positions_ptr + q_start + j, pos.to(tl.int64), mask=mask)
+        tl.store(token_rows_ptr + q_start + j, tl.zeros_like(j).to(tl.int64) + row, mask=mask)
+    tl.store(seq_lens_ptr + row, computed + n)
+    l_start = tl.load(cu_num_logits_ptr + row)
+    num_logits = tl.load(cu_num_logits_ptr + row + 1) - l_start
+    k = tl.arange(0, BLOCK_LOGITS)
+    kmask = k < num_logits
+    token = q_end - num_logits + k
+    tl.store(logits_indices_ptr + l_start + k, token.to(tl.int64), mask=kmask)
+    tl.store(expanded_idx_mapping_ptr + l_start + k, tl.zeros_like(k) + slot.to(tl.int32), mask=kmask)
+    tl.store(sample_positions_ptr + l_start + k, (computed + token - q_start + 1).to(tl.int64), mask=kmask)
+
+
+def prepare_inputs_triton(
+    idx_mapping: torch.Tensor, query_start_loc: torch.Tensor, cu_num_logits: torch.Tensor, num_tokens: int,
+    num_logits: int, all_token_ids: torch.Tensor, prefill_len: torch.Tensor, num_computed: torch.Tensor,
+    last_sampled: torch.Tensor, draft_tokens: torch.Tensor, max_logits_per_row: int,
+) -> tuple[PreparedInputs, torch.Tensor]:
+    """Triton version of `prepare_inputs_reference`; also returns token_rows [T] int64.
+
+    `all_token_ids` may live in pinned host memory (the GPU reads it through unified addressing).
+    """
+    device = idx_mapping.device
+    num_rows = idx_mapping.numel()
+    input_ids = torch.empty(num_tokens, dtype=torch.int64, device=device)
+    positions = torch.empty(num_tokens, dtype=torch.int64, device=device)
+    token_rows = torch.empty(num_tokens, dtype=torch.int64, device=device)
+    seq_lens = torch.empty(num_rows, dtype=torch.int32, device=device)
+    logits_indices = torch.empty(num_logits, dtype=torch.int64, device=device)
+    expanded = torch.empty(num_logits, dtype=torch.int32, device=device)
+    sample_positions = torch.empty(num_logits, dtype=torch.int64, device=device)
+    if num_rows:
+        _prepare_inputs_kernel[(num_rows,)](
+            idx_mapping, query_start_loc, cu_num_logits,
+            all_token_ids, all_token_ids.stride(0), all_token_ids.shape[1],
+            prefill_len, num_computed, last_sampled, draft_tokens, max(draft_tokens.stride(0), 1),
+            input_ids, positions, token_rows, seq_lens, logits_indices, expanded, sample_positions,
+            BLOCK=256, BLOCK_LOGITS=triton.next_power_of_2(max(max_logits_per_row, 1)),
+        )
+    prepared = PreparedInputs(input_ids, positions, seq_lens, logits_indices, expanded, sample_positions)
+    return prepared, token_rows
+
+
+@triton.jit
+def _num_sampled_kernel(
+    idx_mapping_ptr, seq_lens_ptr, prefill_len_ptr, num_accepted_ptr, num_draft_ptr,
+    num_sampled_ptr, num_rejected_ptr, num_rows, BLOCK: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = rows < num_rows
+    slot = tl.load(idx_mapping_ptr + rows, mask=mask, other=0)
+    done = tl.load(seq_lens_ptr + rows, mask=mask, other=0) >= tl.load(prefill_len_ptr + slot, mask=mask, other=0)
+    accepted = tl.load(num_accepted_ptr + rows, mask=mask, other=0)
+    drafts = tl.load(num_draft_ptr + rows, mask=mask, other=0)
+    tl.store(num_sampled_ptr + rows, tl.where(done, accepted + 1, 0), mask=mask)
+    tl.store(num_rejected_ptr + rows, tl.where(done, drafts - accepted, 0), mask=mask)
+
+
+def compute_num_sampled_triton(
+    idx_mapping: torch.Tensor, seq_lens: torch.Tensor, prefill_len: torch.Tensor, num_accepted: torch.Tensor,
+    num_draft: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of `compute_num_sampled_reference`."""
+    n = idx_mapping.numel()
+    num_sampled = torch.empty(n, dtype=torch.int32, device=idx_mapping.device)
+    num_rejected = torch.empty(n, dtype=torch.int32, device=idx_mapping.device)
+    if n:
+        _num_sampled_kernel[(triton.cdiv(n, 256),)](
+            idx_mapping, seq_lens, prefill_len, num_accepted, num_draft, num_sampled, num_rejected, n, BLOCK=256
+        )
+    return num_sampled, num_rejected
+
+
+@triton.jit
+def _post_update_kernel(
+    idx_mapping_ptr, query_lens_ptr, sampled_ptr, sampled_stride, num_sampled_ptr, num_rejected_ptr,
+    all_token_ids_ptr, token_stride, max_len, total_len_ptr, num_computed_ptr, last_sampled_ptr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
+    n = tl.load(num_sampled_ptr + row)
+    computed = tl.load(num_computed_ptr + slot)
+    tl.store(num_computed_ptr + slot, computed + tl.load(query_lens_ptr + row) - tl.load(num_rejected_ptr + row))
+    total = tl.load(total_len_ptr + slot)
+    k = tl.arange(0, BLOCK)
+    tokens = tl.load(sampled_ptr + row * sampled_stride + k, mask=k < n, other=0)
+    dest = total + k
+    tl.store(all_token_ids_ptr + slot * token_stride + dest, tokens.to(tl.int32), mask=(k < n) & (dest < max_len))
+    last = tl.sum(tl.where(k == n - 1, tokens, 0), axis=0)
+    if n > 0:
+        tl.store(last_sampled_ptr + slot, last.to(tl.int32))
+    tl.store(total_len_ptr + slot, total + n)
+
+
+def post_update_triton(
+    idx_mapping: torch.Tensor, query_lens: torch.Tensor, sampled: torch.Tensor, num_sampled: torch.Tensor,
+    num_rejected: torch.Tensor, all_token_ids: torch.Tensor, total_len: torch.Tensor, num_computed: torch.Tensor,
+    last_sampled: torch.Tensor,
+) -> None:
+    """Triton version of `post_update_reference` (writes sampled tokens into the possibly host-resident history)."""
+    n = idx_mapping.numel()
+    if n:
+        _post_update_kernel[(n,)](
+            idx_mapping, query_lens, sampled, sampled.stride(0), num_sampled, num_rejected,
+            all_token_ids, all_token_ids.stride(0), all_token_ids.shape[1], total_len, num_computed, last_sampled,
+            BLOCK=triton.next_power_of_2(sampled.shape[1]),
+        )
+
+
+# ---- dispatch: Triton on CUDA tensors, the reference elsewhere --------------------------------------------
+
+
+def use_triton(tensor: torch.Tensor, force: Optional[bool] = None) -> bool:
+    """Whether the Triton kernels serve this step: on CUDA by default; `force` overrides (tests)."""
+    return tensor.is_cuda if force is None else force
+
+
+def prepare_inputs(
+    idx_mapping: torch.Tensor, query_start_loc: torch.Tensor, cu_num_logits: torch.Tensor, num_tokens: int,
+    num_logits: int, all_token_ids: torch.Tensor, prefill_len: torch.Tensor, num_computed: torch.Tensor,
+    last_sampled: torch.Tensor, draft_tokens: torch.Tensor, max_logits_per_row: int,
+) -> tuple[PreparedInputs, torch.Tensor]:
+    """(PreparedInputs, token_rows [T] int64): Triton on CUDA, the reference elsewhere."""
+    if use_triton(idx_mapping):
+        return prepare_inputs_triton(idx_mapping, query_start_loc, cu_num_logits, num_tokens, num_logits,
+                                     all_token_ids, prefill_len, num_computed, last_sampled, draft_tokens,
+                                     max_logits_per_row)
+    prepared = prepare_inputs_reference(idx_mapping, query_start_loc, cu_num_logits, num_tokens, num_logits,
+                                        all_token_ids, prefill_len, num_computed, last_sampled, draft_tokens)
+    return prepared, token_batch_rows(query_start_loc, num_tokens)
+
+
+def compute_num_sampled(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatching `compute_num_sampled_reference` / `_triton` (same arguments)."""
+    fn = compute_num_sampled_triton if use_triton(args[0]) else compute_num_sampled_reference
+    return fn(*args)
+
+
+def post_update(*args: torch.Tensor) -> None:
+    """Dispatching `post_update_reference` / `_triton` (same arguments)."""
+    fn = post_update_triton if use_triton(args[0]) else post_update_reference
+    fn(*args)

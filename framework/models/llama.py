@@ -11,7 +11,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from framework.attention import AttentionMetadata, paged_attention_reference, store_kv_reference
+from framework.attention import AttentionMetadata
+from framework.attention.backend import paged_attention, store_kv
 from framework.models.hf_config import DecoderConfig
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
@@ -69,7 +70,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        store_kv_reference(k, v, kv_cache, meta.kv_slot_mapping)
+        store_kv(k, v, kv_cache, meta.kv_slot_mapping)
         out = attention(q, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
@@ -121,7 +122,7 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", cfg.rope_inv_freq(), persistent=False)
-        self.attention: AttentionFn = paged_attention_reference
+        self.attention: AttentionFn = paged_attention
 
     @classmethod
     def from_hf_config(cls, hf_config: dict) -> "LlamaForCausalLM":

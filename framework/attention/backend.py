@@ -1,0 +1,67 @@
+"""Attention backend dispatch: Triton kernels on CUDA, the PyTorch references everywhere else.
+
+`MRV2_ATTENTION_BACKEND` overrides the choice: `reference` forces the PyTorch path (e.g. to bisect a
+numerical difference on a GPU), `triton` forces the kernels (on a CPU only under `TRITON_INTERPRET=1`),
+`auto` (default) picks by device. Head dims the kernels do not handle (not a power of two in 16..256) fall
+back to the reference with one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from framework.attention.metadata import AttentionMetadata
+from framework.attention.paged import paged_attention_reference, store_kv_reference
+
+logger = logging.getLogger(__name__)
+
+BACKEND_ENV = "MRV2_ATTENTION_BACKEND"
+TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
+_warned_head_dims: set[int] = set()
+
+
+def attention_backend(device: torch.device, head_dim: int) -> str:
+    """`"triton"` or `"reference"` for tensors on `device` with this head_dim."""
+    choice = os.environ.get(BACKEND_ENV, "auto").lower()
+    if choice not in ("auto", "triton", "reference"):
+        raise ValueError(f"{BACKEND_ENV} must be auto, triton or reference, got {choice!r}")
+    if choice == "reference" or (choice == "auto" and device.type != "cuda"):
+        return "reference"
+    if head_dim not in TRITON_HEAD_DIMS:
+        if head_dim not in _warned_head_dims:
+            _warned_head_dims.add(head_dim)
+            logger.warning("head_dim %d has no Triton attention kernel; using the PyTorch reference", head_dim)
+        return "reference"
+    return "triton"
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """[T, num_heads, head_dim]: causal paged attention of this step's queries (see paged.py)."""
+    if attention_backend(query.device, query.shape[-1]) == "triton":
+        from framework.attention.triton_paged_attention import paged_attention as triton_paged_attention
+
+        return triton_paged_attention(query, kv_cache, meta, scale)
+    return paged_attention_reference(query, kv_cache, meta, scale)
+
+
+def store_kv(
+    key: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], updated in place
+    kv_slot_mapping: torch.Tensor,  # [T] int64 KV slots, negative = padding (skipped)
+) -> None:
+    """Write this step's K/V into the paged cache at their KV slots."""
+    if attention_backend(key.device, key.shape[-1]) == "triton":
+        from framework.attention.triton_store_kv import store_kv as triton_store_kv
+
+        triton_store_kv(key, value, kv_cache, kv_slot_mapping)
+        return
+    store_kv_reference(key, value, kv_cache, kv_slot_mapping)

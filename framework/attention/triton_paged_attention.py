@@ -1,0 +1,410 @@
+"""Paged attention in Triton: one varlen kernel family for prefill (any cached prefix + new tokens) and decode.
+
+Semantics are `paged_attention_reference` (framework/attention/paged.py): row `r`'s queries are its tokens
+`query_start_loc[r]:query_start_loc[r+1]`, at positions `seq_len - query_len .. seq_len - 1`, and each attends
+causally to the row's cached keys `0 .. own position`, read through `block_tables[r]`.
+
+Work is cut into programs of one *query tile* x one KV head. A query tile is `BLOCK_Q` tokens of one row
+times the `GROUP` query heads that share the KV head (GQA), flattened into `BLOCK_M = BLOCK_Q * GROUP`
+(rounded up to a power of two) matrix rows, so every KV tile is loaded once per group and feeds one
+`[BLOCK_M, HEAD_DIM] x [HEAD_DIM, BLOCK_N]` product. Online softmax (base 2) accumulates in float32.
+
+Two launches of the same kernel serve a batch (docs/kernels.md has the grids and the rules):
+
+* *small rows* (query_len <= BLOCK_Q of the decode tiles: decode, draft verification) get one program per
+  (row, KV head, KV split); with several splits each program writes a partial result and
+  `_split_kv_reduce_kernel` merges them (flash-decoding). The number of splits follows `num_kv_splits`.
+* *large rows* (prefill chunks) get one program per (query tile, KV head) with 128-row tiles; the tile's row
+  is found by a binary search over `query_start_loc`, so the grid is sized from host ints only.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from framework.attention.metadata import AttentionMetadata
+
+LOG2E = 1.4426950408889634
+MIN_SPLIT_TOKENS = 128  # a KV split reads at least this many keys, so its fixed cost stays small
+MAX_KV_SPLITS = 32
+PROGRAMS_PER_SM = 2  # decode programs resident per multiprocessor (shared memory: 3 stages of K+V tiles)
+
+
+@triton.jit
+def _find_row(query_start_loc_ptr, num_rows, tile, BLOCK_Q: tl.constexpr):
+    """Batch row owning query tile `tile`: row r's tiles start at `query_start_loc[r] // BLOCK_Q + r`."""
+    lo = 0
+    hi = num_rows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        go_right = first_tile <= tile
+        lo = tl.where(go_right, mid + 1, lo)
+        hi = tl.where(go_right, hi, mid)
+    return lo - 1
+
+
+@triton.jit
+def _split_len(seq_len, num_splits, BLOCK_N: tl.constexpr):
+    """Keys per KV split of a row: an equal share of seq_len, rounded up to whole KV tiles."""
+    return tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+def _attend_kv_tile(
+    acc, l_i, m_i, q, start, kv_hi, q_pos,
+    cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages, stride_c_kv, stride_c_blk, stride_c_tok,
+    qk_scale,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, DOT_IEEE: tl.constexpr,
+):
+    """One KV tile `[start, start + BLOCK_N)` folded into the running softmax state (acc, l_i, m_i)."""
+    kv_pos = start + tl.arange(0, BLOCK_N)
+    kv_valid = kv_pos < kv_hi
+    # Tiles start at multiples of BLOCK_N, so the in-page part of each address is loop-invariant
+    # (k_offsets / v_offsets); only the physical block of the tile's pages is looked up here.
+    if PAGE >= BLOCK_N:  # the tile lies inside one page
+        block = tl.load(bt_row_ptr + start // PAGE).to(tl.int64)
+        base = block * stride_c_blk + (start % PAGE) * stride_c_tok
+        k_ptrs = cache_ptr + base + k_offsets
+        v_ptrs = cache_ptr + stride_c_kv + base + v_offsets
+    else:  # the tile spans BLOCK_N // PAGE pages
+        if MASKED:
+            block = tl.load(bt_row_ptr + start // PAGE + tile_pages, mask=kv_valid, other=0)
+        else:
+            block = tl.load(bt_row_ptr + start // PAGE + tile_pages)
+        block_off = block.to(tl.int64) * stride_c_blk
+        k_ptrs = cache_ptr + block_off[None, :] + k_offsets
+        v_ptrs = cache_ptr + stride_c_kv + block_off[:, None] + v_offsets
+    if MASKED:
+        k = tl.load(k_ptrs, mask=kv_valid[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=kv_valid[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
+
+    if DOT_IEEE:
+        s = tl.dot(q, k, input_precision="ieee")
+    else:
+        s = tl.dot(q, k)
+    s = s * qk_scale  # [BLOCK_M, BLOCK_N], log2 domain
+    if MASKED:
+        visible = (kv_pos[None, :] <= q_pos[:, None]) & kv_valid[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT_IEEE:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr,  # [T, num_heads, HEAD_DIM]
+    cache_ptr,  # [2, num_blocks, PAGE, num_kv_heads, HEAD_DIM]
+    out_ptr,  # [T, num_heads, HEAD_DIM]
+    part_o_ptr,  # [R, num_kv_heads, num_splits, BLOCK_M, HEAD_DIM] float32 (IS_SPLIT only)
+    part_lse_ptr,  # [R, num_kv_heads, num_splits, BLOCK_M] float32, log2 domain (IS_SPLIT only)
+    query_start_loc_ptr,  # [R+1] int32
+    seq_lens_ptr,  # [R] int32
+    block_tables_ptr,  # [R, max_blocks] int32
+    num_rows, num_splits, qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_c_kv, stride_c_blk, stride_c_tok, stride_c_head,
+    stride_bt_row,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_M: tl.constexpr,  # matrix rows of a query tile (>= BLOCK_Q * GROUP)
+    BLOCK_Q: tl.constexpr,  # tokens of a query tile
+    BLOCK_N: tl.constexpr,  # keys of a KV tile
+    PAGE: tl.constexpr,  # tokens per KV-cache block
+    SMALL_ROWS: tl.constexpr,  # True: axis 0 = batch row, rows with query_len > BLOCK_Q skipped
+    SKIP_QUERY_LEN: tl.constexpr,  # large rows launch: rows with query_len <= this are skipped
+    IS_SPLIT: tl.constexpr,  # write partial results per KV split (axis 2) for the reduce kernel
+    DOT_IEEE: tl.constexpr,  # float32 inputs: exact products instead of tf32
+):
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if SMALL_ROWS:
+        row = tl.program_id(0)
+        q_tile_start = 0
+    else:
+        tile = tl.program_id(0)
+        row = _find_row(query_start_loc_ptr, num_rows, tile, BLOCK_Q)
+        q_tile_start = (tile - tl.load(query_start_loc_ptr + row) // BLOCK_Q - row) * BLOCK_Q
+    q_start = tl.load(query_start_loc_ptr + row)
+    q_len = tl.load(query_start_loc_ptr + row + 1) - q_start
+    if SMALL_ROWS:
+        if (q_len == 0) | (q_len > BLOCK_Q):
+            return
+    else:
+        if (q_tile_start >= q_len) | (q_len <= SKIP_QUERY_LEN):
+            return
+    seq_len = tl.load(seq_lens_ptr + row)
+    context_len = seq_len - q_len  # keys cached before this step's first query
+
+    # Matrix row i of the tile is token q_tile_start + i // GROUP, query head kv_head * GROUP + i % GROUP.
+    m_rows = tl.arange(0, BLOCK_M)
+    q_local = q_tile_start + m_rows // GROUP
+    head = kv_head * GROUP + m_rows % GROUP
+    row_valid = (m_rows < BLOCK_Q * GROUP) & (q_local < q_len)
+    token = (q_start + q_local).to(tl.int64)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                mask=row_valid[:, None], other=0.0)
+    q_pos = tl.minimum(context_len + q_local, seq_len - 1)  # invalid rows clamped; never stored
+
+    # Keys this program reads: up to the tile's last query position, within its KV split.
+    kv_lo = 0
+    kv_hi = tl.minimum(seq_len, context_len + q_tile_start + BLOCK_Q)
+    if IS_SPLIT:
+        split_len = _split_len(seq_len, num_splits, BLOCK_N)
+        kv_lo = split * split_len
+        if kv_lo >= seq_len:
+            return  # empty split of a short row; the reduce kernel skips it too
+        kv_hi = tl.minimum(kv_hi, kv_lo + split_len)
+    # Keys before `full_hi` are visible to every query of the tile: those tiles need no mask.
+    full_hi = (context_len + q_tile_start + 1) // BLOCK_N * BLOCK_N
+    mid = tl.maximum(kv_lo, tl.minimum(kv_hi, full_hi))
+
+    # Loop-invariant address parts (cache last dim contiguous): the in-page token offset and the head.
+    n_offs = tl.arange(0, BLOCK_N)
+    if PAGE >= BLOCK_N:
+        tile_pages = n_offs * 0
+        tok_offs = n_offs * stride_c_tok
+    else:
+        tile_pages = n_offs // PAGE
+        tok_offs = (n_offs % PAGE) * stride_c_tok
+    tok_offs = tok_offs + kv_head * stride_c_head
+    k_offsets = dims[:, None] + tok_offs[None, :]  # [HEAD_DIM, BLOCK_N]: K tile loaded transposed
+    v_offsets = tok_offs[:, None] + dims[None, :]  # [BLOCK_N, HEAD_DIM]
+    bt_row_ptr = block_tables_ptr + row.to(tl.int64) * stride_bt_row
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: fully masked tiles give p = 0, not NaN
+    for start in range(kv_lo, mid, BLOCK_N):
+        acc, l_i, m_i = _attend_kv_tile(
+            acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
+            stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, False, DOT_IEEE)
+    for start in range(mid, kv_hi, BLOCK_N):
+        acc, l_i, m_i = _attend_kv_tile(
+            acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
+            stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, True, DOT_IEEE)
+
+    has_keys = l_i > 0.0  # a split may hold no key visible to an early query of a draft-verify row
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if IS_SPLIT:
+        part = (row.to(tl.int64) * tl.num_programs(1) + kv_head) * num_splits + split
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part * BLOCK_M + m_rows, lse, mask=row_valid)
+        tl.store(part_o_ptr + part * BLOCK_M * HEAD_DIM + m_rows[:, None] * HEAD_DIM + dims[None, :], o,
+                 mask=row_valid[:, None])
+    else:
+        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+@triton.jit
+def _split_kv_reduce_kernel(
+    out_ptr,  # [T, num_heads, HEAD_DIM]
+    part_o_ptr,  # [R, num_kv_heads, num_splits, BLOCK_M, HEAD_DIM] float32
+    part_lse_ptr,  # [R, num_kv_heads, num_splits, BLOCK_M] float32
+    query_start_loc_ptr,  # [R+1] int32
+    seq_lens_ptr,  # [R] int32
+    num_splits,
+    stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Merge the KV splits of one (small row, KV head): softmax-weighted by each split's log-sum-exp."""
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q_start = tl.load(query_start_loc_ptr + row)
+    q_len = tl.load(query_start_loc_ptr + row + 1) - q_start
+    if (q_len == 0) | (q_len > BLOCK_Q):
+        return
+    seq_len = tl.load(seq_lens_ptr + row)
+    used_splits = tl.cdiv(seq_len, _split_len(seq_len, num_splits, BLOCK_N))
+
+    m_rows = tl.arange(0, BLOCK_M)
+    q_local = m_rows // GROUP
+    head = kv_head * GROUP + m_rows % GROUP
+    row_valid = (m_rows < BLOCK_Q * GROUP) & (q_local < q_len)
+    dims = tl.arange(0, HEAD_DIM)
+    first_part = (row.to(tl.int64) * tl.num_programs(1) + kv_head) * num_splits
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    weight = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    for split in range(0, used_splits):
+        part = first_part + split
+        lse = tl.load(part_lse_ptr + part * BLOCK_M + m_rows, mask=row_valid, other=float("-inf"))
+        o = tl.load(part_o_ptr + part * BLOCK_M * HEAD_DIM + m_rows[:, None] * HEAD_DIM + dims[None, :],
+                    mask=row_valid[:, None], other=0.0)
+        m_new = tl.maximum(m_run, lse)
+        alpha = tl.exp2(m_run - m_new)
+        beta = tl.exp2(lse - m_new)
+        acc = acc * alpha[:, None] + o * beta[:, None]
+        weight = weight * alpha + beta
+        m_run = m_new
+    out = acc / tl.where(weight > 0.0, weight, 1.0)[:, None]
+    token = (q_start + q_local).to(tl.int64)
+    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """Fixed launch configuration of one launch of `_paged_attention_kernel` (no autotuning)."""
+
+    block_m: int  # matrix rows per query tile (tokens x GQA group), power of two
+    block_n: int  # keys per KV tile, power of two
+    num_warps: int
+    num_stages: int
+
+
+def prefill_tiles(head_dim: int, group: int, on_gpu: bool) -> AttentionTiles:
+    """Large-row tiles: 128 matrix rows (two Hopper warpgroups of 64) unless head_dim 256 needs the room."""
+    if not on_gpu:  # interpreter: small tiles so tests cross tile boundaries
+        return AttentionTiles(max(32, triton.next_power_of_2(group)), 16, 4, 1)
+    block_m = 64 if head_dim > 128 else 128
+    block_n = 32 if head_dim > 128 else 64
+    num_warps = 8 if head_dim >= 128 and block_m == 128 else 4
+    num_stages = 2 if head_dim > 128 else 3
+    return AttentionTiles(max(block_m, triton.next_power_of_2(group)), block_n, num_warps, num_stages)
+
+
+def decode_tiles(head_dim: int, group: int, on_gpu: bool) -> AttentionTiles:
+    """Small-row tiles: the GQA group (padded to the 16 rows an MMA needs) and a KV tile sized for streaming."""
+    block_m = max(16, triton.next_power_of_2(group))
+    if not on_gpu:
+        return AttentionTiles(block_m, 16, 4, 1)
+    block_n = 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32
+    return AttentionTiles(block_m, block_n, 4, 3)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # interpreter runs: any small number; the rule only shapes the grid
+
+
+def modelled_split_cost(num_rows: int, num_kv_heads: int, seq_len: int, num_sms: int, block_n: int,
+                        splits: int) -> float:
+    """Decode time in KV-tile steps of one program: a program's tiles (+1 for its fixed cost: query load,
+    partial write, reduce), times how many programs share each resident slot (at least 1).
+
+    Below one full set of resident programs the time is one program's length (latency bound); above, it is
+    the total work over the slots (bandwidth bound). Continuous in the number of programs, unlike a model
+    of whole waves, whose hard steps real memory-bound kernels do not show.
+    """
+    programs = max(1, num_rows * num_kv_heads) * splits
+    tiles = triton.cdiv(triton.cdiv(max(1, seq_len), splits), block_n)
+    return max(1.0, programs / (PROGRAMS_PER_SM * num_sms)) * (tiles + 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def num_kv_splits(num_rows: int, num_kv_heads: int, max_seq_len: int, num_sms: int, block_n: int = 64) -> int:
+    """KV splits per (row, KV head) for a batch of small rows (decode, draft verification).
+
+    A fixed rule, no measurement: the fewest splits that minimise `modelled_split_cost`, with no split
+    shorter than `MIN_SPLIT_TOKENS` keys. The modelled time is then non-decreasing in the batch size and
+    the split count shrinks gradually as rows are added, so there is no batch size where splitting stops
+    and latency doubles. Cached: every layer of a step asks the same question.
+    """
+    max_splits = max(1, min(MAX_KV_SPLITS, triton.cdiv(max(1, max_seq_len), MIN_SPLIT_TOKENS)))
+    costs = [modelled_split_cost(num_rows, num_kv_heads, max_seq_len, num_sms, block_n, s)
+             for s in range(1, max_splits + 1)]
+    return 1 + costs.index(min(costs))
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, num_heads, head_dim] float32 / float16 / bfloat16, last dim contiguous
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,  # query_start_loc [R+1] int32, seq_lens [R] int32, block_tables [R, max_blocks] int32
+    scale: float,
+    *,
+    num_splits: int | None = None,  # override the split rule for small rows (tests)
+    small_tiles: AttentionTiles | None = None,  # override the tile configs (tests, benchmarks)
+    large_tiles: AttentionTiles | None = None,
+) -> torch.Tensor:
+    """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
+
+    Tokens past `query_start_loc[R]` (padding) are left unwritten. No host sync: grids come from
+    `query.shape`, `meta.num_rows`, `meta.max_query_len` and `meta.max_seq_len`.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    _, _, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
+    assert cache_head_dim == head_dim, f"query head_dim {head_dim} != cache head_dim {cache_head_dim}"
+    assert head_dim in (16, 32, 64, 128, 256), f"Triton paged attention needs a power-of-two head_dim in " \
+        f"16..256 (64 and 128 are the tuned ones), got {head_dim}"
+    assert block_size & (block_size - 1) == 0, f"KV block_size must be a power of two, got {block_size}"
+    assert num_heads % num_kv_heads == 0, f"{num_heads} query heads do not share {num_kv_heads} KV heads evenly"
+    assert query.stride(2) == 1 and kv_cache.stride(4) == 1, "head_dim must be the contiguous axis"
+    group = num_heads // num_kv_heads
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype, device=query.device)
+    num_rows = meta.num_rows
+    if num_rows == 0 or num_tokens == 0:
+        return out
+    on_gpu = query.device.type == "cuda"
+    small = small_tiles or decode_tiles(head_dim, group, on_gpu)
+    large = large_tiles or prefill_tiles(head_dim, group, on_gpu)
+    small_q = small.block_m // group  # tokens a small row may have
+    all_small = meta.max_query_len <= small_q
+    if num_splits is None:
+        # Mixed batches hold a prefill chunk that fills the GPU anyway: their small rows run unsplit.
+        num_splits = num_kv_splits(num_rows, num_kv_heads, meta.max_seq_len, _num_sms(query.device),
+                                   small.block_n) if all_small else 1
+
+    common = dict(
+        query_start_loc_ptr=meta.query_start_loc, seq_lens_ptr=meta.seq_lens, block_tables_ptr=meta.block_tables,
+        num_rows=num_rows, qk_scale=scale * LOG2E,
+        stride_qt=query.stride(0), stride_qh=query.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
+        stride_c_kv=kv_cache.stride(0), stride_c_blk=kv_cache.stride(1), stride_c_tok=kv_cache.stride(2),
+        stride_c_head=kv_cache.stride(3), stride_bt_row=meta.block_tables.stride(0),
+        HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, DOT_IEEE=query.dtype == torch.float32,
+    )
+    if not all_small:
+        block_q = large.block_m // group
+        num_tiles = min(num_tokens // block_q + num_rows, num_rows * triton.cdiv(meta.max_query_len, block_q))
+        _paged_attention_kernel[(num_tiles, num_kv_heads, 1)](
+            query, kv_cache, out, out, out, num_splits=1,
+            BLOCK_M=large.block_m, BLOCK_Q=block_q, BLOCK_N=large.block_n,
+            SMALL_ROWS=False, SKIP_QUERY_LEN=small_q, IS_SPLIT=False,
+            num_warps=large.num_warps, num_stages=large.num_stages, **common,
+        )
+    split = num_splits > 1
+    if split:
+        part_o = torch.empty((num_rows, num_kv_heads, num_splits, small.block_m, head_dim),
+                             dtype=torch.float32, device=query.device)
+        part_lse = torch.empty((num_rows, num_kv_heads, num_splits, small.block_m),
+                               dtype=torch.float32, device=query.device)
+    else:
+        part_o = part_lse = out  # unused
+    _paged_attention_kernel[(num_rows, num_kv_heads, num_splits)](
+        query, kv_cache, out, part_o, part_lse, num_splits=num_splits,
+        BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
+        SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=split,
+        num_warps=small.num_warps, num_stages=small.num_stages, **common,
+    )
+    if split:
+        _split_kv_reduce_kernel[(num_rows, num_kv_heads)](
+            out, part_o, part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
+            out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, GROUP=group, BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
+            num_warps=4,
+        )
+    return out

@@ -1,0 +1,106 @@
+"""CUDA graphs for decode batches: the model forward captured once per padded batch size, then replayed.
+
+Only the forward is captured; input preparation and sampling run eagerly before and after it. A decode batch
+of R rows (one token each) is padded to the smallest captured size B >= R: padding rows get one token at
+position 0 whose K/V store is skipped (KV slot -1) and a KV length of 1, and their outputs are dropped.
+Mixed batches (prefill chunks, drafts) and batches larger than the largest size run eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Callable, Optional
+
+import torch
+
+from framework.attention import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, list, AttentionMetadata], torch.Tensor]
+
+
+class DecodeCudaGraphs:
+    """Static input buffers sized for the largest capture size, and one captured graph per size."""
+
+    def __init__(
+        self,
+        forward: ForwardFn,
+        kv_caches: list[torch.Tensor],
+        capture_sizes: list[int],
+        max_blocks_per_req: int,
+        block_size: int,
+        max_model_len: int,
+        device: torch.device,
+    ) -> None:
+        self.forward = forward
+        self.kv_caches = kv_caches
+        self.sizes = sorted(capture_sizes)
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        n = self.sizes[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)  # [B]
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)  # [B]
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)  # [B+1]: one token per row
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)  # [B]
+        self.block_tables = torch.zeros(n, max_blocks_per_req, dtype=torch.int32, device=device)  # [B, max_blocks]
+        self.kv_slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)  # [B]
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def _metadata(self, size: int) -> AttentionMetadata:
+        # max_seq_len is fixed at max_model_len: kernels size their grids from it and stop at each row's seq_len.
+        return AttentionMetadata(
+            num_tokens=size,
+            num_rows=size,
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            block_tables=self.block_tables[:size],
+            kv_slot_mapping=self.kv_slot_mapping[:size],
+            block_size=self.block_size,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+        )
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every size, largest first so smaller graphs reuse its memory pool."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for size in reversed(self.sizes):
+                meta = self._metadata(size)
+                args = (self.input_ids[:size], self.positions[:size], self.kv_caches, meta)
+                for _ in range(2):  # warm-up: Triton compilation and lazy initialisation happen outside capture
+                    self.forward(*args)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    out = self.forward(*args)
+                self.graphs[size] = (graph, out)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def padded_size(self, num_rows: int) -> Optional[int]:
+        """Smallest captured size holding `num_rows`, or None (run eagerly)."""
+        i = bisect.bisect_left(self.sizes, num_rows)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def run(self, size: int, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Copy the batch into the static buffers (padding rows reset), replay; returns hidden [R, hidden]."""
+        r = meta.num_rows
+        self.input_ids[:r].copy_(input_ids)
+        self.positions[:r].copy_(positions)
+        self.positions[r:size].zero_()
+        self.seq_lens[:r].copy_(meta.seq_lens)
+        self.seq_lens[r:size].fill_(1)
+        self.block_tables[:r].copy_(meta.block_tables)
+        self.block_tables[r:size].zero_()
+        self.kv_slot_mapping[:r].copy_(meta.kv_slot_mapping)
+        self.kv_slot_mapping[r:size].fill_(-1)
+        graph, out = self.graphs[size]
+        graph.replay()
+        return out[:r]

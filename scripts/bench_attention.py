@@ -1,0 +1,235 @@
+"""Benchmark the Triton paged attention on a CUDA GPU: decode time and achieved KV bandwidth, plus prefill.
+
+Geometry of Qwen3-0.6B (16 query heads, 8 KV heads, head_dim 128, bfloat16, KV blocks of 16 tokens in
+shuffled physical order). For each decode batch x sequence length it times, with `triton.testing.do_bench`
+(median, L2 flushed between runs):
+
+* `triton`: `paged_attention` as the engine calls it (split-KV rule on),
+* `triton_1split`: the same kernel forced to one split (what the rule saves),
+* `sdpa`: `torch.nn.functional.scaled_dot_product_attention` on the same keys laid out densely
+  (`[B, heads, S, D]`, GQA native when the installed torch supports it), or flash-attn if importable.
+
+Achieved bandwidth = bytes of K and V that must be read (2 x sum(seq_lens) x kv_heads x head_dim x 2 B) /
+time. Prefill cases report TFLOP/s (4 x heads x head_dim x visible query-key pairs / time).
+Prints a table; writes `attention_bench.json` and `attention_bench.png` into the directory given.
+
+    PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR [--batches 1 16 64 256 512]
+        [--seq-lens 512 1024 2048 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
+
+
+def _make_batch(query_lens: list[int], seq_lens: list[int], dtype: torch.dtype, device: str, seed: int = 0):
+    """Paged cache holding every row's keys (blocks shuffled), the step's queries and metadata."""
+    from framework.attention.metadata import AttentionMetadata
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    blocks_per_row = [math.ceil(s / BLOCK_SIZE) for s in seq_lens]
+    max_blocks = max(blocks_per_row)
+    num_blocks = sum(blocks_per_row)
+    perm = torch.randperm(num_blocks, device=device, generator=gen).to(torch.int32)
+    table = torch.zeros((len(seq_lens), max_blocks), dtype=torch.int32, device=device)
+    used = 0
+    for row, n in enumerate(blocks_per_row):
+        table[row, :n] = perm[used:used + n]
+        used += n
+    cache = torch.randn((2, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM), generator=gen, device=device,
+                        dtype=torch.float32).to(dtype)
+    num_tokens = sum(query_lens)
+    query = torch.randn((num_tokens, NUM_HEADS, HEAD_DIM), generator=gen, device=device).to(dtype)
+    qsl = [0]
+    for q in query_lens:
+        qsl.append(qsl[-1] + q)
+    meta = AttentionMetadata(
+        num_tokens=num_tokens, num_rows=len(seq_lens),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=table, kv_slot_mapping=torch.zeros(num_tokens, dtype=torch.long, device=device),
+        block_size=BLOCK_SIZE, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+    )
+    return query, cache, meta
+
+
+def _dense_kv(cache: torch.Tensor, meta, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, kv_heads, seq_len, D] K and V of equal-length rows, gathered out of the paged cache."""
+    pos = torch.arange(seq_len, device=cache.device)
+    slots = meta.block_tables[:, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE  # [B, S]
+    k = cache[0].reshape(-1, NUM_KV_HEADS, HEAD_DIM)[slots].transpose(1, 2).contiguous()
+    v = cache[1].reshape(-1, NUM_KV_HEADS, HEAD_DIM)[slots].transpose(1, 2).contiguous()
+    return k, v
+
+
+def _sdpa_fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
+    """A callable running the dense baseline, and its name. q [B, H, Q, D], k/v [B, kvH, S, D]."""
+    import torch.nn.functional as F
+
+    try:
+        from flash_attn import flash_attn_func  # type: ignore[import-not-found]
+
+        qf, kf, vf = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        return (lambda: flash_attn_func(qf, kf, vf, causal=causal)), "flash_attn"
+    except Exception:  # noqa: BLE001 - not installed, or no build for this GPU
+        pass
+    try:
+        F.scaled_dot_product_attention(q[:1], k[:1], v[:1], is_causal=causal, enable_gqa=True)
+        return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)), "sdpa"
+    except Exception:  # noqa: BLE001 - older torch: expand the KV heads (reads twice the bytes)
+        group = q.shape[1] // k.shape[1]
+        ke, ve = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return (lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)), "sdpa_expanded_kv"
+
+
+def _time_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    fn()  # compile outside the timing
+    torch.cuda.synchronize()
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def bench_decode(batch: int, seq_len: int, dtype: torch.dtype, with_baseline: bool) -> dict:
+    from framework.attention.triton_paged_attention import _num_sms, decode_tiles, num_kv_splits, paged_attention
+
+    query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda")
+    scale = HEAD_DIM ** -0.5
+    kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * cache.element_size()
+    tiles = decode_tiles(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, True)
+    splits = num_kv_splits(batch, NUM_KV_HEADS, seq_len, _num_sms(query.device), tiles.block_n)
+    result = dict(kind="decode", batch=batch, seq_len=seq_len, kv_bytes=kv_bytes, num_splits=splits)
+    result["triton_ms"] = _time_ms(lambda: paged_attention(query, cache, meta, scale))
+    result["triton_1split_ms"] = _time_ms(lambda: paged_attention(query, cache, meta, scale, num_splits=1))
+    if with_baseline:
+        k, v = _dense_kv(cache, meta, seq_len)
+        q = query.view(batch, NUM_HEADS, 1, HEAD_DIM)
+        fn, name = _sdpa_fn(q, k, v, causal=False)
+        result["baseline"] = name
+        result["baseline_ms"] = _time_ms(fn)
+        # Same answer as the dense baseline (a decode query sees every key).
+        ours = paged_attention(query, cache, meta, scale).float()
+        ref = fn().reshape(batch, NUM_HEADS, HEAD_DIM).float()  # [B, H, 1, D] or flash-attn's [B, 1, H, D]
+        result["max_abs_diff_vs_baseline"] = float((ours - ref).abs().max())
+        del k, v
+    for key in ("triton", "triton_1split", "baseline"):
+        if f"{key}_ms" in result:
+            result[f"{key}_tbps"] = kv_bytes / (result[f"{key}_ms"] * 1e-3) / 1e12
+    del query, cache, meta
+    torch.cuda.empty_cache()
+    return result
+
+
+def bench_prefill(context_len: int, chunk: int, dtype: torch.dtype) -> dict:
+    from framework.attention.triton_paged_attention import paged_attention
+
+    seq_len = context_len + chunk
+    query, cache, meta = _make_batch([chunk], [seq_len], dtype, "cuda")
+    scale = HEAD_DIM ** -0.5
+    pairs = sum(context_len + i + 1 for i in range(chunk))  # visible (query, key) pairs, causal
+    flops = 4 * NUM_HEADS * HEAD_DIM * pairs
+    result = dict(kind="prefill", batch=1, context_len=context_len, chunk=chunk, flops=flops)
+    result["triton_ms"] = _time_ms(lambda: paged_attention(query, cache, meta, scale))
+    result["triton_tflops"] = flops / (result["triton_ms"] * 1e-3) / 1e12
+    if context_len == 0:  # the dense causal mask of SDPA matches only a prefill without cached prefix
+        k, v = _dense_kv(cache, meta, seq_len)
+        q = query.view(1, chunk, NUM_HEADS, HEAD_DIM).transpose(1, 2)
+        fn, name = _sdpa_fn(q, k, v, causal=True)
+        result["baseline"] = name
+        result["baseline_ms"] = _time_ms(fn)
+        result["baseline_tflops"] = flops / (result["baseline_ms"] * 1e-3) / 1e12
+    torch.cuda.empty_cache()
+    return result
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    decode = [r for r in results if r["kind"] == "decode"]
+    seq_lens = sorted({r["seq_len"] for r in decode})
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for seq_len in seq_lens:
+        rows = sorted((r for r in decode if r["seq_len"] == seq_len), key=lambda r: r["batch"])
+        batches = [r["batch"] for r in rows]
+        line = axes[0].plot(batches, [r["triton_tbps"] for r in rows], marker="o", label=f"triton S={seq_len}")[0]
+        if all("baseline_tbps" in r for r in rows):
+            axes[0].plot(batches, [r["baseline_tbps"] for r in rows], ls="--", color=line.get_color(),
+                         label=f"{rows[0]['baseline']} S={seq_len}")
+        axes[1].plot(batches, [r["triton_ms"] * 1e3 for r in rows], marker="o", color=line.get_color(),
+                     label=f"triton S={seq_len}")
+        axes[1].plot(batches, [r["triton_1split_ms"] * 1e3 for r in rows], ls=":", color=line.get_color(),
+                     label=f"1 split S={seq_len}")
+    axes[0].set(xscale="log", xlabel="batch (decode rows)", ylabel="achieved KV bandwidth (TB/s)",
+                title="Decode attention bandwidth")
+    axes[1].set(xscale="log", yscale="log", xlabel="batch (decode rows)", ylabel="time (us)",
+                title="Decode attention time (split rule vs 1 split)")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256, 512])
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the dense SDPA/flash-attn baseline")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_attention needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    dtype = getattr(torch, args.dtype)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    props = torch.cuda.get_device_properties(0)
+    env = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
+               triton=triton.__version__, dtype=args.dtype, heads=NUM_HEADS, kv_heads=NUM_KV_HEADS,
+               head_dim=HEAD_DIM, block_size=BLOCK_SIZE)
+    print(f"# {env}", file=sys.stderr)
+
+    results = []
+    header = f"{'batch':>5} {'seq':>5} {'splits':>6} {'triton us':>10} {'TB/s':>6} {'1split us':>10} " \
+             f"{'TB/s':>6} {'baseline us':>11} {'TB/s':>6}"
+    print(header)
+    for seq_len in args.seq_lens:
+        for batch in args.batches:
+            r = bench_decode(batch, seq_len, dtype, with_baseline=not args.no_baseline)
+            results.append(r)
+            base = f"{r['baseline_ms'] * 1e3:>11.1f} {r['baseline_tbps']:>6.2f}" if "baseline_ms" in r else ""
+            print(f"{batch:>5} {seq_len:>5} {r['num_splits']:>6} {r['triton_ms'] * 1e3:>10.1f} "
+                  f"{r['triton_tbps']:>6.2f} {r['triton_1split_ms'] * 1e3:>10.1f} {r['triton_1split_tbps']:>6.2f} "
+                  f"{base}", flush=True)
+    print(f"\n{'context':>7} {'chunk':>5} {'triton us':>10} {'TFLOP/s':>8} {'baseline us':>11} {'TFLOP/s':>8}")
+    for context_len, chunk in ((0, 2048), (2048, 2048), (0, 8192)):
+        r = bench_prefill(context_len, chunk, dtype)
+        results.append(r)
+        base = f"{r['baseline_ms'] * 1e3:>11.1f} {r['baseline_tflops']:>8.1f}" if "baseline_ms" in r else ""
+        print(f"{context_len:>7} {chunk:>5} {r['triton_ms'] * 1e3:>10.1f} {r['triton_tflops']:>8.1f} {base}",
+              flush=True)
+
+    (args.out_dir / "attention_bench.json").write_text(json.dumps(dict(env=env, results=results), indent=1))
+    _plot(results, args.out_dir / "attention_bench.png")
+    print(f"# wrote {args.out_dir / 'attention_bench.json'} and attention_bench.png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

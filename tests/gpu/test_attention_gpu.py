@@ -1,0 +1,161 @@
+"""Triton KV store and paged attention against the PyTorch references at real shapes, on a CUDA GPU.
+
+Geometry of Qwen3-0.6B (16 query heads, 8 KV heads, head_dim 128, bfloat16, KV blocks of 16 tokens), batches
+of 1 to 256 rows, sequences up to 4096 keys, prefill chunks of 2048 tokens. Skipped without CUDA.
+
+Tolerances: both the kernel output and the reference run in the test dtype are compared with a float32
+reference on the same data (float32 copies of the bf16 inputs), elementwise |out - ref32| <= atol + rtol *
+|ref32| with atol = rtol = 2e-2 for bfloat16 (its spacing is 2^-7 relative) and 4e-3 for float16; and the
+kernel's mean absolute error must not exceed twice that of the bf16/fp16 reference plus 1e-4.
+Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_attention_gpu.py`
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
+
+from framework.attention.paged import paged_attention_reference, store_kv_reference  # noqa: E402
+from framework.attention.triton_paged_attention import num_kv_splits, paged_attention  # noqa: E402
+from framework.attention.triton_store_kv import store_kv  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared case builder
+from attention_cases import make_paged_case  # noqa: E402
+
+DEVICE = "cuda"
+QWEN3 = dict(num_heads=16, num_kv_heads=8, head_dim=128)
+TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def _rows(kind: str, batch: int, max_seq: int, seed: int) -> list[tuple[int, int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, max_seq + 1, (batch,), generator=g).tolist()
+    if kind == "decode_equal":
+        return [(max_seq - 1, 1)] * batch
+    if kind == "decode":
+        return [(n - 1, 1) for n in lens]
+    if kind == "verify":  # draft verification: 4 tokens per row
+        return [(max(n - 4, 0), 4) for n in lens]
+    raise ValueError(kind)
+
+
+def _check(rows, *, dtype=torch.bfloat16, block_size=16, num_pad_tokens=0, seed=0, **shape):
+    shape = {**QWEN3, **shape}
+    case = make_paged_case(rows, block_size=block_size, dtype=dtype, device=DEVICE, num_pad_tokens=num_pad_tokens,
+                           seed=seed, poison=True, **shape)
+    triton_cache = case.kv_cache.clone()
+    store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
+    store_kv(case.key, case.value, triton_cache, case.meta.kv_slot_mapping)
+    torch.testing.assert_close(triton_cache, case.kv_cache, atol=0, rtol=0, equal_nan=True)
+
+    scale = 1 / math.sqrt(shape["head_dim"])
+    n = case.num_real_tokens
+    out = paged_attention(case.query, case.kv_cache, case.meta, scale)[:n].float()
+    ref = paged_attention_reference(case.query, case.kv_cache, case.meta, scale)[:n].float()
+    ref32 = paged_attention_reference(case.query.float(), case.kv_cache.float(), case.meta, scale)[:n]
+    assert torch.isfinite(out).all()
+    tol = TOL[dtype]
+    torch.testing.assert_close(out, ref32, atol=tol, rtol=tol)
+    err, ref_err = (out - ref32).abs().mean().item(), (ref - ref32).abs().mean().item()
+    assert err <= 2 * ref_err + 1e-4, (err, ref_err)
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64, 256])
+@pytest.mark.parametrize("kind", ["decode", "decode_equal"])
+def test_decode_qwen3(batch, kind):
+    _check(_rows(kind, batch, 4096, seed=batch))
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_draft_verify_rows(batch):
+    _check(_rows("verify", batch, 4096, seed=batch))
+
+
+@pytest.mark.parametrize("rows", [
+    [(0, 2048)],  # a fresh prompt chunk
+    [(2048, 2048)],  # second chunk of a long prompt: cached prefix + new tokens
+    [(1000, 2048), (0, 333), (3000, 1)],  # unaligned prefix, short prompt, a decode row
+    [(4000, 1)] * 100 + [(1500, 2048)],  # continuous batching: many decodes + one chunk
+], ids=["fresh", "prefix", "mixed", "decodes_plus_chunk"])
+def test_prefill_qwen3(rows):
+    _check(rows, num_pad_tokens=5)
+
+
+@pytest.mark.parametrize("block_size", [1, 64])
+def test_block_sizes(block_size):
+    _check([(700, 1), (300, 200), (1200, 3)], block_size=block_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [
+    dict(num_heads=8, num_kv_heads=8, head_dim=64),  # MHA, head_dim 64
+    dict(num_heads=28, num_kv_heads=4, head_dim=128),  # group of 7 (Qwen2-7B)
+    dict(num_heads=32, num_kv_heads=8, head_dim=128),  # group of 4 (Llama-3-8B)
+])
+def test_other_geometries(dtype, shape):
+    _check([(2000, 1), (10, 1), (500, 300), (0, 64)], dtype=dtype, **shape)
+
+
+def test_every_split_count_matches():
+    """The split path at each count the rule can choose, on one batch of unequal rows."""
+    rows = _rows("decode", 3, 3000, seed=5)
+    case = make_paged_case(rows, block_size=16, dtype=torch.bfloat16, device=DEVICE, **QWEN3)
+    store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
+    base = paged_attention(case.query, case.kv_cache, case.meta, 0.088, num_splits=1).float()
+    for splits in (2, 3, 8, 17, 32):
+        out = paged_attention(case.query, case.kv_cache, case.meta, 0.088, num_splits=splits).float()
+        torch.testing.assert_close(out, base, atol=1e-2, rtol=1e-2)
+    assert num_kv_splits(3, 8, 3000, torch.cuda.get_device_properties(0).multi_processor_count) > 1
+
+
+def test_store_kv_large_batch():
+    g = torch.Generator().manual_seed(0)
+    num_tokens, num_blocks, block_size = 8192, 1024, 16
+    kv_slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]
+    kv_slots[::7] = -1
+    key = torch.randn(num_tokens, 8, 128, generator=g).to(DEVICE, torch.bfloat16)
+    value = torch.randn(num_tokens, 8, 128, generator=g).to(DEVICE, torch.bfloat16)
+    kv_slots = kv_slots.to(DEVICE)
+    expected = torch.zeros(2, num_blocks, block_size, 8, 128, dtype=torch.bfloat16, device=DEVICE)
+    actual = torch.zeros_like(expected)
+    store_kv_reference(key, value, expected, kv_slots)
+    store_kv(key, value, actual, kv_slots)
+    assert torch.equal(actual, expected)
+
+
+def test_cuda_graph_capture_and_replay():
+    """The step path has no host sync: attention + store capture into a CUDA graph and replay correctly."""
+    rows = _rows("decode", 32, 2048, seed=9)
+    case = make_paged_case(rows, block_size=16, dtype=torch.bfloat16, device=DEVICE, poison=False, **QWEN3)
+    meta = case.meta
+
+    def step():
+        store_kv(case.key, case.value, case.kv_cache, meta.kv_slot_mapping)
+        return paged_attention(case.query, case.kv_cache, meta, 0.088)
+
+    expected = step().clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    case.query.mul_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not torch.equal(out, expected)  # the replay read the new queries
+    case.query.mul_(2.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)

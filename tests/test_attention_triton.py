@@ -1,0 +1,215 @@
+"""Triton KV store and paged attention against their PyTorch references, on the CPU interpreter.
+
+The kernels are decorated at import, so TRITON_INTERPRET is set before they are imported (and set again
+while these tests run). bfloat16 attention is not tested here: `tl.dot` on bfloat16 returns garbage under
+the Triton 3.9 interpreter (numpy has no bfloat16); tests/gpu/test_attention_gpu.py covers it on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+_saved_interpret = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from framework.attention import triton_paged_attention as tpa
+    from framework.attention.backend import attention_backend
+    from framework.attention.backend import paged_attention as dispatched_attention
+    from framework.attention.paged import paged_attention_reference, store_kv_reference
+    from framework.attention.triton_store_kv import _store_kv_kernel, store_kv
+finally:
+    if _saved_interpret is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved_interpret
+
+try:
+    from attention_cases import make_paged_case
+except ImportError:  # imported as tests.test_attention_triton
+    from tests.attention_cases import make_paged_case
+
+if not isinstance(_store_kv_kernel, InterpretedFunction):  # imported earlier by a GPU test in this process
+    pytest.skip("kernels were already compiled for the GPU; run this module in its own process",
+                allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_env(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.nan_to_num(123.0), b.nan_to_num(123.0)) and torch.equal(a.isnan(), b.isnan())
+
+
+# ----------------------------------------------------------------------------------------------- store
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("num_kv_heads, head_dim, cache_dtype, src_dtype", [
+    (2, 64, torch.float32, torch.float32),
+    (3, 64, torch.float16, torch.float32),  # head count not a power of two; cast on store
+    (1, 128, torch.bfloat16, torch.bfloat16),
+])
+def test_store_kv_matches_reference(block_size, num_kv_heads, head_dim, cache_dtype, src_dtype):
+    g = torch.Generator().manual_seed(block_size)
+    num_blocks, num_tokens = 20, 13
+    kv_slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]  # any order
+    kv_slots[[2, 9]] = -1  # padding tokens
+    kv_slots = torch.cat([kv_slots, torch.tensor([-1, -1])])  # CUDA-graph padding at the end
+    key = torch.randn(num_tokens + 2, num_kv_heads, head_dim, generator=g).to(src_dtype)
+    value = torch.randn(num_tokens + 2, num_kv_heads, head_dim, generator=g).to(src_dtype)
+    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+    expected = torch.full(shape, float("nan"), dtype=cache_dtype)
+    store_kv_reference(key, value, expected, kv_slots)
+    actual = torch.full(shape, float("nan"), dtype=cache_dtype)
+    store_kv(key, value, actual, kv_slots)
+    assert _same(actual.float(), expected.float())
+    assert actual.isnan().any()  # padding and unused slots were left alone
+
+
+def test_store_kv_reads_strided_key_value():
+    """K and V as column slices of one fused QKV projection output, as a model may hand them over."""
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(6, 4 * 64, generator=g)
+    key = qkv[:, 128:192].view(6, 1, 64)
+    value = qkv[:, 192:].view(6, 1, 64)
+    kv_slots = torch.tensor([5, 0, 3, -1, 9, 1])
+    expected = torch.zeros(2, 3, 4, 1, 64)
+    actual = torch.zeros(2, 3, 4, 1, 64)
+    store_kv_reference(key, value, expected, kv_slots)
+    store_kv(key, value, actual, kv_slots)
+    assert torch.equal(actual, expected)
+
+
+# ------------------------------------------------------------------------------------------- attention
+
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float16: dict(atol=2e-3, rtol=2e-3)}
+
+
+def _check_attention(rows, *, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32,
+                     num_pad_tokens=0, seed=0, **kernel_kwargs):
+    case = make_paged_case(rows, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                           block_size=block_size, dtype=dtype, num_pad_tokens=num_pad_tokens, seed=seed)
+    # This step's K/V go in first, as in the model: the Triton store must leave what the reference leaves.
+    triton_cache = case.kv_cache.clone()
+    store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
+    store_kv(case.key, case.value, triton_cache, case.meta.kv_slot_mapping)
+    assert _same(triton_cache, case.kv_cache)
+    scale = 1 / math.sqrt(head_dim)
+    expected = paged_attention_reference(case.query, case.kv_cache, case.meta, scale)
+    actual = tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, **kernel_kwargs)
+    n = case.num_real_tokens
+    assert not actual[:n].isnan().any()
+    torch.testing.assert_close(actual[:n], expected[:n], **TOL[dtype])
+    return case
+
+
+# (cached context_len, query_len) per batch row
+CASES = {
+    "single_prefill": [(0, 37)],
+    "single_decode": [(50, 1)],
+    "decode_rows": [(5, 1), (40, 1), (17, 1), (0, 1)],
+    "prefill_rows": [(0, 20), (0, 33)],
+    "mixed": [(13, 20), (0, 1), (30, 3), (7, 1), (0, 40)],
+    "chunk_mid_sequence": [(45, 18), (16, 16)],
+    "empty_rows": [(10, 1), (0, 0), (20, 1), (0, 0)],  # CUDA-graph padding rows: no tokens, no keys
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_paged_attention_matches_reference(name, block_size):
+    _check_attention(CASES[name], block_size=block_size, num_pad_tokens=2 if name == "mixed" else 0)
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 1), (6, 2), (14, 2)])
+def test_gqa_groups(num_heads, num_kv_heads):
+    """MHA, a group of 4, and groups of 3 and 7 (not powers of two: tile rows past BLOCK_Q * GROUP unused)."""
+    _check_attention(CASES["mixed"][:4], num_heads=num_heads, num_kv_heads=num_kv_heads)
+
+
+def test_float16_and_head_dim_128():
+    _check_attention([(21, 1), (3, 30), (40, 2)], dtype=torch.float16, head_dim=128, num_heads=2,
+                     num_kv_heads=1)
+
+
+@pytest.mark.parametrize("block_size, block_n", [(32, 16), (16, 32), (4, 16)])
+def test_pages_larger_and_smaller_than_kv_tile(block_size, block_n):
+    small = tpa.AttentionTiles(16, block_n, 4, 1)
+    large = tpa.AttentionTiles(32, block_n, 4, 1)
+    _check_attention([(37, 1), (30, 25), (70, 3)], block_size=block_size, small_tiles=small, large_tiles=large)
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 5])
+def test_decode_with_kv_splits(num_splits):
+    """Splits of unequal rows (some rows leave splits empty) merge to the unsplit result."""
+    _check_attention([(70, 1), (2, 1), (33, 1), (16, 1)], num_splits=num_splits, block_size=4)
+
+
+def test_draft_verify_rows_split_causally():
+    """Rows of a few tokens (verifying drafts) in the split path: a split can hold no key for early queries."""
+    _check_attention([(60, 4), (1, 3), (17, 8)], num_splits=4, num_heads=4, num_kv_heads=2)
+
+
+def test_split_rule_has_no_batch_size_cliff():
+    """Modelled decode time with the chosen splits never grows faster than the batch.
+
+    The trap this guards against: a rule like "split while rows x heads < SMs, else not" makes decode
+    time nearly double at the batch size where splitting stops (shown below to fail the same check).
+    """
+    num_sms, num_kv_heads, block_n = 132, 8, 64
+
+    def worst_growth(rule, max_seq_len):
+        costs = [tpa.modelled_split_cost(r, num_kv_heads, max_seq_len, num_sms, block_n, rule(r, max_seq_len))
+                 for r in range(1, 1025)]
+        assert all(a <= b for a, b in zip(costs, costs[1:]))  # more rows never get faster
+        return max(b / a * r / (r + 1) for r, (a, b) in enumerate(zip(costs, costs[1:]), 1))
+
+    def chosen(r, n):
+        return tpa.num_kv_splits(r, num_kv_heads, n, num_sms, block_n)
+
+    def trap(r, n):
+        return 8 if r * num_kv_heads < num_sms else 1
+
+    for max_seq_len in (512, 1024, 4096, 32768):
+        assert worst_growth(chosen, max_seq_len) <= 1.05, max_seq_len
+        assert tpa.num_kv_splits(1, num_kv_heads, max_seq_len, num_sms) > 1  # one long row is split
+    assert worst_growth(trap, 4096) >= 1.5
+    assert tpa.num_kv_splits(1024, 8, 4096, 132) == 1  # a full batch is not
+    assert tpa.num_kv_splits(1, 8, 100, 132) == 1  # nor a short sequence
+
+
+def test_rejects_unsupported_shapes():
+    case = make_paged_case([(3, 2)], num_heads=2, num_kv_heads=1, head_dim=64, block_size=16,
+                           dtype=torch.float32)
+    with pytest.raises(AssertionError, match="head_dim"):
+        tpa.paged_attention(case.query[..., :48], case.kv_cache[..., :48], case.meta, 1.0)
+    bad_pages = case.kv_cache.view(2, -1, 8, 1, 64)[:, :, :6]  # block_size 6
+    with pytest.raises(AssertionError, match="block_size"):
+        tpa.paged_attention(case.query, bad_pages, case.meta, 1.0)
+
+
+def test_dispatcher_choice_and_override(monkeypatch):
+    monkeypatch.delenv("MRV2_ATTENTION_BACKEND", raising=False)
+    assert attention_backend(torch.device("cpu"), 64) == "reference"
+    assert attention_backend(torch.device("cuda"), 128) == "triton"
+    assert attention_backend(torch.device("cuda"), 96) == "reference"  # no kernel for that head_dim
+    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "reference")
+    assert attention_backend(torch.device("cuda"), 128) == "reference"
+    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="MRV2_ATTENTION_BACKEND"):
+        attention_backend(torch.device("cpu"), 64)
+    # Forced Triton on the CPU runs the interpreted kernels through the same entry point as the model.
+    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
+    case = make_paged_case([(9, 1), (0, 5)], num_heads=2, num_kv_heads=1, head_dim=64, block_size=4,
+                           dtype=torch.float32, poison=False)
+    torch.testing.assert_close(dispatched_attention(case.query, case.kv_cache, case.meta, 0.1),
+                               paged_attention_reference(case.query, case.kv_cache, case.meta, 0.1),
+                               **TOL[torch.float32])
