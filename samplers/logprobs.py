@@ -53,7 +53,8 @@ def _logprobs_stats_kernel(logits_ptr, logits_stride, token_ptr, lse_ptr, chosen
         running_sum = running_sum * tl.exp(running_max - safe) + tl.sum(tl.exp(x - safe), axis=0)
         running_max = new_max
         count += tl.sum((x > chosen).to(tl.int64), axis=0)
-    lse = tl.where(running_max == -float("inf"), -float("inf"), running_max + tl.log(running_sum))
+    empty = running_max == -float("inf")
+    lse = tl.where(empty, -float("inf"), running_max + tl.log(tl.where(empty, 1.0, running_sum)))
     tl.store(lse_ptr + row, lse)
     tl.store(chosen_ptr + row, chosen)
     tl.store(rank_ptr + row, count + 1)

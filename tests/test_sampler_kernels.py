@@ -1,0 +1,211 @@
+"""Sampler Triton kernels against their PyTorch references (interpreter on the CPU, real kernels on a GPU).
+
+Awkward cases everywhere: a vocabulary that is not a multiple of the block (blocks are shrunk to 64 so rows
+span several), one row, rows in any slot order (and several rows of one slot), -inf logits, ties.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import samplers.triton_utils
+from samplers.allowed_tokens import apply_allowed_tokens_reference, apply_allowed_tokens_triton
+from samplers.bad_words import apply_bad_words_reference, apply_bad_words_triton
+from samplers.gumbel import (
+    gumbel_sample_reference,
+    gumbel_sample_triton,
+    hash_bits_reference,
+    uniform_noise_reference,
+    uniform_noise_triton,
+)
+from samplers.logit_bias import apply_logit_bias_reference, apply_logit_bias_triton
+from samplers.logprobs import logprobs_stats_reference, logprobs_stats_triton
+from samplers.min_tokens import apply_min_tokens_reference, apply_min_tokens_triton
+from samplers.penalties import (
+    apply_penalties_reference,
+    apply_penalties_triton,
+    init_token_counts_reference,
+    init_token_counts_triton,
+    update_token_counts_reference,
+    update_token_counts_triton,
+)
+from samplers.sanitize import sanitize_logits_reference, sanitize_logits_triton
+from samplers.top_k_top_p import (
+    apply_min_p_reference,
+    apply_min_p_triton,
+    apply_top_k_top_p_reference,
+    apply_top_k_top_p_triton,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+VOCABS = [1, 37, 200]  # 200 = 3 full blocks of 64 and a partial one
+INF = float("inf")
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(samplers.triton_utils, "MAX_VOCAB_BLOCK", 64)
+
+
+def _logits(rows: int, vocab: int, seed: int, ties: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, vocab, generator=g) * 2
+    if ties:
+        x = (x * 2).round() / 2  # many exact ties, -0.0 and +0.0 included
+    if vocab > 3 and rows > 2:
+        x[1, : vocab // 2] = -INF  # half the row excluded
+        x[2] = -INF  # every token excluded
+    return x.to(DEVICE)
+
+
+def _i32(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_gumbel_hash_is_bit_exact_and_samples_match(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    seeds = torch.cat([torch.tensor([0, -1, (1 << 63) - 1, -(1 << 63)]),
+                       torch.randint(-(1 << 62), 1 << 62, (5,), generator=g)]).to(DEVICE)
+    positions = torch.tensor([0, 1, 2, 3, 1 << 33, 7, 8, 9, 123456], device=DEVICE)
+    assert torch.equal(uniform_noise_triton(seeds, positions, vocab, raw_bits=True),
+                       hash_bits_reference(seeds, positions, vocab))
+    assert torch.equal(uniform_noise_triton(seeds, positions, vocab), uniform_noise_reference(seeds, positions, vocab))
+    logits = _logits(len(seeds), vocab, seed=1)
+    assert torch.equal(gumbel_sample_triton(logits, seeds, positions), gumbel_sample_reference(logits, seeds, positions))
+    one = gumbel_sample_triton(logits[3:4], seeds[3:4], positions[3:4])  # one row
+    assert torch.equal(one, gumbel_sample_reference(logits[3:4], seeds[3:4], positions[3:4]))
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_k_top_p_and_min_p_match(vocab, ties):
+    rows = 8
+    logits = _logits(rows, vocab, seed=vocab + ties, ties=ties)
+    top_k = _i32([0, 3, 1, vocab - 1, vocab, 17, 5, 2])
+    top_p = torch.tensor([0.37, 1.0, 0.5, 0.9, 0.8, 0.25, 1.0, 0.61], device=DEVICE)
+    expected = apply_top_k_top_p_reference(logits, top_k, top_p)
+    assert torch.equal(apply_top_k_top_p_triton(logits.clone(), top_k, top_p), expected)
+    min_p = torch.tensor([0.0, 0.05, 0.5, 1.0, 0.2, 0.01, 0.3, 0.9], device=DEVICE)
+    assert torch.equal(apply_min_p_triton(logits.clone(), min_p), apply_min_p_reference(logits, min_p))
+    single = apply_top_k_top_p_triton(logits[5:6].clone(), top_k[5:6], top_p[5:6])
+    assert torch.equal(single, expected[5:6])
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth():
+    logits = torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.0, 2.0]], device=DEVICE)
+    for fn in (apply_top_k_top_p_reference, apply_top_k_top_p_triton):
+        out = fn(logits.clone(), _i32([2]), torch.tensor([1.0], device=DEVICE))
+        assert torch.isfinite(out).tolist() == [[True, False, True, True, False, True]]
+        # top-p keeps or drops a tie group whole: 3.0 alone has mass < 0.5, the three 2.0s come together.
+        out = fn(logits.clone(), _i32([0]), torch.tensor([0.5], device=DEVICE))
+        assert torch.isfinite(out).tolist() == [[True, False, True, True, False, True]]
+
+
+def _slot_tables():
+    """Rows in slot order [2, 0, 2, 1]: slot 2 owns two rows."""
+    return _i32([2, 0, 2, 1])
+
+
+@pytest.mark.parametrize("vocab", [37, 200])
+def test_penalties_and_counts_match(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    num_slots, max_len = 3, 40
+    all_ids = torch.randint(0, vocab, (num_slots, max_len), generator=g, dtype=torch.int32).to(DEVICE)
+    prompt_len, prefill_len = _i32([5, 1, 12]), _i32([9, 1, 30])
+    counts = {k: torch.full((num_slots, vocab), 7, dtype=torch.int32, device=DEVICE) for k in "rt"}
+    masks = {k: torch.ones(num_slots, vocab, dtype=torch.bool, device=DEVICE) for k in "rt"}
+    slots = torch.tensor([2, 0], device=DEVICE)  # slot 1 keeps its stale rows: nobody rebuilds it
+    init_token_counts_reference(all_ids, prompt_len, prefill_len, slots, counts["r"], masks["r"])
+    init_token_counts_triton(all_ids, prompt_len, prefill_len, slots, counts["t"], masks["t"])
+    assert torch.equal(counts["r"], counts["t"]) and torch.equal(masks["r"], masks["t"])
+    sampled = torch.tensor([[4, 4, 9], [1, 2, 3], [vocab - 1, 0, 0]], device=DEVICE)
+    idx, num_sampled = _i32([2, 1, 0]), _i32([3, 0, 1])
+    update_token_counts_reference(idx, sampled, num_sampled, counts["r"])
+    update_token_counts_triton(idx, sampled, num_sampled, counts["t"])
+    assert torch.equal(counts["r"], counts["t"])
+
+    logits = _logits(4, vocab, seed=3)
+    rep = torch.tensor([1.5, 1.0, 0.7], device=DEVICE)
+    freq = torch.tensor([0.0, 0.0, 0.5], device=DEVICE)
+    pres = torch.tensor([-0.3, 0.0, 1.0], device=DEVICE)
+    args = (_slot_tables(), rep, freq, pres, counts["r"], masks["r"])
+    expected = apply_penalties_reference(logits, *args)
+    torch.testing.assert_close(apply_penalties_triton(logits.clone(), *args), expected, rtol=0, atol=1e-6)
+
+
+def test_bias_allowed_min_tokens_and_bad_words_match():
+    vocab = 200
+    logits = _logits(4, vocab, seed=5)
+    idx = _slot_tables()
+    tokens = _i32([[3, 199, 0, 0], [5, 0, 0, 0], [150, 7, 64, 63]])
+    values = torch.tensor([[1.0, -2.0, 0, 0], [0.5, 0, 0, 0], [3.0, 4.0, -5.0, 6.0]], device=DEVICE)
+    lens = _i32([2, 0, 4])
+    assert torch.equal(apply_logit_bias_triton(logits.clone(), idx, tokens, values, lens),
+                       apply_logit_bias_reference(logits, idx, tokens, values, lens))
+
+    enabled = torch.tensor([True, False, True], device=DEVICE)
+    mask = torch.rand(3, vocab, generator=torch.Generator().manual_seed(0)).to(DEVICE) < 0.3
+    assert torch.equal(apply_allowed_tokens_triton(logits.clone(), idx, enabled, mask),
+                       apply_allowed_tokens_reference(logits, idx, enabled, mask))
+
+    positions = torch.tensor([12, 9, 14, 3], device=DEVICE)
+    prompt_len, min_tokens = _i32([6, 2, 10]), _i32([4, 1, 5])  # rows: 2 out < 5, 3 < 4, 4 < 5, 1 >= 1
+    stop_ids, stop_lens = _i32([[0, 199, 0], [5, 0, 0], [64, 63, 62]]), _i32([2, 1, 3])
+    args = (idx, positions, prompt_len, min_tokens, stop_ids, stop_lens)
+    expected = apply_min_tokens_reference(logits, *args)
+    assert torch.equal(apply_min_tokens_triton(logits.clone(), *args), expected)
+    assert (expected[2, [62, 63, 64]] == -INF).all() and torch.equal(expected[3], logits[3])
+
+
+def test_bad_words_match_with_history_and_drafts():
+    vocab, max_len = 50, 32
+    history = _history(max_len)
+    idx = _i32([2, 0, 2, 1])  # slot 2 owns rows 0 and 2; row 2 samples after a draft token
+    positions = torch.tensor([10, 6, 11, 3], device=DEVICE)
+    # slot 0: [7, 8, 9], [4]; slot 1: [11], [1, 2, 3], [2, 5]; slot 2: [5, 6], [8], [12, 13, 9]
+    words = _i32([[7, 8, 9, 4, 0, 0], [11, 1, 2, 3, 2, 5], [5, 6, 8, 12, 13, 9]])
+    ends = _i32([[3, 4, 0], [1, 4, 6], [2, 3, 6]])
+    num_words = _i32([2, 3, 3])
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    args = (idx, positions, history, words, ends, num_words, 3)
+    expected = apply_bad_words_reference(logits, *args)
+    assert torch.equal(apply_bad_words_triton(logits.clone(), *args), expected)
+    banned = [((expected == -INF) & (logits != -INF))[row].nonzero().flatten().tolist() for row in range(4)]
+    assert banned[0] == [8, 9]  # [8] always; the output ends with [12, 13]
+    assert banned[1] == [4, 9]  # [4] always; the output ends with [7, 8]
+    assert banned[2] == [8]  # the context ends with draft 8 now: [12, 13] no longer matches
+    assert banned[3] == [5, 11]  # [2] ends the output; [1, 2] does too but starts in the prompt
+
+
+def _history(max_len: int):
+    from tests.sampler_cases import make_history
+
+    history = make_history(3, max_len, DEVICE, num_draft=2)
+    rows = {0: [40, 41, 42, 43, 7, 8], 1: [30, 1, 2], 2: [20, 21, 22, 12, 13, 5, 6, 5, 12, 13]}
+    prompt = {0: 4, 1: 2, 2: 3}
+    for slot, tokens in rows.items():
+        history.all_token_ids[slot, : len(tokens)] = _i32(tokens)
+        history.prompt_len[slot] = prompt[slot]
+        history.prefill_len[slot] = prompt[slot]
+        history.total_len[slot] = len(tokens)
+    history.draft_tokens[2] = _i32([8, 44])
+    return history
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_sanitize_and_logprobs_stats_match(vocab):
+    logits = _logits(5, vocab, seed=11, ties=True)
+    if vocab > 3:
+        logits[0, 3] = float("nan")
+        logits[3, 1] = INF
+    out_r, flags_r = sanitize_logits_reference(logits)
+    out_t, flags_t = sanitize_logits_triton(logits.clone())
+    assert torch.equal(out_r, out_t) and torch.equal(flags_r, flags_t)
+    assert flags_r.tolist() == ([True, False, False, True, False] if vocab > 3 else [False] * 5)
+    tokens = torch.tensor([0, vocab - 1, 0, vocab // 2, 1 % vocab], device=DEVICE)
+    lse_r, chosen_r, rank_r = logprobs_stats_reference(out_r, tokens)
+    lse_t, chosen_t, rank_t = logprobs_stats_triton(out_r, tokens)
+    torch.testing.assert_close(lse_t, lse_r, rtol=1e-6, atol=1e-6)
+    assert torch.equal(chosen_t, chosen_r) and torch.equal(rank_t, rank_r)
