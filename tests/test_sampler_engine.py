@@ -1,0 +1,337 @@
+"""Sampling parameters end to end on the tiny model: logprobs, prompt logprobs, non-finite logits, stop strings,
+streaming, validation, custom logits processors, penalties across preemption, reused slots."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from framework import InvalidRequestError, SamplingParams
+from framework.registry import LOGITS_PROCESSORS
+from samplers.logits_processors import LogitsProcessor
+from samplers.prompt_logprobs import PromptLogprobsState
+
+TOL = 1e-4
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(256) for _ in range(n)]
+
+
+def capture_logits(llm) -> list[tuple[list[str], torch.Tensor]]:
+    """Record (request ids, [R, V] logits) of every sampling step of `llm` (the first compute_logits call)."""
+    runner = llm.engine.runner
+    records: list = []
+    orig_sample, orig_logits = runner.sample_tokens, runner.model.compute_logits
+    current: dict = {}
+
+    def sample_tokens():
+        pending = runner._pending
+        current["ids"] = list(pending.batch.request_ids) if pending is not None else None
+        return orig_sample()
+
+    def compute_logits(hidden):
+        out = orig_logits(hidden)
+        if current.get("ids") is not None:
+            records.append((current.pop("ids"), out.detach().clone()))
+        return out
+
+    runner.sample_tokens = sample_tokens
+    runner.model.compute_logits = compute_logits
+    return records
+
+
+def _logits_of(records, request_id: str) -> list[torch.Tensor]:
+    """The logits row of `request_id` at each step where it was in the batch (prefill chunks included)."""
+    return [logits[ids.index(request_id)] for ids, logits in records if request_id in ids]
+
+
+def test_raw_logprobs_equal_log_softmax(tiny_llm_factory):
+    llm = tiny_llm_factory()
+    records = capture_logits(llm)
+    params = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5),
+              SamplingParams(temperature=1.0, top_k=3, seed=1, max_tokens=6, ignore_eos=True, logprobs=0),
+              SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)]
+    outs = llm.generate([_prompt(9, 1), _prompt(5, 2), _prompt(7, 3)], params, use_tqdm=False)
+    assert outs[2].logprobs is None and outs[2].cumulative_logprob is None
+    for i, out in enumerate(outs[:2]):
+        rows = _logits_of(records, f"gen-{i}")
+        assert len(rows) == len(out.token_ids) == len(out.logprobs)
+        total = 0.0
+        for token, entry, logits in zip(out.token_ids, out.logprobs, rows):
+            ref = torch.log_softmax(logits.double(), dim=-1)
+            assert abs(entry[token].logprob - float(ref[token])) < TOL
+            assert entry[token].rank == 1 + int((ref > ref[token]).sum())
+            top = torch.topk(ref, params[i].logprobs).indices.tolist()
+            assert set(entry) == set(top) | {token}
+            for t in top:
+                assert abs(entry[t].logprob - float(ref[t])) < TOL
+            total += float(ref[token])
+        assert abs(out.cumulative_logprob - total) < 1e-3
+    assert all(e[t].rank == 1 for t, e in zip(outs[0].token_ids, outs[0].logprobs))  # greedy = the argmax
+
+
+def test_processed_logprobs_are_those_of_the_sampling_distribution(tiny_llm_factory):
+    llm = tiny_llm_factory(logprobs_mode="processed_logprobs")
+    records = capture_logits(llm)
+    bias = {65: 4.0, 66: -2.0}
+    params = [SamplingParams(temperature=0.7, top_k=5, seed=3, max_tokens=5, ignore_eos=True, logprobs=8),
+              SamplingParams(temperature=0.0, logit_bias=bias, max_tokens=5, ignore_eos=True, logprobs=2)]
+    outs = llm.generate([_prompt(6, 4), _prompt(6, 5)], params, use_tqdm=False)
+    for token, entry, logits in zip(outs[0].token_ids, outs[0].logprobs, _logits_of(records, "gen-0")):
+        scaled = logits.double() / 0.7
+        scaled[scaled < torch.topk(scaled, 5).values[-1]] = float("-inf")
+        ref = torch.log_softmax(scaled, dim=-1)
+        assert abs(entry[token].logprob - float(ref[token])) < TOL
+        assert sum(1 for lp in entry.values() if lp.logprob > float("-inf")) <= 6  # only the top-5 are possible
+    for token, entry, logits in zip(outs[1].token_ids, outs[1].logprobs, _logits_of(records, "gen-1")):
+        biased = logits.double().clone()
+        for t, b in bias.items():
+            biased[t] += b
+        assert token == int(biased.argmax())
+        assert abs(entry[token].logprob - float(torch.log_softmax(biased, -1)[token])) < TOL
+
+
+def test_prompt_logprobs_chunked_equal_unchunked(tiny_llm_factory, monkeypatch):
+    prompt = _prompt(70, 6)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=3)
+    whole = tiny_llm_factory().generate([prompt], params, use_tqdm=False)[0].prompt_logprobs
+    monkeypatch.setattr(PromptLogprobsState, "CHUNK", 8)  # several chunks per step, and chunked prefill
+    chunked = tiny_llm_factory(max_num_batched_tokens=16).generate([prompt], params, use_tqdm=False)[0]
+    assert whole[0] is None and chunked.prompt_logprobs[0] is None and len(whole) == len(prompt)
+    for position, (a, b) in enumerate(zip(whole[1:], chunked.prompt_logprobs[1:]), start=1):
+        assert prompt[position] in a and len(a) in (3, 4)
+        assert set(a) == set(b)
+        for token in a:
+            assert abs(a[token].logprob - b[token].logprob) < TOL and a[token].rank == b[token].rank
+
+
+def test_prompt_logprob_equals_the_raw_logprob_of_forcing_that_token(tiny_llm_factory):
+    """Position p's prompt logprob = raw logprob of token p+1 sampled after prompt[:p+1] (forced by allowed ids)."""
+    llm = tiny_llm_factory()
+    prompt = _prompt(20, 7)
+    scored = llm.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    for p in (0, 7, 18):
+        forced = SamplingParams(temperature=0.0, max_tokens=1, logprobs=0, allowed_token_ids=[prompt[p + 1]])
+        out = llm.generate([prompt[: p + 1]], forced, use_tqdm=False)[0]
+        assert out.token_ids == [prompt[p + 1]]
+        expected = scored.prompt_logprobs[p + 1][prompt[p + 1]]
+        assert abs(out.logprobs[0][prompt[p + 1]].logprob - expected.logprob) < TOL
+
+
+def test_nan_logits_end_only_that_request_with_an_error(tiny_llm_factory):
+    prompts = [_prompt(5, 10), _prompt(6, 11), _prompt(7, 12)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    clean = tiny_llm_factory().generate(prompts, params, use_tqdm=False)
+    llm = tiny_llm_factory()
+    runner = llm.engine.runner
+    orig_sample, orig_logits = runner.sample_tokens, runner.model.compute_logits
+    state = {"step": 0}
+
+    def sample_tokens():
+        state["ids"] = list(runner._pending.batch.request_ids) if runner._pending is not None else []
+        state["step"] += 1
+        return orig_sample()
+
+    def compute_logits(hidden):
+        out = orig_logits(hidden)
+        if state["step"] == 4 and "gen-1" in state["ids"]:
+            out[state["ids"].index("gen-1"), ::3] = float("nan")
+        if "gen-2" in state["ids"]:
+            out[state["ids"].index("gen-2"), :200] = float("-inf")  # excluded, but not an error
+        return out
+
+    runner.sample_tokens, runner.model.compute_logits = sample_tokens, compute_logits
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert outs[1].finish_reason == "error" and "NaN" in outs[1].error
+    assert outs[1].token_ids == clean[1].token_ids[:3]  # the NaN step produced nothing
+    assert outs[0].token_ids == clean[0].token_ids and outs[0].error is None
+    assert outs[2].finish_reason == "length" and all(200 <= t < 320 for t in outs[2].token_ids)
+    assert llm.engine.is_idle()
+
+
+def test_stop_strings_and_include_stop_str(tiny_llm_factory):
+    llm = tiny_llm_factory()
+    prompt = _prompt(8, 13)
+    free = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)[0]
+    text = free.text
+    stop = text[5:7]
+    first = text.find(stop)
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop, "\x00zz"]),
+                       use_tqdm=False)[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == text[:first]
+    assert len(out.token_ids) <= len(free.token_ids) and out.token_ids == free.token_ids[: len(out.token_ids)]
+    incl = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=stop,
+                                                 include_stop_str_in_output=True), use_tqdm=False)[0]
+    assert incl.text == text[: first + len(stop)] and incl.token_ids == out.token_ids
+
+
+def test_streaming_deltas_join_to_the_final_output(tiny_llm_factory):
+    llm = tiny_llm_factory()
+    prompts = [_prompt(8, 13), _prompt(4, 14)]
+    free = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+                        use_tqdm=False)[0]
+    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=free.text[6:9], logprobs=1),
+              SamplingParams(temperature=0.8, seed=5, max_tokens=10, ignore_eos=True, prompt_logprobs=1)]
+    final = llm.generate(prompts, params, use_tqdm=False)
+    joined: dict = {}
+    for delta in llm.generate_stream(prompts, params):
+        acc = joined.setdefault(delta.prompt_token_ids == prompts[1], {"tokens": [], "text": "", "n": 0, "lp": []})
+        assert not acc.get("done"), "nothing after the final output"
+        acc["tokens"] += delta.token_ids
+        acc["text"] += delta.text
+        acc["lp"] += delta.logprobs or []
+        acc["n"] += 1
+        acc["prompt_lp"] = acc.get("prompt_lp") or delta.prompt_logprobs
+        acc["done"] = delta.finished
+        assert free.text[6:9] not in acc["text"]  # a stop string is never streamed
+    for which, out in ((False, final[0]), (True, final[1])):
+        acc = joined[which]
+        assert acc["done"] and acc["tokens"] == out.token_ids and acc["text"] == out.text and acc["n"] > 2
+    assert len(joined[False]["lp"]) == len(final[0].token_ids)
+    assert joined[True]["prompt_lp"] == final[1].prompt_logprobs
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (SamplingParams(logit_bias={400: 1.0}), r"logit_bias has token id 400, outside the vocabulary \[0, 320\)"),
+        (SamplingParams(allowed_token_ids=[1, 320]), "allowed_token_ids has token id 320"),
+        (SamplingParams(bad_words=[[3, 999]]), "bad_words has token id 999"),
+        (SamplingParams(stop_token_ids=[5000]), "stop_token_ids has token id 5000"),
+        (SamplingParams(prompt_logprobs=21), "prompt_logprobs=21 exceeds sampler.max_logprobs=20"),
+    ],
+)
+def test_token_ids_outside_the_vocabulary_are_refused(tiny_llm, params, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        tiny_llm.generate([[1, 2, 3]], params, use_tqdm=False)
+    assert not tiny_llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"logit_bias": {1: float("nan")}}, "logit_bias"),
+        ({"logit_bias": [1, 2]}, "logit_bias"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"bad_words": [""]}, "bad_words"),
+        ({"bad_words": [[1, -2]]}, "bad_words"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": ["x"], "detokenize": False}, "stop"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"logprobs": 1.5}, "logprobs"),
+        ({"output_kind": "stream"}, "output_kind"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"skip_special_tokens": "yes"}, "skip_special_tokens"),
+        ({"extra_args": [1]}, "extra_args"),
+    ],
+)
+def test_invalid_new_sampling_params_name_the_field(kwargs, message):
+    with pytest.raises(InvalidRequestError, match=rf"SamplingParams\.{message}=.* is invalid"):
+        SamplingParams(**kwargs)
+
+
+def test_bad_words_strings_and_min_tokens_end_to_end(tiny_llm_factory):
+    llm = tiny_llm_factory()
+    prepared = llm.engine._validate("x", [1], SamplingParams(bad_words=["ab", " cd", [7, 8]]))
+    assert prepared.bad_words_token_ids == [[97, 98], [99, 100], [7, 8]]  # tokenised with the model's tokenizer
+    prompt = _prompt(6, 15)
+    free = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)[0]
+    first, pair = free.token_ids[0], tuple(free.token_ids[2:4])
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
+                                                bad_words=[[first], list(pair)]), use_tqdm=False)[0]
+    assert first not in out.token_ids and pair not in list(zip(out.token_ids, out.token_ids[1:]))
+    early = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, min_tokens=3, stop_token_ids=[first]),
+                         use_tqdm=False)[0]
+    assert first not in early.token_ids[:3] and len(early.token_ids) > 3
+
+
+def test_penalties_survive_preemption_and_chunking(tiny_llm_factory):
+    """After preemption the prefill holds earlier output: counts are rebuilt with the prompt boundary."""
+    prompts = [_prompt(n, 20 + n) for n in (10, 14, 8)]
+    penalised = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, repetition_penalty=3.0,
+                               frequency_penalty=2.0, presence_penalty=1.5)
+    plain = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, seed=4, max_tokens=14, ignore_eos=True, repetition_penalty=3.0,
+                             frequency_penalty=2.0, presence_penalty=1.5)
+    params = [penalised, sampled, penalised, plain]
+    reference = tiny_llm_factory().generate(prompts + prompts[:1], params, use_tqdm=False)
+    assert reference[0].token_ids != reference[3].token_ids  # the penalties did something
+    # 8 blocks of 4 tokens hold 32 tokens, while three requests need up to 28 each: preemption is certain.
+    small = tiny_llm_factory(num_kv_blocks=8, block_size=4, max_model_len=32, max_num_batched_tokens=8)
+    outs = small.generate(prompts + prompts[:1], params, use_tqdm=False)
+    assert sum(o.num_preemptions for o in outs) > 0
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+
+
+def test_reused_slot_keeps_nothing_of_a_fully_parameterised_owner(tiny_llm_factory):
+    prompt = _prompt(7, 30)
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    fresh = tiny_llm_factory().generate([prompt], greedy, use_tqdm=False)[0].token_ids
+    llm = tiny_llm_factory(max_num_seqs=1)
+    loaded = SamplingParams(temperature=1.0, top_k=3, min_p=0.2, seed=2, max_tokens=6, min_tokens=5, ignore_eos=False,
+                            stop_token_ids=[fresh[0]], repetition_penalty=2.0, frequency_penalty=1.0,
+                            presence_penalty=1.0, logit_bias={fresh[1]: -50.0}, allowed_token_ids=list(range(100)),
+                            bad_words=[[fresh[2]]], logprobs=3, prompt_logprobs=2)
+    llm.generate([prompt], loaded, use_tqdm=False)
+    out = llm.generate([prompt], greedy, use_tqdm=False)[0]
+    assert out.token_ids == fresh and out.logprobs is None and out.prompt_logprobs is None
+
+
+class ForceToken(LogitsProcessor):
+    """Test processor: a request with extra_args={"force": t} can only sample t."""
+
+    def __init__(self, max_num_reqs, vocab_size, device):
+        super().__init__(max_num_reqs, vocab_size, device)
+        self.forced = torch.full((max_num_reqs,), -1, dtype=torch.int64, device=device)
+        self.host = [-1] * max_num_reqs
+
+    @classmethod
+    def validate_params(cls, params, vocab_size):
+        force = (params.extra_args or {}).get("force")
+        if force is not None and not (isinstance(force, int) and 0 <= force < vocab_size):
+            raise InvalidRequestError(f"extra_args['force']={force!r} is not a token id")
+
+    def add_request(self, req_slot, params):
+        self.host[req_slot] = (params.extra_args or {}).get("force", -1)
+
+    def apply_staged_writes(self):
+        self.forced.copy_(torch.tensor(self.host))
+
+    def is_active(self, req_slots):
+        return any(self.host[s] >= 0 for s in req_slots)
+
+    def apply(self, logits, context):
+        forced = self.forced[context.expanded_idx_mapping.long()]  # [L]
+        keep = torch.arange(logits.shape[1], device=logits.device) == forced.unsqueeze(1)
+        return torch.where((forced >= 0).unsqueeze(1) & ~keep, float("-inf"), logits)
+
+
+@pytest.fixture
+def force_token_registered():
+    LOGITS_PROCESSORS.register("test_force_token", ForceToken)
+    yield "test_force_token"
+    LOGITS_PROCESSORS.unregister("test_force_token")
+
+
+def test_custom_logits_processor_from_the_registry(tiny_llm_factory, force_token_registered):
+    llm = tiny_llm_factory(logits_processors=[force_token_registered])
+    params = [SamplingParams(temperature=1.0, seed=1, max_tokens=5, ignore_eos=True, extra_args={"force": 42}),
+              SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)]
+    outs = llm.generate([_prompt(5, 40), _prompt(5, 41)], params, use_tqdm=False)
+    assert outs[0].token_ids == [42] * 5
+    alone = tiny_llm_factory().generate([_prompt(5, 41)], params[1], use_tqdm=False)[0]
+    assert outs[1].token_ids == alone.token_ids  # the other request is untouched
+    with pytest.raises(InvalidRequestError, match="extra_args"):
+        llm.generate([[1]], SamplingParams(extra_args={"force": 999}), use_tqdm=False)
+
+
+def test_unknown_logits_processor_is_a_config_error(tiny_llm_factory):
+    from framework import ConfigError
+
+    with pytest.raises(ConfigError, match="sampler.logits_processors: unknown logits processor 'nope'"):
+        tiny_llm_factory(logits_processors=["nope"])
