@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 # Pages whose ```python blocks run, in order, as one script each.
-RUNNABLE_PAGES = ["getting-started.md", "guides/register-a-plugin.md"]
+RUNNABLE_PAGES = ["getting-started.md", "guides/register-a-plugin.md", "sampling.md"]
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 pytestmark = pytest.mark.slow
@@ -39,7 +39,7 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     for page in ("index", "getting-started/index", "architecture/index", "configuration/index",
-                 "guides/register-a-plugin/index"):
+                 "guides/register-a-plugin/index", "sampling/index"):
         assert (site / f"{page}.html").is_file(), page
 
     # One API page per module of the four packages, rendered by mkdocstrings.
