@@ -1,0 +1,113 @@
+"""Sampler kernels at real shapes on a GPU (skipped without CUDA), and the engine sampling on the device.
+
+Run on the GPU machine: `python -m pytest -q tests/gpu/test_sampler_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+VOCAB = 151936  # Qwen3's
+
+
+def _logits(rows: int, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, VOCAB, device="cuda", generator=g) * 3
+    x[1, : VOCAB // 3] = float("-inf")
+    return x
+
+
+def test_gumbel_and_top_k_top_p_min_p_at_real_shapes():
+    from samplers.gumbel import gumbel_sample_reference, gumbel_sample_triton, hash_bits_reference
+    from samplers.gumbel import uniform_noise_triton
+    from samplers.top_k_top_p import (
+        apply_min_p_reference,
+        apply_min_p_triton,
+        apply_top_k_top_p_reference,
+        apply_top_k_top_p_triton,
+    )
+
+    rows = 64
+    logits = _logits(rows, 0)
+    seeds = torch.randint(-(1 << 62), 1 << 62, (rows,), device="cuda")
+    positions = torch.randint(0, 1 << 20, (rows,), device="cuda")
+    assert torch.equal(uniform_noise_triton(seeds[:4], positions[:4], VOCAB, raw_bits=True),
+                       hash_bits_reference(seeds[:4], positions[:4], VOCAB))
+    same = gumbel_sample_triton(logits, seeds, positions) == gumbel_sample_reference(logits, seeds, positions)
+    assert int(same.sum()) >= rows - 1  # a last-ulp difference of log() may flip a near tie, nothing more
+    top_k = torch.randint(0, 200, (rows,), device="cuda", dtype=torch.int32)
+    top_p = torch.rand(rows, device="cuda") * 0.9 + 0.05
+    top_p[::3] = 1.0
+    ref = apply_top_k_top_p_reference(logits, top_k, top_p)
+    got = apply_top_k_top_p_triton(logits.clone(), top_k, top_p)
+    kept_ref, kept_got = torch.isfinite(ref).sum(1), torch.isfinite(got).sum(1)
+    assert (kept_ref - kept_got).abs().max() <= 1  # masses may round differently right at the threshold
+    assert (kept_ref == kept_got).float().mean() > 0.95
+    min_p = torch.rand(rows, device="cuda") * 0.5
+    assert torch.equal(torch.isfinite(apply_min_p_triton(logits.clone(), min_p)),
+                       torch.isfinite(apply_min_p_reference(logits, min_p)))
+
+
+def test_penalties_logprobs_and_masks_at_real_shapes():
+    from samplers.logprobs import logprobs_stats_reference, logprobs_stats_triton
+    from samplers.penalties import apply_penalties_reference, apply_penalties_triton
+    from samplers.sanitize import sanitize_logits_reference, sanitize_logits_triton
+
+    rows, slots = 48, 64
+    logits = _logits(rows, 1)
+    idx = torch.randint(0, slots, (rows,), device="cuda", dtype=torch.int32)
+    counts = torch.randint(0, 3, (slots, VOCAB), device="cuda", dtype=torch.int32) * (
+        torch.rand(slots, VOCAB, device="cuda") < 0.01)
+    prompt = torch.rand(slots, VOCAB, device="cuda") < 0.01
+    rep, freq, pres = (torch.rand(slots, device="cuda") + 0.5, torch.rand(slots, device="cuda"),
+                       torch.rand(slots, device="cuda") - 0.5)
+    args = (idx, rep, freq, pres, counts.int(), prompt)
+    torch.testing.assert_close(apply_penalties_triton(logits.clone(), *args), apply_penalties_reference(logits, *args))
+    tokens = torch.randint(0, VOCAB, (rows,), device="cuda")
+    lse_r, chosen_r, rank_r = logprobs_stats_reference(logits, tokens)
+    lse_t, chosen_t, rank_t = logprobs_stats_triton(logits, tokens)
+    torch.testing.assert_close(lse_t, lse_r)
+    assert torch.equal(rank_t, rank_r)
+    bad = logits.clone()
+    bad[5, 7] = float("nan")
+    out_r, flag_r = sanitize_logits_reference(bad)
+    out_t, flag_t = sanitize_logits_triton(bad.clone())
+    assert torch.equal(out_r, out_t) and torch.equal(flag_r, flag_t)
+
+
+def test_engine_samples_with_every_parameter_on_the_gpu():
+    """Same requests on the CPU (references) and the GPU (Triton), float32: greedy tokens and logprobs agree."""
+    from framework import LLM, SamplingParams
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(256) for _ in range(rng.randint(5, 40))] for _ in range(6)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=1.5,
+                       frequency_penalty=0.5, presence_penalty=0.5, logprobs=3, prompt_logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logit_bias={65: 3.0, 66: 2.0},
+                       bad_words=[[65, 66]], min_tokens=4, stop_token_ids=[67]),
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, allowed_token_ids=list(range(60, 120))),
+        SamplingParams(temperature=0.9, top_k=50, top_p=0.9, min_p=0.02, seed=3, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=["e"]),
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+    ]
+    outs = {}
+    for device in ("cpu", "cuda"):
+        llm = LLM("tiny", device=device, dtype="float32", num_kv_blocks=256)
+        outs[device] = llm.generate(prompts, params, use_tqdm=False)
+        del llm
+    for i, (cpu, gpu) in enumerate(zip(outs["cpu"], outs["cuda"])):
+        if params[i].temperature == 0:
+            assert cpu.token_ids == gpu.token_ids, i
+        assert cpu.finish_reason == gpu.finish_reason
+    for a, b in zip(outs["cpu"][0].logprobs, outs["cuda"][0].logprobs):
+        for token in a:
+            assert abs(a[token].logprob - b[token].logprob) < 1e-3
+    for a, b in zip(outs["cpu"][0].prompt_logprobs[1:], outs["cuda"][0].prompt_logprobs[1:]):
+        assert set(a) == set(b)
+    assert all(60 <= t < 120 for t in outs["cuda"][2].token_ids)
