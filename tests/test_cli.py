@@ -16,8 +16,14 @@ REPO = Path(__file__).resolve().parents[1]
 MRV2 = [sys.executable, "-m", "framework.cli"]
 
 
-def _mrv2(*args: str, cwd: Path, exe: list[str] = MRV2, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HYDRA_FULL_ERROR="0", TMPDIR=str(cwd))
+def _without_pythonpath() -> dict[str, str]:
+    """The environment minus PYTHONPATH, so an installed copy is what gets imported (not a checkout on the path)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def _mrv2(*args: str, cwd: Path, exe: list[str] = MRV2, timeout: int = 300,
+          installed: bool = False) -> subprocess.CompletedProcess:
+    env = dict(_without_pythonpath() if installed else os.environ, HYDRA_FULL_ERROR="0", TMPDIR=str(cwd))
     return subprocess.run([*exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -86,17 +92,17 @@ def test_wheel_installs_in_fresh_venv_and_runs(tmp_path):
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
     inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", str(wheel)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=_without_pythonpath())
     assert inst.returncode == 0, inst.stderr
     work = tmp_path / "elsewhere"
     work.mkdir()
     where = subprocess.run(
         [str(py), "-c", "import framework, importlib.resources as r; print(framework.__file__); print(r.files('mrv2_conf'))"],
-        cwd=work, capture_output=True, text=True,
+        cwd=work, capture_output=True, text=True, env=_without_pythonpath(),
     )
     assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(env_dir)) for line in where.stdout.split()), where.stdout
-    res = _mrv2("run", "sampler.max_tokens=4", cwd=work, exe=[str(env_dir / "bin" / "mrv2")])
+    res = _mrv2("run", "sampler.max_tokens=4", cwd=work, exe=[str(env_dir / "bin" / "mrv2")], installed=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("--- completion") == 3
     shutil.rmtree(env_dir)
