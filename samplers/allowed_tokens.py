@@ -72,7 +72,7 @@ def apply_allowed_tokens_reference(
 @triton.jit
 def _apply_allowed_tokens_kernel(logits_ptr, logits_stride, idx_ptr, enabled_ptr, mask_ptr, vocab_size,
                                  BLOCK: tl.constexpr):
-    logits_row = tl.program_id(0)
+    logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
     if tl.load(enabled_ptr + req_slot) != 0:
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

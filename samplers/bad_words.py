@@ -82,7 +82,7 @@ def _apply_bad_words_kernel(
     prompt_len_ptr, drafts_ptr, drafts_stride, num_drafts, words_ptr, words_stride, ends_ptr, ends_stride,
     num_words_ptr, BLOCK: tl.constexpr,
 ):
-    logits_row = tl.program_id(0)
+    logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
     position = tl.load(positions_ptr + logits_row)
     total_len = tl.load(total_len_ptr + req_slot)
@@ -104,7 +104,7 @@ def _apply_bad_words_kernel(
         mismatch = in_prefix & ((ctx != word_tok) | (ctx_pos < prompt_len))
         if tl.sum(mismatch.to(tl.int32), axis=0) == 0:
             last = tl.load(words_ptr + req_slot * words_stride + end - 1)
-            tl.store(logits_ptr + logits_row * logits_stride + last, -float("inf"))
+            tl.store(logits_ptr + logits_row * logits_stride + last, tl.full([], -float("inf"), tl.float32))
         start = end
 
 
@@ -114,10 +114,13 @@ def apply_bad_words_triton(logits: torch.Tensor, expanded_idx_mapping: torch.Ten
     """In place, same result as `apply_bad_words_reference` (one program per logits row)."""
     if logits.shape[0]:
         drafts = history.draft_tokens
+        num_drafts = drafts.shape[1] if drafts.dim() == 2 else 0
+        if num_drafts == 0:
+            drafts = history.total_len  # never read (num_drafts = 0), but a real pointer
         _apply_bad_words_kernel[(logits.shape[0],)](
             logits, logits.stride(0), expanded_idx_mapping, sample_positions, history.all_token_ids,
             history.all_token_ids.stride(0), history.total_len, history.prompt_len, drafts,
-            drafts.stride(0) if drafts.dim() == 2 else 0, drafts.shape[1] if drafts.dim() == 2 else 0,
+            drafts.stride(0) if num_drafts else 0, num_drafts,
             word_tokens, word_tokens.stride(0), word_ends, word_ends.stride(0), num_words,
             BLOCK=small_block(max_word_len),
         )

@@ -77,9 +77,9 @@ def gumbel_sample_reference(
 def _mix32(x):
     """lowbias32 on tl.uint32 (multiplication wraps modulo 2**32, shifts are logical)."""
     x = x ^ (x >> 16)
-    x = x * 0x7FEB352D
+    x = (x * 0x7FEB352D).to(tl.uint32)  # the casts keep the low 32 bits whatever the literal's type
     x = x ^ (x >> 15)
-    x = x * 0x846CA68B
+    x = (x * 0x846CA68B).to(tl.uint32)
     return x ^ (x >> 16)
 
 
@@ -88,13 +88,13 @@ def _row_key(seed, position):
     """uint32 key of one logits row from its int64 seed and int64 position (see `row_keys`)."""
     seed_lo = (seed & 0xFFFFFFFF).to(tl.uint32)
     seed_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    key = _mix32(seed_lo + _mix32(seed_hi + 0x632BE5AB))
-    return _mix32(key ^ ((position & 0xFFFFFFFF).to(tl.uint32) * 0x9E3779B9))
+    key = _mix32((seed_lo + _mix32((seed_hi + 0x632BE5AB).to(tl.uint32))).to(tl.uint32))
+    return _mix32(key ^ ((position & 0xFFFFFFFF).to(tl.uint32) * 0x9E3779B9).to(tl.uint32))
 
 
 @triton.jit
 def _token_bits(key, token_ids):
-    return _mix32(key ^ (token_ids.to(tl.uint32) * 0x85EBCA6B))
+    return _mix32(key ^ (token_ids.to(tl.uint32) * 0x85EBCA6B).to(tl.uint32))
 
 
 @triton.jit
@@ -102,7 +102,7 @@ def _uniform_noise_kernel(
     seeds_ptr, positions_ptr, out_ptr, out_stride, vocab_size,
     RAW_BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    logits_row = tl.program_id(0)
+    logits_row = tl.program_id(0).to(tl.int64)
     token_ids = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = token_ids < vocab_size
     key = _row_key(tl.load(seeds_ptr + logits_row), tl.load(positions_ptr + logits_row))
@@ -137,7 +137,7 @@ def uniform_noise_triton(
 def _gumbel_sample_kernel(
     logits_ptr, logits_stride, seeds_ptr, positions_ptr, out_ptr, vocab_size, BLOCK: tl.constexpr,
 ):
-    logits_row = tl.program_id(0)
+    logits_row = tl.program_id(0).to(tl.int64)
     key = _row_key(tl.load(seeds_ptr + logits_row), tl.load(positions_ptr + logits_row))
     best_value = tl.full([], -float("inf"), tl.float32)
     best_token = tl.zeros([], dtype=tl.int32)

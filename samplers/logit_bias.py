@@ -55,7 +55,7 @@ def apply_logit_bias_reference(
 @triton.jit
 def _apply_logit_bias_kernel(logits_ptr, logits_stride, idx_ptr, tokens_ptr, values_ptr, lens_ptr, table_stride,
                              BLOCK: tl.constexpr):
-    logits_row = tl.program_id(0)
+    logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
     n = tl.load(lens_ptr + req_slot)
     for start in range(0, n, BLOCK):

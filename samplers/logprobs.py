@@ -39,7 +39,7 @@ def logprobs_stats_reference(
 @triton.jit
 def _logprobs_stats_kernel(logits_ptr, logits_stride, token_ptr, lse_ptr, chosen_ptr, rank_ptr, vocab_size,
                            BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * logits_stride
     chosen = tl.load(row_ptr + tl.load(token_ptr + row))
     running_max = tl.full([], -float("inf"), tl.float32)

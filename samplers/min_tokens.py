@@ -76,7 +76,7 @@ def apply_min_tokens_reference(
 @triton.jit
 def _apply_min_tokens_kernel(logits_ptr, logits_stride, idx_ptr, positions_ptr, prompt_len_ptr, min_tokens_ptr,
                              stop_ptr, stop_lens_ptr, stop_stride, BLOCK: tl.constexpr):
-    logits_row = tl.program_id(0)
+    logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
     num_output = tl.load(positions_ptr + logits_row) - tl.load(prompt_len_ptr + req_slot)
     if num_output < tl.load(min_tokens_ptr + req_slot):

@@ -164,7 +164,7 @@ def _apply_penalties_kernel(
     logits_ptr, logits_stride, idx_ptr, rep_ptr, freq_ptr, pres_ptr, counts_ptr, prompt_ptr, vocab_size,
     BLOCK: tl.constexpr,
 ):
-    logits_row = tl.program_id(0)
+    logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
     rep = tl.load(rep_ptr + req_slot)
     freq = tl.load(freq_ptr + req_slot)
@@ -231,7 +231,7 @@ def init_token_counts_triton(
 @triton.jit
 def _update_token_counts_kernel(idx_ptr, sampled_ptr, sampled_stride, num_sampled_ptr, counts_ptr, vocab_size,
                                 BLOCK: tl.constexpr):
-    batch_row = tl.program_id(0)
+    batch_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + batch_row).to(tl.int64)
     n = tl.load(num_sampled_ptr + batch_row)
     cols = tl.arange(0, BLOCK)

@@ -20,7 +20,7 @@ def sanitize_logits_reference(
 
 @triton.jit
 def _sanitize_logits_kernel(logits_ptr, logits_stride, flags_ptr, vocab_size, BLOCK: tl.constexpr):
-    logits_row = tl.program_id(0)
+    logits_row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < vocab_size
     ptrs = logits_ptr + logits_row * logits_stride + offs
@@ -29,7 +29,7 @@ def _sanitize_logits_kernel(logits_ptr, logits_stride, flags_ptr, vocab_size, BL
     num_bad = tl.sum(bad.to(tl.int32), axis=0)
     if num_bad > 0:
         tl.store(ptrs, tl.where(bad, -float("inf"), x), mask=mask)
-        tl.atomic_max(flags_ptr + logits_row, 1)
+        tl.atomic_max(flags_ptr + logits_row, tl.full([], 1, tl.int32))
 
 
 def sanitize_logits_triton(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -75,14 +75,14 @@ def apply_min_p_reference(
 
 @triton.jit
 def _ordered_key(x):
-    """int32 with the order of float32 `x` (no NaN); -0.0 and +0.0 map to the same key."""
-    bits = (x + 0.0).to(tl.int32, bitcast=True)
-    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    """int32 with the order of float32 `x` (no NaN); -0.0 and +0.0 map to the same key (0)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(x == 0.0, 0, tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits))
 
 
 @triton.jit
 def _top_k_top_p_kernel(logits_ptr, logits_stride, top_k_ptr, top_p_ptr, vocab_size, BLOCK: tl.constexpr):
-    logits_row = tl.program_id(0)
+    logits_row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + logits_row * logits_stride
     k = tl.load(top_k_ptr + logits_row)
     p = tl.load(top_p_ptr + logits_row)
@@ -170,7 +170,7 @@ def apply_top_k_top_p_triton(
 
 @triton.jit
 def _min_p_kernel(logits_ptr, logits_stride, min_p_ptr, vocab_size, BLOCK: tl.constexpr):
-    logits_row = tl.program_id(0)
+    logits_row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + logits_row * logits_stride
     min_p = tl.load(min_p_ptr + logits_row)
     if min_p > 0.0:

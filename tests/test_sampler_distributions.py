@@ -13,7 +13,7 @@ import torch
 
 from framework import SamplingParams
 from samplers.sampler import Sampler
-from tests.sampler_cases import Slot, make_sampler
+from sampler_cases import Slot, make_sampler
 
 N = 120_000
 LOGITS = torch.tensor([2.1, 1.7, 1.2, 0.9, 0.4, 0.1, -0.3, -0.8, -1.4, -2.0, -2.9, -3.5])

@@ -180,7 +180,7 @@ def test_bad_words_match_with_history_and_drafts():
 
 
 def _history(max_len: int):
-    from tests.sampler_cases import make_history
+    from sampler_cases import make_history
 
     history = make_history(3, max_len, DEVICE, num_draft=2)
     rows = {0: [40, 41, 42, 43, 7, 8], 1: [30, 1, 2], 2: [20, 21, 22, 12, 13, 5, 6, 5, 12, 13]}

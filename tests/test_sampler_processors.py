@@ -15,7 +15,7 @@ from transformers.generation.logits_process import (
 )
 
 from framework import SamplingParams
-from tests.sampler_cases import Slot, make_sampler, run_edits
+from sampler_cases import Slot, make_sampler, run_edits
 
 VOCAB = 40
 EOS = 39
