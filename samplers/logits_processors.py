@@ -25,6 +25,8 @@ class LogitsContext(NamedTuple):
     expanded_idx_mapping: torch.Tensor  # [L] int32: logits_row -> req_slot
     sample_positions: torch.Tensor  # [L] int64: position of the token each logits row samples
     history: TokenHistory  # per-slot token history (prompt_len, all_token_ids, total_len, drafts)
+    # On a GPU `history.all_token_ids` may live in pinned host memory (cache.token_history_on_host): read it
+    # from a Triton kernel (unified addressing), not with torch indexing by device tensors.
 
 
 class LogitsProcessor(ABC):
