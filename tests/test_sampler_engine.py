@@ -122,11 +122,12 @@ def test_prompt_logprob_equals_the_raw_logprob_of_forcing_that_token(tiny_llm_fa
         assert abs(out.logprobs[0][prompt[p + 1]].logprob - expected.logprob) < TOL
 
 
-def test_nan_logits_end_only_that_request_with_an_error(tiny_llm_factory):
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_nan_logits_end_only_that_request_with_an_error(tiny_llm_factory, async_scheduling):
     prompts = [_prompt(5, 10), _prompt(6, 11), _prompt(7, 12)]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     clean = tiny_llm_factory().generate(prompts, params, use_tqdm=False)
-    llm = tiny_llm_factory()
+    llm = tiny_llm_factory(async_scheduling=async_scheduling)
     runner = llm.engine.runner
     orig_sample, orig_logits = runner.sample_tokens, runner.model.compute_logits
     state = {"step": 0}
@@ -170,8 +171,9 @@ def test_stop_strings_and_include_stop_str(tiny_llm_factory):
     assert incl.text == text[: first + len(stop)] and incl.token_ids == out.token_ids
 
 
-def test_streaming_deltas_join_to_the_final_output(tiny_llm_factory):
-    llm = tiny_llm_factory()
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_streaming_deltas_join_to_the_final_output(tiny_llm_factory, async_scheduling):
+    llm = tiny_llm_factory(async_scheduling=async_scheduling)
     prompts = [_prompt(8, 13), _prompt(4, 14)]
     free = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
                         use_tqdm=False)[0]
@@ -335,3 +337,19 @@ def test_unknown_logits_processor_is_a_config_error(tiny_llm_factory):
 
     with pytest.raises(ConfigError, match="sampler.logits_processors: unknown logits processor 'nope'"):
         tiny_llm_factory(logits_processors=["nope"])
+
+
+def test_cumulative_outputs_grow_and_final_only_waits(tiny_llm_factory):
+    llm = tiny_llm_factory()
+    engine = llm.engine
+    engine.add_request("cum", _prompt(5, 50), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
+                                                             output_kind="cumulative", logprobs=0))
+    engine.add_request("fin", _prompt(5, 51), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    seen: dict[str, list] = {"cum": [], "fin": []}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            seen[out.request_id].append(out)
+    lengths = [len(o.token_ids) for o in seen["cum"]]
+    assert lengths == list(range(1, 7)) and [len(o.logprobs) for o in seen["cum"]] == lengths
+    assert [o.finished for o in seen["cum"]] == [False] * 5 + [True]
+    assert len(seen["fin"]) == 1 and seen["fin"][0].finished and len(seen["fin"][0].token_ids) == 6
