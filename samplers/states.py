@@ -59,6 +59,9 @@ class RowParams(NamedTuple):
     seed: torch.Tensor  # [L] int64
 
 
+MIN_TEMPERATURE = 1e-5  # below this a request is greedy (dividing by it would overflow the logits)
+
+
 class SamplingParamsState:
     """temperature / top_k / top_p / min_p / seed per req_slot, on the device, with host mirrors."""
 
@@ -73,7 +76,7 @@ class SamplingParamsState:
 
     def add_request(self, req_slot: int, params: SamplingParams, seed: int) -> None:
         values = {
-            "temperature": params.temperature,
+            "temperature": params.temperature if params.temperature >= MIN_TEMPERATURE else 0.0,
             "top_k": params.top_k if params.top_k > 0 else 0,
             "top_p": params.top_p,
             "min_p": params.min_p,

@@ -124,3 +124,11 @@ def test_greedy_rows_ignore_sampling_filters_and_nonfinite_rows_are_flagged():
     assert ((tokens >= 0) & (tokens < vocab)).all()
     assert int(tokens[0]) == int(logits[0].argmax())
     assert out.errors.tolist() == [0, 1, 1, 2, 2, 1]
+
+
+def test_tiny_temperature_is_greedy_and_never_overflows():
+    slots = [Slot(SamplingParams(temperature=1e-9, top_p=0.5, seed=1), prompt=[1], seed=1)]
+    sampler, _ = make_sampler(slots, 20)
+    logits = torch.randn(4, 20, generator=torch.Generator().manual_seed(5)) * 50
+    out = sampler(logits.clone(), torch.zeros(4, dtype=torch.int32), torch.arange(4), sampler.states.stages_for(np.arange(1)))
+    assert torch.equal(out.sampled_token_ids, logits.argmax(-1)) and out.errors.tolist() == [0] * 4
