@@ -74,7 +74,7 @@ class SamplingParams:
     output_kind: OutputKind = "final_only"
     extra_args: Optional[dict[str, Any]] = None
     # Set by the engine from `bad_words` with the request's tokenizer (see `EngineCore.add_request`).
-    _bad_words_token_ids: Optional[list[list[int]]] = field(default=None, repr=False, compare=False)
+    _bad_words_token_ids: Optional[list[list[int]]] = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
