@@ -213,3 +213,11 @@ def test_dispatcher_choice_and_override(monkeypatch):
     torch.testing.assert_close(dispatched_attention(case.query, case.kv_cache, case.meta, 0.1),
                                paged_attention_reference(case.query, case.kv_cache, case.meta, 0.1),
                                **TOL[torch.float32])
+
+
+def test_many_prefill_rows_shorter_than_a_query_tile():
+    """Regression (found on the H200): with GPU-sized query tiles, rows of many sub-tile prefills have
+    non-compact tile ids (row r starts at query_start_loc[r] // BLOCK_Q + r); the grid must reach the last one."""
+    large = tpa.AttentionTiles(64, 16, 4, 1)  # BLOCK_Q = 32 tokens with a GQA group of 2
+    small = tpa.AttentionTiles(16, 16, 4, 1)
+    _check_attention([(0, 5), (0, 16), (0, 27), (0, 30), (0, 31), (0, 29)], small_tiles=small, large_tiles=large)

@@ -379,7 +379,9 @@ def paged_attention(
     )
     if not all_small:
         block_q = large.block_m // group
-        num_tiles = min(num_tokens // block_q + num_rows, num_rows * triton.cdiv(meta.max_query_len, block_q))
+        # Row r's tiles start at query_start_loc[r] // block_q + r (see _find_row): ids are not compact, so
+        # the grid must reach the last row's last tile; surplus programs exit at once.
+        num_tiles = num_tokens // block_q + num_rows
         _paged_attention_kernel[(num_tiles, num_kv_heads, 1)](
             query, kv_cache, out, out, out, num_splits=1,
             BLOCK_M=large.block_m, BLOCK_Q=block_q, BLOCK_N=large.block_n,
