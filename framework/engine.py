@@ -15,6 +15,7 @@ from framework.request import Request, RequestOutput, RequestStatus
 from framework.runner_interface import ModelRunner
 from framework.sampling_params import InvalidRequestError, SamplingParams
 from framework.scheduler import Scheduler
+from framework.v1 import ModelRunnerV1
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,8 @@ class EngineCore:
         blocks = num_kv_blocks(config, self.loaded)
         self.kv_cache = KVCacheManager(blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.max_model_len)
-        self.runner: ModelRunner = ModelRunnerV2(config, self.loaded, blocks)
+        runner_cls = ModelRunnerV1 if runner_kind == "v1" else ModelRunnerV2
+        self.runner: ModelRunner = runner_cls(config, self.loaded, blocks)
         self._seed_rng = random.Random(config.seed)
         self._arrivals = 0
         logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens", runner_kind, self.loaded.device, blocks,
