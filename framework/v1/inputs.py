@@ -50,18 +50,38 @@ class StepInputs:
     seq_lens_host: np.ndarray  # [R] int64: KV length of each row after this step
 
 
-def _to_device(array: np.ndarray, dtype: type, device: torch.device, fresh: bool = True) -> torch.Tensor:
-    """Copy a host array to the device. `fresh=False`: a view of persistent rows, copied first on the CPU
-    so the step's tensors never alias arrays that later steps change."""
-    host = np.ascontiguousarray(array, dtype=dtype) if fresh else np.array(array, dtype=dtype)
-    return torch.from_numpy(host).to(device, non_blocking=True)
+class HostToDevice:
+    """Copies this step's host arrays to the device, each through a pinned buffer of its own on CUDA.
+
+    The buffers are reused every step. That is safe only because V1 is synchronous: `sample_tokens` waits
+    for the device, so no copy of the previous step still reads a buffer when the next step refills it.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._pinned: dict[str, torch.Tensor] = {}
+
+    def __call__(self, name: str, array: np.ndarray, dtype: type, fresh: bool = True) -> torch.Tensor:
+        """`fresh=False` for a view of persistent rows: on the CPU it is copied, so the step's tensors never
+        alias arrays that later steps change."""
+        host = np.asarray(array, dtype=dtype) if fresh else np.array(array, dtype=dtype)
+        if self.device.type != "cuda":
+            return torch.from_numpy(np.ascontiguousarray(host))
+        buffer = self._pinned.get(name)
+        if buffer is None or buffer.numel() < host.size:
+            capacity = max(host.size, 2 * (buffer.numel() if buffer is not None else 0), 1)
+            buffer = torch.empty(capacity, dtype=torch.from_numpy(host[:0].ravel()).dtype, pin_memory=True)
+            self._pinned[name] = buffer
+        staged = buffer[: host.size]
+        staged.numpy()[...] = host.ravel()
+        return staged.view(host.shape).to(self.device, non_blocking=True)
 
 
 def build_step_inputs(
     pb: PersistentBatch,
     num_scheduled: list[int],  # [R] tokens per row, in row (= scheduler) order
     block_size: int,
-    device: torch.device,
+    to_device: HostToDevice,
 ) -> StepInputs:
     """Build rows 0..R-1's inputs on the CPU and copy them; advances `num_computed` of those rows."""
     num_rows = len(num_scheduled)
@@ -82,13 +102,8 @@ def build_step_inputs(
     logits_indices = query_start_loc[1:] - 1  # [R] each row's last token
     kv_slots = pb.block_table[token_rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
 
-    def dev(array: np.ndarray, dtype: type = np.int32) -> torch.Tensor:
-        return _to_device(array, dtype, device)
-
-    idx_mapping = _to_device(pb.state_slot[:num_rows], np.int32, device, fresh=False)  # batch row -> ModelState slot
-    qsl = dev(query_start_loc)
-    positions_dev = dev(positions, np.int64)
-    table = _to_device(pb.block_table[:num_rows], np.int32, device, fresh=False)
+    idx_mapping = to_device("idx_mapping", pb.state_slot[:num_rows], np.int32, fresh=False)  # row -> ModelState slot
+    table = to_device("block_table", pb.block_table[:num_rows], np.int32, fresh=False)
     batch = InputBatch(
         request_ids=[pb.req_ids[r] for r in range(num_rows)],  # type: ignore[misc]
         num_rows=num_rows,
@@ -99,17 +114,18 @@ def build_step_inputs(
         idx_mapping_host=pb.state_slot[:num_rows].copy(),
         num_draft_host=np.zeros(num_rows, dtype=np.int64),
         idx_mapping=idx_mapping,
-        query_start_loc=qsl,
-        query_lens=dev(counts),
-        num_draft=torch.zeros(num_rows, dtype=torch.int32, device=device),
-        cu_num_logits=dev(np.arange(num_rows + 1)),
-        token_rows=dev(token_rows, np.int64),
-        input_ids=dev(input_ids, np.int64),
-        positions=positions_dev,
-        seq_lens=dev(seq_lens),
-        logits_indices=dev(logits_indices, np.int64),
+        query_start_loc=to_device("query_start_loc", query_start_loc, np.int32),
+        query_lens=to_device("query_lens", counts, np.int32),
+        num_draft=torch.zeros(num_rows, dtype=torch.int32, device=to_device.device),
+        cu_num_logits=to_device("cu_num_logits", np.arange(num_rows + 1), np.int32),
+        token_rows=to_device("token_rows", token_rows, np.int64),
+        input_ids=to_device("input_ids", input_ids, np.int64),
+        positions=to_device("positions", positions, np.int64),
+        seq_lens=to_device("seq_lens", seq_lens, np.int32),
+        logits_indices=to_device("logits_indices", logits_indices, np.int64),
         expanded_idx_mapping=idx_mapping,
-        sample_positions=dev(seq_lens, np.int64),  # the sampled token's position is the row's new length
+        # The sampled token's position is the row's new length.
+        sample_positions=to_device("sample_positions", seq_lens, np.int64),
     )
-    block_tables = StepBlockTables(table, dev(kv_slots, np.int64), block_size, idx_mapping)
+    block_tables = StepBlockTables(table, to_device("kv_slots", kv_slots, np.int64), block_size, idx_mapping)
     return StepInputs(batch, block_tables, seq_lens)

@@ -15,7 +15,7 @@ from framework.config import Mrv2Config
 from framework.engine_setup import LoadedModel
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from framework.v1.inputs import StepInputs, build_step_inputs
+from framework.v1.inputs import HostToDevice, StepInputs, build_step_inputs
 from framework.v1.persistent_batch import PersistentBatch
 from framework.v1.sampling import sample_rows
 from model_states import select_model_state
@@ -55,6 +55,7 @@ class ModelRunnerV1(ModelRunner):
                         device=self.device)
             for _ in range(self.model.num_kv_layers)
         ]
+        self._to_device = HostToDevice(self.device)
         self._pending: Optional[_ExecuteState] = None
 
     # ---- execute_model ---------------------------------------------------------------------------------
@@ -71,7 +72,7 @@ class ModelRunnerV1(ModelRunner):
         if output.is_empty:
             self._pending = None
             return
-        step = build_step_inputs(self.batch, output.num_scheduled_tokens, self.block_size, self.device)  # 7. CPU
+        step = build_step_inputs(self.batch, output.num_scheduled_tokens, self.block_size, self._to_device)  # 7. CPU
         attn_metadata = self.model_state.prepare_attn_metadata(step.batch, step.block_tables)  # 8.
         extra_inputs = self.model_state.prepare_inputs(step.batch)  # 9.
         batch = step.batch
@@ -105,7 +106,7 @@ class ModelRunnerV1(ModelRunner):
         self._pending = None
         batch = step.batch
         logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [R, vocab] float32
-        sampled = sample_rows(logits, self.batch, batch.sample_positions)  # 2. parameters from the rows
+        sampled = sample_rows(logits, self.batch, batch.sample_positions, self._to_device)  # 2. parameters from the rows
         sampled_host = sampled.cpu().numpy()  # 3. wait for the device: V1 is synchronous
         num_sampled = self.batch.append_sampled(step.seq_lens_host, sampled_host)  # 4. history grows on the CPU
         num_sampled_dev = torch.from_numpy(num_sampled).to(self.device)

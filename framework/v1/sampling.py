@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from framework.v1.inputs import HostToDevice
 from framework.v1.persistent_batch import PersistentBatch
 from samplers import apply_min_p_reference, apply_top_k_top_p_reference, gumbel_sample_reference
 
@@ -18,6 +19,7 @@ def sample_rows(
     logits: torch.Tensor,  # [R, V] float32, one logits row per batch row
     pb: PersistentBatch,  # rows 0..R-1 are the batch rows
     sample_positions: torch.Tensor,  # [R] int64: position each row's sampled token will occupy
+    to_device: HostToDevice,
 ) -> torch.Tensor:
     """[R] int64: one sampled token per batch row."""
     num_rows = logits.shape[0]
@@ -26,17 +28,18 @@ def sample_rows(
     if not random.any():
         return greedy_ids
 
-    def rows(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array[:num_rows].copy()).to(logits.device, non_blocking=True)
+    def rows(name: str) -> torch.Tensor:
+        array: np.ndarray = getattr(pb, name)
+        return to_device(name, array[:num_rows], array.dtype.type, fresh=False)
 
-    temperature = rows(pb.temperature)
+    temperature = rows("temperature")
     is_greedy = temperature == 0
     scaled = logits / torch.where(is_greedy, 1.0, temperature).unsqueeze(1)
     any_top_k = bool((random & (pb.top_k[:num_rows] > 0)).any())
     any_top_p = bool((random & (pb.top_p[:num_rows] < 1.0)).any())
     if any_top_k or any_top_p:
-        scaled = apply_top_k_top_p_reference(scaled, rows(pb.top_k), rows(pb.top_p))
+        scaled = apply_top_k_top_p_reference(scaled, rows("top_k"), rows("top_p"))
     if (random & (pb.min_p[:num_rows] > 0)).any():
-        scaled = apply_min_p_reference(scaled, rows(pb.min_p))
-    sampled = gumbel_sample_reference(scaled, rows(pb.seed), sample_positions)
+        scaled = apply_min_p_reference(scaled, rows("min_p"))
+    sampled = gumbel_sample_reference(scaled, rows("seed"), sample_positions)
     return torch.where(is_greedy, greedy_ids, sampled)
