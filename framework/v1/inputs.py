@@ -64,9 +64,10 @@ class HostToDevice:
     def __call__(self, name: str, array: np.ndarray, dtype: type, fresh: bool = True) -> torch.Tensor:
         """`fresh=False` for a view of persistent rows: on the CPU it is copied, so the step's tensors never
         alias arrays that later steps change."""
-        host = np.asarray(array, dtype=dtype) if fresh else np.array(array, dtype=dtype)
         if self.device.type != "cuda":
+            host = np.asarray(array, dtype=dtype) if fresh else np.array(array, dtype=dtype)
             return torch.from_numpy(np.ascontiguousarray(host))
+        host = np.asarray(array, dtype=dtype)  # copied into the pinned buffer below: no aliasing
         buffer = self._pinned.get(name)
         if buffer is None or buffer.numel() < host.size:
             capacity = max(host.size, 2 * (buffer.numel() if buffer is not None else 0), 1)
