@@ -15,6 +15,7 @@ from framework.request import Request, RequestOutput, RequestStatus
 from framework.runner_interface import ModelRunner
 from framework.sampling_params import InvalidRequestError, SamplingParams
 from framework.scheduler import Scheduler
+from framework.v1 import ModelRunnerV1
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,8 @@ class EngineCore:
         runner_kind = select_runner(config)
         self.loaded = load_model(config, resolve_device(config.device))
         self.max_model_len = self.loaded.max_model_len
-        self.runner: ModelRunner = ModelRunnerV2(config, self.loaded)
+        runner_cls = ModelRunnerV1 if runner_kind == "v1" else ModelRunnerV2
+        self.runner: ModelRunner = runner_cls(config, self.loaded)
         on_gpu = self.loaded.device.type == "cuda"
         peak = self.runner.profile_run() if on_gpu and config.cache.num_blocks is None else 0
         blocks = num_kv_blocks(config, self.loaded, peak)
