@@ -164,7 +164,7 @@ def test_split_rule_has_no_batch_size_cliff():
     The trap this guards against: a rule like "split while rows x heads < SMs, else not" makes decode
     time nearly double at the batch size where splitting stops (shown below to fail the same check).
     """
-    num_sms, num_kv_heads, block_n = 132, 8, 64
+    num_sms, num_kv_heads, block_n = 132, 8, 128
 
     def worst_growth(rule, max_seq_len):
         costs = [tpa.modelled_split_cost(r, num_kv_heads, max_seq_len, num_sms, block_n, rule(r, max_seq_len))
@@ -180,10 +180,12 @@ def test_split_rule_has_no_batch_size_cliff():
 
     for max_seq_len in (512, 1024, 4096, 32768):
         assert worst_growth(chosen, max_seq_len) <= 1.05, max_seq_len
-        assert tpa.num_kv_splits(1, num_kv_heads, max_seq_len, num_sms) > 1  # one long row is split
+        assert tpa.num_kv_splits(1, num_kv_heads, max_seq_len, num_sms, block_n) > 1  # one long row is split
     assert worst_growth(trap, 4096) >= 1.5
-    assert tpa.num_kv_splits(1024, 8, 4096, 132) == 1  # a full batch is not
-    assert tpa.num_kv_splits(1, 8, 100, 132) == 1  # nor a short sequence
+    assert tpa.num_kv_splits(1024, 8, 4096, 132, block_n) == 1  # a full batch is not
+    assert tpa.num_kv_splits(1, 8, 200, 132, block_n) == 1  # nor a short sequence
+    # The choices the H200 measurements favoured (bf16, 8 KV heads, 128-key tiles).
+    assert [tpa.num_kv_splits(b, 8, 4096, 132, block_n) for b in (1, 16, 64, 256)] == [16, 2, 1, 1]
 
 
 def test_rejects_unsupported_shapes():
