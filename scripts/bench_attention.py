@@ -134,13 +134,13 @@ def _host_us(fn, calls: int = 200) -> float:
 
 
 def bench_decode(batch: int, seq_len: int, dtype: torch.dtype, with_baseline: bool) -> dict:
-    from framework.attention.triton_paged_attention import _num_sms, decode_tiles, num_kv_splits, paged_attention
+    from framework.attention.triton_paged_attention import decode_tiles, num_kv_splits, num_sms, paged_attention
 
     query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda")
     scale = HEAD_DIM ** -0.5
     kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * cache.element_size()
     tiles = decode_tiles(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, True)
-    splits = num_kv_splits(batch, NUM_KV_HEADS, seq_len, _num_sms(query.device), tiles.block_n)
+    splits = num_kv_splits(batch, NUM_KV_HEADS, seq_len, num_sms(query.device), tiles.block_n)
     result = dict(kind="decode", batch=batch, seq_len=seq_len, kv_bytes=kv_bytes, num_splits=splits)
     attend = lambda: paged_attention(query, cache, meta, scale)  # noqa: E731
     result["triton_ms"] = _time_graph_ms(attend)
