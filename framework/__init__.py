@@ -1,4 +1,4 @@
-"""mrv2's core engine: config, registries, scheduler, KV cache, slots, the V2 runner, models and the LLM API.
+"""mrv2's core engine: config, registries, scheduler, KV cache, slots, the V2 and V1 runners, models and the LLM API.
 
 Public API:
 

@@ -1,22 +1,97 @@
-"""Runner selection: which features of a config V2 does not support, and which runner to use."""
+"""Runner selection: which features of a config V2 does not support, and which runner to use.
+
+Every reason in `v2_unsupported_reasons` is real: an environment the V2 runner cannot run in, or a
+declared capability that only V1 offers. Today there are two:
+
+- **Triton on CUDA.** On a CUDA device V2 prepares inputs, gathers block tables and samples with Triton
+  kernels (its PyTorch references are the CPU path). Without an importable Triton, or on a GPU older than
+  Triton's minimum compute capability, V2 cannot run there; V1 builds inputs with NumPy and samples with
+  PyTorch operations, which run on any CUDA device.
+- **A ModelState that declares `supports_v2 = False`.** A third-party state whose hooks need V1's
+  synchronous step (see `ModelState.supports_v2`) says so, and V2 must not drive it.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Optional
+
+import torch
 
 from framework.config import ConfigError, Mrv2Config
 
 logger = logging.getLogger(__name__)
 
+TRITON_MIN_CUDA_CAPABILITY = (7, 0)  # the oldest GPUs Triton compiles for (torch's own Triton check uses it)
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def _triton_import_error() -> Optional[str]:
+    """Why `import triton` fails here, or None when it works."""
+    try:
+        import triton  # noqa: F401
+    except Exception as err:  # an ImportError, or a broken install failing at import time
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _cuda_device_capability() -> tuple[str, tuple[int, int]]:
+    """Name and compute capability of the CUDA device the engine would use."""
+    index = torch.cuda.current_device()
+    return torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index)
+
+
+def _triton_reasons(config: Mrv2Config) -> list[str]:
+    """V2's GPU path needs Triton; none of this matters on the CPU, where V2 runs its PyTorch references."""
+    if config.device == "cpu" or not _cuda_available():
+        return []  # device=cuda without a GPU is refused later, with its own message
+    error = _triton_import_error()
+    if error is not None:
+        return [f"the V2 runner needs Triton on CUDA devices, but 'import triton' fails ({error})"]
+    name, capability = _cuda_device_capability()
+    if capability < TRITON_MIN_CUDA_CAPABILITY:
+        need = ".".join(map(str, TRITON_MIN_CUDA_CAPABILITY))
+        return [f"the V2 runner needs Triton on CUDA devices, and Triton does not support {name} "
+                f"(compute capability {capability[0]}.{capability[1]}, Triton needs {need} or newer)"]
+    return []
+
+
+def configured_model_state(config: Mrv2Config) -> Optional[type]:
+    """The ModelState class the engine will build for `config`, found without building the model (None when
+    the model's architecture is not registered: loading the model reports that)."""
+    from framework.models.loader import read_hf_config
+    from framework.models.presets import preset_config
+    from framework.registry import MODELS
+    from model_states import detect_model_state_name, select_model_state
+
+    hf_config = read_hf_config(config.model.path) if config.model.path else preset_config(config.model.preset or "")
+    archs = hf_config.get("architectures") or []
+    if not archs or archs[0] not in MODELS:
+        return None
+    model_cls = MODELS.get(archs[0])
+    # detect_model_state_name reads only type(model): an instance without __init__ avoids building the model.
+    name = config.model.model_state or detect_model_state_name(object.__new__(model_cls), hf_config)
+    return select_model_state(None, hf_config, name)  # type: ignore[arg-type]
+
+
+def _model_state_reasons(config: Mrv2Config) -> list[str]:
+    state_cls = configured_model_state(config)
+    if state_cls is None or getattr(state_cls, "supports_v2", True):
+        return []
+    return [f"model state '{state_cls.name}' ({state_cls.__module__}.{state_cls.__qualname__}) declares "
+            "supports_v2 = False"]
+
 
 def v2_unsupported_reasons(config: Mrv2Config) -> list[str]:
     """Readable reasons why the V2 runner cannot serve `config` (empty when it can).
 
-    Every reason must be real: a feature V1 has that V2 lacks, or an environment V2 cannot run in.
-    Today V2 serves everything the engine offers, so the list is empty; the V1 issue adds reasons together
-    with the V1 features behind them.
+    Every reason is real: an environment V2 cannot run in, or a capability only V1 offers (module docstring).
+    Reading the model's config.json can raise what loading the model would (`CheckpointError`).
     """
-    return []
+    return _triton_reasons(config) + _model_state_reasons(config)
 
 
 def check_speculator(config: Mrv2Config) -> None:
@@ -34,18 +109,20 @@ def check_speculator(config: Mrv2Config) -> None:
 
 
 def select_runner(config: Mrv2Config) -> str:
-    """`runner.kind` resolved to "v2" or "v1"; raises `ConfigError` when the choice cannot run."""
+    """`runner.kind` resolved to "v2" or "v1"; raises `ConfigError` when the choice cannot run.
+
+    `auto` picks V2 unless `v2_unsupported_reasons` lists something, then V1 with one warning naming the
+    reasons; `v2` with reasons fails with them (never a silent downgrade); `v1` always uses V1.
+    """
     check_speculator(config)
-    reasons = v2_unsupported_reasons(config)
     kind = config.runner.kind
-    if kind == "v2" and reasons:
-        raise ConfigError("runner=v2 cannot serve this config: " + "; ".join(reasons))
-    if kind == "auto":
-        if not reasons:
-            return "v2"
-        logger.warning("runner=auto falls back to V1 because: %s", "; ".join(reasons))
-        kind = "v1"
     if kind == "v1":
-        raise ConfigError("runner=v1 is not available yet (the V1 fallback runner is a planned feature); "
-                          "use runner=v2 or runner=auto")
-    return kind
+        return "v1"
+    reasons = v2_unsupported_reasons(config)
+    if not reasons:
+        return "v2"
+    if kind == "v2":
+        raise ConfigError("runner=v2 cannot serve this config: " + "; ".join(reasons)
+                          + " (use runner=v1 or runner=auto)")
+    logger.warning("runner=auto uses the V1 runner because V2 cannot serve this config: %s", "; ".join(reasons))
+    return "v1"

@@ -7,7 +7,7 @@ import random
 from typing import Optional
 
 from framework.compat import select_runner
-from framework.config import Mrv2Config
+from framework.config import ConfigError, Mrv2Config
 from framework.engine_setup import load_model, num_kv_blocks, resolve_device
 from framework.kv_cache_manager import KVCacheManager
 from framework.model_runner import ModelRunnerV2
@@ -16,6 +16,7 @@ from framework.request import Request, RequestOutput, RequestStatus
 from framework.runner_interface import ModelRunner
 from framework.sampling_params import InvalidRequestError, SamplingParams, first_out_of_vocab
 from framework.scheduler import Scheduler
+from framework.v1 import ModelRunnerV1
 from samplers.logits_processors import logits_processor_classes
 from samplers.sampler import ROW_ERROR_MESSAGES
 
@@ -30,7 +31,8 @@ class EngineCore:
         runner_kind = select_runner(config)
         self.loaded = load_model(config, resolve_device(config.device))
         self.max_model_len = self.loaded.max_model_len
-        self.runner: ModelRunner = ModelRunnerV2(config, self.loaded)
+        runner_cls = ModelRunnerV1 if runner_kind == "v1" else ModelRunnerV2
+        self.runner: ModelRunner = runner_cls(config, self.loaded)
         on_gpu = self.loaded.device.type == "cuda"
         peak = self.runner.profile_run() if on_gpu and config.cache.num_blocks is None else 0
         blocks = num_kv_blocks(config, self.loaded, peak)
@@ -40,6 +42,10 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.max_model_len)
         self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
         self._processor_classes = logits_processor_classes(config.sampler.logits_processors)
+        self._full_sampler = isinstance(self.runner, ModelRunnerV2)
+        if not self._full_sampler and config.sampler.logits_processors:
+            raise ConfigError("sampler.logits_processors: the V1 runner does not run custom logits processors; "
+                              "use runner=v2 or runner=auto")
         self._seed_rng = random.Random(config.seed)
         self._in_flight: Optional[tuple] = None  # (SchedulerOutput, AsyncOutput) of the step not yet read back
         self._arrivals = 0
@@ -116,7 +122,27 @@ class EngineCore:
                 )
         for cls in self._processor_classes:
             cls.validate_params(prepared, vocab)
+        self._check_runner_supports(request_id, prepared)
         return prepared
+
+    def _check_runner_supports(self, request_id: str, params: SamplingParams) -> None:
+        """The V1 runner samples with temperature, top-k/top-p, min-p and seed only: refuse what it would ignore."""
+        if self._full_sampler:
+            return
+        used = [name for name, on in (
+            ("presence_penalty", params.presence_penalty != 0.0),
+            ("frequency_penalty", params.frequency_penalty != 0.0),
+            ("repetition_penalty", params.repetition_penalty != 1.0),
+            ("logit_bias", bool(params.logit_bias)),
+            ("allowed_token_ids", params.allowed_token_ids is not None),
+            ("bad_words", bool(params.bad_words)),
+            ("min_tokens", params.min_tokens > 0),
+            ("logprobs", params.logprobs is not None),
+            ("prompt_logprobs", params.prompt_logprobs is not None),
+        ) if on]
+        if used:
+            raise InvalidRequestError(f"request '{request_id}': the V1 runner does not apply SamplingParams "
+                                      f"{', '.join(used)}; use runner=v2 or runner=auto")
 
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
         """Abort a request; its output (finish_reason "abort"), or None if the id is not in flight."""

@@ -19,7 +19,6 @@ from framework.input_batch import InputBatch, build_input_batch
 from framework.kernels.input_prep import compute_num_sampled, post_update, token_batch_rows
 from framework.request_state import RequestState
 from framework.runner_interface import ModelRunner
-from framework.sampling_params import SamplingParams
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from model_states import select_model_state
 from samplers.logits_processors import build_logits_processors
@@ -98,37 +97,6 @@ class ModelRunnerV2(ModelRunner):
             self.loaded.max_model_len, self.device,
         )
         self.cuda_graphs.capture()
-
-    def profile_run(self) -> int:
-        """Run one full-budget step (prefill + sampling) on dummy requests; returns peak activation bytes.
-
-        The KV cache is sized from what is left after this peak. Uses a throwaway KV cache just large enough.
-        """
-        cfg = self.config
-        num_tokens = min(cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs * (self.loaded.max_model_len - 1))
-        num_reqs = min(cfg.scheduler.max_num_seqs, num_tokens)
-        lens = [num_tokens // num_reqs + (i < num_tokens % num_reqs) for i in range(num_reqs)]
-        bs = cfg.cache.block_size
-        blocks, new = 0, []
-        for i, n in enumerate(lens):
-            need = -(-n // bs)
-            new.append(NewRequestData(f"__profile_{i}", [0] * n, n, SamplingParams(temperature=1.0, top_p=0.9,
-                                      top_k=50), i, list(range(blocks, blocks + need)), 0))
-            blocks += need
-        self.initialize_kv_cache(blocks)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-        output = SchedulerOutput([r.request_id for r in new], lens, [0] * num_reqs, new, [])
-        self.execute_model(output)
-        self.sample_tokens().get()
-        self._free_slots({r.request_id for r in new})
-        self.kv_caches = []
-        if self.device.type != "cuda":
-            return 0
-        torch.cuda.synchronize(self.device)
-        return torch.cuda.max_memory_allocated(self.device) - base
 
     # ---- execute_model ---------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
 
 from framework.async_output import AsyncOutput
-from framework.scheduler_output import SchedulerOutput
+from framework.sampling_params import SamplingParams
+from framework.scheduler_output import NewRequestData, SchedulerOutput
+
+if TYPE_CHECKING:
+    from framework.config import Mrv2Config
+    from framework.engine_setup import LoadedModel
 
 
 class ModelRunner(ABC):
@@ -17,10 +25,45 @@ class ModelRunner(ABC):
     """
 
     name: str
+    config: "Mrv2Config"
+    loaded: "LoadedModel"
+    device: torch.device
+    kv_caches: list[torch.Tensor]
 
-    @abstractmethod
     def profile_run(self) -> int:
-        """Run a worst-case step on dummy requests; returns the peak activation bytes (0 on the CPU)."""
+        """Run one full-budget step (prefill + sampling) on dummy requests; returns peak activation bytes.
+
+        The KV cache is sized from what is left after this peak; the step uses a throwaway cache just large
+        enough, and the dummy requests leave their slots before this returns. 0 on the CPU.
+        """
+        cfg = self.config
+        num_tokens = min(cfg.scheduler.max_num_batched_tokens,
+                         cfg.scheduler.max_num_seqs * (self.loaded.max_model_len - 1))
+        num_reqs = min(cfg.scheduler.max_num_seqs, num_tokens)
+        lens = [num_tokens // num_reqs + (i < num_tokens % num_reqs) for i in range(num_reqs)]
+        bs = cfg.cache.block_size
+        params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50)
+        blocks, new = 0, []
+        for i, n in enumerate(lens):
+            need = -(-n // bs)
+            new.append(NewRequestData(f"__profile_{i}", [0] * n, n, params, i, list(range(blocks, blocks + need)), 0))
+            blocks += need
+        self.initialize_kv_cache(blocks)
+        on_gpu = self.device.type == "cuda"
+        if on_gpu:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+        ids = [r.request_id for r in new]
+        self.execute_model(SchedulerOutput(ids, lens, [0] * num_reqs, new, []))
+        self.sample_tokens().get()
+        self.execute_model(SchedulerOutput([], [], [], [], [], finished_request_ids=set(ids)))  # free the slots
+        self.sample_tokens().get()
+        self.kv_caches = []
+        if not on_gpu:
+            return 0
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - base
 
     @abstractmethod
     def initialize_kv_cache(self, num_blocks: int) -> None:

@@ -23,9 +23,19 @@ class ModelState(ABC):
     Step hooks: `prepare_attn_metadata` and `prepare_inputs` before the forward, `postprocess` after
     sampling (with how many tokens each row sampled and rejected, so recurrent state can advance by the
     accepted count). A reused slot must keep nothing of its previous owner.
+
+    Both runners call the hooks the same way: `req_slot` is a stable slot for the request's life, and
+    `batch.idx_mapping` maps batch rows to those slots. (V1's persistent-batch rows move, so V1 hands out
+    these slots from a free list of its own and carries each request's slot along with its row.)
     """
 
     name: ClassVar[str] = "base"
+    # False for a state only the V1 runner may drive because its hooks rely on V1's synchronous step: V1
+    # has step N's sampled tokens on the host before `postprocess` of step N and before any hook of step
+    # N+1, so such a state may read them there (`num_sampled.tolist()`). V2 promises the opposite: no host
+    # sync in the step, and step N+1 prepared while step N still runs. With False, `runner=auto` picks V1
+    # and `runner=v2` fails validation naming the state.
+    supports_v2: ClassVar[bool] = True
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
         self.model = model

@@ -93,6 +93,7 @@ def _sdpa_fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
 
 
 def _time_ms(fn) -> float:
+    """Median time of eager calls (host launch overhead shows when it exceeds the GPU time)."""
     from triton.testing import do_bench
 
     fn()  # compile outside the timing
@@ -100,23 +101,58 @@ def _time_ms(fn) -> float:
     return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+def _time_graph_ms(fn) -> float:
+    """Median GPU time of `fn` replayed from a CUDA graph, as the engine runs decode (no host overhead)."""
+    from triton.testing import do_bench
+
+    fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return float(do_bench(graph.replay, warmup=25, rep=100, return_mode="median"))
+
+
+def _host_us(fn, calls: int = 200) -> float:
+    """Host time per call (launches are asynchronous, so this is the CPU cost of one call)."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def bench_decode(batch: int, seq_len: int, dtype: torch.dtype, with_baseline: bool) -> dict:
-    from framework.attention.triton_paged_attention import _num_sms, decode_tiles, num_kv_splits, paged_attention
+    from framework.attention.triton_paged_attention import decode_tiles, num_kv_splits, num_sms, paged_attention
 
     query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda")
     scale = HEAD_DIM ** -0.5
     kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * cache.element_size()
     tiles = decode_tiles(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, True)
-    splits = num_kv_splits(batch, NUM_KV_HEADS, seq_len, _num_sms(query.device), tiles.block_n)
+    splits = num_kv_splits(batch, NUM_KV_HEADS, seq_len, num_sms(query.device), tiles.block_n)
     result = dict(kind="decode", batch=batch, seq_len=seq_len, kv_bytes=kv_bytes, num_splits=splits)
-    result["triton_ms"] = _time_ms(lambda: paged_attention(query, cache, meta, scale))
-    result["triton_1split_ms"] = _time_ms(lambda: paged_attention(query, cache, meta, scale, num_splits=1))
+    attend = lambda: paged_attention(query, cache, meta, scale)  # noqa: E731
+    result["triton_ms"] = _time_graph_ms(attend)
+    result["triton_1split_ms"] = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale, num_splits=1))
+    result["triton_eager_ms"] = _time_ms(attend)
+    result["triton_host_us"] = _host_us(attend)
     if with_baseline:
         k, v = _dense_kv(cache, meta, seq_len)
         q = query.view(batch, NUM_HEADS, 1, HEAD_DIM)
         fn, name = _sdpa_fn(q, k, v, causal=False)
         result["baseline"] = name
-        result["baseline_ms"] = _time_ms(fn)
+        result["baseline_ms"] = _time_graph_ms(fn)
         # Same answer as the dense baseline (a decode query sees every key).
         ours = paged_attention(query, cache, meta, scale).float()
         ref = fn().reshape(batch, NUM_HEADS, HEAD_DIM).float()  # [B, H, 1, D] or flash-attn's [B, 1, H, D]
@@ -139,17 +175,77 @@ def bench_prefill(context_len: int, chunk: int, dtype: torch.dtype) -> dict:
     pairs = sum(context_len + i + 1 for i in range(chunk))  # visible (query, key) pairs, causal
     flops = 4 * NUM_HEADS * HEAD_DIM * pairs
     result = dict(kind="prefill", batch=1, context_len=context_len, chunk=chunk, flops=flops)
-    result["triton_ms"] = _time_ms(lambda: paged_attention(query, cache, meta, scale))
+    result["triton_ms"] = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale))
     result["triton_tflops"] = flops / (result["triton_ms"] * 1e-3) / 1e12
     if context_len == 0:  # the dense causal mask of SDPA matches only a prefill without cached prefix
         k, v = _dense_kv(cache, meta, seq_len)
         q = query.view(1, chunk, NUM_HEADS, HEAD_DIM).transpose(1, 2)
         fn, name = _sdpa_fn(q, k, v, causal=True)
         result["baseline"] = name
-        result["baseline_ms"] = _time_ms(fn)
+        result["baseline_ms"] = _time_graph_ms(fn)
         result["baseline_tflops"] = flops / (result["baseline_ms"] * 1e-3) / 1e12
     torch.cuda.empty_cache()
     return result
+
+
+def sweep(dtype: torch.dtype) -> list[dict]:
+    """Tile configs x split counts at a few decode shapes and tile configs for prefill (graph-timed).
+
+    For choosing the fixed configs in triton_paged_attention.py; not part of the default run.
+    """
+    from framework.attention.triton_paged_attention import AttentionTiles, paged_attention
+    from framework.attention.triton_store_kv import store_kv
+
+    scale = HEAD_DIM ** -0.5
+    out = []
+    decode_configs = [(32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (64, 8, 3)]
+    for batch, seq_len in ((1, 4096), (16, 4096), (64, 4096), (64, 1024), (256, 4096), (16, 1024)):
+        query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda")
+        kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * cache.element_size()
+        for block_n, warps, stages in decode_configs:
+            tiles = AttentionTiles(16, block_n, warps, stages)
+            for splits in (1, 2, 4, 8, 16, 32):
+                if splits * 128 > seq_len or batch * NUM_KV_HEADS * splits > 8 * 132 * 4:
+                    continue
+                ms = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale, num_splits=splits,
+                                                            small_tiles=tiles))
+                r = dict(kind="sweep_decode", batch=batch, seq_len=seq_len, block_n=block_n, warps=warps,
+                         stages=stages, splits=splits, us=ms * 1e3, tbps=kv_bytes / (ms * 1e-3) / 1e12)
+                out.append(r)
+                print(f"decode B={batch:>3} S={seq_len:>4} n={block_n:>3} w={warps} st={stages} "
+                      f"splits={splits:>2}: {r['us']:8.1f} us {r['tbps']:5.2f} TB/s", flush=True)
+        if batch == 1:
+            key = torch.randn(1, NUM_KV_HEADS, HEAD_DIM, device="cuda", dtype=dtype)
+            slots = torch.zeros(1, dtype=torch.long, device="cuda")
+            for name, fn in (("paged_attention", lambda: paged_attention(query, cache, meta, scale)),
+                             ("paged_attention_1split",
+                              lambda: paged_attention(query, cache, meta, scale, num_splits=1)),
+                             ("store_kv", lambda: store_kv(key, key, cache, slots)),
+                             ("torch.empty", lambda: torch.empty(16, 16, device="cuda"))):
+                print(f"host {name}: {_host_us(fn):.1f} us/call", flush=True)
+                out.append(dict(kind="host", name=name, us=_host_us(fn)))
+        del query, cache, meta
+        torch.cuda.empty_cache()
+    prefill_configs = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3),
+                       (64, 64, 4, 3), (128, 32, 8, 4)]
+    for context_len, chunk in ((0, 2048), (2048, 2048), (0, 8192)):
+        query, cache, meta = _make_batch([chunk], [context_len + chunk], dtype, "cuda")
+        flops = 4 * NUM_HEADS * HEAD_DIM * sum(context_len + i + 1 for i in range(chunk))
+        for block_m, block_n, warps, stages in prefill_configs:
+            tiles = AttentionTiles(block_m, block_n, warps, stages)
+            try:
+                ms = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale, large_tiles=tiles))
+            except Exception as err:  # noqa: BLE001 - e.g. out of shared memory
+                print(f"prefill {block_m}x{block_n} w={warps} st={stages}: failed {type(err).__name__}")
+                continue
+            r = dict(kind="sweep_prefill", context_len=context_len, chunk=chunk, block_m=block_m, block_n=block_n,
+                     warps=warps, stages=stages, us=ms * 1e3, tflops=flops / (ms * 1e-3) / 1e12)
+            out.append(r)
+            print(f"prefill ctx={context_len:>4} chunk={chunk:>4} {block_m}x{block_n} w={warps} st={stages}: "
+                  f"{r['us']:8.1f} us {r['tflops']:6.1f} TFLOP/s", flush=True)
+        del query, cache, meta
+        torch.cuda.empty_cache()
+    return out
 
 
 def _plot(results: list[dict], path: Path) -> None:
@@ -191,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     parser.add_argument("--no-baseline", action="store_true", help="skip the dense SDPA/flash-attn baseline")
+    parser.add_argument("--sweep", action="store_true", help="also sweep tile configs and split counts")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention needs a CUDA GPU", file=sys.stderr)
@@ -205,9 +302,9 @@ def main(argv: list[str] | None = None) -> int:
                head_dim=HEAD_DIM, block_size=BLOCK_SIZE)
     print(f"# {env}", file=sys.stderr)
 
-    results = []
+    results = sweep(dtype) if args.sweep else []
     header = f"{'batch':>5} {'seq':>5} {'splits':>6} {'triton us':>10} {'TB/s':>6} {'1split us':>10} " \
-             f"{'TB/s':>6} {'baseline us':>11} {'TB/s':>6}"
+             f"{'TB/s':>6} {'eager us':>9} {'host us':>8} {'baseline us':>11} {'TB/s':>6}"
     print(header)
     for seq_len in args.seq_lens:
         for batch in args.batches:
@@ -216,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             base = f"{r['baseline_ms'] * 1e3:>11.1f} {r['baseline_tbps']:>6.2f}" if "baseline_ms" in r else ""
             print(f"{batch:>5} {seq_len:>5} {r['num_splits']:>6} {r['triton_ms'] * 1e3:>10.1f} "
                   f"{r['triton_tbps']:>6.2f} {r['triton_1split_ms'] * 1e3:>10.1f} {r['triton_1split_tbps']:>6.2f} "
-                  f"{base}", flush=True)
+                  f"{r['triton_eager_ms'] * 1e3:>9.1f} {r['triton_host_us']:>8.1f} {base}", flush=True)
     print(f"\n{'context':>7} {'chunk':>5} {'triton us':>10} {'TFLOP/s':>8} {'baseline us':>11} {'TFLOP/s':>8}")
     for context_len, chunk in ((0, 2048), (2048, 2048), (0, 8192)):
         r = bench_prefill(context_len, chunk, dtype)

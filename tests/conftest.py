@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,27 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _use_this_checkouts_conf() -> None:
+    """Make `mrv2_conf` (this repo's `conf/`, installed under that name) come from this checkout.
+
+    A checkout put in front of an installed mrv2 through PYTHONPATH shadows `framework` & co. but not
+    `mrv2_conf`, whose directory is named differently, so Hydra would compose the installed copy's YAML.
+    A symlink named `mrv2_conf` on sys.path and on PYTHONPATH (for the CLI subprocesses) fixes that.
+    """
+    spec = importlib.util.find_spec("mrv2_conf")
+    if spec is not None and spec.origin and Path(spec.origin).resolve().parent == REPO / "conf":
+        return
+    shim = Path(tempfile.mkdtemp(prefix="mrv2-conf-"))
+    atexit.register(shutil.rmtree, shim, True)
+    (shim / "mrv2_conf").symlink_to(REPO / "conf", target_is_directory=True)
+    sys.path.insert(0, str(shim))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH")) if p)
+    sys.modules.pop("mrv2_conf", None)
+
+
+_use_this_checkouts_conf()
 
 
 @pytest.fixture

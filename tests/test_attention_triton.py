@@ -18,6 +18,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 try:
     from triton.runtime.interpreter import InterpretedFunction
 
+    from framework.attention import launch_config as lc
     from framework.attention import triton_paged_attention as tpa
     from framework.attention.backend import attention_backend
     from framework.attention.backend import paged_attention as dispatched_attention
@@ -142,8 +143,8 @@ def test_float16_and_head_dim_128():
 
 @pytest.mark.parametrize("block_size, block_n", [(32, 16), (16, 32), (4, 16)])
 def test_pages_larger_and_smaller_than_kv_tile(block_size, block_n):
-    small = tpa.AttentionTiles(16, block_n, 4, 1)
-    large = tpa.AttentionTiles(32, block_n, 4, 1)
+    small = lc.AttentionTiles(16, block_n, 4, 1)
+    large = lc.AttentionTiles(32, block_n, 4, 1)
     _check_attention([(37, 1), (30, 25), (70, 3)], block_size=block_size, small_tiles=small, large_tiles=large)
 
 
@@ -164,26 +165,28 @@ def test_split_rule_has_no_batch_size_cliff():
     The trap this guards against: a rule like "split while rows x heads < SMs, else not" makes decode
     time nearly double at the batch size where splitting stops (shown below to fail the same check).
     """
-    num_sms, num_kv_heads, block_n = 132, 8, 64
+    num_sms, num_kv_heads, block_n = 132, 8, 128
 
     def worst_growth(rule, max_seq_len):
-        costs = [tpa.modelled_split_cost(r, num_kv_heads, max_seq_len, num_sms, block_n, rule(r, max_seq_len))
+        costs = [lc.modelled_split_cost(r, num_kv_heads, max_seq_len, num_sms, block_n, rule(r, max_seq_len))
                  for r in range(1, 1025)]
         assert all(a <= b for a, b in zip(costs, costs[1:]))  # more rows never get faster
         return max(b / a * r / (r + 1) for r, (a, b) in enumerate(zip(costs, costs[1:]), 1))
 
     def chosen(r, n):
-        return tpa.num_kv_splits(r, num_kv_heads, n, num_sms, block_n)
+        return lc.num_kv_splits(r, num_kv_heads, n, num_sms, block_n)
 
     def trap(r, n):
         return 8 if r * num_kv_heads < num_sms else 1
 
     for max_seq_len in (512, 1024, 4096, 32768):
         assert worst_growth(chosen, max_seq_len) <= 1.05, max_seq_len
-        assert tpa.num_kv_splits(1, num_kv_heads, max_seq_len, num_sms) > 1  # one long row is split
+        assert lc.num_kv_splits(1, num_kv_heads, max_seq_len, num_sms, block_n) > 1  # one long row is split
     assert worst_growth(trap, 4096) >= 1.5
-    assert tpa.num_kv_splits(1024, 8, 4096, 132) == 1  # a full batch is not
-    assert tpa.num_kv_splits(1, 8, 100, 132) == 1  # nor a short sequence
+    assert lc.num_kv_splits(1024, 8, 4096, 132, block_n) == 1  # a full batch is not
+    assert lc.num_kv_splits(1, 8, 200, 132, block_n) == 1  # nor a short sequence
+    # The choices the H200 measurements favoured (bf16, 8 KV heads, 128-key tiles).
+    assert [lc.num_kv_splits(b, 8, 4096, 132, block_n) for b in (1, 16, 64, 256)] == [16, 2, 1, 1]
 
 
 def test_rejects_unsupported_shapes():
@@ -213,3 +216,34 @@ def test_dispatcher_choice_and_override(monkeypatch):
     torch.testing.assert_close(dispatched_attention(case.query, case.kv_cache, case.meta, 0.1),
                                paged_attention_reference(case.query, case.kv_cache, case.meta, 0.1),
                                **TOL[torch.float32])
+
+
+def test_many_prefill_rows_shorter_than_a_query_tile():
+    """Regression (found on the H200): with GPU-sized query tiles, rows of many sub-tile prefills have
+    non-compact tile ids (row r starts at query_start_loc[r] // BLOCK_Q + r); the grid must reach the last one."""
+    large = lc.AttentionTiles(64, 16, 4, 1)  # BLOCK_Q = 32 tokens with a GQA group of 2
+    small = lc.AttentionTiles(16, 16, 4, 1)
+    _check_attention([(0, 5), (0, 16), (0, 27), (0, 30), (0, 31), (0, 29)], small_tiles=small, large_tiles=large)
+
+
+def test_tiny_model_generates_the_same_tokens_with_triton(tiny_llm_factory, monkeypatch):
+    """End to end through the model's two call sites: chunked prefill (mixed batches) and decode."""
+    from framework import SamplingParams
+
+    prompts = [[5, 17, 99, 3, 250, 8, 61, 42, 7, 13, 200], [77, 1, 2, 150, 33, 9]]
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    settings = dict(block_size=4, max_num_batched_tokens=8)
+    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "reference")
+    expected = [o.token_ids for o in tiny_llm_factory(**settings).generate(prompts, params, use_tqdm=False)]
+    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
+    calls = []
+    kernel_entry = tpa.paged_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[2].max_query_len)
+        return kernel_entry(*args, **kwargs)
+
+    monkeypatch.setattr(tpa, "paged_attention", counted)
+    actual = [o.token_ids for o in tiny_llm_factory(**settings).generate(prompts, params, use_tqdm=False)]
+    assert actual == expected
+    assert max(calls) > 1 and min(calls) == 1  # prefill chunks and decode steps both ran in Triton

@@ -16,14 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 MRV2 = [sys.executable, "-m", "framework.cli"]
 
 
-def _without_pythonpath() -> dict[str, str]:
-    """The environment minus PYTHONPATH, so an installed copy is what gets imported (not a checkout on the path)."""
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-
 def _mrv2(*args: str, cwd: Path, exe: list[str] = MRV2, timeout: int = 300,
-          installed: bool = False) -> subprocess.CompletedProcess:
-    env = dict(_without_pythonpath() if installed else os.environ, HYDRA_FULL_ERROR="0", TMPDIR=str(cwd))
+          base_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ if base_env is None else base_env, HYDRA_FULL_ERROR="0", TMPDIR=str(cwd))
     return subprocess.run([*exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -35,6 +30,15 @@ def test_run_prints_completions_only_and_is_repeatable(tmp_path):
     assert first.stdout.count("--- completion") == 3 and "def fibonacci(n):" in first.stdout
     assert "INFO" not in first.stdout and "runner v2" in first.stderr  # logs go to stderr
     assert list(tmp_path.iterdir()) == []  # `run` writes no files
+
+
+def test_run_with_the_v1_runner_prints_what_v2_prints(tmp_path):
+    res = _mrv2("run", "-m", "runner=v1,v2", "sampler.max_tokens=8", "run.show_progress=false", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    v1, v2 = res.stdout.split("=== job 1: runner=v2")
+    assert v1.startswith("=== job 0: runner=v1") and v1.count("--- completion") == 3
+    assert v1.split("\n", 1)[1] == v2.split("\n", 1)[1]  # greedy: same completions from both runners
+    assert "runner v1" in res.stderr and "runner v2" in res.stderr
 
 
 def test_multirun_sweeps_temperature(tmp_path):
@@ -52,7 +56,6 @@ def test_multirun_sweeps_temperature(tmp_path):
         (["sampler.temprature=1"], "sampler.temprature: unknown key (did you mean 'temperature'?)"),
         (["model=nope"], "model=nope: unknown option; available model options: hf, qwen3-0.6b, tiny"),
         (["scheduler.max_num_seqs=-3"], "scheduler.max_num_seqs: Input should be greater than or equal to 1"),
-        (["runner=v1"], "runner=v1 is not available yet"),
         (["model=hf", "model.path=/does/not/exist"], "model directory '/does/not/exist' does not exist"),
     ],
 )
@@ -91,18 +94,21 @@ def test_wheel_installs_in_fresh_venv_and_runs(tmp_path):
     # Dependencies (torch, transformers, ...) come from this interpreter; mrv2 itself only from the wheel.
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", str(wheel)],
-                          capture_output=True, text=True, timeout=600, env=_without_pythonpath())
+    # --ignore-installed: an mrv2 installed outside the venv (e.g. an editable checkout) must not satisfy it.
+    inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
+                           "--ignore-installed", str(wheel)],
+                          capture_output=True, text=True, timeout=600)
     assert inst.returncode == 0, inst.stderr
     work = tmp_path / "elsewhere"
     work.mkdir()
+    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing may shadow the wheel
     where = subprocess.run(
         [str(py), "-c", "import framework, importlib.resources as r; print(framework.__file__); print(r.files('mrv2_conf'))"],
-        cwd=work, capture_output=True, text=True, env=_without_pythonpath(),
+        cwd=work, capture_output=True, text=True, env=clean_env,
     )
     assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(env_dir)) for line in where.stdout.split()), where.stdout
-    res = _mrv2("run", "sampler.max_tokens=4", cwd=work, exe=[str(env_dir / "bin" / "mrv2")], installed=True)
+    res = _mrv2("run", "sampler.max_tokens=4", cwd=work, exe=[str(env_dir / "bin" / "mrv2")], base_env=clean_env)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("--- completion") == 3
     shutil.rmtree(env_dir)

@@ -38,7 +38,7 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
         cwd=REPO, env=_quiet_env(), capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
-    for page in ("index", "getting-started/index", "architecture/index", "configuration/index",
+    for page in ("index", "getting-started/index", "architecture/index", "runners/index", "configuration/index",
                  "guides/register-a-plugin/index", "sampling/index"):
         assert (site / f"{page}.html").is_file(), page
 

@@ -353,3 +353,13 @@ def test_cumulative_outputs_grow_and_final_only_waits(tiny_llm_factory):
     assert lengths == list(range(1, 7)) and [len(o.logprobs) for o in seen["cum"]] == lengths
     assert [o.finished for o in seen["cum"]] == [False] * 5 + [True]
     assert len(seen["fin"]) == 1 and seen["fin"][0].finished and len(seen["fin"][0].token_ids) == 6
+
+
+def test_v1_runner_refuses_what_it_would_ignore(tiny_llm_factory):
+    llm = tiny_llm_factory(runner="v1")
+    with pytest.raises(InvalidRequestError, match="the V1 runner does not apply SamplingParams presence_penalty, "
+                                                  "logprobs; use runner=v2"):
+        llm.generate([[1, 2]], SamplingParams(presence_penalty=0.5, logprobs=1), use_tqdm=False)
+    out = llm.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, stop=["\x00"]),
+                       use_tqdm=False)[0]
+    assert len(out.token_ids) <= 3  # text, stop strings and streaming are host-side: V1 has them too

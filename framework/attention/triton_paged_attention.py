@@ -20,19 +20,20 @@ Two launches of the same kernel serve a batch (docs/kernels.md has the grids and
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+from framework.attention.launch_config import (  # noqa: F401 - re-exported for tests and benchmarks
+    AttentionTiles,
+    decode_tiles,
+    num_kv_splits,
+    num_sms,
+    prefill_tiles,
+)
 from framework.attention.metadata import AttentionMetadata
 
 LOG2E = 1.4426950408889634
-MIN_SPLIT_TOKENS = 128  # a KV split reads at least this many keys, so its fixed cost stays small
-MAX_KV_SPLITS = 32
-PROGRAMS_PER_SM = 2  # decode programs resident per multiprocessor (shared memory: 3 stages of K+V tiles)
 
 
 @triton.jit
@@ -265,72 +266,6 @@ def _split_kv_reduce_kernel(
              out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
-@dataclass(frozen=True)
-class AttentionTiles:
-    """Fixed launch configuration of one launch of `_paged_attention_kernel` (no autotuning)."""
-
-    block_m: int  # matrix rows per query tile (tokens x GQA group), power of two
-    block_n: int  # keys per KV tile, power of two
-    num_warps: int
-    num_stages: int
-
-
-def prefill_tiles(head_dim: int, group: int, on_gpu: bool) -> AttentionTiles:
-    """Large-row tiles: 128 matrix rows (two Hopper warpgroups of 64) unless head_dim 256 needs the room."""
-    if not on_gpu:  # interpreter: small tiles so tests cross tile boundaries
-        return AttentionTiles(max(32, triton.next_power_of_2(group)), 16, 4, 1)
-    block_m = 64 if head_dim > 128 else 128
-    block_n = 32 if head_dim > 128 else 64
-    num_warps = 8 if head_dim >= 128 and block_m == 128 else 4
-    num_stages = 2 if head_dim > 128 else 3
-    return AttentionTiles(max(block_m, triton.next_power_of_2(group)), block_n, num_warps, num_stages)
-
-
-def decode_tiles(head_dim: int, group: int, on_gpu: bool) -> AttentionTiles:
-    """Small-row tiles: the GQA group (padded to the 16 rows an MMA needs) and a KV tile sized for streaming."""
-    block_m = max(16, triton.next_power_of_2(group))
-    if not on_gpu:
-        return AttentionTiles(block_m, 16, 4, 1)
-    block_n = 128 if head_dim <= 64 else 64 if head_dim <= 128 else 32
-    return AttentionTiles(block_m, block_n, 4, 3)
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # interpreter runs: any small number; the rule only shapes the grid
-
-
-def modelled_split_cost(num_rows: int, num_kv_heads: int, seq_len: int, num_sms: int, block_n: int,
-                        splits: int) -> float:
-    """Decode time in KV-tile steps of one program: a program's tiles (+1 for its fixed cost: query load,
-    partial write, reduce), times how many programs share each resident slot (at least 1).
-
-    Below one full set of resident programs the time is one program's length (latency bound); above, it is
-    the total work over the slots (bandwidth bound). Continuous in the number of programs, unlike a model
-    of whole waves, whose hard steps real memory-bound kernels do not show.
-    """
-    programs = max(1, num_rows * num_kv_heads) * splits
-    tiles = triton.cdiv(triton.cdiv(max(1, seq_len), splits), block_n)
-    return max(1.0, programs / (PROGRAMS_PER_SM * num_sms)) * (tiles + 1)
-
-
-@functools.lru_cache(maxsize=4096)
-def num_kv_splits(num_rows: int, num_kv_heads: int, max_seq_len: int, num_sms: int, block_n: int = 64) -> int:
-    """KV splits per (row, KV head) for a batch of small rows (decode, draft verification).
-
-    A fixed rule, no measurement: the fewest splits that minimise `modelled_split_cost`, with no split
-    shorter than `MIN_SPLIT_TOKENS` keys. The modelled time is then non-decreasing in the batch size and
-    the split count shrinks gradually as rows are added, so there is no batch size where splitting stops
-    and latency doubles. Cached: every layer of a step asks the same question.
-    """
-    max_splits = max(1, min(MAX_KV_SPLITS, triton.cdiv(max(1, max_seq_len), MIN_SPLIT_TOKENS)))
-    costs = [modelled_split_cost(num_rows, num_kv_heads, max_seq_len, num_sms, block_n, s)
-             for s in range(1, max_splits + 1)]
-    return 1 + costs.index(min(costs))
-
-
 def paged_attention(
     query: torch.Tensor,  # [T, num_heads, head_dim] float32 / float16 / bfloat16, last dim contiguous
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
@@ -360,13 +295,13 @@ def paged_attention(
     if num_rows == 0 or num_tokens == 0:
         return out
     on_gpu = query.device.type == "cuda"
-    small = small_tiles or decode_tiles(head_dim, group, on_gpu)
-    large = large_tiles or prefill_tiles(head_dim, group, on_gpu)
+    small = small_tiles or decode_tiles(head_dim, group, on_gpu, query.element_size())
+    large = large_tiles or prefill_tiles(head_dim, group, on_gpu, query.element_size())
     small_q = small.block_m // group  # tokens a small row may have
     all_small = meta.max_query_len <= small_q
     if num_splits is None:
         # Mixed batches hold a prefill chunk that fills the GPU anyway: their small rows run unsplit.
-        num_splits = num_kv_splits(num_rows, num_kv_heads, meta.max_seq_len, _num_sms(query.device),
+        num_splits = num_kv_splits(num_rows, num_kv_heads, meta.max_seq_len, num_sms(query.device),
                                    small.block_n) if all_small else 1
 
     common = dict(
@@ -379,7 +314,9 @@ def paged_attention(
     )
     if not all_small:
         block_q = large.block_m // group
-        num_tiles = min(num_tokens // block_q + num_rows, num_rows * triton.cdiv(meta.max_query_len, block_q))
+        # Row r's tiles start at query_start_loc[r] // block_q + r (see _find_row): ids are not compact, so
+        # the grid must reach the last row's last tile; surplus programs exit at once.
+        num_tiles = num_tokens // block_q + num_rows
         _paged_attention_kernel[(num_tiles, num_kv_heads, 1)](
             query, kv_cache, out, out, out, num_splits=1,
             BLOCK_M=large.block_m, BLOCK_Q=block_q, BLOCK_N=large.block_n,
