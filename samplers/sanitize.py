@@ -11,11 +11,11 @@ from samplers.triton_utils import use_triton, vocab_block
 
 
 def sanitize_logits_reference(
-    logits: torch.Tensor,  # [L, V] float32
+    logits: torch.Tensor,  # [L, V] float32, written in place
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([L, V] logits with NaN/+inf replaced by -inf, [L] bool: the row had such a value)."""
-    bad = torch.isnan(logits) | (logits == float("inf"))
-    return logits.masked_fill(bad, float("-inf")), bad.any(dim=-1)
+    bad = ~(logits < float("inf"))  # one comparison finds both: NaN compares false
+    return logits.masked_fill_(bad, float("-inf")), bad.any(dim=-1)
 
 
 @triton.jit
@@ -45,7 +45,7 @@ def sanitize_logits_triton(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def sanitize_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """([L, V] sanitized logits, [L] bool flags): Triton on CUDA (in place), the reference elsewhere."""
+    """([L, V] sanitized logits, written in place; [L] bool flags): Triton on CUDA, the reference elsewhere."""
     if use_triton(logits):
         return sanitize_logits_triton(logits)
     return sanitize_logits_reference(logits)

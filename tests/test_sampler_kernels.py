@@ -200,7 +200,7 @@ def test_sanitize_and_logprobs_stats_match(vocab):
     if vocab > 3:
         logits[0, 3] = float("nan")
         logits[3, 1] = INF
-    out_r, flags_r = sanitize_logits_reference(logits)
+    out_r, flags_r = sanitize_logits_reference(logits.clone())
     out_t, flags_t = sanitize_logits_triton(logits.clone())
     assert torch.equal(out_r, out_t) and torch.equal(flags_r, flags_t)
     assert flags_r.tolist() == ([True, False, False, True, False] if vocab > 3 else [False] * 5)

@@ -75,7 +75,7 @@ def test_penalties_logprobs_and_masks_at_real_shapes():
     assert torch.equal(rank_t, rank_r)
     bad = logits.clone()
     bad[5, 7] = float("nan")
-    out_r, flag_r = sanitize_logits_reference(bad)
+    out_r, flag_r = sanitize_logits_reference(bad.clone())
     out_t, flag_t = sanitize_logits_triton(bad.clone())
     assert torch.equal(out_r, out_t) and torch.equal(flag_r, flag_t)
 
