@@ -60,6 +60,13 @@ class IncrementalDetokenizer:
         self.text += delta
         return delta
 
+    def decode_all(self, token_ids: Sequence[int]) -> str:
+        """Replace everything with one decode of the whole output (requests that never need partial text)."""
+        self._tokens = list(token_ids)
+        self._prefix_offset = self._read_offset = len(self._tokens)
+        self.text = self._decode(self._tokens)
+        return self.text
+
     def decode_one(self, token_id: int) -> str:
         """The text of a single token (for logprob entries)."""
         return self._decode([token_id])

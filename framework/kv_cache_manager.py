@@ -36,6 +36,9 @@ class KVCacheManager:
 
     def allocate(self, request_id: str, num_tokens: int) -> list[int] | None:
         """Grow the request to cover `num_tokens` positions; the new block ids, or None if too few are free."""
+        held = self._blocks.get(request_id)
+        if held is not None and num_tokens <= len(held) * self.block_size:
+            return []  # the common decode step: the next token fits in the last block
         need = self.blocks_needed(request_id, num_tokens)
         if need > len(self._free):
             return None

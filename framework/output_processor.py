@@ -110,11 +110,14 @@ class OutputProcessor:
         params = request.sampling_params
         new_tokens = request.output_token_ids[state.num_tokens_seen:]
         stopped_by_token = request.status == RequestStatus.FINISHED_STOPPED
+        # Text is needed while running only for stop strings and streaming; otherwise the output is decoded once
+        # when the request finishes (one decode call instead of two per token: the host stays off the hot path).
+        incremental = bool(params.stop) or params.output_kind != "final_only"
         for i, token in enumerate(new_tokens):
             if state.logprobs is not None and row_logprobs is not None and i < len(row_logprobs.ranks):
                 state.logprobs.append(self._logprob_entry(state, row_logprobs, i, params.logprobs or 0))
                 state.cumulative_logprob = (state.cumulative_logprob or 0.0) + row_logprobs.logprobs[i][0]
-            if state.detokenizer is None:
+            if state.detokenizer is None or not incremental:
                 continue
             delta = state.detokenizer.append(token)
             num_output = state.num_tokens_seen + i + 1
@@ -125,7 +128,10 @@ class OutputProcessor:
                     break
         state.num_tokens_seen = len(request.output_token_ids)
         if request.status.is_finished and state.detokenizer is not None and request.stop_string is None:
-            state.detokenizer.flush()
+            if incremental:
+                state.detokenizer.flush()
+            else:
+                state.detokenizer.decode_all(request.output_token_ids)
 
     def _stop_at_string(self, state: _OutputState, hit: tuple[str, int], num_output: int) -> None:
         stop, index = hit
