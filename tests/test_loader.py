@@ -103,3 +103,16 @@ def test_checkpoint_tensor_without_parameter_is_an_error(qwen3_dir, tmp_path):
         (tmp_path / f.name).write_bytes(f.read_bytes())
     with pytest.raises(CheckpointError, match=r"tensor 'model.layers.\d.self_attn.[qk]_norm.weight' matches no parameter"):
         LLM(str(tmp_path), device="cpu")
+
+
+def test_skip_special_tokens_reaches_the_hf_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    from framework.tokenizer import HFTokenizer
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "</s>": 1, "hi": 2}, unk_token="<unk>"))
+    tok.add_special_tokens(["</s>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    hf = HFTokenizer(tmp_path, eos_token_id=1)
+    assert hf.decode([2, 1]) == "hi"
+    assert "</s>" in hf.decode([2, 1], skip_special_tokens=False)
