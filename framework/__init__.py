@@ -8,12 +8,28 @@ outputs = LLM("tiny").generate(["def add(a, b):"], SamplingParams(temperature=0,
 ```
 """
 
+from typing import TYPE_CHECKING, Any
+
 from framework.config import ConfigError, Mrv2Config, load_config
-from framework.engine import EngineCore
-from framework.llm import LLM
 from framework.registry import LOGITS_PROCESSORS, MODEL_STATES, MODELS, SPECULATORS, Registry, RegistryError
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
+
+if TYPE_CHECKING:
+    from framework.engine import EngineCore
+    from framework.llm import LLM
+
+# The engine pulls in the runners, which import model_states and samplers; loading it on first use lets a
+# plugin package import `model_states` (or `samplers`) before `framework` without a circular import.
+_LAZY = {"EngineCore": "framework.engine", "LLM": "framework.llm"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'framework' has no attribute '{name}'")
 
 __all__ = [
     "ConfigError",

@@ -122,3 +122,13 @@ def test_duplicate_entry_point_is_reported_not_fatal(tmp_path, monkeypatch, capl
         MODEL_STATES.load_entry_points(force=True)
     assert "mrv2 plugin model state 'default' ignored" in caplog.text
     assert MODEL_STATES.get("default").__name__ == "DefaultModelState"
+
+
+@pytest.mark.parametrize("first", ["model_states", "samplers", "speculators", "framework"])
+def test_each_package_imports_first_in_a_fresh_interpreter(first):
+    """A plugin package imports `model_states` (say) before anything else: no circular import."""
+    import subprocess
+
+    code = f"import {first}; from framework import LLM; from model_states import ModelState; print('ok')"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
