@@ -9,7 +9,7 @@ outputs = LLM("tiny").generate(["def add(a, b):"], SamplingParams(temperature=0,
 """
 
 from framework.config import ConfigError, Mrv2Config, load_config
-from framework.engine import EngineCore
+from framework.engine import EngineCore, EngineDeadError
 from framework.llm import LLM
 from framework.registry import LOGITS_PROCESSORS, MODEL_STATES, MODELS, SPECULATORS, Registry, RegistryError
 from framework.request import RequestOutput
@@ -18,6 +18,7 @@ from framework.sampling_params import InvalidRequestError, SamplingParams
 __all__ = [
     "ConfigError",
     "EngineCore",
+    "EngineDeadError",
     "InvalidRequestError",
     "LLM",
     "LOGITS_PROCESSORS",
