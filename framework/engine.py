@@ -20,6 +20,7 @@ from framework.request import Request, RequestOutput, RequestStatus
 from framework.runner_interface import ModelRunner
 from framework.sampling_params import InvalidRequestError, SamplingParams, first_out_of_vocab
 from framework.scheduler import Scheduler
+from framework.scheduler_output import SchedulerOutput
 from framework.v1 import ModelRunnerV1
 from samplers.logits_processors import logits_processor_classes
 from samplers.sampler import ROW_ERROR_MESSAGES
@@ -202,7 +203,7 @@ class EngineCore:
                 self.runner.execute_model(scheduler_output)  # 2. state updates, inputs, forward (queued)
                 future = self.runner.sample_tokens()  # 3. sampling and post-update (queued)
             except Exception as err:
-                return self._fail_step(err)
+                return self._fail_step(err, scheduler_output)
         if scheduler_output.is_empty and self._in_flight is None and self.scheduler.num_unfinished:
             raise RuntimeError("the scheduler could not schedule any waiting request (KV cache too small?)")
         current = (scheduler_output, future) if future is not None and not scheduler_output.is_empty else None
@@ -215,7 +216,7 @@ class EngineCore:
         try:
             runner_output = done[1].get()  # 4. the only place the host waits for the device
         except Exception as err:
-            return self._fail_step(err)
+            return self._fail_step(err, done[0])
         self._consecutive_failures = 0
         errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
         self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stop tokens
@@ -226,9 +227,11 @@ class EngineCore:
             self.scheduler.check_invariants()
         return outputs
 
-    def _fail_step(self, err: Exception) -> list[RequestOutput]:
+    def _fail_step(self, err: Exception, failed: SchedulerOutput) -> list[RequestOutput]:
         """The runner raised: end the running requests (all requests, once the engine gives up) with an error."""
         self._consecutive_failures += 1
+        # The runner may have raised before freeing the slots this step released: it frees them next step.
+        self.scheduler.release_again(failed.finished_request_ids)
         message = f"the engine step failed: {type(err).__name__}: {err}"
         logger.error("mrv2: %s", message, exc_info=err)
         self._in_flight = None  # its requests are running: they end below, their tokens are dropped

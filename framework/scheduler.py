@@ -51,6 +51,10 @@ class Scheduler:
         self._finish(request, status)
         return request
 
+    def release_again(self, request_ids: set[str]) -> None:
+        """Tell the runner again, at the next step, to free these requests' slots (its last step failed)."""
+        self._released_ids |= request_ids
+
     @property
     def num_unfinished(self) -> int:
         return len(self.requests)
