@@ -149,7 +149,7 @@ def test_repeated_faults_mark_the_engine_dead(runner, one_thread):
     assert sorted(done) == [f"r{i}" for i in range(5)]
     assert all(o.finish_reason == "error" for o in done.values())
     assert "stopped" not in done["r0"].error and "injected fault" in done["r4"].error
-    assert not engine.has_unfinished_requests() and engine.scheduler.kv_cache.num_free_blocks == engine.num_free_blocks
+    assert not engine.has_unfinished_requests()
     for call in (engine.step, lambda: engine.add_request("x", [1, 2], GREEDY)):
         with pytest.raises(EngineDeadError, match=f"stopped after {MAX_CONSECUTIVE_STEP_FAILURES} failing steps"):
             call()
@@ -269,3 +269,30 @@ def test_nonfinite_logits_end_only_that_request(runner, value, one_thread):
     for i in (0, 2):
         assert outs[i].token_ids == clean[i].token_ids and outs[i].error is None
     assert_engine_drained(llm.engine)
+
+
+# ---- the leak checks themselves -----------------------------------------------------------------------------
+def test_invariant_check_catches_leaks_and_is_off_by_default(leak_check):
+    from framework.config import SchedulerConfig
+    from framework.kv_cache_manager import KVCacheManager
+    from framework.request import Request
+    from framework.scheduler import Scheduler
+
+    assert SchedulerConfig().check_invariants is False
+    kv = KVCacheManager(8, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32), kv, 64)
+    sched.add_request(Request("a", [1, 2, 3], GREEDY))
+    out = sched.schedule()
+    sched.check_invariants()
+    sched.update_from_output(out, [[4]])
+    with pytest.raises(AssertionError, match="requests left in the scheduler"):
+        leak_check(sched)
+    sched.abort_request("a")
+    leak_check(sched)
+    kv.allocate("ghost", 5)  # blocks held by a request the scheduler does not know
+    with pytest.raises(AssertionError, match="held by a request that is not running"):
+        sched.check_invariants()
+    kv.free("ghost")
+    kv._free.append(kv._free[0])  # a block twice in the free list
+    with pytest.raises(AssertionError, match="KV block pool leak: 9 free"):
+        kv.check_conservation()
