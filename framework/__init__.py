@@ -16,12 +16,12 @@ from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
 
 if TYPE_CHECKING:
-    from framework.engine import EngineCore
+    from framework.engine import EngineCore, EngineDeadError
     from framework.llm import LLM
 
 # The engine pulls in the runners, which import model_states and samplers; loading it on first use lets a
 # plugin package import `model_states` (or `samplers`) before `framework` without a circular import.
-_LAZY = {"EngineCore": "framework.engine", "LLM": "framework.llm"}
+_LAZY = {"EngineCore": "framework.engine", "EngineDeadError": "framework.engine", "LLM": "framework.llm"}
 
 
 def __getattr__(name: str) -> Any:
@@ -34,6 +34,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ConfigError",
     "EngineCore",
+    "EngineDeadError",
     "InvalidRequestError",
     "LLM",
     "LOGITS_PROCESSORS",

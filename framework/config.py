@@ -107,6 +107,10 @@ class SchedulerConfig(_Strict):
     async_scheduling: bool = Field(
         True, description="Schedule step N+1 on the host while the device runs step N (outputs arrive one step later)."
     )
+    check_invariants: bool = Field(
+        False, description="After every step, verify the block pool and the request queues (free + in use = total "
+        "blocks, each request in one queue, only running requests hold blocks); for tests and debugging."
+    )
 
 
 class CacheConfig(_Strict):

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import logging
 import random
+import traceback
 from typing import Optional
 
+import torch
+
+from framework.async_output import ModelRunnerOutput
 from framework.compat import select_runner
 from framework.config import ConfigError, Mrv2Config
 from framework.engine_setup import load_model, num_kv_blocks, resolve_device
@@ -16,17 +20,37 @@ from framework.request import Request, RequestOutput, RequestStatus
 from framework.runner_interface import ModelRunner
 from framework.sampling_params import InvalidRequestError, SamplingParams, first_out_of_vocab
 from framework.scheduler import Scheduler
+from framework.scheduler_output import SchedulerOutput
 from framework.v1 import ModelRunnerV1
 from samplers.logits_processors import logits_processor_classes
 from samplers.sampler import ROW_ERROR_MESSAGES
 
 logger = logging.getLogger(__name__)
 
+# A runner failing this many steps in a row is not transient: the engine stops (`EngineDeadError`).
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+
+
+class EngineDeadError(RuntimeError):
+    """The engine stopped after repeated runner failures; every later call raises this. Build a new engine."""
+
 
 class EngineCore:
     """Owns the scheduler, the KV block pool and the runner; validates requests on the way in."""
 
     def __init__(self, config: Mrv2Config) -> None:
+        try:
+            self._start(config)
+        except BaseException as err:
+            # Free what start-up allocated (weights, KV cache) now, even while the caller keeps the exception:
+            # its traceback's frames would otherwise hold them.
+            self.__dict__.clear()
+            traceback.clear_frames(err.__traceback__)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            raise
+
+    def _start(self, config: Mrv2Config) -> None:
         self.config = config
         runner_kind = select_runner(config)
         self.loaded = load_model(config, resolve_device(config.device))
@@ -49,6 +73,9 @@ class EngineCore:
         self._seed_rng = random.Random(config.seed)
         self._in_flight: Optional[tuple] = None  # (SchedulerOutput, AsyncOutput) of the step not yet read back
         self._arrivals = 0
+        self._check_invariants = config.scheduler.check_invariants
+        self._consecutive_failures = 0
+        self._dead: Optional[str] = None  # why the engine stopped, once it has
         logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens", runner_kind, self.loaded.device, blocks,
                     config.cache.block_size)
 
@@ -63,6 +90,7 @@ class EngineCore:
 
         The request keeps its own copy of `params`, with string `bad_words` tokenised.
         """
+        self._raise_if_dead()
         params = self._validate(request_id, prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self._seed_rng.randrange(1 << 63)
         request = Request(
@@ -145,7 +173,10 @@ class EngineCore:
                                       f"{', '.join(used)}; use runner=v2 or runner=auto")
 
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
-        """Abort a request; its output (finish_reason "abort"), or None if the id is not in flight."""
+        """Abort a request; its output (finish_reason "abort"), or None if the id is not in flight.
+
+        Aborting an unknown or already finished id is not an error: it returns None and changes nothing.
+        """
         request = self.scheduler.abort_request(request_id)
         return None if request is None else self.output_processor.abort(request)
 
@@ -158,12 +189,21 @@ class EngineCore:
 
         With `scheduler.async_scheduling`, step N+1 is scheduled and queued on the device before the host
         waits for step N's tokens, so the device never idles while the host does its bookkeeping.
+
+        An exception from the runner ends every running request with finish_reason "error" (the message names
+        the exception), frees their blocks and slots, and the engine serves the waiting requests next step.
+        After `MAX_CONSECUTIVE_STEP_FAILURES` failing steps in a row it ends every request that way and is
+        dead: later calls raise `EngineDeadError`.
         """
+        self._raise_if_dead()
         scheduler_output = self.scheduler.schedule()  # 1. what runs this step
         future = None
         if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
-            self.runner.execute_model(scheduler_output)  # 2. state updates, inputs, forward (queued)
-            future = self.runner.sample_tokens()  # 3. sampling and post-update (queued)
+            try:
+                self.runner.execute_model(scheduler_output)  # 2. state updates, inputs, forward (queued)
+                future = self.runner.sample_tokens()  # 3. sampling and post-update (queued)
+            except Exception as err:
+                return self._fail_step(err, scheduler_output)
         if scheduler_output.is_empty and self._in_flight is None and self.scheduler.num_unfinished:
             raise RuntimeError("the scheduler could not schedule any waiting request (KV cache too small?)")
         current = (scheduler_output, future) if future is not None and not scheduler_output.is_empty else None
@@ -172,11 +212,44 @@ class EngineCore:
         else:
             done = current
         if done is None:
-            return []
-        runner_output = done[1].get()  # 4. the only place the host waits for the device
+            return self._checked([])
+        try:
+            runner_output = done[1].get()  # 4. the only place the host waits for the device
+        except Exception as err:
+            return self._fail_step(err, done[0])
+        self._consecutive_failures = 0
         errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
         self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stop tokens
-        return self.output_processor.process(runner_output)  # 6. logprobs, text, stop strings, deltas
+        return self._checked(self.output_processor.process(runner_output))  # 6. logprobs, text, stop strings, deltas
+
+    def _checked(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        if self._check_invariants:  # off by default: the step path pays one attribute test
+            self.scheduler.check_invariants()
+        return outputs
+
+    def _fail_step(self, err: Exception, failed: SchedulerOutput) -> list[RequestOutput]:
+        """The runner raised: end the running requests (all requests, once the engine gives up) with an error."""
+        self._consecutive_failures += 1
+        # The runner may have raised before freeing the slots this step released: it frees them next step.
+        self.scheduler.release_again(failed.finished_request_ids)
+        message = f"the engine step failed: {type(err).__name__}: {err}"
+        logger.error("mrv2: %s", message, exc_info=err)
+        self._in_flight = None  # its requests are running: they end below, their tokens are dropped
+        victims = list(self.scheduler.running)
+        if self._consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+            self._dead = (f"the engine stopped after {self._consecutive_failures} failing steps in a row; "
+                          f"last: {type(err).__name__}: {err}")
+            victims += list(self.scheduler.waiting)
+        for request in victims:
+            request.error = message
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ERROR)
+        ids = [r.request_id for r in victims]
+        outputs = self.output_processor.process(ModelRunnerOutput(ids, [[] for _ in ids]))
+        return outputs if self._dead else self._checked(outputs)
+
+    def _raise_if_dead(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
 
     @property
     def num_free_blocks(self) -> int:

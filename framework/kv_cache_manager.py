@@ -49,3 +49,16 @@ class KVCacheManager:
     def free(self, request_id: str) -> None:
         """Return every block of the request to the pool (finish, abort, preemption)."""
         self._free.extend(self._blocks.pop(request_id, ()))
+
+    def holders(self) -> set[str]:
+        """Ids of the requests that hold at least one block."""
+        return {request_id for request_id, blocks in self._blocks.items() if blocks}
+
+    def check_conservation(self) -> None:
+        """Raise `AssertionError` unless every block is either free or held by exactly one request."""
+        held = [b for blocks in self._blocks.values() for b in blocks]
+        if len(self._free) + len(held) != self.num_blocks or set(self._free) | set(held) != set(range(self.num_blocks)):
+            raise AssertionError(
+                f"KV block pool leak: {len(self._free)} free + {len(held)} in use != {self.num_blocks} total "
+                f"(or a block is both free and held, or held twice)"
+            )

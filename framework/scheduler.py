@@ -51,6 +51,10 @@ class Scheduler:
         self._finish(request, status)
         return request
 
+    def release_again(self, request_ids: set[str]) -> None:
+        """Tell the runner again, at the next step, to free these requests' slots (its last step failed)."""
+        self._released_ids |= request_ids
+
     @property
     def num_unfinished(self) -> int:
         return len(self.requests)
@@ -173,6 +177,25 @@ class Scheduler:
                 self._finish(request, status)
                 finished.append(request)
         return finished
+
+    def check_invariants(self) -> None:
+        """Raise `AssertionError` on a leak: block pool conservation, each request in exactly one queue with a
+        matching status, only running requests hold blocks (run after every step with `check_invariants`)."""
+        self.kv_cache.check_conservation()
+        waiting, running = {r.request_id for r in self.waiting}, {r.request_id for r in self.running}
+        problems = []
+        if waiting & running or waiting | running != set(self.requests) or len(running) != len(self.running):
+            problems.append("a request is in no queue, in both, or twice")
+        if len(self.running) > self.config.max_num_seqs:
+            problems.append(f"{len(self.running)} running requests > max_num_seqs={self.config.max_num_seqs}")
+        if any(r.status != RequestStatus.RUNNING for r in self.running):
+            problems.append("a running request's status is not RUNNING")
+        if any(r.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED) for r in self.waiting):
+            problems.append("a waiting request's status is not WAITING or PREEMPTED")
+        if not self.kv_cache.holders() <= running:
+            problems.append("blocks are held by a request that is not running (or has ended)")
+        if problems:
+            raise AssertionError("scheduler invariant broken: " + "; ".join(problems))
 
     def _ends_in_flight(self, request: Request) -> bool:
         """True when tokens already being sampled reach max_tokens or max_model_len (async scheduling)."""

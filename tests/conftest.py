@@ -65,3 +65,21 @@ def tiny_llm():
 
 def python_exe() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def leak_check():
+    """`leak_check(scheduler)` / `leak_check.engine(engine)`: assert nothing is queued and every block/slot is free."""
+    from leak_check import assert_engine_drained, assert_no_leaks
+
+    assert_no_leaks.engine = assert_engine_drained  # type: ignore[attr-defined]
+    return assert_no_leaks
+
+
+@pytest.fixture
+def one_thread():
+    """Run torch on one thread: on a small shared CPU the tiny model's many tiny ops are faster that way."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -19,6 +19,7 @@ from framework.v1.inputs import HostToDevice, StepInputs, build_step_inputs
 from framework.v1.persistent_batch import PersistentBatch
 from framework.v1.sampling import sample_rows
 from model_states import select_model_state
+from samplers.sampler import ROW_NONFINITE_LOGITS
 
 
 class _ExecuteState(NamedTuple):
@@ -109,9 +110,11 @@ class ModelRunnerV1(ModelRunner):
         batch = step.batch
         logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [R, vocab] float32
         sampled = sample_rows(logits, self.batch, batch.sample_positions, self._to_device)  # 2. parameters from the rows
+        # Rows with NaN or +inf logits are reported (finish_reason "error"), as V2's sampler does; -inf is a mask.
+        errors = (torch.isnan(logits) | (logits == float("inf"))).any(dim=-1).int() * ROW_NONFINITE_LOGITS
         sampled_host = sampled.cpu().numpy()  # 3. wait for the device: V1 is synchronous
         num_sampled = self.batch.append_sampled(step.seq_lens_host, sampled_host)  # 4. history grows on the CPU
         num_sampled_dev = torch.from_numpy(num_sampled).to(self.device)
         self.model_state.postprocess(batch, num_sampled_dev, torch.zeros_like(num_sampled_dev))  # 5.
         return AsyncOutput(batch.request_ids, torch.from_numpy(sampled_host).view(-1, 1),
-                           torch.from_numpy(num_sampled))  # 6. already on the host
+                           torch.from_numpy(num_sampled), errors=errors)  # 6. already on the host
