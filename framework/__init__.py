@@ -11,12 +11,14 @@ outputs = LLM("tiny").generate(["def add(a, b):"], SamplingParams(temperature=0,
 from framework.config import ConfigError, Mrv2Config, load_config
 from framework.engine import EngineCore
 from framework.llm import LLM
+from framework.pooling_params import EmbeddingOutput, PoolingParams, PoolingRequestOutput
 from framework.registry import LOGITS_PROCESSORS, MODEL_STATES, MODELS, SPECULATORS, Registry, RegistryError
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
 
 __all__ = [
     "ConfigError",
+    "EmbeddingOutput",
     "EngineCore",
     "InvalidRequestError",
     "LLM",
@@ -24,6 +26,8 @@ __all__ = [
     "MODELS",
     "MODEL_STATES",
     "Mrv2Config",
+    "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
     "Registry",
     "RegistryError",

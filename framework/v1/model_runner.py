@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 
 from framework.async_output import AsyncOutput
 from framework.config import Mrv2Config
 from framework.engine_setup import LoadedModel
+from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.v1.inputs import HostToDevice, StepInputs, build_step_inputs
@@ -26,6 +28,7 @@ class _ExecuteState(NamedTuple):
 
     step: StepInputs
     hidden_states: torch.Tensor  # [T, hidden]
+    pooled: Optional[PooledRows]  # vectors of embedding requests whose prompt completed this step
 
 
 class ModelRunnerV1(ModelRunner):
@@ -49,6 +52,7 @@ class ModelRunnerV1(ModelRunner):
         self.batch = PersistentBatch(max_reqs, loaded.max_model_len, -(-loaded.max_model_len // self.block_size))
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
+        self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)  # keyed by state_slot too
         self._free_state_slots = list(range(max_reqs - 1, -1, -1))  # pop() hands out slot 0 first
         self.config, self.loaded = config, loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
@@ -71,6 +75,7 @@ class ModelRunnerV1(ModelRunner):
         self.batch.condense()  # 4. the last rows move into the holes
         self.batch.reorder(output.scheduled_request_ids)  # 5. rows swap into the scheduler's order
         self.model_state.apply_staged_writes()  # 6.
+        self.pooling_state.apply_staged_writes()
         if output.is_empty:
             self._pending = None
             return
@@ -79,13 +84,16 @@ class ModelRunnerV1(ModelRunner):
         extra_inputs = self.model_state.prepare_inputs(step.batch)  # 9.
         batch = step.batch
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)  # 10.
-        self._pending = _ExecuteState(step, hidden)
+        pooled = self.pooling_state.apply(batch, hidden, np.asarray(output.num_scheduled_tokens),
+                                          step.seq_lens_host)  # 11. embedding requests
+        self._pending = _ExecuteState(step, hidden, pooled)
 
     def _remove_requests(self, request_ids: set[str]) -> None:
         for request_id in request_ids:
             state_slot = self.batch.remove_request(request_id)
             if state_slot is not None:
                 self.model_state.remove_request(state_slot)
+                self.pooling_state.remove_request(state_slot)
                 self._free_state_slots.append(state_slot)
 
     def _add_requests(self, new_requests: list[NewRequestData]) -> None:
@@ -93,6 +101,7 @@ class ModelRunnerV1(ModelRunner):
             state_slot = self._free_state_slots.pop()
             self.batch.add_request(new, state_slot)
             self.model_state.add_request(state_slot, new)
+            self.pooling_state.add_request(state_slot, new)
 
     def _update_requests(self, cached: list[CachedRequestData]) -> None:
         for data in cached:
@@ -104,7 +113,7 @@ class ModelRunnerV1(ModelRunner):
     def sample_tokens(self) -> AsyncOutput:
         if self._pending is None:
             return AsyncOutput.empty()
-        step, hidden = self._pending
+        step, hidden, pooled = self._pending
         self._pending = None
         batch = step.batch
         logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [R, vocab] float32
@@ -114,4 +123,4 @@ class ModelRunnerV1(ModelRunner):
         num_sampled_dev = torch.from_numpy(num_sampled).to(self.device)
         self.model_state.postprocess(batch, num_sampled_dev, torch.zeros_like(num_sampled_dev))  # 5.
         return AsyncOutput(batch.request_ids, torch.from_numpy(sampled_host).view(-1, 1),
-                           torch.from_numpy(num_sampled))  # 6. already on the host
+                           torch.from_numpy(num_sampled), pooled=pooled)  # 6. already on the host
