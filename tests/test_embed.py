@@ -87,7 +87,7 @@ def test_embeddings_match_hf(checkpoints: dict, arch: str, scenario: str) -> Non
         torch.testing.assert_close(torch.tensor(out.embedding), expected, atol=ATOL, rtol=RTOL,
                                    msg=lambda m: f"{params.pooling_type}, prompt len {len(prompt)}: {m}")
     if "preempt" in scenario:
-        assert sum(o.num_preemptions for o in pooled + gen) > 0, "the small KV cache was meant to preempt"
+        assert sum(o.num_preemptions for o in pooled) > 0, "the small KV cache was meant to preempt a pooling request"
     if scenario == "plain":  # the reference pools what the base model returns after its final norm
         ids = torch.tensor([PROMPTS[1]])
         with torch.no_grad():
@@ -97,8 +97,8 @@ def test_embeddings_match_hf(checkpoints: dict, arch: str, scenario: str) -> Non
 
 @pytest.mark.parametrize("runner", ["v2", "v1"])
 def test_mixed_batches_change_neither_kind(tiny_llm_factory, runner: str) -> None:
-    prompts = [[(7 * i + 3 * j) % 250 for j in range(6 + 9 * i)] for i in range(4)]
-    requests = [(p, PoolingParams(pooling_type=t)) for p, t in zip(prompts, ("mean", "last", "cls", "mean"))]
+    prompts = [[(7 * i + 3 * j) % 250 for j in range(6 + 11 * i)] for i in range(3)]
+    requests = [(p, PoolingParams(pooling_type=t)) for p, t in zip(prompts, ("mean", "last", "cls"))]
     kwargs = {"runner": runner, "max_num_batched_tokens": 16}
     alone_p, _ = run_mixed(tiny_llm_factory(**kwargs), requests, [])
     _, alone_g = run_mixed(tiny_llm_factory(**kwargs), [], prompts)
@@ -167,12 +167,19 @@ def test_cli_run_task_embed_prints_one_line_per_prompt(tmp_path) -> None:  # typ
                               cwd=tmp_path, env=dict(os.environ, HYDRA_FULL_ERROR="0", TMPDIR=str(tmp_path)),
                               capture_output=True, text=True, timeout=300)
 
-    first, second = run("experiment=embed"), run("task=embed", "model.pooling=mean")
+    first = run("experiment=embed")
     assert first.returncode == 0, first.stderr
     lines = first.stdout.splitlines()
     assert len(lines) == 3 and all(line.startswith(f"embedding {i}: dim=64 norm=1.0000 [")
                                    for i, line in enumerate(lines))
-    assert first.stdout == second.stdout  # the preset is task=embed + mean pooling; output is deterministic
+    # The preset is task=embed with mean pooling; the lines are the in-process vectors, formatted.
+    from framework.run_command import format_embedding
+
+    llm = LLM("tiny", device="cpu", task="embed", pooling="mean")
+    expected = [format_embedding(i, o.embedding)
+                for i, o in enumerate(llm.encode(["def fibonacci(n):", "import numpy as np\n", "The quick brown fox"],
+                                                 use_tqdm=False))]  # conf/base.yaml's run.prompts
+    assert lines == expected
     bad = run("task=embedding")
     assert bad.returncode == 2 and "task: Input should be 'generate' or 'embed'" in bad.stderr
 
