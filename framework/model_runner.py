@@ -168,9 +168,12 @@ class ModelRunnerV2(ModelRunner):
             return AsyncOutput.empty()
         batch, hidden, pooled = self._pending
         self._pending = None
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [L, vocab] float32
-        stages = self.sampling_states.stages_for(batch.idx_mapping_host)
-        sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages)  # 2.
+        if self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: no logits, no sampler
+            sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
+        else:
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [L, vocab] float32
+            stages = self.sampling_states.stages_for(batch.idx_mapping_host)
+            sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages)  # 2.
         tokens, num_accepted = self._verify_drafts(batch, sampled.sampled_token_ids)  # 3. [R, K+1], [R]
         rs = self.request_state
         num_sampled, num_rejected = compute_num_sampled(

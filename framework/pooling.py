@@ -70,6 +70,10 @@ class PoolingState:
     def remove_request(self, req_slot: int) -> None:
         self.kind[req_slot] = -1
 
+    def only_pooling(self, idx_mapping_host: np.ndarray) -> bool:
+        """True when every batch row (req_slots `idx_mapping_host`) is an embedding request: nothing to sample."""
+        return bool((self.kind[idx_mapping_host] >= 0).all())
+
     def apply_staged_writes(self) -> None:
         """Zero the running sums of slots that (re)started a pooling prompt: one scatter per tensor."""
         if not self._to_reset:

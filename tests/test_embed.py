@@ -108,6 +108,19 @@ def test_mixed_batches_change_neither_kind(tiny_llm_factory, runner: str) -> Non
         torch.testing.assert_close(torch.tensor(b.embedding), torch.tensor(a.embedding), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+def test_embedding_only_steps_compute_no_logits(tiny_llm_factory, runner: str) -> None:
+    llm = tiny_llm_factory(runner=runner, max_num_batched_tokens=8)
+    model = llm.engine.runner.model
+    calls: list[int] = []
+    compute_logits = model.compute_logits
+    model.compute_logits = lambda hidden: calls.append(hidden.shape[0]) or compute_logits(hidden)
+    out = llm.encode(["The quick brown fox jumps", "over the lazy dog"], use_tqdm=False)
+    assert [o.finish_reason for o in out] == ["pooled", "pooled"] and calls == []
+    llm.generate(["abc"], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
+    assert calls  # generation still samples
+
+
 def test_v1_and_v2_embed_alike(tiny_llm_factory) -> None:
     params = [PoolingParams(pooling_type=t) for t in TYPES]
     texts = ["def fibonacci(n):", "The quick brown fox", "import numpy as np\n"]

@@ -116,8 +116,11 @@ class ModelRunnerV1(ModelRunner):
         step, hidden, pooled = self._pending
         self._pending = None
         batch = step.batch
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [R, vocab] float32
-        sampled = sample_rows(logits, self.batch, batch.sample_positions, self._to_device)  # 2. parameters from the rows
+        if self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: nothing to sample
+            sampled = torch.zeros(batch.num_rows, dtype=torch.int64, device=self.device)
+        else:
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [R, vocab] float32
+            sampled = sample_rows(logits, self.batch, batch.sample_positions, self._to_device)  # 2. from the rows
         sampled_host = sampled.cpu().numpy()  # 3. wait for the device: V1 is synchronous
         num_sampled = self.batch.append_sampled(step.seq_lens_host, sampled_host)  # 4. history grows on the CPU
         num_sampled_dev = torch.from_numpy(num_sampled).to(self.device)
