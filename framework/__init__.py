@@ -11,6 +11,7 @@ outputs = LLM("tiny").generate(["def add(a, b):"], SamplingParams(temperature=0,
 from typing import TYPE_CHECKING, Any
 
 from framework.config import ConfigError, Mrv2Config, load_config
+from framework.pooling_params import EmbeddingOutput, PoolingParams, PoolingRequestOutput
 from framework.registry import LOGITS_PROCESSORS, MODEL_STATES, MODELS, SPECULATORS, Registry, RegistryError
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
@@ -33,6 +34,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ConfigError",
+    "EmbeddingOutput",
     "EngineCore",
     "EngineDeadError",
     "InvalidRequestError",
@@ -41,6 +43,8 @@ __all__ = [
     "MODELS",
     "MODEL_STATES",
     "Mrv2Config",
+    "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
     "Registry",
     "RegistryError",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 import torch
 
 if TYPE_CHECKING:
+    from framework.pooling import PooledRows
     from samplers.logprobs import LogprobsTensors
     from samplers.prompt_logprobs import PromptLogprobsPiece
 
@@ -33,6 +34,7 @@ class ModelRunnerOutput:
     logprobs: Optional[list[Optional[LogprobsLists]]] = None  # per batch row, one entry per sampled token
     errors: Optional[list[int]] = None  # per batch row: 0, or a samplers.sampler ROW_* error code
     prompt_logprobs: dict[str, tuple[int, LogprobsLists]] = field(default_factory=dict)  # id -> (start, lists)
+    pooled: dict[str, list[float]] = field(default_factory=dict)  # embedding request id -> its vector
 
 
 class AsyncOutput:
@@ -54,10 +56,12 @@ class AsyncOutput:
         logits_row_starts: Optional[Sequence[int]] = None,  # [R] first logits row of each batch row
         errors: Optional[torch.Tensor] = None,  # [R] int32
         prompt_logprobs: Optional["PromptLogprobsPiece"] = None,
+        pooled: Optional["PooledRows"] = None,  # vectors of embedding requests whose prompt completed
     ) -> None:
         self.request_ids = request_ids
         self._logits_row_starts = list(logits_row_starts) if logits_row_starts is not None else None
         self._prompt_meta = prompt_logprobs
+        self._pooled_meta = pooled
         tensors: dict[str, torch.Tensor] = {"sampled": sampled, "num_sampled": num_sampled}
         if logprobs is not None:
             tensors.update(lp_ids=logprobs.token_ids, lp_values=logprobs.logprobs, lp_ranks=logprobs.ranks)
@@ -66,6 +70,8 @@ class AsyncOutput:
         if prompt_logprobs is not None:
             t = prompt_logprobs.tensors
             tensors.update(plp_ids=t.token_ids, plp_values=t.logprobs, plp_ranks=t.ranks)
+        if pooled is not None:
+            tensors["pooled"] = pooled.vectors
         self._event: Optional[torch.cuda.Event] = None
         if copy_stream is None:
             self._host = tensors
@@ -114,4 +120,9 @@ class AsyncOutput:
                 prompt[request_id] = (start, LogprobsLists(ids[sl], values[sl], ranks[sl]))
                 offset += n
         errors = h["errors"].tolist() if "errors" in h else None
-        return ModelRunnerOutput(self.request_ids, sampled, logprobs, errors, prompt)
+        pooled: dict[str, list[float]] = {}
+        if self._pooled_meta is not None:
+            vectors = h["pooled"].tolist()
+            for request_id, vector, dims in zip(self._pooled_meta.request_ids, vectors, self._pooled_meta.dimensions):
+                pooled[request_id] = vector[:dims]
+        return ModelRunnerOutput(self.request_ids, sampled, logprobs, errors, prompt, pooled)

@@ -20,6 +20,8 @@ USAGE = """usage: mrv2 {run,bench} [HYDRA OVERRIDES...]
   mrv2 run sampler=random sampler.max_tokens=64
   mrv2 run -m sampler.temperature=0,0.8  (multirun: one job per value)
   mrv2 bench experiment=nano             the "nano" throughput workload (needs a GPU to finish quickly)
+  mrv2 run task=embed                   embed the prompts instead (one line per prompt)
+  mrv2 bench experiment=embed_bench     embedding throughput, mrv2 vs HF transformers
   mrv2 run --cfg job                     print the composed config
 """
 
@@ -78,7 +80,13 @@ def _bench_task(cfg: object) -> None:
     from framework.config import load_config
 
     config = load_config(cfg)
-    run_bench(config, Path(config.bench.output_dir or HydraConfig.get().runtime.output_dir))
+    out_dir = Path(config.bench.output_dir or HydraConfig.get().runtime.output_dir)
+    if config.task == "embed":
+        from framework.bench_embed import run_embed_bench
+
+        run_embed_bench(config, out_dir)
+        return
+    run_bench(config, out_dir)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,6 +38,10 @@ class ModelConfig(_Strict):
     model_state: Optional[str] = Field(
         None, description="Registry name of the ModelState to use; null = chosen from the model."
     )
+    pooling: Literal["last", "mean", "cls"] = Field(
+        "last", description="How embedding requests pool prompt hidden states unless `PoolingParams.pooling_type` "
+        "says: the last token, the mean over tokens, or the first (CLS) token."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":
@@ -168,6 +172,10 @@ class Mrv2Config(_Strict):
     run: RunConfig = Field(default_factory=RunConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    task: Literal["generate", "embed"] = Field(
+        "generate", description="What `mrv2 run` / `mrv2 bench` do: complete prompts, or embed them (one vector each). "
+        "The engine serves both kinds of request either way."
+    )
     seed: int = Field(0, description="Run seed: per-request sampling seeds are drawn from it.")
 
     @model_validator(mode="after")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import traceback
@@ -16,6 +17,8 @@ from framework.engine_setup import load_model, num_kv_blocks, resolve_device
 from framework.kv_cache_manager import KVCacheManager
 from framework.model_runner import ModelRunnerV2
 from framework.output_processor import OutputProcessor
+from framework.pooling import hidden_size_of
+from framework.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
 from framework.request import Request, RequestOutput, RequestStatus
 from framework.runner_interface import ModelRunner
 from framework.sampling_params import InvalidRequestError, SamplingParams, first_out_of_vocab
@@ -84,13 +87,19 @@ class EngineCore:
         return self.loaded.tokenizer
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: Optional[str] = None
+        self, request_id: str, prompt_token_ids: list[int], params: Optional[SamplingParams],
+        prompt: Optional[str] = None, pooling_params: Optional[PoolingParams] = None,
     ) -> None:
         """Queue a request; raises `InvalidRequestError` (and changes nothing) if it cannot be served.
 
-        The request keeps its own copy of `params`, with string `bad_words` tokenised.
+        The request keeps its own copy of `params`, with string `bad_words` tokenised. With `pooling_params`
+        it is an embedding request: its prompt is computed and pooled, nothing is sampled (`params` is ignored).
         """
         self._raise_if_dead()
+        if pooling_params is not None:
+            pooling_params = self.validate_pooling(request_id, pooling_params)
+            params = POOLING_SAMPLING_PARAMS
+        assert params is not None, "a generation request needs SamplingParams"
         params = self._validate(request_id, prompt_token_ids, params)
         seed = params.seed if params.seed is not None else self._seed_rng.randrange(1 << 63)
         request = Request(
@@ -101,6 +110,7 @@ class EngineCore:
             sampling_seed=seed,
             prompt=prompt,
             arrival_index=self._arrivals,
+            pooling_params=pooling_params,
         )
         self.scheduler.add_request(request)
         self.output_processor.add_request(request)
@@ -152,6 +162,14 @@ class EngineCore:
             cls.validate_params(prepared, vocab)
         self._check_runner_supports(request_id, prepared)
         return prepared
+
+    def validate_pooling(self, request_id: str, params: PoolingParams) -> PoolingParams:
+        """Check an embedding request's parameters; returns a copy with the pooling type resolved."""
+        try:
+            params.validate(hidden_size_of(self.loaded))
+        except InvalidRequestError as err:
+            raise InvalidRequestError(f"request '{request_id}': {err}") from None
+        return dataclasses.replace(params, pooling_type=params.pooling_type or self.config.model.pooling)
 
     def _check_runner_supports(self, request_id: str, params: SamplingParams) -> None:
         """The V1 runner samples with temperature, top-k/top-p, min-p and seed only: refuse what it would ignore."""

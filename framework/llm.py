@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from framework.config import Mrv2Config, load_config
 from framework.engine import EngineCore
+from framework.pooling_params import PoolingParams, PoolingRequestOutput
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
 
@@ -36,7 +37,16 @@ _KWARGS = {
     "async_scheduling": "scheduler.async_scheduling",
     "cuda_graphs": "runner.cuda_graphs",
     "token_history_on_host": "cache.token_history_on_host",
+    "task": "task",
+    "pooling": "model.pooling",
 }
+
+
+def _prompt_list(prompts: Union[Prompt, Sequence[Prompt]]) -> list[Prompt]:
+    """One prompt (text or a token-id list) or a list of them, as a list."""
+    if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
+        return [prompts]  # type: ignore[list-item]
+    return list(prompts)  # type: ignore[arg-type]
 
 
 def _config_from_kwargs(model: str, kwargs: dict[str, Any]) -> Mrv2Config:
@@ -82,9 +92,7 @@ class LLM:
         output_kind: str,
     ) -> list[str]:
         """Validate every request, then queue them all (one bad prompt queues nothing); returns their ids."""
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        prompts = _prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
@@ -122,6 +130,45 @@ class LLM:
                         outputs[out.request_id] = out
                         bar.update(1)
         return [outputs[r] for r in request_ids]
+
+    def encode(
+        self,
+        prompts: Union[Prompt, Sequence[Prompt]],
+        pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """Embed every prompt (text or token ids): one vector per prompt, in prompt order.
+
+        The prompt runs through the same scheduler, slots and paged KV cache as generation (prefill only,
+        chunked when long); its hidden states after the final norm are pooled as `PoolingParams` says
+        (default: `model.pooling`, L2-normalised). Every request is validated before any is queued.
+        """
+        prompts = _prompt_list(prompts)
+        if pooling_params is None:
+            pooling_params = PoolingParams()
+        params = ([pooling_params] * len(prompts) if isinstance(pooling_params, PoolingParams)
+                  else list(pooling_params))
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} PoolingParams")
+        requests = []
+        for prompt, p in zip(prompts, params):
+            ids = self._token_ids(prompt)
+            request_id = f"embed-{next(self._ids)}"
+            p = self.engine.validate_pooling(request_id, p)
+            self.engine._validate(request_id, ids, SamplingParams(temperature=0.0, max_tokens=1))
+            requests.append((request_id, ids, p, prompt if isinstance(prompt, str) else None))
+        for request_id, ids, p, text in requests:
+            self.engine.add_request(request_id, ids, None, prompt=text, pooling_params=p)
+        outputs: dict[str, PoolingRequestOutput] = {}
+        with tqdm(total=len(requests), desc="encode", unit="req", file=sys.stderr, disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        outputs[out.request_id] = out  # type: ignore[assignment]
+                        bar.update(1)
+        return [outputs[r[0]] for r in requests]  # type: ignore[misc]
+
+    embed = encode
 
     def generate_stream(
         self,

@@ -16,6 +16,7 @@ from framework.config import Mrv2Config
 from framework.cuda_graphs import DecodeCudaGraphs
 from framework.engine_setup import LoadedModel
 from framework.input_batch import InputBatch, build_input_batch
+from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.kernels.input_prep import compute_num_sampled, post_update, token_batch_rows
 from framework.request_state import RequestState
 from framework.runner_interface import ModelRunner
@@ -33,6 +34,7 @@ class _ExecuteState(NamedTuple):
 
     batch: InputBatch
     hidden_states: torch.Tensor  # [T, hidden]
+    pooled: Optional[PooledRows]  # vectors of embedding requests whose prompt completed this step
 
 
 class ModelRunnerV2(ModelRunner):
@@ -62,6 +64,7 @@ class ModelRunnerV2(ModelRunner):
         self.sampler = Sampler(self.sampling_states, config.sampler.logprobs_mode)
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
+        self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)
         self.speculator: Optional[Speculator] = None  # built by the speculators issue from config.speculator
         self.config, self.loaded = config, loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
@@ -115,7 +118,10 @@ class ModelRunnerV2(ModelRunner):
         attn_metadata = self.model_state.prepare_attn_metadata(batch, self.block_tables)  # 6. block tables, KV slots
         extra_inputs = self.model_state.prepare_inputs(batch)  # 7. architecture-specific inputs
         hidden = self._forward(batch, attn_metadata, extra_inputs)  # 8. graph replay or eager
-        self._pending = _ExecuteState(batch, hidden)
+        seq_lens_host = self.request_state.num_computed_host[batch.idx_mapping_host]
+        pooled = self.pooling_state.apply(  # 9. embedding requests: pool prompt hidden states, on the device
+            batch, hidden, np.asarray(output.num_scheduled_tokens), seq_lens_host)
+        self._pending = _ExecuteState(batch, hidden, pooled)
 
     def _forward(self, batch: InputBatch, attn_metadata, extra_inputs: dict) -> torch.Tensor:  # type: ignore[no-untyped-def]
         graphs = self.cuda_graphs
@@ -126,7 +132,7 @@ class ModelRunnerV2(ModelRunner):
         return self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)
 
     def _states(self) -> list:
-        owners = [self.block_tables, self.sampling_states, self.model_state]
+        owners = [self.block_tables, self.sampling_states, self.model_state, self.pooling_state]
         return owners + ([self.speculator] if self.speculator is not None else [])
 
     def _free_slots(self, request_ids: set[str]) -> None:
@@ -142,6 +148,7 @@ class ModelRunnerV2(ModelRunner):
             self.block_tables.add_request(slot, new.block_ids)
             self.sampling_states.add_request(slot, new)
             self.model_state.add_request(slot, new)
+            self.pooling_state.add_request(slot, new)
             if self.speculator is not None:
                 self.speculator.add_request(slot, new)
 
@@ -159,11 +166,14 @@ class ModelRunnerV2(ModelRunner):
     def sample_tokens(self) -> AsyncOutput:
         if self._pending is None:
             return AsyncOutput.empty()
-        batch, hidden = self._pending
+        batch, hidden, pooled = self._pending
         self._pending = None
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [L, vocab] float32
-        stages = self.sampling_states.stages_for(batch.idx_mapping_host)
-        sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages)  # 2.
+        if self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: no logits, no sampler
+            sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
+        else:
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [L, vocab] float32
+            stages = self.sampling_states.stages_for(batch.idx_mapping_host)
+            sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages)  # 2.
         tokens, num_accepted = self._verify_drafts(batch, sampled.sampled_token_ids)  # 3. [R, K+1], [R]
         rs = self.request_state
         num_sampled, num_rejected = compute_num_sampled(
@@ -172,7 +182,8 @@ class ModelRunnerV2(ModelRunner):
         prompt_logprobs = None
         if self.sampling_states.prompt_logprobs.any_in(batch.idx_mapping_host):  # 4. in chunks of 1024 positions
             prompt_logprobs = self.sampling_states.prompt_logprobs.compute(batch, hidden, self.model.compute_logits)
-        output = self._start_output_copy(batch, tokens, num_sampled, sampled, prompt_logprobs)  # 5. D2H, side stream
+        output = self._start_output_copy(batch, tokens, num_sampled, sampled, prompt_logprobs,
+                                          pooled)  # 5. D2H, side stream
         post_update(  # 6. advance the slots on the device
             batch.idx_mapping, batch.query_lens, tokens, num_sampled, num_rejected,
             rs.all_token_ids, rs.total_len, rs.num_computed, rs.last_sampled,
@@ -187,13 +198,14 @@ class ModelRunnerV2(ModelRunner):
         return output
 
     def _start_output_copy(self, batch: InputBatch, tokens: torch.Tensor, num_sampled: torch.Tensor,
-                           sampled: SamplerOutput, prompt_logprobs: Optional[PromptLogprobsPiece]) -> AsyncOutput:
+                           sampled: SamplerOutput, prompt_logprobs: Optional[PromptLogprobsPiece],
+                           pooled: Optional[PooledRows]) -> AsyncOutput:
         buffers = self._host_buffers[self._num_outputs % len(self._host_buffers)] if self._host_buffers else None
         self._num_outputs += 1
         return AsyncOutput(
             batch.request_ids, tokens, num_sampled, self.copy_stream, buffers, logprobs=sampled.logprobs,
             logits_row_starts=self._logits_row_starts(batch), errors=self._row_errors(batch, sampled.errors),
-            prompt_logprobs=prompt_logprobs,
+            prompt_logprobs=prompt_logprobs, pooled=pooled,
         )
 
     @staticmethod

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from framework.async_output import LogprobsLists, ModelRunnerOutput
 from framework.detokenizer import IncrementalDetokenizer, find_stop_string
+from framework.pooling_params import PoolingRequestOutput
 from framework.request import Logprob, PromptLogprobs, Request, RequestOutput, RequestStatus, SampleLogprobs
 from framework.scheduler import Scheduler
 
@@ -31,6 +32,7 @@ class _OutputState:
     sent_tokens: int = 0
     sent_chars: int = 0
     sent_prompt_logprobs: bool = False
+    embedding: Optional[list[float]] = None  # an embedding request's vector, once its prompt is pooled
 
 
 class OutputProcessor:
@@ -58,13 +60,15 @@ class OutputProcessor:
             num_prompt_logprobs_missing=max(request.num_prompt_tokens - 1, 0) if prompt_lp is not None else 0,
         )
 
-    def process(self, runner_output: ModelRunnerOutput) -> list[RequestOutput]:
+    def process(self, runner_output: ModelRunnerOutput) -> list[RequestOutput | PoolingRequestOutput]:
         """Outputs of this step: every request that finished, and streamed requests that made progress."""
         outputs = []
         for row, request_id in enumerate(runner_output.request_ids):
             state = self._states.get(request_id)
             if state is None:
                 continue  # aborted earlier
+            if request_id in runner_output.pooled:
+                state.embedding = runner_output.pooled[request_id]
             if request_id in runner_output.prompt_logprobs:
                 self._add_prompt_logprobs(state, *runner_output.prompt_logprobs[request_id])
             row_logprobs = runner_output.logprobs[row] if runner_output.logprobs is not None else None
@@ -74,7 +78,7 @@ class OutputProcessor:
                 outputs.append(output)
         return outputs
 
-    def abort(self, request: Request) -> RequestOutput:
+    def abort(self, request: Request) -> RequestOutput | PoolingRequestOutput:
         """The final output of an aborted request."""
         state = self._states.get(request.request_id)
         if state is None:
@@ -150,8 +154,22 @@ class OutputProcessor:
         else:
             self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
 
-    def _make_output(self, state: _OutputState) -> Optional[RequestOutput]:
+    def _pooling_output(self, state: _OutputState) -> Optional[PoolingRequestOutput]:
+        """An embedding request has one output, when it finishes (its vector, or empty if aborted/failed)."""
         request = state.request
+        if not request.status.is_finished:
+            return None
+        self._states.pop(request.request_id, None)
+        return PoolingRequestOutput(
+            request_id=request.request_id, prompt=request.prompt, prompt_token_ids=request.prompt_token_ids,
+            embedding=state.embedding or [], finished=True, finish_reason=request.status.value,
+            num_preemptions=request.num_preemptions, error=request.error,
+        )
+
+    def _make_output(self, state: _OutputState) -> RequestOutput | PoolingRequestOutput | None:
+        request = state.request
+        if request.pooling_params is not None:
+            return self._pooling_output(state)
         params = request.sampling_params
         finished = request.status.is_finished
         kind = params.output_kind

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from framework.pooling_params import PoolingParams
 from framework.sampling_params import SamplingParams
 
 
@@ -19,11 +20,12 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
     FINISHED_ERROR = "error"
+    FINISHED_POOLED = "pooled"  # an embedding request whose prompt was computed and pooled
 
     @property
     def is_finished(self) -> bool:
         return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED,
-                        RequestStatus.FINISHED_ERROR)
+                        RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_POOLED)
 
 
 @dataclass
@@ -45,6 +47,8 @@ class Request:
     stop_token_id: Optional[int] = None
     stop_string: Optional[str] = None  # the stop string that ended it (set by the output processor)
     error: Optional[str] = None  # why it finished with status FINISHED_ERROR
+    # Set for an embedding request: prefill only, finished ("pooled") when the prompt is computed.
+    pooling_params: Optional[PoolingParams] = None
 
     @property
     def num_prompt_tokens(self) -> int:

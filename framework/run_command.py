@@ -25,9 +25,20 @@ def sampling_params_from_config(config: Mrv2Config) -> SamplingParams:
     )
 
 
+def format_embedding(index: int, embedding: list[float], num_values: int = 4) -> str:
+    """One deterministic line per embedding: its index, dimension, L2 norm and first values."""
+    norm = sum(v * v for v in embedding) ** 0.5
+    head = " ".join(f"{v:+.4f}" for v in embedding[:num_values])
+    return f"embedding {index}: dim={len(embedding)} norm={norm:.4f} [{head} ...]"
+
+
 def run_command(config: Mrv2Config) -> None:
-    """Generate for `config.run.prompts` and print one block per prompt."""
+    """Generate for `config.run.prompts` and print one block per prompt (`task=embed`: one line per prompt)."""
     llm = LLM(config=config)
+    if config.task == "embed":
+        for i, out in enumerate(llm.encode(config.run.prompts, use_tqdm=config.run.show_progress)):
+            print(format_embedding(i, out.embedding))
+        return
     outputs = llm.generate(config.run.prompts, sampling_params_from_config(config), use_tqdm=config.run.show_progress)
     for i, out in enumerate(outputs):
         print(f"--- completion {i} ({out.finish_reason}, {len(out.token_ids)} tokens) ---")

@@ -127,6 +127,7 @@ class Scheduler:
                     sampling_seed=request.sampling_seed,
                     block_ids=list(self.kv_cache.blocks_of(request.request_id)),
                     num_computed_tokens=request.num_computed_tokens,
+                    pooling_params=request.pooling_params,
                 )
             )
             budget -= n
@@ -162,6 +163,10 @@ class Scheduler:
             if request is None or request.status != RequestStatus.RUNNING or not tokens:
                 continue  # ended or preempted meanwhile, or a prefill chunk that samples nothing
             request.num_output_placeholders -= 1
+            if request.pooling_params is not None:  # its prompt is done and pooled; the sampled token is dropped
+                self._finish(request, RequestStatus.FINISHED_POOLED)
+                finished.append(request)
+                continue
             if errors is not None and errors[i]:
                 request.error = errors[i]
                 self._finish(request, RequestStatus.FINISHED_ERROR)
@@ -201,6 +206,8 @@ class Scheduler:
         """True when tokens already being sampled reach max_tokens or max_model_len (async scheduling)."""
         if not request.num_output_placeholders:
             return False
+        if request.pooling_params is not None:
+            return True  # an embedding request computes its prompt only: never a decode step
         num_out = len(request.output_token_ids) + request.num_output_placeholders
         return (num_out >= request.sampling_params.max_tokens
                 or request.num_tokens + request.num_output_placeholders >= self.max_model_len)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
+from framework.pooling_params import PoolingParams
 from framework.sampling_params import SamplingParams
 
 
@@ -22,6 +24,7 @@ class NewRequestData:
     sampling_seed: int  # the request's seed, or one drawn for it: keys its noise by position
     block_ids: list[int]
     num_computed_tokens: int
+    pooling_params: Optional[PoolingParams] = None  # set for an embedding request: pool its prompt, sample nothing
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 
 from framework.async_output import AsyncOutput
 from framework.config import Mrv2Config
 from framework.engine_setup import LoadedModel
+from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.v1.inputs import HostToDevice, StepInputs, build_step_inputs
@@ -27,6 +29,7 @@ class _ExecuteState(NamedTuple):
 
     step: StepInputs
     hidden_states: torch.Tensor  # [T, hidden]
+    pooled: Optional[PooledRows]  # vectors of embedding requests whose prompt completed this step
 
 
 class ModelRunnerV1(ModelRunner):
@@ -50,6 +53,7 @@ class ModelRunnerV1(ModelRunner):
         self.batch = PersistentBatch(max_reqs, loaded.max_model_len, -(-loaded.max_model_len // self.block_size))
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
+        self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)  # keyed by state_slot too
         self._free_state_slots = list(range(max_reqs - 1, -1, -1))  # pop() hands out slot 0 first
         self.config, self.loaded = config, loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
@@ -72,6 +76,7 @@ class ModelRunnerV1(ModelRunner):
         self.batch.condense()  # 4. the last rows move into the holes
         self.batch.reorder(output.scheduled_request_ids)  # 5. rows swap into the scheduler's order
         self.model_state.apply_staged_writes()  # 6.
+        self.pooling_state.apply_staged_writes()
         if output.is_empty:
             self._pending = None
             return
@@ -80,13 +85,16 @@ class ModelRunnerV1(ModelRunner):
         extra_inputs = self.model_state.prepare_inputs(step.batch)  # 9.
         batch = step.batch
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)  # 10.
-        self._pending = _ExecuteState(step, hidden)
+        pooled = self.pooling_state.apply(batch, hidden, np.asarray(output.num_scheduled_tokens),
+                                          step.seq_lens_host)  # 11. embedding requests
+        self._pending = _ExecuteState(step, hidden, pooled)
 
     def _remove_requests(self, request_ids: set[str]) -> None:
         for request_id in request_ids:
             state_slot = self.batch.remove_request(request_id)
             if state_slot is not None:
                 self.model_state.remove_request(state_slot)
+                self.pooling_state.remove_request(state_slot)
                 self._free_state_slots.append(state_slot)
 
     def _add_requests(self, new_requests: list[NewRequestData]) -> None:
@@ -94,6 +102,7 @@ class ModelRunnerV1(ModelRunner):
             state_slot = self._free_state_slots.pop()
             self.batch.add_request(new, state_slot)
             self.model_state.add_request(state_slot, new)
+            self.pooling_state.add_request(state_slot, new)
 
     def _update_requests(self, cached: list[CachedRequestData]) -> None:
         for data in cached:
@@ -105,16 +114,20 @@ class ModelRunnerV1(ModelRunner):
     def sample_tokens(self) -> AsyncOutput:
         if self._pending is None:
             return AsyncOutput.empty()
-        step, hidden = self._pending
+        step, hidden, pooled = self._pending
         self._pending = None
         batch = step.batch
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [R, vocab] float32
-        sampled = sample_rows(logits, self.batch, batch.sample_positions, self._to_device)  # 2. parameters from the rows
-        # Rows with NaN or +inf logits are reported (finish_reason "error"), as V2's sampler does; -inf is a mask.
-        errors = (torch.isnan(logits) | (logits == float("inf"))).any(dim=-1).int() * ROW_NONFINITE_LOGITS
+        if self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: nothing to sample
+            sampled = torch.zeros(batch.num_rows, dtype=torch.int64, device=self.device)
+            errors = torch.zeros(batch.num_rows, dtype=torch.int32, device=self.device)
+        else:
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [R, vocab] float32
+            sampled = sample_rows(logits, self.batch, batch.sample_positions, self._to_device)  # 2. from the rows
+            # Rows with NaN or +inf logits are reported (finish_reason "error"), as V2's sampler does; -inf masks.
+            errors = (torch.isnan(logits) | (logits == float("inf"))).any(dim=-1).int() * ROW_NONFINITE_LOGITS
         sampled_host = sampled.cpu().numpy()  # 3. wait for the device: V1 is synchronous
         num_sampled = self.batch.append_sampled(step.seq_lens_host, sampled_host)  # 4. history grows on the CPU
         num_sampled_dev = torch.from_numpy(num_sampled).to(self.device)
         self.model_state.postprocess(batch, num_sampled_dev, torch.zeros_like(num_sampled_dev))  # 5.
         return AsyncOutput(batch.request_ids, torch.from_numpy(sampled_host).view(-1, 1),
-                           torch.from_numpy(num_sampled), errors=errors)  # 6. already on the host
+                           torch.from_numpy(num_sampled), errors=errors, pooled=pooled)  # 6. already on the host
