@@ -37,11 +37,25 @@ class StagedWrites:
         self._values.extend(values)  # type: ignore[arg-type]
 
     def apply(self) -> None:
-        """Scatter every staged value into the target, then forget them."""
+        """Scatter every staged value into the target, then forget them.
+
+        When one position was staged more than once (a slot freed and reused before an apply, or writes left
+        over from a failed step) the last write wins: a GPU scatter with duplicate indices has no defined order.
+        """
         if not self._flat_index:
             return
-        index = torch.tensor(self._flat_index, dtype=torch.int64).to(self.device, non_blocking=True)
-        values = torch.tensor(self._values, dtype=self.target.dtype).to(self.device, non_blocking=True)
+        index = torch.tensor(self._flat_index, dtype=torch.int64)
+        values = torch.tensor(self._values, dtype=self.target.dtype)
+        if index.numel() > 1:
+            last_first = index.flip(0)
+            unique, inverse = torch.unique(last_first, return_inverse=True)
+            # the first occurrence in reversed order = the last write of each position
+            pos = torch.full((unique.numel(),), last_first.numel(), dtype=torch.int64)
+            pos.scatter_reduce_(0, inverse, torch.arange(last_first.numel()), reduce="amin")
+            keep = last_first.numel() - 1 - pos
+            index, values = index[keep], values[keep]
+        index = index.to(self.device, non_blocking=True)
+        values = values.to(self.device, non_blocking=True)
         if self.device.type == "cuda" and not self.target.is_cuda:
             scatter_triton(self.target, index, values)
         else:

@@ -137,3 +137,16 @@ def test_scatter_triton_matches_reference():
     scatter_reference(expected, index, values)
     scatter_triton(target, index, values)
     assert torch.equal(target, expected) and int(expected.view(-1)[2099]) == 4
+
+
+def test_staged_writes_last_write_wins():
+    """A position staged twice before an apply (slot reused, or writes left by a failed step) keeps the last value."""
+    from framework.staged_writes import StagedWrites
+
+    target = torch.zeros(4, 8, dtype=torch.int32, device=DEVICE)
+    staged = StagedWrites(target)
+    staged.stage(2, [1, 2, 3])
+    staged.stage(1, [9])
+    staged.stage(2, [7, 8], column=1)  # overwrites columns 1..2 of slot 2
+    staged.apply()
+    assert target[2, :4].tolist() == [1, 7, 8, 0] and target[1, 0].item() == 9
