@@ -42,7 +42,7 @@ def build_engine(runner: str, num_requests: int, prompt_len: int, num_steps: int
     blocks_per_req = -(-max_model_len // block_size)
     llm = LLM("tiny", device=device, runner=runner, max_num_seqs=num_requests, max_model_len=max_model_len,
               max_num_batched_tokens=num_requests * prompt_len, block_size=block_size,
-              num_kv_blocks=num_requests * blocks_per_req, seed=0)
+              num_kv_blocks=num_requests * blocks_per_req, seed=0, cuda_graphs=False)  # the stub forward has nothing to capture
     engine = llm.engine
     model = engine.runner.model
     dev, dtype = engine.loaded.device, engine.loaded.dtype
