@@ -34,6 +34,7 @@ _KWARGS = {
     "gpu_memory_utilization": "cache.gpu_memory_utilization",
     "max_num_seqs": "scheduler.max_num_seqs",
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
+    "max_num_encoder_tokens": "scheduler.max_num_encoder_tokens",
     "max_logprobs": "sampler.max_logprobs",
     "logprobs_mode": "sampler.logprobs_mode",
     "logits_processors": "sampler.logits_processors",
