@@ -178,6 +178,7 @@ class EngineCore:
     def _check_encoder_input(self, request_id: str, encoder_input: Optional[EncoderInput]) -> None:
         """Audio goes to encoder-decoder models only, and they need it."""
         arch = type(self.loaded.model).__name__
+        request_id = request_id or "?"
         if self.audio is None:
             if encoder_input is not None:
                 raise InvalidRequestError(f"request '{request_id}': audio / encoder input needs an encoder-decoder "

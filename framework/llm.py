@@ -91,6 +91,8 @@ class LLM:
                 raise InvalidRequestError(f"audio prompts need an encoder-decoder model such as Whisper; this model "
                                           f"({arch}) takes text or token ids")
             return self.engine.audio.process(prompt)
+        if self.engine.audio is not None:  # before tokenizing: the checkpoint may have no tokenizer at all
+            self.engine._check_encoder_input("", None)
         return self._token_ids(prompt), None
 
     def _token_ids(self, prompt: Prompt) -> list[int]:
