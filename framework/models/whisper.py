@@ -4,8 +4,12 @@ Parameter names match HF `WhisperForConditionalGeneration` checkpoints (`model.e
 `model.decoder.layers.N.encoder_attn.q_proj.weight`, `proj_out.weight` tied to the token embedding), so
 weights load by name. The encoder turns log-mel features into cross-attention keys and values
 (`encode`), which the `EncoderDecoderModelState` keeps per request slot; the decoder's self-attention reads
-and writes the paged KV cache like the decoder-only models, and its cross-attention reads the slot's keys
-and values through `idx_mapping` (see `cross_attention`).
+and writes the paged KV cache like the decoder-only models.
+
+Cross-attention runs on the same paged-attention kernels: each slot's encoder K/V sit in fixed blocks of a
+paged cross cache, and every decoder token is its own attention row with KV length `enc_len` and one query
+at the last position, so the causal kernel attends over all encoder positions (no mask: Whisper always
+encodes a padded 30 s window). No K/V is gathered or copied per step.
 """
 
 from __future__ import annotations
@@ -79,34 +83,8 @@ class WhisperGeometry:
 class CrossAttentionInputs(NamedTuple):
     """What the decoder's cross-attention reads this step (built by `EncoderDecoderModelState.prepare_inputs`)."""
 
-    cross_kv: torch.Tensor  # [S, decoder_layers, 2, heads, enc_len, head_dim]: K/V of every request slot
-    idx_mapping: torch.Tensor  # [R] int32: batch_row -> req_slot
-    token_rows: torch.Tensor  # [T] int64: token -> batch_row
-    query_start_loc: torch.Tensor  # [R+1] int32: first token of each row
-    max_query_len: int  # host-known: 1 means every row is one decode token
-
-
-def cross_attention(
-    query: torch.Tensor,  # [T, heads, head_dim], already scaled
-    layer_kv: torch.Tensor,  # [S, 2, heads, enc_len, head_dim]: this layer's K/V of every request slot
-    inputs: CrossAttentionInputs,
-) -> torch.Tensor:
-    """[T, heads, head_dim]: each token attends (non-causally) over its own request's encoder positions.
-
-    The rows' K/V are gathered by req_slot (`idx_mapping`); queries are grouped per row, padded to the
-    longest row (only prefill rows have more than one), so no sizes are read back from the device.
-    """
-    kv = layer_kv.index_select(0, inputs.idx_mapping.long())  # [R, 2, H, L, D]
-    k, v = kv[:, 0].to(query.dtype), kv[:, 1].to(query.dtype)
-    if inputs.max_query_len == 1:  # pure decode: row r's only token is token r
-        out = F.scaled_dot_product_attention(query.unsqueeze(2), k, v, scale=1.0)  # [R, H, 1, D]
-        return out.squeeze(2)
-    num_rows = kv.shape[0]
-    offsets = torch.arange(query.shape[0], device=query.device) - inputs.query_start_loc.long()[inputs.token_rows]
-    padded = query.new_zeros(num_rows, inputs.max_query_len, *query.shape[1:])  # [R, Qmax, H, D]
-    padded[inputs.token_rows, offsets] = query
-    out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, scale=1.0)  # [R, H, Qmax, D]
-    return out.transpose(1, 2)[inputs.token_rows, offsets]
+    cross_kv: torch.Tensor  # [decoder_layers, 2, num_cross_blocks, block_size, heads, head_dim]: paged, per slot
+    meta: AttentionMetadata  # one row per token: seq_len enc_len, that token's slot's cross blocks
 
 
 class WhisperSelfAttention(nn.Module):
@@ -183,7 +161,7 @@ class WhisperDecoderLayer(nn.Module):
         x: torch.Tensor,  # [T, d_model]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, heads, head_dim]
         meta: AttentionMetadata,
-        layer_kv: torch.Tensor,  # [S, 2, heads, enc_len, head_dim]
+        layer_kv: torch.Tensor,  # [2, num_cross_blocks, block_size, heads, head_dim]: this layer's cross K/V
         cross: CrossAttentionInputs,
     ) -> torch.Tensor:
         t = x.shape[0]
@@ -193,7 +171,7 @@ class WhisperDecoderLayer(nn.Module):
         store_kv(k, v, kv_cache, meta.kv_slot_mapping)
         x = x + self.self_attn.out_proj(paged_attention(q, kv_cache, meta, 1.0).reshape(t, -1))
         q = self.encoder_attn.query(self.encoder_attn_layer_norm(x))
-        x = x + self.encoder_attn.out_proj(cross_attention(q, layer_kv, cross).reshape(t, -1))
+        x = x + self.encoder_attn.out_proj(paged_attention(q, layer_kv, cross.meta, 1.0).reshape(t, -1))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
 
@@ -244,12 +222,12 @@ class WhisperForConditionalGeneration(nn.Module):
         return self.geometry.decoder_layers
 
     def cross_kv_shape(self) -> tuple[int, ...]:
-        """Shape of one request's cross-attention K/V: [decoder_layers, 2, heads, enc_len, head_dim]."""
+        """Shape of one request's cross-attention K/V: [decoder_layers, 2, enc_len, heads, head_dim]."""
         g = self.geometry
-        return (g.decoder_layers, 2, g.decoder_heads, g.max_source_positions, g.head_dim)
+        return (g.decoder_layers, 2, g.max_source_positions, g.decoder_heads, g.head_dim)
 
     def encode(self, features: torch.Tensor) -> torch.Tensor:
-        """Log-mel features [B, mel_bins, frames] -> cross-attention K/V [B, decoder_layers, 2, heads, enc_len, D].
+        """Log-mel features [B, mel_bins, frames] -> cross-attention K/V [B, decoder_layers, 2, enc_len, heads, D].
 
         The encoder output is projected by every decoder layer's `encoder_attn.k_proj` / `v_proj` here, once,
         so decode steps only read the result.
@@ -259,7 +237,7 @@ class WhisperForConditionalGeneration(nn.Module):
         per_layer = []
         for layer in self.model.decoder.layers:
             k, v = layer.encoder_attn.key_value(enc)  # [B, L, H, D]
-            per_layer.append(torch.stack([k, v], dim=1).transpose(2, 3))  # [B, 2, H, L, D]
+            per_layer.append(torch.stack([k, v], dim=1))  # [B, 2, L, H, D]
         return torch.stack(per_layer, dim=1)
 
     def forward(
@@ -273,7 +251,7 @@ class WhisperForConditionalGeneration(nn.Module):
         dec = self.model.decoder
         x = dec.embed_tokens(input_ids) + dec.embed_positions(positions)
         for i, (layer, kv_cache) in enumerate(zip(dec.layers, kv_caches)):
-            x = layer(x, kv_cache, attn_metadata, cross.cross_kv[:, i], cross)
+            x = layer(x, kv_cache, attn_metadata, cross.cross_kv[i], cross)
         return dec.layer_norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
