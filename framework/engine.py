@@ -178,20 +178,20 @@ class EngineCore:
     def _check_encoder_input(self, request_id: str, encoder_input: Optional[EncoderInput]) -> None:
         """Audio goes to encoder-decoder models only, and they need it."""
         arch = type(self.loaded.model).__name__
-        request_id = request_id or "?"
+        where = f"request '{request_id}': " if request_id else ""
         if self.audio is None:
             if encoder_input is not None:
-                raise InvalidRequestError(f"request '{request_id}': audio / encoder input needs an encoder-decoder "
-                                          f"model such as Whisper; this model ({arch}) takes text or token ids")
+                raise InvalidRequestError(f"{where}audio / encoder input needs an encoder-decoder model such as "
+                                          f"Whisper; this model ({arch}) takes text or token ids")
             return
         if encoder_input is None:
             g = self.audio.geometry
-            raise InvalidRequestError(f"request '{request_id}': this model ({arch}) is an encoder-decoder speech "
-                                      f"model: {audio_prompt_help(g.num_mel_bins, g.num_mel_frames)}")
+            raise InvalidRequestError(f"{where}this model ({arch}) is an encoder-decoder speech model: "
+                                      f"{audio_prompt_help(g.num_mel_bins, g.num_mel_frames)}")
         try:
             self.audio.check_features(encoder_input.features)
         except InvalidRequestError as err:
-            raise InvalidRequestError(f"request '{request_id}': {err}") from None
+            raise InvalidRequestError(f"{where}{err}") from None
 
     def validate_pooling(self, request_id: str, params: PoolingParams) -> PoolingParams:
         """Check an embedding request's parameters; returns a copy with the pooling type resolved."""
