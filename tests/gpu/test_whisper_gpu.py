@@ -48,7 +48,7 @@ def test_whisper_decode_steps_have_no_host_sync():
     from framework import LLM, SamplingParams
 
     llm = LLM("whisper-tiny", device="cuda", dtype="bfloat16", max_num_seqs=8, max_model_len=64,
-              gpu_memory_utilization=0.3, async_scheduling=False)
+              max_num_encoder_tokens=8 * 1500, gpu_memory_utilization=0.3, async_scheduling=False)
     engine = llm.engine
     gen = torch.Generator().manual_seed(0)
     for i in range(8):
