@@ -1,0 +1,315 @@
+"""Stages 8-12 of the sampler fused: temperature, top-k, top-p, min-p and Gumbel-max in two reads of the logits.
+
+The result is the reference pipeline's (`sample_fused_reference`: temperature, `apply_top_k_top_p_reference`,
+`apply_min_p_reference`, `gumbel_sample_reference` or the argmax for greedy rows), token for token, with the
+kept-set semantics and tie rules documented in `samplers.top_k_top_p`. Rows are one of two kinds:
+
+- **direct** (greedy, or neither top-k nor top-p): pass 2 takes the argmax of `y + gumbel` (greedy: of `y`)
+  over every token that min-p keeps, per vocabulary chunk; `_fused_resolve_kernel` merges the chunks.
+- **gather** (top-k and/or top-p): pass 1 (`_fused_stats_kernel`) writes per chunk the row max and sum-exp
+  of `y = x / T` and the max of every group of `GROUP` consecutive tokens; `_fused_plan_kernel` picks a
+  cutoff `c`, the K-th largest group max (K = top_k, or `CAP // GROUP` for top-p alone). At least K tokens
+  are `>= c` (the K group maxima), so `c <= t_k`, the top-k threshold; and at most `GROUP * K` tokens are
+  `>= c` (they lie in the K groups whose max is `>= c`, ties apart). Pass 2 (`_fused_sample_kernel`)
+  appends every finite token `>= c` (value, id) to a per-row buffer of `CAP` entries. The candidates are a
+  top set of the row, so for each of them the number and the mass of strictly larger tokens, computed among
+  the candidates alone, are the row's: the resolve kernel applies the exact top-k rule (`#greater < k`),
+  sums Z over the top-k survivors, applies the top-p rule (`mass_greater < p * Z`) and min-p, and takes the
+  Gumbel argmax over the kept candidates.
+
+For top-p alone, Z is the row's sum-exp from pass 1, and the candidates suffice when one of them is dropped
+by top-p (then every token below is too) or when every token below the cutoff is more than `WIN` below the
+row max (Gumbel noise lies in [-2.86, 17.34], so such a token can never beat the row's most likely token,
+which every filter keeps). A row whose candidates overflow the buffer (many ties, k > CAP / GROUP with an
+unlucky spread) or fail that check is sampled exactly by the slow path, the bisection of the old kernel,
+inside the resolve kernel: the answer is the same, only slower.
+
+Masses in the resolve kernel are summed in 40-bit fixed point, so the order in which pass 2 appended the
+candidates (atomics) does not change any result: the path is deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from samplers.fused_resolve import _fused_resolve_kernel
+from samplers.gumbel import _row_key, _token_bits, gumbel_sample_reference
+from samplers.sanitize import sanitize_logits_reference
+from samplers.top_k_top_p import _ordered_key, apply_min_p_reference, apply_top_k_top_p_reference
+from samplers.triton_utils import vocab_block
+
+GROUP = 16  # tokens per group maximum written by pass 1
+CAP = 1024  # candidate buffer entries per logits row
+TARGET_PROGRAMS = 2048  # pass 1 and 2 split rows into chunks until about this many programs run
+
+
+class SlotSamplingParams(NamedTuple):
+    """The per-request-slot parameter tables ([S] each), read through `expanded_idx_mapping`."""
+
+    temperature: torch.Tensor  # [S] float32, 0 = greedy
+    top_k: torch.Tensor  # [S] int32, <= 0 or >= V = off
+    top_p: torch.Tensor  # [S] float32, >= 1 = off
+    min_p: torch.Tensor  # [S] float32, 0 = off
+    seed: torch.Tensor  # [S] int64
+
+
+class FusedSample(NamedTuple):
+    sampled: torch.Tensor  # [L] int64
+    errors: torch.Tensor  # [L] int32: 0, `nonfinite_code` or `no_token_code`
+
+
+def sample_fused_reference(
+    logits: torch.Tensor,  # [L, V] float32 (NaN/+inf allowed: treated as -inf and flagged)
+    expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
+    positions: torch.Tensor,  # [L] int64: position of the token being sampled
+    params: SlotSamplingParams,
+    nonfinite_code: int = 1,
+    no_token_code: int = 2,
+) -> FusedSample:
+    """Temperature, top-k, top-p, min-p, then Gumbel-max (greedy rows: argmax), on a sanitized copy."""
+    logits, nonfinite = sanitize_logits_reference(logits.float().clone())
+    slots = expanded_idx_mapping.long()
+    temperature = params.temperature[slots]
+    greedy = temperature == 0
+    y = logits / torch.where(greedy, 1.0, temperature).unsqueeze(1)
+    y = apply_top_k_top_p_reference(y, torch.where(greedy, 0, params.top_k[slots]),
+                                    torch.where(greedy, 1.0, params.top_p[slots]))
+    y = apply_min_p_reference(y, torch.where(greedy, 0.0, params.min_p[slots]))
+    sampled = torch.where(greedy, y.argmax(dim=-1), gumbel_sample_reference(y, params.seed[slots], positions))
+    no_token = y.gather(1, sampled.unsqueeze(1)).squeeze(1) == float("-inf")
+    errors = torch.where(nonfinite, nonfinite_code, torch.where(no_token, no_token_code, 0)).int()
+    return FusedSample(sampled, errors)
+
+
+# ---- Triton ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size):
+    """(req_slot, temperature, k_on, p_on, gather) of one logits row; greedy rows have neither filter."""
+    req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
+    temp = tl.load(temp_ptr + req_slot)
+    random = temp != 0.0
+    k = tl.load(top_k_ptr + req_slot)
+    p = tl.load(top_p_ptr + req_slot)
+    k_on = random & (k > 0) & (k < vocab_size)
+    p_on = random & (p < 1.0)
+    return req_slot, tl.where(random, temp, 1.0), k_on, p_on, k_on | p_on
+
+
+@triton.jit
+def _scaled(row_ptr, offs, mask, temp, SANITIZE: tl.constexpr):
+    """(y = x / T (IEEE division, as torch), -inf outside the row; the number of NaN/+inf in the block).
+
+    With SANITIZE, NaN and +inf count and become -inf; without, the count is 0.
+    """
+    x = tl.load(row_ptr + offs, mask=mask, other=-float("inf"))
+    num_bad = tl.zeros([], dtype=tl.int32)
+    if SANITIZE:
+        bad = ~(x < float("inf"))  # NaN compares false
+        num_bad = tl.sum(bad.to(tl.int32), axis=0)
+        x = tl.where(bad, -float("inf"), x)
+    return tl.math.div_rn(x, temp), num_bad
+
+
+@triton.jit
+def _fused_stats_kernel(
+    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr,
+    part_max_ptr, part_sum_ptr, group_max_ptr, num_groups, num_chunks, chunk_size, vocab_size,
+    SANITIZE: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+):
+    logits_row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    _, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size)
+    need_sum = p_on & (k_on == 0)  # Z of top-p alone is the whole row's sum-exp
+    row_ptr = logits_ptr + logits_row * logits_stride
+    run_max = tl.full([], -float("inf"), tl.float32)
+    run_sum = tl.zeros([], dtype=tl.float32)
+    start0 = chunk * chunk_size
+    for start in range(start0, tl.minimum(start0 + chunk_size, vocab_size), BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        y, _ = _scaled(row_ptr, offs, offs < vocab_size, temp, SANITIZE)
+        new_max = tl.maximum(run_max, tl.max(y, axis=0))
+        if need_sum & (new_max > -float("inf")):  # online sum-exp relative to the running max
+            run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(y - new_max), axis=0)
+        run_max = new_max
+        if gather:
+            group_max = tl.max(tl.reshape(y, [BLOCK // GROUP, GROUP]), axis=1)
+            groups = start // GROUP + tl.arange(0, BLOCK // GROUP)
+            tl.store(group_max_ptr + logits_row * num_groups + groups, group_max, mask=groups < num_groups)
+    tl.store(part_max_ptr + logits_row * num_chunks + chunk, run_max)
+    tl.store(part_sum_ptr + logits_row * num_chunks + chunk, run_sum)
+
+
+@triton.jit
+def _fused_plan_kernel(
+    idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr, group_max_ptr,
+    row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, num_groups, num_chunks, vocab_size,
+    CAP: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
+):
+    logits_row = tl.program_id(0).to(tl.int64)
+    req_slot, _, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size)
+    chunks = tl.arange(0, CHUNKS)
+    part_max = tl.load(part_max_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks,
+                       other=-float("inf"))
+    part_sum = tl.load(part_sum_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks, other=0.0)
+    row_max = tl.max(part_max, axis=0)
+    row_sum = tl.sum(tl.where(part_max > -float("inf"), part_sum * tl.exp(part_max - row_max), 0.0), axis=0)
+    tl.store(row_max_ptr + logits_row, row_max)
+    tl.store(row_sum_ptr + logits_row, row_sum)
+    tl.store(count_ptr + logits_row, 0)
+    cutoff = tl.full([], -float("inf"), tl.float32)
+    if gather:
+        want = tl.where(k_on, tl.load(top_k_ptr + req_slot), CAP // GROUP)
+        if want <= num_groups:
+            # The want-th largest group max: the largest key v with count(keys >= v) >= want, by bisection
+            # (invariant: cond(lo), not cond(hi)) over the order-preserving int image of float32.
+            groups = tl.arange(0, GROUPS)
+            valid = groups < num_groups
+            keys = _ordered_key(tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid,
+                                        other=-float("inf")))
+            lo = tl.min(tl.where(valid, keys, 2147483647), axis=0).to(tl.int64)
+            hi = tl.max(tl.where(valid, keys, -2147483648), axis=0).to(tl.int64) + 1
+            for _ in range(33):
+                mid = lo + (hi - lo) // 2  # < hi <= 2**31: fits int32, so the keys stay int32 (registers)
+                take = tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=0) >= want
+                lo = tl.where(take, mid, lo)
+                hi = tl.where(take, hi, mid)
+            bits = tl.where(lo < 0, lo ^ 0x7FFFFFFF, lo).to(tl.int32)
+            cutoff = bits.to(tl.float32, bitcast=True)
+    tl.store(cutoff_ptr + logits_row, cutoff)
+
+
+@triton.jit
+def _fused_sample_kernel(
+    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
+    row_max_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr,
+    part_best_ptr, part_token_ptr, part_bad_ptr, num_chunks, chunk_size, vocab_size,
+    SANITIZE: tl.constexpr, HAS_PLAN: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    logits_row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    req_slot, temp, _, _, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size)
+    row_ptr = logits_ptr + logits_row * logits_stride
+    start0 = chunk * chunk_size
+    end = tl.minimum(start0 + chunk_size, vocab_size)
+    num_bad = tl.zeros([], dtype=tl.int32)
+    best_value = tl.full([], -float("inf"), tl.float32)
+    best_token = tl.zeros([], dtype=tl.int32)
+    if gather:  # only rows that HAS_PLAN gives a cutoff get here (the host launches the plan for them)
+        cutoff = tl.load(cutoff_ptr + logits_row)
+        for start in range(start0, end, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < vocab_size
+            y, block_bad = _scaled(row_ptr, offs, mask, temp, SANITIZE)
+            num_bad += block_bad
+            take = (y >= cutoff) & (y > -float("inf"))
+            num_take = tl.sum(take.to(tl.int32), axis=0)
+            if num_take > 0:
+                # One atomic per block reserves the slots; the buffer's order does not matter (see module doc).
+                slot = tl.atomic_add(count_ptr + logits_row, num_take) + tl.cumsum(take.to(tl.int32), axis=0) - 1
+                store = take & (slot < CAP)
+                tl.store(cand_value_ptr + logits_row * CAP + slot, y, mask=store)
+                tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
+    else:
+        greedy = tl.load(temp_ptr + req_slot) == 0.0
+        min_p = tl.load(min_p_ptr + req_slot)
+        use_min_p = (min_p > 0.0) & (greedy == 0)
+        row_max = 0.0
+        if HAS_PLAN:
+            row_max = tl.load(row_max_ptr + logits_row)
+        key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
+        for start in range(start0, end, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < vocab_size
+            y, block_bad = _scaled(row_ptr, offs, mask, temp, SANITIZE)
+            num_bad += block_bad
+            if greedy:
+                score = y
+            else:
+                u = ((_token_bits(key, offs) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+                score = y - tl.log(-tl.log(u))
+                if use_min_p:
+                    score = tl.where(tl.exp(y - row_max) < min_p, -float("inf"), score)
+            score = tl.where(mask, score, -float("inf"))
+            block_best = tl.max(score, axis=0)
+            block_token = tl.argmax(score, axis=0, tie_break_left=True)
+            take = block_best > best_value  # strictly: the lowest token id wins a tie, like torch.argmax
+            best_token = tl.where(take, start + block_token, best_token)
+            best_value = tl.where(take, block_best, best_value)
+    tl.store(part_best_ptr + logits_row * num_chunks + chunk, best_value)
+    tl.store(part_token_ptr + logits_row * num_chunks + chunk, best_token)
+    tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)
+
+
+def sample_fused_triton(
+    logits: torch.Tensor,  # [L, V] float32, read only
+    expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
+    positions: torch.Tensor,  # [L] int64: position of the token being sampled
+    params: SlotSamplingParams,
+    *,
+    sanitize: bool = True,
+    nonfinite: Optional[torch.Tensor] = None,  # [L] bool from an earlier `sanitize_logits` (when not sanitize)
+    need_plan: bool = True,
+    nonfinite_code: int = 1,
+    no_token_code: int = 2,
+) -> FusedSample:
+    """Same result as `sample_fused_reference`.
+
+    `sanitize`: treat NaN/+inf as -inf and flag the row (the caller did not run `sanitize_logits`).
+    `need_plan=False` skips pass 1 and the plan; only valid when no row uses top-k, top-p or min-p (host mirrors
+    tell, see `SamplingStages`).
+    """
+    num_rows, vocab_size = logits.shape
+    device = logits.device
+    sampled = torch.empty(num_rows, dtype=torch.int64, device=device)
+    errors = torch.empty(num_rows, dtype=torch.int32, device=device)
+    if num_rows == 0:
+        return FusedSample(sampled, errors)
+    logits = logits if logits.stride(1) == 1 else logits.contiguous()
+    block = vocab_block(vocab_size)
+    num_blocks = triton.cdiv(vocab_size, block)
+    blocks_per_chunk = triton.cdiv(num_blocks, max(1, min(num_blocks, triton.cdiv(TARGET_PROGRAMS, num_rows))))
+    chunk_size = blocks_per_chunk * block
+    num_chunks = triton.cdiv(vocab_size, chunk_size)
+    num_groups = triton.cdiv(vocab_size, GROUP)
+    tables = (params.temperature, params.top_k, params.top_p)
+    f32 = dict(dtype=torch.float32, device=device)
+    row_max, row_sum, cutoff = (torch.empty(num_rows, **f32) for _ in range(3))
+    count = torch.empty(num_rows, dtype=torch.int32, device=device)
+    cand_value = torch.empty(num_rows, CAP, **f32)
+    cand_token = torch.empty(num_rows, CAP, dtype=torch.int32, device=device)
+    grid = (num_rows, num_chunks)
+    if need_plan:
+        part_max, part_sum = torch.empty(num_rows, num_chunks, **f32), torch.empty(num_rows, num_chunks, **f32)
+        group_max = torch.empty(num_rows, num_groups, **f32)
+        _fused_stats_kernel[grid](
+            logits, logits.stride(0), expanded_idx_mapping, *tables, part_max, part_sum, group_max, num_groups,
+            num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block, GROUP=GROUP,
+        )
+        _fused_plan_kernel[(num_rows,)](
+            expanded_idx_mapping, *tables, part_max, part_sum, group_max, row_max, row_sum, cutoff, count,
+            num_groups, num_chunks, vocab_size, CAP=CAP, GROUP=GROUP,
+            CHUNKS=triton.next_power_of_2(num_chunks), GROUPS=triton.next_power_of_2(num_groups),
+        )
+    part_best = torch.empty(num_rows, num_chunks, **f32)
+    part_token = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=device)
+    part_bad = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=device)
+    _fused_sample_kernel[grid](
+        logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
+        row_max, cutoff, count, cand_value, cand_token, part_best, part_token, part_bad, num_chunks, chunk_size,
+        vocab_size, SANITIZE=sanitize, HAS_PLAN=need_plan, CAP=CAP, BLOCK=block,
+    )
+    flags = nonfinite if nonfinite is not None else part_bad  # any pointer: unread without HAS_FLAGS
+    _fused_resolve_kernel[(num_rows,)](
+        logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
+        row_max, row_sum, cutoff, count, cand_value, cand_token, part_best, part_token, part_bad, flags,
+        sampled, errors, num_chunks, vocab_size,
+        SANITIZE=sanitize, HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code,
+        NO_TOKEN_CODE=no_token_code, CAP=CAP, CHUNKS=triton.next_power_of_2(num_chunks), BLOCK=block,
+    )
+    return FusedSample(sampled, errors)
