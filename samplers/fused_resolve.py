@@ -44,6 +44,24 @@ def _load_y(row_ptr, offs, vocab_size, temp, SANITIZE: tl.constexpr):
 
 
 @triton.jit
+def _compare_tile(cand_x, i0, n, temp, row_max, TILE_I: tl.constexpr, TILE_J: tl.constexpr):
+    """For candidates i0 .. i0 + TILE_I: (#candidates with a larger y, their fixed-point mass, y, own weight)."""
+    rows = i0 + tl.arange(0, TILE_I)
+    v_i = tl.math.div_rn(tl.load(cand_x + rows, mask=rows < n, other=-float("inf")), temp)
+    w_i = (tl.where(rows < n, tl.exp(v_i - row_max), 0.0) * FIXED_ONE).to(tl.int64)
+    greater = tl.zeros([TILE_I], dtype=tl.int32)
+    mass = tl.zeros([TILE_I], dtype=tl.int64)
+    for j0 in range(0, n, TILE_J):
+        cols = j0 + tl.arange(0, TILE_J)
+        v_j = tl.math.div_rn(tl.load(cand_x + cols, mask=cols < n, other=-float("inf")), temp)
+        w_j = (tl.where(cols < n, tl.exp(v_j - row_max), 0.0) * FIXED_ONE).to(tl.int64)
+        above = v_j[None, :] > v_i[:, None]  # [TILE_I, TILE_J]
+        greater += tl.sum(above.to(tl.int32), axis=1)
+        mass += tl.sum(tl.where(above, w_j[None, :], 0), axis=1)
+    return greater, mass, v_i, w_i
+
+
+@triton.jit
 def _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
                       SANITIZE: tl.constexpr, BLOCK: tl.constexpr):
     """(token, its score) for one row straight from the logits: thresholds by bisection, then Gumbel-max."""
@@ -115,7 +133,8 @@ def _fused_resolve_kernel(
     row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr,
     part_best_ptr, part_token_ptr, part_bad_ptr, nonfinite_ptr, sampled_ptr, errors_ptr, num_chunks, vocab_size,
     SANITIZE: tl.constexpr, HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr,
-    CAP: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr = 8,
+    CAP: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr, TILE_I: tl.constexpr = 16,
+    TILE_J: tl.constexpr = 64,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
@@ -141,33 +160,26 @@ def _fused_resolve_kernel(
         n = tl.load(count_ptr + logits_row)
         exact = n <= CAP
         if exact:
-            cand = tl.arange(0, CAP)
-            valid = cand < n
-            values = tl.load(cand_value_ptr + logits_row * CAP + cand, mask=valid, other=-float("inf"))
-            weights = (tl.where(valid, tl.exp(values - row_max), 0.0) * FIXED_ONE).to(tl.int64)
+            cand_x = cand_value_ptr + logits_row * CAP
+            cand_t = cand_token_ptr + logits_row * CAP
             # Z: the row's sum-exp for top-p alone, else the mass of the top-k survivors (all candidates).
             z = tl.load(row_sum_ptr + logits_row)
-            if k_on:
+            if k_on & p_on:
                 z_fixed = tl.zeros([], dtype=tl.int64)
-                for i0 in range(0, n, TILE):
-                    rows = i0 + tl.arange(0, TILE)
-                    v_i = tl.load(cand_value_ptr + logits_row * CAP + rows, mask=rows < n, other=-float("inf"))
-                    greater = tl.sum((values[None, :] > v_i[:, None]).to(tl.int32), axis=1)
-                    w_i = (tl.where(rows < n, tl.exp(v_i - row_max), 0.0) * FIXED_ONE).to(tl.int64)
+                for i0 in range(0, n, TILE_I):
+                    greater, _, v_i, w_i = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
                     z_fixed += tl.sum(tl.where(greater < k, w_i, 0), axis=0)
                 z = z_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
             num_dropped = tl.zeros([], dtype=tl.int32)
-            for i0 in range(0, n, TILE):
-                rows = i0 + tl.arange(0, TILE)
-                v_i = tl.load(cand_value_ptr + logits_row * CAP + rows, mask=rows < n, other=-float("inf"))
-                t_i = tl.load(cand_token_ptr + logits_row * CAP + rows, mask=rows < n, other=0)
-                above = values[None, :] > v_i[:, None]  # [TILE, CAP]
+            for i0 in range(0, n, TILE_I):
+                greater, mass, v_i, _ = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
+                rows = i0 + tl.arange(0, TILE_I)
+                t_i = tl.load(cand_t + rows, mask=rows < n, other=0)
                 keep = rows < n
                 if k_on:
-                    keep = keep & (tl.sum(above.to(tl.int32), axis=1) < k)
+                    keep = keep & (greater < k)
                 if p_on:
-                    mass = tl.sum(tl.where(above, weights[None, :], 0), axis=1).to(tl.float32) * (1.0 / FIXED_ONE)
-                    in_p = mass < p * z
+                    in_p = mass.to(tl.float32) * (1.0 / FIXED_ONE) < p * z
                     num_dropped += tl.sum((keep & ~in_p).to(tl.int32), axis=0)
                     keep = keep & in_p
                 if min_p > 0.0:
@@ -180,8 +192,8 @@ def _fused_resolve_kernel(
                 best_value = tl.where(take, tile_best, best_value)
             if (k_on == 0) & (num_dropped == 0):
                 # Top-p alone kept every candidate: are the tokens below the cutoff out of reach?
-                cutoff = tl.load(cutoff_ptr + logits_row)
-                exact = (cutoff == -float("inf")) | (cutoff <= row_max - WIN)
+                lowest = tl.math.div_rn(tl.load(cutoff_ptr + logits_row), temp)  # >= y of every other token
+                exact = (lowest == -float("inf")) | (lowest <= row_max - WIN)
         if exact == 0:
             row_ptr = logits_ptr + logits_row * logits_stride
             best_token, best_value = _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,

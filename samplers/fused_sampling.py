@@ -102,18 +102,15 @@ def _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size
 
 
 @triton.jit
-def _scaled(row_ptr, offs, mask, temp, SANITIZE: tl.constexpr):
-    """(y = x / T (IEEE division, as torch), -inf outside the row; the number of NaN/+inf in the block).
-
-    With SANITIZE, NaN and +inf count and become -inf; without, the count is 0.
-    """
+def _load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
+    """(x, -inf outside the row; the number of NaN/+inf in the block, which SANITIZE turns into -inf)."""
     x = tl.load(row_ptr + offs, mask=mask, other=-float("inf"))
     num_bad = tl.zeros([], dtype=tl.int32)
     if SANITIZE:
         bad = ~(x < float("inf"))  # NaN compares false
         num_bad = tl.sum(bad.to(tl.int32), axis=0)
         x = tl.where(bad, -float("inf"), x)
-    return tl.math.div_rn(x, temp), num_bad
+    return x, num_bad
 
 
 @triton.jit
@@ -122,23 +119,27 @@ def _fused_stats_kernel(
     part_max_ptr, part_sum_ptr, group_max_ptr, num_groups, num_chunks, chunk_size, vocab_size,
     SANITIZE: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
 ):
+    # Maxima are taken over x, not y = x / T: division by T > 0 is monotone, so max(y) = max(x) / T, and the
+    # division is left to the few values that need it.
     logits_row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     _, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size)
     need_sum = p_on & (k_on == 0)  # Z of top-p alone is the whole row's sum-exp
     row_ptr = logits_ptr + logits_row * logits_stride
-    run_max = tl.full([], -float("inf"), tl.float32)
-    run_sum = tl.zeros([], dtype=tl.float32)
+    run_max = tl.full([], -float("inf"), tl.float32)  # of x
+    run_sum = tl.zeros([], dtype=tl.float32)  # sum of exp(y - run_max / T)
     start0 = chunk * chunk_size
     for start in range(start0, tl.minimum(start0 + chunk_size, vocab_size), BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        y, _ = _scaled(row_ptr, offs, offs < vocab_size, temp, SANITIZE)
-        new_max = tl.maximum(run_max, tl.max(y, axis=0))
-        if need_sum & (new_max > -float("inf")):  # online sum-exp relative to the running max
-            run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(y - new_max), axis=0)
+        x, _ = _load_x(row_ptr, offs, offs < vocab_size, SANITIZE)
+        new_max = tl.maximum(run_max, tl.max(x, axis=0))
+        if need_sum & (new_max > -float("inf")):  # online sum-exp, relative to the running max
+            y_max = tl.math.div_rn(new_max, temp)
+            scale = tl.exp(tl.math.div_rn(run_max, temp) - y_max)
+            run_sum = run_sum * scale + tl.sum(tl.exp(tl.math.div_rn(x, temp) - y_max), axis=0)
         run_max = new_max
         if gather:
-            group_max = tl.max(tl.reshape(y, [BLOCK // GROUP, GROUP]), axis=1)
+            group_max = tl.max(tl.reshape(x, [BLOCK // GROUP, GROUP]), axis=1)
             groups = start // GROUP + tl.arange(0, BLOCK // GROUP)
             tl.store(group_max_ptr + logits_row * num_groups + groups, group_max, mask=groups < num_groups)
     tl.store(part_max_ptr + logits_row * num_chunks + chunk, run_max)
@@ -152,35 +153,46 @@ def _fused_plan_kernel(
     CAP: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
-    req_slot, _, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size)
+    req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
+                                                      vocab_size)
     chunks = tl.arange(0, CHUNKS)
     part_max = tl.load(part_max_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks,
                        other=-float("inf"))
     part_sum = tl.load(part_sum_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks, other=0.0)
-    row_max = tl.max(part_max, axis=0)
-    row_sum = tl.sum(tl.where(part_max > -float("inf"), part_sum * tl.exp(part_max - row_max), 0.0), axis=0)
+    row_max = tl.math.div_rn(tl.max(part_max, axis=0), temp)  # of y
+    finite = part_max > -float("inf")
+    part_scale = tl.exp(tl.math.div_rn(tl.where(finite, part_max, 0.0), temp) - tl.where(finite, row_max, 0.0))
     tl.store(row_max_ptr + logits_row, row_max)
-    tl.store(row_sum_ptr + logits_row, row_sum)
+    tl.store(row_sum_ptr + logits_row, tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0))
     tl.store(count_ptr + logits_row, 0)
     cutoff = tl.full([], -float("inf"), tl.float32)
     if gather:
-        want = tl.where(k_on, tl.load(top_k_ptr + req_slot), CAP // GROUP)
+        # A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c)
+        # and at most GROUP * limit tokens are >= c. Top-k wants k; top-p alone wants as many as fit.
+        top_k = tl.load(top_k_ptr + req_slot)
+        limit = tl.where(k_on, tl.maximum(top_k, tl.minimum(2 * top_k, CAP // GROUP)), CAP // GROUP)
+        want = tl.where(k_on, top_k, tl.maximum(CAP // GROUP // 2, 1))
         if want <= num_groups:
-            # The want-th largest group max: the largest key v with count(keys >= v) >= want, by bisection
-            # (invariant: cond(lo), not cond(hi)) over the order-preserving int image of float32.
+            # Bisection over the order-preserving int image of float32 (invariant: groups(>= lo) >= want >
+            # groups(>= hi)), stopped as soon as groups(>= lo) <= limit.
             groups = tl.arange(0, GROUPS)
             valid = groups < num_groups
             keys = _ordered_key(tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid,
                                         other=-float("inf")))
             lo = tl.min(tl.where(valid, keys, 2147483647), axis=0).to(tl.int64)
             hi = tl.max(tl.where(valid, keys, -2147483648), axis=0).to(tl.int64) + 1
-            for _ in range(33):
+            count_lo = num_groups
+            while (hi - lo > 1) & (count_lo > limit):
                 mid = lo + (hi - lo) // 2  # < hi <= 2**31: fits int32, so the keys stay int32 (registers)
-                take = tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=0) >= want
+                count = tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=0)
+                take = count >= want
                 lo = tl.where(take, mid, lo)
+                count_lo = tl.where(take, count, count_lo)
                 hi = tl.where(take, hi, mid)
-            bits = tl.where(lo < 0, lo ^ 0x7FFFFFFF, lo).to(tl.int32)
-            cutoff = bits.to(tl.float32, bitcast=True)
+            cutoff = tl.where(lo < 0, lo ^ 0x7FFFFFFF, lo).to(tl.int32).to(tl.float32, bitcast=True)
+            # x / T may round a slightly smaller x to the same y as c: lower c by more than that (4 ulp).
+            cutoff = tl.where(cutoff > -float("inf"), cutoff - tl.abs(cutoff) * (1.0 / 1048576.0) - 1e-30,
+                              cutoff)
     tl.store(cutoff_ptr + logits_row, cutoff)
 
 
@@ -204,16 +216,15 @@ def _fused_sample_kernel(
         cutoff = tl.load(cutoff_ptr + logits_row)
         for start in range(start0, end, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            mask = offs < vocab_size
-            y, block_bad = _scaled(row_ptr, offs, mask, temp, SANITIZE)
+            x, block_bad = _load_x(row_ptr, offs, offs < vocab_size, SANITIZE)
             num_bad += block_bad
-            take = (y >= cutoff) & (y > -float("inf"))
+            take = (x >= cutoff) & (x > -float("inf"))
             num_take = tl.sum(take.to(tl.int32), axis=0)
             if num_take > 0:
                 # One atomic per block reserves the slots; the buffer's order does not matter (see module doc).
                 slot = tl.atomic_add(count_ptr + logits_row, num_take) + tl.cumsum(take.to(tl.int32), axis=0) - 1
                 store = take & (slot < CAP)
-                tl.store(cand_value_ptr + logits_row * CAP + slot, y, mask=store)
+                tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
                 tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
     else:
         greedy = tl.load(temp_ptr + req_slot) == 0.0
@@ -226,11 +237,12 @@ def _fused_sample_kernel(
         for start in range(start0, end, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             mask = offs < vocab_size
-            y, block_bad = _scaled(row_ptr, offs, mask, temp, SANITIZE)
+            x, block_bad = _load_x(row_ptr, offs, mask, SANITIZE)
             num_bad += block_bad
             if greedy:
-                score = y
+                score = x
             else:
+                y = tl.math.div_rn(x, temp)  # IEEE division, as torch
                 u = ((_token_bits(key, offs) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
                 score = y - tl.log(-tl.log(u))
                 if use_min_p:
@@ -277,39 +289,48 @@ def sample_fused_triton(
     chunk_size = blocks_per_chunk * block
     num_chunks = triton.cdiv(vocab_size, chunk_size)
     num_groups = triton.cdiv(vocab_size, GROUP)
+    ws = _Workspace(num_rows, num_chunks, num_groups, device)
     tables = (params.temperature, params.top_k, params.top_p)
-    f32 = dict(dtype=torch.float32, device=device)
-    row_max, row_sum, cutoff = (torch.empty(num_rows, **f32) for _ in range(3))
-    count = torch.empty(num_rows, dtype=torch.int32, device=device)
-    cand_value = torch.empty(num_rows, CAP, **f32)
-    cand_token = torch.empty(num_rows, CAP, dtype=torch.int32, device=device)
     grid = (num_rows, num_chunks)
     if need_plan:
-        part_max, part_sum = torch.empty(num_rows, num_chunks, **f32), torch.empty(num_rows, num_chunks, **f32)
-        group_max = torch.empty(num_rows, num_groups, **f32)
         _fused_stats_kernel[grid](
-            logits, logits.stride(0), expanded_idx_mapping, *tables, part_max, part_sum, group_max, num_groups,
-            num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block, GROUP=GROUP,
+            logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max,
+            num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block, GROUP=GROUP,
         )
         _fused_plan_kernel[(num_rows,)](
-            expanded_idx_mapping, *tables, part_max, part_sum, group_max, row_max, row_sum, cutoff, count,
-            num_groups, num_chunks, vocab_size, CAP=CAP, GROUP=GROUP,
-            CHUNKS=triton.next_power_of_2(num_chunks), GROUPS=triton.next_power_of_2(num_groups),
+            expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max, ws.row_max, ws.row_sum,
+            ws.cutoff, ws.count, num_groups, num_chunks, vocab_size, CAP=CAP, GROUP=GROUP,
+            CHUNKS=triton.next_power_of_2(num_chunks), GROUPS=triton.next_power_of_2(num_groups), num_warps=8,
         )
-    part_best = torch.empty(num_rows, num_chunks, **f32)
-    part_token = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=device)
-    part_bad = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=device)
     _fused_sample_kernel[grid](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
-        row_max, cutoff, count, cand_value, cand_token, part_best, part_token, part_bad, num_chunks, chunk_size,
-        vocab_size, SANITIZE=sanitize, HAS_PLAN=need_plan, CAP=CAP, BLOCK=block,
+        ws.row_max, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.part_best, ws.part_token, ws.part_bad,
+        num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, HAS_PLAN=need_plan, CAP=CAP, BLOCK=block,
     )
-    flags = nonfinite if nonfinite is not None else part_bad  # any pointer: unread without HAS_FLAGS
+    flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     _fused_resolve_kernel[(num_rows,)](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
-        row_max, row_sum, cutoff, count, cand_value, cand_token, part_best, part_token, part_bad, flags,
-        sampled, errors, num_chunks, vocab_size,
+        ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.part_best, ws.part_token,
+        ws.part_bad, flags, sampled, errors, num_chunks, vocab_size,
         SANITIZE=sanitize, HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code,
         NO_TOKEN_CODE=no_token_code, CAP=CAP, CHUNKS=triton.next_power_of_2(num_chunks), BLOCK=block,
     )
     return FusedSample(sampled, errors)
+
+
+class _Workspace:
+    """Scratch of one call, carved from one float32 and one int32 allocation (fewer allocator calls)."""
+
+    def __init__(self, num_rows: int, num_chunks: int, num_groups: int, device: torch.device) -> None:
+        rows, chunks = num_rows, num_rows * num_chunks
+        floats = torch.empty(3 * rows + rows * CAP + 3 * chunks + rows * num_groups, dtype=torch.float32,
+                             device=device)
+        ints = torch.empty(rows + rows * CAP + 2 * chunks, dtype=torch.int32, device=device)
+        f = floats.split([rows, rows, rows, rows * CAP, chunks, chunks, chunks, rows * num_groups])
+        i = ints.split([rows, rows * CAP, chunks, chunks])
+        self.row_max, self.row_sum, self.cutoff = f[0], f[1], f[2]  # [L] y max, sum-exp, cutoff on x
+        self.cand_value = f[3]  # [L, CAP] candidate x
+        self.part_max, self.part_sum, self.part_best = f[4], f[5], f[6]  # [L, C] per chunk
+        self.group_max = f[7]  # [L, num_groups] x max of each group
+        self.count, self.cand_token = i[0], i[1]  # [L] candidates appended, [L, CAP] their token ids
+        self.part_token, self.part_bad = i[2], i[3]  # [L, C] per chunk

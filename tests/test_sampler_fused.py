@@ -36,7 +36,7 @@ def _params(vocab: int) -> SlotSamplingParams:
         (0.0, 3, 0.5, 0.5), (1.0, 0, 1.0, 0.0), (0.7, 1, 1.0, 0.0), (1.3, vocab - 1, 1.0, 0.0),
         (0.3, vocab, 0.9, 0.0), (2.0, 50, 1.0, 0.0), (0.5, 0, 0.6, 0.0), (1.0, 0, 1e-6, 0.0),
         (0.2, 0, 0.999, 0.0), (0.9, 0, 1.0, 0.2), (1.1, 7, 0.8, 0.05), (1.0, 5, 0.3, 0.0),
-        (3.0, 0, 0.95, 0.01), (1.0, 200, 0.99, 0.0),
+        (1.5, 0, 0.5, 0.01), (0.5, 200, 0.9, 0.0),
     ]
     t, k, p, m = zip(*rows)
     return SlotSamplingParams(
@@ -128,9 +128,9 @@ def test_sampler_fused_equals_unfused_with_edits_and_logprobs():
 
 
 def test_distribution_configs_match_the_reference_row_for_row():
-    """The chi-square configurations, 30 draws each through the fused path, equal the reference's draws
+    """The chi-square configurations, 12 draws each through the fused path, equal the reference's draws
     (the chi-square itself runs at 120,000 draws per configuration on the GPU, tests/gpu)."""
-    n = 30
+    n = 12
     names = list(CONFIGS)
     slots = [Slot(SamplingParams(**CONFIGS[name]), prompt=[0], seed=1000 + i) for i, name in enumerate(names)]
     sampler, _ = make_sampler(slots, len(LOGITS))
