@@ -150,7 +150,7 @@ def _fused_stats_kernel(
 def _fused_plan_kernel(
     idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr, group_max_ptr,
     row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, num_groups, num_chunks, vocab_size,
-    CAP: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
+    MAX_GROUPS: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
@@ -170,8 +170,9 @@ def _fused_plan_kernel(
         # A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c)
         # and at most GROUP * limit tokens are >= c. Top-k wants k; top-p alone wants as many as fit.
         top_k = tl.load(top_k_ptr + req_slot)
-        limit = tl.where(k_on, tl.maximum(top_k, tl.minimum(2 * top_k, CAP // GROUP)), CAP // GROUP)
-        want = tl.where(k_on, top_k, tl.maximum(CAP // GROUP // 2, 1))
+        fits = tl.zeros([], dtype=tl.int32) + MAX_GROUPS  # groups whose tokens surely fit the buffer
+        limit = tl.where(k_on, tl.maximum(top_k, tl.minimum(2 * top_k, fits)), fits)
+        want = tl.where(k_on, top_k, tl.maximum(fits // 2, 1))
         if want <= num_groups:
             # Bisection over the order-preserving int image of float32 (invariant: groups(>= lo) >= want >
             # groups(>= hi)), stopped as soon as groups(>= lo) <= limit.
@@ -181,7 +182,7 @@ def _fused_plan_kernel(
                                         other=-float("inf")))
             lo = tl.min(tl.where(valid, keys, 2147483647), axis=0).to(tl.int64)
             hi = tl.max(tl.where(valid, keys, -2147483648), axis=0).to(tl.int64) + 1
-            count_lo = num_groups
+            count_lo = tl.zeros([], dtype=tl.int32) + num_groups
             while (hi - lo > 1) & (count_lo > limit):
                 mid = lo + (hi - lo) // 2  # < hi <= 2**31: fits int32, so the keys stay int32 (registers)
                 count = tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=0)
@@ -299,7 +300,7 @@ def sample_fused_triton(
         )
         _fused_plan_kernel[(num_rows,)](
             expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max, ws.row_max, ws.row_sum,
-            ws.cutoff, ws.count, num_groups, num_chunks, vocab_size, CAP=CAP, GROUP=GROUP,
+            ws.cutoff, ws.count, num_groups, num_chunks, vocab_size, MAX_GROUPS=CAP // GROUP,
             CHUNKS=triton.next_power_of_2(num_chunks), GROUPS=triton.next_power_of_2(num_groups), num_warps=8,
         )
     _fused_sample_kernel[grid](
