@@ -12,7 +12,8 @@ Order (each stage skipped when no request of the batch uses it, decided on the h
     distribution the token was drawn from: after step 10, or after step 7 for greedy rows)
 
 On CUDA, steps 8-12 run fused (`samplers.fused_sampling`: two reads of the logits, which are left
-untouched), and step 1 joins them when nothing in between reads the logits (no edits, no logprobs). The
+untouched), and step 1 joins them when no logprobs are wanted and the only edits are bias and penalties
+(which keep NaN and +inf as they are; a finite logit they push past float32's range is reported too). The
 separate stages (`apply_top_k_top_p`, `apply_min_p`, `gumbel_sample`) remain for processed logprobs, which
 need the masked logits, and as the reference everywhere else.
 """
@@ -107,7 +108,10 @@ class Sampler:
         """The same pipeline with steps 8-12 fused (and step 1 too when nothing reads the logits before)."""
         logits = logits.float()
         want_logprobs = stages.num_logprobs >= 0
-        separate_sanitize = stages.any_logits_edit or want_logprobs
+        # Bias and penalties are finite arithmetic that keeps NaN and +inf as they are, so the fused kernels see
+        # (and flag) them just as step 1 would; masks (which may hide them) and custom processors need step 1.
+        separate_sanitize = want_logprobs or bool(stages.processors) or stages.any_allowed_tokens \
+            or stages.any_bad_words or stages.any_min_tokens
         nonfinite = None
         if separate_sanitize:
             logits, nonfinite = sanitize_logits(logits)  # 1.

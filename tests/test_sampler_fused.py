@@ -106,14 +106,17 @@ def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch):
     _check(logits, idx, torch.arange(rows, device=DEVICE) + 40, params)
 
 
-def test_sampler_fused_equals_unfused_with_edits_and_logprobs():
+@pytest.mark.parametrize("logprobs", [2, None])
+def test_sampler_fused_equals_unfused_with_edits(logprobs):
+    """Bias and penalties (step 1 folded into the fused kernels without logprobs), masks, NaN rows."""
     vocab = 90
     slots = [Slot(SamplingParams(temperature=0.8, top_k=10, top_p=0.9, repetition_penalty=1.3, presence_penalty=0.4,
-                                 logprobs=2, seed=1), prompt=[1, 2, 3], output=[4, 4], seed=1),
-             Slot(SamplingParams(temperature=0.0, logit_bias={7: 5.0}, logprobs=1), prompt=[5]),
-             Slot(SamplingParams(temperature=1.2, min_p=0.1, bad_words=[[4, 5]], seed=3), prompt=[4], seed=3)]
+                                 logprobs=logprobs, seed=1), prompt=[1, 2, 3], output=[4, 4], seed=1),
+             Slot(SamplingParams(temperature=0.0, logit_bias={7: 5.0}, logprobs=logprobs), prompt=[5]),
+             Slot(SamplingParams(temperature=1.2, min_p=0.1, logit_bias={3: -2.0}, seed=3), prompt=[4], seed=3)]
     logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(2))
     logits[4, 3] = float("nan")
+    logits[1, 9] = float("inf")
     idx = torch.tensor([0, 1, 2, 0, 2], dtype=torch.int32)
     positions = torch.tensor([5, 1, 1, 6, 2])
     outs = []
@@ -122,9 +125,11 @@ def test_sampler_fused_equals_unfused_with_edits_and_logprobs():
         sampler.fused = fused
         outs.append(sampler(logits.clone(), idx, positions, sampler.states.stages_for(np.arange(3))))
     assert outs[0].sampled_token_ids.tolist() == outs[1].sampled_token_ids.tolist()
-    assert outs[0].errors.tolist() == outs[1].errors.tolist() == [0, 0, 0, 0, 1]
-    for a, b in zip(outs[0].logprobs, outs[1].logprobs):
-        assert torch.equal(a, b)
+    assert outs[0].errors.tolist() == outs[1].errors.tolist() == [0, 1, 0, 0, 1]
+    assert (outs[0].logprobs is None) == (outs[1].logprobs is None) == (logprobs is None)
+    if logprobs is not None:
+        for a, b in zip(outs[0].logprobs, outs[1].logprobs):
+            assert torch.equal(a, b)
 
 
 def test_distribution_configs_match_the_reference_row_for_row():
