@@ -1,31 +1,41 @@
 """Stages 8-12 of the sampler fused: temperature, top-k, top-p, min-p and Gumbel-max in two reads of the logits.
 
 The result is the reference pipeline's (`sample_fused_reference`: temperature, `apply_top_k_top_p_reference`,
-`apply_min_p_reference`, `gumbel_sample_reference` or the argmax for greedy rows), token for token, with the
-kept-set semantics and tie rules documented in `samplers.top_k_top_p`. Rows are one of two kinds:
+`apply_min_p_reference`, `gumbel_sample_reference`, or the argmax for greedy rows), token for token, with the
+kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only read. Write `y = x / T`.
 
-- **direct** (greedy, or neither top-k nor top-p): pass 2 takes the argmax of `y + gumbel` (greedy: of `y`)
-  over every token that min-p keeps, per vocabulary chunk; `_fused_resolve_kernel` merges the chunks.
-- **gather** (top-k and/or top-p): pass 1 (`_fused_stats_kernel`) writes per chunk the row max and sum-exp
-  of `y = x / T` and the max of every group of `GROUP` consecutive tokens; `_fused_plan_kernel` picks a
-  cutoff `c`, the K-th largest group max (K = top_k, or `CAP // GROUP` for top-p alone). At least K tokens
-  are `>= c` (the K group maxima), so `c <= t_k`, the top-k threshold; and at most `GROUP * K` tokens are
-  `>= c` (they lie in the K groups whose max is `>= c`, ties apart). Pass 2 (`_fused_sample_kernel`)
-  appends every finite token `>= c` (value, id) to a per-row buffer of `CAP` entries. The candidates are a
-  top set of the row, so for each of them the number and the mass of strictly larger tokens, computed among
-  the candidates alone, are the row's: the resolve kernel applies the exact top-k rule (`#greater < k`),
-  sums Z over the top-k survivors, applies the top-p rule (`mass_greater < p * Z`) and min-p, and takes the
-  Gumbel argmax over the kept candidates.
+- **Direct rows** (greedy, or neither top-k nor top-p): `_fused_sample_kernel` takes the argmax of
+  `y + gumbel(seed, position, token)` (greedy: of `x`) over the tokens min-p keeps, per vocabulary chunk;
+  `_fused_resolve_kernel` merges the chunks (lowest token id on ties). One read (two with min-p, which needs
+  the row max first).
+- **Gather rows** (top-k and/or top-p), two reads:
+  1. `_fused_stats_kernel` (rows x chunks) writes per chunk the max of x and, for top-p alone, the sum of
+     `exp(y - max y)`; and the max of x of every `GROUP` consecutive tokens.
+  2. `_fused_plan_kernel` (one program per row) picks a cutoff `c` on x such that `want <= G(c) <= limit`,
+     with `G(c)` the number of groups whose max is `>= c` (a bisection over the group maxima that stops
+     as soon as the count is in range). `want` tokens are then `>= c`, so every token of the top-k set is;
+     at most `GROUP * limit <= CAP` tokens are `>= c`. `want` is k (top-k), or `CAP / GROUP / 2` groups for
+     top-p alone. `c` is lowered by a few ulps, as `x / T` may round a slightly smaller x to the same y.
+  3. `_fused_sample_kernel` appends every finite token with `x >= c` (x, id) to a per-row buffer of `CAP`
+     entries (one atomic per block reserves the slots).
+  4. `_fused_resolve_kernel`: the candidates are a top set of the row in y (division by T > 0 is monotone),
+     so the count and the mass of strictly larger tokens, computed among them, are the row's. It applies
+     the exact rules: top-k `#greater < k`, Z = mass of the top-k survivors (or the row's sum-exp for top-p
+     alone), top-p `mass_greater < p * Z`, min-p `exp(y - max) >= min_p`, then the Gumbel argmax.
 
-For top-p alone, Z is the row's sum-exp from pass 1, and the candidates suffice when one of them is dropped
-by top-p (then every token below is too) or when every token below the cutoff is more than `WIN` below the
-row max (Gumbel noise lies in [-2.86, 17.34], so such a token can never beat the row's most likely token,
-which every filter keeps). A row whose candidates overflow the buffer (many ties, k > CAP / GROUP with an
-unlucky spread) or fail that check is sampled exactly by the slow path, the bisection of the old kernel,
-inside the resolve kernel: the answer is the same, only slower.
+Exactness: the same kept set and the same noise per (seed, position, token) as the reference, so the same
+token; ties at a threshold follow the reference's rule (top-k keeps every token tied with the k-th, top-p
+keeps or drops a tie group whole, the lowest token id wins a tie of noisy scores). Masses are float sums in
+a different order than the reference's, so a row whose top-p mass lies within float rounding (~1e-6) of
+`p * Z` may keep one tie group more or less, as the unfused Triton kernel may. Masses are summed in 40-bit
+fixed point in the resolve kernel, so the buffer's (atomic, run-dependent) order never changes a result.
 
-Masses in the resolve kernel are summed in 40-bit fixed point, so the order in which pass 2 appended the
-candidates (atomics) does not change any result: the path is deterministic.
+Slow path: a row whose candidates overflow the buffer (k > CAP / GROUP with an unlucky spread, huge ties), or
+a top-p-alone row whose candidates all pass top-p while tokens below the cutoff are within `WIN` of the row
+max (flat rows, p close to 1: the kept set may extend below the candidates), is sampled inside the resolve
+kernel by the old algorithm (threshold bisection over the whole row, 33 passes per threshold, then a Gumbel
+pass): the same token, slower. A token more than `WIN` = 21 below the row max can never win (the noise spans
+[-2.86, 17.34] and the row's most likely token is always kept), so such tokens need not be candidates.
 """
 
 from __future__ import annotations
