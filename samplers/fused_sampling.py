@@ -234,7 +234,7 @@ def _fused_sample_kernel(
             if num_take > 0:
                 # One atomic per block reserves the slots; the buffer's order does not matter (see module doc).
                 slot = tl.atomic_add(count_ptr + logits_row, num_take) + tl.cumsum(take.to(tl.int32), axis=0) - 1
-                store = take & (slot < CAP)
+                store = take & (slot >= 0) & (slot < CAP)  # (>= 0: harmless even if misused without a plan)
                 tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
                 tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
     else:

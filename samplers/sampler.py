@@ -73,7 +73,7 @@ class Sampler:
     ) -> SamplerOutput:
         want_logprobs = stages.num_logprobs >= 0
         fused = self.fused if self.fused is not None else use_triton(logits)
-        if fused and stages.any_random and not (want_logprobs and self.logprobs_mode == "processed_logprobs"):
+        if fused and not (want_logprobs and self.logprobs_mode == "processed_logprobs"):
             return self._sample_fused(logits, expanded_idx_mapping, sample_positions, stages)
         logits, nonfinite = sanitize_logits(logits.float())  # 1.
         raw = None
