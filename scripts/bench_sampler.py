@@ -16,7 +16,9 @@ of logits: "peaked" (a few dozen tokens 14-26 above a Gaussian tail, like a lang
 
 Times are medians of CUDA-graph replays (`triton.testing.do_bench`, L2 flushed between runs): GPU time with
 no host launch overhead, as in a captured decode step. The eager time of the main case is printed too, and
-a per-kernel breakdown (torch.profiler, eager) of the main case and of `+penalties` for both paths.
+a per-kernel breakdown (torch.profiler, eager) of the main case and of `+penalties` for both paths, and
+single stages timed alone (sanitize, penalties dense and seen-only, division by T, the bisection top-k/top-p
+(includes a clone of the logits, timed too), min-p, Gumbel, argmax, the fused steps 8-12).
 Prints tables; writes `sampler_bench.json` and, if matplotlib is installed, `sampler_bench.png` into OUT_DIR.
 Takes well under a minute on an H200 (mostly compiling).
 
@@ -77,10 +79,11 @@ def make_sampler(params: dict, rows: int, vocab: int, fused: bool):
         draft_tokens=torch.zeros(rows, 0, dtype=torch.int32, device="cuda"))
     states = SamplingStates(rows, torch.device("cuda"), vocab_size=vocab, history=history,
                             num_computed_host=lambda: np.zeros(rows, dtype=np.int64))
+    # Zipf-like token ids: repeated tokens, as real text has.
+    all_tokens = (rng.zipf(1.2, (rows, PROMPT_LEN + OUTPUT_LEN)) % vocab).astype(np.int32)
+    history.all_token_ids[:, : all_tokens.shape[1]] = torch.from_numpy(all_tokens).cuda()
     for slot in range(rows):
-        # Zipf-like token ids: repeated tokens, as real text has.
-        tokens = (rng.zipf(1.2, PROMPT_LEN + OUTPUT_LEN) % vocab).astype(np.int64).tolist()
-        history.all_token_ids[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        tokens = all_tokens[slot].tolist()
         sp = SamplingParams(seed=slot, **params)
         sp.resolve_bad_words(None)
         states.add_request(slot, NewRequestData(f"r{slot}", tokens, PROMPT_LEN, sp, slot, [], len(tokens)))
@@ -131,6 +134,37 @@ def kernel_breakdown(fn: Callable[[], object], calls: int = 10) -> dict[str, flo
         if total > 0:
             out[evt.key[:60]] += total / calls
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def stage_times(x: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor, rows: int, vocab: int) -> dict:
+    """GPU microseconds of single stages on the peaked logits (graph replays), for the per-stage table."""
+    from samplers.fused_sampling import SlotSamplingParams, sample_fused_triton
+    from samplers.gumbel import gumbel_sample_triton
+    from samplers.penalties import apply_penalties_triton
+    from samplers.sanitize import sanitize_logits_triton
+    from samplers.top_k_top_p import apply_min_p_triton, apply_top_k_top_p_triton
+
+    sampler, _ = make_sampler(CASES["+penalties"], rows, vocab, fused=True)
+    pen, counts, t = sampler.states.penalties, sampler.states.penalties.counts, sampler.states.params.tensors
+    params = SlotSamplingParams(t["temperature"], t["top_k"], t["top_p"], t["min_p"], t["seed"])
+    work = x.clone()
+    top_k, top_p = t["top_k"][idx.long()], t["top_p"][idx.long()]
+    min_p = torch.full((rows,), 0.05, device="cuda")
+    temperature = t["temperature"][idx.long()].unsqueeze(1)
+    pen_args = (work, idx, pen.repetition, pen.frequency, pen.presence, counts.output_counts, counts.prompt_mask)
+    out = dict(
+        sanitize=time_graph_ms(lambda: sanitize_logits_triton(work)),
+        penalties_dense=time_graph_ms(lambda: apply_penalties_triton(*pen_args)),
+        penalties_seen_only=time_graph_ms(lambda: apply_penalties_triton(*pen_args, counts.seen_bits)),
+        temperature_divide=time_graph_ms(lambda: work / temperature),
+        top_k_top_p_bisection=time_graph_ms(lambda: apply_top_k_top_p_triton(work.clone(), top_k, top_p)),
+        clone_for_the_above=time_graph_ms(lambda: work.clone()),
+        min_p=time_graph_ms(lambda: apply_min_p_triton(work.clone(), min_p)),
+        gumbel_sample=time_graph_ms(lambda: gumbel_sample_triton(work, t["seed"][idx.long()], positions)),
+        argmax=time_graph_ms(lambda: work.argmax(-1)),
+        fused_steps_8_12=time_graph_ms(lambda: sample_fused_triton(work, idx, positions, params)),
+    )
+    return {k: v * 1e3 for k, v in out.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['unfused_x_read']:>7.2f} {r['unfused_us'] / r['fused_us']:>7.1f}x", flush=True)
         del samplers
         torch.cuda.empty_cache()
+    stages = stage_times(x, idx, positions, args.rows, args.vocab)
+    print("\nstages alone (us): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
     main_case = next(r for r in results if r["case"] == "temp+topk+topp" and r["logits"] == "peaked")
     print(f"\neager (host launches included), temp+topk+topp peaked, fused: {main_case['fused_eager_us']:.1f} us")
     for name, kernels in breakdown.items():
@@ -195,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {us:9.1f}  {kernel}")
 
     out = dict(env=env, read_us=read_ms * 1e3, read=dict((k, v * 1e3) for k, v in read.items()),
-               results=results, breakdown=breakdown)
+               results=results, stages_us=stages, breakdown=breakdown)
     (args.out_dir / "sampler_bench.json").write_text(json.dumps(out, indent=1))
     try:
         plot(out, args.out_dir / "sampler_bench.png")
