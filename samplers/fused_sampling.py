@@ -126,7 +126,7 @@ def _load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
 @triton.jit
 def _fused_stats_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr,
-    part_max_ptr, part_sum_ptr, group_max_ptr, num_groups, num_chunks, chunk_size, vocab_size,
+    part_max_ptr, part_sum_ptr, part_bad_ptr, group_max_ptr, num_groups, num_chunks, chunk_size, vocab_size,
     SANITIZE: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
 ):
     # Maxima are taken over x, not y = x / T: division by T > 0 is monotone, so max(y) = max(x) / T, and the
@@ -138,10 +138,12 @@ def _fused_stats_kernel(
     row_ptr = logits_ptr + logits_row * logits_stride
     run_max = tl.full([], -float("inf"), tl.float32)  # of x
     run_sum = tl.zeros([], dtype=tl.float32)  # sum of exp(y - run_max / T)
+    num_bad = tl.zeros([], dtype=tl.int32)
     start0 = chunk * chunk_size
     for start in range(start0, tl.minimum(start0 + chunk_size, vocab_size), BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x, _ = _load_x(row_ptr, offs, offs < vocab_size, SANITIZE)
+        x, block_bad = _load_x(row_ptr, offs, offs < vocab_size, SANITIZE)
+        num_bad += block_bad
         new_max = tl.maximum(run_max, tl.max(x, axis=0))
         if need_sum & (new_max > -float("inf")):  # online sum-exp, relative to the running max
             y_max = tl.math.div_rn(new_max, temp)
@@ -154,6 +156,8 @@ def _fused_stats_kernel(
             tl.store(group_max_ptr + logits_row * num_groups + groups, group_max, mask=groups < num_groups)
     tl.store(part_max_ptr + logits_row * num_chunks + chunk, run_max)
     tl.store(part_sum_ptr + logits_row * num_chunks + chunk, run_sum)
+    if gather:  # pass 2 reads only candidate groups of these rows: the non-finite count is taken here
+        tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)
 
 
 @triton.jit
@@ -210,9 +214,9 @@ def _fused_plan_kernel(
 @triton.jit
 def _fused_sample_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
-    row_max_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr,
-    part_best_ptr, part_token_ptr, part_bad_ptr, num_chunks, chunk_size, vocab_size,
-    SANITIZE: tl.constexpr, HAS_PLAN: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+    row_max_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr, group_max_ptr,
+    part_best_ptr, part_token_ptr, part_bad_ptr, num_chunks, chunk_size, num_groups, vocab_size,
+    SANITIZE: tl.constexpr, HAS_PLAN: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -220,19 +224,24 @@ def _fused_sample_kernel(
     row_ptr = logits_ptr + logits_row * logits_stride
     start0 = chunk * chunk_size
     end = tl.minimum(start0 + chunk_size, vocab_size)
-    num_bad = tl.zeros([], dtype=tl.int32)
-    best_value = tl.full([], -float("inf"), tl.float32)
-    best_token = tl.zeros([], dtype=tl.int32)
     if gather:  # only rows that HAS_PLAN gives a cutoff get here (the host launches the plan for them)
+        # Candidates lie in groups whose max is >= the cutoff: read the group maxima (1/GROUP of the logits)
+        # and load only those groups' tokens (masked-off lanes cost no memory traffic).
         cutoff = tl.load(cutoff_ptr + logits_row)
-        for start in range(start0, end, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            x, block_bad = _load_x(row_ptr, offs, offs < vocab_size, SANITIZE)
-            num_bad += block_bad
-            take = (x >= cutoff) & (x > -float("inf"))
-            num_take = tl.sum(take.to(tl.int32), axis=0)
-            if num_take > 0:
-                # One atomic per block reserves the slots; the buffer's order does not matter (see module doc).
+        group_end = tl.cdiv(end, GROUP)
+        for g0 in range(start0 // GROUP, group_end, BLOCK // GROUP):
+            groups = g0 + tl.arange(0, BLOCK // GROUP)
+            group_max = tl.load(group_max_ptr + logits_row * num_groups + groups, mask=groups < group_end,
+                                other=-float("inf"))
+            chosen = (group_max >= cutoff) & (group_max > -float("inf"))
+            if tl.max(chosen.to(tl.int32), axis=0) > 0:
+                offs = tl.reshape(groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :], [BLOCK])
+                mask = tl.reshape(tl.broadcast_to(chosen[:, None], [BLOCK // GROUP, GROUP]), [BLOCK]) \
+                    & (offs < vocab_size)
+                x, _ = _load_x(row_ptr, offs, mask, SANITIZE)
+                take = mask & (x >= cutoff) & (x > -float("inf"))
+                num_take = tl.sum(take.to(tl.int32), axis=0)
+                # One atomic per tile reserves the slots; the buffer's order does not matter (see module doc).
                 slot = tl.atomic_add(count_ptr + logits_row, num_take) + tl.cumsum(take.to(tl.int32), axis=0) - 1
                 store = take & (slot >= 0) & (slot < CAP)  # (>= 0: harmless even if misused without a plan)
                 tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
@@ -241,6 +250,9 @@ def _fused_sample_kernel(
         greedy = tl.load(temp_ptr + req_slot) == 0.0
         min_p = tl.load(min_p_ptr + req_slot)
         use_min_p = (min_p > 0.0) & (greedy == 0)
+        num_bad = tl.zeros([], dtype=tl.int32)
+        best_value = tl.full([], -float("inf"), tl.float32)
+        best_token = tl.zeros([], dtype=tl.int32)
         row_max = 0.0
         if HAS_PLAN:
             row_max = tl.load(row_max_ptr + logits_row)
@@ -264,9 +276,9 @@ def _fused_sample_kernel(
             take = block_best > best_value  # strictly: the lowest token id wins a tie, like torch.argmax
             best_token = tl.where(take, start + block_token, best_token)
             best_value = tl.where(take, block_best, best_value)
-    tl.store(part_best_ptr + logits_row * num_chunks + chunk, best_value)
-    tl.store(part_token_ptr + logits_row * num_chunks + chunk, best_token)
-    tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)
+        tl.store(part_best_ptr + logits_row * num_chunks + chunk, best_value)
+        tl.store(part_token_ptr + logits_row * num_chunks + chunk, best_token)
+        tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)
 
 
 def sample_fused_triton(
@@ -305,8 +317,9 @@ def sample_fused_triton(
     grid = (num_rows, num_chunks)
     if need_plan:
         _fused_stats_kernel[grid](
-            logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max,
-            num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block, GROUP=GROUP,
+            logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.part_bad,
+            ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block,
+            GROUP=GROUP,
         )
         _fused_plan_kernel[(num_rows,)](
             expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max, ws.row_max, ws.row_sum,
@@ -315,8 +328,9 @@ def sample_fused_triton(
         )
     _fused_sample_kernel[grid](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
-        ws.row_max, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.part_best, ws.part_token, ws.part_bad,
-        num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, HAS_PLAN=need_plan, CAP=CAP, BLOCK=block,
+        ws.row_max, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.group_max, ws.part_best, ws.part_token,
+        ws.part_bad, num_chunks, chunk_size, num_groups, vocab_size, SANITIZE=sanitize, HAS_PLAN=need_plan,
+        CAP=CAP, BLOCK=block, GROUP=GROUP,
     )
     flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     _fused_resolve_kernel[(num_rows,)](
