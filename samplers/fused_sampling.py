@@ -1,4 +1,4 @@
-"""Stages 8-12 of the sampler fused: temperature, top-k, top-p, min-p and Gumbel-max in two reads of the logits.
+"""Stages 8-12 of the sampler fused: temperature, top-k, top-p, min-p and Gumbel-max in one or two reads.
 
 The result is the reference pipeline's (`sample_fused_reference`: temperature, `apply_top_k_top_p_reference`,
 `apply_min_p_reference`, `gumbel_sample_reference`, or the argmax for greedy rows), token for token, with the
@@ -8,7 +8,7 @@ kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only 
   `y + gumbel(seed, position, token)` (greedy: of `x`) over the tokens min-p keeps, per vocabulary chunk;
   `_fused_resolve_kernel` merges the chunks (lowest token id on ties). One read (two with min-p, which needs
   the row max first).
-- **Gather rows** (top-k and/or top-p), two reads:
+- **Gather rows** (top-k and/or top-p), one read of the logits plus a read of the group maxima (1/16 of it):
   1. `_fused_stats_kernel` (rows x chunks) writes per chunk the max of x and, for top-p alone, the sum of
      `exp(y - max y)`; and the max of x of every `GROUP` consecutive tokens.
   2. `_fused_plan_kernel` (one program per row) picks a cutoff `c` on x such that `want <= G(c) <= limit`,
@@ -16,8 +16,9 @@ kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only 
      as soon as the count is in range). `want` tokens are then `>= c`, so every token of the top-k set is;
      at most `GROUP * limit <= CAP` tokens are `>= c`. `want` is k (top-k), or `CAP / GROUP / 2` groups for
      top-p alone. `c` is lowered by a few ulps, as `x / T` may round a slightly smaller x to the same y.
-  3. `_fused_sample_kernel` appends every finite token with `x >= c` (x, id) to a per-row buffer of `CAP`
-     entries (one atomic per block reserves the slots).
+  3. `_fused_sample_kernel` reads the group maxima and, for the groups whose max is `>= c` (at most
+     `limit`), loads their tokens and appends every finite one with `x >= c` (x, id) to a per-row buffer of
+     `CAP` entries (one atomic per tile reserves the slots). The other groups' tokens are never loaded.
   4. `_fused_resolve_kernel`: the candidates are a top set of the row in y (division by T > 0 is monotone),
      so the count and the mass of strictly larger tokens, computed among them, are the row's. It applies
      the exact rules: top-k `#greater < k`, Z = mass of the top-k survivors (or the row's sum-exp for top-p

@@ -11,7 +11,7 @@ Order (each stage skipped when no request of the batch uses it, decided on the h
 13. logprobs of the chosen token and the top-k: raw (the model's logits, after step 1) or processed (the
     distribution the token was drawn from: after step 10, or after step 7 for greedy rows)
 
-On CUDA, steps 8-12 run fused (`samplers.fused_sampling`: two reads of the logits, which are left
+On CUDA, steps 8-12 run fused (`samplers.fused_sampling`: one or two reads of the logits, which are left
 untouched), and step 1 joins them when no logprobs are wanted and the only edits are bias and penalties
 (which keep NaN and +inf as they are; a finite logit they push past float32's range is reported too). The
 separate stages (`apply_top_k_top_p`, `apply_min_p`, `gumbel_sample`) remain for processed logprobs, which
