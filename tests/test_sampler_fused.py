@@ -68,7 +68,7 @@ def _check(logits, idx, positions, params, **kwargs):
     return expected
 
 
-@pytest.mark.parametrize("vocab,ties", [(1, False), (37, True), (130, False), (130, True)])
+@pytest.mark.parametrize("vocab,ties", [(1, False), (37, False), (130, True)])
 def test_fused_matches_reference(vocab, ties):
     rows = 16
     params = _params(vocab)
