@@ -199,10 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'case':>15} {'logits':>7} {'fused us':>9} {'x read':>7} {'unfused us':>11} {'x read':>7} "
           f"{'speed-up':>8}")
     for case, params in CASES.items():
-        samplers = {fused: make_sampler(params, args.rows, args.vocab, fused) for fused in (True, False)}
+        by_path = {fused: make_sampler(params, args.rows, args.vocab, fused) for fused in (True, False)}
         for kind, data in logits.items():
             r = dict(case=case, logits=kind)
-            for fused, (sampler, stages) in samplers.items():
+            for fused, (sampler, stages) in by_path.items():
                 work = data.clone()  # the penalties edit it in place: replays keep penalising the same buffer
 
                 def call(sampler=sampler, stages=stages, work=work):
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             print(f"{case:>15} {kind:>7} {r['fused_us']:>9.1f} {r['fused_x_read']:>7.2f} {r['unfused_us']:>11.1f} "
                   f"{r['unfused_x_read']:>7.2f} {r['unfused_us'] / r['fused_us']:>7.1f}x", flush=True)
-        del samplers
+        del by_path
         torch.cuda.empty_cache()
     stages = stage_times(x, idx, positions, args.rows, args.vocab)
     print("\nstages alone (us): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
