@@ -51,7 +51,7 @@ from samplers.fused_resolve import _fused_resolve_kernel
 from samplers.gumbel import _row_key, _token_bits, gumbel_sample_reference
 from samplers.sanitize import sanitize_logits_reference
 from samplers.top_k_top_p import _ordered_key, apply_min_p_reference, apply_top_k_top_p_reference
-from samplers.triton_utils import vocab_block
+from samplers.triton_utils import use_triton, vocab_block
 
 GROUP = 16  # tokens per group maximum written by pass 1
 CAP = 1024  # candidate buffer entries per logits row
@@ -342,6 +342,21 @@ def sample_fused_triton(
         NO_TOKEN_CODE=no_token_code, CAP=CAP, CHUNKS=triton.next_power_of_2(num_chunks), BLOCK=block,
     )
     return FusedSample(sampled, errors)
+
+
+def sample_fused(
+    logits: torch.Tensor,  # [L, V] float32 (NaN/+inf allowed: treated as -inf and flagged)
+    expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
+    positions: torch.Tensor,  # [L] int64
+    params: SlotSamplingParams,
+    nonfinite_code: int = 1,
+    no_token_code: int = 2,
+) -> FusedSample:
+    """Steps 8-12 on raw logits: Triton on CUDA (logits only read), the reference elsewhere."""
+    if use_triton(logits):
+        return sample_fused_triton(logits, expanded_idx_mapping, positions, params, nonfinite_code=nonfinite_code,
+                                   no_token_code=no_token_code)
+    return sample_fused_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code)
 
 
 class _Workspace:
