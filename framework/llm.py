@@ -39,6 +39,8 @@ _KWARGS = {
     "token_history_on_host": "cache.token_history_on_host",
     "task": "task",
     "pooling": "model.pooling",
+    "tensor_parallel_size": "parallel.tensor_parallel_size",
+    "pipeline_parallel_size": "parallel.pipeline_parallel_size",
 }
 
 
@@ -77,6 +79,10 @@ class LLM:
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]
         return self.engine.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop the other ranks of a parallel run now (otherwise when the LLM is garbage-collected or at exit)."""
+        self.engine.shutdown()
 
     def _token_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
