@@ -68,9 +68,11 @@ class ParallelContext:
             return x
         import torch.distributed as dist
 
-        parts = torch.empty((self.tp_size, *x.shape), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(parts, x.contiguous(), group=self.tp_group)
-        return torch.movedim(parts, 0, -2).reshape(*x.shape[:-1], self.tp_size * x.shape[-1])
+        x = x.contiguous()
+        parts = torch.empty((self.tp_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+        gather(parts, x, group=self.tp_group)  # ranks stacked along dim 0
+        return torch.movedim(parts.view(self.tp_size, *x.shape), 0, -2).reshape(*x.shape[:-1], -1)
 
     # ---- pipeline parallel -----------------------------------------------------------------------------
     def send_to_next_stage(self, hidden: torch.Tensor) -> None:
