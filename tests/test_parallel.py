@@ -80,3 +80,19 @@ def test_pipeline_parallel_2_matches_one_process(qwen3: Path, single: list) -> N
         assert got == single
     finally:
         _shutdown(llm)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_dead_rank_fails_requests_with_a_clear_error(qwen3: Path) -> None:
+    """Killing the other rank does not hang the driver: its requests end with an error naming the cause."""
+    llm = LLM(str(qwen3), **ENGINE, tensor_parallel_size=2)
+    procs = llm.engine.runner._workers.procs
+    try:
+        procs[0].kill()
+        procs[0].join(10)
+        out = llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)[0]
+        assert out.finish_reason == "error"
+        assert "a parallel rank is gone" in (out.error or "")
+    finally:
+        llm.shutdown()
+

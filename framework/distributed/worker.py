@@ -93,8 +93,8 @@ def worker_main(config: Mrv2Config, place: RankPlace) -> None:
     try:
         run_worker(config, place)
     except BaseException as err:  # noqa: BLE001 - report and exit: the driver sees the rank leave
-        print(f"mrv2: rank {place.rank} failed: {type(err).__name__}: {err}\n{traceback.format_exc()}",
-              file=sys.stderr)
+        detail = "" if isinstance(err, ConfigError) else "\n" + traceback.format_exc()  # start-up: driver says it
+        print(f"mrv2: rank {place.rank} failed: {type(err).__name__}: {err}{detail}", file=sys.stderr)
         sys.exit(1)
 
 
