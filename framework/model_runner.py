@@ -138,7 +138,7 @@ class ModelRunnerV2(ModelRunner):
         """One pipeline stage: hidden states in from the previous stage, out to the next one."""
         ctx = self.parallel
         if not ctx.is_first_stage:
-            shape = (batch.num_tokens, self.loaded.model.config.hidden_size)
+            shape = (batch.num_tokens, self.model.config.hidden_size)
             extra_inputs = {**extra_inputs, "pp_hidden": ctx.recv_from_previous_stage(shape, self.loaded.dtype,
                                                                                       self.device)}
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)

@@ -4,7 +4,7 @@ Each case is one `mrv2 bench experiment=nano ...` in its own process (fresh GPUs
 script collects their `bench.json`, prints a table of output / total tokens per second with the scaling against
 TP=1 of the same model, and writes `parallel.json` and `parallel.png` into `--out`.
 
-    python3 scripts/bench_parallel.py --out bench_results/parallel            # needs 2 GPUs, ~6 minutes
+    python3 scripts/bench_parallel.py --out bench_results/parallel            # needs 2 GPUs, 5-7 minutes
     python3 scripts/bench_parallel.py --out /tmp/p --cases 0.6b-tp1 --num-requests 8 --device cpu  # smoke
 
 Random bf16 weights (model presets `qwen3-0.6b`, `qwen3-8b`); no HF baseline, no idle probe.
@@ -31,12 +31,12 @@ class Case(NamedTuple):
     pp: int
 
 
-CASES = [
+CASES = [  # PP=2 last: it is the one to drop when time is short
     Case("0.6b-tp1", "qwen3-0.6b", 1, 1),
     Case("0.6b-tp2", "qwen3-0.6b", 2, 1),
-    Case("0.6b-pp2", "qwen3-0.6b", 1, 2),
     Case("8b-tp1", "qwen3-8b", 1, 1),
     Case("8b-tp2", "qwen3-8b", 2, 1),
+    Case("0.6b-pp2", "qwen3-0.6b", 1, 2),
 ]
 
 
@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=None, help="override bench.num_requests (all cases)")
     parser.add_argument("--num-requests-8b", type=int, default=None, help="override for the 8B cases only")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--timeout", type=int, default=150, help="seconds per case")
+    parser.add_argument("--timeout", type=int, default=140, help="seconds per case (start-up included)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
