@@ -11,6 +11,7 @@ import logging
 import weakref
 from typing import Any, Optional
 
+import torch
 
 from framework.async_output import AsyncOutput
 from framework.config import ConfigError, Mrv2Config
@@ -32,8 +33,9 @@ JOIN_TIMEOUT_S = 30.0
 class _Workers:
     """The spawned worker processes (none under torchrun) and the groups; `close` ends them once."""
 
-    def __init__(self, ctx: ParallelContext, procs: list[Any]) -> None:
+    def __init__(self, ctx: ParallelContext, procs: list[Any], cuda_device: Optional[int]) -> None:
         self.ctx, self.procs, self.closed = ctx, procs, False
+        self.cuda_device = cuda_device  # the caller's current CUDA device, made current again by `close`
 
     def close(self) -> None:
         if self.closed:
@@ -53,6 +55,8 @@ class _Workers:
                 proc.join(JOIN_TIMEOUT_S)
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self.cuda_device is not None:
+            torch.cuda.set_device(self.cuda_device)
 
 
 class DriverRunner(ModelRunner):
@@ -121,6 +125,7 @@ def start_parallel(config: Mrv2Config) -> tuple[LoadedModel, DriverRunner]:
         port = config.parallel.master_port or free_port()
         place = RankPlace(driver_rank, driver_rank, f"tcp://127.0.0.1:{port}")
         procs = spawn_workers(config, driver_rank, port)
+    caller_device = torch.cuda.current_device() if torch.cuda.is_available() else None
     device = rank_device(config, place.local_rank)
     try:
         ctx = init_groups(config, place, device)
@@ -128,7 +133,7 @@ def start_parallel(config: Mrv2Config) -> tuple[LoadedModel, DriverRunner]:
         for proc in procs:
             proc.terminate()
         raise ConfigError(f"parallel start-up failed: the ranks did not meet ({type(err).__name__}: {err})") from None
-    workers = _Workers(ctx, procs)
+    workers = _Workers(ctx, procs, caller_device)
     if not ctx.is_driver:  # a torchrun rank: serve until the driver shuts down, then leave
         import torch.distributed as dist
 
