@@ -22,6 +22,8 @@ try:
 except ImportError:  # tests/ collected as a package
     from tests.hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
 
+pytestmark = pytest.mark.slow  # spawns processes
+
 PROMPTS = random_prompts(5, 5, 40, seed=1234)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 # 24 blocks of 4 tokens hold one request of max_model_len: 5 requests must preempt; 8 tokens per step chunk prefills.
