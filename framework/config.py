@@ -135,6 +135,26 @@ class CacheConfig(_Strict):
     )
 
 
+class ParallelConfig(_Strict):
+    """Tensor and pipeline parallelism over torch.distributed (see the Parallelism page)."""
+
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="Ranks that split every layer (heads, MLP, vocabulary); attention heads and KV heads "
+        "must divide by it.")
+    pipeline_parallel_size: int = Field(
+        1, ge=1, description="Ranks that split the layer stack into consecutive stages; at most the number of layers.")
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="torch.distributed backend of the step's collectives; auto = nccl on GPUs, gloo on CPUs.")
+    timeout_s: float = Field(
+        300.0, gt=0.0, description="How long a collective waits for a rank before the run fails (start-up and steps).")
+    master_port: Optional[int] = Field(
+        None, ge=1, le=65535, description="Port of the rendezvous when mrv2 spawns its ranks; null = a free port.")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
 class RunConfig(_Strict):
     """What `mrv2 run` generates."""
 
@@ -174,6 +194,7 @@ class Mrv2Config(_Strict):
     speculator: SpeculatorConfig = Field(default_factory=SpeculatorConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -192,6 +213,12 @@ class Mrv2Config(_Strict):
                     f"cache.num_blocks={self.cache.num_blocks} x cache.block_size={self.cache.block_size} holds "
                     f"{capacity} tokens, fewer than one request of model.max_model_len={self.model.max_model_len}"
                 )
+        if self.parallel.world_size > 1:
+            if self.runner.kind == "v1":
+                raise ValueError("parallel: tensor/pipeline parallelism runs on the V2 runner only; "
+                                 "use runner=v2 or runner=auto")
+            if self.device == "cpu" and self.parallel.backend == "nccl":
+                raise ValueError("parallel.backend=nccl needs GPUs; device=cpu runs with parallel.backend=gloo")
         return self
 
 

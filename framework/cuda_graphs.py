@@ -77,7 +77,10 @@ class DecodeCudaGraphs:
                 for _ in range(2):  # warm-up: Triton compilation and lazy initialisation happen outside capture
                     self.forward(*args)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                # Under tensor parallelism NCCL's watchdog thread queries events while this thread captures;
+                # "thread_local" confines the capture checks to this thread (the default would fail them).
+                mode = "thread_local" if torch.distributed.is_initialized() else "global"
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode=mode):
                     out = self.forward(*args)
                 self.graphs[size] = (graph, out)
         torch.cuda.current_stream().wait_stream(stream)

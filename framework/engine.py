@@ -15,7 +15,7 @@ from framework.audio_inputs import WhisperPromptProcessor, audio_prompt_help
 from framework.compat import select_runner
 from framework.config import ConfigError, Mrv2Config
 from framework.encoder_input import EncoderInput
-from framework.engine_setup import load_model, num_kv_blocks, resolve_device
+from framework.engine_setup import load_model, resolve_device
 from framework.kv_cache_manager import KVCacheManager
 from framework.model_runner import ModelRunnerV2
 from framework.output_processor import OutputProcessor
@@ -47,6 +47,7 @@ class EngineCore:
         try:
             self._start(config)
         except BaseException as err:
+            self.shutdown()  # stop the other ranks of a parallel run
             # Free what start-up allocated (weights, KV cache) now, even while the caller keeps the exception:
             # its traceback's frames would otherwise hold them.
             self.__dict__.clear()
@@ -58,17 +59,24 @@ class EngineCore:
     def _start(self, config: Mrv2Config) -> None:
         self.config = config
         runner_kind = select_runner(config)
-        self.loaded = load_model(config, resolve_device(config.device))
+        self.runner: ModelRunner
+        if config.parallel.world_size > 1:  # spawns (or joins under torchrun) the other ranks
+            if runner_kind != "v2":
+                raise ConfigError("parallel: tensor/pipeline parallelism needs the V2 runner, but the config "
+                                  "selects V1")
+            from framework.distributed.driver import start_parallel
+
+            self.loaded, self.runner = start_parallel(config)
+        else:
+            self.loaded = load_model(config, resolve_device(config.device))
+            runner_cls = ModelRunnerV1 if runner_kind == "v1" else ModelRunnerV2
+            self.runner = runner_cls(config, self.loaded)
         self.max_model_len = self.loaded.max_model_len
         # Encoder-decoder (Whisper) models take audio prompts: this turns them into decoder ids + encoder input.
         self.audio: Optional[WhisperPromptProcessor] = (
             WhisperPromptProcessor(self.loaded.hf_config, config.model.path)
             if getattr(self.loaded.model, "is_encoder_decoder", False) else None)
-        runner_cls = ModelRunnerV1 if runner_kind == "v1" else ModelRunnerV2
-        self.runner: ModelRunner = runner_cls(config, self.loaded)
-        on_gpu = self.loaded.device.type == "cuda"
-        peak = self.runner.profile_run() if on_gpu and config.cache.num_blocks is None else 0
-        blocks = num_kv_blocks(config, self.loaded, peak)
+        blocks = self.runner.determine_num_kv_blocks()  # profiled on a GPU; the minimum over ranks
         self.runner.initialize_kv_cache(blocks)
         self.runner.capture_cuda_graphs()
         self.kv_cache = KVCacheManager(blocks, config.cache.block_size)
@@ -87,6 +95,12 @@ class EngineCore:
         self._dead: Optional[str] = None  # why the engine stopped, once it has
         logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens", runner_kind, self.loaded.device, blocks,
                     config.cache.block_size)
+
+    def shutdown(self) -> None:
+        """Stop the other ranks of a parallel run (nothing to do in one process); the engine is unusable after."""
+        shutdown = getattr(self.__dict__.get("runner"), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]

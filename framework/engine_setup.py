@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from framework.config import ConfigError, Mrv2Config
+from framework.distributed.context import ParallelContext
 from framework.models.hf_config import DecoderConfig
 from framework.models.loader import build_model, init_random_weights, load_safetensors_weights, read_hf_config
 from framework.models.presets import preset_config
@@ -34,6 +35,7 @@ class LoadedModel:
     max_model_len: int
     device: torch.device
     dtype: torch.dtype
+    parallel: ParallelContext = field(default_factory=ParallelContext)  # this rank's place (single process: 1 x 1)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -44,12 +46,21 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
-    """Build the configured model: safetensors weights from `model.path`, or a preset's random weights."""
+def read_model_config(config: Mrv2Config) -> dict[str, Any]:
+    """The HF config dict of the configured model (its config.json, or the preset's)."""
+    mc = config.model
+    return read_hf_config(mc.path) if mc.path else preset_config(mc.preset or "")
+
+
+def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelContext = ParallelContext()) -> LoadedModel:
+    """Build the configured model: safetensors weights from `model.path`, or a preset's random weights.
+
+    Under parallelism (`parallel`) this rank builds and reads only its part of the model.
+    """
     mc = config.model
     dtype = _DTYPES.get(mc.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    hf_config = read_hf_config(mc.path) if mc.path else preset_config(mc.preset or "")
-    model = build_model(hf_config, dtype, device)
+    hf_config = read_model_config(config)
+    model = build_model(hf_config, dtype, device, parallel)
     if mc.path:
         load_safetensors_weights(model, mc.path)
         eos = checkpoint_eos_token_id(Path(mc.path), hf_config)
@@ -73,6 +84,7 @@ def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
         max_model_len=max_model_len,
         device=device,
         dtype=dtype,
+        parallel=parallel,
     )
 
 
@@ -90,24 +102,35 @@ def num_kv_blocks(config: Mrv2Config, loaded: LoadedModel, peak_activation_bytes
     Never more than max_num_seqs full-length requests need. Raises `ConfigError` when the cache cannot hold
     one request of max_model_len tokens.
     """
+    num_blocks = kv_blocks_that_fit(config, loaded, peak_activation_bytes)
+    check_kv_blocks(config, loaded, num_blocks)
+    return num_blocks
+
+
+def kv_blocks_that_fit(config: Mrv2Config, loaded: LoadedModel, peak_activation_bytes: int = 0) -> int:
+    """`num_kv_blocks` without the check (a parallel run takes the minimum over ranks first)."""
     bs = config.cache.block_size
     per_block = kv_bytes_per_block(loaded, bs)
     blocks_per_req = -(-loaded.max_model_len // bs)
     if config.cache.num_blocks is not None:
-        num_blocks = config.cache.num_blocks
+        return config.cache.num_blocks
+    wanted = blocks_per_req * config.scheduler.max_num_seqs
+    if loaded.device.type == "cuda":
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(loaded.device)
+        budget = total * config.cache.gpu_memory_utilization - (total - free) - peak_activation_bytes
     else:
-        wanted = blocks_per_req * config.scheduler.max_num_seqs
-        if loaded.device.type == "cuda":
-            torch.cuda.empty_cache()
-            free, total = torch.cuda.mem_get_info(loaded.device)
-            budget = total * config.cache.gpu_memory_utilization - (total - free) - peak_activation_bytes
-        else:
-            budget = CPU_KV_CACHE_BYTES
-        num_blocks = min(wanted, max(int(budget // per_block), 0))
+        budget = CPU_KV_CACHE_BYTES
+    return min(wanted, max(int(budget // per_block), 0))
+
+
+def check_kv_blocks(config: Mrv2Config, loaded: LoadedModel, num_blocks: int) -> None:
+    """Raise `ConfigError` when `num_blocks` cannot hold one request of max_model_len tokens."""
+    bs = config.cache.block_size
+    blocks_per_req = -(-loaded.max_model_len // bs)
     if num_blocks < blocks_per_req:
         raise ConfigError(
             f"the KV cache has {num_blocks} blocks of {bs} tokens ({num_blocks * bs} tokens), too small for one "
             f"request of max_model_len={loaded.max_model_len}: raise cache.num_blocks or "
             "cache.gpu_memory_utilization, or lower model.max_model_len"
         )
-    return num_blocks

@@ -43,6 +43,8 @@ _KWARGS = {
     "token_history_on_host": "cache.token_history_on_host",
     "task": "task",
     "pooling": "model.pooling",
+    "tensor_parallel_size": "parallel.tensor_parallel_size",
+    "pipeline_parallel_size": "parallel.pipeline_parallel_size",
 }
 
 
@@ -94,6 +96,10 @@ class LLM:
         if self.engine.audio is not None:  # before tokenizing: the checkpoint may have no tokenizer at all
             self.engine._check_encoder_input("", None)
         return self._token_ids(prompt), None
+
+    def shutdown(self) -> None:
+        """Stop the other ranks of a parallel run now (otherwise when the LLM is garbage-collected or at exit)."""
+        self.engine.shutdown()
 
     def _token_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, Mapping):

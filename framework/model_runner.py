@@ -46,6 +46,7 @@ class ModelRunnerV2(ModelRunner):
     def __init__(self, config: Mrv2Config, loaded: LoadedModel) -> None:
         self.device = loaded.device
         self.model = loaded.model
+        self.parallel = loaded.parallel  # under TP/PP: every rank runs this runner on the same scheduler outputs
         max_reqs = config.scheduler.max_num_seqs
         bs = config.cache.block_size
         on_host = config.cache.token_history_on_host
@@ -91,8 +92,8 @@ class ModelRunnerV2(ModelRunner):
     def capture_cuda_graphs(self) -> None:
         """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`); call after the KV cache exists."""
         rc = self.config.runner
-        if self.device.type != "cuda" or not rc.cuda_graphs:
-            return
+        if self.device.type != "cuda" or not rc.cuda_graphs or self.parallel.pp_size > 1:
+            return  # pipeline stages pass hidden states between ranks outside the forward: they run eagerly
         if getattr(self.model, "is_encoder_decoder", False):
             return  # its forward also reads per-slot cross-attention K/V (extra inputs): runs eagerly
         max_reqs = self.config.scheduler.max_num_seqs
@@ -131,7 +132,21 @@ class ModelRunnerV2(ModelRunner):
         size = graphs.padded_size(batch.num_rows) if graphs is not None and pure_decode else None
         if size is not None:
             return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
-        return self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)
+        if self.parallel.pp_size == 1:
+            return self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)
+        return self._forward_stage(batch, attn_metadata, extra_inputs)
+
+    def _forward_stage(self, batch: InputBatch, attn_metadata, extra_inputs: dict) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        """One pipeline stage: hidden states in from the previous stage, out to the next one."""
+        ctx = self.parallel
+        if not ctx.is_first_stage:
+            shape = (batch.num_tokens, self.model.config.hidden_size)
+            extra_inputs = {**extra_inputs, "pp_hidden": ctx.recv_from_previous_stage(shape, self.loaded.dtype,
+                                                                                      self.device)}
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)
+        if not ctx.is_last_stage:
+            ctx.send_to_next_stage(hidden)
+        return hidden
 
     def _states(self) -> list:
         owners = [self.block_tables, self.sampling_states, self.model_state, self.pooling_state]
@@ -170,22 +185,26 @@ class ModelRunnerV2(ModelRunner):
             return AsyncOutput.empty()
         batch, hidden, pooled = self._pending
         self._pending = None
-        if self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: no logits, no sampler
+        if not self.parallel.is_last_stage:  # 1-3. an earlier pipeline stage: the driver's tokens arrive below
+            sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
+        elif self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: no logits, no sampler
             sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
         else:
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [L, vocab] float32
             stages = self.sampling_states.stages_for(batch.idx_mapping_host)
             sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages)  # 2.
         tokens, num_accepted = self._verify_drafts(batch, sampled.sampled_token_ids)  # 3. [R, K+1], [R]
+        tokens, num_accepted = self.parallel.broadcast_sampled(tokens, num_accepted)  # 3b. every rank: the driver's
         rs = self.request_state
         num_sampled, num_rejected = compute_num_sampled(
             batch.idx_mapping, batch.seq_lens, rs.prefill_len, num_accepted, batch.num_draft
         )
         prompt_logprobs = None
-        if self.sampling_states.prompt_logprobs.any_in(batch.idx_mapping_host):  # 4. in chunks of 1024 positions
+        if self.parallel.is_last_stage and self.sampling_states.prompt_logprobs.any_in(batch.idx_mapping_host):
+            # 4. in chunks of 1024 positions
             prompt_logprobs = self.sampling_states.prompt_logprobs.compute(batch, hidden, self.model.compute_logits)
-        output = self._start_output_copy(batch, tokens, num_sampled, sampled, prompt_logprobs,
-                                          pooled)  # 5. D2H, side stream
+        output = (self._start_output_copy(batch, tokens, num_sampled, sampled, prompt_logprobs, pooled)
+                  if self.parallel.is_driver else AsyncOutput.empty())  # 5. D2H, side stream; the driver reports
         post_update(  # 6. advance the slots on the device
             batch.idx_mapping, batch.query_lens, tokens, num_sampled, num_rejected,
             rs.all_token_ids, rs.total_len, rs.num_computed, rs.last_sampled,

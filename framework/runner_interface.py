@@ -65,6 +65,22 @@ class ModelRunner(ABC):
         torch.cuda.synchronize(self.device)
         return torch.cuda.max_memory_allocated(self.device) - base
 
+    def determine_num_kv_blocks(self) -> int:
+        """KV blocks to allocate: profiled and sized from free memory on a GPU (`engine_setup.num_kv_blocks`).
+
+        Under parallelism every rank sizes its own device and all take the smallest count; the driver checks
+        that it holds one request of max_model_len.
+        """
+        from framework.engine_setup import check_kv_blocks, kv_blocks_that_fit
+
+        cfg = self.config
+        peak = self.profile_run() if self.device.type == "cuda" and cfg.cache.num_blocks is None else 0
+        parallel = self.loaded.parallel
+        blocks = parallel.min_over_ranks(kv_blocks_that_fit(cfg, self.loaded, peak))
+        if parallel.is_driver:
+            check_kv_blocks(cfg, self.loaded, blocks)
+        return blocks
+
     @abstractmethod
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the paged KV cache."""

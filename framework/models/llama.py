@@ -6,14 +6,18 @@ by name. Tokens of all requests are flattened into one `[T]` batch; attention re
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
 from framework.attention import AttentionMetadata
 from framework.attention.backend import paged_attention, store_kv
+from framework.distributed.context import ParallelContext, stage_layers
 from framework.models.hf_config import DecoderConfig
+from framework.models.parallel_layers import (
+    SINGLE, ColumnParallelLinear, MissingLayer, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
+)
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
 
@@ -41,13 +45,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    """Self-attention over the paged cache; under tensor parallelism this rank's heads and KV heads only."""
+
+    def __init__(self, cfg: DecoderConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        tp = ctx.tp_size
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads // tp, cfg.num_kv_heads // tp, cfg.head_dim
+        self.q_proj = ColumnParallelLinear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.qkv_bias, ctx)
+        self.k_proj = ColumnParallelLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, ctx)
+        self.v_proj = ColumnParallelLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, ctx)
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.o_bias, ctx)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -76,23 +83,23 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: DecoderConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_proj = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, ctx)
+        self.up_proj = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, ctx)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, ctx)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: DecoderConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, ctx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, ctx)
 
     def forward(self, x, cos, sin, kv_cache, meta, attention):  # type: ignore[no-untyped-def]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, attention)
@@ -100,42 +107,67 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    """Embedding, layers and final norm; a pipeline stage builds only its layers (and the embedding on the first
+    stage, the norm on the last), the others are `MissingLayer`s so that names keep their indices."""
+
+    def __init__(self, cfg: DecoderConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.stage_layers = stage_layers(cfg.num_layers, ctx.pp_rank, ctx.pp_size)
+        if ctx.is_first_stage:
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, ctx) if i in self.stage_layers else MissingLayer()
+                                    for i in range(cfg.num_layers))
+        if ctx.is_last_stage:
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
     """Llama / Mistral / Qwen2 / Qwen3 causal LM over the paged KV cache.
 
     `forward` returns hidden states `[T, hidden]`; `compute_logits` turns the rows that are sampled into
-    float32 logits `[L, vocab]`.
+    float32 logits `[L, vocab]`. Under parallelism (`ctx`) this rank holds its heads, its MLP columns and its
+    vocabulary rows of its pipeline stage's layers only.
     """
 
-    def __init__(self, cfg: DecoderConfig) -> None:
+    supports_parallel = True
+
+    def __init__(self, cfg: DecoderConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
-        self.config = cfg
-        self.model = DecoderModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.config, self.ctx = cfg, ctx
+        self.model = DecoderModel(cfg, ctx)
+        # A stage without the embedding loads a tied LM head from the embedding's checkpoint tensor.
+        self.checkpoint_aliases: dict[str, str] = {}
+        if ctx.is_last_stage:
+            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
+            if cfg.tie_word_embeddings and ctx.is_first_stage:
+                self.lm_head.weight = self.model.embed_tokens.weight
+            elif cfg.tie_word_embeddings:
+                self.checkpoint_aliases["lm_head.weight"] = "model.embed_tokens.weight"
         self.register_buffer("inv_freq", cfg.rope_inv_freq(), persistent=False)
         self.attention: AttentionFn = paged_attention
 
     @classmethod
-    def from_hf_config(cls, hf_config: dict) -> "LlamaForCausalLM":
-        """Build (uninitialised) from an HF config dict."""
-        return cls(DecoderConfig.from_hf(hf_config))
+    def from_hf_config(cls, hf_config: dict, ctx: ParallelContext = SINGLE) -> "LlamaForCausalLM":
+        """Build (uninitialised) from an HF config dict, this rank's part of it under parallelism."""
+        return cls(DecoderConfig.from_hf(hf_config), ctx)
+
+    def owns_checkpoint_tensor(self, name: str) -> bool:
+        """False for tensors of other pipeline stages (the loader skips them without reading)."""
+        if name.startswith("model.layers."):
+            return int(name.split(".")[2]) in self.model.stage_layers
+        if name.startswith("model.embed_tokens."):
+            return self.ctx.is_first_stage or (self.ctx.is_last_stage and self.config.tie_word_embeddings)
+        if name.startswith(("model.norm.", "lm_head.")):
+            return self.ctx.is_last_stage
+        return True
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        """Shape of one layer's paged KV cache."""
-        return (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+        """Shape of one layer's paged KV cache (this rank's KV heads)."""
+        return (2, num_blocks, block_size, self.config.num_kv_heads // self.ctx.tp_size, self.config.head_dim)
 
     @property
     def num_kv_layers(self) -> int:
-        return self.config.num_layers
+        return len(self.model.stage_layers)
 
     def forward(
         self,
@@ -143,14 +175,17 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,  # [T] int64
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
+        pp_hidden: Optional[torch.Tensor] = None,  # [T, hidden] from the previous pipeline stage
     ) -> torch.Tensor:
+        """Hidden states after the final norm; a stage other than the last returns its layers' output instead."""
         freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # [T, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)
-        x = self.model.embed_tokens(input_ids)
+        x = self.model.embed_tokens(input_ids) if pp_hidden is None else pp_hidden
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        for layer, kv_cache in zip(self.model.layers, kv_caches):
+        layers = self.model.layers[self.model.stage_layers.start: self.model.stage_layers.stop]
+        for layer, kv_cache in zip(layers, kv_caches):
             x = layer(x, cos, sin, kv_cache, attn_metadata, self.attention)
-        return self.model.norm(x)
+        return self.model.norm(x) if self.ctx.is_last_stage else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[L, hidden] -> [L, vocab] float32."""

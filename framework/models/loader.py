@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from framework.distributed.context import ParallelContext
+from framework.models.parallel_layers import SINGLE, read_shard, shard_spec
 from framework.registry import MODELS
 
 logger = logging.getLogger(__name__)
@@ -58,45 +60,77 @@ def safetensors_files(path: str | Path) -> list[Path]:
     raise CheckpointError(f"'{root}' has no *.safetensors weights")
 
 
-def build_model(hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """Instantiate the registered model class for the config's architecture (weights uninitialised)."""
+def build_model(hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device,
+                ctx: ParallelContext = SINGLE) -> nn.Module:
+    """Instantiate the registered model class for the config's architecture (weights uninitialised).
+
+    Under parallelism (`ctx`) the model holds this rank's part only; a class must say `supports_parallel`.
+    """
     archs = hf_config.get("architectures") or []
     if not archs:
         raise CheckpointError("config.json has no 'architectures' entry")
     if archs[0] not in MODELS:
         raise CheckpointError(f"architecture '{archs[0]}' is not supported; registered: {', '.join(MODELS.names())}")
     cls = MODELS.get(archs[0])
+    if ctx.world_size > 1 and not getattr(cls, "supports_parallel", False):
+        raise CheckpointError(f"architecture '{archs[0]}' does not support tensor or pipeline parallelism")
     with torch.device(device):
-        model = cls.from_hf_config(hf_config)
+        model = cls.from_hf_config(hf_config, ctx) if ctx.world_size > 1 else cls.from_hf_config(hf_config)
     return model.to(dtype=dtype)
 
 
+def _targets(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, list[str]]]:
+    """(parameters by name, checkpoint tensor name -> the parameter names it fills).
+
+    Tied weights appear under both names; `model.checkpoint_aliases` (parameter -> checkpoint name) lets a
+    parameter load from another tensor, e.g. a tied LM head on a pipeline stage without the embedding.
+    """
+    params = dict(model.named_parameters(remove_duplicate=False))
+    aliases: dict[str, str] = getattr(model, "checkpoint_aliases", {})
+    targets: dict[str, list[str]] = {}
+    for name in params:
+        targets.setdefault(name, []).append(name)
+        if name in aliases:
+            targets.setdefault(aliases[name], []).append(name)
+    return params, targets
+
+
+def _copy_into(model: nn.Module, params: dict[str, nn.Parameter], names: list[str], source: Any,
+               where: str, ckpt_name: str) -> None:
+    """Copy this rank's shard of `source` (safetensors slice or tensor) into each parameter of `names`."""
+    for name in names:
+        tensor = read_shard(source, shard_spec(model, name))
+        if tensor.shape != params[name].shape:
+            raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, model expects "
+                                  f"{tuple(params[name].shape)}" + ("" if tensor is source else " (this rank's part)"))
+        with torch.no_grad():
+            params[name].copy_(tensor)
+
+
 def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
-    """Copy every tensor of the checkpoint into the parameter of the same name; names are checked both ways."""
+    """Copy every tensor of the checkpoint into the parameter of the same name; names are checked both ways.
+
+    Under parallelism each rank reads only its slices (`safe_open(...).get_slice`) and skips the tensors of other
+    pipeline stages (`model.owns_checkpoint_tensor`) without reading them.
+    """
     from safetensors import SafetensorError, safe_open
 
-    params = dict(model.named_parameters(remove_duplicate=False))  # tied weights under both names
+    params, targets = _targets(model)
+    owns = getattr(model, "owns_checkpoint_tensor", None)
     loaded: set[str] = set()
     for file in safetensors_files(path):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    if name not in params:
-                        if name.endswith(IGNORED_TENSOR_SUFFIXES):
+                    if name not in targets:
+                        if name.endswith(IGNORED_TENSOR_SUFFIXES) or (owns is not None and not owns(name)):
                             continue
                         raise CheckpointError(
                             f"{file.name}: tensor '{name}' matches no parameter of the model; the checkpoint "
                             "does not fit its config.json"
                         )
-                    tensor = f.get_tensor(name)
-                    if tensor.shape != params[name].shape:
-                        raise CheckpointError(
-                            f"{file.name}: '{name}' has shape {tuple(tensor.shape)}, model expects "
-                            f"{tuple(params[name].shape)}"
-                        )
-                    with torch.no_grad():
-                        params[name].copy_(tensor)
-                    loaded.add(name)
+                    _copy_into(model, params, targets[name], f.get_slice(name), file.name, name)
+                    loaded.update(targets[name])
         except SafetensorError as err:
             raise CheckpointError(f"'{file}' is not a readable safetensors file: {err}") from None
     loaded_params = [params[n] for n in loaded]
@@ -107,14 +141,26 @@ def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
 
 
 def init_random_weights(model: nn.Module, seed: int) -> None:
-    """Deterministic random weights: N(0, 0.02) for matrices and embeddings, 1 for norms, 0 for biases."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Deterministic random weights: N(0, 0.02) for matrices and embeddings, 1 for norms, 0 for biases.
+
+    Values are drawn in parameter order for the whole model, on the model's device, so a tensor- or
+    pipeline-parallel rank gets its slices of exactly the single-process weights (a parallel model class is
+    rebuilt whole, on the meta device, from its `config`).
+    """
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    params, targets = _targets(model)
+    full = model
+    if getattr(model, "ctx", SINGLE).world_size > 1:
+        with torch.device("meta"):
+            full = type(model)(model.config)  # type: ignore[call-arg]
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for name, param in full.named_parameters():
             if name.endswith("norm.weight"):
-                param.fill_(1.0)
+                values = torch.ones(param.shape, device=device)
             elif name.endswith(".bias"):
-                param.zero_()
+                values = torch.zeros(param.shape, device=device)
             else:
-                values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
-                param.copy_(values)
+                values = torch.empty(param.shape, dtype=torch.float32, device=device).normal_(0.0, 0.02, generator=gen)
+            if name in targets:
+                _copy_into(model, params, targets[name], values, "random weights", name)

@@ -1,7 +1,7 @@
 """Embedded model geometries: HF-style configs whose weights are deterministic random numbers.
 
 `tiny` is the default model of `mrv2 run`; it needs no files. `qwen3-0.6b` is the geometry of the "nano"
-benchmark (random bf16 weights). Both use the byte-level tokenizer (token = UTF-8 byte, 256 = end of text).
+benchmark (random bf16 weights); `qwen3-8b` the larger geometry of the parallel benchmark. Both use the byte-level tokenizer (token = UTF-8 byte, 256 = end of text).
 `whisper-tiny`, `whisper-base` and `whisper-small` are Whisper geometries (encoder-decoder, audio prompts).
 """
 
@@ -62,6 +62,22 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # Whisper geometries (random weights; the byte tokenizer decodes none of Whisper's ids). Prompts are audio.
     **{name: _whisper_preset(*geometry) for name, geometry in _WHISPER_GEOMETRIES.items()},
+    # Qwen3-8B shapes (untied LM head): the larger geometry of the parallel benchmark, random bf16 weights.
+    "qwen3-8b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+        "tie_word_embeddings": False,
+        "eos_token_id": BYTE_EOS_ID,
+    },
 }
 
 

@@ -1,0 +1,140 @@
+"""`ParallelContext`: where this process sits in the tensor x pipeline grid, and the collectives it joins.
+
+Ranks are laid out stage-major: `rank = pp_rank * tp_size + tp_rank`, so the ranks of one stage are consecutive
+(one tensor-parallel group per stage) and a stage sends its hidden states to the rank `tp_size` further on.
+The driver is the last stage's tensor rank 0: it samples, so sampled tokens start where the scheduler is.
+A context with both sizes 1 is the single-process case: every collective is a no-op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """This rank's place and process groups; passed to the model and the runner, never stored globally."""
+
+    tp_size: int = 1
+    pp_size: int = 1
+    rank: int = 0
+    tp_group: Optional[Any] = None  # torch.distributed ProcessGroup of this stage's tensor ranks
+    device_group: Optional[Any] = None  # all ranks, on the step's backend (nccl on GPUs, gloo on CPUs)
+    cpu_group: Optional[Any] = None  # all ranks, gloo: pickled commands from the driver (no timeout while idle)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp_size
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // self.tp_size
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def driver_rank(self) -> int:
+        return (self.pp_size - 1) * self.tp_size
+
+    @property
+    def is_driver(self) -> bool:
+        return self.rank == self.driver_rank
+
+    # ---- tensor parallel -------------------------------------------------------------------------------
+    def tp_all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over this stage's tensor ranks (in place); identity without tensor parallelism."""
+        if self.tp_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(x, group=self.tp_group)
+        return x
+
+    def tp_all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., n] on each tensor rank -> [..., tp_size * n], rank 0's part first."""
+        if self.tp_size == 1:
+            return x
+        import torch.distributed as dist
+
+        x = x.contiguous()
+        parts = torch.empty((self.tp_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+        gather(parts, x, group=self.tp_group)  # ranks stacked along dim 0
+        return torch.movedim(parts.view(self.tp_size, *x.shape), 0, -2).reshape(*x.shape[:-1], -1)
+
+    # ---- pipeline parallel -----------------------------------------------------------------------------
+    def send_to_next_stage(self, hidden: torch.Tensor) -> None:
+        """Hand this stage's output [T, hidden] to the same tensor rank of the next stage."""
+        import torch.distributed as dist
+
+        dist.send(hidden.contiguous(), self.rank + self.tp_size, group=self.device_group)
+
+    def recv_from_previous_stage(self, shape: tuple[int, ...], dtype: torch.dtype,
+                                 device: torch.device) -> torch.Tensor:
+        """The previous stage's output; every rank knows its shape from the broadcast scheduler output."""
+        import torch.distributed as dist
+
+        hidden = torch.empty(shape, dtype=dtype, device=device)
+        dist.recv(hidden, self.rank - self.tp_size, group=self.device_group)
+        return hidden
+
+    # ---- the driver's results --------------------------------------------------------------------------
+    def broadcast_sampled(self, tokens: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every rank gets the driver's ([R, K+1] int64 tokens, [R] accepted drafts) so all advance the same way.
+
+        One device-side broadcast of a packed [R, K+2] int64 tensor: no host synchronisation.
+        """
+        if self.world_size == 1:
+            return tokens, num_accepted
+        import torch.distributed as dist
+
+        packed = torch.cat([tokens.to(torch.int64), num_accepted.to(torch.int64).unsqueeze(1)], dim=1)
+        dist.broadcast(packed, self.driver_rank, group=self.device_group)
+        return packed[:, :-1], packed[:, -1].to(num_accepted.dtype)
+
+    def broadcast_command(self, command: Any = None) -> Any:
+        """Driver: send `command` (a picklable object) to every rank. Others: wait for it and return it."""
+        import torch.distributed as dist
+
+        box = [command if self.is_driver else None]
+        dist.broadcast_object_list(box, src=self.driver_rank, group=self.cpu_group)
+        return box[0]
+
+    def min_over_ranks(self, value: int) -> int:
+        """The smallest `value` over all ranks (e.g. KV blocks that fit every device)."""
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return int(t.item())
+
+    def gather_errors(self, error: Optional[str]) -> list[str]:
+        """Every rank's start-up error (None = fine), so all ranks stop together with the same message."""
+        if self.world_size == 1:
+            return [error] if error else []
+        import torch.distributed as dist
+
+        box: list[Optional[str]] = [None] * self.world_size
+        dist.all_gather_object(box, error, group=self.cpu_group)
+        return [f"rank {r}: {e}" for r, e in enumerate(box) if e]
+
+
+def stage_layers(num_layers: int, pp_rank: int, pp_size: int) -> range:
+    """Layers of one pipeline stage: consecutive, as even as possible, earlier stages take the remainder."""
+    base, extra = divmod(num_layers, pp_size)
+    start = pp_rank * base + min(pp_rank, extra)
+    return range(start, start + base + (pp_rank < extra))

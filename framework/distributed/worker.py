@@ -1,0 +1,102 @@
+"""A rank that is not the driver: build its part of the model, then run the driver's commands until shutdown.
+
+The driver sends one command per call it makes on its runner (`broadcast_command` on the gloo group); the
+worker makes the same call on its own runner, so both run the same collectives in the same order. The
+`step` command carries the step's `SchedulerOutput`: every rank applies the same slot updates and staged
+writes, and advances by the driver's sampled tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from typing import Any, NamedTuple, Optional
+
+import torch
+
+from framework.config import ConfigError, Mrv2Config
+from framework.distributed.context import ParallelContext
+from framework.distributed.launch import RankPlace, init_groups, rank_device
+from framework.engine_setup import LoadedModel, load_model
+from framework.model_runner import ModelRunnerV2
+
+logger = logging.getLogger(__name__)
+
+
+class Command(NamedTuple):
+    """One call the driver makes on its runner, repeated by every worker."""
+
+    kind: str  # "step" | "kv_blocks" | "init_kv" | "graphs" | "shutdown"
+    payload: Any = None  # SchedulerOutput for "step", the number of blocks for "init_kv"
+
+
+def build_rank(config: Mrv2Config, ctx: ParallelContext, device: torch.device) -> tuple[LoadedModel, ModelRunnerV2]:
+    """Load this rank's part of the model and build its runner; every rank learns every rank's start-up error.
+
+    Raises this rank's own error if it had one, else `ConfigError` naming the ranks that failed.
+    """
+    error: Optional[BaseException] = None
+    loaded = runner = None
+    try:
+        loaded = load_model(config, device, ctx)
+        runner = ModelRunnerV2(config, loaded)
+    except Exception as err:  # every rank must reach the gather below, or the others wait for it
+        error = err
+    errors = ctx.gather_errors(None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if errors:
+        raise ConfigError("parallel start-up failed on " + "; ".join(errors))
+    assert loaded is not None and runner is not None
+    return loaded, runner
+
+
+def serve(runner: ModelRunnerV2, ctx: ParallelContext) -> None:
+    """Run the driver's commands on `runner` until it sends "shutdown"."""
+    while True:
+        command: Command = ctx.broadcast_command()
+        if command.kind == "shutdown":
+            return
+        if command.kind == "step":
+            runner.execute_model(command.payload)
+            runner.sample_tokens()  # the driver reports; this rank only advances its slots
+        elif command.kind == "kv_blocks":
+            runner.determine_num_kv_blocks()
+        elif command.kind == "init_kv":
+            runner.initialize_kv_cache(command.payload)
+        elif command.kind == "graphs":
+            runner.capture_cuda_graphs()
+        else:
+            raise RuntimeError(f"unknown command from the driver: {command.kind!r}")
+
+
+def run_worker(config: Mrv2Config, place: RankPlace) -> None:
+    """Join the process groups, build this rank and serve the driver; leaves the groups at the end."""
+    import torch.distributed as dist
+
+    device = rank_device(config, place.local_rank)
+    ctx = init_groups(config, place, device)
+    try:
+        _, runner = build_rank(config, ctx, device)
+        serve(runner, ctx)
+    finally:
+        dist.destroy_process_group()
+
+
+def worker_main(config: Mrv2Config, place: RankPlace) -> None:
+    """Entry point of a spawned rank: any failure is logged with the rank and ends the process non-zero."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format=f"mrv2 rank {place.rank}: %(message)s")
+    if rank_device_type_is_cpu(config):  # ranks share the host's cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.world_size))
+    try:
+        run_worker(config, place)
+    except BaseException as err:  # noqa: BLE001 - report and exit: the driver sees the rank leave
+        detail = "" if isinstance(err, ConfigError) else "\n" + traceback.format_exc()  # start-up: driver says it
+        print(f"mrv2: rank {place.rank} failed: {type(err).__name__}: {err}{detail}", file=sys.stderr)
+        sys.exit(1)
+
+
+def rank_device_type_is_cpu(config: Mrv2Config) -> bool:
+    return config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
