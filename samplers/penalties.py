@@ -10,6 +10,11 @@ and `in_prompt[t]` whether t occurs in its original prompt (`prompt_len`, not th
 The counts live on the device ([S, V] int32 and [S, V] bool, allocated when the first request with a penalty
 arrives). They are rebuilt from the token history when such a request takes a slot (so a reused or resumed
 slot starts exact), and advanced from the sampled tokens every step without a host sync.
+
+Beside them, `seen_bits` ([S, ceil(V / 32)] int32) holds `seen` as a bitmap, kept in step by the same kernels
+(atomic or). The Triton penalty kernel reads the bitmap (1/32 of the logits' bytes) and touches the logits,
+counts and prompt mask only of seen tokens: a token nobody has seen keeps its logit exactly
+(`l - 0 * frequency - 0 * presence == l`), so the result is the dense one, for a few percent of its traffic.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class PenaltyCounts:
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device) -> None:
         self.output_counts = torch.zeros(max_num_reqs, vocab_size, dtype=torch.int32, device=device)  # [S, V]
         self.prompt_mask = torch.zeros(max_num_reqs, vocab_size, dtype=torch.bool, device=device)  # [S, V]
+        self.seen_bits = torch.zeros(max_num_reqs, triton.cdiv(vocab_size, 32), dtype=torch.int32,
+                                     device=device)  # [S, ceil(V / 32)]: bit t % 32 of word t // 32 = seen[t]
 
 
 class PenaltiesState:
@@ -73,7 +80,7 @@ class PenaltiesState:
         if self._rebuild_slots and self.counts is not None:
             slots = torch.tensor(self._rebuild_slots, dtype=torch.int64).to(self.device, non_blocking=True)
             init_token_counts(self.history.all_token_ids, self.history.prompt_len, self.history.prefill_len, slots,
-                              self.counts.output_counts, self.counts.prompt_mask)
+                              self.counts.output_counts, self.counts.prompt_mask, self.counts.seen_bits)
         self._rebuild_slots.clear()
 
     def any_in(self, req_slots: np.ndarray) -> bool:
@@ -86,7 +93,7 @@ class PenaltiesState:
     ) -> torch.Tensor:
         assert self.counts is not None
         return apply_penalties(logits, expanded_idx_mapping, self.repetition, self.frequency, self.presence,
-                               self.counts.output_counts, self.counts.prompt_mask)
+                               self.counts.output_counts, self.counts.prompt_mask, self.counts.seen_bits)
 
     def record_sampled(
         self,
@@ -96,7 +103,7 @@ class PenaltiesState:
     ) -> None:
         """Count this step's sampled tokens (on the device; every slot, only penalised ones are ever read)."""
         if self.counts is not None:
-            update_token_counts(idx_mapping, sampled, num_sampled, self.counts.output_counts)
+            update_token_counts(idx_mapping, sampled, num_sampled, self.counts.output_counts, self.counts.seen_bits)
 
 
 # ---- references --------------------------------------------------------------------------------------------
@@ -122,6 +129,20 @@ def apply_penalties_reference(
     return logits - frequency[slots].unsqueeze(1) * counts - presence[slots].unsqueeze(1) * in_output.float()
 
 
+def seen_bits_reference(
+    prompt_mask: torch.Tensor,  # [N, V] bool
+    output_counts: torch.Tensor,  # [N, V] int32
+) -> torch.Tensor:
+    """[N, ceil(V / 32)] int32: bit t % 32 of word t // 32 is `prompt_mask[t] or output_counts[t] > 0`."""
+    seen = prompt_mask | (output_counts > 0)
+    rows, vocab = seen.shape
+    words = triton.cdiv(vocab, 32)
+    padded = torch.zeros(rows, words * 32, dtype=torch.int64, device=seen.device)
+    padded[:, :vocab] = seen.long()
+    packed = (padded.view(rows, words, 32) << torch.arange(32, device=seen.device)).sum(-1)  # [N, W] < 2**32
+    return (packed - ((packed >> 31) << 32)).int()  # the same 32 bits as a signed int32
+
+
 def init_token_counts_reference(
     all_token_ids: torch.Tensor,  # [S, max_model_len] int32
     prompt_len: torch.Tensor,  # [S] int32
@@ -129,6 +150,7 @@ def init_token_counts_reference(
     req_slots: torch.Tensor,  # [N] int64: slots to rebuild
     output_counts: torch.Tensor,  # [S, V] int32, rows of req_slots overwritten
     prompt_mask: torch.Tensor,  # [S, V] bool, rows of req_slots overwritten
+    seen_bits: Optional[torch.Tensor] = None,  # [S, W] int32, rows of req_slots overwritten
 ) -> None:
     """Rebuild the rows of `req_slots` from their history: prompt presence, and counts of the output part."""
     rows = all_token_ids[req_slots].long()  # [N, M]
@@ -141,6 +163,8 @@ def init_token_counts_reference(
     counts = torch.zeros_like(in_prompt).scatter_add_(1, rows, ((cols >= prompt) & (cols < prefill)).int())
     prompt_mask[req_slots] = in_prompt > 0
     output_counts[req_slots] = counts
+    if seen_bits is not None:
+        seen_bits[req_slots] = seen_bits_reference(in_prompt > 0, counts)
 
 
 def update_token_counts_reference(
@@ -148,12 +172,17 @@ def update_token_counts_reference(
     sampled: torch.Tensor,  # [R, K+1] int64
     num_sampled: torch.Tensor,  # [R] int32
     output_counts: torch.Tensor,  # [S, V] int32, updated in place
+    seen_bits: Optional[torch.Tensor] = None,  # [S, W] int32, updated in place
 ) -> None:
-    """Add each row's first num_sampled tokens to its slot's counts."""
+    """Add each row's first num_sampled tokens to its slot's counts (and set their seen bits)."""
     cols = torch.arange(sampled.shape[1], device=sampled.device).unsqueeze(0)
     valid = (cols < num_sampled.long().unsqueeze(1)).int()  # [R, K+1]
     slots = idx_mapping.long().unsqueeze(1).expand_as(sampled)
     output_counts.index_put_((slots, sampled.long()), valid, accumulate=True)
+    if seen_bits is not None:
+        rows = idx_mapping.long()
+        counts = output_counts[rows]
+        seen_bits[rows] |= seen_bits_reference(torch.zeros_like(counts, dtype=torch.bool), counts)
 
 
 # ---- Triton ------------------------------------------------------------------------------------------------
@@ -161,8 +190,8 @@ def update_token_counts_reference(
 
 @triton.jit
 def _apply_penalties_kernel(
-    logits_ptr, logits_stride, idx_ptr, rep_ptr, freq_ptr, pres_ptr, counts_ptr, prompt_ptr, vocab_size,
-    BLOCK: tl.constexpr,
+    logits_ptr, logits_stride, idx_ptr, rep_ptr, freq_ptr, pres_ptr, counts_ptr, prompt_ptr, bits_ptr, num_words,
+    vocab_size, SPARSE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
@@ -172,6 +201,9 @@ def _apply_penalties_kernel(
     if (rep != 1.0) | (freq != 0.0) | (pres != 0.0):
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < vocab_size
+        if SPARSE:  # only seen tokens change: the other loads and the store are masked off (no traffic)
+            word = tl.load(bits_ptr + req_slot * num_words + offs // 32, mask=mask, other=0)
+            mask = mask & (((word >> (offs % 32)) & 1) != 0)
         x = tl.load(logits_ptr + logits_row * logits_stride + offs, mask=mask)
         counts = tl.load(counts_ptr + req_slot * vocab_size + offs, mask=mask, other=0).to(tl.float32)
         in_prompt = tl.load(prompt_ptr + req_slot * vocab_size + offs, mask=mask, other=0) != 0
@@ -185,22 +217,27 @@ def _apply_penalties_kernel(
 def apply_penalties_triton(
     logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, repetition: torch.Tensor, frequency: torch.Tensor,
     presence: torch.Tensor, output_counts: torch.Tensor, prompt_mask: torch.Tensor,
+    seen_bits: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """In place, same result as `apply_penalties_reference` (grid: logits rows x vocab blocks)."""
+    """In place, same result as `apply_penalties_reference` (grid: logits rows x vocab blocks).
+
+    With `seen_bits` (which must match the counts and prompt mask), only seen tokens are read and written.
+    """
     num_rows, vocab_size = logits.shape
     if num_rows:
         block = vocab_block(vocab_size)
+        bits = seen_bits if seen_bits is not None else output_counts  # any pointer: unread when not SPARSE
         _apply_penalties_kernel[(num_rows, triton.cdiv(vocab_size, block))](
             logits, logits.stride(0), expanded_idx_mapping, repetition, frequency, presence, output_counts,
-            prompt_mask, vocab_size, BLOCK=block,
+            prompt_mask, bits, triton.cdiv(vocab_size, 32), vocab_size, SPARSE=seen_bits is not None, BLOCK=block,
         )
     return logits
 
 
 @triton.jit
 def _init_token_counts_kernel(
-    tokens_ptr, tokens_stride, prompt_len_ptr, prefill_len_ptr, slots_ptr, counts_ptr, prompt_ptr, vocab_size,
-    BLOCK: tl.constexpr,
+    tokens_ptr, tokens_stride, prompt_len_ptr, prefill_len_ptr, slots_ptr, counts_ptr, prompt_ptr, bits_ptr,
+    num_words, vocab_size, HAS_BITS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     req_slot = tl.load(slots_ptr + tl.program_id(0))
     prompt_len = tl.load(prompt_len_ptr + req_slot)
@@ -212,25 +249,31 @@ def _init_token_counts_kernel(
         dest = req_slot * vocab_size + tokens
         tl.store(prompt_ptr + dest, tl.full([BLOCK], 1, tl.int1), mask=mask & (offs < prompt_len))
         tl.atomic_add(counts_ptr + dest, tl.full([BLOCK], 1, tl.int32), mask=mask & (offs >= prompt_len))
+        if HAS_BITS:
+            tl.atomic_or(bits_ptr + req_slot * num_words + tokens // 32, (1 << (tokens % 32)).to(tl.int32), mask=mask)
 
 
 def init_token_counts_triton(
     all_token_ids: torch.Tensor, prompt_len: torch.Tensor, prefill_len: torch.Tensor, req_slots: torch.Tensor,
-    output_counts: torch.Tensor, prompt_mask: torch.Tensor,
+    output_counts: torch.Tensor, prompt_mask: torch.Tensor, seen_bits: Optional[torch.Tensor] = None,
 ) -> None:
     """Same as `init_token_counts_reference`: the rows are cleared first, then one program per slot adds."""
     output_counts[req_slots] = 0
     prompt_mask[req_slots] = False
+    if seen_bits is not None:
+        seen_bits[req_slots] = 0
     if len(req_slots):
+        vocab_size = output_counts.shape[1]
         _init_token_counts_kernel[(len(req_slots),)](
             all_token_ids, all_token_ids.stride(0), prompt_len, prefill_len, req_slots, output_counts, prompt_mask,
-            output_counts.shape[1], BLOCK=256,
+            seen_bits if seen_bits is not None else output_counts, triton.cdiv(vocab_size, 32), vocab_size,
+            HAS_BITS=seen_bits is not None, BLOCK=256,
         )
 
 
 @triton.jit
-def _update_token_counts_kernel(idx_ptr, sampled_ptr, sampled_stride, num_sampled_ptr, counts_ptr, vocab_size,
-                                BLOCK: tl.constexpr):
+def _update_token_counts_kernel(idx_ptr, sampled_ptr, sampled_stride, num_sampled_ptr, counts_ptr, bits_ptr,
+                                num_words, vocab_size, HAS_BITS: tl.constexpr, BLOCK: tl.constexpr):
     batch_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + batch_row).to(tl.int64)
     n = tl.load(num_sampled_ptr + batch_row)
@@ -238,17 +281,22 @@ def _update_token_counts_kernel(idx_ptr, sampled_ptr, sampled_stride, num_sample
     mask = cols < n
     tokens = tl.load(sampled_ptr + batch_row * sampled_stride + cols, mask=mask, other=0)
     tl.atomic_add(counts_ptr + req_slot * vocab_size + tokens, tl.full([BLOCK], 1, tl.int32), mask=mask)
+    if HAS_BITS:
+        tl.atomic_or(bits_ptr + req_slot * num_words + tokens // 32, (1 << (tokens % 32)).to(tl.int32), mask=mask)
 
 
 def update_token_counts_triton(
     idx_mapping: torch.Tensor, sampled: torch.Tensor, num_sampled: torch.Tensor, output_counts: torch.Tensor,
+    seen_bits: Optional[torch.Tensor] = None,
 ) -> None:
     """Same as `update_token_counts_reference` (one program per batch row, atomics for repeated tokens)."""
     if sampled.shape[0]:
         sampled = sampled.contiguous()
+        vocab_size = output_counts.shape[1]
         _update_token_counts_kernel[(sampled.shape[0],)](
-            idx_mapping, sampled, sampled.stride(0), num_sampled, output_counts, output_counts.shape[1],
-            BLOCK=max(16, triton.next_power_of_2(sampled.shape[1])),
+            idx_mapping, sampled, sampled.stride(0), num_sampled, output_counts,
+            seen_bits if seen_bits is not None else output_counts, triton.cdiv(vocab_size, 32), vocab_size,
+            HAS_BITS=seen_bits is not None, BLOCK=max(16, triton.next_power_of_2(sampled.shape[1])),
         )
 
 
@@ -263,21 +311,26 @@ def apply_penalties(
     presence: torch.Tensor,  # [S] float32
     output_counts: torch.Tensor,  # [S, V] int32
     prompt_mask: torch.Tensor,  # [S, V] bool
+    seen_bits: Optional[torch.Tensor] = None,  # [S, ceil(V / 32)] int32, consistent with the two above
 ) -> torch.Tensor:
-    """[L, V] penalised logits (Triton on CUDA, the reference elsewhere)."""
-    fn = apply_penalties_triton if use_triton(logits) else apply_penalties_reference
-    return fn(logits, expanded_idx_mapping, repetition, frequency, presence, output_counts, prompt_mask)
+    """[L, V] penalised logits (Triton on CUDA, reading only seen tokens given `seen_bits`; else the reference)."""
+    if use_triton(logits):
+        return apply_penalties_triton(logits, expanded_idx_mapping, repetition, frequency, presence, output_counts,
+                                      prompt_mask, seen_bits)
+    return apply_penalties_reference(logits, expanded_idx_mapping, repetition, frequency, presence, output_counts,
+                                     prompt_mask)
 
 
 def init_token_counts(all_token_ids: torch.Tensor, prompt_len: torch.Tensor, prefill_len: torch.Tensor,
-                      req_slots: torch.Tensor, output_counts: torch.Tensor, prompt_mask: torch.Tensor) -> None:
-    """Rebuild the counts of `req_slots` [N] int64 from the history (Triton on CUDA)."""
+                      req_slots: torch.Tensor, output_counts: torch.Tensor, prompt_mask: torch.Tensor,
+                      seen_bits: Optional[torch.Tensor] = None) -> None:
+    """Rebuild the counts (and seen bits) of `req_slots` [N] int64 from the history (Triton on CUDA)."""
     fn = init_token_counts_triton if use_triton(output_counts) else init_token_counts_reference
-    fn(all_token_ids, prompt_len, prefill_len, req_slots, output_counts, prompt_mask)
+    fn(all_token_ids, prompt_len, prefill_len, req_slots, output_counts, prompt_mask, seen_bits)
 
 
 def update_token_counts(idx_mapping: torch.Tensor, sampled: torch.Tensor, num_sampled: torch.Tensor,
-                        output_counts: torch.Tensor) -> None:
+                        output_counts: torch.Tensor, seen_bits: Optional[torch.Tensor] = None) -> None:
     """Count this step's sampled tokens [R, K+1] (first num_sampled [R] of each row) into `output_counts`."""
     fn = update_token_counts_triton if use_triton(output_counts) else update_token_counts_reference
-    fn(idx_mapping, sampled, num_sampled, output_counts)
+    fn(idx_mapping, sampled, num_sampled, output_counts, seen_bits)

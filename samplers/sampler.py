@@ -10,6 +10,12 @@ Order (each stage skipped when no request of the batch uses it, decided on the h
 12. a row whose chosen token has a -inf logit (every token excluded) is flagged
 13. logprobs of the chosen token and the top-k: raw (the model's logits, after step 1) or processed (the
     distribution the token was drawn from: after step 10, or after step 7 for greedy rows)
+
+On CUDA, steps 8-12 run fused (`samplers.fused_sampling`: one or two reads of the logits, which are left
+untouched), and step 1 joins them when no logprobs are wanted and the only edits are bias and penalties
+(which keep NaN and +inf as they are; a finite logit they push past float32's range is reported too). The
+separate stages (`apply_top_k_top_p`, `apply_min_p`, `gumbel_sample`) remain for processed logprobs, which
+need the masked logits, and as the reference everywhere else.
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ from typing import Literal, NamedTuple, Optional
 
 import torch
 
+from samplers.fused_sampling import SlotSamplingParams, sample_fused_triton
 from samplers.gumbel import gumbel_sample
 from samplers.logits_processors import LogitsContext
 from samplers.logprobs import LogprobsTensors, compute_logprobs
 from samplers.sanitize import sanitize_logits
 from samplers.states import SamplingStages, SamplingStates
 from samplers.top_k_top_p import apply_min_p, apply_top_k_top_p
+from samplers.triton_utils import use_triton
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 
@@ -47,11 +55,17 @@ class SamplerOutput(NamedTuple):
 
 
 class Sampler:
-    """The pipeline above, over `SamplingStates`; `logprobs_mode` picks raw or processed logprobs."""
+    """The pipeline above, over `SamplingStates`; `logprobs_mode` picks raw or processed logprobs.
 
-    def __init__(self, states: SamplingStates, logprobs_mode: LogprobsMode = "raw_logprobs") -> None:
+    `fused` picks steps 8-12: the fused Triton path (None: on CUDA tensors; True also runs it on the CPU
+    under `TRITON_INTERPRET=1`, for tests) or the separate stages.
+    """
+
+    def __init__(self, states: SamplingStates, logprobs_mode: LogprobsMode = "raw_logprobs",
+                 fused: Optional[bool] = None) -> None:
         self.states = states
         self.logprobs_mode = logprobs_mode
+        self.fused = fused
 
     def __call__(
         self,
@@ -61,8 +75,13 @@ class Sampler:
         stages: SamplingStages,
         keep_processed: bool = False,
     ) -> SamplerOutput:
-        logits, nonfinite = sanitize_logits(logits.float())  # 1.
         want_logprobs = stages.num_logprobs >= 0
+        fused = self.fused if self.fused is not None else use_triton(logits)
+        # The fused path never materialises the processed logits: verification against draft probabilities
+        # (`keep_processed`) and processed logprobs take the separate stages.
+        if fused and not keep_processed and not (want_logprobs and self.logprobs_mode == "processed_logprobs"):
+            return self._sample_fused(logits, expanded_idx_mapping, sample_positions, stages)
+        logits, nonfinite = sanitize_logits(logits.float())  # 1.
         raw = None
         if want_logprobs and self.logprobs_mode == "raw_logprobs":
             raw = logits.clone() if (stages.any_logits_edit or stages.any_random) else logits
@@ -84,6 +103,37 @@ class Sampler:
         if want_logprobs:  # 13.
             logprobs = compute_logprobs(raw if raw is not None else logits, sampled, stages.num_logprobs)
         return SamplerOutput(sampled, logprobs, errors, logits if keep_processed else None)
+
+    def _sample_fused(
+        self,
+        logits: torch.Tensor,  # [L, V] float32 (may be overwritten by the edits)
+        expanded_idx_mapping: torch.Tensor,  # [L] int32: logits row -> req_slot
+        sample_positions: torch.Tensor,  # [L] int64
+        stages: SamplingStages,
+    ) -> SamplerOutput:
+        """The same pipeline with steps 8-12 fused (and step 1 too when nothing reads the logits before)."""
+        logits = logits.float()
+        want_logprobs = stages.num_logprobs >= 0
+        # Bias and penalties are finite arithmetic that keeps NaN and +inf as they are, so the fused kernels see
+        # (and flag) them just as step 1 would; masks (which may hide them) and custom processors need step 1.
+        separate_sanitize = want_logprobs or bool(stages.processors) or stages.any_allowed_tokens \
+            or stages.any_bad_words or stages.any_min_tokens
+        nonfinite = None
+        if separate_sanitize:
+            logits, nonfinite = sanitize_logits(logits)  # 1.
+        raw = None
+        if want_logprobs:  # raw logprobs (processed ones take the unfused path); the fused steps write nothing
+            raw = logits.clone() if stages.any_logits_edit else logits
+        logits = self.apply_logits_edits(logits, expanded_idx_mapping, sample_positions, stages)  # 2.-7.
+        t = self.states.params.tensors
+        params = SlotSamplingParams(t["temperature"], t["top_k"], t["top_p"], t["min_p"], t["seed"])
+        sampled, errors = sample_fused_triton(  # 8.-12.
+            logits, expanded_idx_mapping, sample_positions.long(), params, sanitize=not separate_sanitize,
+            nonfinite=nonfinite, need_plan=stages.any_top_k or stages.any_top_p or stages.any_min_p,
+            nonfinite_code=ROW_NONFINITE_LOGITS, no_token_code=ROW_NO_TOKEN_LEFT,
+        )
+        logprobs = compute_logprobs(raw, sampled, stages.num_logprobs) if raw is not None else None  # 13.
+        return SamplerOutput(sampled, logprobs, errors)
 
     def apply_logits_edits(
         self,

@@ -49,24 +49,27 @@ def exact_distribution(logits: torch.Tensor, temperature: float, top_k: int = 0,
     return p / p.sum()
 
 
-@pytest.fixture(scope="module")
-def draws() -> dict[str, np.ndarray]:
-    """Token counts per configuration: every configuration in one sampler call, one slot each."""
+def draw_counts(device: str = "cpu", fused=None) -> dict[str, np.ndarray]:
+    """Token counts per configuration: every configuration in one sampler call, one slot each.
+
+    `fused` is the sampler's choice of path (None: the fused Triton path on CUDA, the reference on the CPU).
+    """
     names = list(CONFIGS)
     slots = [Slot(SamplingParams(**CONFIGS[n]), prompt=[0], seed=1000 + i) for i, n in enumerate(names)]
-    sampler, history = make_sampler(slots, len(LOGITS))
-    idx = torch.arange(len(names), dtype=torch.int32).repeat_interleave(N)
-    positions = torch.arange(N).repeat(len(names)) + 1
+    sampler, history = make_sampler(slots, len(LOGITS), device=device)
+    sampler.fused = fused
+    idx = torch.arange(len(names), dtype=torch.int32, device=device).repeat_interleave(N)
+    positions = torch.arange(N, device=device).repeat(len(names)) + 1
     req_slots = np.arange(len(names))
-    out = sampler(LOGITS.expand(len(idx), -1).clone(), idx, positions, sampler.states.stages_for(req_slots))
-    tokens = out.sampled_token_ids.view(len(names), N)
+    logits = LOGITS.to(device).expand(len(idx), -1).clone()
+    out = sampler(logits, idx, positions, sampler.states.stages_for(req_slots))
+    tokens = out.sampled_token_ids.view(len(names), N).cpu()
     return {n: torch.bincount(tokens[i], minlength=len(LOGITS)).numpy() for i, n in enumerate(names)}
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_chi_square_against_the_exact_distribution(draws, name):
+def assert_chi_square(name: str, counts: np.ndarray) -> None:
+    """The counts of configuration `name` pass a chi-square test at level 1e-3 against the exact distribution."""
     expected = exact_distribution(LOGITS, **CONFIGS[name]) * N
-    counts = draws[name]
     assert counts.sum() == N
     assert (counts[expected == 0] == 0).all(), "a filtered token was sampled"
     # Bins expected fewer than 5 times are pooled into one (the chi-square approximation needs it).
@@ -78,6 +81,16 @@ def test_chi_square_against_the_exact_distribution(draws, name):
     df = int(keep.sum()) - 1
     assert df >= 1
     assert chi2 < CHI2_999[df - 1], (name, chi2, counts.tolist(), expected.round(1).tolist())
+
+
+@pytest.fixture(scope="module")
+def draws() -> dict[str, np.ndarray]:
+    return draw_counts()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_chi_square_against_the_exact_distribution(draws, name):
+    assert_chi_square(name, draws[name])
 
 
 def test_seeded_rows_do_not_depend_on_batch_row_size_or_neighbours():

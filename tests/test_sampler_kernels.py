@@ -27,6 +27,7 @@ from samplers.penalties import (
     apply_penalties_triton,
     init_token_counts_reference,
     init_token_counts_triton,
+    seen_bits_reference,
     update_token_counts_reference,
     update_token_counts_triton,
 )
@@ -116,15 +117,20 @@ def test_penalties_and_counts_match(vocab):
     prompt_len, prefill_len = _i32([5, 1, 12]), _i32([9, 1, 30])
     counts = {k: torch.full((num_slots, vocab), 7, dtype=torch.int32, device=DEVICE) for k in "rt"}
     masks = {k: torch.ones(num_slots, vocab, dtype=torch.bool, device=DEVICE) for k in "rt"}
+    words = (vocab + 31) // 32
+    bits = {k: torch.full((num_slots, words), -1, dtype=torch.int32, device=DEVICE) for k in "rt"}
     slots = torch.tensor([2, 0], device=DEVICE)  # slot 1 keeps its stale rows: nobody rebuilds it
-    init_token_counts_reference(all_ids, prompt_len, prefill_len, slots, counts["r"], masks["r"])
-    init_token_counts_triton(all_ids, prompt_len, prefill_len, slots, counts["t"], masks["t"])
+    init_token_counts_reference(all_ids, prompt_len, prefill_len, slots, counts["r"], masks["r"], bits["r"])
+    init_token_counts_triton(all_ids, prompt_len, prefill_len, slots, counts["t"], masks["t"], bits["t"])
     assert torch.equal(counts["r"], counts["t"]) and torch.equal(masks["r"], masks["t"])
+    assert torch.equal(bits["r"], bits["t"])
     sampled = torch.tensor([[4, 4, 9], [1, 2, 3], [vocab - 1, 0, 0]], device=DEVICE)
     idx, num_sampled = _i32([2, 1, 0]), _i32([3, 0, 1])
-    update_token_counts_reference(idx, sampled, num_sampled, counts["r"])
-    update_token_counts_triton(idx, sampled, num_sampled, counts["t"])
-    assert torch.equal(counts["r"], counts["t"])
+    update_token_counts_reference(idx, sampled, num_sampled, counts["r"], bits["r"])
+    update_token_counts_triton(idx, sampled, num_sampled, counts["t"], bits["t"])
+    assert torch.equal(counts["r"], counts["t"]) and torch.equal(bits["r"], bits["t"])
+    rebuilt = [0, 2]
+    assert torch.equal(bits["t"][rebuilt], seen_bits_reference(masks["t"][rebuilt], counts["t"][rebuilt]))
 
     logits = _logits(4, vocab, seed=3)
     rep = torch.tensor([1.5, 1.0, 0.7], device=DEVICE)
@@ -133,6 +139,13 @@ def test_penalties_and_counts_match(vocab):
     args = (_slot_tables(), rep, freq, pres, counts["r"], masks["r"])
     expected = apply_penalties_reference(logits, *args)
     torch.testing.assert_close(apply_penalties_triton(logits.clone(), *args), expected, rtol=0, atol=1e-6)
+    # Sparse: with the seen bits only seen tokens are touched (slot 1's stale rows: its bits are stale alike).
+    for slot in (0, 2):
+        assert int(bits["t"][slot].ne(0).sum()) > 0
+    args_bits = (_slot_tables(), rep, freq, pres, counts["t"], masks["t"])
+    slot_rows = torch.tensor([0, 1, 2])  # rows of slots 2, 0, 2
+    sparse = apply_penalties_triton(logits.clone(), *args_bits, bits["t"])
+    torch.testing.assert_close(sparse[slot_rows], expected[slot_rows], rtol=0, atol=1e-6)
 
 
 def test_bias_allowed_min_tokens_and_bad_words_match():

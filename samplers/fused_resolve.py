@@ -1,0 +1,209 @@
+"""The last kernel of the fused sampling path (see `samplers.fused_sampling`): one program per logits row.
+
+Direct rows merge the per-chunk Gumbel (or greedy) argmaxes of pass 2. Gather rows resolve the candidates
+exactly: for candidate i, `greater_i` and `mass_i` are the count and the mass `sum(exp(y_j - max))` of the
+candidates strictly larger than it (pairwise, in tiles; masses in 40-bit fixed point so the sum does not
+depend on the buffer's order), then
+
+    top-k:  greater_i < k                   (i.e. y_i >= the k-th largest, ties kept)
+    Z:      sum of exp(y_i - max) over top-k survivors, or the row's sum-exp without top-k
+    top-p:  mass_i < p * Z                  (tie groups kept or dropped whole)
+    min-p:  exp(y_i - max) >= min_p
+    token:  argmax of y_i + gumbel(seed, position, token) over kept candidates, lowest id on ties
+
+A row whose candidates overflowed the buffer, or whose top-p set may extend below them, is sampled by
+`_exact_row_sample`: the bisection of the old top-k/top-p kernel over the whole row (33 counting passes per
+threshold), then a Gumbel pass. Slow, exact, and needed only by unusual rows.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from samplers.gumbel import _row_key, _token_bits
+from samplers.top_k_top_p import _ordered_key
+
+FIXED_ONE = 1099511627776.0  # 2**40: fixed-point scale of the masses
+WIN = 21.0  # a token more than this below the row max never wins: Gumbel noise spans 20.19
+
+
+@triton.jit
+def _noise(key, tokens):
+    """-log(-log(u)) of the stateless uniform of `samplers.gumbel`."""
+    u = ((_token_bits(key, tokens) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _load_y(row_ptr, offs, vocab_size, temp, SANITIZE: tl.constexpr):
+    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=-float("inf"))
+    if SANITIZE:
+        x = tl.where(x < float("inf"), x, -float("inf"))
+    return tl.math.div_rn(x, temp)
+
+
+@triton.jit
+def _compare_tile(cand_x, i0, n, temp, row_max, TILE_I: tl.constexpr, TILE_J: tl.constexpr):
+    """For candidates i0 .. i0 + TILE_I: (#candidates with a larger y, their fixed-point mass, y, own weight)."""
+    rows = i0 + tl.arange(0, TILE_I)
+    v_i = tl.math.div_rn(tl.load(cand_x + rows, mask=rows < n, other=-float("inf")), temp)
+    w_i = (tl.where(rows < n, tl.exp(v_i - row_max), 0.0) * FIXED_ONE).to(tl.int64)
+    greater = tl.zeros([TILE_I], dtype=tl.int32)
+    mass = tl.zeros([TILE_I], dtype=tl.int64)
+    for j0 in range(0, n, TILE_J):
+        cols = j0 + tl.arange(0, TILE_J)
+        v_j = tl.math.div_rn(tl.load(cand_x + cols, mask=cols < n, other=-float("inf")), temp)
+        w_j = (tl.where(cols < n, tl.exp(v_j - row_max), 0.0) * FIXED_ONE).to(tl.int64)
+        above = v_j[None, :] > v_i[:, None]  # [TILE_I, TILE_J]
+        greater += tl.sum(above.to(tl.int32), axis=1)
+        mass += tl.sum(tl.where(above, w_j[None, :], 0), axis=1)
+    return greater, mass, v_i, w_i
+
+
+@triton.jit
+def _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
+                      SANITIZE: tl.constexpr, BLOCK: tl.constexpr):
+    """(token, its score) for one row straight from the logits: thresholds by bisection, then Gumbel-max."""
+    row_max = tl.full([], -float("inf"), tl.float32)
+    key_min = tl.full([], 2147483647, tl.int32)
+    key_max = tl.full([], -2147483648, tl.int32)
+    for start in range(0, vocab_size, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        y = _load_y(row_ptr, offs, vocab_size, temp, SANITIZE)
+        keys = _ordered_key(y)
+        row_max = tl.maximum(row_max, tl.max(y, axis=0))
+        key_min = tl.minimum(key_min, tl.min(tl.where(offs < vocab_size, keys, 2147483647), axis=0))
+        key_max = tl.maximum(key_max, tl.max(tl.where(offs < vocab_size, keys, -2147483648), axis=0))
+    threshold = key_min.to(tl.int64)
+    if row_max > -float("inf"):
+        if k_on:  # the largest key v with count(keys >= v) >= k
+            lo = key_min.to(tl.int64)
+            hi = key_max.to(tl.int64) + 1
+            for _ in range(33):
+                mid = lo + (hi - lo) // 2
+                count = tl.zeros([], dtype=tl.int32)
+                for start in range(0, vocab_size, BLOCK):
+                    offs = start + tl.arange(0, BLOCK)
+                    keys = _ordered_key(_load_y(row_ptr, offs, vocab_size, temp, SANITIZE)).to(tl.int64)
+                    count += tl.sum(((offs < vocab_size) & (keys >= mid)).to(tl.int32), axis=0)
+                take = count >= k
+                lo = tl.where(take, mid, lo)
+                hi = tl.where(take, hi, mid)
+            threshold = lo
+        if p_on:  # the smallest key v with mass(keys > v) < p * Z
+            total = tl.zeros([], dtype=tl.float32)
+            for start in range(0, vocab_size, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                y = _load_y(row_ptr, offs, vocab_size, temp, SANITIZE)
+                total += tl.sum(tl.where(_ordered_key(y).to(tl.int64) >= threshold, tl.exp(y - row_max), 0.0), 0)
+            target = p * total
+            lo = threshold - 1
+            hi = key_max.to(tl.int64)
+            for _ in range(33):
+                mid = lo + (hi - lo) // 2
+                mass = tl.zeros([], dtype=tl.float32)
+                for start in range(0, vocab_size, BLOCK):
+                    offs = start + tl.arange(0, BLOCK)
+                    y = _load_y(row_ptr, offs, vocab_size, temp, SANITIZE)
+                    mass += tl.sum(tl.where(_ordered_key(y).to(tl.int64) > mid, tl.exp(y - row_max), 0.0), 0)
+                take = mass < target
+                hi = tl.where(take, mid, hi)
+                lo = tl.where(take, lo, mid)
+            threshold = tl.maximum(threshold, hi)
+    best_value = tl.full([], -float("inf"), tl.float32)
+    best_token = tl.zeros([], dtype=tl.int32)
+    for start in range(0, vocab_size, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        y = _load_y(row_ptr, offs, vocab_size, temp, SANITIZE)
+        keep = (offs < vocab_size) & (_ordered_key(y).to(tl.int64) >= threshold) & (y > -float("inf"))
+        if min_p > 0.0:
+            keep = keep & (tl.exp(y - row_max) >= min_p)
+        score = tl.where(keep, y + _noise(key, offs), -float("inf"))
+        block_best = tl.max(score, axis=0)
+        take = block_best > best_value
+        best_token = tl.where(take, start + tl.argmax(score, axis=0, tie_break_left=True), best_token)
+        best_value = tl.where(take, block_best, best_value)
+    return best_token, best_value
+
+
+@triton.jit
+def _fused_resolve_kernel(
+    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
+    row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr,
+    part_best_ptr, part_token_ptr, part_bad_ptr, nonfinite_ptr, sampled_ptr, errors_ptr, num_chunks, vocab_size,
+    SANITIZE: tl.constexpr, HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr,
+    CAP: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr, TILE_I: tl.constexpr = 16,
+    TILE_J: tl.constexpr = 64,
+):
+    logits_row = tl.program_id(0).to(tl.int64)
+    req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
+    temp = tl.load(temp_ptr + req_slot)
+    random = temp != 0.0
+    temp = tl.where(random, temp, 1.0)
+    k = tl.load(top_k_ptr + req_slot)
+    p = tl.load(top_p_ptr + req_slot)
+    min_p = tl.where(random, tl.load(min_p_ptr + req_slot), 0.0)
+    k_on = random & (k > 0) & (k < vocab_size)
+    p_on = random & (p < 1.0)
+    key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
+    chunks = tl.arange(0, CHUNKS)
+    in_row = chunks < num_chunks
+    if HAS_FLAGS:
+        nonfinite = tl.load(nonfinite_ptr + logits_row).to(tl.int32) != 0
+    else:
+        nonfinite = tl.sum(tl.load(part_bad_ptr + logits_row * num_chunks + chunks, mask=in_row, other=0), 0) > 0
+    best_value = tl.full([], -float("inf"), tl.float32)
+    best_token = tl.zeros([], dtype=tl.int32)
+    if k_on | p_on:
+        row_max = tl.load(row_max_ptr + logits_row)
+        n = tl.load(count_ptr + logits_row)
+        exact = n <= CAP
+        if exact:
+            cand_x = cand_value_ptr + logits_row * CAP
+            cand_t = cand_token_ptr + logits_row * CAP
+            # Z: the row's sum-exp for top-p alone, else the mass of the top-k survivors (all candidates).
+            z = tl.load(row_sum_ptr + logits_row)
+            if k_on & p_on:
+                z_fixed = tl.zeros([], dtype=tl.int64)
+                for i0 in range(0, n, TILE_I):
+                    greater, _, v_i, w_i = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
+                    z_fixed += tl.sum(tl.where(greater < k, w_i, 0), axis=0)
+                z = z_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
+            num_dropped = tl.zeros([], dtype=tl.int32)
+            for i0 in range(0, n, TILE_I):
+                greater, mass, v_i, _ = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
+                rows = i0 + tl.arange(0, TILE_I)
+                t_i = tl.load(cand_t + rows, mask=rows < n, other=0)
+                keep = rows < n
+                if k_on:
+                    keep = keep & (greater < k)
+                if p_on:
+                    in_p = mass.to(tl.float32) * (1.0 / FIXED_ONE) < p * z
+                    num_dropped += tl.sum((keep & ~in_p).to(tl.int32), axis=0)
+                    keep = keep & in_p
+                if min_p > 0.0:
+                    keep = keep & (tl.exp(v_i - row_max) >= min_p)
+                score = tl.where(keep, v_i + _noise(key, t_i), -float("inf"))
+                tile_best = tl.max(score, axis=0)
+                tile_token = tl.min(tl.where(keep & (score == tile_best), t_i, 2147483647), axis=0)
+                take = (tile_best > best_value) | ((tile_best == best_value) & (tile_token < best_token))
+                best_token = tl.where(take & (tile_best > -float("inf")), tile_token, best_token)
+                best_value = tl.where(take, tile_best, best_value)
+            if (k_on == 0) & (num_dropped == 0):
+                # Top-p alone kept every candidate: are the tokens below the cutoff out of reach?
+                lowest = tl.math.div_rn(tl.load(cutoff_ptr + logits_row), temp)  # >= y of every other token
+                exact = (lowest == -float("inf")) | (lowest <= row_max - WIN)
+        if exact == 0:
+            row_ptr = logits_ptr + logits_row * logits_stride
+            best_token, best_value = _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
+                                                       SANITIZE, BLOCK)
+    else:
+        part_best = tl.load(part_best_ptr + logits_row * num_chunks + chunks, mask=in_row, other=-float("inf"))
+        part_token = tl.load(part_token_ptr + logits_row * num_chunks + chunks, mask=in_row, other=2147483647)
+        best_value = tl.max(part_best, axis=0)
+        best_token = tl.min(tl.where(part_best == best_value, part_token, 2147483647), axis=0)
+    no_token = best_value == -float("inf")
+    best_token = tl.where(no_token, 0, best_token)
+    tl.store(sampled_ptr + logits_row, best_token.to(tl.int64))
+    tl.store(errors_ptr + logits_row, tl.where(nonfinite, NONFINITE_CODE, tl.where(no_token, NO_TOKEN_CODE, 0)))

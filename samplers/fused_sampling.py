@@ -1,0 +1,377 @@
+"""Stages 8-12 of the sampler fused: temperature, top-k, top-p, min-p and Gumbel-max in one or two reads.
+
+The result is the reference pipeline's (`sample_fused_reference`: temperature, `apply_top_k_top_p_reference`,
+`apply_min_p_reference`, `gumbel_sample_reference`, or the argmax for greedy rows), token for token, with the
+kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only read. Write `y = x / T`.
+
+- **Direct rows** (greedy, or neither top-k nor top-p): `_fused_sample_kernel` takes the argmax of
+  `y + gumbel(seed, position, token)` (greedy: of `x`) over the tokens min-p keeps, per vocabulary chunk;
+  `_fused_resolve_kernel` merges the chunks (lowest token id on ties). One read (two with min-p, which needs
+  the row max first).
+- **Gather rows** (top-k and/or top-p), one read of the logits plus a read of the group maxima (1/16 of it):
+  1. `_fused_stats_kernel` (rows x chunks) writes per chunk the max of x and, for top-p alone, the sum of
+     `exp(y - max y)`; and the max of x of every `GROUP` consecutive tokens.
+  2. `_fused_plan_kernel` (one program per row) picks a cutoff `c` on x such that `want <= G(c) <= limit`,
+     with `G(c)` the number of groups whose max is `>= c` (a bisection over the group maxima that stops
+     as soon as the count is in range). `want` tokens are then `>= c`, so every token of the top-k set is;
+     at most `GROUP * limit <= CAP` tokens are `>= c`. `want` is k (top-k), or `CAP / GROUP / 2` groups for
+     top-p alone. `c` is lowered by a few ulps, as `x / T` may round a slightly smaller x to the same y.
+  3. `_fused_sample_kernel` reads the group maxima and, for the groups whose max is `>= c` (at most
+     `limit`), loads their tokens and appends every finite one with `x >= c` (x, id) to a per-row buffer of
+     `CAP` entries (one atomic per tile reserves the slots). The other groups' tokens are never loaded.
+  4. `_fused_resolve_kernel`: the candidates are a top set of the row in y (division by T > 0 is monotone),
+     so the count and the mass of strictly larger tokens, computed among them, are the row's. It applies
+     the exact rules: top-k `#greater < k`, Z = mass of the top-k survivors (or the row's sum-exp for top-p
+     alone), top-p `mass_greater < p * Z`, min-p `exp(y - max) >= min_p`, then the Gumbel argmax.
+
+Exactness: the same kept set and the same noise per (seed, position, token) as the reference, so the same
+token; ties at a threshold follow the reference's rule (top-k keeps every token tied with the k-th, top-p
+keeps or drops a tie group whole, the lowest token id wins a tie of noisy scores). Masses are float sums in
+a different order than the reference's, so a row whose top-p mass lies within float rounding (~1e-6) of
+`p * Z` may keep one tie group more or less, as the unfused Triton kernel may. Masses are summed in 40-bit
+fixed point in the resolve kernel, so the buffer's (atomic, run-dependent) order never changes a result.
+
+Slow path: a row whose candidates overflow the buffer (k > CAP / GROUP with an unlucky spread, huge ties), or
+a top-p-alone row whose candidates all pass top-p while tokens below the cutoff are within `WIN` of the row
+max (flat rows, p close to 1: the kept set may extend below the candidates), is sampled inside the resolve
+kernel by the old algorithm (threshold bisection over the whole row, 33 passes per threshold, then a Gumbel
+pass): the same token, slower. A token more than `WIN` = 21 below the row max can never win (the noise spans
+[-2.86, 17.34] and the row's most likely token is always kept), so such tokens need not be candidates.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from samplers.fused_resolve import _fused_resolve_kernel
+from samplers.gumbel import _row_key, _token_bits, gumbel_sample_reference
+from samplers.sanitize import sanitize_logits_reference
+from samplers.top_k_top_p import _ordered_key, apply_min_p_reference, apply_top_k_top_p_reference
+from samplers.triton_utils import use_triton, vocab_block
+
+GROUP = 16  # tokens per group maximum written by pass 1
+CAP = 1024  # candidate buffer entries per logits row
+TARGET_PROGRAMS = 2048  # pass 1 and 2 split rows into chunks until about this many programs run
+
+
+class SlotSamplingParams(NamedTuple):
+    """The per-request-slot parameter tables ([S] each), read through `expanded_idx_mapping`."""
+
+    temperature: torch.Tensor  # [S] float32, 0 = greedy
+    top_k: torch.Tensor  # [S] int32, <= 0 or >= V = off
+    top_p: torch.Tensor  # [S] float32, >= 1 = off
+    min_p: torch.Tensor  # [S] float32, 0 = off
+    seed: torch.Tensor  # [S] int64
+
+
+class FusedSample(NamedTuple):
+    sampled: torch.Tensor  # [L] int64
+    errors: torch.Tensor  # [L] int32: 0, `nonfinite_code` or `no_token_code`
+
+
+def sample_fused_reference(
+    logits: torch.Tensor,  # [L, V] float32 (NaN/+inf allowed: treated as -inf and flagged)
+    expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
+    positions: torch.Tensor,  # [L] int64: position of the token being sampled
+    params: SlotSamplingParams,
+    nonfinite_code: int = 1,
+    no_token_code: int = 2,
+) -> FusedSample:
+    """Temperature, top-k, top-p, min-p, then Gumbel-max (greedy rows: argmax), on a sanitized copy."""
+    logits, nonfinite = sanitize_logits_reference(logits.float().clone())
+    slots = expanded_idx_mapping.long()
+    temperature = params.temperature[slots]
+    greedy = temperature == 0
+    y = logits / torch.where(greedy, 1.0, temperature).unsqueeze(1)
+    y = apply_top_k_top_p_reference(y, torch.where(greedy, 0, params.top_k[slots]),
+                                    torch.where(greedy, 1.0, params.top_p[slots]))
+    y = apply_min_p_reference(y, torch.where(greedy, 0.0, params.min_p[slots]))
+    sampled = torch.where(greedy, y.argmax(dim=-1), gumbel_sample_reference(y, params.seed[slots], positions))
+    no_token = y.gather(1, sampled.unsqueeze(1)).squeeze(1) == float("-inf")
+    errors = torch.where(nonfinite, nonfinite_code, torch.where(no_token, no_token_code, 0)).int()
+    return FusedSample(sampled, errors)
+
+
+# ---- Triton ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size):
+    """(req_slot, temperature, k_on, p_on, gather) of one logits row; greedy rows have neither filter."""
+    req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
+    temp = tl.load(temp_ptr + req_slot)
+    random = temp != 0.0
+    k = tl.load(top_k_ptr + req_slot)
+    p = tl.load(top_p_ptr + req_slot)
+    k_on = random & (k > 0) & (k < vocab_size)
+    p_on = random & (p < 1.0)
+    return req_slot, tl.where(random, temp, 1.0), k_on, p_on, k_on | p_on
+
+
+@triton.jit
+def _load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
+    """(x, -inf outside the row; the number of NaN/+inf in the block, which SANITIZE turns into -inf)."""
+    x = tl.load(row_ptr + offs, mask=mask, other=-float("inf"))
+    num_bad = tl.zeros([], dtype=tl.int32)
+    if SANITIZE:
+        bad = ~(x < float("inf"))  # NaN compares false
+        num_bad = tl.sum(bad.to(tl.int32), axis=0)
+        x = tl.where(bad, -float("inf"), x)
+    return x, num_bad
+
+
+@triton.jit
+def _fused_stats_kernel(
+    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr,
+    part_max_ptr, part_sum_ptr, part_bad_ptr, group_max_ptr, num_groups, num_chunks, chunk_size, vocab_size,
+    SANITIZE: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+):
+    # Maxima are taken over x, not y = x / T: division by T > 0 is monotone, so max(y) = max(x) / T, and the
+    # division is left to the few values that need it.
+    logits_row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    _, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size)
+    need_sum = p_on & (k_on == 0)  # Z of top-p alone is the whole row's sum-exp
+    row_ptr = logits_ptr + logits_row * logits_stride
+    run_max = tl.full([], -float("inf"), tl.float32)  # of x
+    run_sum = tl.zeros([], dtype=tl.float32)  # sum of exp(y - run_max / T)
+    num_bad = tl.zeros([], dtype=tl.int32)
+    start0 = chunk * chunk_size
+    for start in range(start0, tl.minimum(start0 + chunk_size, vocab_size), BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x, block_bad = _load_x(row_ptr, offs, offs < vocab_size, SANITIZE)
+        num_bad += block_bad
+        new_max = tl.maximum(run_max, tl.max(x, axis=0))
+        if need_sum & (new_max > -float("inf")):  # online sum-exp, relative to the running max
+            y_max = tl.math.div_rn(new_max, temp)
+            scale = tl.exp(tl.math.div_rn(run_max, temp) - y_max)
+            run_sum = run_sum * scale + tl.sum(tl.exp(tl.math.div_rn(x, temp) - y_max), axis=0)
+        run_max = new_max
+        if gather:
+            group_max = tl.max(tl.reshape(x, [BLOCK // GROUP, GROUP]), axis=1)
+            groups = start // GROUP + tl.arange(0, BLOCK // GROUP)
+            tl.store(group_max_ptr + logits_row * num_groups + groups, group_max, mask=groups < num_groups)
+    tl.store(part_max_ptr + logits_row * num_chunks + chunk, run_max)
+    tl.store(part_sum_ptr + logits_row * num_chunks + chunk, run_sum)
+    if gather:  # pass 2 reads only candidate groups of these rows: the non-finite count is taken here
+        tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)
+
+
+@triton.jit
+def _fused_plan_kernel(
+    idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr, group_max_ptr,
+    row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, num_groups, num_chunks, vocab_size,
+    MAX_GROUPS: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
+):
+    logits_row = tl.program_id(0).to(tl.int64)
+    req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
+                                                      vocab_size)
+    chunks = tl.arange(0, CHUNKS)
+    part_max = tl.load(part_max_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks,
+                       other=-float("inf"))
+    part_sum = tl.load(part_sum_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks, other=0.0)
+    row_max = tl.math.div_rn(tl.max(part_max, axis=0), temp)  # of y
+    finite = part_max > -float("inf")
+    part_scale = tl.exp(tl.math.div_rn(tl.where(finite, part_max, 0.0), temp) - tl.where(finite, row_max, 0.0))
+    tl.store(row_max_ptr + logits_row, row_max)
+    tl.store(row_sum_ptr + logits_row, tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0))
+    tl.store(count_ptr + logits_row, 0)
+    cutoff = tl.full([], -float("inf"), tl.float32)
+    if gather:
+        # A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c)
+        # and at most GROUP * limit tokens are >= c. Top-k wants k; top-p alone wants as many as fit.
+        top_k = tl.load(top_k_ptr + req_slot)
+        fits = tl.zeros([], dtype=tl.int32) + MAX_GROUPS  # groups whose tokens surely fit the buffer
+        limit = tl.where(k_on, tl.maximum(top_k, tl.minimum(2 * top_k, fits)), fits)
+        want = tl.where(k_on, top_k, tl.maximum(fits // 2, 1))
+        if want <= num_groups:
+            # Bisection over the order-preserving int image of float32 (invariant: groups(>= lo) >= want >
+            # groups(>= hi)), stopped as soon as groups(>= lo) <= limit.
+            groups = tl.arange(0, GROUPS)
+            valid = groups < num_groups
+            keys = _ordered_key(tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid,
+                                        other=-float("inf")))
+            lo = tl.min(tl.where(valid, keys, 2147483647), axis=0).to(tl.int64)
+            hi = tl.max(tl.where(valid, keys, -2147483648), axis=0).to(tl.int64) + 1
+            count_lo = tl.zeros([], dtype=tl.int32) + num_groups
+            while (hi - lo > 1) & (count_lo > limit):
+                mid = lo + (hi - lo) // 2  # < hi <= 2**31: fits int32, so the keys stay int32 (registers)
+                count = tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=0)
+                take = count >= want
+                lo = tl.where(take, mid, lo)
+                count_lo = tl.where(take, count, count_lo)
+                hi = tl.where(take, hi, mid)
+            cutoff = tl.where(lo < 0, lo ^ 0x7FFFFFFF, lo).to(tl.int32).to(tl.float32, bitcast=True)
+            # x / T may round a slightly smaller x to the same y as c: lower c by more than that (4 ulp).
+            cutoff = tl.where(cutoff > -float("inf"), cutoff - tl.abs(cutoff) * (1.0 / 1048576.0) - 1e-30,
+                              cutoff)
+    tl.store(cutoff_ptr + logits_row, cutoff)
+
+
+@triton.jit
+def _fused_sample_kernel(
+    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
+    row_max_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr, group_max_ptr,
+    part_best_ptr, part_token_ptr, part_bad_ptr, num_chunks, chunk_size, num_groups, vocab_size,
+    SANITIZE: tl.constexpr, HAS_PLAN: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+):
+    logits_row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    req_slot, temp, _, _, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size)
+    row_ptr = logits_ptr + logits_row * logits_stride
+    start0 = chunk * chunk_size
+    end = tl.minimum(start0 + chunk_size, vocab_size)
+    if gather:  # only rows that HAS_PLAN gives a cutoff get here (the host launches the plan for them)
+        # Candidates lie in groups whose max is >= the cutoff: read the group maxima (1/GROUP of the logits)
+        # and load only those groups' tokens (masked-off lanes cost no memory traffic).
+        cutoff = tl.load(cutoff_ptr + logits_row)
+        group_end = tl.cdiv(end, GROUP)
+        for g0 in range(start0 // GROUP, group_end, BLOCK // GROUP):
+            groups = g0 + tl.arange(0, BLOCK // GROUP)
+            group_max = tl.load(group_max_ptr + logits_row * num_groups + groups, mask=groups < group_end,
+                                other=-float("inf"))
+            chosen = (group_max >= cutoff) & (group_max > -float("inf"))
+            if tl.max(chosen.to(tl.int32), axis=0) > 0:
+                offs = tl.reshape(groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :], [BLOCK])
+                mask = tl.reshape(tl.broadcast_to(chosen[:, None], [BLOCK // GROUP, GROUP]), [BLOCK]) \
+                    & (offs < vocab_size)
+                x, _ = _load_x(row_ptr, offs, mask, SANITIZE)
+                take = mask & (x >= cutoff) & (x > -float("inf"))
+                num_take = tl.sum(take.to(tl.int32), axis=0)
+                # One atomic per tile reserves the slots; the buffer's order does not matter (see module doc).
+                slot = tl.atomic_add(count_ptr + logits_row, num_take) + tl.cumsum(take.to(tl.int32), axis=0) - 1
+                store = take & (slot >= 0) & (slot < CAP)  # (>= 0: harmless even if misused without a plan)
+                tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
+                tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
+    else:
+        greedy = tl.load(temp_ptr + req_slot) == 0.0
+        min_p = tl.load(min_p_ptr + req_slot)
+        use_min_p = (min_p > 0.0) & (greedy == 0)
+        num_bad = tl.zeros([], dtype=tl.int32)
+        best_value = tl.full([], -float("inf"), tl.float32)
+        best_token = tl.zeros([], dtype=tl.int32)
+        row_max = 0.0
+        if HAS_PLAN:
+            row_max = tl.load(row_max_ptr + logits_row)
+        key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
+        for start in range(start0, end, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < vocab_size
+            x, block_bad = _load_x(row_ptr, offs, mask, SANITIZE)
+            num_bad += block_bad
+            if greedy:
+                score = x
+            else:
+                y = tl.math.div_rn(x, temp)  # IEEE division, as torch
+                u = ((_token_bits(key, offs) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+                score = y - tl.log(-tl.log(u))
+                if use_min_p:
+                    score = tl.where(tl.exp(y - row_max) < min_p, -float("inf"), score)
+            score = tl.where(mask, score, -float("inf"))
+            block_best = tl.max(score, axis=0)
+            block_token = tl.argmax(score, axis=0, tie_break_left=True)
+            take = block_best > best_value  # strictly: the lowest token id wins a tie, like torch.argmax
+            best_token = tl.where(take, start + block_token, best_token)
+            best_value = tl.where(take, block_best, best_value)
+        tl.store(part_best_ptr + logits_row * num_chunks + chunk, best_value)
+        tl.store(part_token_ptr + logits_row * num_chunks + chunk, best_token)
+        tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)
+
+
+def sample_fused_triton(
+    logits: torch.Tensor,  # [L, V] float32, read only
+    expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
+    positions: torch.Tensor,  # [L] int64: position of the token being sampled
+    params: SlotSamplingParams,
+    *,
+    sanitize: bool = True,
+    nonfinite: Optional[torch.Tensor] = None,  # [L] bool from an earlier `sanitize_logits` (when not sanitize)
+    need_plan: bool = True,
+    nonfinite_code: int = 1,
+    no_token_code: int = 2,
+) -> FusedSample:
+    """Same result as `sample_fused_reference`.
+
+    `sanitize`: treat NaN/+inf as -inf and flag the row (the caller did not run `sanitize_logits`).
+    `need_plan=False` skips pass 1 and the plan; only valid when no row uses top-k, top-p or min-p (host mirrors
+    tell, see `SamplingStages`).
+    """
+    num_rows, vocab_size = logits.shape
+    device = logits.device
+    sampled = torch.empty(num_rows, dtype=torch.int64, device=device)
+    errors = torch.empty(num_rows, dtype=torch.int32, device=device)
+    if num_rows == 0:
+        return FusedSample(sampled, errors)
+    logits = logits if logits.stride(1) == 1 else logits.contiguous()
+    block = vocab_block(vocab_size)
+    num_blocks = triton.cdiv(vocab_size, block)
+    blocks_per_chunk = triton.cdiv(num_blocks, max(1, min(num_blocks, triton.cdiv(TARGET_PROGRAMS, num_rows))))
+    chunk_size = blocks_per_chunk * block
+    num_chunks = triton.cdiv(vocab_size, chunk_size)
+    num_groups = triton.cdiv(vocab_size, GROUP)
+    ws = _Workspace(num_rows, num_chunks, num_groups, device)
+    tables = (params.temperature, params.top_k, params.top_p)
+    grid = (num_rows, num_chunks)
+    if need_plan:
+        _fused_stats_kernel[grid](
+            logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.part_bad,
+            ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block,
+            GROUP=GROUP,
+        )
+        _fused_plan_kernel[(num_rows,)](
+            expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max, ws.row_max, ws.row_sum,
+            ws.cutoff, ws.count, num_groups, num_chunks, vocab_size, MAX_GROUPS=CAP // GROUP,
+            CHUNKS=triton.next_power_of_2(num_chunks), GROUPS=triton.next_power_of_2(num_groups), num_warps=8,
+        )
+    _fused_sample_kernel[grid](
+        logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
+        ws.row_max, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.group_max, ws.part_best, ws.part_token,
+        ws.part_bad, num_chunks, chunk_size, num_groups, vocab_size, SANITIZE=sanitize, HAS_PLAN=need_plan,
+        CAP=CAP, BLOCK=block, GROUP=GROUP,
+    )
+    flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
+    _fused_resolve_kernel[(num_rows,)](
+        logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
+        ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.part_best, ws.part_token,
+        ws.part_bad, flags, sampled, errors, num_chunks, vocab_size,
+        SANITIZE=sanitize, HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code,
+        NO_TOKEN_CODE=no_token_code, CAP=CAP, CHUNKS=triton.next_power_of_2(num_chunks), BLOCK=block,
+    )
+    return FusedSample(sampled, errors)
+
+
+def sample_fused(
+    logits: torch.Tensor,  # [L, V] float32 (NaN/+inf allowed: treated as -inf and flagged)
+    expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
+    positions: torch.Tensor,  # [L] int64
+    params: SlotSamplingParams,
+    nonfinite_code: int = 1,
+    no_token_code: int = 2,
+) -> FusedSample:
+    """Steps 8-12 on raw logits: Triton on CUDA (logits only read), the reference elsewhere."""
+    if use_triton(logits):
+        return sample_fused_triton(logits, expanded_idx_mapping, positions, params, nonfinite_code=nonfinite_code,
+                                   no_token_code=no_token_code)
+    return sample_fused_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code)
+
+
+class _Workspace:
+    """Scratch of one call, carved from one float32 and one int32 allocation (fewer allocator calls)."""
+
+    def __init__(self, num_rows: int, num_chunks: int, num_groups: int, device: torch.device) -> None:
+        rows, chunks = num_rows, num_rows * num_chunks
+        floats = torch.empty(3 * rows + rows * CAP + 3 * chunks + rows * num_groups, dtype=torch.float32,
+                             device=device)
+        ints = torch.empty(rows + rows * CAP + 2 * chunks, dtype=torch.int32, device=device)
+        f = floats.split([rows, rows, rows, rows * CAP, chunks, chunks, chunks, rows * num_groups])
+        i = ints.split([rows, rows * CAP, chunks, chunks])
+        self.row_max, self.row_sum, self.cutoff = f[0], f[1], f[2]  # [L] y max, sum-exp, cutoff on x
+        self.cand_value = f[3]  # [L, CAP] candidate x
+        self.part_max, self.part_sum, self.part_best = f[4], f[5], f[6]  # [L, C] per chunk
+        self.group_max = f[7]  # [L, num_groups] x max of each group
+        self.count, self.cand_token = i[0], i[1]  # [L] candidates appended, [L, CAP] their token ids
+        self.part_token, self.part_bad = i[2], i[3]  # [L, C] per chunk

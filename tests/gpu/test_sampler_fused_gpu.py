@@ -1,0 +1,127 @@
+"""The fused sampling path on a GPU at real shapes (skipped without CUDA).
+
+Run on the GPU machine: `python -m pytest -q tests/gpu/test_sampler_fused_gpu.py` (about a minute, most of it
+compiling the kernels and the 960,000-row chi-square batch).
+
+On a GPU the reference uses CUDA's `logf`/`expf` and Triton `lg2.approx`-based `tl.log`, so a Gumbel near-tie
+or a top-p mass within float rounding of its threshold may flip a rare row; the checks allow a handful of
+such rows and require everything else to be identical.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared cases
+
+VOCAB = 151936  # Qwen3's
+ROWS = 256
+
+
+def _logits(kind: str, seed: int) -> torch.Tensor:
+    """[ROWS, VOCAB]: "flat" Gaussian logits, or "peaked" ones shaped like a language model's (a few tokens
+    far above a long tail)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(ROWS, VOCAB, device="cuda", generator=g) * 3
+    if kind == "peaked":
+        x = x * 1.5 - 4
+        top = torch.randint(0, VOCAB, (ROWS, 40), device="cuda", generator=g)
+        x.scatter_(1, top, torch.rand(ROWS, 40, device="cuda", generator=g) * 12 + 14)
+    x[1, : VOCAB // 3] = float("-inf")
+    x[2] = float("-inf")
+    x[3, 77] = float("nan")
+    x[4, : VOCAB // 2] = 0.0  # a huge tie
+    return x
+
+
+def _params(seed: int):
+    from samplers.fused_sampling import SlotSamplingParams
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    slots = 64
+    temperature = torch.rand(slots, device="cuda", generator=g) * 1.5 + 0.2
+    temperature[::9] = 0.0  # greedy
+    top_k = torch.randint(0, 120, (slots,), device="cuda", generator=g, dtype=torch.int32)
+    top_k[::4] = 0
+    top_k[5] = 1
+    top_k[6] = VOCAB
+    top_k[7] = 4000  # more candidates than the buffer: the exact slow path
+    top_p = torch.rand(slots, device="cuda", generator=g) * 0.9 + 0.05
+    top_p[::3] = 1.0
+    top_p[8] = 1e-6
+    top_p[10] = 0.999
+    min_p = torch.where(torch.rand(slots, device="cuda", generator=g) < 0.3, 0.05, 0.0)
+    seed_ = torch.randint(-(1 << 62), 1 << 62, (slots,), device="cuda", generator=g)
+    return SlotSamplingParams(temperature, top_k, top_p, min_p, seed_)
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked"])
+def test_fused_matches_the_reference_and_the_unfused_kernels(kind):
+    from samplers.fused_sampling import sample_fused_reference, sample_fused_triton
+    from samplers.gumbel import gumbel_sample_triton
+    from samplers.sanitize import sanitize_logits_triton
+    from samplers.top_k_top_p import apply_min_p_triton, apply_top_k_top_p_triton
+
+    logits = _logits(kind, 0)
+    params = _params(1)
+    idx = torch.randint(0, len(params.seed), (ROWS,), device="cuda", dtype=torch.int32)
+    positions = torch.randint(0, 1 << 20, (ROWS,), device="cuda")
+    got = sample_fused_triton(logits, idx, positions, params)
+    ref = sample_fused_reference(logits, idx, positions, params)
+    assert torch.equal(got.errors, ref.errors)
+    assert int((got.sampled != ref.sampled).sum()) <= 3
+
+    # The unfused Triton stages share the fused path's log/exp, so only top-p mass rounding can differ.
+    x, _ = sanitize_logits_triton(logits.clone())
+    slots = idx.long()
+    t = params.temperature[slots]
+    greedy = t == 0
+    y = x / torch.where(greedy, 1.0, t).unsqueeze(1)
+    y = apply_top_k_top_p_triton(y, torch.where(greedy, 0, params.top_k[slots]),
+                                 torch.where(greedy, 1.0, params.top_p[slots]))
+    y = apply_min_p_triton(y, torch.where(greedy, 0.0, params.min_p[slots]))
+    unfused = torch.where(greedy, x.argmax(-1), gumbel_sample_triton(y, params.seed[slots], positions))
+    assert int((got.sampled != unfused).sum()) <= 2
+    # The sampled tokens are ones the unfused stages kept (but for a top-p rounding flip).
+    kept = torch.isfinite(y.gather(1, got.sampled.unsqueeze(1))).squeeze(1)
+    assert int((~kept & (ref.errors == 0)).sum()) <= 2
+
+
+def test_fused_sampler_does_not_sync_and_is_deterministic():
+    from framework import SamplingParams
+    from sampler_cases import Slot, make_sampler
+
+    slots = [Slot(SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i), prompt=[1, 2], seed=i)
+             for i in range(8)]
+    slots += [Slot(SamplingParams(temperature=1.0, top_p=0.95, min_p=0.02, seed=9), prompt=[3], seed=9),
+              Slot(SamplingParams(temperature=0.0), prompt=[4])]
+    sampler, _ = make_sampler(slots, VOCAB, device="cuda")
+    logits = _logits("peaked", 3)
+    idx = (torch.arange(ROWS, device="cuda") % len(slots)).int()
+    positions = torch.arange(ROWS, device="cuda") + 5
+    stages = sampler.states.stages_for(np.arange(len(slots)))
+    first = sampler(logits.clone(), idx, positions, stages)  # compiles outside the sync check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = sampler(logits.clone(), idx, positions, stages)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(first.sampled_token_ids, again.sampled_token_ids)
+    assert torch.equal(first.errors, again.errors)
+
+
+def test_chi_square_through_the_fused_path():
+    """The CPU suite's chi-square configurations, 120,000 draws each, sampled by the fused path."""
+    from test_sampler_distributions import CONFIGS, assert_chi_square, draw_counts
+
+    counts = draw_counts(device="cuda")
+    for name in CONFIGS:
+        assert_chi_square(name, counts[name])

@@ -1,0 +1,146 @@
+"""The fused sampling path (`samplers.fused_sampling`) against the reference pipeline, token for token.
+
+Under the interpreter on the CPU (compiled on a GPU), with blocks of 64 and small candidate buffers so rows
+span several chunks and both the candidate path and the exact slow path run. Awkward cases: a vocabulary
+that is not a multiple of the block, one token, k = 1, k = V - 1, k >= V, p = 1, tiny p, p close to 1,
+min-p, ties, -inf and NaN entries, all -inf rows, greedy rows mixed with random ones, a single row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import samplers.fused_sampling
+import samplers.triton_utils
+from framework import SamplingParams
+from samplers.fused_sampling import SlotSamplingParams, sample_fused_reference, sample_fused_triton
+from samplers.sanitize import sanitize_logits_reference
+from sampler_cases import Slot, make_sampler
+from test_sampler_distributions import CONFIGS, LOGITS
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INF = float("inf")
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(samplers.triton_utils, "MAX_VOCAB_BLOCK", 64)
+    monkeypatch.setattr(samplers.fused_sampling, "CAP", 64)
+
+
+def _params(vocab: int) -> SlotSamplingParams:
+    """Slot s: (temperature, top_k, top_p, min_p). Slot 0 is greedy with filters that must be ignored."""
+    rows = [
+        (0.0, 3, 0.5, 0.5), (1.0, 0, 1.0, 0.0), (0.7, 1, 1.0, 0.0), (1.3, vocab - 1, 1.0, 0.0),
+        (0.3, vocab, 0.9, 0.0), (2.0, 50, 1.0, 0.0), (0.5, 0, 0.6, 0.0), (1.0, 0, 1e-6, 0.0),
+        (0.2, 0, 0.999, 0.0), (0.9, 0, 1.0, 0.2), (1.1, 7, 0.8, 0.05), (1.0, 5, 0.3, 0.0),
+        (1.5, 0, 0.5, 0.01), (0.5, 200, 0.9, 0.0),
+    ]
+    t, k, p, m = zip(*rows)
+    return SlotSamplingParams(
+        torch.tensor(t, device=DEVICE), torch.tensor(k, dtype=torch.int32, device=DEVICE),
+        torch.tensor(p, device=DEVICE), torch.tensor(m, device=DEVICE),
+        torch.tensor([3, -1, (1 << 63) - 1, 0, 17, 99, 5, 6, 7, 8, 9, 10, 11, 12], device=DEVICE),
+    )
+
+
+def _logits(rows: int, vocab: int, seed: int, ties: bool) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, vocab, generator=g) * 3
+    if ties:
+        x = (x * 2).round() / 2  # many exact ties, -0.0 and +0.0 included
+    if vocab > 3:
+        x[1, : vocab // 2] = -INF
+        x[2] = -INF
+        x[3, vocab // 3] = float("nan")
+        x[4, 1] = INF
+        x[5] = 0.0  # one big tie
+    return x.to(DEVICE)
+
+
+def _check(logits, idx, positions, params, **kwargs):
+    expected = sample_fused_reference(logits, idx, positions, params)
+    got = sample_fused_triton(logits.clone(), idx, positions, params, **kwargs)
+    assert got.sampled.tolist() == expected.sampled.tolist()
+    assert got.errors.tolist() == expected.errors.tolist()
+    return expected
+
+
+@pytest.mark.parametrize("vocab,ties", [(1, False), (37, False), (130, True)])
+def test_fused_matches_reference(vocab, ties):
+    rows = 16
+    params = _params(vocab)
+    idx = (torch.arange(rows, device=DEVICE) * 5 % len(params.seed)).int()  # every slot, in a mixed order
+    positions = torch.arange(rows, device=DEVICE) * 1001 + 3
+    logits = _logits(rows, vocab, seed=vocab + ties, ties=ties)
+    expected = _check(logits, idx, positions, params)
+    if vocab > 3:
+        assert expected.errors[2] == 2 and expected.errors[3] == 1 and expected.errors[4] == 1
+    _check(logits[7:8], idx[7:8], positions[7:8], params)  # a single row
+
+
+def test_fused_with_an_earlier_sanitize_and_without_a_plan():
+    vocab, rows = 200, 10
+    params = _params(vocab)
+    logits = _logits(rows, vocab, seed=1, ties=False)
+    logits, nonfinite = sanitize_logits_reference(logits)
+    idx = torch.tensor([0, 1, 0, 1, 1, 0, 2, 3, 4, 5], dtype=torch.int32, device=DEVICE)
+    positions = torch.arange(rows, device=DEVICE)
+    for slots, need_plan in ((idx, True), (idx % 2, False)):  # slots 0 and 1 need no top-k/top-p/min-p
+        expected = sample_fused_reference(logits, slots, positions, params)
+        got = sample_fused_triton(logits, slots, positions, params, sanitize=False, nonfinite=nonfinite,
+                                  need_plan=need_plan)
+        assert got.sampled.tolist() == expected.sampled.tolist()
+        assert got.errors.tolist() == torch.where(nonfinite, 1, expected.errors).tolist()
+
+
+def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch):
+    """A buffer of 16: k = 5 may need 80 candidates; top-p alone gathers one group and must look further."""
+    monkeypatch.setattr(samplers.fused_sampling, "CAP", 16)
+    vocab, rows = 150, 6
+    params = _params(vocab)
+    logits = _logits(rows, vocab, seed=4, ties=True) / 4  # flat rows: top-p sets reach far below the max
+    idx = torch.tensor([11, 10, 13, 12, 8, 4], dtype=torch.int32, device=DEVICE)
+    _check(logits, idx, torch.arange(rows, device=DEVICE) + 40, params)
+
+
+@pytest.mark.parametrize("logprobs", [2, None])
+def test_sampler_fused_equals_unfused_with_edits(logprobs):
+    """Bias and penalties (step 1 folded into the fused kernels without logprobs), masks, NaN rows."""
+    vocab = 90
+    slots = [Slot(SamplingParams(temperature=0.8, top_k=10, top_p=0.9, repetition_penalty=1.3, presence_penalty=0.4,
+                                 logprobs=logprobs, seed=1), prompt=[1, 2, 3], output=[4, 4], seed=1),
+             Slot(SamplingParams(temperature=0.0, logit_bias={7: 5.0}, logprobs=logprobs), prompt=[5]),
+             Slot(SamplingParams(temperature=1.2, min_p=0.1, logit_bias={3: -2.0}, seed=3), prompt=[4], seed=3)]
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(2))
+    logits[4, 3] = float("nan")
+    logits[1, 9] = float("inf")
+    idx = torch.tensor([0, 1, 2, 0, 2], dtype=torch.int32)
+    positions = torch.tensor([5, 1, 1, 6, 2])
+    outs = []
+    for fused in (False, True):
+        sampler, _ = make_sampler(slots, vocab)
+        sampler.fused = fused
+        outs.append(sampler(logits.clone(), idx, positions, sampler.states.stages_for(np.arange(3))))
+    assert outs[0].sampled_token_ids.tolist() == outs[1].sampled_token_ids.tolist()
+    assert outs[0].errors.tolist() == outs[1].errors.tolist() == [0, 1, 0, 0, 1]
+    assert (outs[0].logprobs is None) == (outs[1].logprobs is None) == (logprobs is None)
+    if logprobs is not None:
+        for a, b in zip(outs[0].logprobs, outs[1].logprobs):
+            assert torch.equal(a, b)
+
+
+def test_distribution_configs_match_the_reference_row_for_row():
+    """The chi-square configurations, 12 draws each through the fused path, equal the reference's draws
+    (the chi-square itself runs at 120,000 draws per configuration on the GPU, tests/gpu)."""
+    n = 12
+    names = list(CONFIGS)
+    slots = [Slot(SamplingParams(**CONFIGS[name]), prompt=[0], seed=1000 + i) for i, name in enumerate(names)]
+    sampler, _ = make_sampler(slots, len(LOGITS))
+    t = sampler.states.params.tensors
+    params = SlotSamplingParams(t["temperature"], t["top_k"], t["top_p"], t["min_p"], t["seed"])
+    idx = torch.arange(len(names), dtype=torch.int32).repeat_interleave(n)
+    positions = torch.arange(n).repeat(len(names)) + 1
+    _check(LOGITS.expand(len(idx), -1).clone(), idx, positions, params)
