@@ -90,16 +90,46 @@ class SamplerConfig(_Strict):
     )
 
 
+class DynamicKConfig(_Strict):
+    """The dynamic-k policy (`speculator.method: dynamic`): picks k every step for the wrapped method."""
+
+    method: str = Field("ngram", description="Registry name of the wrapped speculator that proposes the drafts.")
+    acceptance_decay: float = Field(
+        0.95, gt=0.0, lt=1.0,
+        description="Per-step decay of the per-position acceptance moving averages (closer to 1 = longer memory).",
+    )
+    prior_acceptance: float = Field(
+        0.5, ge=0.0, le=1.0, description="Acceptance assumed at every draft position before any is measured."
+    )
+    explore_every: int = Field(
+        16, ge=0, description="Every this many steps in which k = 0 was chosen, draft once at k = 1 so that "
+        "acceptance keeps being measured (0 = never).",
+    )
+
+
 class SpeculatorConfig(_Strict):
     """Speculative decoding; `method: none` disables it."""
 
-    method: str = Field("none", description="Registry name of the speculator, or none.")
-    num_speculative_tokens: int = Field(0, ge=0, le=16)
+    method: str = Field("none", description="Registry name of the speculator (ngram, dynamic, ...), or none.")
+    num_speculative_tokens: int = Field(
+        0, ge=0, le=16, description="Drafts per request and step (k); with dynamic, the largest k it may pick."
+    )
+    prompt_lookup_min: int = Field(2, ge=1, le=16, description="ngram: shortest suffix that may match.")
+    prompt_lookup_max: int = Field(5, ge=1, le=16, description="ngram: longest suffix tried (the longest match wins).")
+    dynamic: DynamicKConfig = Field(default_factory=DynamicKConfig)
 
     @model_validator(mode="after")
     def _tokens_match_method(self) -> "SpeculatorConfig":
         if self.method == "none" and self.num_speculative_tokens:
             raise ValueError("speculator.num_speculative_tokens must be 0 when speculator.method is none")
+        if self.method != "none" and not self.num_speculative_tokens:
+            raise ValueError(f"speculator.num_speculative_tokens must be >= 1 with speculator.method={self.method}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"speculator.prompt_lookup_min={self.prompt_lookup_min} exceeds "
+                             f"speculator.prompt_lookup_max={self.prompt_lookup_max}")
+        if self.method == "dynamic" and self.dynamic.method in ("dynamic", "none"):
+            raise ValueError(f"speculator.dynamic.method={self.dynamic.method}: dynamic-k wraps a drafting "
+                             "method (ngram, eagle, ...)")
         return self
 
 
@@ -219,6 +249,10 @@ class Mrv2Config(_Strict):
                                  "use runner=v2 or runner=auto")
             if self.device == "cpu" and self.parallel.backend == "nccl":
                 raise ValueError("parallel.backend=nccl needs GPUs; device=cpu runs with parallel.backend=gloo")
+            if self.parallel.pipeline_parallel_size > 1 and self.speculator.method != "none":
+                raise ValueError(f"speculator.method={self.speculator.method}: speculative decoding does not run "
+                                 "under pipeline parallelism yet (only the last stage has logits to verify drafts); "
+                                 "use parallel.pipeline_parallel_size=1")
         return self
 
 

@@ -45,6 +45,7 @@ _KWARGS = {
     "pooling": "model.pooling",
     "tensor_parallel_size": "parallel.tensor_parallel_size",
     "pipeline_parallel_size": "parallel.pipeline_parallel_size",
+    "speculative_config": "speculator",  # a dict of SpeculatorConfig fields, e.g. {"method": "ngram", ...}
 }
 
 
@@ -84,6 +85,11 @@ class LLM:
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]
         return self.engine.tokenizer
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Engine counters since start: `spec_decode` holds drafts, draft tokens, accepted tokens, mean
+        acceptance length and per-position acceptance (all zero without speculation)."""
+        return {"spec_decode": self.engine.spec_metrics.as_dict()}
 
     def _inputs(self, prompt: Prompt) -> tuple[list[int], Optional[EncoderInput]]:
         """(prompt token ids, encoder input): audio dicts become a decoder prompt plus encoder features."""

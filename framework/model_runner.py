@@ -26,7 +26,8 @@ from samplers.logits_processors import build_logits_processors
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
-from speculators import Speculator
+from speculators import ProposeInputs, Speculator, build_speculator
+from speculators.rejection_sampler import rejection_sample
 
 
 class _ExecuteState(NamedTuple):
@@ -35,6 +36,7 @@ class _ExecuteState(NamedTuple):
     batch: InputBatch
     hidden_states: torch.Tensor  # [T, hidden]
     pooled: Optional[PooledRows]  # vectors of embedding requests whose prompt completed this step
+    num_propose: int  # drafts per row the speculator proposes after this step (SchedulerOutput.num_propose_tokens)
 
 
 class ModelRunnerV2(ModelRunner):
@@ -66,7 +68,8 @@ class ModelRunnerV2(ModelRunner):
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)
-        self.speculator: Optional[Speculator] = None  # built by the speculators issue from config.speculator
+        self.speculator: Optional[Speculator] = build_speculator(config.speculator, loaded, max_reqs, self.device)
+        self.num_draft_kv_layers = self.speculator.num_kv_layers if self.speculator is not None else 0
         self.config, self.loaded = config, loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
         self.cuda_graphs: Optional[DecodeCudaGraphs] = None
@@ -81,6 +84,8 @@ class ModelRunnerV2(ModelRunner):
         ] if self.copy_stream is not None else []
         self._num_outputs = 0
         self._pending: Optional[_ExecuteState] = None
+        # [S, K, V] float32 q of the drafts in each slot, allocated when a speculator first returns probabilities.
+        self._draft_probs: Optional[torch.Tensor] = None
 
     # ---- start-up ----------------------------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -88,6 +93,9 @@ class ModelRunnerV2(ModelRunner):
         shape = self.model.kv_cache_shape(num_blocks, self.config.cache.block_size)
         self.kv_caches = [torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
                           for _ in range(self.model.num_kv_layers)]
+        if self.speculator is not None:  # the draft model's own layers, same block ids and KV slots
+            self.speculator.bind_kv_caches([torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
+                                            for _ in range(self.num_draft_kv_layers)])
 
     def capture_cuda_graphs(self) -> None:
         """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`); call after the KV cache exists."""
@@ -100,9 +108,16 @@ class ModelRunnerV2(ModelRunner):
         sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
         self.cuda_graphs = DecodeCudaGraphs(
             self.model, self.kv_caches, sizes, self.block_tables.max_blocks_per_req, self.config.cache.block_size,
-            self.loaded.max_model_len, self.device,
+            self.loaded.max_model_len, self.device, tokens_per_row=self._graph_tokens_per_row(),
         )
         self.cuda_graphs.capture()
+
+    def _graph_tokens_per_row(self) -> tuple[int, ...]:
+        """1 + every k the scheduler may ask to verify: all of 0..K with dynamic-k, else 0 and K."""
+        spec = self.config.speculator
+        k_max = spec.num_speculative_tokens
+        ks = range(k_max + 1) if spec.method == "dynamic" else {0, k_max}
+        return tuple(sorted(1 + k for k in ks))
 
     # ---- execute_model ---------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -124,12 +139,14 @@ class ModelRunnerV2(ModelRunner):
         seq_lens_host = self.request_state.num_computed_host[batch.idx_mapping_host]
         pooled = self.pooling_state.apply(  # 9. embedding requests: pool prompt hidden states, on the device
             batch, hidden, np.asarray(output.num_scheduled_tokens), seq_lens_host)
-        self._pending = _ExecuteState(batch, hidden, pooled)
+        self._pending = _ExecuteState(batch, hidden, pooled, output.num_propose_tokens)
 
     def _forward(self, batch: InputBatch, attn_metadata, extra_inputs: dict) -> torch.Tensor:  # type: ignore[no-untyped-def]
         graphs = self.cuda_graphs
-        pure_decode = batch.num_tokens == batch.num_rows == batch.num_logits and not extra_inputs
-        size = graphs.padded_size(batch.num_rows) if graphs is not None and pure_decode else None
+        # Pure decode: every token gets a logits row (1 + drafts per row), and every row has as many tokens.
+        pure_decode = (batch.num_tokens == batch.num_logits == batch.num_rows * batch.max_query_len
+                       and not extra_inputs)
+        size = graphs.padded_size(batch.num_rows, batch.max_query_len) if graphs is not None and pure_decode else None
         if size is not None:
             return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
         if self.parallel.pp_size == 1:
@@ -183,7 +200,7 @@ class ModelRunnerV2(ModelRunner):
     def sample_tokens(self) -> AsyncOutput:
         if self._pending is None:
             return AsyncOutput.empty()
-        batch, hidden, pooled = self._pending
+        batch, hidden, pooled, num_propose = self._pending
         self._pending = None
         if not self.parallel.is_last_stage:  # 1-3. an earlier pipeline stage: the driver's tokens arrive below
             sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
@@ -192,8 +209,10 @@ class ModelRunnerV2(ModelRunner):
         else:
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [L, vocab] float32
             stages = self.sampling_states.stages_for(batch.idx_mapping_host)
-            sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages)  # 2.
-        tokens, num_accepted = self._verify_drafts(batch, sampled.sampled_token_ids)  # 3. [R, K+1], [R]
+            keep = self._draft_probs is not None and stages.any_random and batch.num_logits > batch.num_rows
+            sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages,  # 2.
+                                   keep_processed=keep)
+        tokens, num_accepted = self._verify_drafts(batch, sampled)  # 3. [R, K+1], [R]
         tokens, num_accepted = self.parallel.broadcast_sampled(tokens, num_accepted)  # 3b. every rank: the driver's
         rs = self.request_state
         num_sampled, num_rejected = compute_num_sampled(
@@ -211,9 +230,13 @@ class ModelRunnerV2(ModelRunner):
         )
         self.sampling_states.record_sampled(batch.idx_mapping, tokens, num_sampled)  # 7. penalty counts advance
         self.model_state.postprocess(batch, num_sampled, num_rejected)  # 8. architecture state advances
-        if self.speculator is not None:  # 9. next drafts, written where the next step's inputs read them
-            drafts = self.speculator.propose(batch, hidden, num_sampled, rs)
-            rs.draft_tokens[batch.idx_mapping.long()] = drafts
+        if self.speculator is not None and num_propose > 0:  # 9. next drafts, where the next inputs read them
+            proposal = self.speculator.propose(ProposeInputs(
+                batch, hidden, (), tokens, num_sampled, num_rejected, rs, num_propose))
+            rows = batch.idx_mapping.long()
+            rs.draft_tokens[rows, :num_propose] = proposal.draft_token_ids.to(rs.draft_tokens.dtype)
+            if proposal.draft_probs is not None:
+                self._store_draft_probs(rows, proposal.draft_probs)
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output
@@ -243,8 +266,29 @@ class ModelRunnerV2(ModelRunner):
         return torch.zeros(batch.num_rows, dtype=errors.dtype, device=errors.device).scatter_reduce_(
             0, rows, errors, "amax")
 
-    def _verify_drafts(self, batch: InputBatch, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """([R, K+1] tokens per row, [R] accepted drafts). Without drafts every row has one logits row."""
-        if batch.num_logits != batch.num_rows:
-            raise NotImplementedError("draft verification arrives with the rejection sampler (speculators issue)")
-        return sampled.view(batch.num_rows, 1), torch.zeros_like(batch.num_draft)
+    def _verify_drafts(self, batch: InputBatch, sampled: SamplerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """([R, K'+1] tokens per row, [R] accepted drafts), K' = most drafts of a row this step; on the device."""
+        tokens = sampled.sampled_token_ids
+        if batch.num_logits == batch.num_rows:  # no drafts: every row has one logits row
+            return tokens.view(batch.num_rows, 1), torch.zeros_like(batch.num_draft)
+        rs = self.request_state
+        max_draft = int(batch.num_draft_host.max())
+        if sampled.processed_logits is None:  # drafts without probabilities, or only greedy rows
+            out = rejection_sample(tokens, batch.idx_mapping, batch.cu_num_logits, rs.draft_tokens, max_draft)
+        else:
+            row = self.sampling_states.params.gather(batch.expanded_idx_mapping)
+            out = rejection_sample(
+                tokens, batch.idx_mapping, batch.cu_num_logits, rs.draft_tokens, max_draft,
+                processed_logits=sampled.processed_logits, draft_probs=self._draft_probs,
+                expanded_idx_mapping=batch.expanded_idx_mapping, use_q=~row.is_greedy, seeds=row.seed,
+                positions=batch.sample_positions,
+            )
+        return out.tokens, out.num_accepted
+
+    def _store_draft_probs(self, rows: torch.Tensor, probs: torch.Tensor) -> None:
+        """Keep the proposal's q [R, k, V] in its slots until the next step verifies it."""
+        if self._draft_probs is None:
+            k_max = self.request_state.draft_tokens.shape[1]
+            self._draft_probs = torch.zeros(self.request_state.max_num_reqs, k_max, probs.shape[-1],
+                                            dtype=torch.float32, device=self.device)
+        self._draft_probs[rows, :probs.shape[1]] = probs.float()

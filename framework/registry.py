@@ -124,4 +124,6 @@ for _arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwe
 MODELS.register("WhisperForConditionalGeneration", "framework.models.whisper:WhisperForConditionalGeneration",
                 source="mrv2")
 MODEL_STATES.register("default", "model_states.default:DefaultModelState", source="mrv2")
+SPECULATORS.register("ngram", "speculators.ngram:NgramSpeculator", source="mrv2")
+SPECULATORS.register("dynamic", "speculators.dynamic:DynamicKSpeculator", source="mrv2")
 MODEL_STATES.register("encoder_decoder", "model_states.encoder_decoder:EncoderDecoderModelState", source="mrv2")

@@ -29,6 +29,7 @@ class ModelRunner(ABC):
     loaded: "LoadedModel"
     device: torch.device
     kv_caches: list[torch.Tensor]
+    num_draft_kv_layers: int = 0  # paged KV layers a speculator's draft model adds to the target's
 
     def profile_run(self) -> int:
         """Run one full-budget step (prefill + sampling) on dummy requests; returns peak activation bytes.
@@ -76,7 +77,7 @@ class ModelRunner(ABC):
         cfg = self.config
         peak = self.profile_run() if self.device.type == "cuda" and cfg.cache.num_blocks is None else 0
         parallel = self.loaded.parallel
-        blocks = parallel.min_over_ranks(kv_blocks_that_fit(cfg, self.loaded, peak))
+        blocks = parallel.min_over_ranks(kv_blocks_that_fit(cfg, self.loaded, peak, self.num_draft_kv_layers))
         if parallel.is_driver:
             check_kv_blocks(cfg, self.loaded, blocks)
         return blocks
