@@ -62,7 +62,7 @@ class EngineCore:
         self.runner: ModelRunner = runner_cls(config, self.loaded)
         on_gpu = self.loaded.device.type == "cuda"
         peak = self.runner.profile_run() if on_gpu and config.cache.num_blocks is None else 0
-        blocks = num_kv_blocks(config, self.loaded, peak)
+        blocks = num_kv_blocks(config, self.loaded, peak, self.runner.num_draft_kv_layers)
         self.runner.initialize_kv_cache(blocks)
         self.runner.capture_cuda_graphs()
         self.kv_cache = KVCacheManager(blocks, config.cache.block_size)

@@ -75,13 +75,15 @@ def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
     )
 
 
-def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
+def kv_bytes_per_block(loaded: LoadedModel, block_size: int, extra_kv_layers: int = 0) -> int:
+    """Bytes of one KV block over the target's layers plus `extra_kv_layers` (a draft model's, same shape)."""
     shape = loaded.model.kv_cache_shape(1, block_size)
     per_layer = int(torch.tensor(shape).prod()) * torch.empty(0, dtype=loaded.dtype).element_size()
-    return per_layer * loaded.model.num_kv_layers
+    return per_layer * (loaded.model.num_kv_layers + extra_kv_layers)
 
 
-def num_kv_blocks(config: Mrv2Config, loaded: LoadedModel, peak_activation_bytes: int = 0) -> int:
+def num_kv_blocks(config: Mrv2Config, loaded: LoadedModel, peak_activation_bytes: int = 0,
+                  extra_kv_layers: int = 0) -> int:
     """KV blocks to allocate: configured, else sized from memory (GPU) or a fixed budget (CPU).
 
     On a GPU the process may bring the device to `gpu_memory_utilization` of its total memory: the KV cache
@@ -90,7 +92,7 @@ def num_kv_blocks(config: Mrv2Config, loaded: LoadedModel, peak_activation_bytes
     one request of max_model_len tokens.
     """
     bs = config.cache.block_size
-    per_block = kv_bytes_per_block(loaded, bs)
+    per_block = kv_bytes_per_block(loaded, bs, extra_kv_layers)
     blocks_per_req = -(-loaded.max_model_len // bs)
     if config.cache.num_blocks is not None:
         num_blocks = config.cache.num_blocks

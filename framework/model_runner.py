@@ -26,7 +26,7 @@ from samplers.logits_processors import build_logits_processors
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
-from speculators import Speculator
+from speculators import Proposal, ProposeInputs, Speculator, build_speculator
 
 
 class _ExecuteState(NamedTuple):
@@ -35,6 +35,7 @@ class _ExecuteState(NamedTuple):
     batch: InputBatch
     hidden_states: torch.Tensor  # [T, hidden]
     pooled: Optional[PooledRows]  # vectors of embedding requests whose prompt completed this step
+    num_propose: int  # drafts per row the speculator proposes after this step (SchedulerOutput.num_propose_tokens)
 
 
 class ModelRunnerV2(ModelRunner):
@@ -65,7 +66,8 @@ class ModelRunnerV2(ModelRunner):
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)
-        self.speculator: Optional[Speculator] = None  # built by the speculators issue from config.speculator
+        self.speculator: Optional[Speculator] = build_speculator(config.speculator, loaded, max_reqs, self.device)
+        self.num_draft_kv_layers = self.speculator.num_kv_layers if self.speculator is not None else 0
         self.config, self.loaded = config, loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
         self.cuda_graphs: Optional[DecodeCudaGraphs] = None
@@ -87,6 +89,9 @@ class ModelRunnerV2(ModelRunner):
         shape = self.model.kv_cache_shape(num_blocks, self.config.cache.block_size)
         self.kv_caches = [torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
                           for _ in range(self.model.num_kv_layers)]
+        if self.speculator is not None:  # the draft model's own layers, same block ids and KV slots
+            self.speculator.bind_kv_caches([torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
+                                            for _ in range(self.num_draft_kv_layers)])
 
     def capture_cuda_graphs(self) -> None:
         """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`); call after the KV cache exists."""
@@ -121,7 +126,7 @@ class ModelRunnerV2(ModelRunner):
         seq_lens_host = self.request_state.num_computed_host[batch.idx_mapping_host]
         pooled = self.pooling_state.apply(  # 9. embedding requests: pool prompt hidden states, on the device
             batch, hidden, np.asarray(output.num_scheduled_tokens), seq_lens_host)
-        self._pending = _ExecuteState(batch, hidden, pooled)
+        self._pending = _ExecuteState(batch, hidden, pooled, output.num_propose_tokens)
 
     def _forward(self, batch: InputBatch, attn_metadata, extra_inputs: dict) -> torch.Tensor:  # type: ignore[no-untyped-def]
         graphs = self.cuda_graphs
@@ -166,7 +171,7 @@ class ModelRunnerV2(ModelRunner):
     def sample_tokens(self) -> AsyncOutput:
         if self._pending is None:
             return AsyncOutput.empty()
-        batch, hidden, pooled = self._pending
+        batch, hidden, pooled, num_propose = self._pending
         self._pending = None
         if self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: no logits, no sampler
             sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
@@ -190,9 +195,10 @@ class ModelRunnerV2(ModelRunner):
         )
         self.sampling_states.record_sampled(batch.idx_mapping, tokens, num_sampled)  # 7. penalty counts advance
         self.model_state.postprocess(batch, num_sampled, num_rejected)  # 8. architecture state advances
-        if self.speculator is not None:  # 9. next drafts, written where the next step's inputs read them
-            drafts = self.speculator.propose(batch, hidden, num_sampled, rs)
-            rs.draft_tokens[batch.idx_mapping.long()] = drafts
+        if self.speculator is not None and num_propose > 0:  # 9. next drafts, where the next inputs read them
+            proposal = self.speculator.propose(ProposeInputs(
+                batch, hidden, (), tokens, num_sampled, num_rejected, rs, num_propose))
+            rs.draft_tokens[batch.idx_mapping.long(), :num_propose] = proposal.draft_token_ids.to(rs.draft_tokens.dtype)
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output

@@ -29,6 +29,7 @@ class ModelRunner(ABC):
     loaded: "LoadedModel"
     device: torch.device
     kv_caches: list[torch.Tensor]
+    num_draft_kv_layers: int = 0  # paged KV layers a speculator's draft model adds to the target's
 
     def profile_run(self) -> int:
         """Run one full-budget step (prefill + sampling) on dummy requests; returns peak activation bytes.

@@ -49,6 +49,8 @@ class SchedulerOutput:
     new_requests: list[NewRequestData]
     cached_requests: list[CachedRequestData]
     finished_request_ids: set[str] = field(default_factory=set)  # finished, aborted or preempted since last step
+    # k: drafts per row the speculator proposes after this step, verified by the next (0 = propose nothing).
+    num_propose_tokens: int = 0
 
     @property
     def total_num_scheduled_tokens(self) -> int:
