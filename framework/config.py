@@ -95,11 +95,28 @@ class SpeculatorConfig(_Strict):
 
     method: str = Field("none", description="Registry name of the speculator, or none.")
     num_speculative_tokens: int = Field(0, ge=0, le=16)
+    model: Optional[str] = Field(
+        None, description="eagle, eagle3, mtp: local directory of the draft head (config.json + safetensors); "
+        "mtp may leave it null to read the MTP layers from the target checkpoint (model.path).",
+    )
 
     @model_validator(mode="after")
     def _tokens_match_method(self) -> "SpeculatorConfig":
         if self.method == "none" and self.num_speculative_tokens:
             raise ValueError("speculator.num_speculative_tokens must be 0 when speculator.method is none")
+        return self
+
+    @model_validator(mode="after")
+    def _draft_model_path(self) -> "SpeculatorConfig":
+        if self.model is not None:
+            from pathlib import Path
+
+            if not Path(self.model).is_dir():
+                raise ValueError(f"speculator.model '{self.model}' is not a directory")
+            if not (Path(self.model) / "config.json").is_file():
+                raise ValueError(f"speculator.model '{self.model}' has no config.json")
+        elif self.method in ("eagle", "eagle3"):
+            raise ValueError(f"speculator.method={self.method} needs speculator.model: the draft head's directory")
         return self
 
 

@@ -12,7 +12,9 @@ from torch import nn
 
 from framework.config import ConfigError, Mrv2Config
 from framework.models.hf_config import DecoderConfig
-from framework.models.loader import build_model, init_random_weights, load_safetensors_weights, read_hf_config
+from framework.models.loader import (
+    build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
+)
 from framework.models.presets import preset_config
 from framework.tokenizer import Tokenizer, checkpoint_eos_token_id, load_tokenizer
 
@@ -34,6 +36,7 @@ class LoadedModel:
     max_model_len: int
     device: torch.device
     dtype: torch.dtype
+    source_path: Optional[str] = None  # the checkpoint directory (None for an embedded preset)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -51,7 +54,7 @@ def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
     hf_config = read_hf_config(mc.path) if mc.path else preset_config(mc.preset or "")
     model = build_model(hf_config, dtype, device)
     if mc.path:
-        load_safetensors_weights(model, mc.path)
+        load_safetensors_weights(model, mc.path, mtp_tensor_prefixes(hf_config))  # MTP layers: the speculator's
         eos = checkpoint_eos_token_id(Path(mc.path), hf_config)
     else:
         init_random_weights(model, mc.seed)
@@ -72,6 +75,7 @@ def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
         max_model_len=max_model_len,
         device=device,
         dtype=dtype,
+        source_path=mc.path,
     )
 
 

@@ -73,14 +73,17 @@ def test_cli_override_checks_accept_valid_ones():
     check_overrides(["model=tiny", "sampler.temperature=0.5", "hydra.verbose=true"], conf_dir())
 
 
-def test_composed_yaml_matches_schema():
+def test_composed_yaml_matches_schema(tmp_path):
     """Every YAML option of every group composes into a valid config (no drift between conf/ and schema)."""
     from hydra import compose, initialize_config_dir
 
+    (tmp_path / "config.json").write_text("{}")  # a draft head directory for the eagle / eagle3 options
+    needs = {"hf": ["model.path=/x"], "eagle": [f"speculator.model={tmp_path}"],
+             "eagle3": [f"speculator.model={tmp_path}"]}
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         for group in ("model", "runner", "sampler", "speculator", "scheduler", "cache", "experiment"):
             for option in sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")):
-                overrides = [f"{group}={option}"] + (["model.path=/x"] if option == "hf" else [])
+                overrides = [f"{group}={option}"] + needs.get(option, [])
                 cfg = compose(config_name="run", overrides=overrides)
                 assert isinstance(load_config(cfg), Mrv2Config), (group, option)
 
@@ -103,5 +106,16 @@ def test_cross_field_error_does_not_dump_the_section():
 def test_unknown_speculator_is_named():
     from framework.compat import select_runner
 
-    with pytest.raises(ConfigError, match="speculator.method=ngram: unknown speculator; registered: none yet"):
-        select_runner(load_config({"speculator": {"method": "ngram", "num_speculative_tokens": 2}}))
+    with pytest.raises(ConfigError, match="speculator.method=nope: unknown speculator; registered: .*eagle"):
+        select_runner(load_config({"speculator": {"method": "nope", "num_speculative_tokens": 2}}))
+
+
+def test_draft_head_directory_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="speculator.method=eagle needs speculator.model"):
+        load_config({"speculator": {"method": "eagle", "num_speculative_tokens": 2}})
+    with pytest.raises(ConfigError, match=f"speculator.model '{tmp_path / 'nope'}' is not a directory"):
+        load_config({"speculator": {"method": "eagle3", "num_speculative_tokens": 2, "model": str(tmp_path / "nope")}})
+    with pytest.raises(ConfigError, match="has no config.json"):
+        load_config({"speculator": {"method": "mtp", "num_speculative_tokens": 1, "model": str(tmp_path)}})
+    (tmp_path / "config.json").write_text("{}")
+    assert load_config({"speculator": {"method": "mtp", "num_speculative_tokens": 1, "model": str(tmp_path)}})

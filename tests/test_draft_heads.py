@@ -18,16 +18,16 @@ TARGET = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 96, "hidden_size"
           "rms_norm_eps": 1e-6, "max_position_embeddings": 128, "tie_word_embeddings": True}
 
 
-def random_head(kind: str, seed: int = 0, **kwargs) -> DraftHead:  # type: ignore[no-untyped-def]
-    """A head of `kind` for TARGET with random weights (norms around 1) and the target weights it borrows."""
-    cfg = head_config(kind, TARGET, **kwargs)
+def random_head(kind: str, seed: int = 0, target: dict = TARGET, **kwargs) -> DraftHead:  # type: ignore[no-untyped-def]
+    """A head of `kind` for `target` with random weights (norms around 1) and random borrowed target weights."""
+    cfg = head_config(kind, target, **kwargs)
     names = {"eagle": {"fc.bias"}, "eagle3": set(), "mtp": set()}[kind]
     head = HEAD_CLASSES[kind].from_tensor_names(cfg, names)  # type: ignore[attr-defined]
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in head.named_parameters():
             p.copy_((1.0 if "norm" in name else 0.0) + 0.2 * torch.randn(p.shape, generator=gen))
-    embed = torch.randn(TARGET["vocab_size"], TARGET["hidden_size"], generator=gen)
+    embed = torch.randn(target["vocab_size"], target["hidden_size"], generator=gen)
     head.share_target_weights(embed, embed)
     if isinstance(head, Eagle3Head) and head.draft_vocab_size < head.vocab_size:
         keep = torch.randperm(head.vocab_size, generator=gen)[: head.draft_vocab_size].sort().values

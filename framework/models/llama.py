@@ -144,13 +144,31 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
+        return self.forward_with_aux(input_ids, positions, kv_caches, attn_metadata)[0]
+
+    def forward_with_aux(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+        aux_layer_ids: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """(final hidden [T, hidden], the residual stream entering each layer of `aux_layer_ids` [T, hidden]).
+
+        The aux states are the tensors the layer loop already holds (no copy), so asking for them costs
+        nothing but keeping them alive; a CUDA graph captured over this method returns them as outputs.
+        """
         freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # [T, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         x = self.model.embed_tokens(input_ids)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        for layer, kv_cache in zip(self.model.layers, kv_caches):
+        entering: dict[int, torch.Tensor] = {}
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches)):
+            if i in aux_layer_ids:
+                entering[i] = x
             x = layer(x, cos, sin, kv_cache, attn_metadata, self.attention)
-        return self.model.norm(x)
+        return self.model.norm(x), tuple(entering[i] for i in aux_layer_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[L, hidden] -> [L, vocab] float32."""

@@ -71,8 +71,17 @@ def build_model(hf_config: dict[str, Any], dtype: torch.dtype, device: torch.dev
     return model.to(dtype=dtype)
 
 
-def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
-    """Copy every tensor of the checkpoint into the parameter of the same name; names are checked both ways."""
+def mtp_tensor_prefixes(hf_config: dict[str, Any]) -> tuple[str, ...]:
+    """`model.layers.{L + i}.` of a checkpoint with `num_nextn_predict_layers` MTP layers (the MTP speculator's)."""
+    first, n = int(hf_config.get("num_hidden_layers") or 0), int(hf_config.get("num_nextn_predict_layers") or 0)
+    return tuple(f"model.layers.{first + i}." for i in range(n))
+
+
+def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: tuple[str, ...] = ()) -> None:
+    """Copy every tensor of the checkpoint into the parameter of the same name; names are checked both ways.
+
+    Tensors under `skip_prefixes` belong to someone else (the MTP layers of a checkpoint) and are not read.
+    """
     from safetensors import SafetensorError, safe_open
 
     params = dict(model.named_parameters(remove_duplicate=False))  # tied weights under both names
@@ -81,6 +90,8 @@ def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
+                    if skip_prefixes and name.startswith(skip_prefixes):
+                        continue
                     if name not in params:
                         if name.endswith(IGNORED_TENSOR_SUFFIXES):
                             continue
