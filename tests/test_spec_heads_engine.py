@@ -1,4 +1,5 @@
-"""EAGLE, EAGLE-3 and MTP in the engine: greedy output equals output without speculation, token for token.
+"""EAGLE, EAGLE-3 and MTP in the engine: greedy output equals output without speculation, token for token,
+and every draft the engine proposes equals the head's full-sequence forward over HF's hidden states.
 
 Targets are the HF-parity tiny checkpoints; heads have random weights (saved, then loaded through
 `speculator.model`, or for MTP also from inside the target's own checkpoint). Scenarios: plain, and a KV
@@ -20,13 +21,15 @@ from framework.config import load_config
 from framework.llm import LLM
 from framework.models.loader import read_hf_config
 from framework.sampling_params import SamplingParams
+from speculators.draft_heads import DraftHead, Eagle3Head, load_draft_head
 
 try:
-    from hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
+    from hf_models import SPEC_BY_NAME, build_hf_model, random_prompts, save_tiny_checkpoint
 except ImportError:  # tests/ collected as a package
-    from tests.hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
+    from tests.hf_models import SPEC_BY_NAME, build_hf_model, random_prompts, save_tiny_checkpoint
 from tests.test_draft_heads import random_head
 
+K = 3
 MAX_TOKENS = 24
 PROMPTS = random_prompts(4, 5, 30, seed=77)
 TARGET_OF = {"eagle": "llama", "eagle3": "qwen3", "mtp": "qwen2"}  # untied / tied+qk-norm / qkv-bias targets
@@ -37,6 +40,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # 20 blocks of 4 tokens: 4 requests of up to 54 tokens must preempt; 8 tokens per step chunk the prompts.
     "chunked_preempt": {"cache": {"block_size": 4, "num_blocks": 20}, "scheduler": {"max_num_batched_tokens": 8}},
 }
+Drafts = list[tuple[int, int, list[int]]]  # (prompt index, history length when proposed, drafts)
 
 
 @lru_cache(maxsize=None)
@@ -46,7 +50,9 @@ def target_dir(name: str, root: str) -> Path:
     return path
 
 
-def generate(target: Path, speculator: Optional[dict[str, Any]], scenario: dict[str, Any]) -> list[list[int]]:
+def generate(target: Path, speculator: Optional[dict[str, Any]], scenario: dict[str, Any],
+             drafts: Optional[Drafts] = None) -> list[list[int]]:
+    """Greedy outputs in prompt order; `drafts` collects every proposal of a row that sampled."""
     data: dict[str, Any] = {"model": {"path": str(target), "preset": None, "dtype": "float32", "max_model_len": 80},
                             "device": "cpu", "seed": 0}
     for section, values in scenario.items():
@@ -54,8 +60,44 @@ def generate(target: Path, speculator: Optional[dict[str, Any]], scenario: dict[
     if speculator is not None:
         data["speculator"] = speculator
     llm = LLM(config=load_config(data))
+    if drafts is not None:
+        _record_drafts(llm, drafts)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
-    return [o.outputs[0].token_ids for o in outs]
+    return [o.token_ids for o in outs]
+
+
+def _record_drafts(llm: LLM, drafts: Drafts) -> None:
+    spec = llm.engine.runner.speculator
+    propose = spec.propose
+
+    def recording(inputs):  # type: ignore[no-untyped-def]
+        proposal = propose(inputs)
+        slots = inputs.batch.idx_mapping.long()
+        for row, request_id in enumerate(inputs.batch.request_ids):
+            if int(inputs.num_sampled[row]) and inputs.num_draft_tokens:
+                length = int(inputs.request_state.total_len[slots[row]])
+                drafts.append((int(request_id.split("-")[1]), length, proposal.draft_token_ids[row].tolist()))
+        return proposal
+
+    spec.propose = recording
+
+
+@torch.no_grad()
+def reference_drafts(head: DraftHead, hf: torch.nn.Module, aux_ids: tuple[int, ...], seq: list[int],
+                     length: int, k: int) -> list[int]:
+    """Drafts from the first `length` tokens: the head's full forward over (token p+1, HF hidden p), then k - 1
+    feedback steps."""
+    states = hf(torch.tensor([seq]), output_hidden_states=True).hidden_states  # [0] embeddings, [-1] after norm
+    target = torch.cat([states[i] for i in aux_ids], -1)[0] if aux_ids else states[-1][0]
+    if isinstance(head, Eagle3Head):
+        target = head.fc(target)
+    ids, hid, out = list(seq[1:length]), list(target[: length - 1]), []
+    for _ in range(k):
+        h = head(torch.tensor([ids]), torch.stack(hid)[None])[0, -1]
+        out.append(int(head.draft_token_ids(h)))
+        ids.append(out[-1])
+        hid.append(h)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +107,13 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def reference(root: str) -> dict[str, list[list[int]]]:
-    """Greedy output without speculation, per target."""
-    return {name: generate(target_dir(name, root), None, {}) for name in set(TARGET_OF.values())}
+    """Greedy output without speculation, per target (one torch thread: faster for these tiny ops)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {name: generate(target_dir(name, root), None, {}) for name in sorted(set(TARGET_OF.values()))}
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -74,10 +121,22 @@ def reference(root: str) -> dict[str, list[list[int]]]:
 def test_greedy_equals_no_speculation(kind: str, scenario: str, root: str, reference: dict, one_thread: None) -> None:
     target = target_dir(TARGET_OF[kind], root)
     head_dir = Path(root) / f"{kind}-head"
+    config = read_hf_config(target)
     if not head_dir.exists():
-        random_head(kind, seed=1, target=read_hf_config(target), **HEAD_KWARGS[kind]).save_pretrained(head_dir)
-    spec = {"method": kind, "num_speculative_tokens": 3, "model": str(head_dir)}
-    assert generate(target, spec, SCENARIOS[scenario]) == reference[TARGET_OF[kind]]
+        random_head(kind, seed=1, target=config, **HEAD_KWARGS[kind]).save_pretrained(head_dir)
+    spec = {"method": kind, "num_speculative_tokens": K, "model": str(head_dir)}
+    drafts: Drafts = []
+    outputs = generate(target, spec, SCENARIOS[scenario], drafts)
+    assert outputs == reference[TARGET_OF[kind]]
+    # Every proposal equals the full-sequence reference on the same history (sampled positions only).
+    hf = build_hf_model(SPEC_BY_NAME[TARGET_OF[kind]])
+    head = load_draft_head(head_dir, kind, config)
+    head.share_target_weights(hf.model.embed_tokens.weight, hf.lm_head.weight)
+    aux = head.aux_layer_ids(config["num_hidden_layers"]) or ()
+    assert len(drafts) >= 40
+    for index, length, proposed in drafts[::3]:
+        seq = PROMPTS[index] + outputs[index]
+        assert proposed == reference_drafts(head, hf, aux, seq, length, K), (index, length)
 
 
 def test_mtp_layers_inside_the_target_checkpoint(root: str, reference: dict, tmp_path: Path, one_thread: None) -> None:
