@@ -95,17 +95,17 @@ def v2_unsupported_reasons(config: Mrv2Config) -> list[str]:
 
 
 def check_speculator(config: Mrv2Config) -> None:
-    """`speculator.method` must name a registered speculator; drafts need the rejection sampler (planned)."""
+    """`speculator.method` (and, for dynamic-k, the method it wraps) must name a registered speculator."""
     from framework.registry import SPECULATORS
 
-    method = config.speculator.method
-    if method == "none":
-        return
-    if method not in SPECULATORS:
-        raise ConfigError(
-            f"speculator.method={method}: unknown speculator; registered: {', '.join(SPECULATORS.names()) or 'none yet'}"
-        )
-    raise ConfigError(f"speculator.method={method}: draft verification (the rejection sampler) is not available yet")
+    spec = config.speculator
+    for key, method in (("method", spec.method), ("dynamic.method", spec.dynamic.method)):
+        if key == "dynamic.method" and spec.method != "dynamic":
+            continue
+        if method != "none" and method not in SPECULATORS:
+            raise ConfigError(
+                f"speculator.{key}={method}: unknown speculator; registered: {', '.join(SPECULATORS.names())}"
+            )
 
 
 def select_runner(config: Mrv2Config) -> str:
@@ -116,11 +116,18 @@ def select_runner(config: Mrv2Config) -> str:
     """
     check_speculator(config)
     kind = config.runner.kind
+    speculating = config.speculator.method != "none"
+    if kind == "v1" and speculating:
+        raise ConfigError(f"speculator.method={config.speculator.method}: the V1 runner does not verify drafts "
+                          "(speculative decoding needs the V2 runner: runner=v2 or runner=auto)")
     if kind == "v1":
         return "v1"
     reasons = v2_unsupported_reasons(config)
     if not reasons:
         return "v2"
+    if speculating:
+        raise ConfigError("speculative decoding needs the V2 runner, which cannot serve this config: "
+                          + "; ".join(reasons))
     if kind == "v2":
         raise ConfigError("runner=v2 cannot serve this config: " + "; ".join(reasons)
                           + " (use runner=v1 or runner=auto)")

@@ -90,11 +90,33 @@ class SamplerConfig(_Strict):
     )
 
 
+class DynamicKConfig(_Strict):
+    """The dynamic-k policy (`speculator.method: dynamic`): picks k every step for the wrapped method."""
+
+    method: str = Field("ngram", description="Registry name of the wrapped speculator that proposes the drafts.")
+    acceptance_decay: float = Field(
+        0.95, gt=0.0, lt=1.0,
+        description="Per-step decay of the per-position acceptance moving averages (closer to 1 = longer memory).",
+    )
+    prior_acceptance: float = Field(
+        0.5, ge=0.0, le=1.0, description="Acceptance assumed at every draft position before any is measured."
+    )
+    explore_every: int = Field(
+        16, ge=0, description="Every this many steps in which k = 0 was chosen, draft once at k = 1 so that "
+        "acceptance keeps being measured (0 = never).",
+    )
+
+
 class SpeculatorConfig(_Strict):
     """Speculative decoding; `method: none` disables it."""
 
-    method: str = Field("none", description="Registry name of the speculator, or none.")
-    num_speculative_tokens: int = Field(0, ge=0, le=16)
+    method: str = Field("none", description="Registry name of the speculator (ngram, dynamic, ...), or none.")
+    num_speculative_tokens: int = Field(
+        0, ge=0, le=16, description="Drafts per request and step (k); with dynamic, the largest k it may pick."
+    )
+    prompt_lookup_min: int = Field(2, ge=1, le=16, description="ngram: shortest suffix that may match.")
+    prompt_lookup_max: int = Field(5, ge=1, le=16, description="ngram: longest suffix tried (the longest match wins).")
+    dynamic: DynamicKConfig = Field(default_factory=DynamicKConfig)
     model: Optional[str] = Field(
         None, description="eagle, eagle3, mtp: local directory of the draft head (config.json + safetensors); "
         "mtp may leave it null to read the MTP layers from the target checkpoint (model.path).",
@@ -104,6 +126,14 @@ class SpeculatorConfig(_Strict):
     def _tokens_match_method(self) -> "SpeculatorConfig":
         if self.method == "none" and self.num_speculative_tokens:
             raise ValueError("speculator.num_speculative_tokens must be 0 when speculator.method is none")
+        if self.method != "none" and not self.num_speculative_tokens:
+            raise ValueError(f"speculator.num_speculative_tokens must be >= 1 with speculator.method={self.method}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"speculator.prompt_lookup_min={self.prompt_lookup_min} exceeds "
+                             f"speculator.prompt_lookup_max={self.prompt_lookup_max}")
+        if self.method == "dynamic" and self.dynamic.method in ("dynamic", "none"):
+            raise ValueError(f"speculator.dynamic.method={self.dynamic.method}: dynamic-k wraps a drafting "
+                             "method (ngram, eagle, ...)")
         return self
 
     @model_validator(mode="after")
@@ -115,8 +145,9 @@ class SpeculatorConfig(_Strict):
                 raise ValueError(f"speculator.model '{self.model}' is not a directory")
             if not (Path(self.model) / "config.json").is_file():
                 raise ValueError(f"speculator.model '{self.model}' has no config.json")
-        elif self.method in ("eagle", "eagle3"):
-            raise ValueError(f"speculator.method={self.method} needs speculator.model: the draft head's directory")
+        elif self.method in ("eagle", "eagle3") or (self.method == "dynamic" and self.dynamic.method in ("eagle", "eagle3")):
+            method = self.method if self.method != "dynamic" else self.dynamic.method
+            raise ValueError(f"speculator.method={method} needs speculator.model: the draft head's directory")
         return self
 
 

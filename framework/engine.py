@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import time
 import traceback
 from typing import Optional
 
@@ -27,6 +28,8 @@ from framework.scheduler_output import SchedulerOutput
 from framework.v1 import ModelRunnerV1
 from samplers.logits_processors import logits_processor_classes
 from samplers.sampler import ROW_ERROR_MESSAGES
+from speculators.metrics import SpecDecodeMetrics
+from speculators.policy import build_draft_policy
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,12 @@ class EngineCore:
         self.runner.initialize_kv_cache(blocks)
         self.runner.capture_cuda_graphs()
         self.kv_cache = KVCacheManager(blocks, config.cache.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.max_model_len)
+        self.spec_metrics = SpecDecodeMetrics()
+        self.draft_policy = build_draft_policy(config.speculator)
+        lookahead = max(config.speculator.num_speculative_tokens - 1, 0) if self.runner.num_draft_kv_layers else 0
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.max_model_len, self.draft_policy,
+                                   self.spec_metrics, draft_kv_lookahead=lookahead)
+        self._last_output_time: Optional[float] = None  # when the previous step's output arrived (dynamic-k)
         self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
         self._processor_classes = logits_processor_classes(config.sampler.logits_processors)
         self._full_sampler = isinstance(self.runner, ModelRunnerV2)
@@ -230,15 +238,27 @@ class EngineCore:
         else:
             done = current
         if done is None:
+            self._last_output_time = None  # the device idled: the next interval is not a step's cost
             return self._checked([])
         try:
             runner_output = done[1].get()  # 4. the only place the host waits for the device
         except Exception as err:
             return self._fail_step(err, done[0])
+        self._observe_step_time(done[0])
         self._consecutive_failures = 0
         errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
         self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stop tokens
         return self._checked(self.output_processor.process(runner_output))  # 6. logprobs, text, stop strings, deltas
+
+    def _observe_step_time(self, output: SchedulerOutput) -> None:
+        """Feed the dynamic-k cost model: the time between two consecutive outputs of pure decode steps (the
+        device runs back to back then, so this is the step's device time, drafting included)."""
+        now = time.perf_counter()
+        last, self._last_output_time = self._last_output_time, now
+        if self.draft_policy is None or last is None:
+            return
+        if all(n == 1 + d for n, d in zip(output.num_scheduled_tokens, output.num_draft_tokens)):
+            self.draft_policy.observe_step(len(output.scheduled_request_ids), max(output.num_draft_tokens), now - last)
 
     def _checked(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         if self._check_invariants:  # off by default: the step path pays one attribute test

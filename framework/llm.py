@@ -39,6 +39,7 @@ _KWARGS = {
     "token_history_on_host": "cache.token_history_on_host",
     "task": "task",
     "pooling": "model.pooling",
+    "speculative_config": "speculator",  # a dict of SpeculatorConfig fields, e.g. {"method": "ngram", ...}
 }
 
 
@@ -77,6 +78,11 @@ class LLM:
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]
         return self.engine.tokenizer
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Engine counters since start: `spec_decode` holds drafts, draft tokens, accepted tokens, mean
+        acceptance length and per-position acceptance (all zero without speculation)."""
+        return {"spec_decode": self.engine.spec_metrics.as_dict()}
 
     def _token_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

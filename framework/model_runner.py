@@ -27,7 +27,8 @@ from samplers.logits_processors import build_logits_processors
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
-from speculators import Proposal, ProposeInputs, Speculator, build_speculator
+from speculators import ProposeInputs, Speculator, build_speculator
+from speculators.rejection_sampler import rejection_sample
 
 
 class _ExecuteState(NamedTuple):
@@ -86,6 +87,8 @@ class ModelRunnerV2(ModelRunner):
         ] if self.copy_stream is not None else []
         self._num_outputs = 0
         self._pending: Optional[_ExecuteState] = None
+        # [S, K, V] float32 q of the drafts in each slot, allocated when a speculator first returns probabilities.
+        self._draft_probs: Optional[torch.Tensor] = None
 
     # ---- start-up ----------------------------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -193,8 +196,10 @@ class ModelRunnerV2(ModelRunner):
         else:
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [L, vocab] float32
             stages = self.sampling_states.stages_for(batch.idx_mapping_host)
-            sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages)  # 2.
-        tokens, num_accepted = self._verify_drafts(batch, sampled.sampled_token_ids)  # 3. [R, K+1], [R]
+            keep = self._draft_probs is not None and stages.any_random and batch.num_logits > batch.num_rows
+            sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages,  # 2.
+                                   keep_processed=keep)
+        tokens, num_accepted = self._verify_drafts(batch, sampled)  # 3. [R, K+1], [R]
         rs = self.request_state
         num_sampled, num_rejected = compute_num_sampled(
             batch.idx_mapping, batch.seq_lens, rs.prefill_len, num_accepted, batch.num_draft
@@ -215,7 +220,10 @@ class ModelRunnerV2(ModelRunner):
             proposal = spec.propose(ProposeInputs(
                 batch, hidden, aux_hidden, tokens, num_sampled, num_rejected, rs, num_propose, attn_metadata,
                 self._kv_capacity(batch) if attn_metadata is not None else None))
-            rs.draft_tokens[batch.idx_mapping.long(), :num_propose] = proposal.draft_token_ids.to(rs.draft_tokens.dtype)
+            rows = batch.idx_mapping.long()
+            rs.draft_tokens[rows, :num_propose] = proposal.draft_token_ids.to(rs.draft_tokens.dtype)
+            if proposal.draft_probs is not None:
+                self._store_draft_probs(rows, proposal.draft_probs)
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output
@@ -250,8 +258,29 @@ class ModelRunnerV2(ModelRunner):
         return torch.zeros(batch.num_rows, dtype=errors.dtype, device=errors.device).scatter_reduce_(
             0, rows, errors, "amax")
 
-    def _verify_drafts(self, batch: InputBatch, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """([R, K+1] tokens per row, [R] accepted drafts). Without drafts every row has one logits row."""
-        if batch.num_logits != batch.num_rows:
-            raise NotImplementedError("draft verification arrives with the rejection sampler (speculators issue)")
-        return sampled.view(batch.num_rows, 1), torch.zeros_like(batch.num_draft)
+    def _verify_drafts(self, batch: InputBatch, sampled: SamplerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """([R, K'+1] tokens per row, [R] accepted drafts), K' = most drafts of a row this step; on the device."""
+        tokens = sampled.sampled_token_ids
+        if batch.num_logits == batch.num_rows:  # no drafts: every row has one logits row
+            return tokens.view(batch.num_rows, 1), torch.zeros_like(batch.num_draft)
+        rs = self.request_state
+        max_draft = int(batch.num_draft_host.max())
+        if sampled.processed_logits is None:  # drafts without probabilities, or only greedy rows
+            out = rejection_sample(tokens, batch.idx_mapping, batch.cu_num_logits, rs.draft_tokens, max_draft)
+        else:
+            row = self.sampling_states.params.gather(batch.expanded_idx_mapping)
+            out = rejection_sample(
+                tokens, batch.idx_mapping, batch.cu_num_logits, rs.draft_tokens, max_draft,
+                processed_logits=sampled.processed_logits, draft_probs=self._draft_probs,
+                expanded_idx_mapping=batch.expanded_idx_mapping, use_q=~row.is_greedy, seeds=row.seed,
+                positions=batch.sample_positions,
+            )
+        return out.tokens, out.num_accepted
+
+    def _store_draft_probs(self, rows: torch.Tensor, probs: torch.Tensor) -> None:
+        """Keep the proposal's q [R, k, V] in its slots until the next step verifies it."""
+        if self._draft_probs is None:
+            k_max = self.request_state.draft_tokens.shape[1]
+            self._draft_probs = torch.zeros(self.request_state.max_num_reqs, k_max, probs.shape[-1],
+                                            dtype=torch.float32, device=self.device)
+        self._draft_probs[rows, :probs.shape[1]] = probs.float()

@@ -122,5 +122,7 @@ LOGITS_PROCESSORS: Registry = Registry("logits processor", "mrv2.logits_processo
 for _arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
     MODELS.register(_arch, "framework.models.llama:LlamaForCausalLM", source="mrv2")
 MODEL_STATES.register("default", "model_states.default:DefaultModelState", source="mrv2")
+SPECULATORS.register("ngram", "speculators.ngram:NgramSpeculator", source="mrv2")
+SPECULATORS.register("dynamic", "speculators.dynamic:DynamicKSpeculator", source="mrv2")
 for _name, _cls in (("eagle", "EagleSpeculator"), ("eagle3", "Eagle3Speculator"), ("mtp", "MTPSpeculator")):
     SPECULATORS.register(_name, f"speculators.eagle:{_cls}", source="mrv2")

@@ -42,7 +42,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (reset to 0 by preemption)
-    num_output_placeholders: int = 0  # tokens being sampled whose values the host has not seen yet
+    num_output_placeholders: int = 0  # tokens being sampled whose values the host has not seen yet (most)
+    num_drafts_ready: int = 0  # drafts its slot holds for the next step (speculative decoding)
     num_preemptions: int = 0
     stop_token_id: Optional[int] = None
     stop_string: Optional[str] = None  # the stop string that ended it (set by the output processor)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from framework.config import SchedulerConfig
 from framework.kv_cache_manager import KVCacheManager
 from framework.request import Request, RequestStatus
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+
+if TYPE_CHECKING:
+    from speculators.metrics import SpecDecodeMetrics
+    from speculators.policy import DraftLengthPolicy
 
 
 class Scheduler:
@@ -19,12 +23,25 @@ class Scheduler:
     request, the newest running request is preempted: its blocks are freed and it is re-queued at the front
     to be recomputed later (prompt + output so far). Waiting requests are admitted while budget, slots and
     blocks allow, and never in a step that preempted.
+
+    Speculative decoding (`draft_policy` set): a decoding request whose slot holds drafts verifies up to k of
+    them, i.e. computes 1 + k tokens (k capped by the budget, max_model_len and max_tokens). Until its output
+    arrives the host counts all of them as computed and all k + 1 possible tokens as placeholders (upper
+    bounds, so KV blocks always suffice); the output's length then corrects `num_computed_tokens` down by
+    the rejected drafts, whose KV positions the next steps overwrite.
     """
 
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
+                 draft_policy: Optional["DraftLengthPolicy"] = None,
+                 spec_metrics: Optional["SpecDecodeMetrics"] = None, draft_kv_lookahead: int = 0) -> None:
         self.config = config
+        # A draft model with its own KV (EAGLE, MTP) writes up to k - 1 positions past a sampling row's last
+        # token while drafting: such rows get blocks for that many more positions.
+        self.draft_kv_lookahead = draft_kv_lookahead
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
+        self.draft_policy = draft_policy
+        self.spec_metrics = spec_metrics
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -75,6 +92,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # a token still in flight is dropped; recompute samples it again
+        request.num_drafts_ready = 0  # its slot (and the drafts in it) is released
         request.num_preemptions += 1
         self.waiting.appendleft(request)
         self._released_ids.add(request.request_id)
@@ -83,6 +101,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         rows: list[tuple[Request, int]] = []
+        drafts: list[int] = []  # per row: drafts verified this step
         new_data: list[NewRequestData] = []
         cached_data: list[CachedRequestData] = []
         preempted = False
@@ -94,17 +113,22 @@ class Scheduler:
                 i += 1  # its last token is being sampled: nothing more to compute
                 continue
             n = min(request.num_tokens + request.num_output_placeholders - request.num_computed_tokens, budget)
-            new_blocks = self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n)
+            num_draft = self._num_drafts(request, budget) if n == 1 else 0
+            n += num_draft
+            samples = request.num_computed_tokens + n - num_draft == request.num_tokens + request.num_output_placeholders
+            need = self._with_lookahead(request.num_computed_tokens + n, samples)
+            new_blocks = self.kv_cache.allocate(request.request_id, need)
             while new_blocks is None:
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     break
-                new_blocks = self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n)
+                new_blocks = self.kv_cache.allocate(request.request_id, need)
             if new_blocks is None:
                 break  # the request itself was preempted; everyone after it already was too
             rows.append((request, n))
+            drafts.append(num_draft)
             cached_data.append(CachedRequestData(request.request_id, new_blocks))
             budget -= n
             i += 1
@@ -112,12 +136,15 @@ class Scheduler:
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n) is None:
+            need = self._with_lookahead(request.num_computed_tokens + n, n == request.num_tokens - request.num_computed_tokens)
+            if self.kv_cache.allocate(request.request_id, need) is None:
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            request.num_drafts_ready = 0
             rows.append((request, n))
+            drafts.append(0)
             new_data.append(
                 NewRequestData(
                     request_id=request.request_id,
@@ -132,19 +159,45 @@ class Scheduler:
             )
             budget -= n
 
-        for request, n in rows:
+        # k: drafts the speculator proposes after this step for every row that samples (verified next step).
+        num_propose = self.draft_policy.choose(len(self.running)) if self.draft_policy is not None else 0
+        for (request, n), num_draft in zip(rows, drafts):
             request.num_computed_tokens += n
-            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
-                request.num_output_placeholders += 1  # this row samples a token the host will see later
+            if request.num_computed_tokens - num_draft == request.num_tokens + request.num_output_placeholders:
+                # This row samples 1 + (accepted drafts) tokens the host will see later: count the most.
+                request.num_output_placeholders += 1 + num_draft
+                request.num_drafts_ready = num_propose
+            else:
+                request.num_drafts_ready = 0  # a prefill chunk: what is proposed after it is never verified
         released, self._released_ids = self._released_ids, set()
         return SchedulerOutput(
             scheduled_request_ids=[r.request_id for r, _ in rows],
             num_scheduled_tokens=[n for _, n in rows],
-            num_draft_tokens=[0] * len(rows),
+            num_draft_tokens=drafts,
             new_requests=new_data,
             cached_requests=cached_data,
             finished_request_ids=released,
+            num_propose_tokens=num_propose,
         )
+
+    def _with_lookahead(self, num_tokens: int, samples: bool) -> int:
+        """KV positions to allocate for a row computing up to `num_tokens`: plus the draft lookahead if it samples."""
+        return min(num_tokens + self.draft_kv_lookahead, self.max_model_len) if samples else num_tokens
+
+    def _num_drafts(self, request: Request, budget: int) -> int:
+        """Drafts a decoding request verifies this step: what its slot holds, within every limit."""
+        if not request.num_drafts_ready:
+            return 0
+        params = request.sampling_params
+        if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+            return 0  # penalty counts cover sampled tokens only, not the drafts before a verification row
+        num_out = len(request.output_token_ids) + request.num_output_placeholders
+        return max(0, min(
+            request.num_drafts_ready,
+            budget - 1,
+            self.max_model_len - 1 - request.num_computed_tokens,  # the last draft's position must fit
+            request.sampling_params.max_tokens - num_out - 1,  # tokens past max_tokens would be dropped
+        ))
 
     def update_from_output(
         self,
@@ -158,11 +211,17 @@ class Scheduler:
         were not finite, or every token was excluded); the other rows are not affected.
         """
         finished = []
+        verified: list[tuple[int, int]] = []  # (drafts, accepted) of the rows that verified drafts
         for i, (request_id, tokens) in enumerate(zip(output.scheduled_request_ids, sampled)):
             request = self.requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING or not tokens:
                 continue  # ended or preempted meanwhile, or a prefill chunk that samples nothing
-            request.num_output_placeholders -= 1
+            num_draft = output.num_draft_tokens[i]
+            request.num_output_placeholders -= 1 + num_draft
+            if num_draft:
+                # The rejected drafts' positions were counted as computed: the next step recomputes them.
+                request.num_computed_tokens -= num_draft + 1 - len(tokens)
+                verified.append((num_draft, len(tokens) - 1))
             if request.pooling_params is not None:  # its prompt is done and pooled; the sampled token is dropped
                 self._finish(request, RequestStatus.FINISHED_POOLED)
                 finished.append(request)
@@ -181,7 +240,16 @@ class Scheduler:
             if status is not None:
                 self._finish(request, status)
                 finished.append(request)
+        if verified:
+            self._record_acceptance(verified)
         return finished
+
+    def _record_acceptance(self, verified: list[tuple[int, int]]) -> None:
+        if self.spec_metrics is not None:
+            for num_draft, num_accepted in verified:
+                self.spec_metrics.record(num_draft, num_accepted)
+        if self.draft_policy is not None:
+            self.draft_policy.observe_acceptance([d for d, _ in verified], [a for _, a in verified])
 
     def check_invariants(self) -> None:
         """Raise `AssertionError` on a leak: block pool conservation, each request in exactly one queue with a

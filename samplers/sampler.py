@@ -41,6 +41,9 @@ class SamplerOutput(NamedTuple):
     sampled_token_ids: torch.Tensor  # [L] int64: one token per logits row
     logprobs: Optional[LogprobsTensors] = None  # [L, 1+k] when some request asked for logprobs
     errors: Optional[torch.Tensor] = None  # [L] int32: ROW_OK or an error code
+    # [L, V] float32 logits the tokens were drawn from (after step 10; greedy rows after step 7), kept only
+    # when asked (`keep_processed`): probabilistic draft verification compares them with the draft's q.
+    processed_logits: Optional[torch.Tensor] = None
 
 
 class Sampler:
@@ -56,6 +59,7 @@ class Sampler:
         expanded_idx_mapping: torch.Tensor,  # [L] int32: logits row -> req_slot
         sample_positions: torch.Tensor,  # [L] int64: position of the token being sampled
         stages: SamplingStages,
+        keep_processed: bool = False,
     ) -> SamplerOutput:
         logits, nonfinite = sanitize_logits(logits.float())  # 1.
         want_logprobs = stages.num_logprobs >= 0
@@ -79,7 +83,7 @@ class Sampler:
         logprobs = None
         if want_logprobs:  # 13.
             logprobs = compute_logprobs(raw if raw is not None else logits, sampled, stages.num_logprobs)
-        return SamplerOutput(sampled, logprobs, errors)
+        return SamplerOutput(sampled, logprobs, errors, logits if keep_processed else None)
 
     def apply_logits_edits(
         self,

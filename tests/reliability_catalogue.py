@@ -70,10 +70,10 @@ CASES = [
     Case("unknown-logits-processor", "config", "`sampler.logits_processors=[nope]`", ConfigError,
          "sampler.logits_processors: unknown logits processor 'nope'",
          lambda ctx: _tiny(logits_processors=["nope"])),
-    Case("unknown-speculator", "config", "`speculator.method=ngram` (not registered)", ConfigError,
-         "speculator.method=ngram: unknown speculator",
+    Case("unknown-speculator", "config", "`speculator.method=medusa` (not registered)", ConfigError,
+         "speculator.method=medusa: unknown speculator",
          lambda ctx: _tiny(runner="v2", config=load_config(
-             {"device": "cpu", "speculator": {"method": "ngram", "num_speculative_tokens": 2}}))),
+             {"device": "cpu", "speculator": {"method": "medusa", "num_speculative_tokens": 2}}))),
     Case("unknown-preset", "config", "`LLM(\"nope\")`: neither a directory nor a preset", ValueError,
          "unknown model.preset 'nope'; embedded presets:",
          lambda ctx: LLM("nope", device="cpu")),

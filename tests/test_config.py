@@ -106,8 +106,29 @@ def test_cross_field_error_does_not_dump_the_section():
 def test_unknown_speculator_is_named():
     from framework.compat import select_runner
 
-    with pytest.raises(ConfigError, match="speculator.method=nope: unknown speculator; registered: .*eagle"):
-        select_runner(load_config({"speculator": {"method": "nope", "num_speculative_tokens": 2}}))
+    with pytest.raises(ConfigError, match="speculator.method=medusa: unknown speculator; registered: .*ngram"):
+        select_runner(load_config({"speculator": {"method": "medusa", "num_speculative_tokens": 2}}))
+    with pytest.raises(ConfigError, match="speculator.dynamic.method=medusa: unknown speculator"):
+        select_runner(load_config({"speculator": {"method": "dynamic", "num_speculative_tokens": 2,
+                                                  "dynamic": {"method": "medusa"}}}))
+
+
+def test_speculator_fields_are_validated():
+    with pytest.raises(ConfigError, match="num_speculative_tokens must be >= 1 with speculator.method=ngram"):
+        load_config({"speculator": {"method": "ngram"}})
+    with pytest.raises(ConfigError, match="prompt_lookup_min=4 exceeds speculator.prompt_lookup_max=3"):
+        load_config({"speculator": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4,
+                                    "prompt_lookup_max": 3}})
+    with pytest.raises(ConfigError, match="dynamic-k wraps a drafting method"):
+        load_config({"speculator": {"method": "dynamic", "num_speculative_tokens": 2, "dynamic": {"method": "none"}}})
+
+
+def test_v1_refuses_speculation():
+    from framework.compat import select_runner
+
+    config = load_config({"runner": {"kind": "v1"}, "speculator": {"method": "ngram", "num_speculative_tokens": 2}})
+    with pytest.raises(ConfigError, match="the V1 runner does not verify drafts"):
+        select_runner(config)
 
 
 def test_draft_head_directory_is_checked(tmp_path):

@@ -72,10 +72,14 @@ def _record_drafts(llm: LLM, drafts: Drafts) -> None:
 
     def recording(inputs):  # type: ignore[no-untyped-def]
         proposal = propose(inputs)
-        slots = inputs.batch.idx_mapping.long()
-        for row, request_id in enumerate(inputs.batch.request_ids):
+        batch = inputs.batch
+        slots = batch.idx_mapping.long()
+        for row, request_id in enumerate(batch.request_ids):
             if int(inputs.num_sampled[row]) and inputs.num_draft_tokens:
                 length = int(inputs.request_state.total_len[slots[row]])
+                # The scheduler allocated ahead: the last draft step's KV position lies in the row's blocks.
+                last = int(batch.positions[int(batch.query_start_loc[row + 1]) - 1 - int(inputs.num_rejected[row])])
+                assert last + inputs.num_draft_tokens - 1 < int(inputs.kv_capacity[row]), (request_id, last)
                 drafts.append((int(request_id.split("-")[1]), length, proposal.draft_token_ids[row].tolist()))
         return proposal
 
