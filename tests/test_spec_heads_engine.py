@@ -75,7 +75,7 @@ def _record_drafts(llm: LLM, drafts: Drafts) -> None:
         batch = inputs.batch
         slots = batch.idx_mapping.long()
         for row, request_id in enumerate(batch.request_ids):
-            if int(inputs.num_sampled[row]) and inputs.num_draft_tokens:
+            if int(inputs.num_sampled[row]):
                 length = int(inputs.request_state.total_len[slots[row]])
                 # The scheduler allocated ahead: the last draft step's KV position lies in the row's blocks.
                 last = int(batch.positions[int(batch.query_start_loc[row + 1]) - 1 - int(inputs.num_rejected[row])])
@@ -157,3 +157,24 @@ def test_mtp_layers_inside_the_target_checkpoint(root: str, reference: dict, tmp
     assert generate(target, spec, {}) == reference["qwen2"]
     with pytest.raises(Exception, match="needs speculator.model, or a target checkpoint"):
         generate(source, spec, {})
+
+
+def test_dynamic_k_over_eagle(root: str, reference: dict, one_thread: None) -> None:
+    """dynamic-k picks k = 0 at times: the head's KV must still follow every step (drafts stay exact)."""
+    target = target_dir("llama", root)
+    config = read_hf_config(target)
+    head_dir = Path(root) / "eagle-dynamic-head"
+    random_head("eagle", seed=4, target=config).save_pretrained(head_dir)
+    spec = {"method": "dynamic", "num_speculative_tokens": 2, "model": str(head_dir),
+            "dynamic": {"method": "eagle", "explore_every": 2}}
+    drafts: Drafts = []
+    outputs = generate(target, spec, SCENARIOS["chunked_preempt"], drafts)
+    assert outputs == reference["llama"]
+    hf = build_hf_model(SPEC_BY_NAME["llama"])
+    head = load_draft_head(head_dir, "eagle", config)
+    head.share_target_weights(hf.model.embed_tokens.weight, hf.lm_head.weight)
+    ks = {len(d) for _, _, d in drafts}
+    assert ks == {0, 1, 2}  # k = 0 steps ran the head's first pass too
+    for index, length, proposed in [d for d in drafts if d[2]][::2]:
+        seq = PROMPTS[index] + outputs[index]
+        assert proposed == reference_drafts(head, hf, (), seq, length, len(proposed)), (index, length)
