@@ -153,6 +153,14 @@ def format_table(results: list[BenchResult]) -> str:
     return "\n".join([head, "-" * len(head), *rows])
 
 
+def format_spec_metrics(spec: dict) -> str:
+    """One line of speculative decoding counters (see `SpecDecodeMetrics.as_dict`)."""
+    per_pos = " ".join(f"{x:.2f}" for x in spec["per_position_acceptance"])
+    return (f"spec decode: {spec['num_drafts']} drafts, {spec['num_draft_tokens']} draft tokens, "
+            f"{spec['num_accepted_tokens']} accepted ({100 * spec['acceptance_rate']:.1f}%), mean acceptance length "
+            f"{spec['mean_acceptance_length']:.2f}, per position [{per_pos}]")
+
+
 def write_results(results: list[BenchResult], config: Mrv2Config, out_dir: Path, extra: dict | None = None) -> None:
     """bench.json (config + results) and bench.png (throughput bars) in `out_dir`."""
     import matplotlib
@@ -187,7 +195,11 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     if "hf" in config.bench.baselines:
         results.append(bench_hf(llm, workload, config.bench))
     print(format_table(results))
-    extra = {}
+    extra: dict = {}
+    spec = llm.get_metrics()["spec_decode"]
+    if config.speculator.method != "none":
+        extra["spec_decode"] = spec
+        print(format_spec_metrics(spec))
     if config.bench.decode_idle_batch and llm.engine.loaded.device.type == "cuda":
         extra["decode_idle"] = decode_idle_fraction(llm, config.bench.decode_idle_batch, steps=200)
         d = extra["decode_idle"]

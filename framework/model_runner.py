@@ -108,10 +108,18 @@ class ModelRunnerV2(ModelRunner):
         max_reqs = self.config.scheduler.max_num_seqs
         sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
         self.cuda_graphs = DecodeCudaGraphs(
-            self._forward_with_aux, self.kv_caches, sizes, self.block_tables.max_blocks_per_req, self.config.cache.block_size,
-            self.loaded.max_model_len, self.device,
+            self._forward_with_aux, self.kv_caches, sizes, self.block_tables.max_blocks_per_req,
+            self.config.cache.block_size, self.loaded.max_model_len, self.device,
+            tokens_per_row=self._graph_tokens_per_row(),
         )
         self.cuda_graphs.capture()
+
+    def _graph_tokens_per_row(self) -> tuple[int, ...]:
+        """1 + every k the scheduler may ask to verify: all of 0..K with dynamic-k, else 0 and K."""
+        spec = self.config.speculator
+        k_max = spec.num_speculative_tokens
+        ks = range(k_max + 1) if spec.method == "dynamic" else {0, k_max}
+        return tuple(sorted(1 + k for k in ks))
 
     # ---- execute_model ---------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -140,8 +148,10 @@ class ModelRunnerV2(ModelRunner):
                  extra_inputs: dict) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """(hidden [T, hidden], aux hidden states of `aux_layer_ids`): graph replay for pure decode, else eager."""
         graphs = self.cuda_graphs
-        pure_decode = batch.num_tokens == batch.num_rows == batch.num_logits and not extra_inputs
-        size = graphs.padded_size(batch.num_rows) if graphs is not None and pure_decode else None
+        # Pure decode: every token gets a logits row (1 + drafts per row), and every row has as many tokens.
+        pure_decode = (batch.num_tokens == batch.num_logits == batch.num_rows * batch.max_query_len
+                       and not extra_inputs)
+        size = graphs.padded_size(batch.num_rows, batch.max_query_len) if graphs is not None and pure_decode else None
         if size is not None:
             return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
         return self._forward_with_aux(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)

@@ -77,15 +77,16 @@ def _ngram_propose_kernel(
             suffix_t = tl.load(history + tl.maximum(total - 1 - t, 0))
             back = ends - t
             token = tl.load(history + back, mask=alive & (back >= 0), other=-1)
-            alive = alive & (back >= 0) & (token == suffix_t) & (total - 1 - t >= 0)
+            # back >= 0 also implies the suffix has a token t (ends < total - 1).
+            alive = alive & (back >= 0) & (token == suffix_t)
             length += alive.to(tl.int64)
         # token_stride (the history width) orders scores by length first, then by the latest end index.
         score = tl.where(candidate & (length >= MIN_N), length * token_stride + ends, -1)
         best = tl.maximum(best, tl.max(score, axis=0))
-    matched = best >= 0
-    match_end = tl.where(matched, best % token_stride, 0)
     cols = tl.arange(0, BLOCK_K)
-    src = match_end + 1 + cols
+    best_v = tl.zeros([BLOCK_K], dtype=tl.int64) + best  # per column, so every mask below is a vector
+    matched = best_v >= 0
+    src = tl.where(matched, best_v % token_stride, 0) + 1 + cols
     take = matched & (src < total)
     tokens = tl.load(history + src, mask=take & (cols < num_draft), other=0)
     drafts = tl.where(take, tokens, last)

@@ -1,0 +1,210 @@
+"""Speculative decoding benchmark (GPU): ngram at fixed k and dynamic-k against no speculation.
+
+Model: the Qwen3-0.6B geometry with random bf16 weights (the "nano" model). Random weights do not repeat
+their prompts the way an editing or summarising workload does, so acceptance is set by the workload:
+
+* `greedy-repeat`: prompts made of one random 16-token segment repeated 8 times, greedy decoding. A
+  random-weight model under greedy decoding falls into short cycles, and ngram (prompt lookup over the
+  request's own history) predicts them: **high acceptance**. This measures the mechanics (verification
+  cost, acceptance bookkeeping, graphs with drafts) at the acceptance a copy-heavy workload would reach; it
+  says nothing about how often a trained model repeats itself.
+* `sampled`: the same prompts at temperature 1.0. The random model's distribution is close to uniform over
+  151,936 tokens, so drafts are almost never accepted: **acceptance ~0**, the case where speculation only
+  costs (dynamic-k should pick k = 0).
+* `shifting`: 252 `sampled` requests with short outputs plus 4 `greedy-repeat` requests with long outputs,
+  submitted together: the batch starts large with acceptance ~0 and ends small with high acceptance. No
+  fixed k suits both phases.
+
+For every batch size (1, 16, 64, 256 requests at once) and workload it runs: no speculation (its own
+engine), then one ngram engine whose draft-length policy is swapped between fixed k in {0, 1, 2, 3, 5} and a
+fresh dynamic-k policy (the engine captures CUDA graphs for every k). It reports output tokens/s, mean
+acceptance length, per-position acceptance, and for dynamic-k the k it chose. Writes `bench_spec.json` and
+`bench_spec.png` into `--out`; prints a table. About 2-3 minutes on one H200.
+
+    python scripts/bench_spec.py --out bench_results/spec
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+BATCH_SIZES = (1, 16, 64, 256)
+FIXED_KS = (0, 1, 2, 3, 5)
+K_MAX = 5
+
+
+def build_llm(speculate: bool, max_model_len: int, smoke: bool = False):  # type: ignore[no-untyped-def]
+    from framework import LLM
+    from framework.config import load_config
+
+    spec = ({"method": "dynamic", "num_speculative_tokens": K_MAX, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
+             "dynamic": {"method": "ngram"}} if speculate else {"method": "none"})
+    config = load_config({
+        "model": {"preset": "tiny" if smoke else "qwen3-0.6b", "max_model_len": max_model_len},
+        "device": "cpu" if smoke else "cuda",
+        "scheduler": {"max_num_seqs": max(BATCH_SIZES), "max_num_batched_tokens": 8192},
+        "runner": {"cuda_graph_sizes": list(BATCH_SIZES)},
+        "speculator": spec,
+        "seed": 0,
+    })
+    return LLM(config=config)
+
+
+def repeat_prompt(rng: random.Random, vocab: int) -> list[int]:
+    segment = [rng.randrange(vocab) for _ in range(16)]
+    return segment * 8
+
+
+def workload(name: str, batch: int, output_len: int, vocab: int, seed: int) -> tuple[list, list]:
+    """(prompts, SamplingParams per request) of one run."""
+    from framework import SamplingParams
+
+    rng = random.Random(seed)
+    prompts = [repeat_prompt(rng, vocab) for _ in range(batch)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    if name == "greedy-repeat":
+        return prompts, [greedy] * batch
+    if name == "sampled":
+        return prompts, [SamplingParams(temperature=1.0, seed=seed + i, max_tokens=output_len, ignore_eos=True)
+                         for i in range(batch)]
+    assert name == "shifting"
+    short = [SamplingParams(temperature=1.0, seed=seed + i, max_tokens=output_len // 4, ignore_eos=True)
+             for i in range(batch - 4)]
+    long = [SamplingParams(temperature=0.0, max_tokens=output_len * 4, ignore_eos=True)] * 4
+    return prompts, short + long
+
+
+def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    engine = llm.engine
+    engine.spec_metrics.reset()
+    _sync()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    _sync()
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) for o in outs)
+    return {"seconds": seconds, "output_tokens": tokens, "output_tok_per_s": tokens / seconds,
+            **llm.get_metrics()["spec_decode"]}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def set_policy(llm, policy) -> None:  # type: ignore[no-untyped-def]
+    llm.engine.draft_policy = policy
+    llm.engine.scheduler.draft_policy = policy
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench_results/spec")
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
+    parser.add_argument("--workloads", nargs="+", default=["greedy-repeat", "sampled", "shifting"])
+    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks the script, no figures")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() and not args.smoke:
+        sys.exit("bench_spec.py needs a CUDA device (or --smoke)")
+    from speculators.dynamic import DynamicK
+    from speculators.policy import FixedK
+
+    max_model_len = min(128 + 4 * args.output_len + 8, 512 if args.smoke else 1 << 20)
+    results: list[dict[str, Any]] = []
+    plans = [(w, b) for w in args.workloads for b in (args.batch_sizes if w != "shifting" else [max(args.batch_sizes)])]
+
+    def record(engine_name: str, w: str, b: int, r: dict[str, Any], extra: Optional[dict] = None) -> None:
+        row = {"workload": w, "batch": b, "engine": engine_name, **r, **(extra or {})}
+        results.append(row)
+        print(f"{w:<14}{b:>6}  {engine_name:<10}{r['output_tok_per_s']:>10.0f} tok/s  "
+              f"accept len {r['mean_acceptance_length']:.2f}", file=sys.stderr)
+
+    llm = build_llm(False, max_model_len, args.smoke)
+    vocab = llm.engine.loaded.vocab_size
+    run_once(llm, *workload("greedy-repeat", 4, 8, vocab, 99))  # warm-up
+    for w, b in plans:
+        record("none", w, b, run_once(llm, *workload(w, b, args.output_len, vocab, 1)))
+    del llm
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+    llm = build_llm(True, max_model_len, args.smoke)
+    run_once(llm, *workload("greedy-repeat", 4, 8, vocab, 99))  # warm-up
+    for w, b in plans:
+        for k in FIXED_KS:
+            set_policy(llm, FixedK(k))
+            record(f"ngram k={k}", w, b, run_once(llm, *workload(w, b, args.output_len, vocab, 1)))
+        policy = DynamicK(K_MAX, explore_every=16)
+        set_policy(llm, policy)
+        r = run_once(llm, *workload(w, b, args.output_len, vocab, 1))
+        counts = Counter(policy.history)
+        record("dynamic", w, b, r, {"k_chosen": dict(sorted(counts.items())), "k_history": policy.history})
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    (out / "bench_spec.json").write_text(json.dumps({"device": device, "args": vars(args), "results": results},
+                                                    indent=1))
+    print_table(results)
+    plot(results, out / "bench_spec.png")
+    print(f"results written to {out}", file=sys.stderr)
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    head = (f"{'workload':<14}{'batch':>6}  {'engine':<11}{'out tok/s':>10}{'vs none':>9}{'acc len':>9}"
+            f"  per-position acceptance")
+    print(head)
+    print("-" * len(head))
+    base = {(r["workload"], r["batch"]): r["output_tok_per_s"] for r in results if r["engine"] == "none"}
+    for r in results:
+        rel = r["output_tok_per_s"] / base[(r["workload"], r["batch"])]
+        per_pos = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"])
+        chosen = f"  k chosen {r['k_chosen']}" if "k_chosen" in r else ""
+        print(f"{r['workload']:<14}{r['batch']:>6}  {r['engine']:<11}{r['output_tok_per_s']:>10.0f}{rel:>8.2f}x"
+              f"{r['mean_acceptance_length']:>9.2f}  [{per_pos}]{chosen}")
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r["workload"] for r in results))
+    engines = list(dict.fromkeys(r["engine"] for r in results))
+    fig, axes = plt.subplots(1, len(workloads) + 1, figsize=(5 * (len(workloads) + 1), 4))
+    for ax, w in zip(axes, workloads):
+        rows = [r for r in results if r["workload"] == w]
+        batches = sorted({r["batch"] for r in rows})
+        width = 0.8 / len(engines)
+        for i, e in enumerate(engines):
+            ys = [next((r["output_tok_per_s"] for r in rows if r["engine"] == e and r["batch"] == b), 0) for b in batches]
+            ax.bar([j + i * width for j in range(len(batches))], ys, width, label=e)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(batches))], [str(b) for b in batches])
+        ax.set_xlabel("requests at once")
+        ax.set_ylabel("output tokens / s")
+        ax.set_title(w)
+    axes[0].legend(fontsize=7)
+    dyn = [r for r in results if r["engine"] == "dynamic" and r["workload"] == "shifting"]
+    if dyn:
+        axes[-1].plot(dyn[0]["k_history"], lw=0.8)
+        axes[-1].set_xlabel("step")
+        axes[-1].set_ylabel("k chosen")
+        axes[-1].set_title("dynamic-k on 'shifting'")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
