@@ -42,8 +42,10 @@ class DraftHeadSpeculator(Speculator):
             raise CheckpointError(
                 f"{self.head_kind} head: its KV heads x head_dim {head_kv[3:]} differ from the target's {target_kv[3:]}; "
                 "the draft KV layer shares the target's block layout")
-        num_layers = int(loaded.hf_config["num_hidden_layers"])
-        aux = self.head.aux_layer_ids(num_layers) or ()
+        try:
+            aux = self.head.aux_layer_ids(int(loaded.hf_config["num_hidden_layers"])) or ()
+        except ValueError as err:
+            raise CheckpointError(f"{self.head_kind} head: {err}") from None
         self.drafter = HeadDrafter(self.head, max_num_reqs, loaded.max_model_len, device, aux_layer_ids=aux)
 
     def _model_path(self, config: "SpeculatorConfig", loaded: "LoadedModel") -> str:
@@ -101,10 +103,10 @@ class MTPSpeculator(DraftHeadSpeculator):
         path: Optional[str] = getattr(config, "model", None)
         if path is not None:
             return path
-        if "num_nextn_predict_layers" not in loaded.hf_config or not loaded.source_path:
+        if "num_nextn_predict_layers" not in loaded.hf_config or not loaded.path:
             raise CheckpointError("speculator.method=mtp needs speculator.model, or a target checkpoint (model.path) "
                                   "whose config.json has num_nextn_predict_layers")
-        return loaded.source_path
+        return loaded.path
 
     def _load_head(self, config: "SpeculatorConfig", loaded: "LoadedModel", device: torch.device) -> DraftHead:
         head = super()._load_head(config, loaded, device)

@@ -184,3 +184,12 @@ def test_mtp_loads_from_the_target_checkpoint(tmp_path: Path) -> None:
     save_file({**head.state_dict(), "model.layers.4.bogus.weight": torch.zeros(3)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="model.layers.4.bogus.weight"):
         load_draft_head(tmp_path, "mtp", TARGET)
+
+
+def test_eagle3_aux_layers_must_exist_in_the_target() -> None:
+    head = random_head("eagle3", aux_layer_ids=[0, 2, 7])
+    with pytest.raises(ValueError, match=r"3 aux layer ids in \[0, 4\) of the target, got \(0, 2, 7\)"):
+        head.aux_layer_ids(4)
+    cfg = {k: v for k, v in head_config("eagle3", TARGET).items() if k != "eagle_aux_hidden_state_layer_ids"}
+    assert Eagle3Head(cfg).aux_layer_ids(12) == (2, 6, 9)  # the default (2, L // 2, L - 3)
+    assert Eagle3Head({**cfg, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}).aux_layer_ids(12) == (1, 3, 5)
