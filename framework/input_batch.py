@@ -51,6 +51,8 @@ def build_input_batch(output: SchedulerOutput, state: RequestState, device: torc
     num_draft = np.asarray(output.num_draft_tokens, dtype=np.int64)
     query_start_loc = _prefix_sum(num_scheduled)
     cu_num_logits = _prefix_sum(num_draft + 1)
+    if output.num_computed_tokens is not None:  # the scheduler's count, corrected for rejected drafts
+        state.num_computed_host[slots] = output.num_computed_tokens
     seq_lens_host = state.num_computed_host[slots] + num_scheduled
     state.num_computed_host[slots] = seq_lens_host
     num_tokens, num_logits = int(query_start_loc[-1]), int(cu_num_logits[-1])

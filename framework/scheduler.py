@@ -161,6 +161,7 @@ class Scheduler:
 
         # k: drafts the speculator proposes after this step for every row that samples (verified next step).
         num_propose = self.draft_policy.choose(len(self.running)) if self.draft_policy is not None else 0
+        computed_before = [request.num_computed_tokens for request, _ in rows]
         for (request, n), num_draft in zip(rows, drafts):
             request.num_computed_tokens += n
             if request.num_computed_tokens - num_draft == request.num_tokens + request.num_output_placeholders:
@@ -178,6 +179,7 @@ class Scheduler:
             cached_requests=cached_data,
             finished_request_ids=released,
             num_propose_tokens=num_propose,
+            num_computed_tokens=computed_before,
         )
 
     def _with_lookahead(self, num_tokens: int, samples: bool) -> int:

@@ -51,6 +51,9 @@ class SchedulerOutput:
     finished_request_ids: set[str] = field(default_factory=set)  # finished, aborted or preempted since last step
     # k: drafts per row the speculator proposes after this step, verified by the next (0 = propose nothing).
     num_propose_tokens: int = 0
+    # Per row: tokens the scheduler counts as computed before this step; an upper bound while drafts are in
+    # flight (rejected ones are subtracted when the output arrives). None: the runner keeps its own count.
+    num_computed_tokens: Optional[list[int]] = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:
