@@ -121,6 +121,10 @@ class SpeculatorConfig(_Strict):
         None, description="eagle, eagle3, mtp: local directory of the draft head (config.json + safetensors); "
         "mtp may leave it null to read the MTP layers from the target checkpoint (model.path).",
     )
+    draft_cuda_graphs: bool = Field(
+        True, description="eagle, eagle3, mtp: replay CUDA graphs for the draft steps after the first (GPU, with "
+        "runner.cuda_graphs); false runs them eagerly.",
+    )
 
     @model_validator(mode="after")
     def _tokens_match_method(self) -> "SpeculatorConfig":

@@ -113,6 +113,9 @@ class ModelRunnerV2(ModelRunner):
             tokens_per_row=self._graph_tokens_per_row(),
         )
         self.cuda_graphs.capture()
+        if self.speculator is not None:  # a draft model's own graphs (EAGLE / MTP draft steps)
+            self.speculator.capture_cuda_graphs(sizes, self.config.cache.block_size,
+                                                self.block_tables.max_blocks_per_req)
 
     def _graph_tokens_per_row(self) -> tuple[int, ...]:
         """1 + every k the scheduler may ask to verify: all of 0..K with dynamic-k, else 0 and K."""

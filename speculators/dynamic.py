@@ -185,6 +185,9 @@ class DynamicKSpeculator(Speculator):
     def bind_kv_caches(self, kv_caches: list["torch.Tensor"]) -> None:
         self.inner.bind_kv_caches(kv_caches)
 
+    def capture_cuda_graphs(self, batch_sizes: list[int], block_size: int, max_blocks_per_req: int) -> None:
+        self.inner.capture_cuda_graphs(batch_sizes, block_size, max_blocks_per_req)
+
     def add_request(self, req_slot: int, request: "NewRequestData") -> None:
         self.inner.add_request(req_slot, request)
 

@@ -69,6 +69,11 @@ class DraftHeadSpeculator(Speculator):
     def bind_kv_caches(self, kv_caches: list[torch.Tensor]) -> None:
         self.drafter.bind_kv_cache(kv_caches[0])
 
+    def capture_cuda_graphs(self, batch_sizes: list[int], block_size: int, max_blocks_per_req: int) -> None:
+        if self.config.draft_cuda_graphs:
+            self.drafter.capture_cuda_graphs(batch_sizes, self.num_speculative_tokens, block_size, max_blocks_per_req,
+                                             self.loaded.dtype)
+
     def propose(self, inputs: ProposeInputs) -> Proposal:
         if inputs.attn_metadata is None:
             raise RuntimeError(f"the {self.head_kind} speculator needs the step's attention metadata")

@@ -84,6 +84,9 @@ class Speculator(ABC):
         """True when `propose` must run after every step, also with k = 0 (a draft model keeping its KV)."""
         return self.num_kv_layers > 0
 
+    def capture_cuda_graphs(self, batch_sizes: list[int], block_size: int, max_blocks_per_req: int) -> None:
+        """Capture the method's own CUDA graphs (GPU with `runner.cuda_graphs`), after `bind_kv_caches`."""
+
     def bind_kv_caches(self, kv_caches: list[torch.Tensor]) -> None:
         """Receive the `num_kv_layers` extra KV cache tensors (called after every KV (re)allocation)."""
 

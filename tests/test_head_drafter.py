@@ -22,6 +22,7 @@ from framework.sampling_params import SamplingParams
 from framework.scheduler_output import NewRequestData, SchedulerOutput
 from model_states.default import DefaultModelState
 from speculators.draft_heads import DraftHead, Eagle3Head
+from speculators.draft_graphs import DraftStepGraphs
 from speculators.draft_inputs import prepare_draft_inputs_reference, prepare_draft_inputs_triton
 from speculators.head_drafter import HeadDrafter
 from speculators.interface import ProposeInputs
@@ -33,7 +34,7 @@ K, BLOCK_SIZE, MAX_LEN, VOCAB = 3, 4, 64, TARGET["vocab_size"]
 class FakeTargetRun:
     """Requests whose target hidden state at position p is a fixed random vector; tokens are the truth."""
 
-    def __init__(self, head: DraftHead, seed: int) -> None:
+    def __init__(self, head: DraftHead, seed: int, graph_sizes: tuple[int, ...] = ()) -> None:
         self.head, self.rng = head, random.Random(seed)
         self.width = hidden_width(head)
         self.state = RequestState(4, MAX_LEN, K, torch.device("cpu"))
@@ -43,6 +44,8 @@ class FakeTargetRun:
         aux = (0, 1, 2) if isinstance(head, Eagle3Head) else ()
         self.drafter = HeadDrafter(head, 4, MAX_LEN, torch.device("cpu"), aux_layer_ids=aux)
         self.drafter.bind_kv_cache(self.kv)
+        if graph_sizes:
+            self.drafter.graphs = eager_draft_graphs(self.drafter, list(graph_sizes), [K], MAX_LEN // BLOCK_SIZE)
         gen = torch.Generator().manual_seed(seed)
         self.true_hidden = {r: torch.randn(MAX_LEN, self.width, generator=gen) for r in "abc"}
         self.seq: dict[str, list[int]] = {}  # true tokens (prompt, then output)
@@ -124,10 +127,34 @@ class FakeTargetRun:
         return drafts
 
 
-@pytest.mark.parametrize("kind,kwargs", KINDS, ids=[k for k, _ in KINDS])
-def test_paged_drafting_equals_full_sequence_reference(kind: str, kwargs: dict) -> None:
+class ReplayEagerly:
+    """Stands in for a captured CUDA graph on the CPU: replay reruns the steps into the captured output."""
+
+    def __init__(self, graphs: DraftStepGraphs, size: int, k: int, out: torch.Tensor) -> None:
+        self.graphs, self.size, self.k, self.out = graphs, size, k, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.graphs._steps(self.size, self.k))
+
+
+def eager_draft_graphs(drafter: HeadDrafter, sizes: list[int], ks: list[int], max_blocks: int) -> DraftStepGraphs:
+    """`DraftStepGraphs` with eager replays: checks its static buffers, padding rows and slicing on the CPU."""
+    graphs = DraftStepGraphs(drafter, sizes, ks, BLOCK_SIZE, max_blocks, torch.float32)
+    for k in ks:
+        for size in sizes:
+            out = graphs._steps(size, k)
+            graphs.graphs[(size, k)] = (ReplayEagerly(graphs, size, k, out), out)  # type: ignore[assignment]
+    return graphs
+
+
+GRAPH_CASES = [(kind, kwargs, ()) for kind, kwargs in KINDS] + [("mtp", {}, (2, 4))]
+
+
+@pytest.mark.parametrize("kind,kwargs,graph_sizes", GRAPH_CASES,
+                         ids=[k for k, _ in KINDS] + ["mtp-graph-buffers"])
+def test_paged_drafting_equals_full_sequence_reference(kind: str, kwargs: dict, graph_sizes: tuple) -> None:
     head = random_head(kind, seed=3, **kwargs)
-    run = FakeTargetRun(head, seed=11)
+    run = FakeTargetRun(head, seed=11, graph_sizes=graph_sizes)
     rnd = random.Random(5)
     prompts = {r: [rnd.randrange(VOCAB) for _ in range(n)] for r, n in zip("abc", (7, 13, 5))}
     run.step([("a", 7), ("b", 5)], [run.add("a", prompts["a"]), run.add("b", prompts["b"])])

@@ -68,7 +68,9 @@ def _target_and_heads(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
     return target, heads
 
 
-def _generate(target: Path, head: Path | None, kind: str, prompts: list[list[int]], **overrides) -> list[list[int]]:
+def _generate(target: Path, head: Path | None, kind: str, prompts: list[list[int]], drafts: list | None = None,
+              **overrides) -> list[list[int]]:
+    """Greedy outputs; `drafts` collects (request id, history length, drafts) of every row that sampled."""
     from framework import LLM, SamplingParams
     from framework.config import load_config
 
@@ -80,6 +82,20 @@ def _generate(target: Path, head: Path | None, kind: str, prompts: list[list[int
         section, leaf = key.split(".")
         data.setdefault(section, {})[leaf] = value
     llm = LLM(config=load_config(data))
+    if drafts is not None:
+        spec = llm.engine.runner.speculator
+        propose = spec.propose
+
+        def recording(inputs):  # type: ignore[no-untyped-def]
+            proposal = propose(inputs)
+            sampled = inputs.num_sampled.cpu().tolist()
+            lengths = inputs.request_state.total_len[inputs.batch.idx_mapping.long()].cpu().tolist()
+            for row, request_id in enumerate(inputs.batch.request_ids):
+                if sampled[row]:
+                    drafts.append((request_id, lengths[row], proposal.draft_token_ids[row].cpu().tolist()))
+            return proposal
+
+        spec.propose = recording
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     return [o.token_ids for o in outs]
 
@@ -91,8 +107,13 @@ def test_greedy_output_equals_no_speculation_graphs_and_eager(tmp_path, kind):
     target, heads = _target_and_heads(tmp_path)
     prompts = random_prompts(12, 5, 90, seed=3)
     plain = _generate(target, None, kind, prompts)
-    assert _generate(target, heads[kind], kind, prompts) == plain
+    with_graphs: list = []
+    assert _generate(target, heads[kind], kind, prompts, with_graphs) == plain
+    draft_steps_eager: list = []
+    assert _generate(target, heads[kind], kind, prompts, draft_steps_eager,
+                     **{"speculator.draft_cuda_graphs": False}) == plain
     assert _generate(target, heads[kind], kind, prompts, **{"runner.cuda_graphs": False}) == plain
+    assert len(with_graphs) > 50 and with_graphs == draft_steps_eager  # draft-step graphs draft what eager does
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
