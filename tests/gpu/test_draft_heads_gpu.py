@@ -75,7 +75,7 @@ def _generate(target: Path, head: Path | None, kind: str, prompts: list[list[int
     from framework.config import load_config
 
     data = {"model": {"path": str(target), "preset": None, "dtype": "float32", "max_model_len": 256},
-            "device": "cuda", "scheduler": {"max_num_batched_tokens": 64}}
+            "device": "cuda", "scheduler": {"max_num_batched_tokens": 64}, "cache": {"gpu_memory_utilization": 0.25}}
     if head is not None:
         data["speculator"] = {"method": kind, "num_speculative_tokens": 3, "model": str(head)}
     for key, value in overrides.items():
@@ -97,7 +97,16 @@ def _generate(target: Path, head: Path | None, kind: str, prompts: list[list[int
 
         spec.propose = recording
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    del llm
+    _free()
     return [o.token_ids for o in outs]
+
+
+def _free() -> None:
+    import gc
+
+    gc.collect()  # engines with a wrapped propose form reference cycles
+    torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -126,6 +135,7 @@ def test_drafting_never_syncs(tmp_path, kind):
 
     target, heads = _target_and_heads(tmp_path)
     data = {"model": {"path": str(target), "preset": None, "max_model_len": 256}, "device": "cuda",
+            "cache": {"gpu_memory_utilization": 0.25},
             "speculator": {"method": kind, "num_speculative_tokens": 3, "model": str(heads[kind])}}
     llm = LLM(config=load_config(data))
     spec = llm.engine.runner.speculator
@@ -143,3 +153,5 @@ def test_drafting_never_syncs(tmp_path, kind):
     spec.propose = strict_propose
     llm.generate(random_prompts(8, 5, 60, seed=4), SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     assert calls and max(calls) == 3
+    del llm, spec
+    _free()
