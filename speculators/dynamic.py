@@ -13,8 +13,9 @@ unless a larger one is at least `MARGIN` better. Both inputs are measured online
   on the host; the averages decay every step, so a position that is no longer measured drifts back to the
   prior and gets tried again.
 * `MeasuredCostModel`: a moving average of the wall time of pure decode steps per (batch-size bucket, k).
-  A (bucket, k) never measured is tried once before the policy trusts its comparisons; every
-  `explore_every` steps the policy also re-tries the k it has not used for longest, so costs and
+  At a new batch-size bucket the policy first measures k = 0 and k = max_k; costs of the k in between are
+  interpolated linearly until they are measured (verification and drafting both grow about linearly with
+  k). Every `explore_every` steps the policy re-tries the k it has not used for longest, so costs and
   acceptance keep tracking a workload that changes. Tests inject a synthetic `CostModel` instead.
 """
 
@@ -118,14 +119,30 @@ class DynamicK(DraftLengthPolicy):
         d = config.dynamic
         return cls(config.num_speculative_tokens, cost_model, d.acceptance_decay, d.prior_acceptance, d.explore_every)
 
-    def best_k(self, num_rows: int) -> Optional[int]:
-        """argmax of expected tokens per second, or None while some k's cost at this batch size is unknown."""
-        costs = [self.cost_model.cost(num_rows, k) for k in range(self.max_k + 1)]
-        if any(c is None for c in costs):
+    def costs(self, num_rows: int) -> Optional[list[float]]:
+        """t(B, k) for every k: measured, else interpolated between the nearest measured k (None until k = 0
+        and k = max_k are both measured at this batch size)."""
+        known = {k: c for k in range(self.max_k + 1) if (c := self.cost_model.cost(num_rows, k)) is not None}
+        if 0 not in known or self.max_k not in known:
             return None
-        best, best_rate = 0, self.acceptance.expected_tokens(0) / max(costs[0], 1e-12)  # type: ignore[arg-type]
+        out = []
+        for k in range(self.max_k + 1):
+            if k in known:
+                out.append(known[k])
+                continue
+            lo = max(j for j in known if j < k)
+            hi = min(j for j in known if j > k)
+            out.append(known[lo] + (known[hi] - known[lo]) * (k - lo) / (hi - lo))
+        return out
+
+    def best_k(self, num_rows: int) -> Optional[int]:
+        """argmax of expected tokens per second, or None while the costs at this batch size are unknown."""
+        costs = self.costs(num_rows)
+        if costs is None:
+            return None
+        best, best_rate = 0, self.acceptance.expected_tokens(0) / max(costs[0], 1e-12)
         for k in range(1, self.max_k + 1):
-            rate = self.acceptance.expected_tokens(k) / max(costs[k], 1e-12)  # type: ignore[arg-type]
+            rate = self.acceptance.expected_tokens(k) / max(costs[k], 1e-12)
             if rate > best_rate * (1 + MARGIN):
                 best, best_rate = k, rate
         return best
@@ -141,11 +158,9 @@ class DynamicK(DraftLengthPolicy):
     def _choose(self, num_rows: int) -> int:
         if self.max_k == 0 or num_rows == 0:
             return 0
-        unknown = [k for k in range(self.max_k + 1) if self.cost_model.cost(num_rows, k) is None]
-        if unknown:
-            return unknown[0]  # measure every k at this batch size once
         best = self.best_k(num_rows)
-        assert best is not None
+        if best is None:  # measure the two ends at this batch size first
+            return 0 if self.cost_model.cost(num_rows, 0) is None else self.max_k
         if self.explore_every and self._steps % self.explore_every == 0:
             others = [k for k in range(self.max_k + 1) if k != best]
             return min(others, key=lambda k: self._last_used[k])  # the k unused for longest

@@ -94,16 +94,19 @@ def test_reacts_when_acceptance_changes_mid_run():
     assert _mode(again[150:]) == MAX_K
 
 
-def test_measured_costs_are_explored_once_per_bucket_then_trusted():
+def test_measured_costs_explore_both_ends_then_interpolate():
     cost = MeasuredCostModel()
-    policy = DynamicK(3, cost, explore_every=0)
-    first = [policy.choose(16) for _ in range(4)]
-    assert first == [0, 0, 0, 0]  # nothing measured: each unknown k is tried (here never observed: stays 0)
-    for k in range(4):
-        policy.observe_step(16, k, 1.0 + 0.01 * k)  # drafting is nearly free at this batch size
-    policy.observe_acceptance([3] * 50, [3] * 45 + [0] * 5)
-    assert policy.choose(16) == 3
-    assert policy.choose(200) == 0  # another bucket: its costs are unknown, measured from k = 0 up
+    policy = DynamicK(4, cost, explore_every=0)
+    assert policy.choose(16) == 0  # nothing measured at this batch size: k = 0 first
+    policy.observe_step(16, 0, 1.0)
+    assert policy.choose(16) == 4  # then the largest k
+    policy.observe_step(16, 4, 1.4)
+    assert policy.costs(16) == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])  # the rest interpolated
+    policy.observe_step(16, 2, 1.05)  # a measured k replaces its interpolation; neighbours follow it
+    assert policy.costs(16) == pytest.approx([1.0, 1.025, 1.05, 1.225, 1.4])
+    policy.observe_acceptance([4] * 50, [4] * 45 + [0] * 5)
+    assert policy.choose(16) == 4
+    assert policy.choose(200) == 0  # another bucket: its costs are unknown
     assert batch_bucket(200) == 256 and batch_bucket(1) == 1 and batch_bucket(10**6) == 4096
 
 

@@ -133,7 +133,7 @@ def test_greedy_oracle_exercises_every_acceptance_length(checkpoint, baseline, o
 
 def test_dynamic_k_wrapping_ngram_equals_no_speculation(checkpoint, baseline):
     spec = {**NGRAM, "method": "dynamic", "dynamic": {"method": "ngram"}}
-    llm = _llm(checkpoint, speculative_config=spec, **SCENARIOS["chunked"])
+    llm = _llm(checkpoint, speculative_config=spec)
     assert _generate(llm, GREEDY) == baseline
     assert len(set(llm.engine.draft_policy.history)) > 1  # it explored several k (0 included)
 
@@ -143,10 +143,10 @@ SEEDED = SamplingParams(temperature=0.9, top_k=40, seed=7, max_tokens=MAX_TOKENS
 
 def test_seeded_sampling_with_drafts_equals_without(checkpoint, oracle):
     want = _generate(_llm(checkpoint), SEEDED)
+    _Oracle.sequences = [p + o for p, o in zip(PROMPTS, want)]  # propose the seeded continuation (corrupted)
     oracle_llm = _llm(checkpoint, speculative_config={"method": "oracle-test", "num_speculative_tokens": K})
-    # The oracle proposes the greedy continuation: under sampling some drafts are accepted, most rejected.
     assert _generate(oracle_llm, SEEDED) == want
-    assert _generate(_llm(checkpoint, speculative_config=NGRAM, async_scheduling=False), SEEDED) == want
+    assert oracle_llm.get_metrics()["spec_decode"]["num_accepted_tokens"] > 0
 
 
 def test_draft_probabilities_are_verified_deterministically(checkpoint, baseline, oracle):
