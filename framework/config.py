@@ -117,6 +117,14 @@ class SpeculatorConfig(_Strict):
     prompt_lookup_min: int = Field(2, ge=1, le=16, description="ngram: shortest suffix that may match.")
     prompt_lookup_max: int = Field(5, ge=1, le=16, description="ngram: longest suffix tried (the longest match wins).")
     dynamic: DynamicKConfig = Field(default_factory=DynamicKConfig)
+    model: Optional[str] = Field(
+        None, description="eagle, eagle3, mtp: local directory of the draft head (config.json + safetensors); "
+        "mtp may leave it null to read the MTP layers from the target checkpoint (model.path).",
+    )
+    draft_cuda_graphs: bool = Field(
+        True, description="eagle, eagle3, mtp: replay CUDA graphs for the draft steps after the first (GPU, with "
+        "runner.cuda_graphs); false runs them eagerly.",
+    )
 
     @model_validator(mode="after")
     def _tokens_match_method(self) -> "SpeculatorConfig":
@@ -130,6 +138,20 @@ class SpeculatorConfig(_Strict):
         if self.method == "dynamic" and self.dynamic.method in ("dynamic", "none"):
             raise ValueError(f"speculator.dynamic.method={self.dynamic.method}: dynamic-k wraps a drafting "
                              "method (ngram, eagle, ...)")
+        return self
+
+    @model_validator(mode="after")
+    def _draft_model_path(self) -> "SpeculatorConfig":
+        if self.model is not None:
+            from pathlib import Path
+
+            if not Path(self.model).is_dir():
+                raise ValueError(f"speculator.model '{self.model}' is not a directory")
+            if not (Path(self.model) / "config.json").is_file():
+                raise ValueError(f"speculator.model '{self.model}' has no config.json")
+        elif self.method in ("eagle", "eagle3") or (self.method == "dynamic" and self.dynamic.method in ("eagle", "eagle3")):
+            method = self.method if self.method != "dynamic" else self.dynamic.method
+            raise ValueError(f"speculator.method={method} needs speculator.model: the draft head's directory")
         return self
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -22,7 +22,15 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
-ForwardFn = Callable[[torch.Tensor, torch.Tensor, list, AttentionMetadata], torch.Tensor]
+# Returns the hidden states [B, hidden], or a (possibly nested) tuple of [B, ...] tensors (e.g. with aux states).
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, list, AttentionMetadata], Any]
+
+
+def _first_rows(out: Any, r: int) -> Any:
+    """The first r rows of every tensor of a captured output (a tensor or nested tuples of tensors)."""
+    if isinstance(out, torch.Tensor):
+        return out[:r]
+    return tuple(_first_rows(o, r) for o in out)
 
 
 class DecodeCudaGraphs:
@@ -54,7 +62,7 @@ class DecodeCudaGraphs:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)  # [B]
         self.block_tables = torch.zeros(n, max_blocks_per_req, dtype=torch.int32, device=device)  # [B, max_blocks]
         self.kv_slot_mapping = torch.full((n * q_max,), -1, dtype=torch.int64, device=device)  # [B*q]
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Any]] = {}
         self.pool = torch.cuda.graph_pool_handle()
 
     def _metadata(self, size: int, q: int) -> AttentionMetadata:
@@ -103,8 +111,9 @@ class DecodeCudaGraphs:
         i = bisect.bisect_left(self.sizes, num_rows)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def run(self, size: int, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Copy the batch into the static buffers (padding rows reset), replay; returns hidden [R*q, hidden]."""
+    def run(self, size: int, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> Any:
+        """Copy the batch into the static buffers (padding rows reset), replay; returns the forward's output
+        (hidden [R*q, hidden], or its tuple of tensors) for the real tokens."""
         r, t = meta.num_rows, meta.num_tokens
         q = t // r
         padded = size * q
@@ -120,4 +129,4 @@ class DecodeCudaGraphs:
         self.kv_slot_mapping[t:padded].fill_(-1)
         graph, out = self.graphs[(size, q)]
         graph.replay()
-        return out[:t]
+        return _first_rows(out, t)

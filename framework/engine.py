@@ -85,8 +85,9 @@ class EngineCore:
         self.kv_cache = KVCacheManager(blocks, config.cache.block_size)
         self.spec_metrics = SpecDecodeMetrics()
         self.draft_policy = build_draft_policy(config.speculator)
+        lookahead = max(config.speculator.num_speculative_tokens - 1, 0) if self.runner.num_draft_kv_layers else 0
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.max_model_len, self.draft_policy,
-                                   self.spec_metrics)
+                                   self.spec_metrics, draft_kv_lookahead=lookahead)
         self._last_output_time: Optional[float] = None  # when the previous step's output arrived (dynamic-k)
         self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
         self._processor_classes = logits_processor_classes(config.sampler.logits_processors)

@@ -13,7 +13,9 @@ from torch import nn
 from framework.config import ConfigError, Mrv2Config
 from framework.distributed.context import ParallelContext
 from framework.models.hf_config import DecoderConfig
-from framework.models.loader import build_model, init_random_weights, load_safetensors_weights, read_hf_config
+from framework.models.loader import (
+    build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
+)
 from framework.models.presets import preset_config
 from framework.tokenizer import Tokenizer, checkpoint_eos_token_id, load_tokenizer
 
@@ -36,6 +38,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     parallel: ParallelContext = field(default_factory=ParallelContext)  # this rank's place (single process: 1 x 1)
+    path: Optional[str] = None  # the HF directory the weights came from (a shipped one for `tiny`); None: random
 
 
 def resolve_device(name: str) -> torch.device:
@@ -62,7 +65,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     hf_config = read_model_config(config)
     model = build_model(hf_config, dtype, device, parallel)
     if mc.path:
-        load_safetensors_weights(model, mc.path)
+        load_safetensors_weights(model, mc.path, mtp_tensor_prefixes(hf_config))  # MTP layers: the speculator's
         eos = checkpoint_eos_token_id(Path(mc.path), hf_config)
     else:
         init_random_weights(model, mc.seed)
@@ -85,6 +88,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         device=device,
         dtype=dtype,
         parallel=parallel,
+        path=mc.path,
     )
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from framework.async_output import AsyncOutput
+from framework.attention import AttentionMetadata
 from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
 from framework.cuda_graphs import DecodeCudaGraphs
@@ -37,6 +38,8 @@ class _ExecuteState(NamedTuple):
     hidden_states: torch.Tensor  # [T, hidden]
     pooled: Optional[PooledRows]  # vectors of embedding requests whose prompt completed this step
     num_propose: int  # drafts per row the speculator proposes after this step (SchedulerOutput.num_propose_tokens)
+    aux_hidden_states: tuple[torch.Tensor, ...]  # [T, hidden] each: target layers the speculator reads
+    attn_metadata: Optional[AttentionMetadata]  # kept for a draft model's KV writes (same KV slots)
 
 
 class ModelRunnerV2(ModelRunner):
@@ -70,6 +73,7 @@ class ModelRunnerV2(ModelRunner):
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)
         self.speculator: Optional[Speculator] = build_speculator(config.speculator, loaded, max_reqs, self.device)
         self.num_draft_kv_layers = self.speculator.num_kv_layers if self.speculator is not None else 0
+        self.aux_layer_ids = self.speculator.aux_hidden_layer_ids if self.speculator is not None else ()
         self.config, self.loaded = config, loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
         self.cuda_graphs: Optional[DecodeCudaGraphs] = None
@@ -107,10 +111,14 @@ class ModelRunnerV2(ModelRunner):
         max_reqs = self.config.scheduler.max_num_seqs
         sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
         self.cuda_graphs = DecodeCudaGraphs(
-            self.model, self.kv_caches, sizes, self.block_tables.max_blocks_per_req, self.config.cache.block_size,
-            self.loaded.max_model_len, self.device, tokens_per_row=self._graph_tokens_per_row(),
+            self._forward_with_aux, self.kv_caches, sizes, self.block_tables.max_blocks_per_req,
+            self.config.cache.block_size, self.loaded.max_model_len, self.device,
+            tokens_per_row=self._graph_tokens_per_row(),
         )
         self.cuda_graphs.capture()
+        if self.speculator is not None:  # a draft model's own graphs (EAGLE / MTP draft steps)
+            self.speculator.capture_cuda_graphs(sizes, self.config.cache.block_size,
+                                                self.block_tables.max_blocks_per_req)
 
     def _graph_tokens_per_row(self) -> tuple[int, ...]:
         """1 + every k the scheduler may ask to verify: all of 0..K with dynamic-k, else 0 and K."""
@@ -135,13 +143,16 @@ class ModelRunnerV2(ModelRunner):
         batch = build_input_batch(output, self.request_state, self.device)  # 5. inputs, on the device
         attn_metadata = self.model_state.prepare_attn_metadata(batch, self.block_tables)  # 6. block tables, KV slots
         extra_inputs = self.model_state.prepare_inputs(batch)  # 7. architecture-specific inputs
-        hidden = self._forward(batch, attn_metadata, extra_inputs)  # 8. graph replay or eager
+        hidden, aux_hidden = self._forward(batch, attn_metadata, extra_inputs)  # 8. graph replay or eager
         seq_lens_host = self.request_state.num_computed_host[batch.idx_mapping_host]
         pooled = self.pooling_state.apply(  # 9. embedding requests: pool prompt hidden states, on the device
             batch, hidden, np.asarray(output.num_scheduled_tokens), seq_lens_host)
-        self._pending = _ExecuteState(batch, hidden, pooled, output.num_propose_tokens)
+        self._pending = _ExecuteState(batch, hidden, pooled, output.num_propose_tokens, aux_hidden,
+                                      attn_metadata if self.num_draft_kv_layers else None)
 
-    def _forward(self, batch: InputBatch, attn_metadata, extra_inputs: dict) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    def _forward(self, batch: InputBatch, attn_metadata: AttentionMetadata,
+                 extra_inputs: dict) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """(hidden [T, hidden], aux hidden states of `aux_layer_ids`): graph replay for pure decode, else eager."""
         graphs = self.cuda_graphs
         # Pure decode: every token gets a logits row (1 + drafts per row), and every row has as many tokens.
         pure_decode = (batch.num_tokens == batch.num_logits == batch.num_rows * batch.max_query_len
@@ -150,8 +161,9 @@ class ModelRunnerV2(ModelRunner):
         if size is not None:
             return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
         if self.parallel.pp_size == 1:
-            return self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)
-        return self._forward_stage(batch, attn_metadata, extra_inputs)
+            return self._forward_with_aux(batch.input_ids, batch.positions, self.kv_caches, attn_metadata,
+                                          **extra_inputs)
+        return self._forward_stage(batch, attn_metadata, extra_inputs), ()  # no speculation under PP (config)
 
     def _forward_stage(self, batch: InputBatch, attn_metadata, extra_inputs: dict) -> torch.Tensor:  # type: ignore[no-untyped-def]
         """One pipeline stage: hidden states in from the previous stage, out to the next one."""
@@ -164,6 +176,14 @@ class ModelRunnerV2(ModelRunner):
         if not ctx.is_last_stage:
             ctx.send_to_next_stage(hidden)
         return hidden
+
+    def _forward_with_aux(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                          attn_metadata: AttentionMetadata, **extra_inputs: torch.Tensor
+                          ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        if self.aux_layer_ids:  # the target also returns the layers a draft model reads (EAGLE-3)
+            return self.model.forward_with_aux(input_ids, positions, kv_caches, attn_metadata, self.aux_layer_ids,
+                                               **extra_inputs)
+        return self.model(input_ids, positions, kv_caches, attn_metadata, **extra_inputs), ()
 
     def _states(self) -> list:
         owners = [self.block_tables, self.sampling_states, self.model_state, self.pooling_state]
@@ -200,7 +220,7 @@ class ModelRunnerV2(ModelRunner):
     def sample_tokens(self) -> AsyncOutput:
         if self._pending is None:
             return AsyncOutput.empty()
-        batch, hidden, pooled, num_propose = self._pending
+        batch, hidden, pooled, num_propose, aux_hidden, attn_metadata = self._pending
         self._pending = None
         if not self.parallel.is_last_stage:  # 1-3. an earlier pipeline stage: the driver's tokens arrive below
             sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
@@ -230,9 +250,11 @@ class ModelRunnerV2(ModelRunner):
         )
         self.sampling_states.record_sampled(batch.idx_mapping, tokens, num_sampled)  # 7. penalty counts advance
         self.model_state.postprocess(batch, num_sampled, num_rejected)  # 8. architecture state advances
-        if self.speculator is not None and num_propose > 0:  # 9. next drafts, where the next inputs read them
-            proposal = self.speculator.propose(ProposeInputs(
-                batch, hidden, (), tokens, num_sampled, num_rejected, rs, num_propose))
+        spec = self.speculator
+        if spec is not None and (num_propose > 0 or spec.runs_every_step):  # 9. next drafts (+ draft KV)
+            proposal = spec.propose(ProposeInputs(
+                batch, hidden, aux_hidden, tokens, num_sampled, num_rejected, rs, num_propose, attn_metadata,
+                self._kv_capacity(batch) if attn_metadata is not None else None))
             rows = batch.idx_mapping.long()
             rs.draft_tokens[rows, :num_propose] = proposal.draft_token_ids.to(rs.draft_tokens.dtype)
             if proposal.draft_probs is not None:
@@ -240,6 +262,11 @@ class ModelRunnerV2(ModelRunner):
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output
+
+    def _kv_capacity(self, batch: InputBatch) -> torch.Tensor:
+        """[R] int32: KV positions the blocks of each row hold now (host counts, copied without a sync)."""
+        capacity = self.block_tables.num_blocks[batch.idx_mapping_host] * self.block_tables.block_size
+        return torch.from_numpy(capacity.astype(np.int32)).to(self.device, non_blocking=True)
 
     def _start_output_copy(self, batch: InputBatch, tokens: torch.Tensor, num_sampled: torch.Tensor,
                            sampled: SamplerOutput, prompt_logprobs: Optional[PromptLogprobsPiece],

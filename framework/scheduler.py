@@ -33,8 +33,11 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
                  draft_policy: Optional["DraftLengthPolicy"] = None,
-                 spec_metrics: Optional["SpecDecodeMetrics"] = None) -> None:
+                 spec_metrics: Optional["SpecDecodeMetrics"] = None, draft_kv_lookahead: int = 0) -> None:
         self.config = config
+        # A draft model with its own KV (EAGLE, MTP) writes up to k - 1 positions past a sampling row's last
+        # token while drafting: such rows get blocks for that many more positions.
+        self.draft_kv_lookahead = draft_kv_lookahead
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
         self.draft_policy = draft_policy
@@ -112,14 +115,16 @@ class Scheduler:
             n = min(request.num_tokens + request.num_output_placeholders - request.num_computed_tokens, budget)
             num_draft = self._num_drafts(request, budget) if n == 1 else 0
             n += num_draft
-            new_blocks = self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n)
+            samples = request.num_computed_tokens + n - num_draft == request.num_tokens + request.num_output_placeholders
+            need = self._with_lookahead(request.num_computed_tokens + n, samples)
+            new_blocks = self.kv_cache.allocate(request.request_id, need)
             while new_blocks is None:
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     break
-                new_blocks = self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n)
+                new_blocks = self.kv_cache.allocate(request.request_id, need)
             if new_blocks is None:
                 break  # the request itself was preempted; everyone after it already was too
             rows.append((request, n))
@@ -138,7 +143,8 @@ class Scheduler:
             num_encoder = request.encoder_input.num_encoder_tokens if request.encoder_input is not None else 0
             if encoder_scheduled and encoder_scheduled + num_encoder > encoder_budget:
                 break
-            if self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n) is None:
+            samples = n == request.num_tokens - request.num_computed_tokens
+            if self.kv_cache.allocate(request.request_id, self._with_lookahead(request.num_computed_tokens + n, samples)) is None:
                 break
             encoder_scheduled += num_encoder
             self.waiting.popleft()
@@ -184,6 +190,10 @@ class Scheduler:
             num_propose_tokens=num_propose,
             num_computed_tokens=computed_before,
         )
+
+    def _with_lookahead(self, num_tokens: int, samples: bool) -> int:
+        """KV positions to allocate for a row computing up to `num_tokens`: plus the draft lookahead if it samples."""
+        return min(num_tokens + self.draft_kv_lookahead, self.max_model_len) if samples else num_tokens
 
     def _num_drafts(self, request: Request, budget: int) -> int:
         """Drafts a decoding request verifies this step: what its slot holds, within every limit."""

@@ -193,8 +193,15 @@ class DynamicKSpeculator(Speculator):
     def num_kv_layers(self) -> int:
         return self.inner.num_kv_layers
 
+    @property
+    def aux_hidden_layer_ids(self) -> tuple[int, ...]:
+        return self.inner.aux_hidden_layer_ids
+
     def bind_kv_caches(self, kv_caches: list["torch.Tensor"]) -> None:
         self.inner.bind_kv_caches(kv_caches)
+
+    def capture_cuda_graphs(self, batch_sizes: list[int], block_size: int, max_blocks_per_req: int) -> None:
+        self.inner.capture_cuda_graphs(batch_sizes, block_size, max_blocks_per_req)
 
     def add_request(self, req_slot: int, request: "NewRequestData") -> None:
         self.inner.add_request(req_slot, request)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple, Optional
 import torch
 
 if TYPE_CHECKING:
+    from framework.attention import AttentionMetadata
     from framework.config import SpeculatorConfig
     from framework.engine_setup import LoadedModel
     from framework.input_batch import InputBatch
@@ -31,7 +32,11 @@ class ProposeInputs(NamedTuple):
     num_sampled: torch.Tensor  # [R] int32: tokens produced per row (0 for a prefill chunk that samples nothing)
     num_rejected: torch.Tensor  # [R] int32: drafts rejected per row (their KV positions are overwritten later)
     request_state: "RequestState"  # history (all_token_ids, total_len, ...) already includes step N's tokens
-    num_draft_tokens: int  # k: drafts to propose per row for step N+1 (1 <= k <= num_speculative_tokens)
+    num_draft_tokens: int  # k: drafts to propose per row for step N+1 (0 <= k <= num_speculative_tokens)
+    # Step N's attention metadata (block tables, KV slots): draft layers write their KV at the same KV slots.
+    attn_metadata: Optional["AttentionMetadata"] = None
+    # [R] int32: KV positions each row's allocated blocks hold; draft steps never write at or past it.
+    kv_capacity: Optional[torch.Tensor] = None
 
 
 class Proposal(NamedTuple):
@@ -68,6 +73,19 @@ class Speculator(ABC):
     def num_kv_layers(self) -> int:
         """Paged KV layers the draft model needs in addition to the target's (0 for model-free methods)."""
         return 0
+
+    @property
+    def aux_hidden_layer_ids(self) -> tuple[int, ...]:
+        """Target layers whose entering hidden states `ProposeInputs.aux_hidden_states` carries (in this order)."""
+        return ()
+
+    @property
+    def runs_every_step(self) -> bool:
+        """True when `propose` must run after every step, also with k = 0 (a draft model keeping its KV)."""
+        return self.num_kv_layers > 0
+
+    def capture_cuda_graphs(self, batch_sizes: list[int], block_size: int, max_blocks_per_req: int) -> None:
+        """Capture the method's own CUDA graphs (GPU with `runner.cuda_graphs`), after `bind_kv_caches`."""
 
     def bind_kv_caches(self, kv_caches: list[torch.Tensor]) -> None:
         """Receive the `num_kv_layers` extra KV cache tensors (called after every KV (re)allocation)."""

@@ -73,14 +73,17 @@ def test_cli_override_checks_accept_valid_ones():
     check_overrides(["model=tiny", "sampler.temperature=0.5", "hydra.verbose=true"], conf_dir())
 
 
-def test_composed_yaml_matches_schema():
+def test_composed_yaml_matches_schema(tmp_path):
     """Every YAML option of every group composes into a valid config (no drift between conf/ and schema)."""
     from hydra import compose, initialize_config_dir
 
+    (tmp_path / "config.json").write_text("{}")  # a draft head directory for the eagle / eagle3 options
+    needs = {"hf": ["model.path=/x"], "eagle": [f"speculator.model={tmp_path}"],
+             "eagle3": [f"speculator.model={tmp_path}"]}
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         for group in ("model", "runner", "sampler", "speculator", "scheduler", "cache", "experiment"):
             for option in sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")):
-                overrides = [f"{group}={option}"] + (["model.path=/x"] if option == "hf" else [])
+                overrides = [f"{group}={option}"] + needs.get(option, [])
                 cfg = compose(config_name="run", overrides=overrides)
                 assert isinstance(load_config(cfg), Mrv2Config), (group, option)
 
@@ -126,3 +129,14 @@ def test_v1_refuses_speculation():
     config = load_config({"runner": {"kind": "v1"}, "speculator": {"method": "ngram", "num_speculative_tokens": 2}})
     with pytest.raises(ConfigError, match="the V1 runner does not verify drafts"):
         select_runner(config)
+
+
+def test_draft_head_directory_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="speculator.method=eagle needs speculator.model"):
+        load_config({"speculator": {"method": "eagle", "num_speculative_tokens": 2}})
+    with pytest.raises(ConfigError, match=f"speculator.model '{tmp_path / 'nope'}' is not a directory"):
+        load_config({"speculator": {"method": "eagle3", "num_speculative_tokens": 2, "model": str(tmp_path / "nope")}})
+    with pytest.raises(ConfigError, match="has no config.json"):
+        load_config({"speculator": {"method": "mtp", "num_speculative_tokens": 1, "model": str(tmp_path)}})
+    (tmp_path / "config.json").write_text("{}")
+    assert load_config({"speculator": {"method": "mtp", "num_speculative_tokens": 1, "model": str(tmp_path)}})

@@ -178,14 +178,34 @@ class LlamaForCausalLM(nn.Module):
         pp_hidden: Optional[torch.Tensor] = None,  # [T, hidden] from the previous pipeline stage
     ) -> torch.Tensor:
         """Hidden states after the final norm; a stage other than the last returns its layers' output instead."""
+        return self.forward_with_aux(input_ids, positions, kv_caches, attn_metadata, pp_hidden=pp_hidden)[0]
+
+    def forward_with_aux(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+        aux_layer_ids: tuple[int, ...] = (),
+        pp_hidden: Optional[torch.Tensor] = None,  # [T, hidden] from the previous pipeline stage
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """(final hidden [T, hidden], the residual stream entering each layer of `aux_layer_ids` [T, hidden]).
+
+        The aux states are the tensors the layer loop already holds (no copy), so asking for them costs
+        nothing but keeping them alive; a CUDA graph captured over this method returns them as outputs.
+        Layer ids are global; under pipeline parallelism only this stage's layers can be asked for.
+        """
         freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # [T, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         x = self.model.embed_tokens(input_ids) if pp_hidden is None else pp_hidden
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        layers = self.model.layers[self.model.stage_layers.start: self.model.stage_layers.stop]
-        for layer, kv_cache in zip(layers, kv_caches):
-            x = layer(x, cos, sin, kv_cache, attn_metadata, self.attention)
-        return self.model.norm(x) if self.ctx.is_last_stage else x
+        stage = self.model.stage_layers
+        entering: dict[int, torch.Tensor] = {}
+        for i, kv_cache in zip(stage, kv_caches):
+            if i in aux_layer_ids:
+                entering[i] = x
+            x = self.model.layers[i](x, cos, sin, kv_cache, attn_metadata, self.attention)
+        return (self.model.norm(x) if self.ctx.is_last_stage else x), tuple(entering[i] for i in aux_layer_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[L, hidden] -> [L, vocab] float32."""

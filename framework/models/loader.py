@@ -107,11 +107,18 @@ def _copy_into(model: nn.Module, params: dict[str, nn.Parameter], names: list[st
             params[name].copy_(tensor)
 
 
-def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
+def mtp_tensor_prefixes(hf_config: dict[str, Any]) -> tuple[str, ...]:
+    """`model.layers.{L + i}.` of a checkpoint with `num_nextn_predict_layers` MTP layers (the MTP speculator's)."""
+    first, n = int(hf_config.get("num_hidden_layers") or 0), int(hf_config.get("num_nextn_predict_layers") or 0)
+    return tuple(f"model.layers.{first + i}." for i in range(n))
+
+
+def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: tuple[str, ...] = ()) -> None:
     """Copy every tensor of the checkpoint into the parameter of the same name; names are checked both ways.
 
     Under parallelism each rank reads only its slices (`safe_open(...).get_slice`) and skips the tensors of other
-    pipeline stages (`model.owns_checkpoint_tensor`) without reading them.
+    pipeline stages (`model.owns_checkpoint_tensor`) without reading them. Tensors under `skip_prefixes` belong
+    to someone else (the MTP layers of a checkpoint) and are not read.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -122,6 +129,8 @@ def load_safetensors_weights(model: nn.Module, path: str | Path) -> None:
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
+                    if skip_prefixes and name.startswith(skip_prefixes):
+                        continue
                     if name not in targets:
                         if name.endswith(IGNORED_TENSOR_SUFFIXES) or (owns is not None and not owns(name)):
                             continue
