@@ -13,6 +13,7 @@ from tqdm import tqdm
 from framework.config import Mrv2Config, load_config
 from framework.engine import EngineCore
 from framework.pooling_params import PoolingParams, PoolingRequestOutput
+from framework.prefix_cache import PrefixCacheStats
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
 
@@ -37,6 +38,7 @@ _KWARGS = {
     "async_scheduling": "scheduler.async_scheduling",
     "cuda_graphs": "runner.cuda_graphs",
     "token_history_on_host": "cache.token_history_on_host",
+    "enable_prefix_caching": "cache.enable_prefix_caching",
     "task": "task",
     "pooling": "model.pooling",
 }
@@ -77,6 +79,16 @@ class LLM:
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]
         return self.engine.tokenizer
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prefix caching since the engine started: `queries` (tokens looked up), `hits` (tokens served from
+        the cache) and `hit_rate` (see docs/prefix-caching.md)."""
+        return self.engine.prefix_cache_stats
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix; the next requests compute their prompts from scratch."""
+        self.engine.reset_prefix_cache()
 
     def _token_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
