@@ -207,3 +207,22 @@ def test_a_failed_step_drops_what_it_published(tiny_llm_factory):
     again = llm.generate([prompt], greedy, use_tqdm=False)[0]
     assert again.num_cached_tokens == 0 and again.token_ids == reference.token_ids
     assert_engine_drained(llm.engine)
+
+
+def test_prefix_bench_writes_table_json_and_plot(tmp_path, capsys):
+    import json
+
+    from framework.bench_prefix import run_prefix_bench
+
+    config = load_config({"device": "cpu", "cache": {"block_size": 4},
+                          "bench": {"num_requests": 6, "shared_prefix_len": 24, "input_len": [2, 6],
+                                    "output_len": [2, 4], "name": "t"}})
+    off, on = run_prefix_bench(config, tmp_path)
+    table = capsys.readouterr().out
+    assert "TTFT p50 ms" in table and "(no prefix cache)" in table
+    assert off.prefix_cache_queries == 0 and on.prefix_cache_hits >= 5 * 24  # every request after the first
+    assert on.input_tokens == off.input_tokens and on.output_tokens == off.output_tokens
+    payload = json.loads((tmp_path / "prefix_bench.json").read_text())
+    assert [r["prefix_caching"] for r in payload["results"]] == [False, True]
+    assert all(r["ttft_p50_s"] > 0 for r in payload["results"])
+    assert (tmp_path / "prefix_bench.png").stat().st_size > 0
