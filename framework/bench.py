@@ -11,11 +11,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from framework.config import BenchConfig, Mrv2Config
 from framework.llm import LLM
+from framework.request import RequestOutput
 from framework.sampling_params import SamplingParams
 
 
@@ -32,6 +34,13 @@ class BenchResult:
     input_tokens: int
     output_tokens: int
     seconds: float
+    # Time to first token per request (all requests arrive at the start), mrv2 only: mean / median / p90 / max.
+    ttft_mean_s: Optional[float] = None
+    ttft_p50_s: Optional[float] = None
+    ttft_p90_s: Optional[float] = None
+    ttft_max_s: Optional[float] = None
+    prefix_cache_queries: Optional[int] = None  # prompt tokens looked up in the prefix cache during the run
+    prefix_cache_hits: Optional[int] = None  # of them, served from the cache
 
     @property
     def output_tok_per_s(self) -> float:
@@ -40,6 +49,26 @@ class BenchResult:
     @property
     def total_tok_per_s(self) -> float:
         return (self.input_tokens + self.output_tokens) / self.seconds
+
+    @property
+    def prefix_cache_hit_rate(self) -> Optional[float]:
+        if self.prefix_cache_queries is None or self.prefix_cache_hits is None:
+            return None
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+def ttft_summary(outputs: list[RequestOutput]) -> dict[str, float]:
+    """Mean, median, p90 and max time to first token (seconds) over the outputs that produced a token."""
+    ttfts = sorted(t for o in outputs if o.metrics is not None
+                   for t in [o.metrics.time_to_first_token] if t is not None)
+    if not ttfts:
+        return {}
+
+    def quantile(q: float) -> float:
+        return ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))]
+
+    return {"ttft_mean_s": sum(ttfts) / len(ttfts), "ttft_p50_s": quantile(0.5), "ttft_p90_s": quantile(0.9),
+            "ttft_max_s": ttfts[-1]}
 
 
 def make_workload(bench: BenchConfig, vocab_size: int) -> Workload:
@@ -64,17 +93,23 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
         for i, n in enumerate(workload.output_lens)
     ]
     device = llm.engine.loaded.device
+    stats_before = llm.prefix_cache_stats
     _sync(device)
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=True)
     _sync(device)
     seconds = time.perf_counter() - start
+    stats = llm.prefix_cache_stats
+    caching = llm.engine.kv_cache.enable_prefix_caching
     return BenchResult(
-        engine=f"mrv2 {llm.engine.runner.name}",
+        engine=f"mrv2 {llm.engine.runner.name}" + ("" if caching else " (no prefix cache)"),
         num_requests=len(outputs),
         input_tokens=sum(len(p) for p in workload.prompts),
         output_tokens=sum(len(o.token_ids) for o in outputs),
         seconds=seconds,
+        prefix_cache_queries=stats.queries - stats_before.queries,
+        prefix_cache_hits=stats.hits - stats_before.hits,
+        **ttft_summary(outputs),
     )
 
 
@@ -144,10 +179,17 @@ def decode_idle_fraction(llm: LLM, batch_size: int, steps: int) -> dict[str, flo
 
 
 def format_table(results: list[BenchResult]) -> str:
-    head = f"{'engine':<18}{'requests':>9}{'in tok':>10}{'out tok':>10}{'seconds':>10}{'out tok/s':>12}{'total tok/s':>13}"
+    width = max(18, *(len(r.engine) + 2 for r in results))
+    head = (f"{'engine':<{width}}{'requests':>9}{'in tok':>10}{'out tok':>10}{'seconds':>10}{'out tok/s':>12}"
+            f"{'total tok/s':>13}{'TTFT p50 ms':>13}{'TTFT p90 ms':>13}{'cache hit':>11}")
+
+    def opt(value: Optional[float], scale: float, fmt: str) -> str:
+        return "-" if value is None else format(value * scale, fmt)
+
     rows = [
-        f"{r.engine:<18}{r.num_requests:>9}{r.input_tokens:>10}{r.output_tokens:>10}{r.seconds:>10.2f}"
-        f"{r.output_tok_per_s:>12.1f}{r.total_tok_per_s:>13.1f}"
+        f"{r.engine:<{width}}{r.num_requests:>9}{r.input_tokens:>10}{r.output_tokens:>10}{r.seconds:>10.2f}"
+        f"{r.output_tok_per_s:>12.1f}{r.total_tok_per_s:>13.1f}{opt(r.ttft_p50_s, 1e3, '.1f'):>13}"
+        f"{opt(r.ttft_p90_s, 1e3, '.1f'):>13}{opt(r.prefix_cache_hit_rate, 100, '.1f') + ('%' if r.prefix_cache_hit_rate is not None else ''):>11}"
         for r in results
     ]
     return "\n".join([head, "-" * len(head), *rows])
@@ -159,6 +201,11 @@ def format_spec_metrics(spec: dict) -> str:
     return (f"spec decode: {spec['num_drafts']} drafts, {spec['num_draft_tokens']} draft tokens, "
             f"{spec['num_accepted_tokens']} accepted ({100 * spec['acceptance_rate']:.1f}%), mean acceptance length "
             f"{spec['mean_acceptance_length']:.2f}, per position [{per_pos}]")
+
+def result_dict(r: BenchResult) -> dict:
+    """A result with its derived rates, for the JSON file."""
+    return asdict(r) | {"output_tok_per_s": r.output_tok_per_s, "total_tok_per_s": r.total_tok_per_s,
+                        "prefix_cache_hit_rate": r.prefix_cache_hit_rate}
 
 
 def write_results(results: list[BenchResult], config: Mrv2Config, out_dir: Path, extra: dict | None = None) -> None:
@@ -172,8 +219,7 @@ def write_results(results: list[BenchResult], config: Mrv2Config, out_dir: Path,
     payload = {
         "config": config.model_dump(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "results": [asdict(r) | {"output_tok_per_s": r.output_tok_per_s, "total_tok_per_s": r.total_tok_per_s}
-                    for r in results],
+        "results": [result_dict(r) for r in results],
         **(extra or {}),
     }
     (out_dir / "bench.json").write_text(json.dumps(payload, indent=2))

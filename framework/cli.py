@@ -22,6 +22,7 @@ USAGE = """usage: mrv2 {run,bench} [HYDRA OVERRIDES...]
   mrv2 bench experiment=nano             the "nano" throughput workload (needs a GPU to finish quickly)
   mrv2 run task=embed                   embed the prompts instead (one line per prompt)
   mrv2 bench experiment=embed_bench     embedding throughput, mrv2 vs HF transformers
+  mrv2 bench experiment=prefix_bench    a shared 2,000-token system prompt, prefix caching off vs on
   mrv2 run --cfg job                     print the composed config
 """
 
@@ -85,6 +86,11 @@ def _bench_task(cfg: object) -> None:
         from framework.bench_embed import run_embed_bench
 
         run_embed_bench(config, out_dir)
+        return
+    if config.bench.shared_prefix_len:
+        from framework.bench_prefix import run_prefix_bench
+
+        run_prefix_bench(config, out_dir)
         return
     run_bench(config, out_dir)
 

@@ -185,6 +185,10 @@ class CacheConfig(_Strict):
     token_history_on_host: Optional[bool] = Field(
         None, description="Keep the per-slot token history in pinned host memory read by the GPU; null = on a GPU."
     )
+    enable_prefix_caching: Optional[bool] = Field(
+        None, description="Share the KV blocks of common prompt prefixes between requests (docs/prefix-caching.md); "
+        "null = on when the model's ModelState supports it, true = required (an error if it does not), false = off."
+    )
 
 
 class ParallelConfig(_Strict):
@@ -226,6 +230,11 @@ class BenchConfig(_Strict):
     baselines: list[Literal["hf"]] = Field(default_factory=list, description="Also run these on the same requests.")
     hf_batch_size: int = Field(256, ge=1, description="Batch size of the HF transformers baseline.")
     decode_idle_batch: int = Field(0, ge=0, description="If > 0 (GPU): measure GPU idle time of decode at this batch.")
+    shared_prefix_len: int = Field(
+        0, ge=0, description="If > 0: every prompt starts with one shared random prefix of this many tokens "
+        "(then `input_len` unique tokens), and the workload runs with prefix caching off, then on "
+        "(framework/bench_prefix.py)."
+    )
     output_dir: Optional[str] = Field(None, description="Where JSON and plot go; null = Hydra's run directory.")
 
     @model_validator(mode="after")

@@ -22,6 +22,7 @@ from framework.model_runner import ModelRunnerV2
 from framework.output_processor import OutputProcessor
 from framework.pooling import hidden_size_of
 from framework.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
+from framework.prefix_cache import PrefixCacheStats
 from framework.request import Request, RequestOutput, RequestStatus
 from framework.runner_interface import ModelRunner
 from framework.sampling_params import InvalidRequestError, SamplingParams, first_out_of_vocab
@@ -82,7 +83,8 @@ class EngineCore:
         blocks = self.runner.determine_num_kv_blocks()  # profiled on a GPU; the minimum over ranks
         self.runner.initialize_kv_cache(blocks)
         self.runner.capture_cuda_graphs()
-        self.kv_cache = KVCacheManager(blocks, config.cache.block_size)
+        self.kv_cache = KVCacheManager(blocks, config.cache.block_size,
+                                       enable_prefix_caching=self._prefix_caching(config))
         self.spec_metrics = SpecDecodeMetrics()
         self.draft_policy = build_draft_policy(config.speculator)
         lookahead = max(config.speculator.num_speculative_tokens - 1, 0) if self.runner.num_draft_kv_layers else 0
@@ -101,8 +103,25 @@ class EngineCore:
         self._check_invariants = config.scheduler.check_invariants
         self._consecutive_failures = 0
         self._dead: Optional[str] = None  # why the engine stopped, once it has
-        logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens", runner_kind, self.loaded.device, blocks,
-                    config.cache.block_size)
+        logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens, prefix caching %s", runner_kind,
+                    self.loaded.device, blocks, config.cache.block_size,
+                    "on" if self.kv_cache.enable_prefix_caching else "off")
+
+    def _prefix_caching(self, config: Mrv2Config) -> bool:
+        """`cache.enable_prefix_caching` resolved: null = on where the ModelState supports it."""
+        wanted = config.cache.enable_prefix_caching
+        state_cls = type(self.runner.model_state)
+        if wanted is False:
+            return False
+        if getattr(state_cls, "supports_prefix_caching", False):
+            return True
+        reason = (f"model state '{state_cls.name}' ({state_cls.__module__}.{state_cls.__qualname__}) does not "
+                  "declare supports_prefix_caching")
+        if wanted:
+            raise ConfigError(f"cache.enable_prefix_caching=true cannot be served: {reason} "
+                              "(set cache.enable_prefix_caching=false or null)")
+        logger.info("mrv2: prefix caching off: %s", reason)
+        return False
 
     def shutdown(self) -> None:
         """Stop the other ranks of a parallel run (nothing to do in one process); the engine is unusable after."""
@@ -325,6 +344,8 @@ class EngineCore:
         for request in victims:
             request.error = message
             self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ERROR)
+        # Blocks published for the failed step may never have been computed: no later request may hit them.
+        self.kv_cache.reset_prefix_cache()
         ids = [r.request_id for r in victims]
         outputs = self.output_processor.process(ModelRunnerOutput(ids, [[] for _ in ids]))
         return outputs if self._dead else self._checked(outputs)
@@ -332,6 +353,15 @@ class EngineCore:
     def _raise_if_dead(self) -> None:
         if self._dead is not None:
             raise EngineDeadError(self._dead)
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prefix-cache counters since start-up: tokens looked up (`queries`), served from the cache (`hits`)."""
+        return dataclasses.replace(self.kv_cache.stats)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (e.g. between benchmark runs); running requests keep their blocks."""
+        self.kv_cache.reset_prefix_cache()
 
     @property
     def num_free_blocks(self) -> int:

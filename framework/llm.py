@@ -14,6 +14,7 @@ from framework.config import Mrv2Config, load_config
 from framework.encoder_input import EncoderInput
 from framework.engine import EngineCore
 from framework.pooling_params import PoolingParams, PoolingRequestOutput
+from framework.prefix_cache import PrefixCacheStats
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
 
@@ -41,6 +42,7 @@ _KWARGS = {
     "async_scheduling": "scheduler.async_scheduling",
     "cuda_graphs": "runner.cuda_graphs",
     "token_history_on_host": "cache.token_history_on_host",
+    "enable_prefix_caching": "cache.enable_prefix_caching",
     "task": "task",
     "pooling": "model.pooling",
     "tensor_parallel_size": "parallel.tensor_parallel_size",
@@ -106,6 +108,16 @@ class LLM:
     def shutdown(self) -> None:
         """Stop the other ranks of a parallel run now (otherwise when the LLM is garbage-collected or at exit)."""
         self.engine.shutdown()
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prefix caching since the engine started: `queries` (tokens looked up), `hits` (tokens served from
+        the cache) and `hit_rate` (see docs/prefix-caching.md)."""
+        return self.engine.prefix_cache_stats
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix; the next requests compute their prompts from scratch."""
+        self.engine.reset_prefix_cache()
 
     def _token_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, Mapping):

@@ -7,13 +7,15 @@ here, and a request they end is finished through the scheduler.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from framework.async_output import LogprobsLists, ModelRunnerOutput
 from framework.detokenizer import IncrementalDetokenizer, find_stop_string
 from framework.pooling_params import PoolingRequestOutput
-from framework.request import Logprob, PromptLogprobs, Request, RequestOutput, RequestStatus, SampleLogprobs
+from framework.request import (Logprob, PromptLogprobs, Request, RequestMetrics, RequestOutput, RequestStatus,
+                               SampleLogprobs)
 from framework.scheduler import Scheduler
 
 
@@ -33,6 +35,7 @@ class _OutputState:
     sent_chars: int = 0
     sent_prompt_logprobs: bool = False
     embedding: Optional[list[float]] = None  # an embedding request's vector, once its prompt is pooled
+    metrics: Optional[RequestMetrics] = None  # arrival and first-token times (host clock)
 
 
 class OutputProcessor:
@@ -58,6 +61,7 @@ class OutputProcessor:
             cumulative_logprob=0.0 if params.logprobs is not None else None,
             prompt_logprobs=prompt_lp,
             num_prompt_logprobs_missing=max(request.num_prompt_tokens - 1, 0) if prompt_lp is not None else 0,
+            metrics=RequestMetrics(arrival_time=time.perf_counter()),
         )
 
     def process(self, runner_output: ModelRunnerOutput) -> list[RequestOutput | PoolingRequestOutput]:
@@ -113,6 +117,8 @@ class OutputProcessor:
         request = state.request
         params = request.sampling_params
         new_tokens = request.output_token_ids[state.num_tokens_seen:]
+        if new_tokens and state.metrics is not None and state.metrics.first_token_time is None:
+            state.metrics.first_token_time = time.perf_counter()
         stopped_by_token = request.status == RequestStatus.FINISHED_STOPPED
         # Text is needed while running only for stop strings and streaming; otherwise the output is decoded once
         # when the request finishes (one decode call instead of two per token: the host stays off the hot path).
@@ -205,4 +211,6 @@ class OutputProcessor:
             prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
             cumulative_logprob=state.cumulative_logprob,
             error=request.error,
+            num_cached_tokens=request.num_cached_tokens,
+            metrics=state.metrics,
         )

@@ -53,6 +53,12 @@ class Request:
     pooling_params: Optional[PoolingParams] = None
     # Set for an encoder-decoder (Whisper) request: the encoder runs on it in the request's first step.
     encoder_input: Optional[EncoderInput] = None
+    # Prefix caching (docs/prefix-caching.md): hashes of the full blocks of prompt + output so far, extended as
+    # blocks fill; and what else changes this request's KV (an encoder input's hash, a LoRA name), mixed into
+    # every block hash so that requests differing in them never share blocks.
+    block_hashes: list[bytes] = field(default_factory=list)
+    cache_extra_keys: tuple[Union[str, bytes, int], ...] = ()
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache when it first ran
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -82,6 +88,19 @@ PromptLogprobs = list[Optional[dict[int, Logprob]]]  # per prompt token; the fir
 
 
 @dataclass
+class RequestMetrics:
+    """Host timestamps of one request (`time.perf_counter()` seconds): when it arrived and when its first output
+    token reached the host (None before that). Time to first token = `first_token_time - arrival_time`."""
+
+    arrival_time: float
+    first_token_time: Optional[float] = None
+
+    @property
+    def time_to_first_token(self) -> Optional[float]:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+
+@dataclass
 class RequestOutput:
     """What `LLM.generate` returns per request (and `EngineCore.step` per finished or streamed request).
 
@@ -104,3 +123,5 @@ class RequestOutput:
     prompt_logprobs: Optional[PromptLogprobs] = None
     cumulative_logprob: Optional[float] = None
     error: Optional[str] = None  # set when finish_reason is "error"
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache instead of computed
+    metrics: Optional[RequestMetrics] = None

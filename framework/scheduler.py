@@ -15,6 +15,16 @@ if TYPE_CHECKING:
     from speculators.policy import DraftLengthPolicy
 
 
+def may_read_prefix_cache(request: Request) -> bool:
+    """False for requests that need every prompt position computed: prompt logprobs score each prompt token
+    from the hidden state before it, and mean / CLS pooling read the hidden states of every / the first prompt
+    token. They still publish their blocks for others."""
+    if request.sampling_params.prompt_logprobs is not None:
+        return False
+    pooling = request.pooling_params
+    return pooling is None or pooling.pooling_type in (None, "last")
+
+
 class Scheduler:
     """Decides, each step, which requests compute how many tokens.
 
@@ -29,6 +39,9 @@ class Scheduler:
     arrives the host counts all of them as computed and all k + 1 possible tokens as placeholders (upper
     bounds, so KV blocks always suffice); the output's length then corrects `num_computed_tokens` down by
     the rejected drafts, whose KV positions the next steps overwrite.
+
+    With prefix caching a waiting request starts at its cache hit (`num_computed_tokens` = the hit length, a
+    whole number of blocks), and every scheduled request publishes the blocks it fills (docs/prefix-caching.md).
     """
 
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
@@ -130,6 +143,7 @@ class Scheduler:
             rows.append((request, n))
             drafts.append(num_draft)
             cached_data.append(CachedRequestData(request.request_id, new_blocks))
+            self.kv_cache.cache_blocks(request, min(request.num_computed_tokens + n, request.num_tokens))
             budget -= n
             i += 1
 
@@ -137,16 +151,19 @@ class Scheduler:
         encoder_scheduled = 0
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
             # The encoder runs in the step that admits the request (first or resumed): bound its work per step,
             # but always admit one, so a request larger than the budget still runs.
             num_encoder = request.encoder_input.num_encoder_tokens if request.encoder_input is not None else 0
             if encoder_scheduled and encoder_scheduled + num_encoder > encoder_budget:
                 break
-            samples = n == request.num_tokens - request.num_computed_tokens
-            if self.kv_cache.allocate(request.request_id, self._with_lookahead(request.num_computed_tokens + n, samples)) is None:
+            hit_blocks = self._cache_hit(request)  # leading blocks served from the prefix cache
+            num_hit = len(hit_blocks) * self.kv_cache.block_size
+            n = min(request.num_tokens - num_hit, budget)
+            need = self._with_lookahead(num_hit + n, samples=num_hit + n == request.num_tokens)
+            if self.kv_cache.allocate(request.request_id, need, hit_blocks) is None:
                 break
             encoder_scheduled += num_encoder
+            self._admit_cache_hit(request, num_hit, n)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -280,6 +297,27 @@ class Scheduler:
             problems.append("blocks are held by a request that is not running (or has ended)")
         if problems:
             raise AssertionError("scheduler invariant broken: " + "; ".join(problems))
+
+    # ---- prefix caching ------------------------------------------------------------------------------
+    def _cache_hit(self, request: Request) -> list[int]:
+        """Cached blocks a waiting request (new, or preempted: it holds no block) starts with. At most
+        `num_tokens - 1` tokens are hit, so its last token is computed and yields logits; requests that need
+        the hidden state of every prompt token read nothing (`may_read_prefix_cache`)."""
+        if not self.kv_cache.enable_prefix_caching or not may_read_prefix_cache(request):
+            return []
+        return self.kv_cache.find_cached_blocks(request, request.num_tokens - 1)
+
+    def _admit_cache_hit(self, request: Request, num_hit: int, num_scheduled: int) -> None:
+        """The request was admitted with `num_hit` tokens from the cache: skip them, count the lookup, and
+        publish the blocks it computes this step."""
+        if not self.kv_cache.enable_prefix_caching:
+            return
+        if may_read_prefix_cache(request):
+            self.kv_cache.record_lookup(request.num_tokens, num_hit)
+        if not request.num_preemptions:
+            request.num_cached_tokens = num_hit
+        request.num_computed_tokens = num_hit
+        self.kv_cache.cache_blocks(request, num_hit + num_scheduled)
 
     def _ends_in_flight(self, request: Request) -> bool:
         """True when tokens already being sampled reach max_tokens or max_model_len (async scheduling)."""

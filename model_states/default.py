@@ -12,6 +12,7 @@ class DefaultModelState(ModelState):
     """Paged self-attention only: gathers block tables and KV slots for the batch."""
 
     name = "default"
+    supports_prefix_caching = True  # no per-slot state: the KV blocks are everything a cached prefix needs
 
     def prepare_attn_metadata(self, batch: InputBatch, block_tables: BlockTables) -> AttentionMetadata:
         table = block_tables.gather(batch.idx_mapping)

@@ -36,6 +36,10 @@ class ModelState(ABC):
     # sync in the step, and step N+1 prepared while step N still runs. With False, `runner=auto` picks V1
     # and `runner=v2` fails validation naming the state.
     supports_v2: ClassVar[bool] = True
+    # True when the state is correct for a request that starts with cached KV blocks (`num_computed_tokens` > 0
+    # at `add_request`, the cached prefix never run through the model). False by default: per-slot state built
+    # from the prompt (recurrent state, encoder outputs) would miss the cached part. See docs/prefix-caching.md.
+    supports_prefix_caching: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
         self.model = model

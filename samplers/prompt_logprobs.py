@@ -36,8 +36,8 @@ class PromptLogprobsState:
     """Host-side progress per req_slot: how many prompt positions were scored; nothing on the device.
 
     A request resumed after a preemption has already produced output, so its prompt was scored before
-    (the first sampled token needs the whole prompt); positions already in the KV cache when a request
-    takes its slot (prefix caching, later) are not scored.
+    (the first sampled token needs the whole prompt). Positions already in the KV cache when a request
+    takes its slot would not be scored, so the scheduler never serves such a request from the prefix cache.
     """
 
     CHUNK = 1024

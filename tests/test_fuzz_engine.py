@@ -18,12 +18,15 @@ from hypothesis import strategies as st
 from framework import LLM, SamplingParams, load_config
 from leak_check import assert_engine_drained
 
-SMALL = {"cache": {"block_size": 4, "num_blocks": 16}, "model": {"max_model_len": 64},
+SMALL = {"cache": {"block_size": 4, "num_blocks": 16, "enable_prefix_caching": True}, "model": {"max_model_len": 64},
          "scheduler": {"max_num_batched_tokens": 16, "max_num_seqs": 4, "check_invariants": True}}
 MAX_STEPS = 3000  # a request that has not ended by then hangs
 _engines: dict = {}
 _alone: dict = {}
-FIGURES = {"schedules": 0, "requests": 0, "steps": 0, "preemptions": 0, "lost": 0}
+FIGURES = {"schedules": 0, "requests": 0, "steps": 0, "preemptions": 0, "lost": 0, "prefix_cache_hits": 0}
+_hits_seen: dict[int, int] = {}  # prefix-cache hits of each engine counted so far
+# Half the prompts start with part of this one, so requests share prefixes (prefix-cache hits and evictions).
+SHARED_PREFIX = tuple(random.Random(99).randrange(320) for _ in range(24))
 
 
 def _engine(runner: str, async_scheduling: bool):
@@ -77,6 +80,9 @@ def drive(engine, runner: str, ops: list, seed: int) -> int:
             _, n, max_tokens, is_greedy = op
             rid = f"{base}{len(sent)}"
             prompt = tuple(rng.randrange(320) for _ in range(n))
+            if rng.random() < 0.5:
+                shared = rng.randint(1, min(n, len(SHARED_PREFIX)))
+                prompt = SHARED_PREFIX[:shared] + prompt[shared:]
             engine.add_request(rid, list(prompt), _params(rng, is_greedy, max_tokens, runner == "v2"))
             sent.append(rid)
             if is_greedy:
@@ -100,6 +106,9 @@ def drive(engine, runner: str, ops: list, seed: int) -> int:
         if ended[rid].finish_reason != "abort":
             assert ended[rid].finish_reason == "length"
             assert ended[rid].token_ids == _greedy_alone(runner, prompt, max_tokens)
+    hits = engine.prefix_cache_stats.hits
+    FIGURES["prefix_cache_hits"] += hits - _hits_seen.get(id(engine), 0)
+    _hits_seen[id(engine)] = hits
     assert_engine_drained(engine)
     FIGURES["schedules"] += 1
     FIGURES["requests"] += len(sent)
@@ -148,7 +157,7 @@ def test_soak(one_thread):
             else:
                 ops.append(("steps", rng.randint(1, 8)))
         total += drive(engine, "v2", ops, rng.randrange(1 << 30))
-    assert total >= 3000 and FIGURES["preemptions"] > 0
+    assert total >= 3000 and FIGURES["preemptions"] > 0 and FIGURES["prefix_cache_hits"] > 0
     print(f"\nreliability figures: {FIGURES}")
 
 
