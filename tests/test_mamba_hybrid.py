@@ -42,11 +42,20 @@ SCENARIOS: dict[str, dict] = {
     "plain": {},
     # 16 blocks of 4 tokens hold one request of max_model_len: three requests must preempt.
     "preempt": {"block_size": 4, "num_kv_blocks": 16},
-    "chunked": {"max_num_batched_tokens": 7},
+    # 7 tokens per step: prompts of 8..30 tokens are prefilled in chunks, resumed prefills too.
     "chunked_preempt": {"block_size": 4, "num_kv_blocks": 16, "max_num_batched_tokens": 7},
     "v1_chunked_preempt": {"block_size": 4, "num_kv_blocks": 16, "max_num_batched_tokens": 7, "runner": "v1"},
 }
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """The tiny model's many tiny ops run faster on one thread of a small shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
