@@ -176,9 +176,14 @@ def _check(inp: ScanInputs, w: ScanWeights, ssm_state: torch.Tensor) -> tuple[Sc
     return ScanInputs(*(t.contiguous() for t in inp)), ScanWeights(*(t.contiguous() for t in w))
 
 
-def _blocks(dim: int, nstate: int) -> tuple[int, int]:
+def _blocks(dim: int, nstate: int, rows: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_N): a state tile of at most 2048 floats in registers; narrower channel blocks when few
+    rows would leave most of the GPU idle (each program walks its row's tokens one after another)."""
     block_n = triton.next_power_of_2(nstate)
-    return min(triton.next_power_of_2(dim), max(16, 2048 // block_n)), block_n
+    block_d = min(triton.next_power_of_2(dim), max(16, 2048 // block_n))
+    while block_d > 16 and rows * triton.cdiv(dim, block_d) < 256:
+        block_d //= 2
+    return block_d, block_n
 
 
 def selective_scan_varlen_triton(
@@ -192,7 +197,7 @@ def selective_scan_varlen_triton(
     rows = idx_mapping.numel()
     if rows == 0:
         return out
-    block_d, block_n = _blocks(dim, nstate)
+    block_d, block_n = _blocks(dim, nstate, rows)
     tail = tail_states if tail_states is not None else ssm_state
     _selective_scan_varlen_kernel[(rows, triton.cdiv(dim, block_d))](
         inp.x, inp.dt, inp.z, inp.B, inp.C, out, w.A, w.D, w.dt_bias, ssm_state, ssm_state.stride(0),
@@ -213,7 +218,7 @@ def selective_state_update_triton(
     rows = idx_mapping.numel()
     if rows == 0:
         return out
-    block_d, block_n = _blocks(dim, nstate)
+    block_d, block_n = _blocks(dim, nstate, rows)
     _selective_state_update_kernel[(rows, triton.cdiv(dim, block_d))](
         inp.x, inp.dt, inp.z, inp.B, inp.C, out, w.A, w.D, w.dt_bias, ssm_state, ssm_state.stride(0),
         idx_mapping, dim, nstate, BLOCK_D=block_d, BLOCK_N=block_n,
