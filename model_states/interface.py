@@ -36,6 +36,9 @@ class ModelState(ABC):
     # sync in the step, and step N+1 prepared while step N still runs. With False, `runner=auto` picks V1
     # and `runner=v2` fails validation naming the state.
     supports_v2: ClassVar[bool] = True
+    # False for a state that cannot start a request from cached KV blocks (e.g. recurrent state, which exists
+    # only for tokens the slot itself ran): prefix caching must be off for models that use it.
+    supports_prefix_caching: ClassVar[bool] = True
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
         self.model = model

@@ -38,6 +38,7 @@ class MambaHybridModelState(DefaultModelState):
     """
 
     name = "mamba_hybrid"
+    supports_prefix_caching = False  # no Mamba state is kept for cached prefixes (yet): see add_request
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
         super().__init__(model, hf_config, max_num_reqs, device)

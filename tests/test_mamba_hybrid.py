@@ -160,6 +160,7 @@ def test_drafts_advance_state_by_accepted_tokens_only() -> None:
 
 
 def test_prefix_cache_hit_is_refused() -> None:
+    assert not MambaHybridModelState.supports_prefix_caching
     state = MambaHybridModelState(_OneMixer(), {}, 2, torch.device("cpu"))
     with pytest.raises(NotImplementedError, match="prefix caching"):
         state.add_request(0, SimpleNamespace(num_computed_tokens=16, request_id="r"))
