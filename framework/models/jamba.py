@@ -109,6 +109,8 @@ class JambaAttention(nn.Module):
 
 
 class JambaMLP(nn.Module):
+    """SiLU-gated MLP (the single expert)."""
+
     def __init__(self, cfg: JambaConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -135,6 +137,8 @@ class JambaLayer(nn.Module):
 
 
 class JambaModel(nn.Module):
+    """Embeddings, the layer stack and the final norm (HF's `model.` prefix)."""
+
     def __init__(self, cfg: JambaConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
