@@ -178,3 +178,23 @@ def test_selection(checkpoint) -> None:  # type: ignore[no-untyped-def]
     assert detect_model_state_name(torch.nn.Module(), hf_config) == "mamba_hybrid"  # the config's shape does
     assert select_model_state(torch.nn.Module(), hf_config, None) is MambaHybridModelState
     assert select_model_state(torch.nn.Module(), hf_config, "default") is DefaultModelState  # override wins
+
+
+def test_presets_and_unsupported_configs() -> None:
+    """The jamba-tiny preset runs (V2 = V1 under seeded sampling); jamba-1024 has Jamba's block structure;
+    mixture-of-experts configs are refused by name."""
+    from framework.models.hf_config import UnsupportedModelError
+    from framework.models.jamba import JambaConfig
+    from framework.models.presets import preset_config
+
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True)
+    prompts = [[(3 * i + j) % 250 for j in range(4 + 5 * i)] for i in range(4)]
+    outs = [[o.token_ids for o in LLM("jamba-tiny", device="cpu", runner=r, max_num_batched_tokens=9)
+             .generate(prompts, params, use_tqdm=False)] for r in ("v2", "v1")]
+    assert outs[0] == outs[1] and all(len(t) == 12 for t in outs[0])
+
+    big = JambaConfig.from_hf(preset_config("jamba-1024"))
+    assert [i for i in range(big.num_layers) if big.is_attention(i)] == [4, 12]
+    assert (big.d_inner, big.d_state, big.d_conv, big.dt_rank) == (2048, 16, 4, 64)
+    with pytest.raises(UnsupportedModelError, match="num_experts=16"):
+        JambaConfig.from_hf({**preset_config("jamba-tiny"), "num_experts": 16})
