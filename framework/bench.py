@@ -178,6 +178,13 @@ def decode_idle_fraction(llm: LLM, batch_size: int, steps: int) -> dict[str, flo
             "idle_fraction": max(0.0, 1 - busy / wall), "step_ms": wall / steps * 1e3}
 
 
+def hf_mamba_kernels() -> dict[str, bool]:
+    """Which optional fast Mamba packages HF transformers could use here (without them it runs PyTorch loops)."""
+    import importlib.util
+
+    return {name: importlib.util.find_spec(name) is not None for name in ("mamba_ssm", "causal_conv1d")}
+
+
 def format_table(results: list[BenchResult]) -> str:
     width = max(18, *(len(r.engine) + 2 for r in results))
     head = (f"{'engine':<{width}}{'requests':>9}{'in tok':>10}{'out tok':>10}{'seconds':>10}{'out tok/s':>12}"
@@ -246,6 +253,11 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     if config.speculator.method != "none":
         extra["spec_decode"] = spec
         print(format_spec_metrics(spec))
+    if "hf" in config.bench.baselines and hasattr(llm.engine.runner.model, "mamba_state_shapes"):
+        extra["hf_mamba_kernels"] = hf_mamba_kernels()
+        if not all(extra["hf_mamba_kernels"].values()):
+            print("note: HF transformers ran Mamba layers on its slow PyTorch path (mamba_ssm / causal_conv1d "
+                  f"not installed: {extra['hf_mamba_kernels']})")
     if config.bench.decode_idle_batch and llm.engine.loaded.device.type == "cuda":
         extra["decode_idle"] = decode_idle_fraction(llm, config.bench.decode_idle_batch, steps=200)
         d = extra["decode_idle"]

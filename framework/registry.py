@@ -129,3 +129,5 @@ SPECULATORS.register("dynamic", "speculators.dynamic:DynamicKSpeculator", source
 MODEL_STATES.register("encoder_decoder", "model_states.encoder_decoder:EncoderDecoderModelState", source="mrv2")
 for _name, _cls in (("eagle", "EagleSpeculator"), ("eagle3", "Eagle3Speculator"), ("mtp", "MTPSpeculator")):
     SPECULATORS.register(_name, f"speculators.eagle:{_cls}", source="mrv2")
+MODELS.register("JambaForCausalLM", "framework.models.jamba:JambaForCausalLM", source="mrv2")
+MODEL_STATES.register("mamba_hybrid", "model_states.mamba_hybrid:MambaHybridModelState", source="mrv2")

@@ -60,7 +60,7 @@ class ModelState(ABC):
     def prepare_attn_metadata(self, batch: "InputBatch", block_tables: "BlockTables") -> "AttentionMetadata":
         """Attention metadata for this step's forward."""
 
-    def prepare_inputs(self, batch: "InputBatch") -> dict[str, torch.Tensor]:
+    def prepare_inputs(self, batch: "InputBatch") -> dict[str, Any]:
         """Extra keyword inputs of the model's forward (encoder features, recurrent state views, ...)."""
         return {}
 
