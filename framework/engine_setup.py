@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from framework.config import ConfigError, Mrv2Config
+from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
 from framework.models.loader import build_model, init_random_weights, load_safetensors_weights, read_hf_config
 from framework.models.presets import preset_config
@@ -45,14 +46,16 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
-    """Build the configured model: safetensors weights from `model.path`, or a preset's random weights."""
+    """Build the configured model: safetensors weights from `model.path` or a shipped directory (`tiny`),
+    else a preset's random weights."""
     mc = config.model
     dtype = _DTYPES.get(mc.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    hf_config = read_hf_config(mc.path) if mc.path else preset_config(mc.preset or "")
+    source = resolve_model_source(mc.path, mc.preset)
+    hf_config = read_hf_config(source.path) if source.path else preset_config(source.preset or "")
     model = build_model(hf_config, dtype, device)
-    if mc.path:
-        load_safetensors_weights(model, mc.path)
-        eos = checkpoint_eos_token_id(Path(mc.path), hf_config)
+    if source.path:
+        load_safetensors_weights(model, source.path)
+        eos = checkpoint_eos_token_id(Path(source.path), hf_config)
     else:
         init_random_weights(model, mc.seed)
         eos = hf_config.get("eos_token_id")
@@ -66,7 +69,7 @@ def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
     return LoadedModel(
         model=model,
         hf_config=hf_config,
-        tokenizer=load_tokenizer(mc.path, hf_config),
+        tokenizer=load_tokenizer(source.path, hf_config),
         eos_token_id=eos,
         vocab_size=int(hf_config["vocab_size"]),
         max_model_len=max_model_len,

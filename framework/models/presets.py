@@ -1,7 +1,9 @@
 """Embedded model geometries: HF-style configs whose weights are deterministic random numbers.
 
-`tiny` is the default model of `mrv2 run`; it needs no files. `qwen3-0.6b` is the geometry of the "nano"
-benchmark (random bf16 weights). Both use the byte-level tokenizer (token = UTF-8 byte, 256 = end of text).
+`random_tiny` is the small random-weight model the tests run on; it needs no files. `qwen3-0.6b` is the
+geometry of the "nano" benchmark (random bf16 weights). Both use the byte-level tokenizer (token = UTF-8
+byte, 256 = end of text). The default model `tiny` is the trained model shipped as an HF directory (see
+`framework.models.embedded`); while its files are absent it falls back to `random_tiny`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 BYTE_EOS_ID = 256
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {
+    "random_tiny": {
         "architectures": ["Qwen3ForCausalLM"],
         "vocab_size": 320,
         "hidden_size": 64,
@@ -45,7 +47,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset_config(name: str) -> dict[str, Any]:
-    """The HF-style config of an embedded preset; the error lists the known names."""
+    """The HF-style config of an embedded random-weight preset; the error lists every embedded name."""
     if name not in PRESETS:
-        raise ValueError(f"unknown model.preset '{name}'; embedded presets: {', '.join(sorted(PRESETS))}")
+        from framework.models.embedded import SHIPPED_MODELS
+
+        known = sorted(set(PRESETS) | set(SHIPPED_MODELS))
+        raise ValueError(f"unknown model.preset '{name}'; embedded presets: {', '.join(known)}")
     return dict(PRESETS[name])
