@@ -1,0 +1,128 @@
+"""Load draft heads from local HF-style directories (config.json + safetensors), strictly.
+
+Every tensor of the checkpoint must land in a parameter or buffer of the head (MTP read from the target's
+own checkpoint skips the target's tensors), every parameter must be filled, shapes must agree, and the
+head's geometry must fit the target (hidden size, vocabulary, layer count for MTP). Violations raise
+`CheckpointError` naming the tensor or the config field. Pickle checkpoints are refused, never read.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from framework.models.loader import CheckpointError, read_hf_config, safetensors_files
+from speculators.draft_heads.base import DraftHead
+from speculators.draft_heads.eagle import EagleHead
+from speculators.draft_heads.eagle3 import Eagle3Head
+from speculators.draft_heads.mtp import MTPHead, num_mtp_layers
+
+HEAD_CLASSES: dict[str, type[DraftHead]] = {"eagle": EagleHead, "eagle3": Eagle3Head, "mtp": MTPHead}
+_TARGET_TENSOR = re.compile(r"^(model\.(embed_tokens|norm)\.|lm_head\.|model\.layers\.(\d+)\.)")
+
+
+def _read_tensors(path: Path) -> dict[str, tuple[Path, Any]]:
+    """name -> (file, shape) of every tensor in the directory's safetensors files (no data read)."""
+    from safetensors import SafetensorError, safe_open
+
+    found: dict[str, tuple[Path, Any]] = {}
+    for file in safetensors_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    found[name] = (file, f.get_slice(name).get_shape())
+        except SafetensorError as err:
+            raise CheckpointError(f"'{file}' is not a readable safetensors file: {err}") from None
+    return found
+
+
+def _is_target_tensor(name: str, num_target_layers: int) -> bool:
+    m = _TARGET_TENSOR.match(name)
+    return bool(m) and (m.group(3) is None or int(m.group(3)) < num_target_layers)
+
+
+def _check_geometry(kind: str, config: dict[str, Any], target: Optional[dict[str, Any]], path: Path) -> None:
+    for key in ("hidden_size", "vocab_size"):
+        if key not in config:
+            raise CheckpointError(f"{kind} head '{path}': config.json lacks '{key}'")
+        if target is not None and config[key] != target.get(key):
+            raise CheckpointError(f"{kind} head '{path}': {key}={config[key]} does not match the target model's "
+                                  f"{key}={target.get(key)}")
+    if kind == "mtp":
+        if num_mtp_layers(config) < 1:
+            raise CheckpointError(f"mtp head '{path}': config.json has no num_nextn_predict_layers >= 1")
+        if target is not None and config.get("num_hidden_layers") != target.get("num_hidden_layers"):
+            raise CheckpointError(f"mtp head '{path}': num_hidden_layers={config.get('num_hidden_layers')} does not "
+                                  f"match the target's {target.get('num_hidden_layers')} (MTP keys are "
+                                  "model.layers.{num_hidden_layers + i})")
+
+
+def load_draft_head(path: str | Path, kind: str, target_config: Optional[dict[str, Any]] = None,
+                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DraftHead:
+    """The `kind` ('eagle', 'eagle3', 'mtp') head saved in directory `path`, checked against `target_config`."""
+    if kind not in HEAD_CLASSES:
+        raise CheckpointError(f"unknown draft head kind '{kind}'; known: {', '.join(HEAD_CLASSES)}")
+    root = Path(path)
+    config = read_hf_config(root)
+    _check_geometry(kind, config, target_config, root)
+    tensors = _read_tensors(root)
+    if kind == "mtp":  # the target's own checkpoint may hold the MTP layers: skip the target's tensors
+        tensors = {n: v for n, v in tensors.items() if not _is_target_tensor(n, int(config["num_hidden_layers"]))}
+    try:
+        head = HEAD_CLASSES[kind].from_tensor_names(config, set(tensors))  # type: ignore[attr-defined]
+    except (ValueError, KeyError) as err:
+        raise CheckpointError(f"{kind} head '{root}': {err}") from None
+    expected = head.state_dict()
+    unmatched = sorted(set(tensors) - set(expected))
+    if unmatched:
+        hint = " (an EAGLE-3 checkpoint? use speculator.method=eagle3)" if any(
+            n.startswith("midlayer.") for n in unmatched) else ""
+        raise CheckpointError(f"{kind} head '{root}': tensors matching no parameter of the head: "
+                              f"{', '.join(unmatched[:8])}{' ...' if len(unmatched) > 8 else ''}{hint}")
+    optional = {"d2t", "t2d"} if kind == "eagle3" else set()
+    missing = sorted(set(expected) - set(tensors) - optional)
+    if missing:
+        raise CheckpointError(f"{kind} head '{root}': checkpoint lacks tensors: {', '.join(missing[:8])}"
+                              f"{' ...' if len(missing) > 8 else ''}")
+    for name, (file, shape) in tensors.items():
+        if tuple(shape) != tuple(expected[name].shape):
+            raise CheckpointError(f"{kind} head '{root}': {file.name}: '{name}' has shape {tuple(shape)}, the head "
+                                  f"expects {tuple(expected[name].shape)} from config.json")
+    _copy_tensors(head, tensors)
+    if isinstance(head, Eagle3Head):
+        _check_draft_vocab(head, tensors, root)
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def _copy_tensors(head: DraftHead, tensors: dict[str, tuple[Path, Any]]) -> None:
+    from safetensors import safe_open
+
+    state = head.state_dict(keep_vars=True)
+    by_file: dict[Path, list[str]] = {}
+    for name, (file, _) in tensors.items():
+        by_file.setdefault(file, []).append(name)
+    with torch.no_grad():
+        for file, names in by_file.items():
+            with safe_open(str(file), framework="pt") as f:
+                for name in names:
+                    state[name].copy_(f.get_tensor(name))
+
+
+def _check_draft_vocab(head: Eagle3Head, tensors: dict[str, Any], root: Path) -> None:
+    if "d2t" not in tensors:
+        if head.draft_vocab_size != head.vocab_size:
+            raise CheckpointError(f"eagle3 head '{root}': draft_vocab_size={head.draft_vocab_size} < vocab_size="
+                                  f"{head.vocab_size} but the checkpoint has no 'd2t' draft-to-target id map")
+        return
+    target_ids = torch.arange(head.draft_vocab_size) + head.d2t
+    if target_ids.min() < 0 or target_ids.max() >= head.vocab_size:
+        raise CheckpointError(f"eagle3 head '{root}': 'd2t' maps draft ids outside the target vocabulary "
+                              f"[0, {head.vocab_size})")
+    if "t2d" in tensors and (int(head.t2d.sum()) != head.draft_vocab_size or not bool(head.t2d[target_ids].all())):
+        raise CheckpointError(f"eagle3 head '{root}': 't2d' does not mark exactly the target ids that 'd2t' maps to")
+    if "t2d" not in tensors:
+        head.t2d.zero_()
+        head.t2d[target_ids] = True
