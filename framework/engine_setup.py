@@ -35,6 +35,7 @@ class LoadedModel:
     max_model_len: int
     device: torch.device
     dtype: torch.dtype
+    path: Optional[str] = None  # the HF directory the weights came from (a shipped one for `tiny`); None: random
 
 
 def resolve_device(name: str) -> torch.device:
@@ -75,6 +76,7 @@ def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
         max_model_len=max_model_len,
         device=device,
         dtype=dtype,
+        path=source.path,
     )
 
 
