@@ -13,6 +13,7 @@ Writes, under OUT_DIR:
     train_log.json      settings, corpus, loss curves, held-out loss, head agreement, wall times, tokens seen
     loss.png            training and held-out loss (and head losses), if matplotlib is installed
     heldout_prompts.json  code prompts cut from held-out files (for scripts/eval_tiny.py)
+and prints on stdout the report rows of docs/embedded-model.md, filled from train_log.json.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from training.data import (  # noqa: E402
 )
 from training.heads import HeadSettings, save_head, train_head  # noqa: E402
 from training.imports import draft_head_api  # noqa: E402
-from training.report import plot_losses, write_log  # noqa: E402
+from training.report import markdown_summary, plot_losses, write_log  # noqa: E402
 
 MODEL_DIR, EAGLE_DIR, MTP_DIR = "tiny-code", "tiny-code-eagle", "tiny-code-mtp"
 # Seconds kept back from --total-seconds for saving and the heads' held-out checks (GPU run; smoke run).
@@ -187,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     write_log(out / "train_log.json", train_log)
     plot_losses(out / "loss.png", train_log, log)
     log(f"done in {train_log['wall_seconds']:.0f}s: held-out loss {base.best_val_loss:.4f}; wrote {out}")
-    print(json.dumps({"held_out_loss": base.best_val_loss, "tokens_seen": base.tokens_seen,
-                      "train_seconds": base.train_seconds, "wall_seconds": train_log["wall_seconds"],
-                      "heads": {k: v["val_top1_agreement"] for k, v in heads.items()}}))
+    print(markdown_summary(train_log))  # the report rows of docs/embedded-model.md
     return 0
 
 
