@@ -52,6 +52,9 @@ def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
     mc = config.model
     dtype = _DTYPES.get(mc.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     source = resolve_model_source(mc.path, mc.preset)
+    if source.preset is not None and source.preset != mc.preset:
+        logger.warning("model.preset=%s: its trained files are not in the package (framework/models/embedded/); "
+                       "running the random-weight %s instead", mc.preset, source.preset)
     hf_config = read_hf_config(source.path) if source.path else preset_config(source.preset or "")
     model = build_model(hf_config, dtype, device)
     if source.path:

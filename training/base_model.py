@@ -261,7 +261,7 @@ def save_hf_model(model, out_dir: Path, eos_token_id: int, pad_token_id: int) ->
     model.config.dtype = "bfloat16"
     model.generation_config = GenerationConfig(eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                                                bos_token_id=None, do_sample=False)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    model.save_pretrained(out_dir)  # safetensors: the only format transformers 5 writes
     if not (out_dir / "model.safetensors").is_file():
         raise RuntimeError(f"save_pretrained wrote no model.safetensors in {out_dir}")
 
