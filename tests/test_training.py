@@ -99,19 +99,22 @@ def test_simulated_acceptance_of_perfect_and_useless_drafters():
     seq = torch.arange(40)
     perfect = AcceptanceStats()
     simulate(seq, 10, lambda s, k: list(range(len(s), len(s) + k)), 3, perfect)
-    # 30 tokens: 7 steps of 3 accepted drafts + 1 target token, then 2 drafts (only 2 tokens left), accepted
-    assert (perfect.steps, perfect.drafted, perfect.accepted) == (8, 23, 23)
+    # 30 tokens: the prefill's one, 7 steps of 3 accepted drafts + 1 target token (28), then a plain step
+    assert (perfect.steps, perfect.drafted, perfect.accepted) == (7, 21, 21)
     assert perfect.as_dict()["per_position_acceptance"] == [1.0, 1.0, 1.0]
     useless = AcceptanceStats()
     simulate(seq, 10, lambda s, k: [-1] * k, 3, useless)
-    assert useless.mean_acceptance_length == 1.0 and useless.steps == 30
+    # 29 tokens after the prefill's; the last one is a plain decode step (no room for a draft)
+    assert useless.mean_acceptance_length == 1.0 and useless.steps == 28
 
 
 def test_ngram_drafter_copies_after_the_latest_longest_match():
     draft = ngram_drafter(prompt_lookup_min=2, prompt_lookup_max=3)
     seq = torch.tensor([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3])
     assert draft(seq, 2) == [7, 5]  # suffix [1, 2, 3]: its latest earlier occurrence is followed by 7, 5
-    assert draft(torch.tensor([4, 5, 6, 7]), 3) == []
+    assert draft(seq, 4) == [7, 5, 1, 2]
+    assert draft(torch.tensor([4, 5, 6, 7]), 3) == [7, 7, 7]  # no match: the last token repeated
+    assert draft(torch.tensor([8, 8, 8, 8]), 3) == [8, 8, 8]  # match ends just before the end: padded
     stats = AcceptanceStats()
     simulate(torch.tensor([1, 2, 3, 4] * 6), 8, draft, 4, stats)
-    assert stats.accepted == stats.drafted == 13 and stats.steps == 4  # repeating: every draft accepted
+    assert stats.accepted == stats.drafted == 12 and stats.steps == 3  # repeating: every draft accepted

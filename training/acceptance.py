@@ -58,11 +58,19 @@ class AcceptanceStats:
 
 
 def simulate(seq: torch.Tensor, prompt_len: int, drafter: Drafter, k: int, stats: AcceptanceStats) -> None:
-    """Run greedy speculative decoding of `seq[prompt_len:]` with `drafter` proposing up to k tokens a step."""
-    i = prompt_len
+    """Run greedy speculative decoding of `seq[prompt_len:]` with `drafter` proposing up to k tokens a step.
+
+    As in the engine, the prefill samples the first output token with no drafts; each later step verifies
+    at most (tokens still to produce - 1) drafts, since the target adds one token of its own.
+    """
+    i = prompt_len + 1
     n = len(seq)
     while i < n:
-        drafts = drafter(seq[:i], min(k, n - i))
+        budget = min(k, n - i - 1)
+        if budget <= 0:  # one token left: a plain decode step
+            i += 1
+            continue
+        drafts = drafter(seq[:i], budget)
         accepted = 0
         for j, token in enumerate(drafts):
             if token != int(seq[i + j]):
@@ -73,17 +81,20 @@ def simulate(seq: torch.Tensor, prompt_len: int, drafter: Drafter, k: int, stats
 
 
 def ngram_drafter(prompt_lookup_min: int = 2, prompt_lookup_max: int = 5) -> Drafter:
-    """Prompt lookup: the longest suffix (n in [min, max]) seen earlier; drafts are the tokens after its most
-    recent earlier occurrence."""
+    """Prompt lookup as mrv2's ngram speculator proposes: the longest suffix (n in [min, max]) that also
+    ends earlier, at its latest such end e; drafts are the tokens after e, and positions past the end of the
+    sequence, or every position when nothing matches, repeat the last token (always k drafts)."""
 
     def draft(seq: torch.Tensor, k: int) -> list[int]:
         tokens = seq.tolist()
+        last = tokens[-1]
         for n in range(min(prompt_lookup_max, len(tokens) - 1), prompt_lookup_min - 1, -1):
             suffix = tokens[-n:]
-            for start in range(len(tokens) - n - 1, -1, -1):
+            for start in range(len(tokens) - n - 1, -1, -1):  # match ends at start + n - 1 <= len - 2
                 if tokens[start:start + n] == suffix:
-                    return tokens[start + n:start + n + k]
-        return []
+                    follow = tokens[start + n:start + n + k]
+                    return follow + [last] * (k - len(follow))
+        return [last] * k
 
     return draft
 
