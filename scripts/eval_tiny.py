@@ -218,7 +218,7 @@ def markdown(result: dict[str, Any], ks: list[int]) -> str:
                 reason = " ".join(run["error"].split())[:80].replace("|", "/")
                 lines.append(f"| {run['method']} | {run['k']} | error: {reason} | | | |")
                 continue
-            acc = run.get("metrics", {}).get("mean_acceptance_length", "")
+            acc = run.get("metrics", {}).get("mean_acceptance_length", "") if run["method"] != "none" else "-"
             equal = run.get("batch_greedy_equal", "") if run["method"] != "none" else "(reference)"
             lines.append(f"| {run['method']} | {run['k']} | {run.get('batch_output_tok_s')} | "
                          f"{run.get('batch1_output_tok_s')} | {acc} | {equal} |")
