@@ -110,6 +110,11 @@ class SchedulerConfig(_Strict):
 
     max_num_seqs: int = Field(64, ge=1, description="Most requests running at once (= request slots).")
     max_num_batched_tokens: int = Field(2048, ge=1, description="Token budget of one step; prefills are chunked to fit.")
+    max_num_encoder_tokens: Optional[int] = Field(
+        None, ge=1, description="Encoder-decoder models: encoder output positions (1500 per Whisper request) the "
+        "encoder may compute in one step, for the requests that step admits; null = max_num_batched_tokens. "
+        "One request is always admitted, however large.",
+    )
     async_scheduling: bool = Field(
         True, description="Schedule step N+1 on the host while the device runs step N (outputs arrive one step later)."
     )

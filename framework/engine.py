@@ -11,8 +11,10 @@ from typing import Optional
 import torch
 
 from framework.async_output import ModelRunnerOutput
+from framework.audio_inputs import WhisperPromptProcessor, audio_prompt_help
 from framework.compat import select_runner
 from framework.config import ConfigError, Mrv2Config
+from framework.encoder_input import EncoderInput
 from framework.engine_setup import load_model, num_kv_blocks, resolve_device
 from framework.kv_cache_manager import KVCacheManager
 from framework.model_runner import ModelRunnerV2
@@ -58,6 +60,10 @@ class EngineCore:
         runner_kind = select_runner(config)
         self.loaded = load_model(config, resolve_device(config.device))
         self.max_model_len = self.loaded.max_model_len
+        # Encoder-decoder (Whisper) models take audio prompts: this turns them into decoder ids + encoder input.
+        self.audio: Optional[WhisperPromptProcessor] = (
+            WhisperPromptProcessor(self.loaded.hf_config, config.model.path)
+            if getattr(self.loaded.model, "is_encoder_decoder", False) else None)
         runner_cls = ModelRunnerV1 if runner_kind == "v1" else ModelRunnerV2
         self.runner: ModelRunner = runner_cls(config, self.loaded)
         on_gpu = self.loaded.device.type == "cuda"
@@ -89,18 +95,21 @@ class EngineCore:
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: Optional[SamplingParams],
         prompt: Optional[str] = None, pooling_params: Optional[PoolingParams] = None,
+        encoder_input: Optional[EncoderInput] = None,
     ) -> None:
         """Queue a request; raises `InvalidRequestError` (and changes nothing) if it cannot be served.
 
         The request keeps its own copy of `params`, with string `bad_words` tokenised. With `pooling_params`
         it is an embedding request: its prompt is computed and pooled, nothing is sampled (`params` is ignored).
+        An encoder-decoder (Whisper) model needs `encoder_input` (see `WhisperPromptProcessor.process`), and
+        `prompt_token_ids` is then the decoder prompt; other models refuse it.
         """
         self._raise_if_dead()
         if pooling_params is not None:
             pooling_params = self.validate_pooling(request_id, pooling_params)
             params = POOLING_SAMPLING_PARAMS
         assert params is not None, "a generation request needs SamplingParams"
-        params = self._validate(request_id, prompt_token_ids, params)
+        params = self._validate(request_id, prompt_token_ids, params, encoder_input)
         seed = params.seed if params.seed is not None else self._seed_rng.randrange(1 << 63)
         request = Request(
             request_id=request_id,
@@ -111,16 +120,19 @@ class EngineCore:
             prompt=prompt,
             arrival_index=self._arrivals,
             pooling_params=pooling_params,
+            encoder_input=encoder_input,
         )
         self.scheduler.add_request(request)
         self.output_processor.add_request(request)
         self._arrivals += 1
 
-    def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
+    def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                  encoder_input: Optional[EncoderInput] = None) -> SamplingParams:
         """Check the request against the engine (vocabulary, limits, tokenizer); returns the prepared params."""
         params.validate()
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id '{request_id}' is already in use")
+        self._check_encoder_input(request_id, encoder_input)
         n = len(prompt_token_ids)
         if n == 0:
             raise InvalidRequestError(f"request '{request_id}': the prompt is empty")
@@ -162,6 +174,24 @@ class EngineCore:
             cls.validate_params(prepared, vocab)
         self._check_runner_supports(request_id, prepared)
         return prepared
+
+    def _check_encoder_input(self, request_id: str, encoder_input: Optional[EncoderInput]) -> None:
+        """Audio goes to encoder-decoder models only, and they need it."""
+        arch = type(self.loaded.model).__name__
+        where = f"request '{request_id}': " if request_id else ""
+        if self.audio is None:
+            if encoder_input is not None:
+                raise InvalidRequestError(f"{where}audio / encoder input needs an encoder-decoder model such as "
+                                          f"Whisper; this model ({arch}) takes text or token ids")
+            return
+        if encoder_input is None:
+            g = self.audio.geometry
+            raise InvalidRequestError(f"{where}this model ({arch}) is an encoder-decoder speech model: "
+                                      f"{audio_prompt_help(g.num_mel_bins, g.num_mel_frames)}")
+        try:
+            self.audio.check_features(encoder_input.features)
+        except InvalidRequestError as err:
+            raise InvalidRequestError(f"{where}{err}") from None
 
     def validate_pooling(self, request_id: str, params: PoolingParams) -> PoolingParams:
         """Check an embedding request's parameters; returns a copy with the pooling type resolved."""

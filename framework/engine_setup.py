@@ -64,7 +64,8 @@ def load_model(config: Mrv2Config, device: torch.device) -> LoadedModel:
         init_random_weights(model, mc.seed)
         eos = hf_config.get("eos_token_id")
     model.eval()
-    limit = int(hf_config.get("max_position_embeddings", 2048))
+    # Decoder positions: max_position_embeddings, or an encoder-decoder's max_target_positions (Whisper: 448).
+    limit = int(hf_config.get("max_position_embeddings") or hf_config.get("max_target_positions") or 2048)
     max_model_len = mc.max_model_len or limit
     if max_model_len > limit:
         raise ConfigError(f"model.max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}")

@@ -6,17 +6,20 @@ import dataclasses
 import itertools
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from tqdm import tqdm
 
 from framework.config import Mrv2Config, load_config
+from framework.encoder_input import EncoderInput
 from framework.engine import EngineCore
 from framework.pooling_params import PoolingParams, PoolingRequestOutput
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
 
-Prompt = Union[str, Sequence[int]]
+# Text, token ids, or (encoder-decoder models such as Whisper) an audio prompt dict: {"audio": (array,
+# sampling_rate)} or {"input_features": tensor}, optionally with "decoder_prompt", "language", "task".
+Prompt = Union[str, Sequence[int], Mapping[str, Any]]
 
 # LLM(...) keyword -> dotted config key
 _KWARGS = {
@@ -31,6 +34,7 @@ _KWARGS = {
     "gpu_memory_utilization": "cache.gpu_memory_utilization",
     "max_num_seqs": "scheduler.max_num_seqs",
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
+    "max_num_encoder_tokens": "scheduler.max_num_encoder_tokens",
     "max_logprobs": "sampler.max_logprobs",
     "logprobs_mode": "sampler.logprobs_mode",
     "logits_processors": "sampler.logits_processors",
@@ -43,8 +47,9 @@ _KWARGS = {
 
 
 def _prompt_list(prompts: Union[Prompt, Sequence[Prompt]]) -> list[Prompt]:
-    """One prompt (text or a token-id list) or a list of them, as a list."""
-    if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
+    """One prompt (text, a token-id list or an audio dict) or a list of them, as a list."""
+    if isinstance(prompts, (str, Mapping)) or (isinstance(prompts, Sequence) and prompts
+                                               and isinstance(prompts[0], int)):
         return [prompts]  # type: ignore[list-item]
     return list(prompts)  # type: ignore[arg-type]
 
@@ -78,7 +83,21 @@ class LLM:
     def tokenizer(self):  # type: ignore[no-untyped-def]
         return self.engine.tokenizer
 
+    def _inputs(self, prompt: Prompt) -> tuple[list[int], Optional[EncoderInput]]:
+        """(prompt token ids, encoder input): audio dicts become a decoder prompt plus encoder features."""
+        if isinstance(prompt, Mapping):
+            if self.engine.audio is None:
+                arch = type(self.engine.loaded.model).__name__
+                raise InvalidRequestError(f"audio prompts need an encoder-decoder model such as Whisper; this model "
+                                          f"({arch}) takes text or token ids")
+            return self.engine.audio.process(prompt)
+        if self.engine.audio is not None:  # before tokenizing: the checkpoint may have no tokenizer at all
+            self.engine._check_encoder_input("", None)
+        return self._token_ids(prompt), None
+
     def _token_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, Mapping):
+            raise InvalidRequestError("audio prompts are for LLM.generate with an encoder-decoder model")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidRequestError("this model has no tokenizer.json: pass prompts as lists of token ids")
@@ -102,12 +121,12 @@ class LLM:
         for prompt, p in zip(prompts, params):
             if p.output_kind != output_kind:
                 p = dataclasses.replace(p, output_kind=output_kind)
-            ids = self._token_ids(prompt)
+            ids, encoder_input = self._inputs(prompt)
             request_id = f"gen-{next(self._ids)}"
-            self.engine._validate(request_id, ids, p)
-            requests.append((request_id, ids, p, prompt if isinstance(prompt, str) else None))
-        for request_id, ids, p, text in requests:
-            self.engine.add_request(request_id, ids, p, prompt=text)
+            self.engine._validate(request_id, ids, p, encoder_input)
+            requests.append((request_id, ids, p, prompt if isinstance(prompt, str) else None, encoder_input))
+        for request_id, ids, p, text, encoder_input in requests:
+            self.engine.add_request(request_id, ids, p, prompt=text, encoder_input=encoder_input)
         return [r[0] for r in requests]
 
     def generate(
@@ -116,7 +135,11 @@ class LLM:
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs come back in prompt order.
+        """Generate for every prompt (text or token ids; audio dicts for Whisper); outputs come back in prompt order.
+
+        A Whisper model takes prompts as `{"audio": (samples, sampling_rate)}` or `{"input_features": tensor
+        [mel_bins, frames]}`, optionally with `"decoder_prompt"` (token ids) or `"language"` / `"task"`
+        (see `framework.audio_inputs`); a text model refuses them, and a Whisper model refuses text.
 
         Every request is validated before any is queued, so one bad prompt queues nothing. Each request's
         output is its final one (`output_kind` is taken as "final_only").

@@ -121,4 +121,7 @@ LOGITS_PROCESSORS: Registry = Registry("logits processor", "mrv2.logits_processo
 # Built-ins are lazy strings so that importing the registry imports no model code.
 for _arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
     MODELS.register(_arch, "framework.models.llama:LlamaForCausalLM", source="mrv2")
+MODELS.register("WhisperForConditionalGeneration", "framework.models.whisper:WhisperForConditionalGeneration",
+                source="mrv2")
 MODEL_STATES.register("default", "model_states.default:DefaultModelState", source="mrv2")
+MODEL_STATES.register("encoder_decoder", "model_states.encoder_decoder:EncoderDecoderModelState", source="mrv2")

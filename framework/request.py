@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from framework.encoder_input import EncoderInput
 from framework.pooling_params import PoolingParams
 from framework.sampling_params import SamplingParams
 
@@ -49,6 +50,8 @@ class Request:
     error: Optional[str] = None  # why it finished with status FINISHED_ERROR
     # Set for an embedding request: prefill only, finished ("pooled") when the prompt is computed.
     pooling_params: Optional[PoolingParams] = None
+    # Set for an encoder-decoder (Whisper) request: the encoder runs on it in the request's first step.
+    encoder_input: Optional[EncoderInput] = None
 
     @property
     def num_prompt_tokens(self) -> int:

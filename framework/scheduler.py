@@ -109,11 +109,19 @@ class Scheduler:
             budget -= n
             i += 1
 
+        encoder_budget = self.config.max_num_encoder_tokens or self.config.max_num_batched_tokens
+        encoder_scheduled = 0
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
+            # The encoder runs in the step that admits the request (first or resumed): bound its work per step,
+            # but always admit one, so a request larger than the budget still runs.
+            num_encoder = request.encoder_input.num_encoder_tokens if request.encoder_input is not None else 0
+            if encoder_scheduled and encoder_scheduled + num_encoder > encoder_budget:
+                break
             if self.kv_cache.allocate(request.request_id, request.num_computed_tokens + n) is None:
                 break
+            encoder_scheduled += num_encoder
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -128,6 +136,7 @@ class Scheduler:
                     block_ids=list(self.kv_cache.blocks_of(request.request_id)),
                     num_computed_tokens=request.num_computed_tokens,
                     pooling_params=request.pooling_params,
+                    encoder_input=request.encoder_input,
                 )
             )
             budget -= n

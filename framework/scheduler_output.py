@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from framework.encoder_input import EncoderInput
 from framework.pooling_params import PoolingParams
 from framework.sampling_params import SamplingParams
 
@@ -25,6 +26,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     pooling_params: Optional[PoolingParams] = None  # set for an embedding request: pool its prompt, sample nothing
+    encoder_input: Optional[EncoderInput] = None  # set for an encoder-decoder request: the encoder runs this step
 
 
 @dataclass(frozen=True)

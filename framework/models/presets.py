@@ -4,6 +4,7 @@
 geometry of the "nano" benchmark (random bf16 weights). Both use the byte-level tokenizer (token = UTF-8
 byte, 256 = end of text). The default model `tiny` is the trained model shipped as an HF directory (see
 `framework.models.embedded`); while its files are absent it falls back to `random_tiny`.
+`whisper-tiny`, `whisper-base` and `whisper-small` are Whisper geometries (encoder-decoder, audio prompts).
 """
 
 from __future__ import annotations
@@ -11,6 +12,24 @@ from __future__ import annotations
 from typing import Any
 
 BYTE_EOS_ID = 256
+
+# name -> (d_model, layers of encoder and of decoder, heads, ffn dim), as the OpenAI checkpoints.
+_WHISPER_GEOMETRIES = {"whisper-tiny": (384, 4, 6, 1536), "whisper-base": (512, 6, 8, 2048),
+                       "whisper-small": (768, 12, 12, 3072)}
+
+
+def _whisper_preset(d_model: int, layers: int, heads: int, ffn: int) -> dict[str, Any]:
+    """A multilingual Whisper config.json plus the generation fields the decoder prompt needs."""
+    return {
+        "architectures": ["WhisperForConditionalGeneration"], "is_encoder_decoder": True,
+        "vocab_size": 51865, "num_mel_bins": 80, "d_model": d_model, "encoder_layers": layers,
+        "decoder_layers": layers, "encoder_attention_heads": heads, "decoder_attention_heads": heads,
+        "encoder_ffn_dim": ffn, "decoder_ffn_dim": ffn, "max_source_positions": 1500, "max_target_positions": 448,
+        "activation_function": "gelu", "tie_word_embeddings": True,
+        "eos_token_id": 50257, "decoder_start_token_id": 50258, "no_timestamps_token_id": 50363,
+        "lang_to_id": {"<|en|>": 50259, "<|fr|>": 50265}, "task_to_id": {"transcribe": 50359, "translate": 50358},
+    }
+
 
 PRESETS: dict[str, dict[str, Any]] = {
     "random_tiny": {
@@ -43,6 +62,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "eos_token_id": BYTE_EOS_ID,
     },
+    # Whisper geometries (random weights; the byte tokenizer decodes none of Whisper's ids). Prompts are audio.
+    **{name: _whisper_preset(*geometry) for name, geometry in _WHISPER_GEOMETRIES.items()},
 }
 
 
