@@ -62,12 +62,14 @@ def _triton_reasons(config: Mrv2Config) -> list[str]:
 def configured_model_state(config: Mrv2Config) -> Optional[type]:
     """The ModelState class the engine will build for `config`, found without building the model (None when
     the model's architecture is not registered: loading the model reports that)."""
+    from framework.models.embedded import resolve_model_source
     from framework.models.loader import read_hf_config
     from framework.models.presets import preset_config
     from framework.registry import MODELS
     from model_states import detect_model_state_name, select_model_state
 
-    hf_config = read_hf_config(config.model.path) if config.model.path else preset_config(config.model.preset or "")
+    source = resolve_model_source(config.model.path, config.model.preset)
+    hf_config = read_hf_config(source.path) if source.path else preset_config(source.preset or "")
     archs = hf_config.get("architectures") or []
     if not archs or archs[0] not in MODELS:
         return None

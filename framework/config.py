@@ -25,7 +25,9 @@ class ModelConfig(_Strict):
     """Which weights to run and how."""
 
     preset: Optional[str] = Field(
-        "tiny", description="Embedded geometry with deterministic random weights (used when `path` is null)."
+        "tiny", description="Embedded model, used when `path` is null: `tiny` (the trained code model shipped in "
+        "the package; random weights until its files are there), or a random-weight geometry (`random_tiny`, "
+        "`qwen3-0.6b`)."
     )
     path: Optional[str] = Field(None, description="Local HF directory: config.json + *.safetensors (+ tokenizer.json).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

@@ -12,6 +12,7 @@ from torch import nn
 
 from framework.config import ConfigError, Mrv2Config
 from framework.distributed.context import ParallelContext
+from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
 from framework.models.loader import (
     build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
@@ -50,23 +51,28 @@ def resolve_device(name: str) -> torch.device:
 
 
 def read_model_config(config: Mrv2Config) -> dict[str, Any]:
-    """The HF config dict of the configured model (its config.json, or the preset's)."""
-    mc = config.model
-    return read_hf_config(mc.path) if mc.path else preset_config(mc.preset or "")
+    """The HF config dict of the configured model (its config.json, a shipped directory's, or the preset's)."""
+    source = resolve_model_source(config.model.path, config.model.preset)
+    return read_hf_config(source.path) if source.path else preset_config(source.preset or "")
 
 
 def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelContext = ParallelContext()) -> LoadedModel:
-    """Build the configured model: safetensors weights from `model.path`, or a preset's random weights.
+    """Build the configured model: safetensors weights from `model.path` or a shipped directory (`tiny`),
+    else a preset's random weights.
 
     Under parallelism (`parallel`) this rank builds and reads only its part of the model.
     """
     mc = config.model
     dtype = _DTYPES.get(mc.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    hf_config = read_model_config(config)
+    source = resolve_model_source(mc.path, mc.preset)
+    if source.preset is not None and source.preset != mc.preset:
+        logger.warning("model.preset=%s: its trained files are not in the package (framework/models/embedded/); "
+                       "running the random-weight %s instead", mc.preset, source.preset)
+    hf_config = read_hf_config(source.path) if source.path else preset_config(source.preset or "")
     model = build_model(hf_config, dtype, device, parallel)
-    if mc.path:
-        load_safetensors_weights(model, mc.path, mtp_tensor_prefixes(hf_config))  # MTP layers: the speculator's
-        eos = checkpoint_eos_token_id(Path(mc.path), hf_config)
+    if source.path:
+        load_safetensors_weights(model, source.path, mtp_tensor_prefixes(hf_config))  # MTP layers: the speculator's
+        eos = checkpoint_eos_token_id(Path(source.path), hf_config)
     else:
         init_random_weights(model, mc.seed)
         eos = hf_config.get("eos_token_id")
@@ -81,14 +87,14 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     return LoadedModel(
         model=model,
         hf_config=hf_config,
-        tokenizer=load_tokenizer(mc.path, hf_config),
+        tokenizer=load_tokenizer(source.path, hf_config),
         eos_token_id=eos,
         vocab_size=int(hf_config["vocab_size"]),
         max_model_len=max_model_len,
         device=device,
         dtype=dtype,
         parallel=parallel,
-        path=mc.path,
+        path=source.path,
     )
 
 

@@ -40,7 +40,7 @@ def build_engine(runner: str, num_requests: int, prompt_len: int, num_steps: int
     block_size = 16
     max_model_len = prompt_len + num_steps + 8
     blocks_per_req = -(-max_model_len // block_size)
-    llm = LLM("tiny", device=device, runner=runner, max_num_seqs=num_requests, max_model_len=max_model_len,
+    llm = LLM("random_tiny", device=device, runner=runner, max_num_seqs=num_requests, max_model_len=max_model_len,
               max_num_batched_tokens=num_requests * prompt_len, block_size=block_size,
               num_kv_blocks=num_requests * blocks_per_req, seed=0, cuda_graphs=False)  # the stub forward has nothing to capture
     engine = llm.engine

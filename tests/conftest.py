@@ -1,4 +1,4 @@
-"""Shared fixtures: the embedded tiny model on the CPU, small enough for every test to build its own."""
+"""Shared fixtures: the embedded random-weight tiny model on the CPU, small enough for every test to build its own."""
 
 from __future__ import annotations
 
@@ -46,12 +46,12 @@ _use_this_checkouts_conf()
 
 @pytest.fixture
 def tiny_llm_factory():
-    """Build `LLM("tiny", device="cpu", ...)` with overrides."""
+    """Build `LLM("random_tiny", device="cpu", ...)` (random weights, byte tokenizer) with overrides."""
     from framework import LLM
 
     def make(**kwargs):
         kwargs.setdefault("device", "cpu")
-        return LLM("tiny", **kwargs)
+        return LLM("random_tiny", **kwargs)
 
     return make
 
@@ -60,7 +60,7 @@ def tiny_llm_factory():
 def tiny_llm():
     from framework import LLM
 
-    return LLM("tiny", device="cpu")
+    return LLM("random_tiny", device="cpu")
 
 
 def python_exe() -> str:

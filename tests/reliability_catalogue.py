@@ -27,7 +27,7 @@ class Case:
 
 
 def _tiny(**kwargs: Any) -> LLM:
-    return LLM("tiny", device="cpu", **kwargs)
+    return LLM("random_tiny", device="cpu", **kwargs)
 
 
 def _add(ctx: Any, prompt: list[int], params: Optional[SamplingParams] = None, request_id: str = "bad") -> None:

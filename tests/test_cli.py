@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ def test_multirun_sweeps_temperature(tmp_path):
     "args, message",
     [
         (["sampler.temprature=1"], "sampler.temprature: unknown key (did you mean 'temperature'?)"),
-        (["model=nope"], "model=nope: unknown option; available model options: hf, jamba-1024, jamba-tiny, qwen3-0.6b, tiny"),
+        (["model=nope"], "model=nope: unknown option; available model options: hf, jamba-1024, jamba-tiny, qwen3-0.6b, random_tiny, tiny, whisper-tiny"),
         (["scheduler.max_num_seqs=-3"], "scheduler.max_num_seqs: Input should be greater than or equal to 1"),
         (["model=hf", "model.path=/does/not/exist"], "model directory '/does/not/exist' does not exist"),
     ],
@@ -90,6 +91,12 @@ def test_wheel_installs_in_fresh_venv_and_runs(tmp_path):
     )
     assert build.returncode == 0, build.stderr
     wheel = next(wheel_dir.glob("mrv2-*.whl"))
+    # The shipped model (framework/models/embedded/tiny-code*/, once trained) is package data of the wheel.
+    shipped = sorted(str(f.relative_to(REPO)) for f in (REPO / "framework/models/embedded").glob("*/*")
+                     if f.suffix in (".json", ".safetensors"))
+    with zipfile.ZipFile(wheel) as zf:
+        missing = set(shipped) - set(zf.namelist())
+    assert not missing, f"wheel lacks shipped model files: {sorted(missing)}"
     env_dir = tmp_path / "venv"
     # Dependencies (torch, transformers, ...) come from this interpreter; mrv2 itself only from the wheel.
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)

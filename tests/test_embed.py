@@ -188,7 +188,7 @@ def test_cli_run_task_embed_prints_one_line_per_prompt(tmp_path) -> None:  # typ
     # The preset is task=embed with mean pooling; the lines are the in-process vectors, formatted.
     from framework.run_command import format_embedding
 
-    llm = LLM("tiny", device="cpu", task="embed", pooling="mean")
+    llm = LLM("random_tiny", device="cpu", task="embed", pooling="mean")
     expected = [format_embedding(i, o.embedding)
                 for i, o in enumerate(llm.encode(["def fibonacci(n):", "import numpy as np\n", "The quick brown fox"],
                                                  use_tqdm=False))]  # conf/base.yaml's run.prompts

@@ -42,7 +42,7 @@ def _greedy_alone(runner: str, prompt: tuple, max_tokens: int) -> list[int]:
     key = (runner, prompt, max_tokens)
     if key not in _alone:
         if ("ref", runner) not in _engines:
-            _engines[("ref", runner)] = LLM("tiny", device="cpu", runner=runner, max_model_len=64)
+            _engines[("ref", runner)] = LLM("random_tiny", device="cpu", runner=runner, max_model_len=64)
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         _alone[key] = _engines[("ref", runner)].generate([list(prompt)], params, use_tqdm=False)[0].token_ids
     return _alone[key]

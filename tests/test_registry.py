@@ -93,7 +93,7 @@ def test_entry_point_plugin_provides_a_model_state(tmp_path, monkeypatch, caplog
     try:
         MODEL_STATES.load_entry_points(force=True)
         assert "counting" in MODEL_STATES.names()
-        llm = LLM("tiny", device="cpu", model_state="counting")
+        llm = LLM("random_tiny", device="cpu", model_state="counting")
         assert type(llm.engine.runner.model_state).__name__ == "CountingModelState"
         out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
         assert len(out[0].token_ids) == 3
@@ -110,7 +110,7 @@ def test_entry_point_plugin_provides_a_model_state(tmp_path, monkeypatch, caplog
 
 def test_unknown_model_state_is_a_clear_error():
     with pytest.raises(RegistryError, match="unknown model state 'nope'; registered: .*default"):
-        LLM("tiny", device="cpu", model_state="nope")
+        LLM("random_tiny", device="cpu", model_state="nope")
 
 
 def test_duplicate_entry_point_is_reported_not_fatal(tmp_path, monkeypatch, caplog):

@@ -30,7 +30,7 @@ def checkpoint(tmp_path_factory) -> Path:
     from framework.models.loader import build_model, init_random_weights
     from framework.models.presets import preset_config
 
-    cfg = preset_config("tiny")
+    cfg = preset_config("random_tiny")
     model = build_model(cfg, torch.float32, torch.device("cpu"))
     init_random_weights(model, 0)
     root = tmp_path_factory.mktemp("tiny-ckpt")
@@ -46,13 +46,13 @@ def checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference() -> list[list[int]]:
-    llm = LLM("tiny", device="cpu")
+    llm = LLM("random_tiny", device="cpu")
     return [o.token_ids for o in llm.generate(OK_PROMPTS, GREEDY, use_tqdm=False)]
 
 
 @pytest.fixture(scope="module")
 def running_llm() -> LLM:
-    return LLM("tiny", device="cpu")
+    return LLM("random_tiny", device="cpu")
 
 
 def test_checkpoint_fixture_loads(checkpoint):
@@ -121,7 +121,7 @@ def _run(engine, max_steps: int = 500) -> dict:
 @pytest.mark.parametrize("method", ["execute_model", "sample_tokens"])
 def test_step_fault_errors_the_running_requests_and_the_engine_serves_on(runner, async_scheduling, method,
                                                                          one_thread):
-    llm = LLM("tiny", device="cpu", runner=runner, async_scheduling=async_scheduling, max_num_seqs=2)
+    llm = LLM("random_tiny", device="cpu", runner=runner, async_scheduling=async_scheduling, max_num_seqs=2)
     engine = llm.engine
     for i in range(4):
         engine.add_request(f"r{i}", [5 + i, 6, 7], GREEDY)
@@ -131,7 +131,7 @@ def test_step_fault_errors_the_running_requests_and_the_engine_serves_on(runner,
     failed = [o for o in done.values() if o.finish_reason == "error"]
     assert sorted(o.request_id for o in failed) == ["r0", "r1"]  # the two running at the fault
     assert all(f"RuntimeError: injected fault in {method}" in o.error for o in failed)
-    alone = LLM("tiny", device="cpu", runner=runner).generate([[7, 6, 7], [8, 6, 7]], GREEDY, use_tqdm=False)
+    alone = LLM("random_tiny", device="cpu", runner=runner).generate([[7, 6, 7], [8, 6, 7]], GREEDY, use_tqdm=False)
     assert [done["r2"].token_ids, done["r3"].token_ids] == [o.token_ids for o in alone]  # served as usual
     assert_engine_drained(engine)
     engine.add_request("after", [5, 6, 7], GREEDY)
@@ -140,7 +140,7 @@ def test_step_fault_errors_the_running_requests_and_the_engine_serves_on(runner,
 
 @pytest.mark.parametrize("runner", ["v2", "v1"])
 def test_repeated_faults_mark_the_engine_dead(runner, one_thread):
-    llm = LLM("tiny", device="cpu", runner=runner, max_num_seqs=2)
+    llm = LLM("random_tiny", device="cpu", runner=runner, max_num_seqs=2)
     engine = llm.engine
     for i in range(5):
         engine.add_request(f"r{i}", [5 + i, 6, 7], GREEDY)
@@ -158,7 +158,7 @@ def test_repeated_faults_mark_the_engine_dead(runner, one_thread):
 
 @pytest.mark.parametrize("runner", ["v2", "v1"])
 def test_sampler_fault_behaves_like_a_forward_fault(runner, one_thread):
-    llm = LLM("tiny", device="cpu", runner=runner, async_scheduling=False)
+    llm = LLM("random_tiny", device="cpu", runner=runner, async_scheduling=False)
     engine = llm.engine
     target = engine.runner.sampler if runner == "v2" else None
     if target is not None:
@@ -233,7 +233,7 @@ def test_startup_failure_is_clear_and_frees_the_model(where, monkeypatch):
     else:
         expected, kwargs = (ConfigError, "too small for one request"), {"num_kv_blocks": 8}
     with pytest.raises(expected[0], match=expected[1]) as err:
-        LLM("tiny", device="cpu", **kwargs)
+        LLM("random_tiny", device="cpu", **kwargs)
     gc.collect()
     assert refs and refs[0]() is None, "the model outlived the failed start-up"
     assert err.value is not None  # the exception (and its traceback) is still alive: it no longer pins the model
@@ -245,8 +245,8 @@ def test_startup_failure_is_clear_and_frees_the_model(where, monkeypatch):
 def test_nonfinite_logits_end_only_that_request(runner, value, one_thread):
     """A fault-injecting wrapper around compute_logits poisons one request's row at one step."""
     prompts = [[5, 10, 11], [6, 10, 11], [7, 10, 11]]
-    clean = LLM("tiny", device="cpu", runner=runner).generate(prompts, GREEDY, use_tqdm=False)
-    llm = LLM("tiny", device="cpu", runner=runner)
+    clean = LLM("random_tiny", device="cpu", runner=runner).generate(prompts, GREEDY, use_tqdm=False)
+    llm = LLM("random_tiny", device="cpu", runner=runner)
     r = llm.engine.runner
     original_sample, original_logits, state = r.sample_tokens, r.model.compute_logits, {"step": 0, "ids": []}
 

@@ -20,9 +20,9 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_cpu_config_has_no_reasons_and_auto_picks_v2(caplog) -> None:
     caplog.set_level(logging.INFO)
     assert compat.v2_unsupported_reasons(load_config({"device": "cpu"})) == []
-    llm = LLM("tiny", device="cpu")
+    llm = LLM("random_tiny", device="cpu")
     assert llm.engine.runner.name == "v2" and _warnings(caplog) == []
-    assert LLM("tiny", device="cpu", runner="v1").engine.runner.name == "v1"
+    assert LLM("random_tiny", device="cpu", runner="v1").engine.runner.name == "v1"
 
 
 # ---- V2 needs Triton on CUDA devices -------------------------------------------------------------------
@@ -91,7 +91,7 @@ REASON = (f"model state 'v1_only_host_reader' ({__name__}.HostReadingModelState)
 
 def test_v1_only_model_state_auto_falls_back_to_v1_and_warns_once(v1_only_state, caplog) -> None:
     caplog.set_level(logging.INFO)
-    llm = LLM("tiny", device="cpu", model_state=v1_only_state)
+    llm = LLM("random_tiny", device="cpu", model_state=v1_only_state)
     assert llm.engine.runner.name == "v1"
     outs = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
                         use_tqdm=False)
@@ -104,7 +104,7 @@ def test_v1_only_model_state_auto_falls_back_to_v1_and_warns_once(v1_only_state,
 
 def test_v1_only_model_state_with_forced_v2_fails_validation(v1_only_state) -> None:
     with pytest.raises(ConfigError, match="runner=v2 cannot serve this config") as err:
-        LLM("tiny", device="cpu", model_state=v1_only_state, runner="v2")
+        LLM("random_tiny", device="cpu", model_state=v1_only_state, runner="v2")
     assert REASON in str(err.value)
 
 

@@ -1,11 +1,12 @@
 """Embedded model geometries: HF-style configs whose weights are deterministic random numbers.
 
-`tiny` is the default model of `mrv2 run`; it needs no files. `qwen3-0.6b` is the geometry of the "nano"
-benchmark (random bf16 weights); `qwen3-8b` the larger geometry of the parallel benchmark. `jamba-tiny` is a small
-Mamba-hybrid (Jamba, one expert) for CPU runs, and `jamba-1024` the hybrid benchmark geometry: Jamba's block
-structure (one attention layer in eight, at offset 4; Mamba d_state 16, d_conv 4, expand 2; vocabulary 65536) at
-hidden size 1024 and 16 layers, a dense MLP in every layer. All use the byte-level tokenizer (token = UTF-8 byte,
-256 = end of text).
+`random_tiny` is the small random-weight model the tests run on; it needs no files. The default model `tiny` is
+the trained model shipped as an HF directory (see `framework.models.embedded`); while its files are absent it
+falls back to `random_tiny`. `qwen3-0.6b` is the geometry of the "nano" benchmark (random bf16 weights);
+`qwen3-8b` the larger geometry of the parallel benchmark. `jamba-tiny` is a small Mamba-hybrid (Jamba, one
+expert) for CPU runs, and `jamba-1024` the hybrid benchmark geometry: Jamba's block structure (one attention
+layer in eight, at offset 4; Mamba d_state 16, d_conv 4, expand 2; vocabulary 65536) at hidden size 1024 and 16
+layers, a dense MLP in every layer. All use the byte-level tokenizer (token = UTF-8 byte, 256 = end of text).
 `whisper-tiny`, `whisper-base` and `whisper-small` are Whisper geometries (encoder-decoder, audio prompts).
 """
 
@@ -34,7 +35,7 @@ def _whisper_preset(d_model: int, layers: int, heads: int, ffn: int) -> dict[str
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {
+    "random_tiny": {
         "architectures": ["Qwen3ForCausalLM"],
         "vocab_size": 320,
         "hidden_size": 64,
@@ -126,7 +127,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset_config(name: str) -> dict[str, Any]:
-    """The HF-style config of an embedded preset; the error lists the known names."""
+    """The HF-style config of an embedded random-weight preset; the error lists every embedded name."""
     if name not in PRESETS:
-        raise ValueError(f"unknown model.preset '{name}'; embedded presets: {', '.join(sorted(PRESETS))}")
+        from framework.models.embedded import SHIPPED_MODELS
+
+        known = sorted(set(PRESETS) | set(SHIPPED_MODELS))
+        raise ValueError(f"unknown model.preset '{name}'; embedded presets: {', '.join(known)}")
     return dict(PRESETS[name])

@@ -74,7 +74,7 @@ def test_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
 def test_step_path_has_no_host_sync():
     from framework import LLM, SamplingParams
 
-    llm = LLM("tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False)
+    llm = LLM("random_tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False)
     engine = llm.engine
     for i in range(8):
         engine.add_request(f"r{i}", list(range(10 + 3 * i)),
@@ -98,7 +98,7 @@ def test_cuda_graph_replay_equals_eager():
     params = SamplingParams(temperature=0.7, seed=3, max_tokens=40, ignore_eos=True)
     outs = {}
     for graphs in (False, True):
-        llm = LLM("tiny", device="cuda", dtype="float32", gpu_memory_utilization=0.3, cuda_graphs=graphs)
+        llm = LLM("random_tiny", device="cuda", dtype="float32", gpu_memory_utilization=0.3, cuda_graphs=graphs)
         assert (llm.engine.runner.cuda_graphs is not None) == graphs
         outs[graphs] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm

@@ -98,7 +98,7 @@ def test_engine_samples_with_every_parameter_on_the_gpu():
     ]
     outs = {}
     for device in ("cpu", "cuda"):
-        llm = LLM("tiny", device=device, dtype="float32", num_kv_blocks=256)
+        llm = LLM("random_tiny", device=device, dtype="float32", num_kv_blocks=256)
         outs[device] = llm.generate(prompts, params, use_tqdm=False)
         del llm
     for i, (cpu, gpu) in enumerate(zip(outs["cpu"], outs["cuda"])):
