@@ -24,8 +24,8 @@ import triton.language as tl
 from samplers.gumbel import _row_key, _token_bits
 from samplers.top_k_top_p import _ordered_key
 
-FIXED_ONE = 1099511627776.0  # 2**40: fixed-point scale of the masses
-WIN = 21.0  # a token more than this below the row max never wins: Gumbel noise spans 20.19
+FIXED_ONE = tl.constexpr(1099511627776.0)  # 2**40: fixed-point scale of the masses (a constexpr: read by kernels)
+WIN = tl.constexpr(21.0)  # a token more than this below the row max never wins: Gumbel noise spans 20.19
 
 
 @triton.jit
@@ -167,12 +167,12 @@ def _fused_resolve_kernel(
             if k_on & p_on:
                 z_fixed = tl.zeros([], dtype=tl.int64)
                 for i0 in range(0, n, TILE_I):
-                    greater, _, v_i, w_i = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
+                    greater, unused_mass, v_i, w_i = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
                     z_fixed += tl.sum(tl.where(greater < k, w_i, 0), axis=0)
                 z = z_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
             num_dropped = tl.zeros([], dtype=tl.int32)
             for i0 in range(0, n, TILE_I):
-                greater, mass, v_i, _ = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
+                greater, mass, v_i, unused_w = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
                 rows = i0 + tl.arange(0, TILE_I)
                 t_i = tl.load(cand_t + rows, mask=rows < n, other=0)
                 keep = rows < n

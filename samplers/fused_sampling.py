@@ -239,7 +239,7 @@ def _fused_sample_kernel(
                 offs = tl.reshape(groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :], [BLOCK])
                 mask = tl.reshape(tl.broadcast_to(chosen[:, None], [BLOCK // GROUP, GROUP]), [BLOCK]) \
                     & (offs < vocab_size)
-                x, _ = _load_x(row_ptr, offs, mask, SANITIZE)
+                x, unused_bad = _load_x(row_ptr, offs, mask, SANITIZE)
                 take = mask & (x >= cutoff) & (x > -float("inf"))
                 num_take = tl.sum(take.to(tl.int32), axis=0)
                 # One atomic per tile reserves the slots; the buffer's order does not matter (see module doc).

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call running several GPU jobs in turn, each under its own time limit; results packed into one
+# archive after every job (a device call returns at most 8 files): OUT/results.tgz, OUT/summary.log.
+#   scripts/gpu_batch.sh OUT_DIR JOB...      jobs: see the case list below
+set -uo pipefail
+out=${1:?usage: scripts/gpu_batch.sh OUT_DIR JOB...}; shift
+res=/tmp/gpu_results; mkdir -p "$res" "$out"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .device-wheels/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+quiet() { grep -v -E "(it|req|batch|tok)/s\]|s/(it|req|batch)\]|Writing model shards"; }
+job() {  # name, limit (s), command...
+  local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  mkdir -p "$res/$name"
+  timeout "$limit" "$@" > "$res/$name/log.txt" 2>&1; local rc=$?
+  echo "== $name rc=$rc $((SECONDS - t0))s" | tee -a "$out/summary.log"
+  quiet < "$res/$name/log.txt" | tail -25 >> "$out/summary.log"
+  tar -czf "$out/results.tgz" -C "$res" .
+}
+for j in "$@"; do
+  case $j in
+    gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;
+    gpu_tests_single) job $j 240 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py \
+        tests/gpu/test_draft_heads_gpu.py tests/gpu/test_prefix_caching_gpu.py tests/gpu/test_mamba_gpu.py \
+        tests/gpu/test_whisper_gpu.py ;;
+    parallel) job $j 330 python3 scripts/bench_parallel.py --out "$res/parallel" --cases 0.6b-tp1 0.6b-tp2 8b-tp1 8b-tp2 \
+        --num-requests-8b 128 --timeout 110 ;;
+    sampler) job $j 80 python3 scripts/bench_sampler.py "$res/sampler" ;;
+    embed) job $j 90 python3 -m framework.cli bench experiment=embed_bench model=qwen3-0.6b bench.num_requests=1024 \
+        'bench.input_len=[100,1024]' bench.hf_batch_size=32 scheduler.max_num_seqs=256 \
+        scheduler.max_num_batched_tokens=16384 model.max_model_len=1024 bench.output_dir="$res/embed" ;;
+    eval_tiny) job $j 170 python3 scripts/eval_tiny.py --skip-simulated --ks 1,3,5 --out "$res/eval_tiny" ;;
+    hybrid) job $j 110 python3 -m framework.cli bench experiment=hybrid bench.output_dir="$res/hybrid" ;;
+    whisper) job $j 90 python3 scripts/bench_whisper.py --geometry base --out "$res/whisper" ;;
+    prefix) job $j 150 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/prefix" ;;
+    spec) job $j 250 python3 scripts/bench_spec.py --out "$res/spec" ;;
+    *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
+  esac
+done
