@@ -150,7 +150,7 @@ class EngineCore:
             pooling_params = self.validate_pooling(request_id, pooling_params)
             params = POOLING_SAMPLING_PARAMS
         assert params is not None, "a generation request needs SamplingParams"
-        params = self._validate(request_id, prompt_token_ids, params, encoder_input)
+        params = self._validate(request_id, prompt_token_ids, params, encoder_input, pooling_params is not None)
         seed = params.seed if params.seed is not None else self._seed_rng.randrange(1 << 63)
         request = Request(
             request_id=request_id,
@@ -168,7 +168,7 @@ class EngineCore:
         self._arrivals += 1
 
     def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                  encoder_input: Optional[EncoderInput] = None) -> SamplingParams:
+                  encoder_input: Optional[EncoderInput] = None, pooling: bool = False) -> SamplingParams:
         """Check the request against the engine (vocabulary, limits, tokenizer); returns the prepared params."""
         params.validate()
         if request_id in self.scheduler.requests:
@@ -177,10 +177,11 @@ class EngineCore:
         n = len(prompt_token_ids)
         if n == 0:
             raise InvalidRequestError(f"request '{request_id}': the prompt is empty")
-        if n >= self.max_model_len:
+        # An embedding (pooling) request generates nothing: its prompt may fill max_model_len.
+        if n > self.max_model_len or (n == self.max_model_len and not pooling):
             raise InvalidRequestError(
                 f"request '{request_id}': the prompt has {n} tokens but max_model_len is {self.max_model_len} "
-                "(prompt plus at least one output token must fit)"
+                + ("(an embedding prompt must fit)" if pooling else "(prompt plus at least one output token must fit)")
             )
         vocab = self.loaded.vocab_size
         bad = next((t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)

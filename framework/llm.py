@@ -202,7 +202,7 @@ class LLM:
             ids = self._token_ids(prompt)
             request_id = f"embed-{next(self._ids)}"
             p = self.engine.validate_pooling(request_id, p)
-            self.engine._validate(request_id, ids, SamplingParams(temperature=0.0, max_tokens=1))
+            self.engine._validate(request_id, ids, SamplingParams(temperature=0.0, max_tokens=1), pooling=True)
             requests.append((request_id, ids, p, prompt if isinstance(prompt, str) else None))
         for request_id, ids, p, text in requests:
             self.engine.add_request(request_id, ids, None, prompt=text, pooling_params=p)

@@ -106,8 +106,8 @@ class ModelRunnerV2(ModelRunner):
         rc = self.config.runner
         if self.device.type != "cuda" or not rc.cuda_graphs or self.parallel.pp_size > 1:
             return  # pipeline stages pass hidden states between ranks outside the forward: they run eagerly
-        if getattr(self.model, "is_encoder_decoder", False):
-            return  # its forward also reads per-slot cross-attention K/V (extra inputs): runs eagerly
+        if not self.model_state.decode_cuda_graphs:
+            return  # its forward reads per-slot extra inputs (cross-attention K/V, recurrent state): runs eagerly
         max_reqs = self.config.scheduler.max_num_seqs
         sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
         self.cuda_graphs = DecodeCudaGraphs(

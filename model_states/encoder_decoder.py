@@ -41,6 +41,11 @@ class EncoderDecoderModelState(DefaultModelState):
     `cross=CrossAttentionInputs`.
     """
 
+    decode_cuda_graphs = False  # extra per-slot inputs each step: decode runs eagerly
+    # Decoder KV depends on the audio (cross-attention feeds every layer's residual stream): blocks with the same
+    # decoder tokens but different audio must never be shared, so no prefix caching (until blocks hash the audio).
+    supports_prefix_caching = False
+
     name = "encoder_decoder"
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:

@@ -40,6 +40,8 @@ class ModelState(ABC):
     # at `add_request`, the cached prefix never run through the model). False by default: per-slot state built
     # from the prompt (recurrent state, encoder outputs) would miss the cached part. See docs/prefix-caching.md.
     supports_prefix_caching: ClassVar[bool] = False
+    # False when the forward takes per-slot extra inputs (`prepare_inputs`) that decode CUDA graphs do not capture.
+    decode_cuda_graphs: ClassVar[bool] = True
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
         self.model = model

@@ -37,6 +37,8 @@ class MambaHybridModelState(DefaultModelState):
     per-slot SSM state shape) and accept the `mamba` forward input (`MambaStepInputs`).
     """
 
+    decode_cuda_graphs = False  # extra per-slot inputs each step: decode runs eagerly
+
     name = "mamba_hybrid"
     supports_prefix_caching = False  # no Mamba state is kept for cached prefixes (yet): see add_request
 

@@ -180,7 +180,7 @@ def test_cli_run_task_embed_prints_one_line_per_prompt(tmp_path) -> None:  # typ
                               cwd=tmp_path, env=dict(os.environ, HYDRA_FULL_ERROR="0", TMPDIR=str(tmp_path)),
                               capture_output=True, text=True, timeout=300)
 
-    first = run("experiment=embed")
+    first = run("experiment=embed", "model=random_tiny")
     assert first.returncode == 0, first.stderr
     lines = first.stdout.splitlines()
     assert len(lines) == 3 and all(line.startswith(f"embedding {i}: dim=64 norm=1.0000 [")
@@ -213,3 +213,15 @@ def test_embed_bench_runs_on_cpu_against_hf(tmp_path, capsys) -> None:  # type: 
     payload = json.loads((tmp_path / "embed_bench.json").read_text())
     assert payload["max_abs_diff_vs_hf"] < ATOL  # same inputs, same pooling: same vectors
     assert (tmp_path / "embed_bench.png").stat().st_size > 0
+
+
+def test_embedding_prompt_may_fill_max_model_len() -> None:
+    """A pooling request generates nothing, so its prompt may be exactly max_model_len tokens (not one more)."""
+    llm = LLM("random_tiny", device="cpu", task="embed", max_model_len=32)
+    (out,) = llm.encode([list(range(1, 33))], use_tqdm=False)
+    assert len(out.embedding) > 0
+    with pytest.raises(InvalidRequestError, match="the prompt has 33 tokens but max_model_len is 32"):
+        llm.encode([list(range(1, 34))], use_tqdm=False)
+    gen = LLM("random_tiny", device="cpu", max_model_len=32)
+    with pytest.raises(InvalidRequestError, match="prompt plus at least one output token must fit"):
+        gen.generate([list(range(1, 33))], use_tqdm=False)

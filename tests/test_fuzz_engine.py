@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from framework import LLM, SamplingParams, load_config
 from leak_check import assert_engine_drained
 
-SMALL = {"cache": {"block_size": 4, "num_blocks": 16, "enable_prefix_caching": True}, "model": {"max_model_len": 64},
+SMALL = {"cache": {"block_size": 4, "num_blocks": 16, "enable_prefix_caching": True}, "model": {"preset": "random_tiny", "max_model_len": 64},
          "scheduler": {"max_num_batched_tokens": 16, "max_num_seqs": 4, "check_invariants": True}}
 MAX_STEPS = 3000  # a request that has not ended by then hangs
 _engines: dict = {}

@@ -51,17 +51,17 @@ def test_parallel_keys_validate_and_override_from_the_cli() -> None:
 def test_layouts_the_model_cannot_split_are_refused(tp: int, pp: int, message: str) -> None:
     cfg = load_config({"device": "cpu", "parallel": {"tensor_parallel_size": tp, "pipeline_parallel_size": pp}})
     with pytest.raises(ConfigError, match=message):
-        check_parallel_config(cfg, preset_config("tiny"))
+        check_parallel_config(cfg, preset_config("random_tiny"))
 
 
 def test_more_ranks_than_devices_and_torchrun_mismatch_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = load_config({"device": "cuda", "parallel": {"tensor_parallel_size": 2}})
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA device is available"):
-            check_parallel_config(cfg, preset_config("tiny"))
+            check_parallel_config(cfg, preset_config("random_tiny"))
     elif torch.cuda.device_count() < 2:
         with pytest.raises(ConfigError, match="only 1 CUDA devices are visible"):
-            check_parallel_config(cfg, preset_config("tiny"))
+            check_parallel_config(cfg, preset_config("random_tiny"))
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="torchrun started 3 processes but .* = 2"):
@@ -188,7 +188,7 @@ def test_pipeline_stages_read_only_their_layers_and_a_tied_head(checkpoints: dic
 
 
 def test_sharded_random_weights_are_slices_of_the_single_process_weights() -> None:
-    hf = preset_config("tiny")
+    hf = preset_config("random_tiny")
     single = build_model(hf, torch.float32, CPU)
     init_random_weights(single, seed=3)
     whole = dict(single.named_parameters())

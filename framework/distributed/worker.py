@@ -96,6 +96,11 @@ def worker_main(config: Mrv2Config, place: RankPlace) -> None:
         detail = "" if isinstance(err, ConfigError) else "\n" + traceback.format_exc()  # start-up: driver says it
         print(f"mrv2: rank {place.rank} failed: {type(err).__name__}: {err}{detail}", file=sys.stderr)
         sys.exit(1)
+    # The rank is done and has left its process groups: end without C++ static destructors, which can abort
+    # ("terminate called without an active exception") while a gloo thread is still winding down.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def rank_device_type_is_cpu(config: Mrv2Config) -> bool:

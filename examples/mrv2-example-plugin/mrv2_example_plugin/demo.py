@@ -13,10 +13,10 @@ from framework.models.presets import PRESETS
 
 
 def write_demo_checkpoint(path, seed=0):
-    """Write config.json + model.safetensors (the geometry of mrv2's `tiny` preset) under `path`."""
+    """Write config.json + model.safetensors (the geometry of mrv2's `random_tiny` preset) under `path`."""
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
-    config = {**PRESETS["tiny"], "architectures": ["SteeredQwen3ForCausalLM"]}
+    config = {**PRESETS["random_tiny"], "architectures": ["SteeredQwen3ForCausalLM"]}
     model = build_model(config, torch.float32, torch.device("cpu"))
     init_random_weights(model, seed)
     (root / "config.json").write_text(json.dumps(config, indent=2))
