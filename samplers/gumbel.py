@@ -67,7 +67,9 @@ def gumbel_sample_reference(
     """[L] int64: argmax(logits + Gumbel noise), an exact sample from softmax(logits)."""
     u = uniform_noise_reference(seeds, positions, logits.shape[1])
     gumbel = -torch.log(-torch.log(u))
-    return torch.argmax(logits + gumbel, dim=-1)
+    # u rounds to 1.0 for about one token in 2**25: its noise is +inf, and -inf + inf = NaN, which argmax would
+    # pick. An excluded token never wins, as in the kernels (their comparisons skip NaN).
+    return torch.argmax(torch.where(logits == float("-inf"), float("-inf"), logits + gumbel), dim=-1)
 
 
 # ---- Triton ------------------------------------------------------------------------------------------------
