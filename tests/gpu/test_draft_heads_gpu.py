@@ -14,19 +14,9 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 KINDS = {"eagle": {}, "eagle3": {"draft_vocab_size": 200, "aux_layer_ids": [0, 1, 1]}, "mtp": {}}
-
-
-@pytest.fixture(autouse=True)
-def _release_gpu_memory():
-    yield
-    import gc
-
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def test_prepare_draft_inputs_at_real_shapes_with_pinned_history():

@@ -5,25 +5,11 @@ Run on the GPU machine: `python -m pytest -q tests/gpu`.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-@pytest.fixture(autouse=True)
-def _release_gpu_memory():
-    """Engines of earlier tests must not count against the next one's gpu_memory_utilization."""
-    yield
-    import gc
-
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def test_input_prep_kernels_at_real_shapes():

@@ -7,7 +7,6 @@ Run on a 2-GPU machine: `python -m pytest -q tests/gpu/test_parallel_gpu.py` (ab
 from __future__ import annotations
 
 import gc
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                 reason="needs 2 CUDA devices")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ENGINE = dict(device="cuda", dtype="float32", max_model_len=128, gpu_memory_utilization=0.3)
 

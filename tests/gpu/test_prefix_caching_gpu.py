@@ -8,24 +8,11 @@ Run on the GPU machine: `python -m pytest -q tests/gpu/test_prefix_caching_gpu.p
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-@pytest.fixture(autouse=True)
-def _release_gpu_memory():
-    yield
-    import gc
-
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def _prompts(block_size: int) -> list[list[int]]:

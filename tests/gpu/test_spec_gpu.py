@@ -6,27 +6,15 @@ Run on the GPU machine: `python -m pytest -q tests/gpu/test_spec_gpu.py`.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 SEGMENT = [11, 200, 37, 5, 90, 141, 66, 17, 3]
-
-
-@pytest.fixture(autouse=True)
-def _release_gpu_memory():
-    yield
-    import gc
-
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def _repetitive_prompts(n: int) -> list[list[int]]:

@@ -5,24 +5,11 @@ Run on the GPU machine: `python -m pytest -q tests/gpu/test_whisper_gpu.py`.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-@pytest.fixture(autouse=True)
-def _release_gpu_memory():
-    yield
-    import gc
-
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def test_whisper_greedy_parity_with_hf_on_gpu(tmp_path):
