@@ -19,6 +19,7 @@ from framework.config import BenchConfig, Mrv2Config
 from framework.llm import LLM
 from framework.request import RequestOutput
 from framework.sampling_params import SamplingParams
+from framework.triton_compiles import compiled_variants, new_variants
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class Workload:
 
 @dataclass(frozen=True)
 class BenchResult:
+    """One engine's run of the workload; rates are derived, TTFT and prefix-cache fields are mrv2 only."""
+
     engine: str
     num_requests: int
     input_tokens: int
@@ -41,6 +44,8 @@ class BenchResult:
     ttft_max_s: Optional[float] = None
     prefix_cache_queries: Optional[int] = None  # prompt tokens looked up in the prefix cache during the run
     prefix_cache_hits: Optional[int] = None  # of them, served from the cache
+    # Triton kernel variants compiled during the timed run (kernel -> count): should be empty after the warm-up.
+    compiles_during_run: Optional[dict[str, int]] = None
 
     @property
     def output_tok_per_s(self) -> float:
@@ -87,13 +92,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def warm_up(llm: LLM, bench: BenchConfig) -> None:
+    """Run `bench.warmup_requests` untimed requests drawn like the workload (another seed, <= 16 output tokens),
+    then forget the blocks they cached."""
+    if not bench.warmup_requests:
+        return
+    warm = bench.model_copy(update={"num_requests": bench.warmup_requests, "seed": bench.seed + 1_000_003,
+                                    "output_len": (min(bench.output_len[0], 16), min(bench.output_len[1], 16))})
+    workload = make_workload(warm, llm.engine.loaded.vocab_size)
+    params = [SamplingParams(temperature=bench.temperature, max_tokens=n, ignore_eos=True, seed=i)
+              for i, n in enumerate(workload.output_lens)]
+    llm.generate(workload.prompts, params, use_tqdm=False)
+    llm.reset_prefix_cache()  # the timed run starts from an empty prefix cache
+
+
 def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
+    """The workload through `llm` after a warm-up, timed from submission to the last output."""
     params = [
         SamplingParams(temperature=bench.temperature, max_tokens=n, ignore_eos=True, seed=bench.seed + i)
         for i, n in enumerate(workload.output_lens)
     ]
     device = llm.engine.loaded.device
+    warm_up(llm, bench)
     stats_before = llm.prefix_cache_stats
+    compiled_before = compiled_variants()
     _sync(device)
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=True)
@@ -109,6 +131,7 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
         seconds=seconds,
         prefix_cache_queries=stats.queries - stats_before.queries,
         prefix_cache_hits=stats.hits - stats_before.hits,
+        compiles_during_run=new_variants(compiled_before, compiled_variants()),
         **ttft_summary(outputs),
     )
 
@@ -248,6 +271,8 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     if "hf" in config.bench.baselines:
         results.append(bench_hf(llm, workload, config.bench))
     print(format_table(results))
+    if results[0].compiles_during_run:
+        print(f"note: Triton compiled kernels during the timed run: {results[0].compiles_during_run}")
     extra: dict = {}
     spec = llm.get_metrics()["spec_decode"]
     if config.speculator.method != "none":

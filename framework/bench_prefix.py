@@ -36,16 +36,6 @@ def make_prefix_workload(bench: BenchConfig, vocab_size: int) -> Workload:
     return Workload(prompts, outs)
 
 
-def _warm_up(llm: LLM, workload: Workload) -> None:
-    """Compile / allocate what the first steps need, on prompts that share nothing with the workload's, then
-    forget the blocks they cached."""
-    rng = random.Random(-1)
-    vocab = llm.engine.loaded.vocab_size
-    prompts = [[rng.randrange(min(vocab, 256)) for _ in range(len(workload.prompts[0]))] for _ in range(2)]
-    llm.generate(prompts, SamplingParams(temperature=0.6, max_tokens=4, ignore_eos=True, seed=0), use_tqdm=False)
-    llm.reset_prefix_cache()
-
-
 def run_prefix_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     """Run the shared-prefix workload without and with prefix caching; print the table; write JSON and plot."""
     results = []
@@ -54,7 +44,6 @@ def run_prefix_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
         cache = config.cache.model_copy(update={"enable_prefix_caching": enabled})
         llm = LLM(config=config.model_copy(update={"cache": cache}))
         workload = workload or make_prefix_workload(config.bench, llm.engine.loaded.vocab_size)
-        _warm_up(llm, workload)
         results.append(bench_mrv2(llm, workload, config.bench))
         del llm
         gc.collect()

@@ -231,6 +231,10 @@ class BenchConfig(_Strict):
     seed: int = 0
     baselines: list[Literal["hf"]] = Field(default_factory=list, description="Also run these on the same requests.")
     hf_batch_size: int = Field(256, ge=1, description="Batch size of the HF transformers baseline.")
+    warmup_requests: int = Field(
+        16, ge=0, description="Untimed requests (other prompts, at most 16 output tokens) run before the timed "
+        "workload, so that first-use costs (Triton compiles, allocator growth) are not counted."
+    )
     decode_idle_batch: int = Field(0, ge=0, description="If > 0 (GPU): measure GPU idle time of decode at this batch.")
     shared_prefix_len: int = Field(
         0, ge=0, description="If > 0: every prompt starts with one shared random prefix of this many tokens "

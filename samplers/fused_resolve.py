@@ -127,7 +127,7 @@ def _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
     return best_token, best_value
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_resolve_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
     row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr,

@@ -124,7 +124,7 @@ def _load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
     return x, num_bad
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks", "chunk_size"])  # per-step sizes: no recompiles mid-run
 def _fused_stats_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr,
     part_max_ptr, part_sum_ptr, part_bad_ptr, group_max_ptr, num_groups, num_chunks, chunk_size, vocab_size,
@@ -161,7 +161,7 @@ def _fused_stats_kernel(
         tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_plan_kernel(
     idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr, group_max_ptr,
     row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, num_groups, num_chunks, vocab_size,
@@ -212,7 +212,7 @@ def _fused_plan_kernel(
     tl.store(cutoff_ptr + logits_row, cutoff)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks", "chunk_size"])  # per-step sizes: no recompiles mid-run
 def _fused_sample_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
     row_max_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr, group_max_ptr,
@@ -312,6 +312,8 @@ def sample_fused_triton(
     blocks_per_chunk = triton.cdiv(num_blocks, max(1, min(num_blocks, triton.cdiv(TARGET_PROGRAMS, num_rows))))
     chunk_size = blocks_per_chunk * block
     num_chunks = triton.cdiv(vocab_size, chunk_size)
+    # Constexpr sizes depend on the vocabulary only, never on the batch: one compiled variant serves every step.
+    max_chunks = triton.next_power_of_2(num_blocks)
     num_groups = triton.cdiv(vocab_size, GROUP)
     ws = _Workspace(num_rows, num_chunks, num_groups, device)
     tables = (params.temperature, params.top_k, params.top_p)
@@ -325,7 +327,7 @@ def sample_fused_triton(
         _fused_plan_kernel[(num_rows,)](
             expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max, ws.row_max, ws.row_sum,
             ws.cutoff, ws.count, num_groups, num_chunks, vocab_size, MAX_GROUPS=CAP // GROUP,
-            CHUNKS=triton.next_power_of_2(num_chunks), GROUPS=triton.next_power_of_2(num_groups), num_warps=8,
+            CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), num_warps=8,
         )
     _fused_sample_kernel[grid](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
@@ -339,7 +341,7 @@ def sample_fused_triton(
         ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.part_best, ws.part_token,
         ws.part_bad, flags, sampled, errors, num_chunks, vocab_size,
         SANITIZE=sanitize, HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code,
-        NO_TOKEN_CODE=no_token_code, CAP=CAP, CHUNKS=triton.next_power_of_2(num_chunks), BLOCK=block,
+        NO_TOKEN_CODE=no_token_code, CAP=CAP, CHUNKS=max_chunks, BLOCK=block,
     )
     return FusedSample(sampled, errors)
 
@@ -364,14 +366,20 @@ class _Workspace:
 
     def __init__(self, num_rows: int, num_chunks: int, num_groups: int, device: torch.device) -> None:
         rows, chunks = num_rows, num_rows * num_chunks
-        floats = torch.empty(3 * rows + rows * CAP + 3 * chunks + rows * num_groups, dtype=torch.float32,
-                             device=device)
-        ints = torch.empty(rows + rows * CAP + 2 * chunks, dtype=torch.int32, device=device)
-        f = floats.split([rows, rows, rows, rows * CAP, chunks, chunks, chunks, rows * num_groups])
-        i = ints.split([rows, rows * CAP, chunks, chunks])
+        f = _carve(torch.float32, [rows, rows, rows, rows * CAP, chunks, chunks, chunks, rows * num_groups], device)
+        i = _carve(torch.int32, [rows, rows * CAP, chunks, chunks], device)
         self.row_max, self.row_sum, self.cutoff = f[0], f[1], f[2]  # [L] y max, sum-exp, cutoff on x
         self.cand_value = f[3]  # [L, CAP] candidate x
         self.part_max, self.part_sum, self.part_best = f[4], f[5], f[6]  # [L, C] per chunk
         self.group_max = f[7]  # [L, num_groups] x max of each group
         self.count, self.cand_token = i[0], i[1]  # [L] candidates appended, [L, CAP] their token ids
         self.part_token, self.part_bad = i[2], i[3]  # [L, C] per chunk
+
+
+def _carve(dtype: torch.dtype, sizes: list[int], device: torch.device) -> list[torch.Tensor]:
+    """Tensors of `sizes` elements from one allocation, each starting 16-byte aligned whatever the sizes: Triton
+    specialises pointers on 16-byte alignment, so unaligned parts would compile new kernel variants per batch."""
+    per_16 = 16 // torch.empty(0, dtype=dtype).element_size()
+    padded = [-(-n // per_16) * per_16 for n in sizes]
+    flat = torch.empty(sum(padded), dtype=dtype, device=device)
+    return [part[:n] for part, n in zip(flat.split(padded), sizes)]

@@ -110,7 +110,7 @@ def _attend_kv_tile(
     return acc, l_i, m_new
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows", "num_splits"])  # per-step sizes: no recompiles mid-run
 def _paged_attention_kernel(
     q_ptr,  # [T, num_heads, HEAD_DIM]
     cache_ptr,  # [2, num_blocks, PAGE, num_kv_heads, HEAD_DIM]
@@ -217,7 +217,7 @@ def _paged_attention_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # per-step sizes: no recompiles mid-run
 def _split_kv_reduce_kernel(
     out_ptr,  # [T, num_heads, HEAD_DIM]
     part_o_ptr,  # [R, num_kv_heads, num_splits, BLOCK_M, HEAD_DIM] float32

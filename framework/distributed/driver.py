@@ -47,14 +47,16 @@ class _Workers:
             self.ctx.broadcast_command(Command("shutdown"))
         except Exception as err:  # a rank already gone: nothing to tell it
             logger.warning("mrv2: could not tell every rank to shut down: %s", err)
+        # Leave the groups before waiting for the workers: NCCL tears a communicator down collectively, so a
+        # worker's `destroy_process_group` blocks until the driver's runs too (joining first deadlocked on 2 GPUs).
+        if dist.is_initialized():
+            dist.destroy_process_group()
         for proc in self.procs:
             proc.join(JOIN_TIMEOUT_S)
             if proc.is_alive():
                 logger.warning("mrv2: %s did not stop within %.0f s; terminating it", proc.name, JOIN_TIMEOUT_S)
                 proc.terminate()
                 proc.join(JOIN_TIMEOUT_S)
-        if dist.is_initialized():
-            dist.destroy_process_group()
         if self.cuda_device is not None:
             torch.cuda.set_device(self.cuda_device)
 

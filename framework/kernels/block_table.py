@@ -39,7 +39,7 @@ def compute_kv_slot_mapping_reference(
 # ---- Triton kernels ------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["out_stride", "num_cols"])  # per-step sizes: no recompiles mid-run
 def _gather_block_tables_kernel(idx_mapping_ptr, table_ptr, table_stride, out_ptr, out_stride, num_cols,
                                 BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -63,7 +63,7 @@ def gather_block_tables_triton(idx_mapping: torch.Tensor, block_table: torch.Ten
     return out[:rows]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "num_padded"])  # per-step sizes: no recompiles mid-run
 def _kv_slot_mapping_kernel(token_rows_ptr, positions_ptr, table_ptr, table_stride, out_ptr, num_tokens,
                             num_padded, block_size, BLOCK: tl.constexpr):
     t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

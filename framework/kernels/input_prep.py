@@ -196,7 +196,7 @@ def prepare_inputs_triton(
     return prepared, token_rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])  # per-step sizes: no recompiles mid-run
 def _num_sampled_kernel(
     idx_mapping_ptr, seq_lens_ptr, prefill_len_ptr, num_accepted_ptr, num_draft_ptr,
     num_sampled_ptr, num_rejected_ptr, num_rows, BLOCK: tl.constexpr,

@@ -16,7 +16,7 @@ def scatter_reference(target: torch.Tensor, flat_index: torch.Tensor, values: to
     target.view(-1).index_copy_(0, flat_index.to(target.device), values.to(target.device, target.dtype))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # per-step sizes: no recompiles mid-run
 def _scatter_kernel(target_ptr, index_ptr, values_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
