@@ -21,7 +21,10 @@ for j in "$@"; do
     gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;
     gpu_tests_single) job $j 130 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py ;;
     parallel) job $j 330 python3 scripts/bench_parallel.py --out "$res/parallel" --cases 0.6b-tp1 0.6b-tp2 8b-tp1 8b-tp2 \
-        --num-requests-8b 128 --timeout 110 ;;
+        0.6b-pp2 --num-requests-8b 128 --timeout 110 ;;
+    nano) job $j 330 python3 -m framework.cli bench experiment=nano bench.output_dir="$res/nano" ;;
+    gpu_tests_engine) job $j 200 python3 -m pytest -q tests/gpu/test_sampler_gpu.py tests/gpu/test_gpu_engine.py \
+        tests/gpu/test_draft_heads_gpu.py ;;
     sampler) job $j 80 python3 scripts/bench_sampler.py "$res/sampler" ;;
     embed) job $j 90 python3 -m framework.cli bench experiment=embed_bench model=qwen3-0.6b bench.num_requests=1024 \
         'bench.input_len=[100,1024]' bench.hf_batch_size=32 scheduler.max_num_seqs=256 \
