@@ -268,13 +268,19 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     llm = LLM(config=config)
     workload = make_workload(config.bench, llm.engine.loaded.vocab_size)
     results = [bench_mrv2(llm, workload, config.bench)]
-    if "hf" in config.bench.baselines:
-        results.append(bench_hf(llm, workload, config.bench))
-    print(format_table(results))
+    print(format_table(results), flush=True)  # before the baselines: a failing baseline cannot hide it
     if results[0].compiles_during_run:
         print(f"note: Triton compiled kernels during the timed run: {results[0].compiles_during_run}")
     extra: dict = {}
     spec = llm.get_metrics()["spec_decode"]
+    if config.bench.decode_idle_batch and llm.engine.loaded.device.type == "cuda":
+        extra["decode_idle"] = decode_idle_fraction(llm, config.bench.decode_idle_batch, steps=200)
+        d = extra["decode_idle"]
+        print(f"decode at batch {d['batch_size']}: {d['step_ms']:.2f} ms/step, GPU idle {100 * d['idle_fraction']:.1f}%")
+    if "hf" in config.bench.baselines:
+        llm.shutdown()  # HF gets the device memory that mrv2's KV cache held
+        results.append(bench_hf(llm, workload, config.bench))
+        print(format_table(results))
     if config.speculator.method != "none":
         extra["spec_decode"] = spec
         print(format_spec_metrics(spec))
@@ -283,10 +289,6 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
         if not all(extra["hf_mamba_kernels"].values()):
             print("note: HF transformers ran Mamba layers on its slow PyTorch path (mamba_ssm / causal_conv1d "
                   f"not installed: {extra['hf_mamba_kernels']})")
-    if config.bench.decode_idle_batch and llm.engine.loaded.device.type == "cuda":
-        extra["decode_idle"] = decode_idle_fraction(llm, config.bench.decode_idle_batch, steps=200)
-        d = extra["decode_idle"]
-        print(f"decode at batch {d['batch_size']}: {d['step_ms']:.2f} ms/step, GPU idle {100 * d['idle_fraction']:.1f}%")
     write_results(results, config, out_dir, extra)
     print(f"results written to {out_dir}", file=sys.stderr)
     return results

@@ -124,7 +124,10 @@ class EngineCore:
         return False
 
     def shutdown(self) -> None:
-        """Stop the other ranks of a parallel run (nothing to do in one process); the engine is unusable after."""
+        """Free the runner's KV caches and CUDA graphs and stop the other ranks of a parallel run; the engine is
+        unusable after (the weights stay loaded)."""
+        if getattr(self, "_dead", None) is None:
+            self._dead = "the engine was shut down (LLM.shutdown); build a new one"
         shutdown = getattr(self.__dict__.get("runner"), "shutdown", None)
         if shutdown is not None:
             shutdown()

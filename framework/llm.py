@@ -106,7 +106,8 @@ class LLM:
         return self._token_ids(prompt), None
 
     def shutdown(self) -> None:
-        """Stop the other ranks of a parallel run now (otherwise when the LLM is garbage-collected or at exit)."""
+        """Free the KV caches and CUDA graphs and stop the other ranks of a parallel run now (otherwise this happens
+        when the LLM is garbage-collected or at exit); the LLM cannot generate after."""
         self.engine.shutdown()
 
     @property

@@ -120,6 +120,20 @@ class ModelRunnerV2(ModelRunner):
             self.speculator.capture_cuda_graphs(sizes, self.config.cache.block_size,
                                                 self.block_tables.max_blocks_per_req)
 
+    def release_cuda_graphs(self) -> None:
+        """Drop the decode graphs and wait for the device: under tensor parallelism they hold captured NCCL
+        collectives, and a communicator is only torn down once no graph refers to it."""
+        self.cuda_graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def shutdown(self) -> None:
+        """Free the device memory this runner holds beyond the weights (graphs, KV caches); unusable after."""
+        self.release_cuda_graphs()
+        self.kv_caches = []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def _graph_tokens_per_row(self) -> tuple[int, ...]:
         """1 + every k the scheduler may ask to verify: all of 0..K with dynamic-k, else 0 and K."""
         spec = self.config.speculator

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -52,19 +53,26 @@ def run_case(case: Case, out: Path, num_requests: int | None, device: str, timeo
         cmd += ["bench.input_len=[8,16]", "bench.output_len=[4,8]", "model.max_model_len=64", "cache.num_blocks=64",
                 "scheduler.max_num_seqs=8"]
     print(f"== {case.name}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
-    start = time.perf_counter()
+    start, start_wall = time.perf_counter(), time.time()
     log = out / f"{case.name}.log"
     with log.open("w") as f:
+        # Own session: on a timeout the whole group goes (the spawned ranks too, not only the driver).
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
-            proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            rc = proc.returncode
+            rc: int | str = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             rc = "timeout"
     wall = time.perf_counter() - start
     row = {"case": case.name, "preset": case.preset, "tp": case.tp, "pp": case.pp, "wall_s": round(wall, 1)}
     result_file = case_dir / "bench.json"
-    if rc != 0 or not result_file.is_file():
+    if rc != 0 and result_file.is_file() and result_file.stat().st_mtime > start_wall:
+        print(f"   {case.name}: the run finished and wrote its results, but the process then did not exit ({rc})",
+              file=sys.stderr)
+        row["exit"] = str(rc)
+    elif rc != 0 or not result_file.is_file():
         tail = log.read_text().splitlines()[-5:]
         print(f"   {case.name} failed ({rc}); see {log}:\n   " + "\n   ".join(tail), file=sys.stderr)
         return row | {"error": f"exit {rc}"}

@@ -189,3 +189,16 @@ def test_async_scheduling_gives_the_same_outputs(tiny_llm_factory, small_cache):
     if small_cache:
         assert sum(o.num_preemptions for o in asyn) > 0
     assert llm.engine.num_free_blocks == llm.engine.kv_cache.num_blocks
+
+
+def test_shutdown_frees_the_kv_cache_and_refuses_new_requests() -> None:
+    from framework.engine import EngineDeadError
+    from framework.llm import LLM
+    from framework.sampling_params import SamplingParams
+
+    llm = LLM("random_tiny", device="cpu")
+    assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)[0].token_ids
+    llm.shutdown()
+    assert llm.engine.runner.kv_caches == [] and llm.engine.runner.cuda_graphs is None
+    with pytest.raises(EngineDeadError, match="shut down"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)

@@ -19,7 +19,7 @@ from framework.distributed.context import ParallelContext
 from framework.distributed.launch import (
     RankPlace, check_parallel_config, free_port, init_groups, rank_device, spawn_workers, torchrun_place,
 )
-from framework.distributed.worker import Command, build_rank, serve
+from framework.distributed.worker import Command, build_rank, leave_groups, serve
 from framework.engine_setup import LoadedModel, read_model_config
 from framework.model_runner import ModelRunnerV2
 from framework.runner_interface import ModelRunner
@@ -41,16 +41,13 @@ class _Workers:
         if self.closed:
             return
         self.closed = True
-        import torch.distributed as dist
-
         try:
             self.ctx.broadcast_command(Command("shutdown"))
         except Exception as err:  # a rank already gone: nothing to tell it
             logger.warning("mrv2: could not tell every rank to shut down: %s", err)
         # Leave the groups before waiting for the workers: NCCL tears a communicator down collectively, so a
         # worker's `destroy_process_group` blocks until the driver's runs too (joining first deadlocked on 2 GPUs).
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_groups()
         for proc in self.procs:
             proc.join(JOIN_TIMEOUT_S)
             if proc.is_alive():
@@ -61,13 +58,18 @@ class _Workers:
             torch.cuda.set_device(self.cuda_device)
 
 
+def _shut_down(local: ModelRunnerV2, workers: _Workers) -> None:
+    local.shutdown()  # graphs first, as on the workers: no graph may hold the communicators being torn down
+    workers.close()
+
+
 class DriverRunner(ModelRunner):
     """The engine's runner on the driver rank: broadcast each call to the workers, then run it here."""
 
     def __init__(self, local: ModelRunnerV2, workers: _Workers) -> None:
         self.local, self.ctx, self._workers = local, workers.ctx, workers
         self.name = local.name
-        self._finalizer = weakref.finalize(self, workers.close)
+        self._finalizer = weakref.finalize(self, _shut_down, local, workers)
 
     def __getattr__(self, name: str) -> Any:  # model, request_state, ... of the local runner (tests, benches)
         if name == "local":
@@ -137,13 +139,11 @@ def start_parallel(config: Mrv2Config) -> tuple[LoadedModel, DriverRunner]:
         raise ConfigError(f"parallel start-up failed: the ranks did not meet ({type(err).__name__}: {err})") from None
     workers = _Workers(ctx, procs, caller_device)
     if not ctx.is_driver:  # a torchrun rank: serve until the driver shuts down, then leave
-        import torch.distributed as dist
-
         try:
             _, runner = build_rank(config, ctx, device)
             serve(runner, ctx)
         finally:
-            dist.destroy_process_group()
+            leave_groups()
         raise SystemExit(0)
     try:
         loaded, local = build_rank(config, ctx, device)

@@ -58,6 +58,7 @@ def serve(runner: ModelRunnerV2, ctx: ParallelContext) -> None:
     while True:
         command: Command = ctx.broadcast_command()
         if command.kind == "shutdown":
+            runner.release_cuda_graphs()
             return
         if command.kind == "step":
             runner.execute_model(command.payload)
@@ -74,15 +75,42 @@ def serve(runner: ModelRunnerV2, ctx: ParallelContext) -> None:
 
 def run_worker(config: Mrv2Config, place: RankPlace) -> None:
     """Join the process groups, build this rank and serve the driver; leaves the groups at the end."""
-    import torch.distributed as dist
-
     device = rank_device(config, place.local_rank)
     ctx = init_groups(config, place, device)
     try:
         _, runner = build_rank(config, ctx, device)
         serve(runner, ctx)
     finally:
-        dist.destroy_process_group()
+        leave_groups()
+
+
+def leave_groups(timeout_s: float = 20.0) -> bool:
+    """`destroy_process_group` with a time limit; False if it did not finish.
+
+    NCCL tears a communicator down collectively: when a peer is already gone (or never arrives) the call blocks
+    forever. A rank that is shutting down must not hang on that, so the call runs on a daemon thread and is
+    abandoned after `timeout_s` (the process exits soon after, which frees the communicator anyway).
+    """
+    import threading
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return True
+    done = threading.Event()
+
+    def destroy() -> None:
+        try:
+            dist.destroy_process_group()
+        finally:
+            done.set()
+
+    threading.Thread(target=destroy, name="mrv2-leave-groups", daemon=True).start()
+    if not done.wait(timeout_s):
+        logger.warning("mrv2: leaving the process groups did not finish within %.0f s; going on without it",
+                       timeout_s)
+        return False
+    return True
 
 
 def worker_main(config: Mrv2Config, place: RankPlace) -> None:
