@@ -216,9 +216,6 @@ class Scheduler:
         """Drafts a decoding request verifies this step: what its slot holds, within every limit."""
         if not request.num_drafts_ready:
             return 0
-        params = request.sampling_params
-        if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
-            return 0  # penalty counts cover sampled tokens only, not the drafts before a verification row
         num_out = len(request.output_token_ids) + request.num_output_placeholders
         return max(0, min(
             request.num_drafts_ready,

@@ -9,7 +9,14 @@ and `in_prompt[t]` whether t occurs in its original prompt (`prompt_len`, not th
 
 The counts live on the device ([S, V] int32 and [S, V] bool, allocated when the first request with a penalty
 arrives). They are rebuilt from the token history when such a request takes a slot (so a reused or resumed
-slot starts exact), and advanced from the sampled tokens every step without a host sync.
+slot starts exact), and advanced from the sampled tokens every step without a host sync: by the accepted
+drafts and the recovered or bonus token only, never by a rejected draft.
+
+Under speculation a request verifying d drafts owns 1 + d logits rows; the row sampling position p sees the
+drafts at positions `total_len .. p - 1` as if they had been accepted (`DraftContext`), so its `count` is
+the slot's count plus the occurrences of t in `draft_tokens[s, :p - total_len]`: exactly what decoding
+without speculation would have seen at p once those drafts were sampled. Rows that verify nothing
+(p == total_len, or a prefill chunk with p <= total_len) see no draft.
 
 Beside them, `seen_bits` ([S, ceil(V / 32)] int32) holds `seen` as a bitmap, kept in step by the same kernels
 (atomic or). The Triton penalty kernel reads the bitmap (1/32 of the logits' bytes) and touches the logits,
@@ -19,7 +26,7 @@ counts and prompt mask only of seen tokens: a token nobody has seen keeps its lo
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -30,6 +37,15 @@ from framework.sampling_params import SamplingParams
 from framework.staged_writes import StagedWrites
 from samplers.history import TokenHistory
 from samplers.triton_utils import use_triton, vocab_block
+
+
+class DraftContext(NamedTuple):
+    """The drafts before each verification row: row l of slot s counts `draft_tokens[s, :n]`,
+    n = clamp(sample_positions[l] - total_len[s], 0, K) (the drafts at positions `total_len .. p - 1`)."""
+
+    sample_positions: torch.Tensor  # [L] int64: position of the token each logits row samples
+    total_len: torch.Tensor  # [S] int32: valid history entries per req_slot (this step's tokens not yet appended)
+    draft_tokens: torch.Tensor  # [S, K] int32: drafts verified this step, per req_slot
 
 
 class PenaltyCounts:
@@ -90,10 +106,15 @@ class PenaltiesState:
         self,
         logits: torch.Tensor,  # [L, V] float32
         expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
+        sample_positions: torch.Tensor,  # [L] int64: position of the token each logits row samples
     ) -> torch.Tensor:
+        """[L, V] penalised logits; verification rows also count the drafts before them (module docstring)."""
         assert self.counts is not None
+        drafts = None
+        if self.history.draft_tokens.shape[1]:  # speculation configured: K fixed for the run (one kernel variant)
+            drafts = DraftContext(sample_positions, self.history.total_len, self.history.draft_tokens)
         return apply_penalties(logits, expanded_idx_mapping, self.repetition, self.frequency, self.presence,
-                               self.counts.output_counts, self.counts.prompt_mask, self.counts.seen_bits)
+                               self.counts.output_counts, self.counts.prompt_mask, self.counts.seen_bits, drafts)
 
     def record_sampled(
         self,
@@ -117,16 +138,34 @@ def apply_penalties_reference(
     presence: torch.Tensor,  # [S] float32, 0 = off
     output_counts: torch.Tensor,  # [S, V] int32
     prompt_mask: torch.Tensor,  # [S, V] bool
+    drafts: Optional[DraftContext] = None,  # the drafts before each verification row; None = no speculation
 ) -> torch.Tensor:
-    """[L, V] penalised logits."""
+    """[L, V] penalised logits (each row's counts plus the drafts before it, given `drafts`)."""
     slots = expanded_idx_mapping.long()
     counts = output_counts[slots].float()  # [L, V]
+    if drafts is not None and drafts.draft_tokens.shape[1]:
+        counts = counts + draft_counts_reference(slots, drafts, logits.shape[1])
     in_output = counts > 0
     seen = prompt_mask[slots] | in_output
     rep = repetition[slots].unsqueeze(1)
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalised, logits)
     return logits - frequency[slots].unsqueeze(1) * counts - presence[slots].unsqueeze(1) * in_output.float()
+
+
+def draft_counts_reference(
+    slots: torch.Tensor,  # [L] int64: req_slot of each logits row
+    drafts: DraftContext,
+    vocab_size: int,
+) -> torch.Tensor:
+    """[L, V] float32: occurrences of each token among the drafts before each logits row (ids outside the
+    vocabulary count nowhere)."""
+    num_drafts = drafts.draft_tokens.shape[1]
+    before = (drafts.sample_positions.long() - drafts.total_len.long()[slots]).clamp(0, num_drafts)  # [L]
+    tokens = drafts.draft_tokens.long()[slots]  # [L, K]
+    valid = (torch.arange(num_drafts, device=slots.device) < before.unsqueeze(1)) & (tokens >= 0) & (tokens < vocab_size)
+    out = torch.zeros(len(slots), vocab_size, dtype=torch.float32, device=slots.device)
+    return out.scatter_add_(1, tokens.clamp(0, vocab_size - 1), valid.float())
 
 
 def seen_bits_reference(
@@ -191,7 +230,8 @@ def update_token_counts_reference(
 @triton.jit
 def _apply_penalties_kernel(
     logits_ptr, logits_stride, idx_ptr, rep_ptr, freq_ptr, pres_ptr, counts_ptr, prompt_ptr, bits_ptr, num_words,
-    vocab_size, SPARSE: tl.constexpr, BLOCK: tl.constexpr,
+    positions_ptr, total_len_ptr, drafts_ptr, drafts_stride, max_drafts,
+    vocab_size, SPARSE: tl.constexpr, HAS_DRAFTS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
@@ -201,11 +241,18 @@ def _apply_penalties_kernel(
     if (rep != 1.0) | (freq != 0.0) | (pres != 0.0):
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < vocab_size
-        if SPARSE:  # only seen tokens change: the other loads and the store are masked off (no traffic)
+        extra = tl.zeros([BLOCK], dtype=tl.int32)  # occurrences among the drafts before this row
+        if HAS_DRAFTS:  # a verification row: drafts at positions total_len .. p - 1 count as output
+            before = tl.load(positions_ptr + logits_row) - tl.load(total_len_ptr + req_slot).to(tl.int64)
+            before = tl.minimum(tl.maximum(before, 0), max_drafts)
+            for i in range(0, before):
+                draft = tl.load(drafts_ptr + req_slot * drafts_stride + i)
+                extra += (offs == draft).to(tl.int32)
+        if SPARSE:  # only seen tokens (and drafts) change: other loads and the store are masked off (no traffic)
             word = tl.load(bits_ptr + req_slot * num_words + offs // 32, mask=mask, other=0)
-            mask = mask & (((word >> (offs % 32)) & 1) != 0)
+            mask = mask & ((((word >> (offs % 32)) & 1) != 0) | (extra > 0))
         x = tl.load(logits_ptr + logits_row * logits_stride + offs, mask=mask)
-        counts = tl.load(counts_ptr + req_slot * vocab_size + offs, mask=mask, other=0).to(tl.float32)
+        counts = (tl.load(counts_ptr + req_slot * vocab_size + offs, mask=mask, other=0) + extra).to(tl.float32)
         in_prompt = tl.load(prompt_ptr + req_slot * vocab_size + offs, mask=mask, other=0) != 0
         in_output = counts > 0
         penalised = tl.where(x > 0, x / rep, x * rep)
@@ -217,19 +264,29 @@ def _apply_penalties_kernel(
 def apply_penalties_triton(
     logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, repetition: torch.Tensor, frequency: torch.Tensor,
     presence: torch.Tensor, output_counts: torch.Tensor, prompt_mask: torch.Tensor,
-    seen_bits: Optional[torch.Tensor] = None,
+    seen_bits: Optional[torch.Tensor] = None, drafts: Optional[DraftContext] = None,
 ) -> torch.Tensor:
     """In place, same result as `apply_penalties_reference` (grid: logits rows x vocab blocks).
 
-    With `seen_bits` (which must match the counts and prompt mask), only seen tokens are read and written.
+    With `seen_bits` (which must match the counts and prompt mask), only seen tokens and the drafts before a
+    row are read and written. With `drafts`, each program compares its block with the (at most K) drafts
+    before its row: K x BLOCK comparisons, no extra traffic over the logits.
     """
     num_rows, vocab_size = logits.shape
     if num_rows:
         block = vocab_block(vocab_size)
         bits = seen_bits if seen_bits is not None else output_counts  # any pointer: unread when not SPARSE
+        has_drafts = drafts is not None and drafts.draft_tokens.shape[1] > 0
+        if has_drafts:
+            assert drafts is not None
+            positions, total_len, draft_tokens = drafts.sample_positions, drafts.total_len, drafts.draft_tokens
+        else:  # any pointers: unread when not HAS_DRAFTS
+            positions, total_len, draft_tokens = expanded_idx_mapping, expanded_idx_mapping, output_counts
         _apply_penalties_kernel[(num_rows, triton.cdiv(vocab_size, block))](
             logits, logits.stride(0), expanded_idx_mapping, repetition, frequency, presence, output_counts,
-            prompt_mask, bits, triton.cdiv(vocab_size, 32), vocab_size, SPARSE=seen_bits is not None, BLOCK=block,
+            prompt_mask, bits, triton.cdiv(vocab_size, 32), positions, total_len, draft_tokens,
+            draft_tokens.stride(0), draft_tokens.shape[1] if has_drafts else 0, vocab_size,
+            SPARSE=seen_bits is not None, HAS_DRAFTS=has_drafts, BLOCK=block,
         )
     return logits
 
@@ -312,13 +369,14 @@ def apply_penalties(
     output_counts: torch.Tensor,  # [S, V] int32
     prompt_mask: torch.Tensor,  # [S, V] bool
     seen_bits: Optional[torch.Tensor] = None,  # [S, ceil(V / 32)] int32, consistent with the two above
+    drafts: Optional[DraftContext] = None,  # verification rows also count the drafts before them
 ) -> torch.Tensor:
     """[L, V] penalised logits (Triton on CUDA, reading only seen tokens given `seen_bits`; else the reference)."""
     if use_triton(logits):
         return apply_penalties_triton(logits, expanded_idx_mapping, repetition, frequency, presence, output_counts,
-                                      prompt_mask, seen_bits)
+                                      prompt_mask, seen_bits, drafts)
     return apply_penalties_reference(logits, expanded_idx_mapping, repetition, frequency, presence, output_counts,
-                                     prompt_mask)
+                                     prompt_mask, drafts)
 
 
 def init_token_counts(all_token_ids: torch.Tensor, prompt_len: torch.Tensor, prefill_len: torch.Tensor,

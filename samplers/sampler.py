@@ -153,7 +153,7 @@ class Sampler:
         if stages.any_logit_bias:
             logits = s.logit_bias.apply(logits, expanded_idx_mapping)
         if stages.any_penalties:
-            logits = s.penalties.apply(logits, expanded_idx_mapping)
+            logits = s.penalties.apply(logits, expanded_idx_mapping, sample_positions)
         if stages.processors:
             context = LogitsContext(expanded_idx_mapping, sample_positions, s.history)
             for i in stages.processors:

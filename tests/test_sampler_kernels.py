@@ -23,6 +23,7 @@ from samplers.logit_bias import apply_logit_bias_reference, apply_logit_bias_tri
 from samplers.logprobs import logprobs_stats_reference, logprobs_stats_triton
 from samplers.min_tokens import apply_min_tokens_reference, apply_min_tokens_triton
 from samplers.penalties import (
+    DraftContext,
     apply_penalties_reference,
     apply_penalties_triton,
     init_token_counts_reference,
@@ -146,6 +147,53 @@ def test_penalties_and_counts_match(vocab):
     slot_rows = torch.tensor([0, 1, 2])  # rows of slots 2, 0, 2
     sparse = apply_penalties_triton(logits.clone(), *args_bits, bits["t"])
     torch.testing.assert_close(sparse[slot_rows], expected[slot_rows], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [37, 200])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_penalties_count_the_drafts_before_each_verification_row(vocab, sparse):
+    """Verification rows: slot counts + drafts at positions total_len .. p - 1, nothing else.
+
+    Slots in any order: slot 3 verifies 3 drafts (a repeated token, one already in its output), slot 0 none
+    though stale drafts sit in its row, slot 1 verifies 2 (a token nobody has seen: the sparse path must touch
+    it), slot 2 is a prefill chunk (p < total_len), and an out-of-vocabulary draft never counts."""
+    g = torch.Generator().manual_seed(vocab + sparse)
+    num_slots, k = 4, 3
+    counts = torch.randint(0, 3, (num_slots, vocab), generator=g, dtype=torch.int32)
+    counts *= torch.rand(num_slots, vocab, generator=g) < 0.2
+    prompt = torch.rand(num_slots, vocab, generator=g) < 0.1
+    new_token = next(t for t in range(vocab) if not prompt[1, t] and counts[1, t] == 0)
+    seen_token = int(counts[3].argmax())
+    drafts = _i32([[5, 6, 7], [new_token, 9 % vocab, vocab + 3], [1, 2, 3], [seen_token, 4, 4]])
+    total_len = _i32([10, 20, 30, 40])
+    idx = _i32([3, 3, 3, 3, 0, 1, 1, 1, 2])
+    positions = torch.tensor([40, 41, 42, 43, 10, 20, 21, 22, 25], device=DEVICE)
+    rep = torch.tensor([1.3, 0.8, 1.0, 2.0], device=DEVICE)
+    freq = torch.tensor([0.5, 0.0, 0.2, 0.7], device=DEVICE)
+    pres = torch.tensor([0.0, 1.0, -0.5, 0.3], device=DEVICE)
+    counts, prompt = counts.to(DEVICE), prompt.to(DEVICE)
+    context = DraftContext(positions, total_len, drafts)
+    logits = (torch.randn(len(idx), vocab, generator=g) * 2).to(DEVICE)
+    logits[4, : vocab // 2] = -INF  # excluded tokens stay excluded
+    args = (idx, rep, freq, pres, counts, prompt)
+    expected = apply_penalties_reference(logits, *args, context)
+    bits = seen_bits_reference(prompt, counts) if sparse else None
+    got = apply_penalties_triton(logits.clone(), *args, bits, context)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    # The semantics, row by row: the reference without drafts on counts that include the drafts before it.
+    for row in range(len(idx)):
+        slot = int(idx[row])
+        before = min(max(int(positions[row]) - int(total_len[slot]), 0), k)
+        row_counts = counts.clone()
+        for token in drafts[slot, :before].tolist():
+            if token < vocab:
+                row_counts[slot, token] += 1
+        want = apply_penalties_reference(logits[row:row + 1], idx[row:row + 1], rep, freq, pres, row_counts, prompt)
+        torch.testing.assert_close(expected[row:row + 1], want, rtol=0, atol=1e-6)
+    # Drafts really change the rows after the first of each group (else this test could not fail).
+    plain = apply_penalties_reference(logits, *args)
+    changed = (plain != expected).any(dim=1).tolist()
+    assert changed == [False, True, True, True, False, False, True, True, False]
 
 
 def test_bias_allowed_min_tokens_and_bad_words_match():
