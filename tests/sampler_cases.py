@@ -42,9 +42,11 @@ def make_sampler(
     logprobs_mode: str = "raw_logprobs",
     processors: Sequence[LogitsProcessor] = (),
     device: str = "cpu",
+    num_draft: int = 0,
 ) -> tuple[Sampler, SimpleNamespace]:
-    """A `Sampler` whose slots hold `slots`, with the history as the runner would have written it."""
-    history = make_history(len(slots), max_len, device)
+    """A `Sampler` whose slots hold `slots`, with the history as the runner would have written it (and room
+    for `num_draft` drafts per slot in `history.draft_tokens`)."""
+    history = make_history(len(slots), max_len, device, num_draft)
     states = SamplingStates(len(slots), torch.device(device), vocab_size=vocab_size, history=history,
                             num_computed_host=lambda: np.zeros(len(slots), dtype=np.int64), eos_token_id=eos_token_id,
                             logits_processors=processors)
