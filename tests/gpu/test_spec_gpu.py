@@ -57,6 +57,36 @@ def test_rejection_kernels_at_real_shapes():
     assert (got_cand != want_cand).sum() <= 1
 
 
+def test_penalty_kernel_counts_drafts_at_real_shapes():
+    """Verification rows count the drafts before them: Triton (dense and seen-only) against the reference."""
+    from samplers.penalties import DraftContext, apply_penalties_reference, apply_penalties_triton, seen_bits_reference
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    rows, slots, k, vocab = 128, 256, 5, 151936
+    idx = torch.randperm(slots, device="cuda", generator=g)[:rows].int()
+    num_draft = torch.randint(0, k + 1, (rows,), device="cuda", generator=g)
+    expanded = idx.repeat_interleave(num_draft + 1)
+    total_len = torch.randint(10, 1000, (slots,), device="cuda", generator=g, dtype=torch.int32)
+    cu = torch.cumsum(num_draft + 1, 0) - (num_draft + 1)
+    offset = torch.arange(len(expanded), device="cuda") - cu.repeat_interleave(num_draft + 1)
+    positions = total_len.long()[expanded.long()] + offset
+    drafts = torch.randint(0, vocab, (slots, k), device="cuda", generator=g, dtype=torch.int32)
+    drafts[:, 2] = drafts[:, 0]  # repeated tokens among the drafts
+    counts = (torch.randint(0, 3, (slots, vocab), device="cuda", generator=g, dtype=torch.int32)
+              * (torch.rand(slots, vocab, device="cuda", generator=g) < 0.002)).int()
+    prompt = torch.rand(slots, vocab, device="cuda", generator=g) < 0.002
+    rep, freq, pres = (torch.rand(slots, device="cuda") + 0.5, torch.rand(slots, device="cuda"),
+                       torch.rand(slots, device="cuda") - 0.5)
+    logits = torch.randn(len(expanded), vocab, device="cuda", generator=g) * 3
+    context = DraftContext(positions, total_len, drafts)
+    args = (expanded, rep, freq, pres, counts, prompt)
+    want = apply_penalties_reference(logits, *args, context)
+    torch.testing.assert_close(apply_penalties_triton(logits.clone(), *args, None, context), want)
+    bits = seen_bits_reference(prompt, counts)
+    torch.testing.assert_close(apply_penalties_triton(logits.clone(), *args, bits, context), want)
+    assert not torch.equal(want, apply_penalties_reference(logits, *args))  # the drafts changed something
+
+
 def test_ngram_kernel_reads_pinned_host_history():
     from speculators.ngram import ngram_propose_reference, ngram_propose_triton
 
@@ -70,14 +100,17 @@ def test_ngram_kernel_reads_pinned_host_history():
     assert torch.equal(got.cpu(), want)
 
 
-def test_decode_step_with_drafts_has_no_host_sync():
+@pytest.mark.parametrize("penalties", [False, True], ids=["plain", "penalties"])
+def test_decode_step_with_drafts_has_no_host_sync(penalties):
     from framework import LLM, SamplingParams
 
     llm = LLM("tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False,
               speculative_config=NGRAM)
     engine = llm.engine
     for i, prompt in enumerate(_repetitive_prompts(8)):
-        params = SamplingParams(temperature=0.8 if i % 2 else 0.0, top_p=0.9, top_k=20, max_tokens=32, ignore_eos=True)
+        extra = dict(repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1) if penalties and i % 4 else {}
+        params = SamplingParams(temperature=0.8 if i % 2 else 0.0, top_p=0.9, top_k=20, max_tokens=32, ignore_eos=True,
+                                **extra)
         engine.add_request(f"r{i}", prompt, params)
     engine.step()  # prefill; warm-up: compilation and first allocations may sync
     engine.step()  # first verification step (compiles the rejection kernels)
@@ -116,14 +149,16 @@ def test_cuda_graph_replay_with_drafts_equals_eager(method):
     assert any(q > 1 for q in replays), "no graph replay verified drafts"
 
 
-def test_greedy_ngram_equals_no_speculation_on_gpu(tmp_path):
+@pytest.mark.parametrize("penalties", [False, True], ids=["plain", "penalties"])
+def test_greedy_ngram_equals_no_speculation_on_gpu(tmp_path, penalties):
     from hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
 
     from framework import LLM, SamplingParams
 
     save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], tmp_path)
     prompts = random_prompts(6, 5, 60, seed=3) + _repetitive_prompts(4)
-    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    extra = dict(repetition_penalty=1.2, frequency_penalty=0.3, presence_penalty=0.2) if penalties else {}
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, **extra)
     outs = {}
     for spec in (None, NGRAM):
         kwargs = {"speculative_config": spec} if spec else {}
