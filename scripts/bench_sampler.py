@@ -17,7 +17,8 @@ of logits: "peaked" (a few dozen tokens 14-26 above a Gaussian tail, like a lang
 Times are medians of CUDA-graph replays (`triton.testing.do_bench`, L2 flushed between runs): GPU time with
 no host launch overhead, as in a captured decode step. The eager time of the main case is printed too, and
 a per-kernel breakdown (torch.profiler, eager) of the main case and of `+penalties` for both paths, and
-single stages timed alone (sanitize, penalties dense and seen-only, division by T, the bisection top-k/top-p
+single stages timed alone (sanitize, penalties dense, seen-only, and seen-only on verification rows (64
+requests x 4 rows, k = 3 drafts each, the rows counting the drafts before them), division by T, the bisection top-k/top-p
 (includes a clone of the logits, timed too), min-p, Gumbel, argmax, the fused steps 8-12).
 Prints tables; writes `sampler_bench.json` and, if matplotlib is installed, `sampler_bench.png` into OUT_DIR.
 Takes well under a minute on an H200 (mostly compiling).
@@ -140,7 +141,7 @@ def stage_times(x: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor, row
     """GPU microseconds of single stages on the peaked logits (graph replays), for the per-stage table."""
     from samplers.fused_sampling import SlotSamplingParams, sample_fused_triton
     from samplers.gumbel import gumbel_sample_triton
-    from samplers.penalties import apply_penalties_triton
+    from samplers.penalties import DraftContext, apply_penalties_triton
     from samplers.sanitize import sanitize_logits_triton
     from samplers.top_k_top_p import apply_min_p_triton, apply_top_k_top_p_triton
 
@@ -152,10 +153,17 @@ def stage_times(x: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor, row
     min_p = torch.full((rows,), 0.05, device="cuda")
     temperature = t["temperature"][idx.long()].unsqueeze(1)
     pen_args = (work, idx, pen.repetition, pen.frequency, pen.presence, counts.output_counts, counts.prompt_mask)
+    # Speculation, k = 3: rows // 4 requests, each with 4 logits rows at positions total_len .. total_len + 3.
+    total_len = torch.full((rows,), PROMPT_LEN + OUTPUT_LEN, dtype=torch.int32, device="cuda")
+    spec_idx = (torch.arange(rows, device="cuda") // 4).int()
+    spec_positions = total_len.long()[spec_idx.long()] + torch.arange(rows, device="cuda") % 4
+    drafts = torch.randint(0, vocab, (rows, 3), dtype=torch.int32, device="cuda")
+    spec_args = (work, spec_idx, *pen_args[2:], counts.seen_bits, DraftContext(spec_positions, total_len, drafts))
     out = dict(
         sanitize=time_graph_ms(lambda: sanitize_logits_triton(work)),
         penalties_dense=time_graph_ms(lambda: apply_penalties_triton(*pen_args)),
         penalties_seen_only=time_graph_ms(lambda: apply_penalties_triton(*pen_args, counts.seen_bits)),
+        penalties_seen_only_k3_drafts=time_graph_ms(lambda: apply_penalties_triton(*spec_args)),
         temperature_divide=time_graph_ms(lambda: work / temperature),
         top_k_top_p_bisection=time_graph_ms(lambda: apply_top_k_top_p_triton(work.clone(), top_k, top_p)),
         clone_for_the_above=time_graph_ms(lambda: work.clone()),
