@@ -3,6 +3,8 @@ corrected from the outputs, drafts forgotten on preemption, metrics and policy f
 
 from __future__ import annotations
 
+import pytest
+
 from framework.config import SchedulerConfig
 from framework.kv_cache_manager import KVCacheManager
 from framework.request import Request, RequestStatus
@@ -97,12 +99,15 @@ def test_prefill_chunks_and_preemption_forget_drafts():
     assert out.num_draft_tokens == [0] and out.num_scheduled_tokens == [6]
 
 
-def test_penalised_requests_do_not_speculate():
+@pytest.mark.parametrize("penalty", [dict(repetition_penalty=1.2), dict(frequency_penalty=0.5),
+                                     dict(presence_penalty=-0.5)])
+def test_penalised_requests_speculate(penalty):
+    """Verification rows count the drafts before them (samplers.penalties): no fallback to k = 0."""
     s, _, _ = _sched(k=2)
-    s.add_request(_req("r", 4, repetition_penalty=1.2))
+    s.add_request(_req("r", 4, **penalty))
     out = s.schedule()
     s.update_from_output(out, [[5]])
-    assert s.schedule().num_draft_tokens == [0]
+    assert s.schedule().num_draft_tokens == [2]
 
 
 def test_stop_token_among_accepted_tokens_ends_the_request():
