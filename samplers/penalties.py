@@ -163,7 +163,8 @@ def draft_counts_reference(
     num_drafts = drafts.draft_tokens.shape[1]
     before = (drafts.sample_positions.long() - drafts.total_len.long()[slots]).clamp(0, num_drafts)  # [L]
     tokens = drafts.draft_tokens.long()[slots]  # [L, K]
-    valid = (torch.arange(num_drafts, device=slots.device) < before.unsqueeze(1)) & (tokens >= 0) & (tokens < vocab_size)
+    in_context = torch.arange(num_drafts, device=slots.device) < before.unsqueeze(1)  # [L, K]
+    valid = in_context & (tokens >= 0) & (tokens < vocab_size)
     out = torch.zeros(len(slots), vocab_size, dtype=torch.float32, device=slots.device)
     return out.scatter_add_(1, tokens.clamp(0, vocab_size - 1), valid.float())
 

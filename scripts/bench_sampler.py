@@ -18,8 +18,9 @@ Times are medians of CUDA-graph replays (`triton.testing.do_bench`, L2 flushed b
 no host launch overhead, as in a captured decode step. The eager time of the main case is printed too, and
 a per-kernel breakdown (torch.profiler, eager) of the main case and of `+penalties` for both paths, and
 single stages timed alone (sanitize, penalties dense, seen-only, and seen-only on verification rows (64
-requests x 4 rows, k = 3 drafts each, the rows counting the drafts before them), division by T, the bisection top-k/top-p
-(includes a clone of the logits, timed too), min-p, Gumbel, argmax, the fused steps 8-12).
+requests x 4 rows, k = 3 drafts each, the rows counting the drafts before them), division by T, the
+bisection top-k/top-p (includes a clone of the logits, timed too), min-p, Gumbel, argmax, the fused steps
+8-12).
 Prints tables; writes `sampler_bench.json` and, if matplotlib is installed, `sampler_bench.png` into OUT_DIR.
 Takes well under a minute on an H200 (mostly compiling).
 
