@@ -90,7 +90,7 @@ class MambaHybridModelState(DefaultModelState):
 
     # ---- per-slot verbs ------------------------------------------------------------------------------------
     def add_request(self, req_slot: int, request: "NewRequestData") -> None:
-        snapshot = getattr(request, "snapshot_slot", None)
+        snapshot = request.snapshot_slot
         if request.num_computed_tokens and (snapshot is None or self.ssm_snapshots is None):
             # A recurrent state exists only for tokens this slot ran, or in a snapshot of a cached prefix.
             raise ValueError(
@@ -115,9 +115,10 @@ class MambaHybridModelState(DefaultModelState):
             self.ssm_state.index_fill_(1, slots, 0)
         if restore:
             assert self.conv_snapshots is not None and self.ssm_snapshots is not None
-            pairs = torch.tensor(restore, dtype=torch.int64).to(self.device, non_blocking=True)  # [n, 2]
-            self.conv_state.index_copy_(1, pairs[:, 0], self.conv_snapshots.index_select(1, pairs[:, 1]))
-            self.ssm_state.index_copy_(1, pairs[:, 0], self.ssm_snapshots.index_select(1, pairs[:, 1]))
+            # [2, n]: request slots, then the snapshot slots they start from
+            pairs = torch.tensor(list(zip(*restore)), dtype=torch.int64).to(self.device, non_blocking=True)
+            self.conv_state.index_copy_(1, pairs[0], self.conv_snapshots.index_select(1, pairs[1]))
+            self.ssm_state.index_copy_(1, pairs[0], self.ssm_snapshots.index_select(1, pairs[1]))
 
     def save_snapshots(self, snapshots: "list[StateSnapshot]") -> None:
         if snapshots and self.ssm_snapshots is None:

@@ -109,6 +109,27 @@ def test_scheduler_asks_for_snapshots_at_block_ends_and_starts_hits_from_them():
     kv.check_conservation()
 
 
+def test_a_prefix_recomputed_for_lack_of_a_snapshot_gives_its_cached_block_one():
+    """One snapshot slot. "a" snapshots its 2-block prompt's end; "x" takes the slot (evicting it); "d" repeats
+    a's prompt, hits nothing usable, recomputes it and stores the snapshot for a's cached block (which "d"'s
+    copy duplicates); "e" then hits both blocks and starts from that slot."""
+    index = MambaSnapshotIndex(1)
+    kv = KVCacheManager(32, 4, enable_prefix_caching=True, hooks=index)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16), kv, 64)
+    a = list(range(10, 18))
+    sched.add_request(_req("a", a))
+    assert sched.schedule().state_snapshots == [StateSnapshot(0, 8, 0)]  # block 0 gets none: the slot is taken
+    sched.add_request(_req("x", [1, 2, 3, 4, 5]))
+    assert sched.schedule().state_snapshots == [StateSnapshot(1, 4, 0)]  # row 0 is a's decode step
+    sched.add_request(_req("d", a + [7]))
+    step = sched.schedule()
+    assert step.new_requests[0].num_computed_tokens == 0 and step.state_snapshots == [StateSnapshot(2, 8, 0)]
+    sched.add_request(_req("e", a + [9]))
+    new_e = sched.schedule().new_requests[0]
+    assert (new_e.num_computed_tokens, new_e.snapshot_slot, index.num_evictions) == (8, 0, 2)
+    kv.check_conservation()
+
+
 def test_a_hit_without_a_snapshot_is_refused_by_the_state():
     state = MambaHybridModelState(_OneMixer(), {}, 2, torch.device("cpu"))
     with pytest.raises(ValueError, match="no state snapshot"):
@@ -232,3 +253,27 @@ def test_hybrid_prefix_caching_is_on_by_default_and_can_be_required(checkpoint):
                enable_prefix_caching=True).engine.kv_cache.enable_prefix_caching
     off = LLM(str(checkpoint), device="cpu", max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False)
     assert not off.engine.kv_cache.enable_prefix_caching and off.engine.runner.model_state.ssm_snapshots is None
+
+
+def test_same_tokens_with_speculative_decoding(one_thread):
+    """ngram drafts on repetitive prompts (jamba-tiny): rows verifying drafts take no snapshot past their first
+    token, and the outputs with prefix caching equal those without, over two waves of shared prefixes."""
+    rng = random.Random(0)
+    pattern = [rng.randrange(250) for _ in range(6)]
+    system = (pattern * 8)[:44]
+    prompts = [system + pattern[:3], system[:10] + pattern, system + pattern * 2, system[:40]]
+    params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)] * 2
+    outs, cached = {}, {}
+    for caching in (False, True):
+        llm = LLM(config=load_config({
+            "model": {"preset": "jamba-tiny"}, "device": "cpu", "scheduler": {"check_invariants": True},
+            "cache": {"block_size": 4, "enable_prefix_caching": caching},
+            "speculator": {"method": "ngram", "num_speculative_tokens": 3}}))
+        first = llm.generate(prompts, params, use_tqdm=False)
+        second = llm.generate([o.prompt_token_ids + o.token_ids + [5] for o in first], params, use_tqdm=False)
+        outs[caching] = [o.token_ids for o in first + second]
+        cached[caching] = sum(o.num_cached_tokens for o in second)
+        assert llm.engine.spec_metrics.num_drafts > 0
+        assert_engine_drained(llm.engine)
+    assert outs[True] == outs[False] and cached[True] > 0
