@@ -55,10 +55,6 @@ class KVCacheManager:
         """Blocks published under a hash (held or free)."""
         return len(self._cached)
 
-    def cached_blocks(self) -> set[int]:
-        """Ids of the blocks published under a hash (held or free)."""
-        return set(self._cached.values())
-
     def blocks_of(self, request_id: str) -> list[int]:
         return self._blocks.get(request_id, [])
 

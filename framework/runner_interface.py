@@ -36,7 +36,7 @@ class ModelRunner(ABC):
     # the runner (no class default, so a parallel driver's lookup reaches its local runner's).
     prefix_cache_hooks: PrefixCacheHooks
 
-    def init_prefix_cache(self, model_state: "ModelState") -> PrefixCacheHooks:
+    def _prefix_cache_hooks_of(self, model_state: "ModelState") -> PrefixCacheHooks:
         """Let the model state allocate what it keeps for cached blocks, before the KV cache is sized, when
         prefix caching will be on (`cache.enable_prefix_caching` not false and the state supports it; the engine
         resolves the same setting and reports a conflict)."""

@@ -139,11 +139,12 @@ class MambaHybridModelState(DefaultModelState):
                             dtype=torch.float32, device=self.device),
             )
         targets = self._snapshot_targets(batch.num_rows)
-        pools = (self.conv_snapshots, self.ssm_snapshots) if targets is not None else (None, None)
+        conv_pool, ssm_pool = (self.conv_snapshots, self.ssm_snapshots) if targets is not None else (None, None)
         layers = [
             MambaLayerState(self.conv_state[i], self.ssm_state[i],
                             self._tails[0][i] if self._tails else None, self._tails[1][i] if self._tails else None,
-                            pools[0][i] if pools[0] is not None else None, pools[1][i] if pools[1] is not None else None)
+                            conv_pool[i] if conv_pool is not None else None,
+                            ssm_pool[i] if ssm_pool is not None else None)
             for i in range(self.conv_state.shape[0])
         ]
         pure_decode = batch.num_tokens == batch.num_rows and targets is None  # the one-step update stores none

@@ -54,7 +54,7 @@ class ModelRunnerV1(ModelRunner):
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
         self.config = config
-        self.prefix_cache_hooks = self.init_prefix_cache(self.model_state)  # state snapshots, before KV sizing
+        self.prefix_cache_hooks = self._prefix_cache_hooks_of(self.model_state)  # state snapshots, before KV sizing
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)  # keyed by state_slot too
         self._free_state_slots = list(range(max_reqs - 1, -1, -1))  # pop() hands out slot 0 first
         self.config, self.loaded = config, loaded
