@@ -23,6 +23,7 @@ USAGE = """usage: mrv2 {run,bench} [HYDRA OVERRIDES...]
   mrv2 run task=embed                   embed the prompts instead (one line per prompt)
   mrv2 bench experiment=embed_bench     embedding throughput, mrv2 vs HF transformers
   mrv2 bench experiment=prefix_bench    a shared 2,000-token system prompt, prefix caching off vs on
+  mrv2 bench experiment=prefix_bench_hybrid   the same on the Mamba hybrid (jamba-1024)
   mrv2 run --cfg job                     print the composed config
 """
 

@@ -191,6 +191,10 @@ class CacheConfig(_Strict):
         None, description="Share the KV blocks of common prompt prefixes between requests (docs/prefix-caching.md); "
         "null = on when the model's ModelState supports it, true = required (an error if it does not), false = off."
     )
+    mamba_snapshot_slots: Optional[int] = Field(
+        None, ge=1, description="Mamba hybrids with prefix caching: how many recurrent-state snapshots (each every "
+        "Mamba layer's conv and SSM state, at the end of a cached block) are kept on the device; a cache hit ends "
+        "at the last hit block with one. null = 2 x scheduler.max_num_seqs.")
 
 
 class ParallelConfig(_Strict):

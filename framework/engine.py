@@ -84,7 +84,8 @@ class EngineCore:
         self.runner.initialize_kv_cache(blocks)
         self.runner.capture_cuda_graphs()
         self.kv_cache = KVCacheManager(blocks, config.cache.block_size,
-                                       enable_prefix_caching=self._prefix_caching(config))
+                                       enable_prefix_caching=self._prefix_caching(config),
+                                       hooks=getattr(self.runner, "prefix_cache_hooks", None))
         self.spec_metrics = SpecDecodeMetrics()
         self.draft_policy = build_draft_policy(config.speculator)
         lookahead = max(config.speculator.num_speculative_tokens - 1, 0) if self.runner.num_draft_kv_layers else 0

@@ -123,18 +123,23 @@ class KVCacheManager:
         self._ref_cnt[block] = 1
         return block
 
-    def cache_blocks(self, request: HashableRequest, num_tokens: int) -> None:
+    def cache_blocks(self, request: HashableRequest, num_tokens: int) -> list[tuple[int, int]]:
         """Publish the request's full blocks within its first `num_tokens` positions (their KV is computed by
-        the end of the step being scheduled, and their tokens are known on the host)."""
+        the end of the step being scheduled, and their tokens are known on the host).
+
+        Returns, for each block of the request offered to the cache by this call, (its index in the request,
+        the block that caches its prefix now): the request's own block, or an earlier copy of the same prefix.
+        """
         if not self.enable_prefix_caching:
-            return
+            return []
         request_id = request.request_id
         blocks = self._blocks.get(request_id, ())
         start = self._num_published.get(request_id, 0)
         end = min(num_tokens // self.block_size, len(blocks))
         if end <= start:
-            return  # the common decode step: no block filled
+            return []  # the common decode step: no block filled
         hashes = extend_block_hashes(request, end * self.block_size, self.block_size)
+        offered = []
         for index in range(start, end):
             block, block_hash = blocks[index], hashes[index]
             if self._block_hash[block] is None and block_hash not in self._cached:
@@ -143,7 +148,11 @@ class KVCacheManager:
                 self.hooks.on_cached(block, block_hash)
             # else: already cached (a hit block), or another block caches the same prefix: this one stays
             # private and returns to the pool as an uncached block.
+            holder = self._cached.get(block_hash)
+            if holder is not None:
+                offered.append((index, holder))
         self._num_published[request_id] = end
+        return offered
 
     def free(self, request_id: str) -> None:
         """Drop the request's references (finish, abort, preemption); blocks nobody holds join the free queue,
@@ -190,3 +199,4 @@ class KVCacheManager:
         hashed = {b: h for b, h in enumerate(self._block_hash) if h is not None}
         if len(hashed) != len(self._cached) or any(self._cached.get(h) != b for b, h in hashed.items()):
             raise AssertionError("prefix cache map out of step with the blocks' hashes")
+        self.hooks.check(set(hashed))

@@ -43,6 +43,7 @@ _KWARGS = {
     "cuda_graphs": "runner.cuda_graphs",
     "token_history_on_host": "cache.token_history_on_host",
     "enable_prefix_caching": "cache.enable_prefix_caching",
+    "mamba_snapshot_slots": "cache.mamba_snapshot_slots",
     "task": "task",
     "pooling": "model.pooling",
     "tensor_parallel_size": "parallel.tensor_parallel_size",

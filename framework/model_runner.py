@@ -70,6 +70,8 @@ class ModelRunnerV2(ModelRunner):
         self.sampler = Sampler(self.sampling_states, config.sampler.logprobs_mode)
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
+        self.config = config
+        self.prefix_cache_hooks = self._prefix_cache_hooks_of(self.model_state)  # state snapshots, before KV sizing
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)
         self.speculator: Optional[Speculator] = build_speculator(config.speculator, loaded, max_reqs, self.device)
         self.num_draft_kv_layers = self.speculator.num_kv_layers if self.speculator is not None else 0
@@ -156,7 +158,8 @@ class ModelRunnerV2(ModelRunner):
             return
         batch = build_input_batch(output, self.request_state, self.device)  # 5. inputs, on the device
         attn_metadata = self.model_state.prepare_attn_metadata(batch, self.block_tables)  # 6. block tables, KV slots
-        extra_inputs = self.model_state.prepare_inputs(batch)  # 7. architecture-specific inputs
+        self.model_state.save_snapshots(output.state_snapshots)  # 7. architecture-specific inputs (and the
+        extra_inputs = self.model_state.prepare_inputs(batch)  # recurrent-state snapshots this step stores)
         hidden, aux_hidden = self._forward(batch, attn_metadata, extra_inputs)  # 8. graph replay or eager
         seq_lens_host = self.request_state.num_computed_host[batch.idx_mapping_host]
         pooled = self.pooling_state.apply(  # 9. embedding requests: pool prompt hidden states, on the device

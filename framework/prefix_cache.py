@@ -16,7 +16,7 @@ import array
 import hashlib
 import sys
 from dataclasses import dataclass
-from typing import Protocol, Sequence, Union
+from typing import Optional, Protocol, Sequence, Union
 
 BlockHash = bytes  # 32 bytes: sha256 digest
 ExtraKey = Union[str, bytes, int]
@@ -83,10 +83,15 @@ def extend_block_hashes(request: HashableRequest, num_tokens: int, block_size: i
 class PrefixCacheHooks:
     """Per-block hooks for state that must travel with cached KV blocks (no-ops here).
 
-    A Mamba-hybrid ModelState will snapshot its recurrent state at block boundaries: it keeps a snapshot per
-    cached block (`on_cached`), drops it when the block is evicted (`on_evicted`), and accepts a cache hit only
-    up to the last hit block it holds a snapshot for (`usable_hit`).
+    A ModelState with recurrent state (Mamba hybrids, `model_states.mamba_snapshots.MambaSnapshotIndex`) keeps
+    a snapshot of that state at some block boundaries. The scheduler asks `assign_snapshot` for a slot when a
+    request computes the state at the end of a cached block in the step being scheduled, and tells the runner
+    to store it there; a snapshot is readable from the next step on (`on_schedule`). The hooks drop it when the
+    block is evicted (`on_evicted`) and accept a cache hit only up to the last hit block with a readable
+    snapshot (`usable_hit`), whose slot (`snapshot_slot`) the admitted request starts from.
     """
+
+    takes_snapshots: bool = False  # True: the scheduler asks for snapshots (costs a little host work per step)
 
     def on_cached(self, block_id: int, block_hash: BlockHash) -> None:
         """Block `block_id` now holds the KV of the prefix named `block_hash` and can be shared."""
@@ -97,6 +102,22 @@ class PrefixCacheHooks:
     def usable_hit(self, block_ids: Sequence[int]) -> int:
         """How many of the hit blocks (a prefix of the request's blocks, in order) a request may reuse."""
         return len(block_ids)
+
+    def on_schedule(self) -> None:
+        """A new step is being scheduled: snapshots assigned while scheduling earlier steps are readable now."""
+
+    def assign_snapshot(self, block_id: int) -> Optional[int]:
+        """The step being scheduled computes the state at the end of cached block `block_id`: the snapshot slot
+        to store it in, or None (no snapshot is kept for it)."""
+        return None
+
+    def snapshot_slot(self, block_id: int) -> Optional[int]:
+        """The slot of the readable snapshot of block `block_id`, or None."""
+        return None
+
+    def check(self, cached_blocks: set[int]) -> None:
+        """Raise `AssertionError` if the hooks' own bookkeeping is inconsistent (`cached_blocks`: the blocks
+        published under a hash now); run with the KV cache's conservation check."""
 
 
 @dataclass

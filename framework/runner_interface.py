@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from framework.async_output import AsyncOutput
+from framework.prefix_cache import PrefixCacheHooks
 from framework.sampling_params import SamplingParams
 from framework.scheduler_output import NewRequestData, SchedulerOutput
 
 if TYPE_CHECKING:
     from framework.config import Mrv2Config
     from framework.engine_setup import LoadedModel
+    from model_states.interface import ModelState
 
 
 class ModelRunner(ABC):
@@ -30,6 +32,18 @@ class ModelRunner(ABC):
     device: torch.device
     kv_caches: list[torch.Tensor]
     num_draft_kv_layers: int = 0  # paged KV layers a speculator's draft model adds to the target's
+    # What the model state keeps for cached blocks (state snapshots), for the engine's KV cache manager. Set by
+    # the runner (no class default, so a parallel driver's lookup reaches its local runner's).
+    prefix_cache_hooks: PrefixCacheHooks
+
+    def _prefix_cache_hooks_of(self, model_state: "ModelState") -> PrefixCacheHooks:
+        """Let the model state allocate what it keeps for cached blocks, before the KV cache is sized, when
+        prefix caching will be on (`cache.enable_prefix_caching` not false and the state supports it; the engine
+        resolves the same setting and reports a conflict)."""
+        wanted = self.config.cache.enable_prefix_caching
+        if wanted is False or not type(model_state).supports_prefix_caching:
+            return PrefixCacheHooks()
+        return model_state.init_prefix_cache(self.config.cache)
 
     def profile_run(self) -> int:
         """Run one full-budget step (prefill + sampling) on dummy requests; returns peak activation bytes.

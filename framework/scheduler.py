@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from framework.config import SchedulerConfig
 from framework.kv_cache_manager import KVCacheManager
 from framework.request import Request, RequestStatus
-from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput, StateSnapshot
 
 if TYPE_CHECKING:
     from speculators.metrics import SpecDecodeMetrics
@@ -42,6 +42,8 @@ class Scheduler:
 
     With prefix caching a waiting request starts at its cache hit (`num_computed_tokens` = the hit length, a
     whole number of blocks), and every scheduled request publishes the blocks it fills (docs/prefix-caching.md).
+    For a model with recurrent state the hit ends at the last hit block with a state snapshot, and the step
+    that computes the state at the end of a published block asks for a snapshot of it (`StateSnapshot`).
     """
 
     def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, max_model_len: int,
@@ -117,7 +119,9 @@ class Scheduler:
         drafts: list[int] = []  # per row: drafts verified this step
         new_data: list[NewRequestData] = []
         cached_data: list[CachedRequestData] = []
+        snapshots: list[StateSnapshot] = []
         preempted = False
+        self.kv_cache.hooks.on_schedule()
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -143,7 +147,8 @@ class Scheduler:
             rows.append((request, n))
             drafts.append(num_draft)
             cached_data.append(CachedRequestData(request.request_id, new_blocks))
-            self.kv_cache.cache_blocks(request, min(request.num_computed_tokens + n, request.num_tokens))
+            offered = self.kv_cache.cache_blocks(request, min(request.num_computed_tokens + n, request.num_tokens))
+            self._take_snapshots(len(rows) - 1, request.num_computed_tokens, n - num_draft, offered, snapshots)
             budget -= n
             i += 1
 
@@ -158,12 +163,15 @@ class Scheduler:
                 break
             hit_blocks = self._cache_hit(request)  # leading blocks served from the prefix cache
             num_hit = len(hit_blocks) * self.kv_cache.block_size
+            # read now: assigning this step's snapshots may evict it (the runner restores before it overwrites)
+            restore = self.kv_cache.hooks.snapshot_slot(hit_blocks[-1]) if hit_blocks else None
             n = min(request.num_tokens - num_hit, budget)
             need = self._with_lookahead(num_hit + n, samples=num_hit + n == request.num_tokens)
             if self.kv_cache.allocate(request.request_id, need, hit_blocks) is None:
                 break
             encoder_scheduled += num_encoder
-            self._admit_cache_hit(request, num_hit, n)
+            offered = self._admit_cache_hit(request, num_hit, n)
+            self._take_snapshots(len(rows), num_hit, n, offered, snapshots)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -181,6 +189,7 @@ class Scheduler:
                     num_computed_tokens=request.num_computed_tokens,
                     pooling_params=request.pooling_params,
                     encoder_input=request.encoder_input,
+                    snapshot_slot=restore,
                 )
             )
             budget -= n
@@ -206,6 +215,7 @@ class Scheduler:
             finished_request_ids=released,
             num_propose_tokens=num_propose,
             num_computed_tokens=computed_before,
+            state_snapshots=snapshots,
         )
 
     def _with_lookahead(self, num_tokens: int, samples: bool) -> int:
@@ -304,17 +314,39 @@ class Scheduler:
             return []
         return self.kv_cache.find_cached_blocks(request, request.num_tokens - 1)
 
-    def _admit_cache_hit(self, request: Request, num_hit: int, num_scheduled: int) -> None:
+    def _admit_cache_hit(self, request: Request, num_hit: int, num_scheduled: int) -> list[tuple[int, int]]:
         """The request was admitted with `num_hit` tokens from the cache: skip them, count the lookup, and
-        publish the blocks it computes this step."""
+        publish the blocks it computes this step (returned as `KVCacheManager.cache_blocks` returns them)."""
         if not self.kv_cache.enable_prefix_caching:
-            return
+            return []
         if may_read_prefix_cache(request):
             self.kv_cache.record_lookup(request.num_tokens, num_hit)
         if not request.num_preemptions:
             request.num_cached_tokens = num_hit
         request.num_computed_tokens = num_hit
-        self.kv_cache.cache_blocks(request, num_hit + num_scheduled)
+        return self.kv_cache.cache_blocks(request, num_hit + num_scheduled)
+
+    def _take_snapshots(self, batch_row: int, computed_before: int, num_tokens: int,
+                        offered: list[tuple[int, int]], out: list[StateSnapshot]) -> None:
+        """Ask for a state snapshot at the end of every block just offered to the cache whose end this row
+        reaches this step: after `0..num_tokens` of its tokens (drafts excluded: they may be rejected).
+
+        0 is the state before the step: a block published one step late (async scheduling: its last token was
+        not on the host yet) ends where the previous step left the state. `computed_before` is exact whenever
+        such a boundary is at or after it: it overcounts only while drafts are in flight, and then the
+        published blocks, whose tokens are all on the host, end before it.
+        """
+        hooks = self.kv_cache.hooks
+        if not hooks.takes_snapshots or not offered:
+            return
+        row: list[StateSnapshot] = []
+        for index, block in reversed(offered):  # the longest prefix first: if slots run short, it ends longer hits
+            at = (index + 1) * self.kv_cache.block_size - computed_before
+            if 0 <= at <= num_tokens:
+                slot = hooks.assign_snapshot(block)
+                if slot is not None:
+                    row.append(StateSnapshot(batch_row, at, slot))
+        out.extend(reversed(row))
 
     def _ends_in_flight(self, request: Request) -> bool:
         """True when tokens already being sampled reach max_tokens or max_model_len (async scheduling)."""

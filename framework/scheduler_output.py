@@ -27,6 +27,19 @@ class NewRequestData:
     num_computed_tokens: int
     pooling_params: Optional[PoolingParams] = None  # set for an embedding request: pool its prompt, sample nothing
     encoder_input: Optional[EncoderInput] = None  # set for an encoder-decoder request: the encoder runs this step
+    # A prefix-cache hit of a model with recurrent state: the snapshot slot holding its state after the first
+    # `num_computed_tokens` tokens, which the request starts from (None: it starts from a zero state).
+    snapshot_slot: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """Store the recurrent state of batch row `batch_row` after `num_tokens` of this step's tokens (0 = the state
+    before the step) in snapshot slot `snapshot_slot` (prefix caching of hybrid models)."""
+
+    batch_row: int
+    num_tokens: int
+    snapshot_slot: int
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,9 @@ class SchedulerOutput:
     # Per row: tokens the scheduler counts as computed before this step; an upper bound while drafts are in
     # flight (rejected ones are subtracted when the output arrives). None: the runner keeps its own count.
     num_computed_tokens: Optional[list[int]] = None
+    # Recurrent-state snapshots this step stores, by batch row then num_tokens (empty unless the model state's
+    # prefix-cache hooks take snapshots).
+    state_snapshots: list[StateSnapshot] = field(default_factory=list)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -8,11 +8,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from framework.prefix_cache import PrefixCacheHooks
+
 if TYPE_CHECKING:
     from framework.attention import AttentionMetadata
     from framework.block_tables import BlockTables
+    from framework.config import CacheConfig
     from framework.input_batch import InputBatch
-    from framework.scheduler_output import NewRequestData
+    from framework.scheduler_output import NewRequestData, StateSnapshot
 
 
 class ModelState(ABC):
@@ -38,7 +41,8 @@ class ModelState(ABC):
     supports_v2: ClassVar[bool] = True
     # True when the state is correct for a request that starts with cached KV blocks (`num_computed_tokens` > 0
     # at `add_request`, the cached prefix never run through the model). False by default: per-slot state built
-    # from the prompt (recurrent state, encoder outputs) would miss the cached part. See docs/prefix-caching.md.
+    # from the prompt (recurrent state, encoder outputs) would miss the cached part, unless the state keeps
+    # snapshots of it for cached blocks (`init_prefix_cache`). See docs/prefix-caching.md.
     supports_prefix_caching: ClassVar[bool] = False
     # False when the forward takes per-slot extra inputs (`prepare_inputs`) that decode CUDA graphs do not capture.
     decode_cuda_graphs: ClassVar[bool] = True
@@ -48,6 +52,16 @@ class ModelState(ABC):
         self.hf_config = hf_config
         self.max_num_reqs = max_num_reqs
         self.device = device
+
+    def init_prefix_cache(self, cache: "CacheConfig") -> PrefixCacheHooks:
+        """Prefix caching is on (called once, before the KV cache is sized): allocate what the state keeps for
+        cached blocks and return the hooks the KV cache manager calls. Default: nothing kept, no-op hooks."""
+        return PrefixCacheHooks()
+
+    def save_snapshots(self, snapshots: "list[StateSnapshot]") -> None:
+        """This step's state snapshots (asked for by this state's prefix-cache hooks), before `prepare_inputs`."""
+        if snapshots:
+            raise NotImplementedError(f"model state '{self.name}' keeps no state snapshots")
 
     def add_request(self, req_slot: int, request: "NewRequestData") -> None:
         """A request took `req_slot`: stage whatever per-slot state it needs."""

@@ -6,8 +6,15 @@ request takes the slot, so a reused slot carries nothing of its previous owner. 
 place: a prefill chunk scans from the slot's state (chunked prefill continues where the last chunk
 stopped), a pure decode batch takes the one-step update.
 
-Preemption frees the KV blocks and recomputes the request from its first token; its recurrent state cannot
-be recovered from anything kept, so the resumed request (a new `add_request`) starts from a zeroed slot.
+Preemption frees the KV blocks and recomputes the request from its first token; the resumed request (a new
+`add_request`) starts from a zeroed slot, or from a snapshot when prefix caching serves part of it.
+
+Prefix caching: a cached prefix never runs through the model, so its recurrent state must have been kept.
+With caching on, the state owns a pool of snapshot slots (`[L, P, ...]` beside the per-slot tables) and the
+scheduler-side `MambaSnapshotIndex` decides which cached block has one. The step that computes the state at
+the end of a cached block stores it there, from inside the kernels (`save_snapshots`: per batch row, after
+how many of its tokens, into which slot); a request whose hit ends at that block starts from a device-side
+copy of it (`add_request` with `snapshot_slot`, applied in `apply_staged_writes`).
 
 Speculative decoding: a row verifying drafts runs `1 + k` tokens, but its state must advance only by the
 tokens that were accepted. When a step has drafts, `prepare_inputs` hands every Mamba layer tail buffers in
@@ -22,12 +29,16 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch import nn
 
+from framework.kernels.state_snapshots import SnapshotTargets, build_snapshot_targets
 from framework.models.mamba_layer import MambaLayerState, MambaStepInputs
+from framework.prefix_cache import PrefixCacheHooks
 from model_states.default import DefaultModelState
+from model_states.mamba_snapshots import MambaSnapshotIndex
 
 if TYPE_CHECKING:
+    from framework.config import CacheConfig
     from framework.input_batch import InputBatch
-    from framework.scheduler_output import NewRequestData
+    from framework.scheduler_output import NewRequestData, StateSnapshot
 
 
 class MambaHybridModelState(DefaultModelState):
@@ -40,7 +51,7 @@ class MambaHybridModelState(DefaultModelState):
     decode_cuda_graphs = False  # extra per-slot inputs each step: decode runs eagerly
 
     name = "mamba_hybrid"
-    supports_prefix_caching = False  # no Mamba state is kept for cached prefixes (yet): see add_request
+    supports_prefix_caching = True  # with snapshots of the state at cached block boundaries
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
         super().__init__(model, hf_config, max_num_reqs, device)
@@ -53,29 +64,66 @@ class MambaHybridModelState(DefaultModelState):
         # [L, S, d_inner, d_conv-1] and [L, S, d_inner, d_state]: one slab per kind, a layer's view is [S, ...].
         self.conv_state = torch.zeros(num_layers, max_num_reqs, *conv_shape, dtype=conv_dtype, device=device)
         self.ssm_state = torch.zeros(num_layers, max_num_reqs, *ssm_shape, dtype=torch.float32, device=device)
-        self._slots_to_reset: list[int] = []
+        # req_slot -> snapshot slot to start from (None: zeros), for every slot a request took since the last step
+        self._starts: dict[int, Optional[int]] = {}
         self._tails: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # this step's, when it has drafts
+        # [L, P, d_inner, d_conv-1] and [L, P, d_inner, d_state] by snapshot slot, once prefix caching is on
+        self.conv_snapshots: Optional[torch.Tensor] = None
+        self.ssm_snapshots: Optional[torch.Tensor] = None
+        self._snapshots: list["StateSnapshot"] = []  # this step's, from the scheduler
+
+    def init_prefix_cache(self, cache: "CacheConfig") -> PrefixCacheHooks:
+        """Allocate the snapshot pool (`cache.mamba_snapshot_slots`, default 2 x max_num_seqs) and return the
+        index that maps cached blocks to its slots."""
+        num_slots = cache.mamba_snapshot_slots or 2 * self.max_num_reqs
+        self.conv_snapshots = torch.zeros(self.conv_state.shape[0], num_slots, *self.conv_state.shape[2:],
+                                          dtype=self.conv_state.dtype, device=self.device)
+        self.ssm_snapshots = torch.zeros(self.ssm_state.shape[0], num_slots, *self.ssm_state.shape[2:],
+                                         dtype=torch.float32, device=self.device)
+        return MambaSnapshotIndex(num_slots)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Device memory of one snapshot: every Mamba layer's conv and SSM state of one request."""
+        return (self.conv_state[:, 0].numel() * self.conv_state.element_size()
+                + self.ssm_state[:, 0].numel() * self.ssm_state.element_size())
 
     # ---- per-slot verbs ------------------------------------------------------------------------------------
     def add_request(self, req_slot: int, request: "NewRequestData") -> None:
-        if request.num_computed_tokens:
-            # A recurrent state exists only for tokens this slot ran; a cached prefix would skip them.
-            raise NotImplementedError(
+        snapshot = request.snapshot_slot
+        if request.num_computed_tokens and (snapshot is None or self.ssm_snapshots is None):
+            # A recurrent state exists only for tokens this slot ran, or in a snapshot of a cached prefix.
+            raise ValueError(
                 f"request '{request.request_id}' arrives with {request.num_computed_tokens} computed tokens (a "
-                "prefix-cache hit): Mamba-hybrid models keep no state for cached prefixes; disable prefix caching")
-        self._slots_to_reset.append(req_slot)
+                "prefix-cache hit) but no state snapshot to start from")
+        self._starts[req_slot] = snapshot if request.num_computed_tokens else None
 
     def remove_request(self, req_slot: int) -> None:
-        """Nothing to free: the slot's rows are zeroed when the next request takes it."""
+        """Nothing to free: the slot's rows are overwritten when the next request takes it."""
 
     def apply_staged_writes(self) -> None:
-        """Zero the state of every slot a request took since the last step (one fill per state slab)."""
-        if not self._slots_to_reset:
+        """Every slot a request took since the last step: zeroed, or copied from its snapshot (one fill and
+        one gather-scatter per state slab, on the device)."""
+        if not self._starts:
             return
-        slots = torch.tensor(self._slots_to_reset, dtype=torch.int64).to(self.device, non_blocking=True)
-        self.conv_state.index_fill_(1, slots, 0)
-        self.ssm_state.index_fill_(1, slots, 0)
-        self._slots_to_reset.clear()
+        zero = [slot for slot, snapshot in self._starts.items() if snapshot is None]
+        restore = [(slot, snapshot) for slot, snapshot in self._starts.items() if snapshot is not None]
+        self._starts.clear()
+        if zero:
+            slots = torch.tensor(zero, dtype=torch.int64).to(self.device, non_blocking=True)
+            self.conv_state.index_fill_(1, slots, 0)
+            self.ssm_state.index_fill_(1, slots, 0)
+        if restore:
+            assert self.conv_snapshots is not None and self.ssm_snapshots is not None
+            # [2, n]: request slots, then the snapshot slots they start from
+            pairs = torch.tensor(list(zip(*restore)), dtype=torch.int64).to(self.device, non_blocking=True)
+            self.conv_state.index_copy_(1, pairs[0], self.conv_snapshots.index_select(1, pairs[1]))
+            self.ssm_state.index_copy_(1, pairs[0], self.ssm_snapshots.index_select(1, pairs[1]))
+
+    def save_snapshots(self, snapshots: "list[StateSnapshot]") -> None:
+        if snapshots and self.ssm_snapshots is None:
+            raise RuntimeError("state snapshots asked for, but prefix caching did not allocate a snapshot pool")
+        self._snapshots = snapshots
 
     # ---- step hooks --------------------------------------------------------------------------------------
     def prepare_inputs(self, batch: "InputBatch") -> dict[str, Any]:
@@ -90,13 +138,25 @@ class MambaHybridModelState(DefaultModelState):
                 torch.empty(self.ssm_state.shape[0], r, num_tail, *self.ssm_state.shape[2:],
                             dtype=torch.float32, device=self.device),
             )
+        targets = self._snapshot_targets(batch.num_rows)
+        conv_pool, ssm_pool = (self.conv_snapshots, self.ssm_snapshots) if targets is not None else (None, None)
         layers = [
             MambaLayerState(self.conv_state[i], self.ssm_state[i],
-                            self._tails[0][i] if self._tails else None, self._tails[1][i] if self._tails else None)
+                            self._tails[0][i] if self._tails else None, self._tails[1][i] if self._tails else None,
+                            conv_pool[i] if conv_pool is not None else None,
+                            ssm_pool[i] if ssm_pool is not None else None)
             for i in range(self.conv_state.shape[0])
         ]
-        pure_decode = batch.num_tokens == batch.num_rows
-        return {"mamba": MambaStepInputs(layers, batch.idx_mapping, batch.query_start_loc, pure_decode)}
+        pure_decode = batch.num_tokens == batch.num_rows and targets is None  # the one-step update stores none
+        return {"mamba": MambaStepInputs(layers, batch.idx_mapping, batch.query_start_loc, pure_decode, targets)}
+
+    def _snapshot_targets(self, num_rows: int) -> Optional[SnapshotTargets]:
+        """This step's snapshots as kernel targets (host lists to the device, no sync); None without any."""
+        snapshots, self._snapshots = self._snapshots, []
+        if not snapshots:
+            return None
+        return build_snapshot_targets([s.batch_row for s in snapshots], [s.num_tokens for s in snapshots],
+                                      [s.snapshot_slot for s in snapshots], num_rows, self.device)
 
     def postprocess(self, batch: "InputBatch", num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> None:
         """With drafts: keep, per row, the state after its accepted tokens (`query_len - num_rejected`)."""

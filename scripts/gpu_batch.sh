@@ -33,6 +33,7 @@ for j in "$@"; do
     hybrid) job $j 110 python3 -m framework.cli bench experiment=hybrid bench.output_dir="$res/hybrid" ;;
     whisper) job $j 90 python3 scripts/bench_whisper.py --geometry base --out "$res/whisper" ;;
     prefix) job $j 120 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/prefix" ;;
+    prefix-hybrid) job $j 240 python3 -m framework.cli bench experiment=prefix_bench_hybrid bench.output_dir="$res/prefix_hybrid" ;;
     spec) job $j 250 python3 scripts/bench_spec.py --out "$res/spec" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac

@@ -140,3 +140,73 @@ def test_causal_conv1d_reference_equals_padded_conv() -> None:
              for lo, hi in ((0, 2), (2, 3), (3, 9))]
     torch.testing.assert_close(torch.cat(parts), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(chunked, state)
+
+
+# ---- snapshots (prefix caching of hybrids) -----------------------------------------------------------------
+# rows' token counts, slots, and per row the (tokens consumed, pool slot) snapshots: before the step (0), inside,
+# at the row's end, several per row, none for a row, a one-token row
+SNAP_CASE = ([6, 1, 9, 3], [2, 0, 5, 1], [[(0, 4), (2, 0), (6, 6)], [(1, 3)], [], [(1, 1), (2, 2), (3, 5)]])
+
+
+def _targets(per_row: list[list[tuple[int, int]]]):  # type: ignore[no-untyped-def]
+    from framework.kernels.state_snapshots import build_snapshot_targets
+
+    flat = [(row, n, slot) for row, entries in enumerate(per_row) for n, slot in entries]
+    return build_snapshot_targets([f[0] for f in flat], [f[1] for f in flat], [f[2] for f in flat], len(per_row),
+                                  torch.device(DEVICE))
+
+
+def test_scan_snapshots_triton_matches_reference_and_prefix_runs() -> None:
+    """Each snapshot equals the state after running only that many of the row's tokens from the slot state."""
+    lens, slots, per_row = SNAP_CASE
+    dim, nstate = 10, 6
+    inp, w = _scan_case(6, dim, nstate, lens)
+    idx = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    state0 = torch.randn(6, dim, nstate, device=DEVICE)
+    targets = _targets(per_row)
+    pools = {}
+    for name, fn in (("ref", selective_scan_varlen_reference), ("tri", selective_scan_varlen_triton)):
+        pools[name] = torch.full((8, dim, nstate), 7.0, device=DEVICE)
+        state = state0.clone()
+        out = fn(inp, w, state, idx, _qsl(lens), None, targets, pools[name])
+        plain_state = state0.clone()
+        torch.testing.assert_close(out, fn(inp, w, plain_state, idx, _qsl(lens)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(state, plain_state)  # snapshots change nothing else
+    torch.testing.assert_close(pools["tri"], pools["ref"], atol=1e-4, rtol=1e-4)
+    starts = [0] + torch.tensor(lens).cumsum(0).tolist()
+    for row, entries in enumerate(per_row):
+        for n, pool_slot in entries:
+            state = state0.clone()
+            part = ScanInputs(*(t[starts[row]:starts[row] + n] for t in inp))
+            selective_scan_varlen_reference(part, w, state, idx[row:row + 1], _qsl([n]))
+            torch.testing.assert_close(pools["ref"][pool_slot], state[slots[row]], atol=1e-5, rtol=1e-5)
+    assert torch.all(pools["tri"][7] == 7.0)  # a pool slot nobody asked for is untouched
+
+
+def test_conv_snapshots_triton_matches_reference_and_prefix_runs() -> None:
+    lens, slots, per_row = SNAP_CASE
+    dim, k = 12, 4
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(sum(lens), dim, generator=g).to(DEVICE)
+    weight, bias = torch.randn(dim, k, generator=g).to(DEVICE), torch.randn(dim, generator=g).to(DEVICE)
+    state0 = torch.randn(6, dim, k - 1, generator=g).to(DEVICE)
+    idx = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    targets = _targets(per_row)
+    pools = {}
+    for name, fn in (("ref", causal_conv1d_varlen_reference), ("tri", causal_conv1d_varlen_triton)):
+        pools[name] = torch.full((8, dim, k - 1), 7.0, device=DEVICE)
+        state = state0.clone()
+        out = fn(x, weight, bias, state, idx, _qsl(lens), None, targets, pools[name])
+        plain_state = state0.clone()
+        torch.testing.assert_close(out, fn(x, weight, bias, plain_state, idx, _qsl(lens)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(state, plain_state)
+    torch.testing.assert_close(pools["tri"], pools["ref"])
+    starts = [0] + torch.tensor(lens).cumsum(0).tolist()
+    for row, entries in enumerate(per_row):
+        for n, pool_slot in entries:
+            state = state0.clone()
+            if n:  # (no tokens: the slot's state as it was)
+                causal_conv1d_varlen_reference(x[starts[row]:starts[row] + n], weight, bias, state, idx[row:row + 1],
+                                               _qsl([n]))
+            torch.testing.assert_close(pools["ref"][pool_slot], state[slots[row]])
+    assert torch.all(pools["tri"][7] == 7.0)

@@ -11,6 +11,8 @@ request stopped, and ends there for the next step. Two kernels share the per-tok
 (prefill chunks, mixed batches, draft verification: each (row, channel block) program walks its tokens in
 order) and the one-step state update of a pure decode batch. With `tail_states` the scan also writes the
 state after each of a row's last `num_tail` tokens, from which speculative decoding keeps the accepted one.
+With `snapshots` the scan stores the state after the requested numbers of a row's tokens into slots of a
+snapshot pool (prefix caching: the state at block boundaries, `framework.kernels.state_snapshots`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 import triton.language as tl
+
+from framework.kernels.state_snapshots import SnapshotTargets, snapshots_by_row
 
 
 class ScanWeights(NamedTuple):
@@ -51,14 +55,20 @@ def selective_scan_varlen_reference(
     idx_mapping: torch.Tensor,  # [R] int32: batch_row -> req_slot
     query_start_loc: torch.Tensor,  # [R+1] int32: first token of each row
     tail_states: Optional[torch.Tensor] = None,  # [R, num_tail, D, N] float32
+    snapshots: Optional[SnapshotTargets] = None,  # per row: states to store into `snapshot_pool`
+    snapshot_pool: Optional[torch.Tensor] = None,  # [P, D, N] float32 by snapshot slot
 ) -> torch.Tensor:
     """[T, D] in x's dtype: the gated scan output; each row's slot state advances by its tokens."""
     A, Dp = w.A.float(), w.D.float()
     out = torch.empty_like(inp.x)
     starts = query_start_loc.tolist()
+    by_row = snapshots_by_row(snapshots, snapshot_pool, idx_mapping.numel())
     for row, slot in enumerate(idx_mapping.tolist()):
         lo, hi = starts[row], starts[row + 1]
         h = ssm_state[slot].float()
+        wanted = dict(by_row[row])  # tokens consumed -> pool slot
+        if 0 in wanted:
+            snapshot_pool[wanted[0]] = h  # type: ignore[index]
         for t in range(lo, hi):
             x = inp.x[t].float()
             dt = _softplus(inp.dt[t].float() + w.dt_bias.float())
@@ -69,6 +79,8 @@ def selective_scan_varlen_reference(
                 j = t - hi + tail_states.shape[1]  # tail index of the state after token t
                 if j >= 0:
                     tail_states[row, j] = h
+            if t - lo + 1 in wanted:
+                snapshot_pool[wanted[t - lo + 1]] = h  # type: ignore[index]
         ssm_state[slot] = h.to(ssm_state.dtype)
     return out
 
@@ -117,8 +129,10 @@ def _selective_scan_varlen_kernel(
     state_ptr, state_stride,  # [S, D, N] float32
     idx_mapping_ptr, qsl_ptr,
     tail_ptr, tail_row_stride, num_tail,  # [R, num_tail, D, N] float32
+    snap_start_ptr, snap_tokens_ptr, snap_slot_ptr,  # SnapshotTargets: [R+1], [M], [M] int32
+    pool_ptr, pool_stride,  # [P, D, N] float32 snapshot pool
     dim, nstate,
-    STORE_TAIL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    STORE_TAIL: tl.constexpr, STORE_SNAPSHOTS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     row = tl.program_id(0)
     ch = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -133,6 +147,15 @@ def _selective_scan_varlen_kernel(
     Dp = tl.load(d_ptr + ch, mask=cmask, other=0.0).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + ch, mask=cmask, other=0.0).to(tl.float32)
     h = tl.load(state_ptr + slot * state_stride + tile, mask=mask2, other=0.0)
+    # Snapshots: walk the row's entries in order; `snap_at` = tokens consumed at the next one (-1: none left).
+    snap = tl.load(snap_start_ptr + row) if STORE_SNAPSHOTS else 0
+    snap_end = tl.load(snap_start_ptr + row + 1) if STORE_SNAPSHOTS else 0
+    snap_at = tl.load(snap_tokens_ptr + snap, mask=snap < snap_end, other=-1) if STORE_SNAPSHOTS else -1
+    if STORE_SNAPSHOTS:
+        if snap_at == 0:  # the state before the step
+            tl.store(pool_ptr + tl.load(snap_slot_ptr + snap).to(tl.int64) * pool_stride + tile, h, mask=mask2)
+            snap += 1
+            snap_at = tl.load(snap_tokens_ptr + snap, mask=snap < snap_end, other=-1)
     for tok in range(start, end):
         h = _ssm_token(h, tok, ch, cmask, ns, nmask, A, Dp, dt_bias, x_ptr, dt_ptr, z_ptr, b_ptr, c_ptr, out_ptr,
                        dim, nstate)
@@ -140,6 +163,11 @@ def _selective_scan_varlen_kernel(
             j = tok - end + num_tail
             if j >= 0:
                 tl.store(tail_ptr + row * tail_row_stride + j * dim * nstate + tile, h, mask=mask2)
+        if STORE_SNAPSHOTS:
+            if tok - start + 1 == snap_at:
+                tl.store(pool_ptr + tl.load(snap_slot_ptr + snap).to(tl.int64) * pool_stride + tile, h, mask=mask2)
+                snap += 1
+                snap_at = tl.load(snap_tokens_ptr + snap, mask=snap < snap_end, other=-1)
     tl.store(state_ptr + slot * state_stride + tile, h, mask=mask2)
 
 
@@ -189,9 +217,14 @@ def _blocks(dim: int, nstate: int, rows: int) -> tuple[int, int]:
 def selective_scan_varlen_triton(
     inp: ScanInputs, w: ScanWeights, ssm_state: torch.Tensor, idx_mapping: torch.Tensor,
     query_start_loc: torch.Tensor, tail_states: Optional[torch.Tensor] = None,
+    snapshots: Optional[SnapshotTargets] = None, snapshot_pool: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Triton version of `selective_scan_varlen_reference`: one program per (batch row, channel block)."""
     inp, w = _check(inp, w, ssm_state)
+    if snapshots is not None:
+        if snapshot_pool is None:
+            raise ValueError("snapshots need a snapshot_pool to store into")
+        _check(inp, w, snapshot_pool)
     dim, nstate = w.A.shape
     out = torch.empty_like(inp.x)
     rows = idx_mapping.numel()
@@ -203,7 +236,11 @@ def selective_scan_varlen_triton(
         inp.x, inp.dt, inp.z, inp.B, inp.C, out, w.A, w.D, w.dt_bias, ssm_state, ssm_state.stride(0),
         idx_mapping, query_start_loc,
         tail, tail.stride(0) if tail_states is not None else 0, tail_states.shape[1] if tail_states is not None else 0,
-        dim, nstate, STORE_TAIL=tail_states is not None, BLOCK_D=block_d, BLOCK_N=block_n,
+        *(snapshots if snapshots is not None else (idx_mapping,) * 3),
+        snapshot_pool if snapshot_pool is not None else ssm_state,
+        snapshot_pool.stride(0) if snapshot_pool is not None else 0,
+        dim, nstate, STORE_TAIL=tail_states is not None, STORE_SNAPSHOTS=snapshots is not None,
+        BLOCK_D=block_d, BLOCK_N=block_n,
     )
     return out
 
@@ -229,10 +266,11 @@ def selective_state_update_triton(
 def selective_scan_varlen(
     inp: ScanInputs, w: ScanWeights, ssm_state: torch.Tensor, idx_mapping: torch.Tensor,
     query_start_loc: torch.Tensor, tail_states: Optional[torch.Tensor] = None,
+    snapshots: Optional[SnapshotTargets] = None, snapshot_pool: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Dispatch: Triton for CUDA tensors, the reference elsewhere."""
     fn = selective_scan_varlen_triton if inp.x.is_cuda else selective_scan_varlen_reference
-    return fn(inp, w, ssm_state, idx_mapping, query_start_loc, tail_states)
+    return fn(inp, w, ssm_state, idx_mapping, query_start_loc, tail_states, snapshots, snapshot_pool)
 
 
 def selective_state_update(inp: ScanInputs, w: ScanWeights, ssm_state: torch.Tensor,

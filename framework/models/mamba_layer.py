@@ -14,6 +14,7 @@ from torch import nn
 
 from framework.kernels.causal_conv1d import causal_conv1d_varlen
 from framework.kernels.selective_scan import ScanInputs, ScanWeights, selective_scan_varlen, selective_state_update
+from framework.kernels.state_snapshots import SnapshotTargets
 from framework.models.llama import RMSNorm
 
 
@@ -24,6 +25,8 @@ class MambaLayerState(NamedTuple):
     ssm: torch.Tensor  # [S, d_inner, d_state] float32, by req_slot
     conv_tail: Optional[torch.Tensor]  # [R, K+1, d_inner, d_conv-1]: state after each of a row's last K+1 tokens
     ssm_tail: Optional[torch.Tensor]  # [R, K+1, d_inner, d_state]
+    conv_snapshots: Optional[torch.Tensor] = None  # [P, d_inner, d_conv-1] by snapshot slot (prefix caching)
+    ssm_snapshots: Optional[torch.Tensor] = None  # [P, d_inner, d_state] float32
 
 
 class MambaStepInputs(NamedTuple):
@@ -32,7 +35,8 @@ class MambaStepInputs(NamedTuple):
     layers: list[MambaLayerState]  # one per Mamba layer, in layer order
     idx_mapping: torch.Tensor  # [R] int32: batch_row -> req_slot
     query_start_loc: torch.Tensor  # [R+1] int32: first token of each row
-    pure_decode: bool  # every row computes exactly one token (host-known): use the one-step update
+    pure_decode: bool  # every row computes exactly one token (host-known) and no snapshot: the one-step update
+    snapshots: Optional[SnapshotTargets] = None  # states to store into the layers' snapshot pools this step
 
 
 class MambaMixer(nn.Module):
@@ -57,7 +61,8 @@ class MambaMixer(nn.Module):
         """[T, hidden] -> [T, hidden]; the slots' conv and SSM state advance by each row's tokens."""
         x, z = self.in_proj(hidden).chunk(2, dim=-1)  # [T, d_inner] each
         x = causal_conv1d_varlen(x.contiguous(), self.conv1d.weight[:, 0, :], self.conv1d.bias, state.conv,
-                                 step.idx_mapping, step.query_start_loc, state.conv_tail)
+                                 step.idx_mapping, step.query_start_loc, state.conv_tail, step.snapshots,
+                                 state.conv_snapshots)
         dt, B, C = torch.split(self.x_proj(x), [self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = self.dt_layernorm(dt) @ self.dt_proj.weight.t()  # bias is added inside the scan, in float32
         inputs = ScanInputs(x=x, dt=dt, B=self.b_layernorm(B), C=self.c_layernorm(C), z=z)
@@ -66,5 +71,5 @@ class MambaMixer(nn.Module):
             y = selective_state_update(inputs, weights, state.ssm, step.idx_mapping)
         else:
             y = selective_scan_varlen(inputs, weights, state.ssm, step.idx_mapping, step.query_start_loc,
-                                      state.ssm_tail)
+                                      state.ssm_tail, step.snapshots, state.ssm_snapshots)
         return self.out_proj(y)

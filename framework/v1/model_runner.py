@@ -53,6 +53,8 @@ class ModelRunnerV1(ModelRunner):
         self.batch = PersistentBatch(max_reqs, loaded.max_model_len, -(-loaded.max_model_len // self.block_size))
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
         self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
+        self.config = config
+        self.prefix_cache_hooks = self._prefix_cache_hooks_of(self.model_state)  # state snapshots, before KV sizing
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)  # keyed by state_slot too
         self._free_state_slots = list(range(max_reqs - 1, -1, -1))  # pop() hands out slot 0 first
         self.config, self.loaded = config, loaded
@@ -82,7 +84,8 @@ class ModelRunnerV1(ModelRunner):
             return
         step = build_step_inputs(self.batch, output.num_scheduled_tokens, self.block_size, self._to_device)  # 7. CPU
         attn_metadata = self.model_state.prepare_attn_metadata(step.batch, step.block_tables)  # 8.
-        extra_inputs = self.model_state.prepare_inputs(step.batch)  # 9.
+        self.model_state.save_snapshots(output.state_snapshots)  # 9. (with the state snapshots this step stores)
+        extra_inputs = self.model_state.prepare_inputs(step.batch)
         batch = step.batch
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)  # 10.
         pooled = self.pooling_state.apply(batch, hidden, np.asarray(output.num_scheduled_tokens),

@@ -91,3 +91,96 @@ def test_hybrid_step_path_has_no_host_sync():
         finally:
             torch.cuda.set_sync_debug_mode("default")
         engine.scheduler.update_from_output(so, future.get().sampled_token_ids)
+
+
+def test_snapshot_kernels_at_real_shapes():
+    """Snapshots inside long rows (prefix caching): Triton stores the same states as the references."""
+    from framework.kernels.causal_conv1d import causal_conv1d_varlen_reference, causal_conv1d_varlen_triton
+    from framework.kernels.selective_scan import (
+        ScanInputs, ScanWeights, selective_scan_varlen_reference, selective_scan_varlen_triton,
+    )
+    from framework.kernels.state_snapshots import build_snapshot_targets
+
+    dim, nstate, k, bs = 2048, 16, 4, 16
+    lens = [300, 1, 77, 513]
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(1)
+    r = lambda *s: torch.randn(*s, device=dev, generator=g)  # noqa: E731
+    t = sum(lens)
+    qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    idx = torch.tensor([5, 0, 9, 3], dtype=torch.int32, device=dev)
+    computed = [7, 15, 0, 32]  # tokens each row computed before: snapshots at every block end it reaches
+    entries = [(row, end - computed[row]) for row, q in enumerate(lens)
+               for end in range(bs * (computed[row] // bs + (computed[row] % bs > 0)), computed[row] + q + 1, bs)]
+    targets = build_snapshot_targets([e[0] for e in entries], [e[1] for e in entries], list(range(len(entries))),
+                                     len(lens), torch.device(dev))
+    assert any(e[1] == 0 for e in entries) and len(entries) > 40
+    inp = ScanInputs(x=r(t, dim), dt=r(t, dim), B=r(t, nstate), C=r(t, nstate), z=r(t, dim))
+    w = ScanWeights(A=-torch.rand(dim, nstate, device=dev, generator=g), D=r(dim), dt_bias=r(dim))
+    s0 = r(12, dim, nstate)
+    pools = [torch.zeros(len(entries), dim, nstate, device=dev) for _ in range(2)]
+    selective_scan_varlen_reference(inp, w, s0.clone(), idx, qsl, None, targets, pools[0])
+    selective_scan_varlen_triton(inp, w, s0.clone(), idx, qsl, None, targets, pools[1])
+    torch.testing.assert_close(pools[1], pools[0], atol=2e-3, rtol=2e-3)
+    x, weight, bias = r(t, dim).bfloat16(), r(dim, k), r(dim)
+    c0 = r(12, dim, k - 1).bfloat16()
+    conv_pools = [torch.zeros(len(entries), dim, k - 1, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+    causal_conv1d_varlen_reference(x, weight, bias, c0.clone(), idx, qsl, None, targets, conv_pools[0])
+    causal_conv1d_varlen_triton(x, weight, bias, c0.clone(), idx, qsl, None, targets, conv_pools[1])
+    assert torch.equal(conv_pools[1], conv_pools[0])
+
+
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+def test_hybrid_prefix_caching_same_tokens_on_gpu(tmp_path, runner):
+    """Prefixes shorter than a block, of one block and of many blocks, in one batch and again: the same tokens
+    with and without prefix caching (fp32, greedy and seeded sampling), and the hits are real."""
+    import random
+
+    from test_mamba_hybrid import JAMBA, build_hf_model
+
+    from framework import LLM, SamplingParams
+
+    build_hf_model(JAMBA).save_pretrained(tmp_path, safe_serialization=True)
+    rng = random.Random(0)
+    system = [rng.randrange(250) for _ in range(300)]
+    prompts = [system[:cut] + [rng.randrange(250) for _ in range(rng.randint(0, 20))]
+               for cut in (5, 16, 49, 300, 300) for _ in range(3)]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=32, ignore_eos=True)
+              for i in range(len(prompts))]
+    outs, cached = {}, {}
+    for caching in (False, True):
+        llm = LLM(str(tmp_path), device="cuda", dtype="float32", runner=runner, block_size=16, max_model_len=512,
+                  gpu_memory_utilization=0.3, enable_prefix_caching=caching, max_num_batched_tokens=256)
+        first = llm.generate(prompts, params, use_tqdm=False)
+        second = llm.generate(prompts, params, use_tqdm=False)
+        outs[caching] = [o.token_ids for o in first + second]
+        cached[caching] = sum(o.num_cached_tokens for o in first + second)
+        assert llm.engine.is_idle()
+        del llm
+    assert outs[True] == outs[False]
+    assert cached[False] == 0 and cached[True] >= 6 * 288
+
+
+def test_hybrid_step_path_with_snapshots_and_hits_has_no_host_sync():
+    from framework import LLM, SamplingParams
+
+    llm = LLM("jamba-tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False,
+              block_size=16)
+    engine = llm.engine
+    system = list(range(40, 90))
+    params = SamplingParams(temperature=0.8, max_tokens=40, ignore_eos=True)
+    llm.generate([system + [1]], params, use_tqdm=False)  # caches the system prompt (3 blocks); warms up
+    for i in range(8):
+        engine.add_request(f"r{i}", system + list(range(3 * i + 1)), params)
+    snapshots = 0
+    for _ in range(12):
+        so = engine.scheduler.schedule()
+        snapshots += len(so.state_snapshots)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            engine.runner.execute_model(so)
+            future = engine.runner.sample_tokens()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        engine.scheduler.update_from_output(so, future.get().sampled_token_ids)
+    assert engine.prefix_cache_stats.hits >= 8 * 48 and snapshots > 0
