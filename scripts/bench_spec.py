@@ -84,8 +84,11 @@ def workload(name: str, batch: int, output_len: int, vocab: int, seed: int) -> t
 
 
 def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    from framework.triton_compiles import compiled_variants, new_variants
+
     engine = llm.engine
     engine.spec_metrics.reset()
+    compiled_before = compiled_variants()
     _sync()
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -93,7 +96,20 @@ def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignor
     seconds = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
     return {"seconds": seconds, "output_tokens": tokens, "output_tok_per_s": tokens / seconds,
+            "compiles_during_run": new_variants(compiled_before, compiled_variants()),
             **llm.get_metrics()["spec_decode"]}
+
+
+def warm_up(llm, vocab: int, ks: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
+    """Untimed runs at every draft length the timed runs use: kernels whose sizes follow k (ngram proposal,
+    rejection sampler) compile on first use, which would otherwise land in the first timed run of each k."""
+    from speculators.policy import FixedK
+
+    for k in ks:
+        if ks != (0,):
+            set_policy(llm, FixedK(k))
+        for name in ("greedy-repeat", "sampled"):
+            run_once(llm, *workload(name, 4, 16, vocab, 99))
 
 
 def _sync() -> None:
@@ -127,11 +143,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         row = {"workload": w, "batch": b, "engine": engine_name, **r, **(extra or {})}
         results.append(row)
         print(f"{w:<14}{b:>6}  {engine_name:<10}{r['output_tok_per_s']:>10.0f} tok/s  "
-              f"accept len {r['mean_acceptance_length']:.2f}", file=sys.stderr)
+              f"accept len {r['mean_acceptance_length']:.2f}"
+              + (f"  compiled during the run: {r['compiles_during_run']}" if r["compiles_during_run"] else ""),
+              file=sys.stderr)
 
     llm = build_llm(False, max_model_len, args.smoke)
     vocab = llm.engine.loaded.vocab_size
-    run_once(llm, *workload("greedy-repeat", 4, 8, vocab, 99))  # warm-up
+    warm_up(llm, vocab, (0,))
     for w, b in plans:
         record("none", w, b, run_once(llm, *workload(w, b, args.output_len, vocab, 1)))
     del llm
@@ -139,7 +157,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         torch.cuda.empty_cache()
 
     llm = build_llm(True, max_model_len, args.smoke)
-    run_once(llm, *workload("greedy-repeat", 4, 8, vocab, 99))  # warm-up
+    warm_up(llm, vocab, FIXED_KS)
     for w, b in plans:
         for k in FIXED_KS:
             set_policy(llm, FixedK(k))

@@ -5,7 +5,7 @@
 set -uo pipefail
 out=${1:?usage: scripts/gpu_batch.sh OUT_DIR JOB...}; shift
 res=/tmp/gpu_results; mkdir -p "$res" "$out"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .device-wheels/*.whl >/dev/null 2>&1
+[ -d /tmp/site/pydantic ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .device-wheels/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 quiet() { grep -v -E "(it|req|batch|tok)/s\]|s/(it|req|batch)\]|Writing model shards"; }
 job() {  # name, limit (s), command...
@@ -33,7 +33,7 @@ for j in "$@"; do
     hybrid) job $j 110 python3 -m framework.cli bench experiment=hybrid bench.output_dir="$res/hybrid" ;;
     whisper) job $j 90 python3 scripts/bench_whisper.py --geometry base --out "$res/whisper" ;;
     prefix) job $j 120 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/prefix" ;;
-    prefix-hybrid) job $j 240 python3 -m framework.cli bench experiment=prefix_bench_hybrid bench.output_dir="$res/prefix_hybrid" ;;
+    prefix-hybrid) job $j 200 python3 -m framework.cli bench experiment=prefix_bench_hybrid bench.output_dir="$res/prefix_hybrid" ;;
     spec) job $j 250 python3 scripts/bench_spec.py --out "$res/spec" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
