@@ -51,6 +51,10 @@ def test_scan_and_conv_kernels_at_real_shapes():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_hybrid_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
+    """fp32: token-for-token equal to HF `generate`. bf16: near-ties flip with rounding, so each greedy token is
+    checked against the fp32 HF model, teacher-forced on mrv2's own output: its logit must be within 0.3 of the
+    best (logits here have std ~1.6; bf16 rounding moved picks by <= 0.15 in a CPU calibration, a wrong state
+    by far more)."""
     from hf_models import random_prompts
     from test_mamba_hybrid import JAMBA, build_hf_model
 
@@ -58,18 +62,22 @@ def test_hybrid_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
 
     hf = build_hf_model(JAMBA)
     hf.save_pretrained(tmp_path, safe_serialization=True)
-    hf = hf.to("cuda", getattr(torch, dtype))
+    hf = hf.to("cuda", torch.float32).eval()
     prompts = random_prompts(6, 5, 60, seed=3)
     llm = LLM(str(tmp_path), device="cuda", dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3,
               max_num_batched_tokens=48)  # chunked prefill too
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
-    matches = 0
     for prompt, out in zip(prompts, outs):
         ids = torch.tensor([prompt], device="cuda")
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
-                          eos_token_id=None, pad_token_id=None)[0, len(prompt):].tolist()
-        matches += out.token_ids == ref
-    assert matches == len(prompts) if dtype == "float32" else matches >= len(prompts) - 1
+        if dtype == "float32":
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
+                              eos_token_id=None, pad_token_id=None)[0, len(prompt):].tolist()
+            assert out.token_ids == ref
+            continue
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + out.token_ids], device="cuda")).logits[0, len(prompt) - 1:-1].float()
+        chosen = logits.gather(1, torch.tensor(out.token_ids, device="cuda")[:, None])[:, 0]
+        assert (logits.max(1).values - chosen).max().item() < 0.3
 
 
 def test_hybrid_step_path_has_no_host_sync():
