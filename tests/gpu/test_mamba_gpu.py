@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sync_check import step_without_host_sync
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -91,14 +93,7 @@ def test_hybrid_step_path_has_no_host_sync():
     for _ in range(2):  # warm-up (a prefill step, then a decode step): compilation and first allocations may sync
         engine.step()
     for _ in range(5):
-        so = engine.scheduler.schedule()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            engine.runner.execute_model(so)
-            future = engine.runner.sample_tokens()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        engine.scheduler.update_from_output(so, future.get().sampled_token_ids)
+        step_without_host_sync(engine)
 
 
 def test_snapshot_kernels_at_real_shapes():
@@ -184,11 +179,5 @@ def test_hybrid_step_path_with_snapshots_and_hits_has_no_host_sync():
     for _ in range(12):
         so = engine.scheduler.schedule()
         snapshots += len(so.state_snapshots)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            engine.runner.execute_model(so)
-            future = engine.runner.sample_tokens()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        engine.scheduler.update_from_output(so, future.get().sampled_token_ids)
+        step_without_host_sync(engine, so)
     assert engine.prefix_cache_stats.hits >= 8 * 48 and snapshots > 0

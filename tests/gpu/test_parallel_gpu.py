@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from sync_check import step_without_host_sync
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                 reason="needs 2 CUDA devices")
 
@@ -76,13 +78,6 @@ def test_tensor_parallel_step_path_has_no_host_sync() -> None:
                                SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, ignore_eos=True))
         engine.step()  # warm-up: compilation and first allocations may sync
         for _ in range(5):
-            so = engine.scheduler.schedule()
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                engine.runner.execute_model(so)
-                future = engine.runner.sample_tokens()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            engine.scheduler.update_from_output(so, future.get().sampled_token_ids)
+            step_without_host_sync(engine)
     finally:
         llm.shutdown()

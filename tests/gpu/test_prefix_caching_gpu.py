@@ -12,6 +12,8 @@ import random
 import pytest
 import torch
 
+from sync_check import step_without_host_sync
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -56,12 +58,5 @@ def test_step_path_with_cache_hits_has_no_host_sync():
     for i in range(8):
         engine.add_request(f"r{i}", system + list(range(3 * i + 1)), params)
     for _ in range(5):
-        so = engine.scheduler.schedule()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            engine.runner.execute_model(so)
-            future = engine.runner.sample_tokens()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        engine.scheduler.update_from_output(so, future.get().sampled_token_ids)
+        step_without_host_sync(engine)
     assert engine.prefix_cache_stats.hits >= 8 * 48

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sync_check import step_without_host_sync
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -118,13 +120,7 @@ def test_decode_step_with_drafts_has_no_host_sync(penalties):
     for _ in range(5):
         so = engine.scheduler.schedule()
         verified += sum(so.num_draft_tokens)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            engine.runner.execute_model(so)
-            future = engine.runner.sample_tokens()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        engine.scheduler.update_from_output(so, future.get().sampled_token_ids)
+        step_without_host_sync(engine, so)
     assert verified > 0
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sync_check import step_without_host_sync
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -47,10 +49,4 @@ def test_whisper_decode_steps_have_no_host_sync():
     for _ in range(5):
         so = engine.scheduler.schedule()
         assert not so.new_requests
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            engine.runner.execute_model(so)
-            future = engine.runner.sample_tokens()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        engine.scheduler.update_from_output(so, future.get().sampled_token_ids)
+        step_without_host_sync(engine, so)
