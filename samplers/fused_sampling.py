@@ -379,7 +379,7 @@ class _Workspace:
 def _carve(dtype: torch.dtype, sizes: list[int], device: torch.device) -> list[torch.Tensor]:
     """Tensors of `sizes` elements from one allocation, each starting 16-byte aligned whatever the sizes: Triton
     specialises pointers on 16-byte alignment, so unaligned parts would compile new kernel variants per batch."""
-    per_16 = 16 // torch.empty(0, dtype=dtype).element_size()
+    per_16 = 16 // dtype.itemsize
     padded = [-(-n // per_16) * per_16 for n in sizes]
     flat = torch.empty(sum(padded), dtype=dtype, device=device)
     return [part[:n] for part, n in zip(flat.split(padded), sizes)]

@@ -29,14 +29,15 @@ from framework.scheduler import Scheduler
 from framework.scheduler_output import StateSnapshot
 from framework.config import CacheConfig
 from leak_check import assert_engine_drained
+from prefix_workload import first_wave, mixed_params
 from model_states.mamba_hybrid import MambaHybridModelState
 from model_states.mamba_snapshots import MambaSnapshotIndex
 
 try:
-    from hf_models import VOCAB_SIZE, save_tiny_checkpoint
+    from hf_models import save_tiny_checkpoint
     from test_mamba_hybrid import JAMBA, _batch, _OneMixer, _run
 except ImportError:  # tests/ collected as a package
-    from tests.hf_models import VOCAB_SIZE, save_tiny_checkpoint
+    from tests.hf_models import save_tiny_checkpoint
     from tests.test_mamba_hybrid import JAMBA, _batch, _OneMixer, _run
 
 MAX_MODEL_LEN = 96
@@ -189,30 +190,12 @@ def _engine_config(path: Path, runner: str, async_scheduling: bool, block_size: 
                           "check_invariants": True}}
 
 
-def _first_wave(block_size: int) -> list[list[int]]:
-    rng = random.Random(block_size)
-    system = [rng.randrange(VOCAB_SIZE) for _ in range(44)]
-    cut_short, cut_block = max(block_size // 2, 1), block_size  # inside the first block; exactly one block
-
-    def tail(n: int) -> list[int]:
-        return [rng.randrange(VOCAB_SIZE) for _ in range(n)]
-
-    return [system + tail(5), system[:cut_short] + tail(6), system[:cut_block] + tail(3), system + tail(9),
-            system[:40], system[:40], tail(12), system[:cut_block]]
-
-
-def _params(n: int) -> list[SamplingParams]:
-    return [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True) if i % 2 == 0 else
-            SamplingParams(temperature=0.9, top_k=20, seed=100 + i, max_tokens=MAX_TOKENS, ignore_eos=True)
-            for i in range(n)]
-
-
 def _generate(config: dict, block_size: int):  # type: ignore[no-untyped-def]
     llm = LLM(config=load_config(config))
-    wave = _first_wave(block_size)
-    first = llm.generate(wave, _params(len(wave)), use_tqdm=False)
+    wave = first_wave(block_size)
+    first = llm.generate(wave, mixed_params(len(wave), MAX_TOKENS), use_tqdm=False)
     follow = [o.prompt_token_ids + o.token_ids + [7, 8, 9] for o in first[:4]]  # the conversations go on
-    second = llm.generate(follow, _params(len(follow)), use_tqdm=False)
+    second = llm.generate(follow, mixed_params(len(follow), MAX_TOKENS), use_tqdm=False)
     outs = first + second
     assert_engine_drained(llm.engine)
     kv = llm.engine.kv_cache
