@@ -37,6 +37,20 @@ class ModelRunnerOutput:
     pooled: dict[str, list[float]] = field(default_factory=dict)  # embedding request id -> its vector
 
 
+def landing_view(buffer: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The first prod(shape) elements of the flat pinned `buffer`, viewed as `shape`.
+
+    The view is contiguous whatever the shape: a non_blocking copy into a strided slice of pinned memory
+    (`buffer2d[:rows, :width]` with width < the buffer's) is not asynchronous; PyTorch stages it and the host
+    waits for the device, which cost speculating engines a full step per step whenever k < K.
+    """
+    n = 1
+    for dim in shape:
+        n *= dim
+    assert buffer.dim() == 1 and buffer.numel() >= n, f"landing buffer of {buffer.numel()} elements for {shape}"
+    return buffer[:n].view(shape)
+
+
 class AsyncOutput:
     """Holds a step's results while they travel to the host; `get()` waits only for that copy.
 
@@ -50,7 +64,7 @@ class AsyncOutput:
         sampled: torch.Tensor,  # [R, K+1] int64
         num_sampled: torch.Tensor,  # [R] int32
         copy_stream: Optional[torch.cuda.Stream] = None,
-        host_buffers: Optional[tuple[torch.Tensor, torch.Tensor]] = None,  # pinned [>=R, >=K+1], [>=R]
+        host_buffers: Optional[tuple[torch.Tensor, torch.Tensor]] = None,  # pinned flat [>=R*(K+1)], [>=R]
         *,
         logprobs: Optional["LogprobsTensors"] = None,  # [L, 1+k] per logits row
         logits_row_starts: Optional[Sequence[int]] = None,  # [R] first logits row of each batch row
@@ -81,9 +95,8 @@ class AsyncOutput:
         with torch.cuda.stream(copy_stream):
             copy_stream.wait_stream(main)
             if host_buffers is not None:  # reused landing buffers for the tokens (the runner rotates them)
-                rows, width = sampled.shape
-                self._host["sampled"] = host_buffers[0][:rows, :width]
-                self._host["num_sampled"] = host_buffers[1][:rows]
+                self._host["sampled"] = landing_view(host_buffers[0], tuple(sampled.shape))
+                self._host["num_sampled"] = landing_view(host_buffers[1], tuple(num_sampled.shape))
             for name, tensor in tensors.items():
                 if name not in self._host:
                     self._host[name] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)

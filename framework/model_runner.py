@@ -82,9 +82,11 @@ class ModelRunnerV2(ModelRunner):
         # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.
         self.step_events: Optional[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = None
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight.
+        # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight. Flat, so
+        # that the [R, k+1] landing view of any step is contiguous (`landing_view`).
         self._host_buffers = [
-            (torch.empty(max_reqs, config.speculator.num_speculative_tokens + 1, dtype=torch.int64, pin_memory=True),
+            (torch.empty(max_reqs * (config.speculator.num_speculative_tokens + 1), dtype=torch.int64,
+                         pin_memory=True),
              torch.empty(max_reqs, dtype=torch.int32, pin_memory=True))
             for _ in range(3)
         ] if self.copy_stream is not None else []

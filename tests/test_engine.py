@@ -202,3 +202,17 @@ def test_shutdown_frees_the_kv_cache_and_refuses_new_requests() -> None:
     assert llm.engine.runner.kv_caches == [] and llm.engine.runner.cuda_graphs is None
     with pytest.raises(EngineDeadError, match="shut down"):
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+@pytest.mark.parametrize("shape", [(5, 1), (3, 4), (7, 6), (0, 2), (4,)])
+def test_async_output_landing_view_is_contiguous(shape) -> None:
+    """The pinned buffer a step's tokens land in is viewed contiguously for any [R, k+1], k < K: a strided slice
+    makes the non_blocking D2H copy wait for the device (seen as a step-long stall at k < K on the H200)."""
+    from framework.async_output import landing_view
+
+    buffer = torch.arange(8 * 6, dtype=torch.int64)  # a runner's flat buffer: max_num_seqs 8, K + 1 = 6
+    view = landing_view(buffer, shape)
+    assert view.shape == shape and view.is_contiguous()
+    assert view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    with pytest.raises(AssertionError, match="landing buffer"):
+        landing_view(buffer, (9, 6))

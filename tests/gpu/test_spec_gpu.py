@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speculators.policy import FixedK
 from sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -122,6 +123,10 @@ def test_decode_step_with_drafts_has_no_host_sync(penalties):
         verified += sum(so.num_draft_tokens)
         step_without_host_sync(engine, so)
     assert verified > 0
+    for k in (0, 1):  # fewer drafts than K: the [R, k+1] output must still land without a wait
+        engine.draft_policy = engine.scheduler.draft_policy = FixedK(k)
+        engine.step()  # first step at this k: kernel variants may compile
+        step_without_host_sync(engine)
 
 
 @pytest.mark.parametrize("method", ["ngram", "dynamic"])

@@ -1,0 +1,184 @@
+"""Where a decode step's time goes: host phases, device kernels, and the gaps between them.
+
+Builds the "nano" engine (Qwen3-0.6B geometry, random bf16 weights), fills `--batch` slots with
+`--prompt-len`-token prompts, and runs pure decode steps three times:
+
+1. phase timing: wall time of each line of `EngineCore.step` (schedule, execute, sample, wait, update, process);
+2. `torch.profiler`: device time per kernel and host time per op, and the device's busy fraction
+   (sum of kernel time over the wall time);
+3. `cProfile`: the Python functions the host spends its time in.
+
+Writes `profile.txt` (everything printed) and `profile.json` (the numbers) into `--out`.
+
+    python scripts/profile_decode.py --batch 256 --steps 100 --out /tmp/profile_decode
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from framework import LLM
+    from framework.config import load_config
+
+    config = load_config({
+        "model": {"preset": args.preset, "max_model_len": args.max_model_len},
+        "scheduler": {"max_num_seqs": max(args.batch, 1), "max_num_batched_tokens": 8192},
+        "speculator": ({"method": "none"} if args.spec_k is None else
+                       {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 5}),
+        "device": args.device,
+        "seed": 0,
+    })
+    engine = LLM(config=config).engine
+    if args.spec_k is not None:  # an ngram engine held at a fixed draft length (as scripts/bench_spec.py does)
+        from speculators.policy import FixedK
+
+        engine.draft_policy = engine.scheduler.draft_policy = FixedK(args.spec_k)
+    return engine
+
+
+def fill(engine, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
+    """`--batch` running requests, prefilled, decoding."""
+    from framework import SamplingParams
+
+    vocab = engine.loaded.vocab_size
+    for i in range(args.batch):
+        engine.add_request(f"p{i}", [(i * 131 + j * 7) % vocab for j in range(args.prompt_len)],
+                           SamplingParams(temperature=args.temperature, max_tokens=args.max_model_len - 1 - args.prompt_len, ignore_eos=True,
+                                          seed=i))
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()):
+        engine.step()
+    for _ in range(5):
+        engine.step()
+    _sync()
+
+
+def timed(records: dict[str, float], name: str, fn: Callable) -> Callable:
+    def wrapper(*a: Any, **k: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            records[name] += time.perf_counter() - start
+    return wrapper
+
+
+def phase_times(engine, steps: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Mean ms per step of each phase of `EngineCore.step`, by wrapping the callees on the instances."""
+    from framework.async_output import AsyncOutput
+
+    records: dict[str, float] = defaultdict(float)
+    sched, runner, proc = engine.scheduler, engine.runner, engine.output_processor
+    saved_get = AsyncOutput.get
+    sched.schedule = timed(records, "schedule", sched.schedule)
+    runner.execute_model = timed(records, "execute_model", runner.execute_model)
+    runner.sample_tokens = timed(records, "sample_tokens", runner.sample_tokens)
+    sched.update_from_output = timed(records, "update_from_output", sched.update_from_output)
+    proc.process = timed(records, "output_processor", proc.process)
+    AsyncOutput.get = timed(records, "wait_output", AsyncOutput.get)
+    try:
+        _sync()
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        _sync()
+        wall = time.perf_counter() - start
+    finally:
+        AsyncOutput.get = saved_get  # type: ignore[method-assign]
+        del sched.schedule, runner.execute_model, runner.sample_tokens, sched.update_from_output, proc.process
+    out = {name: 1e3 * t / steps for name, t in records.items()}
+    out["step_wall"] = 1e3 * wall / steps
+    return out
+
+
+def kernel_profile(engine, steps: int, out: Path) -> tuple[str, dict[str, float]]:  # type: ignore[no-untyped-def]
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        _sync()
+        wall = time.perf_counter() - start
+    prof.export_chrome_trace(str(out / "trace.json"))
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    text = events.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
+    text += "\n" + events.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70)
+    kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
+    numbers = {"wall_ms_per_step": 1e3 * wall / steps, "kernel_ms_per_step": device_us / 1e3 / steps,
+               "kernels_per_step": kernels / steps}
+    numbers["device_busy_fraction"] = numbers["kernel_ms_per_step"] / numbers["wall_ms_per_step"]
+    return text, numbers
+
+
+def python_profile(engine, steps: int) -> str:  # type: ignore[no-untyped-def]
+    prof = cProfile.Profile()
+    _sync()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    _sync()
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumtime").print_stats(45)
+    return buf.getvalue()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="qwen3-0.6b")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--spec-k", type=int, default=None, help="profile an ngram engine held at this k")
+    parser.add_argument("--device", default="auto", help="cpu runs a smoke check of this script")
+    parser.add_argument("--out", type=Path, default=Path("bench_results/profile_decode"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    engine = build_engine(args)
+    fill(engine, args)
+    report: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        report.append(line)
+
+    phases = phase_times(engine, args.steps)
+    say(f"phases, ms per decode step at batch {args.batch} (prompt {args.prompt_len}):")
+    say("  " + "  ".join(f"{k}={v:.3f}" for k, v in phases.items()))
+    table, kernels = kernel_profile(engine, min(args.steps, 30), args.out)
+    say("profiler: " + "  ".join(f"{k}={v:.3f}" for k, v in kernels.items()))
+    say(table)
+    say(python_profile(engine, args.steps))
+    (args.out / "profile.txt").write_text("\n".join(report))
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "phases_ms": phases, "profiler": kernels}
+    (args.out / "profile.json").write_text(json.dumps(result, indent=2))
+    print(f"results written to {args.out}", file=sys.stderr)
+    return result
+
+
+if __name__ == "__main__":
+    main()
