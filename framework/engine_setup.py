@@ -14,6 +14,7 @@ from framework.config import ConfigError, Mrv2Config
 from framework.distributed.context import ParallelContext
 from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
+from framework.models.llama import fuse_projections
 from framework.models.loader import (
     build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
 )
@@ -77,6 +78,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         init_random_weights(model, mc.seed)
         eos = hf_config.get("eos_token_id")
     model.eval()
+    fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
     # Decoder positions: max_position_embeddings, or an encoder-decoder's max_target_positions (Whisper: 448).
     limit = int(hf_config.get("max_position_embeddings") or hf_config.get("max_target_positions") or 2048)
     max_model_len = mc.max_model_len or limit

@@ -54,8 +54,8 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return engine
 
 
-def fill(engine, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
-    """`--batch` running requests, prefilled, decoding."""
+def fill(engine, args: argparse.Namespace) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """`--batch` running requests, prefilled (timed: the first prefill steps include Triton compiles), decoding."""
     from framework import SamplingParams
 
     vocab = engine.loaded.vocab_size
@@ -63,11 +63,18 @@ def fill(engine, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-d
         engine.add_request(f"p{i}", [(i * 131 + j * 7) % vocab for j in range(args.prompt_len)],
                            SamplingParams(temperature=args.temperature, max_tokens=args.max_model_len - 1 - args.prompt_len, ignore_eos=True,
                                           seed=i))
+    _sync()
+    start, steps = time.perf_counter(), 0
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()):
         engine.step()
+        steps += 1
+    _sync()
+    seconds = time.perf_counter() - start
     for _ in range(5):
         engine.step()
     _sync()
+    return {"tokens": args.batch * args.prompt_len, "steps": steps, "seconds": seconds,
+            "tok_per_s": args.batch * args.prompt_len / seconds}
 
 
 def timed(records: dict[str, float], name: str, fn: Callable) -> Callable:
@@ -159,12 +166,21 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     engine = build_engine(args)
-    fill(engine, args)
     report: list[str] = []
 
     def say(line: str) -> None:
         print(line, flush=True)
         report.append(line)
+
+    fill(engine, args)  # compiles the kernels
+    for i in range(args.batch):
+        engine.abort_request(f"p{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.reset_prefix_cache()  # the same prompts again: computed, not served from the cache
+    prefill = fill(engine, args)
+    say(f"prefill: {prefill['tokens']} prompt tokens in {prefill['steps']} steps, {prefill['seconds']:.3f} s "
+        f"({prefill['tok_per_s']:.0f} tok/s)")
 
     phases = phase_times(engine, args.steps)
     say(f"phases, ms per decode step at batch {args.batch} (prompt {args.prompt_len}):")
@@ -174,7 +190,8 @@ def main(argv: list[str] | None = None) -> dict:
     say(table)
     say(python_profile(engine, args.steps))
     (args.out / "profile.txt").write_text("\n".join(report))
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "phases_ms": phases, "profiler": kernels}
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "prefill": prefill, "phases_ms": phases,
+              "profiler": kernels}
     (args.out / "profile.json").write_text(json.dumps(result, indent=2))
     print(f"results written to {args.out}", file=sys.stderr)
     return result

@@ -10,10 +10,12 @@ from typing import Callable, Optional
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from framework.attention import AttentionMetadata
 from framework.attention.backend import paged_attention, store_kv
 from framework.distributed.context import ParallelContext, stage_layers
+from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
 from framework.models.hf_config import DecoderConfig
 from framework.models.parallel_layers import (
     SINGLE, ColumnParallelLinear, MissingLayer, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
@@ -30,11 +32,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps)[0].view(x.shape)
+
+    def add_and_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one pass; `residual` None (the first layer) means x alone."""
+        if residual is None:
+            return self.forward(x), x
+        out, summed = rms_norm(x, self.weight, self.eps, residual)
+        assert summed is not None
+        return out, summed
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -60,6 +67,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
         self.scale = cfg.head_dim**-0.5
+        self.qkv_weight: Optional[torch.Tensor] = None  # set by fuse_projections (after the weights are loaded)
+        self.qkv_bias: Optional[torch.Tensor] = None
 
     def forward(
         self,
@@ -71,15 +80,26 @@ class Attention(nn.Module):
         attention: AttentionFn,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        store_kv(k, v, kv_cache, meta.kv_slot_mapping)
+        if self.qkv_weight is not None:  # merged projection; norm, RoPE and the KV store in one kernel
+            q = qk_norm_rope_store(
+                F.linear(x, self.qkv_weight, self.qkv_bias), cos, sin,
+                self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
+                self.q_norm.eps if self.qk_norm else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
+                kv_cache, meta.kv_slot_mapping)
+        else:
+            q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+            k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+            v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            store_kv(k, v, kv_cache, meta.kv_slot_mapping)
         out = attention(q, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+    def fuse_projections(self) -> None:
+        """Serve q/k/v from one [q + k + v, hidden] weight (one GEMM); the three weights become views of it."""
+        self.qkv_weight, self.qkv_bias = _merge_rows([self.q_proj, self.k_proj, self.v_proj])
 
 
 class MLP(nn.Module):
@@ -88,9 +108,41 @@ class MLP(nn.Module):
         self.gate_proj = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, ctx)
         self.up_proj = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, ctx)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, ctx)
+        self.gate_up_weight: Optional[torch.Tensor] = None  # set by fuse_projections
+        self.gate_up_bias: Optional[torch.Tensor] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is not None:
+            return self.down_proj(silu_and_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def fuse_projections(self) -> None:
+        """Serve gate and up from one [2 * intermediate, hidden] weight; the two become views of it."""
+        self.gate_up_weight, self.gate_up_bias = _merge_rows([self.gate_proj, self.up_proj])
+
+
+def _merge_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(weight, bias) stacking the output rows of `linears`; their parameters become views into them, so the
+    merge costs no memory and the loaded values stay where the names point."""
+    weight = torch.cat([lin.weight.data for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = torch.cat([b.data for b in biases]) if all(b is not None for b in biases) else None  # type: ignore[union-attr]
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight.data = weight[start:start + rows]
+        if bias is not None:
+            lin.bias.data = bias[start:start + rows]  # type: ignore[union-attr]
+        start += rows
+    return weight, bias
+
+
+def fuse_projections(model: nn.Module) -> None:
+    """Merge every `Attention`'s q/k/v and every `MLP`'s gate/up projections of `model` (inference only: call
+    once the weights are loaded; training keeps the separate projections)."""
+    for module in model.modules():
+        if isinstance(module, (Attention, MLP)):
+            module.fuse_projections()
 
 
 class DecoderLayer(nn.Module):
@@ -101,9 +153,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, ctx)
 
-    def forward(self, x, cos, sin, kv_cache, meta, attention):  # type: ignore[no-untyped-def]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, attention)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos, sin, kv_cache, meta, attention):  # type: ignore[no-untyped-def]
+        """(this layer's MLP output, the residual stream before it is added): the next norm adds the two, so
+        every residual add is fused into a norm. `residual` None (first layer): `x` is the stream."""
+        h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h = self.self_attn(h, cos, sin, kv_cache, meta, attention)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual
 
 
 class DecoderModel(nn.Module):
@@ -191,8 +247,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """(final hidden [T, hidden], the residual stream entering each layer of `aux_layer_ids` [T, hidden]).
 
-        The aux states are the tensors the layer loop already holds (no copy), so asking for them costs
-        nothing but keeping them alive; a CUDA graph captured over this method returns them as outputs.
+        The loop carries each layer's output and the residual stream apart (the next norm adds them), so an aux
+        state costs one add; a CUDA graph captured over this method returns them as outputs.
         Layer ids are global; under pipeline parallelism only this stage's layers can be asked for.
         """
         freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # [T, D/2]
@@ -201,11 +257,16 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         stage = self.model.stage_layers
         entering: dict[int, torch.Tensor] = {}
+        residual: Optional[torch.Tensor] = None
         for i, kv_cache in zip(stage, kv_caches):
             if i in aux_layer_ids:
-                entering[i] = x
-            x = self.model.layers[i](x, cos, sin, kv_cache, attn_metadata, self.attention)
-        return (self.model.norm(x) if self.ctx.is_last_stage else x), tuple(entering[i] for i in aux_layer_ids)
+                entering[i] = x if residual is None else x + residual
+            x, residual = self.model.layers[i](x, residual, cos, sin, kv_cache, attn_metadata, self.attention)
+        if self.ctx.is_last_stage:
+            x = self.model.norm.add_and_norm(x, residual)[0]
+        elif residual is not None:
+            x = x + residual  # the next stage starts from the stream
+        return x, tuple(entering[i] for i in aux_layer_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[L, hidden] -> [L, vocab] float32."""
