@@ -252,8 +252,11 @@ def _fused_sample_kernel(
         min_p = tl.load(min_p_ptr + req_slot)
         use_min_p = (min_p > 0.0) & (greedy == 0)
         num_bad = tl.zeros([], dtype=tl.int32)
-        best_value = tl.full([], -float("inf"), tl.float32)
-        best_token = tl.zeros([], dtype=tl.int32)
+        # Per lane best (score, token) over the blocks; one reduction at the end of the chunk instead of two
+        # per block. A lane keeps its first token on a tie (strict >), and the lowest tied token id wins the
+        # final reduction: the lowest token id of the chunk's maximum, like torch.argmax.
+        lane_value = tl.full([BLOCK], -float("inf"), tl.float32)
+        lane_token = tl.zeros([BLOCK], dtype=tl.int32)
         row_max = 0.0
         if HAS_PLAN:
             row_max = tl.load(row_max_ptr + logits_row)
@@ -271,12 +274,11 @@ def _fused_sample_kernel(
                 score = y - tl.log(-tl.log(u))
                 if use_min_p:
                     score = tl.where(tl.exp(y - row_max) < min_p, -float("inf"), score)
-            score = tl.where(mask, score, -float("inf"))
-            block_best = tl.max(score, axis=0)
-            block_token = tl.argmax(score, axis=0, tie_break_left=True)
-            take = block_best > best_value  # strictly: the lowest token id wins a tie, like torch.argmax
-            best_token = tl.where(take, start + block_token, best_token)
-            best_value = tl.where(take, block_best, best_value)
+            take = mask & (score > lane_value)
+            lane_token = tl.where(take, offs, lane_token)
+            lane_value = tl.where(take, score, lane_value)
+        best_value = tl.max(lane_value, axis=0)
+        best_token = tl.min(tl.where(lane_value == best_value, lane_token, 2147483647), axis=0)
         tl.store(part_best_ptr + logits_row * num_chunks + chunk, best_value)
         tl.store(part_token_ptr + logits_row * num_chunks + chunk, best_token)
         tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)

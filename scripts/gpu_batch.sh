@@ -34,7 +34,7 @@ for j in "$@"; do
     whisper) job $j 90 python3 scripts/bench_whisper.py --geometry base --out "$res/whisper" ;;
     prefix) job $j 120 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/prefix" ;;
     prefix-hybrid) job $j 200 python3 -m framework.cli bench experiment=prefix_bench_hybrid bench.output_dir="$res/prefix_hybrid" ;;
-    profile) job $j 150 python3 scripts/profile_decode.py --batch 256 --out "$res/profile/b256" &&
+    profile) job $j 150 python3 scripts/profile_decode.py --batch 256 --profile-prefill --out "$res/profile/b256" &&
         job profile-b1 60 python3 scripts/profile_decode.py --batch 1 --steps 200 --out "$res/profile/b1" &&
         job profile-k0 100 python3 scripts/profile_decode.py --batch 256 --spec-k 0 --out "$res/profile/k0" ;;
     gpu_tests_rest) job $j 200 python3 -m pytest -q tests/gpu/test_whisper_gpu.py tests/gpu/test_mamba_gpu.py ;;

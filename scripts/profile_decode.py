@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--profile-prefill", action="store_true", help="also a kernel table of the prefill steps")
     parser.add_argument("--spec-k", type=int, default=None, help="profile an ngram engine held at this k")
     parser.add_argument("--device", default="auto", help="cpu runs a smoke check of this script")
     parser.add_argument("--out", type=Path, default=Path("bench_results/profile_decode"))
@@ -179,6 +180,17 @@ def main(argv: list[str] | None = None) -> dict:
         engine.step()
     engine.reset_prefix_cache()  # the same prompts again: computed, not served from the cache
     prefill = fill(engine, args)
+    if args.profile_prefill:  # once more under the profiler: where the prefill steps spend device time
+        from torch.profiler import ProfilerActivity, profile
+
+        for i in range(args.batch):
+            engine.abort_request(f"p{i}")
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.reset_prefix_cache()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fill(engine, args)
+        say(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
     say(f"prefill: {prefill['tokens']} prompt tokens in {prefill['steps']} steps, {prefill['seconds']:.3f} s "
         f"({prefill['tok_per_s']:.0f} tok/s)")
 
