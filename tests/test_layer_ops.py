@@ -1,0 +1,233 @@
+"""Fused per-layer Triton kernels (RMSNorm + residual, SiLU-and-mul, q/k norm + RoPE + KV store) against their
+PyTorch references, under the interpreter on the CPU (or for real on a GPU), on small awkward shapes.
+
+bfloat16 must match the reference bit for bit under the interpreter (the kernels round every intermediate the
+way eager PyTorch does); on a GPU a different `rsqrt` / `exp` / summation order may move a value by one ulp.
+float32 differs by summation order only.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+import torch
+
+import framework.kernels.layer_ops as layer_ops
+from framework.kernels.layer_ops import (
+    qk_norm_rope_store_reference,
+    rms_norm_reference,
+    silu_and_mul_reference,
+)
+from framework.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton
+from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPS = 1e-6
+
+
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, seed: int, scale: float = 1.0, shift: float = 0.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale + shift).to(DEVICE, dtype)
+
+
+def _strided_rows(rows: int, cols: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    """[rows, cols] whose rows are `cols + 24` elements apart (a view into a wider tensor)."""
+    return _randn((rows, cols + 24), dtype, seed, scale)[:, 5:5 + cols]
+
+
+def _assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    if ref.dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+    elif DEVICE == "cpu":  # the interpreter rounds exactly like eager PyTorch
+        torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+    else:  # one ulp: 2^-7 (bf16) / 2^-10 (fp16) relative
+        rtol = 2**-7 if ref.dtype == torch.bfloat16 else 2**-10
+        torch.testing.assert_close(out, ref, rtol=rtol, atol=1e-5, equal_nan=True)
+
+
+# ---- RMSNorm -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [64, 128, 96])
+@pytest.mark.parametrize("num_rows", [1, 3, 17])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matches_reference(dtype, dim, num_rows, with_residual):
+    x = _strided_rows(num_rows, dim, dtype, seed=dim + num_rows, scale=3.0)
+    residual = _randn((num_rows, dim), dtype, seed=7, scale=2.0) if with_residual else None
+    weight = _randn((dim,), dtype, seed=8, scale=0.2, shift=1.0)
+    x_before = x.clone()
+    out, summed = rms_norm_triton(x, weight, EPS, residual)
+    ref_out, ref_summed = rms_norm_reference(x, weight, EPS, residual)
+    _assert_matches(out, ref_out)
+    if with_residual:
+        assert summed is not None and torch.equal(summed, ref_summed)  # one rounded add: exact in every dtype
+    else:
+        assert summed is None
+    assert torch.equal(x, x_before)  # inputs are not written
+
+
+def test_rms_norm_float16_and_zero_rows():
+    x = _randn((5, 128), torch.float16, seed=1, scale=4.0)
+    residual = _randn((5, 128), torch.float16, seed=2)
+    weight = _randn((128,), torch.float16, seed=3, scale=0.2, shift=1.0)
+    out, summed = rms_norm_triton(x, weight, EPS, residual)
+    ref_out, ref_summed = rms_norm_reference(x, weight, EPS, residual)
+    _assert_matches(out, ref_out)
+    assert summed is not None and torch.equal(summed, ref_summed)
+    empty_out, empty_summed = rms_norm_triton(x[:0], weight, EPS, residual[:0])
+    assert empty_out.shape == (0, 128) and empty_summed is not None and empty_summed.shape == (0, 128)
+
+
+# ---- SiLU and mul --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inter", [64, 96, 1100])  # 1100: two column blocks, the second partly masked
+@pytest.mark.parametrize("num_rows", [1, 3, 17])
+def test_silu_and_mul_matches_reference(dtype, inter, num_rows):
+    gate_up = _strided_rows(num_rows, 2 * inter, dtype, seed=inter + num_rows, scale=4.0)
+    out = silu_and_mul_triton(gate_up)
+    _assert_matches(out, silu_and_mul_reference(gate_up))
+    assert out.is_contiguous()
+
+
+# ---- q/k norm + RoPE + KV store ------------------------------------------------------------------------
+
+# (num_tokens, head_dim, num_heads, num_kv_heads, block_size, num_kv_tokens, padding tokens)
+QK_CASES = [
+    (1, 64, 4, 2, 16, 1, ()),
+    (3, 128, 2, 2, 1, 3, (1,)),
+    (3, 128, 4, 2, 16, 2, ()),  # last token has no KV slot (T' < T, as with CUDA-graph padding)
+    (17, 64, 4, 2, 16, 15, (0, 7)),
+    (17, 64, 2, 2, 1, 17, (16,)),
+]
+
+
+def _rope_tables(num_tokens: int, head_dim: int, dtype: torch.dtype, seed: int):
+    """cos, sin [T, D] as the model builds them: cat([freqs, freqs]) at arbitrary positions."""
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 4000, (num_tokens,), generator=g).float()
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    freqs = positions[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(DEVICE, dtype), emb.sin().to(DEVICE, dtype)
+
+
+def _run_qk_case(case, dtype: torch.dtype, q_norm: bool, k_norm: bool, seed: int = 0) -> None:
+    num_tokens, head_dim, num_heads, num_kv_heads, block_size, num_kv_tokens, padding = case
+    num_blocks = 2 + 2 * num_tokens // block_size
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    qkv = _strided_rows(num_tokens, width, dtype, seed=seed, scale=2.0)
+    cos, sin = _rope_tables(num_tokens, head_dim, dtype, seed)
+    q_weight: Optional[torch.Tensor] = _randn((head_dim,), dtype, 11, 0.2, 1.0) if q_norm else None
+    k_weight: Optional[torch.Tensor] = _randn((head_dim,), dtype, 12, 0.2, 1.0) if k_norm else None
+    g = torch.Generator().manual_seed(seed + 1)
+    kv_slots = torch.randperm(num_blocks * block_size, generator=g)[:num_kv_tokens]  # any order, any block
+    kv_slots[list(padding)] = -1
+    kv_slots = kv_slots.to(DEVICE)
+    # NaN poison: a store to a wrong row (or to a padding token's) shows up in the comparison.
+    cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
+    ref_cache = cache.clone()
+    args = (q_weight, k_weight, EPS, num_heads, num_kv_heads, head_dim)
+    q = qk_norm_rope_store_triton(qkv, cos, sin, *args, cache, kv_slots)
+    ref_q = qk_norm_rope_store_reference(qkv, cos, sin, *args, ref_cache, kv_slots)
+    assert q.shape == (num_tokens, num_heads, head_dim) and q.is_contiguous()
+    _assert_matches(q, ref_q)
+    _assert_matches(cache, ref_cache)
+    flat = cache.view(2, -1, num_kv_heads, head_dim)
+    written = kv_slots[kv_slots >= 0].cpu()
+    untouched = torch.ones(flat.shape[1], dtype=torch.bool)
+    untouched[written] = False
+    assert flat[:, untouched.to(DEVICE)].isnan().all()  # padding and unused slots left alone
+    assert not flat[:, written.to(DEVICE)].isnan().any()
+    token_of_slot = torch.nonzero(kv_slots.cpu() >= 0).flatten()
+    v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(num_tokens, num_kv_heads, head_dim)
+    assert torch.equal(flat[1, written.to(DEVICE)], v[token_of_slot.to(DEVICE)])  # v is stored raw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("case", QK_CASES)
+def test_qk_norm_rope_store_matches_reference(case, dtype, qk_norm):
+    _run_qk_case(case, dtype, qk_norm, qk_norm)
+
+
+def test_qk_norm_rope_store_q_norm_only_and_float16():
+    _run_qk_case(QK_CASES[1], torch.bfloat16, q_norm=True, k_norm=False, seed=3)
+    _run_qk_case(QK_CASES[2], torch.float16, q_norm=False, k_norm=True, seed=4)
+
+
+def test_qk_norm_rope_store_rejects_bad_shapes():
+    qkv = torch.zeros(2, (4 + 2 * 2) * 64, device=DEVICE)
+    cos = torch.zeros(2, 64, device=DEVICE)
+    cache = torch.zeros(2, 4, 16, 2, 64, device=DEVICE)
+    with pytest.raises(AssertionError, match="qkv layout"):
+        qk_norm_rope_store_triton(qkv, cos, cos, None, None, EPS, 4, 3, 64, cache, torch.zeros(2, dtype=torch.long))
+    with pytest.raises(AssertionError, match="more KV slots than tokens"):
+        qk_norm_rope_store_triton(qkv, cos, cos, None, None, EPS, 4, 2, 64, cache, torch.zeros(3, dtype=torch.long))
+
+
+# ---- dispatch ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def triton_spies(monkeypatch):
+    """Force the Triton path (as on CUDA) and record which Triton wrappers the dispatchers call."""
+    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
+    calls: list[str] = []
+    for name in ("rms_norm_triton", "silu_and_mul_triton", "qk_norm_rope_store_triton"):
+        wrapped = getattr(layer_ops, name)
+        monkeypatch.setattr(layer_ops, name, lambda *a, _w=wrapped, _n=name, **k: (calls.append(_n), _w(*a, **k))[1])
+    return calls
+
+
+def test_dispatch_takes_triton_for_supported_inputs(triton_spies):
+    x = _randn((3, 64), torch.bfloat16, 1)
+    w = _randn((64,), torch.bfloat16, 2, 0.2, 1.0)
+    _assert_matches(layer_ops.rms_norm(x, w, EPS, x)[0], rms_norm_reference(x, w, EPS, x)[0])
+    _assert_matches(layer_ops.silu_and_mul(x), silu_and_mul_reference(x))
+    qkv = _randn((2, 4 * 32), torch.bfloat16, 3)
+    cos, sin = _rope_tables(2, 32, torch.bfloat16, 0)
+    cache = torch.zeros(2, 2, 4, 1, 32, dtype=torch.bfloat16, device=DEVICE)
+    ref_cache = cache.clone()
+    slots = torch.tensor([5, 2], device=DEVICE)
+    q = layer_ops.qk_norm_rope_store(qkv, cos, sin, w[:32], w[32:], EPS, 2, 1, 32, cache, slots)
+    _assert_matches(q, qk_norm_rope_store_reference(qkv, cos, sin, w[:32], w[32:], EPS, 2, 1, 32, ref_cache, slots))
+    _assert_matches(cache, ref_cache)
+    assert triton_spies == ["rms_norm_triton", "silu_and_mul_triton", "qk_norm_rope_store_triton"]
+
+
+def test_dispatch_falls_back_to_the_reference_for_unsupported_inputs(triton_spies):
+    wide = _randn((2, 8200), torch.float32, 1)  # a row longer than one program holds
+    w = _randn((8200,), torch.float32, 2)
+    out, _ = layer_ops.rms_norm(wide, w, EPS)
+    torch.testing.assert_close(out, rms_norm_reference(wide, w, EPS)[0], rtol=0, atol=0)
+    x = _randn((3, 64), torch.bfloat16, 3)
+    w32 = _randn((64,), torch.float32, 4)  # weight in another dtype: the reference promotes to float32
+    assert layer_ops.rms_norm(x, w32, EPS)[0].dtype == torch.float32
+    x_cols = _randn((64, 3), torch.bfloat16, 5).t()  # last dim not contiguous
+    layer_ops.rms_norm(x_cols, x_cols[0].contiguous(), EPS)
+    layer_ops.silu_and_mul(x_cols[:, :64])
+    layer_ops.silu_and_mul(x.double())
+    qkv = _randn((2, 4 * 30), torch.bfloat16, 6)  # head_dim 30 is fine for the kernel; cos in float32 is not
+    cos32, sin32 = _rope_tables(2, 30, torch.float32, 0)
+    cache = torch.zeros(2, 2, 4, 1, 30, dtype=torch.bfloat16, device=DEVICE)
+    q = layer_ops.qk_norm_rope_store(qkv, cos32, sin32, None, None, EPS, 2, 1, 30, cache,
+                                     torch.tensor([1, 0], device=DEVICE))
+    assert q.dtype == torch.float32  # the reference's type promotion
+    assert triton_spies == []
+
+
+def test_reference_switch_and_cpu_default_skip_triton(triton_spies, monkeypatch):
+    x = _randn((3, 64), torch.float32, 1)
+    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "reference")  # the same switch as attention
+    layer_ops.rms_norm(x, x[0], EPS, x)
+    layer_ops.silu_and_mul(x)
+    if DEVICE == "cpu":
+        monkeypatch.delenv("MRV2_ATTENTION_BACKEND")  # auto: the reference on a CPU
+        layer_ops.rms_norm(x, x[0], EPS)
+        layer_ops.silu_and_mul(x)
+    assert triton_spies == []
