@@ -1,9 +1,9 @@
 """Fused per-layer Triton kernels (RMSNorm + residual, SiLU-and-mul, q/k norm + RoPE + KV store) against their
 PyTorch references, under the interpreter on the CPU (or for real on a GPU), on small awkward shapes.
 
-bfloat16 must match the reference bit for bit under the interpreter (the kernels round every intermediate the
-way eager PyTorch does); on a GPU a different `rsqrt` / `exp` / summation order may move a value by one ulp.
-float32 differs by summation order only.
+The kernels round every intermediate the way eager PyTorch does, so bfloat16 results are bit-identical except
+where another summation order / `rsqrt` / `exp` tips a rounding (rare: see `_assert_matches`); float32
+differs by summation order only.
 """
 
 from __future__ import annotations
@@ -37,14 +37,20 @@ def _strided_rows(rows: int, cols: int, dtype: torch.dtype, seed: int, scale: fl
 
 
 def _assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """float32: summation-order close. bf16/fp16: at most 1 + 0.5% of the elements differ at all (a flipped
+    rounding, e.g. from numpy summing in another order), and those by 2 ulps of the row scale: a flip before
+    the weight multiply or the RoPE sums can grow, and RoPE's differences cancel, so relative error alone
+    would be the wrong yardstick."""
     assert out.dtype == ref.dtype and out.shape == ref.shape
     if ref.dtype == torch.float32:
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
-    elif DEVICE == "cpu":  # the interpreter rounds exactly like eager PyTorch
-        torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
-    else:  # one ulp: 2^-7 (bf16) / 2^-10 (fp16) relative
-        rtol = 2**-7 if ref.dtype == torch.bfloat16 else 2**-10
-        torch.testing.assert_close(out, ref, rtol=rtol, atol=1e-5, equal_nan=True)
+        return
+    ulp = 2**-7 if ref.dtype == torch.bfloat16 else 2**-10
+    finite = ref[~ref.isnan()].float()
+    scale = finite.pow(2).mean().sqrt().item() if finite.numel() else 0.0
+    torch.testing.assert_close(out, ref, rtol=2 * ulp, atol=2 * ulp * scale, equal_nan=True)
+    differ = ((out != ref) & ~(out.isnan() & ref.isnan())).sum().item()
+    assert differ <= 1 + 0.005 * ref.numel(), f"{differ} of {ref.numel()} elements differ from the reference"
 
 
 # ---- RMSNorm -------------------------------------------------------------------------------------------
