@@ -237,3 +237,16 @@ def test_reference_switch_and_cpu_default_skip_triton(triton_spies, monkeypatch)
         layer_ops.rms_norm(x, x[0], EPS)
         layer_ops.silu_and_mul(x)
     assert triton_spies == []
+
+
+def test_autograd_takes_the_reference(triton_spies):
+    """Training needs gradients through the norms and the MLP; the kernels have none, so the reference runs."""
+    x = _randn((3, 64), torch.float32, 1).requires_grad_()
+    w = _randn((64,), torch.float32, 2, 0.2, 1.0).requires_grad_()
+    out, _ = layer_ops.rms_norm(x, w, EPS)
+    (out.sum() + layer_ops.silu_and_mul(x).sum()).backward()
+    assert x.grad is not None and w.grad is not None
+    assert triton_spies == []
+    with torch.no_grad():  # inference: the same tensors take the kernels
+        layer_ops.rms_norm(x, w, EPS)
+    assert triton_spies == ["rms_norm_triton"]

@@ -7,7 +7,8 @@ dispatch: Triton for CUDA tensors, the reference otherwise. `MRV2_ATTENTION_BACK
 references on CUDA too (the same switch as attention, so one variable bisects a numerical difference), and
 `=triton` forces the kernels (on a CPU only under `TRITON_INTERPRET=1`). Inputs the kernels do not take
 (another dtype, a weight of another dtype, a non-contiguous last dim, rows over 8192 elements, an odd
-head_dim) silently take the reference, which handles everything.
+head_dim) silently take the reference, which handles everything; so does anything autograd must see
+(training), as the kernels have no backward.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _triton_enabled(device: torch.device) -> bool:
-    """Same choice as attention's: a head_dim the attention kernels take, so only the device and the env decide."""
+def _triton_enabled(device: torch.device, *tensors: Optional[torch.Tensor]) -> bool:
+    """Same choice as attention's (a head_dim the attention kernels take, so only the device and the env
+    decide), except when autograd must see the op: the kernels have no backward, training takes the reference."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
     return attention_backend(device, TRITON_HEAD_DIMS[0]) == "triton"
 
 
@@ -107,17 +111,18 @@ def rms_norm(
     residual: Optional[torch.Tensor] = None,  # [T, D] x.dtype
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weight * rmsnorm(x + residual) [T, D], x + residual [T, D] or None); see `rms_norm_reference`."""
-    if (_triton_enabled(x.device) and x.dim() == 2 and x.dtype in TRITON_DTYPES and x.shape[1] <= MAX_RMS_NORM_DIM
-            and _fits(x, x.dtype) and _fits(weight, x.dtype) and weight.shape == x.shape[1:]
-            and _fits(residual, x.dtype) and (residual is None or residual.shape == x.shape)):
+    kernel_takes = (x.dim() == 2 and x.dtype in TRITON_DTYPES and x.shape[1] <= MAX_RMS_NORM_DIM
+                    and all(_fits(t, x.dtype) for t in (x, weight, residual)) and weight.shape == x.shape[1:]
+                    and (residual is None or residual.shape == x.shape))
+    if kernel_takes and _triton_enabled(x.device, x, weight, residual):
         return rms_norm_triton(x, weight, eps, residual)
     return rms_norm_reference(x, weight, eps, residual)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 * I] -> [T, I]
     """silu(gate) * up of a merged gate/up projection; see `silu_and_mul_reference`."""
-    if (_triton_enabled(gate_up.device) and gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0
-            and gate_up.dtype in TRITON_DTYPES and gate_up.stride(1) == 1):
+    kernel_takes = gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and _fits(gate_up, gate_up.dtype)
+    if kernel_takes and gate_up.dtype in TRITON_DTYPES and _triton_enabled(gate_up.device, gate_up):
         return silu_and_mul_triton(gate_up)
     return silu_and_mul_reference(gate_up)
 
@@ -137,11 +142,10 @@ def qk_norm_rope_store(
 ) -> torch.Tensor:
     """q [T, H, D] contiguous, normed + roped; normed + roped k and raw v of the first T' tokens go to the
     cache. See `qk_norm_rope_store_reference`."""
-    dtype = qkv.dtype
-    if (_triton_enabled(qkv.device) and dtype in TRITON_DTYPES and head_dim % 2 == 0 and qkv.dim() == 2
-            and _fits(qkv, dtype) and _fits(cos, dtype) and _fits(sin, dtype)
-            and _fits(q_norm_weight, dtype) and _fits(k_norm_weight, dtype) and kv_cache.stride(-1) == 1
-            and kv_cache.stride(1) == kv_cache.shape[2] * kv_cache.stride(2)):
+    kernel_takes = (qkv.dim() == 2 and qkv.dtype in TRITON_DTYPES and head_dim % 2 == 0
+                    and all(_fits(t, qkv.dtype) for t in (qkv, cos, sin, q_norm_weight, k_norm_weight))
+                    and kv_cache.stride(-1) == 1 and kv_cache.stride(1) == kv_cache.shape[2] * kv_cache.stride(2))
+    if kernel_takes and _triton_enabled(qkv.device, qkv, q_norm_weight, k_norm_weight):
         return qk_norm_rope_store_triton(qkv, cos, sin, q_norm_weight, k_norm_weight, eps, num_heads,
                                          num_kv_heads, head_dim, kv_cache, kv_slot_mapping)
     return qk_norm_rope_store_reference(qkv, cos, sin, q_norm_weight, k_norm_weight, eps, num_heads,

@@ -3,9 +3,9 @@
 Qwen3-0.6B geometry: hidden 1024, intermediate 3072, 16 query heads, 8 KV heads, head_dim 128, bfloat16, KV
 blocks of 16 tokens, up to 256 tokens. The kernels round every intermediate as eager PyTorch does, so outputs
 may differ from the reference only where a different `rsqrt` / `exp` / summation order tips a rounding: at
-least 99.5% of the elements bit-identical, the rest within 2 bf16 ulps (of the value or of the tensor's rms). Also: one compiled variant
-per kernel across batch sizes (CUDA-graph replays at many sizes must not compile mid-run), and capture into a
-CUDA graph with host syncs raising.
+least 99.5% of the elements bit-identical, the rest within 2 bf16 ulps (of the value or of the tensor's rms).
+Also: one compiled variant per kernel across batch sizes (CUDA-graph replays at many sizes must not compile
+mid-run), and the dispatchers running with host syncs raising and capturing into a CUDA graph.
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_layer_ops_gpu.py`
 """
 
@@ -22,8 +22,11 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
 from framework.kernels.layer_ops import (  # noqa: E402
+    qk_norm_rope_store,
     qk_norm_rope_store_reference,
+    rms_norm,
     rms_norm_reference,
+    silu_and_mul,
     silu_and_mul_reference,
 )
 from framework.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton  # noqa: E402
@@ -134,16 +137,16 @@ def test_one_compiled_variant_across_batch_sizes():
 
 
 def test_cuda_graph_capture_without_host_sync():
-    """The three ops capture into one CUDA graph (no host sync anywhere) and replays read the new inputs."""
+    """The three ops run with host syncs raising, capture into one CUDA graph, and replays read the new inputs."""
     inputs = QKInputs(64, 60, seed=4)
     x, residual = _randn(64, HIDDEN, seed=1), _randn(64, HIDDEN, seed=2)
     weight = _randn(HIDDEN, seed=3, scale=0.2, shift=1.0)
     gate_up = _randn(64, 2 * INTER, seed=5)
 
-    def step() -> tuple[torch.Tensor, ...]:
-        out, summed = rms_norm_triton(x, weight, EPS, residual)
-        q = qk_norm_rope_store_triton(*inputs.args(True), inputs.cache, inputs.kv_slots)
-        return out, summed, silu_and_mul_triton(gate_up), q
+    def step() -> tuple[torch.Tensor, ...]:  # through the dispatchers, as the model calls them
+        out, summed = rms_norm(x, weight, EPS, residual)
+        q = qk_norm_rope_store(*inputs.args(True), inputs.cache, inputs.kv_slots)
+        return out, summed, silu_and_mul(gate_up), q
 
     expected = [t.clone() for t in step()]
     stream = torch.cuda.Stream()
@@ -151,16 +154,18 @@ def test_cuda_graph_capture_without_host_sync():
     with torch.cuda.stream(stream):
         step()  # warm-up compiles outside the capture
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # the wrappers never wait for the device
     try:
-        with torch.cuda.graph(graph):
-            outs = step()
-        for t in (x, gate_up, inputs.qkv):
-            t.mul_(0.5)
-        graph.replay()
+        step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # a host sync inside a capture would fail it too
+        outs = step()
+    for t in (x, gate_up, inputs.qkv):
+        t.mul_(0.5)
+    graph.replay()
     torch.cuda.synchronize()
     assert not any(torch.equal(o, e) for o, e in zip(outs, expected))
     for t in (x, gate_up, inputs.qkv):
