@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
-from framework.attention.paged import store_kv_reference
+from framework.attention.backend import store_kv
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -40,7 +40,7 @@ def qk_norm_rope_store_reference(qkv, cos, sin, q_norm_weight, k_norm_weight, ep
     if k_norm_weight is not None:
         k = rms_norm_reference(k, k_norm_weight, eps)[0]
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    store_kv_reference(k, v, kv_cache, kv_slot_mapping)
+    store_kv(k, v, kv_cache, kv_slot_mapping)  # Triton on CUDA: no host sync (graph capture)
     return q.contiguous()
 
 
