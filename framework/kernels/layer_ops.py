@@ -18,8 +18,7 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
-from framework.attention.backend import TRITON_HEAD_DIMS, attention_backend
-from framework.attention.paged import store_kv_reference
+from framework.attention.backend import TRITON_HEAD_DIMS, attention_backend, store_kv
 from framework.kernels.triton_norm_silu import MAX_RMS_NORM_DIM, rms_norm_triton, silu_and_mul_triton
 from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton
 
@@ -88,7 +87,7 @@ def qk_norm_rope_store_reference(
     kv_slot_mapping: torch.Tensor,  # [T'] int64 KV slots of tokens 0..T'-1 (T' <= T), negative = padding
 ) -> torch.Tensor:
     """q [T, H, D] (per-head RMSNorm when a weight is given, then RoPE); k (same) and raw v of the first T'
-    tokens are written at their KV slots."""
+    tokens are written at their KV slots (`store_kv_reference` semantics, through the `store_kv` dispatcher)."""
     t = qkv.shape[0]
     q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
     q, k, v = q.view(t, num_heads, head_dim), k.view(t, num_kv_heads, head_dim), v.view(t, num_kv_heads, head_dim)
@@ -97,7 +96,7 @@ def qk_norm_rope_store_reference(
     if k_norm_weight is not None:
         k = rms_norm_reference(k, k_norm_weight, eps)[0]
     q, k = apply_rope_reference(q, cos, sin), apply_rope_reference(k, cos, sin)
-    store_kv_reference(k, v, kv_cache, kv_slot_mapping)
+    store_kv(k, v, kv_cache, kv_slot_mapping)  # the store's own dispatcher: no host sync on CUDA (graph capture)
     return q.contiguous()
 
 
