@@ -363,3 +363,40 @@ def test_v1_runner_refuses_what_it_would_ignore(tiny_llm_factory):
     out = llm.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, stop=["\x00"]),
                        use_tqdm=False)[0]
     assert len(out.token_ids) <= 3  # text, stop strings and streaming are host-side: V1 has them too
+
+
+SAMPLER_DISPATCH_MODULES = (
+    "samplers.penalties", "samplers.sampler", "samplers.sanitize", "samplers.logprobs", "samplers.gumbel",
+    "samplers.top_k_top_p", "samplers.logit_bias", "samplers.bad_words", "samplers.min_tokens",
+    "samplers.allowed_tokens", "framework.kernels.input_prep",
+)
+
+
+def test_engine_on_the_triton_sampler_kernels_equals_the_references(tiny_llm_factory, monkeypatch):
+    """The requests of the GPU parity test (tests/gpu/test_sampler_gpu.py), once on the references and once with
+    every sampler and input-prep dispatcher forced to its Triton kernel (interpreted here, as a GPU runs them):
+    penalty counts rebuilt, advanced and read through the seen-token bitmap, fused sampling, logprobs."""
+    import importlib
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(256) for _ in range(rng.randint(5, 40))] for _ in range(4)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, repetition_penalty=1.5,
+                       frequency_penalty=0.5, presence_penalty=0.5, logprobs=3, prompt_logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logit_bias={65: 3.0, 66: 2.0},
+                       bad_words=[[65, 66]], min_tokens=4, stop_token_ids=[67]),
+        SamplingParams(temperature=0.9, top_k=50, top_p=0.9, min_p=0.02, seed=3, max_tokens=8, ignore_eos=True,
+                       repetition_penalty=1.2, frequency_penalty=0.3),
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, allowed_token_ids=list(range(60, 120))),
+    ]
+    runs = []
+    for forced in (False, True):
+        if forced:
+            for name in SAMPLER_DISPATCH_MODULES:
+                monkeypatch.setattr(importlib.import_module(name), "use_triton", lambda tensor, force=None: True)
+        runs.append(tiny_llm_factory(dtype="float32").generate(prompts, params, use_tqdm=False))
+    reference, triton_run = runs
+    assert [o.token_ids for o in triton_run] == [o.token_ids for o in reference]
+    for a, b in zip(reference[0].logprobs, triton_run[0].logprobs):
+        assert a.keys() == b.keys() and all(abs(a[t].logprob - b[t].logprob) < TOL for t in a)
+    assert [set(p) for p in triton_run[0].prompt_logprobs[1:]] == [set(p) for p in reference[0].prompt_logprobs[1:]]

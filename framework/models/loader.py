@@ -12,6 +12,7 @@ from torch import nn
 
 from framework.distributed.context import ParallelContext
 from framework.models.parallel_layers import SINGLE, read_shard, shard_spec
+from framework.models.random_weights import normal_weights
 from framework.registry import MODELS
 
 logger = logging.getLogger(__name__)
@@ -152,24 +153,25 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
 def init_random_weights(model: nn.Module, seed: int) -> None:
     """Deterministic random weights: N(0, 0.02) for matrices and embeddings, 1 for norms, 0 for biases.
 
-    Values are drawn in parameter order for the whole model, on the model's device, so a tensor- or
-    pipeline-parallel rank gets its slices of exactly the single-process weights (a parallel model class is
+    Parameter k (in `named_parameters` order of the whole model) is `normal_weights(shape, 0.02, seed, k)`: the
+    same numbers on every device (a `torch.Generator` would draw different ones on the CPU and on CUDA), so a
+    CPU run and a GPU run of a preset compare the same model. A tensor- or pipeline-parallel rank draws the
+    whole parameter and keeps its slice of exactly the single-process weights (a parallel model class is
     rebuilt whole, on the meta device, from its `config`).
     """
     device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
     params, targets = _targets(model)
     full = model
     if getattr(model, "ctx", SINGLE).world_size > 1:
         with torch.device("meta"):
             full = type(model)(model.config)  # type: ignore[call-arg]
     with torch.no_grad():
-        for name, param in full.named_parameters():
+        for stream, (name, param) in enumerate(full.named_parameters()):
             if name.endswith("norm.weight"):
                 values = torch.ones(param.shape, device=device)
             elif name.endswith(".bias"):
                 values = torch.zeros(param.shape, device=device)
             else:
-                values = torch.empty(param.shape, dtype=torch.float32, device=device).normal_(0.0, 0.02, generator=gen)
+                values = normal_weights(param.shape, 0.02, seed, stream, device)
             if name in targets:
                 _copy_into(model, params, targets[name], values, "random weights", name)

@@ -101,9 +101,12 @@ def test_engine_samples_with_every_parameter_on_the_gpu():
         llm = LLM("random_tiny", device=device, dtype="float32", num_kv_blocks=256)
         outs[device] = llm.generate(prompts, params, use_tqdm=False)
         del llm
-    for i, (cpu, gpu) in enumerate(zip(outs["cpu"], outs["cuda"])):
-        if params[i].temperature == 0:
-            assert cpu.token_ids == gpu.token_ids, i
+    # Every greedy request compared before failing: which ones differ tells a model difference (all of them,
+    # once the echo of the last prompt token stops dominating) from a sampler stage (the requests using it).
+    differ = {i: (cpu.token_ids, gpu.token_ids) for i, (cpu, gpu) in enumerate(zip(outs["cpu"], outs["cuda"]))
+              if params[i].temperature == 0 and cpu.token_ids != gpu.token_ids}
+    assert not differ, differ
+    for cpu, gpu in zip(outs["cpu"], outs["cuda"]):
         assert cpu.finish_reason == gpu.finish_reason
     for a, b in zip(outs["cpu"][0].logprobs, outs["cuda"][0].logprobs):
         for token in a:
