@@ -161,12 +161,44 @@ def _fused_stats_kernel(
         tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)
 
 
+@triton.jit
+def _radix_cutoff(keys, valid, num_groups, want, limit, GROUPS: tl.constexpr):
+    """(key c, groups(>= c)) with groups(>= c) >= want, and <= limit unless ties among the keys prevent it.
+
+    A radix select over the 4 bytes of the unsigned image of the keys, most significant first: each round
+    histograms the next byte of the keys whose higher bytes equal c's, and takes the largest byte value that
+    keeps `want` keys at or above c. It stops as soon as the count is at most `limit` (often after 2 rounds).
+    """
+    bins = tl.arange(0, 256)
+    ukeys = keys ^ -2147483648  # flips the sign bit: the signed order becomes the unsigned order of the bits
+    prefix = tl.zeros([], dtype=tl.int32)  # the bytes of c chosen so far (the rest 0)
+    fixed = tl.zeros([], dtype=tl.int32)  # mask of those bytes
+    above = tl.zeros([], dtype=tl.int32)  # keys whose fixed bytes exceed prefix's
+    count = tl.zeros([], dtype=tl.int32) + num_groups  # keys >= prefix
+    for r in tl.static_range(4):
+        if count > limit:
+            shift: tl.constexpr = 24 - 8 * r
+            match = valid & ((ukeys & fixed) == prefix)
+            digit = tl.where(match, (ukeys >> shift) & 255, 0)
+            num_other = GROUPS - tl.sum(match.to(tl.int32), axis=0)  # counted in bin 0 by the histogram
+            hist = tl.histogram(digit, 256) - tl.where(bins == 0, num_other, 0)
+            at_or_above = above + tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # keys >= byte b
+            byte = tl.max(tl.where(at_or_above >= want, bins, 0), axis=0)  # bin 0 always qualifies
+            count = tl.sum(tl.where(bins == byte, at_or_above, 0), axis=0)
+            above = count - tl.sum(tl.where(bins == byte, hist, 0), axis=0)
+            prefix = prefix | (byte << shift)
+            fixed = fixed | (tl.full([], -1, tl.int32) << shift)
+    return prefix ^ -2147483648, count
+
+
 @triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_plan_kernel(
-    idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr, group_max_ptr,
-    row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, num_groups, num_chunks, vocab_size,
-    MAX_GROUPS: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
+    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr,
+    group_max_ptr, row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, chosen_ptr, cand_value_ptr, cand_token_ptr,
+    num_groups, num_chunks, vocab_size,
+    SANITIZE: tl.constexpr, CAP: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
 ):
+    MAX_GROUPS: tl.constexpr = CAP // GROUP  # groups whose tokens surely fit the buffer; groups per gather tile
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
                                                       vocab_size)
@@ -179,45 +211,64 @@ def _fused_plan_kernel(
     part_scale = tl.exp(tl.math.div_rn(tl.where(finite, part_max, 0.0), temp) - tl.where(finite, row_max, 0.0))
     tl.store(row_max_ptr + logits_row, row_max)
     tl.store(row_sum_ptr + logits_row, tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0))
-    tl.store(count_ptr + logits_row, 0)
     cutoff = tl.full([], -float("inf"), tl.float32)
     if gather:
-        # A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c)
+        # 1. A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c)
         # and at most GROUP * limit tokens are >= c. Top-k wants k; top-p alone wants as many as fit.
         top_k = tl.load(top_k_ptr + req_slot)
-        fits = tl.zeros([], dtype=tl.int32) + MAX_GROUPS  # groups whose tokens surely fit the buffer
+        fits = tl.zeros([], dtype=tl.int32) + MAX_GROUPS
         limit = tl.where(k_on, tl.maximum(top_k, tl.minimum(2 * top_k, fits)), fits)
         want = tl.where(k_on, top_k, tl.maximum(fits // 2, 1))
+        groups = tl.arange(0, GROUPS)
+        valid = groups < num_groups
+        group_max = tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid, other=-float("inf"))
         if want <= num_groups:
-            # Bisection over the order-preserving int image of float32 (invariant: groups(>= lo) >= want >
-            # groups(>= hi)), stopped as soon as groups(>= lo) <= limit.
-            groups = tl.arange(0, GROUPS)
-            valid = groups < num_groups
-            keys = _ordered_key(tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid,
-                                        other=-float("inf")))
-            lo = tl.min(tl.where(valid, keys, 2147483647), axis=0).to(tl.int64)
-            hi = tl.max(tl.where(valid, keys, -2147483648), axis=0).to(tl.int64) + 1
-            count_lo = tl.zeros([], dtype=tl.int32) + num_groups
-            while (hi - lo > 1) & (count_lo > limit):
-                mid = lo + (hi - lo) // 2  # < hi <= 2**31: fits int32, so the keys stay int32 (registers)
-                count = tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=0)
-                take = count >= want
-                lo = tl.where(take, mid, lo)
-                count_lo = tl.where(take, count, count_lo)
-                hi = tl.where(take, hi, mid)
-            cutoff = tl.where(lo < 0, lo ^ 0x7FFFFFFF, lo).to(tl.int32).to(tl.float32, bitcast=True)
+            keys = _ordered_key(group_max)
+            key, unused_count = _radix_cutoff(keys, valid, num_groups, want, limit, GROUPS)
+            # The byte-aligned key may lie below every key (even below -inf's: a NaN pattern): raise it to the
+            # smallest key, which has the same count.
+            key = tl.maximum(key, tl.min(tl.where(valid, keys, 2147483647), axis=0))
+            cutoff = tl.where(key < 0, key ^ 0x7FFFFFFF, key).to(tl.float32, bitcast=True)
             # x / T may round a slightly smaller x to the same y as c: lower c by more than that (4 ulp).
             cutoff = tl.where(cutoff > -float("inf"), cutoff - tl.abs(cutoff) * (1.0 / 1048576.0) - 1e-30,
                               cutoff)
+        # 2. The ids of the groups whose max is >= c, compacted (scratch of CAP per row: a chosen group holds at
+        # least one candidate, so more than CAP of them overflow the buffer anyway).
+        chosen = valid & (group_max >= cutoff) & (group_max > -float("inf"))
+        num_chosen = tl.sum(chosen.to(tl.int32), axis=0)
+        pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+        tl.store(chosen_ptr + logits_row * CAP + pos, groups, mask=chosen & (pos < CAP))
+        tl.debug_barrier()  # the list is read back by other threads of this program
+        # 3. Their tokens, MAX_GROUPS groups per tile (one tile for k <= 64): append every finite x >= c (x, id)
+        # to the row's buffer; the count goes on past CAP, which sends the row to the exact path.
+        n = tl.zeros([], dtype=tl.int32)
+        if num_chosen > CAP:
+            n += CAP + 1
+        else:
+            row_ptr = logits_ptr + logits_row * logits_stride
+            for t0 in range(0, num_chosen, MAX_GROUPS):
+                tile = t0 + tl.arange(0, MAX_GROUPS)
+                in_tile = tile < num_chosen
+                group = tl.load(chosen_ptr + logits_row * CAP + tile, mask=in_tile, other=0)
+                offs = tl.reshape(group[:, None] * GROUP + tl.arange(0, GROUP)[None, :], [CAP])
+                mask = tl.reshape(tl.broadcast_to(in_tile[:, None], [MAX_GROUPS, GROUP]), [CAP]) \
+                    & (offs < vocab_size)
+                x, unused_bad = _load_x(row_ptr, offs, mask, SANITIZE)
+                take = mask & (x >= cutoff) & (x > -float("inf"))
+                slot = n + tl.cumsum(take.to(tl.int32), axis=0) - 1
+                store = take & (slot < CAP)
+                tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
+                tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
+                n += tl.sum(take.to(tl.int32), axis=0)
+        tl.store(count_ptr + logits_row, n)
     tl.store(cutoff_ptr + logits_row, cutoff)
 
 
 @triton.jit(do_not_specialize=["num_chunks", "chunk_size"])  # per-step sizes: no recompiles mid-run
 def _fused_sample_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
-    row_max_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr, group_max_ptr,
-    part_best_ptr, part_token_ptr, part_bad_ptr, num_chunks, chunk_size, num_groups, vocab_size,
-    SANITIZE: tl.constexpr, HAS_PLAN: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+    row_max_ptr, part_best_ptr, part_token_ptr, part_bad_ptr, num_chunks, chunk_size, vocab_size,
+    SANITIZE: tl.constexpr, HAS_PLAN: tl.constexpr, BLOCK: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -225,29 +276,7 @@ def _fused_sample_kernel(
     row_ptr = logits_ptr + logits_row * logits_stride
     start0 = chunk * chunk_size
     end = tl.minimum(start0 + chunk_size, vocab_size)
-    if gather:  # only rows that HAS_PLAN gives a cutoff get here (the host launches the plan for them)
-        # Candidates lie in groups whose max is >= the cutoff: read the group maxima (1/GROUP of the logits)
-        # and load only those groups' tokens (masked-off lanes cost no memory traffic).
-        cutoff = tl.load(cutoff_ptr + logits_row)
-        group_end = tl.cdiv(end, GROUP)
-        for g0 in range(start0 // GROUP, group_end, BLOCK // GROUP):
-            groups = g0 + tl.arange(0, BLOCK // GROUP)
-            group_max = tl.load(group_max_ptr + logits_row * num_groups + groups, mask=groups < group_end,
-                                other=-float("inf"))
-            chosen = (group_max >= cutoff) & (group_max > -float("inf"))
-            if tl.max(chosen.to(tl.int32), axis=0) > 0:
-                offs = tl.reshape(groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :], [BLOCK])
-                mask = tl.reshape(tl.broadcast_to(chosen[:, None], [BLOCK // GROUP, GROUP]), [BLOCK]) \
-                    & (offs < vocab_size)
-                x, unused_bad = _load_x(row_ptr, offs, mask, SANITIZE)
-                take = mask & (x >= cutoff) & (x > -float("inf"))
-                num_take = tl.sum(take.to(tl.int32), axis=0)
-                # One atomic per tile reserves the slots; the buffer's order does not matter (see module doc).
-                slot = tl.atomic_add(count_ptr + logits_row, num_take) + tl.cumsum(take.to(tl.int32), axis=0) - 1
-                store = take & (slot >= 0) & (slot < CAP)  # (>= 0: harmless even if misused without a plan)
-                tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
-                tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
-    else:
+    if gather == 0:  # gather rows were sampled from their candidates, gathered by the plan
         greedy = tl.load(temp_ptr + req_slot) == 0.0
         min_p = tl.load(min_p_ptr + req_slot)
         use_min_p = (min_p > 0.0) & (greedy == 0)
@@ -327,15 +356,15 @@ def sample_fused_triton(
             GROUP=GROUP,
         )
         _fused_plan_kernel[(num_rows,)](
-            expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max, ws.row_max, ws.row_sum,
-            ws.cutoff, ws.count, num_groups, num_chunks, vocab_size, MAX_GROUPS=CAP // GROUP,
-            CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), num_warps=8,
+            logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max,
+            ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.chosen, ws.cand_value, ws.cand_token, num_groups,
+            num_chunks, vocab_size, SANITIZE=sanitize, CAP=CAP, GROUP=GROUP, CHUNKS=max_chunks,
+            GROUPS=triton.next_power_of_2(num_groups), num_warps=16,
         )
     _fused_sample_kernel[grid](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
-        ws.row_max, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.group_max, ws.part_best, ws.part_token,
-        ws.part_bad, num_chunks, chunk_size, num_groups, vocab_size, SANITIZE=sanitize, HAS_PLAN=need_plan,
-        CAP=CAP, BLOCK=block, GROUP=GROUP,
+        ws.row_max, ws.part_best, ws.part_token, ws.part_bad, num_chunks, chunk_size, vocab_size,
+        SANITIZE=sanitize, HAS_PLAN=need_plan, BLOCK=block,
     )
     flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     _fused_resolve_kernel[(num_rows,)](
@@ -369,13 +398,14 @@ class _Workspace:
     def __init__(self, num_rows: int, num_chunks: int, num_groups: int, device: torch.device) -> None:
         rows, chunks = num_rows, num_rows * num_chunks
         f = _carve(torch.float32, [rows, rows, rows, rows * CAP, chunks, chunks, chunks, rows * num_groups], device)
-        i = _carve(torch.int32, [rows, rows * CAP, chunks, chunks], device)
+        i = _carve(torch.int32, [rows, rows * CAP, chunks, chunks, rows * CAP], device)
         self.row_max, self.row_sum, self.cutoff = f[0], f[1], f[2]  # [L] y max, sum-exp, cutoff on x
         self.cand_value = f[3]  # [L, CAP] candidate x
         self.part_max, self.part_sum, self.part_best = f[4], f[5], f[6]  # [L, C] per chunk
         self.group_max = f[7]  # [L, num_groups] x max of each group
         self.count, self.cand_token = i[0], i[1]  # [L] candidates appended, [L, CAP] their token ids
         self.part_token, self.part_bad = i[2], i[3]  # [L, C] per chunk
+        self.chosen = i[4]  # [L, CAP] ids of the groups the plan gathers
 
 
 def _carve(dtype: torch.dtype, sizes: list[int], device: torch.device) -> list[torch.Tensor]:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import samplers.fused_sampling
 import samplers.triton_utils
 from framework import SamplingParams
-from samplers.fused_sampling import SlotSamplingParams, sample_fused_reference, sample_fused_triton
+from samplers.fused_sampling import SlotSamplingParams, _radix_cutoff, sample_fused_reference, sample_fused_triton
 from samplers.sanitize import sanitize_logits_reference
 from sampler_cases import Slot, make_sampler
 from test_sampler_distributions import CONFIGS, LOGITS
@@ -144,3 +146,44 @@ def test_distribution_configs_match_the_reference_row_for_row():
     idx = torch.arange(len(names), dtype=torch.int32).repeat_interleave(n)
     positions = torch.arange(n).repeat(len(names)) + 1
     _check(LOGITS.expand(len(idx), -1).clone(), idx, positions, params)
+
+
+@triton.jit
+def _radix_probe_kernel(keys_ptr, out_ptr, num, want, limit, GROUPS: tl.constexpr):
+    groups = tl.arange(0, GROUPS)
+    valid = groups < num
+    keys = tl.load(keys_ptr + groups, mask=valid, other=0)
+    key, count = _radix_cutoff(keys, valid, num, want, limit, GROUPS)
+    tl.store(out_ptr, key)
+    tl.store(out_ptr + 1, count)
+
+
+def _keys(x: torch.Tensor) -> torch.Tensor:
+    """`_ordered_key` in PyTorch."""
+    bits = x.view(torch.int32)
+    return torch.where(x == 0, 0, torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)).int()
+
+
+@pytest.mark.parametrize("kind", ["spread", "narrow", "ties", "negative", "infinite"])
+def test_radix_cutoff_counts(kind):
+    """The plan's cutoff: `want <= count(keys >= c)`, and `<= limit` unless ties at the largest such c forbid it;
+    narrow rows (values a few ulps apart) need all 4 byte rounds."""
+    g = torch.Generator().manual_seed(len(kind))
+    num = 300
+    x = torch.randn(num, generator=g) * 3
+    if kind == "narrow":
+        x = (1.0 + torch.randint(0, 40, (num,), generator=g) * 2.0 ** -23).float()
+    elif kind == "ties":
+        x = (x * 2).round() / 2
+    elif kind == "negative":
+        x = -x.abs() - 1e-3
+    elif kind == "infinite":
+        x[::3] = -INF
+    keys = _keys(x)
+    for want, limit in ((1, 1), (1, 4), (5, 8), (50, 64), (64, 64), (200, 250), (300, 300)):
+        out = torch.zeros(2, dtype=torch.int32)
+        _radix_probe_kernel[(1,)](keys, out, num, want, limit, GROUPS=512)
+        key, count = out.tolist()
+        assert count == int((keys >= key).sum()) >= want
+        if count > limit:  # only ties at the largest qualifying key may leave too many
+            assert key in keys.tolist() and int((keys > key).sum()) < want
