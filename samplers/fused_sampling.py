@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samplers.fused_resolve import _fused_resolve_kernel
+from samplers.fused_resolve import _fused_resolve_kernel, _resolve_candidates, _row_nonfinite, _store_result
 from samplers.gumbel import _row_key, _token_bits, gumbel_sample_reference
 from samplers.penalties import PenaltyTables, _drafts_before, _penalise, _penalty_lanes, _slot_penalties
 from samplers.sanitize import sanitize_logits_reference
@@ -217,10 +217,12 @@ def _radix_cutoff(keys, valid, num_groups, want, limit, GROUPS: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_plan_kernel(
-    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr,
-    group_max_ptr, row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, chosen_ptr, cand_value_ptr, cand_token_ptr,
-    num_groups, num_chunks, vocab_size,
-    SANITIZE: tl.constexpr, CAP: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
+    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
+    part_max_ptr, part_sum_ptr, part_bad_ptr, nonfinite_ptr, group_max_ptr, row_max_ptr, count_ptr,
+    chosen_ptr, cand_value_ptr, cand_token_ptr, sampled_ptr, errors_ptr, num_groups, num_chunks, vocab_size,
+    SANITIZE: tl.constexpr, HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr,
+    CAP: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr, TILE_I: tl.constexpr = 64,
+    TILE_J: tl.constexpr = 64,
 ):
     MAX_GROUPS: tl.constexpr = CAP // GROUP  # groups whose tokens surely fit the buffer; groups per gather tile
     logits_row = tl.program_id(0).to(tl.int64)
@@ -233,8 +235,7 @@ def _fused_plan_kernel(
     row_max = tl.math.div_rn(tl.max(part_max, axis=0), temp)  # of y
     finite = part_max > -float("inf")
     part_scale = tl.exp(tl.math.div_rn(tl.where(finite, part_max, 0.0), temp) - tl.where(finite, row_max, 0.0))
-    tl.store(row_max_ptr + logits_row, row_max)
-    tl.store(row_sum_ptr + logits_row, tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0))
+    tl.store(row_max_ptr + logits_row, row_max)  # read by min-p in the sample kernel
     cutoff = tl.full([], -float("inf"), tl.float32)
     if gather:
         # 1. A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c)
@@ -284,8 +285,22 @@ def _fused_plan_kernel(
                 tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
                 tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
                 n += tl.sum(take.to(tl.int32), axis=0)
+        # 4. Sample the row from its candidates (see `_resolve_candidates`) and mark it settled (count -1);
+        # overflowing or uncovered rows are left to the resolve kernel's exact path.
+        if n <= CAP:
+            tl.debug_barrier()  # the candidates are read back by other threads of this program
+            row_sum = tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0)
+            key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
+            best_token, best_value, exact = _resolve_candidates(
+                cand_value_ptr + logits_row * CAP, cand_token_ptr + logits_row * CAP, n, temp, row_max, row_sum,
+                cutoff, k_on, top_k, p_on, tl.load(top_p_ptr + req_slot), tl.load(min_p_ptr + req_slot), key,
+                TILE_I, TILE_J)
+            if exact:
+                nonfinite = _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS, CHUNKS)
+                _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite,
+                              NONFINITE_CODE, NO_TOKEN_CODE)
+                n = tl.full([], -1, tl.int32)
         tl.store(count_ptr + logits_row, n)
-    tl.store(cutoff_ptr + logits_row, cutoff)
 
 
 @triton.jit(do_not_specialize=["num_chunks", "chunk_size"])  # per-step sizes: no recompiles mid-run
@@ -375,6 +390,7 @@ def sample_fused_triton(
     max_chunks = triton.next_power_of_2(num_blocks)
     num_groups = triton.cdiv(vocab_size, GROUP)
     ws = _Workspace(num_rows, num_chunks, num_groups, device)
+    flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     tables = (params.temperature, params.top_k, params.top_p)
     grid = (num_rows, num_chunks)
     assert penalties is None or need_plan, "the penalties are applied by pass 1, which runs only with a plan"
@@ -386,23 +402,22 @@ def sample_fused_triton(
             HAS_DRAFTS=penalties is not None and penalties.drafts is not None, BLOCK=block, GROUP=GROUP,
         )
         _fused_plan_kernel[(num_rows,)](
-            logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max,
-            ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.chosen, ws.cand_value, ws.cand_token, num_groups,
-            num_chunks, vocab_size, SANITIZE=sanitize, CAP=CAP, GROUP=GROUP, CHUNKS=max_chunks,
-            GROUPS=triton.next_power_of_2(num_groups), num_warps=16,
+            logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
+            ws.part_max, ws.part_sum, ws.part_bad, flags, ws.group_max, ws.row_max, ws.count, ws.chosen,
+            ws.cand_value, ws.cand_token, sampled, errors, num_groups, num_chunks, vocab_size, SANITIZE=sanitize,
+            HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CAP=CAP,
+            GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), num_warps=16,
         )
     _fused_sample_kernel[grid](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
         ws.row_max, ws.part_best, ws.part_token, ws.part_bad, num_chunks, chunk_size, vocab_size,
         SANITIZE=sanitize, HAS_PLAN=need_plan, BLOCK=block,
     )
-    flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     _fused_resolve_kernel[(num_rows,)](
-        logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
-        ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.part_best, ws.part_token,
-        ws.part_bad, flags, sampled, errors, num_chunks, vocab_size,
+        logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions, ws.count,
+        ws.part_best, ws.part_token, ws.part_bad, flags, sampled, errors, num_chunks, vocab_size,
         SANITIZE=sanitize, HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code,
-        NO_TOKEN_CODE=no_token_code, CAP=CAP, CHUNKS=max_chunks, BLOCK=block,
+        NO_TOKEN_CODE=no_token_code, CHUNKS=max_chunks, BLOCK=block,
     )
     return FusedSample(sampled, errors)
 
@@ -440,13 +455,14 @@ class _Workspace:
 
     def __init__(self, num_rows: int, num_chunks: int, num_groups: int, device: torch.device) -> None:
         rows, chunks = num_rows, num_rows * num_chunks
-        f = _carve(torch.float32, [rows, rows, rows, rows * CAP, chunks, chunks, chunks, rows * num_groups], device)
+        f = _carve(torch.float32, [rows, rows * CAP, chunks, chunks, chunks, rows * num_groups], device)
         i = _carve(torch.int32, [rows, rows * CAP, chunks, chunks, rows * CAP], device)
-        self.row_max, self.row_sum, self.cutoff = f[0], f[1], f[2]  # [L] y max, sum-exp, cutoff on x
-        self.cand_value = f[3]  # [L, CAP] candidate x
-        self.part_max, self.part_sum, self.part_best = f[4], f[5], f[6]  # [L, C] per chunk
-        self.group_max = f[7]  # [L, num_groups] x max of each group
-        self.count, self.cand_token = i[0], i[1]  # [L] candidates appended, [L, CAP] their token ids
+        self.row_max = f[0]  # [L] max of y
+        self.cand_value = f[1]  # [L, CAP] candidate x
+        self.part_max, self.part_sum, self.part_best = f[2], f[3], f[4]  # [L, C] per chunk
+        self.group_max = f[5]  # [L, num_groups] x max of each group
+        # [L] candidates gathered (-1: the plan sampled the row), [L, CAP] their token ids
+        self.count, self.cand_token = i[0], i[1]
         self.part_token, self.part_bad = i[2], i[3]  # [L, C] per chunk
         self.chosen = i[4]  # [L, CAP] ids of the groups the plan gathers
 
