@@ -1,9 +1,12 @@
-"""The last kernel of the fused sampling path (see `samplers.fused_sampling`): one program per logits row.
+"""How the fused sampling path (see `samplers.fused_sampling`) ends each logits row.
 
-Direct rows merge the per-chunk Gumbel (or greedy) argmaxes of pass 2. Gather rows resolve the candidates
-exactly: for candidate i, `greater_i` and `mass_i` are the count and the mass `sum(exp(y_j - max))` of the
-candidates strictly larger than it (pairwise, in tiles; masses in 40-bit fixed point so the sum does not
-depend on the buffer's order), then
+`_fused_resolve_kernel` (one program per row): direct rows merge the per-chunk Gumbel (or greedy) argmaxes
+of the sample kernel; gather rows the plan did not settle take the slow path below.
+
+`_resolve_candidates` (called by the plan kernel) resolves a gather row from its candidates exactly: for
+candidate i, `greater_i` and `mass_i` are the count and the mass `sum(exp(y_j - max))` of the candidates
+strictly larger than it (pairwise, in tiles; masses in 40-bit fixed point so the sum does not depend on the
+buffer's order), then
 
     top-k:  greater_i < k                   (i.e. y_i >= the k-th largest, ties kept)
     Z:      sum of exp(y_i - max) over top-k survivors, or the row's sum-exp without top-k

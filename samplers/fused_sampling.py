@@ -10,33 +10,40 @@ kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only 
   the row max first).
 - **Gather rows** (top-k and/or top-p), one read of the logits plus a read of the group maxima (1/16 of it):
   1. `_fused_stats_kernel` (rows x chunks) writes per chunk the max of x and, for top-p alone, the sum of
-     `exp(y - max y)`; and the max of x of every `GROUP` consecutive tokens.
-  2. `_fused_plan_kernel` (one program per row) picks a cutoff `c` on x such that `want <= G(c) <= limit`,
-     with `G(c)` the number of groups whose max is `>= c` (a bisection over the group maxima that stops
-     as soon as the count is in range). `want` tokens are then `>= c`, so every token of the top-k set is;
-     at most `GROUP * limit <= CAP` tokens are `>= c`. `want` is k (top-k), or `CAP / GROUP / 2` groups for
-     top-p alone. `c` is lowered by a few ulps, as `x / T` may round a slightly smaller x to the same y.
-  3. `_fused_sample_kernel` reads the group maxima and, for the groups whose max is `>= c` (at most
-     `limit`), loads their tokens and appends every finite one with `x >= c` (x, id) to a per-row buffer of
-     `CAP` entries (one atomic per tile reserves the slots). The other groups' tokens are never loaded.
-  4. `_fused_resolve_kernel`: the candidates are a top set of the row in y (division by T > 0 is monotone),
-     so the count and the mass of strictly larger tokens, computed among them, are the row's. It applies
-     the exact rules: top-k `#greater < k`, Z = mass of the top-k survivors (or the row's sum-exp for top-p
-     alone), top-p `mass_greater < p * Z`, min-p `exp(y - max) >= min_p`, then the Gumbel argmax.
+     `exp(y - max y)`; and the max of x of every `GROUP` consecutive tokens. Given `penalties`, it first
+     penalises the row's seen tokens in place (the penalty kernel's code), so every later pass reads them.
+  2. `_fused_plan_kernel` (one program per row):
+     a. picks a cutoff `c` on x such that `want <= G(c) <= limit`, with `G(c)` the number of groups whose max
+        is `>= c`: a radix select over the bytes of the order-preserving int keys of the group maxima
+        (`_radix_cutoff`: a histogram per byte, stopping as soon as the count is in range). `want` tokens
+        are then `>= c`, so every token of the top-k set is; at most `GROUP * limit <= CAP` tokens are
+        `>= c`. `want` is k (top-k), or `CAP / GROUP / 2` groups for top-p alone. `c` is lowered by a few
+        ulps, as `x / T` may round a slightly smaller x to the same y.
+     b. compacts the ids of the groups whose max is `>= c` (a prefix sum; per-row scratch of CAP ids).
+     c. loads those groups' tokens, `CAP / GROUP` groups per tile, and compacts every finite one with
+        `x >= c` (x, id) into a per-row buffer of `CAP` entries. The other groups' tokens are never loaded.
+     d. resolves the row (`samplers.fused_resolve._resolve_candidates`): the candidates are a top set of the
+        row in y (division by T > 0 is monotone), so the count and the mass of strictly larger tokens,
+        computed among them, are the row's. It applies the exact rules: top-k `#greater < k`, Z = mass of
+        the top-k survivors (or the row's sum-exp for top-p alone), top-p `mass_greater < p * Z`, min-p
+        `exp(y - max) >= min_p`, then the Gumbel argmax; stores the token and marks the row settled.
+  3. `_fused_sample_kernel` skips gather rows; `_fused_resolve_kernel` runs the slow path (below) for the
+     gather rows the plan did not settle.
 
 Exactness: the same kept set and the same noise per (seed, position, token) as the reference, so the same
 token; ties at a threshold follow the reference's rule (top-k keeps every token tied with the k-th, top-p
 keeps or drops a tie group whole, the lowest token id wins a tie of noisy scores). Masses are float sums in
 a different order than the reference's, so a row whose top-p mass lies within float rounding (~1e-6) of
 `p * Z` may keep one tie group more or less, as the unfused Triton kernel may. Masses are summed in 40-bit
-fixed point in the resolve kernel, so the buffer's (atomic, run-dependent) order never changes a result.
+fixed point, so the order of the candidates never changes a result.
 
 Slow path: a row whose candidates overflow the buffer (k > CAP / GROUP with an unlucky spread, huge ties), or
 a top-p-alone row whose candidates all pass top-p while tokens below the cutoff are within `WIN` of the row
-max (flat rows, p close to 1: the kept set may extend below the candidates), is sampled inside the resolve
-kernel by the old algorithm (threshold bisection over the whole row, 33 passes per threshold, then a Gumbel
-pass): the same token, slower. A token more than `WIN` = 21 below the row max can never win (the noise spans
-[-2.86, 17.34] and the row's most likely token is always kept), so such tokens need not be candidates.
+max (flat rows, p close to 1: the kept set may extend below the candidates), is left unsettled by the plan
+and sampled by the resolve kernel with the old algorithm (threshold bisection over the whole row, 33 passes
+per threshold, then a Gumbel pass): the same token, slower. A token more than `WIN` = 21 below the row max
+can never win (the noise spans [-2.86, 17.34] and the row's most likely token is always kept), so such
+tokens need not be candidates.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from samplers.triton_utils import use_triton, vocab_block
 GROUP = 16  # tokens per group maximum written by pass 1
 CAP = 1024  # candidate buffer entries per logits row
 TARGET_PROGRAMS = 2048  # pass 1 and 2 split rows into chunks until about this many programs run
+PLAN_WARPS = 16  # the plan holds a row's group maxima (16,384 padded at V = 151,936) in registers
 
 
 class SlotSamplingParams(NamedTuple):
@@ -406,7 +414,7 @@ def sample_fused_triton(
             ws.part_max, ws.part_sum, ws.part_bad, flags, ws.group_max, ws.row_max, ws.count, ws.chosen,
             ws.cand_value, ws.cand_token, sampled, errors, num_groups, num_chunks, vocab_size, SANITIZE=sanitize,
             HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CAP=CAP,
-            GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), num_warps=16,
+            GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), num_warps=PLAN_WARPS,
         )
     _fused_sample_kernel[grid](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
