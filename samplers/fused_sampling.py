@@ -65,6 +65,7 @@ GROUP = 16  # tokens per group maximum written by pass 1
 CAP = 1024  # candidate buffer entries per logits row
 TARGET_PROGRAMS = 2048  # pass 1 and 2 split rows into chunks until about this many programs run
 PLAN_WARPS = 16  # the plan holds a row's group maxima (16,384 padded at V = 151,936) in registers
+RADIX_CUTOFF = True  # the plan's cutoff by radix select (False: by bisection; same contract, more rounds)
 
 
 class SlotSamplingParams(NamedTuple):
@@ -223,6 +224,23 @@ def _radix_cutoff(keys, valid, num_groups, want, limit, GROUPS: tl.constexpr):
     return prefix ^ -2147483648, count
 
 
+@triton.jit
+def _bisect_cutoff(keys, valid, num_groups, want, limit):
+    """The same contract as `_radix_cutoff`, by bisection over the key range (about 30 reductions; the
+    fallback `RADIX_CUTOFF = False` selects). Invariant: groups(>= lo) >= want > groups(>= hi)."""
+    lo = tl.min(tl.where(valid, keys, 2147483647), axis=0).to(tl.int64)
+    hi = tl.max(tl.where(valid, keys, -2147483648), axis=0).to(tl.int64) + 1
+    count_lo = tl.zeros([], dtype=tl.int32) + num_groups
+    while (hi - lo > 1) & (count_lo > limit):
+        mid = lo + (hi - lo) // 2  # < hi <= 2**31: fits int32, so the keys stay int32 (registers)
+        count = tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=0)
+        take = count >= want
+        lo = tl.where(take, mid, lo)
+        count_lo = tl.where(take, count, count_lo)
+        hi = tl.where(take, hi, mid)
+    return lo.to(tl.int32), count_lo
+
+
 @triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_plan_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
@@ -230,7 +248,7 @@ def _fused_plan_kernel(
     chosen_ptr, cand_value_ptr, cand_token_ptr, sampled_ptr, errors_ptr, num_groups, num_chunks, vocab_size,
     SANITIZE: tl.constexpr, HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr,
     CAP: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr, TILE_I: tl.constexpr = 64,
-    TILE_J: tl.constexpr = 64,
+    TILE_J: tl.constexpr = 64, RADIX: tl.constexpr = True,
 ):
     MAX_GROUPS: tl.constexpr = CAP // GROUP  # groups whose tokens surely fit the buffer; groups per gather tile
     logits_row = tl.program_id(0).to(tl.int64)
@@ -257,7 +275,10 @@ def _fused_plan_kernel(
         group_max = tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid, other=-float("inf"))
         if want <= num_groups:
             keys = _ordered_key(group_max)
-            key, unused_count = _radix_cutoff(keys, valid, num_groups, want, limit, GROUPS)
+            if RADIX:
+                key, unused_count = _radix_cutoff(keys, valid, num_groups, want, limit, GROUPS)
+            else:
+                key, unused_count = _bisect_cutoff(keys, valid, num_groups, want, limit)
             # The byte-aligned key may lie below every key (even below -inf's: a NaN pattern): raise it to the
             # smallest key, which has the same count.
             key = tl.maximum(key, tl.min(tl.where(valid, keys, 2147483647), axis=0))
@@ -414,7 +435,7 @@ def sample_fused_triton(
             ws.part_max, ws.part_sum, ws.part_bad, flags, ws.group_max, ws.row_max, ws.count, ws.chosen,
             ws.cand_value, ws.cand_token, sampled, errors, num_groups, num_chunks, vocab_size, SANITIZE=sanitize,
             HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CAP=CAP,
-            GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), num_warps=PLAN_WARPS,
+            GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), RADIX=RADIX_CUTOFF, num_warps=PLAN_WARPS,
         )
     _fused_sample_kernel[grid](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,

@@ -17,7 +17,8 @@ import triton.language as tl
 import samplers.fused_sampling
 import samplers.triton_utils
 from framework import SamplingParams
-from samplers.fused_sampling import SlotSamplingParams, _radix_cutoff, sample_fused_reference, sample_fused_triton
+from samplers.fused_sampling import (SlotSamplingParams, _bisect_cutoff, _radix_cutoff, sample_fused_reference,
+                                     sample_fused_triton)
 from samplers.penalties import DraftContext, PenaltyTables, apply_penalties_reference, seen_bits_reference
 from samplers.sanitize import sanitize_logits_reference
 from sampler_cases import Slot, make_sampler
@@ -99,9 +100,12 @@ def test_fused_with_an_earlier_sanitize_and_without_a_plan():
         assert got.errors.tolist() == torch.where(nonfinite, 1, expected.errors).tolist()
 
 
-def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch):
-    """A buffer of 16: k = 5 may need 80 candidates; top-p alone gathers one group and must look further."""
+@pytest.mark.parametrize("radix", [True, False])
+def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch, radix):
+    """A buffer of 16: k = 5 may need 80 candidates; top-p alone gathers one group and must look further.
+    (With either cutoff search.)"""
     monkeypatch.setattr(samplers.fused_sampling, "CAP", 16)
+    monkeypatch.setattr(samplers.fused_sampling, "RADIX_CUTOFF", radix)
     vocab, rows = 150, 6
     params = _params(vocab)
     logits = _logits(rows, vocab, seed=4, ties=True) / 4  # flat rows: top-p sets reach far below the max
@@ -150,11 +154,14 @@ def test_distribution_configs_match_the_reference_row_for_row():
 
 
 @triton.jit
-def _radix_probe_kernel(keys_ptr, out_ptr, num, want, limit, GROUPS: tl.constexpr):
+def _cutoff_probe_kernel(keys_ptr, out_ptr, num, want, limit, GROUPS: tl.constexpr, RADIX: tl.constexpr):
     groups = tl.arange(0, GROUPS)
     valid = groups < num
     keys = tl.load(keys_ptr + groups, mask=valid, other=0)
-    key, count = _radix_cutoff(keys, valid, num, want, limit, GROUPS)
+    if RADIX:
+        key, count = _radix_cutoff(keys, valid, num, want, limit, GROUPS)
+    else:
+        key, count = _bisect_cutoff(keys, valid, num, want, limit)
     tl.store(out_ptr, key)
     tl.store(out_ptr + 1, count)
 
@@ -165,10 +172,11 @@ def _keys(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x == 0, 0, torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)).int()
 
 
+@pytest.mark.parametrize("radix", [True, False])
 @pytest.mark.parametrize("kind", ["spread", "narrow", "ties", "negative", "infinite"])
-def test_radix_cutoff_counts(kind):
+def test_cutoff_counts(kind, radix):
     """The plan's cutoff: `want <= count(keys >= c)`, and `<= limit` unless ties at the largest such c forbid it;
-    narrow rows (values a few ulps apart) need all 4 byte rounds."""
+    narrow rows (values a few ulps apart) need all 4 byte rounds of the radix select."""
     g = torch.Generator().manual_seed(len(kind))
     num = 300
     x = torch.randn(num, generator=g) * 3
@@ -183,7 +191,7 @@ def test_radix_cutoff_counts(kind):
     keys = _keys(x)
     for want, limit in ((1, 1), (1, 4), (5, 8), (50, 64), (64, 64), (200, 250), (300, 300)):
         out = torch.zeros(2, dtype=torch.int32)
-        _radix_probe_kernel[(1,)](keys, out, num, want, limit, GROUPS=512)
+        _cutoff_probe_kernel[(1,)](keys, out, num, want, limit, GROUPS=512, RADIX=radix)
         key, count = out.tolist()
         assert count == int((keys >= key).sum()) >= want
         if count > limit:  # only ties at the largest qualifying key may leave too many
