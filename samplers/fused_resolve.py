@@ -1,9 +1,12 @@
-"""The last kernel of the fused sampling path (see `samplers.fused_sampling`): one program per logits row.
+"""How the fused sampling path (see `samplers.fused_sampling`) ends each logits row.
 
-Direct rows merge the per-chunk Gumbel (or greedy) argmaxes of pass 2. Gather rows resolve the candidates
-exactly: for candidate i, `greater_i` and `mass_i` are the count and the mass `sum(exp(y_j - max))` of the
-candidates strictly larger than it (pairwise, in tiles; masses in 40-bit fixed point so the sum does not
-depend on the buffer's order), then
+`_fused_resolve_kernel` (one program per row): direct rows merge the per-chunk Gumbel (or greedy) argmaxes
+of the sample kernel; gather rows the plan did not settle take the slow path below.
+
+`_resolve_candidates` (called by the plan kernel) resolves a gather row from its candidates exactly: for
+candidate i, `greater_i` and `mass_i` are the count and the mass `sum(exp(y_j - max))` of the candidates
+strictly larger than it (pairwise, in tiles; masses in 40-bit fixed point so the sum does not depend on the
+buffer's order), then
 
     top-k:  greater_i < k                   (i.e. y_i >= the k-th largest, ties kept)
     Z:      sum of exp(y_i - max) over top-k survivors, or the row's sum-exp without top-k
@@ -127,14 +130,77 @@ def _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
     return best_token, best_value
 
 
+@triton.jit
+def _resolve_candidates(cand_x, cand_t, n, temp, row_max, row_sum, cutoff, k_on, k, p_on, p, min_p, key,
+                        TILE_I: tl.constexpr, TILE_J: tl.constexpr):
+    """(token, its score, exact) of a gather row from its n <= CAP candidates (x at cand_x, ids at cand_t);
+    `exact` is 0 when top-p alone kept every candidate and tokens below them might still win."""
+    best_value = tl.full([], -float("inf"), tl.float32)
+    best_token = tl.zeros([], dtype=tl.int32)
+    # Z: the row's sum-exp for top-p alone, else the mass of the top-k survivors (all candidates).
+    z = row_sum
+    if k_on & p_on:
+        z_fixed = tl.zeros([], dtype=tl.int64)
+        for i0 in range(0, n, TILE_I):
+            greater, unused_mass, v_i, w_i = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
+            z_fixed += tl.sum(tl.where(greater < k, w_i, 0), axis=0)
+        z = z_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
+    num_dropped = tl.zeros([], dtype=tl.int32)
+    for i0 in range(0, n, TILE_I):
+        greater, mass, v_i, unused_w = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
+        rows = i0 + tl.arange(0, TILE_I)
+        t_i = tl.load(cand_t + rows, mask=rows < n, other=0)
+        keep = rows < n
+        if k_on:
+            keep = keep & (greater < k)
+        if p_on:
+            in_p = mass.to(tl.float32) * (1.0 / FIXED_ONE) < p * z
+            num_dropped += tl.sum((keep & ~in_p).to(tl.int32), axis=0)
+            keep = keep & in_p
+        if min_p > 0.0:
+            keep = keep & (tl.exp(v_i - row_max) >= min_p)
+        score = tl.where(keep, v_i + _noise(key, t_i), -float("inf"))
+        tile_best = tl.max(score, axis=0)
+        tile_token = tl.min(tl.where(keep & (score == tile_best), t_i, 2147483647), axis=0)
+        take = (tile_best > best_value) | ((tile_best == best_value) & (tile_token < best_token))
+        best_token = tl.where(take & (tile_best > -float("inf")), tile_token, best_token)
+        best_value = tl.where(take, tile_best, best_value)
+    exact = tl.full([], 1, tl.int1)
+    if (k_on == 0) & (num_dropped == 0):
+        # Top-p alone kept every candidate: are the tokens below the cutoff out of reach?
+        lowest = tl.math.div_rn(cutoff, temp)  # >= y of every other token
+        exact = (lowest == -float("inf")) | (lowest <= row_max - WIN)
+    return best_token, best_value, exact
+
+
+@triton.jit
+def _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS: tl.constexpr,
+                   CHUNKS: tl.constexpr):
+    """Whether the row had NaN/+inf: the caller's flag, or the per-chunk counts of the first pass."""
+    if HAS_FLAGS:
+        nonfinite = tl.load(nonfinite_ptr + logits_row).to(tl.int32) != 0
+    else:
+        chunks = tl.arange(0, CHUNKS)
+        bad = tl.load(part_bad_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks, other=0)
+        nonfinite = tl.sum(bad, axis=0) > 0
+    return nonfinite
+
+
+@triton.jit
+def _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite,
+                  NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr):
+    no_token = best_value == -float("inf")
+    best_token = tl.where(no_token, 0, best_token)
+    tl.store(sampled_ptr + logits_row, best_token.to(tl.int64))
+    tl.store(errors_ptr + logits_row, tl.where(nonfinite, NONFINITE_CODE, tl.where(no_token, NO_TOKEN_CODE, 0)))
+
+
 @triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_resolve_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
-    row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr,
-    part_best_ptr, part_token_ptr, part_bad_ptr, nonfinite_ptr, sampled_ptr, errors_ptr, num_chunks, vocab_size,
-    SANITIZE: tl.constexpr, HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr,
-    CAP: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr, TILE_I: tl.constexpr = 16,
-    TILE_J: tl.constexpr = 64,
+    count_ptr, part_best_ptr, part_token_ptr, part_bad_ptr, nonfinite_ptr, sampled_ptr, errors_ptr, num_chunks,
+    vocab_size, SANITIZE: tl.constexpr, HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr,
+    NO_TOKEN_CODE: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
@@ -146,64 +212,24 @@ def _fused_resolve_kernel(
     min_p = tl.where(random, tl.load(min_p_ptr + req_slot), 0.0)
     k_on = random & (k > 0) & (k < vocab_size)
     p_on = random & (p < 1.0)
-    key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
-    chunks = tl.arange(0, CHUNKS)
-    in_row = chunks < num_chunks
-    if HAS_FLAGS:
-        nonfinite = tl.load(nonfinite_ptr + logits_row).to(tl.int32) != 0
-    else:
-        nonfinite = tl.sum(tl.load(part_bad_ptr + logits_row * num_chunks + chunks, mask=in_row, other=0), 0) > 0
     best_value = tl.full([], -float("inf"), tl.float32)
     best_token = tl.zeros([], dtype=tl.int32)
+    settled = tl.zeros([], dtype=tl.int1)
     if k_on | p_on:
-        row_max = tl.load(row_max_ptr + logits_row)
-        n = tl.load(count_ptr + logits_row)
-        exact = n <= CAP
-        if exact:
-            cand_x = cand_value_ptr + logits_row * CAP
-            cand_t = cand_token_ptr + logits_row * CAP
-            # Z: the row's sum-exp for top-p alone, else the mass of the top-k survivors (all candidates).
-            z = tl.load(row_sum_ptr + logits_row)
-            if k_on & p_on:
-                z_fixed = tl.zeros([], dtype=tl.int64)
-                for i0 in range(0, n, TILE_I):
-                    greater, unused_mass, v_i, w_i = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
-                    z_fixed += tl.sum(tl.where(greater < k, w_i, 0), axis=0)
-                z = z_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
-            num_dropped = tl.zeros([], dtype=tl.int32)
-            for i0 in range(0, n, TILE_I):
-                greater, mass, v_i, unused_w = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
-                rows = i0 + tl.arange(0, TILE_I)
-                t_i = tl.load(cand_t + rows, mask=rows < n, other=0)
-                keep = rows < n
-                if k_on:
-                    keep = keep & (greater < k)
-                if p_on:
-                    in_p = mass.to(tl.float32) * (1.0 / FIXED_ONE) < p * z
-                    num_dropped += tl.sum((keep & ~in_p).to(tl.int32), axis=0)
-                    keep = keep & in_p
-                if min_p > 0.0:
-                    keep = keep & (tl.exp(v_i - row_max) >= min_p)
-                score = tl.where(keep, v_i + _noise(key, t_i), -float("inf"))
-                tile_best = tl.max(score, axis=0)
-                tile_token = tl.min(tl.where(keep & (score == tile_best), t_i, 2147483647), axis=0)
-                take = (tile_best > best_value) | ((tile_best == best_value) & (tile_token < best_token))
-                best_token = tl.where(take & (tile_best > -float("inf")), tile_token, best_token)
-                best_value = tl.where(take, tile_best, best_value)
-            if (k_on == 0) & (num_dropped == 0):
-                # Top-p alone kept every candidate: are the tokens below the cutoff out of reach?
-                lowest = tl.math.div_rn(tl.load(cutoff_ptr + logits_row), temp)  # >= y of every other token
-                exact = (lowest == -float("inf")) | (lowest <= row_max - WIN)
-        if exact == 0:
+        settled = tl.load(count_ptr + logits_row) < 0
+        if settled == 0:  # (settled: the plan sampled the row from its candidates and stored the result)
+            key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
             row_ptr = logits_ptr + logits_row * logits_stride
             best_token, best_value = _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
                                                        SANITIZE, BLOCK)
     else:
+        chunks = tl.arange(0, CHUNKS)
+        in_row = chunks < num_chunks
         part_best = tl.load(part_best_ptr + logits_row * num_chunks + chunks, mask=in_row, other=-float("inf"))
         part_token = tl.load(part_token_ptr + logits_row * num_chunks + chunks, mask=in_row, other=2147483647)
         best_value = tl.max(part_best, axis=0)
         best_token = tl.min(tl.where(part_best == best_value, part_token, 2147483647), axis=0)
-    no_token = best_value == -float("inf")
-    best_token = tl.where(no_token, 0, best_token)
-    tl.store(sampled_ptr + logits_row, best_token.to(tl.int64))
-    tl.store(errors_ptr + logits_row, tl.where(nonfinite, NONFINITE_CODE, tl.where(no_token, NO_TOKEN_CODE, 0)))
+    if settled == 0:
+        nonfinite = _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS, CHUNKS)
+        _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite, NONFINITE_CODE,
+                      NO_TOKEN_CODE)

@@ -10,33 +10,40 @@ kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only 
   the row max first).
 - **Gather rows** (top-k and/or top-p), one read of the logits plus a read of the group maxima (1/16 of it):
   1. `_fused_stats_kernel` (rows x chunks) writes per chunk the max of x and, for top-p alone, the sum of
-     `exp(y - max y)`; and the max of x of every `GROUP` consecutive tokens.
-  2. `_fused_plan_kernel` (one program per row) picks a cutoff `c` on x such that `want <= G(c) <= limit`,
-     with `G(c)` the number of groups whose max is `>= c` (a bisection over the group maxima that stops
-     as soon as the count is in range). `want` tokens are then `>= c`, so every token of the top-k set is;
-     at most `GROUP * limit <= CAP` tokens are `>= c`. `want` is k (top-k), or `CAP / GROUP / 2` groups for
-     top-p alone. `c` is lowered by a few ulps, as `x / T` may round a slightly smaller x to the same y.
-  3. `_fused_sample_kernel` reads the group maxima and, for the groups whose max is `>= c` (at most
-     `limit`), loads their tokens and appends every finite one with `x >= c` (x, id) to a per-row buffer of
-     `CAP` entries (one atomic per tile reserves the slots). The other groups' tokens are never loaded.
-  4. `_fused_resolve_kernel`: the candidates are a top set of the row in y (division by T > 0 is monotone),
-     so the count and the mass of strictly larger tokens, computed among them, are the row's. It applies
-     the exact rules: top-k `#greater < k`, Z = mass of the top-k survivors (or the row's sum-exp for top-p
-     alone), top-p `mass_greater < p * Z`, min-p `exp(y - max) >= min_p`, then the Gumbel argmax.
+     `exp(y - max y)`; and the max of x of every `GROUP` consecutive tokens. Given `penalties`, it first
+     penalises the row's seen tokens in place (the penalty kernel's code), so every later pass reads them.
+  2. `_fused_plan_kernel` (one program per row):
+     a. picks a cutoff `c` on x such that `want <= G(c) <= limit`, with `G(c)` the number of groups whose max
+        is `>= c`: a radix select over the bytes of the order-preserving int keys of the group maxima
+        (`_radix_cutoff`: a histogram per byte, stopping as soon as the count is in range). `want` tokens
+        are then `>= c`, so every token of the top-k set is; at most `GROUP * limit <= CAP` tokens are
+        `>= c`. `want` is k (top-k), or `CAP / GROUP / 2` groups for top-p alone. `c` is lowered by a few
+        ulps, as `x / T` may round a slightly smaller x to the same y.
+     b. compacts the ids of the groups whose max is `>= c` (a prefix sum; per-row scratch of CAP ids).
+     c. loads those groups' tokens, `CAP / GROUP` groups per tile, and compacts every finite one with
+        `x >= c` (x, id) into a per-row buffer of `CAP` entries. The other groups' tokens are never loaded.
+     d. resolves the row (`samplers.fused_resolve._resolve_candidates`): the candidates are a top set of the
+        row in y (division by T > 0 is monotone), so the count and the mass of strictly larger tokens,
+        computed among them, are the row's. It applies the exact rules: top-k `#greater < k`, Z = mass of
+        the top-k survivors (or the row's sum-exp for top-p alone), top-p `mass_greater < p * Z`, min-p
+        `exp(y - max) >= min_p`, then the Gumbel argmax; stores the token and marks the row settled.
+  3. `_fused_sample_kernel` skips gather rows; `_fused_resolve_kernel` runs the slow path (below) for the
+     gather rows the plan did not settle.
 
 Exactness: the same kept set and the same noise per (seed, position, token) as the reference, so the same
 token; ties at a threshold follow the reference's rule (top-k keeps every token tied with the k-th, top-p
 keeps or drops a tie group whole, the lowest token id wins a tie of noisy scores). Masses are float sums in
 a different order than the reference's, so a row whose top-p mass lies within float rounding (~1e-6) of
 `p * Z` may keep one tie group more or less, as the unfused Triton kernel may. Masses are summed in 40-bit
-fixed point in the resolve kernel, so the buffer's (atomic, run-dependent) order never changes a result.
+fixed point, so the order of the candidates never changes a result.
 
 Slow path: a row whose candidates overflow the buffer (k > CAP / GROUP with an unlucky spread, huge ties), or
 a top-p-alone row whose candidates all pass top-p while tokens below the cutoff are within `WIN` of the row
-max (flat rows, p close to 1: the kept set may extend below the candidates), is sampled inside the resolve
-kernel by the old algorithm (threshold bisection over the whole row, 33 passes per threshold, then a Gumbel
-pass): the same token, slower. A token more than `WIN` = 21 below the row max can never win (the noise spans
-[-2.86, 17.34] and the row's most likely token is always kept), so such tokens need not be candidates.
+max (flat rows, p close to 1: the kept set may extend below the candidates), is left unsettled by the plan
+and sampled by the resolve kernel with the old algorithm (threshold bisection over the whole row, 33 passes
+per threshold, then a Gumbel pass): the same token, slower. A token more than `WIN` = 21 below the row max
+can never win (the noise spans [-2.86, 17.34] and the row's most likely token is always kept), so such
+tokens need not be candidates.
 """
 
 from __future__ import annotations
@@ -47,8 +54,9 @@ import torch
 import triton
 import triton.language as tl
 
-from samplers.fused_resolve import _fused_resolve_kernel
+from samplers.fused_resolve import _fused_resolve_kernel, _resolve_candidates, _row_nonfinite, _store_result
 from samplers.gumbel import _row_key, _token_bits, gumbel_sample_reference
+from samplers.penalties import PenaltyTables, _drafts_before, _penalise, _penalty_lanes, _slot_penalties
 from samplers.sanitize import sanitize_logits_reference
 from samplers.top_k_top_p import _ordered_key, apply_min_p_reference, apply_top_k_top_p_reference
 from samplers.triton_utils import use_triton, vocab_block
@@ -56,6 +64,8 @@ from samplers.triton_utils import use_triton, vocab_block
 GROUP = 16  # tokens per group maximum written by pass 1
 CAP = 1024  # candidate buffer entries per logits row
 TARGET_PROGRAMS = 2048  # pass 1 and 2 split rows into chunks until about this many programs run
+PLAN_WARPS = 16  # the plan holds a row's group maxima (16,384 padded at V = 151,936) in registers
+RADIX_CUTOFF = True  # the plan's cutoff by radix select (False: by bisection; same contract, more rounds)
 
 
 class SlotSamplingParams(NamedTuple):
@@ -113,9 +123,8 @@ def _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size
 
 
 @triton.jit
-def _load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
-    """(x, -inf outside the row; the number of NaN/+inf in the block, which SANITIZE turns into -inf)."""
-    x = tl.load(row_ptr + offs, mask=mask, other=-float("inf"))
+def _sanitized(x, SANITIZE: tl.constexpr):
+    """(x, the number of NaN/+inf in the block, which SANITIZE turns into -inf)."""
     num_bad = tl.zeros([], dtype=tl.int32)
     if SANITIZE:
         bad = ~(x < float("inf"))  # NaN compares false
@@ -124,17 +133,33 @@ def _load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
     return x, num_bad
 
 
+@triton.jit
+def _load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
+    """(x, -inf outside the row; the number of NaN/+inf in the block, which SANITIZE turns into -inf)."""
+    return _sanitized(tl.load(row_ptr + offs, mask=mask, other=-float("inf")), SANITIZE)
+
+
 @triton.jit(do_not_specialize=["num_chunks", "chunk_size"])  # per-step sizes: no recompiles mid-run
 def _fused_stats_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr,
     part_max_ptr, part_sum_ptr, part_bad_ptr, group_max_ptr, num_groups, num_chunks, chunk_size, vocab_size,
-    SANITIZE: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+    rep_ptr, freq_ptr, pres_ptr, counts_ptr, prompt_ptr, bits_ptr, num_words, positions_ptr, total_len_ptr,
+    drafts_ptr, drafts_stride, max_drafts,
+    SANITIZE: tl.constexpr, PENALTIES: tl.constexpr, HAS_DRAFTS: tl.constexpr, BLOCK: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     # Maxima are taken over x, not y = x / T: division by T > 0 is monotone, so max(y) = max(x) / T, and the
     # division is left to the few values that need it.
     logits_row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    _, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size)
+    req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
+                                                      vocab_size)
+    penalise = False
+    if PENALTIES:  # step 6 on the way: seen tokens are penalised in place, and the stats are of the result
+        rep, freq, pres, penalise = _slot_penalties(rep_ptr, freq_ptr, pres_ptr, req_slot)
+        before = 0
+        if HAS_DRAFTS:
+            before = _drafts_before(logits_row, req_slot, positions_ptr, total_len_ptr, max_drafts)
     need_sum = p_on & (k_on == 0)  # Z of top-p alone is the whole row's sum-exp
     row_ptr = logits_ptr + logits_row * logits_stride
     run_max = tl.full([], -float("inf"), tl.float32)  # of x
@@ -143,7 +168,15 @@ def _fused_stats_kernel(
     start0 = chunk * chunk_size
     for start in range(start0, tl.minimum(start0 + chunk_size, vocab_size), BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x, block_bad = _load_x(row_ptr, offs, offs < vocab_size, SANITIZE)
+        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=-float("inf"))
+        if PENALTIES:
+            if penalise:  # (NaN and +inf stay as they are and are flagged just below, as after a separate pass)
+                lanes, counts, in_prompt = _penalty_lanes(offs, offs < vocab_size, req_slot, before, counts_ptr,
+                                                          prompt_ptr, bits_ptr, num_words, drafts_ptr,
+                                                          drafts_stride, vocab_size, True, HAS_DRAFTS)
+                x = tl.where(lanes, _penalise(x, counts, in_prompt, rep, freq, pres), x)
+                tl.store(row_ptr + offs, x, mask=lanes)  # the later passes read the penalised logits
+        x, block_bad = _sanitized(x, SANITIZE)
         num_bad += block_bad
         new_max = tl.maximum(run_max, tl.max(x, axis=0))
         if need_sum & (new_max > -float("inf")):  # online sum-exp, relative to the running max
@@ -161,12 +194,63 @@ def _fused_stats_kernel(
         tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)
 
 
+@triton.jit
+def _radix_cutoff(keys, valid, num_groups, want, limit, GROUPS: tl.constexpr):
+    """(key c, groups(>= c)) with groups(>= c) >= want, and <= limit unless ties among the keys prevent it.
+
+    A radix select over the 4 bytes of the unsigned image of the keys, most significant first: each round
+    histograms the next byte of the keys whose higher bytes equal c's, and takes the largest byte value that
+    keeps `want` keys at or above c. It stops as soon as the count is at most `limit` (often after 2 rounds).
+    """
+    bins = tl.arange(0, 256)
+    ukeys = keys ^ -2147483648  # flips the sign bit: the signed order becomes the unsigned order of the bits
+    prefix = tl.zeros([], dtype=tl.int32)  # the bytes of c chosen so far (the rest 0)
+    fixed = tl.zeros([], dtype=tl.int32)  # mask of those bytes
+    above = tl.zeros([], dtype=tl.int32)  # keys whose fixed bytes exceed prefix's
+    count = tl.zeros([], dtype=tl.int32) + num_groups  # keys >= prefix
+    for r in tl.static_range(4):
+        if count > limit:
+            shift: tl.constexpr = 24 - 8 * r
+            match = valid & ((ukeys & fixed) == prefix)
+            digit = tl.where(match, (ukeys >> shift) & 255, 0)
+            num_other = GROUPS - tl.sum(match.to(tl.int32), axis=0)  # counted in bin 0 by the histogram
+            hist = tl.histogram(digit, 256) - tl.where(bins == 0, num_other, 0)
+            at_or_above = above + tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # keys >= byte b
+            byte = tl.max(tl.where(at_or_above >= want, bins, 0), axis=0)  # bin 0 always qualifies
+            count = tl.sum(tl.where(bins == byte, at_or_above, 0), axis=0)
+            above = count - tl.sum(tl.where(bins == byte, hist, 0), axis=0)
+            prefix = prefix | (byte << shift)
+            fixed = fixed | (tl.full([], -1, tl.int32) << shift)
+    return prefix ^ -2147483648, count
+
+
+@triton.jit
+def _bisect_cutoff(keys, valid, num_groups, want, limit):
+    """The same contract as `_radix_cutoff`, by bisection over the key range (about 30 reductions; the
+    fallback `RADIX_CUTOFF = False` selects). Invariant: groups(>= lo) >= want > groups(>= hi)."""
+    lo = tl.min(tl.where(valid, keys, 2147483647), axis=0).to(tl.int64)
+    hi = tl.max(tl.where(valid, keys, -2147483648), axis=0).to(tl.int64) + 1
+    count_lo = tl.zeros([], dtype=tl.int32) + num_groups
+    while (hi - lo > 1) & (count_lo > limit):
+        mid = lo + (hi - lo) // 2  # < hi <= 2**31: fits int32, so the keys stay int32 (registers)
+        count = tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=0)
+        take = count >= want
+        lo = tl.where(take, mid, lo)
+        count_lo = tl.where(take, count, count_lo)
+        hi = tl.where(take, hi, mid)
+    return lo.to(tl.int32), count_lo
+
+
 @triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_plan_kernel(
-    idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr, group_max_ptr,
-    row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, num_groups, num_chunks, vocab_size,
-    MAX_GROUPS: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
+    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
+    part_max_ptr, part_sum_ptr, part_bad_ptr, nonfinite_ptr, group_max_ptr, row_max_ptr, count_ptr,
+    chosen_ptr, cand_value_ptr, cand_token_ptr, sampled_ptr, errors_ptr, num_groups, num_chunks, vocab_size,
+    SANITIZE: tl.constexpr, HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr,
+    CAP: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr, TILE_I: tl.constexpr = 64,
+    TILE_J: tl.constexpr = 64, RADIX: tl.constexpr = True,
 ):
+    MAX_GROUPS: tl.constexpr = CAP // GROUP  # groups whose tokens surely fit the buffer; groups per gather tile
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
                                                       vocab_size)
@@ -177,47 +261,82 @@ def _fused_plan_kernel(
     row_max = tl.math.div_rn(tl.max(part_max, axis=0), temp)  # of y
     finite = part_max > -float("inf")
     part_scale = tl.exp(tl.math.div_rn(tl.where(finite, part_max, 0.0), temp) - tl.where(finite, row_max, 0.0))
-    tl.store(row_max_ptr + logits_row, row_max)
-    tl.store(row_sum_ptr + logits_row, tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0))
-    tl.store(count_ptr + logits_row, 0)
+    tl.store(row_max_ptr + logits_row, row_max)  # read by min-p in the sample kernel
     cutoff = tl.full([], -float("inf"), tl.float32)
     if gather:
-        # A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c)
+        # 1. A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c)
         # and at most GROUP * limit tokens are >= c. Top-k wants k; top-p alone wants as many as fit.
         top_k = tl.load(top_k_ptr + req_slot)
-        fits = tl.zeros([], dtype=tl.int32) + MAX_GROUPS  # groups whose tokens surely fit the buffer
+        fits = tl.zeros([], dtype=tl.int32) + MAX_GROUPS
         limit = tl.where(k_on, tl.maximum(top_k, tl.minimum(2 * top_k, fits)), fits)
         want = tl.where(k_on, top_k, tl.maximum(fits // 2, 1))
+        groups = tl.arange(0, GROUPS)
+        valid = groups < num_groups
+        group_max = tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid, other=-float("inf"))
         if want <= num_groups:
-            # Bisection over the order-preserving int image of float32 (invariant: groups(>= lo) >= want >
-            # groups(>= hi)), stopped as soon as groups(>= lo) <= limit.
-            groups = tl.arange(0, GROUPS)
-            valid = groups < num_groups
-            keys = _ordered_key(tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid,
-                                        other=-float("inf")))
-            lo = tl.min(tl.where(valid, keys, 2147483647), axis=0).to(tl.int64)
-            hi = tl.max(tl.where(valid, keys, -2147483648), axis=0).to(tl.int64) + 1
-            count_lo = tl.zeros([], dtype=tl.int32) + num_groups
-            while (hi - lo > 1) & (count_lo > limit):
-                mid = lo + (hi - lo) // 2  # < hi <= 2**31: fits int32, so the keys stay int32 (registers)
-                count = tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=0)
-                take = count >= want
-                lo = tl.where(take, mid, lo)
-                count_lo = tl.where(take, count, count_lo)
-                hi = tl.where(take, hi, mid)
-            cutoff = tl.where(lo < 0, lo ^ 0x7FFFFFFF, lo).to(tl.int32).to(tl.float32, bitcast=True)
+            keys = _ordered_key(group_max)
+            if RADIX:
+                key, unused_count = _radix_cutoff(keys, valid, num_groups, want, limit, GROUPS)
+            else:
+                key, unused_count = _bisect_cutoff(keys, valid, num_groups, want, limit)
+            # The byte-aligned key may lie below every key (even below -inf's: a NaN pattern): raise it to the
+            # smallest key, which has the same count.
+            key = tl.maximum(key, tl.min(tl.where(valid, keys, 2147483647), axis=0))
+            cutoff = tl.where(key < 0, key ^ 0x7FFFFFFF, key).to(tl.float32, bitcast=True)
             # x / T may round a slightly smaller x to the same y as c: lower c by more than that (4 ulp).
             cutoff = tl.where(cutoff > -float("inf"), cutoff - tl.abs(cutoff) * (1.0 / 1048576.0) - 1e-30,
                               cutoff)
-    tl.store(cutoff_ptr + logits_row, cutoff)
+        # 2. The ids of the groups whose max is >= c, compacted (scratch of CAP per row: a chosen group holds at
+        # least one candidate, so more than CAP of them overflow the buffer anyway).
+        chosen = valid & (group_max >= cutoff) & (group_max > -float("inf"))
+        num_chosen = tl.sum(chosen.to(tl.int32), axis=0)
+        pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+        tl.store(chosen_ptr + logits_row * CAP + pos, groups, mask=chosen & (pos < CAP))
+        tl.debug_barrier()  # the list is read back by other threads of this program
+        # 3. Their tokens, MAX_GROUPS groups per tile (one tile for k <= 64): append every finite x >= c (x, id)
+        # to the row's buffer; the count goes on past CAP, which sends the row to the exact path.
+        n = tl.zeros([], dtype=tl.int32)
+        if num_chosen > CAP:
+            n += CAP + 1
+        else:
+            row_ptr = logits_ptr + logits_row * logits_stride
+            for t0 in range(0, num_chosen, MAX_GROUPS):
+                tile = t0 + tl.arange(0, MAX_GROUPS)
+                in_tile = tile < num_chosen
+                group = tl.load(chosen_ptr + logits_row * CAP + tile, mask=in_tile, other=0)
+                offs = tl.reshape(group[:, None] * GROUP + tl.arange(0, GROUP)[None, :], [CAP])
+                mask = tl.reshape(tl.broadcast_to(in_tile[:, None], [MAX_GROUPS, GROUP]), [CAP]) \
+                    & (offs < vocab_size)
+                x, unused_bad = _load_x(row_ptr, offs, mask, SANITIZE)
+                take = mask & (x >= cutoff) & (x > -float("inf"))
+                slot = n + tl.cumsum(take.to(tl.int32), axis=0) - 1
+                store = take & (slot < CAP)
+                tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
+                tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
+                n += tl.sum(take.to(tl.int32), axis=0)
+        # 4. Sample the row from its candidates (see `_resolve_candidates`) and mark it settled (count -1);
+        # overflowing or uncovered rows are left to the resolve kernel's exact path.
+        if n <= CAP:
+            tl.debug_barrier()  # the candidates are read back by other threads of this program
+            row_sum = tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0)
+            key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
+            best_token, best_value, exact = _resolve_candidates(
+                cand_value_ptr + logits_row * CAP, cand_token_ptr + logits_row * CAP, n, temp, row_max, row_sum,
+                cutoff, k_on, top_k, p_on, tl.load(top_p_ptr + req_slot), tl.load(min_p_ptr + req_slot), key,
+                TILE_I, TILE_J)
+            if exact:
+                nonfinite = _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS, CHUNKS)
+                _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite,
+                              NONFINITE_CODE, NO_TOKEN_CODE)
+                n = tl.full([], -1, tl.int32)
+        tl.store(count_ptr + logits_row, n)
 
 
 @triton.jit(do_not_specialize=["num_chunks", "chunk_size"])  # per-step sizes: no recompiles mid-run
 def _fused_sample_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
-    row_max_ptr, cutoff_ptr, count_ptr, cand_value_ptr, cand_token_ptr, group_max_ptr,
-    part_best_ptr, part_token_ptr, part_bad_ptr, num_chunks, chunk_size, num_groups, vocab_size,
-    SANITIZE: tl.constexpr, HAS_PLAN: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+    row_max_ptr, part_best_ptr, part_token_ptr, part_bad_ptr, num_chunks, chunk_size, vocab_size,
+    SANITIZE: tl.constexpr, HAS_PLAN: tl.constexpr, BLOCK: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -225,29 +344,7 @@ def _fused_sample_kernel(
     row_ptr = logits_ptr + logits_row * logits_stride
     start0 = chunk * chunk_size
     end = tl.minimum(start0 + chunk_size, vocab_size)
-    if gather:  # only rows that HAS_PLAN gives a cutoff get here (the host launches the plan for them)
-        # Candidates lie in groups whose max is >= the cutoff: read the group maxima (1/GROUP of the logits)
-        # and load only those groups' tokens (masked-off lanes cost no memory traffic).
-        cutoff = tl.load(cutoff_ptr + logits_row)
-        group_end = tl.cdiv(end, GROUP)
-        for g0 in range(start0 // GROUP, group_end, BLOCK // GROUP):
-            groups = g0 + tl.arange(0, BLOCK // GROUP)
-            group_max = tl.load(group_max_ptr + logits_row * num_groups + groups, mask=groups < group_end,
-                                other=-float("inf"))
-            chosen = (group_max >= cutoff) & (group_max > -float("inf"))
-            if tl.max(chosen.to(tl.int32), axis=0) > 0:
-                offs = tl.reshape(groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :], [BLOCK])
-                mask = tl.reshape(tl.broadcast_to(chosen[:, None], [BLOCK // GROUP, GROUP]), [BLOCK]) \
-                    & (offs < vocab_size)
-                x, unused_bad = _load_x(row_ptr, offs, mask, SANITIZE)
-                take = mask & (x >= cutoff) & (x > -float("inf"))
-                num_take = tl.sum(take.to(tl.int32), axis=0)
-                # One atomic per tile reserves the slots; the buffer's order does not matter (see module doc).
-                slot = tl.atomic_add(count_ptr + logits_row, num_take) + tl.cumsum(take.to(tl.int32), axis=0) - 1
-                store = take & (slot >= 0) & (slot < CAP)  # (>= 0: harmless even if misused without a plan)
-                tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
-                tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
-    else:
+    if gather == 0:  # gather rows were sampled from their candidates, gathered by the plan
         greedy = tl.load(temp_ptr + req_slot) == 0.0
         min_p = tl.load(min_p_ptr + req_slot)
         use_min_p = (min_p > 0.0) & (greedy == 0)
@@ -293,6 +390,7 @@ def sample_fused_triton(
     sanitize: bool = True,
     nonfinite: Optional[torch.Tensor] = None,  # [L] bool from an earlier `sanitize_logits` (when not sanitize)
     need_plan: bool = True,
+    penalties: Optional[PenaltyTables] = None,
     nonfinite_code: int = 1,
     no_token_code: int = 2,
 ) -> FusedSample:
@@ -301,6 +399,9 @@ def sample_fused_triton(
     `sanitize`: treat NaN/+inf as -inf and flag the row (the caller did not run `sanitize_logits`).
     `need_plan=False` skips pass 1 and the plan; only valid when no row uses top-k, top-p or min-p (host mirrors
     tell, see `SamplingStages`).
+    `penalties` (with `need_plan`): apply the repetition/frequency/presence penalties first, in pass 1, which
+    writes the penalised logits in place (seen tokens only), as `samplers.penalties.apply_penalties` would:
+    the result is `sample_fused_reference` of `apply_penalties_reference(logits, ...)`.
     """
     num_rows, vocab_size = logits.shape
     device = logits.device
@@ -318,32 +419,34 @@ def sample_fused_triton(
     max_chunks = triton.next_power_of_2(num_blocks)
     num_groups = triton.cdiv(vocab_size, GROUP)
     ws = _Workspace(num_rows, num_chunks, num_groups, device)
+    flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     tables = (params.temperature, params.top_k, params.top_p)
     grid = (num_rows, num_chunks)
+    assert penalties is None or need_plan, "the penalties are applied by pass 1, which runs only with a plan"
     if need_plan:
         _fused_stats_kernel[grid](
             logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.part_bad,
-            ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block,
-            GROUP=GROUP,
+            ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, *_penalty_args(penalties, positions),
+            SANITIZE=sanitize, PENALTIES=penalties is not None,
+            HAS_DRAFTS=penalties is not None and penalties.drafts is not None, BLOCK=block, GROUP=GROUP,
         )
         _fused_plan_kernel[(num_rows,)](
-            expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.group_max, ws.row_max, ws.row_sum,
-            ws.cutoff, ws.count, num_groups, num_chunks, vocab_size, MAX_GROUPS=CAP // GROUP,
-            CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), num_warps=8,
+            logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
+            ws.part_max, ws.part_sum, ws.part_bad, flags, ws.group_max, ws.row_max, ws.count, ws.chosen,
+            ws.cand_value, ws.cand_token, sampled, errors, num_groups, num_chunks, vocab_size, SANITIZE=sanitize,
+            HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CAP=CAP,
+            GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), RADIX=RADIX_CUTOFF, num_warps=PLAN_WARPS,
         )
     _fused_sample_kernel[grid](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
-        ws.row_max, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.group_max, ws.part_best, ws.part_token,
-        ws.part_bad, num_chunks, chunk_size, num_groups, vocab_size, SANITIZE=sanitize, HAS_PLAN=need_plan,
-        CAP=CAP, BLOCK=block, GROUP=GROUP,
+        ws.row_max, ws.part_best, ws.part_token, ws.part_bad, num_chunks, chunk_size, vocab_size,
+        SANITIZE=sanitize, HAS_PLAN=need_plan, BLOCK=block,
     )
-    flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     _fused_resolve_kernel[(num_rows,)](
-        logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
-        ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.cand_value, ws.cand_token, ws.part_best, ws.part_token,
-        ws.part_bad, flags, sampled, errors, num_chunks, vocab_size,
+        logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions, ws.count,
+        ws.part_best, ws.part_token, ws.part_bad, flags, sampled, errors, num_chunks, vocab_size,
         SANITIZE=sanitize, HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code,
-        NO_TOKEN_CODE=no_token_code, CAP=CAP, CHUNKS=max_chunks, BLOCK=block,
+        NO_TOKEN_CODE=no_token_code, CHUNKS=max_chunks, BLOCK=block,
     )
     return FusedSample(sampled, errors)
 
@@ -363,19 +466,34 @@ def sample_fused(
     return sample_fused_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code)
 
 
+def _penalty_args(penalties: Optional[PenaltyTables], positions: torch.Tensor) -> tuple:
+    """The stats kernel's penalty arguments (any tensors when unread: PENALTIES / HAS_DRAFTS are off)."""
+    if penalties is None:
+        return (positions,) * 6 + (0,) + (positions,) * 3 + (0, 0)
+    p, d = penalties, penalties.drafts
+    vocab_words = p.seen_bits.shape[1]
+    if d is None:
+        drafts = (positions, positions, positions, 0, 0)
+    else:
+        drafts = (d.sample_positions, d.total_len, d.draft_tokens, d.draft_tokens.stride(0), d.draft_tokens.shape[1])
+    return (p.repetition, p.frequency, p.presence, p.output_counts, p.prompt_mask, p.seen_bits, vocab_words) + drafts
+
+
 class _Workspace:
     """Scratch of one call, carved from one float32 and one int32 allocation (fewer allocator calls)."""
 
     def __init__(self, num_rows: int, num_chunks: int, num_groups: int, device: torch.device) -> None:
         rows, chunks = num_rows, num_rows * num_chunks
-        f = _carve(torch.float32, [rows, rows, rows, rows * CAP, chunks, chunks, chunks, rows * num_groups], device)
-        i = _carve(torch.int32, [rows, rows * CAP, chunks, chunks], device)
-        self.row_max, self.row_sum, self.cutoff = f[0], f[1], f[2]  # [L] y max, sum-exp, cutoff on x
-        self.cand_value = f[3]  # [L, CAP] candidate x
-        self.part_max, self.part_sum, self.part_best = f[4], f[5], f[6]  # [L, C] per chunk
-        self.group_max = f[7]  # [L, num_groups] x max of each group
-        self.count, self.cand_token = i[0], i[1]  # [L] candidates appended, [L, CAP] their token ids
+        f = _carve(torch.float32, [rows, rows * CAP, chunks, chunks, chunks, rows * num_groups], device)
+        i = _carve(torch.int32, [rows, rows * CAP, chunks, chunks, rows * CAP], device)
+        self.row_max = f[0]  # [L] max of y
+        self.cand_value = f[1]  # [L, CAP] candidate x
+        self.part_max, self.part_sum, self.part_best = f[2], f[3], f[4]  # [L, C] per chunk
+        self.group_max = f[5]  # [L, num_groups] x max of each group
+        # [L] candidates gathered (-1: the plan sampled the row), [L, CAP] their token ids
+        self.count, self.cand_token = i[0], i[1]
         self.part_token, self.part_bad = i[2], i[3]  # [L, C] per chunk
+        self.chosen = i[4]  # [L, CAP] ids of the groups the plan gathers
 
 
 def _carve(dtype: torch.dtype, sizes: list[int], device: torch.device) -> list[torch.Tensor]:

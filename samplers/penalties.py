@@ -48,6 +48,19 @@ class DraftContext(NamedTuple):
     draft_tokens: torch.Tensor  # [S, K] int32: drafts verified this step, per req_slot
 
 
+class PenaltyTables(NamedTuple):
+    """Everything the penalties read, for a kernel that applies them while it reads the logits anyway (the
+    fused sampler's first pass, `samplers.fused_sampling`)."""
+
+    repetition: torch.Tensor  # [S] float32, 1 = off
+    frequency: torch.Tensor  # [S] float32, 0 = off
+    presence: torch.Tensor  # [S] float32, 0 = off
+    output_counts: torch.Tensor  # [S, V] int32
+    prompt_mask: torch.Tensor  # [S, V] bool
+    seen_bits: torch.Tensor  # [S, ceil(V / 32)] int32, consistent with the two above
+    drafts: Optional[DraftContext]  # verification rows also count the drafts before them; None = no speculation
+
+
 class PenaltyCounts:
     """The [S, V] output-token counts and prompt-token presence of each req_slot."""
 
@@ -115,6 +128,16 @@ class PenaltiesState:
             drafts = DraftContext(sample_positions, self.history.total_len, self.history.draft_tokens)
         return apply_penalties(logits, expanded_idx_mapping, self.repetition, self.frequency, self.presence,
                                self.counts.output_counts, self.counts.prompt_mask, self.counts.seen_bits, drafts)
+
+    def tables(self, sample_positions: torch.Tensor) -> PenaltyTables:
+        """What `apply` reads, for the fused sampler to apply the penalties itself (same result)."""
+        assert self.counts is not None
+        drafts = None
+        if self.history.draft_tokens.shape[1]:
+            drafts = DraftContext(sample_positions, self.history.total_len, self.history.draft_tokens)
+        c = self.counts
+        return PenaltyTables(self.repetition, self.frequency, self.presence, c.output_counts, c.prompt_mask,
+                             c.seen_bits, drafts)
 
     def record_sampled(
         self,
@@ -229,6 +252,49 @@ def update_token_counts_reference(
 
 
 @triton.jit
+def _slot_penalties(rep_ptr, freq_ptr, pres_ptr, req_slot):
+    """(repetition, frequency, presence, any of them on) of a req_slot."""
+    rep = tl.load(rep_ptr + req_slot)
+    freq = tl.load(freq_ptr + req_slot)
+    pres = tl.load(pres_ptr + req_slot)
+    return rep, freq, pres, (rep != 1.0) | (freq != 0.0) | (pres != 0.0)
+
+
+@triton.jit
+def _drafts_before(logits_row, req_slot, positions_ptr, total_len_ptr, max_drafts):
+    """How many of the slot's drafts precede this logits row (positions total_len .. p - 1)."""
+    before = tl.load(positions_ptr + logits_row) - tl.load(total_len_ptr + req_slot).to(tl.int64)
+    return tl.minimum(tl.maximum(before, 0), max_drafts)
+
+
+@triton.jit
+def _penalty_lanes(offs, mask, req_slot, before, counts_ptr, prompt_ptr, bits_ptr, num_words, drafts_ptr,
+                   drafts_stride, vocab_size, SPARSE: tl.constexpr, HAS_DRAFTS: tl.constexpr):
+    """(lanes whose logit changes, their counts as float32, their prompt presence) of a block of tokens.
+
+    SPARSE: only seen tokens (and drafts) change; the other lanes' loads are masked off (no traffic)."""
+    extra = tl.zeros(offs.shape, dtype=tl.int32)  # occurrences among the drafts before this row
+    if HAS_DRAFTS:
+        for i in range(0, before):
+            draft = tl.load(drafts_ptr + req_slot * drafts_stride + i)
+            extra += (offs == draft).to(tl.int32)
+    if SPARSE:
+        word = tl.load(bits_ptr + req_slot * num_words + offs // 32, mask=mask, other=0)
+        mask = mask & ((((word >> (offs % 32)) & 1) != 0) | (extra > 0))
+    counts = (tl.load(counts_ptr + req_slot * vocab_size + offs, mask=mask, other=0) + extra).to(tl.float32)
+    in_prompt = tl.load(prompt_ptr + req_slot * vocab_size + offs, mask=mask, other=0) != 0
+    return mask, counts, in_prompt
+
+
+@triton.jit
+def _penalise(x, counts, in_prompt, rep, freq, pres):
+    in_output = counts > 0
+    penalised = tl.where(x > 0, x / rep, x * rep)
+    x = tl.where(in_prompt | in_output, penalised, x)
+    return x - freq * counts - pres * in_output.to(tl.float32)
+
+
+@triton.jit
 def _apply_penalties_kernel(
     logits_ptr, logits_stride, idx_ptr, rep_ptr, freq_ptr, pres_ptr, counts_ptr, prompt_ptr, bits_ptr, num_words,
     positions_ptr, total_len_ptr, drafts_ptr, drafts_stride, max_drafts,
@@ -236,29 +302,17 @@ def _apply_penalties_kernel(
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
-    rep = tl.load(rep_ptr + req_slot)
-    freq = tl.load(freq_ptr + req_slot)
-    pres = tl.load(pres_ptr + req_slot)
-    if (rep != 1.0) | (freq != 0.0) | (pres != 0.0):
+    rep, freq, pres, active = _slot_penalties(rep_ptr, freq_ptr, pres_ptr, req_slot)
+    if active:
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < vocab_size
-        extra = tl.zeros([BLOCK], dtype=tl.int32)  # occurrences among the drafts before this row
+        before = 0
         if HAS_DRAFTS:  # a verification row: drafts at positions total_len .. p - 1 count as output
-            before = tl.load(positions_ptr + logits_row) - tl.load(total_len_ptr + req_slot).to(tl.int64)
-            before = tl.minimum(tl.maximum(before, 0), max_drafts)
-            for i in range(0, before):
-                draft = tl.load(drafts_ptr + req_slot * drafts_stride + i)
-                extra += (offs == draft).to(tl.int32)
-        if SPARSE:  # only seen tokens (and drafts) change: other loads and the store are masked off (no traffic)
-            word = tl.load(bits_ptr + req_slot * num_words + offs // 32, mask=mask, other=0)
-            mask = mask & ((((word >> (offs % 32)) & 1) != 0) | (extra > 0))
+            before = _drafts_before(logits_row, req_slot, positions_ptr, total_len_ptr, max_drafts)
+        mask, counts, in_prompt = _penalty_lanes(offs, offs < vocab_size, req_slot, before, counts_ptr, prompt_ptr,
+                                                 bits_ptr, num_words, drafts_ptr, drafts_stride, vocab_size,
+                                                 SPARSE, HAS_DRAFTS)
         x = tl.load(logits_ptr + logits_row * logits_stride + offs, mask=mask)
-        counts = (tl.load(counts_ptr + req_slot * vocab_size + offs, mask=mask, other=0) + extra).to(tl.float32)
-        in_prompt = tl.load(prompt_ptr + req_slot * vocab_size + offs, mask=mask, other=0) != 0
-        in_output = counts > 0
-        penalised = tl.where(x > 0, x / rep, x * rep)
-        x = tl.where(in_prompt | in_output, penalised, x)
-        x = x - freq * counts - pres * in_output.to(tl.float32)
+        x = _penalise(x, counts, in_prompt, rep, freq, pres)
         tl.store(logits_ptr + logits_row * logits_stride + offs, x, mask=mask)
 
 

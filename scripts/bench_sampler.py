@@ -24,7 +24,8 @@ bisection top-k/top-p (includes a clone of the logits, timed too), min-p, Gumbel
 Prints tables; writes `sampler_bench.json` and, if matplotlib is installed, `sampler_bench.png` into OUT_DIR.
 Takes well under a minute on an H200 (mostly compiling).
 
-    PYTHONPATH=$PWD python3 scripts/bench_sampler.py OUT_DIR [--rows 256] [--vocab 151936]
+    PYTHONPATH=$PWD python3 scripts/bench_sampler.py OUT_DIR [--rows 256] [--vocab 151936] [--plan-warps 16]
+        [--bisect]
 """
 
 from __future__ import annotations
@@ -181,16 +182,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--plan-warps", type=int, default=None, help="fused plan kernel's num_warps (default: "
+                        "samplers.fused_sampling.PLAN_WARPS)")
+    parser.add_argument("--bisect", action="store_true", help="the plan's cutoff by bisection, not radix select")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_sampler needs a CUDA GPU", file=sys.stderr)
         return 2
     import triton
 
+    import samplers.fused_sampling as fused_sampling
+
+    if args.plan_warps is not None:
+        fused_sampling.PLAN_WARPS = args.plan_warps
+    fused_sampling.RADIX_CUTOFF = not args.bisect
+
     args.out_dir.mkdir(parents=True, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
     env = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-               triton=triton.__version__, rows=args.rows, vocab=args.vocab, dtype="float32")
+               triton=triton.__version__, rows=args.rows, vocab=args.vocab, dtype="float32",
+               plan_warps=fused_sampling.PLAN_WARPS, radix_cutoff=fused_sampling.RADIX_CUTOFF)
     print(f"# {env}", file=sys.stderr)
     nbytes = args.rows * args.vocab * 4
     logits = {kind: make_logits(kind, args.rows, args.vocab) for kind in ("peaked", "flat")}

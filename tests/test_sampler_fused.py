@@ -11,11 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import samplers.fused_sampling
 import samplers.triton_utils
 from framework import SamplingParams
-from samplers.fused_sampling import SlotSamplingParams, sample_fused_reference, sample_fused_triton
+from samplers.fused_sampling import (SlotSamplingParams, _bisect_cutoff, _radix_cutoff, sample_fused_reference,
+                                     sample_fused_triton)
+from samplers.penalties import DraftContext, PenaltyTables, apply_penalties_reference, seen_bits_reference
 from samplers.sanitize import sanitize_logits_reference
 from sampler_cases import Slot, make_sampler
 from test_sampler_distributions import CONFIGS, LOGITS
@@ -96,9 +100,12 @@ def test_fused_with_an_earlier_sanitize_and_without_a_plan():
         assert got.errors.tolist() == torch.where(nonfinite, 1, expected.errors).tolist()
 
 
-def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch):
-    """A buffer of 16: k = 5 may need 80 candidates; top-p alone gathers one group and must look further."""
+@pytest.mark.parametrize("radix", [True, False])
+def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch, radix):
+    """A buffer of 16: k = 5 may need 80 candidates; top-p alone gathers one group and must look further.
+    (With either cutoff search.)"""
     monkeypatch.setattr(samplers.fused_sampling, "CAP", 16)
+    monkeypatch.setattr(samplers.fused_sampling, "RADIX_CUTOFF", radix)
     vocab, rows = 150, 6
     params = _params(vocab)
     logits = _logits(rows, vocab, seed=4, ties=True) / 4  # flat rows: top-p sets reach far below the max
@@ -144,3 +151,87 @@ def test_distribution_configs_match_the_reference_row_for_row():
     idx = torch.arange(len(names), dtype=torch.int32).repeat_interleave(n)
     positions = torch.arange(n).repeat(len(names)) + 1
     _check(LOGITS.expand(len(idx), -1).clone(), idx, positions, params)
+
+
+@triton.jit
+def _cutoff_probe_kernel(keys_ptr, out_ptr, num, want, limit, GROUPS: tl.constexpr, RADIX: tl.constexpr):
+    groups = tl.arange(0, GROUPS)
+    valid = groups < num
+    keys = tl.load(keys_ptr + groups, mask=valid, other=0)
+    if RADIX:
+        key, count = _radix_cutoff(keys, valid, num, want, limit, GROUPS)
+    else:
+        key, count = _bisect_cutoff(keys, valid, num, want, limit)
+    tl.store(out_ptr, key)
+    tl.store(out_ptr + 1, count)
+
+
+def _keys(x: torch.Tensor) -> torch.Tensor:
+    """`_ordered_key` in PyTorch."""
+    bits = x.view(torch.int32)
+    return torch.where(x == 0, 0, torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)).int()
+
+
+@pytest.mark.parametrize("radix", [True, False])
+@pytest.mark.parametrize("kind", ["spread", "narrow", "ties", "negative", "infinite"])
+def test_cutoff_counts(kind, radix):
+    """The plan's cutoff: `want <= count(keys >= c)`, and `<= limit` unless ties at the largest such c forbid it;
+    narrow rows (values a few ulps apart) need all 4 byte rounds of the radix select."""
+    g = torch.Generator().manual_seed(len(kind))
+    num = 300
+    x = torch.randn(num, generator=g) * 3
+    if kind == "narrow":
+        x = (1.0 + torch.randint(0, 40, (num,), generator=g) * 2.0 ** -23).float()
+    elif kind == "ties":
+        x = (x * 2).round() / 2
+    elif kind == "negative":
+        x = -x.abs() - 1e-3
+    elif kind == "infinite":
+        x[::3] = -INF
+    keys = _keys(x)
+    for want, limit in ((1, 1), (1, 4), (5, 8), (50, 64), (64, 64), (200, 250), (300, 300)):
+        out = torch.zeros(2, dtype=torch.int32)
+        _cutoff_probe_kernel[(1,)](keys, out, num, want, limit, GROUPS=512, RADIX=radix)
+        key, count = out.tolist()
+        assert count == int((keys >= key).sum()) >= want
+        if count > limit:  # only ties at the largest qualifying key may leave too many
+            assert key in keys.tolist() and int((keys > key).sum()) < want
+
+
+@pytest.mark.parametrize("drafts,sanitize", [(False, True), (True, False)])
+def test_penalties_in_the_first_pass(drafts, sanitize):
+    """Penalties applied by pass 1: the logits end penalised in place exactly as by `apply_penalties_reference`
+    (seen tokens only, drafts before verification rows counted) and the tokens are the reference's on them."""
+    vocab, rows = 130, 16
+    params = _params(vocab)
+    slots = len(params.seed)
+    g = torch.Generator().manual_seed(7)
+    counts = torch.randint(0, 3, (slots, vocab), generator=g, dtype=torch.int32) \
+        * (torch.rand(slots, vocab, generator=g) < 0.2)
+    prompt = torch.rand(slots, vocab, generator=g) < 0.1
+    on = torch.arange(slots) % 3 != 2  # some slots without penalties
+    tables = PenaltyTables(
+        torch.where(on, 1.0 + torch.rand(slots, generator=g), 1.0), torch.where(on, 0.3, 0.0),
+        torch.where(on, torch.rand(slots, generator=g), 0.0), counts.int(), prompt, seen_bits_reference(prompt, counts),
+        None)
+    positions = torch.arange(rows) * 3 + 10
+    if drafts:
+        tables = tables._replace(drafts=DraftContext(
+            positions, torch.randint(5, 60, (slots,), generator=g, dtype=torch.int32),
+            torch.randint(-1, vocab, (slots, 3), generator=g, dtype=torch.int32)))
+    tables = PenaltyTables(*(t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in tables))
+    idx = (torch.arange(rows, device=DEVICE) * 5 % slots).int()
+    logits = _logits(rows, vocab, seed=3, ties=True)
+    nonfinite = None
+    if not sanitize:
+        logits, nonfinite = sanitize_logits_reference(logits)
+    penalised = apply_penalties_reference(logits, idx, *tables[:3], tables.output_counts, tables.prompt_mask,
+                                          tables.drafts)
+    expected = sample_fused_reference(penalised, idx, positions.to(DEVICE), params)
+    got_logits = logits.clone()
+    got = sample_fused_triton(got_logits, idx, positions.to(DEVICE), params, sanitize=sanitize, nonfinite=nonfinite,
+                              penalties=tables)
+    assert torch.equal(got_logits.nan_to_num(), penalised.nan_to_num())
+    assert got.sampled.tolist() == expected.sampled.tolist()
+    flagged = expected.errors if nonfinite is None else torch.where(nonfinite, 1, expected.errors)
+    assert got.errors.tolist() == flagged.tolist()

@@ -125,3 +125,32 @@ def test_chi_square_through_the_fused_path():
     counts = draw_counts(device="cuda")
     for name in CONFIGS:
         assert_chi_square(name, counts[name])
+
+
+def test_penalties_in_the_first_pass_equal_the_separate_pass():
+    """The Sampler applies the penalties inside the fused first pass: the logits it leaves and the tokens are
+    those of the penalty kernel followed by the fused path without penalties, bit for bit."""
+    from framework import SamplingParams
+    from sampler_cases import Slot, make_sampler
+    from samplers.fused_sampling import SlotSamplingParams, sample_fused_triton
+
+    slots = [Slot(SamplingParams(temperature=0.8, top_k=50, top_p=0.9, repetition_penalty=1.2, frequency_penalty=0.3,
+                                 presence_penalty=0.2, seed=i), prompt=list(range(7 * i, 7 * i + 40)), output=[5, 5, 9],
+                  seed=i) for i in range(6)]
+    slots += [Slot(SamplingParams(temperature=1.0, top_p=0.95, seed=9), prompt=[3], seed=9)]  # no penalties
+    sampler, _ = make_sampler(slots, VOCAB, device="cuda")
+    logits = _logits("peaked", 5)
+    logits[:, :300] += 10.0  # the seen tokens matter
+    idx = (torch.arange(ROWS, device="cuda") % len(slots)).int()
+    positions = torch.arange(ROWS, device="cuda") + 50
+    stages = sampler.states.stages_for(np.arange(len(slots)))
+    fused_logits = logits.clone()
+    got = sampler(fused_logits, idx, positions, stages)
+    separate = sampler.states.penalties.apply(logits.clone(), idx, positions)
+    t = sampler.states.params.tensors
+    params = SlotSamplingParams(t["temperature"], t["top_k"], t["top_p"], t["min_p"], t["seed"])
+    ref = sample_fused_triton(separate, idx, positions, params, nonfinite_code=1, no_token_code=2)
+    assert torch.equal(fused_logits.nan_to_num(), separate.nan_to_num())
+    assert not torch.equal(separate.nan_to_num(), logits.nan_to_num())
+    assert torch.equal(got.sampled_token_ids, ref.sampled)
+    assert torch.equal(got.errors, ref.errors)
