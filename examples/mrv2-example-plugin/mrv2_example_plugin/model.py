@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from framework.models.llama import LlamaForCausalLM
 
 
@@ -19,9 +17,5 @@ class SteeredQwen3ForCausalLM(LlamaForCausalLM):
     def forward(self, input_ids, positions, kv_caches, attn_metadata, steer_token_ids, steer_scales):
         embed = self.model.embed_tokens
         x = embed(input_ids) + steer_scales.unsqueeze(1).to(embed.weight.dtype) * embed(steer_token_ids)
-        freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # [T, head_dim / 2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, cos, sin, kv_cache, attn_metadata, self.attention)
-        return self.model.norm(x)
+        # The steered embeddings enter the layers where a pipeline stage's input would: the rest is Qwen3's.
+        return super().forward(input_ids, positions, kv_caches, attn_metadata, pp_hidden=x)
