@@ -37,6 +37,9 @@ for j in "$@"; do
     profile) job $j 150 python3 scripts/profile_decode.py --batch 256 --profile-prefill --out "$res/profile/b256" &&
         job profile-b1 60 python3 scripts/profile_decode.py --batch 1 --steps 200 --out "$res/profile/b1" &&
         job profile-k0 100 python3 scripts/profile_decode.py --batch 256 --spec-k 0 --out "$res/profile/k0" ;;
+    gpu_tests_new) job $j 200 python3 -m pytest -q tests/gpu/test_layer_ops_gpu.py tests/gpu/test_random_weights_gpu.py \
+        tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_sampler_gpu.py tests/gpu/test_spec_gpu.py ;;
+    layer_ops) job $j 90 python3 scripts/bench_layer_ops.py --out "$res/layer_ops/layer_ops.json" ;;
     gpu_tests_rest) job $j 200 python3 -m pytest -q tests/gpu/test_whisper_gpu.py tests/gpu/test_mamba_gpu.py ;;
     spec) job $j 250 python3 scripts/bench_spec.py --out "$res/spec" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
