@@ -8,7 +8,7 @@ of 16 tokens; T = 1 and 256 tokens by default. Per op (fused = one Triton launch
 * `rms_norm`: RMSNorm alone (the first layer's input norm).
 * `silu_and_mul`: `silu(gate) * up` of the merged gate/up output vs `F.silu(g) * u`.
 * `qk_norm_rope_store`: per-head q/k RMSNorm, RoPE on q and k and the KV-cache store vs the reference norms,
-  `apply_rope` twice and the Triton `store_kv` (the unfused decode path on a GPU).
+  `apply_rope_reference` twice and the Triton `store_kv` (the unfused decode path on a GPU).
 
 Times (microseconds per call, medians of `triton.testing.do_bench`): `eager` includes the host launch cost
 of every kernel, which is what a long chain of tiny kernels loses; `graph` replays a CUDA graph of the call,

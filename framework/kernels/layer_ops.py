@@ -67,7 +67,7 @@ def apply_rope_reference(
     cos: torch.Tensor,  # [T, D]
     sin: torch.Tensor,  # [T, D]
 ) -> torch.Tensor:
-    """x rotated by half-split RoPE (the `apply_rope` of framework/models/llama.py)."""
+    """x rotated by half-split RoPE (what the decoder applies to q and k, as HF does)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)

@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from framework.attention import AttentionMetadata
-from framework.attention.backend import paged_attention, store_kv
+from framework.attention.backend import paged_attention
 from framework.distributed.context import ParallelContext, stage_layers
 from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
 from framework.models.hf_config import DecoderConfig
@@ -42,13 +42,6 @@ class RMSNorm(nn.Module):
         out, summed = rms_norm(x, self.weight, self.eps, residual)
         assert summed is not None
         return out, summed
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] rotated by half-split RoPE; cos/sin [T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
 class Attention(nn.Module):
@@ -80,20 +73,14 @@ class Attention(nn.Module):
         attention: AttentionFn,
     ) -> torch.Tensor:
         t = x.shape[0]
-        if self.qkv_weight is not None:  # merged projection; norm, RoPE and the KV store in one kernel
-            q = qk_norm_rope_store(
-                F.linear(x, self.qkv_weight, self.qkv_bias), cos, sin,
-                self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
-                self.q_norm.eps if self.qk_norm else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
-                kv_cache, meta.kv_slot_mapping)
-        else:
-            q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-            k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-            v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-            if self.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            store_kv(k, v, kv_cache, meta.kv_slot_mapping)
+        if self.qkv_weight is not None:  # merged projection (fuse_projections): one GEMM
+            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        else:  # separate projections (training, or before fuse_projections)
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        q = qk_norm_rope_store(  # per-head norm (Qwen3), RoPE and the KV store in one kernel
+            qkv, cos, sin, self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
+            self.q_norm.eps if self.qk_norm else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
+            kv_cache, meta.kv_slot_mapping)
         out = attention(q, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
