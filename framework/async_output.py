@@ -6,6 +6,7 @@ the one place where the host waits for the device.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
@@ -44,9 +45,7 @@ def landing_view(buffer: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     (`buffer2d[:rows, :width]` with width < the buffer's) is not asynchronous; PyTorch stages it and the host
     waits for the device, which cost speculating engines a full step per step whenever k < K.
     """
-    n = 1
-    for dim in shape:
-        n *= dim
+    n = math.prod(shape)
     assert buffer.dim() == 1 and buffer.numel() >= n, f"landing buffer of {buffer.numel()} elements for {shape}"
     return buffer[:n].view(shape)
 
