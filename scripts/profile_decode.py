@@ -77,6 +77,15 @@ def fill(engine, args: argparse.Namespace) -> dict[str, float]:  # type: ignore[
             "tok_per_s": args.batch * args.prompt_len / seconds}
 
 
+def drain(engine, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
+    """Abort the `fill` requests and forget their prefixes: the same prompts again are computed, not cache hits."""
+    for i in range(args.batch):
+        engine.abort_request(f"p{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.reset_prefix_cache()
+
+
 def timed(records: dict[str, float], name: str, fn: Callable) -> Callable:
     def wrapper(*a: Any, **k: Any) -> Any:
         start = time.perf_counter()
@@ -174,20 +183,12 @@ def main(argv: list[str] | None = None) -> dict:
         report.append(line)
 
     fill(engine, args)  # compiles the kernels
-    for i in range(args.batch):
-        engine.abort_request(f"p{i}")
-    while engine.has_unfinished_requests():
-        engine.step()
-    engine.reset_prefix_cache()  # the same prompts again: computed, not served from the cache
+    drain(engine, args)
     prefill = fill(engine, args)
     if args.profile_prefill:  # once more under the profiler: where the prefill steps spend device time
         from torch.profiler import ProfilerActivity, profile
 
-        for i in range(args.batch):
-            engine.abort_request(f"p{i}")
-        while engine.has_unfinished_requests():
-            engine.step()
-        engine.reset_prefix_cache()
+        drain(engine, args)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fill(engine, args)
         say(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
