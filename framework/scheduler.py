@@ -223,15 +223,19 @@ class Scheduler:
         return min(num_tokens + self.draft_kv_lookahead, self.max_model_len) if samples else num_tokens
 
     def _num_drafts(self, request: Request, budget: int) -> int:
-        """Drafts a decoding request verifies this step: what its slot holds, within every limit."""
+        """Drafts a decoding request verifies this step: what its slot holds, within the token budget and
+        max_model_len.
+
+        Not capped by max_tokens: near its end a row still verifies the k every other row verifies, so the
+        batch stays uniform and replays a CUDA graph (a row with fewer tokens sends the whole step down the
+        eager path, several times slower); tokens past max_tokens are dropped by `update_from_output`.
+        """
         if not request.num_drafts_ready:
             return 0
-        num_out = len(request.output_token_ids) + request.num_output_placeholders
         return max(0, min(
             request.num_drafts_ready,
             budget - 1,
             self.max_model_len - 1 - request.num_computed_tokens,  # the last draft's position must fit
-            request.sampling_params.max_tokens - num_out - 1,  # tokens past max_tokens would be dropped
         ))
 
     def update_from_output(

@@ -25,7 +25,7 @@ Prints tables; writes `sampler_bench.json` and, if matplotlib is installed, `sam
 Takes well under a minute on an H200 (mostly compiling).
 
     PYTHONPATH=$PWD python3 scripts/bench_sampler.py OUT_DIR [--rows 256] [--vocab 151936] [--plan-warps 16]
-        [--bisect]
+        [--radix]
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--plan-warps", type=int, default=None, help="fused plan kernel's num_warps (default: "
                         "samplers.fused_sampling.PLAN_WARPS)")
-    parser.add_argument("--bisect", action="store_true", help="the plan's cutoff by bisection, not radix select")
+    parser.add_argument("--radix", action="store_true", help="the plan's cutoff by radix select, not bisection")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_sampler needs a CUDA GPU", file=sys.stderr)
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.plan_warps is not None:
         fused_sampling.PLAN_WARPS = args.plan_warps
-    fused_sampling.RADIX_CUTOFF = not args.bisect
+    fused_sampling.RADIX_CUTOFF = args.radix
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     props = torch.cuda.get_device_properties(0)

@@ -60,7 +60,8 @@ def fill(engine, args: argparse.Namespace) -> dict[str, float]:  # type: ignore[
 
     vocab = engine.loaded.vocab_size
     for i in range(args.batch):
-        engine.add_request(f"p{i}", [(i * 131 + j * 7) % vocab for j in range(args.prompt_len)],
+        period = 16 if args.repeat_prompt else args.prompt_len  # a repeated segment: ngram drafts get accepted
+        engine.add_request(f"p{i}", [(i * 131 + (j % period) * 7) % vocab for j in range(args.prompt_len)],
                            SamplingParams(temperature=args.temperature, max_tokens=args.max_model_len - 1 - args.prompt_len, ignore_eos=True,
                                           seed=i))
     _sync()
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--profile-prefill", action="store_true", help="also a kernel table of the prefill steps")
     parser.add_argument("--spec-k", type=int, default=None, help="profile an ngram engine held at this k")
+    parser.add_argument("--repeat-prompt", action="store_true",
+                        help="prompts repeat a 16-token segment (with --temperature 0: high ngram acceptance)")
     parser.add_argument("--device", default="auto", help="cpu runs a smoke check of this script")
     parser.add_argument("--out", type=Path, default=Path("bench_results/profile_decode"))
     args = parser.parse_args(argv)

@@ -64,13 +64,15 @@ def test_async_scheduling_counts_upper_bounds_until_outputs_arrive():
     assert a.num_computed_tokens == 5 + 5 - 1  # the last token's KV is computed by the next step
 
 
-def test_drafts_capped_by_max_tokens_max_model_len_and_budget():
+def test_drafts_capped_by_max_model_len_and_budget_not_max_tokens():
     s, _, _ = _sched(k=5, budget=32)
     s.add_request(_req("t", 4, max_tokens=3))
     out = s.schedule()
     s.update_from_output(out, [[1]])
     out = s.schedule()
-    assert out.num_draft_tokens == [1]  # 1 output + 1 + 1 draft = max_tokens
+    assert out.num_draft_tokens == [5]  # the batch stays uniform (CUDA graph); extra tokens are dropped
+    finished = s.update_from_output(out, [[2, 3, 4, 5, 6, 7]])  # every draft accepted
+    assert [r.request_id for r in finished] == ["t"] and finished[0].output_token_ids == [1, 2, 3]
     s2, _, _ = _sched(k=5, max_model_len=12)
     s2.add_request(_req("m", 8))
     out = s2.schedule()
