@@ -100,6 +100,8 @@ class Scheduler:
             self.waiting.remove(request)
         self.kv_cache.free(request.request_id)
         del self.requests[request.request_id]
+        if self.draft_policy is not None:
+            self.draft_policy.remove_request(request.request_id)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -195,7 +197,8 @@ class Scheduler:
             budget -= n
 
         # k: drafts the speculator proposes after this step for every row that samples (verified next step).
-        num_propose = self.draft_policy.choose(len(self.running)) if self.draft_policy is not None else 0
+        num_propose = (self.draft_policy.choose([r.request_id for r in self.running])
+                       if self.draft_policy is not None else 0)
         computed_before = [request.num_computed_tokens for request, _ in rows]
         for (request, n), num_draft in zip(rows, drafts):
             request.num_computed_tokens += n
@@ -250,7 +253,7 @@ class Scheduler:
         were not finite, or every token was excluded); the other rows are not affected.
         """
         finished = []
-        verified: list[tuple[int, int]] = []  # (drafts, accepted) of the rows that verified drafts
+        verified: list[tuple[str, int, int]] = []  # (request, drafts, accepted) of the rows that verified drafts
         for i, (request_id, tokens) in enumerate(zip(output.scheduled_request_ids, sampled)):
             request = self.requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING or not tokens:
@@ -260,7 +263,7 @@ class Scheduler:
             if num_draft:
                 # The rejected drafts' positions were counted as computed: the next step recomputes them.
                 request.num_computed_tokens -= num_draft + 1 - len(tokens)
-                verified.append((num_draft, len(tokens) - 1))
+                verified.append((request_id, num_draft, len(tokens) - 1))
             if request.pooling_params is not None:  # its prompt is done and pooled; the sampled token is dropped
                 self._finish(request, RequestStatus.FINISHED_POOLED)
                 finished.append(request)
@@ -283,12 +286,13 @@ class Scheduler:
             self._record_acceptance(verified)
         return finished
 
-    def _record_acceptance(self, verified: list[tuple[int, int]]) -> None:
+    def _record_acceptance(self, verified: list[tuple[str, int, int]]) -> None:
         if self.spec_metrics is not None:
-            for num_draft, num_accepted in verified:
+            for _, num_draft, num_accepted in verified:
                 self.spec_metrics.record(num_draft, num_accepted)
         if self.draft_policy is not None:
-            self.draft_policy.observe_acceptance([d for d, _ in verified], [a for _, a in verified])
+            ids, drafts, accepted = zip(*verified)
+            self.draft_policy.observe_acceptance(ids, drafts, accepted)
 
     def check_invariants(self) -> None:
         """Raise `AssertionError` on a leak: block pool conservation, each request in exactly one queue with a

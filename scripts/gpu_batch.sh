@@ -45,7 +45,7 @@ for j in "$@"; do
         --steps 40 --temperature 0 --repeat-prompt --spec-k $k --out "$res/profile_spec/k$k"; done ;;
     sampler-variants) for w in 8 32; do job $j-w$w 80 python3 scripts/bench_sampler.py "$res/sampler_w$w" \
         --plan-warps $w; done ;;
-    spec) job $j 250 python3 scripts/bench_spec.py --out "$res/spec" ;;
+    spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

@@ -1,16 +1,20 @@
 """Dynamic-k on synthetic costs and acceptance: k = 0 when drafts are useless, large k when they are good, and
-it follows a workload whose acceptance or batch size changes mid-run."""
+it follows a workload whose acceptance or batch size changes mid-run (also when the requests that change are
+a few of many)."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from framework.config import load_config
-from speculators.dynamic import AcceptanceTracker, DynamicK, MeasuredCostModel, batch_bucket
+from speculators.acceptance import AcceptanceTracker, RequestAcceptance
+from speculators.dynamic import DynamicK
 from speculators.policy import FixedK, build_draft_policy
+from speculators.step_cost import MeasuredCostModel, batch_bucket, step_costs
 
 MAX_K = 5
 
@@ -28,20 +32,28 @@ class SyntheticCost:
         pass
 
 
-def _run(policy: DynamicK, steps: int, rows: int, accept_p: float, rng: random.Random) -> list[int]:
-    """Drive the policy like the engine: choose k, then report each row's leading accepted drafts."""
+def _ids(rows: int, prefix: str = "r") -> list[str]:
+    return [f"{prefix}{i}" for i in range(rows)]
+
+
+def _run(policy: DynamicK, steps: int, rows: int, accept_p: float, rng: random.Random,
+         ids: list[str] | None = None, accept_of: dict[str, float] | None = None) -> list[int]:
+    """Drive the policy like the engine: choose k, then report each row's leading accepted drafts
+    (row r accepts each draft with `accept_of[r]` if given, else `accept_p`)."""
+    ids = ids if ids is not None else _ids(rows)
     chosen = []
     for _ in range(steps):
-        k = policy.choose(rows)
+        k = policy.choose(ids)
         chosen.append(k)
         if k:
             accepted = []
-            for _ in range(rows):
+            for r in ids:
+                p = accept_of[r] if accept_of is not None else accept_p
                 a = 0
-                while a < k and rng.random() < accept_p:
+                while a < k and rng.random() < p:
                     a += 1
                 accepted.append(a)
-            policy.observe_acceptance([k] * rows, accepted)
+            policy.observe_acceptance(ids, [k] * len(ids), accepted)
     return chosen
 
 
@@ -74,12 +86,15 @@ def test_large_batch_prefers_smaller_k_than_small_batch():
 def test_expected_tokens_matches_the_formula():
     # The decision rule, checked against exact E(k) / t(B, k) with known acceptance.
     policy = DynamicK(MAX_K, SyntheticCost(), acceptance_decay=0.999)
-    policy.observe_acceptance([MAX_K] * 100_000, [MAX_K] * 90_000 + [0] * 10_000)  # a_0 = 0.9, a_j>0 = 1.0
+    ids = _ids(100_000)
+    policy.observe_acceptance(ids, [MAX_K] * 100_000, [MAX_K] * 90_000 + [0] * 10_000)  # a_0 = 0.9, a_j>0 = 1
     e = [policy.acceptance.expected_tokens(k) for k in range(MAX_K + 1)]
     assert e[0] == 1.0 and e[1] == pytest.approx(1.9, abs=1e-3) and e[2] == pytest.approx(2.8, abs=1e-3)
     cost = SyntheticCost()
     want = max(range(MAX_K + 1), key=lambda k: e[k] / cost.cost(32, k))
-    assert policy.best_k(32) == want
+    fresh = [f"n{i}" for i in range(32)]  # unseen requests: the batch-wide rates
+    assert policy.best_k(fresh) == want
+    assert policy.expected_tokens(fresh) == pytest.approx(e)
 
 
 def test_reacts_when_acceptance_changes_mid_run():
@@ -97,23 +112,72 @@ def test_reacts_when_acceptance_changes_mid_run():
 def test_measured_costs_explore_both_ends_then_interpolate():
     cost = MeasuredCostModel()
     policy = DynamicK(4, cost, explore_every=0)
-    assert policy.choose(16) == 0  # nothing measured at this batch size: k = 0 first
+    ids = _ids(16)
+    assert policy.choose(ids) == 0  # nothing measured anywhere: k = 0 first
     policy.observe_step(16, 0, 1.0)
-    assert policy.choose(16) == 4  # then the largest k
+    assert policy.choose(ids) == 4  # then the largest k
     policy.observe_step(16, 4, 1.4)
     assert policy.costs(16) == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])  # the rest interpolated
     policy.observe_step(16, 2, 1.05)  # a measured k replaces its interpolation; neighbours follow it
     assert policy.costs(16) == pytest.approx([1.0, 1.025, 1.05, 1.225, 1.4])
-    policy.observe_acceptance([4] * 50, [4] * 45 + [0] * 5)
-    assert policy.choose(16) == 4
-    assert policy.choose(200) == 0  # another bucket: its costs are unknown
+    policy.observe_acceptance(ids, [4] * 16, [4] * 14 + [0] * 2)
+    assert policy.choose(ids) == 4
     assert batch_bucket(200) == 256 and batch_bucket(1) == 1 and batch_bucket(10**6) == 4096
+
+
+def test_a_new_batch_size_borrows_the_nearest_measured_cost_shape():
+    cost = MeasuredCostModel()
+    cost.observe(16, 0, 1.0)
+    cost.observe(16, 4, 2.0)
+    assert step_costs(cost, 200, 4) == pytest.approx([1.0, 1.25, 1.5, 1.75, 2.0])  # bucket 256: 16's shape
+    cost.observe(256, 0, 4.0)  # scaled to what bucket 256 measured itself
+    assert step_costs(cost, 200, 4) == pytest.approx([4.0, 5.0, 6.0, 7.0, 8.0])
+    assert step_costs(MeasuredCostModel(), 8, 4) is None
+    policy = DynamicK(4, cost, explore_every=0)
+    assert policy.choose(_ids(200)) in range(5)  # no forced k = 0 / k = 4 measurement at the new size
+
+
+def test_one_slow_step_moves_a_cost_average_at_most_twofold():
+    cost = MeasuredCostModel(decay=0.5)
+    cost.observe(8, 1, 1.0)
+    cost.observe(8, 1, 100.0)  # e.g. a garbage-collection pause: counted as 2.0
+    assert cost.cost(8, 1) == pytest.approx(1.5)
+
+
+def test_requests_that_accept_take_over_when_the_others_finish():
+    """A large batch of requests that never accept drafts plus a few that always do (the `shifting` workload):
+    k = 0 while the batch is large, and a large k within a few steps once the others have finished (the
+    policy knows each request's acceptance, so it need not wait for batch-wide averages to decay)."""
+    policy = DynamicK(MAX_K, SyntheticCost(per_token=0.01), explore_every=8)
+    rng = random.Random(5)
+    good, bad = _ids(4, "g"), _ids(252, "b")
+    accept_of = {**{r: 0.95 for r in good}, **{r: 0.0 for r in bad}}
+    mixed = _run(policy, 64, 0, 0.0, rng, ids=good + bad, accept_of=accept_of)
+    assert Counter(mixed[16:])[0] >= 0.8 * 48
+    for r in bad:
+        policy.remove_request(r)
+    assert len(policy.requests) == 4
+    tail = _run(policy, 20, 0, 0.0, rng, ids=good, accept_of=accept_of)
+    assert tail[1:] .count(MAX_K) >= 16, tail
+
+
+def test_request_acceptance_rows_are_reused_clean():
+    acc = RequestAcceptance(3, decay=1.0, prior_weight=1.0)
+    prior = np.array([0.5, 0.5, 0.5])
+    acc.observe(["a", "b"], [3, 3], [3, 0])
+    assert acc.expected_tokens(["a"], prior) == pytest.approx([1.0, 1.75, 2.3125, 2.734375])  # rates (1 + 0.5) / (1 + 1)
+    acc.remove("a")
+    acc.observe(["c"], [3], [0])  # takes a's row: nothing of a's counts remains
+    assert acc.expected_tokens(["c"], prior) == pytest.approx(acc.expected_tokens(["b"], prior))
+    for i in range(40):  # growth past the first allocation keeps earlier rows
+        acc.observe([f"x{i}"], [1], [1])
+    assert len(acc) == 42 and acc.expected_tokens(["b"], prior)[1] == pytest.approx(1.25)
 
 
 def test_acceptance_tracker_reverts_to_the_prior_without_observations():
     tracker = AcceptanceTracker(2, decay=0.5, prior=0.5)
     tracker.observe([2] * 100, [0] * 100)
-    assert tracker.rates()[0] < 0.01
+    assert tracker.rates()[0] < 0.01 and tracker.rates()[1] == 0.5  # position 1 was never attempted
     for _ in range(30):
         tracker.tick()
     assert tracker.rates()[0] == pytest.approx(0.5, abs=0.01)
@@ -124,5 +188,5 @@ def test_build_policy_from_config():
     policy = build_draft_policy(spec)
     assert isinstance(policy, DynamicK) and policy.max_k == 4
     fixed = build_draft_policy(load_config({"speculator": {"method": "ngram", "num_speculative_tokens": 3}}).speculator)
-    assert isinstance(fixed, FixedK) and fixed.choose(100) == 3
+    assert isinstance(fixed, FixedK) and fixed.choose(_ids(100)) == 3
     assert build_draft_policy(load_config({}).speculator) is None
