@@ -100,14 +100,31 @@ def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignor
     engine = llm.engine
     engine.spec_metrics.reset()
     compiled_before = compiled_variants()
+    step_ms: list[float] = []
+    step = engine.step
+
+    def timed_step():  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        try:
+            return step()
+        finally:
+            step_ms.append(1e3 * (time.perf_counter() - t0))
+
+    engine.step = timed_step
     _sync()
     start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    _sync()
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        _sync()
+    finally:
+        del engine.step
     seconds = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
+    ms = sorted(step_ms)
     return {"seconds": seconds, "output_tokens": tokens, "output_tok_per_s": tokens / seconds,
             "compiles_during_run": new_variants(compiled_before, compiled_variants()),
+            "steps": len(ms), "median_step_ms": ms[len(ms) // 2] if ms else 0.0,
+            "slowest_steps_ms": [round(x, 1) for x in ms[-3:]],
             **llm.get_metrics()["spec_decode"]}
 
 
@@ -155,7 +172,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         row = {"workload": w, "batch": b, "engine": engine_name, **r, **(extra or {})}
         results.append(row)
         print(f"{w:<14}{b:>6}  {engine_name:<10}{r['output_tok_per_s']:>10.0f} tok/s  "
-              f"accept len {r['mean_acceptance_length']:.2f}"
+              f"accept len {r['mean_acceptance_length']:.2f}  {r['steps']} steps, median {r['median_step_ms']:.2f} ms, "
+              f"slowest {r['slowest_steps_ms']}"
               + (f"  compiled during the run: {r['compiles_during_run']}" if r["compiles_during_run"] else ""),
               file=sys.stderr)
 

@@ -41,8 +41,8 @@ for j in "$@"; do
         tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_sampler_gpu.py tests/gpu/test_spec_gpu.py ;;
     layer_ops) job $j 90 python3 scripts/bench_layer_ops.py --out "$res/layer_ops/layer_ops.json" ;;
     gpu_tests_rest) job $j 200 python3 -m pytest -q tests/gpu/test_whisper_gpu.py tests/gpu/test_mamba_gpu.py ;;
-    profile-spec) for k in 0 1 5; do job $j-k$k 80 python3 scripts/profile_decode.py --batch 16 --prompt-len 128 \
-        --steps 40 --temperature 0 --repeat-prompt --spec-k $k --out "$res/profile_spec/k$k"; done ;;
+    profile-spec) for b in 1 16; do for k in 0 1 3 5 5,3; do job $j-b$b-k$k 80 python3 scripts/profile_decode.py --batch $b \
+        --prompt-len 128 --steps 40 --temperature 0 --repeat-prompt --spec-k $k --out "$res/profile_spec/b$b-k$k"; done; done ;;
     sampler-variants) for w in 8 32; do job $j-w$w 80 python3 scripts/bench_sampler.py "$res/sampler_w$w" \
         --plan-warps $w; done ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;

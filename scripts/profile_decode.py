@@ -41,17 +41,40 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     config = load_config({
         "model": {"preset": args.preset, "max_model_len": args.max_model_len},
         "scheduler": {"max_num_seqs": max(args.batch, 1), "max_num_batched_tokens": 8192},
+        # method dynamic: decode graphs for every k in 0..5 (a fixed-k engine captures 0 and 5 only)
         "speculator": ({"method": "none"} if args.spec_k is None else
-                       {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 5}),
+                       {"method": "dynamic", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
+                        "prompt_lookup_max": 5, "dynamic": {"method": "ngram"}}),
         "device": args.device,
         "seed": 0,
     })
     engine = LLM(config=config).engine
-    if args.spec_k is not None:  # an ngram engine held at a fixed draft length (as scripts/bench_spec.py does)
+    if args.spec_k is not None:  # held at a fixed draft length (as scripts/bench_spec.py does)
         from speculators.policy import FixedK
 
-        engine.draft_policy = engine.scheduler.draft_policy = FixedK(args.spec_k)
+        ks = [int(k) for k in args.spec_k.split(",")]
+        engine.draft_policy = engine.scheduler.draft_policy = FixedK(ks[0]) if len(ks) == 1 else CyclingK(ks)
     return engine
+
+
+class CyclingK:
+    """A draft-length policy that cycles through a list of k (what switching k every step costs)."""
+
+    def __init__(self, ks: list[int]) -> None:
+        self.ks, self.step = ks, 0
+
+    def choose(self, request_ids) -> int:  # type: ignore[no-untyped-def]
+        self.step += 1
+        return self.ks[self.step % len(self.ks)]
+
+    def observe_acceptance(self, *args) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def observe_step(self, *args) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def remove_request(self, request_id: str) -> None:
+        pass
 
 
 def fill(engine, args: argparse.Namespace) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -171,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--profile-prefill", action="store_true", help="also a kernel table of the prefill steps")
-    parser.add_argument("--spec-k", type=int, default=None, help="profile an ngram engine held at this k")
+    parser.add_argument("--spec-k", default=None,
+                        help="profile an ngram engine held at this k (a comma list: cycle through those k)")
     parser.add_argument("--repeat-prompt", action="store_true",
                         help="prompts repeat a 16-token segment (with --temperature 0: high ngram acceptance)")
     parser.add_argument("--device", default="auto", help="cpu runs a smoke check of this script")

@@ -11,12 +11,12 @@ drafts then yields on average `E(k) = 1 + sum_{j=1..k} prod_{i<j} a_i` tokens.
   the low-acceptance requests of a mixed batch finish, the estimate moves at once instead of decaying.
 
 Counts are numpy arrays indexed by a row per request, so a step of B rows costs a few array operations, not
-B * K Python iterations.
+B * K Python iterations; per-request observations are folded in batches (see `RequestAcceptance`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -39,26 +39,44 @@ def expected_tokens_from_rates(rates: np.ndarray) -> np.ndarray:
 
 
 class AcceptanceTracker:
-    """Batch-wide conditional acceptance a_j as decayed counts, pulled towards `prior` by one pseudo-count."""
+    """Batch-wide conditional acceptance a_j as decayed counts, pulled towards `prior` by one pseudo-count.
+
+    `tick` and `observe` only queue (host time per step matters); the counts are brought up to date, with the
+    same result as decaying and adding step by step, when they are read.
+    """
 
     def __init__(self, max_k: int, decay: float, prior: float) -> None:
         self.decay = decay
         self.prior = prior
         self.accepted = np.zeros(max_k)
         self.attempted = np.zeros(max_k)
+        self._ticks = 0  # steps since the last fold
+        self._pending: list[tuple[int, Sequence[int], Sequence[int]]] = []  # (tick, drafts, accepted)
 
     def tick(self) -> None:
         """One step passed: older observations weigh less."""
-        self.accepted *= self.decay
-        self.attempted *= self.decay
+        self._ticks += 1
 
     def observe(self, num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
-        attempted, accepted = _attempt_masks(len(self.attempted), num_draft, num_accepted)
-        self.attempted += attempted.sum(axis=0)
-        self.accepted += (accepted & attempted).sum(axis=0)
+        if len(num_draft):
+            self._pending.append((self._ticks, num_draft, num_accepted))
+
+    def fold(self) -> None:
+        """Apply the queued ticks and observations to the counts."""
+        n, pending = self._ticks, self._pending
+        self._ticks, self._pending = 0, []
+        self.accepted *= self.decay ** n
+        self.attempted *= self.decay ** n
+        if pending:
+            weights = np.concatenate([np.full(len(d), self.decay ** (n - t)) for t, d, _ in pending])
+            attempted, accepted = _attempt_masks(len(self.attempted), [x for _, d, _ in pending for x in d],
+                                                 [x for _, _, a in pending for x in a])
+            self.attempted += weights @ attempted
+            self.accepted += weights @ (accepted & attempted)
 
     def rates(self) -> np.ndarray:
         """[max_k] the a_j."""
+        self.fold()
         return (self.accepted + self.prior) / (self.attempted + 1.0)
 
     def expected_tokens(self, k: int) -> float:
@@ -68,7 +86,12 @@ class AcceptanceTracker:
 
 class RequestAcceptance:
     """Per-request decayed acceptance counts; a request's rates lean on the batch-wide ones until it has
-    `prior_weight` observations of a position. A request's counts decay by `decay` each time it is observed."""
+    `prior_weight` observations of a position. A request's counts decay by `decay` per observation of it.
+
+    Observations are queued and folded into the counts in one batch of array operations when the counts are
+    read (`expected_tokens`), so a policy that decides every few steps pays for the bookkeeping once per
+    decision, not once per step.
+    """
 
     def __init__(self, max_k: int, decay: float, prior_weight: float = 2.0) -> None:
         self.max_k = max_k
@@ -76,42 +99,70 @@ class RequestAcceptance:
         self.prior_weight = prior_weight
         self._row: dict[str, int] = {}
         self._free: list[int] = []
+        self._pending: list[tuple[Sequence[str], Sequence[int], Sequence[int]]] = []
         self.accepted = np.zeros((0, max_k))
         self.attempted = np.zeros((0, max_k))
+        self._cached: Optional[tuple[tuple[str, ...], np.ndarray]] = None  # see _rows_of
 
     def __len__(self) -> int:
+        self.fold()
         return len(self._row)
 
     def observe(self, request_ids: Sequence[str], num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
-        """One step's verification of each listed request (each request at most once)."""
-        if not request_ids:
+        """One step's verification of each listed request (each request at most once per step)."""
+        if request_ids:
+            self._pending.append((request_ids, num_draft, num_accepted))
+
+    def fold(self) -> None:
+        """Add the queued observations to the counts (each observed row decays once per observation first)."""
+        if not self._pending:
             return
-        rows = np.fromiter((self._row_of(r) for r in request_ids), dtype=np.int64, count=len(request_ids))
-        attempted, accepted = _attempt_masks(self.max_k, num_draft, num_accepted)
-        self.attempted[rows] = self.attempted[rows] * self.decay + attempted
-        self.accepted[rows] = self.accepted[rows] * self.decay + (accepted & attempted)
+        pending, self._pending = self._pending, []
+        rows = np.concatenate([self._rows_of(obs[0]) for obs in pending])
+        attempted, accepted = _attempt_masks(self.max_k, [d for obs in pending for d in obs[1]],
+                                             [a for obs in pending for a in obs[2]])
+        size = len(self.accepted)
+        times = np.bincount(rows, minlength=size)
+        touched = np.flatnonzero(times)
+        decay = (self.decay ** times[touched])[:, None]
+        self.attempted[touched] *= decay
+        self.accepted[touched] *= decay
+        # Per-(row, position) sums of the window: one bincount each (np.add.at is much slower).
+        cells = (rows[:, None] * self.max_k + np.arange(self.max_k)).ravel()
+        shape = (size, self.max_k)
+        self.attempted += np.bincount(cells, weights=attempted.ravel(), minlength=size * self.max_k).reshape(shape)
+        self.accepted += np.bincount(cells, weights=(accepted & attempted).ravel(),
+                                     minlength=size * self.max_k).reshape(shape)
 
     def remove(self, request_id: str) -> None:
         """The request ended: its row is reused by the next new request."""
+        self.fold()
         row = self._row.pop(request_id, None)
         if row is not None:
+            self._cached = None  # the row may go to another request
             self.accepted[row] = 0.0
             self.attempted[row] = 0.0
             self._free.append(row)
 
     def expected_tokens(self, request_ids: Sequence[str], prior_rates: np.ndarray) -> np.ndarray:
         """[max_k + 1] mean E(0..K) over the listed requests (unseen ones at the prior rates)."""
+        self.fold()
         if not request_ids:
             return expected_tokens_from_rates(prior_rates)
-        known = [self._row[r] for r in request_ids if r in self._row]
-        num_unknown = len(request_ids) - len(known)
-        total = num_unknown * expected_tokens_from_rates(prior_rates)
-        if known:
-            rows = np.asarray(known, dtype=np.int64)
-            w = self.prior_weight
-            rates = (self.accepted[rows] + w * prior_rates) / (self.attempted[rows] + w)
-            total = total + expected_tokens_from_rates(rates).sum(axis=0)
-        return total / len(request_ids)
+        rows = self._rows_of(request_ids)  # unseen requests get a row too: zero counts, the prior rates
+        w = self.prior_weight
+        rates = (self.accepted[rows] + w * prior_rates) / (self.attempted[rows] + w)
+        return expected_tokens_from_rates(rates).mean(axis=0)
+
+    def _rows_of(self, request_ids: Sequence[str]) -> np.ndarray:
+        """[n] int64 rows of these requests (new ones get a row). The last answer is cached: a decoding batch
+        is the same list of requests step after step, and hashing it is cheaper than n lookups."""
+        key = tuple(request_ids)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        rows = np.fromiter((self._row_of(r) for r in key), dtype=np.int64, count=len(key))
+        self._cached = (key, rows)
+        return rows
 
     def _row_of(self, request_id: str) -> int:
         row = self._row.get(request_id)

@@ -10,7 +10,8 @@ over the requests running now, preferring the smaller k unless a larger one is a
 Both inputs are measured online: acceptance per draft position, batch-wide and per request (a request's
 own rates lean on the batch-wide ones until it has been observed), and step costs per batch-size bucket.
 At a batch size with no measured costs anywhere, the policy first measures k = 0 and k = max_k; a new bucket
-borrows the cost shape of the nearest measured one. Every `explore_every` steps the policy re-tries the k it
+borrows the cost shape of the nearest measured one. The decision is remade every `DECIDE_EVERY` steps and
+whenever the batch changes size bucket (it costs host time). Every `explore_every` steps the policy re-tries the k it
 has not used for longest, so costs and acceptance keep tracking a workload that changes. Tests inject a
 synthetic `CostModel` instead of the measured one.
 """
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from speculators.acceptance import AcceptanceTracker, RequestAcceptance
 from speculators.interface import Proposal, ProposeInputs, Speculator
 from speculators.policy import DraftLengthPolicy
-from speculators.step_cost import CostModel, MeasuredCostModel, step_costs
+from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, step_costs
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from framework.scheduler_output import NewRequestData
 
 MARGIN = 0.01  # a larger k must beat a smaller one by 1% in expected tokens/s: no flapping on noise
+DECIDE_EVERY = 4  # steps between two decisions at the same batch-size bucket
 
 
 class DynamicK(DraftLengthPolicy):
@@ -46,6 +48,8 @@ class DynamicK(DraftLengthPolicy):
         self.explore_every = explore_every
         self._steps = 0
         self._last_used = [-1] * (max_k + 1)  # step at which each k was last chosen
+        self._best: Optional[int] = None  # the last decision, and the batch bucket it was made for
+        self._bucket = 0
         self.history: list[int] = []  # every k chosen (benchmarks plot it)
 
     @classmethod
@@ -85,13 +89,17 @@ class DynamicK(DraftLengthPolicy):
     def _choose(self, request_ids: Sequence[str]) -> int:
         if self.max_k == 0 or not request_ids:
             return 0
-        best = self.best_k(request_ids)
-        if best is None:  # measure the two ends at this batch size first
+        # Decide every DECIDE_EVERY steps, and at once when the batch changes bucket: the decision costs
+        # tens of microseconds of host time (more at large batches), against a step of one or a few ms.
+        bucket = batch_bucket(len(request_ids))
+        if self._best is None or bucket != self._bucket or self._steps % DECIDE_EVERY == 0:
+            self._best, self._bucket = self.best_k(request_ids), bucket
+        if self._best is None:  # nothing measured yet: the two ends first
             return 0 if self.cost_model.cost(len(request_ids), 0) is None else self.max_k
         if self.explore_every and self._steps % self.explore_every == 0:
-            others = [k for k in range(self.max_k + 1) if k != best]
+            others = [k for k in range(self.max_k + 1) if k != self._best]
             return min(others, key=lambda k: self._last_used[k])  # the k unused for longest
-        return best
+        return self._best
 
     def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],
                            num_accepted: Sequence[int]) -> None:
