@@ -104,8 +104,9 @@ class DynamicKConfig(_Strict):
         0.5, ge=0.0, le=1.0, description="Acceptance assumed at every draft position before any is measured."
     )
     explore_every: int = Field(
-        16, ge=0, description="Every this many steps in which k = 0 was chosen, draft once at k = 1 so that "
-        "acceptance keeps being measured (0 = never).",
+        32, ge=0, description="Every this many steps, one step at another k than the best one: max_k every other "
+        "time while the best is below it (measures every draft position's acceptance), else the k unused for "
+        "longest (refreshes its measured cost); 0 = never.",
     )
 
 

@@ -128,9 +128,10 @@ def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignor
             **llm.get_metrics()["spec_decode"]}
 
 
-def warm_up(llm, vocab: int, ks: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
-    """Untimed runs at every draft length the timed runs use: kernels whose sizes follow k (ngram proposal,
-    rejection sampler) compile on first use, which would otherwise land in the first timed run of each k."""
+def warm_up(llm, vocab: int, ks: tuple[int, ...], batch_sizes: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Untimed runs at every draft length and batch size the timed runs use: kernels whose sizes follow k
+    (ngram proposal, rejection sampler) compile on first use, and a CUDA graph's first replay is slow; both
+    would otherwise land in the first timed run of each k (and in dynamic-k's measured costs)."""
     from speculators.policy import FixedK
 
     for k in ks:
@@ -138,6 +139,8 @@ def warm_up(llm, vocab: int, ks: tuple[int, ...]) -> None:  # type: ignore[no-un
             set_policy(llm, FixedK(k))
         for name in ("greedy-repeat", "sampled"):
             run_once(llm, *workload(name, 4, 16, vocab, 99))
+        for b in batch_sizes:
+            run_once(llm, *workload("sampled", b, 4, vocab, 98))
 
 
 def _sync() -> None:
@@ -179,7 +182,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     llm = build_llm(False, max_model_len, args.smoke)
     vocab = llm.engine.loaded.vocab_size
-    warm_up(llm, vocab, (0,))
+    warm_up(llm, vocab, (0,), args.batch_sizes)
     for w, b in plans:
         record("none", w, b, run_median(llm, *workload(w, b, args.output_len, vocab, 1), args.repeats))
     del llm
@@ -187,12 +190,12 @@ def main(argv: Optional[list[str]] = None) -> None:
         torch.cuda.empty_cache()
 
     llm = build_llm(True, max_model_len, args.smoke)
-    warm_up(llm, vocab, FIXED_KS)
+    warm_up(llm, vocab, tuple(range(K_MAX + 1)), args.batch_sizes)
     for w, b in plans:
         for k in FIXED_KS:
             set_policy(llm, FixedK(k))
             record(f"ngram k={k}", w, b, run_median(llm, *workload(w, b, args.output_len, vocab, 1), args.repeats))
-        policy = DynamicK(K_MAX, explore_every=16)  # fresh for each cell: its first run starts cold
+        policy = DynamicK(K_MAX)  # fresh for each cell: its first run starts cold
         set_policy(llm, policy)
         r = run_median(llm, *workload(w, b, args.output_len, vocab, 1), args.repeats)
         counts = Counter(policy.history)

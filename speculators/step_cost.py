@@ -1,9 +1,10 @@
 """Measured step cost t(B, k) for dynamic-k: seconds per decode step of B rows verifying k drafts each.
 
-`MeasuredCostModel` keeps a moving average per (batch-size bucket, k) of the wall time between two
+`MeasuredCostModel` keeps, per (batch-size bucket, k), the median of the last few wall times between two
 consecutive outputs of pure decode steps (the engine measures it: with async scheduling the device runs the
-steps back to back, so this is the step's cost, drafting and host work included). One slow step (a garbage
-collection, a page fault) may at most double an average, so a single outlier does not flip the policy.
+steps back to back, so this is the step's cost, drafting and host work included). A median, not a mean: one
+slow step (a garbage collection, the first replay of a CUDA graph, the host catching up after a prefill)
+must not flip the policy, and a k the policy rarely uses is measured rarely.
 
 `step_costs` turns the measurements into a full table t(B, 0..K):
 
@@ -11,17 +12,20 @@ collection, a page fault) may at most double an average, so a single outlier doe
   both grow about linearly with k);
 * a bucket missing k = 0 or k = K borrows the *shape* t(k) / t(0) of the nearest bucket that has both (only
   ratios between k decide the policy's argmax), scaled to whatever the bucket has measured;
-* with no bucket complete, the table is unknown (None) and the policy measures k = 0 and k = K first.
+* with no bucket complete, the table is unknown (None) and the policy measures k = 0 and k = K first;
+* no k costs less than k = 0: verifying drafts only adds work, so a measurement that says otherwise is
+  noise, and believing it would make the policy draft for nothing when acceptance is ~0.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import statistics
+from collections import deque
 from typing import Optional, Protocol
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-MAX_OUTLIER_FACTOR = 2.0  # one observation moves an average at most as far as this many times the average
 
 
 def batch_bucket(num_rows: int) -> int:
@@ -39,23 +43,21 @@ class CostModel(Protocol):
 
 
 class MeasuredCostModel:
-    """Moving average of measured step times per (batch bucket, k); `decay` weighs the old average."""
+    """The median of the last `window` measured step times per (batch bucket, k)."""
 
-    def __init__(self, decay: float = 0.8) -> None:
-        self.decay = decay
-        self._seconds: dict[tuple[int, int], float] = {}
+    def __init__(self, window: int = 5) -> None:
+        self._samples: dict[tuple[int, int], deque[float]] = {}
+        self.window = window
 
     def cost(self, num_rows: int, k: int) -> Optional[float]:
-        return self._seconds.get((batch_bucket(num_rows), k))
+        samples = self._samples.get((batch_bucket(num_rows), k))
+        return statistics.median(samples) if samples else None
 
     def observe(self, num_rows: int, k: int, seconds: float) -> None:
         key = (batch_bucket(num_rows), k)
-        old = self._seconds.get(key)
-        if old is None:
-            self._seconds[key] = seconds
-        else:
-            seconds = min(seconds, MAX_OUTLIER_FACTOR * old)
-            self._seconds[key] = self.decay * old + (1 - self.decay) * seconds
+        if key not in self._samples:
+            self._samples[key] = deque(maxlen=self.window)
+        self._samples[key].append(seconds)
 
 
 def _bucket_costs(cost_model: CostModel, bucket: int, max_k: int) -> Optional[list[float]]:
@@ -76,6 +78,11 @@ def _bucket_costs(cost_model: CostModel, bucket: int, max_k: int) -> Optional[li
 
 def step_costs(cost_model: CostModel, num_rows: int, max_k: int) -> Optional[list[float]]:
     """t(B, k) for every k in 0..max_k at this batch size (see the module docstring), or None."""
+    costs = _raw_step_costs(cost_model, num_rows, max_k)
+    return None if costs is None else [max(c, costs[0]) for c in costs]
+
+
+def _raw_step_costs(cost_model: CostModel, num_rows: int, max_k: int) -> Optional[list[float]]:
     bucket = batch_bucket(num_rows)
     own = _bucket_costs(cost_model, bucket, max_k)
     if own is not None:

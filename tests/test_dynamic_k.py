@@ -137,11 +137,31 @@ def test_a_new_batch_size_borrows_the_nearest_measured_cost_shape():
     assert policy.choose(_ids(200)) in range(5)  # no forced k = 0 / k = 4 measurement at the new size
 
 
-def test_one_slow_step_moves_a_cost_average_at_most_twofold():
-    cost = MeasuredCostModel(decay=0.5)
-    cost.observe(8, 1, 1.0)
-    cost.observe(8, 1, 100.0)  # e.g. a garbage-collection pause: counted as 2.0
-    assert cost.cost(8, 1) == pytest.approx(1.5)
+def test_costs_are_medians_and_no_k_is_cheaper_than_k0():
+    cost = MeasuredCostModel(window=3)
+    for seconds in (1.0, 100.0, 1.2):  # one garbage-collection pause among them
+        cost.observe(8, 1, seconds)
+    assert cost.cost(8, 1) == pytest.approx(1.2)
+    cost.observe(8, 1, 1.1)  # the window keeps the last three: 100, 1.2, 1.1
+    assert cost.cost(8, 1) == pytest.approx(1.2)
+    cost.observe(8, 0, 1.5)  # k = 0 measured slower than k = 1 (noise): taken as no cheaper
+    cost.observe(8, 2, 1.4)
+    assert step_costs(cost, 8, 2) == pytest.approx([1.5, 1.5, 1.5])
+    # So with acceptance ~0 the policy keeps k = 0 although k = 1 and 2 measured cheaper.
+    policy = DynamicK(2, cost, explore_every=0)
+    ids = _ids(8)
+    for _ in range(10):
+        policy.observe_acceptance(ids, [2] * 8, [0] * 8)
+    assert [policy.choose(ids) for _ in range(8)] == [0] * 8
+
+
+def test_exploration_below_max_k_alternates_max_k_and_the_least_recent_k():
+    policy = DynamicK(MAX_K, SyntheticCost(), explore_every=4)
+    ids = _ids(8)
+    ks = _run(policy, 64, rows=8, accept_p=0.0, rng=random.Random(7), ids=ids)
+    explored = [ks[s - 1] for s in range(4, 65, 4)]  # steps 4, 8, ...: exploration
+    assert explored[1::2] == [MAX_K] * 8  # every other exploration observes every position
+    assert set(explored[0::2]) - {MAX_K} == {1, 2, 3, 4} - {MAX_K}  # the others cycle through the rest
 
 
 def test_requests_that_accept_take_over_when_the_others_finish():
