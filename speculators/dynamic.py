@@ -14,12 +14,14 @@ At a batch size with no measured costs anywhere, the policy first measures k = 0
 borrows the cost shape of the nearest measured one. The decision is remade every `DECIDE_EVERY` steps and
 whenever the batch changes size bucket (it costs host time). Every `explore_every` steps the policy re-tries the k it
 has not used for longest (or, every other time while below max_k, max_k itself, which observes every draft
-position), so costs and acceptance keep tracking a workload that changes. Tests inject a
+position), so costs and acceptance keep tracking a workload that changes; explorations that cost much are
+spaced further apart (`EXPLORE_BUDGET`). Tests inject a
 synthetic `CostModel` instead of the measured one.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from speculators.acceptance import AcceptanceTracker, RequestAcceptance
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
 MARGIN = 0.03  # a larger k must beat a smaller one by 3% in expected tokens/s: no flapping on noise
 DECIDE_EVERY = 4  # steps between two decisions at the same batch-size bucket
+EXPLORE_BUDGET = 0.01  # exploration steps may cost about this fraction of the tokens per second
 
 
 class DynamicK(DraftLengthPolicy):
@@ -50,8 +53,11 @@ class DynamicK(DraftLengthPolicy):
         self.explore_every = explore_every
         self._steps = 0
         self._last_used = [-1] * (max_k + 1)  # step at which each k was last chosen
-        self._best: Optional[int] = None  # the last decision, and the batch bucket it was made for
+        self._best: Optional[int] = None  # the last decision, the batch bucket and rates it was made with
         self._bucket = 0
+        self._rates: list[float] = []
+        self._explorations = 0
+        self._next_explore = explore_every  # step of the next exploration
         self.history: list[int] = []  # every k chosen (benchmarks plot it)
 
     @classmethod
@@ -67,17 +73,24 @@ class DynamicK(DraftLengthPolicy):
         """E(0..max_k): expected tokens per row and step, the mean over these requests."""
         return self.requests.expected_tokens(request_ids, self.acceptance.rates()).tolist()
 
-    def best_k(self, request_ids: Sequence[str]) -> Optional[int]:
-        """argmax of expected tokens per second, or None while the costs at this batch size are unknown."""
+    def rates(self, request_ids: Sequence[str]) -> Optional[list[float]]:
+        """Expected tokens per second for every k, or None while the costs at this batch size are unknown."""
         costs = self.costs(len(request_ids))
         if costs is None:
             return None
         tokens = self.expected_tokens(request_ids)
-        best, best_rate = 0, tokens[0] / max(costs[0], 1e-12)
+        return [tokens[k] / max(costs[k], 1e-12) for k in range(self.max_k + 1)]
+
+    def best_k(self, request_ids: Sequence[str]) -> Optional[int]:
+        """argmax of expected tokens per second, or None while the costs at this batch size are unknown."""
+        rates = self.rates(request_ids)
+        if rates is None:
+            return None
+        self._rates = rates
+        best = 0
         for k in range(1, self.max_k + 1):
-            rate = tokens[k] / max(costs[k], 1e-12)
-            if rate > best_rate * (1 + MARGIN):
-                best, best_rate = k, rate
+            if rates[k] > rates[best] * (1 + MARGIN):
+                best = k
         return best
 
     def choose(self, request_ids: Sequence[str]) -> int:
@@ -98,18 +111,27 @@ class DynamicK(DraftLengthPolicy):
             self._best, self._bucket = self.best_k(request_ids), bucket
         if self._best is None:  # nothing measured yet: the two ends first
             return 0 if self.cost_model.cost(len(request_ids), 0) is None else self.max_k
-        if self.explore_every and self._steps % self.explore_every == 0:
+        if self.explore_every and self._steps >= self._next_explore:
             return self._explore(self._best)
         return self._best
 
     def _explore(self, best: int) -> int:
-        """An exploration step's k. Below max_k, every other exploration drafts max_k: one step measures the
-        acceptance of every position (the current k observes only its own). Otherwise the k unused for
-        longest, to refresh its measured cost."""
-        if best < self.max_k and (self._steps // self.explore_every) % 2 == 0:
-            return self.max_k
-        others = [k for k in range(self.max_k + 1) if k != best]
-        return min(others, key=lambda k: self._last_used[k])
+        """An exploration step's k, and when the next one comes.
+
+        Below max_k, every other exploration drafts max_k: one step measures the acceptance of every position
+        (the current k observes only its own). Otherwise the k unused for longest, to refresh its measured
+        cost. The next exploration comes after `explore_every` steps, or later when exploring is dear: an
+        exploration losing a fraction L of a step's tokens per second waits L / EXPLORE_BUDGET steps (at
+        batch 256 with acceptance ~0, a step at max_k costs about twice a step at k = 0)."""
+        self._explorations += 1
+        if best < self.max_k and self._explorations % 2 == 1:
+            k = self.max_k
+        else:
+            others = [j for j in range(self.max_k + 1) if j != best]
+            k = min(others, key=lambda j: self._last_used[j])  # the k unused for longest
+        loss = max(0.0, 1.0 - self._rates[k] / max(self._rates[best], 1e-12)) if self._rates else 0.0
+        self._next_explore = self._steps + max(self.explore_every, math.ceil(loss / EXPLORE_BUDGET))
+        return k
 
     def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],
                            num_accepted: Sequence[int]) -> None:

@@ -6,15 +6,17 @@ steps back to back, so this is the step's cost, drafting and host work included)
 slow step (a garbage collection, the first replay of a CUDA graph, the host catching up after a prefill)
 must not flip the policy, and a k the policy rarely uses is measured rarely.
 
-`step_costs` turns the measurements into a full table t(B, 0..K):
+`step_costs` turns the measurements into a full table t(B, 0..K), a straight line in k:
 
-* in the batch's own bucket, k between two measured k is interpolated linearly (verification and drafting
-  both grow about linearly with k);
-* a bucket missing k = 0 or k = K borrows the *shape* t(k) / t(0) of the nearest bucket that has both (only
-  ratios between k decide the policy's argmax), scaled to whatever the bucket has measured;
-* with no bucket complete, the table is unknown (None) and the policy measures k = 0 and k = K first;
-* no k costs less than k = 0: verifying drafts only adds work, so a measurement that says otherwise is
-  noise, and believing it would make the policy draft for nothing when acceptance is ~0.
+* in the batch's own bucket, t(k) = a + b * k fitted by least squares to the per-k medians (two measured k
+  suffice). Steps of a few ms are host-bound and measure with 5-15 % noise per k; pooling every k into one
+  line keeps that noise from ranking, say, k = 4 below k = 5. Verification and drafting both grow about
+  linearly with k, and b is kept >= 0: verifying drafts only adds work, so a measurement saying that some
+  k costs less than k = 0 is noise, and believing it would make the policy draft for nothing when
+  acceptance is ~0;
+* a bucket with fewer than two measured k borrows the *shape* b / a of the nearest bucket that has a line
+  (only ratios between k decide the policy's argmax), scaled to whatever the bucket has measured;
+* with no line anywhere, the table is unknown (None) and the policy measures k = 0 and k = K first.
 """
 
 from __future__ import annotations
@@ -60,40 +62,33 @@ class MeasuredCostModel:
         self._samples[key].append(seconds)
 
 
-def _bucket_costs(cost_model: CostModel, bucket: int, max_k: int) -> Optional[list[float]]:
-    """t(bucket, 0..K) from this bucket alone: measured k, the rest interpolated; None without both ends."""
-    known = {k: c for k in range(max_k + 1) if (c := cost_model.cost(bucket, k)) is not None}
-    if 0 not in known or max_k not in known:
+def _bucket_line(cost_model: CostModel, bucket: int, max_k: int) -> Optional[tuple[float, float]]:
+    """(a, b) of t(k) = a + b * k fitted to this bucket's per-k medians (least squares, b >= 0), or None
+    with fewer than two k measured."""
+    points = {k: c for k in range(max_k + 1) if (c := cost_model.cost(bucket, k)) is not None}
+    if len(points) < 2:
         return None
-    out = []
-    for k in range(max_k + 1):
-        if k in known:
-            out.append(known[k])
-            continue
-        lo = max(j for j in known if j < k)
-        hi = min(j for j in known if j > k)
-        out.append(known[lo] + (known[hi] - known[lo]) * (k - lo) / (hi - lo))
-    return out
+    mean_k = sum(points) / len(points)
+    mean_t = sum(points.values()) / len(points)
+    slope = sum((k - mean_k) * (t - mean_t) for k, t in points.items()) / sum((k - mean_k) ** 2 for k in points)
+    slope = max(slope, 0.0)  # verifying more drafts never costs less: a negative slope is noise
+    return mean_t - slope * mean_k, slope
 
 
 def step_costs(cost_model: CostModel, num_rows: int, max_k: int) -> Optional[list[float]]:
     """t(B, k) for every k in 0..max_k at this batch size (see the module docstring), or None."""
-    costs = _raw_step_costs(cost_model, num_rows, max_k)
-    return None if costs is None else [max(c, costs[0]) for c in costs]
-
-
-def _raw_step_costs(cost_model: CostModel, num_rows: int, max_k: int) -> Optional[list[float]]:
     bucket = batch_bucket(num_rows)
-    own = _bucket_costs(cost_model, bucket, max_k)
-    if own is not None:
-        return own
+    line = _bucket_line(cost_model, bucket, max_k)
+    if line is not None:
+        return [line[0] + line[1] * k for k in range(max_k + 1)]
     by_distance = sorted(BATCH_BUCKETS, key=lambda b: abs(math.log2(b) - math.log2(bucket)))
     for other in by_distance:
-        shape = _bucket_costs(cost_model, other, max_k) if other != bucket else None
-        if shape is None:
+        borrowed = _bucket_line(cost_model, other, max_k) if other != bucket else None
+        if borrowed is None or borrowed[0] <= 0.0:
             continue
+        rel = borrowed[1] / borrowed[0]  # t(k) / t(0) = 1 + rel * k there
         measured = {k: c for k in range(max_k + 1) if (c := cost_model.cost(bucket, k)) is not None}
-        # Scale the borrowed shape to this bucket's own measurements (their mean ratio), if any.
-        scale = (sum(c / shape[k] for k, c in measured.items()) / len(measured)) if measured else 1.0
-        return [measured.get(k, shape[k] * scale) for k in range(max_k + 1)]
+        # Scale the borrowed shape to this bucket's own measurement, if it has one.
+        base = sum(c / (1.0 + rel * k) for k, c in measured.items()) / len(measured) if measured else borrowed[0]
+        return [base * (1.0 + rel * k) for k in range(max_k + 1)]
     return None
