@@ -232,8 +232,9 @@ def _apply_penalties_kernel(
             in_prompt = tl.load(prompt_ptr + req_slot * vocab_size + tokens, mask=mask, other=0) != 0
             x = tl.load(row_ptr + tokens, mask=mask)
             tl.store(row_ptr + tokens, _penalise(x, counts.to(tl.float32), in_prompt, rep, freq, pres), mask=mask)
-        # 2. Drafts before the row that are not listed (not in the bitmap): each distinct one once, at its first
-        # occurrence, counted over the drafts alone (unseen: in no prompt, count 0). Disjoint from 1.
+        # 2. Drafts before the row that are not listed (not in the bitmap), counted over the drafts alone (unseen:
+        # in no prompt, count 0). Disjoint from 1. Each distinct one is written once, by its first occurrence
+        # (repeats would store the same value: one store per token keeps the writes simple to reason about).
         if HAS_DRAFTS:
             if part == 0:
                 lanes = tl.arange(0, DRAFT_BLOCK)
