@@ -100,7 +100,9 @@ class PenaltiesState:
         for staged in self._staged:
             staged.apply()
         if self._rebuild_slots and self.counts is not None:
-            slots = torch.tensor(self._rebuild_slots, dtype=torch.int64).to(self.device, non_blocking=True)
+            # Once per slot (a slot re-added before this call would otherwise be counted by two programs).
+            unique = sorted(set(self._rebuild_slots))
+            slots = torch.tensor(unique, dtype=torch.int64).to(self.device, non_blocking=True)
             init_token_counts(self.history.all_token_ids, self.history.prompt_len, self.history.prefill_len, slots,
                               self.counts)
         self._rebuild_slots.clear()

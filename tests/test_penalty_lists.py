@@ -199,3 +199,18 @@ def test_capacity_bounds_the_distinct_tokens_of_a_history():
     assert state.counts is None  # nothing allocated before a penalised request
     state.add_request(0, PENALISED)
     assert state.counts is not None and state.counts.seen_ids.shape == (2, 33)
+
+
+def test_a_slot_re_added_before_the_rebuild_is_counted_once(monkeypatch):
+    for module in (samplers.penalties, samplers.penalty_counts):
+        monkeypatch.setattr(module, "use_triton", lambda tensor: True)
+    history = make_history(2, 8, DEVICE)
+    history.all_token_ids[1, :4] = _i32([4, 6, 6, 9])
+    history.prompt_len[1], history.prefill_len[1], history.total_len[1] = 2, 4, 4
+    state = PenaltiesState(2, 16, torch.device(DEVICE), history)
+    state.add_request(1, PENALISED)
+    state.remove_request(1)
+    state.add_request(1, PENALISED)  # the same slot, again, before apply_staged_writes
+    state.apply_staged_writes()
+    assert state.counts.output_counts[1].tolist() == [0] * 6 + [1, 0, 0, 1] + [0] * 6
+    assert int(state.counts.num_seen[1]) == 3
