@@ -198,7 +198,7 @@ def _slot_penalties(rep_ptr, freq_ptr, pres_ptr, req_slot):
 @triton.jit
 def _penalise(x, counts, in_prompt, rep, freq, pres):
     in_output = counts > 0
-    penalised = tl.where(x > 0, x / rep, x * rep)
+    penalised = tl.where(x > 0, tl.math.div_rn(x, rep), x * rep)  # IEEE division, as torch (few tokens: cheap)
     x = tl.where(in_prompt | in_output, penalised, x)
     return x - freq * counts - pres * in_output.to(tl.float32)
 
