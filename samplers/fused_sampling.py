@@ -10,8 +10,9 @@ kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only 
   the row max first).
 - **Gather rows** (top-k and/or top-p), one read of the logits plus a read of the group maxima (1/16 of it):
   1. `_fused_stats_kernel` (rows x chunks) writes per chunk the max of x and, for top-p alone, the sum of
-     `exp(y - max y)`; and the max of x of every `GROUP` consecutive tokens. Given `penalties`, it first
-     penalises the row's seen tokens in place (the penalty kernel's code), so every later pass reads them.
+     `exp(y - max y)`; and the max of x of every `GROUP` consecutive tokens. A plain read: the penalties, if
+     any, were applied before by their own kernel, which touches only the rows' seen tokens
+     (`samplers.penalties`).
   2. `_fused_plan_kernel` (one program per row):
      a. picks a cutoff `c` on x such that `want <= G(c) <= limit`, with `G(c)` the number of groups whose max
         is `>= c`: a radix select over the bytes of the order-preserving int keys of the group maxima
@@ -56,7 +57,6 @@ import triton.language as tl
 
 from samplers.fused_resolve import _fused_resolve_kernel, _resolve_candidates, _row_nonfinite, _store_result
 from samplers.gumbel import _row_key, _token_bits, gumbel_sample_reference
-from samplers.penalties import PenaltyTables, _drafts_before, _penalise, _penalty_lanes, _slot_penalties
 from samplers.sanitize import sanitize_logits_reference
 from samplers.top_k_top_p import _ordered_key, apply_min_p_reference, apply_top_k_top_p_reference
 from samplers.triton_utils import use_triton, vocab_block
@@ -144,10 +144,7 @@ def _load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
 def _fused_stats_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr,
     part_max_ptr, part_sum_ptr, part_bad_ptr, group_max_ptr, num_groups, num_chunks, chunk_size, vocab_size,
-    rep_ptr, freq_ptr, pres_ptr, counts_ptr, prompt_ptr, bits_ptr, num_words, positions_ptr, total_len_ptr,
-    drafts_ptr, drafts_stride, max_drafts,
-    SANITIZE: tl.constexpr, PENALTIES: tl.constexpr, HAS_DRAFTS: tl.constexpr, BLOCK: tl.constexpr,
-    GROUP: tl.constexpr,
+    SANITIZE: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
 ):
     # Maxima are taken over x, not y = x / T: division by T > 0 is monotone, so max(y) = max(x) / T, and the
     # division is left to the few values that need it.
@@ -155,12 +152,6 @@ def _fused_stats_kernel(
     chunk = tl.program_id(1)
     req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
                                                       vocab_size)
-    penalise = False
-    if PENALTIES:  # step 6 on the way: seen tokens are penalised in place, and the stats are of the result
-        rep, freq, pres, penalise = _slot_penalties(rep_ptr, freq_ptr, pres_ptr, req_slot)
-        before = 0
-        if HAS_DRAFTS:
-            before = _drafts_before(logits_row, req_slot, positions_ptr, total_len_ptr, max_drafts)
     need_sum = p_on & (k_on == 0)  # Z of top-p alone is the whole row's sum-exp
     row_ptr = logits_ptr + logits_row * logits_stride
     run_max = tl.full([], -float("inf"), tl.float32)  # of x
@@ -169,15 +160,7 @@ def _fused_stats_kernel(
     start0 = chunk * chunk_size
     for start in range(start0, tl.minimum(start0 + chunk_size, vocab_size), BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=-float("inf"))
-        if PENALTIES:
-            if penalise:  # (NaN and +inf stay as they are and are flagged just below, as after a separate pass)
-                lanes, counts, in_prompt = _penalty_lanes(offs, offs < vocab_size, req_slot, before, counts_ptr,
-                                                          prompt_ptr, bits_ptr, num_words, drafts_ptr,
-                                                          drafts_stride, vocab_size, True, HAS_DRAFTS)
-                x = tl.where(lanes, _penalise(x, counts, in_prompt, rep, freq, pres), x)
-                tl.store(row_ptr + offs, x, mask=lanes)  # the later passes read the penalised logits
-        x, block_bad = _sanitized(x, SANITIZE)
+        x, block_bad = _load_x(row_ptr, offs, offs < vocab_size, SANITIZE)
         num_bad += block_bad
         new_max = tl.maximum(run_max, tl.max(x, axis=0))
         if need_sum & (new_max > -float("inf")):  # online sum-exp, relative to the running max
@@ -391,7 +374,6 @@ def sample_fused_triton(
     sanitize: bool = True,
     nonfinite: Optional[torch.Tensor] = None,  # [L] bool from an earlier `sanitize_logits` (when not sanitize)
     need_plan: bool = True,
-    penalties: Optional[PenaltyTables] = None,
     nonfinite_code: int = 1,
     no_token_code: int = 2,
 ) -> FusedSample:
@@ -400,9 +382,6 @@ def sample_fused_triton(
     `sanitize`: treat NaN/+inf as -inf and flag the row (the caller did not run `sanitize_logits`).
     `need_plan=False` skips pass 1 and the plan; only valid when no row uses top-k, top-p or min-p (host mirrors
     tell, see `SamplingStages`).
-    `penalties` (with `need_plan`): apply the repetition/frequency/presence penalties first, in pass 1, which
-    writes the penalised logits in place (seen tokens only), as `samplers.penalties.apply_penalties` would:
-    the result is `sample_fused_reference` of `apply_penalties_reference(logits, ...)`.
     """
     num_rows, vocab_size = logits.shape
     device = logits.device
@@ -423,13 +402,11 @@ def sample_fused_triton(
     flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     tables = (params.temperature, params.top_k, params.top_p)
     grid = (num_rows, num_chunks)
-    assert penalties is None or need_plan, "the penalties are applied by pass 1, which runs only with a plan"
     if need_plan:
         _fused_stats_kernel[grid](
             logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.part_bad,
-            ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, *_penalty_args(penalties, positions),
-            SANITIZE=sanitize, PENALTIES=penalties is not None,
-            HAS_DRAFTS=penalties is not None and penalties.drafts is not None, BLOCK=block, GROUP=GROUP,
+            ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block,
+            GROUP=GROUP,
         )
         _fused_plan_kernel[(num_rows,)](
             logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
@@ -465,19 +442,6 @@ def sample_fused(
         return sample_fused_triton(logits, expanded_idx_mapping, positions, params, nonfinite_code=nonfinite_code,
                                    no_token_code=no_token_code)
     return sample_fused_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code)
-
-
-def _penalty_args(penalties: Optional[PenaltyTables], positions: torch.Tensor) -> tuple:
-    """The stats kernel's penalty arguments (any tensors when unread: PENALTIES / HAS_DRAFTS are off)."""
-    if penalties is None:
-        return (positions,) * 6 + (0,) + (positions,) * 3 + (0, 0)
-    p, d = penalties, penalties.drafts
-    vocab_words = p.seen_bits.shape[1]
-    if d is None:
-        drafts = (positions, positions, positions, 0, 0)
-    else:
-        drafts = (d.sample_positions, d.total_len, d.draft_tokens, d.draft_tokens.stride(0), d.draft_tokens.shape[1])
-    return (p.repetition, p.frequency, p.presence, p.output_counts, p.prompt_mask, p.seen_bits, vocab_words) + drafts
 
 
 class _Workspace:

@@ -14,8 +14,8 @@ Order (each stage skipped when no request of the batch uses it, decided on the h
 On CUDA, steps 8-12 run fused (`samplers.fused_sampling`: one or two reads of the logits, which are left
 untouched, but for step 6), and step 1 joins them when no logprobs are wanted and the only edits are bias and
 penalties (which keep NaN and +inf as they are; a finite logit they push past float32's range is reported
-too). Step 6 joins the fused first pass too when some row uses top-k, top-p or min-p and no custom processor
-runs: that pass penalises the seen tokens in place as it reads the row. The
+too). Step 6 runs as its own kernel on both paths, touching only the seen tokens of each row
+(`samplers.penalties`), so the fused passes that follow stay plain reads. The
 separate stages (`apply_top_k_top_p`, `apply_min_p`, `gumbel_sample`) remain for processed logprobs, which
 need the masked logits, and as the reference everywhere else.
 """
@@ -127,18 +127,12 @@ class Sampler:
         if want_logprobs:  # raw logprobs (processed ones take the unfused path); the fused steps write nothing
             raw = logits.clone() if stages.any_logits_edit else logits
         need_plan = stages.any_top_k or stages.any_top_p or stages.any_min_p
-        # Step 6 joins the fused first pass (which reads every logit anyway) when it is the last edit; without
-        # a plan there is no such pass, and custom processors must see penalised logits.
-        fuse_penalties = stages.any_penalties and need_plan and not stages.processors
-        logits = self.apply_logits_edits(logits, expanded_idx_mapping, sample_positions, stages,  # 2.-7.
-                                         skip_penalties=fuse_penalties)
+        logits = self.apply_logits_edits(logits, expanded_idx_mapping, sample_positions, stages)  # 2.-7.
         t = self.states.params.tensors
         params = SlotSamplingParams(t["temperature"], t["top_k"], t["top_p"], t["min_p"], t["seed"])
-        sampled, errors = sample_fused_triton(  # (6.,) 8.-12.
+        sampled, errors = sample_fused_triton(  # 8.-12.
             logits, expanded_idx_mapping, sample_positions.long(), params, sanitize=not separate_sanitize,
-            nonfinite=nonfinite, need_plan=need_plan,
-            penalties=self.states.penalties.tables(sample_positions) if fuse_penalties else None,
-            nonfinite_code=ROW_NONFINITE_LOGITS, no_token_code=ROW_NO_TOKEN_LEFT,
+            nonfinite=nonfinite, need_plan=need_plan, nonfinite_code=ROW_NONFINITE_LOGITS, no_token_code=ROW_NO_TOKEN_LEFT,
         )
         logprobs = compute_logprobs(raw, sampled, stages.num_logprobs) if raw is not None else None  # 13.
         return SamplerOutput(sampled, logprobs, errors)
@@ -149,10 +143,8 @@ class Sampler:
         expanded_idx_mapping: torch.Tensor,  # [L] int32
         sample_positions: torch.Tensor,  # [L] int64
         stages: SamplingStages,
-        skip_penalties: bool = False,
     ) -> torch.Tensor:
-        """Stages 2-7: masks, bias, penalties and custom processors, in that order (`skip_penalties`: the
-        caller applies them itself, as the last edit)."""
+        """Stages 2-7: masks, bias, penalties and custom processors, in that order."""
         s = self.states
         if stages.any_allowed_tokens:
             logits = s.allowed_tokens.apply(logits, expanded_idx_mapping)
@@ -162,7 +154,7 @@ class Sampler:
             logits = s.min_tokens.apply(logits, expanded_idx_mapping, sample_positions)
         if stages.any_logit_bias:
             logits = s.logit_bias.apply(logits, expanded_idx_mapping)
-        if stages.any_penalties and not skip_penalties:
+        if stages.any_penalties:
             logits = s.penalties.apply(logits, expanded_idx_mapping, sample_positions)
         if stages.processors:
             context = LogitsContext(expanded_idx_mapping, sample_positions, s.history)

@@ -17,8 +17,9 @@ of logits: "peaked" (a few dozen tokens 14-26 above a Gaussian tail, like a lang
 Times are medians of CUDA-graph replays (`triton.testing.do_bench`, L2 flushed between runs): GPU time with
 no host launch overhead, as in a captured decode step. The eager time of the main case is printed too, and
 a per-kernel breakdown (torch.profiler, eager) of the main case and of `+penalties` for both paths, and
-single stages timed alone (sanitize, penalties dense, seen-only, and seen-only on verification rows (64
-requests x 4 rows, k = 3 drafts each, the rows counting the drafts before them), division by T, the
+single stages timed alone (sanitize, the penalty kernel over each row's list of seen tokens, and the same on
+verification rows (64 requests x 4 rows, k = 3 drafts each, the rows counting the drafts before them; the
+mean list length is printed too), division by T, the
 bisection top-k/top-p (includes a clone of the logits, timed too), min-p, Gumbel, argmax, the fused steps
 8-12).
 Prints tables; writes `sampler_bench.json` and, if matplotlib is installed, `sampler_bench.png` into OUT_DIR.
@@ -148,24 +149,24 @@ def stage_times(x: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor, row
     from samplers.top_k_top_p import apply_min_p_triton, apply_top_k_top_p_triton
 
     sampler, _ = make_sampler(CASES["+penalties"], rows, vocab, fused=True)
-    pen, counts, t = sampler.states.penalties, sampler.states.penalties.counts, sampler.states.params.tensors
+    pen, t = sampler.states.penalties, sampler.states.params.tensors
     params = SlotSamplingParams(t["temperature"], t["top_k"], t["top_p"], t["min_p"], t["seed"])
     work = x.clone()
     top_k, top_p = t["top_k"][idx.long()], t["top_p"][idx.long()]
     min_p = torch.full((rows,), 0.05, device="cuda")
     temperature = t["temperature"][idx.long()].unsqueeze(1)
-    pen_args = (work, idx, pen.repetition, pen.frequency, pen.presence, counts.output_counts, counts.prompt_mask)
+    tables = pen.tables(positions)
     # Speculation, k = 3: rows // 4 requests, each with 4 logits rows at positions total_len .. total_len + 3.
     total_len = torch.full((rows,), PROMPT_LEN + OUTPUT_LEN, dtype=torch.int32, device="cuda")
     spec_idx = (torch.arange(rows, device="cuda") // 4).int()
     spec_positions = total_len.long()[spec_idx.long()] + torch.arange(rows, device="cuda") % 4
     drafts = torch.randint(0, vocab, (rows, 3), dtype=torch.int32, device="cuda")
-    spec_args = (work, spec_idx, *pen_args[2:], counts.seen_bits, DraftContext(spec_positions, total_len, drafts))
+    spec_tables = tables._replace(drafts=DraftContext(spec_positions, total_len, drafts))
+    listed = pen.counts.num_seen.float().mean().item()
     out = dict(
         sanitize=time_graph_ms(lambda: sanitize_logits_triton(work)),
-        penalties_dense=time_graph_ms(lambda: apply_penalties_triton(*pen_args)),
-        penalties_seen_only=time_graph_ms(lambda: apply_penalties_triton(*pen_args, counts.seen_bits)),
-        penalties_seen_only_k3_drafts=time_graph_ms(lambda: apply_penalties_triton(*spec_args)),
+        penalties_listed=time_graph_ms(lambda: apply_penalties_triton(work, idx, tables)),
+        penalties_listed_k3_drafts=time_graph_ms(lambda: apply_penalties_triton(work, spec_idx, spec_tables)),
         temperature_divide=time_graph_ms(lambda: work / temperature),
         top_k_top_p_bisection=time_graph_ms(lambda: apply_top_k_top_p_triton(work.clone(), top_k, top_p)),
         clone_for_the_above=time_graph_ms(lambda: work.clone()),
@@ -174,7 +175,7 @@ def stage_times(x: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor, row
         argmax=time_graph_ms(lambda: work.argmax(-1)),
         fused_steps_8_12=time_graph_ms(lambda: sample_fused_triton(work, idx, positions, params)),
     )
-    return {k: v * 1e3 for k, v in out.items()}
+    return {**{k: v * 1e3 for k, v in out.items()}, "mean_listed_tokens_per_row": listed}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         del by_path
         torch.cuda.empty_cache()
     stages = stage_times(x, idx, positions, args.rows, args.vocab)
-    print("\nstages alone (us): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
+    timed = {k: v for k, v in stages.items() if k != "mean_listed_tokens_per_row"}
+    print("\nstages alone (us): " + ", ".join(f"{k} {v:.1f}" for k, v in timed.items()))
+    print(f"penalty lists: {stages['mean_listed_tokens_per_row']:.0f} seen tokens per row on average")
     main_case = next(r for r in results if r["case"] == "temp+topk+topp" and r["logits"] == "peaked")
     print(f"\neager (host launches included), temp+topk+topp peaked, fused: {main_case['fused_eager_us']:.1f} us")
     for name, kernels in breakdown.items():

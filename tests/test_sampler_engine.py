@@ -366,8 +366,8 @@ def test_v1_runner_refuses_what_it_would_ignore(tiny_llm_factory):
 
 
 SAMPLER_DISPATCH_MODULES = (
-    "samplers.penalties", "samplers.sampler", "samplers.sanitize", "samplers.logprobs", "samplers.gumbel",
-    "samplers.top_k_top_p", "samplers.logit_bias", "samplers.bad_words", "samplers.min_tokens",
+    "samplers.penalties", "samplers.penalty_counts", "samplers.sampler", "samplers.sanitize", "samplers.logprobs",
+    "samplers.gumbel", "samplers.top_k_top_p", "samplers.logit_bias", "samplers.bad_words", "samplers.min_tokens",
     "samplers.allowed_tokens", "framework.kernels.input_prep",
 )
 
@@ -375,7 +375,8 @@ SAMPLER_DISPATCH_MODULES = (
 def test_engine_on_the_triton_sampler_kernels_equals_the_references(tiny_llm_factory, monkeypatch):
     """The requests of the GPU parity test (tests/gpu/test_sampler_gpu.py), once on the references and once with
     every sampler and input-prep dispatcher forced to its Triton kernel (interpreted here, as a GPU runs them):
-    penalty counts rebuilt, advanced and read through the seen-token bitmap, fused sampling, logprobs."""
+    penalty counts and seen-token lists rebuilt, advanced and read by the listed-token kernel, fused sampling,
+    logprobs."""
     import importlib
 
     rng = random.Random(0)

@@ -19,7 +19,8 @@ import samplers.triton_utils
 from framework import SamplingParams
 from samplers.fused_sampling import (SlotSamplingParams, _bisect_cutoff, _radix_cutoff, sample_fused_reference,
                                      sample_fused_triton)
-from samplers.penalties import DraftContext, PenaltyTables, apply_penalties_reference, seen_bits_reference
+from samplers.penalties import DraftContext, PenaltyTables, apply_penalties_reference, apply_penalties_triton
+from samplers.penalty_counts import PenaltyCounts, seen_bits_reference, seen_list_reference
 from samplers.sanitize import sanitize_logits_reference
 from sampler_cases import Slot, make_sampler
 from test_sampler_distributions import CONFIGS, LOGITS
@@ -199,9 +200,10 @@ def test_cutoff_counts(kind, radix):
 
 
 @pytest.mark.parametrize("drafts,sanitize", [(False, True), (True, False)])
-def test_penalties_in_the_first_pass(drafts, sanitize):
-    """Penalties applied by pass 1: the logits end penalised in place exactly as by `apply_penalties_reference`
-    (seen tokens only, drafts before verification rows counted) and the tokens are the reference's on them."""
+def test_penalty_kernel_then_the_fused_passes(drafts, sanitize):
+    """The penalty kernel (listed tokens only, drafts before verification rows counted) leaves the logits
+    penalised in place exactly as `apply_penalties_reference`, and the fused passes sample the reference's
+    tokens from them."""
     vocab, rows = 130, 16
     params = _params(vocab)
     slots = len(params.seed)
@@ -212,25 +214,27 @@ def test_penalties_in_the_first_pass(drafts, sanitize):
     on = torch.arange(slots) % 3 != 2  # some slots without penalties
     tables = PenaltyTables(
         torch.where(on, 1.0 + torch.rand(slots, generator=g), 1.0), torch.where(on, 0.3, 0.0),
-        torch.where(on, torch.rand(slots, generator=g), 0.0), counts.int(), prompt, seen_bits_reference(prompt, counts),
+        torch.where(on, torch.rand(slots, generator=g), 0.0),
+        PenaltyCounts(counts.int(), prompt, seen_bits_reference(prompt, counts), *seen_list_reference(prompt, counts, 64)),
         None)
     positions = torch.arange(rows) * 3 + 10
     if drafts:
         tables = tables._replace(drafts=DraftContext(
             positions, torch.randint(5, 60, (slots,), generator=g, dtype=torch.int32),
             torch.randint(-1, vocab, (slots, 3), generator=g, dtype=torch.int32)))
+    tables = tables._replace(counts=PenaltyCounts(*(t.to(DEVICE) for t in tables.counts)),
+                             drafts=tables.drafts and DraftContext(*(t.to(DEVICE) for t in tables.drafts)))
     tables = PenaltyTables(*(t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in tables))
     idx = (torch.arange(rows, device=DEVICE) * 5 % slots).int()
     logits = _logits(rows, vocab, seed=3, ties=True)
     nonfinite = None
     if not sanitize:
         logits, nonfinite = sanitize_logits_reference(logits)
-    penalised = apply_penalties_reference(logits, idx, *tables[:3], tables.output_counts, tables.prompt_mask,
-                                          tables.drafts)
+    penalised = apply_penalties_reference(logits, idx, *tables[:3], tables.counts.output_counts,
+                                          tables.counts.prompt_mask, tables.drafts)
     expected = sample_fused_reference(penalised, idx, positions.to(DEVICE), params)
-    got_logits = logits.clone()
-    got = sample_fused_triton(got_logits, idx, positions.to(DEVICE), params, sanitize=sanitize, nonfinite=nonfinite,
-                              penalties=tables)
+    got_logits = apply_penalties_triton(logits.clone(), idx, tables)
+    got = sample_fused_triton(got_logits, idx, positions.to(DEVICE), params, sanitize=sanitize, nonfinite=nonfinite)
     assert torch.equal(got_logits.nan_to_num(), penalised.nan_to_num())
     assert got.sampled.tolist() == expected.sampled.tolist()
     flagged = expected.errors if nonfinite is None else torch.where(nonfinite, 1, expected.errors)

@@ -22,13 +22,13 @@ from samplers.gumbel import (
 from samplers.logit_bias import apply_logit_bias_reference, apply_logit_bias_triton
 from samplers.logprobs import logprobs_stats_reference, logprobs_stats_triton
 from samplers.min_tokens import apply_min_tokens_reference, apply_min_tokens_triton
-from samplers.penalties import (
-    DraftContext,
-    apply_penalties_reference,
-    apply_penalties_triton,
+from samplers.penalties import DraftContext, PenaltyTables, apply_penalties_reference, apply_penalties_triton
+from samplers.penalty_counts import (
+    PenaltyCounts,
     init_token_counts_reference,
     init_token_counts_triton,
     seen_bits_reference,
+    seen_list_reference,
     update_token_counts_reference,
     update_token_counts_triton,
 )
@@ -110,54 +110,74 @@ def _slot_tables():
     return _i32([2, 0, 2, 1])
 
 
+def _counts_of(output_counts: torch.Tensor, prompt: torch.Tensor, max_seen: int = 0, shuffle: int = -1) -> PenaltyCounts:
+    """Consistent tables from dense counts and prompt mask (lists in a shuffled order when `shuffle` >= 0)."""
+    max_seen = max_seen or output_counts.shape[1]
+    seen_ids, num_seen = seen_list_reference(prompt, output_counts, max_seen)
+    if shuffle >= 0:
+        g = torch.Generator().manual_seed(shuffle)
+        for row in range(len(num_seen)):
+            n = int(num_seen[row])
+            seen_ids[row, :n] = seen_ids[row, torch.randperm(n, generator=g)]
+    return PenaltyCounts(output_counts.int(), prompt, seen_bits_reference(prompt, output_counts), seen_ids, num_seen)
+
+
+def _assert_same_counts(got: PenaltyCounts, want: PenaltyCounts, slots: list[int]) -> None:
+    """Equal tables on `slots`; the lists as sets (Triton appends in any order), each token once."""
+    for name in ("output_counts", "prompt_mask", "seen_bits", "num_seen"):
+        assert torch.equal(getattr(got, name)[slots], getattr(want, name)[slots]), name
+    for slot in slots:
+        n = int(want.num_seen[slot])
+        assert sorted(got.seen_ids[slot, :n].tolist()) == sorted(want.seen_ids[slot, :n].tolist())
+
+
 @pytest.mark.parametrize("vocab", [37, 200])
 def test_penalties_and_counts_match(vocab):
     g = torch.Generator().manual_seed(vocab)
     num_slots, max_len = 3, 40
     all_ids = torch.randint(0, vocab, (num_slots, max_len), generator=g, dtype=torch.int32).to(DEVICE)
     prompt_len, prefill_len = _i32([5, 1, 12]), _i32([9, 1, 30])
-    counts = {k: torch.full((num_slots, vocab), 7, dtype=torch.int32, device=DEVICE) for k in "rt"}
-    masks = {k: torch.ones(num_slots, vocab, dtype=torch.bool, device=DEVICE) for k in "rt"}
     words = (vocab + 31) // 32
-    bits = {k: torch.full((num_slots, words), -1, dtype=torch.int32, device=DEVICE) for k in "rt"}
+
+    def stale() -> PenaltyCounts:  # a previous owner's tables: a rebuild must keep nothing of them
+        return PenaltyCounts(torch.full((num_slots, vocab), 7, dtype=torch.int32, device=DEVICE),
+                             torch.ones(num_slots, vocab, dtype=torch.bool, device=DEVICE),
+                             torch.full((num_slots, words), -1, dtype=torch.int32, device=DEVICE),
+                             torch.full((num_slots, max_len + 4), 3, dtype=torch.int32, device=DEVICE),
+                             torch.full((num_slots,), 5, dtype=torch.int32, device=DEVICE))
+
+    ref, tri = stale(), stale()
     slots = torch.tensor([2, 0], device=DEVICE)  # slot 1 keeps its stale rows: nobody rebuilds it
-    init_token_counts_reference(all_ids, prompt_len, prefill_len, slots, counts["r"], masks["r"], bits["r"])
-    init_token_counts_triton(all_ids, prompt_len, prefill_len, slots, counts["t"], masks["t"], bits["t"])
-    assert torch.equal(counts["r"], counts["t"]) and torch.equal(masks["r"], masks["t"])
-    assert torch.equal(bits["r"], bits["t"])
+    init_token_counts_reference(all_ids, prompt_len, prefill_len, slots, ref)
+    init_token_counts_triton(all_ids, prompt_len, prefill_len, slots, tri)
+    _assert_same_counts(tri, ref, [0, 2])
     sampled = torch.tensor([[4, 4, 9], [1, 2, 3], [vocab - 1, 0, 0]], device=DEVICE)
-    idx, num_sampled = _i32([2, 1, 0]), _i32([3, 0, 1])
-    update_token_counts_reference(idx, sampled, num_sampled, counts["r"], bits["r"])
-    update_token_counts_triton(idx, sampled, num_sampled, counts["t"], bits["t"])
-    assert torch.equal(counts["r"], counts["t"]) and torch.equal(bits["r"], bits["t"])
-    rebuilt = [0, 2]
-    assert torch.equal(bits["t"][rebuilt], seen_bits_reference(masks["t"][rebuilt], counts["t"][rebuilt]))
+    idx, num_sampled = _i32([2, 0, 1]), _i32([3, 0, 1])
+    update_token_counts_reference(idx, sampled, num_sampled, ref)
+    update_token_counts_triton(idx, sampled, num_sampled, tri)
+    _assert_same_counts(tri, ref, [0, 2])
+    for slot in (0, 2):
+        assert torch.equal(tri.seen_bits[slot], seen_bits_reference(tri.prompt_mask, tri.output_counts)[slot])
 
     logits = _logits(4, vocab, seed=3)
     rep = torch.tensor([1.5, 1.0, 0.7], device=DEVICE)
     freq = torch.tensor([0.0, 0.0, 0.5], device=DEVICE)
-    pres = torch.tensor([-0.3, 0.0, 1.0], device=DEVICE)
-    args = (_slot_tables(), rep, freq, pres, counts["r"], masks["r"])
-    expected = apply_penalties_reference(logits, *args)
-    torch.testing.assert_close(apply_penalties_triton(logits.clone(), *args), expected, rtol=0, atol=1e-6)
-    # Sparse: with the seen bits only seen tokens are touched (slot 1's stale rows: its bits are stale alike).
-    for slot in (0, 2):
-        assert int(bits["t"][slot].ne(0).sum()) > 0
-    args_bits = (_slot_tables(), rep, freq, pres, counts["t"], masks["t"])
-    slot_rows = torch.tensor([0, 1, 2])  # rows of slots 2, 0, 2
-    sparse = apply_penalties_triton(logits.clone(), *args_bits, bits["t"])
-    torch.testing.assert_close(sparse[slot_rows], expected[slot_rows], rtol=0, atol=1e-6)
+    pres = torch.tensor([-0.3, 0.0, 1.0], device=DEVICE)  # slot 1 has no penalty: its stale tables are unread
+    expected = apply_penalties_reference(logits, _slot_tables(), rep, freq, pres, ref.output_counts, ref.prompt_mask)
+    got = apply_penalties_triton(logits.clone(), _slot_tables(), PenaltyTables(rep, freq, pres, tri, None))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    assert torch.equal(got[3], logits[3])
 
 
 @pytest.mark.parametrize("vocab", [37, 200])
-@pytest.mark.parametrize("sparse", [False, True])
-def test_penalties_count_the_drafts_before_each_verification_row(vocab, sparse):
+def test_penalties_count_the_drafts_before_each_verification_row(vocab):
     """Verification rows: slot counts + drafts at positions total_len .. p - 1, nothing else.
 
     Slots in any order: slot 3 verifies 3 drafts (a repeated token, one already in its output), slot 0 none
-    though stale drafts sit in its row, slot 1 verifies 2 (a token nobody has seen: the sparse path must touch
-    it), slot 2 is a prefill chunk (p < total_len), and an out-of-vocabulary draft never counts."""
-    g = torch.Generator().manual_seed(vocab + sparse)
+    though stale drafts sit in its row, slot 1 verifies 2 (a token nobody has seen: the kernel must touch it
+    though it is not listed), slot 2 is a prefill chunk (p < total_len), and an out-of-vocabulary draft never
+    counts."""
+    g = torch.Generator().manual_seed(vocab)
     num_slots, k = 4, 3
     counts = torch.randint(0, 3, (num_slots, vocab), generator=g, dtype=torch.int32)
     counts *= torch.rand(num_slots, vocab, generator=g) < 0.2
@@ -171,16 +191,17 @@ def test_penalties_count_the_drafts_before_each_verification_row(vocab, sparse):
     rep = torch.tensor([1.3, 0.8, 1.0, 2.0], device=DEVICE)
     freq = torch.tensor([0.5, 0.0, 0.2, 0.7], device=DEVICE)
     pres = torch.tensor([0.0, 1.0, -0.5, 0.3], device=DEVICE)
-    counts, prompt = counts.to(DEVICE), prompt.to(DEVICE)
     context = DraftContext(positions, total_len, drafts)
     logits = (torch.randn(len(idx), vocab, generator=g) * 2).to(DEVICE)
     logits[4, : vocab // 2] = -INF  # excluded tokens stay excluded
-    args = (idx, rep, freq, pres, counts, prompt)
+    tables = _counts_of(counts, prompt, shuffle=vocab)
+    args = (idx, rep, freq, pres, counts.to(DEVICE), prompt.to(DEVICE))
     expected = apply_penalties_reference(logits, *args, context)
-    bits = seen_bits_reference(prompt, counts) if sparse else None
-    got = apply_penalties_triton(logits.clone(), *args, bits, context)
+    got = apply_penalties_triton(logits.clone(), idx, PenaltyTables(
+        rep, freq, pres, PenaltyCounts(*(t.to(DEVICE) for t in tables)), context))
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     # The semantics, row by row: the reference without drafts on counts that include the drafts before it.
+    counts, prompt = counts.to(DEVICE), prompt.to(DEVICE)
     for row in range(len(idx)):
         slot = int(idx[row])
         before = min(max(int(positions[row]) - int(total_len[slot]), 0), k)

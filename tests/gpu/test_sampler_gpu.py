@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -53,9 +54,49 @@ def test_gumbel_and_top_k_top_p_min_p_at_real_shapes():
                        torch.isfinite(apply_min_p_reference(logits, min_p)))
 
 
+def test_seen_lists_at_real_shapes():
+    """The count kernels keep the seen-token lists with GPU atomics (many lanes racing on one word, repeats
+    within a block): the same sets as the references, each token once."""
+    from samplers.penalty_counts import (PenaltyCounts, init_token_counts_reference, init_token_counts_triton,
+                                         update_token_counts_reference, update_token_counts_triton)
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    slots, max_len, k = 64, 2048, 3
+    # Zipf-like ids (many repeats, many tokens within one 32-bit word) and a few uniform ones.
+    zipf = torch.from_numpy(np.random.default_rng(0).zipf(1.2, (slots, max_len)) % 3000).int().cuda()
+    all_ids = torch.where(torch.rand(slots, max_len, device="cuda", generator=g) < 0.1,
+                          torch.randint(0, VOCAB, (slots, max_len), device="cuda", generator=g, dtype=torch.int32),
+                          zipf)
+    prompt_len = torch.randint(1, 1500, (slots,), device="cuda", generator=g, dtype=torch.int32)
+    prefill_len = (prompt_len + torch.randint(0, 400, (slots,), device="cuda", generator=g)).int()
+    steps = []
+    for step in range(4):
+        sampled = all_ids[:, step * 4: step * 4 + k + 1].long()  # already seen tokens, and repeats
+        sampled[::2, -1] = torch.randint(0, VOCAB, (slots // 2,), device="cuda", generator=g)  # new ones
+        steps.append((torch.randperm(slots, device="cuda", generator=g).int(), sampled,
+                      torch.randint(0, k + 2, (slots,), device="cuda", generator=g, dtype=torch.int32)))
+    runs = []
+    for init, update in ((init_token_counts_reference, update_token_counts_reference),
+                         (init_token_counts_triton, update_token_counts_triton)):
+        counts = PenaltyCounts.zeros(slots, VOCAB, max_len + k + 1, torch.device("cuda"))
+        init(all_ids, prompt_len, prefill_len, torch.arange(slots, device="cuda"), counts)
+        for idx_mapping, sampled, num_sampled in steps:
+            update(idx_mapping, sampled, num_sampled, counts)
+        runs.append(counts)
+    want, got = runs
+    for name in ("output_counts", "prompt_mask", "seen_bits", "num_seen"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    width = int(want.num_seen.max())
+    valid = torch.arange(width, device="cuda") < want.num_seen.unsqueeze(1)
+    big = torch.iinfo(torch.int32).max
+    assert torch.equal(torch.where(valid, got.seen_ids[:, :width], big).sort(1).values,
+                       torch.where(valid, want.seen_ids[:, :width], big).sort(1).values)
+
+
 def test_penalties_logprobs_and_masks_at_real_shapes():
     from samplers.logprobs import logprobs_stats_reference, logprobs_stats_triton
-    from samplers.penalties import apply_penalties_reference, apply_penalties_triton
+    from samplers.penalties import PenaltyTables, apply_penalties_reference, apply_penalties_triton
+    from samplers.penalty_counts import PenaltyCounts, seen_bits_reference, seen_list_reference
     from samplers.sanitize import sanitize_logits_reference, sanitize_logits_triton
 
     rows, slots = 48, 64
@@ -66,8 +107,12 @@ def test_penalties_logprobs_and_masks_at_real_shapes():
     prompt = torch.rand(slots, VOCAB, device="cuda") < 0.01
     rep, freq, pres = (torch.rand(slots, device="cuda") + 0.5, torch.rand(slots, device="cuda"),
                        torch.rand(slots, device="cuda") - 0.5)
-    args = (idx, rep, freq, pres, counts.int(), prompt)
-    torch.testing.assert_close(apply_penalties_triton(logits.clone(), *args), apply_penalties_reference(logits, *args))
+    counts = counts.int()
+    args = (idx, rep, freq, pres, counts, prompt)
+    tables = PenaltyTables(rep, freq, pres, PenaltyCounts(counts, prompt, seen_bits_reference(prompt, counts),
+                                                          *seen_list_reference(prompt, counts, 8192)), None)
+    torch.testing.assert_close(apply_penalties_triton(logits.clone(), idx, tables),
+                               apply_penalties_reference(logits, *args))
     tokens = torch.randint(0, VOCAB, (rows,), device="cuda")
     lse_r, chosen_r, rank_r = logprobs_stats_reference(logits, tokens)
     lse_t, chosen_t, rank_t = logprobs_stats_triton(logits, tokens)

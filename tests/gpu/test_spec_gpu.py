@@ -61,8 +61,9 @@ def test_rejection_kernels_at_real_shapes():
 
 
 def test_penalty_kernel_counts_drafts_at_real_shapes():
-    """Verification rows count the drafts before them: Triton (dense and seen-only) against the reference."""
-    from samplers.penalties import DraftContext, apply_penalties_reference, apply_penalties_triton, seen_bits_reference
+    """Verification rows count the drafts before them: the list-walking Triton kernel against the reference."""
+    from samplers.penalties import DraftContext, PenaltyTables, apply_penalties_reference, apply_penalties_triton
+    from samplers.penalty_counts import PenaltyCounts, seen_bits_reference, seen_list_reference
 
     g = torch.Generator(device="cuda").manual_seed(2)
     rows, slots, k, vocab = 128, 256, 5, 151936
@@ -84,9 +85,9 @@ def test_penalty_kernel_counts_drafts_at_real_shapes():
     context = DraftContext(positions, total_len, drafts)
     args = (expanded, rep, freq, pres, counts, prompt)
     want = apply_penalties_reference(logits, *args, context)
-    torch.testing.assert_close(apply_penalties_triton(logits.clone(), *args, None, context), want)
-    bits = seen_bits_reference(prompt, counts)
-    torch.testing.assert_close(apply_penalties_triton(logits.clone(), *args, bits, context), want)
+    tables = PenaltyTables(rep, freq, pres, PenaltyCounts(counts, prompt, seen_bits_reference(prompt, counts),
+                                                          *seen_list_reference(prompt, counts, 2048)), context)
+    torch.testing.assert_close(apply_penalties_triton(logits.clone(), expanded, tables), want)
     assert not torch.equal(want, apply_penalties_reference(logits, *args))  # the drafts changed something
 
 
