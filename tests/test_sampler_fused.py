@@ -17,8 +17,8 @@ import triton.language as tl
 import samplers.fused_sampling
 import samplers.triton_utils
 from framework import SamplingParams
-from samplers.fused_sampling import (SlotSamplingParams, _bisect_cutoff, _radix_cutoff, sample_fused_reference,
-                                     sample_fused_triton)
+from samplers.fused_cutoff import CUTOFFS, _cutoff
+from samplers.fused_sampling import SlotSamplingParams, sample_fused_reference, sample_fused_triton
 from samplers.penalties import DraftContext, PenaltyTables, apply_penalties_reference, seen_bits_reference
 from samplers.sanitize import sanitize_logits_reference
 from sampler_cases import Slot, make_sampler
@@ -72,6 +72,10 @@ def _check(logits, idx, positions, params, **kwargs):
     return expected
 
 
+# Plan variants (cutoff search, keys only, GROUP, CAP) that scripts/diag_fused_plan.py times: each must stay exact.
+PLANS = [("bisect", False, 16, 64), ("split", True, 16, 64), ("guess", False, 32, 128), ("guess", True, 64, 256)]
+
+
 @pytest.mark.parametrize("vocab,ties", [(1, False), (37, False), (130, True)])
 def test_fused_matches_reference(vocab, ties):
     rows = 16
@@ -83,6 +87,21 @@ def test_fused_matches_reference(vocab, ties):
     if vocab > 3:
         assert expected.errors[2] == 2 and expected.errors[3] == 1 and expected.errors[4] == 1
     _check(logits[7:8], idx[7:8], positions[7:8], params)  # a single row
+
+
+@pytest.mark.parametrize("cutoff,keys_only,group,cap", PLANS)
+def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, cap):
+    """Every plan configuration the diagnostics script offers samples the reference's tokens: candidate rows,
+    overflowing ones (k = 200 > CAP / GROUP groups) and the exact path."""
+    for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap)):
+        monkeypatch.setattr(samplers.fused_sampling, name, value)
+    vocab, rows = 300, 24
+    params = _params(vocab)
+    # Slots 2, 10 and 11 (k = 1, 7, 5: a cutoff on a group max, which must stay chosen) on most rows.
+    idx = torch.tensor([2, 10, 11] * 6 + [3, 4, 5, 6, 8, 13], dtype=torch.int32, device=DEVICE)
+    logits = _logits(rows, vocab, seed=group, ties=True)
+    logits[6:12, ::7] += 9.0  # peaked rows: a few dozen tokens far above the rest
+    _check(logits, idx, torch.arange(rows, device=DEVICE) * 7 + 1, params)
 
 
 def test_fused_with_an_earlier_sanitize_and_without_a_plan():
@@ -100,12 +119,12 @@ def test_fused_with_an_earlier_sanitize_and_without_a_plan():
         assert got.errors.tolist() == torch.where(nonfinite, 1, expected.errors).tolist()
 
 
-@pytest.mark.parametrize("radix", [True, False])
-def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch, radix):
+@pytest.mark.parametrize("cutoff", sorted(CUTOFFS))
+def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch, cutoff):
     """A buffer of 16: k = 5 may need 80 candidates; top-p alone gathers one group and must look further.
-    (With either cutoff search.)"""
+    (With every cutoff search.)"""
     monkeypatch.setattr(samplers.fused_sampling, "CAP", 16)
-    monkeypatch.setattr(samplers.fused_sampling, "RADIX_CUTOFF", radix)
+    monkeypatch.setattr(samplers.fused_sampling, "PLAN_CUTOFF", cutoff)
     vocab, rows = 150, 6
     params = _params(vocab)
     logits = _logits(rows, vocab, seed=4, ties=True) / 4  # flat rows: top-p sets reach far below the max
@@ -154,14 +173,12 @@ def test_distribution_configs_match_the_reference_row_for_row():
 
 
 @triton.jit
-def _cutoff_probe_kernel(keys_ptr, out_ptr, num, want, limit, GROUPS: tl.constexpr, RADIX: tl.constexpr):
+def _cutoff_probe_kernel(keys_ptr, out_ptr, num, want, limit, GROUPS: tl.constexpr, CUTOFF: tl.constexpr):
     groups = tl.arange(0, GROUPS)
     valid = groups < num
-    keys = tl.load(keys_ptr + groups, mask=valid, other=0)
-    if RADIX:
-        key, count = _radix_cutoff(keys, valid, num, want, limit, GROUPS)
-    else:
-        key, count = _bisect_cutoff(keys, valid, num, want, limit)
+    keys = tl.load(keys_ptr + groups, mask=valid, other=-2147483648)  # lanes past: below every key, as required
+    top_key = tl.max(keys, axis=0)
+    key, count = _cutoff(keys, valid, num, want, limit, top_key, GROUPS, CUTOFF)
     tl.store(out_ptr, key)
     tl.store(out_ptr + 1, count)
 
@@ -172,11 +189,12 @@ def _keys(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x == 0, 0, torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)).int()
 
 
-@pytest.mark.parametrize("radix", [True, False])
-@pytest.mark.parametrize("kind", ["spread", "narrow", "ties", "negative", "infinite"])
-def test_cutoff_counts(kind, radix):
+@pytest.mark.parametrize("cutoff", sorted(CUTOFFS))
+@pytest.mark.parametrize("kind", ["spread", "narrow", "ties", "negative", "infinite", "huge"])
+def test_cutoff_counts(kind, cutoff):
     """The plan's cutoff: `want <= count(keys >= c)`, and `<= limit` unless ties at the largest such c forbid it;
-    narrow rows (values a few ulps apart) need all 4 byte rounds of the radix select."""
+    narrow rows (values a few ulps apart) need all 4 byte rounds of the radix select and the key-space rounds
+    of the guessing split; huge ones (+-3e38) its float arithmetic."""
     g = torch.Generator().manual_seed(len(kind))
     num = 300
     x = torch.randn(num, generator=g) * 3
@@ -188,10 +206,13 @@ def test_cutoff_counts(kind, radix):
         x = -x.abs() - 1e-3
     elif kind == "infinite":
         x[::3] = -INF
+    elif kind == "huge":
+        x = x * 1e37  # +-3e38: the value span is infinite
+        x[:5] = torch.tensor([1e-30, -1e-30, 0.0, -0.0, 3.0e38])
     keys = _keys(x)
     for want, limit in ((1, 1), (1, 4), (5, 8), (50, 64), (64, 64), (200, 250), (300, 300)):
         out = torch.zeros(2, dtype=torch.int32)
-        _cutoff_probe_kernel[(1,)](keys, out, num, want, limit, GROUPS=512, RADIX=radix)
+        _cutoff_probe_kernel[(1,)](keys, out, num, want, limit, GROUPS=512, CUTOFF=CUTOFFS[cutoff])
         key, count = out.tolist()
         assert count == int((keys >= key).sum()) >= want
         if count > limit:  # only ties at the largest qualifying key may leave too many
