@@ -16,8 +16,9 @@ kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only 
      a. picks a cutoff `c` on x such that `want <= G(c) <= limit`, with `G(c)` the number of groups whose max
         is `>= c`: a search over the order-preserving int keys of the group maxima, held in registers
         (`samplers.fused_cutoff`; bisection by default, see `PLAN_CUTOFF`). `want` tokens are then `>= c`,
-        so every token of the top-k set is; at most `GROUP * limit <= CAP` tokens are `>= c`. `want` is k (top-k), or `CAP / GROUP / 2` groups for top-p alone. `c` is lowered by a few
-        ulps, as `x / T` may round a slightly smaller x to the same y.
+        so every token of the top-k set is; at most `GROUP * limit <= CAP` tokens are `>= c`. `want` is k
+        (top-k), or `CAP / GROUP / 2` groups for top-p alone. `c` is lowered by a few ulps, as `x / T` may
+        round a slightly smaller x to the same y.
      b. compacts the ids of the groups whose max is `>= c` (a prefix sum; per-row scratch of CAP ids).
      c. loads those groups' tokens, `CAP / GROUP` groups per tile, and compacts every finite one with
         `x >= c` (x, id) into a per-row buffer of `CAP` entries. The other groups' tokens are never loaded.

@@ -73,7 +73,12 @@ def variants() -> list[Variant]:
     out += [base._replace(name="g32", group=32, cap=2048), base._replace(name="g64", group=64, cap=4096)]
     out += [fast._replace(name=f"guess+keys g{g}", group=g, cap=64 * g) for g in (32, 64)]
     out += [fast._replace(name=f"guess+keys g{g} w8", group=g, cap=64 * g, warps=8) for g in (32, 64)]
-    out += [fast._replace(name="guess+keys cap2k", cap=2048), fast._replace(name="guess+keys nreg64", maxnreg=64)]
+    out += [fast._replace(name="guess+keys cap2k", cap=2048)]
+    # Register caps that let 2 programs share an SM (256 rows in 1 wave on 132 SMs instead of 2).
+    out += [fast._replace(name="guess+keys nreg64", maxnreg=64),
+            fast._replace(name="guess+keys g32 nreg64", group=32, cap=2048, maxnreg=64),
+            fast._replace(name="guess+keys w8 nreg128", warps=8, maxnreg=128),
+            fast._replace(name="guess+keys g32 w8 nreg128", group=32, cap=2048, warps=8, maxnreg=128)]
     return out
 
 
@@ -144,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if not smoke and not torch.cuda.is_available():
         print("diag_fused_plan needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    rows = args.rows or (4 if smoke else 256)
-    vocab = args.vocab or (3000 if smoke else 151936)
+    rows = args.rows or (2 if smoke else 256)
+    vocab = args.vocab or (8000 if smoke else 151936)  # (smoke: k = 50 groups of 64 still fit)
     device = "cpu" if smoke else "cuda"
     chosen = variants()
     if args.only:

@@ -104,6 +104,48 @@ def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, ca
     _check(logits, idx, torch.arange(rows, device=DEVICE) * 7 + 1, params)
 
 
+@pytest.mark.parametrize("cutoff,keys_only,group,cap", PLANS)
+def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, cutoff, keys_only, group, cap):
+    """The plan stopped after its cutoff (STOP_AFTER = 2: the cutoff's bits as the count), after choosing
+    groups (3: their number) and after the gather (4: the candidates): the chosen groups are those with a max
+    >= c, the candidates every finite token with x >= c and nothing else, and c keeps k tokens for top-k."""
+    for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap)):
+        monkeypatch.setattr(samplers.fused_sampling, name, value)
+    vocab, rows = 300, 8
+    params = _params(vocab)
+    idx = torch.tensor([2, 10, 11, 5, 6, 12, 10, 2], dtype=torch.int32, device=DEVICE)  # top-k, top-p alone
+    logits = _logits(rows, vocab, seed=group + 1, ties=True)
+    logits[4:, ::9] += 9.0
+    launches = []
+    real = samplers.fused_sampling._launch_plan
+    monkeypatch.setattr(samplers.fused_sampling, "_launch_plan",
+                        lambda *a, **k: launches.append((a, k)) or real(*a, **k))
+    sample_fused_triton(logits, idx, torch.arange(rows, device=DEVICE), params)
+    args, kwargs = launches[0]
+    ws = args[4]
+    real(*args, **dict(kwargs, stop_after=1))  # (the diagnostics' other stop: it must at least run)
+    real(*args, **dict(kwargs, stop_after=2))
+    cutoffs = ws.count.clone().view(torch.float32)
+    real(*args, **dict(kwargs, stop_after=3))
+    num_chosen = ws.count.clone()
+    real(*args, **dict(kwargs, stop_after=4))
+    x = sanitize_logits_reference(logits.clone())[0]
+    pad = torch.full((rows, -vocab % group), -INF, device=DEVICE)
+    group_max = torch.cat([x, pad], dim=1).view(rows, -1, group).amax(-1)
+    for row in range(rows):
+        assert int(num_chosen[row]) == int(((group_max[row] >= cutoffs[row]) & (group_max[row] > -INF)).sum())
+        n = int(ws.count[row])
+        above = (x[row] >= cutoffs[row]) & (x[row] > -INF)
+        k = int(params.top_k[idx[row]])
+        if 0 < k < int((x[row] > -INF).sum()):
+            assert int(above.sum()) >= k
+        assert n == int(above.sum())
+        if n <= cap:
+            tokens = ws.cand_token[row * cap: row * cap + n]
+            assert sorted(tokens.tolist()) == above.nonzero().flatten().tolist()
+            assert torch.equal(ws.cand_value[row * cap: row * cap + n], x[row, tokens.long()])
+
+
 def test_fused_with_an_earlier_sanitize_and_without_a_plan():
     vocab, rows = 200, 10
     params = _params(vocab)
