@@ -72,6 +72,7 @@ PLAN_WARPS = 16  # the plan holds a row's group maxima (16,384 padded at V = 151
 PLAN_CUTOFF = "bisect"
 PLAN_KEYS_ONLY = False  # the plan drops the group maxima once it has their keys (fewer registers; same result)
 PLAN_MAXNREG: Optional[int] = None  # a register cap for the plan kernel (None: the compiler's choice)
+PLAN_TILE = 64  # candidates per side of the resolve's pairwise tiles (rows with at most this many: one tile)
 
 
 class SlotSamplingParams(NamedTuple):
@@ -467,8 +468,8 @@ def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, posit
         params.min_p, params.seed, positions, ws.part_max, ws.part_sum, ws.part_bad, flags, ws.group_max, ws.row_max,
         ws.count, ws.chosen, ws.cand_value, ws.cand_token, sampled, errors, num_groups, num_chunks, vocab_size,
         SANITIZE=sanitize, HAS_FLAGS=has_flags, NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CAP=CAP,
-        GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups),
-        CUTOFF=cutoff_code(PLAN_CUTOFF, num_groups), KEYS_ONLY=PLAN_KEYS_ONLY, STOP_AFTER=stop_after,
+        GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), TILE_I=PLAN_TILE,
+        TILE_J=PLAN_TILE, CUTOFF=cutoff_code(PLAN_CUTOFF, num_groups), KEYS_ONLY=PLAN_KEYS_ONLY, STOP_AFTER=stop_after,
         num_warps=PLAN_WARPS, **options,
     )
 

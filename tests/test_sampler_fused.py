@@ -72,8 +72,10 @@ def _check(logits, idx, positions, params, **kwargs):
     return expected
 
 
-# Plan variants (cutoff search, keys only, GROUP, CAP) that scripts/diag_fused_plan.py times: each must stay exact.
-PLANS = [("bisect", False, 16, 64), ("split", True, 16, 64), ("guess", False, 32, 128), ("guess", True, 64, 256)]
+# Plan variants (cutoff search, keys only, GROUP, CAP, resolve tile) that scripts/diag_fused_plan.py times: each
+# must stay exact. (Tiles of 8: rows with more candidates take the resolve's multi-tile loop.)
+PLANS = [("bisect", False, 16, 64, 8), ("split", True, 16, 64, 64), ("guess", False, 32, 128, 64),
+         ("guess", True, 64, 256, 8)]
 
 
 @pytest.mark.parametrize("vocab,ties", [(1, False), (37, False), (130, True)])
@@ -89,11 +91,12 @@ def test_fused_matches_reference(vocab, ties):
     _check(logits[7:8], idx[7:8], positions[7:8], params)  # a single row
 
 
-@pytest.mark.parametrize("cutoff,keys_only,group,cap", PLANS)
-def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, cap):
+@pytest.mark.parametrize("cutoff,keys_only,group,cap,tile", PLANS)
+def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, cap, tile):
     """Every plan configuration the diagnostics script offers samples the reference's tokens: candidate rows,
     overflowing ones (k = 200 > CAP / GROUP groups) and the exact path."""
-    for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap)):
+    for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap),
+                        ("PLAN_TILE", tile)):
         monkeypatch.setattr(samplers.fused_sampling, name, value)
     vocab, rows = 300, 24
     params = _params(vocab)
@@ -104,12 +107,13 @@ def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, ca
     _check(logits, idx, torch.arange(rows, device=DEVICE) * 7 + 1, params)
 
 
-@pytest.mark.parametrize("cutoff,keys_only,group,cap", PLANS)
-def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, cutoff, keys_only, group, cap):
+@pytest.mark.parametrize("cutoff,keys_only,group,cap,tile", PLANS)
+def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, cutoff, keys_only, group, cap, tile):
     """The plan stopped after its cutoff (STOP_AFTER = 2: the cutoff's bits as the count), after choosing
     groups (3: their number) and after the gather (4: the candidates): the chosen groups are those with a max
     >= c, the candidates every finite token with x >= c and nothing else, and c keeps k tokens for top-k."""
-    for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap)):
+    for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap),
+                        ("PLAN_TILE", tile)):
         monkeypatch.setattr(samplers.fused_sampling, name, value)
     vocab, rows = 300, 8
     params = _params(vocab)
