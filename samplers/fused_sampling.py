@@ -457,9 +457,10 @@ def sample_fused(
 def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, positions: torch.Tensor,
                  params: SlotSamplingParams, ws: "_Workspace", flags: torch.Tensor, sampled: torch.Tensor,
                  errors: torch.Tensor, num_chunks: int, max_chunks: int, *, sanitize: bool, has_flags: bool,
-                 nonfinite_code: int, no_token_code: int, stop_after: int = 0):
+                 nonfinite_code: int, no_token_code: int, stop_after: int = 0) -> object:
     """`_fused_plan_kernel` over every row, configured by the module's GROUP / CAP / PLAN_* constants (the
-    stats kernel must have written `ws` with the same GROUP); `stop_after` is for scripts/diag_fused_plan.py."""
+    stats kernel must have written `ws` with the same GROUP); `stop_after` is for scripts/diag_fused_plan.py.
+    Returns what the launch returns (the compiled kernel: its registers, for the diagnostics)."""
     vocab_size = logits.shape[1]
     num_groups = triton.cdiv(vocab_size, GROUP)
     options = {} if PLAN_MAXNREG is None else dict(maxnreg=PLAN_MAXNREG)
