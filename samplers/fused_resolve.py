@@ -131,40 +131,58 @@ def _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
 
 
 @triton.jit
+def _pick(greater, mass, v_i, rows, n, cand_t, z, row_max, k_on, k, p_on, p, min_p, key):
+    """(best score, its token, #candidates top-p dropped) of one tile of candidates, by the rules above."""
+    t_i = tl.load(cand_t + rows, mask=rows < n, other=0)
+    keep = rows < n
+    if k_on:
+        keep = keep & (greater < k)
+    num_dropped = tl.zeros([], dtype=tl.int32)
+    if p_on:
+        in_p = mass.to(tl.float32) * (1.0 / FIXED_ONE) < p * z
+        num_dropped = tl.sum((keep & ~in_p).to(tl.int32), axis=0)
+        keep = keep & in_p
+    if min_p > 0.0:
+        keep = keep & (tl.exp(v_i - row_max) >= min_p)
+    score = tl.where(keep, v_i + _noise(key, t_i), -float("inf"))
+    tile_best = tl.max(score, axis=0)
+    tile_token = tl.min(tl.where(keep & (score == tile_best), t_i, 2147483647), axis=0)
+    return tile_best, tile_token, num_dropped
+
+
+@triton.jit
 def _resolve_candidates(cand_x, cand_t, n, temp, row_max, row_sum, cutoff, k_on, k, p_on, p, min_p, key,
                         TILE_I: tl.constexpr, TILE_J: tl.constexpr):
     """(token, its score, exact) of a gather row from its n <= CAP candidates (x at cand_x, ids at cand_t);
     `exact` is 0 when top-p alone kept every candidate and tokens below them might still win."""
     best_value = tl.full([], -float("inf"), tl.float32)
     best_token = tl.zeros([], dtype=tl.int32)
-    # Z: the row's sum-exp for top-p alone, else the mass of the top-k survivors (all candidates).
-    z = row_sum
-    if k_on & p_on:
-        z_fixed = tl.zeros([], dtype=tl.int64)
-        for i0 in range(0, n, TILE_I):
-            greater, unused_mass, v_i, w_i = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
-            z_fixed += tl.sum(tl.where(greater < k, w_i, 0), axis=0)
-        z = z_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
     num_dropped = tl.zeros([], dtype=tl.int32)
-    for i0 in range(0, n, TILE_I):
-        greater, mass, v_i, unused_w = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
-        rows = i0 + tl.arange(0, TILE_I)
-        t_i = tl.load(cand_t + rows, mask=rows < n, other=0)
-        keep = rows < n
-        if k_on:
-            keep = keep & (greater < k)
-        if p_on:
-            in_p = mass.to(tl.float32) * (1.0 / FIXED_ONE) < p * z
-            num_dropped += tl.sum((keep & ~in_p).to(tl.int32), axis=0)
-            keep = keep & in_p
-        if min_p > 0.0:
-            keep = keep & (tl.exp(v_i - row_max) >= min_p)
-        score = tl.where(keep, v_i + _noise(key, t_i), -float("inf"))
-        tile_best = tl.max(score, axis=0)
-        tile_token = tl.min(tl.where(keep & (score == tile_best), t_i, 2147483647), axis=0)
-        take = (tile_best > best_value) | ((tile_best == best_value) & (tile_token < best_token))
-        best_token = tl.where(take & (tile_best > -float("inf")), tile_token, best_token)
-        best_value = tl.where(take, tile_best, best_value)
+    if n <= TILE_I:  # one tile (k up to about TILE_I): its pairwise counts serve Z and the rules both
+        greater, mass, v_i, w_i = _compare_tile(cand_x, 0, n, temp, row_max, TILE_I, TILE_J)
+        z = row_sum
+        if k_on & p_on:
+            z = tl.sum(tl.where(greater < k, w_i, 0), axis=0).to(tl.float32) * (1.0 / FIXED_ONE)
+        best_value, best_token, num_dropped = _pick(greater, mass, v_i, tl.arange(0, TILE_I), n, cand_t, z,
+                                                    row_max, k_on, k, p_on, p, min_p, key)
+        best_token = tl.where(best_value > -float("inf"), best_token, 0)
+    else:
+        # Z: the row's sum-exp for top-p alone, else the mass of the top-k survivors (all candidates).
+        z = row_sum
+        if k_on & p_on:
+            z_fixed = tl.zeros([], dtype=tl.int64)
+            for i0 in range(0, n, TILE_I):
+                greater, unused_mass, v_i, w_i = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
+                z_fixed += tl.sum(tl.where(greater < k, w_i, 0), axis=0)
+            z = z_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
+        for i0 in range(0, n, TILE_I):
+            greater, mass, v_i, unused_w = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
+            tile_best, tile_token, tile_dropped = _pick(greater, mass, v_i, i0 + tl.arange(0, TILE_I), n, cand_t, z,
+                                                        row_max, k_on, k, p_on, p, min_p, key)
+            num_dropped += tile_dropped
+            take = (tile_best > best_value) | ((tile_best == best_value) & (tile_token < best_token))
+            best_token = tl.where(take & (tile_best > -float("inf")), tile_token, best_token)
+            best_value = tl.where(take, tile_best, best_value)
     exact = tl.full([], 1, tl.int1)
     if (k_on == 0) & (num_dropped == 0):
         # Top-p alone kept every candidate: are the tokens below the cutoff out of reach?

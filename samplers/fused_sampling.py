@@ -15,11 +15,11 @@ kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only 
      (`samplers.penalties`).
   2. `_fused_plan_kernel` (one program per row):
      a. picks a cutoff `c` on x such that `want <= G(c) <= limit`, with `G(c)` the number of groups whose max
-        is `>= c`: a radix select over the bytes of the order-preserving int keys of the group maxima
-        (`_radix_cutoff`: a histogram per byte, stopping as soon as the count is in range). `want` tokens
-        are then `>= c`, so every token of the top-k set is; at most `GROUP * limit <= CAP` tokens are
-        `>= c`. `want` is k (top-k), or `CAP / GROUP / 2` groups for top-p alone. `c` is lowered by a few
-        ulps, as `x / T` may round a slightly smaller x to the same y.
+        is `>= c`: a search over the order-preserving int keys of the group maxima, held in registers
+        (`samplers.fused_cutoff`; bisection by default, see `PLAN_CUTOFF`). `want` tokens are then `>= c`,
+        so every token of the top-k set is; at most `GROUP * limit <= CAP` tokens are `>= c`. `want` is k
+        (top-k), or `CAP / GROUP / 2` groups for top-p alone. `c` is lowered by a few ulps, as `x / T` may
+        round a slightly smaller x to the same y.
      b. compacts the ids of the groups whose max is `>= c` (a prefix sum; per-row scratch of CAP ids).
      c. loads those groups' tokens, `CAP / GROUP` groups per tile, and compacts every finite one with
         `x >= c` (x, id) into a per-row buffer of `CAP` entries. The other groups' tokens are never loaded.
@@ -55,6 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
+from samplers.fused_cutoff import _cutoff, _key_value, cutoff_code
 from samplers.fused_resolve import _fused_resolve_kernel, _resolve_candidates, _row_nonfinite, _store_result
 from samplers.gumbel import _row_key, _token_bits, gumbel_sample_reference
 from samplers.sanitize import sanitize_logits_reference
@@ -62,11 +63,16 @@ from samplers.top_k_top_p import _ordered_key, apply_min_p_reference, apply_top_
 from samplers.triton_utils import use_triton, vocab_block
 
 GROUP = 16  # tokens per group maximum written by pass 1
-CAP = 1024  # candidate buffer entries per logits row
+CAP = 1024  # candidate buffer entries per logits row (CAP / GROUP groups per gather tile)
 TARGET_PROGRAMS = 2048  # pass 1 and 2 split rows into chunks until about this many programs run
 PLAN_WARPS = 16  # the plan holds a row's group maxima (16,384 padded at V = 151,936) in registers
-RADIX_CUTOFF = False  # the plan's cutoff by radix select (True) or bisection (False): bisection measured faster on an H200
-# (plan kernel 71 against 102 us at 256 x 151,936: tl.histogram contends on the few busy bins of clustered keys)
+# The plan's cutoff search (`samplers.fused_cutoff.CUTOFFS`): bisection measured faster than the radix select on
+# an H200 (plan kernel 71 against 102 us at 256 x 151,936: tl.histogram contends on the few busy bins of
+# clustered keys); "split" / "guess" cut the rounds (scripts/diag_fused_plan.py compares them).
+PLAN_CUTOFF = "bisect"
+PLAN_KEYS_ONLY = False  # the plan drops the group maxima once it has their keys (fewer registers; same result)
+PLAN_MAXNREG: Optional[int] = None  # a register cap for the plan kernel (None: the compiler's choice)
+PLAN_TILE = 64  # candidates per side of the resolve's pairwise tiles (rows with at most this many: one tile)
 
 
 class SlotSamplingParams(NamedTuple):
@@ -178,53 +184,6 @@ def _fused_stats_kernel(
         tl.store(part_bad_ptr + logits_row * num_chunks + chunk, num_bad)
 
 
-@triton.jit
-def _radix_cutoff(keys, valid, num_groups, want, limit, GROUPS: tl.constexpr):
-    """(key c, groups(>= c)) with groups(>= c) >= want, and <= limit unless ties among the keys prevent it.
-
-    A radix select over the 4 bytes of the unsigned image of the keys, most significant first: each round
-    histograms the next byte of the keys whose higher bytes equal c's, and takes the largest byte value that
-    keeps `want` keys at or above c. It stops as soon as the count is at most `limit` (often after 2 rounds).
-    """
-    bins = tl.arange(0, 256)
-    ukeys = keys ^ -2147483648  # flips the sign bit: the signed order becomes the unsigned order of the bits
-    prefix = tl.zeros([], dtype=tl.int32)  # the bytes of c chosen so far (the rest 0)
-    fixed = tl.zeros([], dtype=tl.int32)  # mask of those bytes
-    above = tl.zeros([], dtype=tl.int32)  # keys whose fixed bytes exceed prefix's
-    count = tl.zeros([], dtype=tl.int32) + num_groups  # keys >= prefix
-    for r in tl.static_range(4):
-        if count > limit:
-            shift: tl.constexpr = 24 - 8 * r
-            match = valid & ((ukeys & fixed) == prefix)
-            digit = tl.where(match, (ukeys >> shift) & 255, 0)
-            num_other = GROUPS - tl.sum(match.to(tl.int32), axis=0)  # counted in bin 0 by the histogram
-            hist = tl.histogram(digit, 256) - tl.where(bins == 0, num_other, 0)
-            at_or_above = above + tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # keys >= byte b
-            byte = tl.max(tl.where(at_or_above >= want, bins, 0), axis=0)  # bin 0 always qualifies
-            count = tl.sum(tl.where(bins == byte, at_or_above, 0), axis=0)
-            above = count - tl.sum(tl.where(bins == byte, hist, 0), axis=0)
-            prefix = prefix | (byte << shift)
-            fixed = fixed | (tl.full([], -1, tl.int32) << shift)
-    return prefix ^ -2147483648, count
-
-
-@triton.jit
-def _bisect_cutoff(keys, valid, num_groups, want, limit):
-    """The same contract as `_radix_cutoff`, by bisection over the key range (about 30 reductions, the
-    default: `RADIX_CUTOFF`). Invariant: groups(>= lo) >= want > groups(>= hi)."""
-    lo = tl.min(tl.where(valid, keys, 2147483647), axis=0).to(tl.int64)
-    hi = tl.max(tl.where(valid, keys, -2147483648), axis=0).to(tl.int64) + 1
-    count_lo = tl.zeros([], dtype=tl.int32) + num_groups
-    while (hi - lo > 1) & (count_lo > limit):
-        mid = lo + (hi - lo) // 2  # < hi <= 2**31: fits int32, so the keys stay int32 (registers)
-        count = tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=0)
-        take = count >= want
-        lo = tl.where(take, mid, lo)
-        count_lo = tl.where(take, count, count_lo)
-        hi = tl.where(take, hi, mid)
-    return lo.to(tl.int32), count_lo
-
-
 @triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_plan_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
@@ -232,9 +191,9 @@ def _fused_plan_kernel(
     chosen_ptr, cand_value_ptr, cand_token_ptr, sampled_ptr, errors_ptr, num_groups, num_chunks, vocab_size,
     SANITIZE: tl.constexpr, HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr,
     CAP: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr, TILE_I: tl.constexpr = 64,
-    TILE_J: tl.constexpr = 64, RADIX: tl.constexpr = True,
+    TILE_J: tl.constexpr = 64, CUTOFF: tl.constexpr = 0, KEYS_ONLY: tl.constexpr = False,
+    STOP_AFTER: tl.constexpr = 0,
 ):
-    MAX_GROUPS: tl.constexpr = CAP // GROUP  # groups whose tokens surely fit the buffer; groups per gather tile
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
                                                       vocab_size)
@@ -242,78 +201,107 @@ def _fused_plan_kernel(
     part_max = tl.load(part_max_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks,
                        other=-float("inf"))
     part_sum = tl.load(part_sum_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks, other=0.0)
-    row_max = tl.math.div_rn(tl.max(part_max, axis=0), temp)  # of y
+    x_max = tl.max(part_max, axis=0)
+    row_max = tl.math.div_rn(x_max, temp)  # of y
     finite = part_max > -float("inf")
     part_scale = tl.exp(tl.math.div_rn(tl.where(finite, part_max, 0.0), temp) - tl.where(finite, row_max, 0.0))
     tl.store(row_max_ptr + logits_row, row_max)  # read by min-p in the sample kernel
-    cutoff = tl.full([], -float("inf"), tl.float32)
     if gather:
-        # 1. A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c)
-        # and at most GROUP * limit tokens are >= c. Top-k wants k; top-p alone wants as many as fit.
-        top_k = tl.load(top_k_ptr + req_slot)
-        fits = tl.zeros([], dtype=tl.int32) + MAX_GROUPS
-        limit = tl.where(k_on, tl.maximum(top_k, tl.minimum(2 * top_k, fits)), fits)
-        want = tl.where(k_on, top_k, tl.maximum(fits // 2, 1))
-        groups = tl.arange(0, GROUPS)
-        valid = groups < num_groups
-        group_max = tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid, other=-float("inf"))
-        if want <= num_groups:
-            keys = _ordered_key(group_max)
-            if RADIX:
-                key, unused_count = _radix_cutoff(keys, valid, num_groups, want, limit, GROUPS)
-            else:
-                key, unused_count = _bisect_cutoff(keys, valid, num_groups, want, limit)
-            # The byte-aligned key may lie below every key (even below -inf's: a NaN pattern): raise it to the
-            # smallest key, which has the same count.
-            key = tl.maximum(key, tl.min(tl.where(valid, keys, 2147483647), axis=0))
-            cutoff = tl.where(key < 0, key ^ 0x7FFFFFFF, key).to(tl.float32, bitcast=True)
-            # x / T may round a slightly smaller x to the same y as c: lower c by more than that (4 ulp).
-            cutoff = tl.where(cutoff > -float("inf"), cutoff - tl.abs(cutoff) * (1.0 / 1048576.0) - 1e-30,
-                              cutoff)
-        # 2. The ids of the groups whose max is >= c, compacted (scratch of CAP per row: a chosen group holds at
-        # least one candidate, so more than CAP of them overflow the buffer anyway).
+        row_sum = tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0)
+        _plan_row(logits_ptr + logits_row * logits_stride, logits_row, req_slot, temp, k_on, p_on, x_max, row_max,
+                  row_sum, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr, part_bad_ptr, nonfinite_ptr,
+                  group_max_ptr, count_ptr, chosen_ptr, cand_value_ptr, cand_token_ptr, sampled_ptr, errors_ptr,
+                  num_groups, num_chunks, vocab_size, SANITIZE, HAS_FLAGS, NONFINITE_CODE, NO_TOKEN_CODE, CAP, GROUP,
+                  CHUNKS, GROUPS, TILE_I, TILE_J, CUTOFF, KEYS_ONLY, STOP_AFTER)
+
+
+@triton.jit
+def _plan_row(
+    row_ptr, logits_row, req_slot, temp, k_on, p_on, x_max, row_max, row_sum, top_k_ptr, top_p_ptr, min_p_ptr,
+    seed_ptr, positions_ptr, part_bad_ptr, nonfinite_ptr, group_max_ptr, count_ptr, chosen_ptr, cand_value_ptr,
+    cand_token_ptr, sampled_ptr, errors_ptr, num_groups, num_chunks, vocab_size, SANITIZE: tl.constexpr,
+    HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr, CAP: tl.constexpr,
+    GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr, TILE_I: tl.constexpr, TILE_J: tl.constexpr,
+    CUTOFF: tl.constexpr, KEYS_ONLY: tl.constexpr, STOP_AFTER: tl.constexpr,
+):
+    """Steps 1-4 of the plan for one gather row. `STOP_AFTER` (diagnostics only, 0 = never) ends it after step
+    1 (the group maxima loaded), 2 (the cutoff), 3 (the chosen groups) or 4 (the candidates), storing a value
+    of that step's result as the row's count so nothing is optimised away: the row is then not sampled."""
+    MAX_GROUPS: tl.constexpr = CAP // GROUP  # groups whose tokens surely fit the buffer; groups per gather tile
+    # 1. A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c) and at
+    # most GROUP * limit tokens are >= c. Top-k wants k; top-p alone wants as many as fit.
+    top_k = tl.load(top_k_ptr + req_slot)
+    fits = tl.zeros([], dtype=tl.int32) + MAX_GROUPS
+    limit = tl.where(k_on, tl.maximum(top_k, tl.minimum(2 * top_k, fits)), fits)
+    want = tl.where(k_on, top_k, tl.maximum(fits // 2, 1))
+    groups = tl.arange(0, GROUPS)
+    valid = groups < num_groups
+    # Lanes past the row hold -inf: no larger than any group max, as the cutoff searches require.
+    group_max = tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid, other=-float("inf"))
+    keys = _ordered_key(group_max)
+    if STOP_AFTER == 1:
+        tl.store(count_ptr + logits_row, tl.sum(keys, axis=0))
+        return
+    cutoff = tl.full([], -float("inf"), tl.float32)
+    if want <= num_groups:
+        key, unused_count = _cutoff(keys, valid, num_groups, want, limit, _ordered_key(x_max), GROUPS, CUTOFF)
+        cutoff = _key_value(key)
+        # x / T may round a slightly smaller x to the same y as c: lower c by more than that (4 ulp).
+        cutoff = tl.where(cutoff > -float("inf"), cutoff - tl.abs(cutoff) * (1.0 / 1048576.0) - 1e-30, cutoff)
+    if STOP_AFTER == 2:
+        tl.store(count_ptr + logits_row, cutoff.to(tl.int32, bitcast=True))
+        return
+    # 2. The ids of the groups whose max is >= c, compacted (scratch of CAP per row: a chosen group holds at
+    # least one candidate, so more than CAP of them overflow the buffer anyway).
+    if KEYS_ONLY:  # the same test on the keys (monotone in x; -0.0 and +0.0 share one): group_max is dead by now
+        no_key = _ordered_key(tl.full([], -float("inf"), tl.float32))  # -inf groups and the lanes past the row
+        chosen = (keys >= _ordered_key(cutoff)) & (keys > no_key)
+    else:
         chosen = valid & (group_max >= cutoff) & (group_max > -float("inf"))
-        num_chosen = tl.sum(chosen.to(tl.int32), axis=0)
-        pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
-        tl.store(chosen_ptr + logits_row * CAP + pos, groups, mask=chosen & (pos < CAP))
-        tl.debug_barrier()  # the list is read back by other threads of this program
-        # 3. Their tokens, MAX_GROUPS groups per tile (one tile for k <= 64): append every finite x >= c (x, id)
-        # to the row's buffer; the count goes on past CAP, which sends the row to the exact path.
-        n = tl.zeros([], dtype=tl.int32)
-        if num_chosen > CAP:
-            n += CAP + 1
-        else:
-            row_ptr = logits_ptr + logits_row * logits_stride
-            for t0 in range(0, num_chosen, MAX_GROUPS):
-                tile = t0 + tl.arange(0, MAX_GROUPS)
-                in_tile = tile < num_chosen
-                group = tl.load(chosen_ptr + logits_row * CAP + tile, mask=in_tile, other=0)
-                offs = tl.reshape(group[:, None] * GROUP + tl.arange(0, GROUP)[None, :], [CAP])
-                mask = tl.reshape(tl.broadcast_to(in_tile[:, None], [MAX_GROUPS, GROUP]), [CAP]) \
-                    & (offs < vocab_size)
-                x, unused_bad = _load_x(row_ptr, offs, mask, SANITIZE)
-                take = mask & (x >= cutoff) & (x > -float("inf"))
-                slot = n + tl.cumsum(take.to(tl.int32), axis=0) - 1
-                store = take & (slot < CAP)
-                tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
-                tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
-                n += tl.sum(take.to(tl.int32), axis=0)
-        # 4. Sample the row from its candidates (see `_resolve_candidates`) and mark it settled (count -1);
-        # overflowing or uncovered rows are left to the resolve kernel's exact path.
-        if n <= CAP:
-            tl.debug_barrier()  # the candidates are read back by other threads of this program
-            row_sum = tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0)
-            key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
-            best_token, best_value, exact = _resolve_candidates(
-                cand_value_ptr + logits_row * CAP, cand_token_ptr + logits_row * CAP, n, temp, row_max, row_sum,
-                cutoff, k_on, top_k, p_on, tl.load(top_p_ptr + req_slot), tl.load(min_p_ptr + req_slot), key,
-                TILE_I, TILE_J)
-            if exact:
-                nonfinite = _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS, CHUNKS)
-                _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite,
-                              NONFINITE_CODE, NO_TOKEN_CODE)
-                n = tl.full([], -1, tl.int32)
+    num_chosen = tl.sum(chosen.to(tl.int32), axis=0)
+    pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    tl.store(chosen_ptr + logits_row * CAP + pos, groups, mask=chosen & (pos < CAP))
+    if STOP_AFTER == 3:
+        tl.store(count_ptr + logits_row, num_chosen)
+        return
+    tl.debug_barrier()  # the list is read back by other threads of this program
+    # 3. Their tokens, MAX_GROUPS groups per tile (one tile for k <= MAX_GROUPS): append every finite x >= c
+    # (x, id) to the row's buffer; the count goes on past CAP, which sends the row to the exact path.
+    n = tl.zeros([], dtype=tl.int32)
+    if num_chosen > CAP:
+        n += CAP + 1
+    else:
+        for t0 in range(0, num_chosen, MAX_GROUPS):
+            tile = t0 + tl.arange(0, MAX_GROUPS)
+            in_tile = tile < num_chosen
+            group = tl.load(chosen_ptr + logits_row * CAP + tile, mask=in_tile, other=0)
+            offs = tl.reshape(group[:, None] * GROUP + tl.arange(0, GROUP)[None, :], [CAP])
+            mask = tl.reshape(tl.broadcast_to(in_tile[:, None], [MAX_GROUPS, GROUP]), [CAP]) & (offs < vocab_size)
+            x, unused_bad = _load_x(row_ptr, offs, mask, SANITIZE)
+            take = mask & (x >= cutoff) & (x > -float("inf"))
+            slot = n + tl.cumsum(take.to(tl.int32), axis=0) - 1
+            store = take & (slot < CAP)
+            tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
+            tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
+            n += tl.sum(take.to(tl.int32), axis=0)
+    if STOP_AFTER == 4:
         tl.store(count_ptr + logits_row, n)
+        return
+    # 4. Sample the row from its candidates (see `_resolve_candidates`) and mark it settled (count -1);
+    # overflowing or uncovered rows are left to the resolve kernel's exact path.
+    if n <= CAP:
+        tl.debug_barrier()  # the candidates are read back by other threads of this program
+        key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
+        best_token, best_value, exact = _resolve_candidates(
+            cand_value_ptr + logits_row * CAP, cand_token_ptr + logits_row * CAP, n, temp, row_max, row_sum,
+            cutoff, k_on, top_k, p_on, tl.load(top_p_ptr + req_slot), tl.load(min_p_ptr + req_slot), key,
+            TILE_I, TILE_J)
+        if exact:
+            nonfinite = _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS, CHUNKS)
+            _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite,
+                          NONFINITE_CODE, NO_TOKEN_CODE)
+            n = tl.full([], -1, tl.int32)
+    tl.store(count_ptr + logits_row, n)
 
 
 @triton.jit(do_not_specialize=["num_chunks", "chunk_size"])  # per-step sizes: no recompiles mid-run
@@ -398,6 +386,9 @@ def sample_fused_triton(
     # Constexpr sizes depend on the vocabulary only, never on the batch: one compiled variant serves every step.
     max_chunks = triton.next_power_of_2(num_blocks)
     num_groups = triton.cdiv(vocab_size, GROUP)
+    if need_plan and (GROUP > block or CAP % GROUP):
+        raise ValueError(f"GROUP = {GROUP} must divide CAP = {CAP} and the vocabulary block ({block} at V = "
+                         f"{vocab_size}): 16 suits every vocabulary")
     ws = _Workspace(num_rows, num_chunks, num_groups, device)
     flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     tables = (params.temperature, params.top_k, params.top_p)
@@ -408,13 +399,9 @@ def sample_fused_triton(
             ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block,
             GROUP=GROUP,
         )
-        _fused_plan_kernel[(num_rows,)](
-            logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
-            ws.part_max, ws.part_sum, ws.part_bad, flags, ws.group_max, ws.row_max, ws.count, ws.chosen,
-            ws.cand_value, ws.cand_token, sampled, errors, num_groups, num_chunks, vocab_size, SANITIZE=sanitize,
-            HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CAP=CAP,
-            GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), RADIX=RADIX_CUTOFF, num_warps=PLAN_WARPS,
-        )
+        _launch_plan(logits, expanded_idx_mapping, positions, params, ws, flags, sampled, errors, num_chunks,
+                     max_chunks, sanitize=sanitize, has_flags=nonfinite is not None, nonfinite_code=nonfinite_code,
+                     no_token_code=no_token_code)
     _fused_sample_kernel[grid](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
         ws.row_max, ws.part_best, ws.part_token, ws.part_bad, num_chunks, chunk_size, vocab_size,
@@ -442,6 +429,27 @@ def sample_fused(
         return sample_fused_triton(logits, expanded_idx_mapping, positions, params, nonfinite_code=nonfinite_code,
                                    no_token_code=no_token_code)
     return sample_fused_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code)
+
+
+def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, positions: torch.Tensor,
+                 params: SlotSamplingParams, ws: "_Workspace", flags: torch.Tensor, sampled: torch.Tensor,
+                 errors: torch.Tensor, num_chunks: int, max_chunks: int, *, sanitize: bool, has_flags: bool,
+                 nonfinite_code: int, no_token_code: int, stop_after: int = 0) -> object:
+    """`_fused_plan_kernel` over every row, configured by the module's GROUP / CAP / PLAN_* constants (the
+    stats kernel must have written `ws` with the same GROUP); `stop_after` is for scripts/diag_fused_plan.py.
+    Returns what the launch returns (the compiled kernel: its registers, for the diagnostics)."""
+    vocab_size = logits.shape[1]
+    num_groups = triton.cdiv(vocab_size, GROUP)
+    options = {} if PLAN_MAXNREG is None else dict(maxnreg=PLAN_MAXNREG)
+    return _fused_plan_kernel[(logits.shape[0],)](
+        logits, logits.stride(0), expanded_idx_mapping, params.temperature, params.top_k, params.top_p,
+        params.min_p, params.seed, positions, ws.part_max, ws.part_sum, ws.part_bad, flags, ws.group_max, ws.row_max,
+        ws.count, ws.chosen, ws.cand_value, ws.cand_token, sampled, errors, num_groups, num_chunks, vocab_size,
+        SANITIZE=sanitize, HAS_FLAGS=has_flags, NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CAP=CAP,
+        GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), TILE_I=PLAN_TILE,
+        TILE_J=PLAN_TILE, CUTOFF=cutoff_code(PLAN_CUTOFF, num_groups), KEYS_ONLY=PLAN_KEYS_ONLY, STOP_AFTER=stop_after,
+        num_warps=PLAN_WARPS, **options,
+    )
 
 
 class _Workspace:

@@ -26,7 +26,7 @@ Prints tables; writes `sampler_bench.json` and, if matplotlib is installed, `sam
 Takes well under a minute on an H200 (mostly compiling).
 
     PYTHONPATH=$PWD python3 scripts/bench_sampler.py OUT_DIR [--rows 256] [--vocab 151936] [--plan-warps 16]
-        [--radix]
+        [--radix | --cutoff bisect|split|guess|radix] [--keys-only] [--group 16 --cap 1024] [--maxnreg N]
 """
 
 from __future__ import annotations
@@ -186,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-warps", type=int, default=None, help="fused plan kernel's num_warps (default: "
                         "samplers.fused_sampling.PLAN_WARPS)")
     parser.add_argument("--radix", action="store_true", help="the plan's cutoff by radix select, not bisection")
+    parser.add_argument("--cutoff", default=None, help="fused_sampling.PLAN_CUTOFF (see samplers.fused_cutoff)")
+    parser.add_argument("--keys-only", action="store_true", help="fused_sampling.PLAN_KEYS_ONLY = True")
+    parser.add_argument("--group", type=int, default=None, help="fused_sampling.GROUP (with --cap)")
+    parser.add_argument("--cap", type=int, default=None, help="fused_sampling.CAP")
+    parser.add_argument("--maxnreg", type=int, default=None, help="fused_sampling.PLAN_MAXNREG")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_sampler needs a CUDA GPU", file=sys.stderr)
@@ -196,13 +201,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.plan_warps is not None:
         fused_sampling.PLAN_WARPS = args.plan_warps
-    fused_sampling.RADIX_CUTOFF = args.radix
+    if args.radix or args.cutoff:
+        fused_sampling.PLAN_CUTOFF = "radix" if args.radix else args.cutoff
+    fused_sampling.PLAN_KEYS_ONLY = fused_sampling.PLAN_KEYS_ONLY or args.keys_only
+    fused_sampling.GROUP = args.group or fused_sampling.GROUP
+    fused_sampling.CAP = args.cap or fused_sampling.CAP
+    fused_sampling.PLAN_MAXNREG = args.maxnreg or fused_sampling.PLAN_MAXNREG
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
     env = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
                triton=triton.__version__, rows=args.rows, vocab=args.vocab, dtype="float32",
-               plan_warps=fused_sampling.PLAN_WARPS, radix_cutoff=fused_sampling.RADIX_CUTOFF)
+               plan_warps=fused_sampling.PLAN_WARPS, plan_cutoff=fused_sampling.PLAN_CUTOFF,
+               keys_only=fused_sampling.PLAN_KEYS_ONLY, group=fused_sampling.GROUP, cap=fused_sampling.CAP,
+               maxnreg=fused_sampling.PLAN_MAXNREG)
     print(f"# {env}", file=sys.stderr)
     nbytes = args.rows * args.vocab * 4
     logits = {kind: make_logits(kind, args.rows, args.vocab) for kind in ("peaked", "flat")}

@@ -17,8 +17,8 @@ import triton.language as tl
 import samplers.fused_sampling
 import samplers.triton_utils
 from framework import SamplingParams
-from samplers.fused_sampling import (SlotSamplingParams, _bisect_cutoff, _radix_cutoff, sample_fused_reference,
-                                     sample_fused_triton)
+from samplers.fused_cutoff import CUTOFFS, _cutoff
+from samplers.fused_sampling import SlotSamplingParams, sample_fused_reference, sample_fused_triton
 from samplers.penalties import DraftContext, PenaltyTables, apply_penalties_reference, apply_penalties_triton
 from samplers.penalty_counts import PenaltyCounts, seen_bits_reference, seen_list_reference
 from samplers.sanitize import sanitize_logits_reference
@@ -73,6 +73,12 @@ def _check(logits, idx, positions, params, **kwargs):
     return expected
 
 
+# Plan variants (cutoff search, keys only, GROUP, CAP, resolve tile) that scripts/diag_fused_plan.py times: each
+# must stay exact. (Tiles of 8: rows with more candidates take the resolve's multi-tile loop.)
+PLANS = [("bisect", False, 16, 64, 8), ("split", True, 16, 64, 64), ("guess", False, 32, 128, 64),
+         ("guess", True, 64, 256, 8)]
+
+
 @pytest.mark.parametrize("vocab,ties", [(1, False), (37, False), (130, True)])
 def test_fused_matches_reference(vocab, ties):
     rows = 16
@@ -84,6 +90,65 @@ def test_fused_matches_reference(vocab, ties):
     if vocab > 3:
         assert expected.errors[2] == 2 and expected.errors[3] == 1 and expected.errors[4] == 1
     _check(logits[7:8], idx[7:8], positions[7:8], params)  # a single row
+
+
+@pytest.mark.parametrize("cutoff,keys_only,group,cap,tile", PLANS)
+def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, cap, tile):
+    """Every plan configuration the diagnostics script offers samples the reference's tokens: candidate rows,
+    overflowing ones (k = 200 > CAP / GROUP groups) and the exact path."""
+    for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap),
+                        ("PLAN_TILE", tile)):
+        monkeypatch.setattr(samplers.fused_sampling, name, value)
+    vocab, rows = 300, 24
+    params = _params(vocab)
+    # Slots 2, 10 and 11 (k = 1, 7, 5: a cutoff on a group max, which must stay chosen) on most rows.
+    idx = torch.tensor([2, 10, 11] * 6 + [3, 4, 5, 6, 8, 13], dtype=torch.int32, device=DEVICE)
+    logits = _logits(rows, vocab, seed=group, ties=True)
+    logits[6:12, ::7] += 9.0  # peaked rows: a few dozen tokens far above the rest
+    _check(logits, idx, torch.arange(rows, device=DEVICE) * 7 + 1, params)
+
+
+@pytest.mark.parametrize("cutoff,keys_only,group,cap,tile", PLANS)
+def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, cutoff, keys_only, group, cap, tile):
+    """The plan stopped after its cutoff (STOP_AFTER = 2: the cutoff's bits as the count), after choosing
+    groups (3: their number) and after the gather (4: the candidates): the chosen groups are those with a max
+    >= c, the candidates every finite token with x >= c and nothing else, and c keeps k tokens for top-k."""
+    for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap),
+                        ("PLAN_TILE", tile)):
+        monkeypatch.setattr(samplers.fused_sampling, name, value)
+    vocab, rows = 300, 8
+    params = _params(vocab)
+    idx = torch.tensor([2, 10, 11, 5, 6, 12, 10, 2], dtype=torch.int32, device=DEVICE)  # top-k, top-p alone
+    logits = _logits(rows, vocab, seed=group + 1, ties=True)
+    logits[4:, ::9] += 9.0
+    launches = []
+    real = samplers.fused_sampling._launch_plan
+    monkeypatch.setattr(samplers.fused_sampling, "_launch_plan",
+                        lambda *a, **k: launches.append((a, k)) or real(*a, **k))
+    sample_fused_triton(logits, idx, torch.arange(rows, device=DEVICE), params)
+    args, kwargs = launches[0]
+    ws = args[4]
+    real(*args, **dict(kwargs, stop_after=1))  # (the diagnostics' other stop: it must at least run)
+    real(*args, **dict(kwargs, stop_after=2))
+    cutoffs = ws.count.clone().view(torch.float32)
+    real(*args, **dict(kwargs, stop_after=3))
+    num_chosen = ws.count.clone()
+    real(*args, **dict(kwargs, stop_after=4))
+    x = sanitize_logits_reference(logits.clone())[0]
+    pad = torch.full((rows, -vocab % group), -INF, device=DEVICE)
+    group_max = torch.cat([x, pad], dim=1).view(rows, -1, group).amax(-1)
+    for row in range(rows):
+        assert int(num_chosen[row]) == int(((group_max[row] >= cutoffs[row]) & (group_max[row] > -INF)).sum())
+        n = int(ws.count[row])
+        above = (x[row] >= cutoffs[row]) & (x[row] > -INF)
+        k = int(params.top_k[idx[row]])
+        if 0 < k < int((x[row] > -INF).sum()):
+            assert int(above.sum()) >= k
+        assert n == int(above.sum())
+        if n <= cap:
+            tokens = ws.cand_token[row * cap: row * cap + n]
+            assert sorted(tokens.tolist()) == above.nonzero().flatten().tolist()
+            assert torch.equal(ws.cand_value[row * cap: row * cap + n], x[row, tokens.long()])
 
 
 def test_fused_with_an_earlier_sanitize_and_without_a_plan():
@@ -101,12 +166,12 @@ def test_fused_with_an_earlier_sanitize_and_without_a_plan():
         assert got.errors.tolist() == torch.where(nonfinite, 1, expected.errors).tolist()
 
 
-@pytest.mark.parametrize("radix", [True, False])
-def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch, radix):
+@pytest.mark.parametrize("cutoff", sorted(CUTOFFS))
+def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch, cutoff):
     """A buffer of 16: k = 5 may need 80 candidates; top-p alone gathers one group and must look further.
-    (With either cutoff search.)"""
+    (With every cutoff search.)"""
     monkeypatch.setattr(samplers.fused_sampling, "CAP", 16)
-    monkeypatch.setattr(samplers.fused_sampling, "RADIX_CUTOFF", radix)
+    monkeypatch.setattr(samplers.fused_sampling, "PLAN_CUTOFF", cutoff)
     vocab, rows = 150, 6
     params = _params(vocab)
     logits = _logits(rows, vocab, seed=4, ties=True) / 4  # flat rows: top-p sets reach far below the max
@@ -155,14 +220,12 @@ def test_distribution_configs_match_the_reference_row_for_row():
 
 
 @triton.jit
-def _cutoff_probe_kernel(keys_ptr, out_ptr, num, want, limit, GROUPS: tl.constexpr, RADIX: tl.constexpr):
+def _cutoff_probe_kernel(keys_ptr, out_ptr, num, want, limit, GROUPS: tl.constexpr, CUTOFF: tl.constexpr):
     groups = tl.arange(0, GROUPS)
     valid = groups < num
-    keys = tl.load(keys_ptr + groups, mask=valid, other=0)
-    if RADIX:
-        key, count = _radix_cutoff(keys, valid, num, want, limit, GROUPS)
-    else:
-        key, count = _bisect_cutoff(keys, valid, num, want, limit)
+    keys = tl.load(keys_ptr + groups, mask=valid, other=-2147483648)  # lanes past: below every key, as required
+    top_key = tl.max(keys, axis=0)
+    key, count = _cutoff(keys, valid, num, want, limit, top_key, GROUPS, CUTOFF)
     tl.store(out_ptr, key)
     tl.store(out_ptr + 1, count)
 
@@ -173,11 +236,12 @@ def _keys(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x == 0, 0, torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)).int()
 
 
-@pytest.mark.parametrize("radix", [True, False])
-@pytest.mark.parametrize("kind", ["spread", "narrow", "ties", "negative", "infinite"])
-def test_cutoff_counts(kind, radix):
+@pytest.mark.parametrize("cutoff", sorted(CUTOFFS))
+@pytest.mark.parametrize("kind", ["spread", "narrow", "ties", "negative", "infinite", "huge"])
+def test_cutoff_counts(kind, cutoff):
     """The plan's cutoff: `want <= count(keys >= c)`, and `<= limit` unless ties at the largest such c forbid it;
-    narrow rows (values a few ulps apart) need all 4 byte rounds of the radix select."""
+    narrow rows (values a few ulps apart) need all 4 byte rounds of the radix select and the key-space rounds
+    of the guessing split; huge ones (+-3e38) its float arithmetic."""
     g = torch.Generator().manual_seed(len(kind))
     num = 300
     x = torch.randn(num, generator=g) * 3
@@ -189,10 +253,13 @@ def test_cutoff_counts(kind, radix):
         x = -x.abs() - 1e-3
     elif kind == "infinite":
         x[::3] = -INF
+    elif kind == "huge":
+        x = x * 1e37  # +-3e38: the value span is infinite
+        x[:5] = torch.tensor([1e-30, -1e-30, 0.0, -0.0, 3.0e38])
     keys = _keys(x)
     for want, limit in ((1, 1), (1, 4), (5, 8), (50, 64), (64, 64), (200, 250), (300, 300)):
         out = torch.zeros(2, dtype=torch.int32)
-        _cutoff_probe_kernel[(1,)](keys, out, num, want, limit, GROUPS=512, RADIX=radix)
+        _cutoff_probe_kernel[(1,)](keys, out, num, want, limit, GROUPS=512, CUTOFF=CUTOFFS[cutoff])
         key, count = out.tolist()
         assert count == int((keys >= key).sum()) >= want
         if count > limit:  # only ties at the largest qualifying key may leave too many

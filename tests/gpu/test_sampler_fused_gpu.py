@@ -94,6 +94,36 @@ def test_fused_matches_the_reference_and_the_unfused_kernels(kind):
     assert int((~kept & (ref.errors == 0)).sum()) <= 2
 
 
+# Plan configurations scripts/diag_fused_plan.py times (module constants of samplers.fused_sampling).
+PLAN_CONFIGS = {
+    "guess+keys g32 nreg64": dict(PLAN_CUTOFF="guess", PLAN_KEYS_ONLY=True, GROUP=32, CAP=2048, PLAN_MAXNREG=64),
+    "guess+keys g32 w8": dict(PLAN_CUTOFF="guess", PLAN_KEYS_ONLY=True, GROUP=32, CAP=2048, PLAN_WARPS=8),
+    "split g64": dict(PLAN_CUTOFF="split", GROUP=64, CAP=4096),
+    "radix": dict(PLAN_CUTOFF="radix"),
+}
+
+
+@pytest.mark.parametrize("plan", sorted(PLAN_CONFIGS))
+def test_plan_configurations_sample_the_default_tokens(monkeypatch, plan):
+    """Every plan configuration gathers a covering candidate set and resolves it exactly: the same tokens as
+    the default configuration (a row the exact slow path takes in one and not the other may flip at a top-p
+    rounding: at most 2)."""
+    import samplers.fused_sampling as fused
+
+    params = _params(1)
+    idx = torch.randint(0, len(params.seed), (ROWS,), device="cuda", dtype=torch.int32)
+    positions = torch.randint(0, 1 << 20, (ROWS,), device="cuda")
+    for kind in ("flat", "peaked"):
+        logits = _logits(kind, 0)
+        default = fused.sample_fused_triton(logits, idx, positions, params)
+        with monkeypatch.context() as patch:
+            for name, value in PLAN_CONFIGS[plan].items():
+                patch.setattr(fused, name, value)
+            got = fused.sample_fused_triton(logits, idx, positions, params)
+        assert torch.equal(got.errors, default.errors)
+        assert int((got.sampled != default.sampled).sum()) <= 2
+
+
 def test_fused_sampler_does_not_sync_and_is_deterministic():
     from framework import SamplingParams
     from sampler_cases import Slot, make_sampler
