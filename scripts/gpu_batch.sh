@@ -45,6 +45,10 @@ for j in "$@"; do
         --prompt-len 128 --steps 40 --temperature 0 --repeat-prompt --spec-k $k --out "$res/profile_spec/b$b-k$k"; done; done ;;
     sampler-variants) for w in 8 32; do job $j-w$w 80 python3 scripts/bench_sampler.py "$res/sampler_w$w" \
         --plan-warps $w; done ;;
+    gpu_tests_sampler) job $j 170 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_sampler_gpu.py \
+        tests/gpu/test_spec_gpu.py ;;
+    spec-quick) job $j 160 python3 scripts/bench_spec.py --repeats 2 --out "$res/spec" ;;
+    diag_plan) job $j 110 python3 scripts/diag_fused_plan.py --quick --out "$res/diag_plan" ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
