@@ -8,7 +8,7 @@ kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only 
   `y + gumbel(seed, position, token)` (greedy: of `x`) over the tokens min-p keeps, per vocabulary chunk;
   `_fused_resolve_kernel` merges the chunks (lowest token id on ties). One read (two with min-p, which needs
   the row max first).
-- **Gather rows** (top-k and/or top-p), one read of the logits plus a read of the group maxima (1/16 of it):
+- **Gather rows** (top-k and/or top-p), one read of the logits plus a read of the group maxima (1/GROUP of it):
   1. `_fused_stats_kernel` (rows x chunks) writes per chunk the max of x and, for top-p alone, the sum of
      `exp(y - max y)`; and the max of x of every `GROUP` consecutive tokens. A plain read: the penalties, if
      any, were applied before by their own kernel, which touches only the rows' seen tokens
@@ -62,10 +62,12 @@ from samplers.sanitize import sanitize_logits_reference
 from samplers.top_k_top_p import _ordered_key, apply_min_p_reference, apply_top_k_top_p_reference
 from samplers.triton_utils import use_triton, vocab_block
 
-GROUP = 16  # tokens per group maximum written by pass 1
-CAP = 1024  # candidate buffer entries per logits row (CAP / GROUP groups per gather tile)
+# Groups of 32 (H200, 256 x 151,936, k = 50: plan kernel 45-53 us against 60-70 us with groups of 16, the
+# whole pipeline 117-125 against 130-146 us; scripts/diag_fused_plan.py): half the group maxima to search.
+GROUP = 32  # tokens per group maximum written by pass 1
+CAP = 2048  # candidate buffer entries per logits row (CAP / GROUP groups per gather tile)
 TARGET_PROGRAMS = 2048  # pass 1 and 2 split rows into chunks until about this many programs run
-PLAN_WARPS = 16  # the plan holds a row's group maxima (16,384 padded at V = 151,936) in registers
+PLAN_WARPS = 16  # the plan holds a row's group maxima (8,192 padded at V = 151,936) in registers
 # The plan's cutoff search (`samplers.fused_cutoff.CUTOFFS`): bisection measured faster than the radix select on
 # an H200 (plan kernel 71 against 102 us at 256 x 151,936: tl.histogram contends on the few busy bins of
 # clustered keys); "split" / "guess" cut the rounds (scripts/diag_fused_plan.py compares them).
@@ -385,10 +387,10 @@ def sample_fused_triton(
     num_chunks = triton.cdiv(vocab_size, chunk_size)
     # Constexpr sizes depend on the vocabulary only, never on the batch: one compiled variant serves every step.
     max_chunks = triton.next_power_of_2(num_blocks)
-    num_groups = triton.cdiv(vocab_size, GROUP)
-    if need_plan and (GROUP > block or CAP % GROUP):
-        raise ValueError(f"GROUP = {GROUP} must divide CAP = {CAP} and the vocabulary block ({block} at V = "
-                         f"{vocab_size}): 16 suits every vocabulary")
+    group = _group_size(vocab_size)
+    num_groups = triton.cdiv(vocab_size, group)
+    if need_plan and CAP % group:
+        raise ValueError(f"GROUP = {GROUP} must divide CAP = {CAP} (both powers of two)")
     ws = _Workspace(num_rows, num_chunks, num_groups, device)
     flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     tables = (params.temperature, params.top_k, params.top_p)
@@ -397,7 +399,7 @@ def sample_fused_triton(
         _fused_stats_kernel[grid](
             logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.part_bad,
             ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block,
-            GROUP=GROUP,
+            GROUP=group,
         )
         _launch_plan(logits, expanded_idx_mapping, positions, params, ws, flags, sampled, errors, num_chunks,
                      max_chunks, sanitize=sanitize, has_flags=nonfinite is not None, nonfinite_code=nonfinite_code,
@@ -431,6 +433,12 @@ def sample_fused(
     return sample_fused_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code)
 
 
+def _group_size(vocab_size: int) -> int:
+    """Tokens per group maximum: GROUP, or the whole vocabulary block of a tiny vocabulary (a group lies in
+    one block of the first pass)."""
+    return min(GROUP, vocab_block(vocab_size))
+
+
 def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, positions: torch.Tensor,
                  params: SlotSamplingParams, ws: "_Workspace", flags: torch.Tensor, sampled: torch.Tensor,
                  errors: torch.Tensor, num_chunks: int, max_chunks: int, *, sanitize: bool, has_flags: bool,
@@ -439,14 +447,15 @@ def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, posit
     stats kernel must have written `ws` with the same GROUP); `stop_after` is for scripts/diag_fused_plan.py.
     Returns what the launch returns (the compiled kernel: its registers, for the diagnostics)."""
     vocab_size = logits.shape[1]
-    num_groups = triton.cdiv(vocab_size, GROUP)
+    group = _group_size(vocab_size)
+    num_groups = triton.cdiv(vocab_size, group)
     options = {} if PLAN_MAXNREG is None else dict(maxnreg=PLAN_MAXNREG)
     return _fused_plan_kernel[(logits.shape[0],)](
         logits, logits.stride(0), expanded_idx_mapping, params.temperature, params.top_k, params.top_p,
         params.min_p, params.seed, positions, ws.part_max, ws.part_sum, ws.part_bad, flags, ws.group_max, ws.row_max,
         ws.count, ws.chosen, ws.cand_value, ws.cand_token, sampled, errors, num_groups, num_chunks, vocab_size,
         SANITIZE=sanitize, HAS_FLAGS=has_flags, NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CAP=CAP,
-        GROUP=GROUP, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), TILE_I=PLAN_TILE,
+        GROUP=group, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), TILE_I=PLAN_TILE,
         TILE_J=PLAN_TILE, CUTOFF=cutoff_code(PLAN_CUTOFF, num_groups), KEYS_ONLY=PLAN_KEYS_ONLY, STOP_AFTER=stop_after,
         num_warps=PLAN_WARPS, **options,
     )

@@ -171,6 +171,7 @@ def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch, cutoff)
     """A buffer of 16: k = 5 may need 80 candidates; top-p alone gathers one group and must look further.
     (With every cutoff search.)"""
     monkeypatch.setattr(samplers.fused_sampling, "CAP", 16)
+    monkeypatch.setattr(samplers.fused_sampling, "GROUP", 16)  # groups of one buffer each
     monkeypatch.setattr(samplers.fused_sampling, "PLAN_CUTOFF", cutoff)
     vocab, rows = 150, 6
     params = _params(vocab)
