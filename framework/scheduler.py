@@ -35,7 +35,7 @@ class Scheduler:
     blocks allow, and never in a step that preempted.
 
     Speculative decoding (`draft_policy` set): a decoding request whose slot holds drafts verifies up to k of
-    them, i.e. computes 1 + k tokens (k capped by the budget, max_model_len and max_tokens). Until its output
+    them, i.e. computes 1 + k tokens (k capped by the budget and max_model_len, not max_tokens). Until its output
     arrives the host counts all of them as computed and all k + 1 possible tokens as placeholders (upper
     bounds, so KV blocks always suffice); the output's length then corrects `num_computed_tokens` down by
     the rejected drafts, whose KV positions the next steps overwrite.

@@ -444,7 +444,8 @@ def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, posit
                  errors: torch.Tensor, num_chunks: int, max_chunks: int, *, sanitize: bool, has_flags: bool,
                  nonfinite_code: int, no_token_code: int, stop_after: int = 0) -> object:
     """`_fused_plan_kernel` over every row, configured by the module's GROUP / CAP / PLAN_* constants (the
-    stats kernel must have written `ws` with the same GROUP); `stop_after` is for scripts/diag_fused_plan.py.
+    stats kernel must have written `ws` with the same group size, `_group_size`); `stop_after` is for
+    scripts/diag_fused_plan.py.
     Returns what the launch returns (the compiled kernel: its registers, for the diagnostics)."""
     vocab_size = logits.shape[1]
     group = _group_size(vocab_size)

@@ -23,12 +23,12 @@ import numpy as np
 
 def _attempt_masks(max_k: int, num_draft: Sequence[int], num_accepted: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """([rows, max_k] attempted, [rows, max_k] accepted): position j was attempted when the row had a draft j
-    and drafts 0..j-1 were accepted; it was accepted when j < num_accepted."""
+    and drafts 0..j-1 were accepted; it was accepted when it was attempted and j < num_accepted."""
     d = np.asarray(num_draft, dtype=np.int64)
     a = np.asarray(num_accepted, dtype=np.int64)
     j = np.arange(max_k)
     attempted = j[None, :] < np.minimum(d, a + 1)[:, None]
-    return attempted, j[None, :] < a[:, None]
+    return attempted, attempted & (j[None, :] < a[:, None])
 
 
 def expected_tokens_from_rates(rates: np.ndarray) -> np.ndarray:
@@ -72,7 +72,7 @@ class AcceptanceTracker:
             attempted, accepted = _attempt_masks(len(self.attempted), [x for _, d, _ in pending for x in d],
                                                  [x for _, _, a in pending for x in a])
             self.attempted += weights @ attempted
-            self.accepted += weights @ (accepted & attempted)
+            self.accepted += weights @ accepted
 
     def rates(self) -> np.ndarray:
         """[max_k] the a_j."""
@@ -131,7 +131,7 @@ class RequestAcceptance:
         cells = (rows[:, None] * self.max_k + np.arange(self.max_k)).ravel()
         shape = (size, self.max_k)
         self.attempted += np.bincount(cells, weights=attempted.ravel(), minlength=size * self.max_k).reshape(shape)
-        self.accepted += np.bincount(cells, weights=(accepted & attempted).ravel(),
+        self.accepted += np.bincount(cells, weights=accepted.ravel(),
                                      minlength=size * self.max_k).reshape(shape)
 
     def remove(self, request_id: str) -> None:

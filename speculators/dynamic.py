@@ -12,11 +12,11 @@ Both inputs are measured online: acceptance per draft position, batch-wide and p
 own rates lean on the batch-wide ones until it has been observed), and step costs per batch-size bucket.
 At a batch size with no measured costs anywhere, the policy first measures k = 0 and k = max_k; a new bucket
 borrows the cost shape of the nearest measured one. The decision is remade every `DECIDE_EVERY` steps and
-whenever the batch changes size bucket (it costs host time). Every `explore_every` steps the policy re-tries the k it
-has not used for longest (or, every other time while below max_k, max_k itself, which observes every draft
-position), so costs and acceptance keep tracking a workload that changes; explorations that cost much are
-spaced further apart (`EXPLORE_BUDGET`). Tests inject a
-synthetic `CostModel` instead of the measured one.
+whenever the batch changes size bucket (it costs host time). Every `explore_every` steps the policy tries
+the k it has not used for longest (or, every other time while below max_k, max_k itself, which observes
+every draft position), so costs and acceptance keep tracking a workload that changes; explorations that
+cost much are spaced further apart (`EXPLORE_BUDGET`). Tests inject a synthetic `CostModel` instead of
+the measured one.
 """
 
 from __future__ import annotations
