@@ -124,6 +124,7 @@ def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignor
     return {"seconds": seconds, "output_tokens": tokens, "output_tok_per_s": tokens / seconds,
             "compiles_during_run": new_variants(compiled_before, compiled_variants()),
             "steps": len(ms), "median_step_ms": ms[len(ms) // 2] if ms else 0.0,
+            "step_ms": [round(x, 2) for x in step_ms],  # in step order (the JSON keeps them; the table does not)
             "slowest_steps_ms": [round(x, 1) for x in ms[-3:]],
             **llm.get_metrics()["spec_decode"]}
 
@@ -195,11 +196,12 @@ def main(argv: Optional[list[str]] = None) -> None:
         for k in FIXED_KS:
             set_policy(llm, FixedK(k))
             record(f"ngram k={k}", w, b, run_median(llm, *workload(w, b, args.output_len, vocab, 1), args.repeats))
-        policy = DynamicK(K_MAX)  # fresh for each cell: its first run starts cold
+        policy = DynamicK(K_MAX, record=True)  # fresh for each cell: its first run starts cold
         set_policy(llm, policy)
         r = run_median(llm, *workload(w, b, args.output_len, vocab, 1), args.repeats)
         counts = Counter(policy.history)
-        record("dynamic", w, b, r, {"k_chosen": dict(sorted(counts.items())), "k_history": policy.history})
+        record("dynamic", w, b, r, {"k_chosen": dict(sorted(counts.items())), "k_history": policy.history,
+                                    "decisions": [d._asdict() for d in policy.decisions or []]})
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ the measured one.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 from speculators.acceptance import AcceptanceTracker, RequestAcceptance
 from speculators.interface import Proposal, ProposeInputs, Speculator
@@ -41,11 +41,23 @@ DECIDE_EVERY = 4  # steps between two decisions at the same batch-size bucket
 EXPLORE_BUDGET = 0.01  # exploration steps may cost about this fraction of the tokens per second
 
 
+class Decision(NamedTuple):
+    """One step's choice, as `DynamicK(record=True)` logs it (benchmarks dump the log to explain a run)."""
+
+    step: int
+    num_rows: int
+    k: int
+    reason: str  # "decide" (rates recomputed), "keep" (last decision reused), "explore", "measure" (no costs yet)
+    rates: tuple[float, ...]  # expected tokens/s per row and k at the last decision (empty before any)
+    costs_ms: tuple[float, ...]  # t(B, k) per k at a decision (else empty)
+    acceptance: tuple[float, ...]  # batch-wide conditional acceptance per draft position, at a decision
+
+
 class DynamicK(DraftLengthPolicy):
     """The policy of the module docstring."""
 
     def __init__(self, max_k: int, cost_model: Optional[CostModel] = None, acceptance_decay: float = 0.95,
-                 prior_acceptance: float = 0.5, explore_every: int = 32) -> None:
+                 prior_acceptance: float = 0.5, explore_every: int = 32, record: bool = False) -> None:
         super().__init__(max_k)
         self.cost_model: CostModel = cost_model if cost_model is not None else MeasuredCostModel()
         self.acceptance = AcceptanceTracker(max_k, acceptance_decay, prior_acceptance)
@@ -59,6 +71,7 @@ class DynamicK(DraftLengthPolicy):
         self._explorations = 0
         self._next_explore = explore_every  # step of the next exploration
         self.history: list[int] = []  # every k chosen (benchmarks plot it)
+        self.decisions: Optional[list[Decision]] = [] if record else None  # with record=True: every step's why
 
     @classmethod
     def from_config(cls, config: "SpeculatorConfig", cost_model: Optional[CostModel] = None) -> "DynamicK":
@@ -96,24 +109,32 @@ class DynamicK(DraftLengthPolicy):
     def choose(self, request_ids: Sequence[str]) -> int:
         self._steps += 1
         self.acceptance.tick()
-        k = self._choose(request_ids)
+        k, reason = self._choose(request_ids)
         self._last_used[k] = self._steps
         self.history.append(k)
+        if self.decisions is not None:
+            decided = reason == "decide"
+            costs = (self.costs(len(request_ids)) or []) if decided else []
+            self.decisions.append(Decision(
+                self._steps, len(request_ids), k, reason, tuple(round(r, 1) for r in self._rates),
+                tuple(round(1e3 * c, 3) for c in costs), tuple(self.acceptance.rates().round(3)) if decided else ()))
         return k
 
-    def _choose(self, request_ids: Sequence[str]) -> int:
+    def _choose(self, request_ids: Sequence[str]) -> tuple[int, str]:
+        """(k, why: see `Decision.reason`)."""
         if self.max_k == 0 or not request_ids:
-            return 0
+            return 0, "keep"
         # Decide every DECIDE_EVERY steps, and at once when the batch changes bucket: the decision costs
         # tens of microseconds of host time (more at large batches), against a step of one or a few ms.
         bucket = batch_bucket(len(request_ids))
-        if self._best is None or bucket != self._bucket or self._steps % DECIDE_EVERY == 0:
+        decide = self._best is None or bucket != self._bucket or self._steps % DECIDE_EVERY == 0
+        if decide:
             self._best, self._bucket = self.best_k(request_ids), bucket
         if self._best is None:  # nothing measured yet: the two ends first
-            return 0 if self.cost_model.cost(len(request_ids), 0) is None else self.max_k
+            return (0 if self.cost_model.cost(len(request_ids), 0) is None else self.max_k), "measure"
         if self.explore_every and self._steps >= self._next_explore:
-            return self._explore(self._best)
-        return self._best
+            return self._explore(self._best), "explore"
+        return self._best, "decide" if decide else "keep"
 
     def _explore(self, best: int) -> int:
         """An exploration step's k, and when the next one comes.

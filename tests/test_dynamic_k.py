@@ -217,3 +217,15 @@ def test_build_policy_from_config():
     fixed = build_draft_policy(load_config({"speculator": {"method": "ngram", "num_speculative_tokens": 3}}).speculator)
     assert isinstance(fixed, FixedK) and fixed.choose(_ids(100)) == 3
     assert build_draft_policy(load_config({}).speculator) is None
+
+
+def test_record_logs_every_step_with_its_reason():
+    policy = DynamicK(MAX_K, SyntheticCost(), record=True)
+    ks = _run(policy, 80, rows=4, accept_p=0.9, rng=random.Random(7))
+    log = policy.decisions
+    assert log is not None and [d.k for d in log] == ks == policy.history
+    assert {d.reason for d in log} <= {"decide", "keep", "explore", "measure"} and "explore" in {d.reason for d in log}
+    decided = [d for d in log if d.reason == "decide"]
+    assert decided and all(len(d.rates) == len(d.costs_ms) == MAX_K + 1 and len(d.acceptance) == MAX_K
+                           for d in decided)
+    assert DynamicK(MAX_K, SyntheticCost()).decisions is None  # off by default: no cost on the step path
