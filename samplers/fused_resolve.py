@@ -1,9 +1,10 @@
 """How the fused sampling path (see `samplers.fused_sampling`) ends each logits row.
 
-`_fused_resolve_kernel` (one program per row): direct rows merge the per-chunk Gumbel (or greedy) argmaxes
-of the sample kernel; gather rows the plan did not settle take the slow path below.
+`_fused_resolve_kernel` (one program per row, small: all rows run at once): direct rows merge the per-chunk
+Gumbel (or greedy) argmaxes of the sample kernel; gather rows are sampled from the candidates the plan
+gathered (`_resolve_candidates`), or by the slow path below.
 
-`_resolve_candidates` (called by the plan kernel) resolves a gather row from its candidates exactly: for
+`_resolve_candidates` resolves a gather row from its candidates exactly: for
 candidate i, `greater_i` and `mass_i` are the count and the mass `sum(exp(y_j - max))` of the candidates
 strictly larger than it (pairwise, in tiles; masses in 40-bit fixed point so the sum does not depend on the
 buffer's order), then
@@ -216,9 +217,10 @@ def _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, n
 @triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_resolve_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
-    count_ptr, part_best_ptr, part_token_ptr, part_bad_ptr, nonfinite_ptr, sampled_ptr, errors_ptr, num_chunks,
-    vocab_size, SANITIZE: tl.constexpr, HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr,
-    NO_TOKEN_CODE: tl.constexpr, CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
+    count_ptr, row_max_ptr, row_sum_ptr, cutoff_ptr, cand_value_ptr, cand_token_ptr, part_best_ptr, part_token_ptr,
+    part_bad_ptr, nonfinite_ptr, sampled_ptr, errors_ptr, num_chunks, vocab_size, SANITIZE: tl.constexpr,
+    HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr, CHUNKS: tl.constexpr,
+    BLOCK: tl.constexpr, CAP: tl.constexpr = 2048, TILE_I: tl.constexpr = 64, TILE_J: tl.constexpr = 64,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
@@ -232,22 +234,26 @@ def _fused_resolve_kernel(
     p_on = random & (p < 1.0)
     best_value = tl.full([], -float("inf"), tl.float32)
     best_token = tl.zeros([], dtype=tl.int32)
-    settled = tl.zeros([], dtype=tl.int1)
-    if k_on | p_on:
-        settled = tl.load(count_ptr + logits_row) < 0
-        if settled == 0:  # (settled: the plan sampled the row from its candidates and stored the result)
-            key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
+    if k_on | p_on:  # a gather row: its candidates, else (overflow, or not provably exact) the slow path
+        key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
+        n = tl.load(count_ptr + logits_row)
+        exact = tl.zeros([], dtype=tl.int1)
+        if n <= CAP:
+            best_token, best_value, exact = _resolve_candidates(
+                cand_value_ptr + logits_row * CAP, cand_token_ptr + logits_row * CAP, n, temp,
+                tl.load(row_max_ptr + logits_row), tl.load(row_sum_ptr + logits_row), tl.load(cutoff_ptr + logits_row),
+                k_on, k, p_on, p, min_p, key, TILE_I, TILE_J)
+        if exact == 0:
             row_ptr = logits_ptr + logits_row * logits_stride
             best_token, best_value = _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
                                                        SANITIZE, BLOCK)
-    else:
+    else:  # a direct row: merge the sample kernel's per-chunk argmaxes
         chunks = tl.arange(0, CHUNKS)
         in_row = chunks < num_chunks
         part_best = tl.load(part_best_ptr + logits_row * num_chunks + chunks, mask=in_row, other=-float("inf"))
         part_token = tl.load(part_token_ptr + logits_row * num_chunks + chunks, mask=in_row, other=2147483647)
         best_value = tl.max(part_best, axis=0)
         best_token = tl.min(tl.where(part_best == best_value, part_token, 2147483647), axis=0)
-    if settled == 0:
-        nonfinite = _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS, CHUNKS)
-        _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite, NONFINITE_CODE,
-                      NO_TOKEN_CODE)
+    nonfinite = _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS, CHUNKS)
+    _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite, NONFINITE_CODE,
+                  NO_TOKEN_CODE)

@@ -23,13 +23,15 @@ kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only 
      b. compacts the ids of the groups whose max is `>= c` (a prefix sum; per-row scratch of CAP ids).
      c. loads those groups' tokens, `CAP / GROUP` groups per tile, and compacts every finite one with
         `x >= c` (x, id) into a per-row buffer of `CAP` entries. The other groups' tokens are never loaded.
-     d. resolves the row (`samplers.fused_resolve._resolve_candidates`): the candidates are a top set of the
-        row in y (division by T > 0 is monotone), so the count and the mass of strictly larger tokens,
-        computed among them, are the row's. It applies the exact rules: top-k `#greater < k`, Z = mass of
-        the top-k survivors (or the row's sum-exp for top-p alone), top-p `mass_greater < p * Z`, min-p
-        `exp(y - max) >= min_p`, then the Gumbel argmax; stores the token and marks the row settled.
-  3. `_fused_sample_kernel` skips gather rows; `_fused_resolve_kernel` runs the slow path (below) for the
-     gather rows the plan did not settle.
+  3. `_fused_sample_kernel` skips gather rows (it is not launched when every row gathers, `all_gather`).
+  4. `_fused_resolve_kernel` (one small program per row, all rows in one wave) samples each gather row from its
+     candidates (`samplers.fused_resolve._resolve_candidates`): they are a top set of the row in y (division
+     by T > 0 is monotone), so the count and the mass of strictly larger tokens, computed among them, are the
+     row's. It applies the exact rules: top-k `#greater < k`, Z = mass of the top-k survivors (or the row's
+     sum-exp for top-p alone), top-p `mass_greater < p * Z`, min-p `exp(y - max) >= min_p`, then the Gumbel
+     argmax. Rows whose candidates overflowed, or that the candidates cannot settle, take the slow path (below).
+     The plan, a big program per row (its group maxima sit in registers), ends at the gather: the resolve
+     needs few registers, and in the plan it kept those big programs resident longer.
 
 Exactness: the same kept set and the same noise per (seed, position, token) as the reference, so the same
 token; ties at a threshold follow the reference's rule (top-k keeps every token tied with the k-th, top-p
@@ -40,8 +42,8 @@ fixed point, so the order of the candidates never changes a result.
 
 Slow path: a row whose candidates overflow the buffer (k > CAP / GROUP with an unlucky spread, huge ties), or
 a top-p-alone row whose candidates all pass top-p while tokens below the cutoff are within `WIN` of the row
-max (flat rows, p close to 1: the kept set may extend below the candidates), is left unsettled by the plan
-and sampled by the resolve kernel with the old algorithm (threshold bisection over the whole row, 33 passes
+max (flat rows, p close to 1: the kept set may extend below the candidates), is sampled by the resolve
+kernel with the old algorithm (threshold bisection over the whole row, 33 passes
 per threshold, then a Gumbel pass): the same token, slower. A token more than `WIN` = 21 below the row max
 can never win (the noise spans [-2.86, 17.34] and the row's most likely token is always kept), so such
 tokens need not be candidates.
@@ -56,7 +58,7 @@ import triton
 import triton.language as tl
 
 from samplers.fused_cutoff import _cutoff, _key_value, cutoff_code
-from samplers.fused_resolve import _fused_resolve_kernel, _resolve_candidates, _row_nonfinite, _store_result
+from samplers.fused_resolve import _fused_resolve_kernel
 from samplers.gumbel import _row_key, _token_bits, gumbel_sample_reference
 from samplers.sanitize import sanitize_logits_reference
 from samplers.top_k_top_p import _ordered_key, apply_min_p_reference, apply_top_k_top_p_reference
@@ -75,6 +77,7 @@ PLAN_CUTOFF = "bisect"
 PLAN_KEYS_ONLY = False  # the plan drops the group maxima once it has their keys (fewer registers; same result)
 PLAN_MAXNREG: Optional[int] = None  # a register cap for the plan kernel (None: the compiler's choice)
 PLAN_TILE = 64  # candidates per side of the resolve's pairwise tiles (rows with at most this many: one tile)
+RESOLVE_WARPS = 4  # the resolve kernel samples gather rows from their candidates: small programs, one wave
 
 
 class SlotSamplingParams(NamedTuple):
@@ -188,12 +191,10 @@ def _fused_stats_kernel(
 
 @triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_plan_kernel(
-    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
-    part_max_ptr, part_sum_ptr, part_bad_ptr, nonfinite_ptr, group_max_ptr, row_max_ptr, count_ptr,
-    chosen_ptr, cand_value_ptr, cand_token_ptr, sampled_ptr, errors_ptr, num_groups, num_chunks, vocab_size,
-    SANITIZE: tl.constexpr, HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr,
-    CAP: tl.constexpr, GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr, TILE_I: tl.constexpr = 64,
-    TILE_J: tl.constexpr = 64, CUTOFF: tl.constexpr = 0, KEYS_ONLY: tl.constexpr = False,
+    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr,
+    group_max_ptr, row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, chosen_ptr, cand_value_ptr, cand_token_ptr,
+    num_groups, num_chunks, vocab_size, SANITIZE: tl.constexpr, CAP: tl.constexpr, GROUP: tl.constexpr,
+    CHUNKS: tl.constexpr, GROUPS: tl.constexpr, CUTOFF: tl.constexpr = 0, KEYS_ONLY: tl.constexpr = False,
     STOP_AFTER: tl.constexpr = 0,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
@@ -209,26 +210,23 @@ def _fused_plan_kernel(
     part_scale = tl.exp(tl.math.div_rn(tl.where(finite, part_max, 0.0), temp) - tl.where(finite, row_max, 0.0))
     tl.store(row_max_ptr + logits_row, row_max)  # read by min-p in the sample kernel
     if gather:
-        row_sum = tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0)
-        _plan_row(logits_ptr + logits_row * logits_stride, logits_row, req_slot, temp, k_on, p_on, x_max, row_max,
-                  row_sum, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr, part_bad_ptr, nonfinite_ptr,
-                  group_max_ptr, count_ptr, chosen_ptr, cand_value_ptr, cand_token_ptr, sampled_ptr, errors_ptr,
-                  num_groups, num_chunks, vocab_size, SANITIZE, HAS_FLAGS, NONFINITE_CODE, NO_TOKEN_CODE, CAP, GROUP,
-                  CHUNKS, GROUPS, TILE_I, TILE_J, CUTOFF, KEYS_ONLY, STOP_AFTER)
+        tl.store(row_sum_ptr + logits_row, tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0))
+        _plan_row(logits_ptr + logits_row * logits_stride, logits_row, req_slot, k_on, x_max, top_k_ptr,
+                  group_max_ptr, cutoff_ptr, count_ptr, chosen_ptr, cand_value_ptr, cand_token_ptr, num_groups,
+                  vocab_size, SANITIZE, CAP, GROUP, GROUPS, CUTOFF, KEYS_ONLY, STOP_AFTER)
 
 
 @triton.jit
 def _plan_row(
-    row_ptr, logits_row, req_slot, temp, k_on, p_on, x_max, row_max, row_sum, top_k_ptr, top_p_ptr, min_p_ptr,
-    seed_ptr, positions_ptr, part_bad_ptr, nonfinite_ptr, group_max_ptr, count_ptr, chosen_ptr, cand_value_ptr,
-    cand_token_ptr, sampled_ptr, errors_ptr, num_groups, num_chunks, vocab_size, SANITIZE: tl.constexpr,
-    HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr, CAP: tl.constexpr,
-    GROUP: tl.constexpr, CHUNKS: tl.constexpr, GROUPS: tl.constexpr, TILE_I: tl.constexpr, TILE_J: tl.constexpr,
-    CUTOFF: tl.constexpr, KEYS_ONLY: tl.constexpr, STOP_AFTER: tl.constexpr,
+    row_ptr, logits_row, req_slot, k_on, x_max, top_k_ptr, group_max_ptr, cutoff_ptr, count_ptr, chosen_ptr,
+    cand_value_ptr, cand_token_ptr, num_groups, vocab_size, SANITIZE: tl.constexpr, CAP: tl.constexpr,
+    GROUP: tl.constexpr, GROUPS: tl.constexpr, CUTOFF: tl.constexpr, KEYS_ONLY: tl.constexpr,
+    STOP_AFTER: tl.constexpr,
 ):
-    """Steps 1-4 of the plan for one gather row. `STOP_AFTER` (diagnostics only, 0 = never) ends it after step
-    1 (the group maxima loaded), 2 (the cutoff), 3 (the chosen groups) or 4 (the candidates), storing a value
-    of that step's result as the row's count so nothing is optimised away: the row is then not sampled."""
+    """Steps 1-3 of the plan for one gather row: its cutoff and its candidates (their number in `count_ptr`,
+    more than CAP when they overflowed). `STOP_AFTER` (diagnostics only, 0 = never) ends it after step 1 (the
+    group maxima loaded), 2 (the cutoff) or 3 (the chosen groups), storing a value of that step's result as the
+    row's count so nothing is optimised away: the row is then not sampled."""
     MAX_GROUPS: tl.constexpr = CAP // GROUP  # groups whose tokens surely fit the buffer; groups per gather tile
     # 1. A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c) and at
     # most GROUP * limit tokens are >= c. Top-k wants k; top-p alone wants as many as fit.
@@ -250,6 +248,7 @@ def _plan_row(
         cutoff = _key_value(key)
         # x / T may round a slightly smaller x to the same y as c: lower c by more than that (4 ulp).
         cutoff = tl.where(cutoff > -float("inf"), cutoff - tl.abs(cutoff) * (1.0 / 1048576.0) - 1e-30, cutoff)
+    tl.store(cutoff_ptr + logits_row, cutoff)
     if STOP_AFTER == 2:
         tl.store(count_ptr + logits_row, cutoff.to(tl.int32, bitcast=True))
         return
@@ -286,23 +285,6 @@ def _plan_row(
             tl.store(cand_value_ptr + logits_row * CAP + slot, x, mask=store)
             tl.store(cand_token_ptr + logits_row * CAP + slot, offs, mask=store)
             n += tl.sum(take.to(tl.int32), axis=0)
-    if STOP_AFTER == 4:
-        tl.store(count_ptr + logits_row, n)
-        return
-    # 4. Sample the row from its candidates (see `_resolve_candidates`) and mark it settled (count -1);
-    # overflowing or uncovered rows are left to the resolve kernel's exact path.
-    if n <= CAP:
-        tl.debug_barrier()  # the candidates are read back by other threads of this program
-        key = _row_key(tl.load(seed_ptr + req_slot), tl.load(positions_ptr + logits_row))
-        best_token, best_value, exact = _resolve_candidates(
-            cand_value_ptr + logits_row * CAP, cand_token_ptr + logits_row * CAP, n, temp, row_max, row_sum,
-            cutoff, k_on, top_k, p_on, tl.load(top_p_ptr + req_slot), tl.load(min_p_ptr + req_slot), key,
-            TILE_I, TILE_J)
-        if exact:
-            nonfinite = _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS, CHUNKS)
-            _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite,
-                          NONFINITE_CODE, NO_TOKEN_CODE)
-            n = tl.full([], -1, tl.int32)
     tl.store(count_ptr + logits_row, n)
 
 
@@ -364,14 +346,16 @@ def sample_fused_triton(
     sanitize: bool = True,
     nonfinite: Optional[torch.Tensor] = None,  # [L] bool from an earlier `sanitize_logits` (when not sanitize)
     need_plan: bool = True,
+    all_gather: bool = False,
     nonfinite_code: int = 1,
     no_token_code: int = 2,
 ) -> FusedSample:
     """Same result as `sample_fused_reference`.
 
     `sanitize`: treat NaN/+inf as -inf and flag the row (the caller did not run `sanitize_logits`).
-    `need_plan=False` skips pass 1 and the plan; only valid when no row uses top-k, top-p or min-p (host mirrors
-    tell, see `SamplingStages`).
+    `need_plan=False` skips pass 1 and the plan; only valid when no row uses top-k, top-p or min-p.
+    `all_gather=True` skips the sample kernel; only valid when every row is a gather row (random, with top-k
+    or top-p). The host mirrors tell both, see `SamplingStages`.
     """
     num_rows, vocab_size = logits.shape
     device = logits.device
@@ -391,6 +375,8 @@ def sample_fused_triton(
     num_groups = triton.cdiv(vocab_size, group)
     if need_plan and CAP % group:
         raise ValueError(f"GROUP = {GROUP} must divide CAP = {CAP} (both powers of two)")
+    if all_gather and not need_plan:
+        raise ValueError("all_gather=True needs the plan (need_plan=True): gather rows are sampled from it")
     ws = _Workspace(num_rows, num_chunks, num_groups, device)
     flags = nonfinite if nonfinite is not None else ws.part_bad  # any pointer: unread without HAS_FLAGS
     tables = (params.temperature, params.top_k, params.top_p)
@@ -401,19 +387,19 @@ def sample_fused_triton(
             ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block,
             GROUP=group,
         )
-        _launch_plan(logits, expanded_idx_mapping, positions, params, ws, flags, sampled, errors, num_chunks,
-                     max_chunks, sanitize=sanitize, has_flags=nonfinite is not None, nonfinite_code=nonfinite_code,
-                     no_token_code=no_token_code)
-    _fused_sample_kernel[grid](
-        logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
-        ws.row_max, ws.part_best, ws.part_token, ws.part_bad, num_chunks, chunk_size, vocab_size,
-        SANITIZE=sanitize, HAS_PLAN=need_plan, BLOCK=block,
-    )
+        _launch_plan(logits, expanded_idx_mapping, params, ws, num_chunks, max_chunks, sanitize=sanitize)
+    if not all_gather:
+        _fused_sample_kernel[grid](
+            logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
+            ws.row_max, ws.part_best, ws.part_token, ws.part_bad, num_chunks, chunk_size, vocab_size,
+            SANITIZE=sanitize, HAS_PLAN=need_plan, BLOCK=block,
+        )
     _fused_resolve_kernel[(num_rows,)](
         logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions, ws.count,
-        ws.part_best, ws.part_token, ws.part_bad, flags, sampled, errors, num_chunks, vocab_size,
-        SANITIZE=sanitize, HAS_FLAGS=nonfinite is not None, NONFINITE_CODE=nonfinite_code,
-        NO_TOKEN_CODE=no_token_code, CHUNKS=max_chunks, BLOCK=block,
+        ws.row_max, ws.row_sum, ws.cutoff, ws.cand_value, ws.cand_token, ws.part_best, ws.part_token, ws.part_bad,
+        flags, sampled, errors, num_chunks, vocab_size, SANITIZE=sanitize, HAS_FLAGS=nonfinite is not None,
+        NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CHUNKS=max_chunks, BLOCK=block, CAP=CAP,
+        TILE_I=PLAN_TILE, TILE_J=PLAN_TILE, num_warps=RESOLVE_WARPS,
     )
     return FusedSample(sampled, errors)
 
@@ -439,10 +425,9 @@ def _group_size(vocab_size: int) -> int:
     return min(GROUP, vocab_block(vocab_size))
 
 
-def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, positions: torch.Tensor,
-                 params: SlotSamplingParams, ws: "_Workspace", flags: torch.Tensor, sampled: torch.Tensor,
-                 errors: torch.Tensor, num_chunks: int, max_chunks: int, *, sanitize: bool, has_flags: bool,
-                 nonfinite_code: int, no_token_code: int, stop_after: int = 0) -> object:
+def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, params: SlotSamplingParams,
+                 ws: "_Workspace", num_chunks: int, max_chunks: int, *, sanitize: bool,
+                 stop_after: int = 0) -> object:
     """`_fused_plan_kernel` over every row, configured by the module's GROUP / CAP / PLAN_* constants (the
     stats kernel must have written `ws` with the same group size, `_group_size`); `stop_after` is for
     scripts/diag_fused_plan.py.
@@ -452,13 +437,11 @@ def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, posit
     num_groups = triton.cdiv(vocab_size, group)
     options = {} if PLAN_MAXNREG is None else dict(maxnreg=PLAN_MAXNREG)
     return _fused_plan_kernel[(logits.shape[0],)](
-        logits, logits.stride(0), expanded_idx_mapping, params.temperature, params.top_k, params.top_p,
-        params.min_p, params.seed, positions, ws.part_max, ws.part_sum, ws.part_bad, flags, ws.group_max, ws.row_max,
-        ws.count, ws.chosen, ws.cand_value, ws.cand_token, sampled, errors, num_groups, num_chunks, vocab_size,
-        SANITIZE=sanitize, HAS_FLAGS=has_flags, NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CAP=CAP,
-        GROUP=group, CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), TILE_I=PLAN_TILE,
-        TILE_J=PLAN_TILE, CUTOFF=cutoff_code(PLAN_CUTOFF, num_groups), KEYS_ONLY=PLAN_KEYS_ONLY, STOP_AFTER=stop_after,
-        num_warps=PLAN_WARPS, **options,
+        logits, logits.stride(0), expanded_idx_mapping, params.temperature, params.top_k, params.top_p, ws.part_max,
+        ws.part_sum, ws.group_max, ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.chosen, ws.cand_value,
+        ws.cand_token, num_groups, num_chunks, vocab_size, SANITIZE=sanitize, CAP=CAP, GROUP=group,
+        CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), CUTOFF=cutoff_code(PLAN_CUTOFF, num_groups),
+        KEYS_ONLY=PLAN_KEYS_ONLY, STOP_AFTER=stop_after, num_warps=PLAN_WARPS, **options,
     )
 
 
@@ -467,13 +450,14 @@ class _Workspace:
 
     def __init__(self, num_rows: int, num_chunks: int, num_groups: int, device: torch.device) -> None:
         rows, chunks = num_rows, num_rows * num_chunks
-        f = _carve(torch.float32, [rows, rows * CAP, chunks, chunks, chunks, rows * num_groups], device)
+        f = _carve(torch.float32, [rows, rows * CAP, chunks, chunks, chunks, rows * num_groups, rows, rows], device)
         i = _carve(torch.int32, [rows, rows * CAP, chunks, chunks, rows * CAP], device)
         self.row_max = f[0]  # [L] max of y
+        self.row_sum, self.cutoff = f[6], f[7]  # [L] sum of exp(y - max y); [L] the plan's cutoff on x
         self.cand_value = f[1]  # [L, CAP] candidate x
         self.part_max, self.part_sum, self.part_best = f[2], f[3], f[4]  # [L, C] per chunk
         self.group_max = f[5]  # [L, num_groups] x max of each group
-        # [L] candidates gathered (-1: the plan sampled the row), [L, CAP] their token ids
+        # [L] candidates gathered (more than CAP: overflowed), [L, CAP] their token ids
         self.count, self.cand_token = i[0], i[1]
         self.part_token, self.part_bad = i[2], i[3]  # [L, C] per chunk
         self.chosen = i[4]  # [L, CAP] ids of the groups the plan gathers

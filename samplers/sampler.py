@@ -132,7 +132,8 @@ class Sampler:
         params = SlotSamplingParams(t["temperature"], t["top_k"], t["top_p"], t["min_p"], t["seed"])
         sampled, errors = sample_fused_triton(  # 8.-12.
             logits, expanded_idx_mapping, sample_positions.long(), params, sanitize=not separate_sanitize,
-            nonfinite=nonfinite, need_plan=need_plan, nonfinite_code=ROW_NONFINITE_LOGITS, no_token_code=ROW_NO_TOKEN_LEFT,
+            nonfinite=nonfinite, need_plan=need_plan, all_gather=stages.all_gather,
+            nonfinite_code=ROW_NONFINITE_LOGITS, no_token_code=ROW_NO_TOKEN_LEFT,
         )
         logprobs = compute_logprobs(raw, sampled, stages.num_logprobs) if raw is not None else None  # 13.
         return SamplerOutput(sampled, logprobs, errors)

@@ -40,6 +40,7 @@ class SamplingStages:
     any_penalties: bool = False
     processors: tuple[int, ...] = ()  # indices of the custom processors some request uses
     num_logprobs: int = -1  # largest `logprobs` in the batch; -1 = nobody asked
+    all_gather: bool = False  # every request random with top-k < vocab or top-p < 1 (the fused sampler's gather rows)
 
     @property
     def any_logits_edit(self) -> bool:
@@ -127,6 +128,7 @@ class SamplingStates:
         logits_processors: Sequence[LogitsProcessor] = (),
     ) -> None:
         self.device = device
+        self.vocab_size = vocab_size
         self.params = SamplingParamsState(max_num_reqs, device)
         self.allowed_tokens = AllowedTokensState(max_num_reqs, vocab_size, device)
         self.bad_words = BadWordsState(max_num_reqs, device, history)
@@ -167,10 +169,12 @@ class SamplingStates:
         """Stages needed by the requests in `req_slots` (host-side check, no device sync)."""
         host = self.params.host
         random = host["temperature"][req_slots] > 0
+        top_k = random & (host["top_k"][req_slots] > 0)
+        top_p = random & (host["top_p"][req_slots] < 1.0)
         return SamplingStages(
             any_random=bool(random.any()),
-            any_top_k=bool((random & (host["top_k"][req_slots] > 0)).any()),
-            any_top_p=bool((random & (host["top_p"][req_slots] < 1.0)).any()),
+            any_top_k=bool(top_k.any()),
+            any_top_p=bool(top_p.any()),
             any_min_p=bool((random & (host["min_p"][req_slots] > 0)).any()),
             any_allowed_tokens=self.allowed_tokens.any_in(req_slots),
             any_bad_words=self.bad_words.any_in(req_slots),
@@ -179,6 +183,8 @@ class SamplingStates:
             any_penalties=self.penalties.any_in(req_slots),
             processors=tuple(i for i, p in enumerate(self.processors) if p.is_active(req_slots)),
             num_logprobs=int(self.num_logprobs[req_slots].max()) if len(req_slots) else -1,
+            all_gather=bool(len(req_slots)) and bool(((top_k & (host["top_k"][req_slots] < self.vocab_size))
+                                                      | top_p).all()),
         )
 
     def record_sampled(

@@ -173,7 +173,7 @@ def stage_times(x: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor, row
         min_p=time_graph_ms(lambda: apply_min_p_triton(work.clone(), min_p)),
         gumbel_sample=time_graph_ms(lambda: gumbel_sample_triton(work, t["seed"][idx.long()], positions)),
         argmax=time_graph_ms(lambda: work.argmax(-1)),
-        fused_steps_8_12=time_graph_ms(lambda: sample_fused_triton(work, idx, positions, params)),
+        fused_steps_8_12=time_graph_ms(lambda: sample_fused_triton(work, idx, positions, params, all_gather=True)),
     )
     return {**{k: v * 1e3 for k, v in out.items()}, "mean_listed_tokens_per_row": listed}
 

@@ -6,26 +6,28 @@ sampler once (pass 1 writes the group maxima the plan reads; the plan launch is 
 recorded plan launch alone (median of CUDA-graph replays, L2 flushed, as bench_sampler) and, for complete
 plans, the whole pipeline too. Configurations (module constants of `samplers.fused_sampling`):
 
-* `base`: the default (GROUP 16, CAP 1024, 16 warps, bisection, group maxima and keys in registers);
-* `stop1..4`: the plan ended after loading the group maxima / the cutoff / the chosen groups / the candidates
-  (each adds one small reduction or store to keep the step's work): differences give each step's time;
-* `w4..w32`: PLAN_WARPS; `radix`, `split`, `guess`: the cutoff searches of `samplers.fused_cutoff`;
-* `keys`: PLAN_KEYS_ONLY (the group maxima dropped once keyed: fewer registers, maybe 2 programs per SM);
-* `g32`, `g64`: GROUP 32 / 64 with CAP 2048 / 4096 (64 groups per gather tile, k = 50 still one tile; half or a
-  quarter of the group maxima); `cap2k`: GROUP 16 with CAP 2048 (a wider cutoff window: fewer rounds);
-* `nreg64` / `nreg128`: PLAN_MAXNREG = 64 at 16 warps / 128 at 8 warps: 2 programs fit an SM's registers
+* `base`: the defaults (GROUP 32, CAP 2048, 16 warps, bisection, resolve in 4-warp programs, no sample kernel
+  when every row gathers);
+* `stop1..3`: the plan ended after loading the group maxima / the cutoff / the chosen groups (each adds one
+  small reduction or store to keep the step's work): differences with `base` give each step's time;
+* `sample kernel`: the pipeline with the (idle) sample kernel launched, as for a batch with direct rows;
+* `resolve w2/w8`: RESOLVE_WARPS; `tile32/128`: PLAN_TILE (the resolve's pairwise tiles);
+* `w8`, `w32`: PLAN_WARPS; `radix`, `split`, `guess`: the cutoff searches of `samplers.fused_cutoff`;
+* `keys`: PLAN_KEYS_ONLY (the group maxima dropped once keyed: fewer registers);
+* `g16`, `g64`: GROUP 16 / 64 with CAP 1024 / 4096;
+* `nreg64` / `w8 nreg128`: PLAN_MAXNREG = 64 at 16 warps / 128 at 8 warps: 2 programs fit an SM's registers
   (256 rows in one wave on 132 SMs; may spill, see the spill column).
 
 Columns: plan-kernel microseconds on each kind of logits; for complete plans the pipeline's microseconds and
-its ratio to one read of the logits (the goal: <= 2), the rows the plan settled (the rest took the slow exact
-path) and the rows whose token equals `sample_fused_reference`'s (every configuration must be exact);
-registers, spills, shared memory and programs per SM of the compiled plan kernel (1 program per SM on 132 SMs
-means 2 waves for 256 rows).
+its ratio to one read of the logits (the goal: <= 2), the rows whose candidates fit the buffer (the others
+take the slow exact path) and the rows whose token equals `sample_fused_reference`'s (every configuration must
+be exact); registers, spills, shared memory and programs per SM of the compiled plan kernel (1 program per SM
+on 132 SMs means 2 waves for 256 rows).
 
     PYTHONPATH=$PWD python3 scripts/diag_fused_plan.py [--out OUT_DIR] [--quick | --only a,b] [--rows 256] [--vocab V]
     PYTHONPATH=$PWD python3 scripts/diag_fused_plan.py --smoke    # CPU, interpreter: tiny shapes, no timings
 
-About 2 minutes on an H200, mostly compiling (31 plan variants); `--quick` (16 variants) about 1 minute.
+About 1-2 minutes on an H200, mostly compiling (24 variants); `--quick` (13 variants) under 1 minute.
 Writes OUT_DIR/diag_fused_plan.json; exits 1 if a configuration fails or matches the reference on fewer rows
 than `base`.
 """
@@ -54,53 +56,52 @@ from samplers.fused_sampling import SlotSamplingParams, sample_fused_reference, 
 
 class Variant(NamedTuple):
     name: str
-    group: int = 16
-    cap: int = 1024
+    group: int = 32
+    cap: int = 2048
     warps: int = 16
     cutoff: str = "bisect"
     keys_only: bool = False
     maxnreg: Optional[int] = None
     stop_after: int = 0  # 0: the whole plan
+    resolve_warps: int = 4
+    tile: int = 64
+    all_gather: bool = True  # the pipeline without the sample kernel (every row of the case gathers)
 
 
 def variants() -> list[Variant]:
     base = Variant("base")
-    fast = base._replace(name="guess+keys", cutoff="guess", keys_only=True)
     out = [base]
-    out += [base._replace(name=f"stop{s}", stop_after=s) for s in (1, 2, 3, 4)]
-    out += [base._replace(name=f"w{w}", warps=w) for w in (4, 8, 32)]
+    out += [base._replace(name=f"stop{s}", stop_after=s) for s in (1, 2, 3)]
+    out += [base._replace(name="sample kernel", all_gather=False)]
+    out += [base._replace(name=f"resolve w{w}", resolve_warps=w) for w in (2, 8)]
+    out += [base._replace(name=f"tile{t}", tile=t) for t in (32, 128)]
+    out += [base._replace(name=f"w{w}", warps=w) for w in (8, 32)]
     out += [base._replace(name=c, cutoff=c) for c in ("radix", "split", "guess")]
-    out += [base._replace(name="keys", keys_only=True), fast]
-    out += [fast._replace(name=f"guess+keys w{w}", warps=w) for w in (8, 32)]
-    out += [base._replace(name="g32", group=32, cap=2048), base._replace(name="g64", group=64, cap=4096)]
-    out += [fast._replace(name=f"guess+keys g{g}", group=g, cap=64 * g) for g in (32, 64)]
-    out += [fast._replace(name=f"guess+keys g{g} w8", group=g, cap=64 * g, warps=8) for g in (32, 64)]
-    out += [fast._replace(name="guess+keys cap2k", cap=2048)]
+    out += [base._replace(name="keys", keys_only=True)]
+    out += [base._replace(name="g16", group=16, cap=1024), base._replace(name="g64", group=64, cap=4096)]
     # Register caps that let 2 programs share an SM (256 rows in 1 wave on 132 SMs instead of 2).
-    out += [fast._replace(name="guess+keys nreg64", maxnreg=64),
-            fast._replace(name="guess+keys g32 nreg64", group=32, cap=2048, maxnreg=64),
-            fast._replace(name="guess+keys w8 nreg128", warps=8, maxnreg=128),
-            fast._replace(name="guess+keys g32 w8 nreg128", group=32, cap=2048, warps=8, maxnreg=128),
-            base._replace(name="keys g32 nreg64", keys_only=True, group=32, cap=2048, maxnreg=64)]
-    win = fast._replace(group=32, cap=2048, maxnreg=64)  # the expected fastest: the steps of its time
-    out += [win._replace(name=f"guess+keys g32 nreg64 stop{s}", stop_after=s) for s in (1, 2, 3, 4)]
+    out += [base._replace(name="nreg64", maxnreg=64), base._replace(name="keys nreg64", keys_only=True, maxnreg=64),
+            base._replace(name="guess+keys nreg64", cutoff="guess", keys_only=True, maxnreg=64),
+            base._replace(name="w8 nreg128", warps=8, maxnreg=128)]
+    out += [base._replace(name=f"keys nreg64 stop{s}", keys_only=True, maxnreg=64, stop_after=s) for s in (1, 2, 3)]
     return out
 
 
-QUICK = ["base", "stop1", "stop2", "stop3", "stop4", "guess", "guess+keys", "g32", "guess+keys g32",
-         "guess+keys g32 w8", "guess+keys g32 nreg64", "keys g32 nreg64"] \
-    + [f"guess+keys g32 nreg64 stop{s}" for s in (1, 2, 3, 4)]
+QUICK = ["base", "stop1", "stop2", "stop3", "sample kernel", "resolve w2", "resolve w8", "tile32", "g16", "nreg64",
+         "keys nreg64", "guess+keys nreg64", "w8 nreg128"]
 
 
 def configure(v: Variant) -> None:
     fused.GROUP, fused.CAP, fused.PLAN_WARPS = v.group, v.cap, v.warps
     fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG = v.cutoff, v.keys_only, v.maxnreg
+    fused.RESOLVE_WARPS, fused.PLAN_TILE = v.resolve_warps, v.tile
 
 
 def record_plan(logits: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor, params: SlotSamplingParams,
-                stop_after: int):
+                stop_after: int, all_gather: bool):
     """Runs the fused sampler once; returns (its result, a function relaunching its plan alone, the plan
-    kernel's compiled object, the workspace the plan writes: `count` < 0 marks the rows it sampled)."""
+    kernel's compiled object, the workspace the plan writes: `count` <= CAP marks the rows whose candidates
+    fit the buffer)."""
     calls = []
     real = fused._launch_plan
 
@@ -110,13 +111,13 @@ def record_plan(logits: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor
 
     fused._launch_plan = record
     try:
-        result = sample_fused_triton(logits, idx, positions, params)
+        result = sample_fused_triton(logits, idx, positions, params, all_gather=all_gather)
     finally:
         fused._launch_plan = real
     args, kwargs = calls[0]
     kwargs = dict(kwargs, stop_after=stop_after)
     compiled = real(*args, **kwargs)
-    return result, (lambda: real(*args, **kwargs)), compiled, args[4]
+    return result, (lambda: real(*args, **kwargs)), compiled, args[3]
 
 
 def occupancy(compiled, warps: int) -> dict:
@@ -194,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                top_k=args.top_k, top_p=args.top_p, temperature=0.8, read_us=read_us)
     print(f"# {env}", file=sys.stderr)
     head = (f"{'variant':>28} {'plan peaked':>11} {'plan flat':>9} {'pipe peaked':>11} {'pipe flat':>9} {'x read':>6} "
-            f"{'settled':>7} {'exact':>7} {'regs':>4} {'spill':>5} {'smem':>6} {'prog/SM':>7}")
+            f"{'fit':>7} {'exact':>7} {'regs':>4} {'spill':>5} {'smem':>6} {'prog/SM':>7}")
     print(head)
-    saved = (fused.GROUP, fused.CAP, fused.PLAN_WARPS, fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG)
+    saved = (fused.GROUP, fused.CAP, fused.PLAN_WARPS, fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG,
+             fused.RESOLVE_WARPS, fused.PLAN_TILE)
     results = []
     started = time.time()
     for v in chosen:
@@ -204,20 +206,22 @@ def main(argv: list[str] | None = None) -> int:
         r = dict(v._asdict())
         try:
             for kind, x in logits.items():
-                result, plan, compiled, ws = record_plan(x, idx, positions, params, v.stop_after)
+                result, plan, compiled, ws = record_plan(x, idx, positions, params, v.stop_after, v.all_gather)
                 r[f"plan_{kind}_us"] = time_ms(plan) * 1e3
                 if v.stop_after == 0:
-                    r[f"settled_{kind}"] = int((ws.count < 0).sum())
+                    r[f"settled_{kind}"] = int((ws.count <= v.cap).sum())
                     r[f"exact_{kind}"] = int((result.sampled == expected[kind]).sum())
-                    r[f"pipeline_{kind}_us"] = time_ms(lambda: sample_fused_triton(x, idx, positions, params)) * 1e3
+                    r[f"pipeline_{kind}_us"] = time_ms(lambda: sample_fused_triton(
+                        x, idx, positions, params, all_gather=v.all_gather)) * 1e3
                 r.update(occupancy(compiled, v.warps))
         except Exception as exc:  # one failing variant (a compiler refusal) must not hide the others
             r["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         results.append(r)
         print(_row(r, rows, read_us), flush=True)
-    fused.GROUP, fused.CAP, fused.PLAN_WARPS, fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG = saved
+    (fused.GROUP, fused.CAP, fused.PLAN_WARPS, fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG,
+     fused.RESOLVE_WARPS, fused.PLAN_TILE) = saved
     print(f"# {len(chosen)} variants in {time.time() - started:.0f} s; exact = rows equal to the reference (of "
-          f"{rows} per kind), settled = rows the plan sampled (peaked/flat)", file=sys.stderr)
+          f"{rows} per kind), fit = rows whose candidates fit the buffer (peaked/flat)", file=sys.stderr)
     # A row whose top-p mass lies within float rounding of p * Z may differ from the reference in every
     # configuration alike (see samplers.fused_sampling): a configuration fails when it matches fewer rows.
     floor = {kind: min([r.get(f"exact_{kind}", rows) for r in results if r["name"] == "base"] or [rows])

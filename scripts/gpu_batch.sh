@@ -48,6 +48,7 @@ for j in "$@"; do
     gpu_tests_sampler) job $j 170 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_sampler_gpu.py \
         tests/gpu/test_spec_gpu.py ;;
     spec-quick) job $j 160 python3 scripts/bench_spec.py --repeats 2 --out "$res/spec" ;;
+    spec-greedy) job $j 120 python3 scripts/bench_spec.py --repeats 2 --workloads greedy-repeat --batch-sizes 64 256 --out "$res/spec_greedy" ;;
     diag_plan) job $j 110 python3 scripts/diag_fused_plan.py --quick --out "$res/diag_plan" ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;

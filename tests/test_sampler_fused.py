@@ -92,6 +92,40 @@ def test_fused_matches_reference(vocab, ties):
     _check(logits[7:8], idx[7:8], positions[7:8], params)  # a single row
 
 
+def test_all_gather_skips_the_sample_kernel_with_the_same_tokens(monkeypatch):
+    """Every row gathers (top-k and/or top-p, random): `all_gather=True` launches no sample kernel and samples
+    the reference's tokens, NaN/+inf rows flagged by the first pass included."""
+    vocab, rows = 130, 12
+    params = _params(vocab)
+    gather_slots = [2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13]  # slot 4: top_k = vocab (off) but top-p on
+    idx = torch.tensor([gather_slots[i % len(gather_slots)] for i in range(rows)], dtype=torch.int32, device=DEVICE)
+    positions = torch.arange(rows, device=DEVICE) * 13 + 2
+    logits = _logits(rows, vocab, seed=5, ties=True)
+    launched = []
+    real = samplers.fused_sampling._fused_sample_kernel
+    monkeypatch.setattr(samplers.fused_sampling, "_fused_sample_kernel",
+                        type("Spy", (), {"__getitem__": lambda self, grid: launched.append(grid) or real[grid]})())
+    expected = _check(logits, idx, positions, params, all_gather=True)
+    assert not launched and expected.errors[3] == 1 and expected.errors[4] == 1
+    _check(logits, idx, positions, params)
+    assert launched  # (the spy sees launches)
+    with pytest.raises(ValueError, match="all_gather"):
+        sample_fused_triton(logits, idx, positions, params, need_plan=False, all_gather=True)
+
+
+def test_stages_tell_when_every_row_gathers():
+    """`SamplingStages.all_gather` is True only when every request is random with top-k < vocab or top-p < 1."""
+    vocab = 50
+    cases = [([SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.5, top_p=0.9)], True),
+             ([SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.0, top_k=5)], False),
+             ([SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=1.0, min_p=0.1)], False),
+             ([SamplingParams(temperature=1.0, top_k=vocab)], False),  # top-k of the whole vocabulary is off
+             ([SamplingParams(temperature=1.0, top_k=vocab, top_p=0.5)], True)]
+    for params, want in cases:
+        sampler, _ = make_sampler([Slot(p, [1, 2]) for p in params], vocab)
+        assert sampler.states.stages_for(np.arange(len(params))).all_gather is want, params
+
+
 @pytest.mark.parametrize("cutoff,keys_only,group,cap,tile", PLANS)
 def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, cap, tile):
     """Every plan configuration the diagnostics script offers samples the reference's tokens: candidate rows,
@@ -111,7 +145,7 @@ def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, ca
 @pytest.mark.parametrize("cutoff,keys_only,group,cap,tile", PLANS)
 def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, cutoff, keys_only, group, cap, tile):
     """The plan stopped after its cutoff (STOP_AFTER = 2: the cutoff's bits as the count), after choosing
-    groups (3: their number) and after the gather (4: the candidates): the chosen groups are those with a max
+    groups (3: their number) and whole (it ends with the candidates): the chosen groups are those with a max
     >= c, the candidates every finite token with x >= c and nothing else, and c keeps k tokens for top-k."""
     for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap),
                         ("PLAN_TILE", tile)):
@@ -127,13 +161,13 @@ def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, cutoff, k
                         lambda *a, **k: launches.append((a, k)) or real(*a, **k))
     sample_fused_triton(logits, idx, torch.arange(rows, device=DEVICE), params)
     args, kwargs = launches[0]
-    ws = args[4]
+    ws = args[3]
     real(*args, **dict(kwargs, stop_after=1))  # (the diagnostics' other stop: it must at least run)
     real(*args, **dict(kwargs, stop_after=2))
     cutoffs = ws.count.clone().view(torch.float32)
     real(*args, **dict(kwargs, stop_after=3))
     num_chosen = ws.count.clone()
-    real(*args, **dict(kwargs, stop_after=4))
+    real(*args, **kwargs)  # the whole plan: it ends with the candidates
     x = sanitize_logits_reference(logits.clone())[0]
     pad = torch.full((rows, -vocab % group), -INF, device=DEVICE)
     group_max = torch.cat([x, pad], dim=1).view(rows, -1, group).amax(-1)

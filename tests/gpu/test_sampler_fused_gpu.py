@@ -94,9 +94,27 @@ def test_fused_matches_the_reference_and_the_unfused_kernels(kind):
     assert int((~kept & (ref.errors == 0)).sum()) <= 2
 
 
+@pytest.mark.parametrize("kind", ["flat", "peaked"])
+def test_all_gather_rows_match_the_reference(kind):
+    """Every row random with top-k or top-p (the sample kernel not launched): the reference's tokens."""
+    from samplers.fused_sampling import sample_fused_reference, sample_fused_triton
+
+    logits = _logits(kind, 1)
+    params = _params(2)
+    gather = ((params.temperature > 0) & (((params.top_k > 0) & (params.top_k < logits.shape[1]))
+                                          | (params.top_p < 1))).nonzero().flatten()
+    idx = gather[torch.randint(0, len(gather), (ROWS,), device="cuda")].int()
+    positions = torch.randint(0, 1 << 20, (ROWS,), device="cuda")
+    got = sample_fused_triton(logits, idx, positions, params, all_gather=True)
+    ref = sample_fused_reference(logits, idx, positions, params)
+    assert torch.equal(got.errors, ref.errors)
+    assert int((got.sampled != ref.sampled).sum()) <= 3
+
+
 # Plan configurations scripts/diag_fused_plan.py times (module constants of samplers.fused_sampling).
 PLAN_CONFIGS = {
     "guess+keys g32 nreg64": dict(PLAN_CUTOFF="guess", PLAN_KEYS_ONLY=True, GROUP=32, CAP=2048, PLAN_MAXNREG=64),
+    "g16 resolve w8 tile32": dict(GROUP=16, CAP=1024, RESOLVE_WARPS=8, PLAN_TILE=32),
     "guess+keys g32 w8": dict(PLAN_CUTOFF="guess", PLAN_KEYS_ONLY=True, GROUP=32, CAP=2048, PLAN_WARPS=8),
     "split g64": dict(PLAN_CUTOFF="split", GROUP=64, CAP=4096),
     "radix": dict(PLAN_CUTOFF="radix"),
