@@ -92,6 +92,8 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.max_model_len, self.draft_policy,
                                    self.spec_metrics, draft_kv_lookahead=lookahead)
         self._last_output_time: Optional[float] = None  # when the previous step's output arrived (dynamic-k)
+        self._last_output_rows = -1  # rows of that step
+        self._last_output_finished = False  # whether requests finished at that step's output
         self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
         self._processor_classes = logits_processor_classes(config.sampler.logits_processors)
         self._full_sampler = self.runner.name == "v2"  # the V2 runner, local or behind a parallel driver
@@ -315,18 +317,26 @@ class EngineCore:
         self._observe_step_time(done[0])
         self._consecutive_failures = 0
         errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
-        self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stop tokens
+        finished = self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stops
+        self._last_output_finished = bool(finished)
         return self._checked(self.output_processor.process(runner_output))  # 6. logprobs, text, stop strings, deltas
 
     def _observe_step_time(self, output: SchedulerOutput) -> None:
-        """Feed the dynamic-k cost model: the time between two consecutive outputs of pure decode steps (the
-        device runs back to back then, so this is the step's device time, drafting included)."""
+        """Feed the dynamic-k cost model: the time between two consecutive outputs of steady pure decode steps
+        (the device runs back to back then, so this is the step's device time, drafting included).
+
+        Steady: the same number of rows as the step before, and no request finished at the previous output.
+        While a batch drains, requests finish every step and the interval carries their host work (final
+        outputs, freed blocks) and a batch that changes shape; those steps would make whichever k they ran
+        at look dear."""
         now = time.perf_counter()
         last, self._last_output_time = self._last_output_time, now
-        if self.draft_policy is None or last is None:
+        rows = len(output.scheduled_request_ids)
+        last_rows, self._last_output_rows = self._last_output_rows, rows
+        if self.draft_policy is None or last is None or rows != last_rows or self._last_output_finished:
             return
         if all(n == 1 + d for n, d in zip(output.num_scheduled_tokens, output.num_draft_tokens)):
-            self.draft_policy.observe_step(len(output.scheduled_request_ids), max(output.num_draft_tokens), now - last)
+            self.draft_policy.observe_step(rows, max(output.num_draft_tokens), now - last)
 
     def _checked(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         if self._check_invariants:  # off by default: the step path pays one attribute test

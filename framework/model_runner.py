@@ -81,6 +81,7 @@ class ModelRunnerV2(ModelRunner):
         self.cuda_graphs: Optional[DecodeCudaGraphs] = None
         # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.
         self.step_events: Optional[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = None
+        self.eager_forwards = 0  # forwards that ran eagerly (no captured graph fits): benchmarks report them
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight. Flat, so
         # that the [R, k+1] landing view of any step is contiguous (`landing_view`).
@@ -179,6 +180,7 @@ class ModelRunnerV2(ModelRunner):
         size = graphs.padded_size(batch.num_rows, batch.max_query_len) if graphs is not None and pure_decode else None
         if size is not None:
             return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
+        self.eager_forwards += 1
         if self.parallel.pp_size == 1:
             return self._forward_with_aux(batch.input_ids, batch.positions, self.kv_caches, attn_metadata,
                                           **extra_inputs)

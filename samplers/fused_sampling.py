@@ -69,6 +69,7 @@ from samplers.triton_utils import use_triton, vocab_block
 GROUP = 32  # tokens per group maximum written by pass 1
 CAP = 2048  # candidate buffer entries per logits row (CAP / GROUP groups per gather tile)
 TARGET_PROGRAMS = 2048  # pass 1 and 2 split rows into chunks until about this many programs run
+STATS_WARPS = 4  # warps of the first pass's programs
 PLAN_WARPS = 16  # the plan holds a row's group maxima (8,192 padded at V = 151,936) in registers
 # The plan's cutoff search (`samplers.fused_cutoff.CUTOFFS`): bisection measured faster than the radix select on
 # an H200 (plan kernel 71 against 102 us at 256 x 151,936: tl.histogram contends on the few busy bins of
@@ -76,7 +77,10 @@ PLAN_WARPS = 16  # the plan holds a row's group maxima (8,192 padded at V = 151,
 PLAN_CUTOFF = "bisect"
 PLAN_KEYS_ONLY = False  # the plan drops the group maxima once it has their keys (fewer registers; same result)
 PLAN_MAXNREG: Optional[int] = None  # a register cap for the plan kernel (None: the compiler's choice)
-PLAN_TILE = 64  # candidates per side of the resolve's pairwise tiles (rows with at most this many: one tile)
+# Candidates per side of the resolve's pairwise tiles (rows with at most this many: one tile). H200, 256 x 151,936,
+# k = 50: pipeline 119 / 115 us (peaked / flat) with 32, 150 / 145 with 64 (a 64 x 64 tile of int64 masses
+# overflows the registers of a 4-warp program).
+PLAN_TILE = 32
 RESOLVE_WARPS = 4  # the resolve kernel samples gather rows from their candidates: small programs, one wave
 
 
@@ -385,7 +389,7 @@ def sample_fused_triton(
         _fused_stats_kernel[grid](
             logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.part_bad,
             ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block,
-            GROUP=group,
+            GROUP=group, num_warps=STATS_WARPS,
         )
         _launch_plan(logits, expanded_idx_mapping, params, ws, num_chunks, max_chunks, sanitize=sanitize)
     if not all_gather:

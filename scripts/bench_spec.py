@@ -101,16 +101,21 @@ def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignor
     engine.spec_metrics.reset()
     compiled_before = compiled_variants()
     step_ms: list[float] = []
+    eager: list[int] = []  # per step: 1 if its forward ran eagerly (no CUDA graph)
     step = engine.step
+    runner = engine.runner
 
     def timed_step():  # type: ignore[no-untyped-def]
-        t0 = time.perf_counter()
+        t0, eager0 = time.perf_counter(), getattr(runner, "eager_forwards", 0)
         try:
             return step()
         finally:
             step_ms.append(1e3 * (time.perf_counter() - t0))
+            eager.append(getattr(runner, "eager_forwards", 0) - eager0)
 
     engine.step = timed_step
+    if torch.cuda.is_available():
+        runner.step_events = []  # device time of each step (execute to the end of sampling and drafting)
     _sync()
     start = time.perf_counter()
     try:
@@ -119,12 +124,15 @@ def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignor
     finally:
         del engine.step
     seconds = time.perf_counter() - start
+    events, runner.step_events = runner.step_events or [], None
+    device_ms = [round(a.elapsed_time(b), 2) for a, b in events]
     tokens = sum(len(o.token_ids) for o in outs)
     ms = sorted(step_ms)
     return {"seconds": seconds, "output_tokens": tokens, "output_tok_per_s": tokens / seconds,
             "compiles_during_run": new_variants(compiled_before, compiled_variants()),
             "steps": len(ms), "median_step_ms": ms[len(ms) // 2] if ms else 0.0,
             "step_ms": [round(x, 2) for x in step_ms],  # in step order (the JSON keeps them; the table does not)
+            "step_eager": eager, "step_device_ms": device_ms, "eager_steps": sum(eager),
             "slowest_steps_ms": [round(x, 1) for x in ms[-3:]],
             **llm.get_metrics()["spec_decode"]}
 
@@ -177,7 +185,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         results.append(row)
         print(f"{w:<14}{b:>6}  {engine_name:<10}{r['output_tok_per_s']:>10.0f} tok/s  "
               f"accept len {r['mean_acceptance_length']:.2f}  {r['steps']} steps, median {r['median_step_ms']:.2f} ms, "
-              f"slowest {r['slowest_steps_ms']}"
+              f"slowest {r['slowest_steps_ms']}, {r['eager_steps']} eager"
               + (f"  compiled during the run: {r['compiles_during_run']}" if r["compiles_during_run"] else ""),
               file=sys.stderr)
 

@@ -6,12 +6,13 @@ sampler once (pass 1 writes the group maxima the plan reads; the plan launch is 
 recorded plan launch alone (median of CUDA-graph replays, L2 flushed, as bench_sampler) and, for complete
 plans, the whole pipeline too. Configurations (module constants of `samplers.fused_sampling`):
 
-* `base`: the defaults (GROUP 32, CAP 2048, 16 warps, bisection, resolve in 4-warp programs, no sample kernel
-  when every row gathers);
+* `base`: the defaults (GROUP 32, CAP 2048, 16 warps, bisection, resolve in 4-warp programs with tiles of 32,
+  no sample kernel when every row gathers);
 * `stop1..3`: the plan ended after loading the group maxima / the cutoff / the chosen groups (each adds one
   small reduction or store to keep the step's work): differences with `base` give each step's time;
 * `sample kernel`: the pipeline with the (idle) sample kernel launched, as for a batch with direct rows;
-* `resolve w2/w8`: RESOLVE_WARPS; `tile32/128`: PLAN_TILE (the resolve's pairwise tiles);
+* `resolve wN`: RESOLVE_WARPS; `tileN`: PLAN_TILE (the resolve's pairwise tiles), and both;
+* `stats wN`: STATS_WARPS; `programs N`: TARGET_PROGRAMS (the first pass's chunking);
 * `w8`, `w32`: PLAN_WARPS; `radix`, `split`, `guess`: the cutoff searches of `samplers.fused_cutoff`;
 * `keys`: PLAN_KEYS_ONLY (the group maxima dropped once keyed: fewer registers);
 * `g16`, `g64`: GROUP 16 / 64 with CAP 1024 / 4096;
@@ -27,7 +28,7 @@ on 132 SMs means 2 waves for 256 rows).
     PYTHONPATH=$PWD python3 scripts/diag_fused_plan.py [--out OUT_DIR] [--quick | --only a,b] [--rows 256] [--vocab V]
     PYTHONPATH=$PWD python3 scripts/diag_fused_plan.py --smoke    # CPU, interpreter: tiny shapes, no timings
 
-About 1-2 minutes on an H200, mostly compiling (24 variants); `--quick` (13 variants) under 1 minute.
+About 1-2 minutes on an H200, mostly compiling (35 variants); `--quick` (20 variants) about 1 minute.
 Writes OUT_DIR/diag_fused_plan.json; exits 1 if a configuration fails or matches the reference on fewer rows
 than `base`.
 """
@@ -64,8 +65,10 @@ class Variant(NamedTuple):
     maxnreg: Optional[int] = None
     stop_after: int = 0  # 0: the whole plan
     resolve_warps: int = 4
-    tile: int = 64
+    tile: int = 32
     all_gather: bool = True  # the pipeline without the sample kernel (every row of the case gathers)
+    stats_warps: int = 4
+    programs: int = 2048  # TARGET_PROGRAMS of the first pass
 
 
 def variants() -> list[Variant]:
@@ -73,8 +76,10 @@ def variants() -> list[Variant]:
     out = [base]
     out += [base._replace(name=f"stop{s}", stop_after=s) for s in (1, 2, 3)]
     out += [base._replace(name="sample kernel", all_gather=False)]
-    out += [base._replace(name=f"resolve w{w}", resolve_warps=w) for w in (2, 8)]
-    out += [base._replace(name=f"tile{t}", tile=t) for t in (32, 128)]
+    out += [base._replace(name=f"tile{t}", tile=t) for t in (16, 64)]
+    out += [base._replace(name=f"tile{t} resolve w{w}", tile=t, resolve_warps=w) for t in (16, 32) for w in (1, 2, 8)]
+    out += [base._replace(name=f"stats w{w}", stats_warps=w) for w in (2, 8)]
+    out += [base._replace(name=f"programs {n}", programs=n) for n in (1024, 4096)]
     out += [base._replace(name=f"w{w}", warps=w) for w in (8, 32)]
     out += [base._replace(name=c, cutoff=c) for c in ("radix", "split", "guess")]
     out += [base._replace(name="keys", keys_only=True)]
@@ -87,14 +92,16 @@ def variants() -> list[Variant]:
     return out
 
 
-QUICK = ["base", "stop1", "stop2", "stop3", "sample kernel", "resolve w2", "resolve w8", "tile32", "g16", "nreg64",
-         "keys nreg64", "guess+keys nreg64", "w8 nreg128"]
+QUICK = ["base", "stop1", "stop2", "stop3", "sample kernel", "tile16", "tile64",
+         "tile16 resolve w1", "tile16 resolve w2", "tile16 resolve w8", "tile32 resolve w1", "tile32 resolve w2",
+         "tile32 resolve w8", "stats w2", "stats w8", "programs 1024", "programs 4096", "nreg64", "w8 nreg128"]
 
 
 def configure(v: Variant) -> None:
     fused.GROUP, fused.CAP, fused.PLAN_WARPS = v.group, v.cap, v.warps
     fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG = v.cutoff, v.keys_only, v.maxnreg
     fused.RESOLVE_WARPS, fused.PLAN_TILE = v.resolve_warps, v.tile
+    fused.STATS_WARPS, fused.TARGET_PROGRAMS = v.stats_warps, v.programs
 
 
 def record_plan(logits: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor, params: SlotSamplingParams,
@@ -198,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'fit':>7} {'exact':>7} {'regs':>4} {'spill':>5} {'smem':>6} {'prog/SM':>7}")
     print(head)
     saved = (fused.GROUP, fused.CAP, fused.PLAN_WARPS, fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG,
-             fused.RESOLVE_WARPS, fused.PLAN_TILE)
+             fused.RESOLVE_WARPS, fused.PLAN_TILE, fused.STATS_WARPS, fused.TARGET_PROGRAMS)
     results = []
     started = time.time()
     for v in chosen:
@@ -219,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(_row(r, rows, read_us), flush=True)
     (fused.GROUP, fused.CAP, fused.PLAN_WARPS, fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG,
-     fused.RESOLVE_WARPS, fused.PLAN_TILE) = saved
+     fused.RESOLVE_WARPS, fused.PLAN_TILE, fused.STATS_WARPS, fused.TARGET_PROGRAMS) = saved
     print(f"# {len(chosen)} variants in {time.time() - started:.0f} s; exact = rows equal to the reference (of "
           f"{rows} per kind), fit = rows whose candidates fit the buffer (peaked/flat)", file=sys.stderr)
     # A row whose top-p mass lies within float rounding of p * Z may differ from the reference in every

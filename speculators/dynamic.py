@@ -6,8 +6,9 @@ and t(B, k) the measured seconds per step of B decode rows verifying k drafts ea
 
     argmax_k  mean_r E_r(k) / t(B, k)        over k in [0, max_k]  (k = 0: no speculation)
 
-over the requests running now, preferring the smaller k unless a larger one is at least `MARGIN` better
-(host-bound steps of a few ms measure with a few percent of noise).
+over the requests running now, preferring the smaller k unless a larger one is at least `MARGIN` better, and
+the k in use unless another is at least `MARGIN` better (host-bound steps of a few ms measure with a few
+percent of noise; a switch for less only flaps).
 Both inputs are measured online: acceptance per draft position, batch-wide and per request (a request's
 own rates lean on the batch-wide ones until it has been observed), and step costs per batch-size bucket.
 At a batch size with no measured costs anywhere, the policy first measures k = 0 and k = max_k; a new bucket
@@ -94,8 +95,9 @@ class DynamicK(DraftLengthPolicy):
         tokens = self.expected_tokens(request_ids)
         return [tokens[k] / max(costs[k], 1e-12) for k in range(self.max_k + 1)]
 
-    def best_k(self, request_ids: Sequence[str]) -> Optional[int]:
-        """argmax of expected tokens per second, or None while the costs at this batch size are unknown."""
+    def best_k(self, request_ids: Sequence[str], current: Optional[int] = None) -> Optional[int]:
+        """argmax of expected tokens per second, or None while the costs at this batch size are unknown. A
+        larger k, or any k other than `current` (the k in use), must be `MARGIN` better to be taken."""
         rates = self.rates(request_ids)
         if rates is None:
             return None
@@ -104,6 +106,8 @@ class DynamicK(DraftLengthPolicy):
         for k in range(1, self.max_k + 1):
             if rates[k] > rates[best] * (1 + MARGIN):
                 best = k
+        if current is not None and rates[best] <= rates[current] * (1 + MARGIN):
+            return current  # no switch for a gain within the noise
         return best
 
     def choose(self, request_ids: Sequence[str]) -> int:
@@ -129,7 +133,7 @@ class DynamicK(DraftLengthPolicy):
         bucket = batch_bucket(len(request_ids))
         decide = self._best is None or bucket != self._bucket or self._steps % DECIDE_EVERY == 0
         if decide:
-            self._best, self._bucket = self.best_k(request_ids), bucket
+            self._best, self._bucket = self.best_k(request_ids, self._best), bucket
         if self._best is None:  # nothing measured yet: the two ends first
             return (0 if self.cost_model.cost(len(request_ids), 0) is None else self.max_k), "measure"
         if self.explore_every and self._steps >= self._next_explore:

@@ -229,3 +229,27 @@ def test_record_logs_every_step_with_its_reason():
     assert decided and all(len(d.rates) == len(d.costs_ms) == MAX_K + 1 and len(d.acceptance) == MAX_K
                            for d in decided)
     assert DynamicK(MAX_K, SyntheticCost()).decisions is None  # off by default: no cost on the step path
+
+
+def test_the_k_in_use_is_kept_unless_another_is_clearly_better():
+    """best_k keeps `current` when the argmax beats it by less than MARGIN (no flapping on noise), and
+    switches when the gain is larger."""
+    from speculators.dynamic import MARGIN
+
+    class Table:
+        def __init__(self, costs):
+            self.costs = costs
+
+        def cost(self, num_rows, k):
+            return self.costs[k]
+
+        def observe(self, *a):
+            pass
+
+    policy = DynamicK(2, Table([1.0, 1.0, 1.0]), prior_acceptance=0.0)  # E(k) = 1 for every k: all equal
+    assert policy.best_k(["a"]) == 0  # smallest k on a tie
+    assert policy.best_k(["a"], current=2) == 2  # equal rates: stay
+    policy.cost_model = Table([1.0, 1.0 + 0.25 * MARGIN, 1.0 + 0.5 * MARGIN])  # k = 0 beats k = 2 by < MARGIN
+    assert policy.best_k(["a"], current=2) == 2 and policy.best_k(["a"]) == 0
+    policy.cost_model = Table([1.0, 1.0, 1.0 + 3 * MARGIN])  # k = 0 beats k = 2 by > MARGIN
+    assert policy.best_k(["a"], current=2) == 0

@@ -138,6 +138,30 @@ def test_dynamic_k_wrapping_ngram_equals_no_speculation(checkpoint, baseline):
     assert len(set(llm.engine.draft_policy.history)) > 1  # it explored several k (0 included)
 
 
+def test_dynamic_k_measures_only_steady_decode_steps(checkpoint):
+    """Step costs reach the policy only from pure decode steps with as many rows as the step before and no
+    request finished at the previous output: a draining batch (requests of different lengths) would charge
+    its host work and shape changes to whatever k it ran at."""
+    spec = {**NGRAM, "method": "dynamic", "dynamic": {"method": "ngram"}}
+    llm = _llm(checkpoint, speculative_config=spec)
+    scheduler, policy = llm.engine.scheduler, llm.engine.draft_policy
+    events: list[tuple] = []  # ("obs", rows) comes just before the ("out", rows, finished) of the same output
+    observe, update = policy.observe_step, scheduler.update_from_output
+    policy.observe_step = lambda rows, k, s: (events.append(("obs", rows)), observe(rows, k, s))  # type: ignore
+    scheduler.update_from_output = lambda out, *a: (lambda f: (events.append(  # type: ignore[method-assign]
+        ("out", len(out.scheduled_request_ids), len(f))), f)[1])(update(out, *a))
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (4, 9, 14, 30, 30)]
+    llm.generate(PROMPTS, params, use_tqdm=False)
+    observed = [i for i, e in enumerate(events) if e[0] == "obs"]
+    assert len(observed) >= 5
+    for i in observed:
+        this, before = events[i + 1], events[i - 1]
+        assert this[0] == before[0] == "out" and this[1] == before[1] == events[i][1]  # same rows
+        assert before[2] == 0  # nothing finished at the previous output
+    drained = [e for e in events if e[0] == "out" and e[2]]
+    assert len(drained) >= 3  # requests did finish at different steps (the filter had work to do)
+
+
 SEEDED = SamplingParams(temperature=0.9, top_k=40, seed=7, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
