@@ -125,7 +125,7 @@ def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignor
         del engine.step
     seconds = time.perf_counter() - start
     events, runner.step_events = runner.step_events or [], None
-    device_ms = [round(a.elapsed_time(b), 2) for a, b in events]
+    device_ms = [_elapsed_ms(a, b) for a, b in events]
     tokens = sum(len(o.token_ids) for o in outs)
     ms = sorted(step_ms)
     return {"seconds": seconds, "output_tokens": tokens, "output_tok_per_s": tokens / seconds,
@@ -135,6 +135,14 @@ def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignor
             "step_eager": eager, "step_device_ms": device_ms, "eager_steps": sum(eager),
             "slowest_steps_ms": [round(x, 1) for x in ms[-3:]],
             **llm.get_metrics()["spec_decode"]}
+
+
+def _elapsed_ms(start, end) -> Optional[float]:  # type: ignore[no-untyped-def]
+    """Device milliseconds between two events; None for a step that recorded no end (nothing to run)."""
+    try:
+        return round(start.elapsed_time(end), 2)
+    except (RuntimeError, ValueError):
+        return None
 
 
 def warm_up(llm, vocab: int, ks: tuple[int, ...], batch_sizes: list[int]) -> None:  # type: ignore[no-untyped-def]

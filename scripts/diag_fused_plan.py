@@ -80,6 +80,14 @@ def variants() -> list[Variant]:
     out += [base._replace(name=f"tile{t} resolve w{w}", tile=t, resolve_warps=w) for t in (16, 32) for w in (1, 2, 8)]
     out += [base._replace(name=f"stats w{w}", stats_warps=w) for w in (2, 8)]
     out += [base._replace(name=f"programs {n}", programs=n) for n in (1024, 4096)]
+    lean = base._replace(stats_warps=2, warps=8, maxnreg=128)
+    out += [lean._replace(name="stats w2 + w8 nreg128"),
+            lean._replace(name="stats w2 + w8 nreg128 + resolve w8", resolve_warps=8),
+            lean._replace(name="stats w2 + w8 nreg128 + programs 4096", programs=4096),
+            lean._replace(name="all four", resolve_warps=8, programs=4096),
+            lean._replace(name="stats w1 + w8 nreg128", stats_warps=1),
+            lean._replace(name="stats w2 + w8 nreg96", maxnreg=96),
+            lean._replace(name="stats w2 + w4 nreg255", warps=4, maxnreg=255)]
     out += [base._replace(name=f"w{w}", warps=w) for w in (8, 32)]
     out += [base._replace(name=c, cutoff=c) for c in ("radix", "split", "guess")]
     out += [base._replace(name="keys", keys_only=True)]
@@ -94,7 +102,9 @@ def variants() -> list[Variant]:
 
 QUICK = ["base", "stop1", "stop2", "stop3", "sample kernel", "tile16", "tile64",
          "tile16 resolve w1", "tile16 resolve w2", "tile16 resolve w8", "tile32 resolve w1", "tile32 resolve w2",
-         "tile32 resolve w8", "stats w2", "stats w8", "programs 1024", "programs 4096", "nreg64", "w8 nreg128"]
+         "tile32 resolve w8", "stats w2", "stats w8", "programs 1024", "programs 4096", "nreg64", "w8 nreg128", "stats w2 + w8 nreg128",
+         "stats w2 + w8 nreg128 + resolve w8", "stats w2 + w8 nreg128 + programs 4096", "all four",
+         "stats w1 + w8 nreg128", "stats w2 + w8 nreg96", "stats w2 + w4 nreg255"]
 
 
 def configure(v: Variant) -> None:
