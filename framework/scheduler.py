@@ -196,6 +196,7 @@ class Scheduler:
             )
             budget -= n
 
+        self._uniform_drafts(rows, drafts)
         # k: drafts the speculator proposes after this step for every row that samples (verified next step).
         num_propose = (self.draft_policy.choose([r.request_id for r in self.running])
                        if self.draft_policy is not None else 0)
@@ -220,6 +221,25 @@ class Scheduler:
             num_computed_tokens=computed_before,
             state_snapshots=snapshots,
         )
+
+    @staticmethod
+    def _uniform_drafts(rows: list[tuple[Request, int]], drafts: list[int]) -> None:
+        """Decode rows that hold different numbers of drafts all verify the fewest (a prefix of a row's
+        drafts is a valid proposal): a batch whose rows have equal lengths replays a CUDA graph, a mixed one
+        runs eagerly, several times slower. Rows hold different numbers when k changed while a row sat out a
+        step (its last tokens were in flight), or near max_model_len.
+
+        Only pure decode batches are evened out (every row 1 + its drafts): a batch with a prefill chunk
+        runs eagerly anyway. The KV blocks allocated for the longer rows are kept (the request fills them
+        next steps)."""
+        if not drafts or min(drafts) == max(drafts):
+            return
+        for (r, n), d in zip(rows, drafts):
+            if n != 1 + d or r.num_computed_tokens + 1 != r.num_tokens + r.num_output_placeholders:
+                return  # a prefill chunk (or a row that does not sample): an eager batch whatever the drafts
+        fewest = min(drafts)
+        rows[:] = [(request, 1 + fewest) for request, _ in rows]
+        drafts[:] = [fewest] * len(drafts)
 
     def _with_lookahead(self, num_tokens: int, samples: bool) -> int:
         """KV positions to allocate for a row computing up to `num_tokens`: plus the draft lookahead if it samples."""

@@ -68,20 +68,24 @@ from samplers.triton_utils import use_triton, vocab_block
 # whole pipeline 117-125 against 130-146 us; scripts/diag_fused_plan.py): half the group maxima to search.
 GROUP = 32  # tokens per group maximum written by pass 1
 CAP = 2048  # candidate buffer entries per logits row (CAP / GROUP groups per gather tile)
-TARGET_PROGRAMS = 2048  # pass 1 and 2 split rows into chunks until about this many programs run
-STATS_WARPS = 4  # warps of the first pass's programs
-PLAN_WARPS = 16  # the plan holds a row's group maxima (8,192 padded at V = 151,936) in registers
+# Launch shapes, H200, 256 x 151,936, k = 50 (scripts/diag_fused_plan.py, pipeline peaked / flat against one read
+# of 57.7 us): 119.5 / 115.9 us with the first pass at 4 warps and 2048 programs, the plan at 16 warps and the
+# resolve at 4; 100.5 / 97.9 us (1.75x) with 2 / 4096 / 8 warps capped at 128 registers (2 plans per SM: one
+# wave of 256 rows) / 8. Each change alone: 112.3, 116.4, 110.8, 117.4 us peaked.
+TARGET_PROGRAMS = 4096  # pass 1 and 2 split rows into chunks until about this many programs run
+STATS_WARPS = 2  # warps of the first pass's programs
+PLAN_WARPS = 8  # the plan holds a row's group maxima (8,192 padded at V = 151,936: 32 per thread) in registers
 # The plan's cutoff search (`samplers.fused_cutoff.CUTOFFS`): bisection measured faster than the radix select on
 # an H200 (plan kernel 71 against 102 us at 256 x 151,936: tl.histogram contends on the few busy bins of
 # clustered keys); "split" / "guess" cut the rounds (scripts/diag_fused_plan.py compares them).
 PLAN_CUTOFF = "bisect"
 PLAN_KEYS_ONLY = False  # the plan drops the group maxima once it has their keys (fewer registers; same result)
-PLAN_MAXNREG: Optional[int] = None  # a register cap for the plan kernel (None: the compiler's choice)
+PLAN_MAXNREG: Optional[int] = 128  # a register cap for the plan kernel (None: the compiler's choice)
 # Candidates per side of the resolve's pairwise tiles (rows with at most this many: one tile). H200, 256 x 151,936,
 # k = 50: pipeline 119 / 115 us (peaked / flat) with 32, 150 / 145 with 64 (a 64 x 64 tile of int64 masses
 # overflows the registers of a 4-warp program).
 PLAN_TILE = 32
-RESOLVE_WARPS = 4  # the resolve kernel samples gather rows from their candidates: small programs, one wave
+RESOLVE_WARPS = 8  # the resolve kernel samples gather rows from their candidates: small programs, one wave
 
 
 class SlotSamplingParams(NamedTuple):
@@ -439,7 +443,8 @@ def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, param
     vocab_size = logits.shape[1]
     group = _group_size(vocab_size)
     num_groups = triton.cdiv(vocab_size, group)
-    options = {} if PLAN_MAXNREG is None else dict(maxnreg=PLAN_MAXNREG)
+    # (a compiler option: the interpreter takes none)
+    options = {} if PLAN_MAXNREG is None or not logits.is_cuda else dict(maxnreg=PLAN_MAXNREG)
     return _fused_plan_kernel[(logits.shape[0],)](
         logits, logits.stride(0), expanded_idx_mapping, params.temperature, params.top_k, params.top_p, ws.part_max,
         ws.part_sum, ws.group_max, ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.chosen, ws.cand_value,

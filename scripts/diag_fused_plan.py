@@ -6,18 +6,17 @@ sampler once (pass 1 writes the group maxima the plan reads; the plan launch is 
 recorded plan launch alone (median of CUDA-graph replays, L2 flushed, as bench_sampler) and, for complete
 plans, the whole pipeline too. Configurations (module constants of `samplers.fused_sampling`):
 
-* `base`: the defaults (GROUP 32, CAP 2048, 16 warps, bisection, resolve in 4-warp programs with tiles of 32,
-  no sample kernel when every row gathers);
+* `base`: the defaults (GROUP 32, CAP 2048, bisection; first pass 2 warps, ~4096 programs; plan 8 warps
+  capped at 128 registers; resolve 8 warps, tiles of 32; no sample kernel when every row gathers);
 * `stop1..3`: the plan ended after loading the group maxima / the cutoff / the chosen groups (each adds one
   small reduction or store to keep the step's work): differences with `base` give each step's time;
 * `sample kernel`: the pipeline with the (idle) sample kernel launched, as for a batch with direct rows;
-* `resolve wN`: RESOLVE_WARPS; `tileN`: PLAN_TILE (the resolve's pairwise tiles), and both;
+* `tileN`: PLAN_TILE (the resolve's pairwise tiles); `resolve wN`: RESOLVE_WARPS;
 * `stats wN`: STATS_WARPS; `programs N`: TARGET_PROGRAMS (the first pass's chunking);
-* `w8`, `w32`: PLAN_WARPS; `radix`, `split`, `guess`: the cutoff searches of `samplers.fused_cutoff`;
-* `keys`: PLAN_KEYS_ONLY (the group maxima dropped once keyed: fewer registers);
+* `nregN`, `no nreg cap`, `w16 nreg64`, `w4 nreg255`: PLAN_WARPS / PLAN_MAXNREG (how many plans share an SM);
+* `radix`, `split`, `guess`: the cutoff searches of `samplers.fused_cutoff`; `keys`: PLAN_KEYS_ONLY;
 * `g16`, `g64`: GROUP 16 / 64 with CAP 1024 / 4096;
-* `nreg64` / `w8 nreg128`: PLAN_MAXNREG = 64 at 16 warps / 128 at 8 warps: 2 programs fit an SM's registers
-  (256 rows in one wave on 132 SMs; may spill, see the spill column).
+* `w16 r4 s4 p2048`: the launch shapes used before (for comparison).
 
 Columns: plan-kernel microseconds on each kind of logits; for complete plans the pipeline's microseconds and
 its ratio to one read of the logits (the goal: <= 2), the rows whose candidates fit the buffer (the others
@@ -28,7 +27,7 @@ on 132 SMs means 2 waves for 256 rows).
     PYTHONPATH=$PWD python3 scripts/diag_fused_plan.py [--out OUT_DIR] [--quick | --only a,b] [--rows 256] [--vocab V]
     PYTHONPATH=$PWD python3 scripts/diag_fused_plan.py --smoke    # CPU, interpreter: tiny shapes, no timings
 
-About 1-2 minutes on an H200, mostly compiling (35 variants); `--quick` (20 variants) about 1 minute.
+About 1 minute on an H200, mostly compiling (27 variants); `--quick` (19 variants) a little less.
 Writes OUT_DIR/diag_fused_plan.json; exits 1 if a configuration fails or matches the reference on fewer rows
 than `base`.
 """
@@ -59,16 +58,16 @@ class Variant(NamedTuple):
     name: str
     group: int = 32
     cap: int = 2048
-    warps: int = 16
+    warps: int = 8
     cutoff: str = "bisect"
     keys_only: bool = False
-    maxnreg: Optional[int] = None
+    maxnreg: Optional[int] = 128
     stop_after: int = 0  # 0: the whole plan
-    resolve_warps: int = 4
+    resolve_warps: int = 8
     tile: int = 32
     all_gather: bool = True  # the pipeline without the sample kernel (every row of the case gathers)
-    stats_warps: int = 4
-    programs: int = 2048  # TARGET_PROGRAMS of the first pass
+    stats_warps: int = 2
+    programs: int = 4096  # TARGET_PROGRAMS of the first pass
 
 
 def variants() -> list[Variant]:
@@ -77,34 +76,24 @@ def variants() -> list[Variant]:
     out += [base._replace(name=f"stop{s}", stop_after=s) for s in (1, 2, 3)]
     out += [base._replace(name="sample kernel", all_gather=False)]
     out += [base._replace(name=f"tile{t}", tile=t) for t in (16, 64)]
-    out += [base._replace(name=f"tile{t} resolve w{w}", tile=t, resolve_warps=w) for t in (16, 32) for w in (1, 2, 8)]
-    out += [base._replace(name=f"stats w{w}", stats_warps=w) for w in (2, 8)]
-    out += [base._replace(name=f"programs {n}", programs=n) for n in (1024, 4096)]
-    lean = base._replace(stats_warps=2, warps=8, maxnreg=128)
-    out += [lean._replace(name="stats w2 + w8 nreg128"),
-            lean._replace(name="stats w2 + w8 nreg128 + resolve w8", resolve_warps=8),
-            lean._replace(name="stats w2 + w8 nreg128 + programs 4096", programs=4096),
-            lean._replace(name="all four", resolve_warps=8, programs=4096),
-            lean._replace(name="stats w1 + w8 nreg128", stats_warps=1),
-            lean._replace(name="stats w2 + w8 nreg96", maxnreg=96),
-            lean._replace(name="stats w2 + w4 nreg255", warps=4, maxnreg=255)]
-    out += [base._replace(name=f"w{w}", warps=w) for w in (8, 32)]
+    out += [base._replace(name=f"resolve w{w}", resolve_warps=w) for w in (2, 4, 16)]
+    out += [base._replace(name=f"stats w{w}", stats_warps=w) for w in (1, 4)]
+    out += [base._replace(name=f"programs {n}", programs=n) for n in (2048, 8192)]
+    out += [base._replace(name=f"nreg{n}", maxnreg=n) for n in (96, 160)]
+    out += [base._replace(name="no nreg cap", maxnreg=None), base._replace(name="w16 nreg64", warps=16, maxnreg=64),
+            base._replace(name="w4 nreg255", warps=4, maxnreg=255)]
     out += [base._replace(name=c, cutoff=c) for c in ("radix", "split", "guess")]
-    out += [base._replace(name="keys", keys_only=True)]
+    out += [base._replace(name="keys", keys_only=True), base._replace(name="guess+keys", cutoff="guess", keys_only=True)]
     out += [base._replace(name="g16", group=16, cap=1024), base._replace(name="g64", group=64, cap=4096)]
-    # Register caps that let 2 programs share an SM (256 rows in 1 wave on 132 SMs instead of 2).
-    out += [base._replace(name="nreg64", maxnreg=64), base._replace(name="keys nreg64", keys_only=True, maxnreg=64),
-            base._replace(name="guess+keys nreg64", cutoff="guess", keys_only=True, maxnreg=64),
-            base._replace(name="w8 nreg128", warps=8, maxnreg=128)]
-    out += [base._replace(name=f"keys nreg64 stop{s}", keys_only=True, maxnreg=64, stop_after=s) for s in (1, 2, 3)]
+    # The defaults before 2026-12-01 (second session): 16-warp plan, no cap, 4-warp resolve, 4-warp first pass.
+    out += [base._replace(name="w16 r4 s4 p2048", warps=16, maxnreg=None, resolve_warps=4, stats_warps=4,
+                          programs=2048)]
     return out
 
 
-QUICK = ["base", "stop1", "stop2", "stop3", "sample kernel", "tile16", "tile64",
-         "tile16 resolve w1", "tile16 resolve w2", "tile16 resolve w8", "tile32 resolve w1", "tile32 resolve w2",
-         "tile32 resolve w8", "stats w2", "stats w8", "programs 1024", "programs 4096", "nreg64", "w8 nreg128", "stats w2 + w8 nreg128",
-         "stats w2 + w8 nreg128 + resolve w8", "stats w2 + w8 nreg128 + programs 4096", "all four",
-         "stats w1 + w8 nreg128", "stats w2 + w8 nreg96", "stats w2 + w4 nreg255"]
+QUICK = ["base", "stop1", "stop2", "stop3", "sample kernel", "tile16", "resolve w4", "resolve w16", "stats w1",
+         "stats w4", "programs 2048", "programs 8192", "nreg96", "nreg160", "no nreg cap", "w4 nreg255", "guess",
+         "keys", "w16 r4 s4 p2048"]
 
 
 def configure(v: Variant) -> None:

@@ -123,3 +123,39 @@ def test_stop_token_among_accepted_tokens_ends_the_request():
     assert finished[0].output_token_ids == [4, 5, 9] and finished[0].status == RequestStatus.FINISHED_STOPPED
     assert kv.num_free_blocks == kv.num_blocks
     s.check_invariants()
+
+
+class _Sequence(FixedK):
+    """k from a list, one per step (the last one repeated)."""
+
+    def __init__(self, ks: list[int]) -> None:
+        super().__init__(max(ks))
+        self.ks = ks
+
+    def choose(self, request_ids):
+        return self.ks.pop(0) if len(self.ks) > 1 else self.ks[0]
+
+
+def test_decode_rows_with_different_drafts_verify_the_fewest():
+    """A row that sat out a step (its last tokens in flight) still holds the drafts of the k before; when k
+    changed meanwhile, every decode row verifies the fewest drafts any row holds, so the batch stays uniform
+    (CUDA graph) instead of running eagerly. A batch with a prefill chunk runs eagerly anyway: no change."""
+    s, _, _ = _sched(k=5, budget=64)
+    policy = _Sequence([5, 2, 2])
+    s.draft_policy = policy
+    s.add_request(_req("a", 4))
+    s.add_request(_req("b", 4))
+    out = s.schedule()  # prefills; proposals after this step: 5 drafts each
+    s.update_from_output(out, [[1], [1]])
+    s.requests["b"].num_drafts_ready = 2  # as if b had last been scheduled when k was 2
+    out = s.schedule()
+    assert out.num_draft_tokens == [2, 2] and out.num_scheduled_tokens == [3, 3]
+    assert s.requests["a"].num_computed_tokens == 4 + 3  # only the verified drafts are counted
+    assert s.requests["a"].num_output_placeholders == 3
+    s.update_from_output(out, [[2, 3, 4], [2]])
+    # A prefill row in the batch: eager anyway, rows keep their own drafts.
+    s.requests["b"].num_drafts_ready = 1
+    s.add_request(_req("c", 5))
+    out = s.schedule()
+    assert out.num_draft_tokens == [2, 1, 0] and out.num_scheduled_tokens == [3, 2, 5]
+    s.check_invariants()
