@@ -18,8 +18,11 @@ their prompts the way an editing or summarising workload does, so acceptance is 
 For every batch size (1, 16, 64, 256 requests at once) and workload it runs: no speculation (its own
 engine), then one ngram engine whose draft-length policy is swapped between fixed k in {0, 1, 2, 3, 5} and a
 fresh dynamic-k policy (the engine captures CUDA graphs for every k). It reports output tokens/s, mean
-acceptance length, per-position acceptance, and for dynamic-k the k it chose (its policy starts fresh for each workload and batch size and
-learns over the repeats). Every cell is the median of `--repeats` timed runs. Writes `bench_spec.json` and
+acceptance length, per-position acceptance, and for dynamic-k the k it chose (its policy starts fresh for
+each workload and batch size and learns over the repeats). Every cell is the median of `--repeats` timed
+runs; the repeats go round-robin over the policies of a cell (k = 0, 1, 2, 3, 5, dynamic, then again), so a
+slow period of the machine hits them all alike. The JSON keeps every step's time, device time and whether
+it ran eagerly, and dynamic-k's decision log. Writes `bench_spec.json` and
 `bench_spec.png` into `--out`; prints a table. About 3-4 minutes on one H200.
 
     python scripts/bench_spec.py --out bench_results/spec
@@ -28,6 +31,7 @@ learns over the repeats). Every cell is the median of `--repeats` timed runs. Wr
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -84,19 +88,34 @@ def workload(name: str, batch: int, output_len: int, vocab: int, seed: int) -> t
     return prompts, short + long
 
 
-def run_median(llm, prompts: list, params: list, repeats: int) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    """`repeats` timed runs of the same requests; the run with the median tokens/s, with every run's figure.
-    Runs are short (0.1-2 s), so one host hiccup (a garbage collection, a page fault) can move one of them."""
-    runs = sorted((run_once(llm, prompts, params) for _ in range(repeats)), key=lambda r: r["output_tok_per_s"])
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median tokens/s, with every run's figure. Runs are short (0.1-2 s), so one host
+    hiccup (a garbage collection, a page fault) can move one of them."""
+    runs = sorted(runs, key=lambda r: r["output_tok_per_s"])
     best = dict(runs[len(runs) // 2])
     best["runs_tok_per_s"] = [round(r["output_tok_per_s"]) for r in runs]
     best["compiles_during_run"] = sorted({c for r in runs for c in r["compiles_during_run"]})
     return best
 
 
+def run_round_robin(llm, policies: dict[str, Any], prompts: list, params: list,  # type: ignore[no-untyped-def]
+                    repeats: int) -> dict[str, dict[str, Any]]:
+    """`repeats` rounds, each running the same requests once under every policy in turn (None: the engine's
+    own); the median run per policy. Interleaving spreads slow periods of the machine (clocks, other
+    tenants, host hiccups) over every policy instead of the one measured at that moment."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
+    for _ in range(repeats):
+        for name, policy in policies.items():
+            if policy is not None:
+                set_policy(llm, policy)
+            runs[name].append(run_once(llm, prompts, params))
+    return {name: median_run(r) for name, r in runs.items()}
+
+
 def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     from framework.triton_compiles import compiled_variants, new_variants
 
+    gc.collect()  # garbage of earlier runs is collected now, not in a pause inside this run
     engine = llm.engine
     engine.spec_metrics.reset()
     compiled_before = compiled_variants()
@@ -201,7 +220,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     vocab = llm.engine.loaded.vocab_size
     warm_up(llm, vocab, (0,), args.batch_sizes)
     for w, b in plans:
-        record("none", w, b, run_median(llm, *workload(w, b, args.output_len, vocab, 1), args.repeats))
+        r = run_round_robin(llm, {"none": None}, *workload(w, b, args.output_len, vocab, 1), args.repeats)
+        record("none", w, b, r["none"])
     del llm
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -209,15 +229,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     llm = build_llm(True, max_model_len, args.smoke)
     warm_up(llm, vocab, tuple(range(K_MAX + 1)), args.batch_sizes)
     for w, b in plans:
-        for k in FIXED_KS:
-            set_policy(llm, FixedK(k))
-            record(f"ngram k={k}", w, b, run_median(llm, *workload(w, b, args.output_len, vocab, 1), args.repeats))
         policy = DynamicK(K_MAX, record=True)  # fresh for each cell: its first run starts cold
-        set_policy(llm, policy)
-        r = run_median(llm, *workload(w, b, args.output_len, vocab, 1), args.repeats)
+        policies: dict[str, Any] = {f"ngram k={k}": FixedK(k) for k in FIXED_KS}
+        policies["dynamic"] = policy
+        by_name = run_round_robin(llm, policies, *workload(w, b, args.output_len, vocab, 1), args.repeats)
+        for k in FIXED_KS:
+            record(f"ngram k={k}", w, b, by_name[f"ngram k={k}"])
         counts = Counter(policy.history)
-        record("dynamic", w, b, r, {"k_chosen": dict(sorted(counts.items())), "k_history": policy.history,
-                                    "decisions": [d._asdict() for d in policy.decisions or []]})
+        record("dynamic", w, b, by_name["dynamic"], {
+            "k_chosen": dict(sorted(counts.items())), "k_history": policy.history,
+            "decisions": [d._asdict() for d in policy.decisions or []]})
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -6,17 +6,20 @@ steps back to back, so this is the step's cost, drafting and host work included)
 slow step (a garbage collection, the first replay of a CUDA graph, the host catching up after a prefill)
 must not flip the policy, and a k the policy rarely uses is measured rarely.
 
-`step_costs` turns the measurements into a full table t(B, 0..K), a straight line in k:
+`step_costs` turns the measurements into a full table t(B, 0..K):
 
-* in the batch's own bucket, t(k) = a + b * k fitted by least squares to the per-k medians (two measured k
-  suffice). Steps of a few ms are host-bound and measure with 5-15 % noise per k; pooling every k into one
-  line keeps that noise from ranking, say, k = 4 below k = 5. Verification and drafting both grow about
-  linearly with k, and b is kept >= 0: verifying drafts only adds work, so a measurement saying that some
-  k costs less than k = 0 is noise, and believing it would make the policy draft for nothing when
-  acceptance is ~0;
-* a bucket with fewer than two measured k borrows the *shape* b / a of the nearest bucket that has a line
-  (only ratios between k decide the policy's argmax), scaled to whatever the bucket has measured;
-* with no line anywhere, the table is unknown (None) and the policy measures k = 0 and k = K first.
+* in the batch's own bucket, k = 0 keeps its own median, and k >= 1 lie on a line t(k) = a + b * k fitted by
+  least squares to their per-k medians (two measured k >= 1 suffice). k = 0 stands apart because drafting
+  at all has a fixed cost (the proposer runs, verification rows replace plain decode rows): measured on an
+  H200 at batch 1, k = 1 costs 25 % more than k = 0 while k = 1..5 differ by a few %. Steps of a few ms
+  are host-bound and measure with 5-15 % noise per k; pooling every k >= 1 into one line keeps that noise
+  from ranking, say, k = 4 below k = 5. b is kept >= 0 and no k >= 1 is taken to cost less than k = 0:
+  verifying drafts only adds work, so a measurement saying otherwise is noise, and believing it would make
+  the policy draft for nothing when acceptance is ~0. With k = 0 and a single k >= 1 measured, the table is
+  the line through the two;
+* a bucket without such a table borrows the *shape* t(k) / t(0) of the nearest bucket that has one (only
+  ratios between k decide the policy's argmax), scaled to whatever the bucket has measured;
+* with no table anywhere, it is unknown (None) and the policy measures k = 0 and k = K first.
 """
 
 from __future__ import annotations
@@ -62,12 +65,8 @@ class MeasuredCostModel:
         self._samples[key].append(seconds)
 
 
-def _bucket_line(cost_model: CostModel, bucket: int, max_k: int) -> Optional[tuple[float, float]]:
-    """(a, b) of t(k) = a + b * k fitted to this bucket's per-k medians (least squares, b >= 0), or None
-    with fewer than two k measured."""
-    points = {k: c for k in range(max_k + 1) if (c := cost_model.cost(bucket, k)) is not None}
-    if len(points) < 2:
-        return None
+def _line(points: dict[int, float]) -> tuple[float, float]:
+    """(a, b) of the least-squares line t = a + b * k through >= 2 points {k: t}, with b >= 0."""
     mean_k = sum(points) / len(points)
     mean_t = sum(points.values()) / len(points)
     slope = sum((k - mean_k) * (t - mean_t) for k, t in points.items()) / sum((k - mean_k) ** 2 for k in points)
@@ -75,20 +74,34 @@ def _bucket_line(cost_model: CostModel, bucket: int, max_k: int) -> Optional[tup
     return mean_t - slope * mean_k, slope
 
 
+def _bucket_table(cost_model: CostModel, bucket: int, max_k: int) -> Optional[list[float]]:
+    """t(0..max_k) from this bucket's own per-k medians (see the module docstring), or None with too few."""
+    points = {k: c for k in range(max_k + 1) if (c := cost_model.cost(bucket, k)) is not None}
+    drafting = {k: c for k, c in points.items() if k > 0}
+    if len(drafting) >= 2:
+        a, b = _line(drafting)
+        t0 = points.get(0, a)
+        return [t0] + [max(a + b * k, t0) for k in range(1, max_k + 1)]
+    if len(points) == 2:  # k = 0 and one k >= 1: the line through both
+        a, b = _line(points)
+        return [a + b * k for k in range(max_k + 1)]
+    return None
+
+
 def step_costs(cost_model: CostModel, num_rows: int, max_k: int) -> Optional[list[float]]:
     """t(B, k) for every k in 0..max_k at this batch size (see the module docstring), or None."""
     bucket = batch_bucket(num_rows)
-    line = _bucket_line(cost_model, bucket, max_k)
-    if line is not None:
-        return [line[0] + line[1] * k for k in range(max_k + 1)]
+    table = _bucket_table(cost_model, bucket, max_k)
+    if table is not None:
+        return table
     by_distance = sorted(BATCH_BUCKETS, key=lambda b: abs(math.log2(b) - math.log2(bucket)))
     for other in by_distance:
-        borrowed = _bucket_line(cost_model, other, max_k) if other != bucket else None
+        borrowed = _bucket_table(cost_model, other, max_k) if other != bucket else None
         if borrowed is None or borrowed[0] <= 0.0:
             continue
-        rel = borrowed[1] / borrowed[0]  # t(k) / t(0) = 1 + rel * k there
+        shape = [t / borrowed[0] for t in borrowed]  # t(k) / t(0) there
         measured = {k: c for k in range(max_k + 1) if (c := cost_model.cost(bucket, k)) is not None}
         # Scale the borrowed shape to this bucket's own measurement, if it has one.
-        base = sum(c / (1.0 + rel * k) for k, c in measured.items()) / len(measured) if measured else borrowed[0]
-        return [base * (1.0 + rel * k) for k in range(max_k + 1)]
+        base = sum(c / shape[k] for k, c in measured.items()) / len(measured) if measured else borrowed[0]
+        return [base * x for x in shape]
     return None

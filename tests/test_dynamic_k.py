@@ -118,8 +118,8 @@ def test_measured_costs_explore_both_ends_then_fit_a_line():
     assert policy.choose(ids) == 4  # then the largest k
     policy.observe_step(16, 4, 1.4)
     assert policy.costs(16) == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])  # a line through both ends
-    policy.observe_step(16, 2, 1.05)  # the line is fitted to every measured k (least squares)
-    assert policy.costs(16) == pytest.approx([0.95, 1.05, 1.15, 1.25, 1.35])
+    policy.observe_step(16, 2, 1.05)  # k >= 1 on their own line (least squares), never below k = 0
+    assert policy.costs(16) == pytest.approx([1.0, 1.0, 1.05, 1.225, 1.4])
     policy.observe_acceptance(ids, [4] * 16, [4] * 14 + [0] * 2)
     assert policy.choose(ids) == 4
     assert batch_bucket(200) == 256 and batch_bucket(1) == 1 and batch_bucket(10**6) == 4096
@@ -137,6 +137,22 @@ def test_a_new_batch_size_borrows_the_nearest_measured_cost_shape():
     assert policy.choose(_ids(200)) in range(5)  # no forced k = 0 / k = 4 measurement at the new size
 
 
+def test_drafting_has_a_fixed_cost_apart_from_the_line():
+    """k = 0 keeps its own cost; k >= 1 share a line: a jump from 0 to 1 (the proposer runs, rows verify) then a
+    small slope, as measured on an H200 at batch 1. A line through every k would make k = 1 look cheap and
+    keep it (within the switching margin) at acceptance ~0."""
+    cost = MeasuredCostModel()
+    for k, t in ((0, 1.0), (1, 1.25), (3, 1.29), (5, 1.33)):
+        cost.observe(1, k, t)
+    assert step_costs(cost, 1, 5) == pytest.approx([1.0, 1.25, 1.27, 1.29, 1.31, 1.33])
+    policy = DynamicK(5, cost, explore_every=0)
+    ids = _ids(1)
+    policy.observe_acceptance(ids, [5], [0])
+    assert policy.best_k(ids, current=1) == 0  # k = 0 is 25 % better: leave k = 1
+    cost.observe(64, 5, 2.66)  # a bucket with one measurement borrows batch 1's shape, scaled
+    assert step_costs(cost, 64, 5) == pytest.approx([2.0, 2.5, 2.54, 2.58, 2.62, 2.66])
+
+
 def test_costs_are_medians_and_no_k_is_cheaper_than_k0():
     cost = MeasuredCostModel(window=3)
     for seconds in (1.0, 100.0, 1.2):  # one garbage-collection pause among them
@@ -144,9 +160,9 @@ def test_costs_are_medians_and_no_k_is_cheaper_than_k0():
     assert cost.cost(8, 1) == pytest.approx(1.2)
     cost.observe(8, 1, 1.1)  # the window keeps the last three: 100, 1.2, 1.1
     assert cost.cost(8, 1) == pytest.approx(1.2)
-    cost.observe(8, 0, 1.5)  # k = 0 measured slower than k = 1 and 2 (noise): the slope is clamped to 0
+    cost.observe(8, 0, 1.5)  # k = 0 measured slower than k = 1 and 2 (noise): they are raised to it
     cost.observe(8, 2, 1.4)
-    assert step_costs(cost, 8, 2) == pytest.approx([4.1 / 3] * 3)
+    assert step_costs(cost, 8, 2) == pytest.approx([1.5] * 3)
     # So with acceptance ~0 the policy keeps k = 0 although k = 1 and 2 measured cheaper.
     policy = DynamicK(2, cost, explore_every=0)
     ids = _ids(8)
