@@ -325,7 +325,8 @@ class EngineCore:
         """Feed the dynamic-k cost model: the time between two consecutive outputs of steady pure decode steps
         (the device runs back to back then, so this is the step's device time, drafting included).
 
-        Steady: the same number of rows as the step before, and no request finished at the previous output.
+        Steady: the same number of rows as the step before, no request finished at the previous output, and
+        the k it verified is the k it proposed.
         While a batch drains, requests finish every step and the interval carries their host work (final
         outputs, freed blocks) and a batch that changes shape; those steps would make whichever k they ran
         at look dear."""
@@ -335,8 +336,12 @@ class EngineCore:
         last_rows, self._last_output_rows = self._last_output_rows, rows
         if self.draft_policy is None or last is None or rows != last_rows or self._last_output_finished:
             return
-        if all(n == 1 + d for n, d in zip(output.num_scheduled_tokens, output.num_draft_tokens)):
-            self.draft_policy.observe_step(rows, max(output.num_draft_tokens), now - last)
+        k = max(output.num_draft_tokens)
+        # A pure decode step that verified k drafts on every row and proposed k for the next step: its cost is
+        # the cost of running at k (a step that switches k does half of each).
+        if output.num_propose_tokens == k and all(
+                n == 1 + d for n, d in zip(output.num_scheduled_tokens, output.num_draft_tokens)):
+            self.draft_policy.observe_step(rows, k, now - last)
 
     def _checked(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         if self._check_invariants:  # off by default: the step path pays one attribute test

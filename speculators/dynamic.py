@@ -13,7 +13,7 @@ Both inputs are measured online: acceptance per draft position, batch-wide and p
 own rates lean on the batch-wide ones until it has been observed), and step costs per batch-size bucket.
 At a batch size with no measured costs anywhere, the policy first measures k = 0 and k = max_k; a new bucket
 borrows the cost shape of the nearest measured one. The decision is remade every `DECIDE_EVERY` steps and
-whenever the batch changes size bucket (it costs host time). Every `explore_every` steps the policy tries
+whenever the batch changes size bucket (it costs host time); more often for a while after a change. Every `explore_every` steps the policy tries
 the k it has not used for longest (or, every other time while below max_k, max_k itself, which observes
 every draft position), so costs and acceptance keep tracking a workload that changes; explorations that
 cost much are spaced further apart (`EXPLORE_BUDGET`). Tests inject a synthetic `CostModel` instead of
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
+
+import numpy as np
 
 from speculators.acceptance import AcceptanceTracker, RequestAcceptance
 from speculators.interface import Proposal, ProposeInputs, Speculator
@@ -38,7 +40,12 @@ if TYPE_CHECKING:
     from framework.scheduler_output import NewRequestData
 
 MARGIN = 0.03  # a larger k must beat a smaller one by 3% in expected tokens/s: no flapping on noise
-DECIDE_EVERY = 4  # steps between two decisions at the same batch-size bucket
+# Steps between two decisions at the same batch-size bucket: DECIDE_EVERY while the batch has just changed bucket
+# or an exploration has just ended (for SETTLE steps), DECIDE_EVERY_STEADY otherwise. A decision costs 0.1-0.4 ms
+# of host time (per-request acceptance folded, costs fitted): on an H200 every 4th step of a 2 ms batch-16
+# decode was 0.4 ms slower when the policy decided every 4 steps.
+DECIDE_EVERY, DECIDE_EVERY_STEADY, SETTLE = 4, 16, 16
+EXPLORE_STEPS = 2  # an exploration holds its k this many steps: the last one verifies k and proposes k
 EXPLORE_BUDGET = 0.01  # exploration steps may cost about this fraction of the tokens per second
 
 
@@ -69,8 +76,12 @@ class DynamicK(DraftLengthPolicy):
         self._best: Optional[int] = None  # the last decision, the batch bucket and rates it was made with
         self._bucket = 0
         self._rates: list[float] = []
+        self._costs: list[float] = []  # t(B, k) and batch-wide acceptance of the last decision (for `decisions`)
+        self._prior = np.zeros(max_k)
         self._explorations = 0
         self._next_explore = explore_every  # step of the next exploration
+        self._explore_k, self._explore_left = 0, 0  # the exploration in progress: its k, steps it still holds
+        self._settle_until = 0  # decide every DECIDE_EVERY steps until this step
         self.history: list[int] = []  # every k chosen (benchmarks plot it)
         self.decisions: Optional[list[Decision]] = [] if record else None  # with record=True: every step's why
 
@@ -85,13 +96,15 @@ class DynamicK(DraftLengthPolicy):
 
     def expected_tokens(self, request_ids: Sequence[str]) -> list[float]:
         """E(0..max_k): expected tokens per row and step, the mean over these requests."""
-        return self.requests.expected_tokens(request_ids, self.acceptance.rates()).tolist()
+        self._prior = self.acceptance.rates()
+        return self.requests.expected_tokens(request_ids, self._prior).tolist()
 
     def rates(self, request_ids: Sequence[str]) -> Optional[list[float]]:
         """Expected tokens per second for every k, or None while the costs at this batch size are unknown."""
         costs = self.costs(len(request_ids))
         if costs is None:
             return None
+        self._costs = costs
         tokens = self.expected_tokens(request_ids)
         return [tokens[k] / max(costs[k], 1e-12) for k in range(self.max_k + 1)]
 
@@ -116,22 +129,28 @@ class DynamicK(DraftLengthPolicy):
         k, reason = self._choose(request_ids)
         self._last_used[k] = self._steps
         self.history.append(k)
-        if self.decisions is not None:
+        if self.decisions is not None:  # what the decision used, nothing recomputed (host time is measured)
             decided = reason == "decide"
-            costs = (self.costs(len(request_ids)) or []) if decided else []
             self.decisions.append(Decision(
                 self._steps, len(request_ids), k, reason, tuple(round(r, 1) for r in self._rates),
-                tuple(round(1e3 * c, 3) for c in costs), tuple(self.acceptance.rates().round(3)) if decided else ()))
+                tuple(round(1e3 * c, 3) for c in self._costs) if decided else (),
+                tuple(round(float(a), 3) for a in self._prior) if decided else ()))
         return k
 
     def _choose(self, request_ids: Sequence[str]) -> tuple[int, str]:
         """(k, why: see `Decision.reason`)."""
         if self.max_k == 0 or not request_ids:
             return 0, "keep"
+        if self._explore_left:  # an exploration holds its k (see EXPLORE_STEPS)
+            self._explore_left -= 1
+            return self._explore_k, "explore"
         # Decide every DECIDE_EVERY steps, and at once when the batch changes bucket: the decision costs
         # tens of microseconds of host time (more at large batches), against a step of one or a few ms.
         bucket = batch_bucket(len(request_ids))
-        decide = self._best is None or bucket != self._bucket or self._steps % DECIDE_EVERY == 0
+        if bucket != self._bucket:
+            self._settle_until = self._steps + SETTLE
+        every = DECIDE_EVERY if self._steps < self._settle_until else DECIDE_EVERY_STEADY
+        decide = self._best is None or bucket != self._bucket or self._steps % every == 0
         if decide:
             self._best, self._bucket = self.best_k(request_ids, self._best), bucket
         if self._best is None:  # nothing measured yet: the two ends first
@@ -141,13 +160,15 @@ class DynamicK(DraftLengthPolicy):
         return self._best, "decide" if decide else "keep"
 
     def _explore(self, best: int) -> int:
-        """An exploration step's k, and when the next one comes.
+        """An exploration's k, and when the next one comes. It holds for EXPLORE_STEPS steps: a step's cost is
+        verifying its drafts plus proposing the next step's, and only the second step of an exploration does
+        both at the explored k (the engine measures only such steps).
 
         Below max_k, every other exploration drafts max_k: one step measures the acceptance of every position
         (the current k observes only its own). Otherwise the k unused for longest, to refresh its measured
         cost. The next exploration comes after `explore_every` steps, or later when exploring is dear: an
-        exploration losing a fraction L of a step's tokens per second waits L / EXPLORE_BUDGET steps (at
-        batch 256 with acceptance ~0, a step at max_k costs about twice a step at k = 0)."""
+        exploration losing a fraction L of a step's tokens per second waits EXPLORE_STEPS * L / EXPLORE_BUDGET
+        steps (at batch 256 with acceptance ~0, a step at max_k costs about twice a step at k = 0)."""
         self._explorations += 1
         if best < self.max_k and self._explorations % 2 == 1:
             k = self.max_k
@@ -155,7 +176,9 @@ class DynamicK(DraftLengthPolicy):
             others = [j for j in range(self.max_k + 1) if j != best]
             k = min(others, key=lambda j: self._last_used[j])  # the k unused for longest
         loss = max(0.0, 1.0 - self._rates[k] / max(self._rates[best], 1e-12)) if self._rates else 0.0
-        self._next_explore = self._steps + max(self.explore_every, math.ceil(loss / EXPLORE_BUDGET))
+        self._next_explore = self._steps + max(self.explore_every, math.ceil(EXPLORE_STEPS * loss / EXPLORE_BUDGET))
+        self._explore_k, self._explore_left = k, EXPLORE_STEPS - 1
+        self._settle_until = self._steps + EXPLORE_STEPS + SETTLE  # what it measured is used soon
         return k
 
     def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],

@@ -12,7 +12,7 @@ import pytest
 
 from framework.config import load_config
 from speculators.acceptance import AcceptanceTracker, RequestAcceptance
-from speculators.dynamic import DynamicK
+from speculators.dynamic import EXPLORE_STEPS, DynamicK
 from speculators.policy import FixedK, build_draft_policy
 from speculators.step_cost import MeasuredCostModel, batch_bucket, step_costs
 
@@ -172,19 +172,25 @@ def test_costs_are_medians_and_no_k_is_cheaper_than_k0():
 
 
 def test_exploration_alternates_max_k_and_the_least_recent_k_and_spaces_dear_ones():
-    policy = DynamicK(MAX_K, SyntheticCost(), explore_every=4)
-    ks = _run(policy, 200, rows=8, accept_p=0.0, rng=random.Random(7))
-    # Acceptance ~0: once the prior (0.5) has given way to observations, the best k is 0 and the rest explores.
-    steps = [s for s, k in enumerate(ks) if k != 0 and s >= 10]
-    explored = [ks[s] for s in steps]
+    policy = DynamicK(MAX_K, SyntheticCost(), explore_every=4, record=True)
+    ks = _run(policy, 400, rows=8, accept_p=0.0, rng=random.Random(7))
+    # Acceptance ~0: once the prior (0.5) has given way to observations, the best k is 0 and the rest explores,
+    # each exploration holding its k for EXPLORE_STEPS steps.
+    assert policy.decisions is not None
+    runs = [d for i, d in enumerate(policy.decisions) if d.reason == "explore" and d.step >= 10
+            and policy.decisions[i - 1].reason != "explore"]  # the first step of each exploration
+    for d in runs:
+        assert ks[d.step - 1: d.step - 1 + EXPLORE_STEPS] == [d.k] * EXPLORE_STEPS
+    steps = [d.step for d in runs]
+    explored = [d.k for d in runs]
     maxes = explored[0::2] if explored[0] == MAX_K else explored[1::2]
     others = explored[1::2] if explored[0] == MAX_K else explored[0::2]
     assert set(maxes) == {MAX_K} and len(maxes) >= 5  # every other exploration observes every position
     assert set(others[:4]) == {1, 2, 3, 4}  # the others cycle through the k used least recently
     gaps = {k: [b - a for a, b, k2 in zip(steps, steps[1:], explored) if k2 == k] for k in (1, MAX_K)}
     # A step at k = 5 loses ~25% of a step's tokens/s here (t(8, 5) / t(8, 0) = 1.33): spaced by
-    # 0.25 / EXPLORE_BUDGET steps; one at k = 1 loses ~6%: explore_every apart.
-    assert min(gaps[MAX_K]) >= 20 and max(gaps[1]) <= 8
+    # EXPLORE_STEPS * 0.25 / EXPLORE_BUDGET steps; one at k = 1 loses ~6%: 12 steps apart.
+    assert min(gaps[MAX_K]) >= 40 and max(gaps[1]) <= 16
 
 
 def test_requests_that_accept_take_over_when_the_others_finish():
