@@ -7,8 +7,8 @@ and t(B, k) the measured seconds per step of B decode rows verifying k drafts ea
     argmax_k  mean_r E_r(k) / t(B, k)        over k in [0, max_k]  (k = 0: no speculation)
 
 over the requests running now, preferring the smaller k unless a larger one is at least `MARGIN` better, and
-the k in use unless another is at least `MARGIN` better (host-bound steps of a few ms measure with a few
-percent of noise; a switch for less only flaps).
+among drafting k the one in use unless another is at least `MARGIN` better (host-bound steps of a few ms
+measure with a few percent of noise; a switch for less only flaps).
 Both inputs are measured online: acceptance per draft position, batch-wide and per request (a request's
 own rates lean on the batch-wide ones until it has been observed), and step costs per batch-size bucket.
 At a batch size with no measured costs anywhere, the policy first measures k = 0 and k = max_k; a new bucket
@@ -110,7 +110,9 @@ class DynamicK(DraftLengthPolicy):
 
     def best_k(self, request_ids: Sequence[str], current: Optional[int] = None) -> Optional[int]:
         """argmax of expected tokens per second, or None while the costs at this batch size are unknown. A
-        larger k, or any k other than `current` (the k in use), must be `MARGIN` better to be taken."""
+        larger k must be `MARGIN` better to be taken, and so must another drafting k than `current` (the k
+        in use) when that drafts too. Between drafting and not, the smaller-k rule alone decides: a drafting
+        k kept by inertia when the estimates tie would draft for nothing."""
         rates = self.rates(request_ids)
         if rates is None:
             return None
@@ -119,8 +121,8 @@ class DynamicK(DraftLengthPolicy):
         for k in range(1, self.max_k + 1):
             if rates[k] > rates[best] * (1 + MARGIN):
                 best = k
-        if current is not None and rates[best] <= rates[current] * (1 + MARGIN):
-            return current  # no switch for a gain within the noise
+        if current and best and rates[best] <= rates[current] * (1 + MARGIN):
+            return current  # no switch between two drafting k for a gain within the noise
         return best
 
     def choose(self, request_ids: Sequence[str]) -> int:

@@ -50,7 +50,7 @@ class CostModel(Protocol):
 class MeasuredCostModel:
     """The median of the last `window` measured step times per (batch bucket, k)."""
 
-    def __init__(self, window: int = 5) -> None:
+    def __init__(self, window: int = 7) -> None:
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self.window = window
 

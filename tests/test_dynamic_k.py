@@ -270,8 +270,10 @@ def test_the_k_in_use_is_kept_unless_another_is_clearly_better():
 
     policy = DynamicK(2, Table([1.0, 1.0, 1.0]), prior_acceptance=0.0)  # E(k) = 1 for every k: all equal
     assert policy.best_k(["a"]) == 0  # smallest k on a tie
-    assert policy.best_k(["a"], current=2) == 2  # equal rates: stay
-    policy.cost_model = Table([1.0, 1.0 + 0.25 * MARGIN, 1.0 + 0.5 * MARGIN])  # k = 0 beats k = 2 by < MARGIN
-    assert policy.best_k(["a"], current=2) == 2 and policy.best_k(["a"]) == 0
-    policy.cost_model = Table([1.0, 1.0, 1.0 + 3 * MARGIN])  # k = 0 beats k = 2 by > MARGIN
-    assert policy.best_k(["a"], current=2) == 0
+    assert policy.best_k(["a"], current=2) == 0  # no drafting by inertia when nothing is gained
+    policy = DynamicK(2, Table([0.9, 1.0, 1.0 + 0.5 * MARGIN]), prior_acceptance=1.0)  # E(k) = 1 + k
+    assert policy.best_k(["a"]) == 2  # rates 1.1, 2, 2.97: k = 2 is MARGIN better than k = 1
+    policy.cost_model = Table([0.9, 1.0, 1.5 * (1 + 0.5 * MARGIN)])  # k = 1 beats k = 2 by < MARGIN
+    assert policy.best_k(["a"], current=2) == 2 and policy.best_k(["a"]) == 1
+    policy.cost_model = Table([0.9, 1.0, 1.5 * (1 + 3 * MARGIN)])  # k = 1 beats k = 2 by > MARGIN
+    assert policy.best_k(["a"], current=2) == 1
