@@ -94,6 +94,7 @@ class EngineCore:
         self._last_output_time: Optional[float] = None  # when the previous step's output arrived (dynamic-k)
         self._last_output_rows = -1  # rows of that step
         self._last_output_finished = False  # whether requests finished at that step's output
+        self._last_output_k = -1  # drafts per row that step verified (-1: not a uniform decode step)
         self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
         self._processor_classes = logits_processor_classes(config.sampler.logits_processors)
         self._full_sampler = self.runner.name == "v2"  # the V2 runner, local or behind a parallel driver
@@ -326,7 +327,7 @@ class EngineCore:
         (the device runs back to back then, so this is the step's device time, drafting included).
 
         Steady: the same number of rows as the step before, no request finished at the previous output, and
-        the k it verified is the k it proposed.
+        the k it verified is the k it proposed and the k the step before verified.
         While a batch drains, requests finish every step and the interval carries their host work (final
         outputs, freed blocks) and a batch that changes shape; those steps would make whichever k they ran
         at look dear."""
@@ -334,13 +335,16 @@ class EngineCore:
         last, self._last_output_time = self._last_output_time, now
         rows = len(output.scheduled_request_ids)
         last_rows, self._last_output_rows = self._last_output_rows, rows
+        uniform = bool(output.num_draft_tokens) and all(
+            n == 1 + d for n, d in zip(output.num_scheduled_tokens, output.num_draft_tokens))
+        k = max(output.num_draft_tokens) if uniform else -1
+        last_k, self._last_output_k = self._last_output_k, k
         if self.draft_policy is None or last is None or rows != last_rows or self._last_output_finished:
             return
-        k = max(output.num_draft_tokens)
-        # A pure decode step that verified k drafts on every row and proposed k for the next step: its cost is
-        # the cost of running at k (a step that switches k does half of each).
-        if output.num_propose_tokens == k and all(
-                n == 1 + d for n, d in zip(output.num_scheduled_tokens, output.num_draft_tokens)):
+        # A pure decode step that verified k drafts on every row, proposed k for the next step, and came after a
+        # step that verified k too (the interval holds the host's processing of that step's output): the cost
+        # of running at k. A step that switches k carries some of each.
+        if uniform and k == last_k == output.num_propose_tokens:
             self.draft_policy.observe_step(rows, k, now - last)
 
     def _checked(self, outputs: list[RequestOutput]) -> list[RequestOutput]:

@@ -45,7 +45,10 @@ MARGIN = 0.03  # a larger k must beat a smaller one by 3% in expected tokens/s: 
 # of host time (per-request acceptance folded, costs fitted): on an H200 every 4th step of a 2 ms batch-16
 # decode was 0.4 ms slower when the policy decided every 4 steps.
 DECIDE_EVERY, DECIDE_EVERY_STEADY, SETTLE = 4, 16, 16
-EXPLORE_STEPS = 2  # an exploration holds its k this many steps: the last one verifies k and proposes k
+# An exploration holds its k this many steps: the engine measures a step only when it verified and proposed the
+# same k as the step before it (the interval also carries the host's processing of the previous output, whose
+# size follows that step's k), so the third step of an exploration is the first one measured.
+EXPLORE_STEPS = 3
 EXPLORE_BUDGET = 0.01  # exploration steps may cost about this fraction of the tokens per second
 
 
@@ -163,8 +166,9 @@ class DynamicK(DraftLengthPolicy):
 
     def _explore(self, best: int) -> int:
         """An exploration's k, and when the next one comes. It holds for EXPLORE_STEPS steps: a step's cost is
-        verifying its drafts plus proposing the next step's, and only the second step of an exploration does
-        both at the explored k (the engine measures only such steps).
+        verifying its drafts plus proposing the next step's plus the host's processing of the previous
+        output, and only the last step of an exploration has all three at the explored k (the engine measures
+        only such steps).
 
         Below max_k, every other exploration drafts max_k: one step measures the acceptance of every position
         (the current k observes only its own). Otherwise the k unused for longest, to refresh its measured

@@ -173,7 +173,7 @@ def test_costs_are_medians_and_no_k_is_cheaper_than_k0():
 
 def test_exploration_alternates_max_k_and_the_least_recent_k_and_spaces_dear_ones():
     policy = DynamicK(MAX_K, SyntheticCost(), explore_every=4, record=True)
-    ks = _run(policy, 400, rows=8, accept_p=0.0, rng=random.Random(7))
+    ks = _run(policy, 600, rows=8, accept_p=0.0, rng=random.Random(7))
     # Acceptance ~0: once the prior (0.5) has given way to observations, the best k is 0 and the rest explores,
     # each exploration holding its k for EXPLORE_STEPS steps.
     assert policy.decisions is not None
@@ -189,8 +189,8 @@ def test_exploration_alternates_max_k_and_the_least_recent_k_and_spaces_dear_one
     assert set(others[:4]) == {1, 2, 3, 4}  # the others cycle through the k used least recently
     gaps = {k: [b - a for a, b, k2 in zip(steps, steps[1:], explored) if k2 == k] for k in (1, MAX_K)}
     # A step at k = 5 loses ~25% of a step's tokens/s here (t(8, 5) / t(8, 0) = 1.33): spaced by
-    # EXPLORE_STEPS * 0.25 / EXPLORE_BUDGET steps; one at k = 1 loses ~6%: 12 steps apart.
-    assert min(gaps[MAX_K]) >= 40 and max(gaps[1]) <= 16
+    # EXPLORE_STEPS * 0.25 / EXPLORE_BUDGET steps; one at k = 1 loses ~6%: about 18 steps apart.
+    assert min(gaps[MAX_K]) >= 60 and max(gaps[1]) <= 24
 
 
 def test_requests_that_accept_take_over_when_the_others_finish():
