@@ -21,6 +21,14 @@ from typing import Optional, Sequence
 import numpy as np
 
 
+def _ints(values: Sequence[int]) -> np.ndarray:
+    """[n] int64 (an array as it is): observations are converted once, when they arrive, so folding a batch of
+    them is array work, not Python iteration over every row of every step."""
+    if isinstance(values, np.ndarray):
+        return values
+    return np.fromiter(values, dtype=np.int64, count=len(values))
+
+
 def _attempt_masks(max_k: int, num_draft: Sequence[int], num_accepted: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """([rows, max_k] attempted, [rows, max_k] accepted): position j was attempted when the row had a draft j
     and drafts 0..j-1 were accepted; it was accepted when it was attempted and j < num_accepted."""
@@ -59,7 +67,7 @@ class AcceptanceTracker:
 
     def observe(self, num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
         if len(num_draft):
-            self._pending.append((self._ticks, num_draft, num_accepted))
+            self._pending.append((self._ticks, _ints(num_draft), _ints(num_accepted)))
 
     def fold(self) -> None:
         """Apply the queued ticks and observations to the counts."""
@@ -68,9 +76,9 @@ class AcceptanceTracker:
         self.accepted *= self.decay ** n
         self.attempted *= self.decay ** n
         if pending:
-            weights = np.concatenate([np.full(len(d), self.decay ** (n - t)) for t, d, _ in pending])
-            attempted, accepted = _attempt_masks(len(self.attempted), [x for _, d, _ in pending for x in d],
-                                                 [x for _, _, a in pending for x in a])
+            weights = np.repeat([self.decay ** (n - t) for t, _, _ in pending], [len(d) for _, d, _ in pending])
+            attempted, accepted = _attempt_masks(len(self.attempted), np.concatenate([d for _, d, _ in pending]),
+                                                 np.concatenate([a for _, _, a in pending]))
             self.attempted += weights @ attempted
             self.accepted += weights @ accepted
 
@@ -111,7 +119,7 @@ class RequestAcceptance:
     def observe(self, request_ids: Sequence[str], num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
         """One step's verification of each listed request (each request at most once per step)."""
         if request_ids:
-            self._pending.append((request_ids, num_draft, num_accepted))
+            self._pending.append((request_ids, _ints(num_draft), _ints(num_accepted)))
 
     def fold(self) -> None:
         """Add the queued observations to the counts (each observed row decays once per observation first)."""
@@ -119,8 +127,8 @@ class RequestAcceptance:
             return
         pending, self._pending = self._pending, []
         rows = np.concatenate([self._rows_of(obs[0]) for obs in pending])
-        attempted, accepted = _attempt_masks(self.max_k, [d for obs in pending for d in obs[1]],
-                                             [a for obs in pending for a in obs[2]])
+        attempted, accepted = _attempt_masks(self.max_k, np.concatenate([obs[1] for obs in pending]),
+                                             np.concatenate([obs[2] for obs in pending]))
         size = len(self.accepted)
         times = np.bincount(rows, minlength=size)
         touched = np.flatnonzero(times)

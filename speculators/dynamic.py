@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from speculators.acceptance import AcceptanceTracker, RequestAcceptance
+from speculators.acceptance import AcceptanceTracker, RequestAcceptance, _ints
 from speculators.interface import Proposal, ProposeInputs, Speculator
 from speculators.policy import DraftLengthPolicy
 from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, step_costs
@@ -189,8 +189,9 @@ class DynamicK(DraftLengthPolicy):
 
     def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],
                            num_accepted: Sequence[int]) -> None:
-        self.acceptance.observe(num_draft, num_accepted)
-        self.requests.observe(request_ids, num_draft, num_accepted)
+        drafts, accepted = _ints(num_draft), _ints(num_accepted)  # converted once for both trackers
+        self.acceptance.observe(drafts, accepted)
+        self.requests.observe(request_ids, drafts, accepted)
 
     def observe_step(self, num_rows: int, k: int, seconds: float) -> None:
         self.cost_model.observe(num_rows, k, seconds)
