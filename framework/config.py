@@ -104,9 +104,9 @@ class DynamicKConfig(_Strict):
         0.5, ge=0.0, le=1.0, description="Acceptance assumed at every draft position before any is measured."
     )
     explore_every: int = Field(
-        32, ge=0, description="Every this many steps, one step at another k than the best one: max_k every other "
-        "time while the best is below it (measures every draft position's acceptance), else the k unused for "
-        "longest (refreshes its measured cost); 0 = never.",
+        32, ge=0, description="Every this many steps (or later when exploring is dear), three steps at another k "
+        "than the best one: max_k every other time while the best is below it (measures every draft position's "
+        "acceptance), else the k unused for longest (refreshes its measured cost); 0 = never.",
     )
 
 

@@ -22,6 +22,7 @@ from framework.llm import LLM
 from framework.models.loader import read_hf_config
 from framework.sampling_params import SamplingParams
 from speculators.draft_heads import DraftHead, Eagle3Head, load_draft_head
+from speculators.policy import DraftLengthPolicy
 
 try:
     from hf_models import SPEC_BY_NAME, build_hf_model, random_prompts, save_tiny_checkpoint
@@ -51,8 +52,9 @@ def target_dir(name: str, root: str) -> Path:
 
 
 def generate(target: Path, speculator: Optional[dict[str, Any]], scenario: dict[str, Any],
-             drafts: Optional[Drafts] = None) -> list[list[int]]:
-    """Greedy outputs in prompt order; `drafts` collects every proposal of a row that sampled."""
+             drafts: Optional[Drafts] = None, policy: Optional[DraftLengthPolicy] = None) -> list[list[int]]:
+    """Greedy outputs in prompt order; `drafts` collects every proposal of a row that sampled; `policy` replaces
+    the engine's draft-length policy."""
     data: dict[str, Any] = {"model": {"path": str(target), "preset": None, "dtype": "float32", "max_model_len": 80},
                             "device": "cpu", "seed": 0}
     for section, values in scenario.items():
@@ -60,6 +62,8 @@ def generate(target: Path, speculator: Optional[dict[str, Any]], scenario: dict[
     if speculator is not None:
         data["speculator"] = speculator
     llm = LLM(config=load_config(data))
+    if policy is not None:
+        llm.engine.draft_policy = llm.engine.scheduler.draft_policy = policy
     if drafts is not None:
         _record_drafts(llm, drafts)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
@@ -159,8 +163,22 @@ def test_mtp_layers_inside_the_target_checkpoint(root: str, reference: dict, tmp
         generate(source, spec, {})
 
 
+class _CyclingK(DraftLengthPolicy):
+    """k from a fixed cycle, one per step."""
+
+    def __init__(self, max_k: int, cycle: list[int]) -> None:
+        super().__init__(max_k)
+        self.cycle, self.steps = cycle, 0
+
+    def choose(self, request_ids):  # type: ignore[no-untyped-def]
+        self.steps += 1
+        return self.cycle[self.steps % len(self.cycle)]
+
+
 def test_dynamic_k_over_eagle(root: str, reference: dict, one_thread: None) -> None:
-    """dynamic-k picks k = 0 at times: the head's KV must still follow every step (drafts stay exact)."""
+    """dynamic-k picks k = 0 at times: the head's KV must still follow every step (drafts stay exact). The k
+    sequence comes from a policy that cycles through 0, 1, 2 (what DynamicK would pick on a random head depends
+    on measured step times), so every k and every switch between them occurs."""
     target = target_dir("llama", root)
     config = read_hf_config(target)
     head_dir = Path(root) / "eagle-dynamic-head"
@@ -168,7 +186,7 @@ def test_dynamic_k_over_eagle(root: str, reference: dict, one_thread: None) -> N
     spec = {"method": "dynamic", "num_speculative_tokens": 2, "model": str(head_dir),
             "dynamic": {"method": "eagle", "explore_every": 2}}
     drafts: Drafts = []
-    outputs = generate(target, spec, SCENARIOS["chunked_preempt"], drafts)
+    outputs = generate(target, spec, SCENARIOS["chunked_preempt"], drafts, policy=_CyclingK(2, [0, 1, 2, 2, 1]))
     assert outputs == reference["llama"]
     hf = build_hf_model(SPEC_BY_NAME["llama"])
     head = load_draft_head(head_dir, "eagle", config)
