@@ -331,6 +331,8 @@ class EngineCore:
         While a batch drains, requests finish every step and the interval carries their host work (final
         outputs, freed blocks) and a batch that changes shape; those steps would make whichever k they ran
         at look dear."""
+        if self.draft_policy is None:
+            return
         now = time.perf_counter()
         last, self._last_output_time = self._last_output_time, now
         rows = len(output.scheduled_request_ids)
@@ -339,7 +341,7 @@ class EngineCore:
             n == 1 + d for n, d in zip(output.num_scheduled_tokens, output.num_draft_tokens))
         k = max(output.num_draft_tokens) if uniform else -1
         last_k, self._last_output_k = self._last_output_k, k
-        if self.draft_policy is None or last is None or rows != last_rows or self._last_output_finished:
+        if last is None or rows != last_rows or self._last_output_finished:
             return
         # A pure decode step that verified k drafts on every row, proposed k for the next step, and came after a
         # step that verified k too (the interval holds the host's processing of that step's output): the cost

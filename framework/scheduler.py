@@ -196,7 +196,8 @@ class Scheduler:
             )
             budget -= n
 
-        self._uniform_drafts(rows, drafts)
+        if self.draft_policy is not None:
+            self._uniform_drafts(rows, drafts)
         # k: drafts the speculator proposes after this step for every row that samples (verified next step).
         num_propose = (self.draft_policy.choose([r.request_id for r in self.running])
                        if self.draft_policy is not None else 0)

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 
-def _ints(values: Sequence[int]) -> np.ndarray:
+def as_int_array(values: Sequence[int]) -> np.ndarray:
     """[n] int64 (an array as it is): observations are converted once, when they arrive, so folding a batch of
     them is array work, not Python iteration over every row of every step."""
     if isinstance(values, np.ndarray):
@@ -67,7 +67,7 @@ class AcceptanceTracker:
 
     def observe(self, num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
         if len(num_draft):
-            self._pending.append((self._ticks, _ints(num_draft), _ints(num_accepted)))
+            self._pending.append((self._ticks, as_int_array(num_draft), as_int_array(num_accepted)))
 
     def fold(self) -> None:
         """Apply the queued ticks and observations to the counts."""
@@ -119,7 +119,7 @@ class RequestAcceptance:
     def observe(self, request_ids: Sequence[str], num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
         """One step's verification of each listed request (each request at most once per step)."""
         if request_ids:
-            self._pending.append((request_ids, _ints(num_draft), _ints(num_accepted)))
+            self._pending.append((request_ids, as_int_array(num_draft), as_int_array(num_accepted)))
 
     def fold(self) -> None:
         """Add the queued observations to the counts (each observed row decays once per observation first)."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from speculators.acceptance import AcceptanceTracker, RequestAcceptance, _ints
+from speculators.acceptance import AcceptanceTracker, RequestAcceptance, as_int_array
 from speculators.interface import Proposal, ProposeInputs, Speculator
 from speculators.policy import DraftLengthPolicy
 from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, step_costs
@@ -149,8 +149,8 @@ class DynamicK(DraftLengthPolicy):
         if self._explore_left:  # an exploration holds its k (see EXPLORE_STEPS)
             self._explore_left -= 1
             return self._explore_k, "explore"
-        # Decide every DECIDE_EVERY steps, and at once when the batch changes bucket: the decision costs
-        # tens of microseconds of host time (more at large batches), against a step of one or a few ms.
+        # Decide at once when the batch changes bucket, then every DECIDE_EVERY steps while settling and every
+        # DECIDE_EVERY_STEADY steps after: a decision costs 0.1-1 ms of host time, against steps of 1-8 ms.
         bucket = batch_bucket(len(request_ids))
         if bucket != self._bucket:
             self._settle_until = self._steps + SETTLE
@@ -189,7 +189,7 @@ class DynamicK(DraftLengthPolicy):
 
     def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],
                            num_accepted: Sequence[int]) -> None:
-        drafts, accepted = _ints(num_draft), _ints(num_accepted)  # converted once for both trackers
+        drafts, accepted = as_int_array(num_draft), as_int_array(num_accepted)  # converted once for both trackers
         self.acceptance.observe(drafts, accepted)
         self.requests.observe(request_ids, drafts, accepted)
 
