@@ -29,14 +29,28 @@ def as_int_array(values: Sequence[int]) -> np.ndarray:
     return np.fromiter(values, dtype=np.int64, count=len(values))
 
 
-def _attempt_masks(max_k: int, num_draft: Sequence[int], num_accepted: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """([rows, max_k] attempted, [rows, max_k] accepted): position j was attempted when the row had a draft j
-    and drafts 0..j-1 were accepted; it was accepted when it was attempted and j < num_accepted."""
-    d = np.asarray(num_draft, dtype=np.int64)
-    a = np.asarray(num_accepted, dtype=np.int64)
+def _attempt_counts(max_k: int, num_draft: np.ndarray, num_accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([..., max_k] attempted, [..., max_k] accepted) as 0/1 for drafts and accepted counts of any shape [...]:
+    position j was attempted when the row had a draft j and drafts 0..j-1 were accepted; it was accepted when
+    it was attempted and j < num_accepted (<= num_draft)."""
     j = np.arange(max_k)
-    attempted = j[None, :] < np.minimum(d, a + 1)[:, None]
-    return attempted, attempted & (j[None, :] < a[:, None])
+    attempted = (j < np.minimum(num_draft, num_accepted + 1)[..., None]).astype(np.float64)
+    accepted = (j < np.minimum(num_draft, num_accepted)[..., None]).astype(np.float64)
+    return attempted, accepted
+
+
+def _runs(items: list, key) -> list[list]:  # type: ignore[no-untyped-def]
+    """`items` cut into runs of consecutive items with equal `key` (compared by identity first)."""
+    runs: list[list] = []
+    last = None
+    for item in items:
+        k = key(item)
+        if runs and (k is last or k == last):
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+            last = k
+    return runs
 
 
 def expected_tokens_from_rates(rates: np.ndarray) -> np.ndarray:
@@ -75,12 +89,13 @@ class AcceptanceTracker:
         self._ticks, self._pending = 0, []
         self.accepted *= self.decay ** n
         self.attempted *= self.decay ** n
-        if pending:
-            weights = np.repeat([self.decay ** (n - t) for t, _, _ in pending], [len(d) for _, d, _ in pending])
-            attempted, accepted = _attempt_masks(len(self.attempted), np.concatenate([d for _, d, _ in pending]),
-                                                 np.concatenate([a for _, _, a in pending]))
-            self.attempted += weights @ attempted
-            self.accepted += weights @ accepted
+        max_k = len(self.attempted)
+        for run in _runs(pending, key=lambda obs: len(obs[1])):  # steps with as many rows: stacked
+            weights = np.array([self.decay ** (n - t) for t, _, _ in run])
+            attempted, accepted = _attempt_counts(max_k, np.stack([d for _, d, _ in run]),
+                                                  np.stack([a for _, _, a in run]))
+            self.attempted += weights @ attempted.sum(axis=1)  # [m] @ [m, max_k]
+            self.accepted += weights @ accepted.sum(axis=1)
 
     def rates(self) -> np.ndarray:
         """[max_k] the a_j."""
@@ -94,7 +109,8 @@ class AcceptanceTracker:
 
 class RequestAcceptance:
     """Per-request decayed acceptance counts; a request's rates lean on the batch-wide ones until it has
-    `prior_weight` observations of a position. A request's counts decay by `decay` per observation of it.
+    `prior_weight` observations of a position. A request's counts decay by `decay` per observation of it
+    (folding a batch of observations at once gives the same counts as folding after each).
 
     Observations are queued and folded into the counts in one batch of array operations when the counts are
     read (`expected_tokens`), so a policy that decides every few steps pays for the bookkeeping once per
@@ -126,21 +142,16 @@ class RequestAcceptance:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        rows = np.concatenate([self._rows_of(obs[0]) for obs in pending])
-        attempted, accepted = _attempt_masks(self.max_k, np.concatenate([obs[1] for obs in pending]),
-                                             np.concatenate([obs[2] for obs in pending]))
-        size = len(self.accepted)
-        times = np.bincount(rows, minlength=size)
-        touched = np.flatnonzero(times)
-        decay = (self.decay ** times[touched])[:, None]
-        self.attempted[touched] *= decay
-        self.accepted[touched] *= decay
-        # Per-(row, position) sums of the window: one bincount each (np.add.at is much slower).
-        cells = (rows[:, None] * self.max_k + np.arange(self.max_k)).ravel()
-        shape = (size, self.max_k)
-        self.attempted += np.bincount(cells, weights=attempted.ravel(), minlength=size * self.max_k).reshape(shape)
-        self.accepted += np.bincount(cells, weights=accepted.ravel(),
-                                     minlength=size * self.max_k).reshape(shape)
+        # A decoding batch is the same requests step after step: each run of m steps with the same requests is
+        # stacked ([m, rows]) and added at once, with the weights that decaying after every step would give.
+        for run in _runs(pending, key=lambda obs: obs[0]):
+            rows = self._rows_of(run[0][0])  # each request once per step: no repeated row
+            attempted, accepted = _attempt_counts(self.max_k, np.stack([obs[1] for obs in run]),
+                                                  np.stack([obs[2] for obs in run]))
+            m = len(run)
+            weights = self.decay ** np.arange(m - 1, -1, -1.0)  # [m]: the last observation weighs 1
+            self.attempted[rows] = self.attempted[rows] * self.decay ** m + np.einsum("m,mrk->rk", weights, attempted)
+            self.accepted[rows] = self.accepted[rows] * self.decay ** m + np.einsum("m,mrk->rk", weights, accepted)
 
     def remove(self, request_id: str) -> None:
         """The request ended: its row is reused by the next new request."""

@@ -277,3 +277,31 @@ def test_the_k_in_use_is_kept_unless_another_is_clearly_better():
     assert policy.best_k(["a"], current=2) == 2 and policy.best_k(["a"]) == 1
     policy.cost_model = Table([0.9, 1.0, 1.5 * (1 + 3 * MARGIN)])  # k = 1 beats k = 2 by > MARGIN
     assert policy.best_k(["a"], current=2) == 1
+
+
+def test_folding_a_batch_of_observations_equals_folding_each():
+    """Observations are folded in batches (runs of steps with the same requests stacked): the counts are those
+    of folding after every observation, also when the batch changes within the window."""
+    rng = np.random.default_rng(3)
+    batched, each = RequestAcceptance(4, decay=0.9), RequestAcceptance(4, decay=0.9)
+    batch_a, batch_b = _ids(6), _ids(6)[2:] + ["late"]
+    for step in range(20):
+        ids = tuple(batch_a if step < 12 else batch_b)
+        drafts = rng.integers(0, 5, len(ids))
+        accepted = np.minimum(rng.integers(0, 5, len(ids)), drafts)
+        for tracker in (batched, each):
+            tracker.observe(ids, drafts, accepted)
+        each.fold()
+    batched.fold()
+    for r in set(batch_a) | set(batch_b):
+        assert batched.attempted[batched._row[r]] == pytest.approx(each.attempted[each._row[r]])
+        assert batched.accepted[batched._row[r]] == pytest.approx(each.accepted[each._row[r]])
+    tracker_batched, tracker_each = AcceptanceTracker(4, 0.9, 0.5), AcceptanceTracker(4, 0.9, 0.5)
+    for step in range(10):
+        drafts = rng.integers(0, 5, 6 if step < 5 else 3)
+        accepted = np.minimum(rng.integers(0, 5, len(drafts)), drafts)
+        for tracker in (tracker_batched, tracker_each):
+            tracker.tick()
+            tracker.observe(drafts, accepted)
+        tracker_each.fold()
+    assert tracker_batched.rates() == pytest.approx(tracker_each.rates())
