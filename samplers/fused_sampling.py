@@ -84,7 +84,7 @@ PLAN_MAXNREG: Optional[int] = 128  # a register cap for the plan kernel (None: t
 # Candidates per side of the resolve's pairwise tiles (rows with at most this many: one tile). H200, 256 x 151,936,
 # k = 50: pipeline 119 / 115 us (peaked / flat) with 32, 150 / 145 with 64 (a 64 x 64 tile of int64 masses
 # overflows the registers of a 4-warp program).
-PLAN_TILE = 32
+RESOLVE_TILE = 32
 RESOLVE_WARPS = 8  # the resolve kernel samples gather rows from their candidates: small programs, one wave
 
 
@@ -407,7 +407,7 @@ def sample_fused_triton(
         ws.row_max, ws.row_sum, ws.cutoff, ws.cand_value, ws.cand_token, ws.part_best, ws.part_token, ws.part_bad,
         flags, sampled, errors, num_chunks, vocab_size, SANITIZE=sanitize, HAS_FLAGS=nonfinite is not None,
         NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CHUNKS=max_chunks, BLOCK=block, CAP=CAP,
-        TILE_I=PLAN_TILE, TILE_J=PLAN_TILE, num_warps=RESOLVE_WARPS,
+        TILE_I=RESOLVE_TILE, TILE_J=RESOLVE_TILE, num_warps=RESOLVE_WARPS,
     )
     return FusedSample(sampled, errors)
 

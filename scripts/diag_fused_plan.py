@@ -11,7 +11,7 @@ plans, the whole pipeline too. Configurations (module constants of `samplers.fus
 * `stop1..3`: the plan ended after loading the group maxima / the cutoff / the chosen groups (each adds one
   small reduction or store to keep the step's work): differences with `base` give each step's time;
 * `sample kernel`: the pipeline with the (idle) sample kernel launched, as for a batch with direct rows;
-* `tileN`: PLAN_TILE (the resolve's pairwise tiles); `resolve wN`: RESOLVE_WARPS;
+* `tileN`: RESOLVE_TILE (the resolve's pairwise tiles); `resolve wN`: RESOLVE_WARPS;
 * `stats wN`: STATS_WARPS; `programs N`: TARGET_PROGRAMS (the first pass's chunking);
 * `nregN`, `no nreg cap`, `w16 nreg64`, `w4 nreg255`: PLAN_WARPS / PLAN_MAXNREG (how many plans share an SM);
 * `radix`, `split`, `guess`: the cutoff searches of `samplers.fused_cutoff`; `keys`: PLAN_KEYS_ONLY;
@@ -99,7 +99,7 @@ QUICK = ["base", "stop1", "stop2", "stop3", "sample kernel", "tile16", "resolve 
 def configure(v: Variant) -> None:
     fused.GROUP, fused.CAP, fused.PLAN_WARPS = v.group, v.cap, v.warps
     fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG = v.cutoff, v.keys_only, v.maxnreg
-    fused.RESOLVE_WARPS, fused.PLAN_TILE = v.resolve_warps, v.tile
+    fused.RESOLVE_WARPS, fused.RESOLVE_TILE = v.resolve_warps, v.tile
     fused.STATS_WARPS, fused.TARGET_PROGRAMS = v.stats_warps, v.programs
 
 
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'fit':>7} {'exact':>7} {'regs':>4} {'spill':>5} {'smem':>6} {'prog/SM':>7}")
     print(head)
     saved = (fused.GROUP, fused.CAP, fused.PLAN_WARPS, fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG,
-             fused.RESOLVE_WARPS, fused.PLAN_TILE, fused.STATS_WARPS, fused.TARGET_PROGRAMS)
+             fused.RESOLVE_WARPS, fused.RESOLVE_TILE, fused.STATS_WARPS, fused.TARGET_PROGRAMS)
     results = []
     started = time.time()
     for v in chosen:
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(_row(r, rows, read_us), flush=True)
     (fused.GROUP, fused.CAP, fused.PLAN_WARPS, fused.PLAN_CUTOFF, fused.PLAN_KEYS_ONLY, fused.PLAN_MAXNREG,
-     fused.RESOLVE_WARPS, fused.PLAN_TILE, fused.STATS_WARPS, fused.TARGET_PROGRAMS) = saved
+     fused.RESOLVE_WARPS, fused.RESOLVE_TILE, fused.STATS_WARPS, fused.TARGET_PROGRAMS) = saved
     print(f"# {len(chosen)} variants in {time.time() - started:.0f} s; exact = rows equal to the reference (of "
           f"{rows} per kind), fit = rows whose candidates fit the buffer (peaked/flat)", file=sys.stderr)
     # A row whose top-p mass lies within float rounding of p * Z may differ from the reference in every

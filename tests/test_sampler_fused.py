@@ -131,7 +131,7 @@ def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, ca
     """Every plan configuration the diagnostics script offers samples the reference's tokens: candidate rows,
     overflowing ones (k = 200 > CAP / GROUP groups) and the exact path."""
     for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap),
-                        ("PLAN_TILE", tile)):
+                        ("RESOLVE_TILE", tile)):
         monkeypatch.setattr(samplers.fused_sampling, name, value)
     vocab, rows = 300, 24
     params = _params(vocab)
@@ -148,7 +148,7 @@ def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, cutoff, k
     groups (3: their number) and whole (it ends with the candidates): the chosen groups are those with a max
     >= c, the candidates every finite token with x >= c and nothing else, and c keeps k tokens for top-k."""
     for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap),
-                        ("PLAN_TILE", tile)):
+                        ("RESOLVE_TILE", tile)):
         monkeypatch.setattr(samplers.fused_sampling, name, value)
     vocab, rows = 300, 8
     params = _params(vocab)

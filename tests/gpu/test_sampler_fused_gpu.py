@@ -114,9 +114,9 @@ def test_all_gather_rows_match_the_reference(kind):
 # Plan configurations scripts/diag_fused_plan.py times (module constants of samplers.fused_sampling).
 PLAN_CONFIGS = {
     "guess+keys g32 nreg64": dict(PLAN_CUTOFF="guess", PLAN_KEYS_ONLY=True, GROUP=32, CAP=2048, PLAN_MAXNREG=64),
-    "g16 resolve w8 tile32": dict(GROUP=16, CAP=1024, RESOLVE_WARPS=8, PLAN_TILE=32),
+    "g16 resolve w8 tile32": dict(GROUP=16, CAP=1024, RESOLVE_WARPS=8, RESOLVE_TILE=32),
     "w16 r4 s4 p2048 tile64": dict(PLAN_WARPS=16, PLAN_MAXNREG=None, RESOLVE_WARPS=4, STATS_WARPS=4,
-                                   TARGET_PROGRAMS=2048, PLAN_TILE=64),
+                                   TARGET_PROGRAMS=2048, RESOLVE_TILE=64),
     "guess+keys g32 w8": dict(PLAN_CUTOFF="guess", PLAN_KEYS_ONLY=True, GROUP=32, CAP=2048, PLAN_WARPS=8),
     "split g64": dict(PLAN_CUTOFF="split", GROUP=64, CAP=4096),
     "radix": dict(PLAN_CUTOFF="radix"),
