@@ -308,11 +308,10 @@ class Scheduler:
         return finished
 
     def _record_acceptance(self, verified: list[tuple[str, int, int]]) -> None:
+        ids, drafts, accepted = zip(*verified)
         if self.spec_metrics is not None:
-            for _, num_draft, num_accepted in verified:
-                self.spec_metrics.record(num_draft, num_accepted)
+            self.spec_metrics.record_step(drafts, accepted)
         if self.draft_policy is not None:
-            ids, drafts, accepted = zip(*verified)
             self.draft_policy.observe_acceptance(ids, drafts, accepted)
 
     def check_invariants(self) -> None:

@@ -122,8 +122,8 @@ def test_greedy_oracle_exercises_every_acceptance_length(checkpoint, baseline, o
     llm = _llm(checkpoint, speculative_config={"method": "oracle-test", "num_speculative_tokens": K},
                async_scheduling=async_scheduling, **SCENARIOS["chunked_preempt"])
     seen: list[tuple[int, int]] = []
-    record = llm.engine.spec_metrics.record
-    llm.engine.spec_metrics.record = lambda d, a: (seen.append((d, a)), record(d, a))  # type: ignore[method-assign]
+    record = llm.engine.spec_metrics.record_step
+    llm.engine.spec_metrics.record_step = lambda d, a: (seen.extend(zip(d, a)), record(d, a))  # type: ignore
     assert _generate(llm, GREEDY) == baseline
     assert {a for d, a in seen if d == K} == set(range(K + 1))  # rejected at 0, 1, 2, and all accepted
     metrics = llm.get_metrics()["spec_decode"]

@@ -144,8 +144,8 @@ def oracle() -> Iterator[type[_Oracle]]:
 
 def _record_acceptance(llm: LLM) -> list[tuple[int, int]]:
     seen: list[tuple[int, int]] = []
-    record = llm.engine.spec_metrics.record
-    llm.engine.spec_metrics.record = lambda d, a: (seen.append((d, a)), record(d, a))  # type: ignore[method-assign]
+    record = llm.engine.spec_metrics.record_step
+    llm.engine.spec_metrics.record_step = lambda d, a: (seen.extend(zip(d, a)), record(d, a))  # type: ignore
     return seen
 
 

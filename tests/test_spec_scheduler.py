@@ -159,3 +159,18 @@ def test_decode_rows_with_different_drafts_verify_the_fewest():
     out = s.schedule()
     assert out.num_draft_tokens == [2, 1, 0] and out.num_scheduled_tokens == [3, 2, 5]
     s.check_invariants()
+
+
+def test_metrics_of_a_step_equal_per_row_records():
+    """`record_step` counts rows with equal (drafts, accepted) together: the same numbers as a record per row,
+    rows without drafts ignored."""
+    import random
+
+    rng = random.Random(0)
+    drafts = [rng.choice([0, 2, 3]) for _ in range(200)]
+    accepted = [rng.randint(0, d) for d in drafts]
+    per_row, per_step = SpecDecodeMetrics(), SpecDecodeMetrics()
+    for d, a in zip(drafts, accepted):
+        per_row.record(d, a)
+    per_step.record_step(drafts, accepted)
+    assert per_step.as_dict() == per_row.as_dict() and per_step.num_drafts == sum(d > 0 for d in drafts)
