@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                 result, plan, compiled, ws = record_plan(x, idx, positions, params, v.stop_after, v.all_gather)
                 r[f"plan_{kind}_us"] = time_ms(plan) * 1e3
                 if v.stop_after == 0:
-                    r[f"settled_{kind}"] = int((ws.count <= v.cap).sum())
+                    r[f"fit_{kind}"] = int((ws.count <= v.cap).sum())
                     r[f"exact_{kind}"] = int((result.sampled == expected[kind]).sum())
                     r[f"pipeline_{kind}_us"] = time_ms(lambda: sample_fused_triton(
                         x, idx, positions, params, all_gather=v.all_gather)) * 1e3
@@ -252,12 +252,12 @@ def _row(r: dict, rows: int, read_us: float) -> str:
     def num(value, width, fmt=".1f"):
         return f"{'-':>{width}}" if value is None else f"{value:>{width}{fmt}}"
 
-    settled = exact = "-"
-    if "settled_peaked" in r:
-        settled = f"{r['settled_peaked']}/{r['settled_flat']}"
+    fit = exact = "-"
+    if "fit_peaked" in r:
+        fit = f"{r['fit_peaked']}/{r['fit_flat']}"
         exact = f"{r['exact_peaked']}/{r['exact_flat']}"
     return (f"{r['name']:>28} {num(r.get('plan_peaked_us'), 11)} {num(r.get('plan_flat_us'), 9)} "
-            f"{num(pipe[0], 11)} {num(pipe[1], 9)} {num(ratio, 6, '.2f')} {settled:>7} {exact:>7} "
+            f"{num(pipe[0], 11)} {num(pipe[1], 9)} {num(ratio, 6, '.2f')} {fit:>7} {exact:>7} "
             f"{r.get('regs', 0):>4} {r.get('spills', 0):>5} {r.get('shared', 0):>6} {r.get('per_sm', 0):>7}")
 
 
