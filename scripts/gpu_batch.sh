@@ -50,6 +50,8 @@ for j in "$@"; do
     spec-quick) job $j 160 python3 scripts/bench_spec.py --repeats 2 --out "$res/spec" ;;
     spec-greedy) job $j 120 python3 scripts/bench_spec.py --repeats 2 --workloads greedy-repeat --batch-sizes 64 256 --out "$res/spec_greedy" ;;
     diag_plan) job $j 110 python3 scripts/diag_fused_plan.py --quick --out "$res/diag_plan" ;;
+    diag_dk) job $j 150 python3 scripts/diag_dynamic_k.py --out "$res/diag_dk" ;;
+    diag_dk_blas1) OPENBLAS_NUM_THREADS=1 job $j 150 python3 scripts/diag_dynamic_k.py --out "$res/diag_dk_blas1" ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac

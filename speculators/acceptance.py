@@ -10,61 +10,110 @@ drafts then yields on average `E(k) = 1 + sum_{j=1..k} prod_{i<j} a_i` tokens.
   most drafts, a creative one almost none), so a batch's expected tokens are the mean of its requests'; when
   the low-acceptance requests of a mixed batch finish, the estimate moves at once instead of decaying.
 
-Counts are numpy arrays indexed by a row per request, so a step of B rows costs a few array operations, not
-B * K Python iterations; per-request observations are folded in batches (see `RequestAcceptance`).
+The policy's host time is on the step path, so a step only queues its observation as it came (a list
+append); `stack_runs` turns the queue into arrays when the policy next decides: each run of consecutive steps
+with the same requests becomes one [steps, rows] array, counted with a few array operations (`run_counts`)
+and added to both trackers (`add_runs`): the same counts as adding step by step.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
 
-def as_int_array(values: Sequence[int]) -> np.ndarray:
-    """[n] int64 (an array as it is): observations are converted once, when they arrive, so folding a batch of
-    them is array work, not Python iteration over every row of every step."""
-    if isinstance(values, np.ndarray):
-        return values
-    return np.fromiter(values, dtype=np.int64, count=len(values))
+class ObservedRun(NamedTuple):
+    """Consecutive steps that verified drafts for the same requests, in the same order."""
+
+    steps: np.ndarray  # [m] int64: the step of each observation
+    request_ids: Sequence[str]  # [r]
+    drafts: np.ndarray  # [m, r] int64: drafts each row verified
+    accepted: np.ndarray  # [m, r] int64: leading drafts accepted
 
 
-def _attempt_counts(max_k: int, num_draft: np.ndarray, num_accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """([..., max_k] attempted, [..., max_k] accepted) as 0/1 for drafts and accepted counts of any shape [...]:
-    position j was attempted when the row had a draft j and drafts 0..j-1 were accepted; it was accepted when
-    it was attempted and j < num_accepted (<= num_draft)."""
-    j = np.arange(max_k)
-    attempted = (j < np.minimum(num_draft, num_accepted + 1)[..., None]).astype(np.float64)
-    accepted = (j < np.minimum(num_draft, num_accepted)[..., None]).astype(np.float64)
-    return attempted, accepted
+class Removal(NamedTuple):
+    """A request ended between two observations: its row is freed at this point of the queue."""
+
+    request_id: str
 
 
-def _runs(items: list, key) -> list[list]:  # type: ignore[no-untyped-def]
-    """`items` cut into runs of consecutive items with equal `key` (compared by identity first)."""
-    runs: list[list] = []
-    last = None
-    for item in items:
-        k = key(item)
-        if runs and (k is last or k == last):
-            runs[-1].append(item)
+Queued = Union[tuple[int, Sequence[str], Sequence[int], Sequence[int]], Removal]  # (step, ids, drafts, accepted)
+
+
+def stack_runs(queue: Sequence[Queued]) -> list[Union[ObservedRun, Removal]]:
+    """The queue in order, observations of the same requests at consecutive steps stacked into one
+    `ObservedRun` (within a run, decaying once per step and once per observation weigh alike)."""
+    out: list[Union[ObservedRun, Removal]] = []
+    run: list[tuple[int, Sequence[str], Sequence[int], Sequence[int]]] = []
+
+    def flush() -> None:
+        if run:
+            out.append(ObservedRun(np.array([obs[0] for obs in run], dtype=np.int64), run[0][1],
+                                   np.array([obs[2] for obs in run], dtype=np.int64).reshape(len(run), -1),
+                                   np.array([obs[3] for obs in run], dtype=np.int64).reshape(len(run), -1)))
+            run.clear()
+
+    for item in queue:
+        if isinstance(item, Removal):
+            flush()
+            out.append(item)
+        elif not len(item[1]):
+            continue
         else:
-            runs.append([item])
-            last = k
-    return runs
+            if run and (item[0] != run[-1][0] + 1 or not (item[1] is run[0][1] or item[1] == run[0][1])):
+                flush()
+            run.append(item)
+    flush()
+    return out
+
+
+def _position_counts(max_k: int, num_draft: np.ndarray, num_accepted: np.ndarray,
+                     weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([r, max_k] attempted, [r, max_k] accepted): the weighted counts of [m, r] observations of r rows.
+
+    Position j was attempted when the row had a draft j and drafts 0..j-1 were accepted
+    (j < min(drafts, accepted + 1)); it was accepted when j < min(drafts, accepted). `weights` [m] weighs each
+    step's observations: the counts are one matrix product per kind, [m] @ [m, r * max_k]."""
+    m, r = num_draft.shape
+    j = np.arange(max_k)
+    attempted = np.minimum(num_draft, num_accepted + 1)[:, :, None] > j  # [m, r, max_k]
+    accepted = np.minimum(num_draft, num_accepted)[:, :, None] > j
+    return (weights @ attempted.reshape(m, -1)).reshape(r, max_k), (weights @ accepted.reshape(m, -1)).reshape(r, max_k)
+
+
+def run_counts(run: ObservedRun, max_k: int, decay: float) -> tuple[np.ndarray, np.ndarray]:
+    """([r, max_k] attempted, [r, max_k] accepted) of a run's rows, each observation weighing
+    `decay ** (steps after it in the run)`: the counts decaying after every step would give."""
+    weights = decay ** np.arange(len(run.steps) - 1, -1, -1.0)  # [m]: the last observation weighs 1
+    return _position_counts(max_k, run.drafts, run.accepted, weights)
+
+
+def add_runs(runs: Sequence[Union[ObservedRun, Removal]], requests: "RequestAcceptance",
+             batch: "AcceptanceTracker") -> None:
+    """Add `stack_runs`'s output, in order, to the per-request and the batch-wide counts. A run's counts are
+    computed once: the batch-wide ones are their sum over rows (both decay once per step within a run)."""
+    for run in runs:
+        if isinstance(run, Removal):
+            requests.remove(run.request_id)
+            continue
+        attempted, accepted = run_counts(run, requests.max_k, requests.decay)
+        requests.add_counts(run.request_ids, attempted, accepted, len(run.steps))
+        batch.add_counts(int(run.steps[-1]), attempted.sum(axis=0), accepted.sum(axis=0))
 
 
 def expected_tokens_from_rates(rates: np.ndarray) -> np.ndarray:
-    """[..., K + 1] E(0..K) from [..., K] conditional acceptance rates."""
-    reach = np.cumprod(rates, axis=-1)
-    zero = np.zeros(rates.shape[:-1] + (1,))
-    return 1.0 + np.concatenate([zero, np.cumsum(reach, axis=-1)], axis=-1)
+    """[K + 1] E(0..K) from [K] conditional acceptance rates; from [r, K] rates, the mean over the r rows."""
+    reach = np.cumprod(rates, axis=-1)  # [.., K]: probability that drafts 0..j are all accepted
+    if reach.ndim == 2:
+        reach = reach.mean(axis=0)  # E is linear in reach: the mean of the rows' E is E of the mean reach
+    return np.concatenate(([1.0], 1.0 + np.cumsum(reach)))
 
 
 class AcceptanceTracker:
     """Batch-wide conditional acceptance a_j as decayed counts, pulled towards `prior` by one pseudo-count.
 
-    `tick` and `observe` only queue (host time per step matters); the counts are brought up to date, with the
-    same result as decaying and adding step by step, when they are read.
+    Counts decay by `decay` per step: an observation made at step s weighs `decay ** (now - s)` at step now.
     """
 
     def __init__(self, max_k: int, decay: float, prior: float) -> None:
@@ -72,34 +121,31 @@ class AcceptanceTracker:
         self.prior = prior
         self.accepted = np.zeros(max_k)
         self.attempted = np.zeros(max_k)
-        self._ticks = 0  # steps since the last fold
-        self._pending: list[tuple[int, Sequence[int], Sequence[int]]] = []  # (tick, drafts, accepted)
+        self._step = 0  # the step the counts are decayed to
 
-    def tick(self) -> None:
-        """One step passed: older observations weigh less."""
-        self._ticks += 1
+    def _decay_to(self, now: int) -> None:
+        if now > self._step:
+            factor = self.decay ** (now - self._step)
+            self.accepted *= factor
+            self.attempted *= factor
+            self._step = now
 
-    def observe(self, num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
-        if len(num_draft):
-            self._pending.append((self._ticks, as_int_array(num_draft), as_int_array(num_accepted)))
+    def add_counts(self, step: int, attempted: np.ndarray, accepted: np.ndarray) -> None:
+        """Add [max_k] counts weighed as of step `step` (they decay from then on)."""
+        self._decay_to(step)
+        self.attempted += attempted
+        self.accepted += accepted
 
-    def fold(self) -> None:
-        """Apply the queued ticks and observations to the counts."""
-        n, pending = self._ticks, self._pending
-        self._ticks, self._pending = 0, []
-        self.accepted *= self.decay ** n
-        self.attempted *= self.decay ** n
-        max_k = len(self.attempted)
-        for run in _runs(pending, key=lambda obs: len(obs[1])):  # steps with as many rows: stacked
-            weights = np.array([self.decay ** (n - t) for t, _, _ in run])
-            attempted, accepted = _attempt_counts(max_k, np.stack([d for _, d, _ in run]),
-                                                  np.stack([a for _, _, a in run]))
-            self.attempted += weights @ attempted.sum(axis=1)  # [m] @ [m, max_k]
-            self.accepted += weights @ accepted.sum(axis=1)
+    def observe(self, step: int, num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
+        """One step's rows (each verified `num_draft` drafts and accepted `num_accepted`)."""
+        run = stack_runs([(step, range(len(num_draft)), num_draft, num_accepted)])
+        if run:
+            attempted, accepted = run_counts(run[0], len(self.attempted), self.decay)  # type: ignore[arg-type]
+            self.add_counts(step, attempted.sum(axis=0), accepted.sum(axis=0))
 
-    def rates(self) -> np.ndarray:
-        """[max_k] the a_j."""
-        self.fold()
+    def rates(self, now: Optional[int] = None) -> np.ndarray:
+        """[max_k] the a_j at step `now` (default: the last step observed)."""
+        self._decay_to(self._step if now is None else now)
         return (self.accepted + self.prior) / (self.attempted + 1.0)
 
     def expected_tokens(self, k: int) -> float:
@@ -109,12 +155,10 @@ class AcceptanceTracker:
 
 class RequestAcceptance:
     """Per-request decayed acceptance counts; a request's rates lean on the batch-wide ones until it has
-    `prior_weight` observations of a position. A request's counts decay by `decay` per observation of it
-    (folding a batch of observations at once gives the same counts as folding after each).
+    `prior_weight` observations of a position. A request's counts decay by `decay` per observation of it.
 
-    Observations are queued and folded into the counts in one batch of array operations when the counts are
-    read (`expected_tokens`), so a policy that decides every few steps pays for the bookkeeping once per
-    decision, not once per step.
+    `add_runs` adds a queue of observations in bulk: a run of m steps with the same requests at once, with the
+    weights that decaying after each step would give.
     """
 
     def __init__(self, max_k: int, decay: float, prior_weight: float = 2.0) -> None:
@@ -123,39 +167,31 @@ class RequestAcceptance:
         self.prior_weight = prior_weight
         self._row: dict[str, int] = {}
         self._free: list[int] = []
-        self._pending: list[tuple[Sequence[str], Sequence[int], Sequence[int]]] = []
         self.accepted = np.zeros((0, max_k))
         self.attempted = np.zeros((0, max_k))
         self._cached: Optional[tuple[tuple[str, ...], np.ndarray]] = None  # see _rows_of
 
     def __len__(self) -> int:
-        self.fold()
         return len(self._row)
+
+    def add_counts(self, request_ids: Sequence[str], attempted: np.ndarray, accepted: np.ndarray,
+                   num_observations: int) -> None:
+        """Add [r, max_k] counts of these requests, made over `num_observations` observations of each (their
+        earlier counts decay that many times)."""
+        rows = self._rows_of(request_ids)  # each request once per step: no repeated row
+        factor = self.decay ** num_observations
+        self.attempted[rows] = self.attempted[rows] * factor + attempted
+        self.accepted[rows] = self.accepted[rows] * factor + accepted
 
     def observe(self, request_ids: Sequence[str], num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
         """One step's verification of each listed request (each request at most once per step)."""
-        if request_ids:
-            self._pending.append((request_ids, as_int_array(num_draft), as_int_array(num_accepted)))
-
-    def fold(self) -> None:
-        """Add the queued observations to the counts (each observed row decays once per observation first)."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        # A decoding batch is the same requests step after step: each run of m steps with the same requests is
-        # stacked ([m, rows]) and added at once, with the weights that decaying after every step would give.
-        for run in _runs(pending, key=lambda obs: obs[0]):
-            rows = self._rows_of(run[0][0])  # each request once per step: no repeated row
-            attempted, accepted = _attempt_counts(self.max_k, np.stack([obs[1] for obs in run]),
-                                                  np.stack([obs[2] for obs in run]))
-            m = len(run)
-            weights = self.decay ** np.arange(m - 1, -1, -1.0)  # [m]: the last observation weighs 1
-            self.attempted[rows] = self.attempted[rows] * self.decay ** m + np.einsum("m,mrk->rk", weights, attempted)
-            self.accepted[rows] = self.accepted[rows] * self.decay ** m + np.einsum("m,mrk->rk", weights, accepted)
+        run = stack_runs([(0, request_ids, num_draft, num_accepted)])
+        if run:
+            attempted, accepted = run_counts(run[0], self.max_k, self.decay)  # type: ignore[arg-type]
+            self.add_counts(request_ids, attempted, accepted, 1)
 
     def remove(self, request_id: str) -> None:
         """The request ended: its row is reused by the next new request."""
-        self.fold()
         row = self._row.pop(request_id, None)
         if row is not None:
             self._cached = None  # the row may go to another request
@@ -165,13 +201,12 @@ class RequestAcceptance:
 
     def expected_tokens(self, request_ids: Sequence[str], prior_rates: np.ndarray) -> np.ndarray:
         """[max_k + 1] mean E(0..K) over the listed requests (unseen ones at the prior rates)."""
-        self.fold()
         if not request_ids:
             return expected_tokens_from_rates(prior_rates)
         rows = self._rows_of(request_ids)  # unseen requests get a row too: zero counts, the prior rates
         w = self.prior_weight
         rates = (self.accepted[rows] + w * prior_rates) / (self.attempted[rows] + w)
-        return expected_tokens_from_rates(rates).mean(axis=0)
+        return expected_tokens_from_rates(rates)
 
     def _rows_of(self, request_ids: Sequence[str]) -> np.ndarray:
         """[n] int64 rows of these requests (new ones get a row). The last answer is cached: a decoding batch

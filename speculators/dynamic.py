@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from speculators.acceptance import AcceptanceTracker, RequestAcceptance, as_int_array
+from speculators.acceptance import AcceptanceTracker, Queued, Removal, RequestAcceptance, add_runs, stack_runs
 from speculators.interface import Proposal, ProposeInputs, Speculator
 from speculators.policy import DraftLengthPolicy
 from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, step_costs
@@ -40,16 +40,22 @@ if TYPE_CHECKING:
     from framework.scheduler_output import NewRequestData
 
 MARGIN = 0.03  # a larger k must beat a smaller one by 3% in expected tokens/s: no flapping on noise
-# Steps between two decisions at the same batch-size bucket: DECIDE_EVERY while the batch has just changed bucket
-# or an exploration has just ended (for SETTLE steps), DECIDE_EVERY_STEADY otherwise. A decision costs 0.1-0.4 ms
-# of host time (per-request acceptance folded, costs fitted): on an H200 every 4th step of a 2 ms batch-16
-# decode was 0.4 ms slower when the policy decided every 4 steps.
-DECIDE_EVERY, DECIDE_EVERY_STEADY, SETTLE = 4, 16, 16
+# Steps between two decisions at the same batch-size bucket: DECIDE_EVERY for SETTLE steps after the batch changed
+# bucket (its costs are being measured), DECIDE_EVERY_STEADY otherwise, and once right after an exploration.
+# A decision costs 0.1-0.4 ms of host time (acceptance folded, costs fitted), on the step path of a host that
+# is often the bottleneck: on an H200 every 4th step of a 2 ms batch-16 decode was 0.4 ms slower when the
+# policy decided every 4 steps.
+DECIDE_EVERY, DECIDE_EVERY_STEADY, SETTLE = 4, 32, 16
 # An exploration holds its k this many steps: the engine measures a step only when it verified and proposed the
 # same k as the step before it (the interval also carries the host's processing of the previous output, whose
 # size follows that step's k), so the third step of an exploration is the first one measured.
 EXPLORE_STEPS = 3
-EXPLORE_BUDGET = 0.01  # exploration steps may cost about this fraction of the tokens per second
+# The decision after an exploration that started at step e comes at e + EXPLORE_STEPS + 1: the engine measures
+# the exploration's last step whose drafts were proposed and verified at the explored k (proposed at e + 2,
+# verified at e + 3... see EngineCore._observe_step_time), and reports it after scheduling step e + 3.
+DECIDE_AFTER_EXPLORE = EXPLORE_STEPS + 1
+EXPLORE_BUDGET = 0.01
+MAX_QUEUED = 512  # observations and removals queued between two folds before one is forced  # exploration steps may cost about this fraction of the tokens per second
 
 
 class Decision(NamedTuple):
@@ -59,13 +65,15 @@ class Decision(NamedTuple):
     num_rows: int
     k: int
     reason: str  # "decide" (rates recomputed), "keep" (last decision reused), "explore", "measure" (no costs yet)
-    rates: tuple[float, ...]  # expected tokens/s per row and k at the last decision (empty before any)
+    rates: tuple[float, ...]  # expected tokens/s per row and k at the last decision (empty on "keep" steps)
     costs_ms: tuple[float, ...]  # t(B, k) per k at a decision (else empty)
     acceptance: tuple[float, ...]  # batch-wide conditional acceptance per draft position, at a decision
 
 
 class DynamicK(DraftLengthPolicy):
     """The policy of the module docstring."""
+
+    wants_step_times = True
 
     def __init__(self, max_k: int, cost_model: Optional[CostModel] = None, acceptance_decay: float = 0.95,
                  prior_acceptance: float = 0.5, explore_every: int = 32, record: bool = False) -> None:
@@ -75,6 +83,7 @@ class DynamicK(DraftLengthPolicy):
         self.requests = RequestAcceptance(max_k, acceptance_decay)
         self.explore_every = explore_every
         self._steps = 0
+        self._queue: list[Queued] = []  # observations and removals since the last decision, as they came
         self._last_used = [-1] * (max_k + 1)  # step at which each k was last chosen
         self._best: Optional[int] = None  # the last decision, the batch bucket and rates it was made with
         self._bucket = 0
@@ -85,6 +94,10 @@ class DynamicK(DraftLengthPolicy):
         self._next_explore = explore_every  # step of the next exploration
         self._explore_k, self._explore_left = 0, 0  # the exploration in progress: its k, steps it still holds
         self._settle_until = 0  # decide every DECIDE_EVERY steps until this step
+        self._decide_at = 0  # a decision due at this step besides the regular ones (after an exploration)
+        # The fast path of `choose`: until step `_next_event` (a decision or exploration is due) and while the
+        # batch has `_rows` rows, the k is `_k`.
+        self._k, self._rows, self._next_event = 0, -1, 0
         self.history: list[int] = []  # every k chosen (benchmarks plot it)
         self.decisions: Optional[list[Decision]] = [] if record else None  # with record=True: every step's why
 
@@ -99,8 +112,16 @@ class DynamicK(DraftLengthPolicy):
 
     def expected_tokens(self, request_ids: Sequence[str]) -> list[float]:
         """E(0..max_k): expected tokens per row and step, the mean over these requests."""
-        self._prior = self.acceptance.rates()
+        self.fold_observations()
+        self._prior = self.acceptance.rates(self._steps)
         return self.requests.expected_tokens(request_ids, self._prior).tolist()
+
+    def fold_observations(self) -> None:
+        """Add the queued observations and removals to the acceptance counts (done when a decision reads them;
+        a step itself only queues)."""
+        if self._queue:
+            runs, self._queue = stack_runs(self._queue), []
+            add_runs(runs, self.requests, self.acceptance)
 
     def rates(self, request_ids: Sequence[str]) -> Optional[list[float]]:
         """Expected tokens per second for every k, or None while the costs at this batch size are unknown."""
@@ -130,17 +151,32 @@ class DynamicK(DraftLengthPolicy):
 
     def choose(self, request_ids: Sequence[str]) -> int:
         self._steps += 1
-        self.acceptance.tick()
-        k, reason = self._choose(request_ids)
-        self._last_used[k] = self._steps
+        if self._steps < self._next_event and len(request_ids) == self._rows:  # nothing due: the k in use
+            k, reason = self._k, "keep"
+        else:
+            self._last_used[self._k] = self._steps - 1
+            k, reason = self._choose(request_ids)
+            self._k, self._rows, self._last_used[k] = k, len(request_ids), self._steps
+            # An exploration or a measurement is re-examined every step; otherwise nothing changes before then.
+            nxt = min(self._next_decision(), self._next_explore) if self.explore_every else self._next_decision()
+            self._next_event = 0 if reason in ("explore", "measure") else nxt
         self.history.append(k)
         if self.decisions is not None:  # what the decision used, nothing recomputed (host time is measured)
-            decided = reason == "decide"
-            self.decisions.append(Decision(
-                self._steps, len(request_ids), k, reason, tuple(round(r, 1) for r in self._rates),
-                tuple(round(1e3 * c, 3) for c in self._costs) if decided else (),
-                tuple(round(float(a), 3) for a in self._prior) if decided else ()))
+            if reason == "keep":
+                self.decisions.append(Decision(self._steps, len(request_ids), k, reason, (), (), ()))
+            else:
+                decided = reason == "decide"
+                self.decisions.append(Decision(
+                    self._steps, len(request_ids), k, reason, tuple(round(r, 1) for r in self._rates),
+                    tuple(round(1e3 * c, 3) for c in self._costs) if decided else (),
+                    tuple(round(float(a), 3) for a in self._prior) if decided else ()))
         return k
+
+    def _next_decision(self) -> int:
+        """The next step at which `_choose` decides again (see `_choose`)."""
+        every = DECIDE_EVERY if self._steps < self._settle_until else DECIDE_EVERY_STEADY
+        regular = (self._steps // every + 1) * every
+        return min(regular, self._decide_at) if self._decide_at > self._steps else regular
 
     def _choose(self, request_ids: Sequence[str]) -> tuple[int, str]:
         """(k, why: see `Decision.reason`)."""
@@ -155,7 +191,8 @@ class DynamicK(DraftLengthPolicy):
         if bucket != self._bucket:
             self._settle_until = self._steps + SETTLE
         every = DECIDE_EVERY if self._steps < self._settle_until else DECIDE_EVERY_STEADY
-        decide = self._best is None or bucket != self._bucket or self._steps % every == 0
+        decide = (self._best is None or bucket != self._bucket or self._steps % every == 0
+                  or self._steps == self._decide_at)
         if decide:
             self._best, self._bucket = self.best_k(request_ids, self._best), bucket
         if self._best is None:  # nothing measured yet: the two ends first
@@ -184,20 +221,20 @@ class DynamicK(DraftLengthPolicy):
         loss = max(0.0, 1.0 - self._rates[k] / max(self._rates[best], 1e-12)) if self._rates else 0.0
         self._next_explore = self._steps + max(self.explore_every, math.ceil(EXPLORE_STEPS * loss / EXPLORE_BUDGET))
         self._explore_k, self._explore_left = k, EXPLORE_STEPS - 1
-        self._settle_until = self._steps + EXPLORE_STEPS + SETTLE  # what it measured is used soon
+        self._decide_at = self._steps + DECIDE_AFTER_EXPLORE  # what it measured is used at once
         return k
 
     def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],
                            num_accepted: Sequence[int]) -> None:
-        drafts, accepted = as_int_array(num_draft), as_int_array(num_accepted)  # converted once for both trackers
-        self.acceptance.observe(drafts, accepted)
-        self.requests.observe(request_ids, drafts, accepted)
+        self._queue.append((self._steps, request_ids, num_draft, num_accepted))  # folded at the next decision
+        if len(self._queue) > MAX_QUEUED:
+            self.fold_observations()
 
     def observe_step(self, num_rows: int, k: int, seconds: float) -> None:
         self.cost_model.observe(num_rows, k, seconds)
 
     def remove_request(self, request_id: str) -> None:
-        self.requests.remove(request_id)
+        self._queue.append(Removal(request_id))  # in order: its queued observations are added first
 
 
 class DynamicKSpeculator(Speculator):

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 class DraftLengthPolicy(ABC):
     """Picks k in [0, max_k] for the next step; the default methods ignore what they observe."""
 
+    wants_step_times = False  # whether the engine should time steps for `observe_step` (host work per step)
+
     def __init__(self, max_k: int) -> None:
         self.max_k = max_k
 

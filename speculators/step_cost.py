@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import statistics
 from collections import deque
 from typing import Optional, Protocol
 
@@ -53,16 +52,24 @@ class MeasuredCostModel:
     def __init__(self, window: int = 7) -> None:
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self.window = window
+        self._last: tuple[int, int, Optional[deque[float]]] = (-1, -1, None)  # (rows, k, samples) of the last observe
 
     def cost(self, num_rows: int, k: int) -> Optional[float]:
         samples = self._samples.get((batch_bucket(num_rows), k))
-        return statistics.median(samples) if samples else None
+        if not samples:
+            return None
+        ordered, n = sorted(samples), len(samples)  # the median (statistics.median is several times slower)
+        return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
     def observe(self, num_rows: int, k: int, seconds: float) -> None:
-        key = (batch_bucket(num_rows), k)
-        if key not in self._samples:
-            self._samples[key] = deque(maxlen=self.window)
-        self._samples[key].append(seconds)
+        rows, last_k, samples = self._last
+        if samples is None or rows != num_rows or last_k != k:  # steady steps repeat (rows, k): no lookup then
+            samples = self._samples.setdefault((batch_bucket(num_rows), k), deque(maxlen=self.window))
+            self._last = (num_rows, k, samples)
+        samples.append(seconds)
+
+    def __bool__(self) -> bool:
+        return bool(self._samples)
 
 
 def _line(points: dict[int, float]) -> tuple[float, float]:
@@ -90,6 +97,8 @@ def _bucket_table(cost_model: CostModel, bucket: int, max_k: int) -> Optional[li
 
 def step_costs(cost_model: CostModel, num_rows: int, max_k: int) -> Optional[list[float]]:
     """t(B, k) for every k in 0..max_k at this batch size (see the module docstring), or None."""
+    if not cost_model:  # nothing measured anywhere (a model without samples is falsy)
+        return None
     bucket = batch_bucket(num_rows)
     table = _bucket_table(cost_model, bucket, max_k)
     if table is not None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from framework.config import load_config
-from speculators.acceptance import AcceptanceTracker, RequestAcceptance
+from speculators.acceptance import AcceptanceTracker, Removal, RequestAcceptance, add_runs, stack_runs
 from speculators.dynamic import EXPLORE_STEPS, DynamicK
 from speculators.policy import FixedK, build_draft_policy
 from speculators.step_cost import MeasuredCostModel, batch_bucket, step_costs
@@ -88,6 +88,7 @@ def test_expected_tokens_matches_the_formula():
     policy = DynamicK(MAX_K, SyntheticCost(), acceptance_decay=0.999)
     ids = _ids(100_000)
     policy.observe_acceptance(ids, [MAX_K] * 100_000, [MAX_K] * 90_000 + [0] * 10_000)  # a_0 = 0.9, a_j>0 = 1
+    policy.fold_observations()  # a step only queues; a decision folds
     e = [policy.acceptance.expected_tokens(k) for k in range(MAX_K + 1)]
     assert e[0] == 1.0 and e[1] == pytest.approx(1.9, abs=1e-3) and e[2] == pytest.approx(2.8, abs=1e-3)
     cost = SyntheticCost()
@@ -205,6 +206,7 @@ def test_requests_that_accept_take_over_when_the_others_finish():
     assert Counter(mixed[16:])[0] >= 0.8 * 48
     for r in bad:
         policy.remove_request(r)
+    policy.fold_observations()
     assert len(policy.requests) == 4
     tail = _run(policy, 20, 0, 0.0, rng, ids=good, accept_of=accept_of)
     assert tail[1:] .count(MAX_K) >= 16, tail
@@ -225,11 +227,9 @@ def test_request_acceptance_rows_are_reused_clean():
 
 def test_acceptance_tracker_reverts_to_the_prior_without_observations():
     tracker = AcceptanceTracker(2, decay=0.5, prior=0.5)
-    tracker.observe([2] * 100, [0] * 100)
+    tracker.observe(1, [2] * 100, [0] * 100)
     assert tracker.rates()[0] < 0.01 and tracker.rates()[1] == 0.5  # position 1 was never attempted
-    for _ in range(30):
-        tracker.tick()
-    assert tracker.rates()[0] == pytest.approx(0.5, abs=0.01)
+    assert tracker.rates(31)[0] == pytest.approx(0.5, abs=0.01)  # 30 steps later
 
 
 def test_build_policy_from_config():
@@ -279,29 +279,34 @@ def test_the_k_in_use_is_kept_unless_another_is_clearly_better():
     assert policy.best_k(["a"], current=2) == 1
 
 
-def test_folding_a_batch_of_observations_equals_folding_each():
-    """Observations are folded in batches (runs of steps with the same requests stacked): the counts are those
-    of folding after every observation, also when the batch changes within the window."""
+def test_stacked_runs_of_observations_equal_adding_each():
+    """A queue of observations (steps with the same requests stacked into runs by `stack_runs`) and removals,
+    added at once, gives the counts of adding every observation as it came: also when the batch changes
+    within the queue and when an ended request's id comes back as a new request."""
     rng = np.random.default_rng(3)
     batched, each = RequestAcceptance(4, decay=0.9), RequestAcceptance(4, decay=0.9)
+    tracker_batched, tracker_each = AcceptanceTracker(4, 0.9, 0.5), AcceptanceTracker(4, 0.9, 0.5)
     batch_a, batch_b = _ids(6), _ids(6)[2:] + ["late"]
-    for step in range(20):
-        ids = tuple(batch_a if step < 12 else batch_b)
-        drafts = rng.integers(0, 5, len(ids))
-        accepted = np.minimum(rng.integers(0, 5, len(ids)), drafts)
-        for tracker in (batched, each):
-            tracker.observe(ids, drafts, accepted)
-        each.fold()
-    batched.fold()
-    for r in set(batch_a) | set(batch_b):
+    queue: list = []
+    for step in range(1, 21):
+        if step == 13:  # r0 and r1 end; r1's id returns as a new request with nothing of the old one's counts
+            for r in ("r0", "r1"):
+                queue.append(Removal(r))
+                each.remove(r)
+        ids = tuple(batch_a if step < 13 else batch_b + (["r1"] if step > 15 else []))
+        drafts = tuple(int(x) for x in rng.integers(0, 5, len(ids)))
+        accepted = tuple(int(x) for x in np.minimum(rng.integers(0, 5, len(ids)), drafts))
+        if step % 7 == 0:
+            continue  # a step without drafts: the batch-wide counts still decay
+        queue.append((step, ids, drafts, accepted))
+        each.observe(ids, drafts, accepted)
+        tracker_each.observe(step, drafts, accepted)
+    runs = stack_runs(queue)  # runs end at a removal, a step without drafts (7, 14) and a change of requests
+    assert [len(r.steps) if hasattr(r, "steps") else "removal" for r in runs] == [6, 5, "removal", "removal", 1, 1, 5]
+    add_runs(runs, batched, tracker_batched)
+    assert set(batched._row) == set(each._row) == set(batch_b) | {"r1"}
+    for r in batched._row:
         assert batched.attempted[batched._row[r]] == pytest.approx(each.attempted[each._row[r]])
         assert batched.accepted[batched._row[r]] == pytest.approx(each.accepted[each._row[r]])
-    tracker_batched, tracker_each = AcceptanceTracker(4, 0.9, 0.5), AcceptanceTracker(4, 0.9, 0.5)
-    for step in range(10):
-        drafts = rng.integers(0, 5, 6 if step < 5 else 3)
-        accepted = np.minimum(rng.integers(0, 5, len(drafts)), drafts)
-        for tracker in (tracker_batched, tracker_each):
-            tracker.tick()
-            tracker.observe(drafts, accepted)
-        tracker_each.fold()
-    assert tracker_batched.rates() == pytest.approx(tracker_each.rates())
+    assert tracker_batched.rates(25) == pytest.approx(tracker_each.rates(25))
+    assert tracker_batched.attempted.sum() > 0
