@@ -37,6 +37,8 @@ from bench_spec import K_MAX, build_llm, run_once, set_policy, warm_up, workload
 class ShadowK:
     """Runs a `DynamicK` in full (choose, observe) but always returns `k`."""
 
+    wants_step_times = True
+
     def __init__(self, inner: Any, k: int) -> None:
         self.inner, self.k, self.max_k = inner, k, inner.max_k
 
@@ -56,6 +58,8 @@ class ShadowK:
 
 class ReplayK:
     """Replays a recorded sequence of k (then its last k), with no policy work."""
+
+    wants_step_times = False
 
     def __init__(self, max_k: int) -> None:
         self.max_k, self.ks, self.i = max_k, [0], 0
@@ -83,6 +87,7 @@ class TimedPolicy:
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.max_k, self.seconds = inner, inner.max_k, 0.0
+        self.wants_step_times = inner.wants_step_times
 
     def _timed(self, method: Any, *args: Any) -> Any:
         t0 = time.perf_counter()

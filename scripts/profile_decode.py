@@ -60,6 +60,8 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 class CyclingK:
     """A draft-length policy that cycles through a list of k (what switching k every step costs)."""
 
+    wants_step_times = False
+
     def __init__(self, ks: list[int]) -> None:
         self.ks, self.step = ks, 0
 
