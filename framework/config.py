@@ -98,7 +98,8 @@ class DynamicKConfig(_Strict):
     method: str = Field("ngram", description="Registry name of the wrapped speculator that proposes the drafts.")
     acceptance_decay: float = Field(
         0.95, gt=0.0, lt=1.0,
-        description="Per-step decay of the per-position acceptance moving averages (closer to 1 = longer memory).",
+        description="Decay of the per-position acceptance moving averages per observation, i.e. per step "
+                    "that verified drafts (closer to 1 = longer memory).",
     )
     prior_acceptance: float = Field(
         0.5, ge=0.0, le=1.0, description="Acceptance assumed at every draft position before any is measured."

@@ -11,7 +11,11 @@ quiet() { grep -v -E "(it|req|batch|tok)/s\]|s/(it|req|batch)\]|Writing model sh
 job() {  # name, limit (s), command...
   local name=$1 limit=$2; shift 2; local t0=$SECONDS
   mkdir -p "$res/$name"
+  # GPU clocks, power and load every 0.5 s while the job runs: run-to-run spread can then be told from a slow card.
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu --format=csv \
+    -lms 500 > "$res/$name/smi.csv" 2>/dev/null & local smi=$!
   timeout "$limit" "$@" > "$res/$name/log.txt" 2>&1; local rc=$?
+  kill $smi 2>/dev/null
   echo "== $name rc=$rc $((SECONDS - t0))s" | tee -a "$out/summary.log"
   quiet < "$res/$name/log.txt" | tail -25 >> "$out/summary.log"
   tar -czf "$out/results.tgz" -C "$res" .
@@ -53,6 +57,7 @@ for j in "$@"; do
     diag_dk) job $j 150 python3 scripts/diag_dynamic_k.py --out "$res/diag_dk" ;;
     diag_dk_blas1) OPENBLAS_NUM_THREADS=1 job $j 150 python3 scripts/diag_dynamic_k.py --out "$res/diag_dk_blas1" ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;
+    spec5) job $j 500 python3 scripts/bench_spec.py --repeats 5 --out "$res/spec" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

@@ -4,16 +4,16 @@ a_j is the acceptance of draft position j given that positions 0..j-1 were accep
 drafts then yields on average `E(k) = 1 + sum_{j=1..k} prod_{i<j} a_i` tokens.
 
 * `AcceptanceTracker`: the batch-wide a_j, as decayed counts of accepted / attempted over every row; the
-  counts decay every step, so a position that is no longer measured drifts back to the prior.
+  counts decay with every step that verified drafts.
 * `RequestAcceptance`: each running request's own a_j, pulled towards the batch-wide rates by
   `prior_weight` pseudo-observations. Acceptance is a property of the request (a copy-heavy request accepts
   most drafts, a creative one almost none), so a batch's expected tokens are the mean of its requests'; when
   the low-acceptance requests of a mixed batch finish, the estimate moves at once instead of decaying.
 
 The policy's host time is on the step path, so a step only queues its observation as it came (a list
-append); `stack_runs` turns the queue into arrays when the policy next decides: each run of consecutive steps
-with the same requests becomes one [steps, rows] array, counted with a few array operations (`run_counts`)
-and added to both trackers (`add_runs`): the same counts as adding step by step.
+append); `stack_runs` turns the queue into arrays when the policy next decides: each run of observations of
+the same requests becomes one [observations, rows] array, counted with a few array operations (`run_counts`)
+and added to both trackers (`add_runs`): the same counts as adding each observation as it came.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import numpy as np
 
 
 class ObservedRun(NamedTuple):
-    """Consecutive steps that verified drafts for the same requests, in the same order."""
+    """Consecutive observations (steps that verified drafts) of the same requests, in the same order."""
 
-    steps: np.ndarray  # [m] int64: the step of each observation
     request_ids: Sequence[str]  # [r]
     drafts: np.ndarray  # [m, r] int64: drafts each row verified
     accepted: np.ndarray  # [m, r] int64: leading drafts accepted
@@ -38,30 +37,28 @@ class Removal(NamedTuple):
     request_id: str
 
 
-Queued = Union[tuple[int, Sequence[str], Sequence[int], Sequence[int]], Removal]  # (step, ids, drafts, accepted)
+Queued = Union[tuple[Sequence[str], Sequence[int], Sequence[int]], Removal]  # (ids, drafts, accepted) or a removal
 
 
 def stack_runs(queue: Sequence[Queued]) -> list[Union[ObservedRun, Removal]]:
-    """The queue in order, observations of the same requests at consecutive steps stacked into one
-    `ObservedRun` (within a run, decaying once per step and once per observation weigh alike)."""
+    """The queue in order, consecutive observations of the same requests stacked into one `ObservedRun`."""
     out: list[Union[ObservedRun, Removal]] = []
-    run: list[tuple[int, Sequence[str], Sequence[int], Sequence[int]]] = []
+    run: list[tuple[Sequence[str], Sequence[int], Sequence[int]]] = []
 
     def flush() -> None:
         if run:
-            out.append(ObservedRun(np.array([obs[0] for obs in run], dtype=np.int64), run[0][1],
-                                   np.array([obs[2] for obs in run], dtype=np.int64).reshape(len(run), -1),
-                                   np.array([obs[3] for obs in run], dtype=np.int64).reshape(len(run), -1)))
+            out.append(ObservedRun(run[0][0], np.array([obs[1] for obs in run], dtype=np.int64).reshape(len(run), -1),
+                                   np.array([obs[2] for obs in run], dtype=np.int64).reshape(len(run), -1)))
             run.clear()
 
     for item in queue:
         if isinstance(item, Removal):
             flush()
             out.append(item)
-        elif not len(item[1]):
+        elif not len(item[0]):
             continue
         else:
-            if run and (item[0] != run[-1][0] + 1 or not (item[1] is run[0][1] or item[1] == run[0][1])):
+            if run and not (item[0] is run[0][0] or item[0] == run[0][0]):
                 flush()
             run.append(item)
     flush()
@@ -84,22 +81,22 @@ def _position_counts(max_k: int, num_draft: np.ndarray, num_accepted: np.ndarray
 
 def run_counts(run: ObservedRun, max_k: int, decay: float) -> tuple[np.ndarray, np.ndarray]:
     """([r, max_k] attempted, [r, max_k] accepted) of a run's rows, each observation weighing
-    `decay ** (steps after it in the run)`: the counts decaying after every step would give."""
-    weights = decay ** np.arange(len(run.steps) - 1, -1, -1.0)  # [m]: the last observation weighs 1
+    `decay ** (observations after it in the run)`: the counts decaying after every observation would give."""
+    weights = decay ** np.arange(len(run.drafts) - 1, -1, -1.0)  # [m]: the last observation weighs 1
     return _position_counts(max_k, run.drafts, run.accepted, weights)
 
 
 def add_runs(runs: Sequence[Union[ObservedRun, Removal]], requests: "RequestAcceptance",
              batch: "AcceptanceTracker") -> None:
     """Add `stack_runs`'s output, in order, to the per-request and the batch-wide counts. A run's counts are
-    computed once: the batch-wide ones are their sum over rows (both decay once per step within a run)."""
+    computed once: the batch-wide ones are their sum over rows (both decay once per observation)."""
     for run in runs:
         if isinstance(run, Removal):
             requests.remove(run.request_id)
             continue
         attempted, accepted = run_counts(run, requests.max_k, requests.decay)
-        requests.add_counts(run.request_ids, attempted, accepted, len(run.steps))
-        batch.add_counts(int(run.steps[-1]), attempted.sum(axis=0), accepted.sum(axis=0))
+        requests.add_counts(run.request_ids, attempted, accepted, len(run.drafts))
+        batch.add_counts(attempted.sum(axis=0), accepted.sum(axis=0), len(run.drafts))
 
 
 def expected_tokens_from_rates(rates: np.ndarray) -> np.ndarray:
@@ -113,7 +110,10 @@ def expected_tokens_from_rates(rates: np.ndarray) -> np.ndarray:
 class AcceptanceTracker:
     """Batch-wide conditional acceptance a_j as decayed counts, pulled towards `prior` by one pseudo-count.
 
-    Counts decay by `decay` per step: an observation made at step s weighs `decay ** (now - s)` at step now.
+    Counts decay by `decay` per step that verified drafts, not per step: while the policy runs at k = 0
+    nothing is measured, and what was measured last stays the estimate (decaying with time would drift
+    every a_j back to the prior, and an untested prior of 0.5 makes drafting look worth it again when
+    acceptance is ~0). Explorations bring new observations.
     """
 
     def __init__(self, max_k: int, decay: float, prior: float) -> None:
@@ -121,31 +121,22 @@ class AcceptanceTracker:
         self.prior = prior
         self.accepted = np.zeros(max_k)
         self.attempted = np.zeros(max_k)
-        self._step = 0  # the step the counts are decayed to
 
-    def _decay_to(self, now: int) -> None:
-        if now > self._step:
-            factor = self.decay ** (now - self._step)
-            self.accepted *= factor
-            self.attempted *= factor
-            self._step = now
+    def add_counts(self, attempted: np.ndarray, accepted: np.ndarray, num_observations: int) -> None:
+        """Add [max_k] counts made over `num_observations` steps (the earlier counts decay that many times)."""
+        factor = self.decay ** num_observations
+        self.attempted = self.attempted * factor + attempted
+        self.accepted = self.accepted * factor + accepted
 
-    def add_counts(self, step: int, attempted: np.ndarray, accepted: np.ndarray) -> None:
-        """Add [max_k] counts weighed as of step `step` (they decay from then on)."""
-        self._decay_to(step)
-        self.attempted += attempted
-        self.accepted += accepted
-
-    def observe(self, step: int, num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
+    def observe(self, num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
         """One step's rows (each verified `num_draft` drafts and accepted `num_accepted`)."""
-        run = stack_runs([(step, range(len(num_draft)), num_draft, num_accepted)])
+        run = stack_runs([(range(len(num_draft)), num_draft, num_accepted)])
         if run:
             attempted, accepted = run_counts(run[0], len(self.attempted), self.decay)  # type: ignore[arg-type]
-            self.add_counts(step, attempted.sum(axis=0), accepted.sum(axis=0))
+            self.add_counts(attempted.sum(axis=0), accepted.sum(axis=0), 1)
 
-    def rates(self, now: Optional[int] = None) -> np.ndarray:
-        """[max_k] the a_j at step `now` (default: the last step observed)."""
-        self._decay_to(self._step if now is None else now)
+    def rates(self) -> np.ndarray:
+        """[max_k] the a_j."""
         return (self.accepted + self.prior) / (self.attempted + 1.0)
 
     def expected_tokens(self, k: int) -> float:
@@ -157,8 +148,8 @@ class RequestAcceptance:
     """Per-request decayed acceptance counts; a request's rates lean on the batch-wide ones until it has
     `prior_weight` observations of a position. A request's counts decay by `decay` per observation of it.
 
-    `add_runs` adds a queue of observations in bulk: a run of m steps with the same requests at once, with the
-    weights that decaying after each step would give.
+    `add_runs` adds a queue of observations in bulk: a run of m observations of the same requests at once, with
+    the weights that decaying after each would give.
     """
 
     def __init__(self, max_k: int, decay: float, prior_weight: float = 2.0) -> None:
@@ -185,7 +176,7 @@ class RequestAcceptance:
 
     def observe(self, request_ids: Sequence[str], num_draft: Sequence[int], num_accepted: Sequence[int]) -> None:
         """One step's verification of each listed request (each request at most once per step)."""
-        run = stack_runs([(0, request_ids, num_draft, num_accepted)])
+        run = stack_runs([(request_ids, num_draft, num_accepted)])
         if run:
             attempted, accepted = run_counts(run[0], self.max_k, self.decay)  # type: ignore[arg-type]
             self.add_counts(request_ids, attempted, accepted, 1)
@@ -214,7 +205,10 @@ class RequestAcceptance:
         key = tuple(request_ids)
         if self._cached is not None and self._cached[0] == key:
             return self._cached[1]
-        rows = np.fromiter((self._row_of(r) for r in key), dtype=np.int64, count=len(key))
+        try:  # known requests: the lookups in C
+            rows = np.fromiter(map(self._row.__getitem__, key), dtype=np.int64, count=len(key))
+        except KeyError:
+            rows = np.fromiter((self._row_of(r) for r in key), dtype=np.int64, count=len(key))
         self._cached = (key, rows)
         return rows
 

@@ -12,9 +12,10 @@ measure with a few percent of noise; a switch for less only flaps).
 Both inputs are measured online: acceptance per draft position, batch-wide and per request (a request's
 own rates lean on the batch-wide ones until it has been observed), and step costs per batch-size bucket.
 At a batch size with no measured costs anywhere, the policy first measures k = 0 and k = max_k; a new bucket
-borrows the cost shape of the nearest measured one. The decision is remade every `DECIDE_EVERY` steps and
-whenever the batch changes size bucket (it costs host time); more often for a while after a change. Every `explore_every` steps the policy tries
-the k it has not used for longest (or, every other time while below max_k, max_k itself, which observes
+borrows the cost shape of the nearest measured one. The decision is remade every `DECIDE_EVERY_STEADY`
+steps, whenever the batch changes size bucket (then every `DECIDE_EVERY` steps for a while) and right
+after an exploration; in between, a step costs a counter test (the host often bounds a step, and a decision
+costs 0.1-1 ms of it). Every `explore_every` steps the policy tries the k it has not used for longest (or, every other time while below max_k, max_k itself, which observes
 every draft position), so costs and acceptance keep tracking a workload that changes; explorations that
 cost much are spaced further apart (`EXPLORE_BUDGET`). Tests inject a synthetic `CostModel` instead of
 the measured one.
@@ -95,6 +96,7 @@ class DynamicK(DraftLengthPolicy):
         self._explore_k, self._explore_left = 0, 0  # the exploration in progress: its k, steps it still holds
         self._settle_until = 0  # decide every DECIDE_EVERY steps until this step
         self._decide_at = 0  # a decision due at this step besides the regular ones (after an exploration)
+        self._observed_at_decision: Optional[int] = None  # the cost model's `num_observed` at the last decision
         # The fast path of `choose`: until step `_next_event` (a decision or exploration is due) and while the
         # batch has `_rows` rows, the k is `_k`.
         self._k, self._rows, self._next_event = 0, -1, 0
@@ -113,7 +115,7 @@ class DynamicK(DraftLengthPolicy):
     def expected_tokens(self, request_ids: Sequence[str]) -> list[float]:
         """E(0..max_k): expected tokens per row and step, the mean over these requests."""
         self.fold_observations()
-        self._prior = self.acceptance.rates(self._steps)
+        self._prior = self.acceptance.rates()
         return self.requests.expected_tokens(request_ids, self._prior).tolist()
 
     def fold_observations(self) -> None:
@@ -191,10 +193,14 @@ class DynamicK(DraftLengthPolicy):
         if bucket != self._bucket:
             self._settle_until = self._steps + SETTLE
         every = DECIDE_EVERY if self._steps < self._settle_until else DECIDE_EVERY_STEADY
-        decide = (self._best is None or bucket != self._bucket or self._steps % every == 0
-                  or self._steps == self._decide_at)
+        # A settling decision (every DECIDE_EVERY steps) is skipped when no step was measured since the last one:
+        # while a batch drains, rows finish every step and no step is steady, so there is nothing new to use.
+        settling = every == DECIDE_EVERY and self._observed_at_decision == getattr(self.cost_model, "num_observed", -1)
+        decide = (self._best is None or bucket != self._bucket or self._steps == self._decide_at
+                  or (self._steps % every == 0 and not settling))
         if decide:
             self._best, self._bucket = self.best_k(request_ids, self._best), bucket
+            self._observed_at_decision = getattr(self.cost_model, "num_observed", None)
         if self._best is None:  # nothing measured yet: the two ends first
             return (0 if self.cost_model.cost(len(request_ids), 0) is None else self.max_k), "measure"
         if self.explore_every and self._steps >= self._next_explore:
@@ -226,7 +232,7 @@ class DynamicK(DraftLengthPolicy):
 
     def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],
                            num_accepted: Sequence[int]) -> None:
-        self._queue.append((self._steps, request_ids, num_draft, num_accepted))  # folded at the next decision
+        self._queue.append((request_ids, num_draft, num_accepted))  # folded at the next decision
         if len(self._queue) > MAX_QUEUED:
             self.fold_observations()
 

@@ -53,6 +53,7 @@ class MeasuredCostModel:
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self.window = window
         self._last: tuple[int, int, Optional[deque[float]]] = (-1, -1, None)  # (rows, k, samples) of the last observe
+        self.num_observed = 0  # steps observed so far (a policy need not re-decide on costs that did not change)
 
     def cost(self, num_rows: int, k: int) -> Optional[float]:
         samples = self._samples.get((batch_bucket(num_rows), k))
@@ -67,6 +68,7 @@ class MeasuredCostModel:
             samples = self._samples.setdefault((batch_bucket(num_rows), k), deque(maxlen=self.window))
             self._last = (num_rows, k, samples)
         samples.append(seconds)
+        self.num_observed += 1
 
     def __bool__(self) -> bool:
         return bool(self._samples)

@@ -225,11 +225,22 @@ def test_request_acceptance_rows_are_reused_clean():
     assert len(acc) == 42 and acc.expected_tokens(["b"], prior)[1] == pytest.approx(1.25)
 
 
-def test_acceptance_tracker_reverts_to_the_prior_without_observations():
+def test_acceptance_estimates_hold_while_nothing_is_drafted():
+    """The batch-wide rates decay per step that verified drafts: steps at k = 0 measure nothing and leave the
+    estimate where it was (drifting back to the prior of 0.5 would make drafting look worth it again)."""
     tracker = AcceptanceTracker(2, decay=0.5, prior=0.5)
-    tracker.observe(1, [2] * 100, [0] * 100)
+    tracker.observe([2] * 100, [0] * 100)
     assert tracker.rates()[0] < 0.01 and tracker.rates()[1] == 0.5  # position 1 was never attempted
-    assert tracker.rates(31)[0] == pytest.approx(0.5, abs=0.01)  # 30 steps later
+    policy = DynamicK(MAX_K, SyntheticCost(), explore_every=0)
+    ids = _ids(8)
+    _run(policy, 40, rows=8, accept_p=0.0, rng=random.Random(1))
+    assert policy.history[-20:] == [0] * 20
+    before = policy.acceptance.rates().copy()
+    _run(policy, 200, rows=8, accept_p=0.0, rng=random.Random(1))  # at k = 0: nothing observed
+    assert policy.acceptance.rates() == pytest.approx(before) and set(policy.history[-200:]) == {0}
+    policy.observe_acceptance(ids, [MAX_K] * 8, [MAX_K] * 8)  # one step of new observations moves it
+    policy.fold_observations()
+    assert policy.acceptance.rates()[0] > before[0] + 0.1
 
 
 def test_build_policy_from_config():
@@ -297,16 +308,16 @@ def test_stacked_runs_of_observations_equal_adding_each():
         drafts = tuple(int(x) for x in rng.integers(0, 5, len(ids)))
         accepted = tuple(int(x) for x in np.minimum(rng.integers(0, 5, len(ids)), drafts))
         if step % 7 == 0:
-            continue  # a step without drafts: the batch-wide counts still decay
-        queue.append((step, ids, drafts, accepted))
+            continue  # a step without drafts: nothing is queued, nothing decays
+        queue.append((ids, drafts, accepted))
         each.observe(ids, drafts, accepted)
-        tracker_each.observe(step, drafts, accepted)
-    runs = stack_runs(queue)  # runs end at a removal, a step without drafts (7, 14) and a change of requests
-    assert [len(r.steps) if hasattr(r, "steps") else "removal" for r in runs] == [6, 5, "removal", "removal", 1, 1, 5]
+        tracker_each.observe(drafts, accepted)
+    runs = stack_runs(queue)  # runs end at a removal and where the requests change
+    assert [len(r.drafts) if hasattr(r, "drafts") else "removal" for r in runs] == [11, "removal", "removal", 2, 5]
     add_runs(runs, batched, tracker_batched)
     assert set(batched._row) == set(each._row) == set(batch_b) | {"r1"}
     for r in batched._row:
         assert batched.attempted[batched._row[r]] == pytest.approx(each.attempted[each._row[r]])
         assert batched.accepted[batched._row[r]] == pytest.approx(each.accepted[each._row[r]])
-    assert tracker_batched.rates(25) == pytest.approx(tracker_each.rates(25))
+    assert tracker_batched.rates() == pytest.approx(tracker_each.rates())
     assert tracker_batched.attempted.sum() > 0
