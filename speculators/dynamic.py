@@ -92,7 +92,8 @@ class DynamicK(DraftLengthPolicy):
         self._costs: list[float] = []  # t(B, k) and batch-wide acceptance of the last decision (for `decisions`)
         self._prior = np.zeros(max_k)
         self._explorations = 0
-        self._next_explore = explore_every  # step of the next exploration
+        self._next_explore = explore_every  # step at which the next exploration is considered
+        self._last_explore = -1  # step the last exploration started (-1: none yet)
         self._explore_k, self._explore_left = 0, 0  # the exploration in progress: its k, steps it still holds
         self._settle_until = 0  # decide every DECIDE_EVERY steps until this step
         self._decide_at = 0  # a decision due at this step besides the regular ones (after an exploration)
@@ -204,28 +205,41 @@ class DynamicK(DraftLengthPolicy):
         if self._best is None:  # nothing measured yet: the two ends first
             return (0 if self.cost_model.cost(len(request_ids), 0) is None else self.max_k), "measure"
         if self.explore_every and self._steps >= self._next_explore:
-            return self._explore(self._best), "explore"
+            k = self._exploration_k(self._best)
+            due = self._last_explore + self._spacing(k, self._best)
+            if self._steps >= due:
+                return self._explore(k), "explore"
+            self._next_explore = due  # dear for what it would tell: later
         return self._best, "decide" if decide else "keep"
 
-    def _explore(self, best: int) -> int:
-        """An exploration's k, and when the next one comes. It holds for EXPLORE_STEPS steps: a step's cost is
-        verifying its drafts plus proposing the next step's plus the host's processing of the previous
-        output, and only the last step of an exploration has all three at the explored k (the engine measures
-        only such steps).
+    def _exploration_k(self, best: int) -> int:
+        """The k the next exploration runs. Below max_k, every other exploration drafts max_k: one step measures
+        the acceptance of every position (the current k observes only its own). Otherwise the k unused for
+        longest, to refresh its measured cost."""
+        if best < self.max_k and self._explorations % 2 == 0:
+            return self.max_k
+        others = [j for j in range(self.max_k + 1) if j != best]
+        return min(others, key=lambda j: self._last_used[j])
 
-        Below max_k, every other exploration drafts max_k: one step measures the acceptance of every position
-        (the current k observes only its own). Otherwise the k unused for longest, to refresh its measured
-        cost. The next exploration comes after `explore_every` steps, or later when exploring is dear: an
-        exploration losing a fraction L of a step's tokens per second waits EXPLORE_STEPS * L / EXPLORE_BUDGET
-        steps (at batch 256 with acceptance ~0, a step at max_k costs about twice a step at k = 0)."""
-        self._explorations += 1
-        if best < self.max_k and self._explorations % 2 == 1:
-            k = self.max_k
-        else:
-            others = [j for j in range(self.max_k + 1) if j != best]
-            k = min(others, key=lambda j: self._last_used[j])  # the k unused for longest
+    def _spacing(self, k: int, best: int) -> int:
+        """Steps from one exploration to an exploration of k: `explore_every`, or more when k is dear. Running
+        k instead of the best for EXPLORE_STEPS steps loses a fraction L of a step's tokens per second each
+        step; spaced EXPLORE_STEPS * L / EXPLORE_BUDGET apart, explorations cost EXPLORE_BUDGET of the tokens
+        per second (at batch 256 with acceptance ~0, a step at max_k costs about twice a step at k = 0). The
+        first exploration of a run is not spaced: in a batch mixing requests that accept with many that do
+        not, it is what finds the former before the latter finish."""
+        if self._last_explore < 0:
+            return 0
         loss = max(0.0, 1.0 - self._rates[k] / max(self._rates[best], 1e-12)) if self._rates else 0.0
-        self._next_explore = self._steps + max(self.explore_every, math.ceil(EXPLORE_STEPS * loss / EXPLORE_BUDGET))
+        return max(self.explore_every, math.ceil(EXPLORE_STEPS * loss / EXPLORE_BUDGET))
+
+    def _explore(self, k: int) -> int:
+        """Start an exploration of k. It holds for EXPLORE_STEPS steps: a step's cost is verifying its drafts
+        plus proposing the next step's plus the host's processing of the previous output, and only the last
+        step of an exploration has all three at the explored k (the engine measures only such steps)."""
+        self._explorations += 1
+        self._last_explore = self._steps
+        self._next_explore = self._steps + self.explore_every
         self._explore_k, self._explore_left = k, EXPLORE_STEPS - 1
         self._decide_at = self._steps + DECIDE_AFTER_EXPLORE  # what it measured is used at once
         return k
