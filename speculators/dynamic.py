@@ -11,8 +11,9 @@ among drafting k the one in use unless another is at least `MARGIN` better (host
 measure with a few percent of noise; a switch for less only flaps).
 Both inputs are measured online: acceptance per draft position, batch-wide and per request (a request's
 own rates lean on the batch-wide ones until it has been observed), and step costs per batch-size bucket.
-At a batch size with no measured costs anywhere, the policy first measures k = 0 and k = max_k; a new bucket
-borrows the cost shape of the nearest measured one. The decision is remade every `DECIDE_EVERY_STEADY`
+With no measured costs anywhere, the policy first runs max_k (its cost, and the acceptance of every draft
+position), then decides with a prior cost shape scaled to it; a new bucket borrows the cost shape of the
+nearest measured one. The decision is remade every `DECIDE_EVERY_STEADY`
 steps, whenever the batch changes size bucket (then every `DECIDE_EVERY` steps for a while) and right
 after an exploration; in between, a step costs a counter test (the host often bounds a step, and a decision
 costs 0.1-1 ms of it). Every `explore_every` steps the policy tries the k it has not used for longest (or, every other time while below max_k, max_k itself, which observes
@@ -93,7 +94,7 @@ class DynamicK(DraftLengthPolicy):
         self._prior = np.zeros(max_k)
         self._explorations = 0
         self._next_explore = explore_every  # step at which the next exploration is considered
-        self._last_explore = -1  # step the last exploration started (-1: none yet)
+        self._last_explore = 0  # step the last exploration started (0: none yet)
         self._explore_k, self._explore_left = 0, 0  # the exploration in progress: its k, steps it still holds
         self._settle_until = 0  # decide every DECIDE_EVERY steps until this step
         self._decide_at = 0  # a decision due at this step besides the regular ones (after an exploration)
@@ -202,8 +203,8 @@ class DynamicK(DraftLengthPolicy):
         if decide:
             self._best, self._bucket = self.best_k(request_ids, self._best), bucket
             self._observed_at_decision = getattr(self.cost_model, "num_observed", None)
-        if self._best is None:  # nothing measured yet: the two ends first
-            return (0 if self.cost_model.cost(len(request_ids), 0) is None else self.max_k), "measure"
+        if self._best is None:  # nothing measured yet: max_k (measures its cost and every position's acceptance)
+            return self.max_k, "measure"
         if self.explore_every and self._steps >= self._next_explore:
             k = self._exploration_k(self._best)
             due = self._last_explore + self._spacing(k, self._best)
@@ -226,10 +227,10 @@ class DynamicK(DraftLengthPolicy):
         k instead of the best for EXPLORE_STEPS steps loses a fraction L of a step's tokens per second each
         step; spaced EXPLORE_STEPS * L / EXPLORE_BUDGET apart, explorations cost EXPLORE_BUDGET of the tokens
         per second (at batch 256 with acceptance ~0, a step at max_k costs about twice a step at k = 0). The
-        first exploration of a run is not spaced: in a batch mixing requests that accept with many that do
-        not, it is what finds the former before the latter finish."""
-        if self._last_explore < 0:
-            return 0
+        first exploration, when it drafts max_k above the best k, is not spaced: in a batch mixing requests
+        that accept with many that do not, it is what finds the former before the latter finish."""
+        if self._explorations == 0 and k == self.max_k > best:
+            return self.explore_every
         loss = max(0.0, 1.0 - self._rates[k] / max(self._rates[best], 1e-12)) if self._rates else 0.0
         return max(self.explore_every, math.ceil(EXPLORE_STEPS * loss / EXPLORE_BUDGET))
 

@@ -17,9 +17,12 @@ must not flip the policy, and a k the policy rarely uses is measured rarely.
   verifying drafts only adds work, so a measurement saying otherwise is noise, and believing it would make
   the policy draft for nothing when acceptance is ~0. With k = 0 and a single k >= 1 measured, the table is
   the line through the two;
+* with a single k measured in every bucket that has any, the table is `prior_shape` scaled to the nearest: drafting at all costs 25 % of a step
+  and each draft 2 % more (what an H200 measured at batch 1-16; at 256, k = 1 and 5 cost 16 % and 36 %
+  more). A large fixed cost is the cautious side: drafting must then earn it by measured acceptance;
 * a bucket without such a table borrows the *shape* t(k) / t(0) of the nearest bucket that has one (only
   ratios between k decide the policy's argmax), scaled to whatever the bucket has measured;
-* with no table anywhere, it is unknown (None) and the policy measures k = 0 and k = K first.
+* with nothing measured anywhere, it is unknown (None) and the policy measures k = K first.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ from collections import deque
 from typing import Optional, Protocol
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+PRIOR_DRAFT_COST, PRIOR_DRAFT_SLOPE = 0.25, 0.02  # prior_shape: t(k) / t(0) = 1 + 0.25 + 0.02 (k - 1), k >= 1
+
+
+def prior_shape(max_k: int) -> list[float]:
+    """t(k) / t(0) for k in 0..max_k assumed until a second k is measured (see the module docstring)."""
+    return [1.0] + [1.0 + PRIOR_DRAFT_COST + PRIOR_DRAFT_SLOPE * (k - 1) for k in range(1, max_k + 1)]
 
 
 def batch_bucket(num_rows: int) -> int:
@@ -83,8 +92,9 @@ def _line(points: dict[int, float]) -> tuple[float, float]:
     return mean_t - slope * mean_k, slope
 
 
-def _bucket_table(cost_model: CostModel, bucket: int, max_k: int) -> Optional[list[float]]:
-    """t(0..max_k) from this bucket's own per-k medians (see the module docstring), or None with too few."""
+def _bucket_table(cost_model: CostModel, bucket: int, max_k: int, prior: bool = False) -> Optional[list[float]]:
+    """t(0..max_k) from this bucket's own per-k medians (see the module docstring), or None with too few; with
+    `prior`, a single measured k gives the prior shape through it."""
     points = {k: c for k in range(max_k + 1) if (c := cost_model.cost(bucket, k)) is not None}
     drafting = {k: c for k, c in points.items() if k > 0}
     if len(drafting) >= 2:
@@ -94,6 +104,10 @@ def _bucket_table(cost_model: CostModel, bucket: int, max_k: int) -> Optional[li
     if len(points) == 2:  # k = 0 and one k >= 1: the line through both
         a, b = _line(points)
         return [a + b * k for k in range(max_k + 1)]
+    if prior and len(points) == 1:  # the prior shape through the one measured k
+        (k, c), = points.items()
+        shape = prior_shape(max_k)
+        return [c / shape[k] * x for x in shape]
     return None
 
 
@@ -115,4 +129,8 @@ def step_costs(cost_model: CostModel, num_rows: int, max_k: int) -> Optional[lis
         # Scale the borrowed shape to this bucket's own measurement, if it has one.
         base = sum(c / shape[k] for k, c in measured.items()) / len(measured) if measured else borrowed[0]
         return [base * x for x in shape]
+    for other in by_distance:  # no bucket has two k measured: the prior shape, here or from the nearest bucket
+        table = _bucket_table(cost_model, other, max_k, prior=True)
+        if table is not None:
+            return table
     return None

@@ -110,14 +110,18 @@ def test_reacts_when_acceptance_changes_mid_run():
     assert _mode(again[150:]) == MAX_K
 
 
-def test_measured_costs_explore_both_ends_then_fit_a_line():
+def test_measured_costs_start_at_max_k_then_fit_a_line():
     cost = MeasuredCostModel()
     policy = DynamicK(4, cost, explore_every=0)
     ids = _ids(16)
-    assert policy.choose(ids) == 0  # nothing measured anywhere: k = 0 first
+    assert policy.choose(ids) == 4  # nothing measured anywhere: the largest k first
+    assert policy.choose(ids) == 4
+    policy.observe_step(16, 4, 1.31)
+    assert policy.costs(16) == pytest.approx([1.0, 1.25, 1.27, 1.29, 1.31])  # the prior shape through it
+    assert policy.costs(1) == pytest.approx([1.0, 1.25, 1.27, 1.29, 1.31])  # borrowed by any other bucket
     policy.observe_step(16, 0, 1.0)
-    assert policy.choose(ids) == 4  # then the largest k
     policy.observe_step(16, 4, 1.4)
+    policy.observe_step(16, 4, 1.4)  # median of 1.31, 1.4, 1.4
     assert policy.costs(16) == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])  # a line through both ends
     policy.observe_step(16, 2, 1.05)  # k >= 1 on their own line (least squares), never below k = 0
     assert policy.costs(16) == pytest.approx([1.0, 1.0, 1.05, 1.225, 1.4])
@@ -254,8 +258,8 @@ def test_build_policy_from_config():
 
 
 def test_record_logs_every_step_with_its_reason():
-    policy = DynamicK(MAX_K, SyntheticCost(), record=True)
-    ks = _run(policy, 80, rows=4, accept_p=0.9, rng=random.Random(7))
+    policy = DynamicK(MAX_K, SyntheticCost(), record=True, explore_every=8)
+    ks = _run(policy, 200, rows=4, accept_p=0.5, rng=random.Random(7))
     log = policy.decisions
     assert log is not None and [d.k for d in log] == ks == policy.history
     assert {d.reason for d in log} <= {"decide", "keep", "explore", "measure"} and "explore" in {d.reason for d in log}
@@ -322,3 +326,20 @@ def test_stacked_runs_of_observations_equal_adding_each():
         assert batched.accepted[batched._row[r]] == pytest.approx(each.accepted[each._row[r]])
     assert tracker_batched.rates() == pytest.approx(tracker_each.rates())
     assert tracker_batched.attempted.sum() > 0
+
+
+def test_a_dear_exploration_waits_also_when_it_is_the_first():
+    """At acceptance 1 the best k is max_k and exploring k = 0 (the least recently used) loses ~80 % of a
+    step's tokens: it waits EXPLORE_STEPS * 0.8 / EXPLORE_BUDGET steps even as the first exploration. Only a
+    first exploration of max_k above the best k comes at `explore_every` (it finds requests that accept)."""
+    policy = DynamicK(MAX_K, SyntheticCost(), explore_every=8, record=True)
+    ks = _run(policy, 150, rows=4, accept_p=1.0, rng=random.Random(2))
+    assert policy.decisions is not None
+    # Before any acceptance is observed the prior (0.5) puts the best k below max_k, so the first exploration
+    # drafts max_k at step 8; once max_k is best, none comes in the next 140 steps.
+    assert [d.step for d in policy.decisions if d.reason == "explore"] == [8, 9, 10]
+    assert ks[15:] == [MAX_K] * 135
+    policy = DynamicK(MAX_K, SyntheticCost(), explore_every=8, record=True)
+    _run(policy, 40, rows=4, accept_p=0.0, rng=random.Random(2))
+    first = next(d for d in policy.decisions if d.reason == "explore")
+    assert first.k == MAX_K and first.step <= 16
