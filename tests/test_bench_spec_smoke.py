@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,5 +28,9 @@ def test_bench_spec_smoke_writes_every_engine_and_the_decision_log(tmp_path):
     dynamic = data["results"][-1]
     assert len(dynamic["decisions"]) == len(dynamic["k_history"]) > 0
     assert {d["reason"] for d in dynamic["decisions"]} <= {"decide", "keep", "explore", "measure"}
+    best = next(r for r in data["results"] if r["engine"] == f"ngram k={dynamic['best_fixed_k']}")
+    ratios = [d / f for d, f in zip(dynamic["runs_tok_per_s"], best["runs_tok_per_s"])]  # round by round
+    assert dynamic["paired_vs_best"]["ratios"] == pytest.approx(ratios, abs=1e-4)
+    assert dynamic["cold_tok_per_s"] > 0
     assert (out / "bench_spec.png").stat().st_size > 0
     assert "dynamic" in res.stdout  # the table
