@@ -57,6 +57,7 @@ for j in "$@"; do
     diag_dk) job $j 150 python3 scripts/diag_dynamic_k.py --out "$res/diag_dk" ;;
     diag_dk_blas1) OPENBLAS_NUM_THREADS=1 job $j 150 python3 scripts/diag_dynamic_k.py --out "$res/diag_dk_blas1" ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;
+    gpu_tests_spec) job $j 120 python3 -m pytest -q tests/gpu/test_spec_gpu.py ;;
     spec5) job $j 500 python3 scripts/bench_spec.py --repeats 5 --out "$res/spec" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
