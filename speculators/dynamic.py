@@ -176,9 +176,13 @@ class DynamicK(DraftLengthPolicy):
                     tuple(round(float(a), 3) for a in self._prior) if decided else ()))
         return k
 
+    def _decide_every(self) -> int:
+        """Steps between regular decisions now: DECIDE_EVERY while settling after a bucket change."""
+        return DECIDE_EVERY if self._steps < self._settle_until else DECIDE_EVERY_STEADY
+
     def _next_decision(self) -> int:
         """The next step at which `_choose` decides again (see `_choose`)."""
-        every = DECIDE_EVERY if self._steps < self._settle_until else DECIDE_EVERY_STEADY
+        every = self._decide_every()
         regular = (self._steps // every + 1) * every
         return min(regular, self._decide_at) if self._decide_at > self._steps else regular
 
@@ -194,15 +198,16 @@ class DynamicK(DraftLengthPolicy):
         bucket = batch_bucket(len(request_ids))
         if bucket != self._bucket:
             self._settle_until = self._steps + SETTLE
-        every = DECIDE_EVERY if self._steps < self._settle_until else DECIDE_EVERY_STEADY
+        every = self._decide_every()
         # A settling decision (every DECIDE_EVERY steps) is skipped when no step was measured since the last one:
         # while a batch drains, rows finish every step and no step is steady, so there is nothing new to use.
-        settling = every == DECIDE_EVERY and self._observed_at_decision == getattr(self.cost_model, "num_observed", -1)
+        observed = getattr(self.cost_model, "num_observed", None)  # None: a cost model that does not count
+        nothing_new = every == DECIDE_EVERY and observed is not None and observed == self._observed_at_decision
         decide = (self._best is None or bucket != self._bucket or self._steps == self._decide_at
-                  or (self._steps % every == 0 and not settling))
+                  or (self._steps % every == 0 and not nothing_new))
         if decide:
             self._best, self._bucket = self.best_k(request_ids, self._best), bucket
-            self._observed_at_decision = getattr(self.cost_model, "num_observed", None)
+            self._observed_at_decision = observed
         if self._best is None:  # nothing measured yet: max_k (measures its cost and every position's acceptance)
             return self.max_k, "measure"
         if self.explore_every and self._steps >= self._next_explore:
