@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import sys
 import time
@@ -200,6 +201,19 @@ def set_policy(llm, policy) -> None:  # type: ignore[no-untyped-def]
     llm.engine.scheduler.draft_policy = policy
 
 
+def pin_cpus(cpus: Optional[str]) -> None:
+    """Keep this process (and the threads it starts) on the given CPUs ("2,3" or "2-5"): a host-bound step
+    time then does not move with the scheduler migrating the process between cores."""
+    if not cpus:
+        return
+    chosen: set[int] = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        chosen.update(range(int(lo), int(hi or lo) + 1))
+    os.sched_setaffinity(0, chosen)
+    print(f"pinned to CPUs {sorted(os.sched_getaffinity(0))}", file=sys.stderr)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench_results/spec")
@@ -208,7 +222,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     parser.add_argument("--workloads", nargs="+", default=["greedy-repeat", "sampled", "shifting"])
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks the script, no figures")
+    parser.add_argument("--pin-cpus", default=None, help="run on these CPUs only, e.g. 2,3 (see pin_cpus)")
     args = parser.parse_args(argv)
+    pin_cpus(args.pin_cpus)
     if not torch.cuda.is_available() and not args.smoke:
         sys.exit("bench_spec.py needs a CUDA device (or --smoke)")
     from speculators.dynamic import DynamicK

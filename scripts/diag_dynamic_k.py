@@ -31,7 +31,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_spec import K_MAX, build_llm, run_once, set_policy, warm_up, workload  # noqa: E402
+from bench_policy_host import Clock  # noqa: E402
+from bench_spec import K_MAX, build_llm, pin_cpus, run_once, set_policy, warm_up, workload  # noqa: E402
 
 
 class ShadowK:
@@ -83,30 +84,24 @@ class ReplayK:
 
 
 class TimedPolicy:
-    """Forwards to a policy and adds up the host seconds spent in it (`seconds`, reset per run)."""
+    """Forwards to a `DynamicK` and adds up the host seconds spent in it and in its decisions (`clock`, a
+    `bench_policy_host.Clock`, reset per run)."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.max_k, self.seconds = inner, inner.max_k, 0.0
+        self.inner, self.max_k, self.clock = inner, inner.max_k, Clock(inner)
         self.wants_step_times = inner.wants_step_times
 
-    def _timed(self, method: Any, *args: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return method(*args)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
     def choose(self, request_ids: Sequence[str]) -> int:
-        return self._timed(self.inner.choose, request_ids)
+        return self.clock.call(self.inner.choose, request_ids)
 
     def observe_acceptance(self, *args: Any) -> None:
-        self._timed(self.inner.observe_acceptance, *args)
+        self.clock.call(self.inner.observe_acceptance, *args)
 
     def observe_step(self, *args: Any) -> None:
-        self._timed(self.inner.observe_step, *args)
+        self.clock.call(self.inner.observe_step, *args)
 
     def remove_request(self, request_id: str) -> None:
-        self._timed(self.inner.remove_request, request_id)
+        self.clock.call(self.inner.remove_request, request_id)
 
 
 class GcTimer:
@@ -154,7 +149,7 @@ def run_cell(llm, name: str, batch: int, best_k: int, repeats: int, output_len: 
             set_policy(llm, policy)
             before = len(dynamic.history)
             timer = GcTimer()
-            timed.seconds = 0.0
+            timed.clock.total, timed.clock.deciding, timed.clock.decisions = 0.0, 0.0, 0
             gc.callbacks.append(timer)
             try:
                 r = run_once(llm, prompts, params)
@@ -166,18 +161,22 @@ def run_cell(llm, name: str, batch: int, best_k: int, repeats: int, output_len: 
                 replay.load(ks)
             elif pname == "replay":
                 ks = replay.ks
+            dyn = pname == "dynamic"
             row = {"workload": name, "batch": batch, "policy": pname, "repeat": rep,
                    "tok_per_s": round(r["output_tok_per_s"]), "steps": r["steps"],
                    "median_step_ms": r["median_step_ms"], "steady_step_ms": round(steady_median(r["step_ms"], ks), 3),
                    "median_device_ms": statistics.median([x for x in r["step_device_ms"] if x] or [0.0]),
                    "gc_ms": [round(1e3 * s, 2) for s in timer.seconds], "gc_count": timer.count,
-                   "policy_us_per_step": round(1e6 * timed.seconds / max(r["steps"], 1), 1) if pname == "dynamic" else None,
+                   "policy_us_per_step": round(1e6 * timed.clock.total / max(r["steps"], 1), 1) if dyn else None,
+                   "decisions": timed.clock.decisions if dyn else None,
+                   "us_per_decision": round(1e6 * timed.clock.deciding / max(timed.clock.decisions, 1)) if dyn else None,
                    "step_ms": r["step_ms"], "k": ks}
             rows.append(row)
             print(f"{name:<14}{batch:>5} {pname:<8} rep {rep}  {row['tok_per_s']:>7} tok/s  steps {row['steps']:>4}  "
                   f"median {row['median_step_ms']:.2f}  steady {row['steady_step_ms']:.2f}  device "
                   f"{row['median_device_ms']:.2f} ms  gc {row['gc_count']} {row['gc_ms']} ms"
-                  + (f"  policy {row['policy_us_per_step']} us/step" if pname == "dynamic" else ""), file=sys.stderr)
+                  + (f"  policy {row['policy_us_per_step']} us/step, {row['decisions']} decisions of "
+                     f"{row['us_per_decision']} us" if dyn else ""), file=sys.stderr)
     return rows
 
 
@@ -189,7 +188,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--out", default="bench_results/diag_dynamic_k")
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks the script")
+    parser.add_argument("--pin-cpus", default=None, help="run on these CPUs only, e.g. 2,3")
     args = parser.parse_args(argv)
+    pin_cpus(args.pin_cpus)
     cells = [(w, int(b), int(k)) for w, b, k in (c.split(":") for c in args.cells)]
     llm = build_llm(True, min(128 + 4 * args.output_len + 8, 512 if args.smoke else 1 << 20), args.smoke)
     vocab = llm.engine.loaded.vocab_size

@@ -13,13 +13,13 @@ Both inputs are measured online: acceptance per draft position, batch-wide and p
 own rates lean on the batch-wide ones until it has been observed), and step costs per batch-size bucket.
 With no measured costs anywhere, the policy first runs max_k (its cost, and the acceptance of every draft
 position), then decides with a prior cost shape scaled to it; a new bucket borrows the cost shape of the
-nearest measured one. The decision is remade every `DECIDE_EVERY_STEADY`
-steps, whenever the batch changes size bucket (then every `DECIDE_EVERY` steps for a while) and right
-after an exploration; in between, a step costs a counter test (the host often bounds a step, and a decision
-costs 0.1-1 ms of it). Every `explore_every` steps the policy tries the k it has not used for longest (or, every other time while below max_k, max_k itself, which observes
-every draft position), so costs and acceptance keep tracking a workload that changes; explorations that
-cost much are spaced further apart (`EXPLORE_BUDGET`). Tests inject a synthetic `CostModel` instead of
-the measured one.
+nearest measured one. The decision is remade every `DECIDE_EVERY_STEADY` steps, whenever the batch changes
+size bucket (then every `DECIDE_EVERY` steps for a while if the bucket has no costs of its own yet, and so at
+the start) and right after an exploration; in between, a step costs a counter test (the host often bounds a
+step, and a decision costs 0.1-1 ms of it). Every `explore_every` steps the policy tries the k it has not used
+for longest (or, every other time while below max_k, max_k itself, which observes every draft position), so
+costs and acceptance keep tracking a workload that changes; explorations that cost much are spaced further
+apart (`EXPLORE_BUDGET`). Tests inject a synthetic `CostModel` instead of the measured one.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from speculators.acceptance import AcceptanceTracker, Queued, Removal, RequestAcceptance, add_runs, stack_runs
+from speculators.acceptance import AcceptanceTracker, Queued, Removal, RequestAcceptance, fold_queue
 from speculators.interface import Proposal, ProposeInputs, Speculator
 from speculators.policy import DraftLengthPolicy
-from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, step_costs
+from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, has_own_costs, step_costs
 
 if TYPE_CHECKING:
     import torch
@@ -42,8 +42,9 @@ if TYPE_CHECKING:
     from framework.scheduler_output import NewRequestData
 
 MARGIN = 0.03  # a larger k must beat a smaller one by 3% in expected tokens/s: no flapping on noise
-# Steps between two decisions at the same batch-size bucket: DECIDE_EVERY for SETTLE steps after the batch changed
-# bucket (its costs are being measured), DECIDE_EVERY_STEADY otherwise, and once right after an exploration.
+# Steps between two decisions at the same batch-size bucket: DECIDE_EVERY for SETTLE steps after the first decision
+# and after the batch changed to a bucket without costs of its own (they are being measured), DECIDE_EVERY_STEADY
+# otherwise, and once right after an exploration.
 # A decision costs 0.1-0.4 ms of host time (acceptance folded, costs fitted), on the step path of a host that
 # is often the bottleneck: on an H200 every 4th step of a 2 ms batch-16 decode was 0.4 ms slower when the
 # policy decided every 4 steps.
@@ -56,8 +57,8 @@ EXPLORE_STEPS = 3
 # the exploration's last step whose drafts were proposed and verified at the explored k (proposed at e + 2,
 # verified at e + 3... see EngineCore._observe_step_time), and reports it after scheduling step e + 3.
 DECIDE_AFTER_EXPLORE = EXPLORE_STEPS + 1
-EXPLORE_BUDGET = 0.01
-MAX_QUEUED = 512  # observations and removals queued between two folds before one is forced  # exploration steps may cost about this fraction of the tokens per second
+EXPLORE_BUDGET = 0.01  # exploration steps may cost about this fraction of the tokens per second
+MAX_QUEUED = 128  # observations and removals queued between two folds before one is forced
 
 
 class Decision(NamedTuple):
@@ -124,8 +125,8 @@ class DynamicK(DraftLengthPolicy):
         """Add the queued observations and removals to the acceptance counts (done when a decision reads them;
         a step itself only queues)."""
         if self._queue:
-            runs, self._queue = stack_runs(self._queue), []
-            add_runs(runs, self.requests, self.acceptance)
+            queue, self._queue = self._queue, []
+            fold_queue(queue, self.requests, self.acceptance)
 
     def rates(self, request_ids: Sequence[str]) -> Optional[list[float]]:
         """Expected tokens per second for every k, or None while the costs at this batch size are unknown."""
@@ -196,8 +197,9 @@ class DynamicK(DraftLengthPolicy):
         # Decide at once when the batch changes bucket, then every DECIDE_EVERY steps while settling and every
         # DECIDE_EVERY_STEADY steps after: a decision costs 0.1-1 ms of host time, against steps of 1-8 ms.
         bucket = batch_bucket(len(request_ids))
-        if bucket != self._bucket:
-            self._settle_until = self._steps + SETTLE
+        if bucket != self._bucket and (self._best is None or not has_own_costs(self.cost_model, len(request_ids),
+                                                                                self.max_k)):
+            self._settle_until = self._steps + SETTLE  # acceptance or costs are still being measured: decide often
         every = self._decide_every()
         # A settling decision (every DECIDE_EVERY steps) is skipped when no step was measured since the last one:
         # while a batch drains, rows finish every step and no step is steady, so there is nothing new to use.

@@ -60,23 +60,33 @@ class MeasuredCostModel:
 
     def __init__(self, window: int = 7) -> None:
         self._samples: dict[tuple[int, int], deque[float]] = {}
+        self._medians: dict[tuple[int, int], float] = {}  # computed on demand, dropped when a sample arrives
         self.window = window
-        self._last: tuple[int, int, Optional[deque[float]]] = (-1, -1, None)  # (rows, k, samples) of the last observe
+        self._last: tuple[int, int, Optional[tuple[int, int]]] = (-1, -1, None)  # (rows, k, key) of the last observe
         self.num_observed = 0  # steps observed so far (a policy need not re-decide on costs that did not change)
 
     def cost(self, num_rows: int, k: int) -> Optional[float]:
-        samples = self._samples.get((batch_bucket(num_rows), k))
-        if not samples:
-            return None
-        ordered, n = sorted(samples), len(samples)  # the median (statistics.median is several times slower)
-        return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+        key = (batch_bucket(num_rows), k)
+        median = self._medians.get(key)
+        if median is None:
+            samples = self._samples.get(key)
+            if not samples:
+                return None
+            ordered, n = sorted(samples), len(samples)  # the median (statistics.median is several times slower)
+            median = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+            self._medians[key] = median
+        return median
 
     def observe(self, num_rows: int, k: int, seconds: float) -> None:
-        rows, last_k, samples = self._last
-        if samples is None or rows != num_rows or last_k != k:  # steady steps repeat (rows, k): no lookup then
-            samples = self._samples.setdefault((batch_bucket(num_rows), k), deque(maxlen=self.window))
-            self._last = (num_rows, k, samples)
+        rows, last_k, key = self._last
+        if key is None or rows != num_rows or last_k != k:  # steady steps repeat (rows, k): no bucket lookup then
+            key = (batch_bucket(num_rows), k)
+            self._last = (num_rows, k, key)
+        samples = self._samples.get(key)
+        if samples is None:
+            samples = self._samples[key] = deque(maxlen=self.window)
         samples.append(seconds)
+        self._medians.pop(key, None)
         self.num_observed += 1
 
     def __bool__(self) -> bool:
@@ -109,6 +119,11 @@ def _bucket_table(cost_model: CostModel, bucket: int, max_k: int, prior: bool = 
         shape = prior_shape(max_k)
         return [c / shape[k] * x for x in shape]
     return None
+
+
+def has_own_costs(cost_model: CostModel, num_rows: int, max_k: int) -> bool:
+    """Whether this batch size's bucket has measured enough for a table of its own (nothing borrowed)."""
+    return bool(cost_model) and _bucket_table(cost_model, batch_bucket(num_rows), max_k) is not None
 
 
 def step_costs(cost_model: CostModel, num_rows: int, max_k: int) -> Optional[list[float]]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from framework.config import load_config
-from speculators.acceptance import AcceptanceTracker, Removal, RequestAcceptance, add_runs, stack_runs
+from speculators.acceptance import AcceptanceTracker, Removal, RequestAcceptance, fold_queue
 from speculators.dynamic import EXPLORE_STEPS, DynamicK
 from speculators.policy import FixedK, build_draft_policy
 from speculators.step_cost import MeasuredCostModel, batch_bucket, step_costs
@@ -295,10 +295,10 @@ def test_the_k_in_use_is_kept_unless_another_is_clearly_better():
     assert policy.best_k(["a"], current=2) == 1
 
 
-def test_stacked_runs_of_observations_equal_adding_each():
-    """A queue of observations (steps with the same requests stacked into runs by `stack_runs`) and removals,
-    added at once, gives the counts of adding every observation as it came: also when the batch changes
-    within the queue and when an ended request's id comes back as a new request."""
+def test_a_folded_queue_of_observations_equals_adding_each():
+    """A queue of observations and removals folded at once (`fold_queue`) gives the counts of adding every
+    observation as it came: also when the batch changes within the queue and when an ended request's id comes
+    back as a new request."""
     rng = np.random.default_rng(3)
     batched, each = RequestAcceptance(4, decay=0.9), RequestAcceptance(4, decay=0.9)
     tracker_batched, tracker_each = AcceptanceTracker(4, 0.9, 0.5), AcceptanceTracker(4, 0.9, 0.5)
@@ -317,9 +317,7 @@ def test_stacked_runs_of_observations_equal_adding_each():
         queue.append((ids, drafts, accepted))
         each.observe(ids, drafts, accepted)
         tracker_each.observe(drafts, accepted)
-    runs = stack_runs(queue)  # runs end at a removal and where the requests change
-    assert [len(r.drafts) if hasattr(r, "drafts") else "removal" for r in runs] == [11, "removal", "removal", 2, 5]
-    add_runs(runs, batched, tracker_batched)
+    fold_queue(queue, batched, tracker_batched)
     assert set(batched._row) == set(each._row) == set(batch_b) | {"r1"}
     for r in batched._row:
         assert batched.attempted[batched._row[r]] == pytest.approx(each.attempted[each._row[r]])
@@ -343,3 +341,27 @@ def test_a_dear_exploration_waits_also_when_it_is_the_first():
     _run(policy, 40, rows=4, accept_p=0.0, rng=random.Random(2))
     first = next(d for d in policy.decisions if d.reason == "explore")
     assert first.k == MAX_K and first.step <= 16
+
+
+def test_a_bucket_with_costs_of_its_own_is_not_resettled():
+    """Back at a batch size whose bucket has measured costs of its own the policy decides once and then every
+    DECIDE_EVERY_STEADY steps; at a bucket that only borrows a cost shape it decides every DECIDE_EVERY steps
+    while its costs are measured."""
+    from speculators.step_cost import has_own_costs
+
+    cost = MeasuredCostModel()
+    for k, seconds in ((0, 1.0), (MAX_K, 2.0)):
+        for _ in range(3):
+            cost.observe(16, k, seconds)
+    assert has_own_costs(cost, 16, MAX_K) and not has_own_costs(cost, 256, MAX_K)
+    policy = DynamicK(MAX_K, cost, explore_every=0, record=True)
+    rng = random.Random(0)
+    for rows in (16, 256, 16):  # settles once at the start; at 256 (borrowed costs) again; not back at 16
+        for _ in range(40):
+            k = _run(policy, 1, rows=rows, accept_p=0.8, rng=rng)[0]
+            policy.observe_step(rows, k, 1.0 + 0.001 * rows * (1 + k))  # every step measured
+    assert policy.decisions is not None
+    decided = [d.step for d in policy.decisions if d.reason == "decide"]
+    assert [s for s in decided if s <= 40] == [1, 4, 8, 12, 16, 32]
+    assert [s for s in decided if 40 < s <= 80] == [41, 44, 48, 52, 56, 64]
+    assert [s for s in decided if s > 80] == [81, 96]
