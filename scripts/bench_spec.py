@@ -21,10 +21,12 @@ fresh dynamic-k policy (the engine captures CUDA graphs for every k). It reports
 acceptance length, per-position acceptance, and for dynamic-k the k it chose. Dynamic-k's policy starts
 fresh for each workload and batch size and learns in one untimed run first (reported as its "cold" run).
 Every cell is the median of `--repeats` timed runs; the repeats go round-robin over the policies of a cell
-(k = 0, 1, 2, 3, 5, dynamic, then again), so a slow period of the machine hits them all alike, and
-dynamic-k is also compared with the best fixed k round by round ("paired", see `paired_ratio`). The JSON keeps every step's time, device time and whether
-it ran eagerly, and dynamic-k's decision log. Writes `bench_spec.json` and
-`bench_spec.png` into `--out`; prints a table. About 3-4 minutes on one H200.
+(k = 0, 1, 2, 3, 5, dynamic, then again), so a slow period of the machine hits them all alike. Then `--pairs`
+more rounds run only the best fixed k and dynamic-k, back to back in alternating order, and dynamic-k is
+compared with the best fixed k round by round over all rounds ("paired", see `paired_ratio`: median and
+quartiles). The JSON keeps every step's time, device time and whether it ran eagerly, each run's host speed
+(`host_probe_us`) and dynamic-k's decision log. Writes `bench_spec.json` and `bench_spec.png` into `--out`;
+prints a table. About 3-4 minutes on one H200 with the defaults, 6 with `--pairs 10`.
 
     python scripts/bench_spec.py --out bench_results/spec
 """
@@ -43,6 +45,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_speed import fast_or_all_median, fast_runs, host_probe_us, paired_ratio  # noqa: E402
 
 BATCH_SIZES = (1, 16, 64, 256)
 FIXED_KS = (0, 1, 2, 3, 5)
@@ -96,38 +101,47 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ordered = sorted(runs, key=lambda r: r["output_tok_per_s"])
     best = dict(ordered[len(ordered) // 2])
     best["runs_tok_per_s"] = [round(r["output_tok_per_s"]) for r in runs]
+    best["runs_host_probe_us"] = [r["host_probe_us"] for r in runs]
     best["compiles_during_run"] = sorted({c for r in runs for c in r["compiles_during_run"]})
     return best
 
 
-def paired_ratio(dynamic: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
-    """Dynamic-k's tokens/s over a fixed k's, round by round (each round runs every policy once, back to
-    back), and the median of those ratios. The host this runs on switches between a fast and a slow state
-    for seconds at a time (the same batch-1 step took 1.5 or 2.6 ms, GPU clocks unchanged), which moves
-    whole runs by 30-60 %; within a round both policies mostly see the same state, so the paired median is
-    the steadier comparison."""
-    ratios = [d / f for d, f in zip(dynamic["runs_tok_per_s"], fixed["runs_tok_per_s"])]
-    return {"ratios": [round(x, 4) for x in ratios], "median": round(sorted(ratios)[len(ratios) // 2], 4)}
-
-
 def run_round_robin(llm, policies: dict[str, Any], prompts: list, params: list,  # type: ignore[no-untyped-def]
-                    repeats: int) -> dict[str, dict[str, Any]]:
+                    repeats: int) -> dict[str, list[dict[str, Any]]]:
     """`repeats` rounds, each running the same requests once under every policy in turn (None: the engine's
-    own); the median run per policy. Interleaving spreads slow periods of the machine (clocks, other
-    tenants, host hiccups) over every policy instead of the one measured at that moment."""
+    own); every run per policy, in round order. Interleaving spreads slow periods of the machine (clocks,
+    other tenants, host hiccups) over every policy instead of the one measured at that moment."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
     for _ in range(repeats):
         for name, policy in policies.items():
             if policy is not None:
                 set_policy(llm, policy)
             runs[name].append(run_once(llm, prompts, params))
-    return {name: median_run(r) for name, r in runs.items()}
+    return runs
+
+
+def run_pairs(llm, policies: dict[str, Any], runs: dict[str, list[dict[str, Any]]],  # type: ignore[no-untyped-def]
+              prompts: list, params: list, max_pairs: int, fast_pairs: int, fastest: float) -> None:
+    """More rounds of two policies only (the best fixed k and dynamic-k: `policies`), back to back and in
+    alternating order (A B, B A, ...), appended to `runs`: until `fast_pairs` rounds (counting those in `runs`
+    already) had both runs fast-host (`host_speed`), or `max_pairs` rounds. A comparison of two needs more
+    rounds than a round of six can be repeated, and alternating cancels a drift within a round."""
+    (a, first), (b, second) = policies.items()
+    for i in range(max_pairs):
+        fastest = min([fastest] + [min(r["host_probes_us"]) for r in runs[a] + runs[b]])
+        both = [max(x["host_probe_us"], y["host_probe_us"]) for x, y in zip(runs[a], runs[b])]
+        if len(fast_runs(both, both, fastest)) >= fast_pairs:
+            return
+        for name, policy in ((a, first), (b, second)) if i % 2 == 0 else ((b, second), (a, first)):
+            set_policy(llm, policy)
+            runs[name].append(run_once(llm, prompts, params))
 
 
 def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     from framework.triton_compiles import compiled_variants, new_variants
 
     gc.collect()  # garbage of earlier runs is collected now, not in a pause inside this run
+    probe_before = host_probe_us()
     engine = llm.engine
     engine.spec_metrics.reset()
     compiled_before = compiled_variants()
@@ -155,11 +169,13 @@ def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignor
     finally:
         del engine.step
     seconds = time.perf_counter() - start
+    probes = [probe_before, host_probe_us()]  # the host's speed around the run (see host_speed)
     events, runner.step_events = runner.step_events or [], None
     device_ms = [_elapsed_ms(a, b) for a, b in events]
     tokens = sum(len(o.token_ids) for o in outs)
     ms = sorted(step_ms)
     return {"seconds": seconds, "output_tokens": tokens, "output_tok_per_s": tokens / seconds,
+            "host_probe_us": max(probes), "host_probes_us": probes,
             "compiles_during_run": new_variants(compiled_before, compiled_variants()),
             "steps": len(ms), "median_step_ms": ms[len(ms) // 2] if ms else 0.0,
             "step_ms": [round(x, 2) for x in step_ms],  # in step order (the JSON keeps them; the table does not)
@@ -219,6 +235,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", default="bench_results/spec")
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell; the median is reported")
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="at most this many more rounds of only the best fixed k and dynamic-k per cell")
+    parser.add_argument("--fast-pairs", type=int, default=8,
+                        help="... fewer once this many rounds had both runs fast-host (see run_pairs)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     parser.add_argument("--workloads", nargs="+", default=["greedy-repeat", "sampled", "shifting"])
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks the script, no figures")
@@ -243,12 +263,14 @@ def main(argv: Optional[list[str]] = None) -> None:
               + (f"  compiled during the run: {r['compiles_during_run']}" if r["compiles_during_run"] else ""),
               file=sys.stderr)
 
+    fastest = float("inf")  # the fastest host probe so far (see host_speed)
     llm = build_llm(False, max_model_len, args.smoke)
     vocab = llm.engine.loaded.vocab_size
     warm_up(llm, vocab, (0,), args.batch_sizes)
     for w, b in plans:
         r = run_round_robin(llm, {"none": None}, *workload(w, b, args.output_len, vocab, 1), args.repeats)
-        record("none", w, b, r["none"])
+        record("none", w, b, median_run(r["none"]))
+        fastest = min([fastest] + [min(x["host_probes_us"]) for x in r["none"]])
     del llm
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -264,16 +286,22 @@ def main(argv: Optional[list[str]] = None) -> None:
         cold = run_once(llm, *cell)
         policies: dict[str, Any] = {f"ngram k={k}": FixedK(k) for k in FIXED_KS}
         policies["dynamic"] = policy
-        by_name = run_round_robin(llm, policies, *cell, args.repeats)
+        runs = run_round_robin(llm, policies, *cell, args.repeats)
+        fastest = min([fastest] + [min(r["host_probes_us"]) for rs in runs.values() for r in rs])
+        best_k = max(FIXED_KS, key=lambda k: fast_or_all_median(
+            [r["output_tok_per_s"] for r in runs[f"ngram k={k}"]], [r["host_probe_us"] for r in runs[f"ngram k={k}"]],
+            fastest))
+        pair = {f"ngram k={best_k}": policies[f"ngram k={best_k}"], "dynamic": policy}
+        run_pairs(llm, pair, runs, *cell, args.pairs, args.fast_pairs, fastest)
         for k in FIXED_KS:
-            record(f"ngram k={k}", w, b, by_name[f"ngram k={k}"])
+            record(f"ngram k={k}", w, b, median_run(runs[f"ngram k={k}"]))
+        fastest = min([fastest] + [min(r["host_probes_us"]) for rs in runs.values() for r in rs])
         counts = Counter(policy.history)
-        best_k = max(FIXED_KS, key=lambda k: by_name[f"ngram k={k}"]["output_tok_per_s"])
-        record("dynamic", w, b, by_name["dynamic"], {
+        record("dynamic", w, b, median_run(runs["dynamic"]), {
             "cold_tok_per_s": round(cold["output_tok_per_s"]), "best_fixed_k": best_k,
-            "paired_vs_best": paired_ratio(by_name["dynamic"], by_name[f"ngram k={best_k}"]),
             "k_chosen": dict(sorted(counts.items())), "k_history": policy.history,
             "decisions": [d._asdict() for d in policy.decisions or []]})
+    compare(results, fastest)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -285,18 +313,40 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(f"results written to {out}", file=sys.stderr)
 
 
+def compare(results: list[dict[str, Any]], fastest: float) -> None:
+    """Add to every row its fast-host median (`fast_host_tok_per_s`, None without a fast-host run) and to
+    dynamic-k's rows the round-by-round comparison with the best fixed k (`paired_vs_best`), once the
+    fastest probe of the whole benchmark is known."""
+    for r in results:
+        fast = fast_runs(r["runs_tok_per_s"], r["runs_host_probe_us"], fastest)
+        r["fast_host_tok_per_s"] = sorted(fast)[len(fast) // 2] if fast else None
+    for r in results:
+        if r["engine"] == "dynamic":
+            best = next(x for x in results if (x["workload"], x["batch"], x["engine"]) ==
+                        (r["workload"], r["batch"], f"ngram k={r['best_fixed_k']}"))
+            r["paired_vs_best"] = paired_ratio(r, best, fastest)
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
-    head = (f"{'workload':<14}{'batch':>6}  {'engine':<11}{'out tok/s':>10}{'vs none':>9}{'acc len':>9}"
-            f"  per-position acceptance")
+    head = (f"{'workload':<14}{'batch':>6}  {'engine':<11}{'out tok/s':>10}{'fast host':>10}{'vs none':>9}"
+            f"{'acc len':>9}  per-position acceptance")
     print(head)
     print("-" * len(head))
     base = {(r["workload"], r["batch"]): r["output_tok_per_s"] for r in results if r["engine"] == "none"}
     for r in results:
         rel = r["output_tok_per_s"] / base[(r["workload"], r["batch"])]
         per_pos = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"])
-        chosen = (f"  k chosen {r['k_chosen']}; cold run {r['cold_tok_per_s']}; paired vs k={r['best_fixed_k']} "
-                  f"{100 * (r['paired_vs_best']['median'] - 1):+.1f}%" if "k_chosen" in r else "")
-        print(f"{r['workload']:<14}{r['batch']:>6}  {r['engine']:<11}{r['output_tok_per_s']:>10.0f}{rel:>8.2f}x"
+        fast = f"{r['fast_host_tok_per_s']:>10.0f}" if r["fast_host_tok_per_s"] else f"{'-':>10}"
+        chosen = ""
+        if "k_chosen" in r:
+            p = r["paired_vs_best"]
+            fast_paired = (f"{100 * (p['fast']['median'] - 1):+.1f}% over {p['fast']['rounds']} fast-host rounds"
+                           if p["fast"]["rounds"] else "no fast-host round")
+            chosen = (f"  k chosen {r['k_chosen']}; cold run {r['cold_tok_per_s']}; paired vs k={r['best_fixed_k']} "
+                      f"{100 * (p['median'] - 1):+.1f}% (quartiles "
+                      f"{', '.join(f'{100 * (q - 1):+.1f}%' for q in p['quartiles'])}; {p['rounds']} rounds), "
+                      f"{fast_paired}")
+        print(f"{r['workload']:<14}{r['batch']:>6}  {r['engine']:<11}{r['output_tok_per_s']:>10.0f}{fast}{rel:>8.2f}x"
               f"{r['mean_acceptance_length']:>9.2f}  [{per_pos}]{chosen}")
 
 
