@@ -21,14 +21,16 @@ fresh dynamic-k policy (the engine captures CUDA graphs for every k). It reports
 acceptance length, per-position acceptance, and for dynamic-k the k it chose. Dynamic-k's policy starts
 fresh for each workload and batch size and learns in one untimed run first (reported as its "cold" run).
 Every cell is the median of `--repeats` timed runs; the repeats go round-robin over the policies of a cell
-(k = 0, 1, 2, 3, 5, dynamic, then again), so a slow period of the machine hits them all alike. Then `--pairs`
-more rounds run only the best fixed k and dynamic-k, back to back in alternating order, and dynamic-k is
-compared with the best fixed k round by round over all rounds ("paired", see `paired_ratio`: median and
-quartiles). The JSON keeps every step's time, device time and whether it ran eagerly, each run's host speed
-(`host_probe_us`) and dynamic-k's decision log. Writes `bench_spec.json` and `bench_spec.png` into `--out`;
-prints a table. About 3-4 minutes on one H200 with the defaults, 6 with `--pairs 10`.
+(k = 0, 1, 2, 3, 5, dynamic, then again), so a slow period of the machine hits them all alike. Then up to
+`--pairs` more rounds run only the best fixed k and dynamic-k, back to back in alternating order, until
+`--fast-pairs` rounds had both runs on a fast host (`host_speed`: the H200 machine's host runs at full or
+half speed for seconds at a time). Dynamic-k is compared with the best fixed k round by round over every
+round and over the fast-host rounds ("paired", `host_speed.paired_ratio`), and every cell also gets its median
+over fast-host runs. The JSON keeps every run's host probes, every step's time, device time and whether it
+ran eagerly, and dynamic-k's decision log. Writes `bench_spec.json` and `bench_spec.png` into `--out`;
+prints a table. About 3 minutes on one H200 with the defaults, 5 with `--pairs 24 --fast-pairs 8`.
 
-    python scripts/bench_spec.py --out bench_results/spec
+    python scripts/bench_spec.py --repeats 3 --pairs 24 --fast-pairs 8 --out bench_results/spec
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import Any, Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_speed import fast_or_all_median, fast_runs, host_probe_us, paired_ratio  # noqa: E402
+from host_speed import fast_runs, fastest_policy, host_probe_us, paired_ratio  # noqa: E402
 
 BATCH_SIZES = (1, 16, 64, 256)
 FIXED_KS = (0, 1, 2, 3, 5)
@@ -288,9 +290,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         policies["dynamic"] = policy
         runs = run_round_robin(llm, policies, *cell, args.repeats)
         fastest = min([fastest] + [min(r["host_probes_us"]) for rs in runs.values() for r in rs])
-        best_k = max(FIXED_KS, key=lambda k: fast_or_all_median(
-            [r["output_tok_per_s"] for r in runs[f"ngram k={k}"]], [r["host_probe_us"] for r in runs[f"ngram k={k}"]],
-            fastest))
+        best_k = int(fastest_policy({str(k): ([r["output_tok_per_s"] for r in runs[f"ngram k={k}"]],
+                                              [r["host_probe_us"] for r in runs[f"ngram k={k}"]]) for k in FIXED_KS},
+                                    fastest))
         pair = {f"ngram k={best_k}": policies[f"ngram k={best_k}"], "dynamic": policy}
         run_pairs(llm, pair, runs, *cell, args.pairs, args.fast_pairs, fastest)
         for k in FIXED_KS:

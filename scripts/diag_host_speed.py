@@ -1,5 +1,5 @@
 """Is the host's slow state one core's or the whole machine's? Times a fixed piece of pure-Python work on every
-CPU at once, every `--tick` seconds for `--seconds`, one pinned process per CPU (a light duty cycle: the
+CPU at once (`host_speed.probe_once_us`), every `--tick` seconds for `--seconds`, one pinned process per CPU (a light duty cycle: the
 probe takes ~1 ms per tick), and reads each CPU's steal time from /proc/stat before and after.
 
 Prints, per CPU, the median probe and the fraction of ticks it was slow (over 1.5x its fastest), and how
@@ -19,15 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-def probe_us() -> float:
-    """Microseconds of the fixed work of `bench_spec.host_probe_us`, once."""
-    t0 = time.perf_counter()
-    acc = 0
-    for i in range(20000):
-        acc += i & 7
-    return 1e6 * (time.perf_counter() - t0)
+from host_speed import probe_once_us  # noqa: E402
 
 
 def _sample(cpu: int, start: float, ticks: int, tick: float, queue: "mp.Queue") -> None:
@@ -37,7 +29,7 @@ def _sample(cpu: int, start: float, ticks: int, tick: float, queue: "mp.Queue") 
         delay = start + i * tick - time.time()
         if delay > 0:
             time.sleep(delay)
-        samples.append(round(probe_us(), 1))
+        samples.append(round(probe_once_us(), 1))
     queue.put((cpu, samples))
 
 

@@ -62,7 +62,7 @@ for j in "$@"; do
         --cells greedy-repeat:64:5 greedy-repeat:256:5 --pin-cpus 4 --out "$res/$j" ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;
     gpu_tests_spec) job $j 120 python3 -m pytest -q tests/gpu/test_spec_gpu.py ;;
-    spec_pairs) job $j 570 python3 scripts/bench_spec.py --repeats 3 --pairs 16 --fast-pairs 8 --out "$res/spec" ;;
+    spec_pairs) job $j 570 python3 scripts/bench_spec.py --repeats 3 --pairs 24 --fast-pairs 8 --out "$res/spec" ;;
     spec5) job $j 500 python3 scripts/bench_spec.py --repeats 5 --out "$res/spec" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac

@@ -43,10 +43,12 @@ def median(values: Sequence[float]) -> Optional[float]:
     return ordered[len(ordered) // 2] if ordered else None
 
 
-def fast_or_all_median(values: Sequence[float], probes: Sequence[float], fastest: float) -> float:
-    """The median over the fast-host runs, or over all runs when none was fast-host."""
-    fast = fast_runs(values, probes, fastest)
-    return median(fast if fast else values) or 0.0
+def fastest_policy(runs: dict[str, tuple[Sequence[float], Sequence[float]]], fastest: float) -> str:
+    """The name whose runs (tokens/s, probes) have the highest median: over fast-host runs when every policy
+    has one, else over all runs (a fast-host median against an all-runs one would compare host states)."""
+    fast = {name: fast_runs(values, probes, fastest) for name, (values, probes) in runs.items()}
+    use = fast if all(fast.values()) else {name: list(values) for name, (values, _) in runs.items()}
+    return max(use, key=lambda name: median(use[name]) or 0.0)
 
 
 def paired_ratio(dynamic: dict[str, Any], fixed: dict[str, Any], fastest: float) -> dict[str, Any]:

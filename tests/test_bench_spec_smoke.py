@@ -44,7 +44,7 @@ def test_bench_spec_smoke_writes_every_engine_and_the_decision_log(tmp_path):
 
 def test_paired_ratio_counts_only_rounds_where_both_runs_were_fast_host():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from host_speed import fast_or_all_median, paired_ratio
+    from host_speed import fastest_policy, paired_ratio
 
     dynamic = {"runs_tok_per_s": [100, 80, 110, 90], "runs_host_probe_us": [700, 1400, 700, 700]}
     fixed = {"runs_tok_per_s": [100, 100, 100, 100], "runs_host_probe_us": [700, 700, 1400, 800]}
@@ -53,5 +53,7 @@ def test_paired_ratio_counts_only_rounds_where_both_runs_were_fast_host():
     assert paired["quartiles"] == [0.9, 1.1]
     assert paired["fast"] == {"median": 1.0, "rounds": 2}  # rounds 0 and 3: ratios 1.0 and 0.9
     assert paired_ratio(dynamic, fixed, fastest=500)["fast"] == {"median": None, "rounds": 0}
-    assert fast_or_all_median([1, 5, 9], [700, 1400, 700], 700) == 9  # the fast-host runs 1 and 9
-    assert fast_or_all_median([1, 5, 9], [1400, 1400, 1400], 700) == 5  # none fast: every run
+    runs = {"a": ([9, 5, 6], [1400, 700, 700]), "b": ([7, 7, 1], [700, 700, 1400])}
+    assert fastest_policy(runs, 700) == "b"  # fast-host medians: a 6 (5, 6), b 7 (7, 7)
+    runs["c"] = ([8, 8, 8], [1400, 1400, 1400])  # no fast-host run: all medians decide (a 6, b 7, c 8)
+    assert fastest_policy(runs, 700) == "c"
