@@ -1,6 +1,7 @@
-"""Is the host's slow state one core's or the whole machine's? Times a fixed piece of pure-Python work on every
-CPU at once (`host_speed.probe_once_us`), every `--tick` seconds for `--seconds`, one pinned process per CPU (a light duty cycle: the
-probe takes ~1 ms per tick), and reads each CPU's steal time from /proc/stat before and after.
+"""Is the host's slow state one core's or the whole machine's? Times a fixed piece of pure-Python work
+(`host_speed.probe_once_us`) on every CPU at once, every `--tick` seconds for `--seconds`, one pinned process
+per CPU (a light duty cycle: the probe takes ~1 ms per tick), and reads each CPU's steal time from /proc/stat
+before and after.
 
 Prints, per CPU, the median probe and the fraction of ticks it was slow (over 1.5x its fastest), and how
 often the slow CPUs of one tick were all CPUs, some or none; writes every sample to `--out`/host_speed.json.
