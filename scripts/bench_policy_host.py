@@ -43,6 +43,10 @@ class Clock:
 
         policy.best_k = timed_best_k  # type: ignore[method-assign]
 
+    def reset(self) -> None:
+        """Start counting afresh (the same policy, a new run)."""
+        self.total, self.deciding, self.decisions = 0.0, 0.0, 0
+
     def call(self, method: Any, *args: Any) -> Any:
         t0 = time.perf_counter()
         try:
@@ -100,7 +104,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         clock = Clock(policy)
         for i in range(2):  # learning runs, untimed
             run(policy, clock, batch, args.output_len, args.acceptance, rng, f"warm{i}")
-        clock.total, clock.deciding, clock.decisions = 0.0, 0.0, 0
+        clock.reset()
         steps = sum(run(policy, clock, batch, args.output_len, args.acceptance, rng, f"run{i}")
                     for i in range(args.runs))
         row = {"batch": batch, "steps_per_run": steps / args.runs, "us_per_step": 1e6 * clock.total / steps,

@@ -49,7 +49,7 @@ from typing import Any, Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_speed import fast_runs, fastest_policy, host_probe_us, paired_ratio  # noqa: E402
+from host_speed import fast_runs, fastest_policy, fastest_probe, host_probe_us, median, paired_ratio  # noqa: E402
 
 BATCH_SIZES = (1, 16, 64, 256)
 FIXED_KS = (0, 1, 2, 3, 5)
@@ -130,7 +130,7 @@ def run_pairs(llm, policies: dict[str, Any], runs: dict[str, list[dict[str, Any]
     rounds than a round of six can be repeated, and alternating cancels a drift within a round."""
     (a, first), (b, second) = policies.items()
     for i in range(max_pairs):
-        fastest = min([fastest] + [min(r["host_probes_us"]) for r in runs[a] + runs[b]])
+        fastest = fastest_probe(runs[a] + runs[b], fastest)
         both = [max(x["host_probe_us"], y["host_probe_us"]) for x, y in zip(runs[a], runs[b])]
         if len(fast_runs(both, both, fastest)) >= fast_pairs:
             return
@@ -272,7 +272,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     for w, b in plans:
         r = run_round_robin(llm, {"none": None}, *workload(w, b, args.output_len, vocab, 1), args.repeats)
         record("none", w, b, median_run(r["none"]))
-        fastest = min([fastest] + [min(x["host_probes_us"]) for x in r["none"]])
+        fastest = fastest_probe(r["none"], fastest)
     del llm
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -289,7 +289,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         policies: dict[str, Any] = {f"ngram k={k}": FixedK(k) for k in FIXED_KS}
         policies["dynamic"] = policy
         runs = run_round_robin(llm, policies, *cell, args.repeats)
-        fastest = min([fastest] + [min(r["host_probes_us"]) for rs in runs.values() for r in rs])
+        fastest = fastest_probe([r for rs in runs.values() for r in rs], fastest)
         best_k = int(fastest_policy({str(k): ([r["output_tok_per_s"] for r in runs[f"ngram k={k}"]],
                                               [r["host_probe_us"] for r in runs[f"ngram k={k}"]]) for k in FIXED_KS},
                                     fastest))
@@ -297,7 +297,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         run_pairs(llm, pair, runs, *cell, args.pairs, args.fast_pairs, fastest)
         for k in FIXED_KS:
             record(f"ngram k={k}", w, b, median_run(runs[f"ngram k={k}"]))
-        fastest = min([fastest] + [min(r["host_probes_us"]) for rs in runs.values() for r in rs])
+        fastest = fastest_probe([r for rs in runs.values() for r in rs], fastest)
         counts = Counter(policy.history)
         record("dynamic", w, b, median_run(runs["dynamic"]), {
             "cold_tok_per_s": round(cold["output_tok_per_s"]), "best_fixed_k": best_k,
@@ -320,8 +320,7 @@ def compare(results: list[dict[str, Any]], fastest: float) -> None:
     dynamic-k's rows the round-by-round comparison with the best fixed k (`paired_vs_best`), once the
     fastest probe of the whole benchmark is known."""
     for r in results:
-        fast = fast_runs(r["runs_tok_per_s"], r["runs_host_probe_us"], fastest)
-        r["fast_host_tok_per_s"] = sorted(fast)[len(fast) // 2] if fast else None
+        r["fast_host_tok_per_s"] = median(fast_runs(r["runs_tok_per_s"], r["runs_host_probe_us"], fastest))
     for r in results:
         if r["engine"] == "dynamic":
             best = next(x for x in results if (x["workload"], x["batch"], x["engine"]) ==

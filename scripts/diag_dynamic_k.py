@@ -149,7 +149,7 @@ def run_cell(llm, name: str, batch: int, best_k: int, repeats: int, output_len: 
             set_policy(llm, policy)
             before = len(dynamic.history)
             timer = GcTimer()
-            timed.clock.total, timed.clock.deciding, timed.clock.decisions = 0.0, 0.0, 0
+            timed.clock.reset()
             gc.callbacks.append(timer)
             try:
                 r = run_once(llm, prompts, params)

@@ -32,6 +32,11 @@ def host_probe_us() -> float:
     return round(min(probe_once_us() for _ in range(3)), 1)
 
 
+def fastest_probe(runs: Sequence[dict[str, Any]], fastest: float = float("inf")) -> float:
+    """The fastest probe among these runs' (`host_probes_us`) and `fastest`."""
+    return min([fastest] + [min(r["host_probes_us"]) for r in runs])
+
+
 def fast_runs(values: Sequence[float], probes: Sequence[float], fastest: float) -> list[float]:
     """The values of the fast-host runs."""
     return [v for v, p in zip(values, probes) if p < FAST_HOST * fastest]

@@ -1,5 +1,6 @@
 """scripts/bench_spec.py on the CPU (`--smoke`: tiny model, no timings worth reading): it runs every engine of a
-cell round-robin, writes its JSON (per-step times, eager flags, dynamic-k's decision log) and its plot."""
+cell round-robin, writes its JSON (per-step times, eager flags, dynamic-k's decision log) and its plot; and the
+dynamic-k diagnostics (policy host time, fixed/shadow/dynamic/replay runs, host speed) run end to end."""
 
 from __future__ import annotations
 
@@ -57,3 +58,33 @@ def test_paired_ratio_counts_only_rounds_where_both_runs_were_fast_host():
     assert fastest_policy(runs, 700) == "b"  # fast-host medians: a 6 (5, 6), b 7 (7, 7)
     runs["c"] = ([8, 8, 8], [1400, 1400, 1400])  # no fast-host run: all medians decide (a 6, b 7, c 8)
     assert fastest_policy(runs, 700) == "c"
+
+
+def _script(name: str, *args: str) -> subprocess.CompletedProcess:
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res
+
+
+def test_policy_host_bench_times_every_batch_size(tmp_path):
+    _script("bench_policy_host.py", "--batch", "4", "8", "--runs", "1", "--output-len", "16", "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "policy_host.json").read_text())["rows"]
+    assert [r["batch"] for r in rows] == [4, 8]
+    assert all(r["us_per_step"] > 0 and r["steps_per_run"] >= 16 / 6 and r["decisions_per_run"] >= 1 for r in rows)
+
+
+def test_diag_dynamic_k_runs_every_policy_of_a_cell(tmp_path):
+    _script("diag_dynamic_k.py", "--smoke", "--cells", "greedy-repeat:2:3", "--repeats", "1", "--output-len", "8",
+            "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "diag_dynamic_k.json").read_text())["rows"]
+    assert {r["policy"] for r in rows} == {"fixed", "shadow", "dynamic", "replay"}
+    dynamic = next(r for r in rows if r["policy"] == "dynamic")
+    assert dynamic["policy_us_per_step"] > 0 and dynamic["decisions"] >= 1
+
+
+def test_diag_host_speed_probes_every_cpu(tmp_path):
+    res = _script("diag_host_speed.py", "--seconds", "0.5", "--out", str(tmp_path))
+    data = json.loads((tmp_path / "host_speed.json").read_text())
+    assert len(data["probe_us"]) >= 1 and all(len(s) == 5 and min(s) > 0 for s in data["probe_us"].values())
+    assert "slow CPUs per tick" in res.stdout
