@@ -1,4 +1,4 @@
-"""The `mrv2` command: `mrv2 run [overrides...]` and `mrv2 bench [overrides...]`, both Hydra apps.
+"""The `mrv2` command: `mrv2 run`, `mrv2 bench` and `mrv2 serve` (each `[overrides...]`), all Hydra apps.
 
 Any config key can be overridden (`sampler.temperature=0.8`), groups switched (`model=qwen3-0.6b`) and
 `-m` sweeps several values. stdout carries only results; logs, warnings and progress go to stderr.
@@ -14,7 +14,7 @@ from typing import Callable
 
 from framework.config import ConfigError
 
-USAGE = """usage: mrv2 {run,bench} [HYDRA OVERRIDES...]
+USAGE = """usage: mrv2 {run,bench,serve} [HYDRA OVERRIDES...]
 
   mrv2 run                              complete the default prompts with the embedded tiny model
   mrv2 run sampler=random sampler.max_tokens=64
@@ -24,6 +24,8 @@ USAGE = """usage: mrv2 {run,bench} [HYDRA OVERRIDES...]
   mrv2 bench experiment=embed_bench     embedding throughput, mrv2 vs HF transformers
   mrv2 bench experiment=prefix_bench    a shared 2,000-token system prompt, prefix caching off vs on
   mrv2 bench experiment=prefix_bench_hybrid   the same on the Mamba hybrid (jamba-1024)
+  mrv2 serve                            an OpenAI-compatible server on 127.0.0.1:8000 (docs/serving.md)
+  mrv2 serve serve.port=9000 serve.api_key=secret model=hf model.path=/path/to/hf-dir
   mrv2 run --cfg job                     print the composed config
 """
 
@@ -96,6 +98,13 @@ def _bench_task(cfg: object) -> None:
     run_bench(config, out_dir)
 
 
+def _serve_task(cfg: object) -> None:
+    from framework.config import load_config
+    from framework.serve.server import serve_command
+
+    serve_command(load_config(cfg))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `mrv2` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -103,9 +112,9 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     command, rest = argv[0], argv[1:]
-    tasks = {"run": _run_task, "bench": _bench_task}
+    tasks = {"run": _run_task, "bench": _bench_task, "serve": _serve_task}
     if command not in tasks:
-        _fail(f"unknown command '{command}'; commands: run, bench")
+        _fail(f"unknown command '{command}'; commands: run, bench, serve")
     overrides = [a for a in rest if not a.startswith("-") and "=" in a]
     try:
         from framework.cli_overrides import check_overrides

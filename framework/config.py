@@ -258,6 +258,26 @@ class BenchConfig(_Strict):
         return self
 
 
+class ServeConfig(_Strict):
+    """The HTTP server of `mrv2 serve` (docs/serving.md)."""
+
+    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 exposes the server to the network.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port; 0 = any free port (the start-up line names it).")
+    served_model_name: Optional[str] = Field(
+        None, description="The model name clients send and /v1/models lists; null = the preset name, or the "
+        "checkpoint directory's name.")
+    api_key: Optional[str] = Field(
+        None, description="If set, every /v1 request needs the header `Authorization: Bearer <api_key>` (else 401).")
+    max_queued_requests: int = Field(
+        1024, ge=0, description="Requests that may wait beyond the `scheduler.max_num_seqs` running ones; more get "
+        "HTTP 503 with a Retry-After header.")
+    max_request_bytes: int = Field(
+        32 << 20, ge=1024, description="Largest request body accepted; larger ones get HTTP 413.")
+    log_requests: bool = Field(False, description="Log one line per request (id, endpoint, tokens, finish reason).")
+    engine_start_timeout_s: float = Field(
+        600.0, gt=0.0, description="How long start-up waits for the engine process to load the model.")
+
+
 class Mrv2Config(_Strict):
     """The whole run: one field per Hydra config group, plus device and seed."""
 
@@ -270,6 +290,7 @@ class Mrv2Config(_Strict):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     task: Literal["generate", "embed"] = Field(
         "generate", description="What `mrv2 run` / `mrv2 bench` do: complete prompts, or embed them (one vector each). "

@@ -20,6 +20,7 @@ from framework.engine_setup import load_model, resolve_device
 from framework.kv_cache_manager import KVCacheManager
 from framework.model_runner import ModelRunnerV2
 from framework.output_processor import OutputProcessor
+from framework.parallel_sampling import ParallelSamplingTable, fan_out
 from framework.pooling import hidden_size_of
 from framework.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
 from framework.prefix_cache import PrefixCacheStats
@@ -96,6 +97,7 @@ class EngineCore:
         self._last_output_finished = False  # whether requests finished at that step's output
         self._last_output_k = -1  # drafts per row that step verified (-1: not a uniform decode step)
         self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
+        self.parallel_sampling = ParallelSamplingTable()  # n > 1 requests: parent id <-> child requests
         self._processor_classes = logits_processor_classes(config.sampler.logits_processors)
         self._full_sampler = self.runner.name == "v2"  # the V2 runner, local or behind a parallel driver
         if not self._full_sampler and config.sampler.logits_processors:
@@ -158,27 +160,30 @@ class EngineCore:
             params = POOLING_SAMPLING_PARAMS
         assert params is not None, "a generation request needs SamplingParams"
         params = self._validate(request_id, prompt_token_ids, params, encoder_input, pooling_params is not None)
-        seed = params.seed if params.seed is not None else self._seed_rng.randrange(1 << 63)
-        request = Request(
-            request_id=request_id,
-            prompt_token_ids=list(prompt_token_ids),
-            sampling_params=params,
-            eos_token_id=self.loaded.eos_token_id,
-            sampling_seed=seed,
-            prompt=prompt,
-            arrival_index=self._arrivals,
-            pooling_params=pooling_params,
-            encoder_input=encoder_input,
-        )
-        self.scheduler.add_request(request)
-        self.output_processor.add_request(request)
-        self._arrivals += 1
+        children = fan_out(request_id, params)  # n > 1: one child request per sequence
+        for child_id, child_params in children:
+            seed = child_params.seed if child_params.seed is not None else self._seed_rng.randrange(1 << 63)
+            request = Request(
+                request_id=child_id,
+                prompt_token_ids=list(prompt_token_ids),
+                sampling_params=child_params,
+                eos_token_id=self.loaded.eos_token_id,
+                sampling_seed=seed,
+                prompt=prompt,
+                arrival_index=self._arrivals,
+                pooling_params=pooling_params,
+                encoder_input=encoder_input,
+            )
+            self.scheduler.add_request(request)
+            self.output_processor.add_request(request)
+            self._arrivals += 1
+        self.parallel_sampling.add(request_id, [child_id for child_id, _ in children])
 
     def _validate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                   encoder_input: Optional[EncoderInput] = None, pooling: bool = False) -> SamplingParams:
         """Check the request against the engine (vocabulary, limits, tokenizer); returns the prepared params."""
         params.validate()
-        if request_id in self.scheduler.requests:
+        if request_id in self.scheduler.requests or request_id in self.parallel_sampling:
             raise InvalidRequestError(f"request id '{request_id}' is already in use")
         self._check_encoder_input(request_id, encoder_input)
         n = len(prompt_token_ids)
@@ -270,12 +275,17 @@ class EngineCore:
                                       f"{', '.join(used)}; use runner=v2 or runner=auto")
 
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
-        """Abort a request; its output (finish_reason "abort"), or None if the id is not in flight.
+        """Abort a request (every sequence of an n > 1 request); its output (finish_reason "abort"; for n > 1 the
+        first sequence still in flight), or None if the id is not in flight.
 
         Aborting an unknown or already finished id is not an error: it returns None and changes nothing.
         """
-        request = self.scheduler.abort_request(request_id)
-        return None if request is None else self.output_processor.abort(request)
+        outputs = []
+        for child_id in self.parallel_sampling.children(request_id):
+            request = self.scheduler.abort_request(child_id)
+            if request is not None:
+                outputs.append(self.output_processor.abort(request))
+        return self.parallel_sampling.relabel(outputs)[0] if outputs else None
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0 or self._in_flight is not None
@@ -320,7 +330,8 @@ class EngineCore:
         errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
         finished = self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stops
         self._last_output_finished = bool(finished)
-        return self._checked(self.output_processor.process(runner_output))  # 6. logprobs, text, stop strings, deltas
+        outputs = self.output_processor.process(runner_output)  # 6. logprobs, text, stop strings, deltas
+        return self._checked(self.parallel_sampling.relabel(outputs))  # 7. n > 1: children as sequences
 
     def _observe_step_time(self, output: SchedulerOutput) -> None:
         """Feed the dynamic-k cost model: the time between two consecutive outputs of steady pure decode steps
@@ -375,7 +386,7 @@ class EngineCore:
         # Blocks published for the failed step may never have been computed: no later request may hit them.
         self.kv_cache.reset_prefix_cache()
         ids = [r.request_id for r in victims]
-        outputs = self.output_processor.process(ModelRunnerOutput(ids, [[] for _ in ids]))
+        outputs = self.parallel_sampling.relabel(self.output_processor.process(ModelRunnerOutput(ids, [[] for _ in ids])))
         return outputs if self._dead else self._checked(outputs)
 
     def _raise_if_dead(self) -> None:

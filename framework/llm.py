@@ -10,10 +10,12 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from tqdm import tqdm
 
+from framework.chat_template import ChatTemplate
 from framework.config import Mrv2Config, load_config
 from framework.encoder_input import EncoderInput
 from framework.engine import EngineCore
 from framework.pooling_params import PoolingParams, PoolingRequestOutput
+from framework.parallel_sampling import merge_sequences
 from framework.prefix_cache import PrefixCacheStats
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
@@ -135,8 +137,9 @@ class LLM:
         prompts: Union[Prompt, Sequence[Prompt]],
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None],
         output_kind: str,
-    ) -> list[str]:
-        """Validate every request, then queue them all (one bad prompt queues nothing); returns their ids."""
+    ) -> dict[str, int]:
+        """Validate every request, then queue them all (one bad prompt queues nothing); returns their ids (in prompt
+        order) and how many sequences each produces (`SamplingParams.n`)."""
         prompts = _prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -153,7 +156,7 @@ class LLM:
             requests.append((request_id, ids, p, prompt if isinstance(prompt, str) else None, encoder_input))
         for request_id, ids, p, text, encoder_input in requests:
             self.engine.add_request(request_id, ids, p, prompt=text, encoder_input=encoder_input)
-        return [r[0] for r in requests]
+        return {r[0]: r[2].n for r in requests}
 
     def generate(
         self,
@@ -168,17 +171,41 @@ class LLM:
         (see `framework.audio_inputs`); a text model refuses them, and a Whisper model refuses text.
 
         Every request is validated before any is queued, so one bad prompt queues nothing. Each request's
-        output is its final one (`output_kind` is taken as "final_only").
+        output is its final one (`output_kind` is taken as "final_only"). With `SamplingParams.n > 1` its
+        `outputs` holds the n sequences (the flat fields are sequence 0's).
         """
-        request_ids = self._queue(prompts, sampling_params, "final_only")
-        outputs: dict[str, RequestOutput] = {}
-        with tqdm(total=len(request_ids), desc="generate", unit="req", file=sys.stderr, disable=not use_tqdm) as bar:
+        expected = self._queue(prompts, sampling_params, "final_only")
+        finals: dict[str, list[RequestOutput]] = {r: [] for r in expected}
+        with tqdm(total=len(expected), desc="generate", unit="req", file=sys.stderr, disable=not use_tqdm) as bar:
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
                     if out.finished:
-                        outputs[out.request_id] = out
-                        bar.update(1)
-        return [outputs[r] for r in request_ids]
+                        finals[out.request_id].append(out)
+                        bar.update(len(finals[out.request_id]) == expected[out.request_id])
+        return [merge_sequences(finals[r]) for r in expected]
+
+    def chat(
+        self,
+        messages: Union[Sequence[Mapping[str, Any]], Sequence[Sequence[Mapping[str, Any]]]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: Optional[str] = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of `{"role", "content"}` messages) or to several.
+
+        Each conversation is rendered with the checkpoint's chat template (its `chat_template.jinja` or the
+        `chat_template` of its `tokenizer_config.json`; `chat_template` overrides it) in a Jinja sandbox, then
+        generated like a text prompt. `continue_final_message` continues the last (assistant) message instead
+        of starting a new one. A model without a template raises `InvalidRequestError`.
+        """
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        template = ChatTemplate.load(self.config, chat_template)
+        prompts = [template.render(c, add_generation_prompt=add_generation_prompt,  # type: ignore[arg-type]
+                                   continue_final_message=continue_final_message) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def encode(
         self,
@@ -230,6 +257,7 @@ class LLM:
         previous one; the last output of a request has `finished=True`. Requests are interleaved; tell
         them apart by `request_id` (or by `prompt`/`prompt_token_ids`). Joining a request's deltas gives
         what `generate` returns for it.
+        Outputs of a request with `SamplingParams.n > 1` are told apart by their `index`.
         """
         self._queue(prompts, sampling_params, "delta")
         while self.engine.has_unfinished_requests():

@@ -101,6 +101,19 @@ class RequestMetrics:
 
 
 @dataclass
+class CompletionOutput:
+    """One generated sequence of a request (vLLM's name): `RequestOutput.outputs` holds `n` of them."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: Optional[str]
+    stop_reason: Union[int, str, None] = None
+    logprobs: Optional[SampleLogprobs] = None
+    cumulative_logprob: Optional[float] = None
+
+
+@dataclass
 class RequestOutput:
     """What `LLM.generate` returns per request (and `EngineCore.step` per finished or streamed request).
 
@@ -125,3 +138,13 @@ class RequestOutput:
     error: Optional[str] = None  # set when finish_reason is "error"
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache instead of computed
     metrics: Optional[RequestMetrics] = None
+    index: int = 0  # which of the request's `n` sequences this output is (streams interleave them)
+    sequences: Optional[list[CompletionOutput]] = None  # every sequence, in index order, once all finished (n > 1)
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """The request's sequences, in index order, like vLLM's `RequestOutput.outputs` (one unless n > 1)."""
+        if self.sequences is not None:
+            return self.sequences
+        return [CompletionOutput(self.index, self.text, self.token_ids, self.finish_reason, self.stop_reason,
+                                 self.logprobs, self.cumulative_logprob)]

@@ -9,6 +9,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 
 OutputKind = Literal["final_only", "delta", "cumulative"]
 OUTPUT_KINDS = ("final_only", "delta", "cumulative")
+MAX_N = 128  # parallel sampling: the most sequences one request may ask for
 
 
 class InvalidRequestError(ValueError):
@@ -42,6 +43,9 @@ class SamplingParams:
     `prompt_logprobs` (the same for every prompt token after the first), `detokenize`,
     `skip_special_tokens`, `output_kind` ("final_only": one output when the request ends; "delta": an
     output every step with what is new; "cumulative": every step with everything so far).
+
+    Parallel sampling: `n` sequences from one prompt (they share the prompt's KV blocks through the prefix
+    cache); with a `seed`, sequence 0 uses it and sequence i > 0 a seed derived from (seed, i).
 
     Stopping: eos (unless `ignore_eos`), `stop_token_ids`, `max_tokens`, `stop` strings matched on the
     detokenized text (cut before the match unless `include_stop_str_in_output`).
@@ -106,9 +110,9 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "True or False")
 
-        check_int("n")
-        if self.n != 1:
-            raise bad("n", "1 (parallel sampling is not supported yet)")
+        check_int("n", 1, "an integer >= 1")
+        if self.n > MAX_N:
+            raise bad("n", f"in [1, {MAX_N}]")
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if not _is_number(getattr(self, name)):
                 raise bad(name, "a number")

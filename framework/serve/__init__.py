@@ -1,0 +1,1 @@
+"""`mrv2 serve`: an OpenAI-compatible HTTP server in front of an engine-core process (see docs/serving.md)."""

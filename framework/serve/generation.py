@@ -1,0 +1,135 @@
+"""One HTTP generation request in flight: its prompts' engine requests, their sequences' text, its events.
+
+A completion with several prompts and `n` sequences each is `len(prompts)` engine requests sharing one queue;
+choice `p * n + i` is sequence i of prompt p. Whoever consumes `events()` and stops early (a client that
+disconnected, a stream cancelled) leaves through its `finally`, which aborts everything still running, so no
+slot or block outlives its client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional
+
+from framework.parallel_sampling import child_request_id
+from framework.sampling_params import SamplingParams
+from framework.serve.engine_client import EngineClient, RequestFailed, StreamItem
+from framework.serve.errors import ApiError
+from framework.serve.metrics import ServerMetrics
+from framework.serve.protocol import TokenLogprobs
+from framework.serve.sequence_text import SequenceText
+
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
+
+
+class SequenceEvent(NamedTuple):
+    """What one choice gained: text and tokens (and their logprobs) since its previous event."""
+
+    choice: int
+    text: str
+    token_ids: list[int]
+    logprobs: Optional[list[TokenLogprobs]]
+    finish_reason: Optional[str]  # "stop" | "length" | None while running
+    stop_reason: Any = None
+
+
+@dataclass
+class _Sequence:
+    text: SequenceText
+    finish_reason: Optional[str] = None
+    stop_reason: Any = None
+    num_sent_tokens: int = 0
+
+
+class Generation:
+    """The engine requests of one HTTP request and the text of each of their sequences."""
+
+    def __init__(self, client: EngineClient, tokenizer: Any, metrics: ServerMetrics, request_id: str,
+                 prompts: list[list[int]], params: SamplingParams, stream: bool) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.params = params
+        self.prompts = prompts
+        self.arrival = time.perf_counter()
+        self.first_token_time: Optional[float] = None
+        self.num_cached_tokens = 0
+        self.prompt_logprobs: dict[int, list[Optional[TokenLogprobs]]] = {}  # prompt index -> its logprobs
+        self._engine_ids = [f"{request_id}-{p}" for p in range(len(prompts))]
+        self._prompt_of = {engine_id: p for p, engine_id in enumerate(self._engine_ids)}
+        self._sequences = [_Sequence(SequenceText(tokenizer, params, stream)) for _ in range(len(prompts) * params.n)]
+        self._running = len(self._sequences)
+        self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        for engine_id, ids in zip(self._engine_ids, prompts):
+            client.add(engine_id, ids, self._queue, sampling_params=params)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(len(s.text.token_ids) for s in self._sequences)
+
+    def sequence(self, choice: int) -> SequenceText:
+        return self._sequences[choice].text
+
+    async def _next(self, is_disconnected: Optional[Callable[[], Awaitable[bool]]]) -> StreamItem:
+        while True:
+            try:
+                return await asyncio.wait_for(self._queue.get(), DISCONNECT_POLL_S) if is_disconnected else \
+                    await self._queue.get()
+            except asyncio.TimeoutError:
+                if await is_disconnected():  # type: ignore[misc]
+                    raise asyncio.CancelledError("the client disconnected") from None
+
+    async def events(self, is_disconnected: Optional[Callable[[], Awaitable[bool]]] = None
+                     ) -> AsyncIterator[SequenceEvent]:
+        """Events until every sequence ends; raises `ApiError` if the engine refuses or fails the request."""
+        n = self.params.n
+        try:
+            while self._running:
+                item = await self._next(is_disconnected)
+                if isinstance(item, RequestFailed):
+                    raise ApiError.invalid(item.message) if item.kind == "invalid" else ApiError(503, item.message)
+                prompt = self._prompt_of[item.request_id]
+                choice = prompt * n + item.index
+                seq = self._sequences[choice]
+                if seq.finish_reason is not None:
+                    continue  # tokens of a sequence its stop string already ended
+                if item.finish_reason == "error":
+                    raise ApiError(500, item.error or "the engine failed this request")
+                if item.prompt_logprobs is not None:
+                    self.prompt_logprobs[prompt] = item.prompt_logprobs
+                self.num_cached_tokens = max(self.num_cached_tokens, item.num_cached_tokens)
+                if item.token_ids and self.first_token_time is None:
+                    self.first_token_time = time.perf_counter()
+                if seq.text.add(item.token_ids, item.logprobs):
+                    seq.finish_reason, seq.stop_reason = "stop", seq.text.stop_string
+                    self.client.abort([child_request_id(item.request_id, item.index, n)])
+                elif item.finish_reason is not None:
+                    seq.text.finish()
+                    seq.finish_reason, seq.stop_reason = item.finish_reason, item.stop_reason
+                if seq.finish_reason is not None:
+                    self._running -= 1
+                yield self._event(choice, seq)
+        finally:
+            self._close()
+
+    def _event(self, choice: int, seq: _Sequence) -> SequenceEvent:
+        tokens = seq.text.token_ids[seq.num_sent_tokens:]
+        logprobs = seq.text.logprobs[seq.num_sent_tokens:] if seq.text.logprobs is not None else None
+        seq.num_sent_tokens = len(seq.text.token_ids)
+        final = seq.finish_reason is not None
+        return SequenceEvent(choice, seq.text.release(final), tokens, logprobs, seq.finish_reason, seq.stop_reason)
+
+    def _close(self) -> None:
+        """Abort what still runs in the engine, stop routing its outputs, record the request's metrics."""
+        if self._running:
+            self.client.abort(list(self._engine_ids))
+        for engine_id in self._engine_ids:
+            self.client.release(engine_id)
+        reasons = [s.finish_reason or "abort" for s in self._sequences]
+        self.metrics.observe_request(self.arrival, self.first_token_time, time.perf_counter(), self.num_prompt_tokens,
+                                     self.num_output_tokens, reasons[0])

@@ -1,0 +1,89 @@
+"""Request bodies of the OpenAI-compatible endpoints, as pydantic models shaped like OpenAI's (plus vLLM's extra
+sampling fields). Ranges are not checked here: `SamplingParams` checks them, so the server and the offline API
+refuse the same values with the same messages. Unknown fields are ignored (OpenAI clients send new ones)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+TokenIds = list[StrictInt]  # strict: JSON true/false are not token ids
+PromptInput = Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class SamplingFields(_Body):
+    """Fields both completion endpoints share (OpenAI's, then vLLM's extras)."""
+
+    model: Optional[str] = None
+    n: int = 1
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    stop: Union[StrictStr, list[StrictStr], None] = None
+    seed: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Optional[dict[str, float]] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+    # vLLM's extra sampling fields
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: Optional[TokenIds] = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    prompt_logprobs: Optional[int] = None
+    allowed_token_ids: Optional[TokenIds] = None
+    bad_words: Optional[list[StrictStr]] = None
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: PromptInput
+    max_tokens: Optional[int] = 16
+    logprobs: Optional[int] = None
+    echo: bool = False
+    suffix: Optional[str] = None
+
+
+class ChatMessage(_Body):
+    role: str
+    content: Union[str, list[dict[str, Any]], None] = None
+    name: Optional[str] = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+
+class EmbeddingRequest(_Body):
+    """POST /v1/embeddings."""
+
+    input: PromptInput
+    model: Optional[str] = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = None
+    user: Optional[str] = None
