@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
@@ -56,7 +57,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, plus: on SIGTERM/SIGINT first end every request in flight, so that shutdown never waits on them."""
+    """uvicorn, plus: on SIGTERM/SIGINT first end every request in flight, so that shutdown never waits on them;
+    and exit 0 after a clean shutdown (uvicorn would re-raise the signal)."""
 
     def __init__(self, config: uvicorn.Config, client: EngineClient) -> None:
         super().__init__(config)
@@ -66,7 +68,9 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.client.begin_shutdown)
-        super().handle_exit(sig, frame)
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting for connections
+        self.should_exit = True
 
 
 def _state(config: Mrv2Config) -> ServerState:

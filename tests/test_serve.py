@@ -1,0 +1,222 @@
+"""`mrv2 serve` against the official `openai` client, on 127.0.0.1 at a free port, with the embedded tiny model.
+
+The reference for every served text is offline `LLM.generate` on the same config (greedy), and for every
+served vector offline `LLM.encode`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from framework import LLM, SamplingParams
+from framework.chat_template import ChatTemplate
+from framework.config import load_config
+from tests.serve_helpers import ServerProcess
+
+pytestmark = pytest.mark.slow
+PROMPT = "def fibonacci(n):"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def offline():
+    llm = LLM("tiny", device="cpu")
+    yield llm
+    llm.shutdown()
+
+
+def _metrics(server) -> dict[str, float]:
+    values = {}
+    for family in text_string_to_metric_families(server.get("/metrics").text):
+        for sample in family.samples:
+            values.setdefault(sample.name, 0.0)
+            values[sample.name] += sample.value
+    return values
+
+
+def test_greedy_completion_equals_offline_and_stream_joins_to_it(client, offline):
+    want = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
+    got = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0)
+    assert got.choices[0].text == want.text
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage.prompt_tokens == len(offline.tokenizer.encode(PROMPT))
+    assert got.usage.completion_tokens == 24 and got.usage.total_tokens == got.usage.prompt_tokens + 24
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_prompt_forms_token_ids_and_batches(client, offline):
+    ids = offline.tokenizer.encode(PROMPT)
+    want = offline.generate([PROMPT, "import os\n"], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=8, temperature=0)
+    assert by_ids.choices[0].text == want[0].text
+    batch = client.completions.create(model="tiny", prompt=[PROMPT, "import os\n"], max_tokens=8, temperature=0)
+    assert [c.text for c in sorted(batch.choices, key=lambda c: c.index)] == [w.text for w in want]
+    echo = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, echo=True)
+    assert echo.choices[0].text == PROMPT + want[0].text
+
+
+def test_n_sequences_with_a_seed(client, offline):
+    params = dict(model="tiny", prompt=PROMPT, max_tokens=12, temperature=1.0, seed=7)
+    three = client.completions.create(n=3, **params)
+    assert sorted(c.index for c in three.choices) == [0, 1, 2]
+    texts = [c.text for c in sorted(three.choices, key=lambda c: c.index)]
+    assert len(set(texts)) > 1  # each sequence samples with its own seed
+    one = client.completions.create(n=1, **params)
+    assert one.choices[0].text == texts[0]  # sequence 0 samples with the request's seed
+    offline_three = offline.generate([PROMPT], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12),
+                                     use_tqdm=False)[0]
+    assert [o.text for o in offline_three.outputs] == texts
+    assert three.usage.completion_tokens == sum(len(o.token_ids) for o in offline_three.outputs)
+
+
+def test_logprobs_completion_and_chat(client, offline):
+    got = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
+    lp = got.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 3 and value <= 0.0
+        assert max(top.values()) == pytest.approx(value, abs=1e-5)  # greedy: the chosen token is the most likely
+    want = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=6, logprobs=3), use_tqdm=False)[0]
+    assert lp.token_logprobs == pytest.approx([e[t].logprob for e, t in zip(want.logprobs, want.token_ids)], abs=1e-4)
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "sum a list"}],
+                                          max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 5 and all(len(c.top_logprobs) == 2 for c in content)
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+
+
+def test_chat_uses_the_shipped_template_and_streams(client, offline):
+    messages = [{"role": "system", "content": "Python only."}, {"role": "user", "content": "reverse a string"}]
+    want = offline.chat(messages, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
+    template = ChatTemplate.load(load_config({}))
+    assert want.prompt == template.render(messages)
+    got = client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=16, temperature=0)
+    assert got.choices[0].message.content == want.text and got.choices[0].message.role == "assistant"
+    assert got.usage.prompt_tokens == len(offline.tokenizer.encode(want.prompt))
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    cont = client.chat.completions.create(
+        model="tiny", messages=[*messages, {"role": "assistant", "content": "def reverse(s):"}], max_tokens=8,
+        temperature=0, extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    want_cont = offline.generate([template.render([*messages, {"role": "assistant", "content": "def reverse(s):"}],
+                                                  add_generation_prompt=False, continue_final_message=True)],
+                                 SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+    assert cont.choices[0].message.content == want_cont.text
+
+
+def test_stop_strings_and_extra_sampling_fields(client, offline):
+    free = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0].text
+    stop = free[len(free) // 2: len(free) // 2 + 3]
+    assert stop and stop in free
+    want = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=24, stop=[stop]), use_tqdm=False)[0]
+    for stream in (False, True):
+        if stream:
+            chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
+                                                    stop=[stop], stream=True))
+            text, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+        else:
+            got = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
+            text, reason = got.choices[0].text, got.choices[0].finish_reason
+        assert text == want.text == free[:free.index(stop)] and reason == "stop"
+    extra = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, temperature=0.9, seed=3,
+                                      extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2,
+                                                  "min_tokens": 10, "ignore_eos": True})
+    want_extra = offline.generate([PROMPT], SamplingParams(temperature=0.9, seed=3, max_tokens=10, top_k=5, min_p=0.05,
+                                                           repetition_penalty=1.2, min_tokens=10, ignore_eos=True),
+                                  use_tqdm=False)[0]
+    assert extra.choices[0].text == want_extra.text and extra.usage.completion_tokens == 10
+
+
+def test_embeddings_equal_offline(client, offline):
+    want = offline.encode(["hello world", "def f():"], use_tqdm=False)
+    got = client.embeddings.create(model="tiny", input=["hello world", "def f():"])
+    for w, g in zip(want, sorted(got.data, key=lambda d: d.index)):
+        assert g.embedding == pytest.approx(w.embedding, abs=1e-5)
+    small = client.embeddings.create(model="tiny", input="hello world", dimensions=8, encoding_format="float")
+    assert len(small.data[0].embedding) == 8
+
+
+def test_errors_are_openai_shaped(server, client):
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, top_p=7)
+    assert "top_p" in str(bad.value) and "(0, 1]" in str(bad.value)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
+    with pytest.raises(openai.BadRequestError) as long:
+        client.completions.create(model="tiny", prompt=[1] * 2000, max_tokens=4)
+    assert "maximum context length" in str(long.value)
+    with pytest.raises(openai.BadRequestError) as vocab:
+        client.completions.create(model="tiny", prompt=[10**9], max_tokens=4)
+    assert "outside the vocabulary" in str(vocab.value)
+    r = server.post("/v1/completions", json={"prompt": [True, False], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = server.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = server.post("/v1/completions", content=b"x" * (33 << 20), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413
+    r = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                   "chat_template": "{% for m in messages %}"})
+    assert r.status_code == 400 and "parse" in r.json()["error"]["message"]
+    assert server.get("/health").status_code == 200  # nothing above broke the server
+    assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_models_version_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert server.get("/version").json()["version"]
+    client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3)
+    m = _metrics(server)
+    for name in ("mrv2:num_requests_running", "mrv2:num_requests_waiting", "mrv2:kv_cache_usage_perc",
+                 "mrv2:prompt_tokens_total", "mrv2:generation_tokens_total", "mrv2:time_to_first_token_seconds_count",
+                 "mrv2:time_per_output_token_seconds_count", "mrv2:e2e_request_latency_seconds_count",
+                 "mrv2:prefix_cache_queries_total", "mrv2:prefix_cache_hits_total",
+                 "mrv2:spec_decode_num_draft_tokens_total", "mrv2:spec_decode_num_accepted_tokens_total"):
+        assert name in m, name
+    assert m["mrv2:generation_tokens_total"] >= 3 and m["mrv2:e2e_request_latency_seconds_count"] >= 1
+
+
+def test_auth_queue_limit_and_sigterm():
+    with ServerProcess("serve.api_key=sekrit", "scheduler.max_num_seqs=1", "serve.max_queued_requests=0") as s:
+        r = s.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+        assert r.status_code == 401 and r.json()["error"]["code"] == 401
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=s.base_url, api_key="wrong", max_retries=0).models.list()
+        ok = openai.OpenAI(base_url=s.base_url, api_key="sekrit", max_retries=0, timeout=60)
+        assert ok.completions.create(model="tiny", prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+        assert s.get("/health").status_code == 200  # health and metrics need no key
+        headers = {"Authorization": "Bearer sekrit"}
+        # One request runs (max_num_seqs=1) and none may wait: a second one in flight gets 503 + Retry-After.
+        with httpx.stream("POST", f"{s.url}/v1/completions", headers=headers, timeout=60,
+                          json={"prompt": PROMPT, "max_tokens": 400, "stream": True, "ignore_eos": True}) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: ")
+            busy = s.post("/v1/completions", headers=headers, json={"prompt": PROMPT, "max_tokens": 2})
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            code = None
+            s.proc.send_signal(15)  # SIGTERM while a stream is in flight: it ends with an error event
+            rest = [line for line in lines if line.startswith("data: ")]
+            assert rest[-1] == "data: [DONE]"
+            assert "shutting down" in json.loads(rest[-2][6:])["error"]["message"]
+        code = s.stop(timeout=30)
+        assert code == 0
