@@ -22,6 +22,7 @@ USAGE = """usage: mrv2 {run,bench,serve} [HYDRA OVERRIDES...]
   mrv2 bench experiment=nano             the "nano" throughput workload (needs a GPU to finish quickly)
   mrv2 run task=embed                   embed the prompts instead (one line per prompt)
   mrv2 bench experiment=embed_bench     embedding throughput, mrv2 vs HF transformers
+  mrv2 bench experiment=serve_nano      the "nano" requests through mrv2 serve (streaming HTTP) vs offline
   mrv2 bench experiment=prefix_bench    a shared 2,000-token system prompt, prefix caching off vs on
   mrv2 bench experiment=prefix_bench_hybrid   the same on the Mamba hybrid (jamba-1024)
   mrv2 serve                            an OpenAI-compatible server on 127.0.0.1:8000 (docs/serving.md)
@@ -89,6 +90,11 @@ def _bench_task(cfg: object) -> None:
         from framework.bench_embed import run_embed_bench
 
         run_embed_bench(config, out_dir)
+        return
+    if config.bench.serve:
+        from framework.bench_serve import run_serve_bench
+
+        run_serve_bench(config, out_dir)
         return
     if config.bench.shared_prefix_len:
         from framework.bench_prefix import run_prefix_bench

@@ -248,6 +248,12 @@ class BenchConfig(_Strict):
         "(framework/bench_prefix.py)."
     )
     output_dir: Optional[str] = Field(None, description="Where JSON and plot go; null = Hydra's run directory.")
+    serve: bool = Field(
+        False, description="Also send the workload through `mrv2 serve` (streaming completions over HTTP) and "
+        "compare with offline (framework/bench_serve.py).")
+    request_rates: list[float] = Field(
+        default_factory=list, description="With `serve`: Poisson request rates (req/s) to run after the all-at-once "
+        "run.")
 
     @model_validator(mode="after")
     def _ranges(self) -> "BenchConfig":

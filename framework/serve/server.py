@@ -119,3 +119,19 @@ def serve_command(config: Mrv2Config) -> None:
     if failure:
         raise ConfigError(failure[0])
 
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """`python -m framework.serve.server CONFIG_JSON`: serve a config written as JSON (the serving bench)."""
+    import json
+    import sys
+
+    from framework.config import load_config
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    serve_command(load_config(json.loads(Path(args[0]).read_text())))
+
+
+if __name__ == "__main__":
+    main()
