@@ -13,6 +13,7 @@ import gc
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,9 @@ import torch
 from framework.bench import Workload, bench_mrv2, make_workload, result_dict
 from framework.config import Mrv2Config
 from framework.llm import LLM
+
+
+_COMPLETION_TOKENS = re.compile(rb'"usage": \{[^}]*"completion_tokens": (\d+)')
 
 
 @dataclass(frozen=True)
@@ -50,40 +54,52 @@ def _quantiles(values: list[float]) -> tuple[float, float, float]:
     return tuple(values[min(len(values) - 1, int(q * len(values)))] for q in (0.5, 0.9, 0.99))  # type: ignore
 
 
-async def _one(client, url: str, prompt: list[int], max_tokens: int, temperature: float, seed: int,
+async def _one(host: str, port: int, prompt: list[int], max_tokens: int, temperature: float, seed: int,
                delay: float) -> tuple[float, list[float], int]:
-    """Stream one completion after `delay` s; (start, chunk arrival times, completion tokens from usage)."""
+    """Stream one completion after `delay` s over its own connection; (start, arrival time of each HTTP chunk,
+    completion tokens from the usage frame). A bare HTTP/1.1 client: per chunk it only reads bytes, so the
+    measuring client is not what limits a fast server."""
     await asyncio.sleep(delay)
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
-    start, times, tokens = time.perf_counter(), [], 0
-    async with client.stream("POST", url, json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            if '"usage": {' in line:  # the usage chunk (no choices); every other chunk carries tokens
-                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-            else:
-                times.append(time.perf_counter())
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+                       "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
+    start = time.perf_counter()
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (host.encode(), len(body)) + body)
+    status = await reader.readline()
+    if b" 200 " not in status:
+        raise RuntimeError(f"the server answered {status!r}")
+    while (await reader.readline()) not in (b"\r\n", b""):
+        pass  # headers (the body is chunked)
+    times, tokens = [], 0
+    while True:
+        size = int((await reader.readline()).strip() or b"0", 16)
+        if size == 0:
+            break
+        data = await reader.readexactly(size + 2)
+        usage = _COMPLETION_TOKENS.search(data)
+        if usage is not None:  # the usage frame (no tokens)
+            tokens = int(usage.group(1))
+        elif not data.startswith(b"data: [DONE]"):
+            times.append(time.perf_counter())
+    writer.close()
     return start, times, tokens
 
 
 async def _served_run(base: str, workload: Workload, temperature: float, seed: int, rate: float) -> ServedRun:
-    import httpx
+    from urllib.parse import urlsplit
 
     rng = random.Random(seed)
     delays, t = [], 0.0
     for _ in workload.prompts:
         delays.append(t)
         t += rng.expovariate(rate) if math.isfinite(rate) else 0.0
-    limits = httpx.Limits(max_connections=len(workload.prompts) + 8, max_keepalive_connections=len(workload.prompts))
-    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
-        begin = time.perf_counter()
-        results = await asyncio.gather(*[
-            _one(client, f"{base}/v1/completions", p, n, temperature, seed + i, d)
-            for i, (p, n, d) in enumerate(zip(workload.prompts, workload.output_lens, delays))])
-        end = time.perf_counter()
+    url = urlsplit(base)
+    begin = time.perf_counter()
+    results = await asyncio.gather(*[
+        _one(url.hostname or "127.0.0.1", url.port or 80, p, n, temperature, seed + i, d)
+        for i, (p, n, d) in enumerate(zip(workload.prompts, workload.output_lens, delays))])
+    end = time.perf_counter()
     ttft, tpot, itl = [], [], []
     for start, times, tokens in results:
         if times:
@@ -93,6 +109,15 @@ async def _served_run(base: str, workload: Workload, temperature: float, seed: i
             itl.extend(b - a for a, b in zip(times, times[1:]))
     return ServedRun(rate, end - begin, sum(r[2] for r in results), _quantiles(ttft), _quantiles(tpot),
                      _quantiles(itl))
+
+
+def _run_async(coroutine):  # type: ignore[no-untyped-def]
+    """asyncio.run, on uvloop when it is installed (a faster client)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
 
 
 def _start_server(config: Mrv2Config, workdir: Path) -> tuple[subprocess.Popen, str]:
@@ -139,9 +164,9 @@ def run_serve_bench(config: Mrv2Config, out_dir: Path) -> list[ServedRun]:
         try:
             warm = make_workload(bench.model_copy(update={"num_requests": max(bench.warmup_requests, 1),
                                                           "seed": bench.seed + 1, "output_len": (8, 16)}), vocab)
-            asyncio.run(_served_run(base, warm, bench.temperature, bench.seed, math.inf))
+            _run_async(_served_run(base, warm, bench.temperature, bench.seed, math.inf))
             for rate in [math.inf, *bench.request_rates]:
-                run = asyncio.run(_served_run(base, workload, bench.temperature, bench.seed, rate))
+                run = _run_async(_served_run(base, workload, bench.temperature, bench.seed, rate))
                 runs.append(run)
                 print(f"served (rate {run.rate:g}): {run.output_tok_per_s:,.0f} output tok/s", file=sys.stderr)
         finally:

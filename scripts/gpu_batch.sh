@@ -26,6 +26,7 @@ for j in "$@"; do
     gpu_tests_single) job $j 130 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py ;;
     parallel) job $j 330 python3 scripts/bench_parallel.py --out "$res/parallel" --cases 0.6b-tp1 0.6b-tp2 8b-tp1 8b-tp2 \
         0.6b-pp2 --num-requests-8b 128 --timeout 110 ;;
+    serve) job $j 420 python3 -m framework.cli bench experiment=serve_nano bench.output_dir="$res/serve" ;;
     nano) job $j 330 python3 -m framework.cli bench experiment=nano bench.output_dir="$res/nano" ;;
     gpu_tests_engine) job $j 200 python3 -m pytest -q tests/gpu/test_sampler_gpu.py tests/gpu/test_gpu_engine.py \
         tests/gpu/test_draft_heads_gpu.py ;;

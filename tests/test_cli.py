@@ -68,8 +68,8 @@ def test_bad_config_exits_with_one_message(tmp_path, args, message):
 
 
 def test_unknown_command(tmp_path):
-    res = _mrv2("serve", cwd=tmp_path)
-    assert res.returncode == 2 and "unknown command 'serve'; commands: run, bench" in res.stderr
+    res = _mrv2("frobnicate", cwd=tmp_path)
+    assert res.returncode == 2 and "unknown command 'frobnicate'; commands: run, bench, serve" in res.stderr
 
 
 def test_bench_writes_table_json_and_plot(tmp_path):

@@ -85,37 +85,49 @@ class Generation:
                     raise asyncio.CancelledError("the client disconnected") from None
 
     async def events(self, is_disconnected: Optional[Callable[[], Awaitable[bool]]] = None
-                     ) -> AsyncIterator[SequenceEvent]:
-        """Events until every sequence ends; raises `ApiError` if the engine refuses or fails the request."""
-        n = self.params.n
+                     ) -> AsyncIterator[list[SequenceEvent]]:
+        """Batches of events until every sequence ends; raises `ApiError` if the engine refuses or fails it.
+
+        Each wake-up takes every delta already queued: a consumer that fell behind the engine catches up with
+        one event per sequence (several tokens at once) instead of one per engine step."""
         try:
             while self._running:
-                item = await self._next(is_disconnected)
-                if isinstance(item, RequestFailed):
-                    raise ApiError.invalid(item.message) if item.kind == "invalid" else ApiError(503, item.message)
-                prompt = self._prompt_of[item.request_id]
-                choice = prompt * n + item.index
-                seq = self._sequences[choice]
-                if seq.finish_reason is not None:
-                    continue  # tokens of a sequence its stop string already ended
-                if item.finish_reason == "error":
-                    raise ApiError(500, item.error or "the engine failed this request")
-                if item.prompt_logprobs is not None:
-                    self.prompt_logprobs[prompt] = item.prompt_logprobs
-                self.num_cached_tokens = max(self.num_cached_tokens, item.num_cached_tokens)
-                if item.token_ids and self.first_token_time is None:
-                    self.first_token_time = time.perf_counter()
-                if seq.text.add(item.token_ids, item.logprobs):
-                    seq.finish_reason, seq.stop_reason = "stop", seq.text.stop_string
-                    self.client.abort([child_request_id(item.request_id, item.index, n)])
-                elif item.finish_reason is not None:
-                    seq.text.finish()
-                    seq.finish_reason, seq.stop_reason = item.finish_reason, item.stop_reason
-                if seq.finish_reason is not None:
-                    self._running -= 1
-                yield self._event(choice, seq)
+                items = [await self._next(is_disconnected)]
+                while not self._queue.empty():
+                    items.append(self._queue.get_nowait())
+                touched: dict[int, _Sequence] = {}
+                for item in items:
+                    self._apply(item, touched)
+                yield [self._event(choice, seq) for choice, seq in touched.items()]
         finally:
             self._close()
+
+    def _apply(self, item: StreamItem, touched: dict[int, _Sequence]) -> None:
+        """One engine delta into its sequence's text; `touched` collects the sequences that changed."""
+        if isinstance(item, RequestFailed):
+            raise ApiError.invalid(item.message) if item.kind == "invalid" else ApiError(503, item.message)
+        n = self.params.n
+        prompt = self._prompt_of[item.request_id]
+        choice = prompt * n + item.index
+        seq = self._sequences[choice]
+        if seq.finish_reason is not None:
+            return  # tokens of a sequence its stop string already ended
+        if item.finish_reason == "error":
+            raise ApiError(500, item.error or "the engine failed this request")
+        if item.prompt_logprobs is not None:
+            self.prompt_logprobs[prompt] = item.prompt_logprobs
+        self.num_cached_tokens = max(self.num_cached_tokens, item.num_cached_tokens)
+        if item.token_ids and self.first_token_time is None:
+            self.first_token_time = time.perf_counter()
+        if seq.text.add(item.token_ids, item.logprobs):
+            seq.finish_reason, seq.stop_reason = "stop", seq.text.stop_string
+            self.client.abort([child_request_id(item.request_id, item.index, n)])
+        elif item.finish_reason is not None:
+            seq.text.finish()
+            seq.finish_reason, seq.stop_reason = item.finish_reason, item.stop_reason
+        if seq.finish_reason is not None:
+            self._running -= 1
+        touched[choice] = seq
 
     def _event(self, choice: int, seq: _Sequence) -> SequenceEvent:
         tokens = seq.text.token_ids[seq.num_sent_tokens:]

@@ -39,8 +39,9 @@ def _token_text(state: ServerState):  # type: ignore[no-untyped-def]
 async def _collect(gen: Generation, request: Request) -> list[list[SequenceEvent]]:
     """Every event of every choice (non-streaming), aborting if the client goes away meanwhile."""
     per_choice: list[list[SequenceEvent]] = [[] for _ in range(len(gen.prompts) * gen.params.n)]
-    async for event in gen.events(request.is_disconnected):
-        per_choice[event.choice].append(event)
+    async for batch in gen.events(request.is_disconnected):
+        for event in batch:
+            per_choice[event.choice].append(event)
     return per_choice
 
 
@@ -51,14 +52,15 @@ def _join(events: list[SequenceEvent]) -> tuple[str, list[int], list, Optional[s
     return text, tokens, logprobs, events[-1].finish_reason, events[-1].stop_reason
 
 
-async def _stream(first: SequenceEvent, events: AsyncIterator[SequenceEvent], chunk: Any, tail: Any
+async def _stream(first: list[SequenceEvent], events: AsyncIterator[list[SequenceEvent]], chunk: Any, tail: Any
                   ) -> AsyncIterator[str]:
-    """SSE frames: one chunk per event, then the tail (usage), then [DONE]; an engine failure mid-stream becomes
-    a final error event. Leaving early (the client went away) closes `events`, which aborts the request."""
+    """SSE frames: one chunk per event (one write per batch), then the tail (usage), then [DONE]; an engine failure
+    mid-stream becomes a final error event. Leaving early (the client went away) closes `events`, which aborts
+    the request."""
     try:
-        yield sse(chunk(first))
-        async for event in events:
-            yield sse(chunk(event))
+        yield "".join(sse(chunk(e)) for e in first)
+        async for batch in events:
+            yield "".join(sse(chunk(e)) for e in batch)
         for frame in tail():
             yield sse(frame)
     except ApiError as err:
