@@ -188,14 +188,16 @@ class OutputProcessor:
             text = text[: max(0, len(text) - (max(len(s) for s in params.stop) - 1))]  # a stop string may be growing
         prompt_done = state.prompt_logprobs is not None and state.num_prompt_logprobs_missing == 0
         prompt_logprobs = state.prompt_logprobs if prompt_done else None
-        token_ids, logprobs = list(request.output_token_ids), state.logprobs
-        if kind == "delta":
-            token_ids = token_ids[state.sent_tokens:]
-            logprobs = logprobs[state.sent_tokens:] if logprobs is not None else None
+        if kind == "delta":  # only what is new: copying the whole output every step would be quadratic
+            token_ids = request.output_token_ids[state.sent_tokens:]
+            logprobs = state.logprobs[state.sent_tokens:] if state.logprobs is not None else None
             text, sent_chars = text[state.sent_chars:], len(text)
             prompt_logprobs = None if state.sent_prompt_logprobs else prompt_logprobs
             state.sent_chars = sent_chars
             state.sent_prompt_logprobs = state.sent_prompt_logprobs or prompt_logprobs is not None
+        else:
+            token_ids = list(request.output_token_ids)
+            logprobs = list(state.logprobs) if state.logprobs is not None else None
         state.sent_tokens = len(request.output_token_ids)
         return RequestOutput(
             request_id=request.request_id,
@@ -207,7 +209,7 @@ class OutputProcessor:
             finish_reason=request.status.value if finished else None,
             stop_reason=request.stop_string if request.stop_string is not None else request.stop_token_id,
             num_preemptions=request.num_preemptions,
-            logprobs=list(logprobs) if logprobs is not None else None,
+            logprobs=logprobs,
             prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
             cumulative_logprob=state.cumulative_logprob,
             error=request.error,

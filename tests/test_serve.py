@@ -6,7 +6,9 @@ served vector offline `LLM.encode`.
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 
 import httpx
 import openai
@@ -97,6 +99,15 @@ def test_logprobs_completion_and_chat(client, offline):
         assert max(top.values()) == pytest.approx(value, abs=1e-5)  # greedy: the chosen token is the most likely
     want = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=6, logprobs=3), use_tqdm=False)[0]
     assert lp.token_logprobs == pytest.approx([e[t].logprob for e, t in zip(want.logprobs, want.token_ids)], abs=1e-4)
+    ids = offline.tokenizer.encode(PROMPT)
+    with_prompt = client.completions.create(model="tiny", prompt=ids, max_tokens=1, temperature=0,
+                                            extra_body={"prompt_logprobs": 1})
+    plp = with_prompt.choices[0].model_extra["prompt_logprobs"]
+    want_plp = offline.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1),
+                                use_tqdm=False)[0].prompt_logprobs
+    assert plp[0] is None and len(plp) == len(ids)
+    assert [e[str(t)]["logprob"] for e, t in zip(plp[1:], ids[1:])] == pytest.approx(
+        [w[t].logprob for w, t in zip(want_plp[1:], ids[1:])], abs=1e-4)
     chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "sum a list"}],
                                           max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
     content = chat.choices[0].logprobs.content
@@ -155,6 +166,9 @@ def test_embeddings_equal_offline(client, offline):
         assert g.embedding == pytest.approx(w.embedding, abs=1e-5)
     small = client.embeddings.create(model="tiny", input="hello world", dimensions=8, encoding_format="float")
     assert len(small.data[0].embedding) == 8
+    packed = client.embeddings.create(model="tiny", input="hello world", dimensions=8, encoding_format="base64")
+    unpacked = struct.unpack("<8f", base64.b64decode(packed.data[0].embedding))  # little-endian float32
+    assert list(unpacked) == pytest.approx(small.data[0].embedding, abs=1e-6)
 
 
 def test_errors_are_openai_shaped(server, client):

@@ -102,3 +102,16 @@ def test_engine_death_mid_load_fails_requests_and_health():
         r = server.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert r.status_code == 503 and "engine" in r.json()["error"]["message"]
         assert server.stop(timeout=30) == 0
+
+
+def test_tensor_parallel_engine_behind_the_server():
+    """TP=2 over gloo on the CPU behind the server: the same greedy text as one process offline."""
+    from framework import LLM, SamplingParams
+
+    want = LLM("tiny", device="cpu").generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=12),
+                                              use_tqdm=False)[0].text
+    with ServerProcess("parallel.tensor_parallel_size=2") as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=120)
+        got = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=12, temperature=0)
+        assert got.choices[0].text == want
+        assert server.stop(timeout=30) == 0

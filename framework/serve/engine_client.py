@@ -27,7 +27,7 @@ from framework.sampling_params import SamplingParams
 from framework.serve.protocol import (AbortRequests, AddRequest, EngineDead, EngineOutputs, EngineReady, EngineStats,
                                       RequestEncoder, SequenceDelta, Shutdown)
 
-logger = logging.getLogger("mrv2.serve")
+logger = logging.getLogger(__name__)
 MONITOR_INTERVAL_S = 0.2
 
 

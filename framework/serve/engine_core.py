@@ -27,7 +27,7 @@ from framework.sampling_params import InvalidRequestError
 from framework.serve.protocol import (AbortRequests, AddRequest, EngineDead, EngineEncoder, EngineOutputs,
                                       EngineReady, EngineStats, SequenceDelta, Shutdown, TokenLogprobs)
 
-logger = logging.getLogger("mrv2.engine_core")
+logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 50  # how long an idle engine waits for a message before it checks on its parent
 
 

@@ -9,6 +9,7 @@ slot or block outlives its client.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional
@@ -21,6 +22,7 @@ from framework.serve.metrics import ServerMetrics
 from framework.serve.protocol import TokenLogprobs
 from framework.serve.sequence_text import SequenceText
 
+logger = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
 
 
@@ -47,9 +49,11 @@ class Generation:
     """The engine requests of one HTTP request and the text of each of their sequences."""
 
     def __init__(self, client: EngineClient, tokenizer: Any, metrics: ServerMetrics, request_id: str,
-                 prompts: list[list[int]], params: SamplingParams, stream: bool) -> None:
+                 prompts: list[list[int]], params: SamplingParams, stream: bool, log_requests: bool = False) -> None:
         self.client = client
         self.metrics = metrics
+        self.request_id = request_id
+        self.log_requests = log_requests
         self.params = params
         self.prompts = prompts
         self.arrival = time.perf_counter()
@@ -143,5 +147,10 @@ class Generation:
         for engine_id in self._engine_ids:
             self.client.release(engine_id)
         reasons = [s.finish_reason or "abort" for s in self._sequences]
-        self.metrics.observe_request(self.arrival, self.first_token_time, time.perf_counter(), self.num_prompt_tokens,
+        end = time.perf_counter()
+        self.metrics.observe_request(self.arrival, self.first_token_time, end, self.num_prompt_tokens,
                                      self.num_output_tokens, reasons[0])
+        if self.log_requests:
+            logger.info("mrv2 serve: %s prompts=%d n=%d prompt_tokens=%d output_tokens=%d finish=%s %.3fs",
+                        self.request_id, len(self.prompts), self.params.n, self.num_prompt_tokens,
+                        self.num_output_tokens, ",".join(sorted(set(reasons))), end - self.arrival)

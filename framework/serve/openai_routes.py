@@ -100,7 +100,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
                              logprobs=body.logprobs, prompt_logprobs=body.logprobs if want_echo_logprobs else None)
     state.check_capacity(len(prompts))
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    gen = Generation(state.client, state.tokenizer, state.metrics, request_id, prompts, params, body.stream)
+    gen = Generation(state.client, state.tokenizer, state.metrics, request_id, prompts, params, body.stream,
+                     state.config.serve.log_requests)
     head = envelope("text_completion", request_id, state.model_name)
     text_of = _token_text(state)
     prompt_texts = [p if isinstance(p, str) else (state.tokenizer.decode(p) if state.tokenizer else "") for p in raw]
@@ -114,6 +115,13 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
             return completion_logprobs(tokens, lps, body.logprobs, text_of, offset)
         prompt_lps = gen.prompt_logprobs.get(prompt, [None] * len(prompts[prompt]))
         return completion_logprobs(prompts[prompt] + tokens, list(prompt_lps) + lps, body.logprobs, text_of)
+
+    def prompt_logprobs_of(prompt: int) -> Optional[list]:
+        """vLLM's format: per prompt token (the first is null), {token id: {logprob, rank, decoded_token}}."""
+        if body.prompt_logprobs is None or prompt not in gen.prompt_logprobs:
+            return None
+        return [None if e is None else {str(t): {"logprob": lp, "rank": rank, "decoded_token": text_of(t)}
+                                        for t, lp, rank in e} for e in gen.prompt_logprobs[prompt]]
 
     def echo(choice: int, text: str) -> str:
         if not body.echo or choice in echoed:
@@ -138,7 +146,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         for choice, events in enumerate(per_choice):
             text, tokens, lps, reason, stop_reason = _join(events)
             choices.append({"index": choice, "text": echo(choice, text), "logprobs": logprobs_of(choice, tokens, lps, 0),
-                            "finish_reason": reason, "stop_reason": stop_reason})
+                            "finish_reason": reason, "stop_reason": stop_reason,
+                            "prompt_logprobs": prompt_logprobs_of(choice // params.n)})
         return {**head, "choices": choices, "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens,
                                                            gen.num_cached_tokens)}
 
@@ -168,7 +177,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                              logprobs=top if body.logprobs else None)
     state.check_capacity(1)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    gen = Generation(state.client, state.tokenizer, state.metrics, request_id, [prompt], params, body.stream)
+    gen = Generation(state.client, state.tokenizer, state.metrics, request_id, [prompt], params, body.stream,
+                     state.config.serve.log_requests)
     head = envelope("chat.completion.chunk", request_id, state.model_name)
     text_of = _token_text(state)
     started: set[int] = set()

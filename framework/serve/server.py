@@ -28,7 +28,7 @@ from framework.serve.metrics import ServerMetrics
 from framework.serve.state import ServerState
 from framework.tokenizer import load_tokenizer
 
-logger = logging.getLogger("mrv2.serve")
+logger = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 10
 
 
@@ -110,7 +110,7 @@ def serve_command(config: Mrv2Config) -> None:
             await state.client.close()
 
     app = build_app(state, lifespan)
-    server = _Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=config.serve.log_requests,
+    server = _Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
                                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S), state.client)
     try:
         server.run(sockets=[sock])
