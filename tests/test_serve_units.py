@@ -13,7 +13,7 @@ from framework import LLM, SamplingParams
 from framework.chat_template import ChatTemplate
 from framework.parallel_sampling import child_seed, fan_out
 from framework.sampling_params import InvalidRequestError
-from framework.serve.protocol import AddRequest, EngineEncoder, EngineOutputs, EngineStats, RequestEncoder, SequenceDelta
+from framework.serve.protocol import AddRequest, EngineOutputs, EngineStats, SequenceDelta, engine_codec, front_end_codec
 from framework.serve.sequence_text import SequenceText
 from framework.tokenizer import ByteTokenizer
 
@@ -27,7 +27,7 @@ MARKER = os.path.join(tempfile.gettempdir(), "mrv2-protocol-pwned")
 
 
 def test_protocol_round_trip_and_refuses_crafted_payloads():
-    front, engine = RequestEncoder(), EngineEncoder()
+    front, engine = front_end_codec(), engine_codec()
     message = AddRequest("r1", [1, 2, 3], SamplingParams(temperature=0.5, n=2, logit_bias={7: 1.5}, stop=["\n"]))
     assert engine.decode(front.encode(message)) == message
     stats = EngineStats(1, 2, 10, 8, 5, 3, 0, 0, 0)

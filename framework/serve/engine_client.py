@@ -25,7 +25,7 @@ from framework.config import Mrv2Config
 from framework.pooling_params import PoolingParams
 from framework.sampling_params import SamplingParams
 from framework.serve.protocol import (AbortRequests, AddRequest, EngineDead, EngineOutputs, EngineReady, EngineStats,
-                                      RequestEncoder, SequenceDelta, Shutdown)
+                                      front_end_codec, SequenceDelta, Shutdown)
 
 logger = logging.getLogger(__name__)
 MONITOR_INTERVAL_S = 0.2
@@ -56,7 +56,7 @@ class EngineClient:
         self.stats: Optional[EngineStats] = None
         self.dead: Optional[str] = None  # why the engine is gone, once it is
         self._queues: dict[str, asyncio.Queue[StreamItem]] = {}
-        self._codec = RequestEncoder()
+        self._codec = front_end_codec()
         self._dir = tempfile.TemporaryDirectory(prefix="mrv2-serve-")
         self._context = zmq.asyncio.Context()
         self._requests = self._context.socket(zmq.PUSH)

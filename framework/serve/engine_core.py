@@ -24,7 +24,7 @@ from framework.engine import EngineCore, EngineDeadError
 from framework.pooling_params import PoolingRequestOutput
 from framework.request import Logprob, RequestOutput
 from framework.sampling_params import InvalidRequestError
-from framework.serve.protocol import (AbortRequests, AddRequest, EngineDead, EngineEncoder, EngineOutputs,
+from framework.serve.protocol import (AbortRequests, AddRequest, EngineDead, engine_codec, EngineOutputs,
                                       EngineReady, EngineStats, SequenceDelta, Shutdown, TokenLogprobs)
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class EngineCoreLoop:
         self.engine = engine
         self.requests = requests
         self.outputs = outputs
-        self.codec = EngineEncoder()
+        self.codec = engine_codec()
         self._rejected: list[tuple[str, str]] = []
         self._stopping = False
 
@@ -128,7 +128,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     context = zmq.Context()
     outputs = context.socket(zmq.PUSH)
     outputs.connect(output_addr)
-    codec = EngineEncoder()
+    codec = engine_codec()
     try:
         config = load_config(json.loads(Path(config_path).read_text()))
         engine = EngineCore(config)

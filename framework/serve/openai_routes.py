@@ -83,6 +83,13 @@ async def _respond(gen: Generation, request: Request, stream: bool, chunk: Any, 
     return StreamingResponse(_stream(first, events, chunk, tail), media_type="text/event-stream")
 
 
+def _usage_tail(body: Any, head: dict[str, Any], gen: Generation) -> list[dict[str, Any]]:
+    """The stream's last chunk before [DONE] when `stream_options.include_usage`: no choices, the usage."""
+    if body.stream_options is None or not body.stream_options.include_usage:
+        return []
+    return [{**head, "choices": [], "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens, gen.num_cached_tokens)}]
+
+
 def _max_tokens(state: ServerState, requested: Optional[int], prompts: list[list[int]], field: str) -> int:
     return min(max_tokens_for(requested, len(p), state.max_model_len, field) for p in prompts)
 
@@ -135,12 +142,6 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         return {**head, "choices": [{"index": e.choice, "text": text, "logprobs": lp, "finish_reason": e.finish_reason,
                                      "stop_reason": e.stop_reason}]}
 
-    def tail() -> list[dict[str, Any]]:
-        if body.stream_options is None or not body.stream_options.include_usage:
-            return []
-        return [{**head, "choices": [], "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens,
-                                                       gen.num_cached_tokens)}]
-
     def full(per_choice: list[list[SequenceEvent]]) -> dict[str, Any]:
         choices = []
         for choice, events in enumerate(per_choice):
@@ -151,7 +152,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         return {**head, "choices": choices, "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens,
                                                            gen.num_cached_tokens)}
 
-    return await _respond(gen, request, body.stream, chunk, tail, full)
+    return await _respond(gen, request, body.stream, chunk, lambda: _usage_tail(body, head, gen), full)
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -194,12 +195,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         return {**head, "choices": [{"index": e.choice, "delta": delta, "logprobs": logprobs_of(e.token_ids,
                                      e.logprobs or []), "finish_reason": e.finish_reason, "stop_reason": e.stop_reason}]}
 
-    def tail() -> list[dict[str, Any]]:
-        if body.stream_options is None or not body.stream_options.include_usage:
-            return []
-        return [{**head, "choices": [], "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens,
-                                                       gen.num_cached_tokens)}]
-
     def full(per_choice: list[list[SequenceEvent]]) -> dict[str, Any]:
         choices = []
         for choice, events in enumerate(per_choice):
@@ -209,7 +204,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         return {**head, "object": "chat.completion", "choices": choices,
                 "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens, gen.num_cached_tokens)}
 
-    return await _respond(gen, request, body.stream, chunk, tail, full)
+    return await _respond(gen, request, body.stream, chunk, lambda: _usage_tail(body, head, gen), full)
 
 
 @router.post("/v1/embeddings", response_model=None)

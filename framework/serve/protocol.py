@@ -7,7 +7,7 @@ token-id deltas per sequence, with the engine's counters.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import msgspec
 
@@ -97,29 +97,25 @@ class EngineDead(msgspec.Struct, tag="dead"):
 EngineMessage = Union[EngineOutputs, EngineReady, EngineDead]
 
 
-class RequestEncoder:
-    """Front end side: encode requests, decode engine messages."""
+class Codec:
+    """msgpack both ways; decoding accepts only `incoming`'s declared types (anything else raises)."""
 
-    def __init__(self) -> None:
+    def __init__(self, incoming: Any) -> None:
         self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(EngineMessage)
+        self._decoder = msgspec.msgpack.Decoder(incoming)
 
-    def encode(self, message: EngineRequest) -> bytes:
+    def encode(self, message: Union[EngineRequest, EngineMessage]) -> bytes:
         return self._encoder.encode(message)
 
-    def decode(self, data: bytes) -> EngineMessage:
+    def decode(self, data: bytes) -> Any:
         return self._decoder.decode(data)
 
 
-class EngineEncoder:
-    """Engine side: decode requests, encode engine messages."""
+def front_end_codec() -> Codec:
+    """The API server's side: sends requests, receives engine messages."""
+    return Codec(EngineMessage)
 
-    def __init__(self) -> None:
-        self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(EngineRequest)
 
-    def encode(self, message: EngineMessage) -> bytes:
-        return self._encoder.encode(message)
-
-    def decode(self, data: bytes) -> EngineRequest:
-        return self._decoder.decode(data)
+def engine_codec() -> Codec:
+    """The engine core's side: sends engine messages, receives requests."""
+    return Codec(EngineRequest)
