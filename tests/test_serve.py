@@ -189,6 +189,9 @@ def test_errors_are_openai_shaped(server, client):
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     r = server.post("/v1/completions", content=b"x" * (33 << 20), headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == 413
+    chunked = server.post("/v1/completions", content=iter([b"x" * (16 << 20)] * 3),
+                          headers={"content-type": "application/json"})  # no Content-Length: counted as it comes
+    assert chunked.status_code == 413
     r = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                    "chat_template": "{% for m in messages %}"})
     assert r.status_code == 400 and "parse" in r.json()["error"]["message"]

@@ -41,7 +41,31 @@ class GuardMiddleware:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._reject(send, 413, f"the request body has {length} bytes; the limit is "
                                       f"{self.max_body_bytes} (serve.max_request_bytes)")
+        if length is None and scope.get("method") == "POST":  # chunked: count the bytes as they come
+            receive = await self._bounded_body(receive)
+            if receive is None:
+                return await self._reject(send, 413, f"the request body exceeds {self.max_body_bytes} bytes "
+                                          "(serve.max_request_bytes)")
         await self.app(scope, receive, send)
+
+    async def _bounded_body(self, receive: Any) -> Any:
+        """Read a body of unknown length up to the limit; a receive that replays it (None when over the limit)."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away: the app sees the disconnect
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_body_bytes:
+                return None
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replayed() -> Any:
+            return replay.pop() if replay else await receive()
+
+        return replayed
 
 
 def _validation_message(err: RequestValidationError) -> tuple[str, Optional[str]]:
