@@ -32,7 +32,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
     cfg = preset_config("random_tiny")
     model = build_model(cfg, torch.float32, torch.device("cpu"))
-    init_random_weights(model, 0)
+    init_random_weights(model, 0, cfg["initializer_range"])  # the preset's weights, as LLM("random_tiny")
     root = tmp_path_factory.mktemp("tiny-ckpt")
     tensors, seen = {}, set()
     for name, t in model.state_dict().items():
@@ -225,7 +225,7 @@ def test_startup_failure_is_clear_and_frees_the_model(where, monkeypatch):
 
     monkeypatch.setattr(setup, "build_model", tracked_build)
     if where == "weights":
-        def failing_init(model, seed):
+        def failing_init(*args, **kwargs):
             raise CheckpointError("injected: reading weights failed")
 
         monkeypatch.setattr(setup, "init_random_weights", failing_init)
