@@ -83,3 +83,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _planted_fault_for_a_mutation_run():
+    """`MRV2_PLANTED_FAULT=<name>` (a key of `planted_faults.FAULTS`) plants that fault for the whole session,
+    before any engine is built: a mutation run shows which tests catch it. Unset (CI), nothing is planted."""
+    name = os.environ.get("MRV2_PLANTED_FAULT")
+    if not name:
+        yield
+        return
+    from planted_faults import FAULTS
+
+    if name not in FAULTS:
+        raise pytest.UsageError(f"MRV2_PLANTED_FAULT={name!r}: planted faults are {', '.join(sorted(FAULTS))}")
+    with pytest.MonkeyPatch.context() as mp:
+        FAULTS[name](mp)
+        yield
