@@ -53,6 +53,19 @@ def plant_rows_read_row0_kv(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(llama, "paged_attention", leaky)
 
 
+def plant_v2_gathers_row0_block_table(mp: pytest.MonkeyPatch) -> None:
+    """V2 only: the per-step block-table gather gives every batch row the block-table row of batch row 0's
+    request (so its KV goes to, and is read from, another request's blocks). V1 builds its tables on the CPU."""
+    import framework.block_tables as block_tables
+
+    real = block_tables.gather_block_tables
+
+    def row0(idx_mapping: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        return real(idx_mapping[:1].expand_as(idx_mapping).contiguous(), table)
+
+    mp.setattr(block_tables, "gather_block_tables", row0)
+
+
 def plant_accept_every_draft_with_probs(mp: pytest.MonkeyPatch) -> None:
     """Verification with draft probabilities accepts every draft (u < p/q never consulted)."""
     import speculators.rejection_sampler as rejection
@@ -95,6 +108,7 @@ FAULTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "zero_attention": plant_zero_attention,
     "zero_triton_attention": plant_zero_triton_attention,
     "rows_read_row0_kv": plant_rows_read_row0_kv,
+    "v2_gathers_row0_block_table": plant_v2_gathers_row0_block_table,
     "accept_every_draft_with_probs": plant_accept_every_draft_with_probs,
     "reused_slot_keeps_sampling_params": plant_reused_slot_keeps_sampling_params,
     "old_random_tiny": plant_old_random_tiny,

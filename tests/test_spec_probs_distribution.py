@@ -10,7 +10,9 @@ logits on the same checkpoint: chi-square against p, and no second token outside
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -61,10 +63,8 @@ def _top_k_probs(logits: torch.Tensor) -> torch.Tensor:
     return p
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory) -> tuple[Path, dict[tuple[int, int], float]]:
-    """(checkpoint, exact P(first, second)) from HF transformers' logits on the same weights."""
-    path = tmp_path_factory.mktemp("spec-q") / "llama"
+def build_target(path: Path) -> tuple[Path, dict[tuple[int, int], float]]:
+    """(checkpoint written at `path`, exact P(first, second)) from HF transformers' logits on its weights."""
     hf = save_tiny_checkpoint(SPEC_BY_NAME["llama"], path).eval()
     p0 = _top_k_probs(hf_logits(hf, PROMPT)[-1])
     joint = {}
@@ -75,22 +75,34 @@ def target(tmp_path_factory) -> tuple[Path, dict[tuple[int, int], float]]:
     return path, joint
 
 
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> tuple[Path, dict[tuple[int, int], float]]:
+    return build_target(tmp_path_factory.mktemp("spec-q") / "llama")
+
+
+@contextmanager
+def drawn_from_q_registered(joint: dict[tuple[int, int], float]) -> Iterator[None]:
+    """`DrawnFromQ` registered, favouring half of the target's possible second tokens (q != p there)."""
+    DrawnFromQ.favoured = sorted({s for (_, s) in joint})[::2]
+    SPECULATORS.register(DrawnFromQ.name, DrawnFromQ, source="test")
+    try:
+        yield
+    finally:
+        SPECULATORS.unregister(DrawnFromQ.name)
+
+
 @pytest.fixture
 def drawn_from_q(target):
-    # Favour half of the target's likely second tokens (q != p there) and nothing else.
-    seconds = sorted({s for (_, s) in target[1]})
-    DrawnFromQ.favoured = seconds[::2]
-    SPECULATORS.register(DrawnFromQ.name, DrawnFromQ, source="test")
-    yield
-    SPECULATORS.unregister(DrawnFromQ.name)
+    with drawn_from_q_registered(target[1]):
+        yield
 
 
-def sample_pairs(path: Path, speculative: bool) -> tuple[list[tuple[int, int]], dict]:
+def sample_pairs(path: Path, speculative: bool, num_requests: int = NUM_REQUESTS) -> tuple[list[tuple[int, int]], dict]:
     spec = {"speculative_config": {"method": DrawnFromQ.name, "num_speculative_tokens": 1}} if speculative else {}
     llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=32, seed=0, max_num_seqs=256, **spec)
     params = [SamplingParams(temperature=1.0, top_k=TOP_K, seed=s, max_tokens=2, ignore_eos=True)
-              for s in range(NUM_REQUESTS)]
-    outs = llm.generate([PROMPT] * NUM_REQUESTS, params, use_tqdm=False)
+              for s in range(num_requests)]
+    outs = llm.generate([PROMPT] * num_requests, params, use_tqdm=False)
     return [tuple(o.token_ids) for o in outs], llm.get_metrics()
 
 
@@ -110,8 +122,9 @@ def chi2_against(pairs: list[tuple[int, int]], joint: dict[tuple[int, int], floa
     return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
 
 
-def check_spec_probs_keep_the_target_distribution(path: Path, joint: dict[tuple[int, int], float]) -> None:
-    pairs, metrics = sample_pairs(path, speculative=True)
+def check_spec_probs_keep_the_target_distribution(path: Path, joint: dict[tuple[int, int], float],
+                                                   num_requests: int = NUM_REQUESTS) -> None:
+    pairs, metrics = sample_pairs(path, speculative=True, num_requests=num_requests)
     outside = [pair for pair in pairs if pair not in joint]
     assert not outside, f"{len(outside)} pairs the target never produces (top-k {TOP_K}), e.g. {outside[:3]}"
     stat, df = chi2_against(pairs, joint)
