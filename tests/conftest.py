@@ -100,3 +100,42 @@ def _planted_fault_for_a_mutation_run():
     with pytest.MonkeyPatch.context() as mp:
         FAULTS[name](mp)
         yield
+
+
+# ---- no silent skips under CI -------------------------------------------------------------------------------
+STRICT_SKIPS_ENV = "MRV2_CI"  # set by .ci/run
+_skips: list[tuple[str, str, bool]] = []  # (nodeid, reason, allowed)
+
+
+def _record_skip(report) -> None:  # type: ignore[no-untyped-def]
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    from skip_policy import skip_is_allowed
+
+    _skips.append((report.nodeid, reason, skip_is_allowed(report.nodeid, reason, torch.cuda.is_available())))
+
+
+def pytest_runtest_logreport(report) -> None:  # type: ignore[no-untyped-def]
+    _record_skip(report)
+
+
+def pytest_collectreport(report) -> None:  # type: ignore[no-untyped-def]
+    _record_skip(report)  # module-level skips (pytest.skip(allow_module_level=True), importorskip)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    if not os.environ.get(STRICT_SKIPS_ENV):
+        return
+    bad = [(nodeid, reason) for nodeid, reason, allowed in _skips if not allowed]
+    allowed = len(_skips) - len(bad)
+    terminalreporter.write_line(f"{STRICT_SKIPS_ENV}: {len(_skips)} skipped, {allowed} of them GPU-only "
+                                f"(tests/gpu/ without CUDA); {len(bad)} not allowed")
+    for nodeid, reason in bad:
+        terminalreporter.write_line(f"  skip not allowed: {nodeid}: {reason}", red=True)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:  # type: ignore[no-untyped-def]
+    if os.environ.get(STRICT_SKIPS_ENV) and any(not allowed for _, _, allowed in _skips) and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
