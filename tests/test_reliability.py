@@ -44,10 +44,15 @@ def checkpoint(tmp_path_factory) -> Path:
     return root
 
 
+def alone_reference() -> list[list[int]]:
+    """Each of OK_PROMPTS' greedy tokens run alone: what the requests in flight must give whatever happens."""
+    llm = LLM("random_tiny", device="cpu")
+    return [llm.generate([prompt], GREEDY, use_tqdm=False)[0].token_ids for prompt in OK_PROMPTS]
+
+
 @pytest.fixture(scope="module")
 def reference() -> list[list[int]]:
-    llm = LLM("random_tiny", device="cpu")
-    return [o.token_ids for o in llm.generate(OK_PROMPTS, GREEDY, use_tqdm=False)]
+    return alone_reference()
 
 
 @pytest.fixture(scope="module")
