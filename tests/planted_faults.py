@@ -104,6 +104,21 @@ def plant_old_random_tiny(mp: pytest.MonkeyPatch) -> None:
     mp.setitem(PRESETS["random_tiny"], "initializer_range", 0.02)
 
 
+def planted_targets() -> dict[str, object]:
+    """What the faults replace, by name: equal before and after a control, or a fault leaked into later tests."""
+    import framework.attention.triton_paged_attention as triton_attention
+    import framework.block_tables as block_tables
+    import framework.models.llama as llama
+    import speculators.rejection_sampler as rejection
+    from framework.models.presets import PRESETS
+    from samplers.states import SamplingParamsState
+
+    return {"llama.paged_attention": llama.paged_attention, "triton paged_attention": triton_attention.paged_attention,
+            "gather_block_tables": block_tables.gather_block_tables, "verify_probs": rejection.verify_probs,
+            "SamplingParamsState.add_request": SamplingParamsState.add_request,
+            "random_tiny initializer_range": PRESETS["random_tiny"]["initializer_range"]}
+
+
 FAULTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "zero_attention": plant_zero_attention,
     "zero_triton_attention": plant_zero_triton_attention,

@@ -29,6 +29,14 @@ from framework import LLM
 PlantFn = Callable[[pytest.MonkeyPatch], None]
 
 
+@pytest.fixture(autouse=True)
+def _no_fault_outlives_its_control():
+    before = faults.planted_targets()
+    yield
+    after = faults.planted_targets()
+    assert after == before, f"planted faults left behind: {[k for k in before if after[k] is not before[k]]}"
+
+
 def _fails_with(plant: PlantFn, check: Callable[[], None], where: str) -> None:
     """`check` fails an assertion of test file `where` while `plant`'s fault is in place (engines are built
     inside `check`); an assertion elsewhere (an engine invariant, a crash) would be another failure."""
@@ -128,7 +136,13 @@ def test_zeroed_triton_attention_fails_the_triton_end_to_end_test(tiny_llm_facto
         monkeypatch.setattr(test_attention_triton, "_fresh_outcomes", {})
 
     def check() -> None:
-        test_attention_triton.test_tiny_model_generates_the_same_tokens_with_triton(tiny_llm_factory, monkeypatch)
+        # The test's own monkeypatch is undone inside the planted fault's: undone after it, it would restore the
+        # zeroed kernel entry it saw (and leave it for every later test).
+        inner = pytest.MonkeyPatch()
+        try:
+            test_attention_triton.test_tiny_model_generates_the_same_tokens_with_triton(tiny_llm_factory, inner)
+        finally:
+            inner.undo()
 
     _fails_with(faults.plant_zero_triton_attention, check, "test_attention_triton.py")
 
