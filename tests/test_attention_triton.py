@@ -3,8 +3,9 @@
 The kernels are decorated at import, so TRITON_INTERPRET is set before they are imported (and set again
 while these tests run). In a process where a GPU test module imported them first (compiled: Triton's own
 `tl` library is decorated when triton is imported, so nothing can be interpreted there), every test of this
-module instead reports its outcome from one run of the module in a fresh interpreter process: none skips. bfloat16 attention is not tested here: `tl.dot` on bfloat16 returns garbage under
-the Triton 3.9 interpreter (numpy has no bfloat16); tests/gpu/test_attention_gpu.py covers it on a GPU.
+module instead reports its outcome from one run of the module in a fresh interpreter process: none skips.
+bfloat16 attention is not tested here: `tl.dot` on bfloat16 returns garbage under the Triton 3.9 interpreter
+(numpy has no bfloat16); tests/gpu/test_attention_gpu.py covers it on a GPU.
 """
 
 from __future__ import annotations

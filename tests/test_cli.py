@@ -108,7 +108,8 @@ def test_wheel_installs_in_fresh_venv_and_runs(tmp_path):
     inner_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                 capture_output=True, text=True, check=True).stdout.strip()
     outer_sites = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
-    Path(inner_site, "_outer_site_packages.pth").write_text("\n".join(d for d in outer_sites if Path(d).is_dir()) + "\n")
+    outer_dirs = [d for d in outer_sites if Path(d).is_dir()]
+    Path(inner_site, "_outer_site_packages.pth").write_text("\n".join(outer_dirs) + "\n")
     # --ignore-installed: an mrv2 installed outside the venv (e.g. an editable checkout) must not satisfy it.
     inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
                            "--ignore-installed", str(wheel)],

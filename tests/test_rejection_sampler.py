@@ -147,7 +147,8 @@ def test_bonus_token_marginal(spec_draws):
     assert _chi2(bonus, P[0]) < CHI2_999_DF5
 
 
-def _verify_requests(order: list[int], seeds: torch.Tensor, k: int = 2, n: int = 32) -> dict[int, tuple[list[int], int]]:
+def _verify_requests(order: list[int], seeds: torch.Tensor, k: int = 2,
+                     n: int = 32) -> dict[int, tuple[list[int], int]]:
     """Verify the k drafts of the requests in `order` (request r, of n fixed ones, in req_slot r) with draft
     probabilities, batch row i holding request order[i]; returns {request: (tokens, num_accepted)}."""
     g = torch.Generator().manual_seed(3)
@@ -161,9 +162,9 @@ def _verify_requests(order: list[int], seeds: torch.Tensor, k: int = 2, n: int =
     row_logits = logits[rows].reshape(len(order) * (k + 1), VOCAB)
     sampled = gumbel_sample_reference(row_logits, row_seeds, positions)
     cu = torch.arange(len(order) + 1, dtype=torch.int32) * (k + 1)
+    use_q = torch.ones(len(order) * (k + 1), dtype=torch.bool)
     out = rejection_sample(sampled, rows.int(), cu, drafts, k, processed_logits=row_logits, draft_probs=q,
-                           expanded_idx_mapping=expanded.int(), use_q=torch.ones(len(order) * (k + 1), dtype=torch.bool),
-                           seeds=row_seeds, positions=positions)
+                           expanded_idx_mapping=expanded.int(), use_q=use_q, seeds=row_seeds, positions=positions)
     by_request = {}
     for batch_row, req in enumerate(order):
         a = int(out.num_accepted[batch_row])
