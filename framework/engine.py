@@ -196,7 +196,9 @@ class EngineCore:
                 + ("(an embedding prompt must fit)" if pooling else "(prompt plus at least one output token must fit)")
             )
         vocab = self.loaded.vocab_size
-        bad = next((t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        # bool is an int subclass, but a prompt of True/False is a caller's bug, not token ids 1 and 0.
+        bad = next((t for t in prompt_token_ids
+                    if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab)), None)
         if bad is not None:
             raise InvalidRequestError(f"request '{request_id}': token id {bad!r} is outside the vocabulary [0, {vocab})")
         max_logprobs = self.config.sampler.max_logprobs

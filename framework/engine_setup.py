@@ -75,7 +75,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         load_safetensors_weights(model, source.path, mtp_tensor_prefixes(hf_config))  # MTP layers: the speculator's
         eos = checkpoint_eos_token_id(Path(source.path), hf_config)
     else:
-        init_random_weights(model, mc.seed)
+        init_random_weights(model, mc.seed, float(hf_config.get("initializer_range", 0.02)))
         eos = hf_config.get("eos_token_id")
     model.eval()
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)

@@ -20,8 +20,30 @@ job() {  # name, limit (s), command...
   quiet < "$res/$name/log.txt" | tail -25 >> "$out/summary.log"
   tar -czf "$out/results.tgz" -C "$res" .
 }
+# The whole tests/gpu suite in pieces, each under its own limit (470 s in all; run on nvidia-h200-x2, since the
+# parallel piece needs 2 GPUs), then the pass/fail summary (scripts/gpu_tests_summary.py: totals, every failure
+# and skip, GPU test files no piece ran, commit and date) for docs/benchmarks.md. A new tests/gpu file joins a piece.
+GPU_PIECES=(
+  "kernels 60 test_attention_gpu.py test_layer_ops_gpu.py test_random_weights_gpu.py"
+  "sampler 90 test_sampler_fused_gpu.py test_sampler_gpu.py"
+  "spec 80 test_spec_gpu.py test_draft_heads_gpu.py"
+  "engine 80 test_gpu_engine.py test_prefix_caching_gpu.py"
+  "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py"
+  "parallel 70 test_parallel_gpu.py"
+)
+gpu_tests_all() {
+  local xml="$res/gpu_tests_all/junit"; mkdir -p "$xml"; rm -f "$xml"/*.xml
+  for piece in "${GPU_PIECES[@]}"; do
+    read -r name limit files <<< "$piece"
+    job "gpu_tests_all-$name" "$limit" python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$xml/$name.xml" \
+      $(printf 'tests/gpu/%s ' $files)
+  done
+  job gpu_tests_all-summary 30 python3 scripts/gpu_tests_summary.py "$xml"
+  cp "$res/gpu_tests_all-summary/log.txt" "$out/gpu_tests_all_summary.txt"
+}
 for j in "$@"; do
   case $j in
+    gpu_tests_all) gpu_tests_all ;;
     gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;
     gpu_tests_single) job $j 130 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py ;;
     parallel) job $j 330 python3 scripts/bench_parallel.py --out "$res/parallel" --cases 0.6b-tp1 0.6b-tp2 8b-tp1 8b-tp2 \

@@ -42,6 +42,9 @@ def _use_this_checkouts_conf() -> None:
 
 
 _use_this_checkouts_conf()
+# CLI subprocesses (`python -m framework.cli`, `mrv2`) import this checkout too, not another installed copy (a
+# worktree beside an editable install of the main checkout would otherwise test the main checkout's code).
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture
@@ -83,3 +86,59 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _planted_fault_for_a_mutation_run():
+    """`MRV2_PLANTED_FAULT=<name>` (a key of `planted_faults.FAULTS`) plants that fault for the whole session,
+    before any engine is built: a mutation run shows which tests catch it. Unset (CI), nothing is planted."""
+    name = os.environ.get("MRV2_PLANTED_FAULT")
+    if not name:
+        yield
+        return
+    from planted_faults import FAULTS
+
+    if name not in FAULTS:
+        raise pytest.UsageError(f"MRV2_PLANTED_FAULT={name!r}: planted faults are {', '.join(sorted(FAULTS))}")
+    with pytest.MonkeyPatch.context() as mp:
+        FAULTS[name](mp)
+        yield
+
+
+# ---- no silent skips under CI -------------------------------------------------------------------------------
+STRICT_SKIPS_ENV = "MRV2_CI"  # set by .ci/run
+_skips: list[tuple[str, str, bool]] = []  # (nodeid, reason, allowed)
+
+
+def _record_skip(report) -> None:  # type: ignore[no-untyped-def]
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    from skip_policy import skip_is_allowed
+
+    _skips.append((report.nodeid, reason, skip_is_allowed(report.nodeid, reason, torch.cuda.is_available())))
+
+
+def pytest_runtest_logreport(report) -> None:  # type: ignore[no-untyped-def]
+    _record_skip(report)
+
+
+def pytest_collectreport(report) -> None:  # type: ignore[no-untyped-def]
+    _record_skip(report)  # module-level skips (pytest.skip(allow_module_level=True), importorskip)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    if not os.environ.get(STRICT_SKIPS_ENV):
+        return
+    bad = [(nodeid, reason) for nodeid, reason, allowed in _skips if not allowed]
+    allowed = len(_skips) - len(bad)
+    terminalreporter.write_line(f"{STRICT_SKIPS_ENV}: {len(_skips)} skipped, {allowed} of them GPU-only "
+                                f"(tests/gpu/ without CUDA); {len(bad)} not allowed")
+    for nodeid, reason in bad:
+        terminalreporter.write_line(f"  skip not allowed: {nodeid}: {reason}", red=True)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:  # type: ignore[no-untyped-def]
+    if os.environ.get(STRICT_SKIPS_ENV) and any(not allowed for _, _, allowed in _skips) and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

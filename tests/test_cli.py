@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -98,9 +99,17 @@ def test_wheel_installs_in_fresh_venv_and_runs(tmp_path):
         missing = set(shipped) - set(zf.namelist())
     assert not missing, f"wheel lacks shipped model files: {sorted(missing)}"
     env_dir = tmp_path / "venv"
-    # Dependencies (torch, transformers, ...) come from this interpreter; mrv2 itself only from the wheel.
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    # Dependencies (torch, transformers, ...) come from this interpreter's site directories; mrv2 itself only from
+    # the wheel. Not system_site_packages: a venv made from a venv's interpreter would see the base interpreter's
+    # site-packages, not the outer venv's, where CI's torch is. A .pth of plain directories adds them after the
+    # venv's own site-packages (the wheel first) without running their .pth files (an editable mrv2's finder).
+    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
+    inner_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    outer_sites = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    outer_dirs = [d for d in outer_sites if Path(d).is_dir()]
+    Path(inner_site, "_outer_site_packages.pth").write_text("\n".join(outer_dirs) + "\n")
     # --ignore-installed: an mrv2 installed outside the venv (e.g. an editable checkout) must not satisfy it.
     inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
                            "--ignore-installed", str(wheel)],

@@ -65,7 +65,7 @@ def _random_checkpoint(root: Path) -> dict:
 
     cfg = preset_config("random_tiny")
     model = build_model(cfg, torch.float32, torch.device("cpu"))
-    init_random_weights(model, 7)
+    init_random_weights(model, 7, cfg["initializer_range"])
     root.mkdir(parents=True)
     tensors = {n: t.contiguous() for n, t in model.state_dict().items() if n != "lm_head.weight"}
     save_file(tensors, str(root / "model.safetensors"))

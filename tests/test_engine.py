@@ -106,9 +106,10 @@ def test_stop_conditions(tiny_llm_factory):
     prompt = _prompts(1, seed=5)[0]
     free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
     stop_at = free.token_ids[2]
+    assert stop_at not in free.token_ids[:2]  # else the request would stop before index 2 (an echoing model)
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at]),
                        use_tqdm=False)[0]
-    assert out.token_ids == free.token_ids[: free.token_ids.index(stop_at) + 1]
+    assert out.token_ids == free.token_ids[:3]
     assert out.finish_reason == "stop" and out.stop_reason == stop_at
     assert free.finish_reason == "length"
     # max_model_len caps the output.
@@ -122,6 +123,7 @@ def test_stop_conditions(tiny_llm_factory):
         ([], SamplingParams(), "the prompt is empty"),
         ([1, 2, 5000], SamplingParams(), r"token id 5000 is outside the vocabulary \[0, 320\)"),
         ([1, -1], SamplingParams(), "token id -1 is outside the vocabulary"),
+        ([True, False], SamplingParams(), r"token id True is outside the vocabulary \[0, 320\)"),
         (list(range(200)) * 6, SamplingParams(), "the prompt has 1200 tokens but max_model_len is 1024"),
         ([1, 2], SamplingParams(logprobs=50), "logprobs=50 exceeds sampler.max_logprobs=20"),
     ],
@@ -166,13 +168,19 @@ def test_kv_cache_too_small_for_one_request_at_startup(tiny_llm_factory):
 
 
 def test_profile_run_leaves_no_state_behind(tiny_llm_factory):
+    """The profile run's dummy requests (every slot, temperature 1, top-k 50, prompts of zeros) leave nothing
+    behind: greedy and seeded requests in all four slots then give a fresh engine's tokens."""
     llm = tiny_llm_factory(max_num_batched_tokens=64, max_num_seqs=4)
     runner = llm.engine.runner
     kv = runner.kv_caches
     assert runner.profile_run() == 0  # CPU: no device peak to measure
     assert runner.request_state.num_active == 0 and len(runner.request_state.free_slots) == 4
     runner.kv_caches = kv
-    assert llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].token_ids == _run_alone(tiny_llm_factory, [1, 2, 3], GREEDY)
+    prompts = _prompts(4, seed=11)
+    seeded = SamplingParams(temperature=0.8, seed=17, max_tokens=12, ignore_eos=True)
+    params = [GREEDY, seeded, GREEDY, seeded]
+    fresh = tiny_llm_factory(max_num_batched_tokens=64, max_num_seqs=4).generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == [o.token_ids for o in fresh]
 
 
 @pytest.mark.parametrize("small_cache", [False, True])

@@ -90,3 +90,19 @@ def test_preset_weights_are_the_device_independent_draws():
         torch.testing.assert_close(param.detach(), torch.from_numpy(want), rtol=1e-6, atol=1e-9, msg=name)
         drawn += 1
     assert drawn > 3
+
+
+def test_the_engine_draws_a_preset_at_its_initializer_range():
+    """`LLM("random_tiny")` holds `normal_weights(shape, initializer_range, model.seed, k)` (0.2 for this preset,
+    so that its output depends on the context; docs/testing.md); a preset without the key keeps HF's 0.02."""
+    from framework import LLM
+
+    std = preset_config("random_tiny")["initializer_range"]
+    assert std == 0.2 and "initializer_range" not in preset_config("qwen3-0.6b")
+    llm = LLM("random_tiny", device="cpu")
+    seed = llm.engine.config.model.seed
+    for stream, (name, param) in enumerate(llm.engine.loaded.model.named_parameters()):
+        if name.endswith("norm.weight") or name.endswith(".bias"):
+            continue
+        want = _normal_numpy(param.numel(), std, seed, stream).reshape(tuple(param.shape))
+        torch.testing.assert_close(param.detach(), torch.from_numpy(want), rtol=1e-6, atol=1e-9, msg=name)

@@ -147,16 +147,42 @@ def test_bonus_token_marginal(spec_draws):
     assert _chi2(bonus, P[0]) < CHI2_999_DF5
 
 
-def test_seeded_verification_is_deterministic(spec_draws):
+def _verify_requests(order: list[int], seeds: torch.Tensor, k: int = 2,
+                     n: int = 32) -> dict[int, tuple[list[int], int]]:
+    """Verify the k drafts of the requests in `order` (request r, of n fixed ones, in req_slot r) with draft
+    probabilities, batch row i holding request order[i]; returns {request: (tokens, num_accepted)}."""
     g = torch.Generator().manual_seed(3)
-    logits = torch.randn(6, VOCAB, generator=g)
-    seeds, positions = torch.full((6,), 99), torch.arange(6) + 40
-    sampled = gumbel_sample_reference(logits, seeds, positions)
-    q = torch.softmax(torch.randn(2, 2, VOCAB, generator=g), -1)
-    kw = dict(processed_logits=logits, draft_probs=q, expanded_idx_mapping=torch.tensor([0, 0, 0, 1, 1, 1]).int(),
-              use_q=torch.ones(6, dtype=torch.bool), seeds=seeds, positions=positions)
-    drafts = torch.randint(0, VOCAB, (2, 2), generator=g).int()
-    cu = torch.tensor([0, 3, 6]).int()
-    a = rejection_sample(sampled, torch.tensor([0, 1]).int(), cu, drafts, 2, **kw)
-    b = rejection_sample(sampled, torch.tensor([0, 1]).int(), cu, drafts, 2, **kw)
-    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted)
+    logits = torch.randn(n, k + 1, VOCAB, generator=g)  # per request: its k + 1 logits rows
+    q = torch.softmax(torch.randn(n, k, VOCAB, generator=g), -1)  # [S, K, V] by req_slot
+    drafts = torch.randint(0, VOCAB, (n, k), generator=g).int()  # [S, K]
+    rows = torch.tensor(order)
+    expanded = rows.repeat_interleave(k + 1)  # [L] logits_row -> req_slot
+    positions = (torch.arange(k + 1) + 40).repeat(len(order))  # [L]
+    row_seeds = seeds[expanded]
+    row_logits = logits[rows].reshape(len(order) * (k + 1), VOCAB)
+    sampled = gumbel_sample_reference(row_logits, row_seeds, positions)
+    cu = torch.arange(len(order) + 1, dtype=torch.int32) * (k + 1)
+    use_q = torch.ones(len(order) * (k + 1), dtype=torch.bool)
+    out = rejection_sample(sampled, rows.int(), cu, drafts, k, processed_logits=row_logits, draft_probs=q,
+                           expanded_idx_mapping=expanded.int(), use_q=use_q, seeds=row_seeds, positions=positions)
+    by_request = {}
+    for batch_row, req in enumerate(order):
+        a = int(out.num_accepted[batch_row])
+        by_request[req] = (out.tokens[batch_row, : a + 1].tolist(), a)
+    return by_request
+
+
+def test_seeded_verification_depends_only_on_seed_and_position():
+    """A request's verified tokens are a function of its own (seed, position): not of the global RNG, not of
+    its batch row or its neighbours; and another seed gives other tokens."""
+    n = 32
+    seeds = torch.arange(n) * 7 + 99
+    want = _verify_requests(list(range(n)), seeds)
+    torch.manual_seed(12345)
+    torch.rand(1000)  # the global generator moved: a verification drawing from it would change
+    shuffled = torch.randperm(n, generator=torch.Generator().manual_seed(5)).tolist()
+    assert _verify_requests(shuffled, seeds) == want
+    assert _verify_requests(list(range(0, n, 2)), seeds) == {r: want[r] for r in range(0, n, 2)}  # fewer neighbours
+    other = _verify_requests(list(range(n)), seeds + 1)
+    assert sum(other[r] != want[r] for r in range(n)) >= n // 4
+    assert {a for _, a in want.values()} == {0, 1, 2}  # every acceptance length occurred: the q path decided

@@ -32,7 +32,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
     cfg = preset_config("random_tiny")
     model = build_model(cfg, torch.float32, torch.device("cpu"))
-    init_random_weights(model, 0)
+    init_random_weights(model, 0, cfg["initializer_range"])  # the preset's weights, as LLM("random_tiny")
     root = tmp_path_factory.mktemp("tiny-ckpt")
     tensors, seen = {}, set()
     for name, t in model.state_dict().items():
@@ -44,10 +44,15 @@ def checkpoint(tmp_path_factory) -> Path:
     return root
 
 
+def alone_reference() -> list[list[int]]:
+    """Each of OK_PROMPTS' greedy tokens run alone: what the requests in flight must give whatever happens."""
+    llm = LLM("random_tiny", device="cpu")
+    return [llm.generate([prompt], GREEDY, use_tqdm=False)[0].token_ids for prompt in OK_PROMPTS]
+
+
 @pytest.fixture(scope="module")
 def reference() -> list[list[int]]:
-    llm = LLM("random_tiny", device="cpu")
-    return [o.token_ids for o in llm.generate(OK_PROMPTS, GREEDY, use_tqdm=False)]
+    return alone_reference()
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +230,7 @@ def test_startup_failure_is_clear_and_frees_the_model(where, monkeypatch):
 
     monkeypatch.setattr(setup, "build_model", tracked_build)
     if where == "weights":
-        def failing_init(model, seed):
+        def failing_init(*args, **kwargs):
             raise CheckpointError("injected: reading weights failed")
 
         monkeypatch.setattr(setup, "init_random_weights", failing_init)
@@ -236,7 +241,13 @@ def test_startup_failure_is_clear_and_frees_the_model(where, monkeypatch):
         LLM("random_tiny", device="cpu", **kwargs)
     gc.collect()
     assert refs and refs[0]() is None, "the model outlived the failed start-up"
-    assert err.value is not None  # the exception (and its traceback) is still alive: it no longer pins the model
+    # The exception is still alive with its traceback down into the engine's start-up, whose frames held the
+    # model: they no longer pin it (clearing the traceback would also pass the check above, and fail this one).
+    frames, tb = [], err.value.__traceback__
+    while tb is not None:
+        frames.append(Path(tb.tb_frame.f_code.co_filename).name)
+        tb = tb.tb_next
+    assert "engine.py" in frames and "engine_setup.py" in frames, frames
 
 
 # ---- NaN / inf logits: one request's error, nobody else's -------------------------------------------------

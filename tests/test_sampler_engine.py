@@ -161,6 +161,7 @@ def test_stop_strings_and_include_stop_str(tiny_llm_factory):
     text = free.text
     stop = text[5:7]
     first = text.find(stop)
+    assert first >= 3, f"the stop string {stop!r} must match after some text, not at the start of {text!r}"
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop, "\x00zz"]),
                        use_tqdm=False)[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop
@@ -360,9 +361,15 @@ def test_v1_runner_refuses_what_it_would_ignore(tiny_llm_factory):
     with pytest.raises(InvalidRequestError, match="the V1 runner does not apply SamplingParams presence_penalty, "
                                                   "logprobs; use runner=v2"):
         llm.generate([[1, 2]], SamplingParams(presence_penalty=0.5, logprobs=1), use_tqdm=False)
-    out = llm.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, stop=["\x00"]),
-                       use_tqdm=False)[0]
-    assert len(out.token_ids) <= 3  # text, stop strings and streaming are host-side: V1 has them too
+    # Text and stop strings are host-side: V1 has them too, and stops where V2 does.
+    free = llm.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+    stop = free.text[2:4]
+    assert free.text.find(stop) == 2, f"the stop string {stop!r} must first match at index 2 of {free.text!r}"
+    stopping = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, stop=[stop])
+    out = llm.generate([[1, 2]], stopping, use_tqdm=False)[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop and out.text == free.text[:2]
+    v2 = tiny_llm_factory(runner="v2").generate([[1, 2]], stopping, use_tqdm=False)[0]
+    assert (out.token_ids, out.text) == (v2.token_ids, v2.text)
 
 
 SAMPLER_DISPATCH_MODULES = (

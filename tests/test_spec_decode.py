@@ -174,6 +174,8 @@ def test_seeded_sampling_with_drafts_equals_without(checkpoint, oracle):
 
 
 def test_draft_probabilities_are_verified_deterministically(checkpoint, baseline, oracle):
+    """Repeatable and greedy-exact; that the verified tokens follow the target distribution is checked by
+    tests/test_spec_probs_distribution.py (whose negative control accepts every draft)."""
     spec = {"method": "oracle-probs-test", "num_speculative_tokens": K}
     first = _llm(checkpoint, speculative_config=spec)
     out = _generate(first, SEEDED)

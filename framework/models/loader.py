@@ -150,10 +150,11 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
                               + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
 
 
-def init_random_weights(model: nn.Module, seed: int) -> None:
-    """Deterministic random weights: N(0, 0.02) for matrices and embeddings, 1 for norms, 0 for biases.
+def init_random_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Deterministic random weights: N(0, std**2) for matrices and embeddings, 1 for norms, 0 for biases.
 
-    Parameter k (in `named_parameters` order of the whole model) is `normal_weights(shape, 0.02, seed, k)`: the
+    `std` is the config's `initializer_range` (HF's name; 0.02 when absent). Parameter k (in `named_parameters`
+    order of the whole model) is `normal_weights(shape, std, seed, k)`: the
     same numbers on every device (a `torch.Generator` would draw different ones on the CPU and on CUDA), so a
     CPU run and a GPU run of a preset compare the same model. A tensor- or pipeline-parallel rank draws the
     whole parameter and keeps its slice of exactly the single-process weights (a parallel model class is
@@ -172,6 +173,6 @@ def init_random_weights(model: nn.Module, seed: int) -> None:
             elif name.endswith(".bias"):
                 values = torch.zeros(param.shape, device=device)
             else:
-                values = normal_weights(param.shape, 0.02, seed, stream, device)
+                values = normal_weights(param.shape, std, seed, stream, device)
             if name in targets:
                 _copy_into(model, params, targets[name], values, "random weights", name)

@@ -18,7 +18,7 @@ def write_demo_checkpoint(path, seed=0):
     root.mkdir(parents=True, exist_ok=True)
     config = {**PRESETS["random_tiny"], "architectures": ["SteeredQwen3ForCausalLM"]}
     model = build_model(config, torch.float32, torch.device("cpu"))
-    init_random_weights(model, seed)
+    init_random_weights(model, seed, config.get("initializer_range", 0.02))
     (root / "config.json").write_text(json.dumps(config, indent=2))
     # named_parameters() lists a tied weight once; the loader accepts the checkpoint without the duplicate.
     save_file({name: p.detach().contiguous() for name, p in model.named_parameters()}, root / "model.safetensors")

@@ -1,0 +1,71 @@
+"""Pass/fail summary of a full tests/gpu run made in pieces (`scripts/gpu_batch.sh OUT gpu_tests_all`).
+
+Reads the JUnit XML report of every piece (`--junitxml`), prints one line per piece (passed / failed / errors /
+skipped, seconds) and the totals, names every failed or skipped test with its message, and lists the GPU test
+files that no piece ran (a new file must be added to a piece, not silently left out). Exit status 1 when anything
+failed, errored, skipped or was left out. The lead copies the totals, commit and date into docs/benchmarks.md.
+
+    python3 scripts/gpu_tests_summary.py RESULTS_DIR     # RESULTS_DIR/<piece>.xml, one per piece
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown (no git checkout here)"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git here)"
+
+
+def summarise(results: Path) -> tuple[list[str], bool]:
+    """(report lines, all passed) for the piece reports in `results`."""
+    lines, totals, problems, files_run = [], {"passed": 0, "failed": 0, "error": 0, "skipped": 0}, [], set()
+    reports = sorted(results.glob("*.xml"))
+    for report in reports:
+        counts, seconds = {k: 0 for k in totals}, 0.0
+        for case in ET.parse(report).getroot().iter("testcase"):
+            seconds += float(case.get("time", 0))
+            # A module-level skip is one case named after the module, with no classname.
+            files_run.add((case.get("classname") or case.get("name") or "").split(".")[-1])
+            kind = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+            kind = "failed" if kind == "failure" else kind
+            counts[kind] += 1
+            if kind != "passed":
+                message = next(c for c in case if c.tag in ("failure", "error", "skipped")).get("message", "")
+                problems.append(f"  {kind}: {case.get('classname')}::{case.get('name')}: {message[:200]}")
+        for k in totals:
+            totals[k] += counts[k]
+        lines.append(f"{report.stem:28s} " + " ".join(f"{k} {v:3d}" for k, v in counts.items()) + f"  {seconds:6.1f} s")
+    expected = {p.stem for p in (REPO / "tests" / "gpu").glob("test_*.py")}
+    missing = sorted(expected - files_run)
+    ok = bool(reports) and totals["failed"] == totals["error"] == totals["skipped"] == 0 and not missing
+    lines.append("total                        " + " ".join(f"{k} {v:3d}" for k, v in totals.items()))
+    lines.extend(problems)
+    if missing:
+        lines.append(f"  not run by any piece (or collected nothing): {', '.join(missing)}")
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines.append(f"gpu_tests_all: {'PASS' if ok else 'FAIL'} at commit {_commit()}, {date}")
+    return lines, ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="directory holding one JUnit XML report per piece")
+    lines, ok = summarise(parser.parse_args().results)
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
