@@ -23,6 +23,7 @@ class ByteTokenizer:
     """UTF-8 bytes are tokens 0..255; 256 is end of text; ids above 256 decode to nothing."""
 
     eos_token_id: Optional[int] = BYTE_EOS_ID
+    byte_level = True  # token id = byte value (how the grammar backend builds its vocabulary)
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import llguidance
 
 from framework.request_errors import InvalidRequestError
 from framework.structured_outputs import StructuredOutputsParams
-from framework.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+if TYPE_CHECKING:
+    from framework.tokenizer import Tokenizer
 
 GRAMMAR_CACHE_SIZE = 1024  # distinct grammars kept compiled (least recently used dropped first)
 WHERE = "SamplingParams.structured_outputs"
@@ -40,7 +42,7 @@ class GuidanceBackend:
 
     name = "guidance"
 
-    def __init__(self, tokenizer: Optional[Tokenizer], vocab_size: int, eos_token_id: Optional[int]) -> None:
+    def __init__(self, tokenizer: Optional["Tokenizer"], vocab_size: int, eos_token_id: Optional[int]) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
@@ -59,11 +61,12 @@ class GuidanceBackend:
         if eos is None:
             raise InvalidRequestError(f"{WHERE} needs the model's end-of-sequence token, and this model has none "
                                       "(a grammar ends by sampling it)")
-        if isinstance(tok, ByteTokenizer):
+        # Told apart by what they offer: framework.tokenizer imports the models, which import the samplers.
+        if getattr(tok, "byte_level", False):
             return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary(self.vocab_size, eos)),
                                           n_vocab=self.vocab_size)
-        if isinstance(tok, HFTokenizer):
-            return llguidance.LLTokenizer(tok.to_json(), n_vocab=self.vocab_size, eos_token=eos)
+        if hasattr(tok, "to_json"):  # HFTokenizer: its tokenizer.json
+            return llguidance.LLTokenizer(tok.to_json(), n_vocab=self.vocab_size, eos_token=eos)  # type: ignore[union-attr]
         raise InvalidRequestError(f"{WHERE} needs the model's tokenizer (tokenizer.json); this model has "
                                   f"{'none' if tok is None else type(tok).__name__}")
 
@@ -117,7 +120,7 @@ def _first_lines(message: str, limit: int = 4) -> str:
 BACKENDS = {"guidance": GuidanceBackend}
 
 
-def build_grammar_backend(name: str, tokenizer: Optional[Tokenizer], vocab_size: int,
+def build_grammar_backend(name: str, tokenizer: Optional["Tokenizer"], vocab_size: int,
                           eos_token_id: Optional[int]) -> GuidanceBackend:
     """The backend `sampler.structured_outputs_backend` names ("auto" = guidance)."""
     cls = BACKENDS["guidance" if name == "auto" else name]
