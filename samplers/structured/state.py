@@ -131,20 +131,22 @@ class StructuredOutputsState:
         self._num_fills += 1
         host_mask, host_rows = self._host_masks[buf], self._host_rows[buf]
         jobs: list[tuple[llguidance.LLMatcher, int, list[int]]] = []
-        n = 0
-        for batch_row, slot in enumerate(req_slots.tolist()):
-            matcher = self.matchers[slot]
-            if matcher is None or self.ended[slot] or matcher.is_error():
-                continue  # unconstrained, ended, or a matcher that already failed (its row is left unmasked)
+        target_rows: list[int] = []
+        live = self.host_enabled[req_slots] & ~self.ended[req_slots]
+        for batch_row in np.flatnonzero(live).tolist():  # only the constrained rows are visited
+            matcher = self.matchers[int(req_slots[batch_row])]
+            if matcher is None or matcher.is_error():
+                continue  # a matcher that already failed: its row is left unmasked
             row_drafts = list(drafts[batch_row])
             valid = matcher.validate_tokens(row_drafts) if row_drafts else 0
             start = int(logits_row_starts[batch_row])
-            host_rows[n:n + valid + 1] = torch.arange(start, start + valid + 1, dtype=torch.int32)
-            jobs.append((matcher, n, row_drafts[:valid]))
-            n += valid + 1
+            jobs.append((matcher, len(target_rows), row_drafts[:valid]))
+            target_rows.extend(range(start, start + valid + 1))
+        n = len(target_rows)
         if n == 0:
             self._step = None
             return
+        host_rows[:n] = torch.from_numpy(np.asarray(target_rows, dtype=np.int32))
         # llguidance walks the matchers in parallel threads without the GIL: one call for the rows without
         # drafts, one for those with (it refuses an empty draft list).
         assert self._executor is not None
