@@ -325,7 +325,8 @@ class ModelRunnerV2(ModelRunner):
             num_draft = batch.num_draft_host
             if self._grammar_drafts is not None:  # GPU: the host copy made when they were proposed
                 slots, host, event = self._grammar_drafts
-                event.synchronize()
+                if not event.query():  # copied right after they were proposed, before this step's forward
+                    event.synchronize()
                 by_slot = dict(zip(slots.tolist(), host.tolist()))
             else:  # CPU: read the slots' drafts in place
                 by_slot = {}

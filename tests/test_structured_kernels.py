@@ -4,6 +4,7 @@ its masks, drafts included, against an independent llguidance matcher walked tok
 from __future__ import annotations
 
 import llguidance
+from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
@@ -124,3 +125,48 @@ def test_state_ignores_old_outputs_and_stops_at_eos() -> None:
     assert state._step is None  # an ended request's leftover row is not masked
     state.remove_request(0)
     assert not state.active
+
+
+@pytest.mark.parametrize("logprobs", [None, 3])
+def test_sampler_applies_the_mask_first_fused_and_unfused(logprobs) -> None:
+    """The bitmask is the sampler's first edit on both paths: every sampled token is allowed, the fused and the
+    separate stages draw the same tokens, and raw logprobs see the mask."""
+    from samplers.sampler import Sampler
+    from samplers.states import SamplingStates
+
+    history = SimpleNamespace(all_token_ids=torch.zeros(3, 16, dtype=torch.int32), prompt_len=torch.zeros(3),
+                              prefill_len=torch.zeros(3), total_len=torch.zeros(3),
+                              draft_tokens=torch.zeros(3, 0, dtype=torch.int32))
+    regex = StructuredOutputsParams(regex="[x-z]{3}")
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(0)) * 4
+    idx = torch.tensor([0, 0, 1, 2], dtype=torch.int32)  # slot 0 verifies one draft: logits rows 0 and 1
+    positions = torch.tensor([1, 2, 1, 1])
+    outs = []
+    for fused in (False, True):
+        backend = GuidanceBackend(ByteTokenizer(), VOCAB, EOS)
+        structured = StructuredOutputsState(3, 4, VOCAB, backend, torch.device("cpu"), next_output=lambda: 0)
+        states = SamplingStates(3, torch.device("cpu"), vocab_size=VOCAB, history=history,  # type: ignore[arg-type]
+                                num_computed_host=lambda: np.zeros(3, dtype=np.int64), structured=structured)
+        for slot, so in enumerate([regex, None, regex]):
+            params = SamplingParams(temperature=1.0 if slot else 0.0, seed=slot, logprobs=logprobs,
+                                    structured_outputs=so)
+            states.add_request(slot, NewRequestData(f"r{slot}", [1], 1, params, slot, [], 1))
+        states.apply_staged_writes()
+        # Batch rows: slot 0 (one draft, "y"), slot 1 (unconstrained), slot 2.
+        structured.prepare(np.array([0, 1, 2]), np.array([0, 2, 3]), [[ord("y")], [], []])
+        sampler = Sampler(states, fused=fused)
+        stages = states.stages_for(np.arange(3))
+        assert stages.any_structured
+        outs.append(sampler(logits.clone(), idx, positions, stages))
+    tokens = outs[0].sampled_token_ids.tolist()
+    assert tokens == outs[1].sampled_token_ids.tolist()
+    allowed = {ord("x"), ord("y"), ord("z")}
+    assert {tokens[0], tokens[1], tokens[3]} <= allowed
+    for row in (0, 1):  # slot 0 is greedy: the argmax over the allowed tokens, on its draft row too
+        assert tokens[row] == max(allowed, key=lambda t: float(logits[row, t]))
+    if logprobs is not None:
+        for out in outs:
+            top = out.logprobs.token_ids[0, 1:].tolist()
+            assert set(top) == allowed and torch.isfinite(out.logprobs.logprobs[0]).all()
+            # The unconstrained row's top tokens are the model's own.
+            assert out.logprobs.token_ids[2, 1:].tolist() == logits[2].topk(3).indices.tolist()

@@ -62,3 +62,29 @@ def test_engine_on_the_device(speculator) -> None:
     prompts = [[70 + s, 66] for s in range(8)]
     assert ([o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
             == [o.token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)])
+
+
+@pytest.mark.parametrize("speculator", [None, {"method": "ngram", "num_speculative_tokens": 3,
+                                               "prompt_lookup_min": 1, "prompt_lookup_max": 3}],
+                         ids=["none", "ngram"])
+def test_grammar_fill_does_not_wait_for_the_forward(speculator) -> None:
+    """Queueing a step with constrained rows (matcher advance, mask fill, drafts read, mask copy) never waits for
+    the device work of that step: the previous step's tokens and drafts were copied before it started."""
+    from sync_check import step_without_host_sync
+
+    from framework import LLM, SamplingParams, StructuredOutputsParams
+
+    kwargs = {"speculative_config": speculator} if speculator else {}
+    llm = LLM("random_tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False,
+              **kwargs)
+    engine = llm.engine
+    so = StructuredOutputsParams(regex="(ab|cd|[0-9]){40}")
+    for i in range(8):
+        engine.add_request(f"r{i}", [97, 98, 99, 100] * 3 + [48 + i],
+                           SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True,
+                                          structured_outputs=so if i % 2 else None))
+    engine.step()  # warm-up: compilation and first allocations may sync
+    engine.step()
+    for _ in range(5):
+        step_without_host_sync(engine)
+    assert engine.runner.sampling_states.structured.num_refused == 0
