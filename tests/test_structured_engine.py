@@ -309,3 +309,18 @@ def test_draft_heads_with_grammars(method: str) -> None:
     pairs = list(zip([so] * 4, llm.generate(CODE_PROMPTS, sampled, use_tqdm=False)))
     _check(pairs)
     assert llm.get_metrics()["spec_decode"]["num_accepted_tokens"] > 0
+
+
+def test_negative_control_resume_without_replay(monkeypatch) -> None:
+    """Plant the bug preemption guards against (a resumed request's matcher starts over instead of replaying its
+    earlier output): the grammar then refuses the tokens that follow, or outputs stop invalid."""
+    import dataclasses
+
+    add = StructuredOutputsState.add_request
+
+    def forgetful(self, req_slot, new):  # type: ignore[no-untyped-def]
+        add(self, req_slot, dataclasses.replace(new, prefill_token_ids=new.prefill_token_ids[:new.prompt_len]))
+
+    monkeypatch.setattr(StructuredOutputsState, "add_request", forgetful)
+    with pytest.raises((AssertionError, ValueError, jsonschema.ValidationError)):
+        test_speculation_chunking_preemption(None, "chunked_preempt")
