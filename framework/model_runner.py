@@ -258,6 +258,8 @@ class ModelRunnerV2(ModelRunner):
         structured = self.sampling_states.structured
         if structured is not None and structured.active:  # 0. the last step's tokens advance the matchers
             self._advance_grammar_matchers()
+        else:
+            self._grammar_pending = None  # nobody constrained is left to read it
         if not self.parallel.is_last_stage:  # 1-3. an earlier pipeline stage: the driver's tokens arrive below
             sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
         elif self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: no logits, no sampler
