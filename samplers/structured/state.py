@@ -16,7 +16,6 @@ import logging
 from typing import Callable, Optional, Sequence
 
 import llguidance
-import llguidance.torch as llguidance_torch
 import numpy as np
 import torch
 
@@ -149,13 +148,14 @@ class StructuredOutputsState:
         host_rows[:n] = torch.from_numpy(np.asarray(target_rows, dtype=np.int32))
         # llguidance walks the matchers in parallel threads without the GIL: one call for the rows without
         # drafts, one for those with (it refuses an empty draft list).
+        # (llguidance.torch wraps these two calls, but importing it runs torch.compile's set-up.)
         assert self._executor is not None
+        row_bytes, ptr = 4 * self.num_words, host_mask.data_ptr()  # rows of host_mask are contiguous
         plain = [(m, i) for m, i, d in jobs if not d]
         if plain:
-            llguidance_torch.fill_next_token_bitmask_par(self._executor, plain, host_mask[:n])
+            self._executor.unsafe_compute_mask_ptr(plain, ptr, row_bytes, n)
         if len(plain) < len(jobs):
-            llguidance_torch.fill_next_token_bitmask_par_with_draft_tokens(
-                self._executor, [job for job in jobs if job[2]], host_mask[:n])
+            self._executor.unsafe_compute_mask_ptr_with_draft_token([job for job in jobs if job[2]], ptr, row_bytes, n)
         self._step = (host_mask[:n].to(self.device, non_blocking=True),
                       host_rows[:n].to(self.device, non_blocking=True))
 
