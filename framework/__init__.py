@@ -15,6 +15,7 @@ from framework.pooling_params import EmbeddingOutput, PoolingParams, PoolingRequ
 from framework.registry import LOGITS_PROCESSORS, MODEL_STATES, MODELS, SPECULATORS, Registry, RegistryError
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
+from framework.structured_outputs import StructuredOutputsParams, structured_outputs_from_openai
 
 if TYPE_CHECKING:
     from framework.engine import EngineCore, EngineDeadError
@@ -50,5 +51,7 @@ __all__ = [
     "RegistryError",
     "SPECULATORS",
     "SamplingParams",
+    "StructuredOutputsParams",
     "load_config",
+    "structured_outputs_from_openai",
 ]

@@ -86,6 +86,7 @@ class AsyncOutput:
         if pooled is not None:
             tensors["pooled"] = pooled.vectors
         self._event: Optional[torch.cuda.Event] = None
+        self._sampled: Optional[list[list[int]]] = None
         if copy_stream is None:
             self._host = tensors
             return
@@ -108,18 +109,25 @@ class AsyncOutput:
     def empty(cls) -> "AsyncOutput":
         return cls([], torch.zeros(0, 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int32))
 
+    def sampled_token_ids(self) -> list[list[int]]:
+        """Wait for the copy (GPU); per batch row, the tokens it produced. Cached: the runner's grammar matchers
+        (structured outputs) read them before the engine does."""
+        if self._sampled is None:
+            if self._event is not None:
+                self._event.synchronize()
+            counts = self._host["num_sampled"].tolist()
+            self._sampled = [row[:n] for row, n in zip(self._host["sampled"].tolist(), counts)]
+        return self._sampled
+
     def get(self) -> ModelRunnerOutput:
         """Wait for the copy (GPU) and return plain Python lists."""
-        if self._event is not None:
-            self._event.synchronize()
+        sampled = self.sampled_token_ids()
         h = self._host
-        counts = h["num_sampled"].tolist()
-        rows = h["sampled"].tolist()
-        sampled = [row[:n] for row, n in zip(rows, counts)]
+        counts = [len(row) for row in sampled]
         logprobs = None
         if "lp_ids" in h:
             ids, values, ranks = h["lp_ids"].tolist(), h["lp_values"].tolist(), h["lp_ranks"].tolist()
-            starts = self._logits_row_starts if self._logits_row_starts is not None else list(range(len(rows)))
+            starts = self._logits_row_starts if self._logits_row_starts is not None else list(range(len(sampled)))
             logprobs = [LogprobsLists(ids[s:s + n], values[s:s + n], ranks[s:s + n]) if n else None
                         for s, n in zip(starts, counts)]
         prompt: dict[str, tuple[int, LogprobsLists]] = {}

@@ -90,6 +90,11 @@ class SamplerConfig(_Strict):
         description="Registered custom logits processors to enable (registry `LOGITS_PROCESSORS`, entry-point "
         "group `mrv2.logits_processors`); requests pass them arguments in `SamplingParams.extra_args`.",
     )
+    structured_outputs_backend: Literal["auto", "guidance"] = Field(
+        "auto",
+        description="Grammar library of structured outputs (`SamplingParams.structured_outputs`): guidance = "
+        "llguidance; auto = guidance.",
+    )
 
 
 class DynamicKConfig(_Strict):

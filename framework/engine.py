@@ -229,7 +229,20 @@ class EngineCore:
         for cls in self._processor_classes:
             cls.validate_params(prepared, vocab)
         self._check_runner_supports(request_id, prepared)
+        if prepared.structured_outputs is not None:
+            self._check_structured_outputs(request_id, prepared)
         return prepared
+
+    def _check_structured_outputs(self, request_id: str, params: SamplingParams) -> None:
+        """Compile the grammar now (cached), so a malformed schema, regex or grammar is refused by name."""
+        if self.config.parallel.world_size > 1:
+            raise InvalidRequestError(f"request '{request_id}': SamplingParams.structured_outputs is not supported "
+                                      "under tensor/pipeline parallelism yet")
+        backend = self.runner.grammar_backend  # type: ignore[attr-defined]
+        try:
+            backend.check(params.structured_outputs)
+        except InvalidRequestError as err:
+            raise InvalidRequestError(f"request '{request_id}': {err}") from None
 
     def _check_encoder_input(self, request_id: str, encoder_input: Optional[EncoderInput]) -> None:
         """Audio goes to encoder-decoder models only, and they need it."""
@@ -271,6 +284,7 @@ class EngineCore:
             ("min_tokens", params.min_tokens > 0),
             ("logprobs", params.logprobs is not None),
             ("prompt_logprobs", params.prompt_logprobs is not None),
+            ("structured_outputs", params.structured_outputs is not None),
         ) if on]
         if used:
             raise InvalidRequestError(f"request '{request_id}': the V1 runner does not apply SamplingParams "

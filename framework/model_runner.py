@@ -27,6 +27,8 @@ from samplers.logits_processors import build_logits_processors
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
+from samplers.structured.backend import GuidanceBackend, build_grammar_backend
+from samplers.structured.state import StructuredOutputsState
 from speculators import ProposeInputs, Speculator, build_speculator
 from speculators.rejection_sampler import rejection_sample
 
@@ -61,11 +63,18 @@ class ModelRunnerV2(ModelRunner):
         )
         self.block_tables = BlockTables(max_reqs, -(-loaded.max_model_len // bs), bs, self.device)
         vocab_size = loaded.vocab_size
+        k_max = config.speculator.num_speculative_tokens
+        self.grammar_backend: GuidanceBackend = build_grammar_backend(
+            config.sampler.structured_outputs_backend, loaded.tokenizer, vocab_size, loaded.eos_token_id)
+        self._num_outputs = 0
+        structured = StructuredOutputsState(max_reqs, max_reqs * (k_max + 1), vocab_size, self.grammar_backend,
+                                            self.device, next_output=lambda: self._num_outputs)
         self.sampling_states = SamplingStates(
             max_reqs, self.device, vocab_size=vocab_size, history=self.request_state,
             num_computed_host=lambda: self.request_state.num_computed_host, eos_token_id=loaded.eos_token_id,
             logits_processors=build_logits_processors(config.sampler.logits_processors, max_reqs, vocab_size,
                                                       self.device),
+            structured=structured,
         )
         self.sampler = Sampler(self.sampling_states, config.sampler.logprobs_mode)
         state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
@@ -91,10 +100,13 @@ class ModelRunnerV2(ModelRunner):
              torch.empty(max_reqs, dtype=torch.int32, pin_memory=True))
             for _ in range(3)
         ] if self.copy_stream is not None else []
-        self._num_outputs = 0
         self._pending: Optional[_ExecuteState] = None
         # [S, K, V] float32 q of the drafts in each slot, allocated when a speculator first returns probabilities.
         self._draft_probs: Optional[torch.Tensor] = None
+        # Structured outputs: the last output whose tokens the grammar matchers have not consumed, and (GPU) the
+        # host copy of the drafts proposed with it: (req_slots [R], drafts [R, k] pinned, copy event).
+        self._grammar_pending: Optional[tuple[int, AsyncOutput]] = None
+        self._grammar_drafts: Optional[tuple[np.ndarray, torch.Tensor, torch.cuda.Event]] = None
 
     # ---- start-up ----------------------------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -243,6 +255,11 @@ class ModelRunnerV2(ModelRunner):
             return AsyncOutput.empty()
         batch, hidden, pooled, num_propose, aux_hidden, attn_metadata = self._pending
         self._pending = None
+        structured = self.sampling_states.structured
+        if structured is not None and structured.active:  # 0. the last step's tokens advance the matchers
+            self._advance_grammar_matchers()
+        else:
+            self._grammar_pending = None  # nobody constrained is left to read it
         if not self.parallel.is_last_stage:  # 1-3. an earlier pipeline stage: the driver's tokens arrive below
             sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
         elif self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: no logits, no sampler
@@ -250,6 +267,8 @@ class ModelRunnerV2(ModelRunner):
         else:
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [L, vocab] float32
             stages = self.sampling_states.stages_for(batch.idx_mapping_host)
+            if stages.any_structured:  # 1b. grammar bitmasks, filled on the host while the device computes
+                self._fill_grammar_bitmask(batch)
             keep = self._draft_probs is not None and stages.any_random and batch.num_logits > batch.num_rows
             sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages,  # 2.
                                    keep_processed=keep)
@@ -280,9 +299,61 @@ class ModelRunnerV2(ModelRunner):
             rs.draft_tokens[rows, :num_propose] = proposal.draft_token_ids.to(rs.draft_tokens.dtype)
             if proposal.draft_probs is not None:
                 self._store_draft_probs(rows, proposal.draft_probs)
+            if structured is not None and structured.active and self.copy_stream is not None and num_propose:
+                self._copy_drafts_for_grammar(batch, num_propose)  # 9b. the next step's masks walk them
+            else:
+                self._grammar_drafts = None
+        if structured is not None and structured.active:
+            self._grammar_pending = (self._num_outputs - 1, output)
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output
+
+    # ---- structured outputs -----------------------------------------------------------------------------
+    def _advance_grammar_matchers(self) -> None:
+        """Feed the last step's accepted tokens to the grammar matchers. On a GPU this waits for that step's
+        copy, which the device finished before the forward just queued: the forward keeps running."""
+        if self._grammar_pending is None:
+            return
+        seq, output = self._grammar_pending
+        self._grammar_pending = None
+        self.sampling_states.structured.advance(  # type: ignore[union-attr]
+            seq, output.request_ids, output.sampled_token_ids(), self.request_state.req_id_to_slot)
+
+    def _fill_grammar_bitmask(self, batch: InputBatch) -> None:
+        """Masks for every constrained logits row, drafts included (each verified draft advances its row)."""
+        drafts: list[list[int]] = [[] for _ in range(batch.num_rows)]
+        if batch.num_logits > batch.num_rows:
+            num_draft = batch.num_draft_host
+            if self._grammar_drafts is not None:  # GPU: the host copy made when they were proposed
+                slots, host, event = self._grammar_drafts
+                if not event.query():  # copied right after they were proposed, before this step's forward
+                    event.synchronize()
+                by_slot = dict(zip(slots.tolist(), host.tolist()))
+            else:  # CPU: read the slots' drafts in place
+                by_slot = {}
+            for row, slot in enumerate(batch.idx_mapping_host.tolist()):
+                k = int(num_draft[row])
+                if k:
+                    d = by_slot.get(slot)
+                    # Not in the copy (drafts of an earlier step, or a CPU run): read the slot, which on a GPU waits.
+                    drafts[row] = d[:k] if d is not None else self.request_state.draft_tokens[slot, :k].tolist()
+        self.sampling_states.structured.prepare(  # type: ignore[union-attr]
+            batch.idx_mapping_host, self._logits_row_starts(batch), drafts)
+
+    def _copy_drafts_for_grammar(self, batch: InputBatch, num_propose: int) -> None:
+        """Start the D2H copy of the drafts just proposed, on the side stream (read by the next step's fill)."""
+        assert self.copy_stream is not None
+        drafts = self.request_state.draft_tokens[batch.idx_mapping.long(), :num_propose]
+        host = torch.empty(drafts.shape, dtype=drafts.dtype, pin_memory=True)
+        main = torch.cuda.current_stream()
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_stream(main)
+            host.copy_(drafts, non_blocking=True)
+            drafts.record_stream(self.copy_stream)
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        self._grammar_drafts = (batch.idx_mapping_host.copy(), host, event)
 
     def _kv_capacity(self, batch: InputBatch) -> torch.Tensor:
         """[R] int32: KV positions the blocks of each row hold now (host counts, copied without a sync)."""

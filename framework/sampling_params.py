@@ -7,13 +7,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Sequence, Union
 
+from framework.request_errors import InvalidRequestError
+from framework.structured_outputs import StructuredOutputsParams
+
 OutputKind = Literal["final_only", "delta", "cumulative"]
 OUTPUT_KINDS = ("final_only", "delta", "cumulative")
 MAX_N = 128  # parallel sampling: the most sequences one request may ask for
-
-
-class InvalidRequestError(ValueError):
-    """A request that cannot be served; the message names the offending field and its allowed range."""
 
 
 def _is_int(x: Any) -> bool:
@@ -50,6 +49,9 @@ class SamplingParams:
     Stopping: eos (unless `ignore_eos`), `stop_token_ids`, `max_tokens`, `stop` strings matched on the
     detokenized text (cut before the match unless `include_stop_str_in_output`).
 
+    Structured outputs: `structured_outputs` (a `StructuredOutputsParams`: JSON schema, regex, choice or
+    grammar) restricts every sampled token to those the grammar allows; see the "Structured outputs" page.
+
     `extra_args` carries per-request arguments of custom logits processors (each reads its own keys).
     """
 
@@ -77,6 +79,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     output_kind: OutputKind = "final_only"
     extra_args: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[StructuredOutputsParams] = None
     # Set by the engine from `bad_words` with the request's tokenizer (see `EngineCore.add_request`).
     _bad_words_token_ids: Optional[list[list[int]]] = field(default=None, init=False, repr=False, compare=False)
 
@@ -161,6 +164,10 @@ class SamplingParams:
             raise bad("output_kind", " or ".join(repr(k) for k in OUTPUT_KINDS))
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise bad("extra_args", "None or a dict")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise bad("structured_outputs", "None or a StructuredOutputsParams")
+            self.structured_outputs.validate()
         if self.stop and not self.detokenize:
             raise bad("stop", "empty when detokenize=False (stop strings are matched on the text)")
 

@@ -390,7 +390,8 @@ class Scheduler:
         params = request.sampling_params
         num_out = len(request.output_token_ids)
         if num_out >= params.min_tokens:
-            if not params.ignore_eos and token == request.eos_token_id:
+            # Under a grammar, end of sequence is the grammar's end: it stops even with ignore_eos.
+            if token == request.eos_token_id and (not params.ignore_eos or params.structured_outputs is not None):
                 return RequestStatus.FINISHED_STOPPED
             if token in params.stop_token_ids:
                 request.stop_token_id = token

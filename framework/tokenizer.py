@@ -23,6 +23,7 @@ class ByteTokenizer:
     """UTF-8 bytes are tokens 0..255; 256 is end of text; ids above 256 decode to nothing."""
 
     eos_token_id: Optional[int] = BYTE_EOS_ID
+    byte_level = True  # token id = byte value (how the grammar backend builds its vocabulary)
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -46,6 +47,15 @@ class HFTokenizer:
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def to_json(self) -> str:
+        """The tokenizer.json text (padding and truncation off), for libraries that rebuild the tokenizer."""
+        from tokenizers import Tokenizer as _Tok
+
+        copy = _Tok.from_str(self._tok.to_str())
+        copy.no_padding()
+        copy.no_truncation()
+        return copy.to_str()
 
 
 def checkpoint_eos_token_id(path: Path, hf_config: dict) -> Optional[int]:

@@ -2,7 +2,8 @@
 
 Order (each stage skipped when no request of the batch uses it, decided on the host):
 
-1. non-finite logits (NaN, +inf) -> -inf, row flagged
+1. non-finite logits (NaN, +inf) -> -inf, row flagged; 1b. the grammar bitmask of structured outputs
+   (`samplers.structured`: -inf for every token a request's grammar forbids; raw logprobs see it too)
 2. allowed_token_ids, 3. bad_words, 4. min_tokens, 5. logit_bias, 6. repetition/frequency/presence
    penalties, 7. custom logits processors
 8. temperature (greedy rows: none), 9. top-k then top-p, 10. min-p
@@ -84,6 +85,8 @@ class Sampler:
         if fused and not keep_processed and not (want_logprobs and self.logprobs_mode == "processed_logprobs"):
             return self._sample_fused(logits, expanded_idx_mapping, sample_positions, stages)
         logits, nonfinite = sanitize_logits(logits.float())  # 1.
+        if stages.any_structured:  # 1b. grammar bitmask: first, so even raw logprobs see only allowed tokens
+            logits = self.states.structured.apply(logits)  # type: ignore[union-attr]
         raw = None
         if want_logprobs and self.logprobs_mode == "raw_logprobs":
             raw = logits.clone() if (stages.any_logits_edit or stages.any_random) else logits
@@ -119,10 +122,12 @@ class Sampler:
         # Bias and penalties are finite arithmetic that keeps NaN and +inf as they are, so the fused kernels see
         # (and flag) them just as step 1 would; masks (which may hide them) and custom processors need step 1.
         separate_sanitize = want_logprobs or bool(stages.processors) or stages.any_allowed_tokens \
-            or stages.any_bad_words or stages.any_min_tokens
+            or stages.any_bad_words or stages.any_min_tokens or stages.any_structured
         nonfinite = None
         if separate_sanitize:
             logits, nonfinite = sanitize_logits(logits)  # 1.
+        if stages.any_structured:  # 1b.
+            logits = self.states.structured.apply(logits)  # type: ignore[union-attr]
         raw = None
         if want_logprobs:  # raw logprobs (processed ones take the unfused path); the fused steps write nothing
             raw = logits.clone() if stages.any_logits_edit else logits

@@ -23,6 +23,7 @@ from samplers.logits_processors import LogitsProcessor
 from samplers.min_tokens import MinTokensState
 from samplers.penalties import PenaltiesState
 from samplers.prompt_logprobs import PromptLogprobsState
+from samplers.structured.state import StructuredOutputsState
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class SamplingStages:
     any_logit_bias: bool = False
     any_penalties: bool = False
     processors: tuple[int, ...] = ()  # indices of the custom processors some request uses
+    any_structured: bool = False  # a grammar constrains some row (its bitmask is applied first)
     num_logprobs: int = -1  # largest `logprobs` in the batch; -1 = nobody asked
     all_gather: bool = False  # every request random with top-k < vocab or top-p < 1 (the fused sampler's gather rows)
 
@@ -126,6 +128,7 @@ class SamplingStates:
         num_computed_host: Callable[[], np.ndarray],
         eos_token_id: Optional[int] = None,
         logits_processors: Sequence[LogitsProcessor] = (),
+        structured: Optional[StructuredOutputsState] = None,
     ) -> None:
         self.device = device
         self.vocab_size = vocab_size
@@ -137,6 +140,7 @@ class SamplingStates:
         self.penalties = PenaltiesState(max_num_reqs, vocab_size, device, history)
         self.prompt_logprobs = PromptLogprobsState(max_num_reqs, num_computed_host)
         self.processors = list(logits_processors)
+        self.structured = structured  # grammar matchers (structured outputs); None: requests may not ask for them
         self.history = history
         self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int64)  # host only: -1 = no logprobs
 
@@ -154,12 +158,16 @@ class SamplingStates:
         for state in self._param_states() + self.processors:
             state.add_request(req_slot, params)
         self.prompt_logprobs.add_request(req_slot, new)
+        if self.structured is not None:
+            self.structured.add_request(req_slot, new)
         self.num_logprobs[req_slot] = -1 if params.logprobs is None else params.logprobs
 
     def remove_request(self, req_slot: int) -> None:
         self.num_logprobs[req_slot] = -1
         for state in [self.params, *self._param_states(), self.prompt_logprobs, *self.processors]:
             state.remove_request(req_slot)
+        if self.structured is not None:
+            self.structured.remove_request(req_slot)
 
     def apply_staged_writes(self) -> None:
         for state in [self.params, *self._param_states(), *self.processors]:
@@ -182,6 +190,7 @@ class SamplingStates:
             any_logit_bias=self.logit_bias.any_in(req_slots),
             any_penalties=self.penalties.any_in(req_slots),
             processors=tuple(i for i, p in enumerate(self.processors) if p.is_active(req_slots)),
+            any_structured=self.structured is not None and self.structured.any_in(req_slots),
             num_logprobs=int(self.num_logprobs[req_slots].max()) if len(req_slots) else -1,
             all_gather=bool(len(req_slots)) and bool(((top_k & (host["top_k"][req_slots] < self.vocab_size))
                                                       | top_p).all()),

@@ -87,6 +87,11 @@ for j in "$@"; do
     gpu_tests_spec) job $j 120 python3 -m pytest -q tests/gpu/test_spec_gpu.py ;;
     spec_pairs) job $j 570 python3 scripts/bench_spec.py --repeats 3 --pairs 24 --fast-pairs 8 --out "$res/spec" ;;
     spec5) job $j 500 python3 scripts/bench_spec.py --repeats 5 --out "$res/spec" ;;
+    # Structured outputs: the bitmask kernel at real shapes and the engine on the device, then nano with half the
+    # requests JSON-schema constrained vs none (step time overhead, goal <= 10%). Needs the llguidance and
+    # jsonschema wheels in .device-wheels/.
+    structured) job $j 200 bash -c 'python3 -m pytest -q tests/gpu/test_structured_gpu.py; rc=$?
+        python3 scripts/bench_structured.py --out "$1" || rc=1; exit $rc' _ "$res/structured" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

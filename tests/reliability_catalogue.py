@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from framework import LLM, ConfigError, InvalidRequestError, SamplingParams, load_config
+from framework import LLM, ConfigError, InvalidRequestError, SamplingParams, StructuredOutputsParams, load_config
 from framework.models import CheckpointError
 
 
@@ -161,6 +161,16 @@ CASES = [
     Case("stop-token-outside-vocab", "request", "`stop_token_ids=[999]`", InvalidRequestError,
          f"SamplingParams.stop_token_ids has token id 999, outside the vocabulary [0, {V})",
          lambda ctx: _add(ctx, [1, 2], SamplingParams(stop_token_ids=[999])), True),
+    Case("structured-two-constraints", "request", "`StructuredOutputsParams(regex=..., choice=...)`",
+         InvalidRequestError, "exactly one of json, regex, choice, grammar, json_object must be set (got regex, choice)",
+         lambda ctx: StructuredOutputsParams(regex="a", choice=["b"]), True),
+    Case("structured-bad-regex", "request", "`StructuredOutputsParams(regex=\"[a-\")`", InvalidRequestError,
+         "SamplingParams.structured_outputs.regex is invalid",
+         lambda ctx: _add(ctx, [1, 2], SamplingParams(structured_outputs=StructuredOutputsParams(regex="[a-"))), True),
+    Case("structured-bad-schema", "request", "`StructuredOutputsParams(json={\"type\": \"strin\"})`",
+         InvalidRequestError, "SamplingParams.structured_outputs.json is invalid: Invalid type: strin",
+         lambda ctx: _add(ctx, [1, 2], SamplingParams(
+             structured_outputs=StructuredOutputsParams(json={"type": "strin"}))), True),
     Case("duplicate-request-id", "request", "an id that is still in flight", InvalidRequestError,
          "request id 'ok-0' is already in use", lambda ctx: _add(ctx, [1, 2], request_id="ok-0"), True),
     Case("v1-unsupported-param", "request", "`presence_penalty` with `runner=v1`", InvalidRequestError,

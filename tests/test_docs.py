@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 # Pages whose ```python blocks run, in order, as one script each.
 RUNNABLE_PAGES = ["getting-started.md", "guides/register-a-plugin.md", "sampling.md", "embeddings.md", "whisper.md",
-                  "prefix-caching.md"]
+                  "prefix-caching.md", "structured-outputs.md"]
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,127 @@
+"""The grammar library behind structured outputs: llguidance (`sampler.structured_outputs_backend: guidance`).
+
+It compiles a request's `StructuredOutputsParams` into a grammar over the model's token vocabulary and makes
+one matcher per request. Compiled grammars are cached by their text, so a thousand requests with one schema
+compile it once. The token vocabulary is built on first use (about a second for a 150K-token tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Optional
+
+import llguidance
+
+from framework.request_errors import InvalidRequestError
+from framework.structured_outputs import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from framework.tokenizer import Tokenizer
+
+GRAMMAR_CACHE_SIZE = 1024  # distinct grammars kept compiled (least recently used dropped first)
+WHERE = "SamplingParams.structured_outputs"
+
+
+class _ByteVocabulary:
+    """The byte tokenizer as llguidance sees it: ids 0-255 are bytes, every id from 256 up is special."""
+
+    bos_token_id = None
+
+    def __init__(self, vocab_size: int, eos_token_id: int) -> None:
+        self.eos_token_id = eos_token_id
+        self.tokens = [bytes([i]) for i in range(256)] + [f"<|special_{i}|>".encode() for i in range(256, vocab_size)]
+        self.special_token_ids = list(range(256, vocab_size))
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+class GuidanceBackend:
+    """llguidance over one model's vocabulary: `check` (validate and cache) and `new_matcher`."""
+
+    name = "guidance"
+
+    def __init__(self, tokenizer: Optional["Tokenizer"], vocab_size: int, eos_token_id: Optional[int]) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self._lltokenizer: Optional[llguidance.LLTokenizer] = None
+        self._grammars: OrderedDict[tuple, str] = OrderedDict()
+        self.num_compiled = 0  # grammars compiled (cache misses), for tests and stats
+
+    @property
+    def lltokenizer(self) -> llguidance.LLTokenizer:
+        if self._lltokenizer is None:
+            self._lltokenizer = self._build_tokenizer()
+        return self._lltokenizer
+
+    def _build_tokenizer(self) -> llguidance.LLTokenizer:
+        tok, eos = self._tokenizer, self.eos_token_id
+        if eos is None:
+            raise InvalidRequestError(f"{WHERE} needs the model's end-of-sequence token, and this model has none "
+                                      "(a grammar ends by sampling it)")
+        # Told apart by what they offer: framework.tokenizer imports the models, which import the samplers.
+        if getattr(tok, "byte_level", False):
+            return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary(self.vocab_size, eos)),
+                                          n_vocab=self.vocab_size)
+        if hasattr(tok, "to_json"):  # HFTokenizer: its tokenizer.json
+            return llguidance.LLTokenizer(tok.to_json(), n_vocab=self.vocab_size, eos_token=eos)  # type: ignore[union-attr]
+        raise InvalidRequestError(f"{WHERE} needs the model's tokenizer (tokenizer.json); this model has "
+                                  f"{'none' if tok is None else type(tok).__name__}")
+
+    def check(self, params: StructuredOutputsParams) -> str:
+        """The compiled grammar (cached); raises `InvalidRequestError` naming a malformed schema, regex or grammar."""
+        key = params.cache_key()
+        grammar = self._grammars.get(key)
+        if grammar is not None:
+            self._grammars.move_to_end(key)
+            return grammar
+        grammar = self._compile(params)
+        error = llguidance.LLMatcher.validate_grammar(grammar, self.lltokenizer)
+        if error:
+            raise InvalidRequestError(f"{WHERE}.{params.kind} is invalid: {_first_lines(error)}")
+        self.num_compiled += 1
+        self._grammars[key] = grammar
+        if len(self._grammars) > GRAMMAR_CACHE_SIZE:
+            self._grammars.popitem(last=False)
+        return grammar
+
+    def new_matcher(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
+        """A matcher at the start of the grammar."""
+        matcher = llguidance.LLMatcher(self.lltokenizer, self.check(params), log_level=0)
+        if matcher.is_error():
+            raise InvalidRequestError(f"{WHERE}.{params.kind} is invalid: {_first_lines(matcher.get_error())}")
+        return matcher
+
+    @staticmethod
+    def _compile(params: StructuredOutputsParams) -> str:
+        kind = params.kind
+        if kind in ("json", "json_object"):
+            schema: Any = params.json if kind == "json" else {"type": "object"}
+            options = {"whitespace_flexible": not params.disable_any_whitespace}
+            try:
+                return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)  # type: ignore[arg-type]
+            except (ValueError, TypeError) as err:
+                raise InvalidRequestError(f"{WHERE}.json is invalid: {_first_lines(str(err))}") from None
+        if kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(params.regex or "")
+        if kind == "choice":
+            # JSON string literals are Lark string literals: any character of a choice is matched as itself.
+            alternatives = " | ".join(json.dumps(c) for c in params.choice or [])
+            return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
+        return llguidance.LLMatcher.grammar_from_lark(params.grammar or "")
+
+
+def _first_lines(message: str, limit: int = 4) -> str:
+    return " ".join(line.strip() for line in message.strip().splitlines()[:limit] if line.strip())
+
+
+BACKENDS = {"guidance": GuidanceBackend}
+
+
+def build_grammar_backend(name: str, tokenizer: Optional["Tokenizer"], vocab_size: int,
+                          eos_token_id: Optional[int]) -> GuidanceBackend:
+    """The backend `sampler.structured_outputs_backend` names ("auto" = guidance)."""
+    cls = BACKENDS["guidance" if name == "auto" else name]
+    return cls(tokenizer, vocab_size, eos_token_id)

@@ -1,0 +1,232 @@
+"""Benchmark structured outputs: step time with half the batch JSON-schema constrained against none.
+
+The "nano" workload (256 requests, input and output lengths uniform in [100, 1024], random prompt ids,
+ignore_eos, temperature 0.6, Qwen3-0.6B geometry with random weights) runs twice per round on one engine:
+`free` (no request constrained) and `half` (every other request constrained by `SCHEMA`, an array of
+records with `minItems` too large to close within 1024 tokens, so both runs have the same lengths and batch
+shapes). Reported per run: wall seconds, engine steps, mean step time (wall / steps), median step interval,
+output tok/s; for `half` also the host time of the grammar work (the mask fill, overlapped with the forward,
+and the matcher advance) and how many constrained outputs the grammar refuses (must be 0). The overhead is
+(half - free) / free of the mean step time, per round; the goal is <= 10 %.
+
+The presets use the byte tokenizer (257 live tokens of the 151,936), which makes masks cheap. So the script
+also times llguidance's parallel fill of 128 masks per step on a synthetic 151,936-token vocabulary
+(the 256 bytes plus random printable strings of 2-8 characters), walking all 128 matchers along the same
+JSON text: every matcher at the same position is the worst case for a step (inside a bounded string a mask
+costs ~2 ms of CPU).
+
+    PYTHONPATH=$PWD python3 scripts/bench_structured.py --out OUT_DIR [--rounds 2] [--quick]
+
+`--quick` runs a CPU-sized version on random_tiny (the smoke test). Prints a table; writes
+`structured_bench.json` and, with matplotlib, `structured_bench.png` into OUT_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, also when not installed
+
+from framework import SamplingParams, StructuredOutputsParams  # noqa: E402
+from framework.config import load_config  # noqa: E402
+from framework.llm import LLM  # noqa: E402
+from samplers.structured.state import StructuredOutputsState  # noqa: E402
+
+SCHEMA: dict[str, Any] = {"type": "array", "minItems": 100000, "items": {
+    "type": "object", "additionalProperties": False, "required": ["id", "name", "tags"],
+    "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99999},
+                   "name": {"type": "string", "maxLength": 12},
+                   "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["alpha", "beta", "gamma"]}}}}}
+WALK_TEXT = b"[" + b'{"id":12345,"name":"abcdefgh","tags":["alpha","beta"]},' * 4
+
+
+def _engine(quick: bool) -> LLM:
+    data: dict[str, Any] = {"model": {"preset": "random_tiny" if quick else "qwen3-0.6b",
+                                      "max_model_len": 256 if quick else 2048},
+                            "scheduler": {"max_num_seqs": 256, "max_num_batched_tokens": 1024 if quick else 8192},
+                            "device": "cpu" if quick else "cuda", "seed": 0}
+    return LLM(config=load_config(data))
+
+
+def _workload(n: int, lengths: tuple[int, int], vocab: int, seed: int) -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(seed)
+    vocab = 256 if vocab <= 512 else vocab  # byte presets: prompts in bytes
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(*lengths))] for _ in range(n)]
+    return prompts, [rng.randint(*lengths) for _ in range(n)]
+
+
+class _Timers:
+    """Host seconds inside the grammar state's `prepare` and `advance`, and engine step start times."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.fill = self.advance = 0.0
+        self.step_starts: list[float] = []
+        state = llm.engine.runner.sampling_states.structured
+        engine = llm.engine
+        for name in ("prepare", "advance"):
+            setattr(state, name, self._timed(getattr(state, name), "fill" if name == "prepare" else name))
+        step = engine.step
+
+        def timed_step():  # type: ignore[no-untyped-def]
+            self.step_starts.append(time.perf_counter())
+            return step()
+
+        engine.step = timed_step
+
+    def _timed(self, fn, field: str):  # type: ignore[no-untyped-def]
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter() - t0)
+        return wrapper
+
+    def reset(self) -> None:
+        self.fill = self.advance = 0.0
+        self.step_starts = []
+
+
+def _run(llm: LLM, timers: _Timers, prompts: list[list[int]], lens: list[int], constrained: bool,
+         temperature: float) -> dict[str, Any]:
+    so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+    params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, seed=i,
+                             structured_outputs=so if constrained and i % 2 == 0 else None)
+              for i, n in enumerate(lens)]
+    state: StructuredOutputsState = llm.engine.runner.sampling_states.structured
+    refused_before = state.num_refused
+    llm.reset_prefix_cache()  # every run starts cold: the same prompts run four times
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    timers.reset()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    steps = len(timers.step_starts)
+    intervals = [b - a for a, b in zip(timers.step_starts, timers.step_starts[1:])]
+    out_tokens = sum(len(o.token_ids) for o in outs)
+    short = sum(len(o.token_ids) != n for o, n in zip(outs, lens))
+    return {"run": "half" if constrained else "free", "seconds": seconds, "steps": steps,
+            "mean_step_ms": 1e3 * seconds / max(steps, 1),
+            "median_step_ms": 1e3 * statistics.median(intervals) if intervals else 0.0,
+            "output_tok_per_s": out_tokens / seconds, "output_tokens": out_tokens,
+            "fill_ms_per_step": 1e3 * timers.fill / max(steps, 1),
+            "advance_ms_per_step": 1e3 * timers.advance / max(steps, 1),
+            "refused_tokens": state.num_refused - refused_before, "outputs_short_of_max_tokens": short}
+
+
+def synthetic_fill(num_rows: int, vocab_size: int) -> dict[str, Any]:
+    """Per-step seconds of llguidance's parallel fill of `num_rows` masks on a synthetic vocabulary."""
+    import llguidance
+    import llguidance.torch as llguidance_torch
+
+    rng = random.Random(0)
+    chars = [chr(c) for c in range(32, 127)]
+    tokens = [bytes([i]) for i in range(256)]
+    seen = set(tokens)
+    while len(tokens) < vocab_size - 1:
+        t = "".join(rng.choice(chars) for _ in range(rng.randint(2, 8))).encode()
+        if t not in seen:
+            seen.add(t)
+            tokens.append(t)
+    tokens.append(b"<|eos|>")
+
+    class Vocabulary:
+        eos_token_id, bos_token_id = vocab_size - 1, None
+        special_token_ids = [vocab_size - 1]
+
+        def __call__(self, text: bytes) -> list[int]:
+            return list(text)
+
+    Vocabulary.tokens = tokens  # type: ignore[attr-defined]
+    t0 = time.perf_counter()
+    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Vocabulary()), n_vocab=vocab_size)
+    build = time.perf_counter() - t0
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, defaults={"whitespace_flexible": False})
+    matchers = [llguidance.LLMatcher(tok, grammar, log_level=0) for _ in range(num_rows)]
+    executor = llguidance.LLExecutor()
+    mask = llguidance_torch.allocate_token_bitmask(num_rows, vocab_size)
+    times = []
+    for byte in WALK_TEXT:
+        t0 = time.perf_counter()
+        llguidance_torch.fill_next_token_bitmask_par(executor, [(m, i) for i, m in enumerate(matchers)], mask)
+        times.append(time.perf_counter() - t0)
+        assert all(m.consume_token(byte) for m in matchers)
+    times.sort()
+    return {"rows": num_rows, "vocab": vocab_size, "tokenizer_build_s": build, "steps": len(times),
+            "median_ms": 1e3 * times[len(times) // 2], "p90_ms": 1e3 * times[int(0.9 * len(times))],
+            "max_ms": 1e3 * times[-1], "mean_ms": 1e3 * sum(times) / len(times)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run on random_tiny")
+    args = ap.parse_args(argv)
+    quick = args.quick
+    llm = _engine(quick)
+    vocab = llm.engine.loaded.vocab_size
+    n = 8 if quick else 256
+    lengths = (4, 12) if quick else (100, 1024)
+    timers = _Timers(llm)
+    warm_prompts, warm_lens = _workload(min(n, 32), (lengths[0], min(lengths[1], 16)), vocab, seed=1)
+    _run(llm, timers, warm_prompts, warm_lens, True, 0.6)  # compiles the grammar, builds the vocabulary
+    prompts, lens = _workload(n, lengths, vocab, seed=0)
+    runs = []
+    for r in range(args.rounds):
+        for constrained in (False, True):
+            result = _run(llm, timers, prompts, lens, constrained, 0.6)
+            result["round"] = r
+            runs.append(result)
+            print(f"round {r} {result['run']:>4}: {result['seconds']:.2f} s, {result['steps']} steps, "
+                  f"{result['mean_step_ms']:.2f} ms/step", file=sys.stderr)
+    overheads = [(h["mean_step_ms"] - f["mean_step_ms"]) / f["mean_step_ms"]
+                 for f, h in zip(runs[0::2], runs[1::2])]
+    fill = synthetic_fill(8 if quick else 128, 4096 if quick else 151936)
+    report = {"workload": {"requests": n, "lengths": lengths, "constrained": "every other request",
+                           "schema": SCHEMA, "device": str(llm.engine.loaded.device)},
+              "runs": runs, "overhead_per_round": overheads, "overhead_median": statistics.median(overheads),
+              "synthetic_vocab_fill": fill}
+    print("| round | run | s | steps | ms/step (mean) | ms/step (median) | out tok/s | fill ms/step | refused |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for x in runs:
+        print(f"| {x['round']} | {x['run']} | {x['seconds']:.2f} | {x['steps']} | {x['mean_step_ms']:.2f} | "
+              f"{x['median_step_ms']:.2f} | {x['output_tok_per_s']:.0f} | {x['fill_ms_per_step']:.3f} | "
+              f"{x['refused_tokens']} |")
+    print(f"step time overhead per round: {', '.join(f'{100 * o:+.1f}%' for o in overheads)}")
+    print(f"synthetic {fill['vocab']}-token vocabulary, {fill['rows']} masks per step: median "
+          f"{fill['median_ms']:.2f} ms, p90 {fill['p90_ms']:.2f} ms, max {fill['max_ms']:.2f} ms")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "structured_bench.json").write_text(json.dumps(report, indent=2))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.bar([f"r{x['round']} {x['run']}" for x in runs], [x["mean_step_ms"] for x in runs],
+               color=["tab:blue" if x["run"] == "free" else "tab:orange" for x in runs])
+        ax.set_ylabel("mean step time (ms)")
+        ax.set_title("nano, half JSON-schema constrained vs none")
+        fig.tight_layout()
+        fig.savefig(args.out / "structured_bench.png", dpi=120)
+    except ImportError:
+        pass
+    return report
+
+
+if __name__ == "__main__":
+    main()
