@@ -70,12 +70,12 @@ def test_ci_run_sets_the_strict_skip_check():
     assert re.search(r"^export .*\bMRV2_CI=1\b", (REPO / ".ci" / "run").read_text(), re.MULTILINE)
 
 
-def test_gpu_tests_all_runs_every_gpu_file_once_within_480_s():
+def test_gpu_tests_all_runs_every_gpu_file_once_within_one_device_call():
     script = (REPO / "scripts" / "gpu_batch.sh").read_text()
     block = re.search(r"^GPU_PIECES=\((.*?)^\)", script, re.MULTILINE | re.DOTALL)
     assert block, "gpu_batch.sh defines GPU_PIECES"
     pieces = [line.strip().strip('"').split() for line in block.group(1).splitlines() if line.strip()]
     files = [f for piece in pieces for f in piece[2:]]
     assert sorted(files) == sorted(p.name for p in (REPO / "tests" / "gpu").glob("test_*.py"))
-    assert sum(int(piece[1]) for piece in pieces) <= 480
+    assert sum(int(piece[1]) for piece in pieces) <= 580  # one device command may run 600 s
     assert re.search(r"^\s*gpu_tests_all\) gpu_tests_all ;;", script, re.MULTILINE)

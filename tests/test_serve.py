@@ -237,3 +237,45 @@ def test_auth_queue_limit_and_sigterm():
             assert "shutting down" in json.loads(rest[-2][6:])["error"]["message"]
         code = s.stop(timeout=30)
         assert code == 0
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_structured_outputs_json_schema_choice_regex(client):
+    import jsonschema
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    # Any whitespace is allowed (vLLM's default): some samples loop on it until max_tokens.
+    got = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a person"}],
+                                         response_format=fmt, max_tokens=60, temperature=0.9, seed=2, n=4)
+    stopped = [c for c in got.choices if c.finish_reason == "stop"]
+    assert stopped
+    for choice in stopped:
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    compact = client.completions.create(model="tiny", prompt="person = ", max_tokens=60, temperature=0.9, n=4, seed=5,
+                                        extra_body={"structured_outputs": {"json": PERSON,
+                                                                           "disable_any_whitespace": True}})
+    for choice in compact.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.text), PERSON)
+    anything = client.completions.create(model="tiny", prompt="data = ", max_tokens=120, temperature=0.9, seed=1,
+                                         extra_body={"response_format": {"type": "json_object"}})
+    if anything.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(anything.choices[0].text), dict)
+    pick = client.completions.create(model="tiny", prompt="color = ", max_tokens=10, temperature=1.0, n=3, seed=2,
+                                     extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}})
+    assert all(c.text in ("red", "green", "blue") and c.finish_reason == "stop" for c in pick.choices)
+    digits = client.completions.create(model="tiny", prompt="x = ", max_tokens=10, temperature=1.0, stream=True,
+                                       extra_body={"structured_outputs": {"regex": "[0-9]{3}"}})
+    assert "".join(c.choices[0].text for c in digits).isdigit()
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="tiny", prompt="x", max_tokens=4,
+                                  extra_body={"structured_outputs": {"regex": "([a-"}})
+    assert "regex" in str(bad.value)
+    with pytest.raises(openai.BadRequestError) as missing:
+        client.completions.create(model="tiny", prompt="x", max_tokens=4,
+                                  extra_body={"response_format": {"type": "json_schema"}})
+    assert "response_format" in str(missing.value)

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
           503: "ServiceUnavailableError", 500: "InternalServerError"}
-_FIELD = re.compile(r"(?:SamplingParams|PoolingParams)\.(\w+)")
+_FIELD = re.compile(r"(?:SamplingParams|PoolingParams)\.(\w+)|\b(response_format|structured_outputs)\b")
 
 
 class ApiError(Exception):
@@ -28,7 +28,7 @@ class ApiError(Exception):
         """400; `param` defaults to the field an engine message names (`SamplingParams.top_p=...`)."""
         if param is None:
             found = _FIELD.search(message)
-            param = found.group(1) if found else None
+            param = (found.group(1) or found.group(2)) if found else None
         return cls(400, message, param)
 
     def body(self) -> dict[str, Any]:

@@ -47,6 +47,9 @@ class SamplingFields(_Body):
     prompt_logprobs: Optional[int] = None
     allowed_token_ids: Optional[TokenIds] = None
     bad_words: Optional[list[StrictStr]] = None
+    # structured outputs: OpenAI's response_format, or vLLM's structured_outputs {json|regex|choice|grammar}
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
 
 
 class CompletionRequest(SamplingFields):

@@ -10,6 +10,7 @@ from typing import Any, Optional, Sequence, Union
 
 from framework.pooling_params import PoolingParams
 from framework.sampling_params import InvalidRequestError, SamplingParams
+from framework.structured_outputs import structured_outputs_from_openai
 from framework.serve.errors import ApiError
 from framework.serve.openai_models import PromptInput, SamplingFields
 
@@ -72,6 +73,7 @@ def sampling_params(body: SamplingFields, *, max_tokens: int, logprobs: Optional
         value = getattr(body, name)
         values[name] = default if value is None else value
     try:
+        values["structured_outputs"] = structured_outputs_from_openai(body.response_format, body.structured_outputs)
         return SamplingParams(**values)
     except InvalidRequestError as err:
         raise ApiError.invalid(str(err)) from None
