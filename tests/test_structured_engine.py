@@ -129,16 +129,22 @@ def _all_kinds() -> list[StructuredOutputsParams]:
 def test_every_kind_validates_with_many_seeds() -> None:
     llm = _llm(max_num_seqs=64)
     _check(_run(llm, _all_kinds(), range(4)))
+    llm.engine.step()  # the slots of the requests that finished last are freed at the next step
     state = llm.engine.runner.sampling_states.structured
     assert state.num_refused == 0 and not state.active
 
 
 def test_json_object_and_default_whitespace() -> None:
-    """Any JSON object, and a schema with vLLM's default whitespace handling (any JSON whitespace allowed)."""
-    llm = _llm()
+    """Any JSON object, and a schema with vLLM's default whitespace handling (any JSON whitespace allowed).
+
+    On the trained tiny model: the context-dependent random_tiny almost always loops on whitespace under this
+    grammar until max_tokens, so with it no output would stop and the check would be vacuous."""
+    llm = LLM("tiny", device="cpu")
     pairs = _run(llm, [StructuredOutputsParams(json_object=True),
-                       StructuredOutputsParams(json=SCHEMAS["enums"])], range(4), max_tokens=64)
-    _check([p for p in pairs if p[0].json is not None], min_stopped=0.5)
+                       StructuredOutputsParams(json=SCHEMAS["enums"])], range(8), max_tokens=96)
+    # Any whitespace allowed: samples may loop on whitespace until max_tokens, so the check asks only that some
+    # outputs stop (and that every one that stops validates).
+    _check([p for p in pairs if p[0].json is not None], min_stopped=0.25)
     for so, out in pairs:  # a random model rarely closes an open-ended object: what it wrote is a JSON prefix
         assert out.text.lstrip().startswith("{")
         if out.finish_reason == "stop":
