@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n = 8 if quick else 256
     lengths = (4, 12) if quick else (100, 1024)
     timers = _Timers(llm)
-    warm_prompts, warm_lens = _workload(min(n, 32), (lengths[0], min(lengths[1], 16)), vocab, seed=1)
+    warm_prompts, warm_lens = _workload(min(n, 32), (min(lengths[0], 16), min(lengths[1], 16)), vocab, seed=1)
     _run(llm, timers, warm_prompts, warm_lens, True, 0.6)  # compiles the grammar, builds the vocabulary
     prompts, lens = _workload(n, lengths, vocab, seed=0)
     runs = []
