@@ -32,6 +32,16 @@ class ShardSpec(NamedTuple):
     num_shards: int
 
 
+class StackedPart(NamedTuple):
+    """Where one checkpoint tensor goes inside a stacked parameter (an MoE layer's experts): `param[index]`,
+    which holds `shard` of the tensor (None: all of it); `param` is complete once `num_parts` parts arrived."""
+
+    param: str
+    index: tuple[int, ...]
+    shard: Optional[ShardSpec]
+    num_parts: int
+
+
 def _divide(n: int, parts: int, what: str) -> int:
     if n % parts:
         raise ValueError(f"{what}={n} does not divide by parallel.tensor_parallel_size={parts}")

@@ -1,0 +1,141 @@
+"""Mixture-of-Experts decoders: Qwen3-MoE, Qwen2-MoE (with its shared expert) and Mixtral.
+
+The attention, norms, embedding and LM head are the dense decoder's (`framework.models.llama`); each sparse
+layer's MLP is a `SparseMoeBlock`: a router (softmax over the experts, top-k, renormalised when the config says
+`norm_topk_prob`) in PyTorch, and the experts in one fused kernel (`framework.kernels.fused_moe`).
+
+Expert weights are stacked at load time into one tensor per projection, `experts.gate_up_proj [E, 2, I, H]`
+and `experts.down_proj [E, H, I]`, from the checkpoint's per-expert tensors (`experts.{e}.gate_proj.weight`, or
+Mixtral's `w1` / `w3` / `w2`): `stacked_tensor_part` tells the loader where each one goes. Tensor parallelism
+splits every expert's intermediate dimension I (both halves of gate_up alike); the router is replicated, every
+rank routes identically, and the experts' partial sums are all-reduced once per layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from framework.distributed.context import ParallelContext
+from framework.kernels.fused_moe import fused_moe
+from framework.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
+from framework.models.moe_config import MoeConfig
+from framework.models.parallel_layers import SINGLE, ShardSpec, StackedPart, _divide
+
+
+class StackedExperts(nn.Module):
+    """All experts of one layer: `gate_up_proj [E, 2, I / tp, H]` (gate, up) and `down_proj [E, H, I / tp]`."""
+
+    def __init__(self, cfg: MoeConfig, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        i = _divide(cfg.moe_intermediate_size, ctx.tp_size, "moe_intermediate_size")
+        self.gate_up_proj = nn.Parameter(torch.empty(cfg.num_experts, 2, i, cfg.hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, i))
+        self.shard_dims = {"gate_up_proj": 2, "down_proj": 2}  # the intermediate dimension (random weights)
+        self.ctx = ctx
+
+
+def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] float32, expert ids [T, k] int64): top-k of the float32 softmax, renormalised to sum 1
+    when `normalize` (as HF's routers; ties go to the lower expert id, as `torch.topk`)."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + stacked experts (+ Qwen2-MoE's sigmoid-gated shared expert): [T, H] -> [T, H]."""
+
+    def __init__(self, cfg: MoeConfig, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        self.top_k, self.normalize, self.round_weights = cfg.num_experts_per_tok, cfg.norm_topk_prob, \
+            cfg.round_router_weights
+        self.ctx = ctx
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router, whole on every rank
+        self.experts = StackedExperts(cfg, ctx)
+        if cfg.shared_expert_intermediate_size:
+            shared = dataclasses.replace(cfg, intermediate_size=cfg.shared_expert_intermediate_size, mlp_bias=False)
+            self.shared_expert: Optional[MLP] = MLP(shared, ctx)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+        else:
+            self.shared_expert = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        weights, ids = route(self.gate(x), self.top_k, self.normalize)
+        if self.round_weights:  # Qwen applies the weights in the model dtype
+            weights = weights.to(x.dtype)
+        out = fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        if self.ctx.tp_size > 1:
+            out = self.ctx.tp_all_reduce(out)  # each rank summed its slice of every expert's intermediate dim
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+class MoeDecoderLayer(nn.Module):
+    """A decoder layer (the dense one's forward) whose MLP is a `SparseMoeBlock`, or a dense `MLP` on layers the
+    config keeps dense; the MLP is registered under the checkpoint's name (`mlp`, Mixtral's `block_sparse_moe`)."""
+
+    def __init__(self, cfg: MoeConfig, ctx: ParallelContext, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, ctx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ffn_name = cfg.ffn_name
+        ffn: nn.Module = SparseMoeBlock(cfg, ctx) if cfg.is_sparse_layer(layer) else MLP(cfg, ctx)
+        self.add_module(cfg.ffn_name, ffn)
+
+    def forward(self, x, residual, cos, sin, kv_cache, meta, attention):  # type: ignore[no-untyped-def]
+        """(this layer's MLP output, the residual stream before it is added), as `DecoderLayer.forward`."""
+        h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h = self.self_attn(h, cos, sin, kv_cache, meta, attention)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return getattr(self, self.ffn_name)(h), residual
+
+
+def _make_moe_layer(cfg: MoeConfig, ctx: ParallelContext, layer: int) -> nn.Module:  # type: ignore[override]
+    return MoeDecoderLayer(cfg, ctx, layer)
+
+
+# model.layers.{L}.{mlp|block_sparse_moe}.experts.{e}.{projection}.weight
+_EXPERT_TENSOR = re.compile(r"^(model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\.(\w+)\.weight$")
+# projection -> (stacked parameter, index after the expert's, dim of the checkpoint tensor that tp splits)
+_PROJECTIONS = {"gate_proj": ("gate_up_proj", (0,), 0), "w1": ("gate_up_proj", (0,), 0),
+                "up_proj": ("gate_up_proj", (1,), 0), "w3": ("gate_up_proj", (1,), 0),
+                "down_proj": ("down_proj", (), 1), "w2": ("down_proj", (), 1)}
+
+
+class MoeForCausalLM(LlamaForCausalLM):
+    """Qwen3-MoE / Qwen2-MoE / Mixtral causal LM over the paged KV cache (interface of `LlamaForCausalLM`)."""
+
+    config_cls = MoeConfig
+    make_layer = _make_moe_layer
+
+    def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
+        """Where the per-expert checkpoint tensor `name` goes in a stacked parameter (None: not an expert's).
+
+        `experts.{e}.gate_proj` / `w1` fills `gate_up_proj[e, 0]`, `up_proj` / `w3` `gate_up_proj[e, 1]`, and
+        `down_proj` / `w2` `down_proj[e]`; under tensor parallelism this rank reads its rows (gate/up) or
+        columns (down) of the expert's intermediate dimension.
+        """
+        match = _EXPERT_TENSOR.match(name)
+        if match is None or match.group(3) not in _PROJECTIONS:
+            return None
+        prefix, expert = match.group(1), int(match.group(2))
+        param, index, dim = _PROJECTIONS[match.group(3)]
+        try:
+            stacked = self.get_parameter(f"{prefix}.{param}")
+        except AttributeError:
+            return None  # a dense layer, or another pipeline stage's: the loader decides
+        if expert >= stacked.shape[0]:
+            return None
+        parts = stacked.shape[0] * (2 if param == "gate_up_proj" else 1)
+        shard = ShardSpec(dim, self.ctx.tp_rank, self.ctx.tp_size) if self.ctx.tp_size > 1 else None
+        return StackedPart(f"{prefix}.{param}", (expert, *index), shard, parts)
