@@ -44,7 +44,7 @@ class MoeConfig(DecoderConfig):
         if num_experts > 0 and not 1 <= top_k <= num_experts:
             raise UnsupportedModelError(f"num_experts_per_tok={top_k} must be between 1 and the number of experts "
                                         f"({num_experts})")
-        step = int(cfg.get("decoder_sparse_step") or 1)
+        step = int(1 if cfg.get("decoder_sparse_step") is None else cfg["decoder_sparse_step"])
         if step < 1:
             raise UnsupportedModelError(f"decoder_sparse_step={step} must be >= 1")
         expert_size = base.intermediate_size if mixtral else int(cfg.get("moe_intermediate_size") or 0)
