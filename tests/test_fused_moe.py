@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from framework.kernels.fused_moe import (
-    MoeLaunchConfig, fused_moe, fused_moe_reference, fused_moe_triton, moe_align, moe_launch_config,
+    MoeLaunchConfig, fused_moe, fused_moe_reference, fused_moe_triton, moe_align_reference, moe_align_triton,
+    moe_launch_config,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -107,14 +108,19 @@ def test_kernel_detects_a_misrouted_row() -> None:
     torch.testing.assert_close(out[:3], ref[:3], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("m,e,k,block_m", [(1, 8, 2, 16), (13, 5, 3, 4), (40, 4, 4, 16), (9, 128, 8, 16)])
-def test_alignment_groups_rows_by_expert(m: int, e: int, k: int, block_m: int) -> None:
+@pytest.mark.parametrize("align_fn", [moe_align_reference, moe_align_triton], ids=["torch", "triton"])
+@pytest.mark.parametrize("m,e,k,block_m", [
+    (1, 8, 2, 16), (13, 5, 3, 4), (40, 4, 4, 16), (9, 128, 8, 16),
+    (100, 6, 2, 16),  # 200 rows: the Triton scan crosses chunks of 128 rows
+])
+def test_alignment_groups_rows_by_expert(align_fn, m: int, e: int, k: int, block_m: int) -> None:  # type: ignore[no-untyped-def]
     g = torch.Generator().manual_seed(m + e)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(m)])
-    align = moe_align(ids, e, block_m)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(m)]).to(DEVICE)
+    align = align_fn(ids, e, block_m)
     n = m * k
     rows, experts = align.sorted_rows.tolist(), align.block_expert.tolist()
     num_padded = int(align.num_padded.item())
+    ids = ids.cpu()
     counts = torch.bincount(ids.flatten(), minlength=e)
     assert num_padded == sum(-(-int(c) // block_m) * block_m for c in counts)
     assert num_padded <= len(rows) and len(rows) == len(experts) * block_m
@@ -127,6 +133,18 @@ def test_alignment_groups_rows_by_expert(m: int, e: int, k: int, block_m: int) -
         assert block_rows, "a padded block holds at least one row (experts without rows get no block)"
         assert all(flat[r] == experts[block] for r in block_rows), "a block belongs to one expert"
         assert block_rows == sorted(block_rows), "rows of an expert keep token order"
+
+
+def test_triton_alignment_equals_reference() -> None:
+    """The one-program kernel and the sort give identical buffers (padding and unused blocks included)."""
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 10, (300, 1), generator=g)
+    ids[:150] = 3  # one expert with most rows, across chunk boundaries
+    ref, got = moe_align_reference(ids, 10, 16), moe_align_triton(ids, 10, 16)
+    assert int(got.num_padded) == int(ref.num_padded)
+    assert torch.equal(got.sorted_rows, ref.sorted_rows)
+    used = int(ref.num_padded) // 16
+    assert torch.equal(got.block_expert[:used], ref.block_expert[:used])
 
 
 def test_reference_matches_hf_expert_loop() -> None:

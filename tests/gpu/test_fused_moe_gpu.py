@@ -23,7 +23,8 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
 from framework.kernels.fused_moe import (  # noqa: E402
-    fused_moe, fused_moe_reference, fused_moe_triton, moe_launch_config,
+    ALIGN_KERNEL_MAX_ROWS, fused_moe, fused_moe_reference, fused_moe_triton, moe_align_reference, moe_align_triton,
+    moe_launch_config,
 )
 from framework.models.moe import route  # noqa: E402
 from framework.triton_compiles import compiled_variants, new_variants  # noqa: E402
@@ -72,6 +73,19 @@ def test_skewed_routing_one_hot_expert() -> None:
     x, gate_up, down, weights, ids = _problem(4096, torch.bfloat16, seed=9, skew=8.0)
     assert torch.bincount(ids.flatten(), minlength=EXPERTS).eq(0).any()
     _assert_close(fused_moe_triton(x, gate_up, down, weights, ids), fused_moe_reference(x, gate_up, down, weights, ids))
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 64, 256, ALIGN_KERNEL_MAX_ROWS // TOP_K])
+def test_alignment_kernel_equals_reference(tokens: int) -> None:
+    """The one-program alignment (its cursors shared through global memory between barriers) gives the sort's
+    buffers exactly, at every decode size it serves."""
+    _, _, _, _, ids = _problem(tokens, torch.bfloat16, seed=tokens, skew=3.0)
+    block_m = moe_launch_config(ids.numel(), EXPERTS).block_m
+    ref, got = moe_align_reference(ids, EXPERTS, block_m), moe_align_triton(ids, EXPERTS, block_m)
+    assert torch.equal(got.num_padded, ref.num_padded)
+    assert torch.equal(got.sorted_rows, ref.sorted_rows)
+    used = int(ref.num_padded) // block_m
+    assert torch.equal(got.block_expert[:used], ref.block_expert[:used])
 
 
 def test_one_variant_per_launch_config_and_no_host_sync() -> None:
