@@ -24,10 +24,10 @@ from framework.models.presets import preset_config
 from framework.sampling_params import SamplingParams
 
 try:
-    from hf_models import random_prompts, save_tiny_checkpoint
+    from hf_models import hf_greedy, random_prompts, save_tiny_checkpoint
     from hf_moe_models import MOE_SPEC_BY_NAME
 except ImportError:  # tests/ collected as a package
-    from tests.hf_models import random_prompts, save_tiny_checkpoint
+    from tests.hf_models import hf_greedy, random_prompts, save_tiny_checkpoint
     from tests.hf_moe_models import MOE_SPEC_BY_NAME
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -74,6 +74,24 @@ def test_greedy_ngram_speculation_equals_none(checkpoint: Path, baseline: list[l
     llm = LLM(str(checkpoint), **ENGINE, enable_prefix_caching=False, speculative_config=spec)
     assert _tokens(llm) == baseline
     assert llm.get_metrics()["spec_decode"]["num_drafts"] > 0
+
+
+def test_engine_with_the_triton_kernels_matches_hf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole engine on the fused-MoE kernels (and every other Triton kernel, interpreted): greedy tokens of
+    two batched prompts equal HF's."""
+    import framework.kernels.fused_moe as fused_moe_module
+
+    hf = save_tiny_checkpoint(MOE_SPEC_BY_NAME["qwen3moe-e8k2-norm-tied"], tmp_path)
+    calls: list[int] = []
+    kernel = fused_moe_module.fused_moe_triton
+    monkeypatch.setattr(fused_moe_module, "fused_moe_triton", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
+    prompts = random_prompts(2, 5, 12, seed=2)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    outs = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64).generate(prompts, params,
+                                                                                       use_tqdm=False)
+    assert calls, "the MoE layers did not run the Triton kernels"
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 6) for p in prompts]
 
 
 def test_random_weight_presets() -> None:
