@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from framework.kernels import fused_moe as fm  # noqa: E402
+from framework.kernels.moe_align import moe_align  # noqa: E402
 from framework.models.moe import route  # noqa: E402
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
@@ -52,7 +53,7 @@ def _kernels_only(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
 
     rows = ids.numel()
     cfg = fm.moe_launch_config(rows, EXPERTS)
-    align = fm.moe_align(ids, EXPERTS, cfg.block_m)
+    align = moe_align(ids, EXPERTS, cfg.block_m)
     blocks = align.block_expert.shape[0]
     act = torch.empty(rows, INTER, dtype=DTYPE, device="cuda")
     out = torch.empty(rows, HIDDEN, dtype=DTYPE, device="cuda")

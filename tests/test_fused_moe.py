@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from framework.kernels.fused_moe import (
-    MoeLaunchConfig, fused_moe, fused_moe_reference, fused_moe_triton, moe_align_reference, moe_align_triton,
-    moe_launch_config,
+    MoeLaunchConfig, fused_moe, fused_moe_reference, fused_moe_triton, moe_launch_config,
 )
+from framework.kernels.moe_align import moe_align_reference, moe_align_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Small tiles so that the interpreter crosses tile boundaries in every dimension.

@@ -22,10 +22,8 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
-from framework.kernels.fused_moe import (  # noqa: E402
-    ALIGN_KERNEL_MAX_ROWS, fused_moe, fused_moe_reference, fused_moe_triton, moe_align_reference, moe_align_triton,
-    moe_launch_config,
-)
+from framework.kernels.fused_moe import fused_moe, fused_moe_reference, fused_moe_triton, moe_launch_config  # noqa: E402
+from framework.kernels.moe_align import ALIGN_KERNEL_MAX_ROWS, moe_align_reference, moe_align_triton  # noqa: E402
 from framework.models.moe import route  # noqa: E402
 from framework.triton_compiles import compiled_variants, new_variants  # noqa: E402
 
