@@ -64,7 +64,7 @@ def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> 
     cursor = torch.empty(bins, dtype=torch.int32, device=device)
     _moe_align_kernel[(1,)](flat, sorted_rows, block_expert, num_padded, cursor, n, num_blocks * block_m,
                             num_blocks, E=num_experts, E_BINS=bins, BLOCK_M=block_m, CHUNK=ALIGN_CHUNK,
-                            num_warps=4)
+                            num_warps=8)
     return MoeAlignment(sorted_rows, block_expert, num_padded)
 
 
