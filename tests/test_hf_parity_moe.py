@@ -86,7 +86,7 @@ def test_layers_follow_the_config(cache: ArchCache, arch: str) -> None:
     hf_layers = checkpoint[1].model.layers
     for ours, theirs in zip(model.model.layers, hf_layers):
         hf_ffn = getattr(theirs, "mlp", None) or theirs.block_sparse_moe
-        ffn = getattr(ours, ours.ffn_name)
+        ffn = ours.mlp
         assert hasattr(ffn, "experts") == hasattr(hf_ffn, "experts")
         assert hasattr(ffn, "shared_expert_gate") == hasattr(hf_ffn, "shared_expert_gate")
         if hasattr(hf_ffn, "experts"):

@@ -24,10 +24,10 @@ from framework.models.presets import preset_config
 from framework.sampling_params import SamplingParams
 
 try:
-    from hf_models import hf_greedy, random_prompts, save_tiny_checkpoint
+    from hf_models import hf_greedy, hf_logits, random_prompts, save_tiny_checkpoint
     from hf_moe_models import MOE_SPEC_BY_NAME
 except ImportError:  # tests/ collected as a package
-    from tests.hf_models import hf_greedy, random_prompts, save_tiny_checkpoint
+    from tests.hf_models import hf_greedy, hf_logits, random_prompts, save_tiny_checkpoint
     from tests.hf_moe_models import MOE_SPEC_BY_NAME
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -134,6 +134,26 @@ def test_sparse_layers_follow_hf_rule() -> None:
     cfg = MoeConfig.from_hf({**preset_config("qwen3-moe-tiny"), "num_hidden_layers": 6, "decoder_sparse_step": 2,
                              "mlp_only_layers": [3]})
     assert [cfg.is_sparse_layer(i) for i in range(6)] == [False, True, False, False, False, True]
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe-e8k2-norm-tied", "mixtral-e6k2"])
+def test_fused_expert_layout_loads_too(arch: str, tmp_path: Path) -> None:
+    """A checkpoint in HF v5's in-memory layout (`mlp.experts.gate_up_proj [E, 2I, H]`, `down_proj`, Mixtral's
+    router under `mlp`) loads into the same model: logits equal HF's."""
+    hf = save_tiny_checkpoint(MOE_SPEC_BY_NAME[arch], tmp_path)
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    if hf.config.tie_word_embeddings:
+        del state["lm_head.weight"]  # shares the embedding's storage (safetensors refuses aliases)
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, str(tmp_path / "model.safetensors"))
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64)
+    recorded: list[torch.Tensor] = []
+    model = llm.engine.runner.model
+    compute_logits = model.compute_logits
+    model.compute_logits = lambda hidden: recorded.append(compute_logits(hidden)) or recorded[-1]
+    prompt = PROMPTS[0]
+    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    torch.testing.assert_close(recorded[0][0], hf_logits(hf, prompt)[-1], atol=1e-4, rtol=1e-5)
 
 
 def test_checkpoint_missing_an_expert_or_misshaped(checkpoint: Path, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,13 @@ def _copy_into(model: nn.Module, params: dict[str, nn.Parameter], names: list[st
 
 
 def _copy_part(param: nn.Parameter, part: StackedPart, source: Any, where: str, ckpt_name: str) -> None:
-    """Copy this rank's shard of `source` into `param[part.index]` (one expert's projection)."""
+    """Copy this rank's shard of `source` into `param[part.index]` (one expert's projection, or all experts)."""
+    if part.source_shape is not None:
+        whole = source[:]
+        if whole.numel() != math.prod(part.source_shape):
+            raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(whole.shape)}, the model expects "
+                                  f"{math.prod(part.source_shape)} elements (viewed as {part.source_shape})")
+        source = whole.reshape(part.source_shape)
     tensor = read_shard(source, part.shard)
     dest = param.data[part.index]
     if tensor.shape != dest.shape:
@@ -145,15 +152,15 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
                 for name in f.keys():
                     if skip_prefixes and name.startswith(skip_prefixes):
                         continue
+                    part = stacked_part(name) if stacked_part is not None else None
+                    if part is not None:
+                        _copy_part(params[part.param], part, f.get_slice(name), file.name, name)
+                        parts_loaded.setdefault(part.param, set()).add(part.index)
+                        if len(parts_loaded[part.param]) == part.num_parts:
+                            loaded.add(part.param)
+                        continue
                     if name not in targets:
                         if name.endswith(IGNORED_TENSOR_SUFFIXES) or (owns is not None and not owns(name)):
-                            continue
-                        part = stacked_part(name) if stacked_part is not None else None
-                        if part is not None:
-                            _copy_part(params[part.param], part, f.get_slice(name), file.name, name)
-                            parts_loaded.setdefault(part.param, set()).add(part.index)
-                            if len(parts_loaded[part.param]) == part.num_parts:
-                                loaded.add(part.param)
                             continue
                         raise CheckpointError(
                             f"{file.name}: tensor '{name}' matches no parameter of the model; the checkpoint "

@@ -27,7 +27,6 @@ class MoeConfig(DecoderConfig):
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert (0: none)
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
-    ffn_name: str = "mlp"  # the checkpoint's module name of the layer's MLP ("block_sparse_moe" for Mixtral)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "MoeConfig":
@@ -64,7 +63,6 @@ class MoeConfig(DecoderConfig):
             if arch == "Qwen2MoeForCausalLM" else 0,
             decoder_sparse_step=1 if mixtral else step,
             mlp_only_layers=() if mixtral else tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
-            ffn_name="block_sparse_moe" if mixtral else "mlp",
             **extra,
         )
 
