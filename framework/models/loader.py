@@ -143,7 +143,7 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
 
     params, targets = _targets(model)
     owns = getattr(model, "owns_checkpoint_tensor", None)
-    stacked_part = getattr(model, "stacked_tensor_part", None)  # MoE: per-expert tensors into stacked ones
+    stacked_part = getattr(model, "stacked_tensor_part", None)  # tensors going elsewhere than their name (MoE experts)
     loaded: set[str] = set()
     parts_loaded: dict[str, set[tuple[int, ...]]] = {}
     for file in safetensors_files(path):

@@ -56,8 +56,9 @@ class SparseMoeBlock(nn.Module):
 
     def __init__(self, cfg: MoeConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
-        self.top_k, self.normalize, self.round_weights = cfg.num_experts_per_tok, cfg.norm_topk_prob, \
-            cfg.round_router_weights
+        self.top_k = cfg.num_experts_per_tok
+        self.normalize = cfg.norm_topk_prob
+        self.round_weights = cfg.round_router_weights
         self.ctx = ctx
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router, whole on every rank
         self.experts = StackedExperts(cfg, ctx)
@@ -120,7 +121,7 @@ class MoeForCausalLM(LlamaForCausalLM):
     """Qwen3-MoE / Qwen2-MoE / Mixtral causal LM over the paged KV cache (interface of `LlamaForCausalLM`)."""
 
     config_cls = MoeConfig
-    make_layer = _make_moe_layer
+    make_layer = staticmethod(_make_moe_layer)
 
     def _stacked(self, name: str) -> Optional[nn.Parameter]:
         try:
