@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from framework.kernels import fused_moe as fm  # noqa: E402
 from framework.kernels.moe_align import moe_align  # noqa: E402
-from framework.models.moe import route  # noqa: E402
+from framework.kernels.moe_route import moe_route_reference  # noqa: E402
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 DTYPE = torch.bfloat16
@@ -42,7 +42,8 @@ COPY_BANDWIDTH_GBS = 4300.0  # measured H200 copy bandwidth (DESIGN.md)
 def _inputs(tokens: int, seed: int) -> tuple[torch.Tensor, ...]:
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, HIDDEN, generator=g, device="cuda").to(DTYPE)
-    weights, ids = route(torch.randn(tokens, EXPERTS, generator=g, device="cuda"), TOP_K, normalize=True)
+    weights, ids = moe_route_reference(torch.randn(tokens, EXPERTS, generator=g, device="cuda"), TOP_K, True,
+                                        torch.float32)
     return x, weights, ids
 
 

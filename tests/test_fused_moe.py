@@ -113,7 +113,8 @@ def test_kernel_detects_a_misrouted_row() -> None:
     (1, 8, 2, 16), (13, 5, 3, 4), (40, 4, 4, 16), (9, 128, 8, 16),
     (100, 6, 2, 16),  # 200 rows: the Triton scan crosses chunks of 128 rows
 ])
-def test_alignment_groups_rows_by_expert(align_fn, m: int, e: int, k: int, block_m: int) -> None:  # type: ignore[no-untyped-def]
+def test_alignment_groups_rows_by_expert(align_fn, m: int, e: int, k: int,  # type: ignore[no-untyped-def]
+                                         block_m: int) -> None:
     g = torch.Generator().manual_seed(m + e)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(m)]).to(DEVICE)
     align = align_fn(ids, e, block_m)

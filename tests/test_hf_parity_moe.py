@@ -22,7 +22,9 @@ from framework.sampling_params import SamplingParams
 try:
     from hf_models import hf_greedy, hf_logits, save_tiny_checkpoint
     from hf_moe_models import MOE_SPEC_BY_NAME, MOE_SPECS
-    from test_hf_parity import LOGITS_ATOL, LOGITS_RTOL, MAX_MODEL_LEN, MAX_TOKENS, PROMPTS, SCENARIOS, Mrv2Run, run_mrv2
+    from test_hf_parity import (
+        LOGITS_ATOL, LOGITS_RTOL, MAX_MODEL_LEN, MAX_TOKENS, PROMPTS, SCENARIOS, Mrv2Run, run_mrv2,
+    )
 except ImportError:  # tests/ collected as a package
     from tests.hf_models import hf_greedy, hf_logits, save_tiny_checkpoint
     from tests.hf_moe_models import MOE_SPEC_BY_NAME, MOE_SPECS

@@ -2,7 +2,8 @@
 
 The attention, norms, embedding and LM head are the dense decoder's (`framework.models.llama`); each sparse
 layer's MLP is a `SparseMoeBlock`: a router (softmax over the experts, top-k, renormalised when the config says
-`norm_topk_prob`) in PyTorch, and the experts in one fused kernel (`framework.kernels.fused_moe`).
+`norm_topk_prob`: `framework.kernels.moe_route`), and the experts in one fused kernel
+(`framework.kernels.fused_moe`).
 
 Expert weights are stacked at load time into one tensor per projection, `mlp.experts.gate_up_proj [E, 2, I, H]`
 and `mlp.experts.down_proj [E, H, I]`, from the checkpoint's per-expert tensors (`experts.{e}.gate_proj.weight`,
@@ -20,10 +21,10 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from framework.distributed.context import ParallelContext
 from framework.kernels.fused_moe import fused_moe
+from framework.kernels.moe_route import moe_route
 from framework.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
 from framework.models.moe_config import MoeConfig
 from framework.models.parallel_layers import SINGLE, ShardSpec, StackedPart, _divide
@@ -39,16 +40,6 @@ class StackedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, i))
         self.shard_dims = {"gate_up_proj": 2, "down_proj": 2}  # the intermediate dimension (random weights)
         self.ctx = ctx
-
-
-def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, k] float32, expert ids [T, k] int64): top-k of the float32 softmax, renormalised to sum 1
-    when `normalize` (as HF's routers; ties go to the lower expert id, as `torch.topk`)."""
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
 
 
 class SparseMoeBlock(nn.Module):
@@ -70,9 +61,9 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        weights, ids = route(self.gate(x), self.top_k, self.normalize)
-        if self.round_weights:  # Qwen applies the weights in the model dtype
-            weights = weights.to(x.dtype)
+        # Qwen applies the routing weights in the model dtype, Mixtral in float32.
+        weight_dtype = x.dtype if self.round_weights else torch.float32
+        weights, ids = moe_route(self.gate(x), self.top_k, self.normalize, weight_dtype)
         out = fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
         if self.ctx.tp_size > 1:
             out = self.ctx.tp_all_reduce(out)  # each rank summed its slice of every expert's intermediate dim

@@ -5,8 +5,9 @@ Shapes: hidden 2048, expert intermediate 768, 128 experts, top-8, 1 to 8192 toke
 the reference (cuBLAS per expert) round the same intermediates but accumulate in other orders, so a tipped
 rounding of gate/up propagates: the relative RMS error must stay under 1% and no element may be off by more than
 1/8 of the output's RMS. float32 (no TF32 on either side): summation order only.
-Also: one compiled variant per launch configuration across token counts, no host sync, CUDA-graph replay equal to
-eager, greedy parity of a tiny MoE checkpoint with HF (CUDA graphs on and off) and with speculation.
+Also: the routing and alignment kernels against theirs, one compiled variant per launch configuration across
+token counts, no host sync, CUDA-graph replay equal to eager, greedy parity of a tiny MoE checkpoint with HF
+(CUDA graphs on and off) and with speculation.
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_fused_moe_gpu.py`
 """
 
@@ -22,9 +23,11 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
-from framework.kernels.fused_moe import fused_moe, fused_moe_reference, fused_moe_triton, moe_launch_config  # noqa: E402
+from framework.kernels.fused_moe import (  # noqa: E402
+    fused_moe, fused_moe_reference, fused_moe_triton, moe_launch_config,
+)
 from framework.kernels.moe_align import ALIGN_KERNEL_MAX_ROWS, moe_align_reference, moe_align_triton  # noqa: E402
-from framework.models.moe import route  # noqa: E402
+from framework.kernels.moe_route import moe_route_reference, moe_route_triton  # noqa: E402
 from framework.triton_compiles import compiled_variants, new_variants  # noqa: E402
 
 DEVICE = "cuda"
@@ -38,7 +41,7 @@ def _problem(tokens: int, dtype: torch.dtype, seed: int, skew: float = 1.0) -> t
     gate_up = (torch.randn(EXPERTS, 2, INTER, HIDDEN, generator=g, device=DEVICE) * HIDDEN**-0.5).to(dtype)
     down = (torch.randn(EXPERTS, HIDDEN, INTER, generator=g, device=DEVICE) * INTER**-0.5).to(dtype)
     logits = torch.randn(tokens, EXPERTS, generator=g, device=DEVICE) * skew
-    weights, ids = route(logits, TOP_K, normalize=True)
+    weights, ids = moe_route_reference(logits, TOP_K, True, torch.float32)
     return x, gate_up, down, weights, ids
 
 
@@ -84,6 +87,20 @@ def test_alignment_kernel_equals_reference(tokens: int) -> None:
     assert torch.equal(got.sorted_rows, ref.sorted_rows)
     used = int(ref.num_padded) // block_m
     assert torch.equal(got.block_expert[:used], ref.block_expert[:used])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_routing_kernel_matches_reference(dtype: torch.dtype) -> None:
+    """128 experts, top-8, renormalised, 4096 tokens: the same experts (up to the order of tied probabilities,
+    frequent with bf16 logits) and the same weights."""
+    g = torch.Generator(device=DEVICE).manual_seed(4)
+    logits = (torch.randn(4096, EXPERTS, generator=g, device=DEVICE) * 2).to(dtype)
+    ref_w, ref_ids = moe_route_reference(logits, TOP_K, True, dtype)
+    got_w, got_ids = moe_route_triton(logits, TOP_K, True, dtype)
+    probs = torch.softmax(logits.float(), dim=-1)
+    assert torch.equal(probs.gather(1, got_ids), probs.gather(1, ref_ids))
+    assert (got_ids.sort(1).values.diff(dim=1) > 0).all(), "an expert chosen twice"
+    torch.testing.assert_close(got_w, ref_w, rtol=2e-6 if dtype == torch.float32 else 2**-8, atol=1e-7)
 
 
 def test_one_variant_per_launch_config_and_no_host_sync() -> None:
