@@ -64,11 +64,12 @@ for j in "$@"; do
     gpu_tests_spec) job $j 120 python3 -m pytest -q tests/gpu/test_spec_gpu.py ;;
     spec_pairs) job $j 570 python3 scripts/bench_spec.py --repeats 3 --pairs 24 --fast-pairs 8 --out "$res/spec" ;;
     spec5) job $j 500 python3 scripts/bench_spec.py --repeats 5 --out "$res/spec" ;;
-    # MoE (~310 s): fused-MoE kernel vs reference at Qwen3-30B-A3B shapes + engine parity; kernel GB/s and TFLOP/s
-    # at 1/16/64/256/8192 tokens; the 128-request nano-style run on the Qwen3-30B-A3B geometry (random bf16).
+    # MoE (<= 320 s): fused-MoE / routing / alignment kernels vs references at Qwen3-30B-A3B shapes + engine parity;
+    # kernel GB/s and TFLOP/s at 1/16/64/256/8192 tokens; the 128-request nano-style run on the Qwen3-30B-A3B
+    # geometry (random bf16 weights, 61 GB).
     moe) job moe-tests 90 python3 -m pytest -q tests/gpu/test_fused_moe_gpu.py
         job moe-kernel 50 python3 scripts/bench_fused_moe.py --out "$res/moe/kernel"
-        job moe-nano 170 python3 -m framework.cli bench experiment=moe bench.output_dir="$res/moe/nano" ;;
+        job moe-nano 180 python3 -m framework.cli bench experiment=moe bench.output_dir="$res/moe/nano" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done
