@@ -8,9 +8,9 @@ layer's MLP is a `SparseMoeBlock`: a router (softmax over the experts, top-k, re
 Expert weights are stacked at load time into one tensor per projection, `mlp.experts.gate_up_proj [E, 2, I, H]`
 and `mlp.experts.down_proj [E, H, I]`, from the checkpoint's per-expert tensors (`experts.{e}.gate_proj.weight`,
 or Mixtral's `block_sparse_moe.experts.{e}.w1` / `w3` / `w2`) or from HF v5's fused ones: `stacked_tensor_part`
-tells the loader where each one goes. Tensor parallelism
-splits every expert's intermediate dimension I (both halves of gate_up alike); the router is replicated, every
-rank routes identically, and the experts' partial sums are all-reduced once per layer.
+tells the loader where each one goes. Tensor parallelism splits every expert's intermediate dimension I (both
+halves of gate_up alike); the router is replicated, every rank routes identically, and the experts' partial sums
+are all-reduced once per layer.
 """
 
 from __future__ import annotations
