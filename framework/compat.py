@@ -9,6 +9,9 @@ declared capability that only V1 offers. Today there are two:
   PyTorch operations, which run on any CUDA device.
 - **A ModelState that declares `supports_v2 = False`.** A third-party state whose hooks need V1's
   synchronous step (see `ModelState.supports_v2`) says so, and V2 must not drive it.
+
+No model family is a reason: dense decoders, the MoE families (Qwen3-MoE, Qwen2-MoE, Mixtral), Whisper and
+Jamba all run on V2.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ GPU_PIECES=(
   "spec 80 test_spec_gpu.py test_draft_heads_gpu.py"
   "engine 80 test_gpu_engine.py test_prefix_caching_gpu.py"
   "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py"
-  "parallel 70 test_parallel_gpu.py"
-  "structured 50 test_structured_gpu.py"
+  "parallel 50 test_parallel_gpu.py"
+  "structured 40 test_structured_gpu.py"
+  "moe 90 test_fused_moe_gpu.py"
 )
 gpu_tests_all() {
   local xml="$res/gpu_tests_all/junit"; mkdir -p "$xml"; rm -f "$xml"/*.xml
@@ -93,6 +94,12 @@ for j in "$@"; do
     # jsonschema wheels in .device-wheels/.
     structured) job $j 200 bash -c 'python3 -m pytest -q tests/gpu/test_structured_gpu.py; rc=$?
         python3 scripts/bench_structured.py --out "$1" || rc=1; exit $rc' _ "$res/structured" ;;
+    # MoE (<= 320 s): fused-MoE / routing / alignment kernels vs references at Qwen3-30B-A3B shapes + engine parity;
+    # kernel GB/s and TFLOP/s at 1/16/64/256/8192 tokens; the 128-request nano-style run on the Qwen3-30B-A3B
+    # geometry (random bf16 weights, 61 GB).
+    moe) job moe-tests 90 python3 -m pytest -q tests/gpu/test_fused_moe_gpu.py
+        job moe-kernel 50 python3 scripts/bench_fused_moe.py --out "$res/moe/kernel"
+        job moe-nano 180 python3 -m framework.cli bench experiment=moe bench.output_dir="$res/moe/nano" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

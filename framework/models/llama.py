@@ -149,16 +149,23 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
+# (config, parallel context, layer index) -> a layer with DecoderLayer's forward (models/moe.py builds MoE ones).
+LayerFactory = Callable[[DecoderConfig, ParallelContext, int], nn.Module]
+
+
 class DecoderModel(nn.Module):
     """Embedding, layers and final norm; a pipeline stage builds only its layers (and the embedding on the first
-    stage, the norm on the last), the others are `MissingLayer`s so that names keep their indices."""
+    stage, the norm on the last), the others are `MissingLayer`s so that names keep their indices. `make_layer`
+    builds layer i (default: a dense `DecoderLayer`)."""
 
-    def __init__(self, cfg: DecoderConfig, ctx: ParallelContext = SINGLE) -> None:
+    def __init__(self, cfg: DecoderConfig, ctx: ParallelContext = SINGLE,
+                 make_layer: Optional[LayerFactory] = None) -> None:
         super().__init__()
         self.stage_layers = stage_layers(cfg.num_layers, ctx.pp_rank, ctx.pp_size)
         if ctx.is_first_stage:
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, ctx) if i in self.stage_layers else MissingLayer()
+        make = make_layer or (lambda c, x, _i: DecoderLayer(c, x))
+        self.layers = nn.ModuleList(make(cfg, ctx, i) if i in self.stage_layers else MissingLayer()
                                     for i in range(cfg.num_layers))
         if ctx.is_last_stage:
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -173,11 +180,13 @@ class LlamaForCausalLM(nn.Module):
     """
 
     supports_parallel = True
+    config_cls: type[DecoderConfig] = DecoderConfig  # reads config.json (a subclass adds its family's fields)
+    make_layer: Optional[LayerFactory] = None  # layer builder of a subclass (None: dense DecoderLayer)
 
     def __init__(self, cfg: DecoderConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
         self.config, self.ctx = cfg, ctx
-        self.model = DecoderModel(cfg, ctx)
+        self.model = DecoderModel(cfg, ctx, type(self).make_layer)
         # A stage without the embedding loads a tied LM head from the embedding's checkpoint tensor.
         self.checkpoint_aliases: dict[str, str] = {}
         if ctx.is_last_stage:
@@ -192,7 +201,7 @@ class LlamaForCausalLM(nn.Module):
     @classmethod
     def from_hf_config(cls, hf_config: dict, ctx: ParallelContext = SINGLE) -> "LlamaForCausalLM":
         """Build (uninitialised) from an HF config dict, this rank's part of it under parallelism."""
-        return cls(DecoderConfig.from_hf(hf_config), ctx)
+        return cls(cls.config_cls.from_hf(hf_config), ctx)
 
     def owns_checkpoint_tensor(self, name: str) -> bool:
         """False for tensors of other pipeline stages (the loader skips them without reading)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from framework.distributed.context import ParallelContext
-from framework.models.parallel_layers import SINGLE, read_shard, shard_spec
+from framework.models.parallel_layers import SINGLE, StackedPart, read_shard, shard_spec
 from framework.models.random_weights import normal_weights
 from framework.registry import MODELS
 
@@ -108,6 +109,23 @@ def _copy_into(model: nn.Module, params: dict[str, nn.Parameter], names: list[st
             params[name].copy_(tensor)
 
 
+def _copy_part(param: nn.Parameter, part: StackedPart, source: Any, where: str, ckpt_name: str) -> None:
+    """Copy this rank's shard of `source` into `param[part.index]` (one expert's projection, or all experts)."""
+    if part.source_shape is not None:
+        whole = source[:]
+        if whole.numel() != math.prod(part.source_shape):
+            raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(whole.shape)}, the model expects "
+                                  f"{math.prod(part.source_shape)} elements (viewed as {part.source_shape})")
+        source = whole.reshape(part.source_shape)
+    tensor = read_shard(source, part.shard)
+    dest = param.data[part.index]
+    if tensor.shape != dest.shape:
+        raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, the model expects "
+                              f"{tuple(dest.shape)}" + ("" if part.shard is None else " (this rank's part)"))
+    with torch.no_grad():
+        dest.copy_(tensor)
+
+
 def mtp_tensor_prefixes(hf_config: dict[str, Any]) -> tuple[str, ...]:
     """`model.layers.{L + i}.` of a checkpoint with `num_nextn_predict_layers` MTP layers (the MTP speculator's)."""
     first, n = int(hf_config.get("num_hidden_layers") or 0), int(hf_config.get("num_nextn_predict_layers") or 0)
@@ -125,12 +143,21 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
 
     params, targets = _targets(model)
     owns = getattr(model, "owns_checkpoint_tensor", None)
+    stacked_part = getattr(model, "stacked_tensor_part", None)  # tensors going elsewhere than their name (MoE experts)
     loaded: set[str] = set()
+    parts_loaded: dict[str, set[tuple[int, ...]]] = {}
     for file in safetensors_files(path):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
                     if skip_prefixes and name.startswith(skip_prefixes):
+                        continue
+                    part = stacked_part(name) if stacked_part is not None else None
+                    if part is not None:
+                        _copy_part(params[part.param], part, f.get_slice(name), file.name, name)
+                        parts_loaded.setdefault(part.param, set()).add(part.index)
+                        if len(parts_loaded[part.param]) == part.num_parts:
+                            loaded.add(part.param)
                         continue
                     if name not in targets:
                         if name.endswith(IGNORED_TENSOR_SUFFIXES) or (owns is not None and not owns(name)):

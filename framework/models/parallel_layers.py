@@ -32,6 +32,18 @@ class ShardSpec(NamedTuple):
     num_shards: int
 
 
+class StackedPart(NamedTuple):
+    """Where one checkpoint tensor goes inside a stacked parameter (an MoE layer's experts): `param[index]`,
+    which holds `shard` of the tensor (None: all of it); `param` is complete once `num_parts` parts arrived.
+    With `source_shape` the tensor is read whole and viewed as that shape before `shard` is taken."""
+
+    param: str
+    index: tuple[int, ...]
+    shard: Optional[ShardSpec]
+    num_parts: int
+    source_shape: Optional[tuple[int, ...]] = None
+
+
 def _divide(n: int, parts: int, what: str) -> int:
     if n % parts:
         raise ValueError(f"{what}={n} does not divide by parallel.tensor_parallel_size={parts}")

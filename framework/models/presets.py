@@ -9,6 +9,9 @@ expert) for CPU runs, and `jamba-1024` the hybrid benchmark geometry: Jamba's bl
 layer in eight, at offset 4; Mamba d_state 16, d_conv 4, expand 2; vocabulary 65536) at hidden size 1024 and 16
 layers, a dense MLP in every layer. All use the byte-level tokenizer (token = UTF-8 byte, 256 = end of text).
 `whisper-tiny`, `whisper-base` and `whisper-small` are Whisper geometries (encoder-decoder, audio prompts).
+`qwen3-moe-tiny` is a small Qwen3-MoE (8 experts, top-2) for CPU runs, and `qwen3-30b-a3b` the MoE benchmark
+geometry: Qwen3-30B-A3B's shapes (48 layers, hidden 2048, 128 experts of intermediate 768, top-8, 32/4 heads;
+30.5B parameters, 61 GB in bf16) with random weights.
 """
 
 from __future__ import annotations
@@ -125,6 +128,46 @@ PRESETS: dict[str, dict[str, Any]] = {
         "mamba_dt_rank": 64,
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+        "eos_token_id": BYTE_EOS_ID,
+    },
+    "qwen3-moe-tiny": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "vocab_size": 320,
+        "hidden_size": 64,
+        "intermediate_size": 176,
+        "moe_intermediate_size": 48,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 1024,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "tie_word_embeddings": True,
+        "eos_token_id": BYTE_EOS_ID,
+    },
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
         "tie_word_embeddings": False,
         "eos_token_id": BYTE_EOS_ID,
     },
