@@ -31,7 +31,7 @@ import numpy as np
 
 from speculators.acceptance import AcceptanceTracker, Queued, Removal, RequestAcceptance, fold_queue
 from speculators.interface import Proposal, ProposeInputs, Speculator
-from speculators.policy import DraftLengthPolicy
+from speculators.policy import DraftLengthPolicy, FixedK
 from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, has_own_costs, step_costs
 
 if TYPE_CHECKING:
@@ -306,3 +306,12 @@ class DynamicKSpeculator(Speculator):
 
     def propose(self, inputs: ProposeInputs) -> Proposal:
         return self.inner.propose(inputs)
+
+
+def build_draft_policy(config: "SpeculatorConfig") -> Optional[DraftLengthPolicy]:
+    """None without speculation, the dynamic-k policy for `method: dynamic`, else a fixed k."""
+    if config.method == "none":
+        return None
+    if config.method == "dynamic":
+        return DynamicK.from_config(config)
+    return FixedK(config.num_speculative_tokens)

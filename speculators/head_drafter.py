@@ -9,17 +9,15 @@ hidden state back at the next position. Drafts are greedy (argmax). Nothing read
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
 from framework.attention import AttentionMetadata
+from speculators.draft_graphs import DraftStepGraphs
 from speculators.draft_heads import DraftHead
 from speculators.draft_inputs import prepare_draft_inputs
 from speculators.interface import ProposeInputs
-
-if TYPE_CHECKING:
-    from speculators.draft_graphs import DraftStepGraphs
 
 
 class HeadDrafter:
@@ -32,7 +30,7 @@ class HeadDrafter:
         self.aux_layer_ids = aux_layer_ids
         self.single_layer = single_layer
         self.kv_cache: Optional[torch.Tensor] = None
-        self.graphs: Optional["DraftStepGraphs"] = None  # CUDA graphs of the draft steps (GPU)
+        self.graphs: Optional[DraftStepGraphs] = None  # CUDA graphs of the draft steps (GPU)
         self.query_start_loc = torch.arange(max_num_reqs + 1, dtype=torch.int32, device=device)  # one token per row
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
@@ -125,8 +123,6 @@ class HeadDrafter:
         """Capture the draft steps for every padded batch size and k in 2..max_k (after `bind_kv_cache`)."""
         if max_k < 2 or not batch_sizes:
             return
-        from speculators.draft_graphs import DraftStepGraphs
-
         self.graphs = DraftStepGraphs(self, batch_sizes, list(range(2, max_k + 1)), block_size, max_blocks_per_req,
                                       dtype)
         self.graphs.capture()

@@ -13,7 +13,8 @@ import pytest
 from framework.config import load_config
 from speculators.acceptance import AcceptanceTracker, Removal, RequestAcceptance, fold_queue
 from speculators.dynamic import EXPLORE_STEPS, DynamicK
-from speculators.policy import FixedK, build_draft_policy
+from speculators.dynamic import build_draft_policy
+from speculators.policy import FixedK
 from speculators.step_cost import MeasuredCostModel, batch_bucket, step_costs
 
 MAX_K = 5

@@ -17,9 +17,9 @@ from framework.async_output import AsyncOutput
 from framework.config import ConfigError, Mrv2Config
 from framework.distributed.context import ParallelContext
 from framework.distributed.launch import (
-    RankPlace, check_parallel_config, free_port, init_groups, rank_device, spawn_workers, torchrun_place,
+    RankPlace, check_parallel_config, free_port, init_groups, rank_device, torchrun_place,
 )
-from framework.distributed.worker import Command, build_rank, leave_groups, serve
+from framework.distributed.worker import Command, build_rank, leave_groups, serve, worker_main
 from framework.engine_setup import LoadedModel, read_model_config
 from framework.model_runner import ModelRunnerV2
 from framework.runner_interface import ModelRunner
@@ -28,6 +28,22 @@ from framework.scheduler_output import SchedulerOutput
 logger = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 30.0
+
+
+def spawn_workers(config: Mrv2Config, driver_rank: int, port: int) -> list[Any]:
+    """Start one process per rank other than `driver_rank`; each runs `framework.distributed.worker.worker_main`."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(config.parallel.world_size):
+        if rank == driver_rank:
+            continue
+        proc = ctx.Process(target=worker_main, args=(config, RankPlace(rank, rank, f"tcp://127.0.0.1:{port}")),
+                           name=f"mrv2-rank{rank}", daemon=True)
+        proc.start()
+        procs.append(proc)
+    return procs
 
 
 class _Workers:
