@@ -46,6 +46,9 @@ for j in "$@"; do
     gpu_tests_all) gpu_tests_all ;;
     gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;
     gpu_tests_single) job $j 130 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py ;;
+    # The driver's per-step command (gloo on the host CPU, typed msgpack vs the old pickle) at 64 and 256 rows.
+    parallel_commands) job $j 120 bash -c "python3 scripts/bench_parallel_commands.py --rows 64 --iters 1000 &&
+        python3 scripts/bench_parallel_commands.py --rows 256 --iters 1000" ;;
     parallel) job $j 330 python3 scripts/bench_parallel.py --out "$res/parallel" --cases 0.6b-tp1 0.6b-tp2 8b-tp1 8b-tp2 \
         0.6b-pp2 --num-requests-8b 128 --timeout 110 ;;
     serve) job $j 420 python3 -m framework.cli bench experiment=serve_nano bench.output_dir="$res/serve" ;;

@@ -1,7 +1,7 @@
 """The driver rank: the engine's runner under parallelism, repeating each call to every worker first.
 
 `DriverRunner` wraps the driver's own `ModelRunnerV2`. Each call the engine makes is first broadcast as a
-`Command` to the workers (pickled on the gloo group), then run locally, so every rank runs the same step on
+`Command` to the workers (typed msgpack on the gloo group, see `messages`), then run locally, so every rank runs the same step on
 the same `SchedulerOutput` and joins the same collectives. Only the driver's `AsyncOutput` carries results.
 """
 
@@ -19,7 +19,8 @@ from framework.distributed.context import ParallelContext
 from framework.distributed.launch import (
     RankPlace, check_parallel_config, free_port, init_groups, rank_device, torchrun_place,
 )
-from framework.distributed.worker import Command, build_rank, leave_groups, serve, worker_main
+from framework.distributed.messages import Command, encode_command
+from framework.distributed.worker import build_rank, leave_groups, serve, worker_main
 from framework.engine_setup import LoadedModel, read_model_config
 from framework.model_runner import ModelRunnerV2
 from framework.runner_interface import ModelRunner
@@ -58,7 +59,7 @@ class _Workers:
             return
         self.closed = True
         try:
-            self.ctx.broadcast_command(Command("shutdown"))
+            self.ctx.broadcast_bytes(encode_command(Command("shutdown")))
         except Exception as err:  # a rank already gone: nothing to tell it
             logger.warning("mrv2: could not tell every rank to shut down: %s", err)
         # Leave the groups before waiting for the workers: NCCL tears a communicator down collectively, so a
@@ -102,7 +103,7 @@ class DriverRunner(ModelRunner):
 
     def _send(self, command: Command) -> None:
         try:
-            self.ctx.broadcast_command(command)
+            self.ctx.broadcast_bytes(encode_command(command))
         except Exception as err:
             raise RuntimeError(f"a parallel rank is gone ({type(err).__name__}: {err}); the parallel engine cannot "
                                "continue: build a new one") from err
