@@ -172,9 +172,4 @@ def start_parallel(config: Mrv2Config) -> tuple[LoadedModel, DriverRunner]:
     return loaded, DriverRunner(local, workers)
 
 
-def is_parallel(config: Mrv2Config) -> bool:
-    """True when the config asks for more than one rank."""
-    return config.parallel.world_size > 1
-
-
-__all__ = ["DriverRunner", "start_parallel", "is_parallel"]
+__all__ = ["DriverRunner", "start_parallel"]

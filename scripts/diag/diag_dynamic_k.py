@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/
 from bench_policy_host import Clock  # noqa: E402
 from bench_spec import K_MAX, build_llm, pin_cpus, run_once, set_policy, warm_up, workload  # noqa: E402
 
