@@ -138,7 +138,7 @@ def run_cell(llm, name: str, batch: int, best_k: int, repeats: int, output_len: 
     from speculators.policy import FixedK
 
     prompts, params = workload(name, batch, output_len, vocab, 1)
-    dynamic = DynamicK(K_MAX)
+    dynamic = DynamicK(K_MAX, record=True)  # its `history` is the k sequence `replay` replays
     replay = ReplayK(K_MAX)
     timed = TimedPolicy(dynamic)
     policies = {"fixed": FixedK(best_k), "shadow": ShadowK(DynamicK(K_MAX), best_k), "dynamic": timed,
