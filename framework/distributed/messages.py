@@ -23,7 +23,8 @@ _PAYLOAD_TYPES: dict[str, Optional[type]] = {
 }
 
 WIRE_DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)
+    str(d).removeprefix("torch."): d
+    for d in (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)
 }
 
 
