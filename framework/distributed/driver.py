@@ -2,7 +2,8 @@
 
 `DriverRunner` wraps the driver's own `ModelRunnerV2`. Each call the engine makes is first broadcast as a
 `Command` to the workers (typed msgpack on the gloo group, see `messages`), then run locally, so every rank
-runs the same step on the same `SchedulerOutput` and joins the same collectives. Only the driver's `AsyncOutput` carries results.
+runs the same step on the same `SchedulerOutput` and joins the same collectives. Only the driver's
+`AsyncOutput` carries results.
 """
 
 from __future__ import annotations
