@@ -7,10 +7,11 @@ A bad config or bad input exits with status 2 and one readable message.
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from framework.config import ConfigError
 
@@ -53,14 +54,30 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def hydra_error_line(err: BaseException) -> str:
+    """Hydra's (or OmegaConf's) error as one line: its unindented lines and its cause's, without the advice
+    to set HYDRA_FULL_ERROR (e.g. "Could not override 'speculator.dynamic'. ...: Key 'dynamic' is not in struct")."""
+    parts: list[str] = []
+    seen: Optional[BaseException] = err
+    while seen is not None and len(parts) < 4:
+        parts += [line.strip() for line in str(seen).splitlines()
+                  if line.strip() and not line[:1].isspace() and "HYDRA_FULL_ERROR" not in line]
+        seen = seen.__cause__
+    return f"invalid config: {': '.join(dict.fromkeys(parts)) or type(err).__name__}"
+
+
 def _hydra_app(config_name: str, task: Callable[[object], None]) -> Callable[[], None]:
     import hydra
+
+    from omegaconf.errors import OmegaConfBaseException
 
     def guarded(cfg: object) -> None:
         try:
             task(cfg)
         except _user_errors() as err:
             _fail(str(err))
+        except OmegaConfBaseException as err:  # e.g. an interpolation that resolves to nothing
+            _fail(hydra_error_line(err))
 
     return hydra.main(config_path=str(conf_dir()), config_name=config_name, version_base=None)(guarded)
 
@@ -129,7 +146,20 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as err:
         _fail(str(err))
     sys.argv = [f"mrv2 {command}", *rest]
-    _hydra_app(command, tasks[command])()
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    user_wants_traces = "HYDRA_FULL_ERROR" in os.environ
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises its errors instead of printing several lines
+    try:
+        _hydra_app(command, tasks[command])()
+    except (HydraException, OmegaConfBaseException) as err:  # what the override check above did not catch
+        if user_wants_traces:
+            raise
+        _fail(hydra_error_line(err))
+    finally:
+        if not user_wants_traces:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
 
 
 if __name__ == "__main__":

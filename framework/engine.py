@@ -33,7 +33,7 @@ from framework.v1 import ModelRunnerV1
 from samplers.logits_processors import logits_processor_classes
 from samplers.sampler import ROW_ERROR_MESSAGES
 from speculators.metrics import SpecDecodeMetrics
-from speculators.policy import build_draft_policy
+from speculators.dynamic import build_draft_policy
 
 logger = logging.getLogger(__name__)
 

@@ -74,9 +74,5 @@ class SchedulerOutput:
     state_snapshots: list[StateSnapshot] = field(default_factory=list)
 
     @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens)
-
-    @property
     def is_empty(self) -> bool:
         return not self.scheduled_request_ids

@@ -4,9 +4,6 @@ Every kernel has a PyTorch `name_reference`, a Triton `name_triton` and a dispat
 CUDA tensors). See the "Sampling" docs page for the pipeline order and every parameter.
 """
 
-# Import order matters: `framework/__init__` imports the runners, which import samplers (V1 the package's
-# kernel functions, V2 its submodules). The framework-free kernel modules come first, then framework, then the
-# modules that import framework's submodules, so samplers or framework may be imported first.
 from samplers.gumbel import gumbel_sample, gumbel_sample_reference, gumbel_sample_triton, uniform_noise_reference
 from samplers.top_k_top_p import (
     apply_min_p,
@@ -14,8 +11,6 @@ from samplers.top_k_top_p import (
     apply_top_k_top_p,
     apply_top_k_top_p_reference,
 )
-
-import framework  # noqa: E402,F401,I001
 from samplers.logits_processors import LogitsContext, LogitsProcessor
 from samplers.logprobs import LogprobsTensors, compute_logprobs
 from samplers.prompt_logprobs import PromptLogprobsPiece

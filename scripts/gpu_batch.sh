@@ -48,6 +48,9 @@ for j in "$@"; do
     gpu_tests_all) gpu_tests_all ;;
     gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;
     gpu_tests_single) job $j 130 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py ;;
+    # The driver's per-step command (gloo on the host CPU, typed msgpack vs the old pickle) at 64 and 256 rows.
+    parallel_commands) job $j 120 bash -c "python3 scripts/bench_parallel_commands.py --rows 64 --iters 1000 &&
+        python3 scripts/bench_parallel_commands.py --rows 256 --iters 1000" ;;
     parallel) job $j 330 python3 scripts/bench_parallel.py --out "$res/parallel" --cases 0.6b-tp1 0.6b-tp2 8b-tp1 8b-tp2 \
         0.6b-pp2 --num-requests-8b 128 --timeout 110 ;;
     serve) job $j 420 python3 -m framework.cli bench experiment=serve_nano bench.output_dir="$res/serve" ;;
@@ -79,11 +82,11 @@ for j in "$@"; do
     spec-quick) job $j 160 python3 scripts/bench_spec.py --repeats 2 --out "$res/spec" ;;
     spec-greedy) job $j 120 python3 scripts/bench_spec.py --repeats 2 --workloads greedy-repeat --batch-sizes 64 256 --out "$res/spec_greedy" ;;
     diag_plan) job $j 110 python3 scripts/diag_fused_plan.py --quick --out "$res/diag_plan" ;;
-    diag_dk) job $j 150 python3 scripts/diag_dynamic_k.py --out "$res/diag_dk" ;;
-    diag_dk_blas1) OPENBLAS_NUM_THREADS=1 job $j 150 python3 scripts/diag_dynamic_k.py --out "$res/diag_dk_blas1" ;;
+    diag_dk) job $j 150 python3 scripts/diag/diag_dynamic_k.py --out "$res/diag_dk" ;;
+    diag_dk_blas1) OPENBLAS_NUM_THREADS=1 job $j 150 python3 scripts/diag/diag_dynamic_k.py --out "$res/diag_dk_blas1" ;;
     policy_host) job $j 60 python3 scripts/bench_policy_host.py --out "$res/$j" ;;
-    diag_dk_g) job $j 150 python3 scripts/diag_dynamic_k.py --cells greedy-repeat:64:5 greedy-repeat:256:5 --out "$res/$j" ;;
-    diag_dk_g_pin) OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 job $j 150 python3 scripts/diag_dynamic_k.py \
+    diag_dk_g) job $j 150 python3 scripts/diag/diag_dynamic_k.py --cells greedy-repeat:64:5 greedy-repeat:256:5 --out "$res/$j" ;;
+    diag_dk_g_pin) OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 job $j 150 python3 scripts/diag/diag_dynamic_k.py \
         --cells greedy-repeat:64:5 greedy-repeat:256:5 --pin-cpus 4 --out "$res/$j" ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;
     gpu_tests_spec) job $j 120 python3 -m pytest -q tests/gpu/test_spec_gpu.py ;;

@@ -10,20 +10,35 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from speculators.head_drafter import HeadDrafter
-
 logger = logging.getLogger(__name__)
+
+
+class _HeadSize(Protocol):
+    hidden_size: int
+
+
+class SteppingDrafter(Protocol):
+    """What the graphs need from a drafter (`HeadDrafter` is one); a protocol, so this module does not import it."""
+
+    query_start_loc: torch.Tensor
+    max_model_len: int
+
+    @property
+    def head(self) -> _HeadSize: ...
+
+    def draft_steps(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, stores: torch.Tensor,
+                    capacity: torch.Tensor, block_tables: torch.Tensor, block_size: int, k: int,
+                    max_seq_len: int) -> torch.Tensor: ...
 
 
 class DraftStepGraphs:
     """Static inputs sized for the largest batch, and one graph per (size, k) running `HeadDrafter.draft_steps`."""
 
-    def __init__(self, drafter: "HeadDrafter", batch_sizes: list[int], ks: list[int], block_size: int,
+    def __init__(self, drafter: SteppingDrafter, batch_sizes: list[int], ks: list[int], block_size: int,
                  max_blocks_per_req: int, dtype: torch.dtype) -> None:
         self.drafter = drafter
         self.sizes = sorted(set(batch_sizes))

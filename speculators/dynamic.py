@@ -31,7 +31,7 @@ import numpy as np
 
 from speculators.acceptance import AcceptanceTracker, Queued, Removal, RequestAcceptance, fold_queue
 from speculators.interface import Proposal, ProposeInputs, Speculator
-from speculators.policy import DraftLengthPolicy
+from speculators.policy import DraftLengthPolicy, FixedK
 from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, has_own_costs, step_costs
 
 if TYPE_CHECKING:
@@ -100,11 +100,11 @@ class DynamicK(DraftLengthPolicy):
         self._settle_until = 0  # decide every DECIDE_EVERY steps until this step
         self._decide_at = 0  # a decision due at this step besides the regular ones (after an exploration)
         self._observed_at_decision: Optional[int] = None  # the cost model's `num_observed` at the last decision
-        # The fast path of `choose`: until step `_next_event` (a decision or exploration is due) and while the
-        # batch has `_rows` rows, the k is `_k`.
-        self._k, self._rows, self._next_event = 0, -1, 0
-        self.history: list[int] = []  # every k chosen (benchmarks plot it)
-        self.decisions: Optional[list[Decision]] = [] if record else None  # with record=True: every step's why
+        self._k = 0  # the k chosen last step
+        # Benchmarks only (record=True): every k chosen and every step's why. Off in the engine, where a list
+        # growing by one entry per step would leak in a long-running server.
+        self.history: Optional[list[int]] = [] if record else None
+        self.decisions: Optional[list[Decision]] = [] if record else None
 
     @classmethod
     def from_config(cls, config: "SpeculatorConfig", cost_model: Optional[CostModel] = None) -> "DynamicK":
@@ -156,16 +156,11 @@ class DynamicK(DraftLengthPolicy):
 
     def choose(self, request_ids: Sequence[str]) -> int:
         self._steps += 1
-        if self._steps < self._next_event and len(request_ids) == self._rows:  # nothing due: the k in use
-            k, reason = self._k, "keep"
-        else:
-            self._last_used[self._k] = self._steps - 1
-            k, reason = self._choose(request_ids)
-            self._k, self._rows, self._last_used[k] = k, len(request_ids), self._steps
-            # An exploration or a measurement is re-examined every step; otherwise nothing changes before then.
-            nxt = min(self._next_decision(), self._next_explore) if self.explore_every else self._next_decision()
-            self._next_event = 0 if reason in ("explore", "measure") else nxt
-        self.history.append(k)
+        self._last_used[self._k] = self._steps - 1
+        k, reason = self._choose(request_ids)
+        self._k, self._last_used[k] = k, self._steps
+        if self.history is not None:
+            self.history.append(k)
         if self.decisions is not None:  # what the decision used, nothing recomputed (host time is measured)
             if reason == "keep":
                 self.decisions.append(Decision(self._steps, len(request_ids), k, reason, (), (), ()))
@@ -180,12 +175,6 @@ class DynamicK(DraftLengthPolicy):
     def _decide_every(self) -> int:
         """Steps between regular decisions now: DECIDE_EVERY while settling after a bucket change."""
         return DECIDE_EVERY if self._steps < self._settle_until else DECIDE_EVERY_STEADY
-
-    def _next_decision(self) -> int:
-        """The next step at which `_choose` decides again (see `_choose`)."""
-        every = self._decide_every()
-        regular = (self._steps // every + 1) * every
-        return min(regular, self._decide_at) if self._decide_at > self._steps else regular
 
     def _choose(self, request_ids: Sequence[str]) -> tuple[int, str]:
         """(k, why: see `Decision.reason`)."""
@@ -306,3 +295,12 @@ class DynamicKSpeculator(Speculator):
 
     def propose(self, inputs: ProposeInputs) -> Proposal:
         return self.inner.propose(inputs)
+
+
+def build_draft_policy(config: "SpeculatorConfig") -> Optional[DraftLengthPolicy]:
+    """None without speculation, the dynamic-k policy for `method: dynamic`, else a fixed k."""
+    if config.method == "none":
+        return None
+    if config.method == "dynamic":
+        return DynamicK.from_config(config)
+    return FixedK(config.num_speculative_tokens)

@@ -9,37 +9,32 @@ hidden state back at the next position. Drafts are greedy (argmax). Nothing read
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
 from framework.attention import AttentionMetadata
+from speculators.draft_graphs import DraftStepGraphs
 from speculators.draft_heads import DraftHead
 from speculators.draft_inputs import prepare_draft_inputs
 from speculators.interface import ProposeInputs
 
-if TYPE_CHECKING:
-    from speculators.draft_graphs import DraftStepGraphs
-
 
 class HeadDrafter:
-    """Runs one `DraftHead` over the paged cache. `step_of(i)` picks the head step (layer) for draft i."""
+    """Runs one `DraftHead` over the paged cache, on one KV layer: every draft runs the head's step 0 (an MTP head
+    with several layers uses its first for all drafts)."""
 
     def __init__(self, head: DraftHead, max_num_reqs: int, max_model_len: int, device: torch.device,
-                 aux_layer_ids: tuple[int, ...] = (), single_layer: bool = True) -> None:
+                 aux_layer_ids: tuple[int, ...] = ()) -> None:
         self.head = head
         self.max_model_len = max_model_len
         self.aux_layer_ids = aux_layer_ids
-        self.single_layer = single_layer
         self.kv_cache: Optional[torch.Tensor] = None
-        self.graphs: Optional["DraftStepGraphs"] = None  # CUDA graphs of the draft steps (GPU)
+        self.graphs: Optional[DraftStepGraphs] = None  # CUDA graphs of the draft steps (GPU)
         self.query_start_loc = torch.arange(max_num_reqs + 1, dtype=torch.int32, device=device)  # one token per row
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         self.kv_cache = kv_cache
-
-    def _head_step(self, i: int) -> int:
-        return 0 if self.single_layer else i
 
     def _target_hidden(self, inputs: ProposeInputs) -> torch.Tensor:
         if not self.aux_layer_ids:
@@ -63,7 +58,7 @@ class HeadDrafter:
         if k == 0:
             return torch.zeros(num_rows, 0, dtype=torch.int64, device=hidden.device)
         hidden = hidden[draft.last_token_index]  # [R, H]
-        first = self.head.draft_token_ids(hidden, self._head_step(0))
+        first = self.head.draft_token_ids(hidden, 0)
         if k == 1:
             return first.unsqueeze(1)
         positions = batch.positions[draft.last_token_index]  # [R] last accepted position
@@ -95,13 +90,13 @@ class HeadDrafter:
         """
         assert self.kv_cache is not None, "bind_kv_cache before proposing"
         out = []
-        for i in range(1, k):
+        for _ in range(1, k):
             positions = positions + 1
             meta = self._single_token_metadata(block_tables, block_size, positions, stores & (positions < capacity),
                                                max_seq_len)
             hidden = self.head.forward_paged(tokens, hidden, positions.clamp(max=self.max_model_len - 1),
-                                             self.kv_cache, meta, step=self._head_step(i))
-            tokens = self.head.draft_token_ids(hidden, self._head_step(i))
+                                             self.kv_cache, meta, step=0)
+            tokens = self.head.draft_token_ids(hidden, 0)
             out.append(tokens)
         return torch.stack(out, dim=1)
 
@@ -125,8 +120,6 @@ class HeadDrafter:
         """Capture the draft steps for every padded batch size and k in 2..max_k (after `bind_kv_cache`)."""
         if max_k < 2 or not batch_sizes:
             return
-        from speculators.draft_graphs import DraftStepGraphs
-
         self.graphs = DraftStepGraphs(self, batch_sizes, list(range(2, max_k + 1)), block_size, max_blocks_per_req,
                                       dtype)
         self.graphs.capture()

@@ -9,10 +9,7 @@ pure decode step took (`observe_step`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Optional, Sequence
-
-if TYPE_CHECKING:
-    from framework.config import SpeculatorConfig
+from typing import Sequence
 
 
 class DraftLengthPolicy(ABC):
@@ -45,13 +42,3 @@ class FixedK(DraftLengthPolicy):
     def choose(self, request_ids: Sequence[str]) -> int:
         return self.max_k
 
-
-def build_draft_policy(config: "SpeculatorConfig") -> Optional[DraftLengthPolicy]:
-    """None without speculation, the dynamic-k policy for `method: dynamic`, else a fixed k."""
-    if config.method == "none":
-        return None
-    if config.method == "dynamic":
-        from speculators.dynamic import DynamicK
-
-        return DynamicK.from_config(config)
-    return FixedK(config.num_speculative_tokens)

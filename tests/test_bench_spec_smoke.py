@@ -75,7 +75,7 @@ def test_policy_host_bench_times_every_batch_size(tmp_path):
 
 
 def test_diag_dynamic_k_runs_every_policy_of_a_cell(tmp_path):
-    _script("diag_dynamic_k.py", "--smoke", "--cells", "greedy-repeat:2:3", "--repeats", "1", "--output-len", "8",
+    _script("diag/diag_dynamic_k.py", "--smoke", "--cells", "greedy-repeat:2:3", "--repeats", "1", "--output-len", "8",
             "--out", str(tmp_path))
     rows = json.loads((tmp_path / "diag_dynamic_k.json").read_text())["rows"]
     assert {r["policy"] for r in rows} == {"fixed", "shadow", "dynamic", "replay"}
@@ -84,7 +84,7 @@ def test_diag_dynamic_k_runs_every_policy_of_a_cell(tmp_path):
 
 
 def test_diag_host_speed_probes_every_cpu(tmp_path):
-    res = _script("diag_host_speed.py", "--seconds", "0.5", "--out", str(tmp_path))
+    res = _script("diag/diag_host_speed.py", "--seconds", "0.5", "--out", str(tmp_path))
     data = json.loads((tmp_path / "host_speed.json").read_text())
     assert len(data["probe_us"]) >= 1 and all(len(s) == 5 and min(s) > 0 for s in data["probe_us"].values())
     assert "slow CPUs per tick" in res.stdout

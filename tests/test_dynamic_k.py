@@ -12,8 +12,8 @@ import pytest
 
 from framework.config import load_config
 from speculators.acceptance import AcceptanceTracker, Removal, RequestAcceptance, fold_queue
-from speculators.dynamic import EXPLORE_STEPS, DynamicK
-from speculators.policy import FixedK, build_draft_policy
+from speculators.dynamic import EXPLORE_STEPS, DynamicK, build_draft_policy
+from speculators.policy import FixedK
 from speculators.step_cost import MeasuredCostModel, batch_bucket, step_costs
 
 MAX_K = 5
@@ -236,7 +236,7 @@ def test_acceptance_estimates_hold_while_nothing_is_drafted():
     tracker = AcceptanceTracker(2, decay=0.5, prior=0.5)
     tracker.observe([2] * 100, [0] * 100)
     assert tracker.rates()[0] < 0.01 and tracker.rates()[1] == 0.5  # position 1 was never attempted
-    policy = DynamicK(MAX_K, SyntheticCost(), explore_every=0)
+    policy = DynamicK(MAX_K, SyntheticCost(), explore_every=0, record=True)
     ids = _ids(8)
     _run(policy, 40, rows=8, accept_p=0.0, rng=random.Random(1))
     assert policy.history[-20:] == [0] * 20
@@ -365,3 +365,15 @@ def test_a_bucket_with_costs_of_its_own_is_not_resettled():
     assert [s for s in decided if s <= 40] == [1, 4, 8, 12, 16, 32]
     assert [s for s in decided if 40 < s <= 80] == [41, 44, 48, 52, 56, 64]
     assert [s for s in decided if s > 80] == [81, 96]
+
+
+def test_the_engines_policy_keeps_no_per_step_log():
+    """The policy the engine builds records nothing per step: a long-running server must not grow a list per step
+    (`record=True` is for benchmarks)."""
+    spec = load_config({"speculator": {"method": "dynamic", "num_speculative_tokens": 4}}).speculator
+    policy = build_draft_policy(spec)
+    assert isinstance(policy, DynamicK)
+    _run(policy, 300, rows=4, accept_p=0.7, rng=random.Random(3))
+    assert policy.history is None and policy.decisions is None
+    recorded = DynamicK(4, SyntheticCost(), record=True)
+    assert len(_run(recorded, 50, rows=4, accept_p=0.7, rng=random.Random(3))) == len(recorded.history) == 50

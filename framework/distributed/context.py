@@ -13,6 +13,9 @@ from typing import Any, Optional
 
 import torch
 
+MAX_MESSAGE_BYTES = 1 << 30  # a driver command above this is refused before allocating for it
+MAX_ERROR_BYTES = 4096  # a start-up error message is cut to this many UTF-8 bytes
+
 
 @dataclass(frozen=True)
 class ParallelContext:
@@ -23,7 +26,7 @@ class ParallelContext:
     rank: int = 0
     tp_group: Optional[Any] = None  # torch.distributed ProcessGroup of this stage's tensor ranks
     device_group: Optional[Any] = None  # all ranks, on the step's backend (nccl on GPUs, gloo on CPUs)
-    cpu_group: Optional[Any] = None  # all ranks, gloo: pickled commands from the driver (no timeout while idle)
+    cpu_group: Optional[Any] = None  # all ranks, gloo: the driver's encoded commands (no timeout while idle)
 
     @property
     def world_size(self) -> int:
@@ -104,13 +107,25 @@ class ParallelContext:
         dist.broadcast(packed, self.driver_rank, group=self.device_group)
         return packed[:, :-1], packed[:, -1].to(num_accepted.dtype)
 
-    def broadcast_command(self, command: Any = None) -> Any:
-        """Driver: send `command` (a picklable object) to every rank. Others: wait for it and return it."""
+    def broadcast_bytes(self, data: Optional[bytes] = None) -> bytes:
+        """Driver: send `data` to every rank. Others: wait for the driver's bytes and return them.
+
+        Two gloo broadcasts (length, then the bytes as uint8): no pickle, so a receiver gets bytes, never objects.
+        """
         import torch.distributed as dist
 
-        box = [command if self.is_driver else None]
-        dist.broadcast_object_list(box, src=self.driver_rank, group=self.cpu_group)
-        return box[0]
+        size = torch.tensor([len(data) if self.is_driver and data is not None else 0], dtype=torch.int64)
+        dist.broadcast(size, src=self.driver_rank, group=self.cpu_group)
+        n = int(size.item())
+        if not 0 <= n <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"a message of {n} bytes from the driver is out of range (max {MAX_MESSAGE_BYTES})")
+        if self.is_driver:
+            buf = torch.frombuffer(bytearray(data or b""), dtype=torch.uint8) if n else torch.zeros(0).byte()
+        else:
+            buf = torch.empty(n, dtype=torch.uint8)
+        if n:
+            dist.broadcast(buf, src=self.driver_rank, group=self.cpu_group)
+        return (data or b"") if self.is_driver else buf.numpy().tobytes()
 
     def min_over_ranks(self, value: int) -> int:
         """The smallest `value` over all ranks (e.g. KV blocks that fit every device)."""
@@ -123,15 +138,23 @@ class ParallelContext:
         return int(t.item())
 
     def gather_errors(self, error: Optional[str]) -> list[str]:
-        """Every rank's start-up error (None = fine), so all ranks stop together with the same message."""
+        """Every rank's start-up error (None = fine), so all ranks stop together with the same message.
+
+        UTF-8 text in padded uint8 tensors (an all-gather of lengths, then of the bytes): no pickle.
+        """
         if self.world_size == 1:
             return [error] if error else []
         import torch.distributed as dist
 
-        box: list[Optional[str]] = [None] * self.world_size
-        dist.all_gather_object(box, error, group=self.cpu_group)
-        return [f"rank {r}: {e}" for r, e in enumerate(box) if e]
-
+        mine = (error or "").encode()[:MAX_ERROR_BYTES]
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        dist.all_gather(sizes, torch.tensor([len(mine)], dtype=torch.int64), group=self.cpu_group)
+        width = max(1, max(int(s.item()) for s in sizes))
+        padded = torch.tensor(list(mine) + [0] * (width - len(mine)), dtype=torch.uint8)
+        bufs = [torch.zeros(width, dtype=torch.uint8) for _ in range(self.world_size)]
+        dist.all_gather(bufs, padded, group=self.cpu_group)
+        texts = [bytes(b[: int(s.item())].tolist()).decode(errors="replace") for b, s in zip(bufs, sizes)]
+        return [f"rank {r}: {e}" for r, e in enumerate(texts) if e]
 
 def stage_layers(num_layers: int, pp_rank: int, pp_size: int) -> range:
     """Layers of one pipeline stage: consecutive, as even as possible, earlier stages take the remainder."""

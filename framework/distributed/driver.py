@@ -1,8 +1,9 @@
 """The driver rank: the engine's runner under parallelism, repeating each call to every worker first.
 
 `DriverRunner` wraps the driver's own `ModelRunnerV2`. Each call the engine makes is first broadcast as a
-`Command` to the workers (pickled on the gloo group), then run locally, so every rank runs the same step on
-the same `SchedulerOutput` and joins the same collectives. Only the driver's `AsyncOutput` carries results.
+`Command` to the workers (typed msgpack on the gloo group, see `messages`), then run locally, so every rank
+runs the same step on the same `SchedulerOutput` and joins the same collectives. Only the driver's
+`AsyncOutput` carries results.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from framework.async_output import AsyncOutput
 from framework.config import ConfigError, Mrv2Config
 from framework.distributed.context import ParallelContext
 from framework.distributed.launch import (
-    RankPlace, check_parallel_config, free_port, init_groups, rank_device, spawn_workers, torchrun_place,
+    RankPlace, check_parallel_config, free_port, init_groups, rank_device, torchrun_place,
 )
-from framework.distributed.worker import Command, build_rank, leave_groups, serve
+from framework.distributed.messages import Command, encode_command
+from framework.distributed.worker import build_rank, leave_groups, serve, worker_main
 from framework.engine_setup import LoadedModel, read_model_config
 from framework.model_runner import ModelRunnerV2
 from framework.runner_interface import ModelRunner
@@ -28,6 +30,22 @@ from framework.scheduler_output import SchedulerOutput
 logger = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 30.0
+
+
+def spawn_workers(config: Mrv2Config, driver_rank: int, port: int) -> list[Any]:
+    """Start one process per rank other than `driver_rank`; each runs `framework.distributed.worker.worker_main`."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(config.parallel.world_size):
+        if rank == driver_rank:
+            continue
+        proc = ctx.Process(target=worker_main, args=(config, RankPlace(rank, rank, f"tcp://127.0.0.1:{port}")),
+                           name=f"mrv2-rank{rank}", daemon=True)
+        proc.start()
+        procs.append(proc)
+    return procs
 
 
 class _Workers:
@@ -42,7 +60,7 @@ class _Workers:
             return
         self.closed = True
         try:
-            self.ctx.broadcast_command(Command("shutdown"))
+            self.ctx.broadcast_bytes(encode_command(Command("shutdown")))
         except Exception as err:  # a rank already gone: nothing to tell it
             logger.warning("mrv2: could not tell every rank to shut down: %s", err)
         # Leave the groups before waiting for the workers: NCCL tears a communicator down collectively, so a
@@ -86,7 +104,7 @@ class DriverRunner(ModelRunner):
 
     def _send(self, command: Command) -> None:
         try:
-            self.ctx.broadcast_command(command)
+            self.ctx.broadcast_bytes(encode_command(command))
         except Exception as err:
             raise RuntimeError(f"a parallel rank is gone ({type(err).__name__}: {err}); the parallel engine cannot "
                                "continue: build a new one") from err
@@ -155,9 +173,4 @@ def start_parallel(config: Mrv2Config) -> tuple[LoadedModel, DriverRunner]:
     return loaded, DriverRunner(local, workers)
 
 
-def is_parallel(config: Mrv2Config) -> bool:
-    """True when the config asks for more than one rank."""
-    return config.parallel.world_size > 1
-
-
-__all__ = ["DriverRunner", "start_parallel", "is_parallel"]
+__all__ = ["DriverRunner", "start_parallel"]

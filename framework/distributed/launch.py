@@ -1,4 +1,4 @@
-"""Starting a parallel run: checks, rank devices, process groups, and spawning the worker processes.
+"""Starting a parallel run: checks, rank devices and process groups (the driver spawns the worker processes).
 
 mrv2 launches its ranks itself (one spawned process per rank besides this one, rendezvous on a free local
 port), or joins the ranks `torchrun` started (RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT).
@@ -108,20 +108,3 @@ def init_groups(config: Mrv2Config, place: RankPlace, device: torch.device) -> P
     cpu_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     return ParallelContext(tp, pp, place.rank, tp_group=tp_group, device_group=dist.group.WORLD, cpu_group=cpu_group)
 
-
-def spawn_workers(config: Mrv2Config, driver_rank: int, port: int) -> list[Any]:
-    """Start one process per rank other than `driver_rank`; each runs `framework.distributed.worker.worker_main`."""
-    import torch.multiprocessing as mp
-
-    from framework.distributed.worker import worker_main
-
-    ctx = mp.get_context("spawn")
-    procs = []
-    for rank in range(config.parallel.world_size):
-        if rank == driver_rank:
-            continue
-        proc = ctx.Process(target=worker_main, args=(config, RankPlace(rank, rank, f"tcp://127.0.0.1:{port}")),
-                           name=f"mrv2-rank{rank}", daemon=True)
-        proc.start()
-        procs.append(proc)
-    return procs

@@ -1,7 +1,8 @@
 """A rank that is not the driver: build its part of the model, then run the driver's commands until shutdown.
 
-The driver sends one command per call it makes on its runner (`broadcast_command` on the gloo group); the
-worker makes the same call on its own runner, so both run the same collectives in the same order. The
+The driver sends one command per call it makes on its runner (a msgpack `Command`, see `messages`, broadcast
+as bytes on the gloo group); the worker makes the same call on its own runner, so both run the same collectives
+in the same order. The
 `step` command carries the step's `SchedulerOutput`: every rank applies the same slot updates and staged
 writes, and advances by the driver's sampled tokens.
 """
@@ -12,24 +13,18 @@ import logging
 import os
 import sys
 import traceback
-from typing import Any, NamedTuple, Optional
+from typing import Optional
 
 import torch
 
 from framework.config import ConfigError, Mrv2Config
 from framework.distributed.context import ParallelContext
 from framework.distributed.launch import RankPlace, init_groups, rank_device
+from framework.distributed.messages import decode_command
 from framework.engine_setup import LoadedModel, load_model
 from framework.model_runner import ModelRunnerV2
 
 logger = logging.getLogger(__name__)
-
-
-class Command(NamedTuple):
-    """One call the driver makes on its runner, repeated by every worker."""
-
-    kind: str  # "step" | "kv_blocks" | "init_kv" | "graphs" | "shutdown"
-    payload: Any = None  # SchedulerOutput for "step", the number of blocks for "init_kv"
 
 
 def build_rank(config: Mrv2Config, ctx: ParallelContext, device: torch.device) -> tuple[LoadedModel, ModelRunnerV2]:
@@ -56,7 +51,7 @@ def build_rank(config: Mrv2Config, ctx: ParallelContext, device: torch.device) -
 def serve(runner: ModelRunnerV2, ctx: ParallelContext) -> None:
     """Run the driver's commands on `runner` until it sends "shutdown"."""
     while True:
-        command: Command = ctx.broadcast_command()
+        command = decode_command(ctx.broadcast_bytes())  # CommandDecodeError on anything but a valid command
         if command.kind == "shutdown":
             runner.release_cuda_graphs()
             return

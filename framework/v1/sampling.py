@@ -12,7 +12,8 @@ import torch
 
 from framework.v1.inputs import HostToDevice
 from framework.v1.persistent_batch import PersistentBatch
-from samplers import apply_min_p_reference, apply_top_k_top_p_reference, gumbel_sample_reference
+from samplers.gumbel import gumbel_sample_reference
+from samplers.top_k_top_p import apply_min_p_reference, apply_top_k_top_p_reference
 
 
 def sample_rows(

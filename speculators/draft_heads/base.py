@@ -61,10 +61,6 @@ class DraftHead(nn.Module):
             raise RuntimeError(f"the {self.kind} head has no {name} of its own: call share_target_weights first")
         return self._shared[name]
 
-    def needs_target_weights(self) -> list[str]:
-        """Names of target weights this head borrows ('embed_tokens', 'lm_head')."""
-        return []
-
     # ---- forwards ---------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: Optional[torch.Tensor] = None,
                 step: int = 0) -> torch.Tensor:
@@ -92,15 +88,6 @@ class DraftHead(nn.Module):
         return self.compute_logits(hidden, step).argmax(-1)
 
     # ---- geometry the engine asks for ------------------------------------------------------------------
-    @property
-    def num_kv_layers(self) -> int:
-        """Paged KV layers the head writes (one per decoder layer)."""
-        return 1
-
-    def kv_layer(self, step: int) -> int:
-        """Which of the head's KV layers draft step `step` uses."""
-        return 0
-
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (2, num_blocks, block_size, self.layer_config.num_kv_heads, self.layer_config.head_dim)
 

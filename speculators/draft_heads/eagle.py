@@ -53,9 +53,6 @@ class EagleHead(DraftHead):
         return cls(config, fc_bias="fc.bias" in names, input_norm="layers.0.input_layernorm.weight" in names,
                    own_embed="embed_tokens.weight" in names, own_lm_head="lm_head.weight" in names)
 
-    def needs_target_weights(self) -> list[str]:
-        return [n for n, own in (("embed_tokens", self.embed_tokens), ("lm_head", self.lm_head)) if own is None]
-
     def _run(self, input_ids: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              attend: Attend, step: int) -> torch.Tensor:
         embeds = nn.functional.embedding(input_ids, self._weight(self.embed_tokens, "embed_tokens")).to(hidden.dtype)

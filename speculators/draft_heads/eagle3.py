@@ -90,9 +90,6 @@ class Eagle3Head(DraftHead):
     def from_tensor_names(cls, config: dict[str, Any], names: set[str]) -> "Eagle3Head":
         return cls(config, own_embed="embed_tokens.weight" in names)
 
-    def needs_target_weights(self) -> list[str]:
-        return ["embed_tokens"] if self.embed_tokens is None else []
-
     def aux_layer_ids(self, target_num_layers: int) -> tuple[int, ...]:
         ids = aux_layer_ids_of(self.config)
         if ids is None:

@@ -96,18 +96,6 @@ class MTPHead(DraftHead):
     def layer(self, step: int) -> MTPLayer:
         return self.model.layers[str(self.first_layer_index + step % self.num_layers)]  # type: ignore[return-value]
 
-    def needs_target_weights(self) -> list[str]:
-        layers = [self.layer(i) for i in range(self.num_layers)]
-        return ([n for n, missing in (("embed_tokens", any(m.embed_tokens is None for m in layers)),
-                                      ("lm_head", any(m.shared_head.head is None for m in layers))) if missing])
-
-    @property
-    def num_kv_layers(self) -> int:
-        return self.num_layers
-
-    def kv_layer(self, step: int) -> int:
-        return step % self.num_layers
-
     def _run(self, input_ids: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              attend: Attend, step: int) -> torch.Tensor:
         layer = self.layer(step)

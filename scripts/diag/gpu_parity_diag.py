@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint  # noqa: E402
 
 from framework import LLM, SamplingParams  # noqa: E402

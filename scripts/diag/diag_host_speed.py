@@ -6,7 +6,7 @@ before and after.
 Prints, per CPU, the median probe and the fraction of ticks it was slow (over 1.5x its fastest), and how
 often the slow CPUs of one tick were all CPUs, some or none; writes every sample to `--out`/host_speed.json.
 
-    python scripts/diag_host_speed.py --seconds 20 --out /tmp/host
+    python scripts/diag/diag_host_speed.py --seconds 20 --out /tmp/host
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/
 from host_speed import probe_once_us  # noqa: E402
 
 

@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/
 from bench_policy_host import Clock  # noqa: E402
 from bench_spec import K_MAX, build_llm, pin_cpus, run_once, set_policy, warm_up, workload  # noqa: E402
 
@@ -138,7 +138,7 @@ def run_cell(llm, name: str, batch: int, best_k: int, repeats: int, output_len: 
     from speculators.policy import FixedK
 
     prompts, params = workload(name, batch, output_len, vocab, 1)
-    dynamic = DynamicK(K_MAX)
+    dynamic = DynamicK(K_MAX, record=True)  # its `history` is the k sequence `replay` replays
     replay = ReplayK(K_MAX)
     timed = TimedPolicy(dynamic)
     policies = {"fixed": FixedK(best_k), "shadow": ShadowK(DynamicK(K_MAX), best_k), "dynamic": timed,
