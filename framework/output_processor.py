@@ -36,6 +36,9 @@ class _OutputState:
     sent_prompt_logprobs: bool = False
     embedding: Optional[list[float]] = None  # an embedding request's vector, once its prompt is pooled
     metrics: Optional[RequestMetrics] = None  # arrival and first-token times (host clock)
+    # Emits nothing until it ends and needs no text on the way (final_only, no stop strings, no logprobs): once
+    # its first token is timed, its running steps are skipped; its text is decoded once when it finishes.
+    quiet: bool = False
 
 
 class OutputProcessor:
@@ -62,6 +65,8 @@ class OutputProcessor:
             prompt_logprobs=prompt_lp,
             num_prompt_logprobs_missing=max(request.num_prompt_tokens - 1, 0) if prompt_lp is not None else 0,
             metrics=RequestMetrics(arrival_time=time.perf_counter()),
+            quiet=(params.output_kind == "final_only" and not params.stop and params.logprobs is None
+                   and params.prompt_logprobs is None and request.pooling_params is None),
         )
 
     def process(self, runner_output: ModelRunnerOutput) -> list[RequestOutput | PoolingRequestOutput]:
@@ -71,6 +76,8 @@ class OutputProcessor:
             state = self._states.get(request_id)
             if state is None:
                 continue  # aborted earlier
+            if state.quiet and not state.request.status.is_finished and state.num_tokens_seen:
+                continue  # nothing to report before it ends (at batch 256 most rows of most steps)
             if request_id in runner_output.pooled:
                 state.embedding = runner_output.pooled[request_id]
             if request_id in runner_output.prompt_logprobs:

@@ -1,0 +1,45 @@
+"""The output processor skips quiet rows while they run and still gives their exact final output."""
+
+from __future__ import annotations
+
+from framework.async_output import ModelRunnerOutput
+from framework.output_processor import OutputProcessor
+from framework.request import Request, RequestStatus
+from framework.sampling_params import SamplingParams
+from framework.tokenizer import ByteTokenizer
+
+
+class _Scheduler:
+    def finish_request(self, request_id, status):  # type: ignore[no-untyped-def]
+        raise AssertionError("no stop string here")
+
+
+def test_quiet_rows_are_skipped_while_running_and_decoded_once_at_the_end(monkeypatch):
+    op = OutputProcessor(ByteTokenizer(), _Scheduler())
+    quiet = Request("q", [1], SamplingParams(max_tokens=8))
+    stream = Request("s", [1], SamplingParams(max_tokens=8, output_kind="delta"))
+    logged = Request("l", [1], SamplingParams(max_tokens=8, logprobs=0))
+    requests = [quiet, stream, logged]
+    for r in requests:
+        r.status = RequestStatus.RUNNING
+        op.add_request(r)
+    seen: list[str] = []
+    add_tokens = op._add_tokens
+    monkeypatch.setattr(op, "_add_tokens", lambda state, lp: (seen.append(state.request.request_id),
+                                                              add_tokens(state, lp)))
+    text = "hello!"
+    outputs = []
+    for i, ch in enumerate(text):
+        for r in requests:
+            r.output_token_ids.append(ord(ch))
+        if i == len(text) - 1:
+            for r in requests:
+                r.status = RequestStatus.FINISHED_LENGTH
+        outputs += op.process(ModelRunnerOutput([r.request_id for r in requests], [[ord(ch)]] * 3))
+    assert seen.count("q") == 2  # its first token (timed) and its end; every step of the others
+    assert seen.count("s") == seen.count("l") == len(text)
+    finals = {o.request_id: o for o in outputs if o.finished}
+    assert finals["q"].text == text and finals["q"].token_ids == [ord(c) for c in text]
+    assert finals["q"].metrics.first_token_time is not None
+    assert "".join(o.text for o in outputs if o.request_id == "s") == text
+    assert not [o for o in outputs if o.request_id == "q" and not o.finished]
