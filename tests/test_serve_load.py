@@ -115,3 +115,33 @@ def test_tensor_parallel_engine_behind_the_server():
         got = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=12, temperature=0)
         assert got.choices[0].text == want
         assert server.stop(timeout=30) == 0
+
+
+def test_a_stream_that_leaves_before_its_first_token_is_aborted():
+    """A queued stream whose client goes away before any token leaves the engine's queue (no slot, no blocks)."""
+    import json
+    import socket
+
+    import httpx
+
+    with ServerProcess("scheduler.max_num_seqs=1") as server:
+        body = {"prompt": "def long(x):", "max_tokens": 1000, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as running:
+            lines = running.iter_lines()  # kept: a dropped iterator would close this stream
+            assert next(lines).startswith("data: ")  # it holds the only slot
+            host, port = server.url.removeprefix("http://").split(":")
+            payload = json.dumps(body).encode()
+            queued = socket.create_connection((host, int(port)), timeout=10)  # answered only at its first token
+            queued.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+            deadline = time.monotonic() + 10
+            while _gauges(server)["mrv2:num_requests_waiting"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            g = _gauges(server)
+            assert g["mrv2:num_requests_waiting"] == 1, (g, server.stderr_tail())
+            queued.close()  # the client leaves before its first token
+            deadline = time.monotonic() + 10
+            while _gauges(server)["mrv2:num_requests_waiting"] > 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            g = _gauges(server)
+            assert g["mrv2:num_requests_waiting"] == 0 and g["mrv2:num_requests_running"] == 1

@@ -127,6 +127,14 @@ class EngineClient:
             queue.put_nowait(RequestFailed(message, kind))
 
     async def _read(self) -> None:
+        try:
+            await self._route()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # an undecodable message: nothing more can be routed, so nothing may wait
+            self._mark_dead(f"the engine's output could not be read: {type(err).__name__}: {err}")
+
+    async def _route(self) -> None:
         while True:
             message = self._codec.decode(await self._outputs.recv())
             if isinstance(message, EngineOutputs):

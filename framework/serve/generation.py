@@ -88,15 +88,19 @@ class Generation:
                 if await is_disconnected():  # type: ignore[misc]
                     raise asyncio.CancelledError("the client disconnected") from None
 
-    async def events(self, is_disconnected: Optional[Callable[[], Awaitable[bool]]] = None
-                     ) -> AsyncIterator[list[SequenceEvent]]:
+    async def events(self, is_disconnected: Optional[Callable[[], Awaitable[bool]]] = None,
+                     watch_until_first: bool = False) -> AsyncIterator[list[SequenceEvent]]:
         """Batches of events until every sequence ends; raises `ApiError` if the engine refuses or fails it.
 
         Each wake-up takes every delta already queued: a consumer that fell behind the engine catches up with
-        one event per sequence (several tokens at once) instead of one per engine step."""
+        one event per sequence (several tokens at once) instead of one per engine step. `is_disconnected` is
+        polled while waiting (only until the first batch with `watch_until_first`: a started stream learns of a
+        disconnect from its HTTP response, which closes this generator)."""
         try:
             while self._running:
                 items = [await self._next(is_disconnected)]
+                if watch_until_first:
+                    is_disconnected = None
                 while not self._queue.empty():
                     items.append(self._queue.get_nowait())
                 touched: dict[int, _Sequence] = {}

@@ -74,7 +74,7 @@ async def _respond(gen: Generation, request: Request, stream: bool, chunk: Any, 
                    ) -> Union[StreamingResponse, dict[str, Any]]:
     if not stream:
         return body(await _collect(gen, request))
-    events = gen.events()
+    events = gen.events(request.is_disconnected, watch_until_first=True)  # a client may leave before its first token
     try:
         first = await events.__anext__()
     except BaseException:
