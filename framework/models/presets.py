@@ -16,6 +16,8 @@ geometry: Qwen3-30B-A3B's shapes (48 layers, hidden 2048, 128 experts of interme
 
 from __future__ import annotations
 
+import copy
+
 from typing import Any
 
 BYTE_EOS_ID = 256
@@ -38,21 +40,26 @@ def _whisper_preset(d_model: int, layers: int, heads: int, ffn: int) -> dict[str
     }
 
 
+# The geometry of the byte-level tiny test models (dense and MoE).
+_TINY_DECODER: dict[str, Any] = {
+    "vocab_size": 320,
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 1024,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "tie_word_embeddings": True,
+    "eos_token_id": BYTE_EOS_ID,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "random_tiny": {
+        **_TINY_DECODER,
         "architectures": ["Qwen3ForCausalLM"],
-        "vocab_size": 320,
-        "hidden_size": 64,
-        "intermediate_size": 176,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 1024,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-        "tie_word_embeddings": True,
-        "eos_token_id": BYTE_EOS_ID,
         # At HF's usual 0.02 the tied embedding of the last token outweighs everything attention adds, so greedy
         # output echoed the last prompt token and the engine tests could not see attention or KV bugs. At 0.2
         # attention moves the argmax: changing the first prompt token changes later greedy tokens.
@@ -132,23 +139,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eos_token_id": BYTE_EOS_ID,
     },
     "qwen3-moe-tiny": {
+        **_TINY_DECODER,
         "architectures": ["Qwen3MoeForCausalLM"],
-        "vocab_size": 320,
-        "hidden_size": 64,
-        "intermediate_size": 176,
         "moe_intermediate_size": 48,
         "num_experts": 8,
         "num_experts_per_tok": 2,
         "norm_topk_prob": True,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 1024,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-        "tie_word_embeddings": True,
-        "eos_token_id": BYTE_EOS_ID,
     },
     "qwen3-30b-a3b": {
         "architectures": ["Qwen3MoeForCausalLM"],
@@ -181,4 +177,4 @@ def preset_config(name: str) -> dict[str, Any]:
 
         known = sorted(set(PRESETS) | set(SHIPPED_MODELS))
         raise ValueError(f"unknown model.preset '{name}'; embedded presets: {', '.join(known)}")
-    return dict(PRESETS[name])
+    return copy.deepcopy(PRESETS[name])  # callers may edit it (nested dicts are shared between presets)
