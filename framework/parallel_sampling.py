@@ -10,9 +10,9 @@ sequence 0 of `n=4` agree) and sequence i with a seed derived from (seed, i).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, TypeVar
+from typing import Sequence, TypeVar
 
-from framework.request import CompletionOutput, RequestOutput
+from framework.request import RequestOutput
 from framework.sampling_params import SamplingParams
 
 CHILD_SEPARATOR = "#"  # child id = parent id + "#" + index; parents with n == 1 keep their own id
@@ -103,10 +103,4 @@ def merge_sequences(outputs: Sequence[RequestOutput]) -> RequestOutput:
     return dataclasses.replace(first, sequences=[o.outputs[0] for o in ordered])
 
 
-def sequence_count(params: Optional[SamplingParams]) -> int:
-    """How many sequences (final outputs) a request with `params` produces (an embedding request: one)."""
-    return 1 if params is None else params.n
-
-
-__all__ = ["CHILD_SEPARATOR", "CompletionOutput", "ParallelSamplingTable", "child_request_id", "child_seed", "fan_out",
-           "merge_sequences", "sequence_count"]
+__all__ = ["CHILD_SEPARATOR", "ParallelSamplingTable", "child_request_id", "child_seed", "fan_out", "merge_sequences"]

@@ -66,10 +66,6 @@ class EngineClient:
         self._stopping = False
 
     @property
-    def pid(self) -> Optional[int]:
-        return self._process.pid if self._process is not None else None
-
-    @property
     def num_in_flight(self) -> int:
         return len(self._queues)
 
