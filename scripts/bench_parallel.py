@@ -1,10 +1,11 @@
-"""Tensor / pipeline parallel scaling on the "nano" workload: TP=1 vs TP=2 (and PP=2), Qwen3-0.6B and Qwen3-8B.
+"""Tensor / pipeline parallel scaling on the "nano" workload: TP=1 vs TP=2/TP=4 and PP=2, Qwen3-0.6B and Qwen3-8B.
 
 Each case is one `mrv2 bench experiment=nano ...` in its own process (fresh GPUs, fresh process group); this
 script collects their `bench.json`, prints a table of output / total tokens per second with the scaling against
 TP=1 of the same model, and writes `parallel.json` and `parallel.png` into `--out`.
 
     python3 scripts/bench_parallel.py --out bench_results/parallel            # needs 2 GPUs, 5-7 minutes
+    python3 scripts/bench_parallel.py --out /tmp/pp --cases 0.6b-pp2 8b-pp2 --num-requests-pp 64
     python3 scripts/bench_parallel.py --out /tmp/p --cases 0.6b-tp1 --num-requests 8 --device cpu  # smoke
 
 Random bf16 weights (model presets `qwen3-0.6b`, `qwen3-8b`); no HF baseline, no idle probe.
@@ -32,13 +33,35 @@ class Case(NamedTuple):
     pp: int
 
 
-CASES = [  # PP=2 last: it is the one to drop when time is short
+CASES = [  # the default run: the 2-GPU cases; PP=2 last, it is the one to drop when time is short
     Case("0.6b-tp1", "qwen3-0.6b", 1, 1),
     Case("0.6b-tp2", "qwen3-0.6b", 2, 1),
     Case("8b-tp1", "qwen3-8b", 1, 1),
     Case("8b-tp2", "qwen3-8b", 2, 1),
     Case("0.6b-pp2", "qwen3-0.6b", 1, 2),
 ]
+EXTRA_CASES = [  # asked for by name: their own job (PP runs eagerly and slower), or 4 GPUs
+    Case("8b-pp2", "qwen3-8b", 1, 2),
+    Case("8b-tp4", "qwen3-8b", 4, 1),
+]
+
+
+def gpus_available(device: str) -> int:
+    """GPUs this host has (without initialising CUDA in this process); CPU runs use processes instead."""
+    if device == "cpu":
+        return 1 << 10
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def num_requests_for(case: Case, args: argparse.Namespace) -> int | None:
+    """The per-case request count: the PP override first, then the 8B one, then the common one (or the bench's)."""
+    if case.pp > 1 and args.num_requests_pp:
+        return args.num_requests_pp
+    if case.preset == "qwen3-8b" and args.num_requests_8b:
+        return args.num_requests_8b
+    return args.num_requests
 
 
 def run_case(case: Case, out: Path, num_requests: int | None, device: str, timeout_s: int) -> dict:
@@ -128,17 +151,22 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--cases", nargs="+", default=[c.name for c in CASES], choices=[c.name for c in CASES])
+    parser.add_argument("--cases", nargs="+", default=[c.name for c in CASES],
+                        choices=[c.name for c in CASES + EXTRA_CASES])
     parser.add_argument("--num-requests", type=int, default=None, help="override bench.num_requests (all cases)")
     parser.add_argument("--num-requests-8b", type=int, default=None, help="override for the 8B cases only")
+    parser.add_argument("--num-requests-pp", type=int, default=None, help="override for the PP cases (first)")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--timeout", type=int, default=140, help="seconds per case (start-up included)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for case in (c for c in CASES if c.name in args.cases):
-        n = args.num_requests_8b if case.preset == "qwen3-8b" and args.num_requests_8b else args.num_requests
-        rows.append(run_case(case, args.out, n, args.device, args.timeout))
+    rows, gpus = [], gpus_available(args.device)
+    for case in (c for c in CASES + EXTRA_CASES if c.name in args.cases):
+        if case.tp * case.pp > gpus:  # said in the table, not silently dropped
+            rows.append({"case": case.name, "preset": case.preset, "tp": case.tp, "pp": case.pp,
+                         "error": f"needs {case.tp * case.pp} GPUs, this host has {gpus}"})
+            continue
+        rows.append(run_case(case, args.out, num_requests_for(case, args), args.device, args.timeout))
     add_scaling(rows)
     print(table(rows))
     (args.out / "parallel.json").write_text(json.dumps({"rows": rows}, indent=2))

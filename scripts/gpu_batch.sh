@@ -53,6 +53,14 @@ for j in "$@"; do
         python3 scripts/bench_parallel_commands.py --rows 256 --iters 1000" ;;
     parallel) job $j 330 python3 scripts/bench_parallel.py --out "$res/parallel" --cases 0.6b-tp1 0.6b-tp2 8b-tp1 8b-tp2 \
         0.6b-pp2 --num-requests-8b 128 --timeout 110 ;;
+    # Issue 29's runs on several GPUs: PP=2 on its own (eager, slower; fewer requests so it ends in time), TP=4
+    # (nvidia-h200-x4), and the server at TP=2.
+    parallel_pp) job $j 330 python3 scripts/bench_parallel.py --out "$res/parallel_pp" --cases 0.6b-tp1 0.6b-pp2 \
+        8b-pp2 --num-requests 128 --num-requests-8b 64 --timeout 150 ;;
+    parallel_tp4) job $j 330 python3 scripts/bench_parallel.py --out "$res/parallel_tp4" --cases 8b-tp1 8b-tp2 8b-tp4 \
+        --num-requests-8b 128 --timeout 140 ;;
+    serve_tp2) job $j 420 python3 -m framework.cli bench experiment=serve_nano parallel.tensor_parallel_size=2 \
+        bench.output_dir="$res/serve_tp2" ;;
     serve) job $j 420 python3 -m framework.cli bench experiment=serve_nano bench.output_dir="$res/serve" ;;
     nano) job $j 330 python3 -m framework.cli bench experiment=nano bench.output_dir="$res/nano" ;;
     gpu_tests_engine) job $j 200 python3 -m pytest -q tests/gpu/test_sampler_gpu.py tests/gpu/test_gpu_engine.py \
