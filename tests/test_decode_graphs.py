@@ -23,7 +23,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -36,8 +35,12 @@ from model_states.interface import GraphBatch
 
 try:
     from fake_graphs import EagerReplayCapturer
+    from graph_lockstep import (check_exercised, hybrid_scenarios, lockstep, record_preemptions, record_replays,
+                                record_snapshot_copies, workload)
 except ImportError:  # tests/ collected as a package
     from tests.fake_graphs import EagerReplayCapturer
+    from tests.graph_lockstep import (check_exercised, hybrid_scenarios, lockstep, record_preemptions,
+                                      record_replays, record_snapshot_copies, workload)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,121 +98,23 @@ def test_static_buffers_and_padding_rows() -> None:
 # ---- Mamba hybrid: replay equals eager, step by step -------------------------------------------------------
 
 HYBRID = dict(device="cpu", dtype="float32", seed=0, max_num_seqs=6, max_model_len=64, async_scheduling=True)
-SCENARIOS: dict[str, dict[str, Any]] = {
-    "join_leave": {},
-    "preempt": {"block_size": 4, "num_kv_blocks": 8, "max_model_len": 32},  # fewer blocks than the requests need: preemption
-    "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-                                     "prompt_lookup_max": 2}},
-    "prefix": {"block_size": 4, "enable_prefix_caching": True},
-    "prefix_ngram": {"block_size": 4, "enable_prefix_caching": True, "speculative_config": {
-        "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 2}},
-}
-
-
-def _workload(scenario: str) -> list[tuple[int, list[int], SamplingParams]]:
-    """(arrival step, prompt, params): staggered arrivals, different lengths, greedy and seeded rows."""
-    rng = np.random.default_rng(3)
-    shared = rng.integers(0, 250, 12).tolist()
-    out = []
-    for i in range(9):
-        if scenario == "ngram":
-            prompt = [7, 8, 9, 10] * 3 + [7, 8]  # repeats: ngram proposes drafts
-        elif scenario == "prefix_ngram":
-            prompt = [7, 8, 9, 10] * 3 + rng.integers(0, 250, int(rng.integers(1, 6))).tolist() + [7, 8]
-        elif scenario == "prefix":
-            prompt = shared + rng.integers(0, 250, int(rng.integers(1, 6))).tolist()
-        else:
-            prompt = rng.integers(0, 250, int(rng.integers(3, 14))).tolist()
-        params = SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=int(rng.integers(4, 14)),
-                                ignore_eos=True)
-        out.append(((i if scenario == "ngram" else 2 * i) if i < 6 else 12 + i, prompt, params))
-    return out
+SCENARIOS = hybrid_scenarios(block_size=4)
 
 
 def _hybrid(with_graphs: bool, **kwargs: Any) -> LLM:
     llm = LLM("jamba-tiny", **{**HYBRID, **kwargs})
     if with_graphs:
         llm.engine.runner.capture_cuda_graphs(EagerReplayCapturer())
-        assert llm.engine.runner.cuda_graphs is not None
     return llm
-
-
-def _snapshot_counter(state) -> list[int]:  # type: ignore[no-untyped-def]
-    """Counts snapshots the state copies outside a graph."""
-    counts = [0, 0]  # from the slots, from the tails
-    copy = state._copy_snapshots
-
-    def counted(batch, snapshots, tails):  # type: ignore[no-untyped-def]
-        counts[tails is not None] += len(snapshots)
-        copy(batch, snapshots, tails)
-
-    state._copy_snapshots = counted
-    return counts
-
-
-def _replays(llm: LLM) -> list[tuple[int, int, int]]:
-    """Records (real rows, padded rows, tokens per row) of every replay."""
-    graphs = llm.engine.runner.cuda_graphs
-    log: list[tuple[int, int, int]] = []
-    run = graphs.run
-
-    def recorded(size, ids, pos, meta, **kw):  # type: ignore[no-untyped-def]
-        log.append((meta.num_rows, size, meta.num_tokens // meta.num_rows))
-        return run(size, ids, pos, meta, **kw)
-
-    graphs.run = recorded
-    return log
-
-
-def _lockstep(eager: LLM, graphed: LLM, scenario: str) -> dict[str, list[int]]:
-    """Both engines through the same arrivals; after every step the real slots' states must agree."""
-    work = _workload(scenario)
-    a, b = eager.engine, graphed.engine
-    sa, sb = a.runner.model_state, b.runner.model_state
-    real = slice(0, sa.max_num_reqs)
-    tokens: dict[str, list[int]] = {}
-    step = 0
-    while step < 200 and (work or a.has_unfinished_requests() or b.has_unfinished_requests()):
-        for arrival, prompt, params in [w for w in work if w[0] == step]:
-            for engine in (a, b):
-                engine.add_request(f"r{arrival}", prompt, params)
-        work = [w for w in work if w[0] != step]
-        outs = [{o.request_id: list(o.token_ids) for o in engine.step()} for engine in (a, b)]
-        assert outs[0] == outs[1], f"step {step}: tokens differ"
-        tokens.update(outs[0])
-        torch.testing.assert_close(sb.conv_state[:, real], sa.conv_state[:, real], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(sb.ssm_state[:, real], sa.ssm_state[:, real], rtol=1e-5, atol=1e-6)
-        if sa.ssm_snapshots is not None:
-            torch.testing.assert_close(sb.ssm_snapshots, sa.ssm_snapshots, rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(sb.conv_snapshots, sa.conv_snapshots, rtol=1e-5, atol=1e-6)
-        step += 1
-    assert not work and not a.has_unfinished_requests()
-    return tokens
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_hybrid_graph_replay_equals_eager(scenario: str) -> None:
-    kwargs = SCENARIOS[scenario]
-    eager, graphed = _hybrid(False, **kwargs), _hybrid(True, **kwargs)
-    replays = _replays(graphed)
-    snapshots = _snapshot_counter(graphed.engine.runner.model_state)
-    scheduler, preempted = graphed.engine.scheduler, []
-    preempt = scheduler._preempt
-    scheduler._preempt = lambda request: (preempted.append(request.request_id), preempt(request))[1]
-    tokens = _lockstep(eager, graphed, scenario)
-    assert len(tokens) == 9 and all(tokens.values())
-    assert graphed.engine.runner.eager_forwards < eager.engine.runner.eager_forwards
-    assert any(rows < size for rows, size, _ in replays), "no replay had padding rows"
-    if "ngram" in scenario:
-        assert any(q > 1 and rows < size for rows, size, q in replays), "no padded replay verified drafts"
-        assert graphed.get_metrics()["spec_decode"]["num_accepted_tokens"] > 0
-    assert bool(preempted) == (scenario == "preempt")
-    if "prefix" in scenario:
-        if scenario == "prefix":
-            assert snapshots[0] > 0, "no snapshot was copied from a slot around a replay"
-        else:  # with drafts: after the first token of a row verifying drafts
-            assert snapshots[1] > 0, "no snapshot was copied from a tail"
-        assert graphed.engine.prefix_cache_stats.hits > 0
+    eager, graphed = _hybrid(False, **SCENARIOS[scenario]), _hybrid(True, **SCENARIOS[scenario])
+    replays, snapshots = record_replays(graphed), record_snapshot_copies(graphed)
+    preempted = record_preemptions(graphed)
+    tokens = lockstep(eager, graphed, workload(scenario))
+    check_exercised(scenario, eager, graphed, tokens, replays, snapshots, preempted)
 
 
 def test_padding_rows_on_a_real_slot_are_caught() -> None:
@@ -217,7 +122,7 @@ def test_padding_rows_on_a_real_slot_are_caught() -> None:
     eager, graphed = _hybrid(False), _hybrid(True)
     graphed.engine.runner.cuda_graphs.dummy_slot = 0
     with pytest.raises(AssertionError, match="Tensor-likes are not close|tokens differ"):
-        _lockstep(eager, graphed, "join_leave")
+        lockstep(eager, graphed, workload("join_leave"))
 
 
 def test_hybrid_states_keep_a_dummy_slot_no_request_owns() -> None:
@@ -233,25 +138,29 @@ def test_hybrid_states_keep_a_dummy_slot_no_request_owns() -> None:
 
 
 def test_whisper_graph_replay_equals_hf(tmp_path: Path) -> None:
+    """Requests joining and leaving (4 slots, 6 requests of different lengths), padding rows, a preemption (the
+    resumed request is encoded again); the dummy slot's cross K/V is never written."""
     try:
         import whisper_models as wm
     except ImportError:
         from tests import whisper_models as wm
 
     hf = wm.save_tiny_whisper(tmp_path, seed=2)
-    audio = [wm.synthetic_audio(s, seed=i) for i, s in enumerate([0.3, 0.8, 0.5])]
-    expected = [wm.hf_transcribe(hf, wm.hf_features(a), 10) for a in audio]
-    llm = LLM(str(tmp_path), device="cpu", dtype="float32", seed=0, max_model_len=32, max_num_seqs=4)
+    audio = [wm.synthetic_audio(s, seed=i) for i, s in enumerate([0.2, 0.5, 0.8, 1.0, 0.3, 0.6])]
+    lengths = (24, 9, 17, 5, 24, 12)
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", seed=0, max_model_len=40, max_num_seqs=4, block_size=16,
+              num_kv_blocks=5)
     llm.engine.runner.capture_cuda_graphs(EagerReplayCapturer())
-    replays = _replays(llm)
+    replays, preempted = record_replays(llm), record_preemptions(llm)
     outs = llm.generate([{"audio": (a, wm.SAMPLING_RATE)} for a in audio],
-                        SamplingParams(temperature=0.0, max_tokens=10), use_tqdm=False)
-    got = [list(o.token_ids)[:-1] if o.finish_reason == "stop" and o.token_ids[-1] == wm.EOS_ID
-           else list(o.token_ids) for o in outs]
-    assert got == expected
+                        [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths], use_tqdm=False)
+    for a, n, out in zip(audio, lengths, outs):
+        got = list(out.token_ids)
+        assert (got[:-1] if got and got[-1] == wm.EOS_ID else got) == wm.hf_transcribe(hf, wm.hf_features(a), n)
     assert any(rows < size for rows, size, _ in replays), "no replay had padding rows"
     state = llm.engine.runner.model_state
-    assert not state.cross_kv[:, :, state.graph_dummy_slot * state.blocks_per_slot:].any()  # never written
+    assert preempted and state.num_encoder_runs > len(audio)
+    assert not state.cross_kv[:, :, state.graph_dummy_slot * state.blocks_per_slot:].any()
 
 
 # ---- the interface for third-party states ------------------------------------------------------------------
