@@ -46,6 +46,8 @@ class BenchResult:
     prefix_cache_hits: Optional[int] = None  # of them, served from the cache
     # Triton kernel variants compiled during the timed run (kernel -> count): should be empty after the warm-up.
     compiles_during_run: Optional[dict[str, int]] = None
+    # Forwards of the timed run that ran eagerly (no captured decode graph fits: prefills, mixed steps), mrv2 only.
+    eager_forwards: Optional[int] = None
 
     @property
     def output_tok_per_s(self) -> float:
@@ -116,11 +118,13 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
     warm_up(llm, bench)
     stats_before = llm.prefix_cache_stats
     compiled_before = compiled_variants()
+    eager_before = getattr(llm.engine.runner, "eager_forwards", 0)
     _sync(device)
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=True)
     _sync(device)
     seconds = time.perf_counter() - start
+    eager = getattr(llm.engine.runner, "eager_forwards", None)
     stats = llm.prefix_cache_stats
     caching = llm.engine.kv_cache.enable_prefix_caching
     return BenchResult(
@@ -132,6 +136,7 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
         prefix_cache_queries=stats.queries - stats_before.queries,
         prefix_cache_hits=stats.hits - stats_before.hits,
         compiles_during_run=new_variants(compiled_before, compiled_variants()),
+        eager_forwards=eager - eager_before if eager is not None else None,
         **ttft_summary(outputs),
     )
 
@@ -271,6 +276,8 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     print(format_table(results), flush=True)  # before the baselines: a failing baseline cannot hide it
     if results[0].compiles_during_run:
         print(f"note: Triton compiled kernels during the timed run: {results[0].compiles_during_run}")
+    if results[0].eager_forwards is not None:
+        print(f"forwards run eagerly during the timed run (no decode graph): {results[0].eager_forwards}")
     extra: dict = {}
     spec = llm.get_metrics()["spec_decode"]
     if config.bench.decode_idle_batch and llm.engine.loaded.device.type == "cuda":

@@ -50,6 +50,8 @@ def run_prefix_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     print(format_table(results))
+    print("forwards run eagerly during the timed runs (no decode graph): "
+          + ", ".join(f"{r.engine} {r.eager_forwards}" for r in results))
     off, on = results
     if off.ttft_p50_s and on.ttft_p50_s:
         print(f"prefix caching off/on: TTFT p50 {off.ttft_p50_s / on.ttft_p50_s:.2f}x; "

@@ -5,6 +5,7 @@ Read `execute_model` and `sample_tokens` top to bottom: each is a numbered list 
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -14,7 +15,7 @@ from framework.async_output import AsyncOutput
 from framework.attention import AttentionMetadata
 from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
-from framework.cuda_graphs import DecodeCudaGraphs
+from framework.cuda_graphs import DecodeCudaGraphs, GraphCapturer
 from framework.engine_setup import LoadedModel
 from framework.input_batch import InputBatch, build_input_batch
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
@@ -22,7 +23,7 @@ from framework.kernels.input_prep import compute_num_sampled, post_update, token
 from framework.request_state import RequestState
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from model_states import select_model_state
+from model_states import ModelState, select_model_state
 from samplers.logits_processors import build_logits_processors
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
@@ -32,6 +33,7 @@ from samplers.structured.state import StructuredOutputsState
 from speculators import ProposeInputs, Speculator, build_speculator
 from speculators.rejection_sampler import rejection_sample
 
+logger = logging.getLogger(__name__)
 
 class _ExecuteState(NamedTuple):
     """What `execute_model` hands to `sample_tokens`."""
@@ -118,22 +120,30 @@ class ModelRunnerV2(ModelRunner):
             self.speculator.bind_kv_caches([torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
                                             for _ in range(self.num_draft_kv_layers)])
 
-    def capture_cuda_graphs(self) -> None:
-        """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`); call after the KV cache exists."""
+    def capture_cuda_graphs(self, capturer: Optional[GraphCapturer] = None) -> None:
+        """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`); call after the KV cache exists.
+        `capturer` replaces CUDA graph capture (CPU tests replay by running the captured step again)."""
         rc = self.config.runner
-        if self.device.type != "cuda" or not rc.cuda_graphs or self.parallel.pp_size > 1:
+        if (self.device.type != "cuda" and capturer is None) or not rc.cuda_graphs or self.parallel.pp_size > 1:
             return  # pipeline stages pass hidden states between ranks outside the forward: they run eagerly
-        if not self.model_state.decode_cuda_graphs:
-            return  # its forward reads per-slot extra inputs (cross-attention K/V, recurrent state): runs eagerly
+        reason = self.model_state.cuda_graph_unsupported_reason()
+        if reason is not None:
+            logger.info("decode runs without CUDA graphs: %s", reason)
+            return
         max_reqs = self.config.scheduler.max_num_seqs
         sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
+        state = self.model_state
+        # A state without graph inputs reads no slot in the forward: the graphs need no idx_mapping then.
+        with_inputs = type(state).prepare_graph_inputs is not ModelState.prepare_graph_inputs
         self.cuda_graphs = DecodeCudaGraphs(
             self._forward_with_aux, self.kv_caches, sizes, self.block_tables.max_blocks_per_req,
             self.config.cache.block_size, self.loaded.max_model_len, self.device,
             tokens_per_row=self._graph_tokens_per_row(),
+            graph_inputs=state.prepare_graph_inputs if with_inputs else None, dummy_slot=state.graph_dummy_slot,
+            capturer=capturer,
         )
         self.cuda_graphs.capture()
-        if self.speculator is not None:  # a draft model's own graphs (EAGLE / MTP draft steps)
+        if self.speculator is not None and capturer is None:  # a draft model's own graphs (EAGLE / MTP draft steps)
             self.speculator.capture_cuda_graphs(sizes, self.config.cache.block_size,
                                                 self.block_tables.max_blocks_per_req)
 
@@ -173,25 +183,27 @@ class ModelRunnerV2(ModelRunner):
             return
         batch = build_input_batch(output, self.request_state, self.device)  # 5. inputs, on the device
         attn_metadata = self.model_state.prepare_attn_metadata(batch, self.block_tables)  # 6. block tables, KV slots
-        self.model_state.save_snapshots(output.state_snapshots)  # 7. architecture-specific inputs (and the
-        extra_inputs = self.model_state.prepare_inputs(batch)  # recurrent-state snapshots this step stores)
-        hidden, aux_hidden = self._forward(batch, attn_metadata, extra_inputs)  # 8. graph replay or eager
+        self.model_state.save_snapshots(output.state_snapshots)  # 7. recurrent-state snapshots this step stores
+        hidden, aux_hidden = self._forward(batch, attn_metadata)  # 8. state inputs, then graph replay or eager
         seq_lens_host = self.request_state.num_computed_host[batch.idx_mapping_host]
         pooled = self.pooling_state.apply(  # 9. embedding requests: pool prompt hidden states, on the device
             batch, hidden, np.asarray(output.num_scheduled_tokens), seq_lens_host)
         self._pending = _ExecuteState(batch, hidden, pooled, output.num_propose_tokens, aux_hidden,
                                       attn_metadata if self.num_draft_kv_layers else None)
 
-    def _forward(self, batch: InputBatch, attn_metadata: AttentionMetadata,
-                 extra_inputs: dict) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """(hidden [T, hidden], aux hidden states of `aux_layer_ids`): graph replay for pure decode, else eager."""
+    def _forward(self, batch: InputBatch,
+                 attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """(hidden [T, hidden], aux hidden states of `aux_layer_ids`): graph replay for pure decode, else eager.
+        The ModelState prepares either way: `prepare_graph_step` before a replay, `prepare_inputs` before eager."""
         graphs = self.cuda_graphs
         # Pure decode: every token gets a logits row (1 + drafts per row), and every row has as many tokens.
-        pure_decode = (batch.num_tokens == batch.num_logits == batch.num_rows * batch.max_query_len
-                       and not extra_inputs)
+        pure_decode = batch.num_tokens == batch.num_logits == batch.num_rows * batch.max_query_len
         size = graphs.padded_size(batch.num_rows, batch.max_query_len) if graphs is not None and pure_decode else None
         if size is not None:
-            return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
+            self.model_state.prepare_graph_step(batch, size)
+            return graphs.run(size, batch.input_ids, batch.positions, attn_metadata,  # type: ignore[union-attr]
+                              idx_mapping=batch.idx_mapping)
+        extra_inputs = self.model_state.prepare_inputs(batch)
         self.eager_forwards += 1
         if self.parallel.pp_size == 1:
             return self._forward_with_aux(batch.input_ids, batch.positions, self.kv_caches, attn_metadata,

@@ -10,6 +10,11 @@ decoder forward reads them. Every later decode step only reads those blocks.
 `s * blocks_per_slot .. (s + 1) * blocks_per_slot - 1` (no allocator, nothing to free). Cross-attention then
 runs on the paged-attention kernels with one row per decoder token: KV length `enc_len`, a single query at
 the last position (so causal masking hides nothing), block-table row = the token's slot's blocks.
+
+Decode CUDA graphs: the encoder stays outside (`prepare_graph_step` encodes the step's new requests before
+the replay); inside the graph the cross-attention metadata is computed from the graph's static `idx_mapping`,
+so every replay reads the current rows' blocks of the persistent cross cache. The cache has one more slot's
+blocks (zeros, `graph_dummy_slot`) for padding rows.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from framework.attention import AttentionMetadata
 from framework.input_batch import InputBatch
 from framework.scheduler_output import NewRequestData
 from model_states.default import DefaultModelState
+from model_states.interface import GraphBatch
 
 CROSS_BLOCK_SIZE = 16  # tokens per block of the cross cache (a power of two, as the attention kernels need)
 
@@ -41,7 +47,6 @@ class EncoderDecoderModelState(DefaultModelState):
     `cross=CrossAttentionInputs`.
     """
 
-    decode_cuda_graphs = False  # extra per-slot inputs each step: decode runs eagerly
     # Decoder KV depends on the audio (cross-attention feeds every layer's residual stream): blocks with the same
     # decoder tokens but different audio must never be shared, so no prefix caching (until blocks hash the audio).
     supports_prefix_caching = False
@@ -57,7 +62,8 @@ class EncoderDecoderModelState(DefaultModelState):
         layers, two, self.enc_len, heads, head_dim = model.cross_kv_shape()
         self.blocks_per_slot = -(-self.enc_len // CROSS_BLOCK_SIZE)
         dtype = next(model.parameters()).dtype
-        self.cross_kv = torch.zeros((layers, two, max_num_reqs * self.blocks_per_slot, CROSS_BLOCK_SIZE, heads,
+        # + 1 slot: the dummy slot padding rows of decode graphs read (never written: zeros)
+        self.cross_kv = torch.zeros((layers, two, (max_num_reqs + 1) * self.blocks_per_slot, CROSS_BLOCK_SIZE, heads,
                                      head_dim), dtype=dtype, device=device)
         self._block_offsets = torch.arange(self.blocks_per_slot, dtype=torch.int32, device=device)  # [nb]
         self._staged: dict[int, torch.Tensor | None] = {}  # req_slot -> features [mel_bins, frames] (None: zero)
@@ -76,17 +82,29 @@ class EncoderDecoderModelState(DefaultModelState):
 
         if self._staged:
             self._encode_staged()
-        return {"cross": CrossAttentionInputs(self.cross_kv, self._cross_metadata(batch))}
+        return {"cross": CrossAttentionInputs(self.cross_kv, self._cross_metadata(batch.idx_mapping, batch.token_rows))}
+
+    def prepare_graph_inputs(self, graph: GraphBatch) -> dict[str, Any]:
+        """Inside a decode graph: the cross cache, with metadata computed (in the graph) from its idx_mapping."""
+        from framework.models.whisper import CrossAttentionInputs
+
+        return {"cross": CrossAttentionInputs(self.cross_kv, self._cross_metadata(graph.idx_mapping, graph.token_rows))}
+
+    def prepare_graph_step(self, batch: InputBatch, graph_rows: int) -> None:
+        """The encoder stays outside the graph: this step's new requests are encoded before the replay."""
+        if self._staged:
+            self._encode_staged()
 
     def slot_cross_kv(self, req_slot: int) -> torch.Tensor:
         """[decoder_layers, 2, enc_len, heads, head_dim]: the K/V one slot holds (tests, debugging)."""
         blocks = self.cross_kv[:, :, req_slot * self.blocks_per_slot:(req_slot + 1) * self.blocks_per_slot]
         return blocks.flatten(2, 3)[:, :, : self.enc_len]
 
-    def _cross_metadata(self, batch: InputBatch) -> AttentionMetadata:
-        """One attention row per token: its slot's blocks, KV length enc_len, one query (built on the device)."""
-        t, device = batch.num_tokens, self.device
-        token_slots = batch.idx_mapping.long()[batch.token_rows]  # [T] req_slot of each token
+    def _cross_metadata(self, idx_mapping: torch.Tensor, token_rows: torch.Tensor) -> AttentionMetadata:
+        """One attention row per token: its slot's blocks, KV length enc_len, one query (built on the device
+        from idx_mapping [R] int32 batch_row -> req_slot and token_rows [T] token -> batch_row)."""
+        t, device = token_rows.numel(), self.device
+        token_slots = idx_mapping.long()[token_rows]  # [T] req_slot of each token
         tables = (token_slots.unsqueeze(1) * self.blocks_per_slot).int() + self._block_offsets  # [T, nb]
         return AttentionMetadata(
             num_tokens=t, num_rows=t,

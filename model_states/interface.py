@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -16,6 +16,21 @@ if TYPE_CHECKING:
     from framework.config import CacheConfig
     from framework.input_batch import InputBatch
     from framework.scheduler_output import NewRequestData, StateSnapshot
+
+
+class GraphBatch(NamedTuple):
+    """What a captured decode graph knows of its batch: static device buffers, padded to the graph's size.
+
+    Their addresses never change, so whatever a state builds from them inside the capture replays correctly
+    every step. Rows past the step's real ones are padding: their `idx_mapping` entry is the state's
+    `graph_dummy_slot`, so per-slot reads and writes of padding rows touch only that slot.
+    """
+
+    num_rows: int  # B: the graph's padded batch size
+    tokens_per_row: int  # q: 1, or 1 + k when every row verifies k drafts
+    idx_mapping: torch.Tensor  # [B] int32: batch_row -> req_slot (padding rows -> graph_dummy_slot)
+    query_start_loc: torch.Tensor  # [B+1] int32: row * q
+    token_rows: torch.Tensor  # [B*q] int64: token -> batch_row
 
 
 class ModelState(ABC):
@@ -44,7 +59,8 @@ class ModelState(ABC):
     # from the prompt (recurrent state, encoder outputs) would miss the cached part, unless the state keeps
     # snapshots of it for cached blocks (`init_prefix_cache`). See docs/prefix-caching.md.
     supports_prefix_caching: ClassVar[bool] = False
-    # False when the forward takes per-slot extra inputs (`prepare_inputs`) that decode CUDA graphs do not capture.
+    # False: decode never replays a CUDA graph with this state (the runner logs `cuda_graph_unsupported_reason`).
+    # A state with extra forward inputs opts in by implementing `prepare_graph_inputs` (see its docstring).
     decode_cuda_graphs: ClassVar[bool] = True
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
@@ -82,3 +98,41 @@ class ModelState(ABC):
 
     def postprocess(self, batch: "InputBatch", num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> None:
         """After sampling: advance per-slot state. num_sampled / num_rejected: [R] int32 on the device."""
+
+    # ---- decode CUDA graphs --------------------------------------------------------------------------------
+    # A pure decode step (every row 1 + k tokens, all of them sampled) replays a graph captured once per
+    # (padded batch size, tokens per row). Instead of `prepare_inputs`, such a step calls `prepare_graph_step`
+    # eagerly, then replays; the forward inputs inside the graph come from `prepare_graph_inputs`, called once
+    # per graph at capture on the graph's static `GraphBatch`. Per-slot tensors the forward reads or writes
+    # must be persistent (allocated once, never reallocated) and have one extra row, `graph_dummy_slot`, for
+    # padding rows: nobody else reads or writes it.
+
+    @property
+    def graph_dummy_slot(self) -> int:
+        """The req_slot padding rows of a graph map to: one past the last real slot."""
+        return self.max_num_reqs
+
+    def cuda_graph_unsupported_reason(self) -> Optional[str]:
+        """None when decode may replay CUDA graphs with this state; otherwise why not (the runner logs it)."""
+        if not self.decode_cuda_graphs:
+            return f"model state '{self.name}' sets decode_cuda_graphs = False"
+        cls = type(self)
+        if cls.prepare_inputs is not ModelState.prepare_inputs and \
+                cls.prepare_graph_inputs is ModelState.prepare_graph_inputs:
+            return (f"model state '{self.name}' has extra forward inputs (prepare_inputs) but no "
+                    "prepare_graph_inputs to build them inside a graph")
+        return None
+
+    def prepare_graph_inputs(self, graph: GraphBatch) -> dict[str, Any]:
+        """Extra keyword inputs of the forward inside a captured graph, built from `graph`'s static buffers
+        and the state's persistent per-slot tensors only (called once per graph, warm-up and capture).
+
+        Device work queued here is captured and runs again at every replay; host-side logic runs once, so
+        it may depend on `graph.num_rows` and `graph.tokens_per_row` but never on a step's data. Anything a
+        later hook reads back (e.g. buffers the kernels fill) must be a persistent tensor the state keeps.
+        """
+        return {}
+
+    def prepare_graph_step(self, batch: "InputBatch", graph_rows: int) -> None:
+        """This step replays the graph of `graph_rows` padded rows instead of an eager forward: do the
+        step's work that stays outside the graph (called where `prepare_inputs` would be; no host sync)."""

@@ -20,6 +20,12 @@ Speculative decoding: a row verifying drafts runs `1 + k` tokens, but its state 
 tokens that were accepted. When a step has drafts, `prepare_inputs` hands every Mamba layer tail buffers in
 which the kernels store the state after each of a row's last `K + 1` tokens; `postprocess` copies, for every
 row, the one after `query_len - num_rejected` tokens into the slot, on the device, with no host sync.
+
+Decode CUDA graphs: inside a graph the kernels read and write the same per-slot slabs through the graph's
+static `idx_mapping` (padding rows on the extra slot `graph_dummy_slot`, which no request owns). With drafts
+the tails are persistent buffers kept per graph. A decode row's snapshots are all after 0 or 1 of its tokens
+(drafts excluded), so they are copied outside the graph: before the replay from the slot (0 tokens), after it
+from the slot or the first tail (1 token, in `postprocess`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from framework.kernels.state_snapshots import SnapshotTargets, build_snapshot_ta
 from framework.models.mamba_layer import MambaLayerState, MambaStepInputs
 from framework.prefix_cache import PrefixCacheHooks
 from model_states.default import DefaultModelState
+from model_states.interface import GraphBatch
 from model_states.mamba_snapshots import MambaSnapshotIndex
 
 if TYPE_CHECKING:
@@ -48,8 +55,6 @@ class MambaHybridModelState(DefaultModelState):
     per-slot SSM state shape) and accept the `mamba` forward input (`MambaStepInputs`).
     """
 
-    decode_cuda_graphs = False  # extra per-slot inputs each step: decode runs eagerly
-
     name = "mamba_hybrid"
     supports_prefix_caching = True  # with snapshots of the state at cached block boundaries
 
@@ -61,9 +66,11 @@ class MambaHybridModelState(DefaultModelState):
                             f"{type(model).__name__} has none")
         num_layers, conv_shape, ssm_shape = shapes()
         conv_dtype = next(model.parameters()).dtype
-        # [L, S, d_inner, d_conv-1] and [L, S, d_inner, d_state]: one slab per kind, a layer's view is [S, ...].
-        self.conv_state = torch.zeros(num_layers, max_num_reqs, *conv_shape, dtype=conv_dtype, device=device)
-        self.ssm_state = torch.zeros(num_layers, max_num_reqs, *ssm_shape, dtype=torch.float32, device=device)
+        # [L, S+1, d_inner, d_conv-1] and [L, S+1, d_inner, d_state]: one slab per kind, a layer's view is
+        # [S+1, ...]; the last slot is the dummy that padding rows of decode graphs write.
+        slots = max_num_reqs + 1
+        self.conv_state = torch.zeros(num_layers, slots, *conv_shape, dtype=conv_dtype, device=device)
+        self.ssm_state = torch.zeros(num_layers, slots, *ssm_shape, dtype=torch.float32, device=device)
         # req_slot -> snapshot slot to start from (None: zeros), for every slot a request took since the last step
         self._starts: dict[int, Optional[int]] = {}
         self._tails: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # this step's, when it has drafts
@@ -71,6 +78,10 @@ class MambaHybridModelState(DefaultModelState):
         self.conv_snapshots: Optional[torch.Tensor] = None
         self.ssm_snapshots: Optional[torch.Tensor] = None
         self._snapshots: list["StateSnapshot"] = []  # this step's, from the scheduler
+        # Decode graphs: (rows, tokens per row) -> that graph's tail views [L, rows, q, ...] of `_tail_storage`
+        self._graph_tails: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tail_storage: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._snapshots_after: list["StateSnapshot"] = []  # a replayed step's, after its first token
 
     def init_prefix_cache(self, cache: "CacheConfig") -> PrefixCacheHooks:
         """Allocate the snapshot pool (`cache.mamba_snapshot_slots`, default 2 x max_num_seqs) and return the
@@ -160,6 +171,8 @@ class MambaHybridModelState(DefaultModelState):
 
     def postprocess(self, batch: "InputBatch", num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> None:
         """With drafts: keep, per row, the state after its accepted tokens (`query_len - num_rejected`)."""
+        after, self._snapshots_after = self._snapshots_after, []
+        self._copy_snapshots(batch, after, self._tails)  # a replayed step's: the state after one token
         if self._tails is None:
             return  # without drafts every token a row ran is accepted: the forward already advanced the slots
         conv_tail, ssm_tail = self._tails
@@ -170,3 +183,64 @@ class MambaHybridModelState(DefaultModelState):
         slots = batch.idx_mapping.long()
         self.conv_state[:, slots] = conv_tail[:, rows, keep]
         self.ssm_state[:, slots] = ssm_tail[:, rows, keep]
+
+    # ---- decode CUDA graphs ------------------------------------------------------------------------------
+    def prepare_graph_inputs(self, graph: GraphBatch) -> dict[str, Any]:
+        """The `mamba` input inside a decode graph: the persistent slabs through the graph's idx_mapping and,
+        with drafts, tail buffers kept for `postprocess`. Snapshots are never stored inside a graph."""
+        q = graph.tokens_per_row
+        tails = self._graph_tail_views(graph.num_rows, q) if q > 1 else None
+        layers = [MambaLayerState(self.conv_state[i], self.ssm_state[i], tails[0][i] if tails else None,
+                                  tails[1][i] if tails else None)
+                  for i in range(self.conv_state.shape[0])]
+        return {"mamba": MambaStepInputs(layers, graph.idx_mapping, graph.query_start_loc, q == 1)}
+
+    def _graph_tail_views(self, rows: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[L, rows, q, ...] views of one persistent tail storage, the same ones for every call with this shape.
+        Graphs are captured largest first, so the storage is allocated once (a larger one later would leave the
+        earlier graphs' views, which they keep, on the old storage)."""
+        if (rows, q) not in self._graph_tails:
+            storage = self._tail_storage
+            if storage is None or storage[1].shape[1] < rows or storage[1].shape[2] < q:
+                n, m = max(rows, storage[1].shape[1] if storage else 0), max(q, storage[1].shape[2] if storage else 0)
+                layers = self.conv_state.shape[0]
+                storage = (torch.empty(layers, n, m, *self.conv_state.shape[2:], dtype=self.conv_state.dtype,
+                                       device=self.device),
+                           torch.empty(layers, n, m, *self.ssm_state.shape[2:], dtype=torch.float32,
+                                       device=self.device))
+                self._tail_storage = storage
+            self._graph_tails[(rows, q)] = (storage[0][:, :rows, :q], storage[1][:, :rows, :q])
+        return self._graph_tails[(rows, q)]
+
+    def prepare_graph_step(self, batch: "InputBatch", graph_rows: int) -> None:
+        """The tails of the graph this step replays; snapshots after 0 tokens now, after 1 in `postprocess`."""
+        q = batch.max_query_len
+        self._tails = None
+        if q > 1:
+            conv_tail, ssm_tail = self._graph_tails[(graph_rows, q)]
+            self._tails = (conv_tail[:, : batch.num_rows], ssm_tail[:, : batch.num_rows])
+        snapshots, self._snapshots = self._snapshots, []
+        if any(s.num_tokens > 1 for s in snapshots):
+            raise RuntimeError("a decode row's snapshots are after 0 or 1 of its tokens; got "
+                               f"{sorted({s.num_tokens for s in snapshots})}")
+        self._copy_snapshots(batch, [s for s in snapshots if s.num_tokens == 0], None)
+        self._snapshots_after = [s for s in snapshots if s.num_tokens == 1]
+
+    def _copy_snapshots(self, batch: "InputBatch", snapshots: "list[StateSnapshot]",
+                        tails: Optional[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Store snapshots from the rows' slots (the slot's state now), or from the first tail (after one token
+        of a row verifying drafts): one gather-scatter per slab, on the device."""
+        if not snapshots:
+            return
+        assert self.conv_snapshots is not None and self.ssm_snapshots is not None
+        rows = [s.batch_row for s in snapshots]
+        sources = rows if tails is not None else batch.idx_mapping_host[rows].tolist()
+        # [2, n]: batch rows (or their req_slots), then the snapshot slots they are stored into
+        pairs = torch.tensor([sources, [s.snapshot_slot for s in snapshots]], dtype=torch.int64)
+        pairs = pairs.to(self.device, non_blocking=True)
+        if tails is None:
+            conv, ssm = self.conv_state.index_select(1, pairs[0]), self.ssm_state.index_select(1, pairs[0])
+        else:
+            conv, ssm = tails[0][:, pairs[0], 0], tails[1][:, pairs[0], 0]
+        self.conv_snapshots.index_copy_(1, pairs[1], conv)
+        self.ssm_snapshots.index_copy_(1, pairs[1], ssm)

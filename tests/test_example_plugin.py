@@ -87,3 +87,34 @@ print("PLUGIN-OK")
 """ % str(installed)
     proc = _run_with_plugin(installed, "\n\n".join(blocks) + checks, tmp_path)
     assert proc.returncode == 0 and "PLUGIN-OK" in proc.stdout, f"{proc.stdout}\n{proc.stderr}"
+
+
+def test_steering_state_decodes_under_graphs_as_eagerly(installed: Path, tmp_path: Path) -> None:
+    """The installed plugin's state opts in to decode graphs: with graphs captured (on the CPU, by a capturer
+    that replays by running the captured step on the static buffers) a batch of steered and plain requests,
+    padded to the next graph size, gives exactly the eager tokens."""
+    code = """
+import sys, tempfile
+sys.path.insert(0, %r)
+from fake_graphs import EagerReplayCapturer
+from framework import LLM, SamplingParams
+from mrv2_example_plugin.demo import write_demo_checkpoint
+
+path = write_demo_checkpoint(tempfile.mkdtemp())
+prompts = [[72, 101, 108, 108, 111], [72, 101, 108, 108, 111], [50, 60, 70, 80]]
+plain = SamplingParams(temperature=0.0, max_tokens=8)
+steered = SamplingParams(temperature=0.0, max_tokens=8, extra_args={"steering": {"token_id": 65, "scale": 4.0}})
+outs, capturer = [], EagerReplayCapturer()
+for graphs in (False, True):
+    llm = LLM(path, device="cpu", max_num_seqs=4)
+    if graphs:
+        assert llm.engine.runner.model_state.cuda_graph_unsupported_reason() is None
+        llm.engine.runner.capture_cuda_graphs(capturer)
+    outs.append([o.token_ids for o in llm.generate(prompts, [plain, steered, plain], use_tqdm=False)])
+assert outs[0] == outs[1], outs
+assert outs[0][0] != outs[0][1]  # steering changed the continuation
+assert capturer.num_replays > 0
+print("GRAPHS-OK")
+""" % str(REPO / "tests")
+    proc = _run_with_plugin(installed, code, tmp_path)
+    assert proc.returncode == 0 and "GRAPHS-OK" in proc.stdout, f"{proc.stdout}\n{proc.stderr}"

@@ -138,7 +138,7 @@ def test_reused_slot_holds_only_the_new_owner(ckpt: Checkpoint) -> None:
 
     runner.model_state.add_request(0, NewRequestData("x", [wm.START_ID], 1, GREEDY, 0, [0], 0))
     runner.model_state._encode_staged()
-    assert not runner.model_state.cross_kv.any()  # slot 0 is the only slot
+    assert not runner.model_state.cross_kv.any()  # slot 0 is the only slot (the graphs' dummy slot stays zero)
 
 
 def test_encoder_budget_bounds_admissions_per_step(ckpt: Checkpoint) -> None:
@@ -218,7 +218,7 @@ def test_cross_attention_on_paged_kernels_equals_dense(ckpt: Checkpoint, backend
     state._encode_staged()
     batch = SimpleNamespace(num_tokens=4, idx_mapping=torch.tensor([2, 0], dtype=torch.int32),
                             token_rows=torch.tensor([0, 0, 0, 1]))  # row 0 (slot 2) has 3 tokens, row 1 one
-    meta = state._cross_metadata(batch)  # type: ignore[arg-type]
+    meta = state._cross_metadata(batch.idx_mapping, batch.token_rows)
     query = torch.randn(4, 4, 16, generator=torch.Generator().manual_seed(0))
     layer = 1
     if backend == "triton":

@@ -144,8 +144,8 @@ def test_cuda_graph_replay_with_drafts_equals_eager(method):
                   speculative_config=spec)
         if graphs:
             run = llm.engine.runner.cuda_graphs.run
-            llm.engine.runner.cuda_graphs.run = lambda size, ids, pos, meta: (  # type: ignore[method-assign]
-                replays.append(meta.num_tokens // meta.num_rows), run(size, ids, pos, meta))[1]
+            llm.engine.runner.cuda_graphs.run = lambda size, ids, pos, meta, **kw: (  # type: ignore[method-assign]
+                replays.append(meta.num_tokens // meta.num_rows), run(size, ids, pos, meta, **kw))[1]
         outs[graphs] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
     assert outs[True] == outs[False]
