@@ -17,7 +17,7 @@ The presets use the byte tokenizer (257 live tokens of the 151,936). So the scri
 threads on that vocabulary and on a synthetic 151,936-token one (the 256 bytes plus random printable strings),
 where masks inside strings cost far more, as with a real tokenizer.
 
-    PYTHONPATH=$PWD python3 scripts/bench_structured.py --out OUT_DIR [--rounds 2] [--quick]
+    PYTHONPATH=$PWD python3 scripts/bench_structured.py --out OUT_DIR [--rounds 2] [--quick] [--fill-threads N ...]
 
 `--quick` runs a CPU-sized version on random_tiny (the smoke test). Prints a table; writes
 `structured_bench.json` and, with matplotlib, `structured_bench.png` into OUT_DIR.
@@ -143,9 +143,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="CPU smoke run on random_tiny")
+    ap.add_argument("--fill-threads", type=int, nargs="+", default=None,
+                    help="sampler.structured_outputs_fill_threads of each constrained run of a round (default: "
+                    "min(8, CPUs), 2 and 0; --quick: 2 and 0)")
     args = ap.parse_args(argv)
     quick = args.quick
     llm = _engine(quick)
+    state: StructuredOutputsState = llm.engine.runner.sampling_states.structured
+    thread_counts = args.fill_threads or ([2, 0] if quick else [state.fill_threads, 2, 0])
     vocab = llm.engine.loaded.vocab_size
     n = 8 if quick else 256
     lengths = (4, 12) if quick else (100, 1024)
@@ -155,29 +160,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts, lens = _workload(n, lengths, vocab, seed=0)
     runs = []
     for r in range(args.rounds):
-        for constrained in (False, True):
-            result = _run(llm, timers, prompts, lens, constrained, 0.6)
-            result["round"] = r
+        for threads in [None] + thread_counts:  # None: the unconstrained run
+            if threads is not None:
+                state.set_fill_threads(threads)
+            result = _run(llm, timers, prompts, lens, threads is not None, 0.6)
+            result.update(round=r, fill_threads=threads)
             runs.append(result)
-            print(f"round {r} {result['run']:>4}: {result['seconds']:.2f} s, {result['steps']} steps, "
-                  f"{result['mean_step_ms']:.2f} ms/step", file=sys.stderr)
-    overheads = [(h["mean_step_ms"] - f["mean_step_ms"]) / f["mean_step_ms"]
-                 for f, h in zip(runs[0::2], runs[1::2])]
-    fill = bench_structured_fill.run(["nano"] if quick else ["nano", "synthetic"], [0, 2] if quick else [0, 1, 2, 4, 8],
-                                     steps=10 if quick else 120)
+            print(f"round {r} {result['run']:>4} (fill threads {threads}): {result['seconds']:.2f} s, "
+                  f"{result['steps']} steps, {result['mean_step_ms']:.2f} ms/step", file=sys.stderr)
+    free = {x["round"]: x["mean_step_ms"] for x in runs if x["run"] == "free"}
+    for x in runs:
+        x["overhead"] = (x["mean_step_ms"] - free[x["round"]]) / free[x["round"]] if x["run"] == "half" else 0.0
+    overheads = [x["overhead"] for x in runs if x["run"] == "half" and x["fill_threads"] == thread_counts[0]]
+    fill = (bench_structured_fill.run(["nano"], [0, 2], steps=10) if quick
+            else bench_structured_fill.run(["nano", "synthetic"], [0, 1, 2, 4, 8]))
     report = {"workload": {"requests": n, "lengths": lengths, "constrained": "every other request",
-                           "schema": SCHEMA, "device": str(llm.engine.loaded.device)},
+                           "schema": SCHEMA, "device": str(llm.engine.loaded.device), "fill_threads": thread_counts},
               "runs": runs, "overhead_per_round": overheads, "overhead_median": statistics.median(overheads),
               "fill_without_model": fill}
-    print("| round | run | s | steps | ms/step (mean) | ms/step (median) | out tok/s | fill p50 ms | exposed p50 ms "
-          "| prepare ms/step | advance ms/step | refused |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| round | run | fill threads | s | steps | ms/step (mean) | ms/step (median) | out tok/s | fill p50 ms "
+          "| exposed p50 ms | prepare ms/step | advance ms/step | refused | overhead |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for x in runs:
-        print(f"| {x['round']} | {x['run']} | {x['seconds']:.2f} | {x['steps']} | {x['mean_step_ms']:.2f} | "
+        threads = "" if x["fill_threads"] is None else x["fill_threads"]
+        print(f"| {x['round']} | {x['run']} | {threads} | {x['seconds']:.2f} | {x['steps']} | {x['mean_step_ms']:.2f} | "
               f"{x['median_step_ms']:.2f} | {x['output_tok_per_s']:.0f} | {x['fill_p50_ms']:.3f} | "
               f"{x['fill_exposed_p50_ms']:.3f} | {x['prepare_ms_per_step']:.3f} | {x['advance_ms_per_step']:.3f} | "
-              f"{x['refused_tokens']} |")
-    print(f"step time overhead per round: {', '.join(f'{100 * o:+.1f}%' for o in overheads)}")
+              f"{x['refused_tokens']} | {100 * x['overhead']:+.1f}% |")
+    print(f"step time overhead per round: {', '.join(f'{100 * o:+.1f}%' for o in overheads)} "
+          f"(fill threads {thread_counts[0]}; the table has the others)")
     print("grammar bitmask fill without a model, 128 masks per step (host ms):")
     bench_structured_fill.print_table(fill)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -189,10 +200,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         import matplotlib.pyplot as plt
 
         fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
-        ax.bar([f"r{x['round']} {x['run']}" for x in runs], [x["mean_step_ms"] for x in runs],
+        ax.bar([f"r{x['round']} {x['run']}" + ("" if x["fill_threads"] is None else f" t{x['fill_threads']}")
+                for x in runs], [x["mean_step_ms"] for x in runs],
                color=["tab:blue" if x["run"] == "free" else "tab:orange" for x in runs])
         ax.set_ylabel("mean step time (ms)")
-        ax.set_title("nano, half JSON-schema constrained vs none")
+        ax.set_title("nano, half JSON-schema constrained (t = fill threads) vs none")
+        ax.tick_params(axis="x", rotation=30)
         nano = [r for r in fill if r["vocab"] == "nano"]
         ax2.bar([r["method"].replace("llguidance ", "").replace("filler, ", "") for r in nano],
                 [r["p50_ms"] for r in nano], color="tab:green")

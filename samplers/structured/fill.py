@@ -35,8 +35,8 @@ class FillJob(NamedTuple):
 class FillTiming(NamedTuple):
     """Host seconds of one step's fill: all of it, and the part the main thread spent in `join` (not hidden)."""
 
-    fill_s: float  # start .. last row written
-    exposed_s: float  # join called .. last row written (filling itself or waiting): the step's cost
+    fill_s: float  # first row taken .. last row written (on any thread)
+    exposed_s: float  # join called .. returned (filling rows itself, then waiting): the fill's cost to the step
 
 
 def default_fill_threads() -> int:
@@ -54,7 +54,7 @@ class _Task:
         self.running = num_workers  # workers that have not finished this task yet
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
-        self.last_write = 0.0
+        self.first_take = self.last_write = 0.0
         if num_workers == 0:
             self.done.set()
 
@@ -63,6 +63,8 @@ class _Task:
         jobs, base, nbytes = self.jobs, self.base_ptr, self.row_bytes
         try:
             for first in self.chunks:
+                if not self.first_take:  # the first thread here (a benign race: any of them is close enough)
+                    self.first_take = time.perf_counter()
                 for job in jobs[first:first + ROWS_PER_CHUNK]:
                     ptr = base + job.mask_row * nbytes
                     if job.drafts:
@@ -107,14 +109,12 @@ class BitmaskFiller:
             t.start()
         weakref.finalize(self, _stop_workers, self._tasks, num_threads)  # the workers hold no reference to self
         self._task: Optional[_Task] = None
-        self._started = 0.0
 
     def start(self, jobs: Sequence[FillJob], base_ptr: int, row_bytes: int) -> None:
         """Begin filling; each job writes rows `mask_row ..` of the buffer at `base_ptr` (rows of `row_bytes`).
 
         The matchers are the workers' until `join` returns: the caller does not advance them meanwhile."""
         self.join()  # never two in flight (a step that failed between start and join)
-        self._started = time.perf_counter()
         self._task = task = _Task(jobs, base_ptr, row_bytes, self.num_threads)
         for _ in range(self.num_threads):
             self._tasks.put(task)
@@ -134,7 +134,8 @@ class BitmaskFiller:
         if task.error is not None:
             raise task.error
         end = time.perf_counter()
-        return FillTiming(max(task.last_write, joined) - self._started, end - joined)
+        first = task.first_take or joined  # no rows at all: nothing was filled
+        return FillTiming(max(task.last_write - first, 0.0), end - joined)
 
 
 def _stop_workers(tasks: "queue.SimpleQueue[Optional[_Task]]", num_threads: int) -> None:

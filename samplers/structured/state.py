@@ -88,6 +88,13 @@ class StructuredOutputsState:
             self._host_rows = [torch.empty(shape[0], dtype=torch.int32, pin_memory=pin) for _ in range(2)]
             self._filler = BitmaskFiller(self.fill_threads)
 
+    def set_fill_threads(self, num_threads: int) -> None:
+        """Use `num_threads` fill threads from the next step on (benchmarks compare pool sizes on one engine)."""
+        self._finish_fill()
+        self.fill_threads = num_threads
+        if self._filler is not None:
+            self._filler = BitmaskFiller(num_threads)  # the old workers stop when it is collected
+
     def remove_request(self, req_slot: int) -> None:
         self.host_enabled[req_slot] = False
         self.matchers[req_slot] = None
