@@ -102,19 +102,23 @@ class BitmaskFiller:
         if num_threads < 0:
             raise ValueError(f"sampler.structured_outputs_fill_threads must be >= 0, got {num_threads}")
         self.num_threads = num_threads
-        self._tasks: queue.SimpleQueue[Optional[_Task]] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=_worker, args=(self._tasks,), daemon=True,
-                                          name=f"mrv2-grammar-fill-{i}") for i in range(num_threads)]
-        for t in self._threads:
-            t.start()
-        weakref.finalize(self, _stop_workers, self._tasks, num_threads)  # the workers hold no reference to self
         self._task: Optional[_Task] = None
+        self._start_workers()
+
+    def _start_workers(self) -> None:
+        self._pid = os.getpid()
+        self._tasks: queue.SimpleQueue[Optional[_Task]] = queue.SimpleQueue()
+        for i in range(self.num_threads):
+            threading.Thread(target=_worker, args=(self._tasks,), daemon=True, name=f"mrv2-grammar-fill-{i}").start()
+        weakref.finalize(self, _stop_workers, self._tasks, self.num_threads)  # the workers hold no reference to self
 
     def start(self, jobs: Sequence[FillJob], base_ptr: int, row_bytes: int) -> None:
         """Begin filling; each job writes rows `mask_row ..` of the buffer at `base_ptr` (rows of `row_bytes`).
 
         The matchers are the workers' until `join` returns: the caller does not advance them meanwhile."""
         self.join()  # never two in flight (a step that failed between start and join)
+        if os.getpid() != self._pid:  # a forked child has none of the parent's threads
+            self._start_workers()
         self._task = task = _Task(jobs, base_ptr, row_bytes, self.num_threads)
         for _ in range(self.num_threads):
             self._tasks.put(task)
