@@ -95,6 +95,11 @@ class SamplerConfig(_Strict):
         description="Grammar library of structured outputs (`SamplingParams.structured_outputs`): guidance = "
         "llguidance; auto = guidance.",
     )
+    structured_outputs_fill_threads: Optional[int] = Field(
+        None, ge=0,
+        description="Host threads that fill the grammar bitmasks while the step is queued (null = min(8, CPUs); "
+        "0 = the main thread fills them when the sampler needs them).",
+    )
 
 
 class DynamicKConfig(_Strict):

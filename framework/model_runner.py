@@ -70,7 +70,8 @@ class ModelRunnerV2(ModelRunner):
             config.sampler.structured_outputs_backend, loaded.tokenizer, vocab_size, loaded.eos_token_id)
         self._num_outputs = 0
         structured = StructuredOutputsState(max_reqs, max_reqs * (k_max + 1), vocab_size, self.grammar_backend,
-                                            self.device, next_output=lambda: self._num_outputs)
+                                            self.device, next_output=lambda: self._num_outputs,
+                                            fill_threads=config.sampler.structured_outputs_fill_threads)
         self.sampling_states = SamplingStates(
             max_reqs, self.device, vocab_size=vocab_size, history=self.request_state,
             num_computed_host=lambda: self.request_state.num_computed_host, eos_token_id=loaded.eos_token_id,
@@ -277,10 +278,10 @@ class ModelRunnerV2(ModelRunner):
         elif self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: no logits, no sampler
             sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
         else:
-            logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [L, vocab] float32
             stages = self.sampling_states.stages_for(batch.idx_mapping_host)
-            if stages.any_structured:  # 1b. grammar bitmasks, filled on the host while the device computes
+            if stages.any_structured:  # 1. grammar bitmasks: host threads start filling them (the sampler joins)
                 self._fill_grammar_bitmask(batch)
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1b. [L, vocab] float32
             keep = self._draft_probs is not None and stages.any_random and batch.num_logits > batch.num_rows
             sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages,  # 2.
                                    keep_processed=keep)
@@ -333,7 +334,8 @@ class ModelRunnerV2(ModelRunner):
             seq, output.request_ids, output.sampled_token_ids(), self.request_state.req_id_to_slot)
 
     def _fill_grammar_bitmask(self, batch: InputBatch) -> None:
-        """Masks for every constrained logits row, drafts included (each verified draft advances its row)."""
+        """Start the masks of every constrained logits row, drafts included (each verified draft advances its
+        row); the sampler's grammar stage waits for them."""
         drafts: list[list[int]] = [[] for _ in range(batch.num_rows)]
         if batch.num_logits > batch.num_rows:
             num_draft = batch.num_draft_host

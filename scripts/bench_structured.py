@@ -5,17 +5,19 @@ ignore_eos, temperature 0.6, Qwen3-0.6B geometry with random weights) runs twice
 `free` (no request constrained) and `half` (every other request constrained by `SCHEMA`, an array of
 records with `minItems` too large to close within 1024 tokens, so both runs have the same lengths and batch
 shapes). Reported per run: wall seconds, engine steps, mean step time (wall / steps), median step interval,
-output tok/s; for `half` also the host time of the grammar work (the mask fill, overlapped with the forward,
-and the matcher advance) and how many constrained outputs the grammar refuses (must be 0). The overhead is
-(half - free) / free of the mean step time, per round; the goal is <= 10 %.
+output tok/s; for `half` also where the grammar's host time goes: per step (p50) the mask fill (start to last
+row, on the fill threads), the part of it the main thread waited for in the sampler (`exposed`: the fill's cost
+to the step; the rest was hidden behind queueing the logits and the sampler), the main thread's time starting
+the fill (`prepare`: draft checks, the job list) and advancing the matchers over the last step's tokens, and
+how many constrained outputs the grammar refuses (must be 0). The overhead is (half - free) / free of the mean
+step time, per round; the goal is <= 10 %.
 
-The presets use the byte tokenizer (257 live tokens of the 151,936), which makes masks cheap. So the script
-also times llguidance's parallel fill of 128 masks per step on a synthetic 151,936-token vocabulary
-(the 256 bytes plus random printable strings of 2-8 characters), walking all 128 matchers along the same
-JSON text: every matcher at the same position is the worst case for a step (inside a bounded string a mask
-costs ~2 ms of CPU).
+The presets use the byte tokenizer (257 live tokens of the 151,936). So the script also runs
+`bench_structured_fill` (128 masks per step, no model): llguidance's own parallel fill against mrv2's fill
+threads on that vocabulary and on a synthetic 151,936-token one (the 256 bytes plus random printable strings),
+where masks inside strings cost far more, as with a real tokenizer.
 
-    PYTHONPATH=$PWD python3 scripts/bench_structured.py --out OUT_DIR [--rounds 2] [--quick]
+    PYTHONPATH=$PWD python3 scripts/bench_structured.py --out OUT_DIR [--rounds 2] [--quick] [--fill-threads N ...]
 
 `--quick` runs a CPU-sized version on random_tiny (the smoke test). Prints a table; writes
 `structured_bench.json` and, with matplotlib, `structured_bench.png` into OUT_DIR.
@@ -41,12 +43,8 @@ from framework.config import load_config  # noqa: E402
 from framework.llm import LLM  # noqa: E402
 from samplers.structured.state import StructuredOutputsState  # noqa: E402
 
-SCHEMA: dict[str, Any] = {"type": "array", "minItems": 100000, "items": {
-    "type": "object", "additionalProperties": False, "required": ["id", "name", "tags"],
-    "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99999},
-                   "name": {"type": "string", "maxLength": 12},
-                   "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["alpha", "beta", "gamma"]}}}}}
-WALK_TEXT = b"[" + b'{"id":12345,"name":"abcdefgh","tags":["alpha","beta"]},' * 4
+import bench_structured_fill  # noqa: E402  (this script's folder is on sys.path)
+from bench_structured_fill import SCHEMA  # noqa: E402  (shared with the fill bench)
 
 
 def _engine(quick: bool) -> LLM:
@@ -65,15 +63,16 @@ def _workload(n: int, lengths: tuple[int, int], vocab: int, seed: int) -> tuple[
 
 
 class _Timers:
-    """Host seconds inside the grammar state's `prepare` and `advance`, and engine step start times."""
+    """Host seconds inside the grammar state's `prepare` and `advance`, the fill timings, and step start times."""
 
     def __init__(self, llm: LLM) -> None:
-        self.fill = self.advance = 0.0
+        self.prepare = self.advance = 0.0
         self.step_starts: list[float] = []
-        state = llm.engine.runner.sampling_states.structured
+        self.state: StructuredOutputsState = llm.engine.runner.sampling_states.structured
+        self.state.fill_timings = []
         engine = llm.engine
         for name in ("prepare", "advance"):
-            setattr(state, name, self._timed(getattr(state, name), "fill" if name == "prepare" else name))
+            setattr(self.state, name, self._timed(getattr(self.state, name), name))
         step = engine.step
 
         def timed_step():  # type: ignore[no-untyped-def]
@@ -92,8 +91,17 @@ class _Timers:
         return wrapper
 
     def reset(self) -> None:
-        self.fill = self.advance = 0.0
+        self.prepare = self.advance = 0.0
         self.step_starts = []
+        self.state.fill_timings = []
+
+    def fill_p50_ms(self) -> tuple[float, float]:
+        """(fill, exposed) p50 over the steps that filled masks, ms; zeros when none did."""
+        timings = self.state.fill_timings or []
+        if not timings:
+            return 0.0, 0.0
+        return (1e3 * statistics.median(t.fill_s for t in timings),
+                1e3 * statistics.median(t.exposed_s for t in timings))
 
 
 def _run(llm: LLM, timers: _Timers, prompts: list[list[int]], lens: list[int], constrained: bool,
@@ -116,57 +124,18 @@ def _run(llm: LLM, timers: _Timers, prompts: list[list[int]], lens: list[int], c
     steps = len(timers.step_starts)
     intervals = [b - a for a, b in zip(timers.step_starts, timers.step_starts[1:])]
     out_tokens = sum(len(o.token_ids) for o in outs)
+    fill_p50, exposed_p50 = timers.fill_p50_ms()
     short = sum(len(o.token_ids) != n for o, n in zip(outs, lens))
     return {"run": "half" if constrained else "free", "seconds": seconds, "steps": steps,
             "mean_step_ms": 1e3 * seconds / max(steps, 1),
             "median_step_ms": 1e3 * statistics.median(intervals) if intervals else 0.0,
             "output_tok_per_s": out_tokens / seconds, "output_tokens": out_tokens,
-            "fill_ms_per_step": 1e3 * timers.fill / max(steps, 1),
+            "fill_p50_ms": fill_p50, "fill_exposed_p50_ms": exposed_p50,
+            "fill_hidden_fraction": 1 - exposed_p50 / fill_p50 if fill_p50 else 0.0,
+            "fill_steps": len(timers.state.fill_timings or []),
+            "prepare_ms_per_step": 1e3 * timers.prepare / max(steps, 1),
             "advance_ms_per_step": 1e3 * timers.advance / max(steps, 1),
             "refused_tokens": state.num_refused - refused_before, "outputs_short_of_max_tokens": short}
-
-
-def synthetic_fill(num_rows: int, vocab_size: int) -> dict[str, Any]:
-    """Per-step seconds of llguidance's parallel fill of `num_rows` masks on a synthetic vocabulary."""
-    import llguidance
-    import llguidance.torch as llguidance_torch
-
-    rng = random.Random(0)
-    chars = [chr(c) for c in range(32, 127)]
-    tokens = [bytes([i]) for i in range(256)]
-    seen = set(tokens)
-    while len(tokens) < vocab_size - 1:
-        t = "".join(rng.choice(chars) for _ in range(rng.randint(2, 8))).encode()
-        if t not in seen:
-            seen.add(t)
-            tokens.append(t)
-    tokens.append(b"<|eos|>")
-
-    class Vocabulary:
-        eos_token_id, bos_token_id = vocab_size - 1, None
-        special_token_ids = [vocab_size - 1]
-
-        def __call__(self, text: bytes) -> list[int]:
-            return list(text)
-
-    Vocabulary.tokens = tokens  # type: ignore[attr-defined]
-    t0 = time.perf_counter()
-    tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Vocabulary()), n_vocab=vocab_size)
-    build = time.perf_counter() - t0
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, defaults={"whitespace_flexible": False})
-    matchers = [llguidance.LLMatcher(tok, grammar, log_level=0) for _ in range(num_rows)]
-    executor = llguidance.LLExecutor()
-    mask = llguidance_torch.allocate_token_bitmask(num_rows, vocab_size)
-    times = []
-    for byte in WALK_TEXT:
-        t0 = time.perf_counter()
-        llguidance_torch.fill_next_token_bitmask_par(executor, [(m, i) for i, m in enumerate(matchers)], mask)
-        times.append(time.perf_counter() - t0)
-        assert all(m.consume_token(byte) for m in matchers)
-    times.sort()
-    return {"rows": num_rows, "vocab": vocab_size, "tokenizer_build_s": build, "steps": len(times),
-            "median_ms": 1e3 * times[len(times) // 2], "p90_ms": 1e3 * times[int(0.9 * len(times))],
-            "max_ms": 1e3 * times[-1], "mean_ms": 1e3 * sum(times) / len(times)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -174,9 +143,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="CPU smoke run on random_tiny")
+    ap.add_argument("--fill-threads", type=int, nargs="+", default=None,
+                    help="sampler.structured_outputs_fill_threads of each constrained run of a round (default: "
+                    "min(8, CPUs), 2 and 0; --quick: 2 and 0)")
     args = ap.parse_args(argv)
     quick = args.quick
     llm = _engine(quick)
+    state: StructuredOutputsState = llm.engine.runner.sampling_states.structured
+    thread_counts = args.fill_threads or ([2, 0] if quick else [state.fill_threads, 2, 0])
     vocab = llm.engine.loaded.vocab_size
     n = 8 if quick else 256
     lengths = (4, 12) if quick else (100, 1024)
@@ -186,28 +160,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts, lens = _workload(n, lengths, vocab, seed=0)
     runs = []
     for r in range(args.rounds):
-        for constrained in (False, True):
-            result = _run(llm, timers, prompts, lens, constrained, 0.6)
-            result["round"] = r
+        for threads in [None] + thread_counts:  # None: the unconstrained run
+            if threads is not None:
+                state.set_fill_threads(threads)
+            result = _run(llm, timers, prompts, lens, threads is not None, 0.6)
+            result.update(round=r, fill_threads=threads)
             runs.append(result)
-            print(f"round {r} {result['run']:>4}: {result['seconds']:.2f} s, {result['steps']} steps, "
-                  f"{result['mean_step_ms']:.2f} ms/step", file=sys.stderr)
-    overheads = [(h["mean_step_ms"] - f["mean_step_ms"]) / f["mean_step_ms"]
-                 for f, h in zip(runs[0::2], runs[1::2])]
-    fill = synthetic_fill(8 if quick else 128, 4096 if quick else 151936)
-    report = {"workload": {"requests": n, "lengths": lengths, "constrained": "every other request",
-                           "schema": SCHEMA, "device": str(llm.engine.loaded.device)},
-              "runs": runs, "overhead_per_round": overheads, "overhead_median": statistics.median(overheads),
-              "synthetic_vocab_fill": fill}
-    print("| round | run | s | steps | ms/step (mean) | ms/step (median) | out tok/s | fill ms/step | refused |")
-    print("|---|---|---|---|---|---|---|---|---|")
+            print(f"round {r} {result['run']:>4} (fill threads {threads}): {result['seconds']:.2f} s, "
+                  f"{result['steps']} steps, {result['mean_step_ms']:.2f} ms/step", file=sys.stderr)
+    free = {x["round"]: x["mean_step_ms"] for x in runs if x["run"] == "free"}
     for x in runs:
-        print(f"| {x['round']} | {x['run']} | {x['seconds']:.2f} | {x['steps']} | {x['mean_step_ms']:.2f} | "
-              f"{x['median_step_ms']:.2f} | {x['output_tok_per_s']:.0f} | {x['fill_ms_per_step']:.3f} | "
-              f"{x['refused_tokens']} |")
-    print(f"step time overhead per round: {', '.join(f'{100 * o:+.1f}%' for o in overheads)}")
-    print(f"synthetic {fill['vocab']}-token vocabulary, {fill['rows']} masks per step: median "
-          f"{fill['median_ms']:.2f} ms, p90 {fill['p90_ms']:.2f} ms, max {fill['max_ms']:.2f} ms")
+        x["overhead"] = (x["mean_step_ms"] - free[x["round"]]) / free[x["round"]] if x["run"] == "half" else 0.0
+    overheads = [x["overhead"] for x in runs if x["run"] == "half" and x["fill_threads"] == thread_counts[0]]
+    fill = (bench_structured_fill.run(["nano"], [0, 2], steps=10) if quick
+            else bench_structured_fill.run(["nano", "synthetic"], [0, 1, 2, 4, 8]))
+    report = {"workload": {"requests": n, "lengths": lengths, "constrained": "every other request",
+                           "schema": SCHEMA, "device": str(llm.engine.loaded.device), "fill_threads": thread_counts},
+              "runs": runs, "overhead_per_round": overheads, "overhead_median": statistics.median(overheads),
+              "fill_without_model": fill}
+    print("| round | run | fill threads | s | steps | ms/step (mean) | ms/step (median) | out tok/s | fill p50 ms "
+          "| exposed p50 ms | prepare ms/step | advance ms/step | refused | overhead |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for x in runs:
+        threads = "" if x["fill_threads"] is None else x["fill_threads"]
+        print(f"| {x['round']} | {x['run']} | {threads} | {x['seconds']:.2f} | {x['steps']} | {x['mean_step_ms']:.2f} | "
+              f"{x['median_step_ms']:.2f} | {x['output_tok_per_s']:.0f} | {x['fill_p50_ms']:.3f} | "
+              f"{x['fill_exposed_p50_ms']:.3f} | {x['prepare_ms_per_step']:.3f} | {x['advance_ms_per_step']:.3f} | "
+              f"{x['refused_tokens']} | {100 * x['overhead']:+.1f}% |")
+    print(f"step time overhead per round: {', '.join(f'{100 * o:+.1f}%' for o in overheads)} "
+          f"(fill threads {thread_counts[0]}; the table has the others)")
+    print("grammar bitmask fill without a model, 128 masks per step (host ms):")
+    bench_structured_fill.print_table(fill)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "structured_bench.json").write_text(json.dumps(report, indent=2))
     try:
@@ -216,11 +199,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.bar([f"r{x['round']} {x['run']}" for x in runs], [x["mean_step_ms"] for x in runs],
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+        ax.bar([f"r{x['round']} {x['run']}" + ("" if x["fill_threads"] is None else f" t{x['fill_threads']}")
+                for x in runs], [x["mean_step_ms"] for x in runs],
                color=["tab:blue" if x["run"] == "free" else "tab:orange" for x in runs])
         ax.set_ylabel("mean step time (ms)")
-        ax.set_title("nano, half JSON-schema constrained vs none")
+        ax.set_title("nano, half JSON-schema constrained (t = fill threads) vs none")
+        ax.tick_params(axis="x", rotation=30)
+        nano = [r for r in fill if r["vocab"] == "nano"]
+        ax2.bar([r["method"].replace("llguidance ", "").replace("filler, ", "") for r in nano],
+                [r["p50_ms"] for r in nano], color="tab:green")
+        ax2.set_ylabel("host ms per step (p50)")
+        ax2.set_title("128 masks per step, nano vocabulary, no model")
+        ax2.tick_params(axis="x", rotation=30)
         fig.tight_layout()
         fig.savefig(args.out / "structured_bench.png", dpi=120)
     except ImportError:

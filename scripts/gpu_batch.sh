@@ -101,9 +101,10 @@ for j in "$@"; do
     spec_pairs) job $j 570 python3 scripts/bench_spec.py --repeats 3 --pairs 24 --fast-pairs 8 --out "$res/spec" ;;
     spec5) job $j 500 python3 scripts/bench_spec.py --repeats 5 --out "$res/spec" ;;
     # Structured outputs: the bitmask kernel at real shapes and the engine on the device, then nano with half the
-    # requests JSON-schema constrained vs none (step time overhead, goal <= 10%). Needs the llguidance and
-    # jsonschema wheels in .device-wheels/.
-    structured) job $j 200 bash -c 'python3 -m pytest -q tests/gpu/test_structured_gpu.py; rc=$?
+    # requests JSON-schema constrained vs none (step time overhead, goal <= 10%; constrained runs at min(8, CPUs), 2
+    # and 0 fill threads; host fill p50 and its exposed part per step), then the fill without a model (LLExecutor
+    # vs fill threads 0-8). Needs the llguidance and jsonschema wheels in .device-wheels/.
+    structured) job $j 260 bash -c 'python3 -m pytest -q tests/gpu/test_structured_gpu.py; rc=$?
         python3 scripts/bench_structured.py --out "$1" || rc=1; exit $rc' _ "$res/structured" ;;
     # MoE (<= 320 s): fused-MoE / routing / alignment kernels vs references at Qwen3-30B-A3B shapes + engine parity;
     # kernel GB/s and TFLOP/s at 1/16/64/256/8192 tokens; the 128-request nano-style run on the Qwen3-30B-A3B

@@ -18,6 +18,7 @@ import torch
 from framework import InvalidRequestError, SamplingParams, StructuredOutputsParams
 from framework.llm import LLM
 from framework.models.embedded import shipped_draft_head_dir, shipped_model_dir
+from samplers.structured.bitmask import apply_token_bitmask
 from samplers.structured.state import StructuredOutputsState
 
 SCHEMAS: dict[str, dict[str, Any]] = {
@@ -197,15 +198,15 @@ def test_unconstrained_neighbours_unchanged() -> None:
 
 def test_negative_control_masks_on_the_wrong_rows(monkeypatch) -> None:
     """Plant the bug the neighbour test guards against (masks one logits row off): it must show."""
-    prepare = StructuredOutputsState.prepare
+    def shifted(self, logits):  # type: ignore[no-untyped-def]
+        step = self.step_masks()
+        self._step_rows = 0
+        if step is None:
+            return logits
+        masks, rows = step
+        return apply_token_bitmask(logits, masks, (rows + 1) % logits.shape[0])
 
-    def shifted(self, req_slots, logits_row_starts, drafts):  # type: ignore[no-untyped-def]
-        prepare(self, req_slots, logits_row_starts, drafts)
-        if self._step is not None:
-            masks, rows = self._step
-            self._step = (masks, (rows + 1) % len(req_slots))
-
-    monkeypatch.setattr(StructuredOutputsState, "prepare", shifted)
+    monkeypatch.setattr(StructuredOutputsState, "apply", shifted)
     with pytest.raises(AssertionError):
         test_unconstrained_neighbours_unchanged()
 

@@ -95,7 +95,7 @@ def test_state_masks_drafts_and_rolls_back() -> None:
     # slot 0 (2 drafts, both valid). Logits rows: 0-3, 4-5, 6-8.
     drafts = [[ord("{"), ord("x"), ord('"')], [7], [ord("b"), ord("c")]]
     state.prepare(np.array([3, 1, 0]), np.array([0, 4, 6]), drafts)
-    masks, rows = state._step  # type: ignore[misc]
+    masks, rows = state.step_masks()  # type: ignore[misc]
     # slot 3: rows 0 and 1 ("{" is valid, "x" is not); slot 0: rows 6, 7, 8. Nothing for slot 1.
     assert rows.tolist() == [0, 1, 6, 7, 8]
     g_json, g_regex = backend.check(schema), backend.check(regex)
@@ -107,7 +107,7 @@ def test_state_masks_drafts_and_rolls_back() -> None:
     # The drafts were rolled back: the step's accepted tokens ("b" only) advance from "a".
     state.advance(0, ["r", "free", "j"], [[ord("b")], [9], [ord("{")]], {"r": 0, "free": 1, "j": 3})
     state.prepare(np.array([0, 3]), np.array([0, 1]), [[], []])
-    masks, rows = state._step  # type: ignore[misc]
+    masks, rows = state.step_masks()  # type: ignore[misc]
     assert [_allowed(m) for m in masks] == [_reference_allowed(g_regex, [ord("a"), ord("b")]),
                                             _reference_allowed(g_json, [ord("{")])]
     assert state.num_refused == 0
@@ -122,7 +122,7 @@ def test_state_ignores_old_outputs_and_stops_at_eos() -> None:
     state.advance(5, ["r"], [[ord("o"), ord("k"), EOS, ord("z")]], {"r": 0})  # what follows eos is dropped
     assert state.ended[0] and state.num_refused == 0
     state.prepare(np.array([0]), np.array([0]), [[]])
-    assert state._step is None  # an ended request's leftover row is not masked
+    assert state.step_masks() is None  # an ended request's leftover row is not masked
     state.remove_request(0)
     assert not state.active
 

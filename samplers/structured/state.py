@@ -1,8 +1,9 @@
 """Per-slot grammar matchers, and the step's token bitmask for every constrained logits row.
 
 The matchers live on the host (the grammar library is CPU code). Each step the runner, after queueing the
-forward, hands this state the tokens of earlier steps (`advance`) and asks for this step's masks
-(`prepare`): the CPU walks the matchers while the GPU computes, and the masks travel in one copy.
+forward, hands this state the tokens of earlier steps (`advance`) and starts this step's masks (`prepare`):
+host threads fill them (`samplers.structured.fill`) while the main thread queues the logits and the sampler,
+and `apply`, the sampler's first edit, waits for the last rows and sends the masks in one copy.
 
 Drafts: a row verifying k drafts owns k+1 logits rows; row j is masked by the matcher after drafts 1..j.
 The matcher is walked forward over the drafts the grammar accepts and rolled back, so it always holds the
@@ -22,15 +23,17 @@ import torch
 from framework.scheduler_output import NewRequestData
 from samplers.structured.backend import GuidanceBackend
 from samplers.structured.bitmask import apply_token_bitmask, bitmask_words
+from samplers.structured.fill import BitmaskFiller, FillJob, FillTiming, default_fill_threads
 
 logger = logging.getLogger(__name__)
 
 
 class StructuredOutputsState:
-    """One llguidance matcher per constrained req_slot; `prepare` builds the step's compact bitmask."""
+    """One llguidance matcher per constrained req_slot; `prepare` starts the step's compact bitmask, `apply`
+    waits for it and masks the logits."""
 
     def __init__(self, max_num_reqs: int, max_logits_rows: int, vocab_size: int, backend: GuidanceBackend,
-                 device: torch.device, next_output: Callable[[], int]) -> None:
+                 device: torch.device, next_output: Callable[[], int], fill_threads: Optional[int] = None) -> None:
         self.backend = backend
         self.device = device
         self.vocab_size = vocab_size
@@ -47,12 +50,15 @@ class StructuredOutputsState:
         self.max_logits_rows = max_logits_rows
         self._next_output = next_output  # sequence number of the runner's next output
         # Allocated with the first constrained request: two pinned buffers used in turn (a step's copy may still
-        # read one while the next step fills the other), and llguidance's thread pool.
+        # read one while the next step fills the other), and the fill threads.
         self._host_masks: list[torch.Tensor] = []
         self._host_rows: list[torch.Tensor] = []
         self._num_fills = 0
-        self._executor: Optional[llguidance.LLExecutor] = None
-        self._step: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # ([N, W] int32, [N] int32) on device
+        self.fill_threads = default_fill_threads() if fill_threads is None else fill_threads
+        self._filler: Optional[BitmaskFiller] = None
+        self._step_rows = 0  # mask rows of the fill in flight (0: this step masks nothing)
+        # Benchmarks set this to a list to collect each step's `FillTiming`.
+        self.fill_timings: Optional[list[FillTiming]] = None
 
     # ---- per-slot verbs ---------------------------------------------------------------------------------
     def add_request(self, req_slot: int, new: NewRequestData) -> None:
@@ -75,12 +81,19 @@ class StructuredOutputsState:
                            new.request_id, matcher.get_error()[:200])
         self.matchers[req_slot] = matcher
         self.first_output[req_slot] = self._next_output()
-        if self._executor is None:
+        if self._filler is None:
             pin = self.device.type == "cuda"
             shape = (self.max_logits_rows, self.num_words)
             self._host_masks = [torch.empty(shape, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
             self._host_rows = [torch.empty(shape[0], dtype=torch.int32, pin_memory=pin) for _ in range(2)]
-            self._executor = llguidance.LLExecutor()
+            self._filler = BitmaskFiller(self.fill_threads)
+
+    def set_fill_threads(self, num_threads: int) -> None:
+        """Use `num_threads` fill threads from the next step on (benchmarks compare pool sizes on one engine)."""
+        self._finish_fill()
+        self.fill_threads = num_threads
+        if self._filler is not None:
+            self._filler = BitmaskFiller(num_threads)  # the old workers stop when it is collected
 
     def remove_request(self, req_slot: int) -> None:
         self.host_enabled[req_slot] = False
@@ -102,6 +115,7 @@ class StructuredOutputsState:
     def advance(self, output_seq: int, request_ids: Sequence[str], tokens: Sequence[Sequence[int]],
                 req_id_to_slot: dict[str, int]) -> None:
         """Feed one step's accepted tokens (per batch row of output `output_seq`) to the matchers."""
+        self._finish_fill()  # a step that failed before its sampler ran: its matchers are still being read
         for request_id, row_tokens in zip(request_ids, tokens):
             slot = req_id_to_slot.get(request_id)
             if slot is None or not row_tokens or self.request_ids[slot] != request_id:
@@ -125,45 +139,57 @@ class StructuredOutputsState:
         logits_row_starts: np.ndarray,  # [R] first logits_row of each batch row (host)
         drafts: Sequence[Sequence[int]],  # per batch row: the draft tokens it verifies this step
     ) -> None:
-        """Fill the host bitmask of every constrained logits row and start its copy to the device."""
+        """Start filling the host bitmask of every constrained logits row (`apply` joins it).
+
+        Only live constrained rows are visited; a step without any starts nothing."""
+        self._finish_fill()
         buf = self._num_fills % 2
-        self._num_fills += 1
-        host_mask, host_rows = self._host_masks[buf], self._host_rows[buf]
-        jobs: list[tuple[llguidance.LLMatcher, int, list[int]]] = []
+        host_rows = self._host_rows[buf]
+        jobs: list[FillJob] = []
         target_rows: list[int] = []
         live = self.host_enabled[req_slots] & ~self.ended[req_slots]
-        for batch_row in np.flatnonzero(live).tolist():  # only the constrained rows are visited
+        for batch_row in np.flatnonzero(live).tolist():
             matcher = self.matchers[int(req_slots[batch_row])]
             if matcher is None or matcher.is_error():
                 continue  # a matcher that already failed: its row is left unmasked
             row_drafts = list(drafts[batch_row])
             valid = matcher.validate_tokens(row_drafts) if row_drafts else 0
             start = int(logits_row_starts[batch_row])
-            jobs.append((matcher, len(target_rows), row_drafts[:valid]))
+            jobs.append(FillJob(matcher, len(target_rows), row_drafts[:valid]))
             target_rows.extend(range(start, start + valid + 1))
-        n = len(target_rows)
+        self._step_rows = n = len(target_rows)
         if n == 0:
-            self._step = None
             return
+        self._num_fills += 1
         host_rows[:n] = torch.from_numpy(np.asarray(target_rows, dtype=np.int32))
-        # llguidance walks the matchers in parallel threads without the GIL: one call for the rows without
-        # drafts, one for those with (it refuses an empty draft list).
-        # (llguidance.torch wraps these two calls, but importing it runs torch.compile's set-up.)
-        assert self._executor is not None
-        row_bytes, ptr = 4 * self.num_words, host_mask.data_ptr()  # rows of host_mask are contiguous
-        plain = [(m, i) for m, i, d in jobs if not d]
-        if plain:
-            self._executor.unsafe_compute_mask_ptr(plain, ptr, row_bytes, n)
-        if len(plain) < len(jobs):
-            self._executor.unsafe_compute_mask_ptr_with_draft_token([job for job in jobs if job[2]], ptr, row_bytes, n)
-        self._step = (host_mask[:n].to(self.device, non_blocking=True),
-                      host_rows[:n].to(self.device, non_blocking=True))
+        assert self._filler is not None
+        host_mask = self._host_masks[buf]  # rows contiguous: row r at data_ptr + r * 4 * num_words
+        self._filler.start(jobs, host_mask.data_ptr(), 4 * self.num_words)
+
+    def step_masks(self) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """This step's host masks, once filled: ([N, W] int32, [N] int32 logits_row of each); None if none."""
+        self._finish_fill()
+        n = self._step_rows
+        if n == 0:
+            return None
+        buf = (self._num_fills - 1) % 2
+        return self._host_masks[buf][:n], self._host_rows[buf][:n]
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """[L, V]: this step's masks applied (the sampler's first edit)."""
-        if self._step is None:
+        """[L, V]: this step's masks applied (the sampler's first edit). Waits for the fill, then queues one
+        copy of the masks (pinned host memory, no host sync) and the kernel."""
+        step = self.step_masks()
+        self._step_rows = 0
+        if step is None:
             return logits
-        return apply_token_bitmask(logits, *self._step)
+        mask, rows = (t.to(self.device, non_blocking=True) for t in step)
+        return apply_token_bitmask(logits, mask, rows)
+
+    def _finish_fill(self) -> None:
+        if self._filler is not None and self._filler.in_flight:
+            timing = self._filler.join()
+            if self.fill_timings is not None and timing is not None:
+                self.fill_timings.append(timing)
 
 
 def _consume(matcher: llguidance.LLMatcher, tokens: list[int]) -> bool:
