@@ -81,7 +81,6 @@ for j in "$@"; do
         tests/gpu/test_spec_gpu.py ;;
     spec-quick) job $j 160 python3 scripts/bench_spec.py --repeats 2 --out "$res/spec" ;;
     spec-greedy) job $j 120 python3 scripts/bench_spec.py --repeats 2 --workloads greedy-repeat --batch-sizes 64 256 --out "$res/spec_greedy" ;;
-    diag_plan) job $j 110 python3 scripts/diag_fused_plan.py --quick --out "$res/diag_plan" ;;
     diag_dk) job $j 150 python3 scripts/diag/diag_dynamic_k.py --out "$res/diag_dk" ;;
     diag_dk_blas1) OPENBLAS_NUM_THREADS=1 job $j 150 python3 scripts/diag/diag_dynamic_k.py --out "$res/diag_dk_blas1" ;;
     policy_host) job $j 60 python3 scripts/bench_policy_host.py --out "$res/$j" ;;

@@ -30,7 +30,7 @@ def test_the_cycles_issue_28_named_stay_broken():
     function-level or TYPE_CHECKING import (which is how they had been hidden)."""
     graph = import_graph(REPO, deferred=True)
     assert "framework" not in graph["samplers"]
-    assert "samplers" not in graph["framework.v1.sampling"]
+    assert "samplers" not in graph["framework.v1.model_runner"]
     assert "framework.distributed.worker" not in graph["framework.distributed.launch"]
     assert "speculators.head_drafter" not in graph["speculators.draft_graphs"]
     assert "speculators.dynamic" not in graph["speculators.policy"]
