@@ -361,17 +361,20 @@ def sample_fused(
     params: SlotSamplingParams,
     *,
     fused: Optional[bool] = None,
+    any_random: bool = True,
     need_plan: bool = True,
     all_gather: bool = False,
     nonfinite_code: int = 1,
     no_token_code: int = 2,
 ) -> FusedSample:
     """Steps 1 and 8-12 on raw logits (all the V1 runner samples): the fused Triton path (`fused=None`: on CUDA
-    tensors), else the reference. `need_plan` / `all_gather` as for `sample_fused_triton`."""
+    tensors), else the reference. The host's hints: `need_plan` / `all_gather` as for `sample_fused_triton`,
+    `any_random=False` when every row is greedy (the reference then takes the argmax alone)."""
     if use_triton(logits) if fused is None else fused:
         return sample_fused_triton(logits, expanded_idx_mapping, positions, params, need_plan=need_plan,
                                    all_gather=all_gather, nonfinite_code=nonfinite_code, no_token_code=no_token_code)
-    return sample_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code)
+    return sample_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code,
+                            any_random=any_random, any_filter=need_plan)
 
 
 def _group_size(vocab_size: int) -> int:

@@ -108,11 +108,18 @@ def sample_reference(
     params: SlotSamplingParams,
     nonfinite_code: int = 1,
     no_token_code: int = 2,
+    *,
+    any_random: bool = True,
+    any_filter: bool = True,
 ) -> FusedSample:
     """Steps 1 and 8-12 in PyTorch, on a sanitized copy: temperature, top-k, top-p, min-p, then Gumbel-max
-    (greedy rows: argmax), every error flagged."""
+    (greedy rows: argmax), every error flagged. `any_random=False` (every row greedy) and `any_filter=False`
+    (no row uses top-k, top-p or min-p) skip stages that would change nothing, as the host mirrors tell."""
     logits, nonfinite = sanitize_logits_reference(logits.float().clone())
+    if not any_random:
+        sampled = logits.argmax(dim=-1)
+        return FusedSample(sampled, row_errors(logits, sampled, nonfinite, nonfinite_code, no_token_code))
     row = row_params(params, expanded_idx_mapping)
-    y = processed_logits(logits, row, reference=True)
+    y = processed_logits(logits, row, top_k_top_p=any_filter, min_p=any_filter, reference=True)
     sampled = pick_tokens(y, row, positions, reference=True)
     return FusedSample(sampled, row_errors(y, sampled, nonfinite, nonfinite_code, no_token_code))

@@ -55,6 +55,9 @@ for j in "$@"; do
         0.6b-pp2 --num-requests-8b 128 --timeout 110 ;;
     serve) job $j 420 python3 -m framework.cli bench experiment=serve_nano bench.output_dir="$res/serve" ;;
     nano) job $j 330 python3 -m framework.cli bench experiment=nano bench.output_dir="$res/nano" ;;
+    # The V1 runner on the same requests (decode graphs, fused sampler; docs/runners.md): target >= 13,500 out tok/s.
+    v1_nano) job $j 300 python3 -m framework.cli bench experiment=nano runner=v1 bench.baselines=[] \
+        bench.decode_idle_batch=0 bench.output_dir="$res/v1_nano" ;;
     gpu_tests_engine) job $j 200 python3 -m pytest -q tests/gpu/test_sampler_gpu.py tests/gpu/test_gpu_engine.py \
         tests/gpu/test_draft_heads_gpu.py ;;
     sampler) job $j 80 python3 scripts/bench_sampler.py "$res/sampler" ;;

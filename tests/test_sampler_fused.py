@@ -340,3 +340,10 @@ def test_sample_fused_is_the_fused_path_or_the_reference():
         assert got.sampled.tolist() == expected.sampled.tolist() and got.errors.tolist() == expected.errors.tolist()
     with pytest.raises(ValueError, match="all_gather"):
         sample_fused(logits, idx, positions, params, fused=True, need_plan=False, all_gather=True)
+    # The hints that skip stages: slots 0 (greedy) and 1 (random, no filter) need no plan, slot 0 alone no noise.
+    for slots, hints in (([0, 1, 1, 0], dict(need_plan=False)), ([0, 0], dict(any_random=False, need_plan=False))):
+        sub = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+        want = sample_reference(logits[: len(slots)], sub, positions[: len(slots)], params)
+        for fused in (False, True):
+            got = sample_fused(logits[: len(slots)].clone(), sub, positions[: len(slots)], params, fused=fused, **hints)
+            assert got.sampled.tolist() == want.sampled.tolist() and got.errors.tolist() == want.errors.tolist()
