@@ -44,9 +44,9 @@ Slow path: a row whose candidates overflow the buffer (k > CAP / GROUP with an u
 a top-p-alone row whose candidates all pass top-p while tokens below the cutoff are within `WIN` of the row
 max (flat rows, p close to 1: the kept set may extend below the candidates), is sampled by the resolve
 kernel with the top-k/top-p kernel's thresholds (`samplers.top_k_top_p._top_k_top_p_threshold`: bisection
-over the whole row, 33 passes per threshold), then a Gumbel pass: the same token, slower. A token more than `WIN` = 21 below the row max
-can never win (the noise spans [-2.86, 17.34] and the row's most likely token is always kept), so such
-tokens need not be candidates.
+over the whole row, 33 passes per threshold), then a Gumbel pass: the same token, slower. A token more than
+`WIN` = 21 below the row max can never win (the noise spans [-2.86, 17.34] and the row's most likely token is
+always kept), so such tokens need not be candidates.
 """
 
 from __future__ import annotations
@@ -371,7 +371,7 @@ def sample_fused(
     tensors), else the reference. The host's hints: `need_plan` / `all_gather` as for `sample_fused_triton`,
     `any_random=False` when every row is greedy (the reference then takes the argmax alone)."""
     if use_triton(logits) if fused is None else fused:
-        return sample_fused_triton(logits, expanded_idx_mapping, positions, params, need_plan=need_plan,
+        return sample_fused_triton(logits.float(), expanded_idx_mapping, positions, params, need_plan=need_plan,
                                    all_gather=all_gather, nonfinite_code=nonfinite_code, no_token_code=no_token_code)
     return sample_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code,
                             any_random=any_random, any_filter=need_plan)

@@ -129,8 +129,8 @@ class Sampler:
         need_plan = stages.any_top_k or stages.any_top_p or stages.any_min_p
         logits = self.apply_logits_edits(logits, expanded_idx_mapping, sample_positions, stages)  # 2.-7.
         sampled, errors = sample_fused_triton(  # 8.-12.
-            logits, expanded_idx_mapping, sample_positions.long(), self.states.params.slot_params, sanitize=not separate_sanitize,
-            nonfinite=nonfinite, need_plan=need_plan, all_gather=stages.all_gather,
+            logits, expanded_idx_mapping, sample_positions.long(), self.states.params.slot_params,
+            sanitize=not separate_sanitize, nonfinite=nonfinite, need_plan=need_plan, all_gather=stages.all_gather,
             nonfinite_code=ROW_NONFINITE_LOGITS, no_token_code=ROW_NO_TOKEN_LEFT,
         )
         logprobs = compute_logprobs(raw, sampled, stages.num_logprobs) if raw is not None else None  # 13.

@@ -344,3 +344,23 @@ def test_v1_decode_steps_replay_graphs_with_the_eager_tokens(tiny_llm_factory, m
     assert [o.token_ids for o in replayed] == [o.token_ids for o in eager]
     replays = {size: graph.replays for (size, _), (graph, _) in runner.cuda_graphs.graphs.items()}
     assert replays[8] > 0 and replays[2] > 0 and sum(replays.values()) > runner.eager_forwards, replays
+
+
+def test_step_inputs_packed_into_one_copy_come_back_as_each_array() -> None:
+    """`HostToDevice.many` sends a step's arrays as one byte buffer (on CUDA): packed at 16-byte offsets and
+    viewed back with each dtype and shape, every value survives (mixed dtypes, odd sizes, 2-D, empty)."""
+    from framework.v1.inputs import pack, pack_layout, unpack
+
+    rng = np.random.default_rng(0)
+    hosts = {"a": rng.integers(-2**40, 2**40, 7), "b": rng.integers(-9, 9, (3, 5)).astype(np.int32),
+             "c": np.zeros(0, dtype=np.int64), "d": rng.integers(0, 2**31 - 1, 1).astype(np.int32),
+             "e": rng.random(6).astype(np.float32)}
+    offsets, total = pack_layout(hosts, 16)
+    assert all(o % 16 == 0 for o in offsets.values()) and total % 16 == 0
+    assert total >= sum(h.nbytes for h in hosts.values())
+    staged = torch.full((total,), 255, dtype=torch.uint8)
+    pack(hosts, offsets, staged.numpy())
+    views = unpack(staged.clone(), hosts, offsets)
+    for name, host in hosts.items():
+        assert views[name].shape == host.shape and views[name].numpy().dtype == host.dtype, name
+        assert np.array_equal(views[name].numpy(), host), name
