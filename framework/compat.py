@@ -47,8 +47,9 @@ def _cuda_device_capability() -> tuple[str, tuple[int, int]]:
     return torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index)
 
 
-def _triton_reasons(config: Mrv2Config) -> list[str]:
-    """V2's GPU path needs Triton; none of this matters on the CPU, where V2 runs its PyTorch references."""
+def triton_reasons(config: Mrv2Config) -> list[str]:
+    """Why Triton cannot run on the configured device (empty when it can, and always on the CPU): V2's GPU path
+    needs it, and V1 uses it when it runs (fused sampler, CUDA graphs over Triton attention)."""
     if config.device == "cpu" or not _cuda_available():
         return []  # device=cuda without a GPU is refused later, with its own message
     error = _triton_import_error()
@@ -96,7 +97,7 @@ def v2_unsupported_reasons(config: Mrv2Config) -> list[str]:
     Every reason is real: an environment V2 cannot run in, or a capability only V1 offers (module docstring).
     Reading the model's config.json can raise what loading the model would (`CheckpointError`).
     """
-    return _triton_reasons(config) + _model_state_reasons(config)
+    return triton_reasons(config) + _model_state_reasons(config)
 
 
 def check_speculator(config: Mrv2Config) -> None:

@@ -18,6 +18,7 @@ from framework.config import ConfigError, Mrv2Config
 from framework.encoder_input import EncoderInput
 from framework.engine_setup import load_model, resolve_device
 from framework.kv_cache_manager import KVCacheManager
+from framework.logits_processor_setup import logits_processor_classes
 from framework.model_runner import ModelRunnerV2
 from framework.output_processor import OutputProcessor
 from framework.parallel_sampling import ParallelSamplingTable, fan_out
@@ -30,7 +31,6 @@ from framework.sampling_params import InvalidRequestError, SamplingParams, first
 from framework.scheduler import Scheduler
 from framework.scheduler_output import SchedulerOutput
 from framework.v1 import ModelRunnerV1
-from samplers.logits_processors import logits_processor_classes
 from samplers.sampler import ROW_ERROR_MESSAGES
 from speculators.metrics import SpecDecodeMetrics
 from speculators.dynamic import build_draft_policy

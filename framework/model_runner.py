@@ -20,11 +20,11 @@ from framework.engine_setup import LoadedModel
 from framework.input_batch import InputBatch, build_input_batch
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.kernels.input_prep import compute_num_sampled, post_update, token_batch_rows
+from framework.logits_processor_setup import build_logits_processors
 from framework.request_state import RequestState
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from model_states import ModelState, select_model_state
-from samplers.logits_processors import build_logits_processors
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates

@@ -16,8 +16,8 @@ buffer's order), then
     token:  argmax of y_i + gumbel(seed, position, token) over kept candidates, lowest id on ties
 
 A row whose candidates overflowed the buffer, or whose top-p set may extend below them, is sampled by
-`_exact_row_sample`: the bisection of the old top-k/top-p kernel over the whole row (33 counting passes per
-threshold), then a Gumbel pass. Slow, exact, and needed only by unusual rows.
+`_exact_row_sample`: the thresholds of the top-k/top-p kernel (`_top_k_top_p_threshold`: bisection over the
+whole row, 33 counting passes per threshold), then a Gumbel pass. Slow, exact, and needed only by unusual rows.
 """
 
 from __future__ import annotations
@@ -25,26 +25,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from samplers.gumbel import _row_key, _token_bits
-from samplers.top_k_top_p import _ordered_key
+from samplers.gumbel import _gumbel_noise, _row_key
+from samplers.top_k_top_p import _load_scaled, _ordered_key, _top_k_top_p_threshold
 
 FIXED_ONE = tl.constexpr(1099511627776.0)  # 2**40: fixed-point scale of the masses (a constexpr: read by kernels)
 WIN = tl.constexpr(21.0)  # a token more than this below the row max never wins: Gumbel noise spans 20.19
-
-
-@triton.jit
-def _noise(key, tokens):
-    """-log(-log(u)) of the stateless uniform of `samplers.gumbel`."""
-    u = ((_token_bits(key, tokens) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-    return -tl.log(-tl.log(u))
-
-
-@triton.jit
-def _load_y(row_ptr, offs, vocab_size, temp, SANITIZE: tl.constexpr):
-    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=-float("inf"))
-    if SANITIZE:
-        x = tl.where(x < float("inf"), x, -float("inf"))
-    return tl.math.div_rn(x, temp)
 
 
 @triton.jit
@@ -68,62 +53,18 @@ def _compare_tile(cand_x, i0, n, temp, row_max, TILE_I: tl.constexpr, TILE_J: tl
 @triton.jit
 def _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
                       SANITIZE: tl.constexpr, BLOCK: tl.constexpr):
-    """(token, its score) for one row straight from the logits: thresholds by bisection, then Gumbel-max."""
-    row_max = tl.full([], -float("inf"), tl.float32)
-    key_min = tl.full([], 2147483647, tl.int32)
-    key_max = tl.full([], -2147483648, tl.int32)
-    for start in range(0, vocab_size, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        y = _load_y(row_ptr, offs, vocab_size, temp, SANITIZE)
-        keys = _ordered_key(y)
-        row_max = tl.maximum(row_max, tl.max(y, axis=0))
-        key_min = tl.minimum(key_min, tl.min(tl.where(offs < vocab_size, keys, 2147483647), axis=0))
-        key_max = tl.maximum(key_max, tl.max(tl.where(offs < vocab_size, keys, -2147483648), axis=0))
-    threshold = key_min.to(tl.int64)
-    if row_max > -float("inf"):
-        if k_on:  # the largest key v with count(keys >= v) >= k
-            lo = key_min.to(tl.int64)
-            hi = key_max.to(tl.int64) + 1
-            for _ in range(33):
-                mid = lo + (hi - lo) // 2
-                count = tl.zeros([], dtype=tl.int32)
-                for start in range(0, vocab_size, BLOCK):
-                    offs = start + tl.arange(0, BLOCK)
-                    keys = _ordered_key(_load_y(row_ptr, offs, vocab_size, temp, SANITIZE)).to(tl.int64)
-                    count += tl.sum(((offs < vocab_size) & (keys >= mid)).to(tl.int32), axis=0)
-                take = count >= k
-                lo = tl.where(take, mid, lo)
-                hi = tl.where(take, hi, mid)
-            threshold = lo
-        if p_on:  # the smallest key v with mass(keys > v) < p * Z
-            total = tl.zeros([], dtype=tl.float32)
-            for start in range(0, vocab_size, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                y = _load_y(row_ptr, offs, vocab_size, temp, SANITIZE)
-                total += tl.sum(tl.where(_ordered_key(y).to(tl.int64) >= threshold, tl.exp(y - row_max), 0.0), 0)
-            target = p * total
-            lo = threshold - 1
-            hi = key_max.to(tl.int64)
-            for _ in range(33):
-                mid = lo + (hi - lo) // 2
-                mass = tl.zeros([], dtype=tl.float32)
-                for start in range(0, vocab_size, BLOCK):
-                    offs = start + tl.arange(0, BLOCK)
-                    y = _load_y(row_ptr, offs, vocab_size, temp, SANITIZE)
-                    mass += tl.sum(tl.where(_ordered_key(y).to(tl.int64) > mid, tl.exp(y - row_max), 0.0), 0)
-                take = mass < target
-                hi = tl.where(take, mid, hi)
-                lo = tl.where(take, lo, mid)
-            threshold = tl.maximum(threshold, hi)
+    """(token, its score) for one row straight from the logits: the top-k/top-p kernel's thresholds, then
+    Gumbel-max."""
+    threshold, row_max = _top_k_top_p_threshold(row_ptr, temp, k_on, k, p_on, p, vocab_size, SANITIZE, BLOCK)
     best_value = tl.full([], -float("inf"), tl.float32)
     best_token = tl.zeros([], dtype=tl.int32)
     for start in range(0, vocab_size, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        y = _load_y(row_ptr, offs, vocab_size, temp, SANITIZE)
+        y = _load_scaled(row_ptr, offs, vocab_size, temp, SANITIZE)
         keep = (offs < vocab_size) & (_ordered_key(y).to(tl.int64) >= threshold) & (y > -float("inf"))
         if min_p > 0.0:
             keep = keep & (tl.exp(y - row_max) >= min_p)
-        score = tl.where(keep, y + _noise(key, offs), -float("inf"))
+        score = tl.where(keep, y + _gumbel_noise(key, offs), -float("inf"))
         block_best = tl.max(score, axis=0)
         take = block_best > best_value
         best_token = tl.where(take, start + tl.argmax(score, axis=0, tie_break_left=True), best_token)
@@ -145,7 +86,7 @@ def _pick(greater, mass, v_i, rows, n, cand_t, z, row_max, k_on, k, p_on, p, min
         keep = keep & in_p
     if min_p > 0.0:
         keep = keep & (tl.exp(v_i - row_max) >= min_p)
-    score = tl.where(keep, v_i + _noise(key, t_i), -float("inf"))
+    score = tl.where(keep, v_i + _gumbel_noise(key, t_i), -float("inf"))
     tile_best = tl.max(score, axis=0)
     tile_token = tl.min(tl.where(keep & (score == tile_best), t_i, 2147483647), axis=0)
     return tile_best, tile_token, num_dropped

@@ -1,6 +1,6 @@
 """Stages 8-12 of the sampler fused: temperature, top-k, top-p, min-p and Gumbel-max in one or two reads.
 
-The result is the reference pipeline's (`sample_fused_reference`: temperature, `apply_top_k_top_p_reference`,
+The result is the reference's (`samplers.reference.sample_reference`: temperature, `apply_top_k_top_p_reference`,
 `apply_min_p_reference`, `gumbel_sample_reference`, or the argmax for greedy rows), token for token, with the
 kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only read. Write `y = x / T`.
 
@@ -15,8 +15,8 @@ kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only 
      (`samplers.penalties`).
   2. `_fused_plan_kernel` (one program per row):
      a. picks a cutoff `c` on x such that `want <= G(c) <= limit`, with `G(c)` the number of groups whose max
-        is `>= c`: a search over the order-preserving int keys of the group maxima, held in registers
-        (`samplers.fused_cutoff`; bisection by default, see `PLAN_CUTOFF`). `want` tokens are then `>= c`,
+        is `>= c`: a bisection over the order-preserving int keys of the group maxima, held in registers
+        (`samplers.fused_cutoff`). `want` tokens are then `>= c`,
         so every token of the top-k set is; at most `GROUP * limit <= CAP` tokens are `>= c`. `want` is k
         (top-k), or `CAP / GROUP / 2` groups for top-p alone. `c` is lowered by a few ulps, as `x / T` may
         round a slightly smaller x to the same y.
@@ -43,87 +43,47 @@ fixed point, so the order of the candidates never changes a result.
 Slow path: a row whose candidates overflow the buffer (k > CAP / GROUP with an unlucky spread, huge ties), or
 a top-p-alone row whose candidates all pass top-p while tokens below the cutoff are within `WIN` of the row
 max (flat rows, p close to 1: the kept set may extend below the candidates), is sampled by the resolve
-kernel with the old algorithm (threshold bisection over the whole row, 33 passes
-per threshold, then a Gumbel pass): the same token, slower. A token more than `WIN` = 21 below the row max
-can never win (the noise spans [-2.86, 17.34] and the row's most likely token is always kept), so such
-tokens need not be candidates.
+kernel with the top-k/top-p kernel's thresholds (`samplers.top_k_top_p._top_k_top_p_threshold`: bisection
+over the whole row, 33 passes per threshold), then a Gumbel pass: the same token, slower. A token more than
+`WIN` = 21 below the row max can never win (the noise spans [-2.86, 17.34] and the row's most likely token is
+always kept), so such tokens need not be candidates.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from samplers.fused_cutoff import _cutoff, _key_value, cutoff_code
+from samplers.fused_cutoff import _bisect_cutoff, _key_value
 from samplers.fused_resolve import _fused_resolve_kernel
-from samplers.gumbel import _row_key, _token_bits, gumbel_sample_reference
-from samplers.sanitize import sanitize_logits_reference
-from samplers.top_k_top_p import _ordered_key, apply_min_p_reference, apply_top_k_top_p_reference
+from samplers.gumbel import _gumbel_noise, _row_key
+from samplers.reference import FusedSample, SlotSamplingParams, sample_reference
+from samplers.top_k_top_p import _ordered_key
 from samplers.triton_utils import use_triton, vocab_block
 
 # Groups of 32 (H200, 256 x 151,936, k = 50: plan kernel 45-53 us against 60-70 us with groups of 16, the
-# whole pipeline 117-125 against 130-146 us; scripts/diag_fused_plan.py): half the group maxima to search.
+# whole pipeline 117-125 against 130-146 us; docs/benchmarks.md): half the group maxima to search.
 GROUP = 32  # tokens per group maximum written by pass 1
 CAP = 2048  # candidate buffer entries per logits row (CAP / GROUP groups per gather tile)
-# Launch shapes, H200, 256 x 151,936, k = 50 (scripts/diag_fused_plan.py, pipeline peaked / flat against one read
+# Launch shapes, H200, 256 x 151,936, k = 50 (docs/benchmarks.md; pipeline peaked / flat against one read
 # of 57.7 us): 119.5 / 115.9 us with the first pass at 4 warps and 2048 programs, the plan at 16 warps and the
 # resolve at 4; 100.5 / 97.9 us (1.75x) with 2 / 4096 / 8 warps capped at 128 registers (2 plans per SM: one
 # wave of 256 rows) / 8. Each change alone: 112.3, 116.4, 110.8, 117.4 us peaked.
 TARGET_PROGRAMS = 4096  # pass 1 and 2 split rows into chunks until about this many programs run
 STATS_WARPS = 2  # warps of the first pass's programs
 PLAN_WARPS = 8  # the plan holds a row's group maxima (8,192 padded at V = 151,936: 32 per thread) in registers
-# The plan's cutoff search (`samplers.fused_cutoff.CUTOFFS`): bisection measured faster than the radix select on
-# an H200 (plan kernel 71 against 102 us at 256 x 151,936: tl.histogram contends on the few busy bins of
-# clustered keys); "split" / "guess" cut the rounds (scripts/diag_fused_plan.py compares them).
-PLAN_CUTOFF = "bisect"
-PLAN_KEYS_ONLY = False  # the plan drops the group maxima once it has their keys (fewer registers; same result)
+# The plan's cutoff search is a bisection: on an H200 it beat a radix select (plan kernel 71 against 102 us at
+# 256 x 151,936: tl.histogram contends on the few busy bins of clustered keys) and the 4-way and value-guided
+# splits tried after it (docs/benchmarks.md, "Third design"), which production never selected and are gone.
 PLAN_MAXNREG: Optional[int] = 128  # a register cap for the plan kernel (None: the compiler's choice)
 # Candidates per side of the resolve's pairwise tiles (rows with at most this many: one tile). H200, 256 x 151,936,
 # k = 50: pipeline 119 / 115 us (peaked / flat) with 32, 150 / 145 with 64 (a 64 x 64 tile of int64 masses
 # overflows the registers of a 4-warp program).
 RESOLVE_TILE = 32
 RESOLVE_WARPS = 8  # the resolve kernel samples gather rows from their candidates: small programs, one wave
-
-
-class SlotSamplingParams(NamedTuple):
-    """The per-request-slot parameter tables ([S] each), read through `expanded_idx_mapping`."""
-
-    temperature: torch.Tensor  # [S] float32, 0 = greedy
-    top_k: torch.Tensor  # [S] int32, <= 0 or >= V = off
-    top_p: torch.Tensor  # [S] float32, >= 1 = off
-    min_p: torch.Tensor  # [S] float32, 0 = off
-    seed: torch.Tensor  # [S] int64
-
-
-class FusedSample(NamedTuple):
-    sampled: torch.Tensor  # [L] int64
-    errors: torch.Tensor  # [L] int32: 0, `nonfinite_code` or `no_token_code`
-
-
-def sample_fused_reference(
-    logits: torch.Tensor,  # [L, V] float32 (NaN/+inf allowed: treated as -inf and flagged)
-    expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
-    positions: torch.Tensor,  # [L] int64: position of the token being sampled
-    params: SlotSamplingParams,
-    nonfinite_code: int = 1,
-    no_token_code: int = 2,
-) -> FusedSample:
-    """Temperature, top-k, top-p, min-p, then Gumbel-max (greedy rows: argmax), on a sanitized copy."""
-    logits, nonfinite = sanitize_logits_reference(logits.float().clone())
-    slots = expanded_idx_mapping.long()
-    temperature = params.temperature[slots]
-    greedy = temperature == 0
-    y = logits / torch.where(greedy, 1.0, temperature).unsqueeze(1)
-    y = apply_top_k_top_p_reference(y, torch.where(greedy, 0, params.top_k[slots]),
-                                    torch.where(greedy, 1.0, params.top_p[slots]))
-    y = apply_min_p_reference(y, torch.where(greedy, 0.0, params.min_p[slots]))
-    sampled = torch.where(greedy, y.argmax(dim=-1), gumbel_sample_reference(y, params.seed[slots], positions))
-    no_token = y.gather(1, sampled.unsqueeze(1)).squeeze(1) == float("-inf")
-    errors = torch.where(nonfinite, nonfinite_code, torch.where(no_token, no_token_code, 0)).int()
-    return FusedSample(sampled, errors)
 
 
 # ---- Triton ------------------------------------------------------------------------------------------------
@@ -202,8 +162,7 @@ def _fused_plan_kernel(
     logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr,
     group_max_ptr, row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, chosen_ptr, cand_value_ptr, cand_token_ptr,
     num_groups, num_chunks, vocab_size, SANITIZE: tl.constexpr, CAP: tl.constexpr, GROUP: tl.constexpr,
-    CHUNKS: tl.constexpr, GROUPS: tl.constexpr, CUTOFF: tl.constexpr = 0, KEYS_ONLY: tl.constexpr = False,
-    STOP_AFTER: tl.constexpr = 0,
+    CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
@@ -219,22 +178,19 @@ def _fused_plan_kernel(
     tl.store(row_max_ptr + logits_row, row_max)  # read by min-p in the sample kernel
     if gather:
         tl.store(row_sum_ptr + logits_row, tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0))
-        _plan_row(logits_ptr + logits_row * logits_stride, logits_row, req_slot, k_on, x_max, top_k_ptr,
+        _plan_row(logits_ptr + logits_row * logits_stride, logits_row, req_slot, k_on, top_k_ptr,
                   group_max_ptr, cutoff_ptr, count_ptr, chosen_ptr, cand_value_ptr, cand_token_ptr, num_groups,
-                  vocab_size, SANITIZE, CAP, GROUP, GROUPS, CUTOFF, KEYS_ONLY, STOP_AFTER)
+                  vocab_size, SANITIZE, CAP, GROUP, GROUPS)
 
 
 @triton.jit
 def _plan_row(
-    row_ptr, logits_row, req_slot, k_on, x_max, top_k_ptr, group_max_ptr, cutoff_ptr, count_ptr, chosen_ptr,
+    row_ptr, logits_row, req_slot, k_on, top_k_ptr, group_max_ptr, cutoff_ptr, count_ptr, chosen_ptr,
     cand_value_ptr, cand_token_ptr, num_groups, vocab_size, SANITIZE: tl.constexpr, CAP: tl.constexpr,
-    GROUP: tl.constexpr, GROUPS: tl.constexpr, CUTOFF: tl.constexpr, KEYS_ONLY: tl.constexpr,
-    STOP_AFTER: tl.constexpr,
+    GROUP: tl.constexpr, GROUPS: tl.constexpr,
 ):
-    """Steps 1-3 of the plan for one gather row: its cutoff and its candidates (their number in `count_ptr`,
-    more than CAP when they overflowed). `STOP_AFTER` (diagnostics only, 0 = never) ends it after step 1 (the
-    group maxima loaded), 2 (the cutoff) or 3 (the chosen groups), storing a value of that step's result as the
-    row's count so nothing is optimised away: the row is then not sampled."""
+    """Steps 1-3 of the plan for one gather row: its cutoff (in `cutoff_ptr`) and its candidates (their number
+    in `count_ptr`, more than CAP when they overflowed)."""
     MAX_GROUPS: tl.constexpr = CAP // GROUP  # groups whose tokens surely fit the buffer; groups per gather tile
     # 1. A cutoff c (on x) with want <= groups(max >= c) <= limit: then c <= t_k (want tokens are >= c) and at
     # most GROUP * limit tokens are >= c. Top-k wants k; top-p alone wants as many as fit.
@@ -247,32 +203,19 @@ def _plan_row(
     # Lanes past the row hold -inf: no larger than any group max, as the cutoff searches require.
     group_max = tl.load(group_max_ptr + logits_row * num_groups + groups, mask=valid, other=-float("inf"))
     keys = _ordered_key(group_max)
-    if STOP_AFTER == 1:
-        tl.store(count_ptr + logits_row, tl.sum(keys, axis=0))
-        return
     cutoff = tl.full([], -float("inf"), tl.float32)
     if want <= num_groups:
-        key, unused_count = _cutoff(keys, valid, num_groups, want, limit, _ordered_key(x_max), GROUPS, CUTOFF)
+        key, unused_count = _bisect_cutoff(keys, valid, num_groups, want, limit)
         cutoff = _key_value(key)
         # x / T may round a slightly smaller x to the same y as c: lower c by more than that (4 ulp).
         cutoff = tl.where(cutoff > -float("inf"), cutoff - tl.abs(cutoff) * (1.0 / 1048576.0) - 1e-30, cutoff)
     tl.store(cutoff_ptr + logits_row, cutoff)
-    if STOP_AFTER == 2:
-        tl.store(count_ptr + logits_row, cutoff.to(tl.int32, bitcast=True))
-        return
     # 2. The ids of the groups whose max is >= c, compacted (scratch of CAP per row: a chosen group holds at
     # least one candidate, so more than CAP of them overflow the buffer anyway).
-    if KEYS_ONLY:  # the same test on the keys (monotone in x; -0.0 and +0.0 share one): group_max is dead by now
-        no_key = _ordered_key(tl.full([], -float("inf"), tl.float32))  # -inf groups and the lanes past the row
-        chosen = (keys >= _ordered_key(cutoff)) & (keys > no_key)
-    else:
-        chosen = valid & (group_max >= cutoff) & (group_max > -float("inf"))
+    chosen = valid & (group_max >= cutoff) & (group_max > -float("inf"))
     num_chosen = tl.sum(chosen.to(tl.int32), axis=0)
     pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
     tl.store(chosen_ptr + logits_row * CAP + pos, groups, mask=chosen & (pos < CAP))
-    if STOP_AFTER == 3:
-        tl.store(count_ptr + logits_row, num_chosen)
-        return
     tl.debug_barrier()  # the list is read back by other threads of this program
     # 3. Their tokens, MAX_GROUPS groups per tile (one tile for k <= MAX_GROUPS): append every finite x >= c
     # (x, id) to the row's buffer; the count goes on past CAP, which sends the row to the exact path.
@@ -331,8 +274,7 @@ def _fused_sample_kernel(
                 score = x
             else:
                 y = tl.math.div_rn(x, temp)  # IEEE division, as torch
-                u = ((_token_bits(key, offs) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-                score = y - tl.log(-tl.log(u))
+                score = y + _gumbel_noise(key, offs)
                 if use_min_p:
                     score = tl.where(tl.exp(y - row_max) < min_p, -float("inf"), score)
             take = mask & (score > lane_value)
@@ -358,7 +300,7 @@ def sample_fused_triton(
     nonfinite_code: int = 1,
     no_token_code: int = 2,
 ) -> FusedSample:
-    """Same result as `sample_fused_reference`.
+    """Same result as `samplers.reference.sample_reference`.
 
     `sanitize`: treat NaN/+inf as -inf and flag the row (the caller did not run `sanitize_logits`).
     `need_plan=False` skips pass 1 and the plan; only valid when no row uses top-k, top-p or min-p.
@@ -417,14 +359,22 @@ def sample_fused(
     expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
     positions: torch.Tensor,  # [L] int64
     params: SlotSamplingParams,
+    *,
+    fused: Optional[bool] = None,
+    any_random: bool = True,
+    need_plan: bool = True,
+    all_gather: bool = False,
     nonfinite_code: int = 1,
     no_token_code: int = 2,
 ) -> FusedSample:
-    """Steps 8-12 on raw logits: Triton on CUDA (logits only read), the reference elsewhere."""
-    if use_triton(logits):
-        return sample_fused_triton(logits, expanded_idx_mapping, positions, params, nonfinite_code=nonfinite_code,
-                                   no_token_code=no_token_code)
-    return sample_fused_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code)
+    """Steps 1 and 8-12 on raw logits (all the V1 runner samples): the fused Triton path (`fused=None`: on CUDA
+    tensors), else the reference. The host's hints: `need_plan` / `all_gather` as for `sample_fused_triton`,
+    `any_random=False` when every row is greedy (the reference then takes the argmax alone)."""
+    if use_triton(logits) if fused is None else fused:
+        return sample_fused_triton(logits.float(), expanded_idx_mapping, positions, params, need_plan=need_plan,
+                                   all_gather=all_gather, nonfinite_code=nonfinite_code, no_token_code=no_token_code)
+    return sample_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code,
+                            any_random=any_random, any_filter=need_plan)
 
 
 def _group_size(vocab_size: int) -> int:
@@ -434,23 +384,19 @@ def _group_size(vocab_size: int) -> int:
 
 
 def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, params: SlotSamplingParams,
-                 ws: "_Workspace", num_chunks: int, max_chunks: int, *, sanitize: bool,
-                 stop_after: int = 0) -> object:
+                 ws: "_Workspace", num_chunks: int, max_chunks: int, *, sanitize: bool) -> None:
     """`_fused_plan_kernel` over every row, configured by the module's GROUP / CAP / PLAN_* constants (the
-    stats kernel must have written `ws` with the same group size, `_group_size`); `stop_after` is for
-    scripts/diag_fused_plan.py.
-    Returns what the launch returns (the compiled kernel: its registers, for the diagnostics)."""
+    stats kernel must have written `ws` with the same group size, `_group_size`)."""
     vocab_size = logits.shape[1]
     group = _group_size(vocab_size)
     num_groups = triton.cdiv(vocab_size, group)
     # (a compiler option: the interpreter takes none)
     options = {} if PLAN_MAXNREG is None or not logits.is_cuda else dict(maxnreg=PLAN_MAXNREG)
-    return _fused_plan_kernel[(logits.shape[0],)](
+    _fused_plan_kernel[(logits.shape[0],)](
         logits, logits.stride(0), expanded_idx_mapping, params.temperature, params.top_k, params.top_p, ws.part_max,
         ws.part_sum, ws.group_max, ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.chosen, ws.cand_value,
         ws.cand_token, num_groups, num_chunks, vocab_size, SANITIZE=sanitize, CAP=CAP, GROUP=group,
-        CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), CUTOFF=cutoff_code(PLAN_CUTOFF, num_groups),
-        KEYS_ONLY=PLAN_KEYS_ONLY, STOP_AFTER=stop_after, num_warps=PLAN_WARPS, **options,
+        CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), num_warps=PLAN_WARPS, **options,
     )
 
 

@@ -53,10 +53,15 @@ def hash_bits_reference(seeds: torch.Tensor, positions: torch.Tensor, vocab_size
     return mix32(row_keys(seeds, positions).unsqueeze(1) ^ token_hash.unsqueeze(0))
 
 
+def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """float32 uniforms in (0, 1) from int64-held 32-bit hashes: the one place the formula is written in
+    PyTorch (`_uniform` is the Triton one)."""
+    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
 def uniform_noise_reference(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[L, V] float32 uniforms in (0, 1), a pure function of (seed, position, token id)."""
-    bits = hash_bits_reference(seeds, positions, vocab_size)
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return uniform_from_bits(hash_bits_reference(seeds, positions, vocab_size))
 
 
 def gumbel_sample_reference(
@@ -100,39 +105,15 @@ def _token_bits(key, token_ids):
 
 
 @triton.jit
-def _uniform_noise_kernel(
-    seeds_ptr, positions_ptr, out_ptr, out_stride, vocab_size,
-    RAW_BITS: tl.constexpr, BLOCK: tl.constexpr,
-):
-    logits_row = tl.program_id(0).to(tl.int64)
-    token_ids = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = token_ids < vocab_size
-    key = _row_key(tl.load(seeds_ptr + logits_row), tl.load(positions_ptr + logits_row))
-    bits = _token_bits(key, token_ids)
-    if RAW_BITS:
-        tl.store(out_ptr + logits_row * out_stride + token_ids, bits.to(tl.int64), mask=mask)
-    else:
-        u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-        tl.store(out_ptr + logits_row * out_stride + token_ids, u, mask=mask)
+def _uniform(key, token_ids):
+    """float32 uniforms in (0, 1) of `token_ids` in the row keyed by `key` (see `uniform_from_bits`)."""
+    return ((_token_bits(key, token_ids) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
 
-def uniform_noise_triton(
-    seeds: torch.Tensor,  # [L] int64
-    positions: torch.Tensor,  # [L] int64
-    vocab_size: int,
-    raw_bits: bool = False,
-) -> torch.Tensor:
-    """[L, V] float32 uniforms (or, with `raw_bits`, the int64-held 32-bit hashes) from the Triton hash."""
-    num_rows = seeds.shape[0]
-    out = torch.empty(num_rows, vocab_size, dtype=torch.int64 if raw_bits else torch.float32, device=seeds.device)
-    if num_rows == 0:
-        return out
-    block = vocab_block(vocab_size)
-    _uniform_noise_kernel[(num_rows, triton.cdiv(vocab_size, block))](
-        seeds.long().contiguous(), positions.long().contiguous(), out, out.stride(0), vocab_size,
-        RAW_BITS=raw_bits, BLOCK=block,
-    )
-    return out
+@triton.jit
+def _gumbel_noise(key, token_ids):
+    """The Gumbel noise -log(-log(u)) every sampling kernel adds (u = `_uniform`; +inf when u rounds to 1)."""
+    return -tl.log(-tl.log(_uniform(key, token_ids)))
 
 
 @triton.jit
@@ -147,8 +128,7 @@ def _gumbel_sample_kernel(
         token_ids = start + tl.arange(0, BLOCK)
         mask = token_ids < vocab_size
         logits = tl.load(logits_ptr + logits_row * logits_stride + token_ids, mask=mask, other=-float("inf"))
-        u = ((_token_bits(key, token_ids) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-        noisy = tl.where(mask, logits - tl.log(-tl.log(u)), -float("inf"))
+        noisy = tl.where(mask, logits + _gumbel_noise(key, token_ids), -float("inf"))
         block_best = tl.max(noisy, axis=0)
         block_token = tl.argmax(noisy, axis=0, tie_break_left=True)
         # Strictly greater: on a tie across blocks the first (lowest) token id wins, like torch.argmax.

@@ -1,7 +1,8 @@
 """Custom logits processors: third-party per-slot states that edit the logits before temperature.
 
 A processor is a class registered in `framework.registry.LOGITS_PROCESSORS` (decorator, lazy string, or an
-entry point of group `mrv2.logits_processors`), enabled for a run by name in `sampler.logits_processors`,
+entry point of group `mrv2.logits_processors`), enabled for a run by name in `sampler.logits_processors`
+(the engine looks the names up: `framework.logits_processor_setup`; this package never imports the engine),
 and given per-request arguments through `SamplingParams.extra_args` (each processor reads its own keys).
 Like every per-slot owner it has add_request / remove_request / apply_staged_writes, plus `is_active`
 (a host-side check, so an unused processor costs nothing) and `apply`.
@@ -10,7 +11,7 @@ Like every per-slot owner it has add_request / remove_request / apply_staged_wri
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -62,27 +63,3 @@ class LogitsProcessor(ABC):
     @abstractmethod
     def apply(self, logits: torch.Tensor, context: LogitsContext) -> torch.Tensor:
         """[L, V] float32 logits -> [L, V] processed logits."""
-
-
-def build_logits_processors(names: Sequence[str], max_num_reqs: int, vocab_size: int,
-                            device: torch.device) -> list[LogitsProcessor]:
-    """Instantiate the processors named in `sampler.logits_processors` (ConfigError for a bad name)."""
-    return [cls(max_num_reqs, vocab_size, device) for cls in logits_processor_classes(names)]
-
-
-def logits_processor_classes(names: Sequence[str]) -> list[type[LogitsProcessor]]:
-    """The registered classes of `names`, checked to implement the interface."""
-    from framework.config import ConfigError
-    from framework.registry import LOGITS_PROCESSORS, RegistryError
-
-    classes = []
-    for name in names:
-        try:
-            cls = LOGITS_PROCESSORS.get(name)
-        except RegistryError as err:
-            raise ConfigError(f"sampler.logits_processors: {err}") from None
-        if not (isinstance(cls, type) and issubclass(cls, LogitsProcessor)):
-            raise ConfigError(f"sampler.logits_processors: '{name}' is {cls!r}, not a subclass of "
-                              "samplers.logits_processors.LogitsProcessor")
-        classes.append(cls)
-    return classes

@@ -17,8 +17,9 @@ untouched, but for step 6), and step 1 joins them when no logprobs are wanted an
 penalties (which keep NaN and +inf as they are; a finite logit they push past float32's range is reported
 too). Step 6 runs as its own kernel on both paths, touching only the seen tokens of each row
 (`samplers.penalties`), so the fused passes that follow stay plain reads. The
-separate stages (`apply_top_k_top_p`, `apply_min_p`, `gumbel_sample`) remain for processed logprobs, which
-need the masked logits, and as the reference everywhere else.
+separate stages (`samplers.reference`: `processed_logits`, `pick_tokens`, which run the unfused Triton kernels on
+CUDA) remain for processed logprobs and draft verification, which need the masked logits; on the CPU they are
+the reference everywhere (`samplers.reference.sample_reference` is the same code, steps 1 and 8-12).
 """
 
 from __future__ import annotations
@@ -27,13 +28,12 @@ from typing import Literal, NamedTuple, Optional
 
 import torch
 
-from samplers.fused_sampling import SlotSamplingParams, sample_fused_triton
-from samplers.gumbel import gumbel_sample
+from samplers.fused_sampling import sample_fused_triton
 from samplers.logits_processors import LogitsContext
 from samplers.logprobs import LogprobsTensors, compute_logprobs
+from samplers.reference import pick_tokens, processed_logits, row_errors
 from samplers.sanitize import sanitize_logits
 from samplers.states import SamplingStages, SamplingStates
-from samplers.top_k_top_p import apply_min_p, apply_top_k_top_p
 from samplers.triton_utils import use_triton
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
@@ -91,19 +91,14 @@ class Sampler:
         if want_logprobs and self.logprobs_mode == "raw_logprobs":
             raw = logits.clone() if (stages.any_logits_edit or stages.any_random) else logits
         logits = self.apply_logits_edits(logits, expanded_idx_mapping, sample_positions, stages)  # 2.-7.
-        row = self.states.params.gather(expanded_idx_mapping)
         if stages.any_random:
-            logits = logits / row.temperature.unsqueeze(1)  # 8.
-            if stages.any_top_k or stages.any_top_p:
-                logits = apply_top_k_top_p(logits, row.top_k, row.top_p)  # 9.
-            if stages.any_min_p:
-                logits = apply_min_p(logits, row.min_p)  # 10.
-            sampled = torch.where(row.is_greedy, logits.argmax(dim=-1),  # 11.
-                                  gumbel_sample(logits, row.seed, sample_positions))
+            row = self.states.params.gather(expanded_idx_mapping)
+            logits = processed_logits(logits, row, top_k_top_p=stages.any_top_k or stages.any_top_p,  # 8.-10.
+                                      min_p=stages.any_min_p)
+            sampled = pick_tokens(logits, row, sample_positions)  # 11.
         else:
             sampled = logits.argmax(dim=-1)
-        no_token = logits.gather(1, sampled.unsqueeze(1)).squeeze(1) == float("-inf")  # 12.
-        errors = torch.where(nonfinite, ROW_NONFINITE_LOGITS, torch.where(no_token, ROW_NO_TOKEN_LEFT, ROW_OK)).int()
+        errors = row_errors(logits, sampled, nonfinite, ROW_NONFINITE_LOGITS, ROW_NO_TOKEN_LEFT)  # 12.
         logprobs = None
         if want_logprobs:  # 13.
             logprobs = compute_logprobs(raw if raw is not None else logits, sampled, stages.num_logprobs)
@@ -133,11 +128,9 @@ class Sampler:
             raw = logits.clone() if stages.any_logits_edit else logits
         need_plan = stages.any_top_k or stages.any_top_p or stages.any_min_p
         logits = self.apply_logits_edits(logits, expanded_idx_mapping, sample_positions, stages)  # 2.-7.
-        t = self.states.params.tensors
-        params = SlotSamplingParams(t["temperature"], t["top_k"], t["top_p"], t["min_p"], t["seed"])
         sampled, errors = sample_fused_triton(  # 8.-12.
-            logits, expanded_idx_mapping, sample_positions.long(), params, sanitize=not separate_sanitize,
-            nonfinite=nonfinite, need_plan=need_plan, all_gather=stages.all_gather,
+            logits, expanded_idx_mapping, sample_positions.long(), self.states.params.slot_params,
+            sanitize=not separate_sanitize, nonfinite=nonfinite, need_plan=need_plan, all_gather=stages.all_gather,
             nonfinite_code=ROW_NONFINITE_LOGITS, no_token_code=ROW_NO_TOKEN_LEFT,
         )
         logprobs = compute_logprobs(raw, sampled, stages.num_logprobs) if raw is not None else None  # 13.

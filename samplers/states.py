@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from samplers.logits_processors import LogitsProcessor
 from samplers.min_tokens import MinTokensState
 from samplers.penalties import PenaltiesState
 from samplers.prompt_logprobs import PromptLogprobsState
+from samplers.reference import RowParams, SlotSamplingParams, row_params
 from samplers.structured.state import StructuredOutputsState
 
 
@@ -49,17 +51,6 @@ class SamplingStages:
         """Whether any stage before temperature changes the logits."""
         return (self.any_allowed_tokens or self.any_bad_words or self.any_min_tokens or self.any_logit_bias
                 or self.any_penalties or bool(self.processors))
-
-
-class RowParams(NamedTuple):
-    """Per logits row, the scalar parameters of its request (greedy rows get the filters switched off)."""
-
-    is_greedy: torch.Tensor  # [L] bool
-    temperature: torch.Tensor  # [L] float32, 1.0 on greedy rows
-    top_k: torch.Tensor  # [L] int32, 0 on greedy rows
-    top_p: torch.Tensor  # [L] float32, 1.0 on greedy rows
-    min_p: torch.Tensor  # [L] float32, 0.0 on greedy rows
-    seed: torch.Tensor  # [L] int64
 
 
 MIN_TEMPERATURE = 1e-5  # below this a request is greedy (dividing by it would overflow the logits)
@@ -96,17 +87,28 @@ class SamplingParamsState:
         for staged in self._staged.values():
             staged.apply()
 
+    @property
+    def slot_params(self) -> SlotSamplingParams:
+        """The device tables, as the samplers' functions take them."""
+        return SlotSamplingParams(**self.tensors)
+
     def gather(self, expanded_idx_mapping: torch.Tensor) -> RowParams:
-        slots = expanded_idx_mapping.long()
-        t = {name: tensor[slots] for name, tensor in self.tensors.items()}
-        greedy = t["temperature"] == 0
-        return RowParams(
-            is_greedy=greedy,
-            temperature=torch.where(greedy, 1.0, t["temperature"]),
-            top_k=torch.where(greedy, 0, t["top_k"]),
-            top_p=torch.where(greedy, 1.0, t["top_p"]),
-            min_p=torch.where(greedy, 0.0, t["min_p"]),
-            seed=t["seed"],
+        return row_params(self.slot_params, expanded_idx_mapping)
+
+    def stages_for(self, req_slots: np.ndarray, vocab_size: int) -> SamplingStages:
+        """The stages 8-11 that the requests in `req_slots` need, from the host mirrors (no device sync); the
+        other fields stay off."""
+        host = self.host
+        random = host["temperature"][req_slots] > 0
+        top_k = random & (host["top_k"][req_slots] > 0)
+        top_p = random & (host["top_p"][req_slots] < 1.0)
+        return SamplingStages(
+            any_random=bool(random.any()),
+            any_top_k=bool(top_k.any()),
+            any_top_p=bool(top_p.any()),
+            any_min_p=bool((random & (host["min_p"][req_slots] > 0)).any()),
+            all_gather=bool(len(req_slots)) and bool(((top_k & (host["top_k"][req_slots] < vocab_size))
+                                                      | top_p).all()),
         )
 
 
@@ -175,15 +177,8 @@ class SamplingStates:
 
     def stages_for(self, req_slots: np.ndarray) -> SamplingStages:
         """Stages needed by the requests in `req_slots` (host-side check, no device sync)."""
-        host = self.params.host
-        random = host["temperature"][req_slots] > 0
-        top_k = random & (host["top_k"][req_slots] > 0)
-        top_p = random & (host["top_p"][req_slots] < 1.0)
-        return SamplingStages(
-            any_random=bool(random.any()),
-            any_top_k=bool(top_k.any()),
-            any_top_p=bool(top_p.any()),
-            any_min_p=bool((random & (host["min_p"][req_slots] > 0)).any()),
+        return dataclasses.replace(
+            self.params.stages_for(req_slots, self.vocab_size),
             any_allowed_tokens=self.allowed_tokens.any_in(req_slots),
             any_bad_words=self.bad_words.any_in(req_slots),
             any_min_tokens=self.min_tokens.any_in(req_slots),
@@ -192,8 +187,6 @@ class SamplingStates:
             processors=tuple(i for i, p in enumerate(self.processors) if p.is_active(req_slots)),
             any_structured=self.structured is not None and self.structured.any_in(req_slots),
             num_logprobs=int(self.num_logprobs[req_slots].max()) if len(req_slots) else -1,
-            all_gather=bool(len(req_slots)) and bool(((top_k & (host["top_k"][req_slots] < self.vocab_size))
-                                                      | top_p).all()),
         )
 
     def record_sampled(

@@ -81,6 +81,76 @@ def _ordered_key(x):
 
 
 @triton.jit
+def _load_scaled(row_ptr, offs, vocab_size, temp, SANITIZE: tl.constexpr):
+    """y = x / temp of one block of a row (-inf past its end; NaN and +inf become -inf under SANITIZE)."""
+    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=-float("inf"))
+    if SANITIZE:
+        x = tl.where(x < float("inf"), x, -float("inf"))
+    return tl.math.div_rn(x, temp)  # IEEE division, as torch (exact for temp = 1)
+
+
+@triton.jit
+def _top_k_top_p_threshold(row_ptr, temp, k_on, k, p_on, p, vocab_size, SANITIZE: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """(int64 key threshold, row max of y) of one row of y = x / temp: top-k then top-p keep exactly the tokens
+    whose `_ordered_key(y)` is >= the threshold. No sort: each threshold is a bisection over the keys, 33
+    counting passes over the row. Shared by `_top_k_top_p_kernel` (temp = 1) and the fused sampler's slow path."""
+    # Pass 1: row max and the range of keys.
+    row_max = tl.full([], -float("inf"), tl.float32)
+    key_min = tl.full([], 2147483647, tl.int32)
+    key_max = tl.full([], -2147483648, tl.int32)
+    for start in range(0, vocab_size, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < vocab_size
+        y = _load_scaled(row_ptr, offs, vocab_size, temp, SANITIZE)
+        keys = _ordered_key(y)
+        row_max = tl.maximum(row_max, tl.max(y, axis=0))
+        key_min = tl.minimum(key_min, tl.min(tl.where(mask, keys, 2147483647), axis=0))
+        key_max = tl.maximum(key_max, tl.max(tl.where(mask, keys, -2147483648), axis=0))
+    threshold = key_min.to(tl.int64)
+    if row_max > -float("inf"):
+        # top-k: the largest key v with count(keys >= v) >= k (invariant: cond(lo), not cond(hi)).
+        if k_on:
+            lo = key_min.to(tl.int64)
+            hi = key_max.to(tl.int64) + 1
+            for _ in range(33):
+                mid = lo + (hi - lo) // 2
+                count = tl.zeros([], dtype=tl.int32)
+                for start in range(0, vocab_size, BLOCK):
+                    offs = start + tl.arange(0, BLOCK)
+                    keys = _ordered_key(_load_scaled(row_ptr, offs, vocab_size, temp, SANITIZE)).to(tl.int64)
+                    count += tl.sum(((offs < vocab_size) & (keys >= mid)).to(tl.int32), axis=0)
+                take = count >= k
+                lo = tl.where(take, mid, lo)
+                hi = tl.where(take, hi, mid)
+            threshold = lo
+        # top-p: the smallest key v with mass(keys > v) < p * Z (invariant: not cond(lo), cond(hi)).
+        if p_on:
+            total = tl.zeros([], dtype=tl.float32)
+            for start in range(0, vocab_size, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                y = _load_scaled(row_ptr, offs, vocab_size, temp, SANITIZE)
+                keep = (offs < vocab_size) & (_ordered_key(y).to(tl.int64) >= threshold)
+                total += tl.sum(tl.where(keep, tl.exp(y - row_max), 0.0), axis=0)
+            target = p * total
+            lo = threshold - 1
+            hi = key_max.to(tl.int64)
+            for _ in range(33):
+                mid = lo + (hi - lo) // 2
+                mass = tl.zeros([], dtype=tl.float32)
+                for start in range(0, vocab_size, BLOCK):
+                    offs = start + tl.arange(0, BLOCK)
+                    y = _load_scaled(row_ptr, offs, vocab_size, temp, SANITIZE)
+                    above = (offs < vocab_size) & (_ordered_key(y).to(tl.int64) > mid)
+                    mass += tl.sum(tl.where(above, tl.exp(y - row_max), 0.0), axis=0)
+                take = mass < target
+                hi = tl.where(take, mid, hi)
+                lo = tl.where(take, lo, mid)
+            threshold = tl.maximum(threshold, hi)
+    return threshold, row_max
+
+
+@triton.jit
 def _top_k_top_p_kernel(logits_ptr, logits_stride, top_k_ptr, top_p_ptr, vocab_size, BLOCK: tl.constexpr):
     logits_row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + logits_row * logits_stride
@@ -89,61 +159,9 @@ def _top_k_top_p_kernel(logits_ptr, logits_stride, top_k_ptr, top_p_ptr, vocab_s
     k_on = (k > 0) & (k < vocab_size)
     p_on = p < 1.0
     if k_on | p_on:
-        # Pass 1: row max and the range of keys.
-        row_max = tl.full([], -float("inf"), tl.float32)
-        key_min = tl.full([], 2147483647, tl.int32)
-        key_max = tl.full([], -2147483648, tl.int32)
-        for start in range(0, vocab_size, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < vocab_size
-            x = tl.load(row_ptr + offs, mask=mask, other=-float("inf"))
-            keys = _ordered_key(x)
-            row_max = tl.maximum(row_max, tl.max(x, axis=0))
-            key_min = tl.minimum(key_min, tl.min(tl.where(mask, keys, 2147483647), axis=0))
-            key_max = tl.maximum(key_max, tl.max(tl.where(mask, keys, -2147483648), axis=0))
+        one = tl.full([], 1.0, tl.float32)
+        threshold, row_max = _top_k_top_p_threshold(row_ptr, one, k_on, k, p_on, p, vocab_size, False, BLOCK)
         if row_max > -float("inf"):
-            # top-k: the largest key v with count(keys >= v) >= k (invariant: cond(lo), not cond(hi)).
-            threshold = key_min.to(tl.int64)
-            if k_on:
-                lo = key_min.to(tl.int64)
-                hi = key_max.to(tl.int64) + 1
-                for _ in range(33):
-                    mid = lo + (hi - lo) // 2
-                    count = tl.zeros([], dtype=tl.int32)
-                    for start in range(0, vocab_size, BLOCK):
-                        offs = start + tl.arange(0, BLOCK)
-                        mask = offs < vocab_size
-                        keys = _ordered_key(tl.load(row_ptr + offs, mask=mask, other=-float("inf")))
-                        count += tl.sum((mask & (keys.to(tl.int64) >= mid)).to(tl.int32), axis=0)
-                    take = count >= k
-                    lo = tl.where(take, mid, lo)
-                    hi = tl.where(take, hi, mid)
-                threshold = lo
-            # top-p: the smallest key v with mass(keys > v) < p * Z (invariant: not cond(lo), cond(hi)).
-            if p_on:
-                total = tl.zeros([], dtype=tl.float32)
-                for start in range(0, vocab_size, BLOCK):
-                    offs = start + tl.arange(0, BLOCK)
-                    mask = offs < vocab_size
-                    x = tl.load(row_ptr + offs, mask=mask, other=-float("inf"))
-                    keep = mask & (_ordered_key(x).to(tl.int64) >= threshold)
-                    total += tl.sum(tl.where(keep, tl.exp(x - row_max), 0.0), axis=0)
-                target = p * total
-                lo = threshold - 1
-                hi = key_max.to(tl.int64)
-                for _ in range(33):
-                    mid = lo + (hi - lo) // 2
-                    mass = tl.zeros([], dtype=tl.float32)
-                    for start in range(0, vocab_size, BLOCK):
-                        offs = start + tl.arange(0, BLOCK)
-                        mask = offs < vocab_size
-                        x = tl.load(row_ptr + offs, mask=mask, other=-float("inf"))
-                        above = mask & (_ordered_key(x).to(tl.int64) > mid)
-                        mass += tl.sum(tl.where(above, tl.exp(x - row_max), 0.0), axis=0)
-                    take = mass < target
-                    hi = tl.where(take, mid, hi)
-                    lo = tl.where(take, lo, mid)
-                threshold = tl.maximum(threshold, hi)
             for start in range(0, vocab_size, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 mask = offs < vocab_size

@@ -26,7 +26,7 @@ Prints tables; writes `sampler_bench.json` and, if matplotlib is installed, `sam
 Takes well under a minute on an H200 (mostly compiling).
 
     PYTHONPATH=$PWD python3 scripts/bench_sampler.py OUT_DIR [--rows 256] [--vocab 151936] [--plan-warps 16]
-        [--radix | --cutoff bisect|split|guess|radix] [--keys-only] [--group 16 --cap 1024] [--maxnreg N]
+        [--group 16 --cap 1024] [--maxnreg N]
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def kernel_breakdown(fn: Callable[[], object], calls: int = 10) -> dict[str, flo
 
 def stage_times(x: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor, rows: int, vocab: int) -> dict:
     """GPU microseconds of single stages on the peaked logits (graph replays), for the per-stage table."""
-    from samplers.fused_sampling import SlotSamplingParams, sample_fused_triton
+    from samplers.fused_sampling import sample_fused_triton
     from samplers.gumbel import gumbel_sample_triton
     from samplers.penalties import DraftContext, apply_penalties_triton
     from samplers.sanitize import sanitize_logits_triton
@@ -150,7 +150,7 @@ def stage_times(x: torch.Tensor, idx: torch.Tensor, positions: torch.Tensor, row
 
     sampler, _ = make_sampler(CASES["+penalties"], rows, vocab, fused=True)
     pen, t = sampler.states.penalties, sampler.states.params.tensors
-    params = SlotSamplingParams(t["temperature"], t["top_k"], t["top_p"], t["min_p"], t["seed"])
+    params = sampler.states.params.slot_params
     work = x.clone()
     top_k, top_p = t["top_k"][idx.long()], t["top_p"][idx.long()]
     min_p = torch.full((rows,), 0.05, device="cuda")
@@ -185,9 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--plan-warps", type=int, default=None, help="fused plan kernel's num_warps (default: "
                         "samplers.fused_sampling.PLAN_WARPS)")
-    parser.add_argument("--radix", action="store_true", help="the plan's cutoff by radix select, not bisection")
-    parser.add_argument("--cutoff", default=None, help="fused_sampling.PLAN_CUTOFF (see samplers.fused_cutoff)")
-    parser.add_argument("--keys-only", action="store_true", help="fused_sampling.PLAN_KEYS_ONLY = True")
     parser.add_argument("--group", type=int, default=None, help="fused_sampling.GROUP (with --cap)")
     parser.add_argument("--cap", type=int, default=None, help="fused_sampling.CAP")
     parser.add_argument("--maxnreg", type=int, default=None, help="fused_sampling.PLAN_MAXNREG")
@@ -201,9 +198,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.plan_warps is not None:
         fused_sampling.PLAN_WARPS = args.plan_warps
-    if args.radix or args.cutoff:
-        fused_sampling.PLAN_CUTOFF = "radix" if args.radix else args.cutoff
-    fused_sampling.PLAN_KEYS_ONLY = fused_sampling.PLAN_KEYS_ONLY or args.keys_only
     fused_sampling.GROUP = args.group or fused_sampling.GROUP
     fused_sampling.CAP = args.cap or fused_sampling.CAP
     fused_sampling.PLAN_MAXNREG = args.maxnreg or fused_sampling.PLAN_MAXNREG
@@ -212,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(0)
     env = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
                triton=triton.__version__, rows=args.rows, vocab=args.vocab, dtype="float32",
-               plan_warps=fused_sampling.PLAN_WARPS, plan_cutoff=fused_sampling.PLAN_CUTOFF,
-               keys_only=fused_sampling.PLAN_KEYS_ONLY, group=fused_sampling.GROUP, cap=fused_sampling.CAP,
+               plan_warps=fused_sampling.PLAN_WARPS, group=fused_sampling.GROUP, cap=fused_sampling.CAP,
                maxnreg=fused_sampling.PLAN_MAXNREG)
     print(f"# {env}", file=sys.stderr)
     nbytes = args.rows * args.vocab * 4

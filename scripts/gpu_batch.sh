@@ -63,6 +63,9 @@ for j in "$@"; do
         bench.output_dir="$res/serve_tp2" ;;
     serve) job $j 420 python3 -m framework.cli bench experiment=serve_nano bench.output_dir="$res/serve" ;;
     nano) job $j 330 python3 -m framework.cli bench experiment=nano bench.output_dir="$res/nano" ;;
+    # The V1 runner on the same requests (decode graphs, fused sampler; docs/runners.md): target >= 13,500 out tok/s.
+    v1_nano) job $j 300 python3 -m framework.cli bench experiment=nano runner=v1 bench.baselines=[] \
+        bench.decode_idle_batch=0 bench.output_dir="$res/v1_nano" ;;
     gpu_tests_engine) job $j 200 python3 -m pytest -q tests/gpu/test_sampler_gpu.py tests/gpu/test_gpu_engine.py \
         tests/gpu/test_draft_heads_gpu.py ;;
     sampler) job $j 80 python3 scripts/bench_sampler.py "$res/sampler" ;;
@@ -89,7 +92,6 @@ for j in "$@"; do
         tests/gpu/test_spec_gpu.py ;;
     spec-quick) job $j 160 python3 scripts/bench_spec.py --repeats 2 --out "$res/spec" ;;
     spec-greedy) job $j 120 python3 scripts/bench_spec.py --repeats 2 --workloads greedy-repeat --batch-sizes 64 256 --out "$res/spec_greedy" ;;
-    diag_plan) job $j 110 python3 scripts/diag_fused_plan.py --quick --out "$res/diag_plan" ;;
     diag_dk) job $j 150 python3 scripts/diag/diag_dynamic_k.py --out "$res/diag_dk" ;;
     diag_dk_blas1) OPENBLAS_NUM_THREADS=1 job $j 150 python3 scripts/diag/diag_dynamic_k.py --out "$res/diag_dk_blas1" ;;
     policy_host) job $j 60 python3 scripts/bench_policy_host.py --out "$res/$j" ;;

@@ -25,7 +25,9 @@ import triton
 import triton.language as tl
 
 from framework.kernels.input_prep import token_batch_rows
-from samplers.gumbel import _row_key, _token_bits, hash_bits_reference, mix32, row_keys, _mul32
+from samplers.gumbel import (
+    _gumbel_noise, _mul32, _row_key, _uniform, hash_bits_reference, mix32, row_keys, uniform_from_bits,
+)
 from samplers.triton_utils import use_triton, vocab_block
 
 # Token id of the acceptance uniform's hash stream: no vocabulary reaches it, so it is independent of the
@@ -129,7 +131,7 @@ def combine(
 def accept_uniform_reference(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """[L] float32 uniform in (0, 1) per logits row: the hash of (seed, position, ACCEPT_TOKEN)."""
     bits = mix32(row_keys(seeds, positions) ^ _mul32(torch.full_like(seeds.long(), ACCEPT_TOKEN), 0x85EBCA6B))
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return uniform_from_bits(bits)
 
 
 def verify_probs_reference(
@@ -156,7 +158,7 @@ def verify_probs_reference(
     accept_q = u * q_d < p_d  # u < p/q without dividing (q_d = 0 accepts whenever p_d > 0)
     residual = (p - q).clamp(min=0)
     bits = hash_bits_reference(seeds, positions, logits.shape[1])
-    gumbel = -torch.log(-torch.log(((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))))
+    gumbel = -torch.log(-torch.log(uniform_from_bits(bits)))
     scores = torch.where(residual > 0, torch.log(residual) + gumbel, float("-inf"))
     recovered = scores.argmax(dim=-1)
     recovered = torch.where(scores.amax(dim=-1) > float("-inf"), recovered, sampled)  # p == q: nothing left
@@ -203,9 +205,8 @@ def _verify_probs_kernel(
             p = tl.exp(tl.load(row_logits + tok, mask=mask, other=-float("inf")) - m) / s
             q = tl.load(row_q + tok, mask=mask, other=0.0)
             residual = tl.maximum(p - q, 0.0)
-            u = ((_token_bits(key, tok) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-            score = tl.where(mask & (residual > 0), tl.log(tl.where(residual > 0, residual, 1.0)) - tl.log(-tl.log(u)),
-                             -float("inf"))
+            log_residual = tl.log(tl.where(residual > 0, residual, 1.0))
+            score = tl.where(mask & (residual > 0), log_residual + _gumbel_noise(key, tok), -float("inf"))
             block_best = tl.max(score, axis=0)
             block_token = tl.argmax(score, axis=0, tie_break_left=True)
             take = block_best > best_value
@@ -213,7 +214,7 @@ def _verify_probs_kernel(
             best_value = tl.where(take, block_best, best_value)
         p_d = tl.exp(tl.load(row_logits + draft) - m) / s
         q_d = tl.load(row_q + draft)
-        u_acc = ((_token_bits(key, tl.full([], 0x7FFFFFFF, tl.int64)) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        u_acc = _uniform(key, tl.full([], 0x7FFFFFFF, tl.int64))
         accepted = u_acc * q_d < p_d
         candidate = tl.where(best_value > -float("inf"), best_token, sampled)
     tl.store(accepted_ptr + logits_row, accepted.to(tl.int8))

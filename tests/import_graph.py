@@ -15,6 +15,20 @@ from typing import Iterator
 
 PACKAGES = ("framework", "model_states", "samplers", "speculators")
 
+# The bottom layer of `framework` that the samplers share with the runner: its kernels and the plain types the
+# sampler states read (request parameters, what a new request brings, staged per-slot writes, request errors).
+# Each imports only this layer, so nothing above it comes in through them.
+KERNEL_PACKAGES = ("framework.kernels",)
+SHARED_PLAIN_TYPES = (
+    "framework.encoder_input",
+    "framework.pooling_params",
+    "framework.request_errors",
+    "framework.sampling_params",
+    "framework.scheduler_output",
+    "framework.staged_writes",
+    "framework.structured_outputs",
+)
+
 
 def module_files(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     """Dotted module name -> file, for every .py file under the packages (a package is its `__init__.py`)."""
@@ -98,3 +112,28 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
                 path.append(nxt)
                 stack.append(iter(sorted(graph[nxt])))
     return []
+
+
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def below_the_runner(module: str) -> bool:
+    """Whether `module` is a kernel module or one of the shared plain types."""
+    return module in SHARED_PLAIN_TYPES or any(_in_package(module, p) for p in KERNEL_PACKAGES)
+
+
+def layer_violations(graph: dict[str, set[str]], package: str = "samplers") -> list[tuple[str, str]]:
+    """Edges (a, b) that break "`package` imports nothing above the kernels and the shared plain types": a
+    module of `package` importing a project module outside `package` and that bottom layer, or a bottom-layer
+    module (one `package` may reach) importing something above the bottom layer."""
+    bad = [(a, b) for a in sorted(graph) if _in_package(a, package)
+           for b in sorted(graph[a]) if not (_in_package(b, package) or below_the_runner(b))]
+    reached, todo = set(), [b for a in graph if _in_package(a, package) for b in graph[a] if below_the_runner(b)]
+    while todo:  # the bottom-layer modules the package reaches, through each other
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += [b for b in graph.get(module, ()) if below_the_runner(b)]
+    bad += [(a, b) for a in sorted(reached) for b in sorted(graph.get(a, ())) if not below_the_runner(b)]
+    return bad

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from import_graph import find_cycle, import_graph
+from import_graph import SHARED_PLAIN_TYPES, find_cycle, import_graph, layer_violations
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,10 +30,44 @@ def test_the_cycles_issue_28_named_stay_broken():
     function-level or TYPE_CHECKING import (which is how they had been hidden)."""
     graph = import_graph(REPO, deferred=True)
     assert "framework" not in graph["samplers"]
-    assert "samplers" not in graph["framework.v1.sampling"]
+    assert "samplers" not in graph["framework.v1.model_runner"]
     assert "framework.distributed.worker" not in graph["framework.distributed.launch"]
     assert "speculators.head_drafter" not in graph["speculators.draft_graphs"]
     assert "speculators.dynamic" not in graph["speculators.policy"]
+
+
+def test_samplers_import_nothing_above_the_kernels_and_the_shared_plain_types():
+    """Issue 28: the samplers import only `framework.kernels` and the plain types they share with the runner
+    (`import_graph.SHARED_PLAIN_TYPES`), function-level and TYPE_CHECKING imports included; those types
+    import nothing above themselves either."""
+    graph = import_graph(REPO, deferred=True)
+    assert all(name in graph for name in SHARED_PLAIN_TYPES), "a shared plain type was moved: update the list"
+    assert any(b == "framework.sampling_params" for a in graph if a.startswith("samplers.") for b in graph[a])
+    violations = layer_violations(graph, "samplers")
+    assert not violations, "layer violations: " + ", ".join(f"{a} -> {b}" for a, b in violations)
+
+
+def test_the_layer_check_finds_planted_violations(tmp_path):
+    """Negative control: a sampler module importing the engine (even inside a function), and a shared plain
+    type importing the config, are both reported; the kernels and the plain types are not."""
+    root = _tree(tmp_path, {
+        "framework/__init__.py": "",
+        "framework/engine.py": "",
+        "framework/config.py": "",
+        "framework/kernels/__init__.py": "",
+        "framework/kernels/scatter.py": "",
+        "framework/staged_writes.py": "from framework.kernels.scatter import scatter\n",
+        "framework/sampling_params.py": "import framework.config\n",
+        "samplers/__init__.py": "from samplers import k\n",
+        "samplers/k.py": "from framework.staged_writes import StagedWrites\nfrom framework.sampling_params import S\n",
+        "samplers/late.py": "def f():\n    from framework.engine import EngineCore\n",
+    })
+    graph = import_graph(root, ("framework", "samplers"), deferred=True)
+    assert layer_violations(graph, "samplers") == [("samplers.late", "framework.engine"),
+                                                   ("framework.sampling_params", "framework.config")]
+    (root / "framework/sampling_params.py").write_text("")
+    (root / "samplers/late.py").write_text("")
+    assert layer_violations(import_graph(root, ("framework", "samplers"), deferred=True), "samplers") == []
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:

@@ -180,7 +180,7 @@ def test_sampler_fault_behaves_like_a_forward_fault(runner, one_thread):
     else:
         import framework.v1.model_runner as v1
 
-        original_rows, calls = v1.sample_rows, {"n": 0}
+        original_rows, calls = v1.sample_fused, {"n": 0}
 
         def broken_rows(*args, **kwargs):
             calls["n"] += 1
@@ -188,13 +188,13 @@ def test_sampler_fault_behaves_like_a_forward_fault(runner, one_thread):
                 raise ValueError("injected sampler fault")
             return original_rows(*args, **kwargs)
 
-        v1.sample_rows = broken_rows
+        v1.sample_fused = broken_rows
     try:
         engine.add_request("a", [5, 6, 7], GREEDY)
         done = _run(engine)
     finally:
         if target is None:
-            v1.sample_rows = original_rows
+            v1.sample_fused = original_rows
     assert done["a"].finish_reason == "error" and "ValueError: injected sampler fault" in done["a"].error
     assert len(done["a"].token_ids) == 1
     assert_engine_drained(engine)

@@ -45,13 +45,10 @@ def _new_request(i: int) -> NewRequestData:
 
 def _expected_row(i: int) -> dict[str, object]:
     new = _new_request(i)
-    p = new.sampling_params
     return {
         "token_ids": new.prefill_token_ids, "num_tokens": len(new.prefill_token_ids), "prompt_len": new.prompt_len,
         "prefill_len": len(new.prefill_token_ids), "num_computed": new.num_computed_tokens,
-        "block_table": new.block_ids, "num_blocks": len(new.block_ids), "temperature": np.float32(p.temperature),
-        "top_k": p.top_k, "top_p": np.float32(p.top_p), "min_p": np.float32(p.min_p), "seed": 7000 + i,
-        "state_slot": 500 + i,
+        "block_table": new.block_ids, "num_blocks": len(new.block_ids), "state_slot": 500 + i,
     }
 
 
@@ -299,3 +296,71 @@ def test_host_overhead_benchmark_writes_table_json_and_plot(tmp_path: Path, caps
     assert [(r["runner"], r["num_requests"]) for r in results] == [("v2", 4), ("v1", 4), ("v2", 8), ("v1", 8)]
     assert all(r["runner_cpu_ms"] > 0 for r in results)
     assert (tmp_path / "host_overhead.png").stat().st_size > 0
+
+
+# ---- decode graphs, their replay stood in for on the CPU -----------------------------------------------
+class _EagerReplay:
+    """A captured graph stand-in: replay runs the forward on the static buffers of `DecodeCudaGraphs` (what the
+    captured kernels read) and writes the captured output tensor, so `DecodeCudaGraphs.run`'s copies and
+    padding rows are exercised as on a GPU."""
+
+    def __init__(self, graphs, size: int, q: int) -> None:  # type: ignore[no-untyped-def]
+        self.graphs, self.size, self.q = graphs, size, q
+        self.out: torch.Tensor = self._forward()
+        self.replays = 0
+
+    def _forward(self) -> torch.Tensor:
+        g, n = self.graphs, self.size * self.q
+        return g.forward(g.input_ids[:n], g.positions[:n], g.kv_caches, g._metadata(self.size, self.q))
+
+    def replay(self) -> None:
+        self.out.copy_(self._forward())
+        self.replays += 1
+
+
+def _cpu_decode_graphs(runner, monkeypatch, sizes: list[int]):  # type: ignore[no-untyped-def]
+    from framework.cuda_graphs import DecodeCudaGraphs
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    graphs = DecodeCudaGraphs(runner.model, runner.kv_caches, sizes, runner.batch.max_blocks_per_req,
+                              runner.block_size, runner.loaded.max_model_len, runner.device)
+    for size in sizes:
+        replay = _EagerReplay(graphs, size, 1)
+        graphs.graphs[(size, 1)] = (replay, replay.out)
+    return graphs
+
+
+def test_v1_decode_steps_replay_graphs_with_the_eager_tokens(tiny_llm_factory, monkeypatch) -> None:
+    """V1 routes pure decode batches (one token per row) that fit a captured size to `DecodeCudaGraphs.run`,
+    padded to that size, and everything else to the eager forward; the tokens are the eager run's."""
+    prompts, params = _prompts(7, seed=21), _mixed_params(7, seed=22)
+    settings = {"max_num_seqs": 8, "max_num_batched_tokens": 32}
+    eager = tiny_llm_factory(runner="v1", **settings).generate(prompts, params, use_tqdm=False)
+    llm = tiny_llm_factory(runner="v1", **settings)
+    runner = llm.engine.runner
+    assert runner.cuda_graphs is None  # (no graphs on the CPU: installed by hand below)
+    runner.cuda_graphs = _cpu_decode_graphs(runner, monkeypatch, [2, 4, 8])
+    replayed = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in replayed] == [o.token_ids for o in eager]
+    replays = {size: graph.replays for (size, _), (graph, _) in runner.cuda_graphs.graphs.items()}
+    assert replays[8] > 0 and replays[2] > 0 and sum(replays.values()) > runner.eager_forwards, replays
+
+
+def test_step_inputs_packed_into_one_copy_come_back_as_each_array() -> None:
+    """`HostToDevice.many` sends a step's arrays as one byte buffer (on CUDA): packed at 16-byte offsets and
+    viewed back with each dtype and shape, every value survives (mixed dtypes, odd sizes, 2-D, empty)."""
+    from framework.v1.inputs import pack, pack_layout, unpack
+
+    rng = np.random.default_rng(0)
+    hosts = {"a": rng.integers(-2**40, 2**40, 7), "b": rng.integers(-9, 9, (3, 5)).astype(np.int32),
+             "c": np.zeros(0, dtype=np.int64), "d": rng.integers(0, 2**31 - 1, 1).astype(np.int32),
+             "e": rng.random(6).astype(np.float32)}
+    offsets, total = pack_layout(hosts, 16)
+    assert all(o % 16 == 0 for o in offsets.values()) and total % 16 == 0
+    assert total >= sum(h.nbytes for h in hosts.values())
+    staged = torch.full((total,), 255, dtype=torch.uint8)
+    pack(hosts, offsets, staged.numpy())
+    views = unpack(staged.clone(), hosts, offsets)
+    for name, host in hosts.items():
+        assert views[name].shape == host.shape and views[name].numpy().dtype == host.dtype, name
+        assert np.array_equal(views[name].numpy(), host), name

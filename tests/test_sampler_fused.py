@@ -17,8 +17,9 @@ import triton.language as tl
 import samplers.fused_sampling
 import samplers.triton_utils
 from framework import SamplingParams
-from samplers.fused_cutoff import CUTOFFS, _cutoff
-from samplers.fused_sampling import SlotSamplingParams, sample_fused_reference, sample_fused_triton
+from samplers.fused_cutoff import _bisect_cutoff
+from samplers.fused_sampling import sample_fused, sample_fused_triton
+from samplers.reference import SlotSamplingParams, sample_reference
 from samplers.penalties import DraftContext, PenaltyTables, apply_penalties_reference, apply_penalties_triton
 from samplers.penalty_counts import PenaltyCounts, seen_bits_reference, seen_list_reference
 from samplers.sanitize import sanitize_logits_reference
@@ -66,17 +67,16 @@ def _logits(rows: int, vocab: int, seed: int, ties: bool) -> torch.Tensor:
 
 
 def _check(logits, idx, positions, params, **kwargs):
-    expected = sample_fused_reference(logits, idx, positions, params)
+    expected = sample_reference(logits, idx, positions, params)
     got = sample_fused_triton(logits.clone(), idx, positions, params, **kwargs)
     assert got.sampled.tolist() == expected.sampled.tolist()
     assert got.errors.tolist() == expected.errors.tolist()
     return expected
 
 
-# Plan variants (cutoff search, keys only, GROUP, CAP, resolve tile) that scripts/diag_fused_plan.py times: each
-# must stay exact. (Tiles of 8: rows with more candidates take the resolve's multi-tile loop.)
-PLANS = [("bisect", False, 16, 64, 8), ("split", True, 16, 64, 64), ("guess", False, 32, 128, 64),
-         ("guess", True, 64, 256, 8)]
+# Plan shapes (GROUP, CAP, resolve tile): each must stay exact. (Tiles of 8: rows with more candidates take the
+# resolve's multi-tile loop.)
+PLANS = [(16, 64, 8), (16, 64, 64), (32, 128, 64), (64, 256, 8)]
 
 
 @pytest.mark.parametrize("vocab,ties", [(1, False), (37, False), (130, True)])
@@ -126,12 +126,11 @@ def test_stages_tell_when_every_row_gathers():
         assert sampler.states.stages_for(np.arange(len(params))).all_gather is want, params
 
 
-@pytest.mark.parametrize("cutoff,keys_only,group,cap,tile", PLANS)
-def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, cap, tile):
-    """Every plan configuration the diagnostics script offers samples the reference's tokens: candidate rows,
-    overflowing ones (k = 200 > CAP / GROUP groups) and the exact path."""
-    for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap),
-                        ("RESOLVE_TILE", tile)):
+@pytest.mark.parametrize("group,cap,tile", PLANS)
+def test_plan_variants_match_reference(monkeypatch, group, cap, tile):
+    """Every plan shape samples the reference's tokens: candidate rows, overflowing ones (k = 200 > CAP / GROUP
+    groups) and the exact path."""
+    for name, value in (("GROUP", group), ("CAP", cap), ("RESOLVE_TILE", tile)):
         monkeypatch.setattr(samplers.fused_sampling, name, value)
     vocab, rows = 300, 24
     params = _params(vocab)
@@ -142,13 +141,11 @@ def test_plan_variants_match_reference(monkeypatch, cutoff, keys_only, group, ca
     _check(logits, idx, torch.arange(rows, device=DEVICE) * 7 + 1, params)
 
 
-@pytest.mark.parametrize("cutoff,keys_only,group,cap,tile", PLANS)
-def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, cutoff, keys_only, group, cap, tile):
-    """The plan stopped after its cutoff (STOP_AFTER = 2: the cutoff's bits as the count), after choosing
-    groups (3: their number) and whole (it ends with the candidates): the chosen groups are those with a max
-    >= c, the candidates every finite token with x >= c and nothing else, and c keeps k tokens for top-k."""
-    for name, value in (("PLAN_CUTOFF", cutoff), ("PLAN_KEYS_ONLY", keys_only), ("GROUP", group), ("CAP", cap),
-                        ("RESOLVE_TILE", tile)):
+@pytest.mark.parametrize("group,cap,tile", PLANS)
+def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, group, cap, tile):
+    """The plan's cutoff c (`ws.cutoff`) and candidates: every finite token with x >= c and nothing else, and c
+    keeps k tokens for top-k."""
+    for name, value in (("GROUP", group), ("CAP", cap), ("RESOLVE_TILE", tile)):
         monkeypatch.setattr(samplers.fused_sampling, name, value)
     vocab, rows = 300, 8
     params = _params(vocab)
@@ -162,17 +159,10 @@ def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, cutoff, k
     sample_fused_triton(logits, idx, torch.arange(rows, device=DEVICE), params)
     args, kwargs = launches[0]
     ws = args[3]
-    real(*args, **dict(kwargs, stop_after=1))  # (the diagnostics' other stop: it must at least run)
-    real(*args, **dict(kwargs, stop_after=2))
-    cutoffs = ws.count.clone().view(torch.float32)
-    real(*args, **dict(kwargs, stop_after=3))
-    num_chosen = ws.count.clone()
-    real(*args, **kwargs)  # the whole plan: it ends with the candidates
+    real(*args, **kwargs)  # the plan again, its outputs left as they are (the resolve reads them only)
+    cutoffs = ws.cutoff.clone()
     x = sanitize_logits_reference(logits.clone())[0]
-    pad = torch.full((rows, -vocab % group), -INF, device=DEVICE)
-    group_max = torch.cat([x, pad], dim=1).view(rows, -1, group).amax(-1)
     for row in range(rows):
-        assert int(num_chosen[row]) == int(((group_max[row] >= cutoffs[row]) & (group_max[row] > -INF)).sum())
         n = int(ws.count[row])
         above = (x[row] >= cutoffs[row]) & (x[row] > -INF)
         k = int(params.top_k[idx[row]])
@@ -193,20 +183,17 @@ def test_fused_with_an_earlier_sanitize_and_without_a_plan():
     idx = torch.tensor([0, 1, 0, 1, 1, 0, 2, 3, 4, 5], dtype=torch.int32, device=DEVICE)
     positions = torch.arange(rows, device=DEVICE)
     for slots, need_plan in ((idx, True), (idx % 2, False)):  # slots 0 and 1 need no top-k/top-p/min-p
-        expected = sample_fused_reference(logits, slots, positions, params)
+        expected = sample_reference(logits, slots, positions, params)
         got = sample_fused_triton(logits, slots, positions, params, sanitize=False, nonfinite=nonfinite,
                                   need_plan=need_plan)
         assert got.sampled.tolist() == expected.sampled.tolist()
         assert got.errors.tolist() == torch.where(nonfinite, 1, expected.errors).tolist()
 
 
-@pytest.mark.parametrize("cutoff", sorted(CUTOFFS))
-def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch, cutoff):
-    """A buffer of 16: k = 5 may need 80 candidates; top-p alone gathers one group and must look further.
-    (With every cutoff search.)"""
+def test_overflowing_and_uncovered_rows_take_the_exact_path(monkeypatch):
+    """A buffer of 16: k = 5 may need 80 candidates; top-p alone gathers one group and must look further."""
     monkeypatch.setattr(samplers.fused_sampling, "CAP", 16)
     monkeypatch.setattr(samplers.fused_sampling, "GROUP", 16)  # groups of one buffer each
-    monkeypatch.setattr(samplers.fused_sampling, "PLAN_CUTOFF", cutoff)
     vocab, rows = 150, 6
     params = _params(vocab)
     logits = _logits(rows, vocab, seed=4, ties=True) / 4  # flat rows: top-p sets reach far below the max
@@ -247,20 +234,18 @@ def test_distribution_configs_match_the_reference_row_for_row():
     names = list(CONFIGS)
     slots = [Slot(SamplingParams(**CONFIGS[name]), prompt=[0], seed=1000 + i) for i, name in enumerate(names)]
     sampler, _ = make_sampler(slots, len(LOGITS))
-    t = sampler.states.params.tensors
-    params = SlotSamplingParams(t["temperature"], t["top_k"], t["top_p"], t["min_p"], t["seed"])
+    params = sampler.states.params.slot_params
     idx = torch.arange(len(names), dtype=torch.int32).repeat_interleave(n)
     positions = torch.arange(n).repeat(len(names)) + 1
     _check(LOGITS.expand(len(idx), -1).clone(), idx, positions, params)
 
 
 @triton.jit
-def _cutoff_probe_kernel(keys_ptr, out_ptr, num, want, limit, GROUPS: tl.constexpr, CUTOFF: tl.constexpr):
+def _cutoff_probe_kernel(keys_ptr, out_ptr, num, want, limit, GROUPS: tl.constexpr):
     groups = tl.arange(0, GROUPS)
     valid = groups < num
     keys = tl.load(keys_ptr + groups, mask=valid, other=-2147483648)  # lanes past: below every key, as required
-    top_key = tl.max(keys, axis=0)
-    key, count = _cutoff(keys, valid, num, want, limit, top_key, GROUPS, CUTOFF)
+    key, count = _bisect_cutoff(keys, valid, num, want, limit)
     tl.store(out_ptr, key)
     tl.store(out_ptr + 1, count)
 
@@ -271,12 +256,10 @@ def _keys(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x == 0, 0, torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)).int()
 
 
-@pytest.mark.parametrize("cutoff", sorted(CUTOFFS))
 @pytest.mark.parametrize("kind", ["spread", "narrow", "ties", "negative", "infinite", "huge"])
-def test_cutoff_counts(kind, cutoff):
+def test_cutoff_counts(kind):
     """The plan's cutoff: `want <= count(keys >= c)`, and `<= limit` unless ties at the largest such c forbid it;
-    narrow rows (values a few ulps apart) need all 4 byte rounds of the radix select and the key-space rounds
-    of the guessing split; huge ones (+-3e38) its float arithmetic."""
+    narrow rows (values a few ulps apart), huge ones (+-3e38)."""
     g = torch.Generator().manual_seed(len(kind))
     num = 300
     x = torch.randn(num, generator=g) * 3
@@ -294,7 +277,7 @@ def test_cutoff_counts(kind, cutoff):
     keys = _keys(x)
     for want, limit in ((1, 1), (1, 4), (5, 8), (50, 64), (64, 64), (200, 250), (300, 300)):
         out = torch.zeros(2, dtype=torch.int32)
-        _cutoff_probe_kernel[(1,)](keys, out, num, want, limit, GROUPS=512, CUTOFF=CUTOFFS[cutoff])
+        _cutoff_probe_kernel[(1,)](keys, out, num, want, limit, GROUPS=512)
         key, count = out.tolist()
         assert count == int((keys >= key).sum()) >= want
         if count > limit:  # only ties at the largest qualifying key may leave too many
@@ -334,10 +317,33 @@ def test_penalty_kernel_then_the_fused_passes(drafts, sanitize):
         logits, nonfinite = sanitize_logits_reference(logits)
     penalised = apply_penalties_reference(logits, idx, *tables[:3], tables.counts.output_counts,
                                           tables.counts.prompt_mask, tables.drafts)
-    expected = sample_fused_reference(penalised, idx, positions.to(DEVICE), params)
+    expected = sample_reference(penalised, idx, positions.to(DEVICE), params)
     got_logits = apply_penalties_triton(logits.clone(), idx, tables)
     got = sample_fused_triton(got_logits, idx, positions.to(DEVICE), params, sanitize=sanitize, nonfinite=nonfinite)
     assert torch.equal(got_logits.nan_to_num(), penalised.nan_to_num())
     assert got.sampled.tolist() == expected.sampled.tolist()
     flagged = expected.errors if nonfinite is None else torch.where(nonfinite, 1, expected.errors)
     assert got.errors.tolist() == flagged.tolist()
+
+
+def test_sample_fused_is_the_fused_path_or_the_reference():
+    """The V1 runner's entry point: the fused kernels when asked (CUDA tensors by default), else the reference;
+    the same tokens and errors either way, and the host hints (`need_plan`, `all_gather`) reach the kernels."""
+    vocab, rows = 130, 10
+    params = _params(vocab)
+    idx = torch.tensor([2, 3, 4, 5, 6, 7, 8, 10, 11, 12], dtype=torch.int32, device=DEVICE)  # every row gathers
+    positions = torch.arange(rows, device=DEVICE) * 3
+    logits = _logits(rows, vocab, seed=9, ties=False)
+    expected = sample_reference(logits, idx, positions, params)
+    for fused, kwargs in ((False, {}), (True, {}), (True, dict(all_gather=True))):
+        got = sample_fused(logits.clone(), idx, positions, params, fused=fused, **kwargs)
+        assert got.sampled.tolist() == expected.sampled.tolist() and got.errors.tolist() == expected.errors.tolist()
+    with pytest.raises(ValueError, match="all_gather"):
+        sample_fused(logits, idx, positions, params, fused=True, need_plan=False, all_gather=True)
+    # The hints that skip stages: slots 0 (greedy) and 1 (random, no filter) need no plan, slot 0 alone no noise.
+    for slots, hints in (([0, 1, 1, 0], dict(need_plan=False)), ([0, 0], dict(any_random=False, need_plan=False))):
+        sub = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+        want = sample_reference(logits[: len(slots)], sub, positions[: len(slots)], params)
+        for fused in (False, True):
+            got = sample_fused(logits[: len(slots)].clone(), sub, positions[: len(slots)], params, fused=fused, **hints)
+            assert got.sampled.tolist() == want.sampled.tolist() and got.errors.tolist() == want.errors.tolist()

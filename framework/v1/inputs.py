@@ -51,15 +51,34 @@ class StepInputs:
 
 
 class HostToDevice:
-    """Copies this step's host arrays to the device, each through a pinned buffer of its own on CUDA.
+    """Copies this step's host arrays to the device through pinned buffers on CUDA: one array (`__call__`), or
+    every input of a step packed into one buffer and sent in one copy (`many`).
 
     The buffers are reused every step. That is safe only because V1 is synchronous: `sample_tokens` waits
     for the device, so no copy of the previous step still reads a buffer when the next step refills it.
     """
 
+    ALIGN = 16  # bytes: every packed part starts aligned, so its device view of any dtype is valid
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._pinned: dict[str, torch.Tensor] = {}
+
+    def many(self, arrays: dict[str, tuple[np.ndarray, type]]) -> dict[str, torch.Tensor]:
+        """name -> (array, dtype) to name -> device tensor of that dtype and shape. On CUDA the arrays share
+        one pinned byte buffer and one host-to-device copy (a step's dozen inputs cost one copy's launch); on the
+        CPU each is copied as by `__call__(fresh=False)`."""
+        if self.device.type != "cuda":
+            return {name: self(name, array, dtype, fresh=False) for name, (array, dtype) in arrays.items()}
+        hosts = {name: np.ascontiguousarray(array, dtype=dtype) for name, (array, dtype) in arrays.items()}
+        offsets, total = pack_layout(hosts, self.ALIGN)
+        buffer = self._pinned.get("many")
+        if buffer is None or buffer.numel() < total:
+            buffer = torch.empty(max(total, 2 * (buffer.numel() if buffer is not None else 0), 1), dtype=torch.uint8,
+                                 pin_memory=True)
+            self._pinned["many"] = buffer
+        pack(hosts, offsets, buffer.numpy())
+        return unpack(buffer[:total].to(self.device, non_blocking=True), hosts, offsets)
 
     def __call__(self, name: str, array: np.ndarray, dtype: type, fresh: bool = True) -> torch.Tensor:
         """`fresh=False` for a view of persistent rows: on the CPU it is copied, so the step's tensors never
@@ -76,6 +95,29 @@ class HostToDevice:
         staged = buffer[: host.size]
         staged.numpy()[...] = host.ravel()
         return staged.view(host.shape).to(self.device, non_blocking=True)
+
+
+def pack_layout(hosts: dict[str, np.ndarray], align: int) -> tuple[dict[str, int], int]:
+    """(byte offset of each array, total bytes) when the arrays are packed one after another, each part
+    starting at a multiple of `align`."""
+    offsets, total = {}, 0
+    for name, host in hosts.items():
+        offsets[name] = total
+        total += -(-host.nbytes // align) * align
+    return offsets, total
+
+
+def pack(hosts: dict[str, np.ndarray], offsets: dict[str, int], staged: np.ndarray) -> None:
+    """Write each (C-contiguous) array's bytes into the uint8 buffer `staged` at its offset."""
+    for name, host in hosts.items():
+        staged[offsets[name]: offsets[name] + host.nbytes] = host.reshape(-1).view(np.uint8)
+
+
+def unpack(packed: torch.Tensor, hosts: dict[str, np.ndarray], offsets: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Views of the uint8 tensor `packed` (on any device) with each array's dtype and shape."""
+    return {name: packed[offsets[name]: offsets[name] + host.nbytes]
+            .view(torch.from_numpy(host[:0].reshape(-1)).dtype).view(host.shape)
+            for name, host in hosts.items()}
 
 
 def build_step_inputs(
@@ -103,8 +145,22 @@ def build_step_inputs(
     logits_indices = query_start_loc[1:] - 1  # [R] each row's last token
     kv_slots = pb.block_table[token_rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
 
-    idx_mapping = to_device("idx_mapping", pb.state_slot[:num_rows], np.int32, fresh=False)  # row -> ModelState slot
-    table = to_device("block_table", pb.block_table[:num_rows], np.int32, fresh=False)
+    dev = to_device.many({
+        "idx_mapping": (pb.state_slot[:num_rows], np.int32),  # batch row -> the request's stable slot
+        "block_table": (pb.block_table[:num_rows], np.int32),
+        "query_start_loc": (query_start_loc, np.int32),
+        "query_lens": (counts, np.int32),
+        "num_draft": (np.zeros(num_rows), np.int32),
+        "cu_num_logits": (np.arange(num_rows + 1), np.int32),
+        "token_rows": (token_rows, np.int64),
+        "input_ids": (input_ids, np.int64),
+        "positions": (positions, np.int64),
+        "seq_lens": (seq_lens, np.int32),
+        "logits_indices": (logits_indices, np.int64),
+        "kv_slots": (kv_slots, np.int64),
+        "sample_positions": (seq_lens, np.int64),  # the sampled token's position is the row's new length
+    })
+    idx_mapping, table = dev["idx_mapping"], dev["block_table"]
     batch = InputBatch(
         request_ids=[pb.req_ids[r] for r in range(num_rows)],  # type: ignore[misc]
         num_rows=num_rows,
@@ -115,18 +171,17 @@ def build_step_inputs(
         idx_mapping_host=pb.state_slot[:num_rows].copy(),
         num_draft_host=np.zeros(num_rows, dtype=np.int64),
         idx_mapping=idx_mapping,
-        query_start_loc=to_device("query_start_loc", query_start_loc, np.int32),
-        query_lens=to_device("query_lens", counts, np.int32),
-        num_draft=torch.zeros(num_rows, dtype=torch.int32, device=to_device.device),
-        cu_num_logits=to_device("cu_num_logits", np.arange(num_rows + 1), np.int32),
-        token_rows=to_device("token_rows", token_rows, np.int64),
-        input_ids=to_device("input_ids", input_ids, np.int64),
-        positions=to_device("positions", positions, np.int64),
-        seq_lens=to_device("seq_lens", seq_lens, np.int32),
-        logits_indices=to_device("logits_indices", logits_indices, np.int64),
+        query_start_loc=dev["query_start_loc"],
+        query_lens=dev["query_lens"],
+        num_draft=dev["num_draft"],
+        cu_num_logits=dev["cu_num_logits"],
+        token_rows=dev["token_rows"],
+        input_ids=dev["input_ids"],
+        positions=dev["positions"],
+        seq_lens=dev["seq_lens"],
+        logits_indices=dev["logits_indices"],
         expanded_idx_mapping=idx_mapping,
-        # The sampled token's position is the row's new length.
-        sample_positions=to_device("sample_positions", seq_lens, np.int64),
+        sample_positions=dev["sample_positions"],
     )
-    block_tables = StepBlockTables(table, to_device("kv_slots", kv_slots, np.int64), block_size, idx_mapping)
+    block_tables = StepBlockTables(table, dev["kv_slots"], block_size, idx_mapping)
     return StepInputs(batch, block_tables, seq_lens)

@@ -1,7 +1,9 @@
 """Model Runner V1: a persistent batch whose rows move, inputs built on the CPU, synchronous sampling.
 
 The fallback for configs V2 cannot serve, and the baseline V2 is measured against. Read `execute_model` and
-`sample_tokens` top to bottom; docs/runners.md compares the two runners step by step.
+`sample_tokens` top to bottom; docs/runners.md compares the two runners step by step. Like V2 it replays
+captured CUDA graphs for decode batches (`framework.cuda_graphs`) and samples with V2's fused path
+(`samplers.fused_sampling.sample_fused`) from per-slot parameter tables, whenever Triton runs on the device.
 """
 
 from __future__ import annotations
@@ -12,16 +14,21 @@ import numpy as np
 import torch
 
 from framework.async_output import AsyncOutput
+from framework.compat import triton_reasons
 from framework.config import Mrv2Config
+from framework.cuda_graphs import DecodeCudaGraphs
 from framework.engine_setup import LoadedModel
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.runner_interface import ModelRunner
+from framework.attention import AttentionMetadata
+from framework.input_batch import InputBatch
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.v1.inputs import HostToDevice, StepInputs, build_step_inputs
 from framework.v1.persistent_batch import PersistentBatch
-from framework.v1.sampling import sample_rows
 from model_states import select_model_state
-from samplers.sampler import ROW_NONFINITE_LOGITS
+from samplers.fused_sampling import sample_fused
+from samplers.sampler import ROW_NONFINITE_LOGITS, ROW_NO_TOKEN_LEFT
+from samplers.states import SamplingParamsState
 
 
 class _ExecuteState(NamedTuple):
@@ -38,7 +45,9 @@ class ModelRunnerV1(ModelRunner):
     The ModelState keeps V2's contract: its per-request state lives in a stable slot that V1 hands out from
     its own free list and carries as the `state_slot` column of the batch (that column moves with the row),
     so `InputBatch.idx_mapping` maps batch rows to those slots and no ModelState state ever moves. Any
-    ModelState that works under V2 works here unchanged; the hooks see batch-ordered tensors as in V2.
+    ModelState that works under V2 works here unchanged; the hooks see batch-ordered tensors as in V2. The
+    sampling parameters live in those slots too (`SamplingParamsState`, written once per request), so the
+    sampler reads them through `idx_mapping` as V2's does, and nothing of them moves or is copied per step.
     """
 
     name = "v1"
@@ -56,6 +65,14 @@ class ModelRunnerV1(ModelRunner):
         self.config = config
         self.prefix_cache_hooks = self._prefix_cache_hooks_of(self.model_state)  # state snapshots, before KV sizing
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)  # keyed by state_slot too
+        self.sampling_params = SamplingParamsState(max_reqs, self.device)  # keyed by state_slot too
+        # V2's fused sampler and CUDA graphs (Triton attention) need Triton on the device; without it (the
+        # reason `auto` picked V1) the reference sampler and eager forwards run.
+        self.triton_on_device = self.device.type == "cuda" and not triton_reasons(config)
+        self.cuda_graphs: Optional[DecodeCudaGraphs] = None
+        self.eager_forwards = 0  # forwards that ran eagerly (no captured graph fits): benchmarks report them
+        # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.
+        self.step_events: Optional[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = None
         self._free_state_slots = list(range(max_reqs - 1, -1, -1))  # pop() hands out slot 0 first
         self.config, self.loaded = config, loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
@@ -67,11 +84,38 @@ class ModelRunnerV1(ModelRunner):
         self.kv_caches = [torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
                           for _ in range(self.model.num_kv_layers)]
 
+    def capture_cuda_graphs(self) -> None:
+        """Capture decode graphs (`runner.cuda_graphs`, Triton on a GPU); call after the KV cache exists."""
+        rc = self.config.runner
+        if not (self.triton_on_device and rc.cuda_graphs and self.model_state.decode_cuda_graphs):
+            return  # (a ModelState whose forward reads per-slot extra inputs runs eagerly, as under V2)
+        max_reqs = self.config.scheduler.max_num_seqs
+        sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
+        self.cuda_graphs = DecodeCudaGraphs(self.model, self.kv_caches, sizes, self.batch.max_blocks_per_req,
+                                            self.block_size, self.loaded.max_model_len, self.device)
+        self.cuda_graphs.capture()
+
+    def release_cuda_graphs(self) -> None:
+        """Drop the decode graphs and wait for the device."""
+        self.cuda_graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def shutdown(self) -> None:
+        """Free the device memory this runner holds beyond the weights (graphs, KV caches); unusable after."""
+        self.release_cuda_graphs()
+        self.kv_caches = []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     # ---- execute_model ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> None:
         if any(output.num_draft_tokens):
             raise NotImplementedError("the V1 runner does not verify draft tokens")
+        if self.step_events is not None and self.device.type == "cuda":
+            self.step_events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self.step_events[-1][0].record()
         self._remove_requests(output.finished_request_ids)  # 1. rows of finished / preempted requests: holes
         self._add_requests(output.new_requests)  # 2. new and resumed requests fill holes, then append
         self._update_requests(output.cached_requests)  # 3. running requests gain KV blocks
@@ -79,6 +123,7 @@ class ModelRunnerV1(ModelRunner):
         self.batch.reorder(output.scheduled_request_ids)  # 5. rows swap into the scheduler's order
         self.model_state.apply_staged_writes()  # 6.
         self.pooling_state.apply_staged_writes()
+        self.sampling_params.apply_staged_writes()
         if output.is_empty:
             self._pending = None
             return
@@ -87,10 +132,20 @@ class ModelRunnerV1(ModelRunner):
         self.model_state.save_snapshots(output.state_snapshots)  # 9. (with the state snapshots this step stores)
         extra_inputs = self.model_state.prepare_inputs(step.batch)
         batch = step.batch
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)  # 10.
+        hidden = self._forward(batch, attn_metadata, extra_inputs)  # 10. graph replay or eager
         pooled = self.pooling_state.apply(batch, hidden, np.asarray(output.num_scheduled_tokens),
                                           step.seq_lens_host)  # 11. embedding requests
         self._pending = _ExecuteState(step, hidden, pooled)
+
+    def _forward(self, batch: InputBatch, attn_metadata: AttentionMetadata, extra_inputs: dict) -> torch.Tensor:
+        """hidden [T, hidden]: a captured graph for a pure decode batch (one token per row) that fits, else eager."""
+        graphs = self.cuda_graphs
+        pure_decode = batch.num_tokens == batch.num_rows and not extra_inputs
+        size = graphs.padded_size(batch.num_rows) if graphs is not None and pure_decode else None
+        if size is not None:
+            return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
+        self.eager_forwards += 1
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, attn_metadata, **extra_inputs)
 
     def _remove_requests(self, request_ids: set[str]) -> None:
         for request_id in request_ids:
@@ -106,6 +161,7 @@ class ModelRunnerV1(ModelRunner):
             self.batch.add_request(new, state_slot)
             self.model_state.add_request(state_slot, new)
             self.pooling_state.add_request(state_slot, new)
+            self.sampling_params.add_request(state_slot, new.sampling_params, new.sampling_seed)
 
     def _update_requests(self, cached: list[CachedRequestData]) -> None:
         for data in cached:
@@ -125,12 +181,20 @@ class ModelRunnerV1(ModelRunner):
             errors = torch.zeros(batch.num_rows, dtype=torch.int32, device=self.device)
         else:
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [R, vocab] float32
-            sampled = sample_rows(logits, self.batch, batch.sample_positions, self._to_device)  # 2. from the rows
-            # Rows with NaN or +inf logits are reported (finish_reason "error"), as V2's sampler does; -inf masks.
-            errors = (torch.isnan(logits) | (logits == float("inf"))).any(dim=-1).int() * ROW_NONFINITE_LOGITS
-        sampled_host = sampled.cpu().numpy()  # 3. wait for the device: V1 is synchronous
+            stages = self.sampling_params.stages_for(batch.idx_mapping_host, logits.shape[1])
+            sampled, errors = sample_fused(  # 2. V2's steps 1, 8-12, parameters read by state_slot
+                logits, batch.expanded_idx_mapping, batch.sample_positions, self.sampling_params.slot_params,
+                fused=self.triton_on_device, any_random=stages.any_random,
+                need_plan=stages.any_top_k or stages.any_top_p or stages.any_min_p,
+                all_gather=stages.all_gather, nonfinite_code=ROW_NONFINITE_LOGITS, no_token_code=ROW_NO_TOKEN_LEFT)
+        if self.step_events is not None and self.device.type == "cuda":
+            self.step_events[-1][1].record()
+        if pooled is not None:  # lands by the wait below (same stream)
+            pooled = pooled._replace(vectors=pooled.vectors.to("cpu", non_blocking=True))
+        host = torch.stack([sampled, errors.long()], dim=1).cpu()  # 3. the step's one wait for the device
+        sampled_host, errors_host = host[:, 0].numpy(), host[:, 1].int()
         num_sampled = self.batch.append_sampled(step.seq_lens_host, sampled_host)  # 4. history grows on the CPU
-        num_sampled_dev = torch.from_numpy(num_sampled).to(self.device)
+        num_sampled_dev = self._to_device("num_sampled", num_sampled, np.int32)
         self.model_state.postprocess(batch, num_sampled_dev, torch.zeros_like(num_sampled_dev))  # 5.
         return AsyncOutput(batch.request_ids, torch.from_numpy(sampled_host).view(-1, 1),
-                           torch.from_numpy(num_sampled), errors=errors, pooled=pooled)  # 6. already on the host
+                           torch.from_numpy(num_sampled), errors=errors_host, pooled=pooled)  # 6. already on the host

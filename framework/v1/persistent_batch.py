@@ -20,8 +20,8 @@ class PersistentBatch:
 
     Rows `0 .. num_rows-1` hold requests or holes; after `condense` there are no holes. Per row:
     `token_ids` (prefill tokens then every sampled token; `num_tokens` valid), `prompt_len`, `prefill_len`,
-    `num_computed` (tokens whose KV is cached), `block_table` (`num_blocks` valid), the sampling parameters
-    and `state_slot` (the stable slot of the request in the ModelState, see `ModelRunnerV1`).
+    `num_computed` (tokens whose KV is cached), `block_table` (`num_blocks` valid) and `state_slot` (the
+    stable slot of the request, see `ModelRunnerV1`: its ModelState and sampling parameters live there).
     """
 
     def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int) -> None:
@@ -45,17 +45,12 @@ class PersistentBatch:
         self.num_computed = rows(np.int64)
         self.block_table = rows(np.int32, max_blocks_per_req)  # [rows, max_blocks] KV block ids
         self.num_blocks = rows(np.int64)
-        self.temperature = rows(np.float32)
-        self.top_k = rows(np.int32)  # 0 = disabled
-        self.top_p = rows(np.float32)
-        self.min_p = rows(np.float32)
-        self.seed = rows(np.int64)
         self.state_slot = rows(np.int64)
 
     def row_arrays(self) -> dict[str, np.ndarray]:
         """Every per-row array, by name: what a move or swap must carry."""
         names = ("token_ids", "num_tokens", "prompt_len", "prefill_len", "num_computed", "block_table",
-                 "num_blocks", "temperature", "top_k", "top_p", "min_p", "seed", "state_slot")
+                 "num_blocks", "state_slot")
         return {name: getattr(self, name) for name in names}
 
     @property
@@ -85,12 +80,6 @@ class PersistentBatch:
         self.num_computed[row] = new.num_computed_tokens
         self.num_blocks[row] = 0
         self.append_blocks(row, new.block_ids)
-        params = new.sampling_params
-        self.temperature[row] = params.temperature
-        self.top_k[row] = max(params.top_k, 0)
-        self.top_p[row] = params.top_p
-        self.min_p[row] = params.min_p
-        self.seed[row] = new.sampling_seed
         self.state_slot[row] = state_slot
         return row
 

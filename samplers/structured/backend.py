@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import llguidance
 
 from framework.request_errors import InvalidRequestError
 from framework.structured_outputs import StructuredOutputsParams
-
-if TYPE_CHECKING:
-    from framework.tokenizer import Tokenizer
 
 GRAMMAR_CACHE_SIZE = 1024  # distinct grammars kept compiled (least recently used dropped first)
 WHERE = "SamplingParams.structured_outputs"
@@ -42,7 +39,8 @@ class GuidanceBackend:
 
     name = "guidance"
 
-    def __init__(self, tokenizer: Optional["Tokenizer"], vocab_size: int, eos_token_id: Optional[int]) -> None:
+    def __init__(self, tokenizer: Optional[object], vocab_size: int, eos_token_id: Optional[int]) -> None:
+        """`tokenizer`: any of the engine's tokenizers (`framework.tokenizer`), told apart by what they offer."""
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
@@ -61,7 +59,7 @@ class GuidanceBackend:
         if eos is None:
             raise InvalidRequestError(f"{WHERE} needs the model's end-of-sequence token, and this model has none "
                                       "(a grammar ends by sampling it)")
-        # Told apart by what they offer: framework.tokenizer imports the models, which import the samplers.
+        # Told apart by what they offer: framework.tokenizer sits above the samplers (it imports the models).
         if getattr(tok, "byte_level", False):
             return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary(self.vocab_size, eos)),
                                           n_vocab=self.vocab_size)
@@ -120,7 +118,7 @@ def _first_lines(message: str, limit: int = 4) -> str:
 BACKENDS = {"guidance": GuidanceBackend}
 
 
-def build_grammar_backend(name: str, tokenizer: Optional["Tokenizer"], vocab_size: int,
+def build_grammar_backend(name: str, tokenizer: Optional[object], vocab_size: int,
                           eos_token_id: Optional[int]) -> GuidanceBackend:
     """The backend `sampler.structured_outputs_backend` names ("auto" = guidance)."""
     cls = BACKENDS["guidance" if name == "auto" else name]

@@ -84,3 +84,56 @@ def test_cuda_graph_replay_equals_eager():
         outs[graphs] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
     assert outs[True] == outs[False]
+
+
+def test_v1_cuda_graph_replay_equals_eager():
+    """V1 replays V2's decode graphs: the same tokens as its eager forwards (seeded sampling through the fused
+    sampler), and the decode steps did replay."""
+    from framework import LLM, SamplingParams
+
+    prompts = [[(7 * i + j) % 250 for j in range(5 + 9 * i)] for i in range(11)]
+    params = SamplingParams(temperature=0.7, seed=3, max_tokens=40, ignore_eos=True)
+    outs = {}
+    for graphs in (False, True):
+        llm = LLM("random_tiny", device="cuda", dtype="float32", gpu_memory_utilization=0.3, cuda_graphs=graphs,
+                  runner="v1")
+        runner = llm.engine.runner
+        assert runner.name == "v1" and (runner.cuda_graphs is not None) == graphs
+        outs[graphs] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        if graphs:
+            assert runner.eager_forwards < 10, "the ~40 decode steps ran eagerly"
+        del llm
+    assert outs[True] == outs[False]
+
+
+def test_v1_step_waits_for_the_device_once():
+    """V1 is synchronous by design, but one step (execute, sample, read the output) syncs with the device once:
+    counted by CUDA's sync debug mode, whose warnings a planted `.item()` shows are seen."""
+    import warnings
+
+    from framework import LLM, SamplingParams
+
+    llm = LLM("random_tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, runner="v1")
+    engine = llm.engine
+    for i in range(8):
+        engine.add_request(f"r{i}", list(range(10 + 3 * i)),
+                           SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, ignore_eos=True))
+    engine.step()  # warm-up: compilation and first allocations may sync
+
+    def syncs(fn) -> int:  # type: ignore[no-untyped-def]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    assert syncs(lambda: torch.ones(2, device="cuda").sum().item()) >= 1  # the counter sees a planted sync
+    for _ in range(5):
+        so = engine.scheduler.schedule()
+        out = {}
+        n = syncs(lambda: (engine.runner.execute_model(so), out.setdefault("o", engine.runner.sample_tokens().get())))
+        engine.scheduler.update_from_output(so, out["o"].sampled_token_ids)
+        assert n == 1, f"a V1 step synced {n} times"

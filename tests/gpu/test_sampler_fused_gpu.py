@@ -42,7 +42,7 @@ def _logits(kind: str, seed: int) -> torch.Tensor:
 
 
 def _params(seed: int):
-    from samplers.fused_sampling import SlotSamplingParams
+    from samplers.reference import SlotSamplingParams
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     slots = 64
@@ -64,7 +64,8 @@ def _params(seed: int):
 
 @pytest.mark.parametrize("kind", ["flat", "peaked"])
 def test_fused_matches_the_reference_and_the_unfused_kernels(kind):
-    from samplers.fused_sampling import sample_fused_reference, sample_fused_triton
+    from samplers.fused_sampling import sample_fused_triton
+    from samplers.reference import sample_reference
     from samplers.gumbel import gumbel_sample_triton
     from samplers.sanitize import sanitize_logits_triton
     from samplers.top_k_top_p import apply_min_p_triton, apply_top_k_top_p_triton
@@ -74,7 +75,7 @@ def test_fused_matches_the_reference_and_the_unfused_kernels(kind):
     idx = torch.randint(0, len(params.seed), (ROWS,), device="cuda", dtype=torch.int32)
     positions = torch.randint(0, 1 << 20, (ROWS,), device="cuda")
     got = sample_fused_triton(logits, idx, positions, params)
-    ref = sample_fused_reference(logits, idx, positions, params)
+    ref = sample_reference(logits, idx, positions, params)
     assert torch.equal(got.errors, ref.errors)
     assert int((got.sampled != ref.sampled).sum()) <= 3
 
@@ -97,7 +98,8 @@ def test_fused_matches_the_reference_and_the_unfused_kernels(kind):
 @pytest.mark.parametrize("kind", ["flat", "peaked"])
 def test_all_gather_rows_match_the_reference(kind):
     """Every row random with top-k or top-p (the sample kernel not launched): the reference's tokens."""
-    from samplers.fused_sampling import sample_fused_reference, sample_fused_triton
+    from samplers.fused_sampling import sample_fused_triton
+    from samplers.reference import sample_reference
 
     logits = _logits(kind, 1)
     params = _params(2)
@@ -106,20 +108,18 @@ def test_all_gather_rows_match_the_reference(kind):
     idx = gather[torch.randint(0, len(gather), (ROWS,), device="cuda")].int()
     positions = torch.randint(0, 1 << 20, (ROWS,), device="cuda")
     got = sample_fused_triton(logits, idx, positions, params, all_gather=True)
-    ref = sample_fused_reference(logits, idx, positions, params)
+    ref = sample_reference(logits, idx, positions, params)
     assert torch.equal(got.errors, ref.errors)
     assert int((got.sampled != ref.sampled).sum()) <= 3
 
 
-# Plan configurations scripts/diag_fused_plan.py times (module constants of samplers.fused_sampling).
+# Launch shapes of the plan (module constants of samplers.fused_sampling) other than the default.
 PLAN_CONFIGS = {
-    "guess+keys g32 nreg64": dict(PLAN_CUTOFF="guess", PLAN_KEYS_ONLY=True, GROUP=32, CAP=2048, PLAN_MAXNREG=64),
+    "g32 nreg64": dict(GROUP=32, CAP=2048, PLAN_MAXNREG=64),
     "g16 resolve w8 tile32": dict(GROUP=16, CAP=1024, RESOLVE_WARPS=8, RESOLVE_TILE=32),
     "w16 r4 s4 p2048 tile64": dict(PLAN_WARPS=16, PLAN_MAXNREG=None, RESOLVE_WARPS=4, STATS_WARPS=4,
                                    TARGET_PROGRAMS=2048, RESOLVE_TILE=64),
-    "guess+keys g32 w8": dict(PLAN_CUTOFF="guess", PLAN_KEYS_ONLY=True, GROUP=32, CAP=2048, PLAN_WARPS=8),
-    "split g64": dict(PLAN_CUTOFF="split", GROUP=64, CAP=4096),
-    "radix": dict(PLAN_CUTOFF="radix"),
+    "g64": dict(GROUP=64, CAP=4096),
 }
 
 
@@ -182,7 +182,8 @@ def test_penalties_before_the_fused_passes_equal_the_reference():
     passes: the logits it leaves are the reference's penalised logits, and the tokens are sampled from them."""
     from framework import SamplingParams
     from sampler_cases import Slot, make_sampler
-    from samplers.fused_sampling import SlotSamplingParams, sample_fused_triton
+    from samplers.fused_sampling import sample_fused_triton
+    from samplers.reference import SlotSamplingParams
     from samplers.penalties import apply_penalties_reference
 
     slots = [Slot(SamplingParams(temperature=0.8, top_k=50, top_p=0.9, repetition_penalty=1.2, frequency_penalty=0.3,

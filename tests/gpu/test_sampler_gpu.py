@@ -24,8 +24,7 @@ def _logits(rows: int, seed: int) -> torch.Tensor:
 
 
 def test_gumbel_and_top_k_top_p_min_p_at_real_shapes():
-    from samplers.gumbel import gumbel_sample_reference, gumbel_sample_triton, hash_bits_reference
-    from samplers.gumbel import uniform_noise_triton
+    from samplers.gumbel import gumbel_sample_reference, gumbel_sample_triton
     from samplers.top_k_top_p import (
         apply_min_p_reference,
         apply_min_p_triton,
@@ -37,8 +36,6 @@ def test_gumbel_and_top_k_top_p_min_p_at_real_shapes():
     logits = _logits(rows, 0)
     seeds = torch.randint(-(1 << 62), 1 << 62, (rows,), device="cuda")
     positions = torch.randint(0, 1 << 20, (rows,), device="cuda")
-    assert torch.equal(uniform_noise_triton(seeds[:4], positions[:4], VOCAB, raw_bits=True),
-                       hash_bits_reference(seeds[:4], positions[:4], VOCAB))
     same = gumbel_sample_triton(logits, seeds, positions) == gumbel_sample_reference(logits, seeds, positions)
     assert int(same.sum()) >= rows - 1  # a last-ulp difference of log() may flip a near tie, nothing more
     top_k = torch.randint(0, 200, (rows,), device="cuda", dtype=torch.int32)
