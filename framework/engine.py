@@ -20,6 +20,7 @@ from framework.engine_setup import load_model, resolve_device
 from framework.kv_cache_manager import KVCacheManager
 from framework.model_runner import ModelRunnerV2
 from framework.output_processor import OutputProcessor
+from framework.plugins import SpecDecodeMetrics, build_draft_policy
 from framework.parallel_sampling import ParallelSamplingTable, fan_out
 from framework.pooling import hidden_size_of
 from framework.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
@@ -32,8 +33,6 @@ from framework.scheduler_output import SchedulerOutput
 from framework.v1 import ModelRunnerV1
 from samplers.logits_processors import logits_processor_classes
 from samplers.sampler import ROW_ERROR_MESSAGES
-from speculators.metrics import SpecDecodeMetrics
-from speculators.dynamic import build_draft_policy
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import torch
 from framework.cli import conf_dir
 from framework.cli_overrides import check_overrides
 from framework.config import ConfigError, load_config
-from framework.distributed.context import ParallelContext, stage_layers
+from framework.parallel_context import ParallelContext, stage_layers
 from framework.distributed.launch import check_parallel_config, torchrun_place
 from framework.models.loader import build_model, init_random_weights, load_safetensors_weights, read_hf_config
 from framework.models.parallel_layers import MissingLayer

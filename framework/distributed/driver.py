@@ -16,7 +16,7 @@ import torch
 
 from framework.async_output import AsyncOutput
 from framework.config import ConfigError, Mrv2Config
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 from framework.distributed.launch import (
     RankPlace, check_parallel_config, free_port, init_groups, rank_device, torchrun_place,
 )

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from framework.config import ConfigError, Mrv2Config
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 from framework.distributed.launch import RankPlace, init_groups, rank_device
 from framework.distributed.messages import decode_command
 from framework.engine_setup import LoadedModel, load_model
