@@ -97,17 +97,12 @@ def v2_unsupported_reasons(config: Mrv2Config) -> list[str]:
 
 
 def check_speculator(config: Mrv2Config) -> None:
-    """`speculator.method` (and, for dynamic-k, the method it wraps) must name a registered speculator."""
+    """`speculator.method` must name a registered speculator."""
     from framework.registry import SPECULATORS
 
-    spec = config.speculator
-    for key, method in (("method", spec.method), ("dynamic.method", spec.dynamic.method)):
-        if key == "dynamic.method" and spec.method != "dynamic":
-            continue
-        if method != "none" and method not in SPECULATORS:
-            raise ConfigError(
-                f"speculator.{key}={method}: unknown speculator; registered: {', '.join(SPECULATORS.names())}"
-            )
+    method = config.speculator.method
+    if method != "none" and method not in SPECULATORS:
+        raise ConfigError(f"speculator.method={method}: unknown speculator; registered: {', '.join(SPECULATORS.names())}")
 
 
 def select_runner(config: Mrv2Config) -> str:

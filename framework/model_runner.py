@@ -153,7 +153,7 @@ class ModelRunnerV2(ModelRunner):
         """1 + every k the scheduler may ask to verify: all of 0..K with dynamic-k, else 0 and K."""
         spec = self.config.speculator
         k_max = spec.num_speculative_tokens
-        ks = range(k_max + 1) if spec.method == "dynamic" else {0, k_max}
+        ks = range(k_max + 1) if spec.dynamic_k else {0, k_max}
         return tuple(sorted(1 + k for k in ks))
 
     # ---- execute_model ---------------------------------------------------------------------------------

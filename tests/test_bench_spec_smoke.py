@@ -72,3 +72,14 @@ def test_policy_host_bench_times_every_batch_size(tmp_path):
     rows = json.loads((tmp_path / "policy_host.json").read_text())["rows"]
     assert [r["batch"] for r in rows] == [4, 8]
     assert all(r["us_per_step"] > 0 and r["steps_per_run"] >= 16 / 6 and r["decisions_per_run"] >= 1 for r in rows)
+
+
+def test_pair_rounds_share_the_time_left_after_the_fixed_rounds_of_later_cells(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from bench_spec import pair_deadline
+
+    # 100 s left, 3 later cells needing 20 s each for their fixed rounds: 40 s shared by 4 cells' pair rounds.
+    assert pair_deadline(now=0.0, end=100.0, cell_seconds=20.0, cells_left=3) == 10.0
+    assert pair_deadline(now=50.0, end=100.0, cell_seconds=5.0, cells_left=0) == 100.0  # the last cell: all of it
+    assert pair_deadline(now=90.0, end=100.0, cell_seconds=20.0, cells_left=2) == 90.0  # behind: no pair rounds
+    assert pair_deadline(now=0.0, end=float("inf"), cell_seconds=20.0, cells_left=3) == float("inf")  # no budget
