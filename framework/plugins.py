@@ -12,13 +12,11 @@ Importing this module imports the interfaces, not the built-in implementations: 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
 
-from framework.config import SpeculatorConfig
-from framework.engine_setup import LoadedModel
 from framework.registry import SPECULATORS, RegistryError
 from model_states.interface import ModelState
 from model_states.selection import detect_model_state_name, select_model_state
@@ -27,6 +25,10 @@ from speculators.interface import Proposal, ProposeInputs, Speculator
 from speculators.metrics import SpecDecodeMetrics
 from speculators.policy import DraftLengthPolicy
 from speculators.rejection_sampler import rejection_sample
+
+if TYPE_CHECKING:
+    from framework.config import SpeculatorConfig
+    from framework.engine_setup import LoadedModel
 
 __all__ = [
     "DraftLengthPolicy", "ModelState", "Proposal", "ProposeInputs", "SpecDecodeMetrics", "Speculator",
@@ -49,7 +51,7 @@ def build_model_state(model: nn.Module, hf_config: dict[str, Any], override: Opt
     return select_model_state(model, hf_config, override)(model, hf_config, max_num_reqs, device)
 
 
-def build_speculator(config: SpeculatorConfig, loaded: LoadedModel, max_num_reqs: int,
+def build_speculator(config: "SpeculatorConfig", loaded: "LoadedModel", max_num_reqs: int,
                      device: torch.device) -> Optional[Speculator]:
     """The speculator `config.method` names in `SPECULATORS`, or None for `method: none`."""
     if config.method == "none":
