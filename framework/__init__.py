@@ -21,8 +21,10 @@ if TYPE_CHECKING:
     from framework.engine import EngineCore, EngineDeadError
     from framework.llm import LLM
 
-# The engine pulls in the runners, which import model_states and samplers; loading it on first use lets a
-# plugin package import `model_states` (or `samplers`) before `framework` without a circular import.
+# `import framework` loads the config schema, the registries and plain types, not the engine: the engine (runners,
+# models, kernels, and through `framework.plugins` the plugin packages) loads when `EngineCore` or `LLM` is first
+# used. A plugin module that imports `framework.registry` or a plain type therefore never loads the engine that
+# would import that plugin back, whichever package is imported first.
 _LAZY = {"EngineCore": "framework.engine", "EngineDeadError": "framework.engine", "LLM": "framework.llm"}
 
 

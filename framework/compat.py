@@ -69,18 +69,15 @@ def configured_model_state(config: Mrv2Config) -> Optional[type]:
     from framework.models.embedded import resolve_model_source
     from framework.models.loader import read_hf_config
     from framework.models.presets import preset_config
+    from framework.plugins import model_state_class
     from framework.registry import MODELS
-    from model_states import detect_model_state_name, select_model_state
 
     source = resolve_model_source(config.model.path, config.model.preset)
     hf_config = read_hf_config(source.path) if source.path else preset_config(source.preset or "")
     archs = hf_config.get("architectures") or []
     if not archs or archs[0] not in MODELS:
         return None
-    model_cls = MODELS.get(archs[0])
-    # detect_model_state_name reads only type(model): an instance without __init__ avoids building the model.
-    name = config.model.model_state or detect_model_state_name(object.__new__(model_cls), hf_config)
-    return select_model_state(None, hf_config, name)  # type: ignore[arg-type]
+    return model_state_class(MODELS.get(archs[0]), hf_config, config.model.model_state)
 
 
 def _model_state_reasons(config: Mrv2Config) -> list[str]:
@@ -101,17 +98,12 @@ def v2_unsupported_reasons(config: Mrv2Config) -> list[str]:
 
 
 def check_speculator(config: Mrv2Config) -> None:
-    """`speculator.method` (and, for dynamic-k, the method it wraps) must name a registered speculator."""
+    """`speculator.method` must name a registered speculator."""
     from framework.registry import SPECULATORS
 
-    spec = config.speculator
-    for key, method in (("method", spec.method), ("dynamic.method", spec.dynamic.method)):
-        if key == "dynamic.method" and spec.method != "dynamic":
-            continue
-        if method != "none" and method not in SPECULATORS:
-            raise ConfigError(
-                f"speculator.{key}={method}: unknown speculator; registered: {', '.join(SPECULATORS.names())}"
-            )
+    method = config.speculator.method
+    if method != "none" and method not in SPECULATORS:
+        raise ConfigError(f"speculator.method={method}: unknown speculator; registered: {', '.join(SPECULATORS.names())}")
 
 
 def select_runner(config: Mrv2Config) -> str:

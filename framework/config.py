@@ -103,9 +103,8 @@ class SamplerConfig(_Strict):
 
 
 class DynamicKConfig(_Strict):
-    """The dynamic-k policy (`speculator.method: dynamic`): picks k every step for the wrapped method."""
+    """Tuning of the dynamic-k policy (`speculator.dynamic_k: true`), which picks k every step."""
 
-    method: str = Field("ngram", description="Registry name of the wrapped speculator that proposes the drafts.")
     acceptance_decay: float = Field(
         0.95, gt=0.0, lt=1.0,
         description="Decay of the per-position acceptance moving averages per observation, i.e. per step "
@@ -124,9 +123,13 @@ class DynamicKConfig(_Strict):
 class SpeculatorConfig(_Strict):
     """Speculative decoding; `method: none` disables it."""
 
-    method: str = Field("none", description="Registry name of the speculator (ngram, dynamic, ...), or none.")
+    method: str = Field("none", description="Registry name of the speculator (ngram, eagle, ...), or none.")
     num_speculative_tokens: int = Field(
-        0, ge=0, le=16, description="Drafts per request and step (k); with dynamic, the largest k it may pick."
+        0, ge=0, le=16, description="Drafts per request and step (k); with dynamic_k, the largest k it may pick."
+    )
+    dynamic_k: bool = Field(
+        False, description="Choose k in [0, num_speculative_tokens] every step from measured acceptance and step "
+        "cost (dynamic-k, tuned by speculator.dynamic.*), instead of always num_speculative_tokens.",
     )
     prompt_lookup_min: int = Field(2, ge=1, le=16, description="ngram: shortest suffix that may match.")
     prompt_lookup_max: int = Field(5, ge=1, le=16, description="ngram: longest suffix tried (the longest match wins).")
@@ -140,6 +143,21 @@ class SpeculatorConfig(_Strict):
         "runner.cuda_graphs); false runs them eagerly.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_dynamic_method(cls, data: Any) -> Any:
+        """`method: dynamic` wrapping `dynamic.method` became a flag on the drafting method itself."""
+        if isinstance(data, dict):
+            inner = data.get("dynamic")
+            wrapped = inner.get("method") if isinstance(inner, dict) else None
+            if data.get("method") == "dynamic" or wrapped is not None:
+                method = wrapped if wrapped not in (None, "dynamic") else "ngram"
+                raise ValueError(
+                    "speculator.method=dynamic and speculator.dynamic.method are gone: dynamic-k is a flag on the "
+                    f"method that drafts, e.g. speculator.method={method} speculator.dynamic_k=true "
+                    "(speculator=dynamic is ngram with dynamic_k=true)")
+        return data
+
     @model_validator(mode="after")
     def _tokens_match_method(self) -> "SpeculatorConfig":
         if self.method == "none" and self.num_speculative_tokens:
@@ -149,9 +167,8 @@ class SpeculatorConfig(_Strict):
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"speculator.prompt_lookup_min={self.prompt_lookup_min} exceeds "
                              f"speculator.prompt_lookup_max={self.prompt_lookup_max}")
-        if self.method == "dynamic" and self.dynamic.method in ("dynamic", "none"):
-            raise ValueError(f"speculator.dynamic.method={self.dynamic.method}: dynamic-k wraps a drafting "
-                             "method (ngram, eagle, ...)")
+        if self.dynamic_k and self.method == "none":
+            raise ValueError("speculator.dynamic_k=true needs a drafting speculator.method (ngram, eagle, ...)")
         return self
 
     @model_validator(mode="after")
@@ -163,9 +180,8 @@ class SpeculatorConfig(_Strict):
                 raise ValueError(f"speculator.model '{self.model}' is not a directory")
             if not (Path(self.model) / "config.json").is_file():
                 raise ValueError(f"speculator.model '{self.model}' has no config.json")
-        elif self.method in ("eagle", "eagle3") or (self.method == "dynamic" and self.dynamic.method in ("eagle", "eagle3")):
-            method = self.method if self.method != "dynamic" else self.dynamic.method
-            raise ValueError(f"speculator.method={method} needs speculator.model: the draft head's directory")
+        elif self.method in ("eagle", "eagle3"):
+            raise ValueError(f"speculator.method={self.method} needs speculator.model: the draft head's directory")
         return self
 
 

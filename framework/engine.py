@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import time
 import traceback
 from typing import Optional
 
@@ -21,6 +20,7 @@ from framework.kv_cache_manager import KVCacheManager
 from framework.logits_processor_setup import logits_processor_classes
 from framework.model_runner import ModelRunnerV2
 from framework.output_processor import OutputProcessor
+from framework.plugins import SpecDecodeMetrics, build_draft_policy
 from framework.parallel_sampling import ParallelSamplingTable, fan_out
 from framework.pooling import hidden_size_of
 from framework.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
@@ -32,8 +32,6 @@ from framework.scheduler import Scheduler
 from framework.scheduler_output import SchedulerOutput
 from framework.v1 import ModelRunnerV1
 from samplers.sampler import ROW_ERROR_MESSAGES
-from speculators.metrics import SpecDecodeMetrics
-from speculators.dynamic import build_draft_policy
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +90,6 @@ class EngineCore:
         lookahead = max(config.speculator.num_speculative_tokens - 1, 0) if self.runner.num_draft_kv_layers else 0
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.max_model_len, self.draft_policy,
                                    self.spec_metrics, draft_kv_lookahead=lookahead)
-        self._last_output_time: Optional[float] = None  # when the previous step's output arrived (dynamic-k)
-        self._last_output_rows = -1  # rows of that step
-        self._last_output_finished = False  # whether requests finished at that step's output
-        self._last_output_k = -1  # drafts per row that step verified (-1: not a uniform decode step)
         self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
         self.parallel_sampling = ParallelSamplingTable()  # n > 1 requests: parent id <-> child requests
         self._processor_classes = logits_processor_classes(config.sampler.logits_processors)
@@ -335,48 +329,20 @@ class EngineCore:
         else:
             done = current
         if done is None:
-            self._last_output_time = None  # the device idled: the next interval is not a step's cost
+            if self.draft_policy is not None:
+                self.draft_policy.device_idled()  # the next interval between outputs is no step's cost
             return self._checked([])
         try:
             runner_output = done[1].get()  # 4. the only place the host waits for the device
         except Exception as err:
             return self._fail_step(err, done[0])
-        self._observe_step_time(done[0])
+        if self.draft_policy is not None:
+            self.draft_policy.observe_output(done[0])  # dynamic-k times the steps here
         self._consecutive_failures = 0
         errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
-        finished = self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stops
-        self._last_output_finished = bool(finished)
+        self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stops
         outputs = self.output_processor.process(runner_output)  # 6. logprobs, text, stop strings, deltas
         return self._checked(self.parallel_sampling.relabel(outputs))  # 7. n > 1: children as sequences
-
-    def _observe_step_time(self, output: SchedulerOutput) -> None:
-        """Feed the dynamic-k cost model: the time between two consecutive outputs of steady pure decode steps
-        (the device runs back to back then, so this is the step's device time, drafting included).
-
-        Steady: the same number of rows as the step before, no request finished at the previous output, and
-        the k it verified is the k it proposed and the k the step before verified.
-        While a batch drains, requests finish every step and the interval carries their host work (final
-        outputs, freed blocks) and a batch that changes shape; those steps would make whichever k they ran
-        at look dear."""
-        if self.draft_policy is None or not self.draft_policy.wants_step_times:
-            return
-        now = time.perf_counter()
-        last, self._last_output_time = self._last_output_time, now
-        rows = len(output.scheduled_request_ids)
-        last_rows, self._last_output_rows = self._last_output_rows, rows
-        drafts = output.num_draft_tokens
-        k = max(drafts) if drafts else 0
-        # Uniform: every row verifies k drafts and computes 1 + k tokens (builtins over lists: a few us at 256 rows).
-        uniform = bool(drafts) and min(drafts) == k and sum(output.num_scheduled_tokens) == rows * (1 + k)
-        k = k if uniform else -1
-        last_k, self._last_output_k = self._last_output_k, k
-        if last is None or rows != last_rows or self._last_output_finished:
-            return
-        # A pure decode step that verified k drafts on every row, proposed k for the next step, and came after a
-        # step that verified k too (the interval holds the host's processing of that step's output): the cost
-        # of running at k. A step that switches k carries some of each.
-        if uniform and k == last_k == output.num_propose_tokens:
-            self.draft_policy.observe_step(rows, k, now - last)
 
     def _checked(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         if self._check_invariants:  # off by default: the step path pays one attribute test

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from framework.config import ConfigError, Mrv2Config
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
 from framework.models.llama import fuse_projections

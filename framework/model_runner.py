@@ -21,17 +21,16 @@ from framework.input_batch import InputBatch, build_input_batch
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.kernels.input_prep import compute_num_sampled, post_update, token_batch_rows
 from framework.logits_processor_setup import build_logits_processors
+from framework.plugins import (ModelState, ProposeInputs, Speculator, build_model_state, build_speculator,
+                               rejection_sample)
 from framework.request_state import RequestState
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from model_states import ModelState, select_model_state
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
 from samplers.structured.backend import GuidanceBackend, build_grammar_backend
 from samplers.structured.state import StructuredOutputsState
-from speculators import ProposeInputs, Speculator, build_speculator
-from speculators.rejection_sampler import rejection_sample
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +79,8 @@ class ModelRunnerV2(ModelRunner):
             structured=structured,
         )
         self.sampler = Sampler(self.sampling_states, config.sampler.logprobs_mode)
-        state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
-        self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
+        self.model_state = build_model_state(self.model, loaded.hf_config, config.model.model_state, max_reqs,
+                                             self.device)
         self.config = config
         self.prefix_cache_hooks = self._prefix_cache_hooks_of(self.model_state)  # state snapshots, before KV sizing
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)
@@ -166,7 +165,7 @@ class ModelRunnerV2(ModelRunner):
         """1 + every k the scheduler may ask to verify: all of 0..K with dynamic-k, else 0 and K."""
         spec = self.config.speculator
         k_max = spec.num_speculative_tokens
-        ks = range(k_max + 1) if spec.method == "dynamic" else {0, k_max}
+        ks = range(k_max + 1) if spec.dynamic_k else {0, k_max}
         return tuple(sorted(1 + k for k in ks))
 
     # ---- execute_model ---------------------------------------------------------------------------------

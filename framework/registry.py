@@ -125,7 +125,6 @@ MODELS.register("WhisperForConditionalGeneration", "framework.models.whisper:Whi
                 source="mrv2")
 MODEL_STATES.register("default", "model_states.default:DefaultModelState", source="mrv2")
 SPECULATORS.register("ngram", "speculators.ngram:NgramSpeculator", source="mrv2")
-SPECULATORS.register("dynamic", "speculators.dynamic:DynamicKSpeculator", source="mrv2")
 MODEL_STATES.register("encoder_decoder", "model_states.encoder_decoder:EncoderDecoderModelState", source="mrv2")
 for _name, _cls in (("eagle", "EagleSpeculator"), ("eagle3", "Eagle3Speculator"), ("mtp", "MTPSpeculator")):
     SPECULATORS.register(_name, f"speculators.eagle:{_cls}", source="mrv2")

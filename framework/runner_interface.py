@@ -15,7 +15,7 @@ from framework.scheduler_output import NewRequestData, SchedulerOutput
 if TYPE_CHECKING:
     from framework.config import Mrv2Config
     from framework.engine_setup import LoadedModel
-    from model_states.interface import ModelState
+    from framework.plugins import ModelState
 
 
 class ModelRunner(ABC):

@@ -11,8 +11,7 @@ from framework.request import Request, RequestStatus
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput, StateSnapshot
 
 if TYPE_CHECKING:
-    from speculators.metrics import SpecDecodeMetrics
-    from speculators.policy import DraftLengthPolicy
+    from framework.plugins import DraftLengthPolicy, SpecDecodeMetrics
 
 
 def may_read_prefix_cache(request: Request) -> bool:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 from framework.distributed.messages import Command, decode_command, encode_command
 from framework.sampling_params import SamplingParams
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput

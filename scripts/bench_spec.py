@@ -60,8 +60,8 @@ def build_llm(speculate: bool, max_model_len: int, smoke: bool = False):  # type
     from framework import LLM
     from framework.config import load_config
 
-    spec = ({"method": "dynamic", "num_speculative_tokens": K_MAX, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
-             "dynamic": {"method": "ngram"}} if speculate else {"method": "none"})
+    spec = ({"method": "ngram", "dynamic_k": True, "num_speculative_tokens": K_MAX, "prompt_lookup_min": 2,
+             "prompt_lookup_max": 5} if speculate else {"method": "none"})
     config = load_config({
         "model": {"preset": "tiny" if smoke else "qwen3-0.6b", "max_model_len": max_model_len},
         "device": "cpu" if smoke else "cuda",
@@ -123,13 +123,17 @@ def run_round_robin(llm, policies: dict[str, Any], prompts: list, params: list, 
 
 
 def run_pairs(llm, policies: dict[str, Any], runs: dict[str, list[dict[str, Any]]],  # type: ignore[no-untyped-def]
-              prompts: list, params: list, max_pairs: int, fast_pairs: int, fastest: float) -> None:
+              prompts: list, params: list, max_pairs: int, fast_pairs: int, fastest: float,
+              deadline: float = float("inf")) -> None:
     """More rounds of two policies only (the best fixed k and dynamic-k: `policies`), back to back and in
     alternating order (A B, B A, ...), appended to `runs`: until `fast_pairs` rounds (counting those in `runs`
-    already) had both runs fast-host (`host_speed`), or `max_pairs` rounds. A comparison of two needs more
-    rounds than a round of six can be repeated, and alternating cancels a drift within a round."""
+    already) had both runs fast-host (`host_speed`), `max_pairs` rounds, or `time.monotonic()` reached
+    `deadline`. A comparison of two needs more rounds than a round of six can be repeated, and alternating
+    cancels a drift within a round."""
     (a, first), (b, second) = policies.items()
     for i in range(max_pairs):
+        if time.monotonic() >= deadline:
+            return
         fastest = fastest_probe(runs[a] + runs[b], fastest)
         both = [max(x["host_probe_us"], y["host_probe_us"]) for x, y in zip(runs[a], runs[b])]
         if len(fast_runs(both, both, fastest)) >= fast_pairs:
@@ -137,6 +141,13 @@ def run_pairs(llm, policies: dict[str, Any], runs: dict[str, list[dict[str, Any]
         for name, policy in ((a, first), (b, second)) if i % 2 == 0 else ((b, second), (a, first)):
             set_policy(llm, policy)
             runs[name].append(run_once(llm, prompts, params))
+
+
+def pair_deadline(now: float, end: float, cell_seconds: float, cells_left: int) -> float:
+    """When the pair rounds of this cell must stop for the run to end by `end` (`--budget-s`): the time left,
+    less what the `cells_left` cells after this one need for their fixed rounds (`cell_seconds` each, as this
+    cell's took), shared evenly between this cell's pair rounds and theirs."""
+    return now + max(0.0, (end - now - cells_left * cell_seconds) / (cells_left + 1))
 
 
 def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -241,11 +252,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="at most this many more rounds of only the best fixed k and dynamic-k per cell")
     parser.add_argument("--fast-pairs", type=int, default=8,
                         help="... fewer once this many rounds had both runs fast-host (see run_pairs)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="end the pair rounds early so that the whole run takes about this long (a job limit)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     parser.add_argument("--workloads", nargs="+", default=["greedy-repeat", "sampled", "shifting"])
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks the script, no figures")
     parser.add_argument("--pin-cpus", default=None, help="run on these CPUs only, e.g. 2,3 (see pin_cpus)")
     args = parser.parse_args(argv)
+    end = time.monotonic() + (args.budget_s if args.budget_s is not None else float("inf"))
     pin_cpus(args.pin_cpus)
     if not torch.cuda.is_available() and not args.smoke:
         sys.exit("bench_spec.py needs a CUDA device (or --smoke)")
@@ -279,7 +293,8 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     llm = build_llm(True, max_model_len, args.smoke)
     warm_up(llm, vocab, tuple(range(K_MAX + 1)), args.batch_sizes)
-    for w, b in plans:
+    for cell_index, (w, b) in enumerate(plans):
+        cell_start = time.monotonic()
         policy = DynamicK(K_MAX, record=True)  # fresh for each cell
         cell = workload(w, b, args.output_len, vocab, 1)
         # Its first run learns (costs, acceptance) from nothing; the timed rounds run it warm, as an engine that
@@ -294,7 +309,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                                               [r["host_probe_us"] for r in runs[f"ngram k={k}"]]) for k in FIXED_KS},
                                     fastest))
         pair = {f"ngram k={best_k}": policies[f"ngram k={best_k}"], "dynamic": policy}
-        run_pairs(llm, pair, runs, *cell, args.pairs, args.fast_pairs, fastest)
+        now = time.monotonic()
+        run_pairs(llm, pair, runs, *cell, args.pairs, args.fast_pairs, fastest,
+                  pair_deadline(now, end, now - cell_start, len(plans) - cell_index - 1))
         for k in FIXED_KS:
             record(f"ngram k={k}", w, b, median_run(runs[f"ngram k={k}"]))
         fastest = fastest_probe([r for rs in runs.values() for r in rs], fastest)

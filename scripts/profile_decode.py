@@ -28,6 +28,8 @@ from typing import Any, Callable
 
 import torch
 
+from speculators.policy import DraftLengthPolicy
+
 
 def _sync() -> None:
     if torch.cuda.is_available():
@@ -41,10 +43,10 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     config = load_config({
         "model": {"preset": args.preset, "max_model_len": args.max_model_len},
         "scheduler": {"max_num_seqs": max(args.batch, 1), "max_num_batched_tokens": 8192},
-        # method dynamic: decode graphs for every k in 0..5 (a fixed-k engine captures 0 and 5 only)
+        # dynamic_k: decode graphs for every k in 0..5 (a fixed-k engine captures 0 and 5 only)
         "speculator": ({"method": "none"} if args.spec_k is None else
-                       {"method": "dynamic", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
-                        "prompt_lookup_max": 5, "dynamic": {"method": "ngram"}}),
+                       {"method": "ngram", "dynamic_k": True, "num_speculative_tokens": 5, "prompt_lookup_min": 2,
+                        "prompt_lookup_max": 5}),
         "device": args.device,
         "seed": 0,
     })
@@ -57,26 +59,16 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return engine
 
 
-class CyclingK:
+class CyclingK(DraftLengthPolicy):
     """A draft-length policy that cycles through a list of k (what switching k every step costs)."""
 
-    wants_step_times = False
-
     def __init__(self, ks: list[int]) -> None:
+        super().__init__(max(ks))
         self.ks, self.step = ks, 0
 
     def choose(self, request_ids) -> int:  # type: ignore[no-untyped-def]
         self.step += 1
         return self.ks[self.step % len(self.ks)]
-
-    def observe_acceptance(self, *args) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def observe_step(self, *args) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def remove_request(self, request_id: str) -> None:
-        pass
 
 
 def fill(engine, args: argparse.Namespace) -> dict[str, float]:  # type: ignore[no-untyped-def]

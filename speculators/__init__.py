@@ -1,5 +1,5 @@
 """Speculative decoding: the Speculator interface (methods register in `framework.registry.SPECULATORS`)."""
 
-from speculators.interface import Proposal, ProposeInputs, Speculator, build_speculator
+from speculators.interface import Proposal, ProposeInputs, Speculator
 
-__all__ = ["Proposal", "ProposeInputs", "Speculator", "build_speculator"]
+__all__ = ["Proposal", "ProposeInputs", "Speculator"]

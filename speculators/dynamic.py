@@ -20,26 +20,28 @@ step, and a decision costs 0.1-1 ms of it). Every `explore_every` steps the poli
 for longest (or, every other time while below max_k, max_k itself, which observes every draft position), so
 costs and acceptance keep tracking a workload that changes; explorations that cost much are spaced further
 apart (`EXPLORE_BUDGET`). Tests inject a synthetic `CostModel` instead of the measured one.
+
+Which steps are measured is decided here too (`SteadySteps`), beside the exploration length it dictates: the
+engine only reports when each output arrived. `speculator.dynamic_k: true` puts this policy over any drafting
+method; the method proposes however many drafts it is asked for.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from speculators.acceptance import AcceptanceTracker, Queued, Removal, RequestAcceptance, fold_queue
-from speculators.interface import Proposal, ProposeInputs, Speculator
 from speculators.policy import DraftLengthPolicy, FixedK
 from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, has_own_costs, step_costs
 
 if TYPE_CHECKING:
-    import torch
-
     from framework.config import SpeculatorConfig
-    from framework.engine_setup import LoadedModel
-    from framework.scheduler_output import NewRequestData
+    from framework.scheduler_output import SchedulerOutput
 
 MARGIN = 0.03  # a larger k must beat a smaller one by 3% in expected tokens/s: no flapping on noise
 # Steps between two decisions at the same batch-size bucket: DECIDE_EVERY for SETTLE steps after the first decision
@@ -49,13 +51,13 @@ MARGIN = 0.03  # a larger k must beat a smaller one by 3% in expected tokens/s: 
 # is often the bottleneck: on an H200 every 4th step of a 2 ms batch-16 decode was 0.4 ms slower when the
 # policy decided every 4 steps.
 DECIDE_EVERY, DECIDE_EVERY_STEADY, SETTLE = 4, 32, 16
-# An exploration holds its k this many steps: the engine measures a step only when it verified and proposed the
-# same k as the step before it (the interval also carries the host's processing of the previous output, whose
-# size follows that step's k), so the third step of an exploration is the first one measured.
+# An exploration holds its k this many steps: a step is measured only when it verified and proposed the same k
+# as the step before it (`SteadySteps`: the interval also carries the host's processing of the previous output,
+# whose size follows that step's k), so the third step of an exploration is the first one measured.
 EXPLORE_STEPS = 3
-# The decision after an exploration that started at step e comes at e + EXPLORE_STEPS + 1: the engine measures
-# the exploration's last step whose drafts were proposed and verified at the explored k (proposed at e + 2,
-# verified at e + 3... see EngineCore._observe_step_time), and reports it after scheduling step e + 3.
+# The decision after an exploration that started at step e comes at e + EXPLORE_STEPS + 1: `SteadySteps`
+# measures the exploration's last step whose drafts were proposed and verified at the explored k (proposed at
+# e + 2, verified at e + 3), when its output arrives, after step e + 3 is scheduled.
 DECIDE_AFTER_EXPLORE = EXPLORE_STEPS + 1
 EXPLORE_BUDGET = 0.01  # exploration steps may cost about this fraction of the tokens per second
 MAX_QUEUED = 128  # observations and removals queued between two folds before one is forced
@@ -73,10 +75,71 @@ class Decision(NamedTuple):
     acceptance: tuple[float, ...]  # batch-wide conditional acceptance per draft position, at a decision
 
 
+class SteadySteps:
+    """Which intervals between two outputs are one step's cost at k (what the cost model may learn from).
+
+    Steady: a pure decode step whose rows all verified k drafts and proposed k for the next step, after a step
+    with as many rows that verified k too (the interval holds the host's processing of that step's output), no
+    request having left in between and the device busy throughout (the steps ran back to back, so the interval
+    is the step's device time, drafting included). While a batch drains, requests finish every step and the
+    interval carries their host work (final outputs, freed blocks) and a batch that changes shape; those steps
+    would make whichever k they ran at look dear. A step that switches k carries some of each.
+    """
+
+    def __init__(self) -> None:
+        self._last_time: Optional[float] = None  # when the previous output arrived (None: the device idled since)
+        self._last_rows = -1
+        self._last_k = -1  # drafts per row the previous step verified (-1: not a uniform decode step)
+        self._request_left = False  # a request ended since the previous output
+
+    def idle(self) -> None:
+        self._last_time = None
+
+    def request_left(self) -> None:
+        self._request_left = True
+
+    def measure(self, output: "SchedulerOutput", now: float) -> Optional[tuple[int, int, float]]:
+        """(rows, k, seconds) when the step `output` scheduled, whose results arrived at `now`, was steady."""
+        last, self._last_time = self._last_time, now
+        rows = len(output.scheduled_request_ids)
+        last_rows, self._last_rows = self._last_rows, rows
+        left, self._request_left = self._request_left, False
+        drafts = output.num_draft_tokens
+        k = max(drafts) if drafts else 0
+        # Uniform: every row verifies k drafts and computes 1 + k tokens (builtins over lists: a few us at 256 rows).
+        uniform = bool(drafts) and min(drafts) == k and sum(output.num_scheduled_tokens) == rows * (1 + k)
+        k = k if uniform else -1
+        last_k, self._last_k = self._last_k, k
+        if last is None or rows != last_rows or left or not uniform or not k == last_k == output.num_propose_tokens:
+            return None
+        return rows, k, now - last
+
+
+@dataclass
+class _LastDecision:
+    """The last decision, what it was made with, and when the next one is due besides the regular cadence."""
+
+    best: Optional[int] = None  # None: nothing measured yet
+    bucket: int = 0  # batch-size bucket it was made at
+    rates: list[float] = field(default_factory=list)  # expected tokens/s per k
+    costs: list[float] = field(default_factory=list)  # t(B, k) per k
+    acceptance: np.ndarray = field(default_factory=lambda: np.zeros(0))  # batch-wide acceptance per draft position
+    observed: Optional[int] = None  # the cost model's `num_observed` then
+    settle_until: int = 0  # decide every DECIDE_EVERY steps until this step
+    extra_at: int = 0  # a decision due at this step too (right after an exploration)
+
+
+@dataclass
+class _Explorations:
+    count: int = 0
+    next_at: int = 0  # step at which the next exploration is considered
+    last_at: int = 0  # step the last one started (0: none yet)
+    k: int = 0  # the one in progress: its k and the steps it still holds
+    left: int = 0
+
+
 class DynamicK(DraftLengthPolicy):
     """The policy of the module docstring."""
-
-    wants_step_times = True
 
     def __init__(self, max_k: int, cost_model: Optional[CostModel] = None, acceptance_decay: float = 0.95,
                  prior_acceptance: float = 0.5, explore_every: int = 32, record: bool = False) -> None:
@@ -85,31 +148,26 @@ class DynamicK(DraftLengthPolicy):
         self.acceptance = AcceptanceTracker(max_k, acceptance_decay, prior_acceptance)
         self.requests = RequestAcceptance(max_k, acceptance_decay)
         self.explore_every = explore_every
-        self._steps = 0
-        self._queue: list[Queued] = []  # observations and removals since the last decision, as they came
-        self._last_used = [-1] * (max_k + 1)  # step at which each k was last chosen
-        self._best: Optional[int] = None  # the last decision, the batch bucket and rates it was made with
-        self._bucket = 0
-        self._rates: list[float] = []
-        self._costs: list[float] = []  # t(B, k) and batch-wide acceptance of the last decision (for `decisions`)
-        self._prior = np.zeros(max_k)
-        self._explorations = 0
-        self._next_explore = explore_every  # step at which the next exploration is considered
-        self._last_explore = 0  # step the last exploration started (0: none yet)
-        self._explore_k, self._explore_left = 0, 0  # the exploration in progress: its k, steps it still holds
-        self._settle_until = 0  # decide every DECIDE_EVERY steps until this step
-        self._decide_at = 0  # a decision due at this step besides the regular ones (after an exploration)
-        self._observed_at_decision: Optional[int] = None  # the cost model's `num_observed` at the last decision
-        self._k = 0  # the k chosen last step
-        # Benchmarks only (record=True): every k chosen and every step's why. Off in the engine, where a list
-        # growing by one entry per step would leak in a long-running server.
-        self.history: Optional[list[int]] = [] if record else None
+        # Benchmarks only (record=True): every step's k and why. Off in the engine, where a list growing by one
+        # entry per step would leak in a long-running server.
         self.decisions: Optional[list[Decision]] = [] if record else None
+        self._steps = 0
+        self._k = 0  # the k chosen last step
+        self._last_used = [-1] * (max_k + 1)  # step at which each k was last chosen
+        self._queue: list[Queued] = []  # observations and removals since the last decision, as they came
+        self._last = _LastDecision(acceptance=np.zeros(max_k))
+        self._explore = _Explorations(next_at=explore_every)
+        self._steady = SteadySteps()
 
     @classmethod
     def from_config(cls, config: "SpeculatorConfig", cost_model: Optional[CostModel] = None) -> "DynamicK":
         d = config.dynamic
         return cls(config.num_speculative_tokens, cost_model, d.acceptance_decay, d.prior_acceptance, d.explore_every)
+
+    @property
+    def history(self) -> Optional[list[int]]:
+        """Every k chosen, in order (with `record=True`, else None)."""
+        return None if self.decisions is None else [d.k for d in self.decisions]
 
     def costs(self, num_rows: int) -> Optional[list[float]]:
         """t(B, k) for every k (see `speculators.step_cost.step_costs`), None while nothing is measured."""
@@ -118,8 +176,8 @@ class DynamicK(DraftLengthPolicy):
     def expected_tokens(self, request_ids: Sequence[str]) -> list[float]:
         """E(0..max_k): expected tokens per row and step, the mean over these requests."""
         self.fold_observations()
-        self._prior = self.acceptance.rates()
-        return self.requests.expected_tokens(request_ids, self._prior).tolist()
+        self._last.acceptance = self.acceptance.rates()
+        return self.requests.expected_tokens(request_ids, self._last.acceptance).tolist()
 
     def fold_observations(self) -> None:
         """Add the queued observations and removals to the acceptance counts (done when a decision reads them;
@@ -133,7 +191,7 @@ class DynamicK(DraftLengthPolicy):
         costs = self.costs(len(request_ids))
         if costs is None:
             return None
-        self._costs = costs
+        self._last.costs = costs
         tokens = self.expected_tokens(request_ids)
         return [tokens[k] / max(costs[k], 1e-12) for k in range(self.max_k + 1)]
 
@@ -145,7 +203,7 @@ class DynamicK(DraftLengthPolicy):
         rates = self.rates(request_ids)
         if rates is None:
             return None
-        self._rates = rates
+        self._last.rates = rates
         best = 0
         for k in range(1, self.max_k + 1):
             if rates[k] > rates[best] * (1 + MARGIN):
@@ -159,61 +217,56 @@ class DynamicK(DraftLengthPolicy):
         self._last_used[self._k] = self._steps - 1
         k, reason = self._choose(request_ids)
         self._k, self._last_used[k] = k, self._steps
-        if self.history is not None:
-            self.history.append(k)
         if self.decisions is not None:  # what the decision used, nothing recomputed (host time is measured)
             if reason == "keep":
                 self.decisions.append(Decision(self._steps, len(request_ids), k, reason, (), (), ()))
             else:
-                decided = reason == "decide"
+                decided, last = reason == "decide", self._last
                 self.decisions.append(Decision(
-                    self._steps, len(request_ids), k, reason, tuple(round(r, 1) for r in self._rates),
-                    tuple(round(1e3 * c, 3) for c in self._costs) if decided else (),
-                    tuple(round(float(a), 3) for a in self._prior) if decided else ()))
+                    self._steps, len(request_ids), k, reason, tuple(round(r, 1) for r in last.rates),
+                    tuple(round(1e3 * c, 3) for c in last.costs) if decided else (),
+                    tuple(round(float(a), 3) for a in last.acceptance) if decided else ()))
         return k
-
-    def _decide_every(self) -> int:
-        """Steps between regular decisions now: DECIDE_EVERY while settling after a bucket change."""
-        return DECIDE_EVERY if self._steps < self._settle_until else DECIDE_EVERY_STEADY
 
     def _choose(self, request_ids: Sequence[str]) -> tuple[int, str]:
         """(k, why: see `Decision.reason`)."""
         if self.max_k == 0 or not request_ids:
             return 0, "keep"
-        if self._explore_left:  # an exploration holds its k (see EXPLORE_STEPS)
-            self._explore_left -= 1
-            return self._explore_k, "explore"
+        explore, last = self._explore, self._last
+        if explore.left:  # an exploration holds its k (see EXPLORE_STEPS)
+            explore.left -= 1
+            return explore.k, "explore"
         # Decide at once when the batch changes bucket, then every DECIDE_EVERY steps while settling and every
         # DECIDE_EVERY_STEADY steps after: a decision costs 0.1-1 ms of host time, against steps of 1-8 ms.
         bucket = batch_bucket(len(request_ids))
-        if bucket != self._bucket and (self._best is None or not has_own_costs(self.cost_model, len(request_ids),
-                                                                                self.max_k)):
-            self._settle_until = self._steps + SETTLE  # acceptance or costs are still being measured: decide often
-        every = self._decide_every()
+        if bucket != last.bucket and (last.best is None or not has_own_costs(self.cost_model, len(request_ids),
+                                                                              self.max_k)):
+            last.settle_until = self._steps + SETTLE  # acceptance or costs are still being measured: decide often
+        every = DECIDE_EVERY if self._steps < last.settle_until else DECIDE_EVERY_STEADY
         # A settling decision (every DECIDE_EVERY steps) is skipped when no step was measured since the last one:
         # while a batch drains, rows finish every step and no step is steady, so there is nothing new to use.
         observed = getattr(self.cost_model, "num_observed", None)  # None: a cost model that does not count
-        nothing_new = every == DECIDE_EVERY and observed is not None and observed == self._observed_at_decision
-        decide = (self._best is None or bucket != self._bucket or self._steps == self._decide_at
+        nothing_new = every == DECIDE_EVERY and observed is not None and observed == last.observed
+        decide = (last.best is None or bucket != last.bucket or self._steps == last.extra_at
                   or (self._steps % every == 0 and not nothing_new))
         if decide:
-            self._best, self._bucket = self.best_k(request_ids, self._best), bucket
-            self._observed_at_decision = observed
-        if self._best is None:  # nothing measured yet: max_k (measures its cost and every position's acceptance)
+            last.best, last.bucket = self.best_k(request_ids, last.best), bucket
+            last.observed = observed
+        if last.best is None:  # nothing measured yet: max_k (measures its cost and every position's acceptance)
             return self.max_k, "measure"
-        if self.explore_every and self._steps >= self._next_explore:
-            k = self._exploration_k(self._best)
-            due = self._last_explore + self._spacing(k, self._best)
+        if self.explore_every and self._steps >= explore.next_at:
+            k = self._exploration_k(last.best)
+            due = explore.last_at + self._spacing(k, last.best)
             if self._steps >= due:
-                return self._explore(k), "explore"
-            self._next_explore = due  # dear for what it would tell: later
-        return self._best, "decide" if decide else "keep"
+                return self._start_exploration(k), "explore"
+            explore.next_at = due  # dear for what it would tell: later
+        return last.best, "decide" if decide else "keep"
 
     def _exploration_k(self, best: int) -> int:
         """The k the next exploration runs. Below max_k, every other exploration drafts max_k: one step measures
         the acceptance of every position (the current k observes only its own). Otherwise the k unused for
         longest, to refresh its measured cost."""
-        if best < self.max_k and self._explorations % 2 == 0:
+        if best < self.max_k and self._explore.count % 2 == 0:
             return self.max_k
         others = [j for j in range(self.max_k + 1) if j != best]
         return min(others, key=lambda j: self._last_used[j])
@@ -225,20 +278,22 @@ class DynamicK(DraftLengthPolicy):
         per second (at batch 256 with acceptance ~0, a step at max_k costs about twice a step at k = 0). The
         first exploration, when it drafts max_k above the best k, is not spaced: in a batch mixing requests
         that accept with many that do not, it is what finds the former before the latter finish."""
-        if self._explorations == 0 and k == self.max_k > best:
+        if self._explore.count == 0 and k == self.max_k > best:
             return self.explore_every
-        loss = max(0.0, 1.0 - self._rates[k] / max(self._rates[best], 1e-12)) if self._rates else 0.0
+        rates = self._last.rates
+        loss = max(0.0, 1.0 - rates[k] / max(rates[best], 1e-12)) if rates else 0.0
         return max(self.explore_every, math.ceil(EXPLORE_STEPS * loss / EXPLORE_BUDGET))
 
-    def _explore(self, k: int) -> int:
+    def _start_exploration(self, k: int) -> int:
         """Start an exploration of k. It holds for EXPLORE_STEPS steps: a step's cost is verifying its drafts
         plus proposing the next step's plus the host's processing of the previous output, and only the last
-        step of an exploration has all three at the explored k (the engine measures only such steps)."""
-        self._explorations += 1
-        self._last_explore = self._steps
-        self._next_explore = self._steps + self.explore_every
-        self._explore_k, self._explore_left = k, EXPLORE_STEPS - 1
-        self._decide_at = self._steps + DECIDE_AFTER_EXPLORE  # what it measured is used at once
+        step of an exploration has all three at the explored k (`SteadySteps` measures only such steps)."""
+        explore = self._explore
+        explore.count += 1
+        explore.last_at = self._steps
+        explore.next_at = self._steps + self.explore_every
+        explore.k, explore.left = k, EXPLORE_STEPS - 1
+        self._last.extra_at = self._steps + DECIDE_AFTER_EXPLORE  # what it measured is used at once
         return k
 
     def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],
@@ -247,60 +302,27 @@ class DynamicK(DraftLengthPolicy):
         if len(self._queue) > MAX_QUEUED:
             self.fold_observations()
 
+    def observe_output(self, output: "SchedulerOutput") -> None:
+        steady = self._steady.measure(output, time.perf_counter())
+        if steady is not None:
+            self.observe_step(*steady)
+
+    def device_idled(self) -> None:
+        self._steady.idle()
+
     def observe_step(self, num_rows: int, k: int, seconds: float) -> None:
+        """A steady decode step of `num_rows` rows verifying `k` drafts each took `seconds` (see `SteadySteps`)."""
         self.cost_model.observe(num_rows, k, seconds)
 
     def remove_request(self, request_id: str) -> None:
         self._queue.append(Removal(request_id))  # in order: its queued observations are added first
-
-
-class DynamicKSpeculator(Speculator):
-    """Registry entry `dynamic`: drafts with `speculator.dynamic.method`; the k comes from `DynamicK`.
-
-    The policy itself runs in the scheduler (it needs each step's outputs and timings on the host); this
-    class only forwards every hook to the wrapped method, which proposes however many drafts it is asked for.
-    """
-
-    name = "dynamic"
-
-    def __init__(self, config: "SpeculatorConfig", loaded: "LoadedModel", max_num_reqs: int,
-                 device: "torch.device") -> None:
-        from framework.registry import SPECULATORS
-
-        super().__init__(config, loaded, max_num_reqs, device)
-        self.inner: Speculator = SPECULATORS.get(config.dynamic.method)(config, loaded, max_num_reqs, device)
-
-    @property
-    def num_kv_layers(self) -> int:
-        return self.inner.num_kv_layers
-
-    @property
-    def aux_hidden_layer_ids(self) -> tuple[int, ...]:
-        return self.inner.aux_hidden_layer_ids
-
-    def bind_kv_caches(self, kv_caches: list["torch.Tensor"]) -> None:
-        self.inner.bind_kv_caches(kv_caches)
-
-    def capture_cuda_graphs(self, batch_sizes: list[int], block_size: int, max_blocks_per_req: int) -> None:
-        self.inner.capture_cuda_graphs(batch_sizes, block_size, max_blocks_per_req)
-
-    def add_request(self, req_slot: int, request: "NewRequestData") -> None:
-        self.inner.add_request(req_slot, request)
-
-    def remove_request(self, req_slot: int) -> None:
-        self.inner.remove_request(req_slot)
-
-    def apply_staged_writes(self) -> None:
-        self.inner.apply_staged_writes()
-
-    def propose(self, inputs: ProposeInputs) -> Proposal:
-        return self.inner.propose(inputs)
+        self._steady.request_left()
 
 
 def build_draft_policy(config: "SpeculatorConfig") -> Optional[DraftLengthPolicy]:
-    """None without speculation, the dynamic-k policy for `method: dynamic`, else a fixed k."""
+    """None without speculation, the dynamic-k policy with `speculator.dynamic_k`, else a fixed k."""
     if config.method == "none":
         return None
-    if config.method == "dynamic":
+    if config.dynamic_k:
         return DynamicK.from_config(config)
     return FixedK(config.num_speculative_tokens)

@@ -1,9 +1,10 @@
 """The Speculator boundary: draft proposals that stay on the device between steps.
 
 A speculator is built from the registry as `cls(config.speculator, loaded_target, max_num_reqs, device)`
-(`build_speculator`). After each step's post-update the runner hands it one `ProposeInputs` and writes the
-returned `Proposal.draft_token_ids` into `RequestState.draft_tokens`; the next step's input preparation reads
-them through `idx_mapping` and the rejection sampler verifies them through `expanded_idx_mapping`.
+(`framework.plugins.build_speculator`). After each step's post-update the runner hands it one `ProposeInputs`
+and writes the returned `Proposal.draft_token_ids` into `RequestState.draft_tokens`; the next step's input
+preparation reads them through `idx_mapping` and the rejection sampler verifies them through
+`expanded_idx_mapping`.
 """
 
 from __future__ import annotations
@@ -103,14 +104,3 @@ class Speculator(ABC):
     def propose(self, inputs: ProposeInputs) -> Proposal:
         """Drafts [R, inputs.num_draft_tokens] int32 per batch row (no host sync)."""
 
-
-def build_speculator(
-    config: "SpeculatorConfig", loaded: "LoadedModel", max_num_reqs: int, device: torch.device
-) -> Optional[Speculator]:
-    """The configured speculator from `framework.registry.SPECULATORS`, or None for `method: none`."""
-    from framework.registry import SPECULATORS
-
-    if config.method == "none":
-        return None
-    cls = SPECULATORS.get(config.method)
-    return cls(config, loaded, max_num_reqs, device)

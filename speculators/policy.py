@@ -2,20 +2,22 @@
 
 The scheduler asks `choose(request_ids)` (the running requests) once per step for the k the speculator
 proposes after the step (`SchedulerOutput.num_propose_tokens`), reports each finished step's per-row
-acceptance (`observe_acceptance`) and each ended request (`remove_request`); the engine reports how long each
-pure decode step took (`observe_step`).
+acceptance (`observe_acceptance`) and each ended request (`remove_request`); the engine reports when each
+step's output arrived (`observe_output`) and when the device ran out of work (`device_idled`), from which a
+policy that weighs step costs measures them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from framework.scheduler_output import SchedulerOutput
 
 
 class DraftLengthPolicy(ABC):
     """Picks k in [0, max_k] for the next step; the default methods ignore what they observe."""
-
-    wants_step_times = False  # whether the engine should time steps for `observe_step` (host work per step)
 
     def __init__(self, max_k: int) -> None:
         self.max_k = max_k
@@ -29,8 +31,11 @@ class DraftLengthPolicy(ABC):
         """One finished step: per row that verified drafts, its request, drafts verified and leading drafts
         accepted."""
 
-    def observe_step(self, num_rows: int, k: int, seconds: float) -> None:
-        """A pure decode step of `num_rows` rows verifying up to `k` drafts each took `seconds`."""
+    def observe_output(self, output: "SchedulerOutput") -> None:
+        """The results of the step `output` scheduled have just reached the host (before the scheduler reads them)."""
+
+    def device_idled(self) -> None:
+        """No step was in flight: the time until the next output is not a step's cost."""
 
     def remove_request(self, request_id: str) -> None:
         """The request ended (finished, aborted, failed): forget what was learnt about it."""

@@ -137,3 +137,32 @@ def layer_violations(graph: dict[str, set[str]], package: str = "samplers") -> l
             todo += [b for b in graph.get(module, ()) if below_the_runner(b)]
     bad += [(a, b) for a in sorted(reached) for b in sorted(graph.get(a, ())) if not below_the_runner(b)]
     return bad
+
+def is_under(module: str, packages: tuple[str, ...]) -> bool:
+    """Whether `module` is one of `packages` (dotted names) or inside one of them."""
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def forbidden_imports(graph: dict[str, set[str]], importers: tuple[str, ...], targets: tuple[str, ...],
+                      allowed: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """Sorted (importer, imported) edges from a module under `importers` (not under `allowed`) to one under
+    `targets`."""
+    return sorted((m, t) for m, imported in graph.items() if is_under(m, importers) and not is_under(m, allowed)
+                  for t in imported if is_under(t, targets))
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module that importing `start` imports, directly or through others (`start` excluded)."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for nxt in graph[todo.pop()]:
+            if nxt not in seen and nxt != start:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def reached_upward(graph: dict[str, set[str]], lower: tuple[str, ...], upper: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Sorted (module under `lower`, module under `upper` it reaches): a lower layer depending on a higher one."""
+    return sorted((m, t) for m in graph if is_under(m, lower) for t in reachable(graph, m) if is_under(t, upper))

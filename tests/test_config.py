@@ -108,9 +108,9 @@ def test_unknown_speculator_is_named():
 
     with pytest.raises(ConfigError, match="speculator.method=medusa: unknown speculator; registered: .*ngram"):
         select_runner(load_config({"speculator": {"method": "medusa", "num_speculative_tokens": 2}}))
-    with pytest.raises(ConfigError, match="speculator.dynamic.method=medusa: unknown speculator"):
-        select_runner(load_config({"speculator": {"method": "dynamic", "num_speculative_tokens": 2,
-                                                  "dynamic": {"method": "medusa"}}}))
+    with pytest.raises(ConfigError, match="speculator.method=medusa: unknown speculator"):
+        select_runner(load_config({"speculator": {"method": "medusa", "num_speculative_tokens": 2,
+                                                  "dynamic_k": True}}))
 
 
 def test_speculator_fields_are_validated():
@@ -119,8 +119,23 @@ def test_speculator_fields_are_validated():
     with pytest.raises(ConfigError, match="prompt_lookup_min=4 exceeds speculator.prompt_lookup_max=3"):
         load_config({"speculator": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4,
                                     "prompt_lookup_max": 3}})
-    with pytest.raises(ConfigError, match="dynamic-k wraps a drafting method"):
-        load_config({"speculator": {"method": "dynamic", "num_speculative_tokens": 2, "dynamic": {"method": "none"}}})
+    with pytest.raises(ConfigError, match="dynamic_k=true needs a drafting speculator.method"):
+        load_config({"speculator": {"dynamic_k": True}})
+
+
+@pytest.mark.parametrize("spec, suggested", [
+    ({"method": "dynamic", "num_speculative_tokens": 2}, "speculator.method=ngram speculator.dynamic_k=true"),
+    ({"method": "dynamic", "num_speculative_tokens": 2, "dynamic": {"method": "eagle"}},
+     "speculator.method=eagle speculator.dynamic_k=true"),
+    ({"method": "mtp", "num_speculative_tokens": 1, "dynamic": {"method": "mtp"}},
+     "speculator.method=mtp speculator.dynamic_k=true"),
+])
+def test_the_removed_dynamic_method_says_to_use_dynamic_k(spec, suggested):
+    """`method: dynamic` (wrapping `dynamic.method`) was replaced by the `dynamic_k` flag on any method: an old
+    config fails with one message naming the replacement."""
+    with pytest.raises(ConfigError, match="speculator.method=dynamic and speculator.dynamic.method are gone") as err:
+        load_config({"speculator": spec})
+    assert suggested in str(err.value)
 
 
 def test_v1_refuses_speculation():

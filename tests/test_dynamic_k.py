@@ -249,7 +249,7 @@ def test_acceptance_estimates_hold_while_nothing_is_drafted():
 
 
 def test_build_policy_from_config():
-    spec = load_config({"speculator": {"method": "dynamic", "num_speculative_tokens": 4}}).speculator
+    spec = load_config({"speculator": {"method": "ngram", "num_speculative_tokens": 4, "dynamic_k": True}}).speculator
     policy = build_draft_policy(spec)
     assert isinstance(policy, DynamicK) and policy.max_k == 4
     fixed = build_draft_policy(load_config({"speculator": {"method": "ngram", "num_speculative_tokens": 3}}).speculator)
@@ -370,10 +370,49 @@ def test_a_bucket_with_costs_of_its_own_is_not_resettled():
 def test_the_engines_policy_keeps_no_per_step_log():
     """The policy the engine builds records nothing per step: a long-running server must not grow a list per step
     (`record=True` is for benchmarks)."""
-    spec = load_config({"speculator": {"method": "dynamic", "num_speculative_tokens": 4}}).speculator
+    spec = load_config({"speculator": {"method": "ngram", "num_speculative_tokens": 4, "dynamic_k": True}}).speculator
     policy = build_draft_policy(spec)
     assert isinstance(policy, DynamicK)
     _run(policy, 300, rows=4, accept_p=0.7, rng=random.Random(3))
     assert policy.history is None and policy.decisions is None
     recorded = DynamicK(4, SyntheticCost(), record=True)
     assert len(_run(recorded, 50, rows=4, accept_p=0.7, rng=random.Random(3))) == len(recorded.history) == 50
+
+
+def test_steady_steps_are_uniform_decode_steps_at_an_unchanged_k_and_batch():
+    """`SteadySteps` (the rule that decides which intervals are a step's cost, beside EXPLORE_STEPS): measured
+    only after a step with as many rows at the same k, which proposed that k again, with the device busy and no
+    request gone in between."""
+    from types import SimpleNamespace
+
+    from speculators.dynamic import SteadySteps
+
+    def out(rows: int, k: int, propose: int, prefill: int = 0) -> SimpleNamespace:
+        return SimpleNamespace(scheduled_request_ids=_ids(rows), num_draft_tokens=[k] * rows,
+                               num_scheduled_tokens=[1 + k] * (rows - 1) + [1 + k + prefill], num_propose_tokens=propose)
+
+    steady = SteadySteps()
+    assert steady.measure(out(4, 2, 2), 1.0) is None  # nothing before it
+    assert steady.measure(out(4, 2, 2), 1.5) == (4, 2, 0.5)
+    assert steady.measure(out(4, 2, 3), 2.0) is None  # proposes another k: the next interval mixes both
+    assert steady.measure(out(4, 3, 3), 2.5) is None  # verifies another k than the step before
+    assert steady.measure(out(4, 3, 3), 3.0) == (4, 3, 0.5)
+    assert steady.measure(out(5, 3, 3), 3.5) is None  # another batch
+    assert steady.measure(out(5, 3, 3, prefill=7), 4.0) is None  # a prefill chunk rides along: not uniform
+    assert steady.measure(out(5, 3, 3), 4.5) is None  # after a non-uniform step
+    assert steady.measure(out(5, 3, 3), 5.0) == (5, 3, 0.5)
+    steady.request_left()
+    assert steady.measure(out(5, 3, 3), 5.5) is None  # a request ended at the previous output: its host work
+    steady.idle()
+    assert steady.measure(out(5, 3, 3), 9.0) is None  # the device idled: not a step's cost
+    assert steady.measure(out(5, 3, 3), 9.5) == (5, 3, 0.5)
+    policy = DynamicK(3, SyntheticCost())
+    seen: list[tuple] = []
+    policy.observe_step = lambda *a: seen.append(a)  # type: ignore[method-assign]
+    for _ in range(3):
+        policy.observe_output(out(2, 3, 3))  # type: ignore[arg-type]
+    policy.remove_request("r0")  # the scheduler reports an ended request
+    policy.observe_output(out(2, 3, 3))  # type: ignore[arg-type]
+    policy.device_idled()
+    policy.observe_output(out(2, 3, 3))  # type: ignore[arg-type]
+    assert [a[:2] for a in seen] == [(2, 3), (2, 3)] and all(a[2] >= 0 for a in seen)

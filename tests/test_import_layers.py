@@ -13,9 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from import_graph import SHARED_PLAIN_TYPES, find_cycle, import_graph, layer_violations
+from import_graph import (SHARED_PLAIN_TYPES, find_cycle, forbidden_imports, import_graph, layer_violations,
+                          reached_upward)
 
 REPO = Path(__file__).resolve().parents[1]
+
+PLUGINS = ("model_states", "speculators")
+PLUGIN_DOOR = ("framework.plugins",)  # the one framework module that imports the plugin packages
+# The model layers and what they stand on, and what stands on them: the runners, the engine, the parallel
+# driver and workers, the API, CLI and server.
+LOWER = ("framework.models", "framework.attention", "framework.kernels", "framework.parallel_context")
+UPPER = ("framework.distributed", "framework.model_runner", "framework.v1", "framework.engine", "framework.plugins",
+         "framework.llm", "framework.cli", "framework.serve")
 
 
 def test_no_import_cycle_between_the_projects_modules():
@@ -68,6 +77,56 @@ def test_the_layer_check_finds_planted_violations(tmp_path):
     (root / "framework/sampling_params.py").write_text("")
     (root / "samplers/late.py").write_text("")
     assert layer_violations(import_graph(root, ("framework", "samplers"), deferred=True), "samplers") == []
+
+def test_framework_reaches_the_plugin_packages_only_through_its_door():
+    """The runners and the engine build model states and speculators through `framework.plugins` (registry
+    lookups); no other framework module imports `model_states` or `speculators`, not even in a function or for
+    type checking."""
+    graph = import_graph(REPO, deferred=True)
+    assert forbidden_imports(graph, ("framework",), PLUGINS, allowed=PLUGIN_DOOR) == []
+    assert {"model_states.selection", "speculators.interface"} <= graph["framework.plugins"]  # the door is used
+    assert "framework.plugins" in graph["framework.model_runner"] and "framework.plugins" in graph["framework.engine"]
+
+
+def test_model_layers_never_reach_the_runner_or_the_parallel_driver():
+    """Models, attention, kernels and the parallel context sit below the runner: nothing they import, directly
+    or through other modules, in a function or not, is the runner, the engine or `framework.distributed`."""
+    graph = import_graph(REPO, deferred=True)
+    assert reached_upward(graph, LOWER, UPPER) == []
+    assert "framework.parallel_context" in graph["framework.models.parallel_layers"]
+    assert "framework.model_runner" in graph["framework.distributed.driver"]  # the upper side is where it was
+
+
+def test_the_layer_checks_find_planted_violations(tmp_path):
+    """Negative control: a framework module importing a plugin package in a function or under TYPE_CHECKING, and
+    a model layer reaching the parallel worker through a helper's function-level import, are both reported; the
+    door's own imports are not."""
+    root = _tree(tmp_path, {
+        "framework/__init__.py": "",
+        "framework/plugins.py": "from speculators.x import Spec\nimport model_states\n",
+        "framework/runner.py": "def build():\n    from speculators.x import Spec\n",
+        "framework/types.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from model_states import S\n",
+        "framework/models/__init__.py": "",
+        "framework/models/layer.py": "from framework import helpers\n",
+        "framework/helpers.py": "def rank():\n    from framework.distributed.worker import serve\n",
+        "framework/distributed/__init__.py": "",
+        "framework/distributed/worker.py": "import framework.runner\n",
+        "model_states/__init__.py": "",
+        "speculators/__init__.py": "",
+        "speculators/x.py": "import framework.helpers\n",
+    })
+    packages = ("framework", "model_states", "speculators")
+    graph = import_graph(root, packages, deferred=True)
+    assert forbidden_imports(graph, ("framework",), PLUGINS, allowed=PLUGIN_DOOR) == [
+        ("framework.runner", "speculators.x"), ("framework.types", "model_states")]
+    assert reached_upward(graph, ("framework.models",), ("framework.distributed",)) == [
+        ("framework.models.layer", "framework.distributed.worker")]
+    (root / "framework/helpers.py").write_text("def rank():\n    return 0\n")
+    (root / "framework/runner.py").write_text("from framework import plugins\n")
+    (root / "framework/types.py").write_text("")
+    graph = import_graph(root, packages, deferred=True)
+    assert forbidden_imports(graph, ("framework",), PLUGINS, allowed=PLUGIN_DOOR) == []
+    assert reached_upward(graph, ("framework.models",), ("framework.distributed",)) == []
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from framework.compat import v2_unsupported_reasons
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 from framework.llm import LLM
 from framework.models.hf_config import UnsupportedModelError
 from framework.models.loader import CheckpointError, init_random_weights

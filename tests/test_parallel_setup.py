@@ -14,7 +14,7 @@ import torch
 from framework.cli import conf_dir
 from framework.cli_overrides import check_overrides
 from framework.config import ConfigError, load_config
-from framework.distributed.context import ParallelContext, stage_layers
+from framework.parallel_context import ParallelContext, stage_layers
 from framework.distributed.launch import check_parallel_config, torchrun_place
 from framework.models.loader import build_model, init_random_weights, load_safetensors_weights, read_hf_config
 from framework.models.parallel_layers import MissingLayer
@@ -200,3 +200,33 @@ def test_sharded_random_weights_are_slices_of_the_single_process_weights() -> No
             dims = [d for d in range(param.dim()) if param.shape[d] != source.shape[d]]
             expected = source if not dims else source.chunk(2, dim=dims[0])[1]
             assert torch.equal(param, expected), name
+
+
+def test_spawned_workers_get_the_config_as_json_and_no_object_of_ours(monkeypatch) -> None:
+    """`spawn_workers` hands each rank only str/int arguments (multiprocessing pickles them): the config as its
+    JSON text, which the worker validates back into an equal config."""
+    import torch.multiprocessing as mp
+
+    from framework.config import Mrv2Config
+    from framework.distributed.driver import spawn_workers
+
+    started: list[tuple] = []
+
+    class FakeProcess:
+        def __init__(self, target, args, name, daemon):  # type: ignore[no-untyped-def]
+            self.target, self.args = target, args
+
+        def start(self) -> None:
+            started.append(self.args)
+
+    class FakeContext:
+        Process = FakeProcess
+
+    monkeypatch.setattr(mp, "get_context", lambda method: FakeContext())
+    config = load_config({"device": "cpu", "parallel": {"tensor_parallel_size": 4},
+                          "speculator": {"method": "ngram", "num_speculative_tokens": 2}})
+    spawn_workers(config, driver_rank=1, port=1234)
+    assert [args[1:] for args in started] == [(r, r, "tcp://127.0.0.1:1234") for r in (0, 2, 3)]
+    for args in started:
+        assert [type(a) for a in args] == [str, int, int, str]
+        assert Mrv2Config.model_validate_json(args[0]) == config

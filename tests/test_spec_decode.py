@@ -132,9 +132,9 @@ def test_greedy_oracle_exercises_every_acceptance_length(checkpoint, baseline, o
 
 
 def test_dynamic_k_wrapping_ngram_equals_no_speculation(checkpoint, baseline):
-    spec = {**NGRAM, "method": "dynamic", "dynamic": {"method": "ngram"}}
+    spec = {**NGRAM, "dynamic_k": True}
     llm = _llm(checkpoint, speculative_config=spec)
-    llm.engine.draft_policy.history = []  # the engine's policy keeps no log (a server runs for ever): record here
+    llm.engine.draft_policy.decisions = []  # the engine's policy keeps no log (a server runs for ever): record here
     assert _generate(llm, GREEDY) == baseline
     assert len(set(llm.engine.draft_policy.history)) > 1  # it explored several k (0 included)
 
@@ -143,7 +143,7 @@ def test_dynamic_k_measures_only_steady_decode_steps(checkpoint):
     """Step costs reach the policy only from pure decode steps with as many rows as the step before and no
     request finished at the previous output: a draining batch (requests of different lengths) would charge
     its host work and shape changes to whatever k it ran at."""
-    spec = {**NGRAM, "method": "dynamic", "dynamic": {"method": "ngram"}}
+    spec = {**NGRAM, "dynamic_k": True}
     llm = _llm(checkpoint, speculative_config=spec)
     scheduler, policy = llm.engine.scheduler, llm.engine.draft_policy
     events: list[tuple] = []  # ("obs", rows) comes just before the ("out", rows, finished) of the same output

@@ -183,8 +183,8 @@ def test_dynamic_k_over_eagle(root: str, reference: dict, one_thread: None) -> N
     config = read_hf_config(target)
     head_dir = Path(root) / "eagle-dynamic-head"
     random_head("eagle", seed=4, target=config).save_pretrained(head_dir)
-    spec = {"method": "dynamic", "num_speculative_tokens": 2, "model": str(head_dir),
-            "dynamic": {"method": "eagle", "explore_every": 2}}
+    spec = {"method": "eagle", "dynamic_k": True, "num_speculative_tokens": 2, "model": str(head_dir),
+            "dynamic": {"explore_every": 2}}
     drafts: Drafts = []
     outputs = generate(target, spec, SCENARIOS["chunked_preempt"], drafts, policy=_CyclingK(2, [0, 1, 2, 2, 1]))
     assert outputs == reference["llama"]

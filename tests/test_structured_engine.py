@@ -49,8 +49,8 @@ term: NUMBER | "(" expr ")"
 NUMBER: /[1-9][0-9]{0,2}/
 """
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-DYNAMIC = {"method": "dynamic", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
-           "dynamic": {"method": "ngram", "explore_every": 2}}
+DYNAMIC = {"method": "ngram", "dynamic_k": True, "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+           "prompt_lookup_max": 3, "dynamic": {"explore_every": 2}}
 SCENARIOS: dict[str, dict[str, Any]] = {
     "plain": {},
     # 16 blocks of 8 tokens for 8-12 requests of ~60 tokens: preemption; 24 tokens per step: chunked prefills.

@@ -16,7 +16,7 @@ import torch
 
 from framework.async_output import AsyncOutput
 from framework.config import ConfigError, Mrv2Config
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 from framework.distributed.launch import (
     RankPlace, check_parallel_config, free_port, init_groups, rank_device, torchrun_place,
 )
@@ -33,15 +33,20 @@ JOIN_TIMEOUT_S = 30.0
 
 
 def spawn_workers(config: Mrv2Config, driver_rank: int, port: int) -> list[Any]:
-    """Start one process per rank other than `driver_rank`; each runs `framework.distributed.worker.worker_main`."""
+    """Start one process per rank other than `driver_rank`; each runs `framework.distributed.worker.worker_main`.
+
+    A worker gets the config as its JSON text and its place as plain numbers and a string, which it validates
+    again: no object of ours crosses multiprocessing's pickle pipe.
+    """
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
+    config_json = config.model_dump_json()
     procs = []
     for rank in range(config.parallel.world_size):
         if rank == driver_rank:
             continue
-        proc = ctx.Process(target=worker_main, args=(config, RankPlace(rank, rank, f"tcp://127.0.0.1:{port}")),
+        proc = ctx.Process(target=worker_main, args=(config_json, rank, rank, f"tcp://127.0.0.1:{port}"),
                            name=f"mrv2-rank{rank}", daemon=True)
         proc.start()
         procs.append(proc)

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from framework.config import ConfigError, Mrv2Config
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 
 logger = logging.getLogger(__name__)
 

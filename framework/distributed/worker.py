@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from framework.config import ConfigError, Mrv2Config
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 from framework.distributed.launch import RankPlace, init_groups, rank_device
 from framework.distributed.messages import decode_command
 from framework.engine_setup import LoadedModel, load_model
@@ -108,12 +108,15 @@ def leave_groups(timeout_s: float = 20.0) -> bool:
     return True
 
 
-def worker_main(config: Mrv2Config, place: RankPlace) -> None:
-    """Entry point of a spawned rank: any failure is logged with the rank and ends the process non-zero."""
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format=f"mrv2 rank {place.rank}: %(message)s")
-    if rank_device_type_is_cpu(config):  # ranks share the host's cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.world_size))
+def worker_main(config_json: str, rank: int, local_rank: int, init_method: str) -> None:
+    """Entry point of a spawned rank (the config as `Mrv2Config` JSON, validated here): any failure is logged with
+    the rank and ends the process non-zero."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format=f"mrv2 rank {rank}: %(message)s")
+    place = RankPlace(rank, local_rank, init_method)
     try:
+        config = Mrv2Config.model_validate_json(config_json)
+        if rank_device_type_is_cpu(config):  # ranks share the host's cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.world_size))
         run_worker(config, place)
     except BaseException as err:  # noqa: BLE001 - report and exit: the driver sees the rank leave
         detail = "" if isinstance(err, ConfigError) else "\n" + traceback.format_exc()  # start-up: driver says it

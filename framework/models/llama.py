@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from framework.attention import AttentionMetadata
 from framework.attention.backend import paged_attention
-from framework.distributed.context import ParallelContext, stage_layers
+from framework.parallel_context import ParallelContext, stage_layers
 from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
 from framework.models.hf_config import DecoderConfig
 from framework.models.parallel_layers import (

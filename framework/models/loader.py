@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 from framework.models.parallel_layers import SINGLE, StackedPart, read_shard, shard_spec
 from framework.models.random_weights import normal_weights
 from framework.registry import MODELS

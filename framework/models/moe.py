@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 from framework.kernels.fused_moe import fused_moe
 from framework.kernels.moe_route import moe_route
 from framework.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from framework.distributed.context import ParallelContext
+from framework.parallel_context import ParallelContext
 
 SINGLE = ParallelContext()
 

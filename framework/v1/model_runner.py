@@ -18,6 +18,7 @@ from framework.compat import triton_reasons
 from framework.config import Mrv2Config
 from framework.cuda_graphs import DecodeCudaGraphs
 from framework.engine_setup import LoadedModel
+from framework.plugins import build_model_state
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.runner_interface import ModelRunner
 from framework.attention import AttentionMetadata
@@ -25,7 +26,6 @@ from framework.input_batch import InputBatch
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.v1.inputs import HostToDevice, StepInputs, build_step_inputs
 from framework.v1.persistent_batch import PersistentBatch
-from model_states import select_model_state
 from samplers.fused_sampling import sample_fused
 from samplers.sampler import ROW_NONFINITE_LOGITS, ROW_NO_TOKEN_LEFT
 from samplers.states import SamplingParamsState
@@ -60,8 +60,8 @@ class ModelRunnerV1(ModelRunner):
         max_reqs = config.scheduler.max_num_seqs
         self.block_size = config.cache.block_size
         self.batch = PersistentBatch(max_reqs, loaded.max_model_len, -(-loaded.max_model_len // self.block_size))
-        state_cls = select_model_state(self.model, loaded.hf_config, config.model.model_state)
-        self.model_state = state_cls(self.model, loaded.hf_config, max_reqs, self.device)
+        self.model_state = build_model_state(self.model, loaded.hf_config, config.model.model_state, max_reqs,
+                                             self.device)
         self.config = config
         self.prefix_cache_hooks = self._prefix_cache_hooks_of(self.model_state)  # state snapshots, before KV sizing
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)  # keyed by state_slot too

@@ -135,7 +135,7 @@ def test_decode_step_with_drafts_has_no_host_sync(penalties):
 def test_cuda_graph_replay_with_drafts_equals_eager(method):
     from framework import LLM, SamplingParams
 
-    spec = {**NGRAM, "method": method, "dynamic": {"method": "ngram"}} if method == "dynamic" else NGRAM
+    spec = {**NGRAM, "dynamic_k": True} if method == "dynamic" else NGRAM
     prompts = _repetitive_prompts(11)
     params = SamplingParams(temperature=0.7, seed=3, max_tokens=40, ignore_eos=True)
     outs, replays = {}, []

@@ -4,6 +4,9 @@ Ranks are laid out stage-major: `rank = pp_rank * tp_size + tp_rank`, so the ran
 (one tensor-parallel group per stage) and a stage sends its hidden states to the rank `tp_size` further on.
 The driver is the last stage's tensor rank 0: it samples, so sampled tokens start where the scheduler is.
 A context with both sizes 1 is the single-process case: every collective is a no-op.
+
+This module sits below the runner, beside the other plain types: the model layers import it. What creates the
+contexts of a parallel run (launch, the driver, its workers) is `framework.distributed`, above the runner.
 """
 
 from __future__ import annotations
