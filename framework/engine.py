@@ -346,7 +346,7 @@ class EngineCore:
         errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
         finished = self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stops
         self._last_output_finished = bool(finished)
-        outputs = self.output_processor.process(runner_output)  # 6. logprobs, text, stop strings, deltas
+        outputs = self.output_processor.process(runner_output, finished)  # 6. logprobs, text, stop strings, deltas
         return self._checked(self.parallel_sampling.relabel(outputs))  # 7. n > 1: children as sequences
 
     def _observe_step_time(self, output: SchedulerOutput) -> None:

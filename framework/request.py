@@ -29,9 +29,13 @@ class RequestStatus(enum.Enum):
                         RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_POOLED)
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    """One generation request: prompt, sampling parameters and the tokens produced so far."""
+    """One generation request: prompt, sampling parameters and the tokens produced so far.
+
+    Compares (and hashes) by identity: the scheduler finds requests in its queues with `is`, not by comparing
+    every field of every request it passes (which made each removal from `running` cost O(R) field compares).
+    """
 
     request_id: str
     prompt_token_ids: list[int]
