@@ -343,7 +343,8 @@ class EngineCore:
             return self._fail_step(err, done[0])
         self._observe_step_time(done[0])
         self._consecutive_failures = 0
-        errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
+        codes = runner_output.errors  # per row, 0 almost always: one C-level scan instead of a message per row
+        errors = [ROW_ERROR_MESSAGES.get(code) for code in codes] if codes and any(codes) else None
         finished = self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stops
         self._last_output_finished = bool(finished)
         outputs = self.output_processor.process(runner_output, finished)  # 6. logprobs, text, stop strings, deltas

@@ -63,6 +63,11 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     cache_extra_keys: tuple[Union[str, bytes, int], ...] = ()
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache when it first ran
+    # Set by `Scheduler.add_request` from the params and max_model_len, so that a step's stop check reads two
+    # fields: the tokens that end it once min_tokens are out (eos unless ignored, stop_token_ids), and the
+    # output length at which it ends (max_tokens, or max_model_len reached).
+    stop_token_set: frozenset[int] = frozenset()
+    max_output_len: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -65,6 +65,11 @@ class Scheduler:
 
     # ---- requests in and out -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        params = request.sampling_params
+        # Under a grammar, end of sequence is the grammar's end: it stops even with ignore_eos.
+        eos_stops = request.eos_token_id is not None and (not params.ignore_eos or params.structured_outputs is not None)
+        request.stop_token_set = frozenset(params.stop_token_ids) | ({request.eos_token_id} if eos_stops else set())
+        request.max_output_len = min(params.max_tokens, self.max_model_len - request.num_prompt_tokens)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -134,41 +139,59 @@ class Scheduler:
         kv = self.kv_cache
         kv.hooks.on_schedule()
         takes_snapshots = kv.hooks.takes_snapshots
-        max_model_len = self.max_model_len
+        max_model_len, lookahead = self.max_model_len, self.draft_kv_lookahead
         preempted = False
 
+        # The hot loop (every running request, every step): builtins and method calls it can do without are
+        # spelled out (min, StepRows.add, _with_lookahead, Request.num_tokens), about halving its cost.
+        ids, num_scheduled, drafts, computed_before, sampling = (step.ids, step.num_scheduled, step.drafts,
+                                                                 step.computed_before, step.sampling)
+        publishes = kv.enable_prefix_caching
         running, i = self.running, 0
         while i < len(running) and budget > 0:
             request = running[i]
             computed, placeholders = request.num_computed_tokens, request.num_output_placeholders
-            num_tokens = request.num_tokens
+            num_out = len(request.output_token_ids)
+            num_tokens = len(request.prompt_token_ids) + num_out
             target = num_tokens + placeholders  # its length once the tokens being sampled arrive
             # Tokens already being sampled reach max_tokens or max_model_len (async scheduling): nothing more to
             # compute. An embedding request computes its prompt only: never a decode step.
-            if placeholders and (request.pooling_params is not None or target >= max_model_len
-                                 or len(request.output_token_ids) + placeholders >= request.sampling_params.max_tokens):
+            if placeholders and (num_out + placeholders >= request.max_output_len or request.pooling_params is not None):
                 i += 1
                 continue
-            n = min(target - computed, budget)
+            n = target - computed if target - computed < budget else budget
             num_draft = self._num_drafts(request, budget) if n == 1 and request.num_drafts_ready else 0
             n += num_draft
-            samples = computed + n - num_draft == target
-            new_blocks = kv.allocate(request.request_id, self._with_lookahead(computed + n, samples))
+            end = computed + n
+            samples = end - num_draft == target
+            # `_with_lookahead(end, samples)`
+            need = (end + lookahead if end + lookahead < max_model_len else max_model_len) if samples else end
+            new_blocks = kv.allocate(request.request_id, need)
             while new_blocks is None:
                 victim = running[-1]  # never a row scheduled already: those come before `request`
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     break
-                new_blocks = kv.allocate(request.request_id, self._with_lookahead(computed + n, samples))
+                new_blocks = kv.allocate(request.request_id, need)
             if new_blocks is None:
                 break  # the request itself was preempted; everyone after it already was too
             if new_blocks:
                 step.cached.append(CachedRequestData(request.request_id, new_blocks))
-            offered = kv.cache_blocks(request, min(computed + n, num_tokens))
-            if takes_snapshots and offered:
-                self._take_snapshots(len(step.ids), computed, n - num_draft, offered, step.snapshots)
-            step.add(request, n, num_draft, computed, samples)
+            if publishes:
+                offered = kv.cache_blocks(request, end if end < num_tokens else num_tokens)
+                if takes_snapshots and offered:
+                    self._take_snapshots(len(ids), computed, n - num_draft, offered, step.snapshots)
+            # StepRows.add, spelled out
+            ids.append(request.request_id)
+            num_scheduled.append(n)
+            drafts.append(num_draft)
+            computed_before.append(computed)
+            request.num_computed_tokens = end
+            request.num_drafts_ready = 0
+            if samples:
+                request.num_output_placeholders = placeholders + 1 + num_draft
+                sampling.append(request)
             budget -= n
             i += 1
 
@@ -284,7 +307,16 @@ class Scheduler:
                 request.error = errors[row]
                 status = RequestStatus.FINISHED_ERROR
             else:
-                status = self._append_tokens(request, tokens)
+                status = None
+                output_ids = request.output_token_ids
+                for token in tokens:
+                    output_ids.append(token)
+                    if token in request.stop_token_set and len(output_ids) >= request.sampling_params.min_tokens:
+                        status = self._stopped_by(request, token)
+                        break
+                    if len(output_ids) >= request.max_output_len:
+                        status = RequestStatus.FINISHED_LENGTH
+                        break
             if status is not None:
                 self._finish(request, status, leave_running=True)
                 finished.append(request)
@@ -294,15 +326,13 @@ class Scheduler:
             self._record_acceptance(verified)
         return finished
 
-    def _append_tokens(self, request: Request, tokens: Sequence[int]) -> Optional[RequestStatus]:
-        """Append a row's tokens up to the first that ends the request; the status it ends with, or None."""
-        output_ids = request.output_token_ids
-        for token in tokens:
-            output_ids.append(token)
-            status = self._stop_status(request, token)
-            if status is not None:
-                return status
-        return None
+    @staticmethod
+    def _stopped_by(request: Request, token: int) -> RequestStatus:
+        """`token` (in `request.stop_token_set`) ends the request: eos, or a stop token id it reports."""
+        params = request.sampling_params
+        if not (token == request.eos_token_id and (not params.ignore_eos or params.structured_outputs is not None)):
+            request.stop_token_id = token  # a stop_token_ids entry (eos too, when ignore_eos lists it there)
+        return RequestStatus.FINISHED_STOPPED
 
     def _record_acceptance(self, verified: list[tuple[str, int, int]]) -> None:
         ids, drafts, accepted = zip(*verified)
@@ -372,17 +402,3 @@ class Scheduler:
                 if slot is not None:
                     row.append(StateSnapshot(batch_row, at, slot))
         out.extend(reversed(row))
-
-    def _stop_status(self, request: Request, token: int) -> Optional[RequestStatus]:
-        params = request.sampling_params
-        num_out = len(request.output_token_ids)
-        if num_out >= params.min_tokens:
-            # Under a grammar, end of sequence is the grammar's end: it stops even with ignore_eos.
-            if token == request.eos_token_id and (not params.ignore_eos or params.structured_outputs is not None):
-                return RequestStatus.FINISHED_STOPPED
-            if token in params.stop_token_ids:
-                request.stop_token_id = token
-                return RequestStatus.FINISHED_STOPPED
-        if num_out >= params.max_tokens or request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None

@@ -67,7 +67,8 @@ class FakeRunner:
             request = requests.get(request_id)
             samples = request is not None and before + n - drafts >= request.num_tokens
             sampled.append([7] if samples else [])
-        return _Ready(ModelRunnerOutput(list(out.scheduled_request_ids), sampled))
+        # Per-row error codes, all 0, as the V2 runner's sampler reports them.
+        return _Ready(ModelRunnerOutput(list(out.scheduled_request_ids), sampled, errors=[0] * len(sampled)))
 
 
 def _timed(clock: dict[str, float], name: str, fn: Callable) -> Callable:
@@ -200,7 +201,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
           f"(output_kind={args.output_kind}{', prefix caching off' if args.no_prefix_caching else ''})")
     print(format_table(rows))
     args.out.mkdir(parents=True, exist_ok=True)
-    payload = {"label": args.label, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+    import framework
+
+    payload = {"label": args.label, "framework": str(Path(framework.__file__).parent), "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
     (args.out / "step_bookkeeping.json").write_text(json.dumps(payload, indent=2))
     plot(rows, args.out / "step_bookkeeping.png", title)
     print(f"results written to {args.out}", file=sys.stderr)
