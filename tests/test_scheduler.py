@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from framework.config import SchedulerConfig
 from framework.kv_cache_manager import KVCacheManager
 from framework.request import Request, RequestStatus
@@ -116,3 +118,28 @@ def test_requests_compare_by_identity():
     """Two requests with equal fields are different requests (queues find them with `is`)."""
     a, twin = _req("a", 3), _req("a", 3)
     assert a != twin and a == a and len({a, twin}) == 2
+
+
+@pytest.mark.parametrize("params, tokens, ends_at, status, stop_token_id", [
+    ({}, [5, 2, 5], 2, "stop", None),  # eos
+    ({"ignore_eos": True}, [5, 2, 5, 5], 4, "length", None),  # eos ignored: max_tokens=4
+    ({"ignore_eos": True, "stop_token_ids": [2]}, [5, 2], 2, "stop", 2),  # eos listed as a stop id still stops
+    ({"stop_token_ids": [7]}, [5, 7], 2, "stop", 7),
+    ({"stop_token_ids": [7], "min_tokens": 3}, [7, 2, 7], 3, "stop", 7),  # stops count from min_tokens on
+    ({"min_tokens": 2}, [2, 2], 2, "stop", None),
+    ({"max_tokens": 50}, [5] * 6, 6, "length", None),  # max_model_len: prompt 10 + 6 outputs = 16
+])
+def test_stop_conditions_per_token(params, tokens, ends_at, status, stop_token_id):
+    """`update_from_output` ends a request at the first token that meets a stop condition, whatever the
+    order: eos (unless ignored), stop_token_ids (reported), both only from min_tokens on, then length."""
+    s, _ = _sched(max_model_len=16)
+    params = {"temperature": 0, "max_tokens": 4, **params}
+    s.add_request(Request("a", list(range(10, 20)), SamplingParams(**params), eos_token_id=2))
+    request = s.requests["a"]
+    for i, token in enumerate(tokens, 1):
+        finished = s.update_from_output(s.schedule(), [[token]])
+        assert (finished == [request]) == (i == ends_at), (i, request.status)
+        if finished:
+            break
+    assert request.status.value == status and request.stop_token_id == stop_token_id
+    assert request.output_token_ids == tokens[:ends_at]
