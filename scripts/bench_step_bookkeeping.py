@@ -16,6 +16,9 @@ then the median of `--repeats` runs. Prints a table, writes `step_bookkeeping.js
 `step_bookkeeping.png` into `--out`.
 
     python scripts/bench_step_bookkeeping.py --sizes 64 256 --steps 200 --out bench_results/step_bookkeeping
+
+`--baseline OLD/step_bookkeeping.json` (a run of an earlier checkout) puts that version's numbers beside these in
+the table and the plot.
 """
 
 from __future__ import annotations
@@ -140,30 +143,52 @@ def _refill(engine: Any, add: Callable[[], None], workload: str, size: int, outp
             add()
 
 
-def format_table(rows: list[dict]) -> str:
-    head = f"{'workload':<9}{'requests':>9}" + "".join(f"{p + ' us':>12}" for p in PHASES) + f"{'total us':>11}"
+def format_table(rows: list[dict], baseline: list[dict] | None = None) -> str:
+    """One line per (workload, size); with a baseline, its line first and the change of the total after."""
+    label = "version   " if baseline else ""
+    head = f"{label}{'workload':<9}{'requests':>9}" + "".join(f"{p + ' us':>12}" for p in PHASES) + f"{'total us':>11}"
     lines = [head, "-" * len(head)]
+    before = {(r["workload"], r["requests"]): r for r in baseline or []}
+
+    def line(tag: str, r: dict) -> str:
+        return (f"{tag}{r['workload']:<9}{r['requests']:>9}" + "".join(f"{r[p]:>12.1f}" for p in PHASES)
+                + f"{r['total']:>11.1f}")
+
     for r in rows:
-        lines.append(f"{r['workload']:<9}{r['requests']:>9}" + "".join(f"{r[p]:>12.1f}" for p in PHASES)
-                     + f"{r['total']:>11.1f}")
+        old = before.get((r["workload"], r["requests"]))
+        if baseline is None:
+            lines.append(line("", r))
+        elif old is not None:
+            lines.append(line(f"{'before':<10}", old))
+            lines.append(line(f"{'after':<10}", r) + f"  (x{r['total'] / old['total']:.2f})")
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
+def plot(rows: list[dict], path: Path, title: str, baseline: list[dict] | None = None) -> None:
+    """Stacked bars of the phases per (workload, size); with a baseline, its bar (hatched) beside each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    labels = [f"{r['workload']}\n{r['requests']}" for r in rows]
-    bottom = [0.0] * len(rows)
-    for phase in PHASES:
-        values = [r[phase] for r in rows]
-        ax.bar(labels, values, bottom=bottom, label=phase)
-        bottom = [b + v for b, v in zip(bottom, values)]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    before = {(r["workload"], r["requests"]): r for r in baseline or []}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    width = 0.38 if baseline else 0.7
+    for x, r in enumerate(rows):
+        bars = [(x + width / 2, r, "")] if baseline else [(x, r, "")]
+        old = before.get((r["workload"], r["requests"]))
+        if old is not None:
+            bars.append((x - width / 2, old, "//"))
+        for pos, row, hatch in bars:
+            bottom = 0.0
+            for i, phase in enumerate(PHASES):
+                ax.bar(pos, row[phase], width, bottom=bottom, color=colors[i % len(colors)], hatch=hatch,
+                       edgecolor="white", label=phase if x == 0 and not hatch else None)
+                bottom += row[phase]
+    ax.set_xticks(range(len(rows)), [f"{r['workload']}\n{r['requests']}" for r in rows])
     ax.set_ylabel("CPU us per step (median)")
-    ax.set_xlabel("workload / running requests")
+    ax.set_xlabel("workload / running requests" + ("  (hatched: before)" if baseline else ""))
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
@@ -181,6 +206,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--output-kind", default="final_only", choices=["final_only", "delta", "cumulative"])
     parser.add_argument("--no-prefix-caching", action="store_true", help="do not publish filled blocks (hashing)")
     parser.add_argument("--label", default="", help="a name for this code version in the JSON and the plot")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="step_bookkeeping.json of an earlier version (e.g. before a change): shown side by side")
     parser.add_argument("--out", type=Path, default=Path("bench_results/step_bookkeeping"))
     args = parser.parse_args(argv)
     import torch
@@ -199,13 +226,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     title = f"engine bookkeeping per step, fake runner (CPU){' ' + args.label if args.label else ''}"
     print(f"CPU us per step, median of {args.steps} steps, median of {args.repeats} runs "
           f"(output_kind={args.output_kind}{', prefix caching off' if args.no_prefix_caching else ''})")
-    print(format_table(rows))
+    baseline = json.loads(args.baseline.read_text())["rows"] if args.baseline is not None else None
+    print(format_table(rows, baseline))
     args.out.mkdir(parents=True, exist_ok=True)
     import framework
 
-    payload = {"label": args.label, "framework": str(Path(framework.__file__).parent), "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+    payload = {"label": args.label, "framework": str(Path(framework.__file__).parent), "baseline": baseline, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
     (args.out / "step_bookkeeping.json").write_text(json.dumps(payload, indent=2))
-    plot(rows, args.out / "step_bookkeeping.png", title)
+    plot(rows, args.out / "step_bookkeeping.png", title, baseline)
     print(f"results written to {args.out}", file=sys.stderr)
     return rows
 
