@@ -119,7 +119,10 @@ class Scheduler:
         self.running[:] = [r for r in self.running if r.status is running_status]
 
     def _preempt(self, request: Request) -> None:
-        self.running.remove(request)
+        if self.running[-1] is request:
+            self.running.pop()  # the newest: what `schedule` preempts
+        else:
+            self.running.remove(request)
         self.kv_cache.free(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
