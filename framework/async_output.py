@@ -123,9 +123,9 @@ class AsyncOutput:
         """Wait for the copy (GPU) and return plain Python lists."""
         sampled = self.sampled_token_ids()
         h = self._host
-        counts = [len(row) for row in sampled]
         logprobs = None
         if "lp_ids" in h:
+            counts = [len(row) for row in sampled]
             ids, values, ranks = h["lp_ids"].tolist(), h["lp_values"].tolist(), h["lp_ranks"].tolist()
             starts = self._logits_row_starts if self._logits_row_starts is not None else list(range(len(sampled)))
             logprobs = [LogprobsLists(ids[s:s + n], values[s:s + n], ranks[s:s + n]) if n else None

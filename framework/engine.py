@@ -339,9 +339,10 @@ class EngineCore:
         if self.draft_policy is not None:
             self.draft_policy.observe_output(done[0])  # dynamic-k times the steps here
         self._consecutive_failures = 0
-        errors = [ROW_ERROR_MESSAGES.get(code) for code in runner_output.errors] if runner_output.errors else None
-        self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stops
-        outputs = self.output_processor.process(runner_output)  # 6. logprobs, text, stop strings, deltas
+        codes = runner_output.errors  # per row, 0 almost always: one C-level scan instead of a message per row
+        errors = [ROW_ERROR_MESSAGES.get(code) for code in codes] if codes and any(codes) else None
+        finished = self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stops
+        outputs = self.output_processor.process(runner_output, finished)  # 6. logprobs, text, stop strings, deltas
         return self._checked(self.parallel_sampling.relabel(outputs))  # 7. n > 1: children as sequences
 
     def _checked(self, outputs: list[RequestOutput]) -> list[RequestOutput]:

@@ -46,7 +46,8 @@ def _prefix_sum(counts: np.ndarray) -> np.ndarray:
 
 def build_input_batch(output: SchedulerOutput, state: RequestState, device: torch.device) -> InputBatch:
     """Host: idx_mapping and prefix sums (O(rows)). Device: tokens, positions, logits rows (O(tokens))."""
-    slots = np.fromiter((state.req_id_to_slot[r] for r in output.scheduled_request_ids), dtype=np.int64)
+    ids = output.scheduled_request_ids
+    slots = np.fromiter(map(state.req_id_to_slot.__getitem__, ids), dtype=np.int64, count=len(ids))
     num_scheduled = np.asarray(output.num_scheduled_tokens, dtype=np.int64)
     num_draft = np.asarray(output.num_draft_tokens, dtype=np.int64)
     query_start_loc = _prefix_sum(num_scheduled)

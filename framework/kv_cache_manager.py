@@ -133,11 +133,13 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return []
         request_id = request.request_id
-        blocks = self._blocks.get(request_id, ())
         start = self._num_published.get(request_id, 0)
+        if num_tokens < (start + 1) * self.block_size:
+            return []  # the common decode step: no block filled
+        blocks = self._blocks.get(request_id, ())
         end = min(num_tokens // self.block_size, len(blocks))
         if end <= start:
-            return []  # the common decode step: no block filled
+            return []
         hashes = extend_block_hashes(request, end * self.block_size, self.block_size)
         offered = []
         for index in range(start, end):

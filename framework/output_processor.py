@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 from framework.async_output import LogprobsLists, ModelRunnerOutput
 from framework.detokenizer import IncrementalDetokenizer, find_stop_string
@@ -48,6 +48,9 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self._states: dict[str, _OutputState] = {}
+        # Quiet requests whose first token is timed and that had not ended when last looked at: `process` skips
+        # their rows while it is told what ended.
+        self._quiet_running: set[str] = set()
 
     def add_request(self, request: Request) -> None:
         params = request.sampling_params
@@ -69,21 +72,38 @@ class OutputProcessor:
                    and params.prompt_logprobs is None and request.pooling_params is None),
         )
 
-    def process(self, runner_output: ModelRunnerOutput) -> list[RequestOutput | PoolingRequestOutput]:
-        """Outputs of this step: every request that finished, and streamed requests that made progress."""
+    def process(self, runner_output: ModelRunnerOutput,
+                finished: Optional[Sequence[Request]] = None) -> list[RequestOutput | PoolingRequestOutput]:
+        """Outputs of this step: every request that finished, and streamed requests that made progress.
+
+        `finished`: every request that ended since the last call other than through `abort` (what
+        `Scheduler.update_from_output` returned). With it, the rows of quiet requests still running are
+        dropped in one set test each instead of being looked at; None looks at every row.
+        """
+        quiet = self._quiet_running
+        if finished is not None and quiet:
+            for request in finished:
+                quiet.discard(request.request_id)
+            rows: Iterable[tuple[int, str]] = [(row, request_id) for row, request_id
+                                               in enumerate(runner_output.request_ids) if request_id not in quiet]
+        else:
+            rows = enumerate(runner_output.request_ids)
         outputs = []
-        for row, request_id in enumerate(runner_output.request_ids):
+        for row, request_id in rows:
             state = self._states.get(request_id)
             if state is None:
                 continue  # aborted earlier
             if state.quiet and not state.request.status.is_finished and state.num_tokens_seen:
-                continue  # nothing to report before it ends (at batch 256 most rows of most steps)
+                quiet.add(request_id)  # nothing to report before it ends (at batch 256 most rows of most steps)
+                continue
             if request_id in runner_output.pooled:
                 state.embedding = runner_output.pooled[request_id]
             if request_id in runner_output.prompt_logprobs:
                 self._add_prompt_logprobs(state, *runner_output.prompt_logprobs[request_id])
             row_logprobs = runner_output.logprobs[row] if runner_output.logprobs is not None else None
             self._add_tokens(state, row_logprobs)
+            if state.quiet and state.num_tokens_seen and not state.request.status.is_finished:
+                quiet.add(request_id)  # its first token is timed: skipped from now until it ends
             output = self._make_output(state)
             if output is not None:
                 outputs.append(output)
@@ -100,6 +120,11 @@ class OutputProcessor:
         return output
 
     # ---- per request ---------------------------------------------------------------------------------
+    def _forget(self, request_id: str) -> None:
+        """The request ended and its final output is made: drop its state."""
+        self._states.pop(request_id, None)
+        self._quiet_running.discard(request_id)
+
     def _add_prompt_logprobs(self, state: _OutputState, start: int, lists: LogprobsLists) -> None:
         if state.prompt_logprobs is None:
             return
@@ -172,7 +197,7 @@ class OutputProcessor:
         request = state.request
         if not request.status.is_finished:
             return None
-        self._states.pop(request.request_id, None)
+        self._forget(request.request_id)
         return PoolingRequestOutput(
             request_id=request.request_id, prompt=request.prompt, prompt_token_ids=request.prompt_token_ids,
             embedding=state.embedding or [], finished=True, finish_reason=request.status.value,
@@ -187,7 +212,7 @@ class OutputProcessor:
         finished = request.status.is_finished
         kind = params.output_kind
         if finished:
-            self._states.pop(request.request_id, None)
+            self._forget(request.request_id)
         elif kind == "final_only" or len(request.output_token_ids) == state.sent_tokens:
             return None
         text = state.detokenizer.text if state.detokenizer is not None else ""

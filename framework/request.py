@@ -29,9 +29,13 @@ class RequestStatus(enum.Enum):
                         RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_POOLED)
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    """One generation request: prompt, sampling parameters and the tokens produced so far."""
+    """One generation request: prompt, sampling parameters and the tokens produced so far.
+
+    Compares (and hashes) by identity: the scheduler finds requests in its queues with `is`, not by comparing
+    every field of every request it passes (which made each removal from `running` cost O(R) field compares).
+    """
 
     request_id: str
     prompt_token_ids: list[int]
@@ -59,6 +63,11 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     cache_extra_keys: tuple[Union[str, bytes, int], ...] = ()
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache when it first ran
+    # Set by `Scheduler.add_request` from the params and max_model_len, so that a step's stop check reads two
+    # fields: the tokens that end it once min_tokens are out (eos unless ignored, stop_token_ids), and the
+    # output length at which it ends (max_tokens, or max_model_len reached).
+    stop_token_set: frozenset[int] = frozenset()
+    max_output_len: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -9,6 +9,7 @@ from framework.config import SchedulerConfig
 from framework.kv_cache_manager import KVCacheManager
 from framework.request import Request, RequestStatus
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput, StateSnapshot
+from framework.scheduler_rows import StepRows
 
 if TYPE_CHECKING:
     from framework.plugins import DraftLengthPolicy, SpecDecodeMetrics
@@ -63,6 +64,11 @@ class Scheduler:
 
     # ---- requests in and out -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        params = request.sampling_params
+        # Under a grammar, end of sequence is the grammar's end: it stops even with ignore_eos.
+        eos_stops = request.eos_token_id is not None and (not params.ignore_eos or params.structured_outputs is not None)
+        request.stop_token_set = frozenset(params.stop_token_ids) | ({request.eos_token_id} if eos_stops else set())
+        request.max_output_len = min(params.max_tokens, self.max_model_len - request.num_prompt_tokens)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -90,20 +96,32 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.requests)
 
-    def _finish(self, request: Request, status: RequestStatus) -> None:
+    def _finish(self, request: Request, status: RequestStatus, leave_running: bool = False) -> None:
+        """End `request` with `status`. `leave_running`: a running request stays in `running` (ended), for the
+        caller to drop every request ended in one pass (`_drop_ended`); many ends in a step cost one pass."""
+        was_running = request.status is RequestStatus.RUNNING
         request.status = status
-        if request in self.running:
-            self.running.remove(request)
+        if was_running:
+            if not leave_running:
+                self.running.remove(request)  # by identity: Request compares by identity
             self._released_ids.add(request.request_id)
-        elif request in self.waiting:
+        else:
             self.waiting.remove(request)
         self.kv_cache.free(request.request_id)
         del self.requests[request.request_id]
         if self.draft_policy is not None:
             self.draft_policy.remove_request(request.request_id)
 
+    def _drop_ended(self) -> None:
+        """Drop the requests `_finish(..., leave_running=True)` ended from `running`, keeping the order."""
+        running_status = RequestStatus.RUNNING
+        self.running[:] = [r for r in self.running if r.status is running_status]
+
     def _preempt(self, request: Request) -> None:
-        self.running.remove(request)
+        if self.running[-1] is request:
+            self.running.pop()  # the newest: what `schedule` preempts
+        else:
+            self.running.remove(request)
         self.kv_cache.free(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -115,41 +133,67 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """This step's rows. One pass over the running requests, then one over the admitted ones: each row's
+        counters advance as it is scheduled (nothing re-walks the batch), and a decode row that stays inside
+        its last block costs no allocation beyond its entries in the per-row lists."""
         budget = self.config.max_num_batched_tokens
-        rows: list[tuple[Request, int]] = []
-        drafts: list[int] = []  # per row: drafts verified this step
-        new_data: list[NewRequestData] = []
-        cached_data: list[CachedRequestData] = []
-        snapshots: list[StateSnapshot] = []
+        step = StepRows()
+        kv = self.kv_cache
+        kv.hooks.on_schedule()
+        takes_snapshots = kv.hooks.takes_snapshots
+        max_model_len, lookahead = self.max_model_len, self.draft_kv_lookahead
         preempted = False
-        self.kv_cache.hooks.on_schedule()
 
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            if self._ends_in_flight(request):
-                i += 1  # its last token is being sampled: nothing more to compute
+        # The hot loop (every running request, every step): builtins and method calls it can do without are
+        # spelled out (min, StepRows.add, _with_lookahead, Request.num_tokens), about halving its cost.
+        ids, num_scheduled, drafts, computed_before, sampling = (step.ids, step.num_scheduled, step.drafts,
+                                                                 step.computed_before, step.sampling)
+        publishes = kv.enable_prefix_caching
+        running, i = self.running, 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            computed, placeholders = request.num_computed_tokens, request.num_output_placeholders
+            num_out = len(request.output_token_ids)
+            num_tokens = len(request.prompt_token_ids) + num_out
+            target = num_tokens + placeholders  # its length once the tokens being sampled arrive
+            # Tokens already being sampled reach max_tokens or max_model_len (async scheduling): nothing more to
+            # compute. An embedding request computes its prompt only: never a decode step.
+            if placeholders and (num_out + placeholders >= request.max_output_len or request.pooling_params is not None):
+                i += 1
                 continue
-            n = min(request.num_tokens + request.num_output_placeholders - request.num_computed_tokens, budget)
-            num_draft = self._num_drafts(request, budget) if n == 1 else 0
+            n = target - computed if target - computed < budget else budget
+            num_draft = self._num_drafts(request, budget) if n == 1 and request.num_drafts_ready else 0
             n += num_draft
-            samples = request.num_computed_tokens + n - num_draft == request.num_tokens + request.num_output_placeholders
-            need = self._with_lookahead(request.num_computed_tokens + n, samples)
-            new_blocks = self.kv_cache.allocate(request.request_id, need)
+            end = computed + n
+            samples = end - num_draft == target
+            # `_with_lookahead(end, samples)`
+            need = (end + lookahead if end + lookahead < max_model_len else max_model_len) if samples else end
+            new_blocks = kv.allocate(request.request_id, need)
             while new_blocks is None:
-                victim = self.running[-1]
+                victim = running[-1]  # never a row scheduled already: those come before `request`
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     break
-                new_blocks = self.kv_cache.allocate(request.request_id, need)
+                new_blocks = kv.allocate(request.request_id, need)
             if new_blocks is None:
                 break  # the request itself was preempted; everyone after it already was too
-            rows.append((request, n))
+            if new_blocks:
+                step.cached.append(CachedRequestData(request.request_id, new_blocks))
+            if publishes:
+                offered = kv.cache_blocks(request, end if end < num_tokens else num_tokens)
+                if takes_snapshots and offered:
+                    self._take_snapshots(len(ids), computed, n - num_draft, offered, step.snapshots)
+            # StepRows.add, spelled out
+            ids.append(request.request_id)
+            num_scheduled.append(n)
             drafts.append(num_draft)
-            cached_data.append(CachedRequestData(request.request_id, new_blocks))
-            offered = self.kv_cache.cache_blocks(request, min(request.num_computed_tokens + n, request.num_tokens))
-            self._take_snapshots(len(rows) - 1, request.num_computed_tokens, n - num_draft, offered, snapshots)
+            computed_before.append(computed)
+            request.num_computed_tokens = end
+            request.num_drafts_ready = 0
+            if samples:
+                request.num_output_placeholders = placeholders + 1 + num_draft
+                sampling.append(request)
             budget -= n
             i += 1
 
@@ -163,83 +207,55 @@ class Scheduler:
             if encoder_scheduled and encoder_scheduled + num_encoder > encoder_budget:
                 break
             hit_blocks = self._cache_hit(request)  # leading blocks served from the prefix cache
-            num_hit = len(hit_blocks) * self.kv_cache.block_size
+            num_hit = len(hit_blocks) * kv.block_size
             # read now: assigning this step's snapshots may evict it (the runner restores before it overwrites)
-            restore = self.kv_cache.hooks.snapshot_slot(hit_blocks[-1]) if hit_blocks else None
+            restore = kv.hooks.snapshot_slot(hit_blocks[-1]) if hit_blocks else None
             n = min(request.num_tokens - num_hit, budget)
-            need = self._with_lookahead(num_hit + n, samples=num_hit + n == request.num_tokens)
-            if self.kv_cache.allocate(request.request_id, need, hit_blocks) is None:
+            samples = num_hit + n == request.num_tokens
+            if kv.allocate(request.request_id, self._with_lookahead(num_hit + n, samples), hit_blocks) is None:
                 break
             encoder_scheduled += num_encoder
             offered = self._admit_cache_hit(request, num_hit, n)
-            self._take_snapshots(len(rows), num_hit, n, offered, snapshots)
+            self._take_snapshots(len(step.ids), num_hit, n, offered, step.snapshots)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            request.num_drafts_ready = 0
-            rows.append((request, n))
-            drafts.append(0)
-            new_data.append(
+            step.new.append(
                 NewRequestData(
                     request_id=request.request_id,
                     prefill_token_ids=request.all_token_ids,
                     prompt_len=request.num_prompt_tokens,
                     sampling_params=request.sampling_params,
                     sampling_seed=request.sampling_seed,
-                    block_ids=list(self.kv_cache.blocks_of(request.request_id)),
-                    num_computed_tokens=request.num_computed_tokens,
+                    block_ids=list(kv.blocks_of(request.request_id)),
+                    num_computed_tokens=num_hit,
                     pooling_params=request.pooling_params,
                     encoder_input=request.encoder_input,
                     snapshot_slot=restore,
                 )
             )
+            step.add(request, n, 0, num_hit, samples)
             budget -= n
 
-        if self.draft_policy is not None:
-            self._uniform_drafts(rows, drafts)
         # k: drafts the speculator proposes after this step for every row that samples (verified next step).
-        num_propose = (self.draft_policy.choose([r.request_id for r in self.running])
-                       if self.draft_policy is not None else 0)
-        computed_before = [request.num_computed_tokens for request, _ in rows]
-        for (request, n), num_draft in zip(rows, drafts):
-            request.num_computed_tokens += n
-            if request.num_computed_tokens - num_draft == request.num_tokens + request.num_output_placeholders:
-                # This row samples 1 + (accepted drafts) tokens the host will see later: count the most.
-                request.num_output_placeholders += 1 + num_draft
+        num_propose = 0
+        if self.draft_policy is not None:
+            step.uniform_drafts()
+            num_propose = self.draft_policy.choose([r.request_id for r in self.running])
+            for request in step.sampling:
                 request.num_drafts_ready = num_propose
-            else:
-                request.num_drafts_ready = 0  # a prefill chunk: what is proposed after it is never verified
         released, self._released_ids = self._released_ids, set()
         return SchedulerOutput(
-            scheduled_request_ids=[r.request_id for r, _ in rows],
-            num_scheduled_tokens=[n for _, n in rows],
-            num_draft_tokens=drafts,
-            new_requests=new_data,
-            cached_requests=cached_data,
+            scheduled_request_ids=step.ids,
+            num_scheduled_tokens=step.num_scheduled,
+            num_draft_tokens=step.drafts,
+            new_requests=step.new,
+            cached_requests=step.cached,
             finished_request_ids=released,
             num_propose_tokens=num_propose,
-            num_computed_tokens=computed_before,
-            state_snapshots=snapshots,
+            num_computed_tokens=step.computed_before,
+            state_snapshots=step.snapshots,
         )
-
-    @staticmethod
-    def _uniform_drafts(rows: list[tuple[Request, int]], drafts: list[int]) -> None:
-        """Decode rows that hold different numbers of drafts all verify the fewest (a prefix of a row's
-        drafts is a valid proposal): a batch whose rows have equal lengths replays a CUDA graph, a mixed one
-        runs eagerly, several times slower. Rows hold different numbers when k changed while a row sat out a
-        step (its last tokens were in flight), or near max_model_len.
-
-        Only pure decode batches are evened out (every row 1 + its drafts): a batch with a prefill chunk
-        runs eagerly anyway. The KV blocks allocated for the longer rows are kept (the request fills them
-        next steps)."""
-        if not drafts or min(drafts) == max(drafts):
-            return
-        for (r, n), d in zip(rows, drafts):
-            if n != 1 + d or r.num_computed_tokens + 1 != r.num_tokens + r.num_output_placeholders:
-                return  # a prefill chunk (or a row that does not sample): an eager batch whatever the drafts
-        fewest = min(drafts)
-        rows[:] = [(request, 1 + fewest) for request, _ in rows]
-        drafts[:] = [fewest] * len(drafts)
 
     def _with_lookahead(self, num_tokens: int, samples: bool) -> int:
         """KV positions to allocate for a row computing up to `num_tokens`: plus the draft lookahead if it samples."""
@@ -274,37 +290,51 @@ class Scheduler:
         """
         finished = []
         verified: list[tuple[str, int, int]] = []  # (request, drafts, accepted) of the rows that verified drafts
-        for i, (request_id, tokens) in enumerate(zip(output.scheduled_request_ids, sampled)):
-            request = self.requests.get(request_id)
-            if request is None or request.status != RequestStatus.RUNNING or not tokens:
-                continue  # ended or preempted meanwhile, or a prefill chunk that samples nothing
-            num_draft = output.num_draft_tokens[i]
+        requests, running_status = self.requests, RequestStatus.RUNNING
+        for row, (request_id, tokens, num_draft) in enumerate(zip(output.scheduled_request_ids, sampled,
+                                                                  output.num_draft_tokens)):
+            if not tokens:
+                continue  # a prefill chunk that samples nothing
+            request = requests.get(request_id)
+            if request is None or request.status is not running_status:
+                continue  # ended or preempted meanwhile
             request.num_output_placeholders -= 1 + num_draft
             if num_draft:
                 # The rejected drafts' positions were counted as computed: the next step recomputes them.
                 request.num_computed_tokens -= num_draft + 1 - len(tokens)
                 verified.append((request_id, num_draft, len(tokens) - 1))
             if request.pooling_params is not None:  # its prompt is done and pooled; the sampled token is dropped
-                self._finish(request, RequestStatus.FINISHED_POOLED)
-                finished.append(request)
-                continue
-            if errors is not None and errors[i]:
-                request.error = errors[i]
-                self._finish(request, RequestStatus.FINISHED_ERROR)
-                finished.append(request)
-                continue
-            status = None
-            for token in tokens:
-                request.output_token_ids.append(token)
-                status = self._stop_status(request, token)
-                if status is not None:
-                    break
+                status: Optional[RequestStatus] = RequestStatus.FINISHED_POOLED
+            elif errors is not None and errors[row]:
+                request.error = errors[row]
+                status = RequestStatus.FINISHED_ERROR
+            else:
+                status = None
+                output_ids = request.output_token_ids
+                for token in tokens:
+                    output_ids.append(token)
+                    if token in request.stop_token_set and len(output_ids) >= request.sampling_params.min_tokens:
+                        status = self._stopped_by(request, token)
+                        break
+                    if len(output_ids) >= request.max_output_len:
+                        status = RequestStatus.FINISHED_LENGTH
+                        break
             if status is not None:
-                self._finish(request, status)
+                self._finish(request, status, leave_running=True)
                 finished.append(request)
+        if finished:
+            self._drop_ended()
         if verified:
             self._record_acceptance(verified)
         return finished
+
+    @staticmethod
+    def _stopped_by(request: Request, token: int) -> RequestStatus:
+        """`token` (in `request.stop_token_set`) ends the request: eos, or a stop token id it reports."""
+        params = request.sampling_params
+        if not (token == request.eos_token_id and (not params.ignore_eos or params.structured_outputs is not None)):
+            request.stop_token_id = token  # a stop_token_ids entry (eos too, when ignore_eos lists it there)
+        return RequestStatus.FINISHED_STOPPED
 
     def _record_acceptance(self, verified: list[tuple[str, int, int]]) -> None:
         ids, drafts, accepted = zip(*verified)
@@ -374,27 +404,3 @@ class Scheduler:
                 if slot is not None:
                     row.append(StateSnapshot(batch_row, at, slot))
         out.extend(reversed(row))
-
-    def _ends_in_flight(self, request: Request) -> bool:
-        """True when tokens already being sampled reach max_tokens or max_model_len (async scheduling)."""
-        if not request.num_output_placeholders:
-            return False
-        if request.pooling_params is not None:
-            return True  # an embedding request computes its prompt only: never a decode step
-        num_out = len(request.output_token_ids) + request.num_output_placeholders
-        return (num_out >= request.sampling_params.max_tokens
-                or request.num_tokens + request.num_output_placeholders >= self.max_model_len)
-
-    def _stop_status(self, request: Request, token: int) -> Optional[RequestStatus]:
-        params = request.sampling_params
-        num_out = len(request.output_token_ids)
-        if num_out >= params.min_tokens:
-            # Under a grammar, end of sequence is the grammar's end: it stops even with ignore_eos.
-            if token == request.eos_token_id and (not params.ignore_eos or params.structured_outputs is not None):
-                return RequestStatus.FINISHED_STOPPED
-            if token in params.stop_token_ids:
-                request.stop_token_id = token
-                return RequestStatus.FINISHED_STOPPED
-        if num_out >= params.max_tokens or request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None

@@ -93,6 +93,11 @@ for j in "$@"; do
     spec-quick) job $j 160 python3 scripts/bench_spec.py --repeats 2 --out "$res/spec" ;;
     spec-greedy) job $j 120 python3 scripts/bench_spec.py --repeats 2 --workloads greedy-repeat --batch-sizes 64 256 --out "$res/spec_greedy" ;;
     policy_host) job $j 60 python3 scripts/bench_policy_host.py --out "$res/$j" ;;
+    # Host-side step work on the H200 machine's CPU: the engine's bookkeeping with a fake runner (scheduler, output
+    # processing; ~30 s), then the runners' host overhead with the model stubbed (V2 and V1, 64/256/1024 rows).
+    host) job $j-bookkeeping 90 python3 scripts/bench_step_bookkeeping.py --sizes 64 256 1024 --out "$res/$j/bookkeeping" &&
+        job $j-overhead 150 python3 scripts/bench_host_overhead.py --device cuda --sizes 64 256 1024 --steps 20 \
+        --out "$res/$j/overhead" ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;
     gpu_tests_spec) job $j 120 python3 -m pytest -q tests/gpu/test_spec_gpu.py ;;
     # The dynamic-k goals (docs/benchmarks.md): pair rounds end early enough (--budget-s) for the run to fit its limit.

@@ -3,7 +3,8 @@
 Builds the "nano" engine (Qwen3-0.6B geometry, random bf16 weights), fills `--batch` slots with
 `--prompt-len`-token prompts, and runs pure decode steps three times:
 
-1. phase timing: wall time of each line of `EngineCore.step` (schedule, execute, sample, wait, update, process);
+1. phase timing: wall and thread CPU time of each line of `EngineCore.step` (schedule, execute, sample, wait,
+   update, process), their sum without the wait (`host`) and the rest of the step (`engine_other`);
 2. `torch.profiler`: device time per kernel and host time per op, and the device's busy fraction
    (sum of kernel time over the wall time);
 3. `cProfile`: the Python functions the host spends its time in.
@@ -104,29 +105,41 @@ def drain(engine, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-
     engine.reset_prefix_cache()
 
 
-def timed(records: dict[str, float], name: str, fn: Callable) -> Callable:
+def timed(records: dict[str, float], name: str, fn: Callable, cpu: dict[str, float] | None = None) -> Callable:
     def wrapper(*a: Any, **k: Any) -> Any:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*a, **k)
         finally:
             records[name] += time.perf_counter() - start
+            if cpu is not None:
+                cpu[name] += time.thread_time() - start_cpu
     return wrapper
 
 
-def phase_times(engine, steps: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """Mean ms per step of each phase of `EngineCore.step`, by wrapping the callees on the instances."""
+HOST_PHASES = ("schedule", "execute_model", "sample_tokens", "update_from_output", "output_processor")
+
+
+def phase_times(engine, steps: int) -> tuple[dict[str, float], dict[str, float]]:  # type: ignore[no-untyped-def]
+    """Mean ms per step of each phase of `EngineCore.step`, by wrapping the callees on the instances: wall time,
+    and CPU time of the engine's thread (what the host spends itself, waits excluded).
+
+    Wall also gets `host` (the five host phases, the wait for the device's output excluded), `engine_other`
+    (the rest of `EngineCore.step`) and `step_wall`."""
     from framework.async_output import AsyncOutput
 
     records: dict[str, float] = defaultdict(float)
+    cpu: dict[str, float] = defaultdict(float)
     sched, runner, proc = engine.scheduler, engine.runner, engine.output_processor
     saved_get = AsyncOutput.get
-    sched.schedule = timed(records, "schedule", sched.schedule)
-    runner.execute_model = timed(records, "execute_model", runner.execute_model)
-    runner.sample_tokens = timed(records, "sample_tokens", runner.sample_tokens)
-    sched.update_from_output = timed(records, "update_from_output", sched.update_from_output)
-    proc.process = timed(records, "output_processor", proc.process)
-    AsyncOutput.get = timed(records, "wait_output", AsyncOutput.get)
+    sched.schedule = timed(records, "schedule", sched.schedule, cpu)
+    runner.execute_model = timed(records, "execute_model", runner.execute_model, cpu)
+    runner.sample_tokens = timed(records, "sample_tokens", runner.sample_tokens, cpu)
+    sched.update_from_output = timed(records, "update_from_output", sched.update_from_output, cpu)
+    proc.process = timed(records, "output_processor", proc.process, cpu)
+    AsyncOutput.get = timed(records, "wait_output", AsyncOutput.get, cpu)
+    step = engine.step
+    engine.step = timed(records, "step", step, cpu)
     try:
         _sync()
         start = time.perf_counter()
@@ -137,9 +150,14 @@ def phase_times(engine, steps: int) -> dict[str, float]:  # type: ignore[no-unty
     finally:
         AsyncOutput.get = saved_get  # type: ignore[method-assign]
         del sched.schedule, runner.execute_model, runner.sample_tokens, sched.update_from_output, proc.process
-    out = {name: 1e3 * t / steps for name, t in records.items()}
+        del engine.step
+    out = {name: 1e3 * t / steps for name, t in records.items() if name != "step"}
+    out["host"] = sum(out.get(p, 0.0) for p in HOST_PHASES)
+    out["engine_other"] = 1e3 * records["step"] / steps - out["host"] - out.get("wait_output", 0.0)
     out["step_wall"] = 1e3 * wall / steps
-    return out
+    out_cpu = {name: 1e3 * t / steps for name, t in cpu.items()}
+    out_cpu["host"] = sum(out_cpu.get(p, 0.0) for p in HOST_PHASES)
+    return out, out_cpu
 
 
 def kernel_profile(engine, steps: int, out: Path) -> tuple[str, dict[str, float]]:  # type: ignore[no-untyped-def]
@@ -216,15 +234,17 @@ def main(argv: list[str] | None = None) -> dict:
     say(f"prefill: {prefill['tokens']} prompt tokens in {prefill['steps']} steps, {prefill['seconds']:.3f} s "
         f"({prefill['tok_per_s']:.0f} tok/s)")
 
-    phases = phase_times(engine, args.steps)
-    say(f"phases, ms per decode step at batch {args.batch} (prompt {args.prompt_len}):")
+    phases, phases_cpu = phase_times(engine, args.steps)
+    say(f"phases, wall ms per decode step at batch {args.batch} (prompt {args.prompt_len}):")
     say("  " + "  ".join(f"{k}={v:.3f}" for k, v in phases.items()))
+    say("phases, CPU ms of the engine thread per decode step:")
+    say("  " + "  ".join(f"{k}={v:.3f}" for k, v in phases_cpu.items()))
     table, kernels = kernel_profile(engine, min(args.steps, 30), args.out)
     say("profiler: " + "  ".join(f"{k}={v:.3f}" for k, v in kernels.items()))
     say(table)
     say(python_profile(engine, args.steps))
     (args.out / "profile.txt").write_text("\n".join(report))
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "prefill": prefill, "phases_ms": phases,
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "prefill": prefill, "phases_ms": phases, "phases_cpu_ms": phases_cpu,
               "profiler": kernels}
     (args.out / "profile.json").write_text(json.dumps(result, indent=2))
     print(f"results written to {args.out}", file=sys.stderr)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from framework.async_output import ModelRunnerOutput
 from framework.output_processor import OutputProcessor
 from framework.request import Request, RequestStatus
@@ -14,7 +16,10 @@ class _Scheduler:
         raise AssertionError("no stop string here")
 
 
-def test_quiet_rows_are_skipped_while_running_and_decoded_once_at_the_end(monkeypatch):
+@pytest.mark.parametrize("told", [False, True], ids=["every-row-looked-at", "told-what-ended"])
+def test_quiet_rows_are_skipped_while_running_and_decoded_once_at_the_end(monkeypatch, told):
+    """Told what ended (as the engine tells it), the processor drops quiet running rows by a set test; not
+    told, it looks at each row's status. The outputs are the same."""
     op = OutputProcessor(ByteTokenizer(), _Scheduler())
     quiet = Request("q", [1], SamplingParams(max_tokens=8))
     stream = Request("s", [1], SamplingParams(max_tokens=8, output_kind="delta"))
@@ -32,10 +37,13 @@ def test_quiet_rows_are_skipped_while_running_and_decoded_once_at_the_end(monkey
     for i, ch in enumerate(text):
         for r in requests:
             r.output_token_ids.append(ord(ch))
+        ended = []
         if i == len(text) - 1:
             for r in requests:
                 r.status = RequestStatus.FINISHED_LENGTH
-        outputs += op.process(ModelRunnerOutput([r.request_id for r in requests], [[ord(ch)]] * 3))
+            ended = requests
+        step = ModelRunnerOutput([r.request_id for r in requests], [[ord(ch)]] * 3)
+        outputs += op.process(step, ended) if told else op.process(step)
     assert seen.count("q") == 2  # its first token (timed) and its end; every step of the others
     assert seen.count("s") == seen.count("l") == len(text)
     finals = {o.request_id: o for o in outputs if o.finished}
@@ -43,3 +51,21 @@ def test_quiet_rows_are_skipped_while_running_and_decoded_once_at_the_end(monkey
     assert finals["q"].metrics.first_token_time is not None
     assert "".join(o.text for o in outputs if o.request_id == "s") == text
     assert not [o for o in outputs if o.request_id == "q" and not o.finished]
+
+
+def test_a_quiet_request_that_ends_is_reported_only_when_listed():
+    """The contract of `finished`: a quiet running request's end is seen through the list (the engine passes
+    what `update_from_output` returned). Negative control: left off the list, its end goes unseen."""
+    op = OutputProcessor(ByteTokenizer(), _Scheduler())
+    quiet = Request("q", [1], SamplingParams(max_tokens=2))
+    quiet.status = RequestStatus.RUNNING
+    op.add_request(quiet)
+    quiet.output_token_ids.append(ord("a"))
+    assert op.process(ModelRunnerOutput(["q"], [[ord("a")]]), []) == []  # first token timed; now skipped
+    quiet.output_token_ids.append(ord("b"))
+    quiet.status = RequestStatus.FINISHED_LENGTH
+    step = ModelRunnerOutput(["q"], [[ord("b")]])
+    assert op.process(step, []) == []  # not listed: not looked at
+    (final,) = op.process(step, [quiet])
+    assert final.finished and final.text == "ab" and final.finish_reason == "length"
+    assert op.process(step, [quiet]) == []  # reported once

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from framework.config import SchedulerConfig
 from framework.kv_cache_manager import KVCacheManager
 from framework.request import Request, RequestStatus
 from framework.sampling_params import SamplingParams
 from framework.scheduler import Scheduler
+from framework.scheduler_output import CachedRequestData
 
 
 def _req(rid: str, n: int, max_tokens: int = 4) -> Request:
@@ -27,7 +30,9 @@ def test_budget_chunks_prefill_and_decodes_first():
     s.update_from_output(out, [[1], []])  # a sampled; b's chunk samples nothing
     out = s.schedule()
     assert out.scheduled_request_ids == ["a", "b"] and out.num_scheduled_tokens == [1, 6]
-    assert [n.request_id for n in out.new_requests] == [] and len(out.cached_requests) == 2
+    assert [n.request_id for n in out.new_requests] == []
+    # Only rows that gained KV blocks are listed: a (block 4 tokens) still fits in its 2 blocks, b grows to 3.
+    assert out.cached_requests == [CachedRequestData("b", [3, 4])]
 
 
 def test_max_num_seqs_limits_running():
@@ -79,3 +84,62 @@ def test_finish_and_abort_free_blocks():
     assert s.abort_request("b").status == RequestStatus.FINISHED_ABORTED
     assert kv.num_free_blocks == kv.num_blocks and s.num_unfinished == 0
     assert s.schedule().finished_request_ids == {"a", "b"}  # the runner frees both slots
+
+
+def test_many_requests_ending_in_one_step_leave_the_rest_in_order():
+    """Rows that end in one `update_from_output` leave `running` in one pass: the others keep their order (the
+    order rows are scheduled in and preemption picks its victim by), every ended slot is released once, and
+    only decode rows that cross into a new block list new blocks."""
+    s, kv = _sched(num_blocks=32, block_size=4, budget=64)
+    lengths = {"r0": 1, "r1": 8, "r2": 1, "r3": 1, "r4": 8, "r5": 1}  # max_tokens: r0, r2, r3, r5 end first
+    for rid, max_tokens in lengths.items():
+        s.add_request(_req(rid, 5, max_tokens=max_tokens))
+    out = s.schedule()
+    finished = s.update_from_output(out, [[9]] * 6)
+    assert [r.request_id for r in finished] == ["r0", "r2", "r3", "r5"]
+    assert all(r.status == RequestStatus.FINISHED_LENGTH for r in finished)
+    assert [r.request_id for r in s.running] == ["r1", "r4"]
+    s.check_invariants()
+    out = s.schedule()
+    assert out.finished_request_ids == {"r0", "r2", "r3", "r5"} and out.scheduled_request_ids == ["r1", "r4"]
+    assert kv.num_free_blocks == kv.num_blocks - 4
+    assert kv.allocate("hog", kv.num_free_blocks * 4) is not None and kv.num_free_blocks == 0
+    for _ in range(3):  # positions 5, 6, 7 fit in the 2 blocks each holds: no new blocks listed
+        assert out.scheduled_request_ids == ["r1", "r4"] and out.cached_requests == []
+        s.update_from_output(out, [[9], [9]])
+        out = s.schedule()
+    # Position 8 needs a 3rd block and none is free: the newest running request (r4) is preempted for r1.
+    assert out.scheduled_request_ids == ["r1"] and [r.request_id for r in s.waiting] == ["r4"]
+    assert out.cached_requests == [CachedRequestData("r1", out.cached_requests[0].new_block_ids)]
+    assert len(out.cached_requests[0].new_block_ids) == 1 and out.finished_request_ids == {"r4"}
+
+
+def test_requests_compare_by_identity():
+    """Two requests with equal fields are different requests (queues find them with `is`)."""
+    a, twin = _req("a", 3), _req("a", 3)
+    assert a != twin and a == a and len({a, twin}) == 2
+
+
+@pytest.mark.parametrize("params, tokens, ends_at, status, stop_token_id", [
+    ({}, [5, 2, 5], 2, "stop", None),  # eos
+    ({"ignore_eos": True}, [5, 2, 5, 5], 4, "length", None),  # eos ignored: max_tokens=4
+    ({"ignore_eos": True, "stop_token_ids": [2]}, [5, 2], 2, "stop", 2),  # eos listed as a stop id still stops
+    ({"stop_token_ids": [7]}, [5, 7], 2, "stop", 7),
+    ({"stop_token_ids": [7], "min_tokens": 3}, [7, 2, 7], 3, "stop", 7),  # stops count from min_tokens on
+    ({"min_tokens": 2}, [2, 2], 2, "stop", None),
+    ({"max_tokens": 50}, [5] * 6, 6, "length", None),  # max_model_len: prompt 10 + 6 outputs = 16
+])
+def test_stop_conditions_per_token(params, tokens, ends_at, status, stop_token_id):
+    """`update_from_output` ends a request at the first token that meets a stop condition, whatever the
+    order: eos (unless ignored), stop_token_ids (reported), both only from min_tokens on, then length."""
+    s, _ = _sched(max_model_len=16)
+    params = {"temperature": 0, "max_tokens": 4, **params}
+    s.add_request(Request("a", list(range(10, 20)), SamplingParams(**params), eos_token_id=2))
+    request = s.requests["a"]
+    for i, token in enumerate(tokens, 1):
+        finished = s.update_from_output(s.schedule(), [[token]])
+        assert (finished == [request]) == (i == ends_at), (i, request.status)
+        if finished:
+            break
+    assert request.status.value == status and request.stop_token_id == stop_token_id
+    assert request.output_token_ids == tokens[:ends_at]
