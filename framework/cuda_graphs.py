@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 
 from framework.attention import AttentionMetadata
-from model_states.interface import GraphBatch
+from framework.graph_batch import GraphBatch
 
 logger = logging.getLogger(__name__)
 

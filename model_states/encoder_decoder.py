@@ -28,7 +28,7 @@ from framework.attention import AttentionMetadata
 from framework.input_batch import InputBatch
 from framework.scheduler_output import NewRequestData
 from model_states.default import DefaultModelState
-from model_states.interface import GraphBatch
+from framework.graph_batch import GraphBatch
 
 CROSS_BLOCK_SIZE = 16  # tokens per block of the cross cache (a power of two, as the attention kernels need)
 

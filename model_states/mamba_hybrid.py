@@ -39,7 +39,7 @@ from framework.kernels.state_snapshots import SnapshotTargets, build_snapshot_ta
 from framework.models.mamba_layer import MambaLayerState, MambaStepInputs
 from framework.prefix_cache import PrefixCacheHooks
 from model_states.default import DefaultModelState
-from model_states.interface import GraphBatch
+from framework.graph_batch import GraphBatch
 from model_states.mamba_snapshots import MambaSnapshotIndex
 
 if TYPE_CHECKING:

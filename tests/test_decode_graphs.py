@@ -28,10 +28,10 @@ import torch
 
 from framework.attention import AttentionMetadata
 from framework.cuda_graphs import DecodeCudaGraphs
+from framework.graph_batch import GraphBatch
 from framework.llm import LLM
 from framework.sampling_params import SamplingParams
 from model_states.default import DefaultModelState
-from model_states.interface import GraphBatch
 
 try:
     from fake_graphs import EagerReplayCapturer

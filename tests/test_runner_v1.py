@@ -17,6 +17,7 @@ from framework import LLM, SamplingParams
 from framework.registry import MODEL_STATES
 from framework.sampling_params import SamplingParams as Params
 from framework.scheduler_output import NewRequestData
+from fake_graphs import EagerReplayCapturer
 from framework.v1 import PersistentBatch
 from model_states.default import DefaultModelState
 
@@ -299,38 +300,7 @@ def test_host_overhead_benchmark_writes_table_json_and_plot(tmp_path: Path, caps
 
 
 # ---- decode graphs, their replay stood in for on the CPU -----------------------------------------------
-class _EagerReplay:
-    """A captured graph stand-in: replay runs the forward on the static buffers of `DecodeCudaGraphs` (what the
-    captured kernels read) and writes the captured output tensor, so `DecodeCudaGraphs.run`'s copies and
-    padding rows are exercised as on a GPU."""
-
-    def __init__(self, graphs, size: int, q: int) -> None:  # type: ignore[no-untyped-def]
-        self.graphs, self.size, self.q = graphs, size, q
-        self.out: torch.Tensor = self._forward()
-        self.replays = 0
-
-    def _forward(self) -> torch.Tensor:
-        g, n = self.graphs, self.size * self.q
-        return g.forward(g.input_ids[:n], g.positions[:n], g.kv_caches, g._metadata(self.size, self.q))
-
-    def replay(self) -> None:
-        self.out.copy_(self._forward())
-        self.replays += 1
-
-
-def _cpu_decode_graphs(runner, monkeypatch, sizes: list[int]):  # type: ignore[no-untyped-def]
-    from framework.cuda_graphs import DecodeCudaGraphs
-
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-    graphs = DecodeCudaGraphs(runner.model, runner.kv_caches, sizes, runner.batch.max_blocks_per_req,
-                              runner.block_size, runner.loaded.max_model_len, runner.device)
-    for size in sizes:
-        replay = _EagerReplay(graphs, size, 1)
-        graphs.graphs[(size, 1)] = (replay, replay.out)
-    return graphs
-
-
-def test_v1_decode_steps_replay_graphs_with_the_eager_tokens(tiny_llm_factory, monkeypatch) -> None:
+def test_v1_decode_steps_replay_graphs_with_the_eager_tokens(tiny_llm_factory) -> None:
     """V1 routes pure decode batches (one token per row) that fit a captured size to `DecodeCudaGraphs.run`,
     padded to that size, and everything else to the eager forward; the tokens are the eager run's."""
     prompts, params = _prompts(7, seed=21), _mixed_params(7, seed=22)
@@ -338,11 +308,12 @@ def test_v1_decode_steps_replay_graphs_with_the_eager_tokens(tiny_llm_factory, m
     eager = tiny_llm_factory(runner="v1", **settings).generate(prompts, params, use_tqdm=False)
     llm = tiny_llm_factory(runner="v1", **settings)
     runner = llm.engine.runner
-    assert runner.cuda_graphs is None  # (no graphs on the CPU: installed by hand below)
-    runner.cuda_graphs = _cpu_decode_graphs(runner, monkeypatch, [2, 4, 8])
+    assert runner.cuda_graphs is None  # (no graphs on the CPU: captured below by running each step again)
+    runner.capture_cuda_graphs(EagerReplayCapturer())
+    assert runner.cuda_graphs is not None and runner.cuda_graphs.sizes == [1, 2, 4, 8]
     replayed = llm.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in replayed] == [o.token_ids for o in eager]
-    replays = {size: graph.replays for (size, _), (graph, _) in runner.cuda_graphs.graphs.items()}
+    replays = {size: graph.num_replays for (size, _), graph in runner.cuda_graphs.graphs.items()}
     assert replays[8] > 0 and replays[2] > 0 and sum(replays.values()) > runner.eager_forwards, replays
 
 

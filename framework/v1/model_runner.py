@@ -8,6 +8,7 @@ captured CUDA graphs for decode batches (`framework.cuda_graphs`) and samples wi
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -16,9 +17,9 @@ import torch
 from framework.async_output import AsyncOutput
 from framework.compat import triton_reasons
 from framework.config import Mrv2Config
-from framework.cuda_graphs import DecodeCudaGraphs
+from framework.cuda_graphs import DecodeCudaGraphs, GraphCapturer
 from framework.engine_setup import LoadedModel
-from framework.plugins import build_model_state
+from framework.plugins import ModelState, build_model_state
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.runner_interface import ModelRunner
 from framework.attention import AttentionMetadata
@@ -30,6 +31,8 @@ from samplers.fused_sampling import sample_fused
 from samplers.sampler import ROW_NONFINITE_LOGITS, ROW_NO_TOKEN_LEFT
 from samplers.states import SamplingParamsState
 
+
+logger = logging.getLogger(__name__)
 
 class _ExecuteState(NamedTuple):
     """What `execute_model` hands to `sample_tokens`."""
@@ -84,15 +87,25 @@ class ModelRunnerV1(ModelRunner):
         self.kv_caches = [torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
                           for _ in range(self.model.num_kv_layers)]
 
-    def capture_cuda_graphs(self) -> None:
-        """Capture decode graphs (`runner.cuda_graphs`, Triton on a GPU); call after the KV cache exists."""
+    def capture_cuda_graphs(self, capturer: Optional[GraphCapturer] = None) -> None:
+        """Capture decode graphs (`runner.cuda_graphs`, Triton on a GPU); call after the KV cache exists.
+        `capturer` replaces CUDA graph capture (CPU tests replay by running the captured step again)."""
         rc = self.config.runner
-        if not (self.triton_on_device and rc.cuda_graphs and self.model_state.decode_cuda_graphs):
-            return  # (a ModelState whose forward reads per-slot extra inputs runs eagerly, as under V2)
+        if not (rc.cuda_graphs and (self.triton_on_device or capturer is not None)):
+            return
+        state = self.model_state
+        reason = state.cuda_graph_unsupported_reason()
+        if reason is None and type(state).prepare_graph_inputs is not ModelState.prepare_graph_inputs:
+            # V1's rows move between steps, and its slots are its own: it feeds no per-slot state to a graph.
+            reason = f"the V1 runner replays no graph with per-slot inputs (model state '{state.name}')"
+        if reason is not None:
+            logger.info("V1 decode runs without CUDA graphs: %s", reason)
+            return
         max_reqs = self.config.scheduler.max_num_seqs
         sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
         self.cuda_graphs = DecodeCudaGraphs(self.model, self.kv_caches, sizes, self.batch.max_blocks_per_req,
-                                            self.block_size, self.loaded.max_model_len, self.device)
+                                            self.block_size, self.loaded.max_model_len, self.device,
+                                            capturer=capturer)
         self.cuda_graphs.capture()
 
     def release_cuda_graphs(self) -> None:
