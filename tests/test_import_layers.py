@@ -7,6 +7,7 @@ those under `if TYPE_CHECKING:` (they never run).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +128,32 @@ def test_the_layer_checks_find_planted_violations(tmp_path):
     graph = import_graph(root, packages, deferred=True)
     assert forbidden_imports(graph, ("framework",), PLUGINS, allowed=PLUGIN_DOOR) == []
     assert reached_upward(graph, ("framework.models",), ("framework.distributed",)) == []
+
+
+ENGINE = ("framework.engine", "framework.model_runner", "framework.v1", "framework.plugins", "framework.models",
+          "framework.distributed.driver", "framework.distributed.worker")
+
+
+def _engine_modules_loaded_by(packages: list[str]) -> dict[str, list[str]]:
+    """Package -> the modules of ENGINE loaded once it (and the packages before it) are imported, in one fresh
+    interpreter."""
+    probe = ("import importlib, json, sys\nloaded = {}\n"
+             f"for p in {packages!r}:\n"
+             "    importlib.import_module(p)\n"
+             f"    loaded[p] = sorted(m for m in sys.modules if any(m == e or m.startswith(e + '.') for e in {ENGINE!r}))\n"
+             "print(json.dumps(loaded))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_package_inits_load_none_of_the_engine():
+    """`import <package>` re-exports its public API without loading the runners, the engine or the models (they
+    load when first used). Control: importing the engine afterwards loads them, so the probe would see them."""
+    packages = ["framework", "model_states", "speculators", "samplers", "framework.distributed", "framework.engine"]
+    loaded = _engine_modules_loaded_by(packages)
+    assert {p: loaded[p] for p in packages[:-1]} == {p: [] for p in packages[:-1]}
+    assert {"framework.engine", "framework.plugins", "framework.model_runner"} <= set(loaded["framework.engine"])
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
