@@ -51,7 +51,7 @@ def test_whisper_graph_replay_equals_eager_and_hf(tmp_path):
     outs, runs = {}, {}
     for graphs in (False, True):
         llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=40, max_num_seqs=4, block_size=16,
-                  num_kv_blocks=5, cuda_graphs=graphs)
+                  num_kv_blocks=5, cuda_graphs=graphs, gpu_memory_utilization=0.3)
         if graphs:
             replays, preempted = record_replays(llm), record_preemptions(llm)
         outs[graphs] = [list(o.token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
