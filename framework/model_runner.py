@@ -35,6 +35,7 @@ from speculators.rejection_sampler import rejection_sample
 
 logger = logging.getLogger(__name__)
 
+
 class _ExecuteState(NamedTuple):
     """What `execute_model` hands to `sample_tokens`."""
 
