@@ -112,7 +112,8 @@ class DecodeCudaGraphs:
         self.forward = forward
         self.graph_inputs = graph_inputs
         self.dummy_slot = dummy_slot
-        self._capturer = capturer
+        self._capturer: GraphCapturer = capturer if capturer is not None else CudaGraphCapturer()
+        self.pool = getattr(self._capturer, "pool", None)  # the CUDA graphs' shared memory pool
         self.kv_caches = kv_caches
         self.sizes = sorted(capture_sizes)
         self.tokens_per_row = tuple(sorted(set(tokens_per_row)))
@@ -161,7 +162,7 @@ class DecodeCudaGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every (size, q), largest first so smaller graphs reuse its memory pool."""
-        capturer = self._capturer if self._capturer is not None else CudaGraphCapturer()
+        capturer = self._capturer
         for q in reversed(self.tokens_per_row):
             self.seq_lens.fill_(q)  # warm-up inputs: every row a valid causal row of q tokens
             for size in reversed(self.sizes):

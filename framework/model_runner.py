@@ -34,6 +34,7 @@ from samplers.structured.state import StructuredOutputsState
 
 logger = logging.getLogger(__name__)
 
+
 class _ExecuteState(NamedTuple):
     """What `execute_model` hands to `sample_tokens`."""
 

@@ -88,7 +88,7 @@ class ModelState(ABC):
     # ---- decode CUDA graphs --------------------------------------------------------------------------------
     # A pure decode step (every row 1 + k tokens, all of them sampled) replays a graph captured once per
     # (padded batch size, tokens per row). Instead of `prepare_inputs`, such a step calls `prepare_graph_step`
-    # eagerly, then replays; the forward inputs inside the graph come from `prepare_graph_inputs`, called once
+    # eagerly, then replays; the forward inputs inside the graph come from `prepare_graph_inputs`, called
     # per graph at capture on the graph's static `GraphBatch`. Per-slot tensors the forward reads or writes
     # must be persistent (allocated once, never reallocated) and have one extra row, `graph_dummy_slot`, for
     # padding rows: nobody else reads or writes it.
@@ -111,7 +111,7 @@ class ModelState(ABC):
 
     def prepare_graph_inputs(self, graph: GraphBatch) -> dict[str, Any]:
         """Extra keyword inputs of the forward inside a captured graph, built from `graph`'s static buffers
-        and the state's persistent per-slot tensors only (called once per graph, warm-up and capture).
+        and the state's persistent per-slot tensors only (called at each graph's capture and its warm-up runs).
 
         Device work queued here is captured and runs again at every replay; host-side logic runs once, so
         it may depend on `graph.num_rows` and `graph.tokens_per_row` but never on a step's data. Anything a

@@ -140,7 +140,7 @@ class MambaHybridModelState(DefaultModelState):
     def prepare_inputs(self, batch: "InputBatch") -> dict[str, Any]:
         """The `mamba` forward input: each layer's state views, and tail buffers when the step has drafts."""
         num_tail = int(batch.num_draft_host.max()) + 1 if batch.num_rows else 1
-        self._tails = None
+        self._tails, self._snapshots_after = None, []  # (none left over from a step that failed)
         if num_tail > 1:
             r = batch.num_rows
             self._tails = (

@@ -97,7 +97,8 @@ def test_static_buffers_and_padding_rows() -> None:
 
 # ---- Mamba hybrid: replay equals eager, step by step -------------------------------------------------------
 
-HYBRID = dict(device="cpu", dtype="float32", seed=0, max_num_seqs=6, max_model_len=64, async_scheduling=True)
+HYBRID = {"device": "cpu", "dtype": "float32", "seed": 0, "max_num_seqs": 6, "max_model_len": 64,
+          "async_scheduling": True}
 SCENARIOS = hybrid_scenarios(block_size=4)
 
 

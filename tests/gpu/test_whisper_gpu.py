@@ -15,29 +15,11 @@ from sync_check import step_without_host_sync
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def test_whisper_greedy_parity_with_hf_on_gpu(tmp_path):
-    import whisper_models as wm
-
-    from framework import LLM, SamplingParams
-
-    hf = wm.save_tiny_whisper(tmp_path, seed=2)
-    audio = [wm.synthetic_audio(s, seed=i) for i, s in enumerate([0.2, 0.5, 0.8, 1.0, 0.3, 0.6])]
-    llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=40, max_num_seqs=4,
-              gpu_memory_utilization=0.3)
-    outs = llm.generate([{"audio": (a, wm.SAMPLING_RATE)} for a in audio], SamplingParams(temperature=0, max_tokens=24),
-                        use_tqdm=False)
-    for a, out in zip(audio, outs):
-        expected = wm.hf_transcribe(hf, wm.hf_features(a), 24)
-        got = list(out.token_ids)
-        if out.finish_reason == "stop" and got and got[-1] == wm.EOS_ID:
-            got = got[:-1]
-        assert got == expected
-
-
-def test_whisper_graph_replay_equals_eager_and_hf(tmp_path):
-    """Decode graphs (the encoder eager, cross K/V read inside the graph) against eager decoding and HF: requests
-    joining and leaving (4 slots, 6 requests of different lengths), padding rows, and a preemption (5 KV blocks;
-    the resumed request is encoded again)."""
+def test_whisper_greedy_parity_with_hf_eager_and_with_graphs(tmp_path):
+    """Greedy tokens equal HF's with the Triton attention path, decoding eagerly and with decode CUDA graphs (the
+    encoder eager, cross K/V read inside the graph), which also equal each other: requests joining and leaving
+    (4 slots, 6 requests of different lengths), padding rows, and a preemption (5 KV blocks; the resumed request
+    is encoded again)."""
     import whisper_models as wm
     from graph_lockstep import record_preemptions, record_replays
 
@@ -51,14 +33,14 @@ def test_whisper_graph_replay_equals_eager_and_hf(tmp_path):
     outs, runs = {}, {}
     for graphs in (False, True):
         llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=40, max_num_seqs=4, block_size=16,
-                  num_kv_blocks=5, cuda_graphs=graphs)
+                  num_kv_blocks=5, cuda_graphs=graphs, gpu_memory_utilization=0.3)
         if graphs:
             replays, preempted = record_replays(llm), record_preemptions(llm)
         outs[graphs] = [list(o.token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
         runs[graphs] = (llm.engine.runner.eager_forwards, llm.engine.runner.model_state.num_encoder_runs)
         del llm
     assert outs[True] == outs[False]
-    for a, n, got in zip(audio, lengths, outs[True]):
+    for a, n, got in zip(audio, lengths, outs[True]):  # HF drops a final end of text, mrv2 reports it
         assert (got[:-1] if got and got[-1] == wm.EOS_ID else got) == wm.hf_transcribe(hf, wm.hf_features(a), n)
     assert any(rows < size for rows, size, _ in replays), "no replay had padding rows"
     assert preempted and runs[True][1] > len(audio)  # a resumed request ran the encoder again
