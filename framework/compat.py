@@ -5,8 +5,9 @@ declared capability that only V1 offers. Today there are two:
 
 - **Triton on CUDA.** On a CUDA device V2 prepares inputs, gathers block tables and samples with Triton
   kernels (its PyTorch references are the CPU path). Without an importable Triton, or on a GPU older than
-  Triton's minimum compute capability, V2 cannot run there; V1 builds inputs with NumPy and samples with
-  PyTorch operations, which run on any CUDA device.
+  Triton's minimum compute capability, V2 cannot run there; V1 builds inputs with NumPy and, without Triton,
+  runs eagerly and samples with PyTorch operations, which run on any CUDA device (with Triton it uses V2's
+  fused sampler and decode graphs: `triton_reasons`).
 - **A ModelState that declares `supports_v2 = False`.** A third-party state whose hooks need V1's
   synchronous step (see `ModelState.supports_v2`) says so, and V2 must not drive it.
 
