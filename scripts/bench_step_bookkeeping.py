@@ -165,7 +165,8 @@ def format_table(rows: list[dict], baseline: list[dict] | None = None) -> str:
 
 
 def plot(rows: list[dict], path: Path, title: str, baseline: list[dict] | None = None) -> None:
-    """Stacked bars of the phases per (workload, size); with a baseline, its bar (hatched) beside each."""
+    """Stacked bars of the phases per (workload, size), divided by the running requests (so that 64 and 1024
+    rows share one scale); with a baseline, its bar (hatched) beside each."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,11 +184,12 @@ def plot(rows: list[dict], path: Path, title: str, baseline: list[dict] | None =
         for pos, row, hatch in bars:
             bottom = 0.0
             for i, phase in enumerate(PHASES):
-                ax.bar(pos, row[phase], width, bottom=bottom, color=colors[i % len(colors)], hatch=hatch,
+                value = row[phase] / row["requests"]
+                ax.bar(pos, value, width, bottom=bottom, color=colors[i % len(colors)], hatch=hatch,
                        edgecolor="white", label=phase if x == 0 and not hatch else None)
-                bottom += row[phase]
+                bottom += value
     ax.set_xticks(range(len(rows)), [f"{r['workload']}\n{r['requests']}" for r in rows])
-    ax.set_ylabel("CPU us per step (median)")
+    ax.set_ylabel("CPU us per step per running request")
     ax.set_xlabel("workload / running requests" + ("  (hatched: before)" if baseline else ""))
     ax.set_title(title)
     ax.legend()
