@@ -44,7 +44,8 @@ class StateSnapshot:
 
 @dataclass(frozen=True)
 class CachedRequestData:
-    """A request that already holds a slot: the KV blocks it gained this step."""
+    """A request that already holds a slot and gained KV blocks this step (never an empty list: a row that
+    stays inside its blocks, most decode rows, has no entry)."""
 
     request_id: str
     new_block_ids: list[int]
@@ -62,7 +63,7 @@ class SchedulerOutput:
     num_scheduled_tokens: list[int]
     num_draft_tokens: list[int]
     new_requests: list[NewRequestData]
-    cached_requests: list[CachedRequestData]
+    cached_requests: list[CachedRequestData]  # only the scheduled requests that gained KV blocks
     finished_request_ids: set[str] = field(default_factory=set)  # finished, aborted or preempted since last step
     # k: drafts per row the speculator proposes after this step, verified by the next (0 = propose nothing).
     num_propose_tokens: int = 0

@@ -32,7 +32,7 @@ def decode_step(rows: int) -> SchedulerOutput:
     new = [NewRequestData("new", list(range(512)), 512, SamplingParams(temperature=0.6, top_p=0.9, seed=1), 1,
                           list(range(32)), 0)]
     ids = [f"req-{i}" for i in range(rows)] + ["new"]
-    cached = [CachedRequestData(f"req-{i}", [1000 + i] if i % 16 == 0 else []) for i in range(rows)]
+    cached = [CachedRequestData(f"req-{i}", [1000 + i]) for i in range(0, rows, 16)]  # only rows gaining blocks
     return SchedulerOutput(ids, [1] * rows + [512], [0] * (rows + 1), new, cached, {"gone"}, 0,
                            list(range(100, 100 + rows)) + [0])
 

@@ -96,7 +96,7 @@ for j in "$@"; do
     # Host-side step work on the H200 machine's CPU: the engine's bookkeeping with a fake runner (scheduler, output
     # processing; ~30 s), then the runners' host overhead with the model stubbed (V2 and V1, 64/256/1024 rows).
     host) job $j-bookkeeping 90 python3 scripts/bench_step_bookkeeping.py --sizes 64 256 1024 --out "$res/$j/bookkeeping" &&
-        job $j-overhead 150 python3 scripts/bench_host_overhead.py --device cuda --sizes 64 256 1024 --steps 20 \
+        job $j-overhead 200 python3 scripts/bench_host_overhead.py --device cuda --sizes 64 256 1024 --steps 20 \
         --out "$res/$j/overhead" ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;
     gpu_tests_spec) job $j 120 python3 -m pytest -q tests/gpu/test_spec_gpu.py ;;
