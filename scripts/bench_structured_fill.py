@@ -5,7 +5,9 @@ each from its own offset, so a step mixes positions inside strings and numbers (
 ones (cheap). Per step it times the host from the start of the fill to the last mask written, for:
 
 - `llguidance LLExecutor`: llguidance's one-call parallel fill (rayon pool, its default size), as mrv2 did before;
-- `filler, N threads`: `samplers.structured.fill.BitmaskFiller` (N worker threads plus the joining thread).
+- `filler, N threads`: `samplers.structured.fill.BitmaskFiller` (N worker threads plus the joining thread), the
+  workers forced to fill every step;
+- `filler, adaptive`: the same with the most threads, as the engine runs it (workers only for dear masks).
 
 Vocabularies: `nano` = the byte tokenizer padded to Qwen3's 151,936 ids (the nano bench); `synthetic` = 151,936
 tokens (the 256 bytes plus random printable strings of 2-8 characters), closer to a real tokenizer: masks inside
@@ -117,8 +119,9 @@ def _executor_fill() -> Callable[[list[llguidance.LLMatcher], torch.Tensor], Non
     return fill
 
 
-def _filler_fill(num_threads: int) -> Callable[[list[llguidance.LLMatcher], torch.Tensor], None]:
-    filler = BitmaskFiller(num_threads)
+def _filler_fill(num_threads: int, adaptive: bool = False) -> Callable[[list[llguidance.LLMatcher], torch.Tensor], None]:
+    # Forced: the workers fill every step (the raw cost of N threads); adaptive: as the engine runs it.
+    filler = BitmaskFiller(num_threads) if adaptive else BitmaskFiller(num_threads, workers_from_mask_s=0)
 
     def fill(matchers: list[llguidance.LLMatcher], mask: torch.Tensor) -> None:
         filler.start([FillJob(m, i, []) for i, m in enumerate(matchers)], mask.data_ptr(), 4 * mask.shape[1])
@@ -132,6 +135,7 @@ def run(vocabs: list[str], threads: list[int], rows: int = 128, steps: int = 120
         tok, build = tokenizer(vocab)
         fills = [("llguidance LLExecutor", _executor_fill())] + [(f"filler, {n} threads", _filler_fill(n))
                                                                  for n in threads]
+        fills.append((f"filler, adaptive ({max(threads)} threads)", _filler_fill(max(threads), adaptive=True)))
         vocab_steps = steps if vocab == "nano" else max(1, steps // 2)  # synthetic masks cost ~10x more
         for name, fill in fills:
             wall, cpu = time_fill(tok, fill, rows, vocab_steps)

@@ -56,7 +56,8 @@ def test_threaded_fill_matches_one_matcher_at_a_time(num_threads: int) -> None:
         expected += [_reference(backend, grammar, TEXT[:off + j]) for j in range(len(drafts) + 1)]
         row += len(drafts) + 1
     mask = torch.zeros(row + 2, words, dtype=torch.int32)  # two spare rows: nothing writes them
-    filler = BitmaskFiller(num_threads)
+    filler = BitmaskFiller(num_threads, workers_from_mask_s=0)  # the workers fill, however cheap the masks
+    assert filler.uses_workers == (num_threads > 0)
     for _ in range(2):  # twice: the second fill sees the matchers rolled back from the drafts
         mask.zero_()
         filler.start(jobs, mask.data_ptr(), 4 * words)
@@ -71,13 +72,32 @@ def test_fill_error_reaches_join_and_the_filler_recovers() -> None:
     _, _, matchers, _ = _matchers(9)
     words = bitmask_words(VOCAB)
     mask = torch.zeros(9, words, dtype=torch.int32)
-    filler = BitmaskFiller(2)
+    filler = BitmaskFiller(2, workers_from_mask_s=0)
     filler.start([FillJob(m, i, []) for i, m in enumerate(matchers)], mask.data_ptr(), 4 * words + 4)
     with pytest.raises(ValueError, match="Invalid buffer size"):
         filler.join()
     filler.start([FillJob(m, i, []) for i, m in enumerate(matchers)], mask.data_ptr(), 4 * words)
     filler.join()
     assert mask.any(dim=1).all()  # every row written
+
+
+def test_workers_take_a_step_only_once_masks_are_measured_dear() -> None:
+    """The first step is filled by the joining thread (its cost is measured there); the workers take the next
+    steps only while the running cost per mask reaches the threshold: a threshold below any mask's cost hands
+    the second step to them, one above every mask's cost never does."""
+    _, _, matchers, _ = _matchers(8)
+    words = bitmask_words(VOCAB)
+    mask = torch.zeros(8, words, dtype=torch.int32)
+    jobs = [FillJob(m, i, []) for i, m in enumerate(matchers)]
+    for threshold, expect_workers in ((1e-12, True), (10.0, False)):
+        filler = BitmaskFiller(2, workers_from_mask_s=threshold)
+        assert not filler.uses_workers and filler.mask_cost_s is None  # nothing measured yet
+        for _ in range(3):
+            filler.start(jobs, mask.data_ptr(), 4 * words)
+            filler.join()
+            assert filler.mask_cost_s is not None and filler.mask_cost_s > 0
+            assert filler.uses_workers == expect_workers
+    assert not BitmaskFiller(0, workers_from_mask_s=0).uses_workers  # no workers to use
 
 
 def test_negative_fill_threads_refused() -> None:

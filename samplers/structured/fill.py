@@ -1,8 +1,14 @@
 """Grammar bitmask rows filled on a small pool of host threads, while the main thread queues the step.
 
 llguidance computes one matcher's mask in native code without the GIL (`LLMatcher.unsafe_compute_mask_ptr`),
-so a few threads fill rows at once. `start` hands the rows to the workers and returns; `join` (called just
+so a few threads can fill rows at once. `start` hands the rows to the workers and returns; `join` (called just
 before the sampler needs the masks) lets the main thread fill whatever is left and waits for the rest.
+
+Workers pay only for masks that are dear. Each row a worker fills costs it a GIL hand-off with a main thread
+that is busy queueing the step; on the H200 host, with the nano bench's cheap masks (~6 us each), 8 workers
+took 3.3 ms per 128 masks against 1.4 ms for the joining thread alone, while masks of ~0.5 ms each (a large
+vocabulary with many live tokens) went 4.5x faster on 8 workers. So the filler measures the native time per
+mask as it fills and hands a step to the workers only while that is at least `workers_from_mask_s`.
 
 Why not llguidance's own `LLExecutor` (one call for all rows, on a rayon pool): measured on the dev CPU at the
 nano geometry (128 masks per step), it took 1.0-1.1 ms per step against 0.5 ms for the same masks one matcher
@@ -22,6 +28,8 @@ from typing import NamedTuple, Optional, Sequence
 import llguidance
 
 ROWS_PER_CHUNK = 4  # rows a thread takes at a time: few enough that the threads share the work evenly
+WORKERS_FROM_MASK_S = 50e-6  # native seconds per mask from which workers beat the joining thread (see above)
+MASK_COST_SMOOTHING = 0.25  # weight of the newest step in the running per-mask cost
 
 
 class FillJob(NamedTuple):
@@ -55,29 +63,36 @@ class _Task:
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
         self.first_take = self.last_write = 0.0
+        self.native_s, self.num_masks = 0.0, 0  # time inside llguidance's mask calls, summed over the threads
         if num_workers == 0:
             self.done.set()
 
     def run_chunks(self) -> None:
         """Fill chunks until none is left (any thread)."""
         jobs, base, nbytes = self.jobs, self.base_ptr, self.row_bytes
+        clock, native, masks = time.perf_counter, 0.0, 0
         try:
             for first in self.chunks:
                 if not self.first_take:  # the first thread here (a benign race: any of them is close enough)
-                    self.first_take = time.perf_counter()
+                    self.first_take = clock()
                 for job in jobs[first:first + ROWS_PER_CHUNK]:
                     ptr = base + job.mask_row * nbytes
+                    t0 = clock()
                     if job.drafts:
                         job.matcher.unsafe_compute_mask_ptr_with_draft_token(ptr, nbytes, job.drafts)
                     else:
                         job.matcher.unsafe_compute_mask_ptr(ptr, nbytes)
+                    native += clock() - t0
+                    masks += 1 + len(job.drafts)
         except BaseException as err:  # handed to the joining thread
             self.error = err
             for _ in self.chunks:  # the others stop at their next chunk
                 pass
-        now = time.perf_counter()
+        now = clock()
         with self.lock:
             self.last_write = max(self.last_write, now)
+            self.native_s += native
+            self.num_masks += masks
 
     def worker_finished(self) -> None:
         with self.lock:
@@ -96,14 +111,29 @@ def _worker(tasks: "queue.SimpleQueue[Optional[_Task]]") -> None:
 
 
 class BitmaskFiller:
-    """`num_threads` workers (0: the rows are filled by the thread that joins). One task in flight at a time."""
+    """Up to `num_threads` workers (0: the rows are filled by the thread that joins). One task in flight at a time.
 
-    def __init__(self, num_threads: int) -> None:
+    A step goes to the workers only once the running native cost per mask (`mask_cost_s`, measured on whichever
+    thread filled) is at least `workers_from_mask_s`; until then, and for cheap masks, the joining thread fills.
+    """
+
+    def __init__(self, num_threads: int, workers_from_mask_s: float = WORKERS_FROM_MASK_S) -> None:
         if num_threads < 0:
             raise ValueError(f"sampler.structured_outputs_fill_threads must be >= 0, got {num_threads}")
         self.num_threads = num_threads
+        self.workers_from_mask_s = workers_from_mask_s
+        self.mask_cost_s: Optional[float] = None  # running native seconds per mask; None before the first fill
         self._task: Optional[_Task] = None
         self._start_workers()
+
+    @property
+    def uses_workers(self) -> bool:
+        """Whether the next step's rows go to the workers."""
+        if self.num_threads == 0:
+            return False
+        if self.workers_from_mask_s <= 0:
+            return True
+        return self.mask_cost_s is not None and self.mask_cost_s >= self.workers_from_mask_s
 
     def _start_workers(self) -> None:
         self._pid = os.getpid()
@@ -119,8 +149,9 @@ class BitmaskFiller:
         self.join()  # never two in flight (a step that failed between start and join)
         if os.getpid() != self._pid:  # a forked child has none of the parent's threads
             self._start_workers()
-        self._task = task = _Task(jobs, base_ptr, row_bytes, self.num_threads)
-        for _ in range(self.num_threads):
+        workers = self.num_threads if self.uses_workers else 0
+        self._task = task = _Task(jobs, base_ptr, row_bytes, workers)
+        for _ in range(workers):
             self._tasks.put(task)
 
     @property
@@ -138,6 +169,10 @@ class BitmaskFiller:
         if task.error is not None:
             raise task.error
         end = time.perf_counter()
+        if task.num_masks:
+            cost = task.native_s / task.num_masks
+            last = self.mask_cost_s
+            self.mask_cost_s = cost if last is None else last + MASK_COST_SMOOTHING * (cost - last)
         first = task.first_take or joined  # no rows at all: nothing was filled
         return FillTiming(max(task.last_write - first, 0.0), end - joined)
 
