@@ -133,6 +133,9 @@ def _run(llm: LLM, timers: _Timers, prompts: list[list[int]], lens: list[int], c
             "fill_p50_ms": fill_p50, "fill_exposed_p50_ms": exposed_p50,
             "fill_hidden_fraction": 1 - exposed_p50 / fill_p50 if fill_p50 else 0.0,
             "fill_steps": len(timers.state.fill_timings or []),
+            # the filler's running CPU cost per mask at the end, and whether it was handing steps to its workers
+            "mask_cost_us": 1e6 * (state._filler.mask_cost_s or 0.0) if state._filler is not None else 0.0,
+            "fill_on_workers": bool(state._filler is not None and state._filler.uses_workers),
             "prepare_ms_per_step": 1e3 * timers.prepare / max(steps, 1),
             "advance_ms_per_step": 1e3 * timers.advance / max(steps, 1),
             "refused_tokens": state.num_refused - refused_before, "outputs_short_of_max_tokens": short}

@@ -25,10 +25,10 @@ job() {  # name, limit (s), command...
 # and skip, GPU test files no piece ran, commit and date) for docs/benchmarks.md. A new tests/gpu file joins a piece.
 GPU_PIECES=(
   "kernels 60 test_attention_gpu.py test_layer_ops_gpu.py test_random_weights_gpu.py"
-  "sampler 90 test_sampler_fused_gpu.py test_sampler_gpu.py"
+  "sampler 70 test_sampler_fused_gpu.py test_sampler_gpu.py"
   "spec 80 test_spec_gpu.py test_draft_heads_gpu.py"
   "engine 80 test_gpu_engine.py test_prefix_caching_gpu.py"
-  "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py"
+  "hybrid_whisper 110 test_whisper_gpu.py test_mamba_gpu.py"
   "parallel 50 test_parallel_gpu.py"
   "structured 40 test_structured_gpu.py"
   "moe 90 test_fused_moe_gpu.py"
@@ -64,8 +64,13 @@ for j in "$@"; do
     serve) job $j 420 python3 -m framework.cli bench experiment=serve_nano bench.output_dir="$res/serve" ;;
     nano) job $j 330 python3 -m framework.cli bench experiment=nano bench.output_dir="$res/nano" ;;
     # The V1 runner on the same requests (decode graphs, fused sampler; docs/runners.md): target >= 13,500 out tok/s.
-    v1_nano) job $j 300 python3 -m framework.cli bench experiment=nano runner=v1 bench.baselines=[] \
-        bench.decode_idle_batch=0 bench.output_dir="$res/v1_nano" ;;
+    # Runner pairs and repeats without the HF baseline: give each run its own suffix (v2_nano-a v1_nano-a ...).
+    v1_nano*) job $j 300 python3 -m framework.cli bench experiment=nano runner=v1 bench.baselines=[] \
+        bench.decode_idle_batch=0 bench.output_dir="$res/$j" ;;
+    v2_nano*) job $j 300 python3 -m framework.cli bench experiment=nano bench.baselines=[] \
+        bench.decode_idle_batch=0 bench.output_dir="$res/$j" ;;
+    hybrid_fast*) job $j 110 python3 -m framework.cli bench experiment=hybrid bench.baselines=[] bench.output_dir="$res/$j" ;;
+    whisper_fast*) job $j 90 python3 scripts/bench_whisper.py --geometry base --out "$res/$j" ;;
     gpu_tests_engine) job $j 200 python3 -m pytest -q tests/gpu/test_sampler_gpu.py tests/gpu/test_gpu_engine.py \
         tests/gpu/test_draft_heads_gpu.py ;;
     sampler) job $j 80 python3 scripts/bench_sampler.py "$res/sampler" ;;

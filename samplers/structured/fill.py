@@ -7,7 +7,7 @@ before the sampler needs the masks) lets the main thread fill whatever is left a
 Workers pay only for masks that are dear. Each row a worker fills costs it a GIL hand-off with a main thread
 that is busy queueing the step; on the H200 host, with the nano bench's cheap masks (~6 us each), 8 workers
 took 3.3 ms per 128 masks against 1.4 ms for the joining thread alone, while masks of ~0.5 ms each (a large
-vocabulary with many live tokens) went 4.5x faster on 8 workers. So the filler measures the native time per
+vocabulary with many live tokens) went 4.5x faster on 8 workers. So the filler measures the CPU time per
 mask as it fills and hands a step to the workers only while that is at least `workers_from_mask_s`.
 
 Why not llguidance's own `LLExecutor` (one call for all rows, on a rayon pool): measured on the dev CPU at the
@@ -70,19 +70,21 @@ class _Task:
     def run_chunks(self) -> None:
         """Fill chunks until none is left (any thread)."""
         jobs, base, nbytes = self.jobs, self.base_ptr, self.row_bytes
-        clock, native, masks = time.perf_counter, 0.0, 0
+        # The mask cost is this thread's CPU time around each call: wall time would also count the wait for the
+        # GIL on the way back from the call, which grows with the very workers the cost decides on.
+        clock, cpu, native, masks = time.perf_counter, time.thread_time, 0.0, 0
         try:
             for first in self.chunks:
                 if not self.first_take:  # the first thread here (a benign race: any of them is close enough)
                     self.first_take = clock()
                 for job in jobs[first:first + ROWS_PER_CHUNK]:
                     ptr = base + job.mask_row * nbytes
-                    t0 = clock()
+                    t0 = cpu()
                     if job.drafts:
                         job.matcher.unsafe_compute_mask_ptr_with_draft_token(ptr, nbytes, job.drafts)
                     else:
                         job.matcher.unsafe_compute_mask_ptr(ptr, nbytes)
-                    native += clock() - t0
+                    native += cpu() - t0
                     masks += 1 + len(job.drafts)
         except BaseException as err:  # handed to the joining thread
             self.error = err
@@ -113,7 +115,7 @@ def _worker(tasks: "queue.SimpleQueue[Optional[_Task]]") -> None:
 class BitmaskFiller:
     """Up to `num_threads` workers (0: the rows are filled by the thread that joins). One task in flight at a time.
 
-    A step goes to the workers only once the running native cost per mask (`mask_cost_s`, measured on whichever
+    A step goes to the workers only once the running native cost per mask (`mask_cost_s`, CPU time of whichever
     thread filled) is at least `workers_from_mask_s`; until then, and for cheap masks, the joining thread fills.
     """
 
