@@ -85,6 +85,12 @@ class CudaGraphCapturer:
         torch.cuda.synchronize()
 
 
+def capture_sizes(configured: "list[int] | tuple[int, ...]", max_reqs: int) -> list[int]:
+    """The batch sizes to capture: the configured ones up to `max_reqs`, plus `max_reqs` itself (up to 512) so a
+    full batch replays too."""
+    return sorted({s for s in configured if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
+
+
 def _first_rows(out: Any, r: int) -> Any:
     """The first r rows of every tensor of a captured output (a tensor or nested tuples of tensors)."""
     if isinstance(out, torch.Tensor):

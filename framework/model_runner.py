@@ -15,7 +15,7 @@ from framework.async_output import AsyncOutput
 from framework.attention import AttentionMetadata
 from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
-from framework.cuda_graphs import DecodeCudaGraphs, GraphCapturer
+from framework.cuda_graphs import DecodeCudaGraphs, GraphCapturer, capture_sizes
 from framework.engine_setup import LoadedModel
 from framework.input_batch import InputBatch, build_input_batch
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
@@ -132,7 +132,7 @@ class ModelRunnerV2(ModelRunner):
             logger.info("decode runs without CUDA graphs: %s", reason)
             return
         max_reqs = self.config.scheduler.max_num_seqs
-        sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
+        sizes = capture_sizes(rc.cuda_graph_sizes, max_reqs)
         state = self.model_state
         # A state without graph inputs reads no slot in the forward: the graphs need no idx_mapping then.
         with_inputs = type(state).prepare_graph_inputs is not ModelState.prepare_graph_inputs
@@ -147,20 +147,6 @@ class ModelRunnerV2(ModelRunner):
         if self.speculator is not None and capturer is None:  # a draft model's own graphs (EAGLE / MTP draft steps)
             self.speculator.capture_cuda_graphs(sizes, self.config.cache.block_size,
                                                 self.block_tables.max_blocks_per_req)
-
-    def release_cuda_graphs(self) -> None:
-        """Drop the decode graphs and wait for the device: under tensor parallelism they hold captured NCCL
-        collectives, and a communicator is only torn down once no graph refers to it."""
-        self.cuda_graphs = None
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def shutdown(self) -> None:
-        """Free the device memory this runner holds beyond the weights (graphs, KV caches); unusable after."""
-        self.release_cuda_graphs()
-        self.kv_caches = []
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
     def _graph_tokens_per_row(self) -> tuple[int, ...]:
         """1 + every k the scheduler may ask to verify: all of 0..K with dynamic-k, else 0 and K."""

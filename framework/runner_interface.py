@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -14,6 +14,7 @@ from framework.scheduler_output import NewRequestData, SchedulerOutput
 
 if TYPE_CHECKING:
     from framework.config import Mrv2Config
+    from framework.cuda_graphs import DecodeCudaGraphs
     from framework.engine_setup import LoadedModel
     from framework.plugins import ModelState
 
@@ -31,6 +32,7 @@ class ModelRunner(ABC):
     loaded: "LoadedModel"
     device: torch.device
     kv_caches: list[torch.Tensor]
+    cuda_graphs: "Optional[DecodeCudaGraphs]"  # the captured decode graphs, None until (or without) capture
     num_draft_kv_layers: int = 0  # paged KV layers a speculator's draft model adds to the target's
     # What the model state keeps for cached blocks (state snapshots), for the engine's KV cache manager. Set by
     # the runner (no class default, so a parallel driver's lookup reaches its local runner's).
@@ -102,6 +104,20 @@ class ModelRunner(ABC):
 
     def capture_cuda_graphs(self) -> None:
         """Capture CUDA graphs once the KV cache exists (runners without graphs do nothing)."""
+
+    def release_cuda_graphs(self) -> None:
+        """Drop the decode graphs (`self.cuda_graphs`) and wait for the device: under tensor parallelism they hold
+        captured NCCL collectives, and a communicator is only torn down once no graph refers to it."""
+        self.cuda_graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def shutdown(self) -> None:
+        """Free the device memory this runner holds beyond the weights (graphs, KV caches); unusable after."""
+        self.release_cuda_graphs()
+        self.kv_caches = []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     @abstractmethod
     def execute_model(self, output: SchedulerOutput) -> None: ...

@@ -17,7 +17,7 @@ import torch
 from framework.async_output import AsyncOutput
 from framework.compat import triton_reasons
 from framework.config import Mrv2Config
-from framework.cuda_graphs import DecodeCudaGraphs, GraphCapturer
+from framework.cuda_graphs import DecodeCudaGraphs, GraphCapturer, capture_sizes
 from framework.engine_setup import LoadedModel
 from framework.plugins import ModelState, build_model_state
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
@@ -102,24 +102,11 @@ class ModelRunnerV1(ModelRunner):
             logger.info("V1 decode runs without CUDA graphs: %s", reason)
             return
         max_reqs = self.config.scheduler.max_num_seqs
-        sizes = sorted({s for s in rc.cuda_graph_sizes if s <= max_reqs} | ({max_reqs} if max_reqs <= 512 else set()))
+        sizes = capture_sizes(rc.cuda_graph_sizes, max_reqs)
         self.cuda_graphs = DecodeCudaGraphs(self.model, self.kv_caches, sizes, self.batch.max_blocks_per_req,
                                             self.block_size, self.loaded.max_model_len, self.device,
                                             capturer=capturer)
         self.cuda_graphs.capture()
-
-    def release_cuda_graphs(self) -> None:
-        """Drop the decode graphs and wait for the device."""
-        self.cuda_graphs = None
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def shutdown(self) -> None:
-        """Free the device memory this runner holds beyond the weights (graphs, KV caches); unusable after."""
-        self.release_cuda_graphs()
-        self.kv_caches = []
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
     # ---- execute_model ---------------------------------------------------------------------------------
     @torch.inference_mode()
