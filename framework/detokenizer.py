@@ -8,7 +8,7 @@ of the tokens before it, and text is released only once it no longer ends in an 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -31,8 +31,11 @@ class IncrementalDetokenizer:
     always did, not as a continuation of the prompt).
     """
 
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
-        self._decode = make_decode(tokenizer, skip_special_tokens)
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True,
+                 decode: Optional[Callable[[Sequence[int]], str]] = None) -> None:
+        """`decode`: `make_decode(tokenizer, skip_special_tokens)` made once for many requests (it inspects the
+        tokenizer's signature, the dearest part of a new detokenizer); made here if not given."""
+        self._decode = decode if decode is not None else make_decode(tokenizer, skip_special_tokens)
         self._tokens: list[int] = []
         self._prefix_offset = 0  # window start
         self._read_offset = 0  # tokens before this are already in `text`

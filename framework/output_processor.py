@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from framework.async_output import LogprobsLists, ModelRunnerOutput
-from framework.detokenizer import IncrementalDetokenizer, find_stop_string
+from framework.detokenizer import IncrementalDetokenizer, find_stop_string, make_decode
 from framework.pooling_params import PoolingRequestOutput
 from framework.request import (Logprob, PromptLogprobs, Request, RequestMetrics, RequestOutput, RequestStatus,
                                SampleLogprobs)
@@ -51,12 +51,18 @@ class OutputProcessor:
         # Quiet requests whose first token is timed and that had not ended when last looked at: `process` skips
         # their rows while it is told what ended.
         self._quiet_running: set[str] = set()
+        # `make_decode` per skip_special_tokens value, made once: it inspects the tokenizer's decode signature.
+        self._decoders: dict[bool, Callable[[Sequence[int]], str]] = {}
 
     def add_request(self, request: Request) -> None:
         params = request.sampling_params
         detok = None
         if params.detokenize and self.tokenizer is not None:
-            detok = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
+            skip = params.skip_special_tokens
+            decode = self._decoders.get(skip)
+            if decode is None:
+                decode = self._decoders[skip] = make_decode(self.tokenizer, skip)
+            detok = IncrementalDetokenizer(self.tokenizer, skip, decode)
         prompt_lp = None
         if params.prompt_logprobs is not None:
             prompt_lp = [None] * request.num_prompt_tokens
