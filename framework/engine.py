@@ -206,14 +206,14 @@ class EngineCore:
                                       "(this model has no tokenizer.json)")
         prepared = params.clone()
         prepared.resolve_bad_words(self.tokenizer.encode if self.tokenizer is not None else None)
-        id_lists = {
-            "stop_token_ids": params.stop_token_ids,
-            "logit_bias": list((params.logit_bias or {}).keys()),
-            "allowed_token_ids": params.allowed_token_ids or [],
-            "bad_words": [t for word in prepared.bad_words_token_ids for t in word],
-        }
-        for name, ids in id_lists.items():
-            bad = first_out_of_vocab(ids, vocab)
+        id_lists = (
+            ("stop_token_ids", prepared.stop_token_ids),
+            ("logit_bias", list(prepared.logit_bias or ())),
+            ("allowed_token_ids", prepared.allowed_token_ids or ()),
+            ("bad_words", [t for word in prepared.bad_words_token_ids for t in word]),
+        )
+        for name, ids in id_lists:
+            bad = first_out_of_vocab(ids, vocab) if ids else None
             if bad is not None:
                 raise InvalidRequestError(
                     f"request '{request_id}': SamplingParams.{name} has token id {bad}, outside the vocabulary "
