@@ -8,21 +8,12 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from framework.config import SchedulerConfig
 from framework.kv_cache_manager import KVCacheManager
 from framework.request import Request, RequestStatus
-from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput, StateSnapshot
+from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from framework.scheduler_prefix import admit_cache_hit, cache_hit, take_snapshots
 from framework.scheduler_rows import StepRows
 
 if TYPE_CHECKING:
     from framework.plugins import DraftLengthPolicy, SpecDecodeMetrics
-
-
-def may_read_prefix_cache(request: Request) -> bool:
-    """False for requests that need every prompt position computed: prompt logprobs score each prompt token
-    from the hidden state before it, and mean / CLS pooling read the hidden states of every / the first prompt
-    token. They still publish their blocks for others."""
-    if request.sampling_params.prompt_logprobs is not None:
-        return False
-    pooling = request.pooling_params
-    return pooling is None or pooling.pooling_type in (None, "last")
 
 
 class Scheduler:
@@ -136,10 +127,33 @@ class Scheduler:
         """This step's rows. One pass over the running requests, then one over the admitted ones: each row's
         counters advance as it is scheduled (nothing re-walks the batch), and a decode row that stays inside
         its last block costs no allocation beyond its entries in the per-row lists."""
-        budget = self.config.max_num_batched_tokens
         step = StepRows()
+        self.kv_cache.hooks.on_schedule()
+        # 1. Running requests, in arrival order; the newest are preempted when the KV cache cannot grow.
+        budget, preempted = self._schedule_running(step, self.config.max_num_batched_tokens)
+        # 2. Waiting requests, while budget, slots and blocks allow; never in a step that preempted.
+        if not preempted:
+            self._admit_waiting(step, budget)
+        # 3. Speculative decoding: the drafts proposed after this step for every row that samples.
+        num_propose = self._propose_drafts(step)
+        # 4. The step's output, with the slots the runner must free.
+        released, self._released_ids = self._released_ids, set()
+        return SchedulerOutput(
+            scheduled_request_ids=step.ids,
+            num_scheduled_tokens=step.num_scheduled,
+            num_draft_tokens=step.drafts,
+            new_requests=step.new,
+            cached_requests=step.cached,
+            finished_request_ids=released,
+            num_propose_tokens=num_propose,
+            num_computed_tokens=step.computed_before,
+            state_snapshots=step.snapshots,
+        )
+
+    def _schedule_running(self, step: StepRows, budget: int) -> tuple[int, bool]:
+        """Schedule what each running request still needs, within `budget` tokens; returns the budget left and
+        whether a request was preempted."""
         kv = self.kv_cache
-        kv.hooks.on_schedule()
         takes_snapshots = kv.hooks.takes_snapshots
         max_model_len, lookahead = self.max_model_len, self.draft_kv_lookahead
         preempted = False
@@ -183,7 +197,7 @@ class Scheduler:
             if publishes:
                 offered = kv.cache_blocks(request, end if end < num_tokens else num_tokens)
                 if takes_snapshots and offered:
-                    self._take_snapshots(len(ids), computed, n - num_draft, offered, step.snapshots)
+                    take_snapshots(kv, len(ids), computed, n - num_draft, offered, step.snapshots)
             # StepRows.add, spelled out
             ids.append(request.request_id)
             num_scheduled.append(n)
@@ -196,17 +210,21 @@ class Scheduler:
                 sampling.append(request)
             budget -= n
             i += 1
+        return budget, preempted
 
+    def _admit_waiting(self, step: StepRows, budget: int) -> None:
+        """Admit waiting requests in order (each from its prefix-cache hit) while budget, slots and blocks allow."""
+        kv = self.kv_cache
         encoder_budget = self.config.max_num_encoder_tokens or self.config.max_num_batched_tokens
         encoder_scheduled = 0
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             # The encoder runs in the step that admits the request (first or resumed): bound its work per step,
             # but always admit one, so a request larger than the budget still runs.
             num_encoder = request.encoder_input.num_encoder_tokens if request.encoder_input is not None else 0
             if encoder_scheduled and encoder_scheduled + num_encoder > encoder_budget:
                 break
-            hit_blocks = self._cache_hit(request)  # leading blocks served from the prefix cache
+            hit_blocks = cache_hit(kv, request)  # leading blocks served from the prefix cache
             num_hit = len(hit_blocks) * kv.block_size
             # read now: assigning this step's snapshots may evict it (the runner restores before it overwrites)
             restore = kv.hooks.snapshot_slot(hit_blocks[-1]) if hit_blocks else None
@@ -215,8 +233,8 @@ class Scheduler:
             if kv.allocate(request.request_id, self._with_lookahead(num_hit + n, samples), hit_blocks) is None:
                 break
             encoder_scheduled += num_encoder
-            offered = self._admit_cache_hit(request, num_hit, n)
-            self._take_snapshots(len(step.ids), num_hit, n, offered, step.snapshots)
+            offered = admit_cache_hit(kv, request, num_hit, n)
+            take_snapshots(kv, len(step.ids), num_hit, n, offered, step.snapshots)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -237,25 +255,16 @@ class Scheduler:
             step.add(request, n, 0, num_hit, samples)
             budget -= n
 
-        # k: drafts the speculator proposes after this step for every row that samples (verified next step).
-        num_propose = 0
-        if self.draft_policy is not None:
-            step.uniform_drafts()
-            num_propose = self.draft_policy.choose([r.request_id for r in self.running])
-            for request in step.sampling:
-                request.num_drafts_ready = num_propose
-        released, self._released_ids = self._released_ids, set()
-        return SchedulerOutput(
-            scheduled_request_ids=step.ids,
-            num_scheduled_tokens=step.num_scheduled,
-            num_draft_tokens=step.drafts,
-            new_requests=step.new,
-            cached_requests=step.cached,
-            finished_request_ids=released,
-            num_propose_tokens=num_propose,
-            num_computed_tokens=step.computed_before,
-            state_snapshots=step.snapshots,
-        )
+    def _propose_drafts(self, step: StepRows) -> int:
+        """k, the drafts the speculator proposes after this step for every row that samples (verified next
+        step); 0 without speculative decoding."""
+        if self.draft_policy is None:
+            return 0
+        step.uniform_drafts()
+        num_propose = self.draft_policy.choose([r.request_id for r in self.running])
+        for request in step.sampling:
+            request.num_drafts_ready = num_propose
+        return num_propose
 
     def _with_lookahead(self, num_tokens: int, samples: bool) -> int:
         """KV positions to allocate for a row computing up to `num_tokens`: plus the draft lookahead if it samples."""
@@ -361,46 +370,3 @@ class Scheduler:
             problems.append("blocks are held by a request that is not running (or has ended)")
         if problems:
             raise AssertionError("scheduler invariant broken: " + "; ".join(problems))
-
-    # ---- prefix caching ------------------------------------------------------------------------------
-    def _cache_hit(self, request: Request) -> list[int]:
-        """Cached blocks a waiting request (new, or preempted: it holds no block) starts with. At most
-        `num_tokens - 1` tokens are hit, so its last token is computed and yields logits; requests that need
-        the hidden state of every prompt token read nothing (`may_read_prefix_cache`)."""
-        if not self.kv_cache.enable_prefix_caching or not may_read_prefix_cache(request):
-            return []
-        return self.kv_cache.find_cached_blocks(request, request.num_tokens - 1)
-
-    def _admit_cache_hit(self, request: Request, num_hit: int, num_scheduled: int) -> list[tuple[int, int]]:
-        """The request was admitted with `num_hit` tokens from the cache: skip them, count the lookup, and
-        publish the blocks it computes this step (returned as `KVCacheManager.cache_blocks` returns them)."""
-        if not self.kv_cache.enable_prefix_caching:
-            return []
-        if may_read_prefix_cache(request):
-            self.kv_cache.record_lookup(request.num_tokens, num_hit)
-        if not request.num_preemptions:
-            request.num_cached_tokens = num_hit
-        request.num_computed_tokens = num_hit
-        return self.kv_cache.cache_blocks(request, num_hit + num_scheduled)
-
-    def _take_snapshots(self, batch_row: int, computed_before: int, num_tokens: int,
-                        offered: list[tuple[int, int]], out: list[StateSnapshot]) -> None:
-        """Ask for a state snapshot at the end of every block just offered to the cache whose end this row
-        reaches this step: after `0..num_tokens` of its tokens (drafts excluded: they may be rejected).
-
-        0 is the state before the step: a block published one step late (async scheduling: its last token was
-        not on the host yet) ends where the previous step left the state. `computed_before` is exact whenever
-        such a boundary is at or after it: it overcounts only while drafts are in flight, and then the
-        published blocks, whose tokens are all on the host, end before it.
-        """
-        hooks = self.kv_cache.hooks
-        if not hooks.takes_snapshots or not offered:
-            return
-        row: list[StateSnapshot] = []
-        for index, block in reversed(offered):  # the longest prefix first: if slots run short, it ends longer hits
-            at = (index + 1) * self.kv_cache.block_size - computed_before
-            if 0 <= at <= num_tokens:
-                slot = hooks.assign_snapshot(block)
-                if slot is not None:
-                    row.append(StateSnapshot(batch_row, at, slot))
-        out.extend(reversed(row))
