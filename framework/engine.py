@@ -27,7 +27,7 @@ from framework.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
 from framework.prefix_cache import PrefixCacheStats
 from framework.request import Request, RequestOutput, RequestStatus
 from framework.runner_interface import ModelRunner
-from framework.sampling_params import InvalidRequestError, SamplingParams, first_invalid_token, first_out_of_vocab
+from framework.sampling_params import InvalidRequestError, SamplingParams, first_invalid_token_index, first_out_of_vocab
 from framework.scheduler import Scheduler
 from framework.scheduler_output import SchedulerOutput
 from framework.v1 import ModelRunnerV1
@@ -191,9 +191,10 @@ class EngineCore:
             )
         vocab = self.loaded.vocab_size
         # bool is an int subclass, but a prompt of True/False is a caller's bug, not token ids 1 and 0.
-        bad = first_invalid_token(prompt_token_ids, vocab)
+        bad = first_invalid_token_index(prompt_token_ids, vocab)
         if bad is not None:
-            raise InvalidRequestError(f"request '{request_id}': token id {bad!r} is outside the vocabulary [0, {vocab})")
+            raise InvalidRequestError(f"request '{request_id}': token id {prompt_token_ids[bad]!r} is outside the "
+                                      f"vocabulary [0, {vocab})")
         max_logprobs = self.config.sampler.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)

@@ -243,14 +243,15 @@ def _valid_bad_word(word: Any) -> bool:
             and all(_is_int(t) and t >= 0 for t in word))
 
 
-def first_invalid_token(ids: Sequence[Any], vocab_size: int) -> Optional[Any]:
-    """The first item of `ids` that is not a token id in [0, vocab_size) (a bool is not one), or None.
+def first_invalid_token_index(ids: Sequence[Any], vocab_size: int) -> Optional[int]:
+    """The index of the first item of `ids` that is not a token id in [0, vocab_size) (a bool or None is not
+    one), or None when every item is one.
 
     Checked at C speed when every item is an int (one pass for the types, one for min, one for max); the item
-    is looked for one by one only when that check fails."""
+    is looked for one by one only when that check fails. An index, not the item: the item may be None."""
     if ids and set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab_size:
         return None
-    return next((t for t in ids if not (_is_int(t) and 0 <= t < vocab_size)), None)
+    return next((i for i, t in enumerate(ids) if not (_is_int(t) and 0 <= t < vocab_size)), None)
 
 
 def first_out_of_vocab(ids: Sequence[int], vocab_size: int) -> Optional[int]:

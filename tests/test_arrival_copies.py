@@ -10,11 +10,12 @@ from dataclasses import fields
 from typing import Any
 
 import numpy as np
+import pytest
 
-from framework import SamplingParams
+from framework import InvalidRequestError, SamplingParams
 from framework.output_processor import OutputProcessor
 from framework.request import Request
-from framework.sampling_params import first_invalid_token
+from framework.sampling_params import first_invalid_token_index
 from framework.structured_outputs import StructuredOutputsParams
 
 
@@ -76,12 +77,13 @@ def test_params_changed_after_add_request_do_not_reach_the_queued_requests(tiny_
 
 
 def _one_by_one(ids: Any, vocab: int) -> Any:
-    return next((t for t in ids if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab)), None)
+    return next((i for i, t in enumerate(ids) if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab)),
+                None)
 
 
-def test_first_invalid_token_equals_the_one_by_one_search():
+def test_first_invalid_token_index_equals_the_one_by_one_search():
     rng = random.Random(0)
-    odd = [True, False, -1, 320, 10 ** 30, 2.0, "3", np.int64(4)]
+    odd = [True, False, None, -1, 320, 10 ** 30, 2.0, "3", np.int64(4)]
     cases: list[Any] = [[], [0], [319], (1, 2, 3), list(range(320))]
     for _ in range(300):
         ids: list[Any] = [rng.randrange(320) for _ in range(rng.randint(1, 12))]
@@ -89,9 +91,16 @@ def test_first_invalid_token_equals_the_one_by_one_search():
             ids.insert(rng.randrange(len(ids) + 1), rng.choice(odd))
         cases.append(ids)
     for ids in cases:
-        found, expected = first_invalid_token(ids, 320), _one_by_one(ids, 320)
-        assert found == expected and type(found) is type(expected), ids
-    assert first_invalid_token([1, True, 2], 320) is True and first_invalid_token([5, 320], 320) == 320
+        assert first_invalid_token_index(ids, 320) == _one_by_one(ids, 320), ids
+    assert first_invalid_token_index([1, True, 2], 320) == 1 and first_invalid_token_index([5, 320], 320) == 1
+
+
+def test_a_prompt_holding_none_is_refused(tiny_llm_factory):
+    """The search used to return the bad item itself, and None looked like "nothing bad": such a prompt was queued."""
+    engine = tiny_llm_factory().engine
+    with pytest.raises(InvalidRequestError, match=r"token id None is outside the vocabulary \[0, 320\)"):
+        engine.add_request("x", [1, None, 3], SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished_requests()
 
 
 class _RecordingTokenizer:
