@@ -12,18 +12,33 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _git(*args: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env=env).stdout.strip()
+
+
 def _commit() -> str:
+    """HEAD, and the hash of the working tree as git would store it (tracked and untracked-not-ignored files).
+
+    A copy of the checkout made for a GPU machine may carry a stale `.git` whose HEAD is not the tree that ran;
+    the tree hash names the tree itself: `git log --format='%h %t' | grep TREE` finds its commit here."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown (no git checkout here)"
+        head = _git("rev-parse", "--short", "HEAD") or "unknown (no git checkout here)"
+        with tempfile.TemporaryDirectory() as tmp:  # a throwaway index: the checkout's own is left alone
+            env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            _git("add", "-A", env=env)
+            tree = _git("write-tree", env=env)[:7]
+        return f"{head} (working tree {tree or 'unknown'})"
     except (OSError, subprocess.SubprocessError):
         return "unknown (no git here)"
 
