@@ -45,13 +45,8 @@ except ImportError:  # tests/ collected as a package
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The tiny models' many tiny ops run faster on one thread of a small shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny models' many tiny ops run faster on one thread of a small shared CPU (conftest's `one_thread`).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---- DecodeCudaGraphs: shapes and padding ------------------------------------------------------------------

@@ -49,13 +49,8 @@ SCENARIOS: dict[str, dict] = {
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The tiny model's many tiny ops run faster on one thread of a small shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny models' many tiny ops run faster on one thread of a small shared CPU (conftest's `one_thread`).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional, Sequence
 import llguidance
 
 ROWS_PER_CHUNK = 4  # rows a thread takes at a time: few enough that the threads share the work evenly
-WORKERS_FROM_MASK_S = 50e-6  # native seconds per mask from which workers beat the joining thread (see above)
+WORKERS_FROM_MASK_S = 50e-6  # CPU seconds per mask from which workers beat the joining thread (see above)
 MASK_COST_SMOOTHING = 0.25  # weight of the newest step in the running per-mask cost
 
 
@@ -63,37 +63,35 @@ class _Task:
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
         self.first_take = self.last_write = 0.0
-        self.native_s, self.num_masks = 0.0, 0  # time inside llguidance's mask calls, summed over the threads
+        self.cpu_s, self.num_masks = 0.0, 0  # CPU time of the threads that filled rows, and the rows' masks
         if num_workers == 0:
             self.done.set()
 
     def run_chunks(self) -> None:
         """Fill chunks until none is left (any thread)."""
         jobs, base, nbytes = self.jobs, self.base_ptr, self.row_bytes
-        # The mask cost is this thread's CPU time around each call: wall time would also count the wait for the
-        # GIL on the way back from the call, which grows with the very workers the cost decides on.
-        clock, cpu, native, masks = time.perf_counter, time.thread_time, 0.0, 0
+        # The mask cost is this thread's CPU time over its rows: wall time would also count its waits for the
+        # GIL, which grow with the very workers the cost decides on (a thread blocked on the GIL uses no CPU).
+        clock, masks, cpu_start = time.perf_counter, 0, time.thread_time()
         try:
             for first in self.chunks:
                 if not self.first_take:  # the first thread here (a benign race: any of them is close enough)
                     self.first_take = clock()
                 for job in jobs[first:first + ROWS_PER_CHUNK]:
                     ptr = base + job.mask_row * nbytes
-                    t0 = cpu()
                     if job.drafts:
                         job.matcher.unsafe_compute_mask_ptr_with_draft_token(ptr, nbytes, job.drafts)
                     else:
                         job.matcher.unsafe_compute_mask_ptr(ptr, nbytes)
-                    native += cpu() - t0
                     masks += 1 + len(job.drafts)
         except BaseException as err:  # handed to the joining thread
             self.error = err
             for _ in self.chunks:  # the others stop at their next chunk
                 pass
-        now = clock()
+        now, cpu = clock(), time.thread_time() - cpu_start
         with self.lock:
             self.last_write = max(self.last_write, now)
-            self.native_s += native
+            self.cpu_s += cpu if masks else 0.0
             self.num_masks += masks
 
     def worker_finished(self) -> None:
@@ -115,7 +113,7 @@ def _worker(tasks: "queue.SimpleQueue[Optional[_Task]]") -> None:
 class BitmaskFiller:
     """Up to `num_threads` workers (0: the rows are filled by the thread that joins). One task in flight at a time.
 
-    A step goes to the workers only once the running native cost per mask (`mask_cost_s`, CPU time of whichever
+    A step goes to the workers only once the running CPU cost per mask (`mask_cost_s`, CPU time of whichever
     thread filled) is at least `workers_from_mask_s`; until then, and for cheap masks, the joining thread fills.
     """
 
@@ -124,7 +122,7 @@ class BitmaskFiller:
             raise ValueError(f"sampler.structured_outputs_fill_threads must be >= 0, got {num_threads}")
         self.num_threads = num_threads
         self.workers_from_mask_s = workers_from_mask_s
-        self.mask_cost_s: Optional[float] = None  # running native seconds per mask; None before the first fill
+        self.mask_cost_s: Optional[float] = None  # running CPU seconds per mask; None before the first fill
         self._task: Optional[_Task] = None
         self._start_workers()
 
@@ -172,7 +170,7 @@ class BitmaskFiller:
             raise task.error
         end = time.perf_counter()
         if task.num_masks:
-            cost = task.native_s / task.num_masks
+            cost = task.cpu_s / task.num_masks
             last = self.mask_cost_s
             self.mask_cost_s = cost if last is None else last + MASK_COST_SMOOTHING * (cost - last)
         first = task.first_take or joined  # no rows at all: nothing was filled
