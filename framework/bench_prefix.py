@@ -21,7 +21,6 @@ import torch
 from framework.bench import BenchResult, Workload, bench_mrv2, format_table, result_dict
 from framework.config import BenchConfig, Mrv2Config
 from framework.llm import LLM
-from framework.sampling_params import SamplingParams
 
 
 def make_prefix_workload(bench: BenchConfig, vocab_size: int) -> Workload:

@@ -236,7 +236,8 @@ class ParallelConfig(_Strict):
     backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto", description="torch.distributed backend of the step's collectives; auto = nccl on GPUs, gloo on CPUs.")
     timeout_s: float = Field(
-        300.0, gt=0.0, description="How long a collective waits for a rank before the run fails (start-up and steps).")
+        300.0, gt=0.0, description="How long a collective waits for a rank before the run fails (start-up, steps and the "
+        "driver's delivery of each command to the other ranks).")
     master_port: Optional[int] = Field(
         None, ge=1, le=65535, description="Port of the rendezvous when mrv2 spawns its ranks; null = a free port.")
 

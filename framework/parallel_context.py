@@ -12,6 +12,7 @@ contexts of a parallel run (launch, the driver, its workers) is `framework.distr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -110,15 +111,26 @@ class ParallelContext:
         dist.broadcast(packed, self.driver_rank, group=self.device_group)
         return packed[:, :-1], packed[:, -1].to(num_accepted.dtype)
 
-    def broadcast_bytes(self, data: Optional[bytes] = None) -> bytes:
+    def broadcast_bytes(self, data: Optional[bytes] = None, timeout: Optional[timedelta] = None) -> bytes:
         """Driver: send `data` to every rank. Others: wait for the driver's bytes and return them.
 
         Two gloo broadcasts (length, then the bytes as uint8): no pickle, so a receiver gets bytes, never objects.
+        `timeout` bounds this call alone (the group's own limit is an idle engine's, days): a gloo send waits
+        for the receiver to post its receive, so a rank that died or hangs would otherwise hold the driver.
         """
         import torch.distributed as dist
 
+        def broadcast(tensor: torch.Tensor) -> None:
+            if timeout is None:
+                dist.broadcast(tensor, src=self.driver_rank, group=self.cpu_group)
+                return
+            opts = dist.BroadcastOptions()
+            opts.rootRank = self.driver_rank  # cpu_group spans every rank in order: group rank = global rank
+            opts.timeout = timeout
+            self.cpu_group.broadcast([tensor], opts).wait()
+
         size = torch.tensor([len(data) if self.is_driver and data is not None else 0], dtype=torch.int64)
-        dist.broadcast(size, src=self.driver_rank, group=self.cpu_group)
+        broadcast(size)
         n = int(size.item())
         if not 0 <= n <= MAX_MESSAGE_BYTES:
             raise ValueError(f"a message of {n} bytes from the driver is out of range (max {MAX_MESSAGE_BYTES})")
@@ -127,7 +139,7 @@ class ParallelContext:
         else:
             buf = torch.empty(n, dtype=torch.uint8)
         if n:
-            dist.broadcast(buf, src=self.driver_rank, group=self.cpu_group)
+            broadcast(buf)
         return (data or b"") if self.is_driver else buf.numpy().tobytes()
 
     def min_over_ranks(self, value: int) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from framework.llm import LLM
 from framework.models.parallel_layers import MissingLayer
@@ -95,6 +94,7 @@ def test_a_dead_rank_fails_requests_with_a_clear_error(qwen3: Path) -> None:
         out = llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)[0]
         assert out.finish_reason == "error"
         assert "a parallel rank is gone" in (out.error or "")
+        assert f"{procs[0].name} exited" in (out.error or ""), "the error should name the rank that left"
     finally:
         llm.shutdown()
 

@@ -121,7 +121,7 @@ def test_lists_follow_rebuilds_steps_and_reuse(monkeypatch, small_programs):
 def _tables(vocab: int, max_seen: int, seed: int) -> tuple[PenaltyTables, torch.Tensor, torch.Tensor]:
     """Slots with random counts and prompts (lists shuffled), a penalty-free slot, drafts of every kind."""
     g = torch.Generator().manual_seed(seed)
-    slots, k = 4, 4
+    slots = 4
     counts = torch.randint(0, 4, (slots, vocab), generator=g, dtype=torch.int32) * (
         torch.rand(slots, vocab, generator=g) < 0.3)
     prompt = torch.rand(slots, vocab, generator=g) < 0.2

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from framework import LLM, SamplingParams
+from framework import SamplingParams
 from framework.registry import MODEL_STATES
 from framework.sampling_params import SamplingParams as Params
 from framework.scheduler_output import NewRequestData

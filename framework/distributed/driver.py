@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -56,16 +57,29 @@ def spawn_workers(config: Mrv2Config, driver_rank: int, port: int) -> list[Any]:
 class _Workers:
     """The spawned worker processes (none under torchrun) and the groups; `close` ends them once."""
 
-    def __init__(self, ctx: ParallelContext, procs: list[Any], cuda_device: Optional[int]) -> None:
+    def __init__(self, ctx: ParallelContext, procs: list[Any], cuda_device: Optional[int],
+                 send_timeout_s: float) -> None:
         self.ctx, self.procs, self.closed = ctx, procs, False
         self.cuda_device = cuda_device  # the caller's current CUDA device, made current again by `close`
+        self.send_timeout = timedelta(seconds=send_timeout_s)  # parallel.timeout_s: one command's delivery
+
+    def send(self, command: Command) -> None:
+        """Deliver `command` to every rank; raises if a spawned rank has exited or the delivery times out.
+
+        The exit check comes first because gloo may not have noticed a dead peer yet: its send then waits for a
+        receive that never comes, up to `send_timeout` (which still bounds a rank that hangs).
+        """
+        gone = [f"{proc.name} exited with code {proc.exitcode}" for proc in self.procs if not proc.is_alive()]
+        if gone:
+            raise ConnectionError(", ".join(gone))
+        self.ctx.broadcast_bytes(encode_command(command), timeout=self.send_timeout)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         try:
-            self.ctx.broadcast_bytes(encode_command(Command("shutdown")))
+            self.send(Command("shutdown"))
         except Exception as err:  # a rank already gone: nothing to tell it
             logger.warning("mrv2: could not tell every rank to shut down: %s", err)
         # Leave the groups before waiting for the workers: NCCL tears a communicator down collectively, so a
@@ -109,7 +123,7 @@ class DriverRunner(ModelRunner):
 
     def _send(self, command: Command) -> None:
         try:
-            self.ctx.broadcast_bytes(encode_command(command))
+            self._workers.send(command)
         except Exception as err:
             raise RuntimeError(f"a parallel rank is gone ({type(err).__name__}: {err}); the parallel engine cannot "
                                "continue: build a new one") from err
@@ -160,7 +174,7 @@ def start_parallel(config: Mrv2Config) -> tuple[LoadedModel, DriverRunner]:
         for proc in procs:
             proc.terminate()
         raise ConfigError(f"parallel start-up failed: the ranks did not meet ({type(err).__name__}: {err})") from None
-    workers = _Workers(ctx, procs, caller_device)
+    workers = _Workers(ctx, procs, caller_device, config.parallel.timeout_s)
     if not ctx.is_driver:  # a torchrun rank: serve until the driver shuts down, then leave
         try:
             _, runner = build_rank(config, ctx, device)
