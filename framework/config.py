@@ -44,6 +44,16 @@ class ModelConfig(_Strict):
         "last", description="How embedding requests pool prompt hidden states unless `PoolingParams.pooling_type` "
         "says: the last token, the mean over tokens, or the first (CLS) token."
     )
+    small_batch_kernels: Literal["auto", "on", "off"] = Field(
+        "off", description="Decode batches of at most `small_batch_max_tokens` tokens (and LM heads of that many "
+        "rows) run fused GEMV kernels (add + RMSNorm + GEMV, GEMV + SiLU*up; docs/kernels.md): `on` wherever "
+        "Triton runs, `auto` on CUDA GPUs of compute capability 9.0 or newer, `off` never. Off by default until "
+        "measured on the H200."
+    )
+    small_batch_max_tokens: int = Field(
+        8, ge=1, le=16, description="Largest token count of a forward (a padded graph batch) that takes the "
+        "small-batch kernels when they are enabled."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":

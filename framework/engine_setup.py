@@ -14,7 +14,7 @@ from framework.config import ConfigError, Mrv2Config
 from framework.parallel_context import ParallelContext
 from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
-from framework.models.llama import fuse_projections
+from framework.models.llama import enable_small_batch, fuse_projections
 from framework.models.loader import (
     build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
 )
@@ -57,6 +57,15 @@ def read_model_config(config: Mrv2Config) -> dict[str, Any]:
     return read_hf_config(source.path) if source.path else preset_config(source.preset or "")
 
 
+def small_batch_max_tokens(config: Mrv2Config, device: torch.device) -> int:
+    """Token count up to which forwards take the small-batch GEMV kernels (0: never); see
+    `model.small_batch_kernels`. `auto` means Hopper or newer, the GPUs the kernels were written for."""
+    mode = config.model.small_batch_kernels
+    if mode == "off" or (mode == "auto" and (device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0))):
+        return 0
+    return config.model.small_batch_max_tokens
+
+
 def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelContext = ParallelContext()) -> LoadedModel:
     """Build the configured model: safetensors weights from `model.path` or a shipped directory (`tiny`),
     else a preset's random weights.
@@ -79,6 +88,9 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         eos = hf_config.get("eos_token_id")
     model.eval()
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
+    small_tokens = small_batch_max_tokens(config, device)
+    if enable_small_batch(model, small_tokens):
+        logger.info("small-batch GEMV kernels for forwards of <= %d tokens", small_tokens)
     # Decoder positions: max_position_embeddings, or an encoder-decoder's max_target_positions (Whisper: 448).
     limit = int(hf_config.get("max_position_embeddings") or hf_config.get("max_target_positions") or 2048)
     max_model_len = mc.max_model_len or limit

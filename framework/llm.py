@@ -48,6 +48,8 @@ _KWARGS = {
     "mamba_snapshot_slots": "cache.mamba_snapshot_slots",
     "task": "task",
     "pooling": "model.pooling",
+    "small_batch_kernels": "model.small_batch_kernels",
+    "small_batch_max_tokens": "model.small_batch_max_tokens",
     "tensor_parallel_size": "parallel.tensor_parallel_size",
     "pipeline_parallel_size": "parallel.pipeline_parallel_size",
     "speculative_config": "speculator",  # a dict of SpeculatorConfig fields, e.g. {"method": "ngram", ...}

@@ -17,6 +17,7 @@ from framework.attention.backend import paged_attention
 from framework.parallel_context import ParallelContext, stage_layers
 from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
 from framework.models.hf_config import DecoderConfig
+from framework.models.small_batch import small_batch_layer, small_batch_logits
 from framework.models.parallel_layers import (
     SINGLE, ColumnParallelLinear, MissingLayer, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
 )
@@ -72,17 +73,28 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         attention: AttentionFn,
     ) -> torch.Tensor:
-        t = x.shape[0]
         if self.qkv_weight is not None:  # merged projection (fuse_projections): one GEMM
             qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
         else:  # separate projections (training, or before fuse_projections)
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        q = qk_norm_rope_store(  # per-head norm (Qwen3), RoPE and the KV store in one kernel
+        return self.o_proj(self.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention))
+
+    def rope_store_attend(
+        self,
+        qkv: torch.Tensor,  # [T, (H + 2 Hkv) * head_dim]: this rank's q, k, v heads
+        cos: torch.Tensor,  # [T, head_dim]
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        attention: AttentionFn,
+    ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
+        """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
+        q = qk_norm_rope_store(
             qkv, cos, sin, self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
             self.q_norm.eps if self.qk_norm else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
             kv_cache, meta.kv_slot_mapping)
         out = attention(q, kv_cache, meta, self.scale)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return out.reshape(qkv.shape[0], self.num_heads * self.head_dim)
 
     def fuse_projections(self) -> None:
         """Serve q/k/v from one [q + k + v, hidden] weight (one GEMM); the three weights become views of it."""
@@ -124,6 +136,22 @@ def _merge_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.
     return weight, bias
 
 
+def enable_small_batch(model: nn.Module, max_tokens: int) -> int:
+    """Run batches of at most `max_tokens` tokens (0: none) through the small-batch GEMV kernels, in every dense
+    `DecoderLayer` and the LM head of `model` (after `fuse_projections`: the path reads the merged weights).
+    Returns how many layers take it (MoE layers and other architectures keep their path)."""
+    layers = 0
+    for module in model.modules():
+        if isinstance(module, DecoderLayer):
+            if max_tokens and (module.self_attn.qkv_weight is None or module.mlp.gate_up_weight is None):
+                raise RuntimeError("enable_small_batch needs fuse_projections first (merged qkv / gate_up weights)")
+            module.small_batch_max_tokens = max_tokens
+            layers += 1
+        elif isinstance(module, LlamaForCausalLM):
+            module.small_batch_max_tokens = max_tokens
+    return layers if max_tokens else 0
+
+
 def fuse_projections(model: nn.Module) -> None:
     """Merge every `Attention`'s q/k/v and every `MLP`'s gate/up projections of `model` (inference only: call
     once the weights are loaded; training keeps the separate projections)."""
@@ -139,10 +167,16 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, ctx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, ctx)
+        self.small_batch_max_tokens = 0  # batches of up to this many tokens take the GEMV path (enable_small_batch)
 
     def forward(self, x, residual, cos, sin, kv_cache, meta, attention):  # type: ignore[no-untyped-def]
         """(this layer's MLP output, the residual stream before it is added): the next norm adds the two, so
-        every residual add is fused into a norm. `residual` None (first layer): `x` is the stream."""
+        every residual add is fused into a norm. `residual` None (first layer): `x` is the stream.
+
+        A batch of at most `small_batch_max_tokens` tokens runs the fused GEMV path (same semantics); the choice
+        reads only the shape, so a CUDA graph captured at a padded batch size freezes one path."""
+        if x.shape[0] <= self.small_batch_max_tokens:
+            return small_batch_layer(self, x, residual, cos, sin, kv_cache, meta, attention)
         h, residual = self.input_layernorm.add_and_norm(x, residual)
         h = self.self_attn(h, cos, sin, kv_cache, meta, attention)
         h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
@@ -197,6 +231,7 @@ class LlamaForCausalLM(nn.Module):
                 self.checkpoint_aliases["lm_head.weight"] = "model.embed_tokens.weight"
         self.register_buffer("inv_freq", cfg.rope_inv_freq(), persistent=False)
         self.attention: AttentionFn = paged_attention
+        self.small_batch_max_tokens = 0  # logits of up to this many rows take the GEMV LM head (enable_small_batch)
 
     @classmethod
     def from_hf_config(cls, hf_config: dict, ctx: ParallelContext = SINGLE) -> "LlamaForCausalLM":
@@ -266,5 +301,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[L, hidden] -> [L, vocab] float32."""
+        if hidden.shape[0] <= self.small_batch_max_tokens:
+            return small_batch_logits(self.lm_head, hidden)
         return self.lm_head(hidden).float()
 

@@ -1,0 +1,177 @@
+"""Small-M GEMV kernels of the decode projections (M = 1..16 tokens), with fused prologue / epilogue.
+
+At batch 1..8 a decode projection is a matrix-vector product: the weight (2-12 MB per layer at the Qwen3-0.6B
+geometry, 311 MB for the LM head) is read once and each weight element feeds M multiply-adds, so the kernel is
+bound by how fast the weight streams in, and by the fixed cost of each launch. cuBLAS at M = 1 neither reaches
+bandwidth on these matrices nor fuses anything; here one kernel does:
+
+- prologue (optional): `weight_norm * rmsnorm(x + residual)`, recomputed by every program (the normed vector is
+  M x K, tiny next to the weight); program 0 also writes `x + residual`, the new residual stream;
+- the product, row-parallel over the N output features: a program owns BLOCK_N weight rows and walks K in
+  BLOCK_K chunks (one 16-byte vector load per thread per row for bf16), accumulating in float32;
+- epilogue (optional): bias, and `silu(gate) * up` of a merged gate/up weight (the program reads gate rows n and
+  up rows I + n, so the separate silu_and_mul kernel and the [M, 2I] intermediate go).
+
+Rounding follows the unfused sequence (`small_batch_ops.fused_linear_reference`): the residual sum, the normed
+row and its weight product are rounded to the model dtype before the product (as the RMSNorm op does), each
+projection output is rounded to the dtype (what `F.linear` returns), SiLU is rounded before its product. Only
+the float32 summation order of the dot products differs from cuBLAS.
+
+Only geometry (N, K, dtype, flags, BLOCK_M) is `constexpr`; M is an argument (BLOCK_M = next power of two >= M,
+so graphs at M = 1, 2, 4, 8 compile four variants per projection, M = 3 reuses M = 4's).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from framework.kernels.triton_norm_silu import round_to_dtype
+
+MAX_GEMV_ROWS = 16  # M above this: a tensor-core GEMM is the better kernel (and BLOCK_M unrolls stay small)
+
+
+@triton.jit
+def _normed_chunk(x_ptr, residual_ptr, norm_weight_ptr, m, stride_x, stride_r, ks, mask, rstd,
+                  HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, dtype: tl.constexpr):
+    """Row m, columns ks of the product's input as float32: x, or weight * rmsnorm(x + residual) rounded like
+    the RMSNorm op (`rstd` from the first pass)."""
+    x = tl.load(x_ptr + m * stride_x + ks, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + m * stride_r + ks, mask=mask, other=0.0).to(tl.float32)
+        x = round_to_dtype(x + r, dtype)
+    if HAS_NORM:
+        w = tl.load(norm_weight_ptr + ks, mask=mask, other=0.0).to(tl.float32)
+        x = round_to_dtype(w * round_to_dtype(x * rstd, dtype), dtype)
+    return x
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,  # [M, K] row stride stride_x, last dim contiguous
+    residual_ptr,  # [M, K] row stride stride_r (x_ptr when not HAS_RESIDUAL; not read)
+    norm_weight_ptr,  # [K] (x_ptr when not HAS_NORM; not read)
+    w_ptr,  # [N, K] contiguous; with SILU_MUL [2N, K]: gate rows 0..N-1, then up rows N..2N-1
+    bias_ptr,  # [N] or [2N] (w_ptr when not HAS_BIAS; not read)
+    out_ptr,  # [M, N] contiguous (any float dtype: the value is rounded to w's dtype first)
+    summed_ptr,  # [M, K] contiguous: x + residual, written by program 0 (out_ptr when not HAS_RESIDUAL)
+    M, stride_x, stride_r, eps,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # power of two >= M
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    dtype = w_ptr.dtype.element_ty
+    rows_m = tl.arange(0, BLOCK_M)
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_NORM:  # pass 1: each row's 1 / rms (and the new residual stream, by program 0)
+        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            mask = (rows_m[:, None] < M) & (ks[None, :] < K)
+            x = tl.load(x_ptr + rows_m[:, None] * stride_x + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                r = tl.load(residual_ptr + rows_m[:, None] * stride_r + ks[None, :], mask=mask, other=0.0)
+                x = round_to_dtype(x + r.to(tl.float32), dtype)
+                if pid == 0:
+                    tl.store(summed_ptr + rows_m[:, None] * K + ks[None, :], x.to(dtype), mask=mask)
+            sum_sq += tl.sum(x * x, axis=1)
+        rstd = tl.rsqrt(sum_sq / K + eps)
+    cols_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols_n < N
+    w_rows = cols_n.to(tl.int64)[:, None] * K  # int64: an LM head's N * K passes 2^31 at large K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # pass 2: the product, each weight element read once
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks < K
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_ptr + w_rows + ks[None, :], mask=w_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        if SILU_MUL:
+            w_up = tl.load(w_ptr + N * K + w_rows + ks[None, :], mask=w_mask, other=0.0).to(tl.float32)
+        for m in tl.static_range(BLOCK_M):  # one input row at a time: registers stay [BLOCK_N, BLOCK_K] at any M
+            rstd_m = tl.sum(tl.where(rows_m == m, rstd, 0.0), axis=0)
+            x_mask = k_mask & (ks * 0 + m < M)  # (a scalar `m < M` is no mask the interpreter takes)
+            xm = _normed_chunk(x_ptr, residual_ptr, norm_weight_ptr, m, stride_x, stride_r, ks, x_mask, rstd_m,
+                               HAS_NORM, HAS_RESIDUAL, dtype)
+            row = rows_m[:, None] == m
+            acc = tl.where(row, acc + tl.sum(w * xm[None, :], axis=1)[None, :], acc)
+            if SILU_MUL:
+                acc_up = tl.where(row, acc_up + tl.sum(w_up * xm[None, :], axis=1)[None, :], acc_up)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y = round_to_dtype(acc, dtype)  # what the projection returns in the model dtype
+    if SILU_MUL:
+        if HAS_BIAS:
+            acc_up += tl.load(bias_ptr + N + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        silu = round_to_dtype(y / (1.0 + tl.exp(-y)), dtype)
+        y = round_to_dtype(silu * round_to_dtype(acc_up, dtype), dtype)
+    out_mask = (rows_m[:, None] < M) & n_mask[None, :]
+    tl.store(out_ptr + rows_m[:, None] * N + cols_n[None, :], y.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+class GemvTiles(NamedTuple):
+    """Launch shape of one GEMV: `grid` programs of `block_n` weight rows, K walked in `block_k` chunks."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    grid: int
+
+
+def gemv_tiles(m: int, n: int, k: int, element_size: int) -> GemvTiles:
+    """About 2 programs per SM of an H200 (132) where N allows, at most 16 rows each; K chunks of 16 bytes
+    per thread of a warp (256 bf16, 128 fp32). Fixed rules, nothing tuned at run time."""
+    block_n = 4
+    while block_n < 16 and n // (2 * block_n) >= 264:
+        block_n *= 2
+    block_k = min(triton.next_power_of_2(k), 512 // element_size)
+    return GemvTiles(triton.next_power_of_2(max(m, 1)), block_n, block_k, triton.cdiv(n, block_n))
+
+
+def gemv_triton(
+    x: torch.Tensor,  # [M, K] (M <= MAX_GEMV_ROWS), rows may be strided, last dim contiguous
+    weight: torch.Tensor,  # [N, K] contiguous, x.dtype; with silu_mul [2N, K] (gate rows, then up rows)
+    bias: Optional[torch.Tensor] = None,  # [N] / [2N], weight.dtype
+    norm_weight: Optional[torch.Tensor] = None,  # [K]: the product reads norm_weight * rmsnorm(x + residual)
+    eps: float = 0.0,
+    residual: Optional[torch.Tensor] = None,  # [M, K] x.dtype (only with norm_weight)
+    silu_mul: bool = False,
+    out_dtype: Optional[torch.dtype] = None,  # default weight.dtype; float32 for logits (rounded to dtype first)
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(out [M, N], x + residual [M, K] or None); see `fused_linear_reference` for the semantics."""
+    m, k = x.shape
+    n = weight.shape[0] // (2 if silu_mul else 1)
+    assert m <= MAX_GEMV_ROWS, f"{m} rows > {MAX_GEMV_ROWS}: use a GEMM"
+    assert weight.shape == ((2 * n) if silu_mul else n, k) and weight.is_contiguous(), "need contiguous [N, K]"
+    assert x.stride(1) == 1 and x.dtype == weight.dtype, f"x {x.dtype} must be {weight.dtype}, last dim contiguous"
+    assert residual is None or norm_weight is not None, "the residual add is part of the norm prologue"
+    for t in (bias, norm_weight):
+        assert t is None or (t.dtype == weight.dtype and t.is_contiguous()), "bias / norm weight: weight.dtype"
+    out = torch.empty((m, n), dtype=out_dtype or weight.dtype, device=x.device)
+    summed = None
+    if residual is not None:
+        assert residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(1) == 1
+        summed = torch.empty((m, k), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out, summed
+    tiles = gemv_tiles(m, n, k, weight.element_size())
+    _gemv_kernel[(tiles.grid,)](
+        x, residual if residual is not None else x, norm_weight if norm_weight is not None else x, weight,
+        bias if bias is not None else weight, out, summed if summed is not None else out,
+        m, x.stride(0), residual.stride(0) if residual is not None else 0, eps,
+        N=n, K=k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        SILU_MUL=silu_mul,
+        num_warps=4,
+    )
+    return out, summed

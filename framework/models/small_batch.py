@@ -1,0 +1,69 @@
+"""The small-batch path of a dense decoder layer and the LM head: the projections as fused GEMVs.
+
+Per layer at M <= `model.small_batch_max_tokens` tokens (the default path's kernels in brackets):
+
+    1. add + RMSNorm + qkv GEMV                 (add + RMSNorm, qkv GEMM)
+    2. q/k norm + RoPE + KV store               (same kernel)
+    3. paged attention (+ split-KV reduce)      (same kernels)
+    4. o_proj GEMV                              (o_proj GEMM)
+    5. add + RMSNorm + gate_up GEMV + SiLU*up   (add + RMSNorm, gate_up GEMM, silu_and_mul)
+    6. down GEMV                                (down GEMM)
+
+so 6-7 kernels instead of 9-10; the residual add of o_proj / down stays fused into the next norm, as on the
+default path (the next prologue adds it). The layer and LM-head objects are the default path's: this module
+reads their merged weights (`fuse_projections`) and calls their attention, so both paths share every parameter.
+
+Tensor parallelism: q/k/v and gate/up are column shards (the GEMV reads this rank's rows, nothing to add);
+o_proj and down are row shards, so the GEMV gives this rank's partial sum, which is all-reduced before the bias
+(as `RowParallelLinear`); the LM head's vocabulary shard is all-gathered (as `ParallelLMHead`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from framework.attention import AttentionMetadata
+from framework.kernels.small_batch_ops import fused_linear
+
+
+def _row_parallel(linear: Any, x: torch.Tensor) -> torch.Tensor:  # [M, K / tp] -> [M, N]
+    """`RowParallelLinear.forward` with the GEMV: one rank's bias goes into the kernel, shards sum first."""
+    if linear.ctx.tp_size == 1:
+        return fused_linear(x, linear.weight, linear.bias)[0]
+    y = linear.ctx.tp_all_reduce(fused_linear(x, linear.weight)[0])
+    return y if linear.bias is None else y + linear.bias
+
+
+def small_batch_layer(
+    layer: Any,  # a DecoderLayer after fuse_projections
+    x: torch.Tensor,  # [M, hidden]: the previous layer's MLP output (the embedding for the first layer)
+    residual: Optional[torch.Tensor],  # [M, hidden] stream before x is added; None: x is the stream
+    cos: torch.Tensor,  # [M, head_dim]
+    sin: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    attention: Any,  # AttentionFn
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(MLP output [M, hidden], residual stream [M, hidden]): `DecoderLayer.forward`'s contract."""
+    attn, mlp = layer.self_attn, layer.mlp
+    norm, post = layer.input_layernorm, layer.post_attention_layernorm
+    qkv, summed = fused_linear(x, attn.qkv_weight, attn.qkv_bias, norm.weight, norm.eps, residual)
+    residual = x if summed is None else summed
+    h = _row_parallel(attn.o_proj, attn.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention))
+    act, summed = fused_linear(h, mlp.gate_up_weight, mlp.gate_up_bias, post.weight, post.eps, residual,
+                               silu_mul=True)
+    assert summed is not None
+    return _row_parallel(mlp.down_proj, act), summed
+
+
+def small_batch_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:  # [L, hidden] -> [L, vocab] fp32
+    """`ParallelLMHead.forward` with the GEMV; a single rank writes float32 logits straight from the kernel."""
+    ctx = lm_head.ctx
+    single = ctx.tp_size == 1  # type: ignore[union-attr]
+    logits = fused_linear(hidden, lm_head.weight, out_dtype=torch.float32 if single else None)[0]  # type: ignore[arg-type]
+    if not single:
+        logits = ctx.tp_all_gather_last_dim(logits)  # type: ignore[union-attr,operator]
+    return logits[..., : lm_head.vocab_size].float()  # type: ignore[misc]
