@@ -8,7 +8,8 @@ bandwidth on these matrices nor fuses anything; here one kernel does:
 - prologue (optional): `weight_norm * rmsnorm(x + residual)`, recomputed by every program (the normed vector is
   M x K, tiny next to the weight); program 0 also writes `x + residual`, the new residual stream;
 - the product, row-parallel over the N output features: a program owns BLOCK_N weight rows and walks K in
-  BLOCK_K chunks (one 16-byte vector load per thread per row for bf16), accumulating in float32;
+  BLOCK_K chunks (16-byte vector loads of bf16), multiplying each chunk with all M input rows at once
+  (a [BLOCK_M, BLOCK_N, BLOCK_K] product reduced over K) and accumulating in float32;
 - epilogue (optional): bias, and `silu(gate) * up` of a merged gate/up weight (the program reads gate rows n and
   up rows I + n, so the separate silu_and_mul kernel and the [M, 2I] intermediate go).
 
@@ -32,21 +33,6 @@ import triton.language as tl
 from framework.kernels.triton_norm_silu import round_to_dtype
 
 MAX_GEMV_ROWS = 16  # M above this: a tensor-core GEMM is the better kernel (and BLOCK_M unrolls stay small)
-
-
-@triton.jit
-def _normed_chunk(x_ptr, residual_ptr, norm_weight_ptr, m, stride_x, stride_r, ks, mask, rstd,
-                  HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, dtype: tl.constexpr):
-    """Row m, columns ks of the product's input as float32: x, or weight * rmsnorm(x + residual) rounded like
-    the RMSNorm op (`rstd` from the first pass)."""
-    x = tl.load(x_ptr + m * stride_x + ks, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(residual_ptr + m * stride_r + ks, mask=mask, other=0.0).to(tl.float32)
-        x = round_to_dtype(x + r, dtype)
-    if HAS_NORM:
-        w = tl.load(norm_weight_ptr + ks, mask=mask, other=0.0).to(tl.float32)
-        x = round_to_dtype(w * round_to_dtype(x * rstd, dtype), dtype)
-    return x
 
 
 @triton.jit
@@ -93,20 +79,20 @@ def _gemv_kernel(
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # pass 2: the product, each weight element read once
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_mask = ks < K
-        w_mask = n_mask[:, None] & k_mask[None, :]
+        x_mask = (rows_m[:, None] < M) & (ks[None, :] < K)
+        x = tl.load(x_ptr + rows_m[:, None] * stride_x + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:  # the input chunk as the RMSNorm op rounds it (see pass 1)
+            r = tl.load(residual_ptr + rows_m[:, None] * stride_r + ks[None, :], mask=x_mask, other=0.0)
+            x = round_to_dtype(x + r.to(tl.float32), dtype)
+        if HAS_NORM:
+            g = tl.load(norm_weight_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+            x = round_to_dtype(g[None, :] * round_to_dtype(x * rstd[:, None], dtype), dtype)
+        w_mask = n_mask[:, None] & (ks[None, :] < K)
         w = tl.load(w_ptr + w_rows + ks[None, :], mask=w_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N, BLOCK_K] -> [BLOCK_M, BLOCK_N]
         if SILU_MUL:
             w_up = tl.load(w_ptr + N * K + w_rows + ks[None, :], mask=w_mask, other=0.0).to(tl.float32)
-        for m in tl.static_range(BLOCK_M):  # one input row at a time: registers stay [BLOCK_N, BLOCK_K] at any M
-            rstd_m = tl.sum(tl.where(rows_m == m, rstd, 0.0), axis=0)
-            x_mask = k_mask & (ks * 0 + m < M)  # (a scalar `m < M` is no mask the interpreter takes)
-            xm = _normed_chunk(x_ptr, residual_ptr, norm_weight_ptr, m, stride_x, stride_r, ks, x_mask, rstd_m,
-                               HAS_NORM, HAS_RESIDUAL, dtype)
-            row = rows_m[:, None] == m
-            acc = tl.where(row, acc + tl.sum(w * xm[None, :], axis=1)[None, :], acc)
-            if SILU_MUL:
-                acc_up = tl.where(row, acc_up + tl.sum(w_up * xm[None, :], axis=1)[None, :], acc_up)
+            acc_up += tl.sum(x[:, None, :] * w_up[None, :, :], axis=2)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     y = round_to_dtype(acc, dtype)  # what the projection returns in the model dtype
@@ -129,13 +115,16 @@ class GemvTiles(NamedTuple):
 
 
 def gemv_tiles(m: int, n: int, k: int, element_size: int) -> GemvTiles:
-    """About 2 programs per SM of an H200 (132) where N allows, at most 16 rows each; K chunks of 16 bytes
-    per thread of a warp (256 bf16, 128 fp32). Fixed rules, nothing tuned at run time."""
+    """About 2 programs per SM of an H200 (132) where N allows, 4 to 16 weight rows each; K chunks of up to
+    16 bytes per thread of a warp (256 bf16, 128 fp32), fewer when the [BLOCK_M, BLOCK_N, BLOCK_K] product
+    would pass 8192 elements (64 float32 registers per thread at 4 warps). Fixed rules, nothing tuned at run
+    time."""
+    block_m = triton.next_power_of_2(max(m, 1))
     block_n = 4
     while block_n < 16 and n // (2 * block_n) >= 264:
         block_n *= 2
-    block_k = min(triton.next_power_of_2(k), 512 // element_size)
-    return GemvTiles(triton.next_power_of_2(max(m, 1)), block_n, block_k, triton.cdiv(n, block_n))
+    block_k = min(triton.next_power_of_2(k), 512 // element_size, max(16, 8192 // (block_m * block_n)))
+    return GemvTiles(block_m, block_n, block_k, triton.cdiv(n, block_n))
 
 
 def gemv_triton(
