@@ -18,6 +18,7 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,8 +44,9 @@ def _commit() -> str:
         return "unknown (no git here)"
 
 
-def summarise(results: Path) -> tuple[list[str], bool]:
-    """(report lines, all passed) for the piece reports in `results`."""
+def summarise(results: Path, expected_files: Optional[list[str]] = None) -> tuple[list[str], bool]:
+    """(report lines, all passed) for the piece reports in `results`; `expected_files` (names of tests/gpu files)
+    are those the pieces must have run, default every tests/gpu file (`gpu_batch.sh` passes its list's)."""
     lines, totals, problems, files_run = [], {"passed": 0, "failed": 0, "error": 0, "skipped": 0}, [], set()
     reports = sorted(results.glob("*.xml"))
     for report in reports:
@@ -62,7 +64,8 @@ def summarise(results: Path) -> tuple[list[str], bool]:
         for k in totals:
             totals[k] += counts[k]
         lines.append(f"{report.stem:28s} " + " ".join(f"{k} {v:3d}" for k, v in counts.items()) + f"  {seconds:6.1f} s")
-    expected = {p.stem for p in (REPO / "tests" / "gpu").glob("test_*.py")}
+    expected = ({Path(f).stem for f in expected_files} if expected_files
+                else {p.stem for p in (REPO / "tests" / "gpu").glob("test_*.py")})
     missing = sorted(expected - files_run)
     ok = bool(reports) and totals["failed"] == totals["error"] == totals["skipped"] == 0 and not missing
     lines.append("total                        " + " ".join(f"{k} {v:3d}" for k, v in totals.items()))
@@ -77,7 +80,9 @@ def summarise(results: Path) -> tuple[list[str], bool]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="directory holding one JUnit XML report per piece")
-    lines, ok = summarise(parser.parse_args().results)
+    parser.add_argument("--expect", nargs="+", help="tests/gpu files the pieces must have run (default: all)")
+    args = parser.parse_args()
+    lines, ok = summarise(args.results, args.expect)
     print("\n".join(lines))
     return 0 if ok else 1
 

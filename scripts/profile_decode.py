@@ -42,7 +42,8 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from framework.config import load_config
 
     config = load_config({
-        "model": {"preset": args.preset, "max_model_len": args.max_model_len},
+        "model": {"preset": args.preset, "max_model_len": args.max_model_len,
+                  "small_batch_kernels": args.small_batch_kernels},
         "scheduler": {"max_num_seqs": max(args.batch, 1), "max_num_batched_tokens": 8192},
         # dynamic_k: decode graphs for every k in 0..5 (a fixed-k engine captures 0 and 5 only)
         "speculator": ({"method": "none"} if args.spec_k is None else
@@ -210,6 +211,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="profile an ngram engine held at this k (a comma list: cycle through those k)")
     parser.add_argument("--repeat-prompt", action="store_true",
                         help="prompts repeat a 16-token segment (with --temperature 0: high ngram acceptance)")
+    parser.add_argument("--small-batch-kernels", default="off", choices=["auto", "on", "off"],
+                        help="model.small_batch_kernels: the fused GEMV path at <= 8 tokens (docs/kernels.md)")
     parser.add_argument("--device", default="auto", help="cpu runs a smoke check of this script")
     parser.add_argument("--out", type=Path, default=Path("bench_results/profile_decode"))
     args = parser.parse_args(argv)
