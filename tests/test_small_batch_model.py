@@ -142,3 +142,59 @@ def test_config_key_resolves_to_a_token_threshold() -> None:
     assert tokens("on", "cpu") == 8 and tokens("on", "cpu", 4) == 4
     with pytest.raises(ValueError, match="small_batch_max_tokens"):
         tokens("on", "cpu", 17)  # beyond the kernel's 16 rows
+
+
+# ---- tensor parallelism --------------------------------------------------------------------------------
+
+
+class _OtherRank:
+    """This rank's view of a 2-rank group whose other rank contributed `other` (a partial sum, or its logits)."""
+
+    tp_size = 2
+
+    def __init__(self, other: torch.Tensor) -> None:
+        self.other = other
+
+    def tp_all_reduce(self, y: torch.Tensor) -> torch.Tensor:
+        return y + self.other
+
+    def tp_all_gather_last_dim(self, y: torch.Tensor) -> torch.Tensor:
+        return torch.cat([y, self.other], dim=-1)
+
+
+def test_row_shards_sum_before_the_bias_and_vocab_shards_gather(gemv_rows: list[int]) -> None:
+    """o_proj / down as row shards (the GEMV gives a partial sum; the bias is added once after the all-reduce)
+    and the LM head as vocabulary shards (the last one zero-padded), with the kernel, against the whole layer."""
+    from types import SimpleNamespace
+
+    from framework.models.small_batch import _row_parallel, small_batch_logits
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(3, 64, generator=g), torch.randn(40, 64, generator=g) / 8, torch.randn(40, generator=g)
+    partial_1 = small_batch_ops.fused_linear(x[:, 32:], w[:, 32:].contiguous())[0]
+    rank_0 = SimpleNamespace(weight=w[:, :32].contiguous(), bias=b, ctx=_OtherRank(partial_1))
+    torch.testing.assert_close(_row_parallel(rank_0, x[:, :32].contiguous()), x @ w.t() + b, rtol=1e-5, atol=1e-5)
+    vocab, lm = 51, torch.randn(51, 64, generator=g)
+    shard_1 = torch.cat([lm[26:], torch.zeros(1, 64)])  # ceil(51 / 2) = 26 rows per rank
+    other_logits = small_batch_ops.fused_linear(x, shard_1)[0]
+    head_0 = SimpleNamespace(weight=lm[:26].contiguous(), vocab_size=vocab, ctx=_OtherRank(other_logits))
+    logits = small_batch_logits(head_0, x)  # type: ignore[arg-type]
+    assert logits.shape == (3, vocab) and logits.dtype == torch.float32
+    torch.testing.assert_close(logits, x @ lm.t(), rtol=1e-5, atol=1e-5)
+    assert gemv_rows == [3] * 4  # every product above ran the kernel
+
+
+@pytest.mark.slow  # spawns a rank
+def test_tensor_parallel_2_with_small_batch_kernels_matches_one_process(checkpoint) -> None:  # type: ignore[no-untyped-def]
+    """The wiring under TP=2 on real gloo ranks (the CPU dispatch takes the GEMV's reference there: the kernel's
+    shards are covered above): greedy tokens equal a single process on the default path."""
+    path, _ = checkpoint
+    kwargs = dict(device="cpu", dtype="float32", max_model_len=32, max_num_seqs=8, seed=0)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    single = [o.token_ids for o in LLM(str(path), **kwargs).generate(PROMPTS, params, use_tqdm=False)]
+    llm = LLM(str(path), **kwargs, small_batch_kernels="on", tensor_parallel_size=2)
+    try:
+        assert llm.engine.runner.model.model.layers[0].small_batch_max_tokens == 8
+        assert [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)] == single
+    finally:
+        llm.shutdown()
