@@ -116,9 +116,15 @@ def test_small_batch_path_matches_hf_and_the_default_path(checkpoint, gemv_rows:
     assert {3, 5} <= set(gemv_rows) and max(gemv_rows) == 8
 
 
-def test_a_gemv_that_loses_the_residual_stream_is_caught(checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def qwen3_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("small-batch-control")
+    return path, save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], path)
+
+
+def test_a_gemv_that_loses_the_residual_stream_is_caught(qwen3_checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """Negative control: the prologue's `x + residual` output replaced by `x` (the stream drops the residual)."""
-    path, hf_model = checkpoint
+    path, hf_model = qwen3_checkpoint
     monkeypatch.setattr(small_batch_ops, "_triton_enabled", lambda *tensors: True)
 
     def lossy(x, weight, bias=None, norm_weight=None, eps=0.0, residual=None, silu_mul=False, out_dtype=None):  # type: ignore[no-untyped-def]
