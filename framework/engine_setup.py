@@ -14,11 +14,12 @@ from framework.config import ConfigError, Mrv2Config
 from framework.parallel_context import ParallelContext
 from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
-from framework.models.llama import enable_small_batch, fuse_projections
+from framework.models.llama import fuse_projections
 from framework.models.loader import (
     build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
 )
 from framework.models.presets import preset_config
+from framework.models.small_batch import enable_small_batch
 from framework.tokenizer import Tokenizer, checkpoint_eos_token_id, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ def small_batch_max_tokens(config: Mrv2Config, device: torch.device) -> int:
     """Token count up to which forwards take the small-batch GEMV kernels (0: never); see
     `model.small_batch_kernels`. `auto` means Hopper or newer, the GPUs the kernels were written for."""
     mode = config.model.small_batch_kernels
-    if mode == "off" or (mode == "auto" and (device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0))):
+    hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    if mode == "off" or (mode == "auto" and not hopper):
         return 0
     return config.model.small_batch_max_tokens
 

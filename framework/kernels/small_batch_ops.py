@@ -22,7 +22,9 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
-from framework.kernels.layer_ops import TRITON_DTYPES, _fits, _triton_enabled, rms_norm_reference, silu_and_mul_reference
+from framework.kernels.layer_ops import (
+    TRITON_DTYPES, _fits, _triton_enabled, rms_norm_reference, silu_and_mul_reference,
+)
 from framework.kernels.triton_gemv import MAX_GEMV_ROWS, gemv_triton
 
 

@@ -136,22 +136,6 @@ def _merge_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.
     return weight, bias
 
 
-def enable_small_batch(model: nn.Module, max_tokens: int) -> int:
-    """Run batches of at most `max_tokens` tokens (0: none) through the small-batch GEMV kernels, in every dense
-    `DecoderLayer` and the LM head of `model` (after `fuse_projections`: the path reads the merged weights).
-    Returns how many layers take it (MoE layers and other architectures keep their path)."""
-    layers = 0
-    for module in model.modules():
-        if isinstance(module, DecoderLayer):
-            if max_tokens and (module.self_attn.qkv_weight is None or module.mlp.gate_up_weight is None):
-                raise RuntimeError("enable_small_batch needs fuse_projections first (merged qkv / gate_up weights)")
-            module.small_batch_max_tokens = max_tokens
-            layers += 1
-        elif isinstance(module, LlamaForCausalLM):
-            module.small_batch_max_tokens = max_tokens
-    return layers if max_tokens else 0
-
-
 def fuse_projections(model: nn.Module) -> None:
     """Merge every `Attention`'s q/k/v and every `MLP`'s gate/up projections of `model` (inference only: call
     once the weights are loaded; training keeps the separate projections)."""
@@ -167,7 +151,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, ctx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, ctx)
-        self.small_batch_max_tokens = 0  # batches of up to this many tokens take the GEMV path (enable_small_batch)
+        self.small_batch_max_tokens = 0  # forwards of <= this many tokens take the GEMVs (enable_small_batch)
 
     def forward(self, x, residual, cos, sin, kv_cache, meta, attention):  # type: ignore[no-untyped-def]
         """(this layer's MLP output, the residual stream before it is added): the next norm adds the two, so
@@ -231,7 +215,7 @@ class LlamaForCausalLM(nn.Module):
                 self.checkpoint_aliases["lm_head.weight"] = "model.embed_tokens.weight"
         self.register_buffer("inv_freq", cfg.rope_inv_freq(), persistent=False)
         self.attention: AttentionFn = paged_attention
-        self.small_batch_max_tokens = 0  # logits of up to this many rows take the GEMV LM head (enable_small_batch)
+        self.small_batch_max_tokens = 0  # logits of <= this many rows take the GEMV LM head (enable_small_batch)
 
     @classmethod
     def from_hf_config(cls, hf_config: dict, ctx: ParallelContext = SINGLE) -> "LlamaForCausalLM":

@@ -63,7 +63,25 @@ def small_batch_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor
     """`ParallelLMHead.forward` with the GEMV; a single rank writes float32 logits straight from the kernel."""
     ctx = lm_head.ctx
     single = ctx.tp_size == 1  # type: ignore[union-attr]
-    logits = fused_linear(hidden, lm_head.weight, out_dtype=torch.float32 if single else None)[0]  # type: ignore[arg-type]
+    weight: torch.Tensor = lm_head.weight  # type: ignore[assignment]
+    logits = fused_linear(hidden, weight, out_dtype=torch.float32 if single else None)[0]
     if not single:
         logits = ctx.tp_all_gather_last_dim(logits)  # type: ignore[union-attr,operator]
     return logits[..., : lm_head.vocab_size].float()  # type: ignore[misc]
+
+
+def enable_small_batch(model: nn.Module, max_tokens: int) -> int:
+    """Run forwards of at most `max_tokens` tokens (0: none) through the GEMVs, in every dense `DecoderLayer`
+    and the LM head of `model` (both carry a `small_batch_max_tokens` attribute; MoE, Mamba and Whisper layers
+    do not, and keep their path). Call after `fuse_projections`: the path reads the merged weights. Returns how
+    many layers take it."""
+    layers = 0
+    for module in model.modules():
+        if not hasattr(module, "small_batch_max_tokens"):
+            continue
+        is_layer = hasattr(module, "self_attn")  # a DecoderLayer (else the LlamaForCausalLM: its LM head)
+        if max_tokens and is_layer and (module.self_attn.qkv_weight is None or module.mlp.gate_up_weight is None):
+            raise RuntimeError("enable_small_batch needs fuse_projections first (merged qkv / gate_up weights)")
+        module.small_batch_max_tokens = max_tokens
+        layers += is_layer
+    return layers if max_tokens else 0
