@@ -64,7 +64,7 @@ for j in "$@"; do
         job $j-profile-b1 90 python3 scripts/profile_decode.py --batch 1 --steps 200 --small-batch-kernels on \
         --out "$res/smallbatch/profile-b1-on" ;;
     # One nano request (batch 1 decode), the key off and on, paired, 3 rounds (target >= 1,500 out tok/s; 607 off).
-    smallbatch_nano) for r in 1 2 3; do for k in off on; do job $j-$k-r$r 90 python3 -m framework.cli bench \
+    smallbatch_nano) for r in 1 2 3; do for k in off on; do job $j-$k-r$r 95 python3 -m framework.cli bench \
         experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0 model.small_batch_kernels=$k \
         bench.output_dir="$res/smallbatch_nano/$k-r$r"; done; done ;;
     gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;

@@ -159,7 +159,7 @@ class DecoderLayer(nn.Module):
 
         A batch of at most `small_batch_max_tokens` tokens runs the fused GEMV path (same semantics); the choice
         reads only the shape, so a CUDA graph captured at a padded batch size freezes one path."""
-        if x.shape[0] <= self.small_batch_max_tokens:
+        if 0 < x.shape[0] <= self.small_batch_max_tokens:  # (0 tokens: the default path, enabled or not)
             return small_batch_layer(self, x, residual, cos, sin, kv_cache, meta, attention)
         h, residual = self.input_layernorm.add_and_norm(x, residual)
         h = self.self_attn(h, cos, sin, kv_cache, meta, attention)
@@ -285,7 +285,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[L, hidden] -> [L, vocab] float32."""
-        if hidden.shape[0] <= self.small_batch_max_tokens:
+        if 0 < hidden.shape[0] <= self.small_batch_max_tokens:
             return small_batch_logits(self.lm_head, hidden)
         return self.lm_head(hidden).float()
 
