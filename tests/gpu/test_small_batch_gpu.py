@@ -6,7 +6,8 @@ GEMV kernel, the cuBLAS path (the default path's ops: RMSNorm, `F.linear`, silu_
 reference (the same ops in float32 from the same bf16 inputs). Claims: the kernel is as close to the float32 reference as cuBLAS is (mean |error| within 1.25x
 of cuBLAS's + 1e-5), and within bf16 tolerance of cuBLAS elementwise (2 ulps of the value or the row rms);
 one compiled variant per BLOCK_M; and an engine with `model.small_batch_kernels=on` captures its decode graphs
-with the GEMVs and gives HF's greedy tokens (float32 exactly; bfloat16 all but at most one sequence).
+with the GEMVs and gives HF's greedy tokens (float32 exactly; bfloat16 at most one sequence fewer than the
+default path).
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_small_batch_gpu.py` (~1 min on an H200).
 """
 
@@ -105,17 +106,27 @@ def test_engine_with_small_batch_kernels_matches_hf(tmp_path, monkeypatch: pytes
     monkeypatch.setattr(small_batch_ops, "gemv_triton", spy)
     hf = save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], tmp_path).to(DEVICE, getattr(torch, dtype))
     prompts, max_tokens = random_prompts(6, 5, 60, seed=3), [8, 12, 16, 20, 24, 24]  # decode at 6..1 rows
-    llm = LLM(str(tmp_path), device=DEVICE, dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3,
-              small_batch_kernels="on")
-    assert llm.engine.runner.cuda_graphs is not None
-    assert {1, 2, 4, 8} <= set(rows), "decode graphs were not captured with the GEMVs"
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    matches = 0
-    for prompt, n, out in zip(prompts, max_tokens, outs):
+    refs = []
+    for prompt, n in zip(prompts, max_tokens):
         ids = torch.tensor([prompt], device=DEVICE)
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                          eos_token_id=None, pad_token_id=None)[0, len(prompt):].tolist()
-        matches += out.token_ids == ref
-    # fp32: exact. bf16: the kernels round like the reference but sum in another order: a near-tie may flip.
-    assert matches == len(prompts) if dtype == "float32" else matches >= len(prompts) - 1
+        refs.append(hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                                eos_token_id=None, pad_token_id=None)[0, len(prompt):].tolist())
+    matches = {}
+    for mode in ("off", "on"):
+        rows.clear()
+        llm = LLM(str(tmp_path), device=DEVICE, dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3,
+                  small_batch_kernels=mode)
+        assert llm.engine.runner.cuda_graphs is not None
+        # the decode graphs at 1, 2, 4 and 8 rows were captured with the GEMVs (and only with the key on)
+        assert ({1, 2, 4, 8} <= set(rows)) if mode == "on" else not rows
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        matches[mode] = sum(out.token_ids == ref for out, ref in zip(outs, refs))
+        llm.shutdown()
+        del llm
+    # fp32: exact. bf16: kernels that round alike but sum in another order may flip a near-tie (the default path
+    # matches all but at most one sequence, tests/gpu/test_gpu_engine.py); the GEMVs may lose one more at most.
+    if dtype == "float32":
+        assert matches == {"off": len(prompts), "on": len(prompts)}
+    else:
+        assert matches["on"] >= matches["off"] - 1, matches
