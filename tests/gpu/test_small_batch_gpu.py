@@ -3,8 +3,9 @@
 Shapes: every decode projection of the Qwen3-0.6B and Qwen3-8B geometries and their 151,936-row LM head, in
 bfloat16, at M = 1, 3, 8 (and 16 for one projection; M = 2, 4 in the graph test). Three results per case: the
 GEMV kernel, the cuBLAS path (the default path's ops: RMSNorm, `F.linear`, silu_and_mul) and a float32
-reference (the same ops in float32 from the same bf16 inputs). Claims: the kernel is as close to the float32 reference as cuBLAS is (mean |error| within 1.25x
-of cuBLAS's + 1e-5), and within bf16 tolerance of cuBLAS elementwise (2 ulps of the value or the row rms);
+reference (the same ops in float32 from the same bf16 inputs). Claims: the kernel is as close to the float32
+reference as cuBLAS is (mean |error| within 1.25x of cuBLAS's + 1e-5), and within bf16 tolerance of cuBLAS
+elementwise (2 ulps of the value or the row rms);
 one compiled variant per BLOCK_M; and an engine with `model.small_batch_kernels=on` captures its decode graphs
 with the GEMVs and gives HF's greedy tokens (float32 exactly; bfloat16 at most one sequence fewer than the
 default path).
