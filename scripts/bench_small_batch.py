@@ -11,6 +11,9 @@ M = 1, 2, 4, 8 tokens, per op:
   both paths share);
 * `lm_head`: `F.linear(...).float()` vs the GEMV writing float32.
 
+For `qkv`, `gate_up` and `layer` a third time, `norm apart`: the RMSNorm kernel, then the GEMV without its norm
+prologue (one launch more, but no program re-reads the input from L2): whether fusing the norm pays.
+
 Times are medians of `triton.testing.do_bench` over CUDA-graph replays of one call (GPU time, L2 flushed
 between replays: a decode step's 28 layers do not fit in L2 either), in microseconds; `GB/s` is the weight bytes
 over the time. Each pair is checked against each other first (max |diff|). Prints a table, writes
@@ -27,7 +30,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch.nn import functional as F
@@ -47,6 +50,7 @@ class Pair(NamedTuple):
     weight_bytes: int
     default: Callable[[], torch.Tensor]
     small: Callable[[], torch.Tensor]
+    norm_apart: Optional[Callable[[], torch.Tensor]] = None  # the GEMV after a separate RMSNorm launch
 
 
 def build_pairs(geometry: str, tokens: int, device: str, scale: int) -> list[Pair]:
@@ -76,6 +80,16 @@ def build_pairs(geometry: str, tokens: int, device: str, scale: int) -> list[Pai
     def small_gate_up() -> torch.Tensor:
         return fused_linear(x, w_gate_up, None, w_post, EPS, residual, silu_mul=True)[0]
 
+    def apart_qkv() -> torch.Tensor:
+        return fused_linear(rms_norm(x, w_in, EPS, residual)[0], w_qkv)[0]
+
+    def apart_gate_up() -> torch.Tensor:
+        return fused_linear(rms_norm(x, w_post, EPS, residual)[0], w_gate_up, silu_mul=True)[0]
+
+    def apart_layer() -> torch.Tensor:
+        apart_qkv(), fused_linear(attn_out, w_o)[0], apart_gate_up()
+        return fused_linear(act, w_down)[0]
+
     def default_layer() -> torch.Tensor:
         default_qkv(), F.linear(attn_out, w_o), default_gate_up()
         return F.linear(act, w_down)
@@ -87,11 +101,12 @@ def build_pairs(geometry: str, tokens: int, device: str, scale: int) -> list[Pai
     nbytes = {name: w.numel() * w.element_size() for name, w in
               dict(qkv=w_qkv, o=w_o, gate_up=w_gate_up, down=w_down, lm=w_lm).items()}
     return [
-        Pair("qkv", nbytes["qkv"], default_qkv, small_qkv),
+        Pair("qkv", nbytes["qkv"], default_qkv, small_qkv, apart_qkv),
         Pair("o_proj", nbytes["o"], lambda: F.linear(attn_out, w_o), lambda: fused_linear(attn_out, w_o)[0]),
-        Pair("gate_up", nbytes["gate_up"], default_gate_up, small_gate_up),
+        Pair("gate_up", nbytes["gate_up"], default_gate_up, small_gate_up, apart_gate_up),
         Pair("down", nbytes["down"], lambda: F.linear(act, w_down), lambda: fused_linear(act, w_down)[0]),
-        Pair("layer", sum(nbytes[k] for k in ("qkv", "o", "gate_up", "down")), default_layer, small_layer),
+        Pair("layer", sum(nbytes[k] for k in ("qkv", "o", "gate_up", "down")), default_layer, small_layer,
+             apart_layer),
         Pair("lm_head", nbytes["lm"], lambda: F.linear(x, w_lm).float(),
              lambda: fused_linear(x, w_lm, out_dtype=torch.float32)[0]),
     ]
@@ -147,11 +162,13 @@ def main() -> int:
         parser.error("timing needs a CUDA GPU (use --check-only on a CPU under TRITON_INTERPRET=1)")
     rows: list[dict] = []
     print(f"{'geometry':<12}{'op':<9}{'M':>3}{'max|diff|':>11}{'default us':>12}{'GEMV us':>10}{'x':>6}"
-          f"{'default GB/s':>14}{'GEMV GB/s':>11}")
+          f"{'default GB/s':>14}{'GEMV GB/s':>11}{'norm apart us':>15}")
     for geometry in args.geometries:
         for tokens in args.tokens:
             for pair in build_pairs(geometry, tokens, device, args.scale):
-                diff = (pair.small().float() - pair.default().float()).abs().max().item()
+                reference = pair.default().float()
+                diff = max((fn().float() - reference).abs().max().item()
+                           for fn in (pair.small, pair.norm_apart) if fn is not None)
                 row = dict(geometry=geometry, op=pair.op, tokens=tokens, max_abs_diff=diff,
                            weight_bytes=pair.weight_bytes)
                 line = f"{geometry:<12}{pair.op:<9}{tokens:>3}{diff:>11.3g}"
@@ -160,6 +177,9 @@ def main() -> int:
                     gbps = [pair.weight_bytes / (row[k] * 1e3) for k in ("default_us", "small_us")]
                     line += (f"{row['default_us']:>12.1f}{row['small_us']:>10.1f}"
                              f"{row['default_us'] / row['small_us']:>6.2f}{gbps[0]:>14.0f}{gbps[1]:>11.0f}")
+                    if pair.norm_apart is not None:  # is fusing the norm into the GEMV worth its L2 reads?
+                        row["norm_apart_us"] = graph_time_us(pair.norm_apart)
+                        line += f"{row['norm_apart_us']:>15.1f}"
                 rows.append(row)
                 print(line, flush=True)
     meta = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
