@@ -88,6 +88,12 @@ def graph_stages(stages: SamplingStages) -> SamplingStages:
     return CUTOFF_STAGES if stages.any_top_k or stages.any_top_p or stages.any_min_p else PLAIN_STAGES
 
 
+def skip_padding_stores(kv_slots: torch.Tensor, idx_mapping: torch.Tensor, dummy_slot: int) -> torch.Tensor:
+    """[B] int64 KV slots with -1 (no store) on padding rows: the dummy slot's block-table row is nobody's
+    blocks, so its stores must not land (one token per row: batch_row = token)."""
+    return kv_slots.masked_fill_(idx_mapping == dummy_slot, -1)
+
+
 class _Captured(NamedTuple):
     """The static outputs of one captured step ([B] rows each; the first R are this step's)."""
 
@@ -145,7 +151,7 @@ class FullStepGraphs:
             prepared, token_rows = prepare_inputs(idx, qsl, qsl, size, size, rs.all_token_ids, rs.prefill_len,
                                                   rs.num_computed, rs.last_sampled, rs.draft_tokens, 1)
             table = bt.gather(idx)  # [B, max_blocks]
-            kv_slots = bt.kv_slot_mapping(token_rows, prepared.positions, table).masked_fill_(idx == dummy, -1)
+            kv_slots = skip_padding_stores(bt.kv_slot_mapping(token_rows, prepared.positions, table), idx, dummy)
             meta = AttentionMetadata(  # max_seq_len fixed: kernels size grids from it, stop at each row's seq_len
                 num_tokens=size, num_rows=size, query_start_loc=qsl, seq_lens=prepared.seq_lens,
                 block_tables=table, kv_slot_mapping=kv_slots, block_size=bt.block_size, max_query_len=1,
