@@ -33,19 +33,44 @@ GPU_PIECES=(
   "structured 40 test_structured_gpu.py"
   "moe 90 test_fused_moe_gpu.py"
 )
-gpu_tests_all() {
-  local xml="$res/gpu_tests_all/junit"; mkdir -p "$xml"; rm -f "$xml"/*.xml
-  for piece in "${GPU_PIECES[@]}"; do
+# Pieces that no longer fit GPU_PIECES' one device call: `gpu_tests_more` runs them the same way (its own call,
+# at most 580 s too). Every tests/gpu file is in exactly one of the two lists (tests/test_ci_checks.py).
+GPU_PIECES_MORE=(
+  "fullgraph 120 test_full_step_graphs_gpu.py"
+)
+run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
+  local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
+  mkdir -p "$xml"; rm -f "$xml"/*.xml
+  for piece in "${pieces[@]}"; do
     read -r name limit files <<< "$piece"
-    job "gpu_tests_all-$name" "$limit" python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$xml/$name.xml" \
+    expect="$expect $files"
+    job "$tag-$name" "$limit" python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$xml/$name.xml" \
       $(printf 'tests/gpu/%s ' $files)
   done
-  job gpu_tests_all-summary 30 python3 scripts/gpu_tests_summary.py "$xml"
-  cp "$res/gpu_tests_all-summary/log.txt" "$out/gpu_tests_all_summary.txt"
+  job $tag-summary 30 python3 scripts/gpu_tests_summary.py "$xml" --expect $expect
+  cp "$res/$tag-summary/log.txt" "$out/${tag}_summary.txt"
 }
+gpu_tests_all() { run_pieces gpu_tests_all GPU_PIECES; }
 for j in "$@"; do
   case $j in
     gpu_tests_all) gpu_tests_all ;;
+    gpu_tests_more) run_pieces gpu_tests_more GPU_PIECES_MORE ;;
+    # Full-step graphs (runner.full_step_cuda_graphs): on == off at real shapes, no host sync (alias of its piece).
+    gpu_tests_fullgraph) job $j 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_full_step_graphs_gpu.py ;;
+    # Full-step graphs (runner.full_step_cuda_graphs) off vs on, paired: one round per device call (<= 480 s), the order
+    # flipped in round 2; run fullgraph-r1 fullgraph-r2 fullgraph-r3, then fullgraph-profile (decode profile with them
+    # on: kernels per step, launches outside graphs, host ms per step, at batch 1 and 256).
+    fullgraph-r*) order="false true"; [ "$j" = fullgraph-r2 ] && order="true false"
+        for fs in $order; do
+          job $j-nano-fs_$fs 150 python3 -m framework.cli bench experiment=nano bench.baselines=[] \
+            bench.decode_idle_batch=0 runner.full_step_cuda_graphs=$fs bench.output_dir="$res/$j/nano-fs_$fs"
+          job $j-b1-fs_$fs 90 python3 -m framework.cli bench experiment=nano bench.num_requests=1 bench.baselines=[] \
+            bench.decode_idle_batch=0 runner.full_step_cuda_graphs=$fs bench.output_dir="$res/$j/b1-fs_$fs"
+        done ;;
+    fullgraph-profile) job $j-b1 90 python3 scripts/profile_decode.py --batch 1 --steps 200 --full-step-graphs \
+          --out "$res/$j/b1" &&
+        job $j-b256 150 python3 scripts/profile_decode.py --batch 256 --full-step-graphs --out "$res/$j/b256" &&
+        job $j-b256-off 150 python3 scripts/profile_decode.py --batch 256 --out "$res/$j/b256-off" ;;
     gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;
     gpu_tests_single) job $j 130 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py ;;
     # The driver's per-step command (gloo on the host CPU, typed msgpack vs the old pickle) at 64 and 256 rows.

@@ -6,6 +6,7 @@ files that no piece ran (a new file must be added to a piece, not silently left 
 failed, errored, skipped or was left out. The lead copies the totals, commit and date into docs/benchmarks.md.
 
     python3 scripts/gpu_tests_summary.py RESULTS_DIR     # RESULTS_DIR/<piece>.xml, one per piece
+    python3 scripts/gpu_tests_summary.py RESULTS_DIR --expect test_a_gpu.py ...   # only these files are due
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,7 +45,7 @@ def _commit() -> str:
         return "unknown (no git here)"
 
 
-def summarise(results: Path) -> tuple[list[str], bool]:
+def summarise(results: Path, expect: Optional[list[str]] = None) -> tuple[list[str], bool]:
     """(report lines, all passed) for the piece reports in `results`."""
     lines, totals, problems, files_run = [], {"passed": 0, "failed": 0, "error": 0, "skipped": 0}, [], set()
     reports = sorted(results.glob("*.xml"))
@@ -62,7 +64,8 @@ def summarise(results: Path) -> tuple[list[str], bool]:
         for k in totals:
             totals[k] += counts[k]
         lines.append(f"{report.stem:28s} " + " ".join(f"{k} {v:3d}" for k, v in counts.items()) + f"  {seconds:6.1f} s")
-    expected = {p.stem for p in (REPO / "tests" / "gpu").glob("test_*.py")}
+    expected = ({Path(f).stem for f in expect} if expect else
+                {p.stem for p in (REPO / "tests" / "gpu").glob("test_*.py")})
     missing = sorted(expected - files_run)
     ok = bool(reports) and totals["failed"] == totals["error"] == totals["skipped"] == 0 and not missing
     lines.append("total                        " + " ".join(f"{k} {v:3d}" for k, v in totals.items()))
@@ -77,7 +80,10 @@ def summarise(results: Path) -> tuple[list[str], bool]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="directory holding one JUnit XML report per piece")
-    lines, ok = summarise(parser.parse_args().results)
+    parser.add_argument("--expect", nargs="*", default=None,
+                        help="the tests/gpu files these pieces must have run (default: every one)")
+    args = parser.parse_args()
+    lines, ok = summarise(args.results, args.expect)
     print("\n".join(lines))
     return 0 if ok else 1
 
