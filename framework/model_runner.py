@@ -195,7 +195,7 @@ class ModelRunnerV2(ModelRunner):
         if output.is_empty:
             self._pending = None
             return
-        self._pending = self._replay_full_step(output)  # 5-8 and sampling as one graph, if this step allows
+        self._pending = self._replay_full_step(output)  # 4b. graph-safe decode: steps 5-8 + sampling, one replay
         if self._pending is not None:
             return
         batch = build_input_batch(output, self.request_state, self.device)  # 5. inputs, on the device
@@ -223,9 +223,9 @@ class ModelRunnerV2(ModelRunner):
             self.full_step_fallbacks[reason] += 1
             return None
         stages = needs().stages
-        seq_lens_host = advance_num_computed_host(output, self.request_state, slots, np.ones(len(slots), np.int64))
+        advance_num_computed_host(output, self.request_state, slots, np.ones(len(slots), np.int64))
         self.full_step_replays += 1
-        return graphs.run(output, slots, stages, int(seq_lens_host.max()), self.copy_stream)
+        return graphs.run(output, slots, stages, self.copy_stream)
 
     def _forward(self, batch: InputBatch,
                  attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -362,8 +362,8 @@ class ModelRunnerV2(ModelRunner):
     def _full_step_output(self, step: FullStepResult) -> AsyncOutput:
         """Start the D2H copy of a replayed full step's tokens (its rows have no penalties, grammars or pooling:
         `record_sampled` and the state's postprocess have nothing to do)."""
-        output = self._start_output_copy(step.batch, step.tokens, step.num_sampled,
-                                         SamplerOutput(step.tokens.view(-1), errors=step.errors), None, None)
+        output = AsyncOutput(step.request_ids, step.tokens, step.num_sampled, self.copy_stream,
+                             self._next_host_buffers(), errors=step.errors)
         structured = self.sampling_states.structured
         if structured is not None and structured.active:
             self._grammar_pending = (self._num_outputs - 1, output)
@@ -426,13 +426,18 @@ class ModelRunnerV2(ModelRunner):
     def _start_output_copy(self, batch: InputBatch, tokens: torch.Tensor, num_sampled: torch.Tensor,
                            sampled: SamplerOutput, prompt_logprobs: Optional[PromptLogprobsPiece],
                            pooled: Optional[PooledRows]) -> AsyncOutput:
-        buffers = self._host_buffers[self._num_outputs % len(self._host_buffers)] if self._host_buffers else None
-        self._num_outputs += 1
         return AsyncOutput(
-            batch.request_ids, tokens, num_sampled, self.copy_stream, buffers, logprobs=sampled.logprobs,
+            batch.request_ids, tokens, num_sampled, self.copy_stream, self._next_host_buffers(),
+            logprobs=sampled.logprobs,
             logits_row_starts=self._logits_row_starts(batch), errors=self._row_errors(batch, sampled.errors),
             prompt_logprobs=prompt_logprobs, pooled=pooled,
         )
+
+    def _next_host_buffers(self) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """The pinned landing buffers of the next output (in turn; None on the CPU); counts the output."""
+        buffers = self._host_buffers[self._num_outputs % len(self._host_buffers)] if self._host_buffers else None
+        self._num_outputs += 1
+        return buffers
 
     @staticmethod
     def _logits_row_starts(batch: InputBatch) -> np.ndarray:

@@ -38,7 +38,6 @@ import torch
 from framework.attention import AttentionMetadata
 from framework.block_tables import BlockTables
 from framework.cuda_graphs import CudaGraphCapturer, GraphCapturer, Replayable
-from framework.input_batch import InputBatch
 from framework.kernels.input_prep import compute_num_sampled, post_update, prepare_inputs
 from framework.request_state import RequestState
 from framework.scheduler_output import SchedulerOutput
@@ -97,21 +96,15 @@ def skip_padding_stores(kv_slots: torch.Tensor, idx_mapping: torch.Tensor, dummy
 class _Captured(NamedTuple):
     """The static outputs of one captured step ([B] rows each; the first R are this step's)."""
 
-    input_ids: torch.Tensor  # [B] int64
-    positions: torch.Tensor  # [B] int64
-    seq_lens: torch.Tensor  # [B] int32
-    expanded_idx_mapping: torch.Tensor  # [B] int32
-    sample_positions: torch.Tensor  # [B] int64
-    token_rows: torch.Tensor  # [B] int64
     tokens: torch.Tensor  # [B, 1] int64
     num_sampled: torch.Tensor  # [B] int32
     errors: torch.Tensor  # [B] int32
 
 
 class FullStepResult(NamedTuple):
-    """One replayed step, for `sample_tokens`: the batch (views of static buffers) and the sampled tokens."""
+    """One replayed step, for `sample_tokens`: its rows and the sampled tokens (all that the copy-out needs)."""
 
-    batch: InputBatch
+    request_ids: list[str]  # batch_row -> request id
     tokens: torch.Tensor  # [R, 1] int64
     num_sampled: torch.Tensor  # [R] int32
     errors: torch.Tensor  # [R] int32: samplers.sampler ROW_* codes
@@ -164,9 +157,7 @@ class FullStepGraphs:
             post_update(idx, query_lens, tokens, num_sampled, num_rejected, rs.all_token_ids, rs.total_len,
                         rs.num_computed, rs.last_sampled)
             assert sampled.errors is not None
-            return _Captured(prepared.input_ids, prepared.positions, prepared.seq_lens,
-                             prepared.expanded_idx_mapping, prepared.sample_positions, token_rows, tokens,
-                             num_sampled, sampled.errors)
+            return _Captured(tokens, num_sampled, sampled.errors)
         return step
 
     @torch.inference_mode()
@@ -184,7 +175,7 @@ class FullStepGraphs:
         i = bisect.bisect_left(self.sizes, num_rows)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def run(self, output: SchedulerOutput, req_slots: np.ndarray, stages: SamplingStages, max_seq_len: int,
+    def run(self, output: SchedulerOutput, req_slots: np.ndarray, stages: SamplingStages,
             copy_stream: Optional[torch.cuda.Stream]) -> FullStepResult:
         """Copy this step's idx_mapping (`req_slots` [R], padding rows -> dummy slot) and replay. The caller
         checked `full_step_blocker` and did the host bookkeeping of `build_input_batch`.
@@ -205,18 +196,4 @@ class FullStepGraphs:
         tokens, num_sampled, errors = out.tokens[:r], out.num_sampled[:r], out.errors[:r]
         if copy_stream is None:
             tokens, num_sampled, errors = tokens.clone(), num_sampled.clone(), errors.clone()
-        return FullStepResult(self._batch(output, req_slots, out, max_seq_len), tokens, num_sampled, errors)
-
-    def _batch(self, output: SchedulerOutput, req_slots: np.ndarray, out: _Captured, max_seq_len: int) -> InputBatch:
-        """This step's InputBatch as views of the graph's buffers (what the output copy and the post-step
-        hooks read)."""
-        r = len(req_slots)
-        return InputBatch(
-            request_ids=list(output.scheduled_request_ids), num_rows=r, num_tokens=r, num_logits=r, max_query_len=1,
-            max_seq_len=max_seq_len, idx_mapping_host=req_slots, num_draft_host=np.zeros(r, dtype=np.int64),
-            idx_mapping=self.idx_mapping[:r], query_start_loc=self.query_start_loc[: r + 1],
-            query_lens=self.ones[:r], num_draft=self.zeros[:r], cu_num_logits=self.query_start_loc[: r + 1],
-            token_rows=out.token_rows[:r], input_ids=out.input_ids[:r], positions=out.positions[:r],
-            seq_lens=out.seq_lens[:r], logits_indices=out.token_rows[:r],  # one token per row: logits_row = token
-            expanded_idx_mapping=out.expanded_idx_mapping[:r], sample_positions=out.sample_positions[:r],
-        )
+        return FullStepResult(list(output.scheduled_request_ids), tokens, num_sampled, errors)

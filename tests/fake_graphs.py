@@ -5,9 +5,10 @@ again is the same computation whenever the step reads only the static buffers (a
 and its host-side logic does not depend on a step's data: what `DecodeCudaGraphs` and
 `ModelState.prepare_graph_inputs` promise. So a CPU test can drive the whole "static inputs + replay" path
 (buffer filling, padding rows, the dummy slot, the state's graph inputs and graph-step hooks) and compare it
-with eager execution. What it cannot see by itself: host values frozen into a real graph at capture, and tensors the step reaches
-through attributes that were reallocated since (a real graph reads the old address). `StaticInputsCapturer`
-checks both at every replay: the step may read only storages it read at capture, and no device value on the host.
+with eager execution. What it cannot see by itself: host values frozen into a real graph at capture, and tensors
+the step reaches through attributes that were reallocated since (a real graph reads the old address).
+`StaticInputsCapturer` checks both at every replay: the step may read only storages it read at capture, and no
+device value on the host.
 """
 
 from __future__ import annotations

@@ -193,7 +193,8 @@ def test_a_tensor_reallocated_after_capture_is_caught(caplog: pytest.LogCaptureF
     rs = on.engine.runner.request_state
     rs.last_sampled = rs.last_sampled.clone()
     _drive(on)
-    assert "StaticInputsViolation: the replayed step read 1 storage(s) it did not read at capture and made host read(s) of device data: []" in caplog.text
+    assert ("StaticInputsViolation: the replayed step read 1 storage(s) it did not read at capture and made host "
+            "read(s) of device data: []") in caplog.text
 
 
 def test_a_host_read_inside_the_step_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
