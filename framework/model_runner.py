@@ -17,7 +17,7 @@ from framework.async_output import AsyncOutput
 from framework.attention import AttentionMetadata
 from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
-from framework.cuda_graphs import DecodeCudaGraphs, GraphCapturer, capture_sizes
+from framework.cuda_graphs import CudaGraphCapturer, DecodeCudaGraphs, GraphCapturer, capture_sizes
 from framework.engine_setup import LoadedModel
 from framework.input_batch import InputBatch, advance_num_computed_host, batch_req_slots, build_input_batch
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
@@ -140,6 +140,8 @@ class ModelRunnerV2(ModelRunner):
             return
         max_reqs = self.config.scheduler.max_num_seqs
         sizes = capture_sizes(rc.cuda_graph_sizes, max_reqs)
+        # One capturer (one memory pool) for the forward graphs and the full-step graphs: replays never overlap.
+        shared = capturer if capturer is not None else CudaGraphCapturer()
         state = self.model_state
         # A state without graph inputs reads no slot in the forward: the graphs need no idx_mapping then.
         with_inputs = type(state).prepare_graph_inputs is not ModelState.prepare_graph_inputs
@@ -148,7 +150,7 @@ class ModelRunnerV2(ModelRunner):
             self.config.cache.block_size, self.loaded.max_model_len, self.device,
             tokens_per_row=self._graph_tokens_per_row(),
             graph_inputs=state.prepare_graph_inputs if with_inputs else None, dummy_slot=state.graph_dummy_slot,
-            capturer=capturer,
+            capturer=shared,
         )
         self.cuda_graphs.capture()
         if self.speculator is not None and capturer is None:  # a draft model's own graphs (EAGLE / MTP draft steps)
@@ -162,8 +164,12 @@ class ModelRunnerV2(ModelRunner):
         self.step_graphs = FullStepGraphs(
             lambda ids, pos, kv, meta: self.model(ids, pos, kv, meta), self.model.compute_logits, self.sampler,
             self.request_state, self.block_tables, self.kv_caches, sizes, self.loaded.max_model_len, self.device,
-            capturer=capturer)
+            capturer=shared)
         self.step_graphs.capture()
+
+    def release_cuda_graphs(self) -> None:
+        self.step_graphs = None  # the full-step graphs too (they hold the KV caches and their own captures)
+        super().release_cuda_graphs()
 
     def _full_step_unsupported_reason(self) -> Optional[str]:
         """None when pure-decode steps may run as full-step graphs (framework.step_graphs); otherwise why not."""
