@@ -3,9 +3,10 @@ post-update) captured as one graph per (padded batch size, sampling variant) —
 
 What one replay runs, on the device, for B padded rows of one token each (the graph's static buffers):
 input preparation from the slot tables through `idx_mapping` (`prepare_inputs`), the block-table gather and
-KV slots, the forward, the LM head, the sampler (sanitize, temperature, top-k/top-p/min-p, Gumbel-max with
-(seed, position) noise: every parameter read per slot through `expanded_idx_mapping`), `num_sampled`, and the
-post-update that appends the token to the slot's history. The host's work per step: one H2D copy of the
+KV slots, the forward, the LM head, the sampler (sanitize, repetition / frequency / presence penalties,
+temperature, top-k/top-p/min-p, Gumbel-max with (seed, position) noise: every parameter read per slot through
+`expanded_idx_mapping`), `num_sampled`, and the post-update that appends the token to the slot's history (and
+advances the penalty counts). The host's work per step: one H2D copy of the
 padded `idx_mapping`, one replay, the usual async D2H copy of the tokens.
 
 Padding rows map to the dummy slot (row `max_num_reqs` of `RequestState`, `BlockTables` and the sampling
@@ -16,14 +17,16 @@ Graph-safe steps (`full_step_blocker` names the first reason a step is not; such
 the forward-only graph with the eager sampler): every row 1 token and no drafts, at most the largest capture
 size, and no row whose sampling needs host work or state the graph does not hold: logprobs, prompt
 logprobs, structured outputs (host-filled bitmasks), allowed_token_ids, bad_words, min_tokens, logit_bias,
-penalties (their [S, V] counts appear when the first penalised request arrives, after capture), custom logits
-processors, pooling rows, recurrent-state snapshots. Not captured at all (the runner logs why): speculative
-decoding (the verification shapes keep their forward graphs), tensor / pipeline parallelism, and model
+custom logits processors, pooling rows, recurrent-state snapshots. Not captured at all (the runner logs why):
+speculative decoding (the verification shapes keep their forward graphs), tensor / pipeline parallelism, and model
 states without `full_step_graphs` (states with per-step hooks: Mamba, Whisper, plugins).
 
-The sampler runs with fixed stage flags: `PLAIN_STAGES` (temperature / greedy) or `CUTOFF_STAGES` (also
-top-k, top-p, min-p) when any row uses a cutoff; greedy rows take the argmax under either. The sampler's
-results do not depend on those flags (they only skip work no row needs), so the tokens equal the eager path's.
+The sampler runs with fixed stage flags, one graph per variant: `PLAIN_STAGES` (temperature / greedy),
+`CUTOFF_STAGES` (also top-k, top-p, min-p) when any row uses a cutoff, `PENALTY_STAGES` (cutoffs and penalties)
+when any row has a penalty. The sampler's results do not depend on those flags (they only skip work no row
+needs: a row without a cutoff or a penalty passes those stages unchanged), so the tokens equal the eager
+path's. The penalty counts are allocated before capture (`PenaltiesState.allocate_counts`, [S+1, V]: ~190 MiB
+at 256 slots and V = 151,936), as the captured kernels read them at fixed addresses.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 PLAIN_STAGES = SamplingStages(any_random=True, any_top_k=False, any_top_p=False, any_min_p=False)
 CUTOFF_STAGES = SamplingStages(any_random=True, any_top_k=True, any_top_p=True, any_min_p=True)
+PENALTY_STAGES = SamplingStages(any_random=True, any_top_k=True, any_top_p=True, any_min_p=True, any_penalties=True)
+VARIANTS = (PLAIN_STAGES, CUTOFF_STAGES, PENALTY_STAGES)
 
 # (input_ids [B], positions [B], kv_caches, metadata) -> hidden [B, hidden]; hidden -> logits [B, vocab] float32.
 StepForward = Callable[[torch.Tensor, torch.Tensor, list, AttentionMetadata], torch.Tensor]
@@ -77,13 +82,15 @@ def full_step_blocker(output: SchedulerOutput, max_rows: int, row_needs: Callabl
         ("logprobs", s.num_logprobs >= 0), ("prompt logprobs", needs.prompt_logprobs),
         ("structured outputs", s.any_structured), ("allowed_token_ids", s.any_allowed_tokens),
         ("bad_words", s.any_bad_words), ("min_tokens", s.any_min_tokens), ("logit_bias", s.any_logit_bias),
-        ("penalties", s.any_penalties), ("logits processors", bool(s.processors)), ("pooling", needs.pooling),
+        ("logits processors", bool(s.processors)), ("pooling", needs.pooling),
     )
     return next((reason for reason, present in host_work if present), None)
 
 
 def graph_stages(stages: SamplingStages) -> SamplingStages:
     """The fixed stage flags of the graph variant that serves a graph-safe batch with `stages`."""
+    if stages.any_penalties:
+        return PENALTY_STAGES
     return CUTOFF_STAGES if stages.any_top_k or stages.any_top_p or stages.any_min_p else PLAIN_STAGES
 
 
@@ -156,6 +163,8 @@ class FullStepGraphs:
             num_sampled, num_rejected = compute_num_sampled(idx, prepared.seq_lens, rs.prefill_len, zeros, zeros)
             post_update(idx, query_lens, tokens, num_sampled, num_rejected, rs.all_token_ids, rs.total_len,
                         rs.num_computed, rs.last_sampled)
+            if stages.any_penalties:  # the counts advance (other variants: no row of the batch ever reads them)
+                self.sampler.states.record_sampled(idx, tokens, num_sampled)
             assert sampled.errors is not None
             return _Captured(tokens, num_sampled, sampled.errors)
         return step
@@ -165,7 +174,8 @@ class FullStepGraphs:
         """Capture every (size, variant), largest first so that smaller graphs reuse its memory pool. Every row
         maps to the dummy slot meanwhile, so the warm-up runs write nothing of a real slot."""
         self.idx_mapping.fill_(self.dummy_slot)
-        for stages in (PLAIN_STAGES, CUTOFF_STAGES):
+        self.sampler.states.penalties.allocate_counts()  # the penalty variant's kernels read them at fixed addresses
+        for stages in VARIANTS:
             for size in reversed(self.sizes):
                 self.graphs[(size, stages)] = self._capturer.capture(self._step(size, stages))
         self._capturer.finish()

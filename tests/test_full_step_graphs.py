@@ -5,11 +5,12 @@ step reads a storage it did not read at capture or reads device data on the host
 would get wrong silently. The claims:
 
 - tokens with full-step graphs on equal tokens with them off, step by step (greedy, seeded temperature,
-  top-k / top-p / min-p, per-request seeds), with requests joining and leaving, padding rows, preemption, and
-  batches that mix graph-safe rows with rows that need the eager sampler (those steps fall back, named);
+  top-k / top-p / min-p, repetition / frequency / presence penalties, per-request seeds), with requests
+  joining and leaving, padding rows, preemption, and batches that mix graph-safe rows with rows that need the
+  eager sampler (those steps fall back, named);
 - the fallback decision names its reason, and a batch of unconstrained rows never takes the eager path;
-- negative controls: a step reading a tensor reallocated after capture, a host read inside the step, and
-  padding rows aimed at a live slot are all caught;
+- negative controls: a step reading a tensor reallocated after capture, a host read inside the step, padding
+  rows whose KV stores land, and penalty counts that do not advance are all caught;
 - configurations that keep today's path (speculation, Mamba state) say why.
 """
 
@@ -24,8 +25,8 @@ import torch
 from framework.llm import LLM
 from framework.sampling_params import SamplingParams
 from framework.scheduler_output import SchedulerOutput
-from framework.step_graphs import (CUTOFF_STAGES, PLAIN_STAGES, FullStepGraphs, RowNeeds, full_step_blocker,
-                                   graph_stages)
+from framework.step_graphs import (CUTOFF_STAGES, PENALTY_STAGES, PLAIN_STAGES, VARIANTS, FullStepGraphs, RowNeeds,
+                                   full_step_blocker, graph_stages)
 from samplers.states import SamplingStages
 
 try:
@@ -44,11 +45,12 @@ SAFE = [  # graph-safe sampling mixes
     SamplingParams(temperature=0.7, top_p=0.6, seed=13),
     SamplingParams(temperature=1.2, min_p=0.2, seed=14),
     SamplingParams(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05),  # unseeded: the engine seed decides
+    SamplingParams(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.5),
+    SamplingParams(temperature=0.8, seed=15, frequency_penalty=0.7, top_k=30),
 ]
 UNSAFE = [  # each makes its step fall back to the eager sampler
     SamplingParams(temperature=0.0, logprobs=2),
-    SamplingParams(temperature=0.8, seed=21, repetition_penalty=1.3, frequency_penalty=0.4),
-    SamplingParams(temperature=0.0, min_tokens=6),
+    SamplingParams(temperature=0.0, min_tokens=2),
     SamplingParams(temperature=0.5, seed=22, logit_bias={5: 3.0}),
 ]
 
@@ -72,8 +74,9 @@ def _work(params: list[SamplingParams], n: int = 9) -> list[tuple[int, list[int]
 
 
 def _with(p: SamplingParams, **changes: Any) -> SamplingParams:
-    fields = {k: getattr(p, k) for k in ("temperature", "top_k", "top_p", "min_p", "seed", "logprobs",
-                                          "repetition_penalty", "frequency_penalty", "min_tokens", "logit_bias")}
+    fields = {k: getattr(p, k) for k in ("temperature", "top_k", "top_p", "min_p", "seed", "logprobs", "min_tokens",
+                                          "repetition_penalty", "frequency_penalty", "presence_penalty",
+                                          "logit_bias")}
     return SamplingParams(**{**fields, **changes})
 
 
@@ -127,7 +130,7 @@ def test_graph_safe_mixes_equal_eager_with_padding() -> None:
     assert r.full_step_replays == len(runs) > 10
     assert r.eager_forwards == off.engine.runner.eager_forwards  # prefill steps only, as with graphs off
     replayed = {key[1] for key, graph in r.step_graphs.graphs.items() if graph.num_replays}
-    assert replayed == {PLAIN_STAGES, CUTOFF_STAGES}, "both sampling variants must have served steps"
+    assert replayed == set(VARIANTS), "every sampling variant must have served steps"
 
 
 def test_preemption_equals_eager() -> None:
@@ -149,7 +152,7 @@ def test_mixed_safe_and_unsafe_rows_fall_back_with_reasons() -> None:
     _lockstep(off, on, _work(SAFE[:3] + UNSAFE, n=9))
     r = on.engine.runner
     reasons = set(r.full_step_fallbacks)
-    assert {"logprobs", "penalties", "min_tokens", "logit_bias"} & reasons, reasons
+    assert {"logprobs", "min_tokens", "logit_bias"} & reasons, reasons
     assert r.full_step_replays > 0, "no step ran as one graph (the last rows are graph-safe)"
 
 
@@ -172,8 +175,8 @@ def test_blocker_names_each_reason() -> None:
     cases = {"logprobs": {"num_logprobs": 0}, "prompt logprobs": {"prompt_logprobs": True},
              "structured outputs": {"any_structured": True}, "allowed_token_ids": {"any_allowed_tokens": True},
              "bad_words": {"any_bad_words": True}, "min_tokens": {"any_min_tokens": True},
-             "logit_bias": {"any_logit_bias": True}, "penalties": {"any_penalties": True},
-             "logits processors": {"processors": (0,)}, "pooling": {"pooling": True}}
+             "logit_bias": {"any_logit_bias": True}, "logits processors": {"processors": (0,)},
+             "pooling": {"pooling": True}}
     for reason, kw in cases.items():
         assert full_step_blocker(so([1, 1]), 4, needs(**kw)) == reason
     asked: list[int] = []
@@ -181,6 +184,8 @@ def test_blocker_names_each_reason() -> None:
     assert not asked, "a prefill step computed the rows' sampling needs"
     assert graph_stages(plain) is PLAIN_STAGES
     assert graph_stages(SamplingStages(True, False, True, False)) is CUTOFF_STAGES
+    assert graph_stages(SamplingStages(False, False, False, False, any_penalties=True)) is PENALTY_STAGES
+    assert full_step_blocker(so([1, 1]), 4, needs(any_penalties=True)) is None  # penalties run in the graph
 
 
 # ---- negative controls ---------------------------------------------------------------------------------------
@@ -252,4 +257,22 @@ def test_off_by_default_and_unsupported_configs_say_why(caplog: pytest.LogCaptur
 
 def test_full_step_graphs_capture_both_variants_per_size() -> None:
     graphs: FullStepGraphs = _llm(True).engine.runner.step_graphs
-    assert set(graphs.graphs) == {(s, v) for s in (1, 2, 4, 6) for v in (PLAIN_STAGES, CUTOFF_STAGES)}
+    assert set(graphs.graphs) == {(s, v) for s in (1, 2, 4, 6) for v in VARIANTS}
+
+
+PENALISED = [SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.6),
+             SamplingParams(temperature=0.9, seed=31, presence_penalty=1.0, top_p=0.9),
+             SamplingParams(temperature=0.0)]
+
+
+def test_penalty_counts_advance_inside_the_graph() -> None:
+    """Penalised rows replay whole; negative control: a graph that does not advance the counts is caught."""
+    off, on = _llm(False), _llm(True)
+    work = [(i, [3 + i, 3 + i, 8, 9], _with(PENALISED[i % 3], max_tokens=24, ignore_eos=True)) for i in range(4)]
+    _lockstep(off, on, list(work))
+    graphs = on.engine.runner.step_graphs
+    assert any(g.num_replays for (_, v), g in graphs.graphs.items() if v is PENALTY_STAGES)
+    off, on = _llm(False), _llm(True)
+    on.engine.runner.sampling_states.record_sampled = lambda *args: None  # planted: counts never advance
+    with pytest.raises(AssertionError, match="outputs differ"):
+        _lockstep(off, on, list(work))

@@ -2,8 +2,8 @@
 
 - on == off at the Qwen3-0.6B geometry (random weights, float32 so that the two paths' different GEMM shapes in
   the LM head, B padded rows vs R rows, cannot flip a near-tie): greedy and seeded sampling mixes, requests of
-  different lengths (the batch shrinks through several graph sizes, with padding rows), and rows with logprobs
-  and penalties that make their steps fall back;
+  different lengths (the batch shrinks through several graph sizes, with padding rows), a penalised row
+  (penalty variant, in the graph) and a row with logprobs that makes its steps fall back;
 - a full-step decode step queues without a host sync (tests/sync_check.py) and really replays whole.
 """
 
@@ -45,7 +45,7 @@ def test_full_step_graphs_equal_eager_sampler_at_real_shapes() -> None:
         if on:
             assert runner.step_graphs is not None
             assert runner.full_step_replays > 20, runner.full_step_fallbacks
-            assert {"logprobs", "penalties"} & set(runner.full_step_fallbacks), runner.full_step_fallbacks
+            assert "logprobs" in runner.full_step_fallbacks, runner.full_step_fallbacks
         llm.shutdown()
     assert results[True] == results[False]
 
