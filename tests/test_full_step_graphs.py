@@ -11,7 +11,8 @@ would get wrong silently. The claims:
 - the fallback decision names its reason, and a batch of unconstrained rows never takes the eager path;
 - negative controls: a step reading a tensor reallocated after capture, a host read inside the step, padding
   rows whose KV stores land, and penalty counts that do not advance are all caught;
-- configurations that keep today's path (speculation, Mamba state) say why.
+- configurations that keep today's path (speculation, Mamba state) say why;
+- with the GPU's Triton kernels forced (interpreter), the captured step still reads only static inputs.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ UNSAFE = [  # each makes its step fall back to the eager sampler
 ]
 
 
-def _llm(full_step: bool, **kwargs: Any) -> LLM:
-    llm = LLM("tiny", **{**BASE, "full_step_cuda_graphs": full_step, **kwargs})
+def _llm(full_step: bool, model: str = "tiny", **kwargs: Any) -> LLM:
+    llm = LLM(model, **{**BASE, "full_step_cuda_graphs": full_step, **kwargs})
     llm.engine.runner.capture_cuda_graphs(StaticInputsCapturer())
     return llm
 
@@ -276,3 +277,29 @@ def test_penalty_counts_advance_inside_the_graph() -> None:
     on.engine.runner.sampling_states.record_sampled = lambda *args: None  # planted: counts never advance
     with pytest.raises(AssertionError, match="outputs differ"):
         _lockstep(off, on, list(work))
+
+
+def test_the_triton_kernels_of_the_step_read_only_static_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's kernels (input prep, num_sampled, post-update, penalties, the fused sampler) inside the captured
+    step, under the interpreter: their wrappers read nothing on the host and nothing allocated after capture."""
+    import framework.kernels.input_prep
+    import samplers.penalties
+    import samplers.penalty_counts
+    import samplers.sampler
+
+    monkeypatch.setattr(framework.kernels.input_prep, "use_triton", lambda tensor, force=None: True)
+    for module in (samplers.penalties, samplers.penalty_counts, samplers.sampler):
+        monkeypatch.setattr(module, "use_triton", lambda tensor: True)
+    calls: list[str] = []
+    kernels = ((samplers.sampler, "sample_fused_triton"), (framework.kernels.input_prep, "post_update_triton"),
+               (samplers.penalties, "apply_penalties_triton"))
+    for module, name in kernels:
+        fn = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _fn=fn, _name=name, **k: (calls.append(_name), _fn(*a, **k))[1])
+    small = {"max_num_seqs": 4}
+    off, on = _llm(False, model="random_tiny", **small), _llm(True, model="random_tiny", **small)
+    params = [SAFE[0], SAFE[2], PENALISED[1]]
+    work = [(i, [5 + i, 9, 2 + i], _with(params[i], max_tokens=5, ignore_eos=True)) for i in range(3)]
+    _lockstep(off, on, work)
+    assert on.engine.runner.full_step_replays >= 3
+    assert {"sample_fused_triton", "post_update_triton", "apply_penalties_triton"} <= set(calls)
