@@ -18,6 +18,7 @@ would get wrong silently. The claims:
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -303,3 +304,20 @@ def test_the_triton_kernels_of_the_step_read_only_static_inputs(monkeypatch: pyt
     _lockstep(off, on, work)
     assert on.engine.runner.full_step_replays >= 3
     assert {"sample_fused_triton", "post_update_triton", "apply_penalties_triton"} <= set(calls)
+
+
+def test_structured_rows_fall_back_and_the_rest_replay() -> None:
+    """A grammar-constrained request joins replayed steps (they fall back while it runs), finishes, and the
+    graph takes over again; the matchers see every token either way."""
+    from framework import StructuredOutputsParams
+
+    off, on = _llm(False, model="random_tiny"), _llm(True, model="random_tiny")
+    regex = StructuredOutputsParams(regex=r"[a-z]{3,6}-[0-9]{2}")
+    work = [(0, [5, 6, 7], _with(SAFE[1], max_tokens=20, ignore_eos=True)),
+            (1, [8, 9], _with(SAFE[2], max_tokens=22, ignore_eos=True)),
+            (4, [3, 4, 5], SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=regex))]
+    tokens = _lockstep(off, on, work)
+    r = on.engine.runner
+    assert r.full_step_fallbacks["structured outputs"] > 0 and r.full_step_replays > 5
+    text = on.engine.tokenizer.decode(tokens["r4"])
+    assert re.fullmatch(r"[a-z]{3,6}-[0-9]{2}", text), text
