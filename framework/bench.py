@@ -48,6 +48,8 @@ class BenchResult:
     compiles_during_run: Optional[dict[str, int]] = None
     # Forwards of the timed run that ran eagerly (no captured decode graph fits: prefills, mixed steps), mrv2 only.
     eager_forwards: Optional[int] = None
+    # Steps of the timed run replayed whole as one graph (runner.full_step_cuda_graphs), mrv2 V2 only.
+    full_step_replays: Optional[int] = None
 
     @property
     def output_tok_per_s(self) -> float:
@@ -119,12 +121,14 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
     stats_before = llm.prefix_cache_stats
     compiled_before = compiled_variants()
     eager_before = getattr(llm.engine.runner, "eager_forwards", 0)
+    full_before = getattr(llm.engine.runner, "full_step_replays", 0)
     _sync(device)
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=True)
     _sync(device)
     seconds = time.perf_counter() - start
     eager = getattr(llm.engine.runner, "eager_forwards", None)
+    full = getattr(llm.engine.runner, "full_step_replays", None)
     stats = llm.prefix_cache_stats
     caching = llm.engine.kv_cache.enable_prefix_caching
     return BenchResult(
@@ -137,6 +141,7 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
         prefix_cache_hits=stats.hits - stats_before.hits,
         compiles_during_run=new_variants(compiled_before, compiled_variants()),
         eager_forwards=eager - eager_before if eager is not None else None,
+        full_step_replays=full - full_before if full is not None else None,
         **ttft_summary(outputs),
     )
 
@@ -278,6 +283,8 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
         print(f"note: Triton compiled kernels during the timed run: {results[0].compiles_during_run}")
     if results[0].eager_forwards is not None:
         print(f"forwards run eagerly during the timed run (no decode graph): {results[0].eager_forwards}")
+    if results[0].full_step_replays:
+        print(f"steps replayed whole as one graph (runner.full_step_cuda_graphs): {results[0].full_step_replays}")
     extra: dict = {}
     spec = llm.get_metrics()["spec_decode"]
     if config.bench.decode_idle_batch and llm.engine.loaded.device.type == "cuda":

@@ -12,14 +12,16 @@ from framework.staged_writes import StagedWrites
 class BlockTables:
     """Row `req_slot` lists the KV blocks of the request in that slot, in position order.
 
-    Rows never move; a request gaining blocks appends to its row (staged, applied once per step).
+    Rows never move; a request gaining blocks appends to its row (staged, applied once per step). Row
+    `max_num_reqs` belongs to no request: the padding rows of full-step graphs read it (their KV stores are
+    skipped).
     """
 
     def __init__(self, max_num_reqs: int, max_blocks_per_req: int, block_size: int, device: torch.device) -> None:
         self.block_size = block_size
         self.max_blocks_per_req = max_blocks_per_req
-        self.table = torch.zeros(max_num_reqs, max_blocks_per_req, dtype=torch.int32, device=device)
-        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)  # host: where the next block goes
+        self.table = torch.zeros(max_num_reqs + 1, max_blocks_per_req, dtype=torch.int32, device=device)
+        self.num_blocks = np.zeros(max_num_reqs + 1, dtype=np.int64)  # host: where the next block goes
         self._staged = StagedWrites(self.table)
 
     def add_request(self, req_slot: int, block_ids: list[int]) -> None:

@@ -71,6 +71,12 @@ class RunnerConfig(_Strict):
         default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512],
         description="Decode batch sizes to capture; larger batches and mixed batches run eagerly.",
     )
+    full_step_cuda_graphs: bool = Field(
+        False, description="V2, with cuda_graphs: capture input preparation, attention metadata, forward, logits, "
+        "sampling and the post-update of a pure-decode step (one token per row, no speculation) as one graph per "
+        "batch size; steps whose sampling needs host work (logprobs, grammars, masks, ...) keep the "
+        "forward-only graph. Off by default until measured on a GPU (docs/kernels.md, CUDA graphs).",
+    )
 
     @model_validator(mode="after")
     def _sizes(self) -> "RunnerConfig":

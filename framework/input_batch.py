@@ -44,18 +44,30 @@ def _prefix_sum(counts: np.ndarray) -> np.ndarray:
     return out
 
 
-def build_input_batch(output: SchedulerOutput, state: RequestState, device: torch.device) -> InputBatch:
-    """Host: idx_mapping and prefix sums (O(rows)). Device: tokens, positions, logits rows (O(tokens))."""
+def batch_req_slots(output: SchedulerOutput, state: RequestState) -> np.ndarray:
+    """[R] int64: batch_row -> req_slot of this step's rows (host only)."""
     ids = output.scheduled_request_ids
-    slots = np.fromiter(map(state.req_id_to_slot.__getitem__, ids), dtype=np.int64, count=len(ids))
-    num_scheduled = np.asarray(output.num_scheduled_tokens, dtype=np.int64)
-    num_draft = np.asarray(output.num_draft_tokens, dtype=np.int64)
-    query_start_loc = _prefix_sum(num_scheduled)
-    cu_num_logits = _prefix_sum(num_draft + 1)
+    return np.fromiter(map(state.req_id_to_slot.__getitem__, ids), dtype=np.int64, count=len(ids))
+
+
+def advance_num_computed_host(output: SchedulerOutput, state: RequestState, slots: np.ndarray,
+                              num_scheduled: np.ndarray) -> np.ndarray:
+    """Move the host mirror of computed tokens past this step; returns the rows' seq_lens [R] int64 (host)."""
     if output.num_computed_tokens is not None:  # the scheduler's count, corrected for rejected drafts
         state.num_computed_host[slots] = output.num_computed_tokens
     seq_lens_host = state.num_computed_host[slots] + num_scheduled
     state.num_computed_host[slots] = seq_lens_host
+    return seq_lens_host
+
+
+def build_input_batch(output: SchedulerOutput, state: RequestState, device: torch.device) -> InputBatch:
+    """Host: idx_mapping and prefix sums (O(rows)). Device: tokens, positions, logits rows (O(tokens))."""
+    slots = batch_req_slots(output, state)
+    num_scheduled = np.asarray(output.num_scheduled_tokens, dtype=np.int64)
+    num_draft = np.asarray(output.num_draft_tokens, dtype=np.int64)
+    query_start_loc = _prefix_sum(num_scheduled)
+    cu_num_logits = _prefix_sum(num_draft + 1)
+    seq_lens_host = advance_num_computed_host(output, state, slots, num_scheduled)
     num_tokens, num_logits = int(query_start_loc[-1]), int(cu_num_logits[-1])
 
     def to_device(a: np.ndarray) -> torch.Tensor:

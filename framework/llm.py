@@ -43,6 +43,7 @@ _KWARGS = {
     "logits_processors": "sampler.logits_processors",
     "async_scheduling": "scheduler.async_scheduling",
     "cuda_graphs": "runner.cuda_graphs",
+    "full_step_cuda_graphs": "runner.full_step_cuda_graphs",
     "token_history_on_host": "cache.token_history_on_host",
     "enable_prefix_caching": "cache.enable_prefix_caching",
     "mamba_snapshot_slots": "cache.mamba_snapshot_slots",

@@ -5,8 +5,10 @@ Read `execute_model` and `sample_tokens` top to bottom: each is a numbered list 
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import NamedTuple, Optional
+from collections import Counter
+from typing import NamedTuple, Optional, Union
 
 import numpy as np
 import torch
@@ -15,9 +17,9 @@ from framework.async_output import AsyncOutput
 from framework.attention import AttentionMetadata
 from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
-from framework.cuda_graphs import DecodeCudaGraphs, GraphCapturer, capture_sizes
+from framework.cuda_graphs import CudaGraphCapturer, DecodeCudaGraphs, GraphCapturer, capture_sizes
 from framework.engine_setup import LoadedModel
-from framework.input_batch import InputBatch, build_input_batch
+from framework.input_batch import InputBatch, advance_num_computed_host, batch_req_slots, build_input_batch
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.kernels.input_prep import compute_num_sampled, post_update, token_batch_rows
 from framework.logits_processor_setup import build_logits_processors
@@ -26,6 +28,7 @@ from framework.plugins import (ModelState, ProposeInputs, Speculator, build_mode
 from framework.request_state import RequestState
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from framework.step_graphs import FullStepGraphs, FullStepResult, RowNeeds, full_step_blocker
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
@@ -94,6 +97,10 @@ class ModelRunnerV2(ModelRunner):
         # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.
         self.step_events: Optional[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = None
         self.eager_forwards = 0  # forwards that ran eagerly (no captured graph fits): benchmarks report them
+        # Full-step graphs (runner.full_step_cuda_graphs): steps replayed whole, and why the others were not.
+        self.step_graphs: Optional[FullStepGraphs] = None
+        self.full_step_replays = 0
+        self.full_step_fallbacks: Counter[str] = Counter()
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight. Flat, so
         # that the [R, k+1] landing view of any step is contiguous (`landing_view`).
@@ -103,7 +110,7 @@ class ModelRunnerV2(ModelRunner):
              torch.empty(max_reqs, dtype=torch.int32, pin_memory=True))
             for _ in range(3)
         ] if self.copy_stream is not None else []
-        self._pending: Optional[_ExecuteState] = None
+        self._pending: Optional[Union[_ExecuteState, FullStepResult]] = None
         # [S, K, V] float32 q of the drafts in each slot, allocated when a speculator first returns probabilities.
         self._draft_probs: Optional[torch.Tensor] = None
         # Structured outputs: the last output whose tokens the grammar matchers have not consumed, and (GPU) the
@@ -133,6 +140,8 @@ class ModelRunnerV2(ModelRunner):
             return
         max_reqs = self.config.scheduler.max_num_seqs
         sizes = capture_sizes(rc.cuda_graph_sizes, max_reqs)
+        # One capturer (one memory pool) for the forward graphs and the full-step graphs: replays never overlap.
+        shared = capturer if capturer is not None else CudaGraphCapturer()
         state = self.model_state
         # A state without graph inputs reads no slot in the forward: the graphs need no idx_mapping then.
         with_inputs = type(state).prepare_graph_inputs is not ModelState.prepare_graph_inputs
@@ -141,12 +150,36 @@ class ModelRunnerV2(ModelRunner):
             self.config.cache.block_size, self.loaded.max_model_len, self.device,
             tokens_per_row=self._graph_tokens_per_row(),
             graph_inputs=state.prepare_graph_inputs if with_inputs else None, dummy_slot=state.graph_dummy_slot,
-            capturer=capturer,
+            capturer=shared,
         )
         self.cuda_graphs.capture()
         if self.speculator is not None and capturer is None:  # a draft model's own graphs (EAGLE / MTP draft steps)
             self.speculator.capture_cuda_graphs(sizes, self.config.cache.block_size,
                                                 self.block_tables.max_blocks_per_req)
+        reason = self._full_step_unsupported_reason()
+        if reason is not None:
+            if rc.full_step_cuda_graphs:
+                logger.info("no full-step CUDA graphs: %s", reason)
+            return
+        self.step_graphs = FullStepGraphs(
+            lambda ids, pos, kv, meta: self.model(ids, pos, kv, meta), self.model.compute_logits, self.sampler,
+            self.request_state, self.block_tables, self.kv_caches, sizes, self.loaded.max_model_len, self.device,
+            capturer=shared)
+        self.step_graphs.capture()
+
+    def release_cuda_graphs(self) -> None:
+        self.step_graphs = None  # the full-step graphs too (they hold the KV caches and their own captures)
+        super().release_cuda_graphs()
+
+    def _full_step_unsupported_reason(self) -> Optional[str]:
+        """None when pure-decode steps may run as full-step graphs (framework.step_graphs); otherwise why not."""
+        if not self.config.runner.full_step_cuda_graphs:
+            return "runner.full_step_cuda_graphs is off"
+        if self.speculator is not None:
+            return "speculative decoding (verification steps keep their forward graphs)"
+        if self.parallel.tp_size > 1 or self.parallel.pp_size > 1:
+            return "tensor / pipeline parallelism"
+        return self.model_state.full_step_unsupported_reason()
 
     def _graph_tokens_per_row(self) -> tuple[int, ...]:
         """1 + every k the scheduler may ask to verify: all of 0..K with dynamic-k, else 0 and K."""
@@ -168,6 +201,9 @@ class ModelRunnerV2(ModelRunner):
         if output.is_empty:
             self._pending = None
             return
+        self._pending = self._replay_full_step(output)  # 4b. graph-safe decode: steps 5-8 + sampling, one replay
+        if self._pending is not None:
+            return
         batch = build_input_batch(output, self.request_state, self.device)  # 5. inputs, on the device
         attn_metadata = self.model_state.prepare_attn_metadata(batch, self.block_tables)  # 6. block tables, KV slots
         self.model_state.save_snapshots(output.state_snapshots)  # 7. recurrent-state snapshots this step stores
@@ -177,6 +213,25 @@ class ModelRunnerV2(ModelRunner):
             batch, hidden, np.asarray(output.num_scheduled_tokens), seq_lens_host)
         self._pending = _ExecuteState(batch, hidden, pooled, output.num_propose_tokens, aux_hidden,
                                       attn_metadata if self.num_draft_kv_layers else None)
+
+    def _replay_full_step(self, output: SchedulerOutput) -> Optional[FullStepResult]:
+        """A graph-safe pure-decode step runs whole as one replay (framework.step_graphs); else None and the
+        reason counts in `full_step_fallbacks`."""
+        graphs = self.step_graphs
+        if graphs is None:
+            return None
+        slots = batch_req_slots(output, self.request_state)
+        s = self.sampling_states
+        needs = functools.cache(lambda: RowNeeds(  # asked only for a pure-decode step that fits
+            s.stages_for(slots), s.prompt_logprobs.any_in(slots), self.pooling_state.any_in(slots)))
+        reason = full_step_blocker(output, graphs.sizes[-1], needs)
+        if reason is not None:
+            self.full_step_fallbacks[reason] += 1
+            return None
+        stages = needs().stages
+        advance_num_computed_host(output, self.request_state, slots, np.ones(len(slots), np.int64))
+        self.full_step_replays += 1
+        return graphs.run(output, slots, stages, self.copy_stream)
 
     def _forward(self, batch: InputBatch,
                  attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -252,13 +307,15 @@ class ModelRunnerV2(ModelRunner):
     def sample_tokens(self) -> AsyncOutput:
         if self._pending is None:
             return AsyncOutput.empty()
-        batch, hidden, pooled, num_propose, aux_hidden, attn_metadata = self._pending
-        self._pending = None
+        pending, self._pending = self._pending, None
         structured = self.sampling_states.structured
         if structured is not None and structured.active:  # 0. the last step's tokens advance the matchers
             self._advance_grammar_matchers()
         else:
             self._grammar_pending = None  # nobody constrained is left to read it
+        if isinstance(pending, FullStepResult):  # 1-8 ran inside the replay: only the copy-out is left
+            return self._full_step_output(pending)
+        batch, hidden, pooled, num_propose, aux_hidden, attn_metadata = pending
         if not self.parallel.is_last_stage:  # 1-3. an earlier pipeline stage: the driver's tokens arrive below
             sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
         elif self.pooling_state.only_pooling(batch.idx_mapping_host):  # 1-2. embeddings only: no logits, no sampler
@@ -302,6 +359,18 @@ class ModelRunnerV2(ModelRunner):
                 self._copy_drafts_for_grammar(batch, num_propose)  # 9b. the next step's masks walk them
             else:
                 self._grammar_drafts = None
+        if structured is not None and structured.active:
+            self._grammar_pending = (self._num_outputs - 1, output)
+        if self.step_events is not None and self.device.type == "cuda":
+            self.step_events[-1][1].record()
+        return output
+
+    def _full_step_output(self, step: FullStepResult) -> AsyncOutput:
+        """Start the D2H copy of a replayed full step's tokens (its rows have no penalties, grammars or pooling:
+        `record_sampled` and the state's postprocess have nothing to do)."""
+        output = AsyncOutput(step.request_ids, step.tokens, step.num_sampled, self.copy_stream,
+                             self._next_host_buffers(), errors=step.errors)
+        structured = self.sampling_states.structured
         if structured is not None and structured.active:
             self._grammar_pending = (self._num_outputs - 1, output)
         if self.step_events is not None and self.device.type == "cuda":
@@ -363,13 +432,18 @@ class ModelRunnerV2(ModelRunner):
     def _start_output_copy(self, batch: InputBatch, tokens: torch.Tensor, num_sampled: torch.Tensor,
                            sampled: SamplerOutput, prompt_logprobs: Optional[PromptLogprobsPiece],
                            pooled: Optional[PooledRows]) -> AsyncOutput:
-        buffers = self._host_buffers[self._num_outputs % len(self._host_buffers)] if self._host_buffers else None
-        self._num_outputs += 1
         return AsyncOutput(
-            batch.request_ids, tokens, num_sampled, self.copy_stream, buffers, logprobs=sampled.logprobs,
+            batch.request_ids, tokens, num_sampled, self.copy_stream, self._next_host_buffers(),
+            logprobs=sampled.logprobs,
             logits_row_starts=self._logits_row_starts(batch), errors=self._row_errors(batch, sampled.errors),
             prompt_logprobs=prompt_logprobs, pooled=pooled,
         )
+
+    def _next_host_buffers(self) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """The pinned landing buffers of the next output (in turn; None on the CPU); counts the output."""
+        buffers = self._host_buffers[self._num_outputs % len(self._host_buffers)] if self._host_buffers else None
+        self._num_outputs += 1
+        return buffers
 
     @staticmethod
     def _logits_row_starts(batch: InputBatch) -> np.ndarray:

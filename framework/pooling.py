@@ -74,6 +74,10 @@ class PoolingState:
         """True when every batch row (req_slots `idx_mapping_host`) is an embedding request: nothing to sample."""
         return bool((self.kind[idx_mapping_host] >= 0).all())
 
+    def any_in(self, idx_mapping_host: np.ndarray) -> bool:
+        """True when some batch row (req_slots `idx_mapping_host`) is an embedding request."""
+        return bool((self.kind[idx_mapping_host] >= 0).any())
+
     def apply_staged_writes(self) -> None:
         """Zero the running sums of slots that (re)started a pooling prompt: one scatter per tensor."""
         if not self._to_reset:

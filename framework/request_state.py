@@ -19,6 +19,10 @@ class RequestState:
     Per slot: `all_token_ids` (prefill tokens, then every sampled token), `prompt_len` (the original
     prompt), `prefill_len` (prompt + output before a preemption), `total_len` (valid entries of
     `all_token_ids`), `num_computed` (tokens whose KV is cached), `last_sampled`, `draft_tokens`.
+
+    The device tables have one row more than there are slots: row `max_num_reqs` (`graph_dummy_slot`) is
+    never handed out. The padding rows of a full-step graph (`framework.step_graphs`) map to it, so their
+    input preparation and post-update read and write only that row.
     """
 
     def __init__(
@@ -27,8 +31,11 @@ class RequestState:
     ) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
+        self.graph_dummy_slot = max_num_reqs  # one past the last real slot: padding rows of full-step graphs
         self.req_id_to_slot: dict[str, int] = {}
         self.free_slots: list[int] = list(range(max_num_reqs - 1, -1, -1))  # pop() hands out slot 0 first
+
+        rows = max_num_reqs + 1  # + the dummy slot
 
         def zeros(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.int32, device=device)
@@ -36,17 +43,17 @@ class RequestState:
         # [S, max_model_len]. On a GPU it lives in pinned host memory by default: the kernels read and write
         # it through unified addressing, so max_num_reqs x max_model_len never occupies device memory.
         if history_on_host:
-            self.all_token_ids = torch.zeros(max_num_reqs, max_model_len, dtype=torch.int32, pin_memory=True)
+            self.all_token_ids = torch.zeros(rows, max_model_len, dtype=torch.int32, pin_memory=True)
         else:
-            self.all_token_ids = zeros(max_num_reqs, max_model_len)
-        self.prompt_len = zeros(max_num_reqs)
-        self.prefill_len = zeros(max_num_reqs)
-        self.total_len = zeros(max_num_reqs)
-        self.num_computed = zeros(max_num_reqs)
-        self.last_sampled = zeros(max_num_reqs)
-        self.draft_tokens = zeros(max_num_reqs, max_num_draft)  # [S, K]
+            self.all_token_ids = zeros(rows, max_model_len)
+        self.prompt_len = zeros(rows)
+        self.prefill_len = zeros(rows)
+        self.total_len = zeros(rows)
+        self.num_computed = zeros(rows)
+        self.last_sampled = zeros(rows)
+        self.draft_tokens = zeros(rows, max_num_draft)  # [S+1, K]
         # Host-side upper bound of num_computed (exact without speculation): sizes attention grids, never synced.
-        self.num_computed_host = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_computed_host = np.zeros(rows, dtype=np.int64)
         self._staged = [
             StagedWrites(t, device)
             for t in (self.all_token_ids, self.prompt_len, self.prefill_len, self.total_len, self.num_computed,

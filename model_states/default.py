@@ -13,6 +13,7 @@ class DefaultModelState(ModelState):
 
     name = "default"
     supports_prefix_caching = True  # no per-slot state: the KV blocks are everything a cached prefix needs
+    full_step_graphs = True  # no hook does anything in a decode step: the full-step graph builds the same metadata
 
     def prepare_attn_metadata(self, batch: InputBatch, block_tables: BlockTables) -> AttentionMetadata:
         table = block_tables.gather(batch.idx_mapping)

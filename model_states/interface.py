@@ -48,6 +48,13 @@ class ModelState(ABC):
     # False: decode never replays a CUDA graph with this state (the runner logs `cuda_graph_unsupported_reason`).
     # A state with extra forward inputs opts in by implementing `prepare_graph_inputs` (see its docstring).
     decode_cuda_graphs: ClassVar[bool] = True
+    # True: a pure-decode step may run as one full-step graph (`framework.step_graphs`, runner.full_step_cuda_graphs),
+    # which builds the default paged self-attention metadata itself and calls none of the step hooks. Only a state
+    # whose step hooks do nothing in a decode step sets it; a subclass that overrides one of them is out again
+    # (`full_step_unsupported_reason`) unless it declares the flag itself.
+    full_step_graphs: ClassVar[bool] = False
+    _STEP_HOOKS: ClassVar[tuple[str, ...]] = ("prepare_attn_metadata", "prepare_inputs", "postprocess",
+                                               "prepare_graph_inputs", "prepare_graph_step", "save_snapshots")
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
         self.model = model
@@ -108,6 +115,18 @@ class ModelState(ABC):
             return (f"model state '{self.name}' has extra forward inputs (prepare_inputs) but no "
                     "prepare_graph_inputs to build them inside a graph")
         return None
+
+    def full_step_unsupported_reason(self) -> Optional[str]:
+        """None when a pure-decode step may run as one full-step graph with this state; otherwise why not."""
+        cls = type(self)
+        owner = next(c for c in cls.__mro__ if "full_step_graphs" in c.__dict__)  # who set the flag last
+        if not owner.__dict__["full_step_graphs"]:
+            return f"model state '{self.name}' does not set full_step_graphs = True"
+        changed = [h for h in self._STEP_HOOKS if getattr(cls, h) is not getattr(owner, h)]
+        if changed:
+            return (f"model state '{self.name}' overrides {', '.join(changed)} of {owner.__name__}, which opted in "
+                    "to full-step graphs")
+        return self.cuda_graph_unsupported_reason()
 
     def prepare_graph_inputs(self, graph: GraphBatch) -> dict[str, Any]:
         """Extra keyword inputs of the forward inside a captured graph, built from `graph`'s static buffers

@@ -63,17 +63,21 @@ class PenaltyTables(NamedTuple):
 
 
 class PenaltiesState:
-    """repetition / frequency / presence penalty per req_slot, and the token counts they read."""
+    """repetition / frequency / presence penalty per req_slot, and the token counts they read.
+
+    One row more than there are slots: row `max_num_reqs` (penalties off) serves the padding rows of full-step
+    graphs (`framework.step_graphs`), which also allocate the counts before capture (`allocate_counts`)."""
 
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, history: TokenHistory) -> None:
         self.max_num_reqs = max_num_reqs
         self.vocab_size = vocab_size
         self.device = device
         self.history = history
-        self.repetition = torch.ones(max_num_reqs, dtype=torch.float32, device=device)
-        self.frequency = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
-        self.presence = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
-        self.host_active = np.zeros(max_num_reqs, dtype=bool)
+        rows = max_num_reqs + 1  # + the dummy slot of full-step graphs
+        self.repetition = torch.ones(rows, dtype=torch.float32, device=device)
+        self.frequency = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.presence = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.host_active = np.zeros(rows, dtype=bool)
         self._staged = [StagedWrites(t) for t in (self.repetition, self.frequency, self.presence)]
         self.counts: Optional[PenaltyCounts] = None
         self._rebuild_slots: list[int] = []
@@ -85,11 +89,17 @@ class PenaltiesState:
         active = values != (1.0, 0.0, 0.0)
         self.host_active[req_slot] = active
         if active:
-            if self.counts is None:
-                max_seen = seen_capacity(self.vocab_size, self.history.all_token_ids.shape[1],
-                                         self.history.draft_tokens.shape[1])
-                self.counts = PenaltyCounts.zeros(self.max_num_reqs, self.vocab_size, max_seen, self.device)
+            self.allocate_counts()
             self._rebuild_slots.append(req_slot)
+
+    def allocate_counts(self) -> PenaltyCounts:
+        """The [S+1, V] counts (allocated once: when the first penalised request arrives, or before full-step
+        graphs capture the kernels that read them)."""
+        if self.counts is None:
+            max_seen = seen_capacity(self.vocab_size, self.history.all_token_ids.shape[1],
+                                     self.history.draft_tokens.shape[1])
+            self.counts = PenaltyCounts.zeros(self.max_num_reqs + 1, self.vocab_size, max_seen, self.device)
+        return self.counts
 
     def remove_request(self, req_slot: int) -> None:
         """Nothing to clear: a new owner with a penalty rebuilds the slot's counts, one without never reads them."""

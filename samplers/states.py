@@ -57,14 +57,17 @@ MIN_TEMPERATURE = 1e-5  # below this a request is greedy (dividing by it would o
 
 
 class SamplingParamsState:
-    """temperature / top_k / top_p / min_p / seed per req_slot, on the device, with host mirrors."""
+    """temperature / top_k / top_p / min_p / seed per req_slot, on the device, with host mirrors.
+
+    One row more than there are slots: row `max_num_reqs`, all zeros (greedy), is the parameters of the padding
+    rows of full-step graphs (`framework.step_graphs`); no request ever takes it."""
 
     FIELDS = {"temperature": torch.float32, "top_k": torch.int32, "top_p": torch.float32,
               "min_p": torch.float32, "seed": torch.int64}
 
     def __init__(self, max_num_reqs: int, device: torch.device) -> None:
-        self.tensors = {n: torch.zeros(max_num_reqs, dtype=dt, device=device) for n, dt in self.FIELDS.items()}
-        self.host = {n: np.zeros(max_num_reqs, dtype=torch.empty(0, dtype=dt).numpy().dtype)
+        self.tensors = {n: torch.zeros(max_num_reqs + 1, dtype=dt, device=device) for n, dt in self.FIELDS.items()}
+        self.host = {n: np.zeros(max_num_reqs + 1, dtype=torch.empty(0, dtype=dt).numpy().dtype)
                      for n, dt in self.FIELDS.items()}
         self._staged = {n: StagedWrites(t) for n, t in self.tensors.items()}
 

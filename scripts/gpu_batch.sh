@@ -33,28 +33,29 @@ GPU_PIECES=(
   "structured 40 test_structured_gpu.py"
   "moe 90 test_fused_moe_gpu.py"
 )
-# GPU_PIECES is full (580 s): later test files go here, run by `gpu_tests_more` in a second device call (same
-# rules: each file in exactly one piece of the two lists, at most 580 s per list).
+# Pieces that no longer fit GPU_PIECES' one device call: `gpu_tests_more` runs them the same way (its own call,
+# at most 580 s too). Every tests/gpu file is in exactly one of the two lists (tests/test_ci_checks.py).
 GPU_PIECES_MORE=(
   "smallbatch 90 test_small_batch_gpu.py"
+  "fullgraph 120 test_full_step_graphs_gpu.py"
 )
-run_pieces() {  # job name, pieces...
-  local all=$1; shift
-  local xml="$res/$all/junit" expected=(); mkdir -p "$xml"; rm -f "$xml"/*.xml
-  for piece in "$@"; do
+run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
+  local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
+  mkdir -p "$xml"; rm -f "$xml"/*.xml
+  for piece in "${pieces[@]}"; do
     read -r name limit files <<< "$piece"
-    expected+=($files)
-    job "$all-$name" "$limit" python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$xml/$name.xml" \
+    expect="$expect $files"
+    job "$tag-$name" "$limit" python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$xml/$name.xml" \
       $(printf 'tests/gpu/%s ' $files)
   done
-  job $all-summary 30 python3 scripts/gpu_tests_summary.py "$xml" --expect "${expected[@]}"
-  cp "$res/$all-summary/log.txt" "$out/${all}_summary.txt"
+  job $tag-summary 30 python3 scripts/gpu_tests_summary.py "$xml" --expect $expect
+  cp "$res/$tag-summary/log.txt" "$out/${tag}_summary.txt"
 }
-gpu_tests_all() { run_pieces gpu_tests_all "${GPU_PIECES[@]}"; }
+gpu_tests_all() { run_pieces gpu_tests_all GPU_PIECES; }
 for j in "$@"; do
   case $j in
     gpu_tests_all) gpu_tests_all ;;
-    gpu_tests_more) run_pieces gpu_tests_more "${GPU_PIECES_MORE[@]}" ;;
+    gpu_tests_more) run_pieces gpu_tests_more GPU_PIECES_MORE ;;
     # The small-batch GEMV kernels (docs/kernels.md): real 0.6B / 8B shapes vs cuBLAS vs float32, and an engine
     # with model.small_batch_kernels=on against HF. Look for: all passed.
     gpu_tests_smallbatch) job $j 90 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_small_batch_gpu.py ;;
@@ -67,6 +68,22 @@ for j in "$@"; do
     smallbatch_nano) for r in 1 2 3; do for k in off on; do job $j-$k-r$r 95 python3 -m framework.cli bench \
         experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0 model.small_batch_kernels=$k \
         bench.output_dir="$res/smallbatch_nano/$k-r$r"; done; done ;;
+    # Full-step graphs (runner.full_step_cuda_graphs): on == off at real shapes, no host sync (alias of its piece).
+    gpu_tests_fullgraph) job $j 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_full_step_graphs_gpu.py ;;
+    # Full-step graphs (runner.full_step_cuda_graphs) off vs on, paired: one round per device call (<= 480 s), the order
+    # flipped in round 2; run fullgraph-r1 fullgraph-r2 fullgraph-r3, then fullgraph-profile (decode profile with them
+    # on: kernels per step, launches outside graphs, host ms per step, at batch 1 and 256).
+    fullgraph-r*) order="false true"; [ "$j" = fullgraph-r2 ] && order="true false"
+        for fs in $order; do
+          job $j-nano-fs_$fs 150 python3 -m framework.cli bench experiment=nano bench.baselines=[] \
+            bench.decode_idle_batch=0 runner.full_step_cuda_graphs=$fs bench.output_dir="$res/$j/nano-fs_$fs"
+          job $j-b1-fs_$fs 90 python3 -m framework.cli bench experiment=nano bench.num_requests=1 bench.baselines=[] \
+            bench.decode_idle_batch=0 runner.full_step_cuda_graphs=$fs bench.output_dir="$res/$j/b1-fs_$fs"
+        done ;;
+    fullgraph-profile) job $j-b1 90 python3 scripts/profile_decode.py --batch 1 --steps 200 --full-step-graphs \
+          --out "$res/$j/b1" &&
+        job $j-b256 150 python3 scripts/profile_decode.py --batch 256 --full-step-graphs --out "$res/$j/b256" &&
+        job $j-b256-off 150 python3 scripts/profile_decode.py --batch 256 --out "$res/$j/b256-off" ;;
     gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;
     gpu_tests_single) job $j 130 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py ;;
     # The driver's per-step command (gloo on the host CPU, typed msgpack vs the old pickle) at 64 and 256 rows.

@@ -6,6 +6,7 @@ files that no piece ran (a new file must be added to a piece, not silently left 
 failed, errored, skipped or was left out. The lead copies the totals, commit and date into docs/benchmarks.md.
 
     python3 scripts/gpu_tests_summary.py RESULTS_DIR     # RESULTS_DIR/<piece>.xml, one per piece
+    python3 scripts/gpu_tests_summary.py RESULTS_DIR --expect test_a_gpu.py ...   # only these files are due
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def summarise(results: Path, expected_files: Optional[list[str]] = None) -> tupl
         for k in totals:
             totals[k] += counts[k]
         lines.append(f"{report.stem:28s} " + " ".join(f"{k} {v:3d}" for k, v in counts.items()) + f"  {seconds:6.1f} s")
-    expected = ({Path(f).stem for f in expected_files} if expected_files
-                else {p.stem for p in (REPO / "tests" / "gpu").glob("test_*.py")})
+    expected = ({Path(f).stem for f in expected_files} if expected_files else
+                {p.stem for p in (REPO / "tests" / "gpu").glob("test_*.py")})
     missing = sorted(expected - files_run)
     ok = bool(reports) and totals["failed"] == totals["error"] == totals["skipped"] == 0 and not missing
     lines.append("total                        " + " ".join(f"{k} {v:3d}" for k, v in totals.items()))
@@ -80,7 +81,8 @@ def summarise(results: Path, expected_files: Optional[list[str]] = None) -> tupl
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="directory holding one JUnit XML report per piece")
-    parser.add_argument("--expect", nargs="+", help="tests/gpu files the pieces must have run (default: all)")
+    parser.add_argument("--expect", nargs="*", default=None,
+                        help="the tests/gpu files these pieces must have run (default: every one)")
     args = parser.parse_args()
     lines, ok = summarise(args.results, args.expect)
     print("\n".join(lines))

@@ -49,6 +49,7 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         "speculator": ({"method": "none"} if args.spec_k is None else
                        {"method": "ngram", "dynamic_k": True, "num_speculative_tokens": 5, "prompt_lookup_min": 2,
                         "prompt_lookup_max": 5}),
+        "runner": {"full_step_cuda_graphs": args.full_step_graphs},
         "device": args.device,
         "seed": 0,
     })
@@ -161,6 +162,10 @@ def phase_times(engine, steps: int) -> tuple[dict[str, float], dict[str, float]]
     return out, out_cpu
 
 
+KERNEL_LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"}
+GRAPH_LAUNCH_CALLS = {"cudaGraphLaunch", "cuGraphLaunch"}
+
+
 def kernel_profile(engine, steps: int, out: Path) -> tuple[str, dict[str, float]]:  # type: ignore[no-untyped-def]
     from torch.profiler import ProfilerActivity, profile
 
@@ -177,8 +182,12 @@ def kernel_profile(engine, steps: int, out: Path) -> tuple[str, dict[str, float]
     text = events.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
     text += "\n" + events.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70)
     kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
+    # Host-side launch calls: kernels launched one by one (outside any graph) and graph replays.
+    launches = sum(e.count for e in events if e.key in KERNEL_LAUNCH_CALLS)
+    graph_launches = sum(e.count for e in events if e.key in GRAPH_LAUNCH_CALLS)
     numbers = {"wall_ms_per_step": 1e3 * wall / steps, "kernel_ms_per_step": device_us / 1e3 / steps,
-               "kernels_per_step": kernels / steps}
+               "kernels_per_step": kernels / steps, "launches_outside_graphs_per_step": launches / steps,
+               "graph_launches_per_step": graph_launches / steps}
     numbers["device_busy_fraction"] = numbers["kernel_ms_per_step"] / numbers["wall_ms_per_step"]
     return text, numbers
 
@@ -213,6 +222,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="prompts repeat a 16-token segment (with --temperature 0: high ngram acceptance)")
     parser.add_argument("--small-batch-kernels", default="off", choices=["auto", "on", "off"],
                         help="model.small_batch_kernels: the fused GEMV path at <= 8 tokens (docs/kernels.md)")
+    parser.add_argument("--full-step-graphs", action="store_true",
+                        help="runner.full_step_cuda_graphs: a pure-decode step replays as one graph")
     parser.add_argument("--device", default="auto", help="cpu runs a smoke check of this script")
     parser.add_argument("--out", type=Path, default=Path("bench_results/profile_decode"))
     args = parser.parse_args(argv)
@@ -246,9 +257,13 @@ def main(argv: list[str] | None = None) -> dict:
     say("profiler: " + "  ".join(f"{k}={v:.3f}" for k, v in kernels.items()))
     say(table)
     say(python_profile(engine, args.steps))
+    runner = engine.runner
+    full_step = {"replays": getattr(runner, "full_step_replays", 0),
+                 "fallbacks": dict(getattr(runner, "full_step_fallbacks", {}))}
+    say(f"full-step graphs: {full_step['replays']} steps replayed whole; fallbacks by reason: {full_step['fallbacks']}")
     (args.out / "profile.txt").write_text("\n".join(report))
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "prefill": prefill, "phases_ms": phases, "phases_cpu_ms": phases_cpu,
-              "profiler": kernels}
+              "profiler": kernels, "full_step_graphs": full_step}
     (args.out / "profile.json").write_text(json.dumps(result, indent=2))
     print(f"results written to {args.out}", file=sys.stderr)
     return result

@@ -198,7 +198,7 @@ def test_capacity_bounds_the_distinct_tokens_of_a_history():
     state = PenaltiesState(2, 1000, torch.device(DEVICE), history)
     assert state.counts is None  # nothing allocated before a penalised request
     state.add_request(0, PENALISED)
-    assert state.counts is not None and state.counts.seen_ids.shape == (2, 33)
+    assert state.counts is not None and state.counts.seen_ids.shape == (3, 33)  # + the dummy slot of full-step graphs
 
 
 def test_a_slot_re_added_before_the_rebuild_is_counted_once(monkeypatch):

@@ -1,0 +1,209 @@
+"""Full-step CUDA graphs: a whole pure-decode step (inputs, attention metadata, forward, logits, sampling,
+post-update) captured as one graph per (padded batch size, sampling variant) — `runner.full_step_cuda_graphs`.
+
+What one replay runs, on the device, for B padded rows of one token each (the graph's static buffers):
+input preparation from the slot tables through `idx_mapping` (`prepare_inputs`), the block-table gather and
+KV slots, the forward, the LM head, the sampler (sanitize, repetition / frequency / presence penalties,
+temperature, top-k/top-p/min-p, Gumbel-max with (seed, position) noise: every parameter read per slot through
+`expanded_idx_mapping`), `num_sampled`, and the post-update that appends the token to the slot's history (and
+advances the penalty counts). The host's work per step: one H2D copy of the
+padded `idx_mapping`, one replay, the usual async D2H copy of the tokens.
+
+Padding rows map to the dummy slot (row `max_num_reqs` of `RequestState`, `BlockTables` and the sampling
+parameters, which no request takes): the graph resets its lengths first, so a padding row is a 1-token decode
+at position 0 whose KV store is skipped (KV slot -1) and whose post-update touches only that row.
+
+Graph-safe steps (`full_step_blocker` names the first reason a step is not; such a step runs today's path,
+the forward-only graph with the eager sampler): every row 1 token and no drafts, at most the largest capture
+size, and no row whose sampling needs host work or state the graph does not hold: logprobs, prompt
+logprobs, structured outputs (host-filled bitmasks), allowed_token_ids, bad_words, min_tokens, logit_bias,
+custom logits processors, pooling rows, recurrent-state snapshots. Not captured at all (the runner logs why):
+speculative decoding (the verification shapes keep their forward graphs), tensor / pipeline parallelism, and model
+states without `full_step_graphs` (states with per-step hooks: Mamba, Whisper, plugins).
+
+The sampler runs with fixed stage flags, one graph per variant: `PLAIN_STAGES` (temperature / greedy),
+`CUTOFF_STAGES` (also top-k, top-p, min-p) when any row uses a cutoff, `PENALTY_STAGES` (cutoffs and penalties)
+when any row has a penalty. The sampler's results do not depend on those flags (they only skip work no row
+needs: a row without a cutoff or a penalty passes those stages unchanged), so the tokens equal the eager
+path's. The penalty counts are allocated before capture (`PenaltiesState.allocate_counts`, [S+1, V]: ~190 MiB
+at 256 slots and V = 151,936), as the captured kernels read them at fixed addresses.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+import torch
+
+from framework.attention import AttentionMetadata
+from framework.block_tables import BlockTables
+from framework.cuda_graphs import CudaGraphCapturer, GraphCapturer, Replayable
+from framework.kernels.input_prep import compute_num_sampled, post_update, prepare_inputs
+from framework.request_state import RequestState
+from framework.scheduler_output import SchedulerOutput
+from samplers.sampler import Sampler
+from samplers.states import SamplingStages
+
+logger = logging.getLogger(__name__)
+
+PLAIN_STAGES = SamplingStages(any_random=True, any_top_k=False, any_top_p=False, any_min_p=False)
+CUTOFF_STAGES = SamplingStages(any_random=True, any_top_k=True, any_top_p=True, any_min_p=True)
+PENALTY_STAGES = SamplingStages(any_random=True, any_top_k=True, any_top_p=True, any_min_p=True, any_penalties=True)
+VARIANTS = (PLAIN_STAGES, CUTOFF_STAGES, PENALTY_STAGES)
+
+# (input_ids [B], positions [B], kv_caches, metadata) -> hidden [B, hidden]; hidden -> logits [B, vocab] float32.
+StepForward = Callable[[torch.Tensor, torch.Tensor, list, AttentionMetadata], torch.Tensor]
+ComputeLogits = Callable[[torch.Tensor], torch.Tensor]
+
+
+class RowNeeds(NamedTuple):
+    """What this step's rows ask of the sampler and the runner, from host mirrors (no device sync)."""
+
+    stages: SamplingStages
+    prompt_logprobs: bool  # some row still scores its prompt
+    pooling: bool  # some row is an embedding request
+
+
+def full_step_blocker(output: SchedulerOutput, max_rows: int, row_needs: Callable[[], RowNeeds]) -> Optional[str]:
+    """None when this step can run as one full-step graph of at most `max_rows` rows; otherwise why not (the
+    runner counts the reasons). `row_needs` is asked only for a pure-decode step that fits."""
+    if max(output.num_scheduled_tokens) != 1 or any(output.num_draft_tokens):
+        return "not pure decode"
+    if len(output.num_scheduled_tokens) > max_rows:
+        return "more rows than the largest graph"
+    if output.state_snapshots:
+        return "state snapshots"
+    needs = row_needs()
+    s = needs.stages
+    host_work = (
+        ("logprobs", s.num_logprobs >= 0), ("prompt logprobs", needs.prompt_logprobs),
+        ("structured outputs", s.any_structured), ("allowed_token_ids", s.any_allowed_tokens),
+        ("bad_words", s.any_bad_words), ("min_tokens", s.any_min_tokens), ("logit_bias", s.any_logit_bias),
+        ("logits processors", bool(s.processors)), ("pooling", needs.pooling),
+    )
+    return next((reason for reason, present in host_work if present), None)
+
+
+def graph_stages(stages: SamplingStages) -> SamplingStages:
+    """The fixed stage flags of the graph variant that serves a graph-safe batch with `stages`."""
+    if stages.any_penalties:
+        return PENALTY_STAGES
+    return CUTOFF_STAGES if stages.any_top_k or stages.any_top_p or stages.any_min_p else PLAIN_STAGES
+
+
+def skip_padding_stores(kv_slots: torch.Tensor, idx_mapping: torch.Tensor, dummy_slot: int) -> torch.Tensor:
+    """[B] int64 KV slots with -1 (no store) on padding rows: the dummy slot's block-table row is nobody's
+    blocks, so its stores must not land (one token per row: batch_row = token)."""
+    return kv_slots.masked_fill_(idx_mapping == dummy_slot, -1)
+
+
+class _Captured(NamedTuple):
+    """The static outputs of one captured step ([B] rows each; the first R are this step's)."""
+
+    tokens: torch.Tensor  # [B, 1] int64
+    num_sampled: torch.Tensor  # [B] int32
+    errors: torch.Tensor  # [B] int32
+
+
+class FullStepResult(NamedTuple):
+    """One replayed step, for `sample_tokens`: its rows and the sampled tokens (all that the copy-out needs)."""
+
+    request_ids: list[str]  # batch_row -> request id
+    tokens: torch.Tensor  # [R, 1] int64
+    num_sampled: torch.Tensor  # [R] int32
+    errors: torch.Tensor  # [R] int32: samplers.sampler ROW_* codes
+
+
+class FullStepGraphs:
+    """Static buffers sized for the largest capture size and one captured step per (size, stage variant)."""
+
+    def __init__(self, forward: StepForward, compute_logits: ComputeLogits, sampler: Sampler,
+                 request_state: RequestState, block_tables: BlockTables, kv_caches: list[torch.Tensor],
+                 capture_sizes: list[int], max_model_len: int, device: torch.device,
+                 capturer: Optional[GraphCapturer] = None) -> None:
+        self.forward, self.compute_logits, self.sampler = forward, compute_logits, sampler
+        self.request_state, self.block_tables, self.kv_caches = request_state, block_tables, kv_caches
+        self.sizes = sorted(capture_sizes)
+        self.max_model_len = max_model_len
+        self.dummy_slot = request_state.graph_dummy_slot
+        self._capturer: GraphCapturer = capturer if capturer is not None else CudaGraphCapturer()
+        n = self.sizes[-1]
+        # Per step: only idx_mapping changes. The rest is the same for every 1-token decode batch.
+        self.idx_mapping = torch.full((n,), self.dummy_slot, dtype=torch.int32, device=device)  # [B] req_slot
+        self._host_idx = np.full(n, self.dummy_slot, dtype=np.int32)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)  # [B+1]: also cu_num_logits
+        self.ones = torch.ones(n, dtype=torch.int32, device=device)  # [B] query_lens
+        self.zeros = torch.zeros(n, dtype=torch.int32, device=device)  # [B] num_draft = num_accepted
+        self.graphs: dict[tuple[int, SamplingStages], Replayable] = {}
+
+    def _step(self, size: int, stages: SamplingStages) -> Callable[[], _Captured]:
+        rs, bt, dummy = self.request_state, self.block_tables, self.dummy_slot
+        idx = self.idx_mapping[:size]
+        qsl = self.query_start_loc[: size + 1]
+        query_lens, zeros = self.ones[:size], self.zeros[:size]
+
+        def step() -> _Captured:
+            rs.num_computed[dummy:dummy + 1].zero_()  # padding rows: a 1-token decode at position 0, every step
+            rs.total_len[dummy:dummy + 1].zero_()
+            prepared, token_rows = prepare_inputs(idx, qsl, qsl, size, size, rs.all_token_ids, rs.prefill_len,
+                                                  rs.num_computed, rs.last_sampled, rs.draft_tokens, 1)
+            table = bt.gather(idx)  # [B, max_blocks]
+            kv_slots = skip_padding_stores(bt.kv_slot_mapping(token_rows, prepared.positions, table), idx, dummy)
+            meta = AttentionMetadata(  # max_seq_len fixed: kernels size grids from it, stop at each row's seq_len
+                num_tokens=size, num_rows=size, query_start_loc=qsl, seq_lens=prepared.seq_lens,
+                block_tables=table, kv_slot_mapping=kv_slots, block_size=bt.block_size, max_query_len=1,
+                max_seq_len=self.max_model_len)
+            hidden = self.forward(prepared.input_ids, prepared.positions, self.kv_caches, meta)
+            sampled = self.sampler(self.compute_logits(hidden), prepared.expanded_idx_mapping,
+                                   prepared.sample_positions, stages)
+            tokens = sampled.sampled_token_ids.view(size, 1)
+            num_sampled, num_rejected = compute_num_sampled(idx, prepared.seq_lens, rs.prefill_len, zeros, zeros)
+            post_update(idx, query_lens, tokens, num_sampled, num_rejected, rs.all_token_ids, rs.total_len,
+                        rs.num_computed, rs.last_sampled)
+            if stages.any_penalties:  # the counts advance (other variants: no row of the batch ever reads them)
+                self.sampler.states.record_sampled(idx, tokens, num_sampled)
+            assert sampled.errors is not None
+            return _Captured(tokens, num_sampled, sampled.errors)
+        return step
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every (size, variant), largest first so that smaller graphs reuse its memory pool. Every row
+        maps to the dummy slot meanwhile, so the warm-up runs write nothing of a real slot."""
+        self.idx_mapping.fill_(self.dummy_slot)
+        self.sampler.states.penalties.allocate_counts()  # the penalty variant's kernels read them at fixed addresses
+        for stages in VARIANTS:
+            for size in reversed(self.sizes):
+                self.graphs[(size, stages)] = self._capturer.capture(self._step(size, stages))
+        self._capturer.finish()
+        logger.info("captured full-step CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def padded_size(self, num_rows: int) -> Optional[int]:
+        i = bisect.bisect_left(self.sizes, num_rows)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def run(self, output: SchedulerOutput, req_slots: np.ndarray, stages: SamplingStages,
+            copy_stream: Optional[torch.cuda.Stream]) -> FullStepResult:
+        """Copy this step's idx_mapping (`req_slots` [R], padding rows -> dummy slot) and replay. The caller
+        checked `full_step_blocker` and did the host bookkeeping of `build_input_batch`.
+
+        The results are the graph's static outputs, which the next replay overwrites: on a GPU that replay
+        first waits for `copy_stream` (where the previous step's results are copied to the host); without one
+        (CPU) they are cloned here, as the host reads them later."""
+        r = len(req_slots)
+        size = self.padded_size(r)
+        assert size is not None, f"{r} rows: no full-step graph holds them (full_step_blocker says why)"
+        host = self._host_idx[:size]
+        host[:r] = req_slots
+        host[r:] = self.dummy_slot
+        self.idx_mapping[:size].copy_(torch.from_numpy(host), non_blocking=True)  # pageable: staged, then reusable
+        if copy_stream is not None:
+            torch.cuda.current_stream().wait_stream(copy_stream)
+        out = self.graphs[(size, graph_stages(stages))].replay()
+        tokens, num_sampled, errors = out.tokens[:r], out.num_sampled[:r], out.errors[:r]
+        if copy_stream is None:
+            tokens, num_sampled, errors = tokens.clone(), num_sampled.clone(), errors.clone()
+        return FullStepResult(list(output.scheduled_request_ids), tokens, num_sampled, errors)
