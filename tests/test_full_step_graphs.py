@@ -321,3 +321,11 @@ def test_structured_rows_fall_back_and_the_rest_replay() -> None:
     assert r.full_step_fallbacks["structured outputs"] > 0 and r.full_step_replays > 5
     text = on.engine.tokenizer.decode(tokens["r4"])
     assert re.fullmatch(r"[a-z]{3,6}-[0-9]{2}", text), text
+
+
+def test_full_step_graphs_with_the_small_batch_kernels_equal_the_default_path() -> None:
+    """The two issue-25 paths together: a replayed whole step whose forward takes the GEMVs (<= 8 tokens)."""
+    off, on = _llm(False), _llm(True, small_batch_kernels="on")
+    assert on.engine.runner.model.model.layers[0].small_batch_max_tokens > 0, "the GEMV path is not enabled"
+    _lockstep(off, on, _work(SAFE[:4], n=6))
+    assert on.engine.runner.full_step_replays > 5
