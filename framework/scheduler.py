@@ -165,9 +165,10 @@ class Scheduler:
                                                                  step.computed_before, step.sampling)
         publishes, block_size = kv.enable_prefix_caching, kv.block_size
         held_blocks, published = kv.growth_views()  # `allocate`'s and `cache_blocks`' first tests, inlined below
-        running, i = self.running, 0
-        while i < len(running) and budget > 0:
-            request = running[i]
+        running = self.running
+        for request in running:  # preemption pops from the end: the iteration stops where the list now ends
+            if budget <= 0:
+                break
             computed, placeholders = request.num_computed_tokens, request.num_output_placeholders
             num_out = len(request.output_token_ids)
             num_tokens = len(request.prompt_token_ids) + num_out
@@ -175,7 +176,6 @@ class Scheduler:
             # Tokens already being sampled reach max_tokens or max_model_len (async scheduling): nothing more to
             # compute. An embedding request computes its prompt only: never a decode step.
             if placeholders and (num_out + placeholders >= request.max_output_len or request.pooling_params is not None):
-                i += 1
                 continue
             n = target - computed if target - computed < budget else budget
             num_draft = self._num_drafts(request, budget) if n == 1 and request.num_drafts_ready else 0
@@ -216,7 +216,6 @@ class Scheduler:
                 request.num_output_placeholders = placeholders + 1 + num_draft
                 sampling.append(request)
             budget -= n
-            i += 1
         return budget, preempted
 
     def _admit_waiting(self, step: StepRows, budget: int) -> None:
