@@ -72,7 +72,7 @@ class AsyncOutput:
         pooled: Optional["PooledRows"] = None,  # vectors of embedding requests whose prompt completed
     ) -> None:
         self.request_ids = request_ids
-        self._logits_row_starts = list(logits_row_starts) if logits_row_starts is not None else None
+        self._logits_row_starts = logits_row_starts  # read (as a list) only when logprobs come back
         self._prompt_meta = prompt_logprobs
         self._pooled_meta = pooled
         tensors: dict[str, torch.Tensor] = {"sampled": sampled, "num_sampled": num_sampled}
@@ -115,8 +115,12 @@ class AsyncOutput:
         if self._sampled is None:
             if self._event is not None:
                 self._event.synchronize()
-            counts = self._host["num_sampled"].tolist()
-            self._sampled = [row[:n] for row, n in zip(self._host["sampled"].tolist(), counts)]
+            counts, rows = self._host["num_sampled"].tolist(), self._host["sampled"].tolist()
+            width = len(rows[0]) if rows else 0
+            # The common step (no drafts, every row samples its one token) needs no per-row slice.
+            if not (counts and min(counts) == width):
+                rows = [row[:n] for row, n in zip(rows, counts)]
+            self._sampled = rows
         return self._sampled
 
     def get(self) -> ModelRunnerOutput:
@@ -127,7 +131,8 @@ class AsyncOutput:
         if "lp_ids" in h:
             counts = [len(row) for row in sampled]
             ids, values, ranks = h["lp_ids"].tolist(), h["lp_values"].tolist(), h["lp_ranks"].tolist()
-            starts = self._logits_row_starts if self._logits_row_starts is not None else list(range(len(sampled)))
+            starts = (list(self._logits_row_starts) if self._logits_row_starts is not None
+                      else list(range(len(sampled))))
             logprobs = [LogprobsLists(ids[s:s + n], values[s:s + n], ranks[s:s + n]) if n else None
                         for s, n in zip(starts, counts)]
         prompt: dict[str, tuple[int, LogprobsLists]] = {}

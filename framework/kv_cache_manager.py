@@ -14,7 +14,7 @@ start of a prefix, which more requests share, stays cached longest).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from framework.prefix_cache import BlockHash, HashableRequest, PrefixCacheHooks, PrefixCacheStats, extend_block_hashes
 
@@ -54,6 +54,12 @@ class KVCacheManager:
     def num_cached_blocks(self) -> int:
         """Blocks published under a hash (held or free)."""
         return len(self._cached)
+
+    def growth_views(self) -> tuple[Mapping[str, list[int]], Mapping[str, int]]:
+        """(blocks held per request, leading blocks offered to the cache per request), read-only: the scheduler's
+        decode loop skips `allocate` / `cache_blocks` for a row that stays inside its blocks, and these answer
+        that as their first lines do, without a call per row."""
+        return self._blocks, self._num_published
 
     def blocks_of(self, request_id: str) -> list[int]:
         return self._blocks.get(request_id, [])

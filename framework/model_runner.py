@@ -210,7 +210,7 @@ class ModelRunnerV2(ModelRunner):
         hidden, aux_hidden = self._forward(batch, attn_metadata)  # 8. state inputs, then graph replay or eager
         seq_lens_host = self.request_state.num_computed_host[batch.idx_mapping_host]
         pooled = self.pooling_state.apply(  # 9. embedding requests: pool prompt hidden states, on the device
-            batch, hidden, np.asarray(output.num_scheduled_tokens), seq_lens_host)
+            batch, hidden, output.num_scheduled_tokens, seq_lens_host)
         self._pending = _ExecuteState(batch, hidden, pooled, output.num_propose_tokens, aux_hidden,
                                       attn_metadata if self.num_draft_kv_layers else None)
 

@@ -8,7 +8,7 @@ count, or the first token's state); when a request's prompt completes, its vecto
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -55,12 +55,15 @@ class PoolingState:
         self.normalize = np.zeros(max_num_reqs, dtype=bool)
         self.dimensions = np.zeros(max_num_reqs, dtype=np.int64)
         self._to_reset: list[int] = []
+        self._num_pooling = 0  # slots holding an embedding request (0: the per-step checks return at once)
 
     def add_request(self, req_slot: int, new: NewRequestData) -> None:
         params = new.pooling_params
+        self._num_pooling -= int(self.kind[req_slot] >= 0)  # a slot re-added without a remove
         if params is None:
             self.kind[req_slot] = -1
             return
+        self._num_pooling += 1
         self.kind[req_slot] = _KIND_CODES[params.pooling_type or "last"]
         self.prompt_len[req_slot] = new.prompt_len
         self.normalize[req_slot] = params.normalize
@@ -68,10 +71,13 @@ class PoolingState:
         self._to_reset.append(req_slot)
 
     def remove_request(self, req_slot: int) -> None:
+        self._num_pooling -= int(self.kind[req_slot] >= 0)
         self.kind[req_slot] = -1
 
     def only_pooling(self, idx_mapping_host: np.ndarray) -> bool:
         """True when every batch row (req_slots `idx_mapping_host`) is an embedding request: nothing to sample."""
+        if self._num_pooling == 0:
+            return False  # a batch has at least one row: with no embedding request it has a generation row
         return bool((self.kind[idx_mapping_host] >= 0).all())
 
     def any_in(self, idx_mapping_host: np.ndarray) -> bool:
@@ -92,13 +98,16 @@ class PoolingState:
         self,
         batch: InputBatch,
         hidden: torch.Tensor,  # [T, hidden]: the model's output (after the final norm)
-        num_scheduled: np.ndarray,  # [R] host: tokens of each batch row this step
+        num_scheduled: Sequence[int],  # [R] host: tokens of each batch row this step
         seq_lens: np.ndarray,  # [R] host: computed tokens of each batch row after this step
     ) -> Optional[PooledRows]:
         """Fold this step's prompt tokens into the pooling rows' state; finish the rows whose prompt is done."""
+        if self._num_pooling == 0:
+            return None  # no embedding request holds a slot (the common step)
         kinds = self.kind[batch.idx_mapping_host]  # [R]
         if not (kinds >= 0).any():
             return None
+        num_scheduled = np.asarray(num_scheduled)
         query_start = np.concatenate([[0], np.cumsum(num_scheduled)])  # [R+1] host
         slots = batch.idx_mapping.long()  # [R] req_slot
         if (kinds == _KIND_CODES["mean"]).any():

@@ -121,7 +121,42 @@ class SamplingParams:
         return new
 
     def validate(self) -> None:
-        """Raise `InvalidRequestError` naming the first invalid field."""
+        """Raise `InvalidRequestError` naming the first invalid field.
+
+        Runs twice per request (at construction, and in the engine, as the caller may have changed the object
+        since): plain parameters pass one flat test (`_plainly_valid`); anything else gets the field-by-field
+        checks, which also name the problem."""
+        if not self._plainly_valid():
+            self._check_fields()
+
+    def _plainly_valid(self) -> bool:
+        """A fast sufficient test for `_check_fields` passing: every field of its exact plain type, in range,
+        and the optional lists and dicts absent. False sends the parameters to the full checks (which may still
+        accept them: stop strings, logit bias, ...); True never accepts what they would refuse."""
+        num = (int, float)
+        t, top_p, min_p = self.temperature, self.top_p, self.min_p
+        pres, freq, rep = self.presence_penalty, self.frequency_penalty, self.repetition_penalty
+        lp, plp = self.logprobs, self.prompt_logprobs
+        return (
+            type(self.n) is int and 1 <= self.n <= MAX_N
+            and type(t) in num and type(top_p) in num and type(min_p) in num
+            and type(pres) in num and type(freq) in num and type(rep) in num
+            and t >= 0.0 and t != math.inf and 0.0 < top_p <= 1.0 and 0.0 <= min_p <= 1.0
+            and type(self.top_k) is int and self.top_k >= -1
+            and (self.seed is None or type(self.seed) is int)
+            and type(self.max_tokens) is int and self.max_tokens >= 1
+            and type(self.min_tokens) is int and 0 <= self.min_tokens <= self.max_tokens
+            and (lp is None or (type(lp) is int and lp >= 0)) and (plp is None or (type(plp) is int and plp >= 0))
+            and -2.0 <= pres <= 2.0 and -2.0 <= freq <= 2.0 and 0.0 < rep < 1e300  # (larger: the full check)
+            and type(self.stop_token_ids) is list and not self.stop_token_ids and self.stop is None
+            and type(self.include_stop_str_in_output) is bool and type(self.ignore_eos) is bool
+            and type(self.detokenize) is bool and type(self.skip_special_tokens) is bool
+            and self.logit_bias is None and self.allowed_token_ids is None and self.bad_words is None
+            and self.output_kind in OUTPUT_KINDS and self.extra_args is None and self.structured_outputs is None
+        )
+
+    def _check_fields(self) -> None:
+        """The field-by-field checks of `validate`, in field order: the first invalid field is named."""
 
         def bad(name: str, allowed: str) -> InvalidRequestError:
             return InvalidRequestError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: must be {allowed}")

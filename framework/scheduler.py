@@ -9,6 +9,7 @@ from framework.config import SchedulerConfig
 from framework.kv_cache_manager import KVCacheManager
 from framework.request import Request, RequestStatus
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from framework.scheduler_invariants import check_scheduler_invariants
 from framework.scheduler_prefix import admit_cache_hit, cache_hit, take_snapshots
 from framework.scheduler_rows import StepRows
 
@@ -162,10 +163,12 @@ class Scheduler:
         # spelled out (min, StepRows.add, _with_lookahead, Request.num_tokens), about halving its cost.
         ids, num_scheduled, drafts, computed_before, sampling = (step.ids, step.num_scheduled, step.drafts,
                                                                  step.computed_before, step.sampling)
-        publishes = kv.enable_prefix_caching
-        running, i = self.running, 0
-        while i < len(running) and budget > 0:
-            request = running[i]
+        publishes, block_size = kv.enable_prefix_caching, kv.block_size
+        held_blocks, published = kv.growth_views()  # `allocate`'s and `cache_blocks`' first tests, inlined below
+        running = self.running
+        for request in running:  # preemption pops from the end: the iteration stops where the list now ends
+            if budget <= 0:
+                break
             computed, placeholders = request.num_computed_tokens, request.num_output_placeholders
             num_out = len(request.output_token_ids)
             num_tokens = len(request.prompt_token_ids) + num_out
@@ -173,7 +176,6 @@ class Scheduler:
             # Tokens already being sampled reach max_tokens or max_model_len (async scheduling): nothing more to
             # compute. An embedding request computes its prompt only: never a decode step.
             if placeholders and (num_out + placeholders >= request.max_output_len or request.pooling_params is not None):
-                i += 1
                 continue
             n = target - computed if target - computed < budget else budget
             num_draft = self._num_drafts(request, budget) if n == 1 and request.num_drafts_ready else 0
@@ -182,7 +184,10 @@ class Scheduler:
             samples = end - num_draft == target
             # `_with_lookahead(end, samples)`
             need = (end + lookahead if end + lookahead < max_model_len else max_model_len) if samples else end
-            new_blocks = kv.allocate(request.request_id, need)
+            held = held_blocks.get(request.request_id)
+            # A row that stays inside its blocks (most decode steps) gets no new block: `allocate` returns [].
+            fits = held is not None and need <= len(held) * block_size
+            new_blocks = [] if fits else kv.allocate(request.request_id, need)
             while new_blocks is None:
                 victim = running[-1]  # never a row scheduled already: those come before `request`
                 self._preempt(victim)
@@ -194,8 +199,10 @@ class Scheduler:
                 break  # the request itself was preempted; everyone after it already was too
             if new_blocks:
                 step.cached.append(CachedRequestData(request.request_id, new_blocks))
-            if publishes:
-                offered = kv.cache_blocks(request, end if end < num_tokens else num_tokens)
+            upto = end if end < num_tokens else num_tokens
+            # `cache_blocks` publishes nothing until the row fills its next block (its first test, inlined).
+            if publishes and upto >= (published.get(request.request_id, 0) + 1) * block_size:
+                offered = kv.cache_blocks(request, upto)
                 if takes_snapshots and offered:
                     take_snapshots(kv, len(ids), computed, n - num_draft, offered, step.snapshots)
             # StepRows.add, spelled out
@@ -209,7 +216,6 @@ class Scheduler:
                 request.num_output_placeholders = placeholders + 1 + num_draft
                 sampling.append(request)
             budget -= n
-            i += 1
         return budget, preempted
 
     def _admit_waiting(self, step: StepRows, budget: int) -> None:
@@ -353,20 +359,5 @@ class Scheduler:
             self.draft_policy.observe_acceptance(ids, drafts, accepted)
 
     def check_invariants(self) -> None:
-        """Raise `AssertionError` on a leak: block pool conservation, each request in exactly one queue with a
-        matching status, only running requests hold blocks (run after every step with `check_invariants`)."""
-        self.kv_cache.check_conservation()
-        waiting, running = {r.request_id for r in self.waiting}, {r.request_id for r in self.running}
-        problems = []
-        if waiting & running or waiting | running != set(self.requests) or len(running) != len(self.running):
-            problems.append("a request is in no queue, in both, or twice")
-        if len(self.running) > self.config.max_num_seqs:
-            problems.append(f"{len(self.running)} running requests > max_num_seqs={self.config.max_num_seqs}")
-        if any(r.status != RequestStatus.RUNNING for r in self.running):
-            problems.append("a running request's status is not RUNNING")
-        if any(r.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED) for r in self.waiting):
-            problems.append("a waiting request's status is not WAITING or PREEMPTED")
-        if not self.kv_cache.holders() <= running:
-            problems.append("blocks are held by a request that is not running (or has ended)")
-        if problems:
-            raise AssertionError("scheduler invariant broken: " + "; ".join(problems))
+        """Raise `AssertionError` on a leak (`scheduler_invariants.check_scheduler_invariants`)."""
+        check_scheduler_invariants(self)

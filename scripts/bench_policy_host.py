@@ -72,7 +72,7 @@ def run(policy: DynamicK, clock: Clock, batch: int, output_len: int, acceptance:
             accepted.append(a)
         if verified_k:
             clock.call(policy.observe_acceptance, tuple(ids), (verified_k,) * len(ids), tuple(accepted))
-        if not finished_before and k == last_ks[0] == last_ks[1]:  # the rule of speculators.dynamic.SteadySteps
+        if not finished_before and k == last_ks[0] == last_ks[1]:  # the rule of speculators.steady_steps.SteadySteps
             seconds = 0.002 * (1 + 0.01 * len(ids)) * (1 + (0.25 + 0.03 * k if k else 0.0)) * rng.uniform(1, 1.1)
             clock.call(policy.observe_step, len(ids), k, seconds)
         last_ks, finished_before = [k, last_ks[0]], False

@@ -122,7 +122,10 @@ for j in "$@"; do
     prefix-hybrid) job $j 200 python3 -m framework.cli bench experiment=prefix_bench_hybrid bench.output_dir="$res/prefix_hybrid" ;;
     profile) job $j 150 python3 scripts/profile_decode.py --batch 256 --profile-prefill --out "$res/profile/b256" &&
         job profile-b1 60 python3 scripts/profile_decode.py --batch 1 --steps 200 --out "$res/profile/b1" &&
-        job profile-k0 100 python3 scripts/profile_decode.py --batch 256 --spec-k 0 --out "$res/profile/k0" ;;
+        job profile-k0 100 python3 scripts/profile_decode.py --batch 256 --spec-k 0 --out "$res/profile/k0" &&
+        for r in 1 2 3; do  # the idle probe at batch 256 (issue 25: < 5 % in every one of 3 runs), one process each
+            job profile-idle$r 120 python3 -m framework.cli bench experiment=nano bench.num_requests=1 \
+                bench.baselines=[] bench.decode_idle_batch=256 bench.output_dir="$res/profile/idle$r"; done ;;
     gpu_tests_new) job $j 200 python3 -m pytest -q tests/gpu/test_layer_ops_gpu.py tests/gpu/test_random_weights_gpu.py \
         tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_sampler_gpu.py tests/gpu/test_spec_gpu.py ;;
     layer_ops) job $j 90 python3 scripts/bench_layer_ops.py --out "$res/layer_ops/layer_ops.json" ;;
@@ -138,7 +141,10 @@ for j in "$@"; do
     policy_host) job $j 60 python3 scripts/bench_policy_host.py --out "$res/$j" ;;
     # Host-side step work on the H200 machine's CPU: the engine's bookkeeping with a fake runner (scheduler, output
     # processing; ~30 s), then the runners' host overhead with the model stubbed (V2 and V1, 64/256/1024 rows).
+    # The 256-row bookkeeping is run 3 times more on its own (one process each) for its run-to-run spread.
     host) job $j-bookkeeping 90 python3 scripts/bench_step_bookkeeping.py --sizes 64 256 1024 --out "$res/$j/bookkeeping" &&
+        for r in 1 2 3; do job $j-b256-$r 40 python3 scripts/bench_step_bookkeeping.py --sizes 256 --repeats 1 \
+            --out "$res/$j/b256-$r"; done &&
         job $j-overhead 200 python3 scripts/bench_host_overhead.py --device cuda --sizes 64 256 1024 --steps 20 \
         --out "$res/$j/overhead" ;;
     spec) job $j 330 python3 scripts/bench_spec.py --out "$res/spec" ;;

@@ -217,6 +217,10 @@ class LlamaForCausalLM(nn.Module):
         self.attention: AttentionFn = paged_attention
         self.small_batch_max_tokens = 0  # logits of <= this many rows take the GEMV LM head (enable_small_batch)
 
+    def init_buffers(self) -> None:
+        """Recompute the buffers from the config (after a build on the meta device, which has no values)."""
+        self.inv_freq = self.config.rope_inv_freq()
+
     @classmethod
     def from_hf_config(cls, hf_config: dict, ctx: ParallelContext = SINGLE) -> "LlamaForCausalLM":
         """Build (uninitialised) from an HF config dict, this rank's part of it under parallelism."""

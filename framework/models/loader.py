@@ -13,6 +13,7 @@ from torch import nn
 
 from framework.parallel_context import ParallelContext
 from framework.models.parallel_layers import SINGLE, StackedPart, read_shard, shard_spec
+from framework.models.materialise import build_materialised
 from framework.models.random_weights import normal_weights
 from framework.registry import MODELS
 
@@ -66,6 +67,7 @@ def build_model(hf_config: dict[str, Any], dtype: torch.dtype, device: torch.dev
                 ctx: ParallelContext = SINGLE) -> nn.Module:
     """Instantiate the registered model class for the config's architecture (weights uninitialised).
 
+    The weights are allocated once, in `dtype` on `device` (`build_materialised`): peak memory ~1x the weights.
     Under parallelism (`ctx`) the model holds this rank's part only; a class must say `supports_parallel`.
     """
     archs = hf_config.get("architectures") or []
@@ -76,9 +78,10 @@ def build_model(hf_config: dict[str, Any], dtype: torch.dtype, device: torch.dev
     cls = MODELS.get(archs[0])
     if ctx.world_size > 1 and not getattr(cls, "supports_parallel", False):
         raise CheckpointError(f"architecture '{archs[0]}' does not support tensor or pipeline parallelism")
-    with torch.device(device):
-        model = cls.from_hf_config(hf_config, ctx) if ctx.world_size > 1 else cls.from_hf_config(hf_config)
-    return model.to(dtype=dtype)
+    def construct() -> nn.Module:
+        return cls.from_hf_config(hf_config, ctx) if ctx.world_size > 1 else cls.from_hf_config(hf_config)
+
+    return build_materialised(construct, dtype, device)
 
 
 def _targets(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, list[str]]]:
