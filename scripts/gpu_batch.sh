@@ -84,6 +84,17 @@ for j in "$@"; do
           --out "$res/$j/b1" &&
         job $j-b256 150 python3 scripts/profile_decode.py --batch 256 --full-step-graphs --out "$res/$j/b256" &&
         job $j-b256-off 150 python3 scripts/profile_decode.py --batch 256 --out "$res/$j/b256-off" ;;
+    # Issue 25's fast paths against each other, paired rounds (scripts/bench_matrix.py: rotated order, host probe per
+    # run, median and within-round ratio): nano and batch 1 (targets 28,000 and 1,500 out tok/s), then Qwen3-8B.
+    issue25_matrix) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 120 \
+        --config default= --config full_step=runner.full_step_cuda_graphs=true \
+        --config small_batch=model.small_batch_kernels=on \
+        --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
+        --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" \
+        --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
+        --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
+        --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
     gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;
     gpu_tests_single) job $j 130 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py ;;
     # The driver's per-step command (gloo on the host CPU, typed msgpack vs the old pickle) at 64 and 256 rows.
