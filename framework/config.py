@@ -75,7 +75,8 @@ class RunnerConfig(_Strict):
         False, description="V2, with cuda_graphs: capture input preparation, attention metadata, forward, logits, "
         "sampling and the post-update of a pure-decode step (one token per row, no speculation) as one graph per "
         "batch size; steps whose sampling needs host work (logprobs, grammars, masks, ...) keep the "
-        "forward-only graph. Off by default until measured on a GPU (docs/kernels.md, CUDA graphs).",
+        "forward-only graph. Off by default until measured on a GPU (docs/architecture.md, the whole decode step "
+        "as one graph).",
     )
 
     @model_validator(mode="after")
