@@ -108,8 +108,13 @@ def _lockstep(off: LLM, on: LLM, work: list[tuple[int, list[int], SamplingParams
             for engine in (a, b):
                 engine.add_request(f"r{arrival}", prompt, params)
         work = [w for w in work if w[0] != step]
-        outs = [{o.request_id: (list(o.token_ids), _logprob_ids(o)) for o in e.step()} for e in (a, b)]
+        steps = [e.step() for e in (a, b)]
+        outs = [{o.request_id: (list(o.token_ids), _logprob_ids(o)) for o in s} for s in steps]
         assert outs[0] == outs[1], f"step {step}: outputs differ"
+        values = [{o.request_id: _logprob_values(o) for o in s} for s in steps]
+        assert values[0].keys() == values[1].keys()
+        for rid, expected in values[0].items():
+            assert torch.allclose(values[1][rid], expected, rtol=1e-5, atol=1e-5), f"step {step}: {rid}'s logprobs"
         tokens.update({k: v[0] for k, v in outs[0].items()})
         step += 1
     assert not work and not a.has_unfinished_requests(), "the run did not finish"
@@ -117,8 +122,15 @@ def _lockstep(off: LLM, on: LLM, work: list[tuple[int, list[int], SamplingParams
 
 
 def _logprob_ids(out: Any) -> Any:
+    """Per output position: the (token id, rank) pairs of its logprobs entry (None: the request asked none)."""
     lp = getattr(out, "logprobs", None)
-    return None if lp is None else [sorted(d) for d in lp]
+    return None if lp is None else [sorted((t, e.rank) for t, e in d.items()) for d in lp]
+
+
+def _logprob_values(out: Any) -> torch.Tensor:
+    """Every logprob of the request's entries, in token-id order per position (-inf kept)."""
+    lp = getattr(out, "logprobs", None) or []
+    return torch.tensor([d[t].logprob for d in lp for t in sorted(d)], dtype=torch.float64)
 
 
 def test_graph_safe_mixes_equal_eager_with_padding() -> None:
