@@ -166,8 +166,8 @@ def test_the_general_variant_triton_kernels_read_only_static_inputs(monkeypatch:
     for module in modules:
         monkeypatch.setattr(module, "use_triton", lambda tensor: True)
     calls: list[str] = []
-    kernels = ((samplers.allowed_tokens, "apply_allowed_tokens_triton"), (samplers.logit_bias, "apply_logit_bias_triton"),
-               (samplers.min_tokens, "apply_min_tokens_triton"), (samplers.logprobs, "logprobs_stats_triton"),
+    kernels = ((samplers.allowed_tokens, "apply_allowed_tokens_triton"),
+               (samplers.logit_bias, "apply_logit_bias_triton"), (samplers.min_tokens, "apply_min_tokens_triton"), (samplers.logprobs, "logprobs_stats_triton"),
                (samplers.sampler, "sample_fused_triton"))
     for module, name in kernels:
         fn = getattr(module, name)
