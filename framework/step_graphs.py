@@ -1,13 +1,11 @@
 """Full-step CUDA graphs: a whole pure-decode step (inputs, attention metadata, forward, logits, sampling,
 post-update) captured as one graph per (padded batch size, sampling variant) — `runner.full_step_cuda_graphs`.
 
-What one replay runs, on the device, for B padded rows of one token each (the graph's static buffers):
-input preparation from the slot tables through `idx_mapping` (`prepare_inputs`), the block-table gather and
-KV slots, the forward, the LM head, the sampler (sanitize, repetition / frequency / presence penalties,
-temperature, top-k/top-p/min-p, Gumbel-max with (seed, position) noise: every parameter read per slot through
-`expanded_idx_mapping`), `num_sampled`, and the post-update that appends the token to the slot's history (and
-advances the penalty counts). The host's work per step: one H2D copy of the
-padded `idx_mapping`, one replay, the usual async D2H copy of the tokens.
+What one replay runs, on the device, for B padded rows of one token each (the graph's static buffers): input
+preparation through `idx_mapping`, the block-table gather and KV slots, the forward, the LM head, the sampler
+(every parameter and table read per slot through `expanded_idx_mapping`), `num_sampled`, and the post-update
+(history, penalty counts). The host's work per step: one H2D copy of the padded `idx_mapping`, one replay, the
+usual async D2H copy of the tokens (and logprobs). docs/architecture.md ("The whole decode step as one graph").
 
 Padding rows map to the dummy slot (row `max_num_reqs` of `RequestState`, `BlockTables` and the sampling
 parameters, which no request takes): the graph resets its lengths first, so a padding row is a 1-token decode
@@ -27,15 +25,13 @@ The sampler runs with fixed stage flags, one graph per variant: `PLAIN_STAGES` (
 when any row has a penalty, and one general variant (`general_stages`: every stage above plus allowed_token_ids,
 min_tokens, logit_bias, and raw logprobs with the top `sampler.max_logprobs`) when any row asks for one of those.
 The sampler's results do not depend on those flags (they only skip work no row needs: a row without a cutoff,
-a penalty, a bias... passes those stages unchanged, as its slot's table row is a no-op), so the tokens equal the
-eager path's; the general variant's logprobs carry more top-k columns than the batch asks for, and the copy-out
-keeps the first `1 + k` (k: the batch's largest `logprobs`), the eager sampler's shape. One general variant, not
-one per feature combination: 4 graphs per size instead of 2^4 more, and the masks' kernels cost microseconds.
-The tables the captured kernels read sit at fixed addresses, so they are made before capture: the penalty
-counts (`PenaltiesState.allocate_counts`, [S+1, V]: ~190 MiB at 256 slots and V = 151,936), the allowed-tokens
-mask ([S+1, V] bool: ~37 MiB there), and room for `LOGIT_BIAS_WIDTH` bias entries and `STOP_IDS_WIDTH` min_tokens
-stop ids per slot. A later request with a longer list widens its table (a new tensor): the graph would read the
-old one, so from then on steps that need the general variant fall back ("sampling tables reallocated").
+a penalty, a bias... passes those stages unchanged, its slot's table row being a no-op), so the tokens equal the
+eager path's; the copy-out keeps the first `1 + k` logprob columns (k: the batch's largest `logprobs`, the eager
+sampler's shape). One general variant, not one per feature combination: 4 graphs per size, not 2^4 more. The
+captured kernels read their tables at fixed addresses, so they are made before capture: the penalty counts
+(`PenaltiesState.allocate_counts`), the allowed-tokens mask, room for `LOGIT_BIAS_WIDTH` bias entries and
+`STOP_IDS_WIDTH` stop ids per slot. A longer list later widens its table (a new tensor the graph does not read):
+from then on steps that need the general variant fall back ("sampling tables reallocated").
 """
 
 from __future__ import annotations

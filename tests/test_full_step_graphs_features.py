@@ -181,3 +181,16 @@ def test_the_general_variant_triton_kernels_read_only_static_inputs(monkeypatch:
     _lockstep(off, on, work)
     assert on.engine.runner.full_step_replays >= 3
     assert {name for _, name in kernels} <= set(calls)
+
+
+def test_processed_logprobs_fall_back_named() -> None:
+    """Processed logprobs keep the separate sampler stages: their steps fall back; the other features replay."""
+    off = _llm(False, logprobs_mode="processed_logprobs")
+    on = _llm(True, logprobs_mode="processed_logprobs")
+    assert on.engine.runner.step_graphs.general.num_logprobs == -1
+    work = [(0, [4, 5, 6], _with(FEATURES[2], max_tokens=12, ignore_eos=True)),
+            (1, [7, 8], _with(FEATURES[4], logprobs=None, max_tokens=14, ignore_eos=True)),
+            (7, [9, 10], _with(FEATURES[0], max_tokens=5, ignore_eos=True))]
+    _lockstep(off, on, work)
+    r = on.engine.runner
+    assert r.full_step_fallbacks["processed logprobs"] > 0 and r.full_step_replays > 5, r.full_step_fallbacks
