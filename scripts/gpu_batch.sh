@@ -84,6 +84,12 @@ for j in "$@"; do
           --out "$res/$j/b1" &&
         job $j-b256 150 python3 scripts/profile_decode.py --batch 256 --full-step-graphs --out "$res/$j/b256" &&
         job $j-b256-off 150 python3 scripts/profile_decode.py --batch 256 --out "$res/$j/b256-off" ;;
+    # The general full-step variant (logprobs inside the graph): every request asks for 5 top logprobs, batch 256,
+    # full-step graphs on vs off. Look for: "full-step graphs: N steps replayed whole" with fallbacks only
+    # "not pure decode", and the on run's device/host ms per step vs off (the general variant's cost, docs/architecture.md).
+    fullgraph-profile-logprobs) job $j-b256-on 150 python3 scripts/profile_decode.py --batch 256 --logprobs 5 \
+          --full-step-graphs --out "$res/$j/b256-on" &&
+        job $j-b256-off 150 python3 scripts/profile_decode.py --batch 256 --logprobs 5 --out "$res/$j/b256-off" ;;
     gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;
     gpu_tests_single) job $j 130 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py ;;
     # The driver's per-step command (gloo on the host CPU, typed msgpack vs the old pickle) at 64 and 256 rows.
