@@ -166,7 +166,9 @@ class FullStepGraphs:
         self.logprobs_inside = sampler.logprobs_mode == "raw_logprobs"  # processed ones: the blocker says so
         self.general = general_stages(max_logprobs if self.logprobs_inside else -1)
         self.variants = VARIANTS + (self.general,)
-        self._table_ptrs: tuple[int, ...] = ()  # data_ptr of every widenable table the general variant read
+        # The widenable tables the general variant read at capture: held (a freed table's address could come back
+        # for a later, wider one) and compared by identity.
+        self._tables: tuple[Optional[torch.Tensor], ...] = ()
 
     def _step(self, size: int, stages: SamplingStages) -> Callable[[], _Captured]:
         rs, bt, dummy = self.request_state, self.block_tables, self.dummy_slot
@@ -208,7 +210,7 @@ class FullStepGraphs:
         states.allowed_tokens.allocate_mask()  # the general variant's tables, likewise
         states.logit_bias.reserve(LOGIT_BIAS_WIDTH)
         states.min_tokens.reserve(STOP_IDS_WIDTH)
-        self._table_ptrs = _widenable_tables(states)
+        self._tables = _widenable_tables(states)
         for stages in self.variants:
             for size in reversed(self.sizes):
                 self.graphs[(size, stages)] = self._capturer.capture(self._step(size, stages))
@@ -219,8 +221,8 @@ class FullStepGraphs:
         """`full_step_blocker` for these graphs, and "sampling tables reallocated" for a step that needs the
         general variant after a table it reads was widened (a new tensor the graph does not read)."""
         reason = full_step_blocker(output, self.sizes[-1], row_needs, self.logprobs_inside)
-        if reason is None and needs_general(row_needs().stages) \
-                and _widenable_tables(self.sampler.states) != self._table_ptrs:
+        if reason is None and needs_general(row_needs().stages) and any(
+                now is not then for now, then in zip(_widenable_tables(self.sampler.states), self._tables)):
             return "sampling tables reallocated"
         return reason
 
@@ -260,8 +262,7 @@ class FullStepGraphs:
         return FullStepResult(list(output.scheduled_request_ids), tokens, num_sampled, errors, logprobs)
 
 
-def _widenable_tables(states: SamplingStates) -> tuple[int, ...]:
-    """Addresses of the per-slot tables that a longer list reallocates (`SlotLists` widens by a new tensor)."""
-    mask = states.allowed_tokens.mask
-    return (states.logit_bias.tokens.values.data_ptr(), states.logit_bias.values.values.data_ptr(),
-            states.min_tokens.stop_ids.values.data_ptr(), mask.data_ptr() if mask is not None else 0)
+def _widenable_tables(states: SamplingStates) -> tuple[Optional[torch.Tensor], ...]:
+    """The per-slot tables that a longer list reallocates (`SlotLists` widens by a new tensor), and the mask."""
+    return (states.logit_bias.tokens.values, states.logit_bias.values.values, states.min_tokens.stop_ids.values,
+            states.allowed_tokens.mask)
