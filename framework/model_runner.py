@@ -28,7 +28,7 @@ from framework.plugins import (ModelState, ProposeInputs, Speculator, build_mode
 from framework.request_state import RequestState
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from framework.step_graphs import FullStepGraphs, FullStepResult, RowNeeds, full_step_blocker
+from framework.step_graphs import FullStepGraphs, FullStepResult, RowNeeds
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
@@ -164,7 +164,7 @@ class ModelRunnerV2(ModelRunner):
         self.step_graphs = FullStepGraphs(
             lambda ids, pos, kv, meta: self.model(ids, pos, kv, meta), self.model.compute_logits, self.sampler,
             self.request_state, self.block_tables, self.kv_caches, sizes, self.loaded.max_model_len, self.device,
-            capturer=shared)
+            capturer=shared, max_logprobs=self.config.sampler.max_logprobs)
         self.step_graphs.capture()
 
     def release_cuda_graphs(self) -> None:
@@ -224,7 +224,7 @@ class ModelRunnerV2(ModelRunner):
         s = self.sampling_states
         needs = functools.cache(lambda: RowNeeds(  # asked only for a pure-decode step that fits
             s.stages_for(slots), s.prompt_logprobs.any_in(slots), self.pooling_state.any_in(slots)))
-        reason = full_step_blocker(output, graphs.sizes[-1], needs)
+        reason = graphs.blocker(output, needs)
         if reason is not None:
             self.full_step_fallbacks[reason] += 1
             return None
@@ -366,10 +366,10 @@ class ModelRunnerV2(ModelRunner):
         return output
 
     def _full_step_output(self, step: FullStepResult) -> AsyncOutput:
-        """Start the D2H copy of a replayed full step's tokens (its rows have no penalties, grammars or pooling:
-        `record_sampled` and the state's postprocess have nothing to do)."""
+        """Start the D2H copy of a replayed full step's tokens and logprobs (the replay advanced the penalty counts;
+        its rows have no grammars or pooling, and the state's postprocess has nothing to do)."""
         output = AsyncOutput(step.request_ids, step.tokens, step.num_sampled, self.copy_stream,
-                             self._next_host_buffers(), errors=step.errors)
+                             self._next_host_buffers(), logprobs=step.logprobs, errors=step.errors)
         structured = self.sampling_states.structured
         if structured is not None and structured.active:
             self._grammar_pending = (self._num_outputs - 1, output)

@@ -1,13 +1,11 @@
 """Full-step CUDA graphs: a whole pure-decode step (inputs, attention metadata, forward, logits, sampling,
 post-update) captured as one graph per (padded batch size, sampling variant) — `runner.full_step_cuda_graphs`.
 
-What one replay runs, on the device, for B padded rows of one token each (the graph's static buffers):
-input preparation from the slot tables through `idx_mapping` (`prepare_inputs`), the block-table gather and
-KV slots, the forward, the LM head, the sampler (sanitize, repetition / frequency / presence penalties,
-temperature, top-k/top-p/min-p, Gumbel-max with (seed, position) noise: every parameter read per slot through
-`expanded_idx_mapping`), `num_sampled`, and the post-update that appends the token to the slot's history (and
-advances the penalty counts). The host's work per step: one H2D copy of the
-padded `idx_mapping`, one replay, the usual async D2H copy of the tokens.
+What one replay runs, on the device, for B padded rows of one token each (the graph's static buffers): input
+preparation through `idx_mapping`, the block-table gather and KV slots, the forward, the LM head, the sampler
+(every parameter and table read per slot through `expanded_idx_mapping`), `num_sampled`, and the post-update
+(history, penalty counts). The host's work per step: one H2D copy of the padded `idx_mapping`, one replay, the
+usual async D2H copy of the tokens (and logprobs). docs/architecture.md ("The whole decode step as one graph").
 
 Padding rows map to the dummy slot (row `max_num_reqs` of `RequestState`, `BlockTables` and the sampling
 parameters, which no request takes): the graph resets its lengths first, so a padding row is a 1-token decode
@@ -15,18 +13,25 @@ at position 0 whose KV store is skipped (KV slot -1) and whose post-update touch
 
 Graph-safe steps (`full_step_blocker` names the first reason a step is not; such a step runs today's path,
 the forward-only graph with the eager sampler): every row 1 token and no drafts, at most the largest capture
-size, and no row whose sampling needs host work or state the graph does not hold: logprobs, prompt
-logprobs, structured outputs (host-filled bitmasks), allowed_token_ids, bad_words, min_tokens, logit_bias,
-custom logits processors, pooling rows, recurrent-state snapshots. Not captured at all (the runner logs why):
-speculative decoding (the verification shapes keep their forward graphs), tensor / pipeline parallelism, and model
-states without `full_step_graphs` (states with per-step hooks: Mamba, Whisper, plugins).
+size, and no row whose sampling needs host work or state the graph does not hold: prompt logprobs, structured
+outputs (host-filled bitmasks), bad_words, custom logits processors, pooling rows, recurrent-state snapshots,
+processed logprobs (`sampler.logprobs_mode`), and steps whose per-slot tables were reallocated since capture.
+Not captured at all (the runner logs why): speculative decoding (the verification shapes keep their forward
+graphs), tensor / pipeline parallelism, and model states without `full_step_graphs` (states with per-step
+hooks: Mamba, Whisper, plugins).
 
 The sampler runs with fixed stage flags, one graph per variant: `PLAIN_STAGES` (temperature / greedy),
 `CUTOFF_STAGES` (also top-k, top-p, min-p) when any row uses a cutoff, `PENALTY_STAGES` (cutoffs and penalties)
-when any row has a penalty. The sampler's results do not depend on those flags (they only skip work no row
-needs: a row without a cutoff or a penalty passes those stages unchanged), so the tokens equal the eager
-path's. The penalty counts are allocated before capture (`PenaltiesState.allocate_counts`, [S+1, V]: ~190 MiB
-at 256 slots and V = 151,936), as the captured kernels read them at fixed addresses.
+when any row has a penalty, and one general variant (`general_stages`: every stage above plus allowed_token_ids,
+min_tokens, logit_bias, and raw logprobs with the top `sampler.max_logprobs`) when any row asks for one of those.
+The sampler's results do not depend on those flags (they only skip work no row needs: a row without a cutoff,
+a penalty, a bias... passes those stages unchanged, its slot's table row being a no-op), so the tokens equal the
+eager path's; the copy-out keeps the first `1 + k` logprob columns (k: the batch's largest `logprobs`, the eager
+sampler's shape). One general variant, not one per feature combination: 4 graphs per size, not 2^4 more. The
+captured kernels read their tables at fixed addresses, so they are made before capture: the penalty counts
+(`PenaltiesState.allocate_counts`), the allowed-tokens mask, room for `LOGIT_BIAS_WIDTH` bias entries and
+`STOP_IDS_WIDTH` stop ids per slot. A longer list later widens its table (a new tensor the graph does not read):
+from then on steps that need the general variant fall back ("sampling tables reallocated").
 """
 
 from __future__ import annotations
@@ -44,15 +49,18 @@ from framework.cuda_graphs import CudaGraphCapturer, GraphCapturer, Replayable
 from framework.kernels.input_prep import compute_num_sampled, post_update, prepare_inputs
 from framework.request_state import RequestState
 from framework.scheduler_output import SchedulerOutput
+from samplers.logprobs import LogprobsTensors
 from samplers.sampler import Sampler
-from samplers.states import SamplingStages
+from samplers.states import SamplingStages, SamplingStates
 
 logger = logging.getLogger(__name__)
 
 PLAIN_STAGES = SamplingStages(any_random=True, any_top_k=False, any_top_p=False, any_min_p=False)
 CUTOFF_STAGES = SamplingStages(any_random=True, any_top_k=True, any_top_p=True, any_min_p=True)
 PENALTY_STAGES = SamplingStages(any_random=True, any_top_k=True, any_top_p=True, any_min_p=True, any_penalties=True)
-VARIANTS = (PLAIN_STAGES, CUTOFF_STAGES, PENALTY_STAGES)
+VARIANTS = (PLAIN_STAGES, CUTOFF_STAGES, PENALTY_STAGES)  # + general_stages(k): four per size
+LOGIT_BIAS_WIDTH = 300  # entries per slot reserved before capture (the OpenAI API's limit per request)
+STOP_IDS_WIDTH = 64  # min_tokens stop ids per slot (eos + stop_token_ids) reserved before capture
 
 # (input_ids [B], positions [B], kv_caches, metadata) -> hidden [B, hidden]; hidden -> logits [B, vocab] float32.
 StepForward = Callable[[torch.Tensor, torch.Tensor, list, AttentionMetadata], torch.Tensor]
@@ -67,9 +75,22 @@ class RowNeeds(NamedTuple):
     pooling: bool  # some row is an embedding request
 
 
-def full_step_blocker(output: SchedulerOutput, max_rows: int, row_needs: Callable[[], RowNeeds]) -> Optional[str]:
+def general_stages(num_logprobs: int) -> SamplingStages:
+    """The general variant: every stage the graph holds, raw logprobs with the top `num_logprobs` (-1: none)."""
+    return SamplingStages(any_random=True, any_top_k=True, any_top_p=True, any_min_p=True, any_allowed_tokens=True,
+                          any_min_tokens=True, any_logit_bias=True, any_penalties=True, num_logprobs=num_logprobs)
+
+
+def needs_general(stages: SamplingStages) -> bool:
+    """Whether a batch with `stages` takes the general variant (some row's stage only that variant holds)."""
+    return stages.num_logprobs >= 0 or stages.any_allowed_tokens or stages.any_min_tokens or stages.any_logit_bias
+
+
+def full_step_blocker(output: SchedulerOutput, max_rows: int, row_needs: Callable[[], RowNeeds],
+                      logprobs_inside: bool = True) -> Optional[str]:
     """None when this step can run as one full-step graph of at most `max_rows` rows; otherwise why not (the
-    runner counts the reasons). `row_needs` is asked only for a pure-decode step that fits."""
+    runner counts the reasons). `row_needs` is asked only for a pure-decode step that fits; `logprobs_inside`:
+    the general variant computes logprobs (raw logprobs mode)."""
     if max(output.num_scheduled_tokens) != 1 or any(output.num_draft_tokens):
         return "not pure decode"
     if len(output.num_scheduled_tokens) > max_rows:
@@ -79,16 +100,18 @@ def full_step_blocker(output: SchedulerOutput, max_rows: int, row_needs: Callabl
     needs = row_needs()
     s = needs.stages
     host_work = (
-        ("logprobs", s.num_logprobs >= 0), ("prompt logprobs", needs.prompt_logprobs),
-        ("structured outputs", s.any_structured), ("allowed_token_ids", s.any_allowed_tokens),
-        ("bad_words", s.any_bad_words), ("min_tokens", s.any_min_tokens), ("logit_bias", s.any_logit_bias),
-        ("logits processors", bool(s.processors)), ("pooling", needs.pooling),
+        ("processed logprobs", s.num_logprobs >= 0 and not logprobs_inside),
+        ("prompt logprobs", needs.prompt_logprobs), ("structured outputs", s.any_structured),
+        ("bad_words", s.any_bad_words), ("logits processors", bool(s.processors)), ("pooling", needs.pooling),
     )
     return next((reason for reason, present in host_work if present), None)
 
 
-def graph_stages(stages: SamplingStages) -> SamplingStages:
-    """The fixed stage flags of the graph variant that serves a graph-safe batch with `stages`."""
+def graph_stages(stages: SamplingStages, general: SamplingStages) -> SamplingStages:
+    """The fixed stage flags of the graph variant that serves a graph-safe batch with `stages` (`general`: the
+    general variant's)."""
+    if needs_general(stages):
+        return general
     if stages.any_penalties:
         return PENALTY_STAGES
     return CUTOFF_STAGES if stages.any_top_k or stages.any_top_p or stages.any_min_p else PLAIN_STAGES
@@ -106,6 +129,7 @@ class _Captured(NamedTuple):
     tokens: torch.Tensor  # [B, 1] int64
     num_sampled: torch.Tensor  # [B] int32
     errors: torch.Tensor  # [B] int32
+    logprobs: Optional[LogprobsTensors]  # [B, 1 + max_logprobs]: the general variant only
 
 
 class FullStepResult(NamedTuple):
@@ -115,6 +139,7 @@ class FullStepResult(NamedTuple):
     tokens: torch.Tensor  # [R, 1] int64
     num_sampled: torch.Tensor  # [R] int32
     errors: torch.Tensor  # [R] int32: samplers.sampler ROW_* codes
+    logprobs: Optional[LogprobsTensors] = None  # [R, 1+k] (k: the batch's largest `logprobs`) when some row asked
 
 
 class FullStepGraphs:
@@ -123,7 +148,7 @@ class FullStepGraphs:
     def __init__(self, forward: StepForward, compute_logits: ComputeLogits, sampler: Sampler,
                  request_state: RequestState, block_tables: BlockTables, kv_caches: list[torch.Tensor],
                  capture_sizes: list[int], max_model_len: int, device: torch.device,
-                 capturer: Optional[GraphCapturer] = None) -> None:
+                 capturer: Optional[GraphCapturer] = None, max_logprobs: int = 20) -> None:
         self.forward, self.compute_logits, self.sampler = forward, compute_logits, sampler
         self.request_state, self.block_tables, self.kv_caches = request_state, block_tables, kv_caches
         self.sizes = sorted(capture_sizes)
@@ -138,6 +163,12 @@ class FullStepGraphs:
         self.ones = torch.ones(n, dtype=torch.int32, device=device)  # [B] query_lens
         self.zeros = torch.zeros(n, dtype=torch.int32, device=device)  # [B] num_draft = num_accepted
         self.graphs: dict[tuple[int, SamplingStages], Replayable] = {}
+        self.logprobs_inside = sampler.logprobs_mode == "raw_logprobs"  # processed ones: the blocker says so
+        self.general = general_stages(max_logprobs if self.logprobs_inside else -1)
+        self.variants = VARIANTS + (self.general,)
+        # The widenable tables the general variant read at capture: held (a freed table's address could come back
+        # for a later, wider one) and compared by identity.
+        self._tables: tuple[Optional[torch.Tensor], ...] = ()
 
     def _step(self, size: int, stages: SamplingStages) -> Callable[[], _Captured]:
         rs, bt, dummy = self.request_state, self.block_tables, self.dummy_slot
@@ -166,7 +197,7 @@ class FullStepGraphs:
             if stages.any_penalties:  # the counts advance (other variants: no row of the batch ever reads them)
                 self.sampler.states.record_sampled(idx, tokens, num_sampled)
             assert sampled.errors is not None
-            return _Captured(tokens, num_sampled, sampled.errors)
+            return _Captured(tokens, num_sampled, sampled.errors, sampled.logprobs)
         return step
 
     @torch.inference_mode()
@@ -174,12 +205,26 @@ class FullStepGraphs:
         """Capture every (size, variant), largest first so that smaller graphs reuse its memory pool. Every row
         maps to the dummy slot meanwhile, so the warm-up runs write nothing of a real slot."""
         self.idx_mapping.fill_(self.dummy_slot)
-        self.sampler.states.penalties.allocate_counts()  # the penalty variant's kernels read them at fixed addresses
-        for stages in VARIANTS:
+        states = self.sampler.states
+        states.penalties.allocate_counts()  # the penalty and general variants' kernels read them at fixed addresses
+        states.allowed_tokens.allocate_mask()  # the general variant's tables, likewise
+        states.logit_bias.reserve(LOGIT_BIAS_WIDTH)
+        states.min_tokens.reserve(STOP_IDS_WIDTH)
+        self._tables = _widenable_tables(states)
+        for stages in self.variants:
             for size in reversed(self.sizes):
                 self.graphs[(size, stages)] = self._capturer.capture(self._step(size, stages))
         self._capturer.finish()
         logger.info("captured full-step CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def blocker(self, output: SchedulerOutput, row_needs: Callable[[], RowNeeds]) -> Optional[str]:
+        """`full_step_blocker` for these graphs, and "sampling tables reallocated" for a step that needs the
+        general variant after a table it reads was widened (a new tensor the graph does not read)."""
+        reason = full_step_blocker(output, self.sizes[-1], row_needs, self.logprobs_inside)
+        if reason is None and needs_general(row_needs().stages) and any(
+                now is not then for now, then in zip(_widenable_tables(self.sampler.states), self._tables)):
+            return "sampling tables reallocated"
+        return reason
 
     def padded_size(self, num_rows: int) -> Optional[int]:
         i = bisect.bisect_left(self.sizes, num_rows)
@@ -202,8 +247,22 @@ class FullStepGraphs:
         self.idx_mapping[:size].copy_(torch.from_numpy(host), non_blocking=True)  # pageable: staged, then reusable
         if copy_stream is not None:
             torch.cuda.current_stream().wait_stream(copy_stream)
-        out = self.graphs[(size, graph_stages(stages))].replay()
+        out = self.graphs[(size, graph_stages(stages, self.general))].replay()
         tokens, num_sampled, errors = out.tokens[:r], out.num_sampled[:r], out.errors[:r]
+        logprobs = None
+        if stages.num_logprobs >= 0:  # the eager sampler's shape: the batch's largest k columns of top-k
+            assert out.logprobs is not None
+            cols = 1 + stages.num_logprobs
+            logprobs = LogprobsTensors(out.logprobs.token_ids[:r, :cols], out.logprobs.logprobs[:r, :cols],
+                                       out.logprobs.ranks[:r])
         if copy_stream is None:
             tokens, num_sampled, errors = tokens.clone(), num_sampled.clone(), errors.clone()
-        return FullStepResult(list(output.scheduled_request_ids), tokens, num_sampled, errors)
+            if logprobs is not None:
+                logprobs = LogprobsTensors(*(t.clone() for t in logprobs))
+        return FullStepResult(list(output.scheduled_request_ids), tokens, num_sampled, errors, logprobs)
+
+
+def _widenable_tables(states: SamplingStates) -> tuple[Optional[torch.Tensor], ...]:
+    """The per-slot tables that a longer list reallocates (`SlotLists` widens by a new tensor), and the mask."""
+    return (states.logit_bias.tokens.values, states.logit_bias.values.values, states.min_tokens.stop_ids.values,
+            states.allowed_tokens.mask)

@@ -15,15 +15,18 @@ from samplers.triton_utils import use_triton, vocab_block
 
 
 class AllowedTokensState:
-    """A [S, V] bool mask (allocated when the first request with a list arrives) and a per-slot on/off flag."""
+    """A [S+1, V] bool mask (allocated when the first request with a list arrives, or before full-step graphs
+    are captured: `allocate_mask`) and a per-slot on/off flag. Row `max_num_reqs` (off) serves the padding rows
+    of full-step graphs (`framework.step_graphs`)."""
 
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device) -> None:
         self.max_num_reqs = max_num_reqs
         self.vocab_size = vocab_size
         self.device = device
-        self.enabled = torch.zeros(max_num_reqs, dtype=torch.bool, device=device)  # [S]
-        self.mask: Optional[torch.Tensor] = None  # [S, V] bool: True = allowed
-        self.host_enabled = np.zeros(max_num_reqs, dtype=bool)
+        rows = max_num_reqs + 1  # + the dummy slot of full-step graphs
+        self.enabled = torch.zeros(rows, dtype=torch.bool, device=device)  # [S+1]
+        self.mask: Optional[torch.Tensor] = None  # [S+1, V] bool: True = allowed
+        self.host_enabled = np.zeros(rows, dtype=bool)
         self._staged_enabled = StagedWrites(self.enabled)
         self._staged_rows: dict[int, list[int]] = {}
 
@@ -32,9 +35,13 @@ class AllowedTokensState:
         self.host_enabled[req_slot] = ids is not None
         self._staged_enabled.stage(req_slot, ids is not None)
         if ids is not None:
-            if self.mask is None:
-                self.mask = torch.zeros(self.max_num_reqs, self.vocab_size, dtype=torch.bool, device=self.device)
+            self.allocate_mask()
             self._staged_rows[req_slot] = list(ids)
+
+    def allocate_mask(self) -> None:
+        """The [S+1, V] mask, once (full-step graphs allocate it before capture: they read it at a fixed address)."""
+        if self.mask is None:
+            self.mask = torch.zeros(self.max_num_reqs + 1, self.vocab_size, dtype=torch.bool, device=self.device)
 
     def remove_request(self, req_slot: int) -> None:
         self.host_enabled[req_slot] = False

@@ -87,6 +87,14 @@ class SlotLists:
         self.lens.index_copy_(0, index, lens.to(self.device, non_blocking=True))
         self._staged.clear()
 
+    def reserve(self, width: int) -> None:
+        """Widen the table to at least `width` entries per slot now (a captured full-step graph reads it at a
+        fixed address: a later widening would leave the graph on the old table, `framework.step_graphs`)."""
+        if width > self.width:
+            wider = torch.zeros(self.values.shape[0], width, dtype=self.dtype, device=self.device)
+            wider[:, : self.width] = self.values
+            self.values = wider
+
     def any_in(self, req_slots: np.ndarray) -> bool:
         """Whether any of `req_slots` has a non-empty list (host check)."""
         return bool((self.host_lens[req_slots] > 0).any())

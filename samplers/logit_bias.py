@@ -13,11 +13,17 @@ from samplers.triton_utils import small_block, use_triton
 
 
 class LogitBiasState:
-    """Each req_slot's bias as two padded lists: token ids [S, W] int32 and values [S, W] float32."""
+    """Each req_slot's bias as two padded lists: token ids [S+1, W] int32 and values [S+1, W] float32. Row
+    `max_num_reqs` (empty: a no-op) serves the padding rows of full-step graphs (`framework.step_graphs`)."""
 
     def __init__(self, max_num_reqs: int, device: torch.device) -> None:
-        self.tokens = SlotLists(max_num_reqs, torch.int32, device)
-        self.values = SlotLists(max_num_reqs, torch.float32, device)
+        self.tokens = SlotLists(max_num_reqs + 1, torch.int32, device)
+        self.values = SlotLists(max_num_reqs + 1, torch.float32, device)
+
+    def reserve(self, width: int) -> None:
+        """Room for `width` entries per slot now (full-step graphs read the tables at fixed addresses)."""
+        self.tokens.reserve(width)
+        self.values.reserve(width)
 
     def add_request(self, req_slot: int, params: SamplingParams) -> None:
         bias = params.logit_bias or {}

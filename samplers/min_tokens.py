@@ -18,15 +18,17 @@ from samplers.triton_utils import small_block, use_triton
 
 
 class MinTokensState:
-    """min_tokens [S] int32 and each slot's stop-token list (padded [S, W] int32)."""
+    """min_tokens [S+1] int32 and each slot's stop-token list (padded [S+1, W] int32). Row `max_num_reqs`
+    (min_tokens 0: a no-op) serves the padding rows of full-step graphs (`framework.step_graphs`)."""
 
     def __init__(self, max_num_reqs: int, device: torch.device, history: TokenHistory,
                  eos_token_id: Optional[int]) -> None:
         self.history = history
         self.eos_token_id = eos_token_id
-        self.min_tokens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
-        self.stop_ids = SlotLists(max_num_reqs, torch.int32, device)
-        self.host_active = np.zeros(max_num_reqs, dtype=bool)
+        rows = max_num_reqs + 1  # + the dummy slot of full-step graphs
+        self.min_tokens = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.stop_ids = SlotLists(rows, torch.int32, device)
+        self.host_active = np.zeros(rows, dtype=bool)
         self._staged = StagedWrites(self.min_tokens)
 
     def add_request(self, req_slot: int, params: SamplingParams) -> None:
@@ -40,6 +42,10 @@ class MinTokensState:
 
     def remove_request(self, req_slot: int) -> None:
         self.host_active[req_slot] = False
+
+    def reserve(self, width: int) -> None:
+        """Room for `width` stop ids per slot now (full-step graphs read the table at a fixed address)."""
+        self.stop_ids.reserve(width)
 
     def apply_staged_writes(self) -> None:
         self._staged.apply()

@@ -95,6 +95,12 @@ for j in "$@"; do
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # The general full-step variant (logprobs inside the graph): every request asks for 5 top logprobs, batch 256,
+    # full-step graphs on vs off. Look for: "full-step graphs: N steps replayed whole" with fallbacks only
+    # "not pure decode", and the on run's device/host ms per step vs off (the general variant's cost, docs/architecture.md).
+    fullgraph-profile-logprobs) job $j-b256-on 150 python3 scripts/profile_decode.py --batch 256 --logprobs 5 \
+          --full-step-graphs --out "$res/$j/b256-on" &&
+        job $j-b256-off 150 python3 scripts/profile_decode.py --batch 256 --logprobs 5 --out "$res/$j/b256-off" ;;
     gpu_tests_parallel) job $j 120 python3 -m pytest -q -x tests/gpu/test_parallel_gpu.py ;;
     gpu_tests_single) job $j 130 python3 -m pytest -q tests/gpu/test_sampler_fused_gpu.py tests/gpu/test_spec_gpu.py ;;
     # The driver's per-step command (gloo on the host CPU, typed msgpack vs the old pickle) at 64 and 256 rows.

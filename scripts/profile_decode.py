@@ -83,7 +83,7 @@ def fill(engine, args: argparse.Namespace) -> dict[str, float]:  # type: ignore[
         period = 16 if args.repeat_prompt else args.prompt_len  # a repeated segment: ngram drafts get accepted
         engine.add_request(f"p{i}", [(i * 131 + (j % period) * 7) % vocab for j in range(args.prompt_len)],
                            SamplingParams(temperature=args.temperature, max_tokens=args.max_model_len - 1 - args.prompt_len, ignore_eos=True,
-                                          seed=i))
+                                          seed=i, logprobs=args.logprobs))
     _sync()
     start, steps = time.perf_counter(), 0
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()):
@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="model.small_batch_kernels: the fused GEMV path at <= 8 tokens (docs/kernels.md)")
     parser.add_argument("--full-step-graphs", action="store_true",
                         help="runner.full_step_cuda_graphs: a pure-decode step replays as one graph")
+    parser.add_argument("--logprobs", type=int, default=None,
+                        help="every request asks for this many top logprobs (full-step graphs: the general variant)")
     parser.add_argument("--device", default="auto", help="cpu runs a smoke check of this script")
     parser.add_argument("--out", type=Path, default=Path("bench_results/profile_decode"))
     args = parser.parse_args(argv)

@@ -28,7 +28,7 @@ from framework.llm import LLM
 from framework.sampling_params import SamplingParams
 from framework.scheduler_output import SchedulerOutput
 from framework.step_graphs import (CUTOFF_STAGES, PENALTY_STAGES, PLAIN_STAGES, VARIANTS, FullStepGraphs, RowNeeds,
-                                   full_step_blocker, graph_stages)
+                                   full_step_blocker, general_stages, graph_stages)
 from samplers.states import SamplingStages
 
 try:
@@ -37,6 +37,7 @@ except ImportError:  # tests/ collected as a package
     from tests.fake_graphs import EagerReplayCapturer, StaticInputsCapturer, StaticInputsViolation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+GENERAL = general_stages(5)
 
 BASE = {"device": "cpu", "dtype": "float32", "seed": 0, "max_num_seqs": 6, "max_model_len": 64,
         "async_scheduling": True}
@@ -51,9 +52,8 @@ SAFE = [  # graph-safe sampling mixes
     SamplingParams(temperature=0.8, seed=15, frequency_penalty=0.7, top_k=30),
 ]
 UNSAFE = [  # each makes its step fall back to the eager sampler
-    SamplingParams(temperature=0.0, logprobs=2),
-    SamplingParams(temperature=0.0, min_tokens=2),
-    SamplingParams(temperature=0.5, seed=22, logit_bias={5: 3.0}),
+    SamplingParams(temperature=0.0, bad_words=[[7, 9]]),
+    SamplingParams(temperature=0.5, seed=22, prompt_logprobs=1),
 ]
 
 
@@ -78,7 +78,8 @@ def _work(params: list[SamplingParams], n: int = 9) -> list[tuple[int, list[int]
 def _with(p: SamplingParams, **changes: Any) -> SamplingParams:
     fields = {k: getattr(p, k) for k in ("temperature", "top_k", "top_p", "min_p", "seed", "logprobs", "min_tokens",
                                           "repetition_penalty", "frequency_penalty", "presence_penalty",
-                                          "logit_bias")}
+                                          "logit_bias", "allowed_token_ids", "bad_words", "prompt_logprobs",
+                                          "stop_token_ids")}
     return SamplingParams(**{**fields, **changes})
 
 
@@ -107,8 +108,13 @@ def _lockstep(off: LLM, on: LLM, work: list[tuple[int, list[int], SamplingParams
             for engine in (a, b):
                 engine.add_request(f"r{arrival}", prompt, params)
         work = [w for w in work if w[0] != step]
-        outs = [{o.request_id: (list(o.token_ids), _logprob_ids(o)) for o in e.step()} for e in (a, b)]
+        steps = [e.step() for e in (a, b)]
+        outs = [{o.request_id: (list(o.token_ids), _logprob_ids(o)) for o in s} for s in steps]
         assert outs[0] == outs[1], f"step {step}: outputs differ"
+        values = [{o.request_id: _logprob_values(o) for o in s} for s in steps]
+        assert values[0].keys() == values[1].keys()
+        for rid, expected in values[0].items():
+            assert torch.allclose(values[1][rid], expected, rtol=1e-5, atol=1e-5), f"step {step}: {rid}'s logprobs"
         tokens.update({k: v[0] for k, v in outs[0].items()})
         step += 1
     assert not work and not a.has_unfinished_requests(), "the run did not finish"
@@ -116,8 +122,15 @@ def _lockstep(off: LLM, on: LLM, work: list[tuple[int, list[int], SamplingParams
 
 
 def _logprob_ids(out: Any) -> Any:
+    """Per output position: the (token id, rank) pairs of its logprobs entry (None: the request asked none)."""
     lp = getattr(out, "logprobs", None)
-    return None if lp is None else [sorted(d) for d in lp]
+    return None if lp is None else [sorted((t, e.rank) for t, e in d.items()) for d in lp]
+
+
+def _logprob_values(out: Any) -> torch.Tensor:
+    """Every logprob of the request's entries, in token-id order per position (-inf kept)."""
+    lp = getattr(out, "logprobs", None) or []
+    return torch.tensor([d[t].logprob for d in lp for t in sorted(d)], dtype=torch.float64)
 
 
 def test_graph_safe_mixes_equal_eager_with_padding() -> None:
@@ -132,7 +145,7 @@ def test_graph_safe_mixes_equal_eager_with_padding() -> None:
     assert r.full_step_replays == len(runs) > 10
     assert r.eager_forwards == off.engine.runner.eager_forwards  # prefill steps only, as with graphs off
     replayed = {key[1] for key, graph in r.step_graphs.graphs.items() if graph.num_replays}
-    assert replayed == set(VARIANTS), "every sampling variant must have served steps"
+    assert replayed == set(VARIANTS), "every sampling variant but the general one must have served steps"
 
 
 def test_preemption_equals_eager() -> None:
@@ -154,7 +167,7 @@ def test_mixed_safe_and_unsafe_rows_fall_back_with_reasons() -> None:
     _lockstep(off, on, _work(SAFE[:3] + UNSAFE, n=9))
     r = on.engine.runner
     reasons = set(r.full_step_fallbacks)
-    assert {"logprobs", "min_tokens", "logit_bias"} & reasons, reasons
+    assert {"bad_words", "prompt logprobs"} & reasons, reasons
     assert r.full_step_replays > 0, "no step ran as one graph (the last rows are graph-safe)"
 
 
@@ -174,19 +187,22 @@ def test_blocker_names_each_reason() -> None:
     assert full_step_blocker(so([1, 5]), 4, needs()) == "not pure decode"
     assert full_step_blocker(so([1, 1], [0, 2]), 4, needs()) == "not pure decode"
     assert full_step_blocker(so([1] * 5), 4, needs()) == "more rows than the largest graph"
-    cases = {"logprobs": {"num_logprobs": 0}, "prompt logprobs": {"prompt_logprobs": True},
-             "structured outputs": {"any_structured": True}, "allowed_token_ids": {"any_allowed_tokens": True},
-             "bad_words": {"any_bad_words": True}, "min_tokens": {"any_min_tokens": True},
-             "logit_bias": {"any_logit_bias": True}, "logits processors": {"processors": (0,)},
+    cases = {"prompt logprobs": {"prompt_logprobs": True}, "structured outputs": {"any_structured": True},
+             "bad_words": {"any_bad_words": True}, "logits processors": {"processors": (0,)},
              "pooling": {"pooling": True}}
     for reason, kw in cases.items():
         assert full_step_blocker(so([1, 1]), 4, needs(**kw)) == reason
+    inside = {"num_logprobs": 0, "any_allowed_tokens": True, "any_min_tokens": True, "any_logit_bias": True}
+    for key, value in inside.items():  # these run inside the general variant
+        assert full_step_blocker(so([1, 1]), 4, needs(**{key: value})) is None, key
+        assert graph_stages(SamplingStages(**{**plain.__dict__, key: value}), GENERAL) is GENERAL, key
+    assert full_step_blocker(so([1, 1]), 4, needs(num_logprobs=3), logprobs_inside=False) == "processed logprobs"
     asked: list[int] = []
     full_step_blocker(so([1, 3]), 4, lambda: asked.append(1))  # type: ignore[arg-type,return-value]
     assert not asked, "a prefill step computed the rows' sampling needs"
-    assert graph_stages(plain) is PLAIN_STAGES
-    assert graph_stages(SamplingStages(True, False, True, False)) is CUTOFF_STAGES
-    assert graph_stages(SamplingStages(False, False, False, False, any_penalties=True)) is PENALTY_STAGES
+    assert graph_stages(plain, GENERAL) is PLAIN_STAGES
+    assert graph_stages(SamplingStages(True, False, True, False), GENERAL) is CUTOFF_STAGES
+    assert graph_stages(SamplingStages(False, False, False, False, any_penalties=True), GENERAL) is PENALTY_STAGES
     assert full_step_blocker(so([1, 1]), 4, needs(any_penalties=True)) is None  # penalties run in the graph
 
 
@@ -259,7 +275,8 @@ def test_off_by_default_and_unsupported_configs_say_why(caplog: pytest.LogCaptur
 
 def test_full_step_graphs_capture_both_variants_per_size() -> None:
     graphs: FullStepGraphs = _llm(True).engine.runner.step_graphs
-    assert set(graphs.graphs) == {(s, v) for s in (1, 2, 4, 6) for v in VARIANTS}
+    assert set(graphs.graphs) == {(s, v) for s in (1, 2, 4, 6) for v in VARIANTS + (general_stages(20),)}
+    assert graphs.general == general_stages(20)  # sampler.max_logprobs
 
 
 PENALISED = [SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.6),
