@@ -36,22 +36,23 @@ def _cuda_fence() -> Fence:
 
 
 class HostRing:
-    """`num_buffers` int32 host buffers of `capacity` elements, used in turn; pinned when `device` is a GPU.
+    """`num_buffers` int32 host buffers of `capacity` elements, used in turn; pinned when `device` is a GPU
+    (unless `pin` is False: a pageable source, which the driver stages before the copy call returns).
 
     `take()` returns the next buffer once the copy that last read it has finished; `sent()` marks that a copy
-    from it was just enqueued (on the current stream). `make_fence` replaces CUDA events (tests; None on
-    the CPU, where copies finish before they return).
+    from it was just enqueued (on the current stream). `make_fence` replaces CUDA events (tests; none on
+    the CPU or for pageable buffers, whose copies have read them when they return).
     """
 
     def __init__(self, capacity: int, device: torch.device, num_buffers: int = 3,
-                 make_fence: Optional[Callable[[], Fence]] = None) -> None:
+                 make_fence: Optional[Callable[[], Fence]] = None, pin: Optional[bool] = None) -> None:
         if num_buffers < 1 or capacity < 1:
             raise ValueError(f"HostRing needs num_buffers >= 1 and capacity >= 1, got {num_buffers}, {capacity}")
-        gpu = device.type == "cuda"
+        pinned = device.type == "cuda" if pin is None else pin and device.type == "cuda"
         self.capacity = capacity
-        self.buffers = [torch.empty(capacity, dtype=torch.int32, pin_memory=gpu) for _ in range(num_buffers)]
+        self.buffers = [torch.empty(capacity, dtype=torch.int32, pin_memory=pinned) for _ in range(num_buffers)]
         self._arrays = [b.numpy() for b in self.buffers]  # numpy views: filled without per-element torch calls
-        self._make_fence = make_fence if make_fence is not None else (_cuda_fence if gpu else None)
+        self._make_fence = make_fence if make_fence is not None else (_cuda_fence if pinned else None)
         self._fences: list[Optional[Fence]] = [None] * num_buffers
         self.turn = 0  # steps taken so far; buffer `turn % num_buffers` is the next
 
@@ -77,8 +78,8 @@ class InputStaging:
     """Packs a step's small arrays into one host buffer and sends them in one copy (see the module doc)."""
 
     def __init__(self, capacity: int, device: torch.device, num_buffers: int = 3,
-                 make_fence: Optional[Callable[[], Fence]] = None) -> None:
-        self.ring = HostRing(capacity, device, num_buffers, make_fence)
+                 make_fence: Optional[Callable[[], Fence]] = None, pin: Optional[bool] = None) -> None:
+        self.ring = HostRing(capacity, device, num_buffers, make_fence, pin)
         self.device_buffers = [torch.empty(capacity, dtype=torch.int32, device=device) for _ in range(num_buffers)]
         self.copies = 0  # host-to-device copies sent (one per `send`)
 

@@ -66,10 +66,10 @@ def advance_num_computed_host(output: SchedulerOutput, state: RequestState, slot
 NUM_STAGED_PIECES = 5  # idx_mapping [R], query_start_loc [R+1], cu_num_logits [R+1], query_lens [R], num_draft [R]
 
 
-def input_staging(max_rows: int, device: torch.device, num_buffers: int = 3) -> InputStaging:
+def input_staging(max_rows: int, device: torch.device, num_buffers: int = 3, pin: bool = True) -> InputStaging:
     """The staging buffers `build_input_batch` sends steps of at most `max_rows` rows through (`num_buffers`
-    steps in flight at once)."""
-    return InputStaging(InputStaging.capacity_for(max_rows, NUM_STAGED_PIECES), device, num_buffers)
+    steps in flight at once; pinned on a GPU unless `pin` is False)."""
+    return InputStaging(InputStaging.capacity_for(max_rows, NUM_STAGED_PIECES), device, num_buffers, pin=pin)
 
 
 def build_input_batch(output: SchedulerOutput, state: RequestState, device: torch.device,
@@ -87,7 +87,7 @@ def build_input_batch(output: SchedulerOutput, state: RequestState, device: torc
     num_tokens, num_logits = int(query_start_loc[-1]), int(cu_num_logits[-1])
 
     if staging is None:
-        staging = input_staging(len(slots), device, num_buffers=1)
+        staging = input_staging(len(slots), device, num_buffers=1, pin=False)  # used once: pageable, no fence
     idx_mapping, qsl, cu_logits, query_lens, num_draft_dev = staging.send(  # one H2D copy (NUM_STAGED_PIECES)
         (slots, query_start_loc, cu_num_logits, num_scheduled, num_draft))
     prepared, token_rows = prepare_inputs(

@@ -73,7 +73,7 @@ def test_load_peaks_near_the_bf16_head_and_the_old_load_does_not(kind: str, kwar
     # safetensors maps the file into one CPU storage, counted once while it is open (see test_model_build_memory).
     shard = (path / "model.safetensors").stat().st_size
     assert peak - shard < 1.3 * weights, f"{kind}: the load peaked at {(peak - shard) / weights:.2f}x the head"
-    old, old_peak = _peak_bytes(lambda: _old_load(path, kind, torch.bfloat16))  # negative control: same meter
+    _, old_peak = _peak_bytes(lambda: _old_load(path, kind, torch.bfloat16))  # negative control: same meter
     assert old_peak - shard >= 1.9 * weights, f"{kind}: the meter saw only {(old_peak - shard) / weights:.2f}x"
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-import framework.input_batch as input_batch
+from framework import input_batch
 from framework.host_staging import HostRing, InputStaging
 from framework.input_batch import InputBatch, build_input_batch, input_staging
 from framework.llm import LLM
@@ -165,7 +165,7 @@ def test_engine_steps_look_up_slots_once_and_send_one_staged_copy(monkeypatch: p
     runner = llm.engine.runner
     runner.capture_cuda_graphs(StaticInputsCapturer())
     assert runner.step_graphs is not None
-    import framework.model_runner as model_runner
+    from framework import model_runner
 
     lookups = []
     lookup = model_runner.batch_req_slots
