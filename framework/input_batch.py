@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
+from framework.host_staging import InputStaging
 from framework.kernels.input_prep import prepare_inputs
 from framework.request_state import RequestState
 from framework.scheduler_output import SchedulerOutput
@@ -60,9 +62,23 @@ def advance_num_computed_host(output: SchedulerOutput, state: RequestState, slot
     return seq_lens_host
 
 
-def build_input_batch(output: SchedulerOutput, state: RequestState, device: torch.device) -> InputBatch:
-    """Host: idx_mapping and prefix sums (O(rows)). Device: tokens, positions, logits rows (O(tokens))."""
-    slots = batch_req_slots(output, state)
+# The per-row arrays a step sends to the device, in the order `build_input_batch` packs them.
+NUM_STAGED_PIECES = 5  # idx_mapping [R], query_start_loc [R+1], cu_num_logits [R+1], query_lens [R], num_draft [R]
+
+
+def input_staging(max_rows: int, device: torch.device, num_buffers: int = 3, pin: bool = True) -> InputStaging:
+    """The staging buffers `build_input_batch` sends steps of at most `max_rows` rows through (`num_buffers`
+    steps in flight at once; pinned on a GPU unless `pin` is False)."""
+    return InputStaging(InputStaging.capacity_for(max_rows, NUM_STAGED_PIECES), device, num_buffers, pin=pin)
+
+
+def build_input_batch(output: SchedulerOutput, state: RequestState, device: torch.device,
+                      staging: Optional[InputStaging] = None, slots: Optional[np.ndarray] = None) -> InputBatch:
+    """Host: idx_mapping and prefix sums (O(rows)), sent in one copy through `staging` (the runner's; by default
+    buffers sized for this step). Device: tokens, positions, logits rows (O(tokens)). `slots`: this step's
+    `batch_req_slots`, when the caller has them already."""
+    if slots is None:
+        slots = batch_req_slots(output, state)
     num_scheduled = np.asarray(output.num_scheduled_tokens, dtype=np.int64)
     num_draft = np.asarray(output.num_draft_tokens, dtype=np.int64)
     query_start_loc = _prefix_sum(num_scheduled)
@@ -70,12 +86,10 @@ def build_input_batch(output: SchedulerOutput, state: RequestState, device: torc
     seq_lens_host = advance_num_computed_host(output, state, slots, num_scheduled)
     num_tokens, num_logits = int(query_start_loc[-1]), int(cu_num_logits[-1])
 
-    def to_device(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
-
-    idx_mapping = to_device(slots)
-    qsl = to_device(query_start_loc)
-    cu_logits = to_device(cu_num_logits)
+    if staging is None:
+        staging = input_staging(len(slots), device, num_buffers=1, pin=False)  # used once: pageable, no fence
+    idx_mapping, qsl, cu_logits, query_lens, num_draft_dev = staging.send(  # one H2D copy (NUM_STAGED_PIECES)
+        (slots, query_start_loc, cu_num_logits, num_scheduled, num_draft))
     prepared, token_rows = prepare_inputs(
         idx_mapping, qsl, cu_logits, num_tokens, num_logits, state.all_token_ids, state.prefill_len,
         state.num_computed, state.last_sampled, state.draft_tokens, int(num_draft.max()) + 1,
@@ -91,8 +105,8 @@ def build_input_batch(output: SchedulerOutput, state: RequestState, device: torc
         num_draft_host=num_draft,
         idx_mapping=idx_mapping,
         query_start_loc=qsl,
-        query_lens=to_device(num_scheduled),
-        num_draft=to_device(num_draft),
+        query_lens=query_lens,
+        num_draft=num_draft_dev,
         cu_num_logits=cu_logits,
         token_rows=token_rows,
         **prepared._asdict(),

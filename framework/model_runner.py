@@ -19,7 +19,8 @@ from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
 from framework.cuda_graphs import CudaGraphCapturer, DecodeCudaGraphs, GraphCapturer, capture_sizes
 from framework.engine_setup import LoadedModel
-from framework.input_batch import InputBatch, advance_num_computed_host, batch_req_slots, build_input_batch
+from framework.input_batch import (InputBatch, advance_num_computed_host, batch_req_slots, build_input_batch,
+                                   input_staging)
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.kernels.input_prep import compute_num_sampled, post_update, token_batch_rows
 from framework.logits_processor_setup import build_logits_processors
@@ -102,6 +103,7 @@ class ModelRunnerV2(ModelRunner):
         self.full_step_replays = 0
         self.full_step_fallbacks: Counter[str] = Counter()
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.input_staging = input_staging(max_reqs, self.device)  # a step's per-row arrays: one H2D copy
         # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight. Flat, so
         # that the [R, k+1] landing view of any step is contiguous (`landing_view`).
         self._host_buffers = [
@@ -201,10 +203,12 @@ class ModelRunnerV2(ModelRunner):
         if output.is_empty:
             self._pending = None
             return
-        self._pending = self._replay_full_step(output)  # 4b. graph-safe decode: steps 5-8 + sampling, one replay
+        slots = batch_req_slots(output, self.request_state)  # 4a. batch_row -> req_slot (host)
+        self._pending = self._replay_full_step(output, slots)  # 4b. graph-safe decode: 5-8 + sampling, one replay
         if self._pending is not None:
             return
-        batch = build_input_batch(output, self.request_state, self.device)  # 5. inputs, on the device
+        batch = build_input_batch(output, self.request_state, self.device,  # 5. inputs, on the device
+                                  self.input_staging, slots)
         attn_metadata = self.model_state.prepare_attn_metadata(batch, self.block_tables)  # 6. block tables, KV slots
         self.model_state.save_snapshots(output.state_snapshots)  # 7. recurrent-state snapshots this step stores
         hidden, aux_hidden = self._forward(batch, attn_metadata)  # 8. state inputs, then graph replay or eager
@@ -214,13 +218,12 @@ class ModelRunnerV2(ModelRunner):
         self._pending = _ExecuteState(batch, hidden, pooled, output.num_propose_tokens, aux_hidden,
                                       attn_metadata if self.num_draft_kv_layers else None)
 
-    def _replay_full_step(self, output: SchedulerOutput) -> Optional[FullStepResult]:
-        """A graph-safe pure-decode step runs whole as one replay (framework.step_graphs); else None and the
-        reason counts in `full_step_fallbacks`."""
+    def _replay_full_step(self, output: SchedulerOutput, slots: np.ndarray) -> Optional[FullStepResult]:
+        """A graph-safe pure-decode step (`slots` [R] its req_slots) runs whole as one replay
+        (framework.step_graphs); else None and the reason counts in `full_step_fallbacks`."""
         graphs = self.step_graphs
         if graphs is None:
             return None
-        slots = batch_req_slots(output, self.request_state)
         s = self.sampling_states
         needs = functools.cache(lambda: RowNeeds(  # asked only for a pure-decode step that fits
             s.stages_for(slots), s.prompt_logprobs.any_in(slots), self.pooling_state.any_in(slots)))

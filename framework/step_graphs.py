@@ -4,8 +4,9 @@ post-update) captured as one graph per (padded batch size, sampling variant) —
 What one replay runs, on the device, for B padded rows of one token each (the graph's static buffers): input
 preparation through `idx_mapping`, the block-table gather and KV slots, the forward, the LM head, the sampler
 (every parameter and table read per slot through `expanded_idx_mapping`), `num_sampled`, and the post-update
-(history, penalty counts). The host's work per step: one H2D copy of the padded `idx_mapping`, one replay, the
-usual async D2H copy of the tokens (and logprobs). docs/architecture.md ("The whole decode step as one graph").
+(history, penalty counts). The host's work per step: one H2D copy of the padded `idx_mapping` (from pinned host
+buffers used in turn, `framework.host_staging.HostRing`), one replay, the usual async D2H copy of the tokens (and
+logprobs). docs/architecture.md ("The whole decode step as one graph").
 
 Padding rows map to the dummy slot (row `max_num_reqs` of `RequestState`, `BlockTables` and the sampling
 parameters, which no request takes): the graph resets its lengths first, so a padding row is a 1-token decode
@@ -46,6 +47,7 @@ import torch
 from framework.attention import AttentionMetadata
 from framework.block_tables import BlockTables
 from framework.cuda_graphs import CudaGraphCapturer, GraphCapturer, Replayable
+from framework.host_staging import HostRing
 from framework.kernels.input_prep import compute_num_sampled, post_update, prepare_inputs
 from framework.request_state import RequestState
 from framework.scheduler_output import SchedulerOutput
@@ -158,7 +160,7 @@ class FullStepGraphs:
         n = self.sizes[-1]
         # Per step: only idx_mapping changes. The rest is the same for every 1-token decode batch.
         self.idx_mapping = torch.full((n,), self.dummy_slot, dtype=torch.int32, device=device)  # [B] req_slot
-        self._host_idx = np.full(n, self.dummy_slot, dtype=np.int32)
+        self._host_idx = HostRing(n, device)  # pinned on a GPU; a copy in flight is never overwritten
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)  # [B+1]: also cu_num_logits
         self.ones = torch.ones(n, dtype=torch.int32, device=device)  # [B] query_lens
         self.zeros = torch.zeros(n, dtype=torch.int32, device=device)  # [B] num_draft = num_accepted
@@ -241,10 +243,11 @@ class FullStepGraphs:
         r = len(req_slots)
         size = self.padded_size(r)
         assert size is not None, f"{r} rows: no full-step graph holds them (full_step_blocker says why)"
-        host = self._host_idx[:size]
-        host[:r] = req_slots
-        host[r:] = self.dummy_slot
-        self.idx_mapping[:size].copy_(torch.from_numpy(host), non_blocking=True)  # pageable: staged, then reusable
+        index, host, host_np = self._host_idx.take()
+        host_np[:r] = req_slots
+        host_np[r:size] = self.dummy_slot
+        self.idx_mapping[:size].copy_(host[:size], non_blocking=True)
+        self._host_idx.sent(index)
         if copy_stream is not None:
             torch.cuda.current_stream().wait_stream(copy_stream)
         out = self.graphs[(size, graph_stages(stages, self.general))].replay()

@@ -43,6 +43,11 @@ class DraftHead(nn.Module):
         self.register_buffer("inv_freq", layer_config.rope_inv_freq(), persistent=False)
         self._shared: dict[str, torch.Tensor] = {}
 
+    def init_buffers(self) -> None:
+        """Recompute the buffers from the config (after a build on the meta device, which holds no values;
+        `framework.models.materialise`). Subclasses with buffers of their own extend it."""
+        self.inv_freq = self.layer_config.rope_inv_freq()
+
     # ---- weights borrowed from the target -----------------------------------------------------------------
     def share_target_weights(self, embed_tokens: Optional[torch.Tensor], lm_head: Optional[torch.Tensor]) -> None:
         """Borrow the target's embedding [vocab, H] and LM head [vocab, H] for what the head does not own."""

@@ -81,10 +81,20 @@ class Eagle3Head(DraftHead):
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, self.draft_vocab_size, bias=False)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h) if own_embed else None
-        self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.int64))
-        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-        t2d[: self.draft_vocab_size] = True
+        d2t, t2d = self._identity_vocab_maps()
+        self.register_buffer("d2t", d2t)
         self.register_buffer("t2d", t2d)
+
+    def _identity_vocab_maps(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d2t [draft_vocab] int64 zero offsets, t2d [vocab] bool marking the first draft_vocab target ids): the
+        maps of a head whose draft vocabulary is the target's first ids (a checkpoint's d2t / t2d replace them)."""
+        t2d = torch.zeros(self.vocab_size, dtype=torch.bool)
+        t2d[: self.draft_vocab_size] = True
+        return torch.zeros(self.draft_vocab_size, dtype=torch.int64), t2d
+
+    def init_buffers(self) -> None:
+        super().init_buffers()
+        self.d2t, self.t2d = self._identity_vocab_maps()
 
     @classmethod
     def from_tensor_names(cls, config: dict[str, Any], names: set[str]) -> "Eagle3Head":

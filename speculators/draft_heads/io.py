@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from framework.models.loader import CheckpointError, read_hf_config, safetensors_files
+from framework.models.materialise import build_materialised
 from speculators.draft_heads.base import DraftHead
 from speculators.draft_heads.eagle import EagleHead
 from speculators.draft_heads.eagle3 import Eagle3Head
@@ -62,7 +63,10 @@ def _check_geometry(kind: str, config: dict[str, Any], target: Optional[dict[str
 
 def load_draft_head(path: str | Path, kind: str, target_config: Optional[dict[str, Any]] = None,
                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DraftHead:
-    """The `kind` ('eagle', 'eagle3', 'mtp') head saved in directory `path`, checked against `target_config`."""
+    """The `kind` ('eagle', 'eagle3', 'mtp') head saved in directory `path`, checked against `target_config`.
+
+    Checked on the meta device first (no storage), then built with each weight allocated once in `dtype` on
+    `device` (`build_materialised`) and filled from the checkpoint one tensor at a time."""
     if kind not in HEAD_CLASSES:
         raise CheckpointError(f"unknown draft head kind '{kind}'; known: {', '.join(HEAD_CLASSES)}")
     root = Path(path)
@@ -71,11 +75,16 @@ def load_draft_head(path: str | Path, kind: str, target_config: Optional[dict[st
     tensors = _read_tensors(root)
     if kind == "mtp":  # the target's own checkpoint may hold the MTP layers: skip the target's tensors
         tensors = {n: v for n, v in tensors.items() if not _is_target_tensor(n, int(config["num_hidden_layers"]))}
+    names = set(tensors)
+
+    def construct() -> DraftHead:
+        return HEAD_CLASSES[kind].from_tensor_names(config, names)  # type: ignore[attr-defined]
+
     try:
-        head = HEAD_CLASSES[kind].from_tensor_names(config, set(tensors))  # type: ignore[attr-defined]
+        with torch.device("meta"):  # shapes only: the checks below allocate nothing
+            expected = construct().state_dict()
     except (ValueError, KeyError) as err:
         raise CheckpointError(f"{kind} head '{root}': {err}") from None
-    expected = head.state_dict()
     unmatched = sorted(set(tensors) - set(expected))
     if unmatched:
         hint = " (an EAGLE-3 checkpoint? use speculator.method=eagle3)" if any(
@@ -91,10 +100,12 @@ def load_draft_head(path: str | Path, kind: str, target_config: Optional[dict[st
         if tuple(shape) != tuple(expected[name].shape):
             raise CheckpointError(f"{kind} head '{root}': {file.name}: '{name}' has shape {tuple(shape)}, the head "
                                   f"expects {tuple(expected[name].shape)} from config.json")
+    # Each weight allocated once, in `dtype` on `device`, then filled from the checkpoint: peak ~1x the head.
+    head = build_materialised(construct, dtype, torch.device(device))
     _copy_tensors(head, tensors)
     if isinstance(head, Eagle3Head):
         _check_draft_vocab(head, tensors, root)
-    return head.to(device=device, dtype=dtype).eval()
+    return head.eval()
 
 
 def _copy_tensors(head: DraftHead, tensors: dict[str, tuple[Path, Any]]) -> None:
@@ -117,7 +128,7 @@ def _check_draft_vocab(head: Eagle3Head, tensors: dict[str, Any], root: Path) ->
             raise CheckpointError(f"eagle3 head '{root}': draft_vocab_size={head.draft_vocab_size} < vocab_size="
                                   f"{head.vocab_size} but the checkpoint has no 'd2t' draft-to-target id map")
         return
-    target_ids = torch.arange(head.draft_vocab_size) + head.d2t
+    target_ids = torch.arange(head.draft_vocab_size, device=head.d2t.device) + head.d2t  # on the head's device
     if target_ids.min() < 0 or target_ids.max() >= head.vocab_size:
         raise CheckpointError(f"eagle3 head '{root}': 'd2t' maps draft ids outside the target vocabulary "
                               f"[0, {head.vocab_size})")

@@ -145,3 +145,22 @@ def test_drafting_never_syncs(tmp_path, kind):
     assert calls and max(calls) == 3
     del llm, spec
     _free()
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_head_is_built_on_the_device_in_its_dtype_and_equals_the_old_load(tmp_path, kind):
+    """The meta build allocates every tensor on the GPU in bf16 (the vocabulary maps and their checks on the
+    device too) and equals the old load (float32 on the CPU, cast, then moved)."""
+    from test_draft_head_build_memory import TARGET, _old_load
+    from test_draft_heads import random_head
+
+    from speculators.draft_heads import load_draft_head
+
+    kwargs = {"draft_vocab_size": 200} if kind == "eagle3" else {"num_mtp_layers": 2}
+    random_head(kind, seed=5, target=TARGET, **kwargs).save_pretrained(tmp_path)
+    head = load_draft_head(tmp_path, kind, TARGET, "cuda", torch.bfloat16)
+    want = _old_load(tmp_path, kind, torch.bfloat16).cuda()
+    tensors = dict(head.named_parameters()) | dict(head.named_buffers())
+    assert all(t.is_cuda for t in tensors.values()), [n for n, t in tensors.items() if not t.is_cuda]
+    for name, t in (dict(want.named_parameters()) | dict(want.named_buffers())).items():
+        assert tensors[name].dtype == t.dtype and torch.equal(tensors[name], t), name
