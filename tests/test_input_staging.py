@@ -174,13 +174,13 @@ def test_engine_steps_look_up_slots_once_and_send_one_staged_copy(monkeypatch: p
     steps = 0
     engine = llm.engine
     for i, params in enumerate([SamplingParams(max_tokens=6, ignore_eos=True),
-                                SamplingParams(max_tokens=5, ignore_eos=True, logprobs=1),  # its steps fall back
+                                SamplingParams(max_tokens=5, ignore_eos=True, bad_words=["zz"]),  # its steps fall back
                                 SamplingParams(max_tokens=7, ignore_eos=True)]):
         engine.add_request(f"r{i}", [5 + i, 9, 11], params)
     while engine.has_unfinished_requests() and steps < 50:
         engine.step()
         steps += 1
     eager = len(lookups) - runner.full_step_replays
-    assert runner.full_step_replays > 0 and runner.full_step_fallbacks["logprobs"] > 0
+    assert runner.full_step_replays > 0 and runner.full_step_fallbacks["bad_words"] > 0
     assert runner.input_staging.copies == eager > 0  # one staged copy per step that built an InputBatch
     assert runner.step_graphs._host_idx.turn == runner.full_step_replays  # one idx_mapping copy per replay
