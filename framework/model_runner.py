@@ -24,6 +24,7 @@ from framework.kernels.input_prep import compute_num_sampled, post_update, token
 from framework.logits_processor_setup import build_logits_processors
 from framework.plugins import ProposeInputs, Speculator, build_model_state, build_speculator, rejection_sample
 from framework.request_state import RequestState
+from framework.runner_grammar import GrammarHandoff
 from framework.runner_graphs import HeldByGraphs, RunnerGraphs
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -113,10 +114,8 @@ class ModelRunnerV2(ModelRunner):
         self._pending: Optional[Union[_ExecuteState, FullStepResult]] = None
         # [S, K, V] float32 q of the drafts in each slot, allocated when a speculator first returns probabilities.
         self._draft_probs: Optional[torch.Tensor] = None
-        # Structured outputs: the last output whose tokens the grammar matchers have not consumed, and (GPU) the
-        # host copy of the drafts proposed with it: (req_slots [R], drafts [R, k] pinned, copy event).
-        self._grammar_pending: Optional[tuple[int, AsyncOutput]] = None
-        self._grammar_drafts: Optional[tuple[np.ndarray, torch.Tensor, torch.cuda.Event]] = None
+        # Structured outputs: the last output the grammar matchers have not consumed, and the drafts proposed with it.
+        self.grammar = GrammarHandoff(self.sampling_states, self.request_state, self.copy_stream)
 
     # ---- start-up ----------------------------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -236,11 +235,7 @@ class ModelRunnerV2(ModelRunner):
         if self._pending is None:
             return AsyncOutput.empty()
         pending, self._pending = self._pending, None
-        structured = self.sampling_states.structured
-        if structured is not None and structured.active:  # 0. the last step's tokens advance the matchers
-            self._advance_grammar_matchers()
-        else:
-            self._grammar_pending = None  # nobody constrained is left to read it
+        self.grammar.advance_matchers()  # 0. the last step's tokens advance the matchers (if one is constrained)
         if isinstance(pending, FullStepResult):  # 1-8 ran inside the replay: only the copy-out is left
             return self._full_step_output(pending)
         batch, hidden, pooled, num_propose, aux_hidden, attn_metadata = pending
@@ -251,7 +246,7 @@ class ModelRunnerV2(ModelRunner):
         else:
             stages = self.sampling_states.stages_for(batch.idx_mapping_host)
             if stages.any_structured:  # 1. grammar bitmasks: host threads start filling them (the sampler joins)
-                self._fill_grammar_bitmask(batch)
+                self.grammar.fill_bitmask(batch, self._logits_row_starts(batch))
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1b. [L, vocab] float32
             keep = self._draft_probs is not None and stages.any_random and batch.num_logits > batch.num_rows
             sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages,  # 2.
@@ -283,12 +278,8 @@ class ModelRunnerV2(ModelRunner):
             rs.draft_tokens[rows, :num_propose] = proposal.draft_token_ids.to(rs.draft_tokens.dtype)
             if proposal.draft_probs is not None:
                 self._store_draft_probs(rows, proposal.draft_probs)
-            if structured is not None and structured.active and self.copy_stream is not None and num_propose:
-                self._copy_drafts_for_grammar(batch, num_propose)  # 9b. the next step's masks walk them
-            else:
-                self._grammar_drafts = None
-        if structured is not None and structured.active:
-            self._grammar_pending = (self._num_outputs - 1, output)
+            self.grammar.drafts_proposed(batch, num_propose)  # 9b. the next step's masks walk them
+        self.grammar.output_started(self._num_outputs - 1, output)
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output
@@ -298,59 +289,10 @@ class ModelRunnerV2(ModelRunner):
         `record_sampled` and the state's postprocess have nothing to do)."""
         output = AsyncOutput(step.request_ids, step.tokens, step.num_sampled, self.copy_stream,
                              self._next_host_buffers(), errors=step.errors)
-        structured = self.sampling_states.structured
-        if structured is not None and structured.active:
-            self._grammar_pending = (self._num_outputs - 1, output)
+        self.grammar.output_started(self._num_outputs - 1, output)
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output
-
-    # ---- structured outputs -----------------------------------------------------------------------------
-    def _advance_grammar_matchers(self) -> None:
-        """Feed the last step's accepted tokens to the grammar matchers. On a GPU this waits for that step's
-        copy, which the device finished before the forward just queued: the forward keeps running."""
-        if self._grammar_pending is None:
-            return
-        seq, output = self._grammar_pending
-        self._grammar_pending = None
-        self.sampling_states.structured.advance(  # type: ignore[union-attr]
-            seq, output.request_ids, output.sampled_token_ids(), self.request_state.req_id_to_slot)
-
-    def _fill_grammar_bitmask(self, batch: InputBatch) -> None:
-        """Start the masks of every constrained logits row, drafts included (each verified draft advances its
-        row); the sampler's grammar stage waits for them."""
-        drafts: list[list[int]] = [[] for _ in range(batch.num_rows)]
-        if batch.num_logits > batch.num_rows:
-            num_draft = batch.num_draft_host
-            if self._grammar_drafts is not None:  # GPU: the host copy made when they were proposed
-                slots, host, event = self._grammar_drafts
-                if not event.query():  # copied right after they were proposed, before this step's forward
-                    event.synchronize()
-                by_slot = dict(zip(slots.tolist(), host.tolist()))
-            else:  # CPU: read the slots' drafts in place
-                by_slot = {}
-            for row, slot in enumerate(batch.idx_mapping_host.tolist()):
-                k = int(num_draft[row])
-                if k:
-                    d = by_slot.get(slot)
-                    # Not in the copy (drafts of an earlier step, or a CPU run): read the slot, which on a GPU waits.
-                    drafts[row] = d[:k] if d is not None else self.request_state.draft_tokens[slot, :k].tolist()
-        self.sampling_states.structured.prepare(  # type: ignore[union-attr]
-            batch.idx_mapping_host, self._logits_row_starts(batch), drafts)
-
-    def _copy_drafts_for_grammar(self, batch: InputBatch, num_propose: int) -> None:
-        """Start the D2H copy of the drafts just proposed, on the side stream (read by the next step's fill)."""
-        assert self.copy_stream is not None
-        drafts = self.request_state.draft_tokens[batch.idx_mapping.long(), :num_propose]
-        host = torch.empty(drafts.shape, dtype=drafts.dtype, pin_memory=True)
-        main = torch.cuda.current_stream()
-        with torch.cuda.stream(self.copy_stream):
-            self.copy_stream.wait_stream(main)
-            host.copy_(drafts, non_blocking=True)
-            drafts.record_stream(self.copy_stream)
-            event = torch.cuda.Event()
-            event.record(self.copy_stream)
-        self._grammar_drafts = (batch.idx_mapping_host.copy(), host, event)
 
     def _kv_capacity(self, batch: InputBatch) -> torch.Tensor:
         """[R] int32: KV positions the blocks of each row hold now (host counts, copied without a sync)."""
