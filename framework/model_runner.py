@@ -5,7 +5,6 @@ Read `execute_model` and `sample_tokens` top to bottom: each is a numbered list 
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import Counter
 from typing import NamedTuple, Optional, Union
@@ -17,19 +16,19 @@ from framework.async_output import AsyncOutput
 from framework.attention import AttentionMetadata
 from framework.block_tables import BlockTables
 from framework.config import Mrv2Config
-from framework.cuda_graphs import CudaGraphCapturer, DecodeCudaGraphs, GraphCapturer, capture_sizes
+from framework.cuda_graphs import DecodeCudaGraphs, GraphCapturer
 from framework.engine_setup import LoadedModel
-from framework.input_batch import (InputBatch, advance_num_computed_host, batch_req_slots, build_input_batch,
-                                   input_staging)
+from framework.input_batch import InputBatch, batch_req_slots, build_input_batch, input_staging
 from framework.pooling import PooledRows, PoolingState, hidden_size_of
 from framework.kernels.input_prep import compute_num_sampled, post_update, token_batch_rows
 from framework.logits_processor_setup import build_logits_processors
-from framework.plugins import (ModelState, ProposeInputs, Speculator, build_model_state, build_speculator,
-                               rejection_sample)
+from framework.plugins import ProposeInputs, Speculator, build_model_state, build_speculator, rejection_sample
 from framework.request_state import RequestState
+from framework.runner_grammar import GrammarHandoff
+from framework.runner_graphs import HeldByGraphs, RunnerGraphs
 from framework.runner_interface import ModelRunner
 from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from framework.step_graphs import FullStepGraphs, FullStepResult, RowNeeds
+from framework.step_graphs import FullStepGraphs, FullStepResult
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
@@ -55,6 +54,11 @@ class ModelRunnerV2(ModelRunner):
     Speculator (if any); each has add_request / remove_request / apply_staged_writes."""
 
     name = "v2"
+    # Held by `self.graphs` (framework.runner_graphs), read on the runner by the engine, tests and benchmarks.
+    cuda_graphs: HeldByGraphs[Optional[DecodeCudaGraphs]] = HeldByGraphs()
+    step_graphs: HeldByGraphs[Optional[FullStepGraphs]] = HeldByGraphs()
+    full_step_replays: HeldByGraphs[int] = HeldByGraphs()
+    full_step_fallbacks: HeldByGraphs[Counter[str]] = HeldByGraphs()
 
     def __init__(self, config: Mrv2Config, loaded: LoadedModel) -> None:
         self.device = loaded.device
@@ -94,14 +98,10 @@ class ModelRunnerV2(ModelRunner):
         self.aux_layer_ids = self.speculator.aux_hidden_layer_ids if self.speculator is not None else ()
         self.config, self.loaded = config, loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
-        self.cuda_graphs: Optional[DecodeCudaGraphs] = None
+        self.graphs = RunnerGraphs(self)  # decode and full-step graphs: capture, replay decisions, counters
         # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.
         self.step_events: Optional[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = None
         self.eager_forwards = 0  # forwards that ran eagerly (no captured graph fits): benchmarks report them
-        # Full-step graphs (runner.full_step_cuda_graphs): steps replayed whole, and why the others were not.
-        self.step_graphs: Optional[FullStepGraphs] = None
-        self.full_step_replays = 0
-        self.full_step_fallbacks: Counter[str] = Counter()
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.input_staging = input_staging(max_reqs, self.device)  # a step's per-row arrays: one H2D copy
         # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight. Flat, so
@@ -115,10 +115,8 @@ class ModelRunnerV2(ModelRunner):
         self._pending: Optional[Union[_ExecuteState, FullStepResult]] = None
         # [S, K, V] float32 q of the drafts in each slot, allocated when a speculator first returns probabilities.
         self._draft_probs: Optional[torch.Tensor] = None
-        # Structured outputs: the last output whose tokens the grammar matchers have not consumed, and (GPU) the
-        # host copy of the drafts proposed with it: (req_slots [R], drafts [R, k] pinned, copy event).
-        self._grammar_pending: Optional[tuple[int, AsyncOutput]] = None
-        self._grammar_drafts: Optional[tuple[np.ndarray, torch.Tensor, torch.cuda.Event]] = None
+        # Structured outputs: the last output the grammar matchers have not consumed, and the drafts proposed with it.
+        self.grammar = GrammarHandoff(self.sampling_states, self.request_state, self.copy_stream)
 
     # ---- start-up ----------------------------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -131,64 +129,16 @@ class ModelRunnerV2(ModelRunner):
                                             for _ in range(self.num_draft_kv_layers)])
 
     def capture_cuda_graphs(self, capturer: Optional[GraphCapturer] = None) -> None:
-        """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`); call after the KV cache exists.
-        `capturer` replaces CUDA graph capture (CPU tests replay by running the captured step again)."""
-        rc = self.config.runner
-        if (self.device.type != "cuda" and capturer is None) or not rc.cuda_graphs or self.parallel.pp_size > 1:
-            return  # pipeline stages pass hidden states between ranks outside the forward: they run eagerly
-        reason = self.model_state.cuda_graph_unsupported_reason()
-        if reason is not None:
-            logger.info("decode runs without CUDA graphs: %s", reason)
-            return
-        max_reqs = self.config.scheduler.max_num_seqs
-        sizes = capture_sizes(rc.cuda_graph_sizes, max_reqs)
-        # One capturer (one memory pool) for the forward graphs and the full-step graphs: replays never overlap.
-        shared = capturer if capturer is not None else CudaGraphCapturer()
-        state = self.model_state
-        # A state without graph inputs reads no slot in the forward: the graphs need no idx_mapping then.
-        with_inputs = type(state).prepare_graph_inputs is not ModelState.prepare_graph_inputs
-        self.cuda_graphs = DecodeCudaGraphs(
-            self._forward_with_aux, self.kv_caches, sizes, self.block_tables.max_blocks_per_req,
-            self.config.cache.block_size, self.loaded.max_model_len, self.device,
-            tokens_per_row=self._graph_tokens_per_row(),
-            graph_inputs=state.prepare_graph_inputs if with_inputs else None, dummy_slot=state.graph_dummy_slot,
-            capturer=shared,
-        )
-        self.cuda_graphs.capture()
-        if self.speculator is not None and capturer is None:  # a draft model's own graphs (EAGLE / MTP draft steps)
-            self.speculator.capture_cuda_graphs(sizes, self.config.cache.block_size,
-                                                self.block_tables.max_blocks_per_req)
-        reason = self._full_step_unsupported_reason()
-        if reason is not None:
-            if rc.full_step_cuda_graphs:
-                logger.info("no full-step CUDA graphs: %s", reason)
-            return
-        self.step_graphs = FullStepGraphs(
-            lambda ids, pos, kv, meta: self.model(ids, pos, kv, meta), self.model.compute_logits, self.sampler,
-            self.request_state, self.block_tables, self.kv_caches, sizes, self.loaded.max_model_len, self.device,
-            capturer=shared, max_logprobs=self.config.sampler.max_logprobs)
-        self.step_graphs.capture()
+        """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`) and, when on, full-step graphs
+        (`runner.step_graphs`); call after the KV cache exists. `capturer` replaces CUDA graph capture (CPU tests
+        replay by running the captured step again)."""
+        not_captured = self.graphs.capture(self._forward_with_aux, capturer)
+        if not_captured is not None:
+            logger.info(not_captured)
 
     def release_cuda_graphs(self) -> None:
-        self.step_graphs = None  # the full-step graphs too (they hold the KV caches and their own captures)
+        self.graphs.release()
         super().release_cuda_graphs()
-
-    def _full_step_unsupported_reason(self) -> Optional[str]:
-        """None when pure-decode steps may run as full-step graphs (framework.step_graphs); otherwise why not."""
-        if not self.config.runner.full_step_cuda_graphs:
-            return "runner.full_step_cuda_graphs is off"
-        if self.speculator is not None:
-            return "speculative decoding (verification steps keep their forward graphs)"
-        if self.parallel.tp_size > 1 or self.parallel.pp_size > 1:
-            return "tensor / pipeline parallelism"
-        return self.model_state.full_step_unsupported_reason()
-
-    def _graph_tokens_per_row(self) -> tuple[int, ...]:
-        """1 + every k the scheduler may ask to verify: all of 0..K with dynamic-k, else 0 and K."""
-        spec = self.config.speculator
-        k_max = spec.num_speculative_tokens
-        ks = range(k_max + 1) if spec.dynamic_k else {0, k_max}
-        return tuple(sorted(1 + k for k in ks))
 
     # ---- execute_model ---------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -204,7 +154,8 @@ class ModelRunnerV2(ModelRunner):
             self._pending = None
             return
         slots = batch_req_slots(output, self.request_state)  # 4a. batch_row -> req_slot (host)
-        self._pending = self._replay_full_step(output, slots)  # 4b. graph-safe decode: 5-8 + sampling, one replay
+        # 4b. a graph-safe pure-decode step: steps 5-8 and sampling as one replay
+        self._pending = self.graphs.replay_full_step(output, slots, self.copy_stream)
         if self._pending is not None:
             return
         batch = build_input_batch(output, self.request_state, self.device,  # 5. inputs, on the device
@@ -218,36 +169,13 @@ class ModelRunnerV2(ModelRunner):
         self._pending = _ExecuteState(batch, hidden, pooled, output.num_propose_tokens, aux_hidden,
                                       attn_metadata if self.num_draft_kv_layers else None)
 
-    def _replay_full_step(self, output: SchedulerOutput, slots: np.ndarray) -> Optional[FullStepResult]:
-        """A graph-safe pure-decode step (`slots` [R] its req_slots) runs whole as one replay
-        (framework.step_graphs); else None and the reason counts in `full_step_fallbacks`."""
-        graphs = self.step_graphs
-        if graphs is None:
-            return None
-        s = self.sampling_states
-        needs = functools.cache(lambda: RowNeeds(  # asked only for a pure-decode step that fits
-            s.stages_for(slots), s.prompt_logprobs.any_in(slots), self.pooling_state.any_in(slots)))
-        reason = graphs.blocker(output, needs)
-        if reason is not None:
-            self.full_step_fallbacks[reason] += 1
-            return None
-        stages = needs().stages
-        advance_num_computed_host(output, self.request_state, slots, np.ones(len(slots), np.int64))
-        self.full_step_replays += 1
-        return graphs.run(output, slots, stages, self.copy_stream)
-
     def _forward(self, batch: InputBatch,
                  attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """(hidden [T, hidden], aux hidden states of `aux_layer_ids`): graph replay for pure decode, else eager.
         The ModelState prepares either way: `prepare_graph_step` before a replay, `prepare_inputs` before eager."""
-        graphs = self.cuda_graphs
-        # Pure decode: every token gets a logits row (1 + drafts per row), and every row has as many tokens.
-        pure_decode = batch.num_tokens == batch.num_logits == batch.num_rows * batch.max_query_len
-        size = graphs.padded_size(batch.num_rows, batch.max_query_len) if graphs is not None and pure_decode else None
-        if size is not None:
-            self.model_state.prepare_graph_step(batch, size)
-            return graphs.run(size, batch.input_ids, batch.positions, attn_metadata,  # type: ignore[union-attr]
-                              idx_mapping=batch.idx_mapping)
+        replayed = self.graphs.replay_forward(batch, attn_metadata)
+        if replayed is not None:
+            return replayed
         extra_inputs = self.model_state.prepare_inputs(batch)
         self.eager_forwards += 1
         if self.parallel.pp_size == 1:
@@ -311,11 +239,7 @@ class ModelRunnerV2(ModelRunner):
         if self._pending is None:
             return AsyncOutput.empty()
         pending, self._pending = self._pending, None
-        structured = self.sampling_states.structured
-        if structured is not None and structured.active:  # 0. the last step's tokens advance the matchers
-            self._advance_grammar_matchers()
-        else:
-            self._grammar_pending = None  # nobody constrained is left to read it
+        self.grammar.advance_matchers()  # 0. the last step's tokens advance the matchers (if one is constrained)
         if isinstance(pending, FullStepResult):  # 1-8 ran inside the replay: only the copy-out is left
             return self._full_step_output(pending)
         batch, hidden, pooled, num_propose, aux_hidden, attn_metadata = pending
@@ -326,7 +250,7 @@ class ModelRunnerV2(ModelRunner):
         else:
             stages = self.sampling_states.stages_for(batch.idx_mapping_host)
             if stages.any_structured:  # 1. grammar bitmasks: host threads start filling them (the sampler joins)
-                self._fill_grammar_bitmask(batch)
+                self.grammar.fill_bitmask(batch, self._logits_row_starts(batch))
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1b. [L, vocab] float32
             keep = self._draft_probs is not None and stages.any_random and batch.num_logits > batch.num_rows
             sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages,  # 2.
@@ -358,12 +282,8 @@ class ModelRunnerV2(ModelRunner):
             rs.draft_tokens[rows, :num_propose] = proposal.draft_token_ids.to(rs.draft_tokens.dtype)
             if proposal.draft_probs is not None:
                 self._store_draft_probs(rows, proposal.draft_probs)
-            if structured is not None and structured.active and self.copy_stream is not None and num_propose:
-                self._copy_drafts_for_grammar(batch, num_propose)  # 9b. the next step's masks walk them
-            else:
-                self._grammar_drafts = None
-        if structured is not None and structured.active:
-            self._grammar_pending = (self._num_outputs - 1, output)
+            self.grammar.drafts_proposed(batch, num_propose)  # 9b. the next step's masks walk them
+        self.grammar.output_started(self._num_outputs - 1, output)
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output
@@ -373,59 +293,10 @@ class ModelRunnerV2(ModelRunner):
         its rows have no grammars or pooling, and the state's postprocess has nothing to do)."""
         output = AsyncOutput(step.request_ids, step.tokens, step.num_sampled, self.copy_stream,
                              self._next_host_buffers(), logprobs=step.logprobs, errors=step.errors)
-        structured = self.sampling_states.structured
-        if structured is not None and structured.active:
-            self._grammar_pending = (self._num_outputs - 1, output)
+        self.grammar.output_started(self._num_outputs - 1, output)
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output
-
-    # ---- structured outputs -----------------------------------------------------------------------------
-    def _advance_grammar_matchers(self) -> None:
-        """Feed the last step's accepted tokens to the grammar matchers. On a GPU this waits for that step's
-        copy, which the device finished before the forward just queued: the forward keeps running."""
-        if self._grammar_pending is None:
-            return
-        seq, output = self._grammar_pending
-        self._grammar_pending = None
-        self.sampling_states.structured.advance(  # type: ignore[union-attr]
-            seq, output.request_ids, output.sampled_token_ids(), self.request_state.req_id_to_slot)
-
-    def _fill_grammar_bitmask(self, batch: InputBatch) -> None:
-        """Start the masks of every constrained logits row, drafts included (each verified draft advances its
-        row); the sampler's grammar stage waits for them."""
-        drafts: list[list[int]] = [[] for _ in range(batch.num_rows)]
-        if batch.num_logits > batch.num_rows:
-            num_draft = batch.num_draft_host
-            if self._grammar_drafts is not None:  # GPU: the host copy made when they were proposed
-                slots, host, event = self._grammar_drafts
-                if not event.query():  # copied right after they were proposed, before this step's forward
-                    event.synchronize()
-                by_slot = dict(zip(slots.tolist(), host.tolist()))
-            else:  # CPU: read the slots' drafts in place
-                by_slot = {}
-            for row, slot in enumerate(batch.idx_mapping_host.tolist()):
-                k = int(num_draft[row])
-                if k:
-                    d = by_slot.get(slot)
-                    # Not in the copy (drafts of an earlier step, or a CPU run): read the slot, which on a GPU waits.
-                    drafts[row] = d[:k] if d is not None else self.request_state.draft_tokens[slot, :k].tolist()
-        self.sampling_states.structured.prepare(  # type: ignore[union-attr]
-            batch.idx_mapping_host, self._logits_row_starts(batch), drafts)
-
-    def _copy_drafts_for_grammar(self, batch: InputBatch, num_propose: int) -> None:
-        """Start the D2H copy of the drafts just proposed, on the side stream (read by the next step's fill)."""
-        assert self.copy_stream is not None
-        drafts = self.request_state.draft_tokens[batch.idx_mapping.long(), :num_propose]
-        host = torch.empty(drafts.shape, dtype=drafts.dtype, pin_memory=True)
-        main = torch.cuda.current_stream()
-        with torch.cuda.stream(self.copy_stream):
-            self.copy_stream.wait_stream(main)
-            host.copy_(drafts, non_blocking=True)
-            drafts.record_stream(self.copy_stream)
-            event = torch.cuda.Event()
-            event.record(self.copy_stream)
-        self._grammar_drafts = (batch.idx_mapping_host.copy(), host, event)
 
     def _kv_capacity(self, batch: InputBatch) -> torch.Tensor:
         """[R] int32: KV positions the blocks of each row hold now (host counts, copied without a sync)."""

@@ -19,16 +19,17 @@ the start) and right after an exploration; in between, a step costs a counter te
 step, and a decision costs 0.1-1 ms of it). Every `explore_every` steps the policy tries the k it has not used
 for longest (or, every other time while below max_k, max_k itself, which observes every draft position), so
 costs and acceptance keep tracking a workload that changes; explorations that cost much are spaced further
-apart (`EXPLORE_BUDGET`). Tests inject a synthetic `CostModel` instead of the measured one.
+apart (`EXPLORE_BUDGET`); that schedule is `speculators.explorations.Explorations`. Tests inject a synthetic
+`CostModel` instead of the measured one.
 
 Which steps are measured is decided by `speculators.steady_steps.SteadySteps`, whose rule dictates the
-exploration length here (`EXPLORE_STEPS`): the engine only reports when each output arrived. `speculator.dynamic_k: true` puts this policy over any drafting
-method; the method proposes however many drafts it is asked for.
+exploration length (`EXPLORE_STEPS`): the engine only reports when each output arrived.
+`speculator.dynamic_k: true` puts this policy over any drafting method; the method proposes however many drafts
+it is asked for.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
@@ -36,6 +37,8 @@ from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 import numpy as np
 
 from speculators.acceptance import AcceptanceTracker, Queued, Removal, RequestAcceptance, fold_queue
+# The exploration schedule and its constants (still importable from here: `speculators.dynamic.EXPLORE_STEPS`).
+from speculators.explorations import EXPLORE_BUDGET, EXPLORE_STEPS, Explorations  # noqa: F401
 from speculators.policy import DraftLengthPolicy, FixedK
 from speculators.steady_steps import SteadySteps
 from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, has_own_costs, step_costs
@@ -52,15 +55,10 @@ MARGIN = 0.03  # a larger k must beat a smaller one by 3% in expected tokens/s: 
 # is often the bottleneck: on an H200 every 4th step of a 2 ms batch-16 decode was 0.4 ms slower when the
 # policy decided every 4 steps.
 DECIDE_EVERY, DECIDE_EVERY_STEADY, SETTLE = 4, 32, 16
-# An exploration holds its k this many steps: a step is measured only when it verified and proposed the same k
-# as the step before it (`SteadySteps`: the interval also carries the host's processing of the previous output,
-# whose size follows that step's k), so the third step of an exploration is the first one measured.
-EXPLORE_STEPS = 3
-# The decision after an exploration that started at step e comes at e + EXPLORE_STEPS + 1: `SteadySteps`
-# measures the exploration's last step whose drafts were proposed and verified at the explored k (proposed at
-# e + 2, verified at e + 3), when its output arrives, after step e + 3 is scheduled.
+# The decision after an exploration that started at step e comes at e + EXPLORE_STEPS + 1: `SteadySteps` measures
+# the exploration's last step whose drafts were proposed and verified at the explored k (proposed at e + 2,
+# verified at e + 3), when its output arrives, after step e + 3 is scheduled.
 DECIDE_AFTER_EXPLORE = EXPLORE_STEPS + 1
-EXPLORE_BUDGET = 0.01  # exploration steps may cost about this fraction of the tokens per second
 MAX_QUEUED = 128  # observations and removals queued between two folds before one is forced
 
 
@@ -90,15 +88,6 @@ class _LastDecision:
     extra_at: int = 0  # a decision due at this step too (right after an exploration)
 
 
-@dataclass
-class _Explorations:
-    count: int = 0
-    next_at: int = 0  # step at which the next exploration is considered
-    last_at: int = 0  # step the last one started (0: none yet)
-    k: int = 0  # the one in progress: its k and the steps it still holds
-    left: int = 0
-
-
 class DynamicK(DraftLengthPolicy):
     """The policy of the module docstring."""
 
@@ -108,7 +97,6 @@ class DynamicK(DraftLengthPolicy):
         self.cost_model: CostModel = cost_model if cost_model is not None else MeasuredCostModel()
         self.acceptance = AcceptanceTracker(max_k, acceptance_decay, prior_acceptance)
         self.requests = RequestAcceptance(max_k, acceptance_decay)
-        self.explore_every = explore_every
         # Benchmarks only (record=True): every step's k and why. Off in the engine, where a list growing by one
         # entry per step would leak in a long-running server.
         self.decisions: Optional[list[Decision]] = [] if record else None
@@ -117,13 +105,18 @@ class DynamicK(DraftLengthPolicy):
         self._last_used = [-1] * (max_k + 1)  # step at which each k was last chosen
         self._queue: list[Queued] = []  # observations and removals since the last decision, as they came
         self._last = _LastDecision(acceptance=np.zeros(max_k))
-        self._explore = _Explorations(next_at=explore_every)
+        self._explore = Explorations(max_k, explore_every)
         self._steady = SteadySteps()
 
     @classmethod
     def from_config(cls, config: "SpeculatorConfig", cost_model: Optional[CostModel] = None) -> "DynamicK":
         d = config.dynamic
         return cls(config.num_speculative_tokens, cost_model, d.acceptance_decay, d.prior_acceptance, d.explore_every)
+
+    @property
+    def explore_every(self) -> int:
+        """Steps between two explorations (0: none), before the spacing of costly ones."""
+        return self._explore.every
 
     @property
     def history(self) -> Optional[list[int]]:
@@ -193,10 +186,10 @@ class DynamicK(DraftLengthPolicy):
         """(k, why: see `Decision.reason`)."""
         if self.max_k == 0 or not request_ids:
             return 0, "keep"
-        explore, last = self._explore, self._last
-        if explore.left:  # an exploration holds its k (see EXPLORE_STEPS)
-            explore.left -= 1
-            return explore.k, "explore"
+        last = self._last
+        held = self._explore.hold()
+        if held is not None:  # an exploration holds its k (see EXPLORE_STEPS)
+            return held, "explore"
         # Decide at once when the batch changes bucket, then every DECIDE_EVERY steps while settling and every
         # DECIDE_EVERY_STEADY steps after: a decision costs 0.1-1 ms of host time, against steps of 1-8 ms.
         bucket = batch_bucket(len(request_ids))
@@ -215,47 +208,11 @@ class DynamicK(DraftLengthPolicy):
             last.observed = observed
         if last.best is None:  # nothing measured yet: max_k (measures its cost and every position's acceptance)
             return self.max_k, "measure"
-        if self.explore_every and self._steps >= explore.next_at:
-            k = self._exploration_k(last.best)
-            due = explore.last_at + self._spacing(k, last.best)
-            if self._steps >= due:
-                return self._start_exploration(k), "explore"
-            explore.next_at = due  # dear for what it would tell: later
+        explored = self._explore.start_if_due(self._steps, last.best, last.rates, self._last_used)
+        if explored is not None:
+            last.extra_at = self._steps + DECIDE_AFTER_EXPLORE  # what it measured is used at once
+            return explored, "explore"
         return last.best, "decide" if decide else "keep"
-
-    def _exploration_k(self, best: int) -> int:
-        """The k the next exploration runs. Below max_k, every other exploration drafts max_k: one step measures
-        the acceptance of every position (the current k observes only its own). Otherwise the k unused for
-        longest, to refresh its measured cost."""
-        if best < self.max_k and self._explore.count % 2 == 0:
-            return self.max_k
-        others = [j for j in range(self.max_k + 1) if j != best]
-        return min(others, key=lambda j: self._last_used[j])
-
-    def _spacing(self, k: int, best: int) -> int:
-        """Steps from one exploration to an exploration of k: `explore_every`, or more when k is dear. Running
-        k instead of the best for EXPLORE_STEPS steps loses a fraction L of a step's tokens per second each
-        step; spaced EXPLORE_STEPS * L / EXPLORE_BUDGET apart, explorations cost EXPLORE_BUDGET of the tokens
-        per second (at batch 256 with acceptance ~0, a step at max_k costs about twice a step at k = 0). The
-        first exploration, when it drafts max_k above the best k, is not spaced: in a batch mixing requests
-        that accept with many that do not, it is what finds the former before the latter finish."""
-        if self._explore.count == 0 and k == self.max_k > best:
-            return self.explore_every
-        rates = self._last.rates
-        loss = max(0.0, 1.0 - rates[k] / max(rates[best], 1e-12)) if rates else 0.0
-        return max(self.explore_every, math.ceil(EXPLORE_STEPS * loss / EXPLORE_BUDGET))
-
-    def _start_exploration(self, k: int) -> int:
-        """Start an exploration of k. It holds for EXPLORE_STEPS steps: a step's cost is verifying its drafts
-        plus proposing the next step's plus the host's processing of the previous output, and only the last
-        step of an exploration has all three at the explored k (`SteadySteps` measures only such steps)."""
-        explore = self._explore
-        explore.count += 1
-        explore.last_at = self._steps
-        explore.next_at = self._steps + self.explore_every
-        explore.k, explore.left = k, EXPLORE_STEPS - 1
-        self._last.extra_at = self._steps + DECIDE_AFTER_EXPLORE  # what it measured is used at once
-        return k
 
     def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],
                            num_accepted: Sequence[int]) -> None:

@@ -16,13 +16,15 @@ from typing import Iterator
 PACKAGES = ("framework", "model_states", "samplers", "speculators")
 
 # The bottom layer of `framework` that the samplers share with the runner: its kernels and the plain types the
-# sampler states read (request parameters, what a new request brings, staged per-slot writes, request errors).
+# sampler states read (request parameters and their checks, what a new request brings, staged per-slot writes,
+# request errors).
 # Each imports only this layer, so nothing above it comes in through them.
 KERNEL_PACKAGES = ("framework.kernels",)
 SHARED_PLAIN_TYPES = (
     "framework.encoder_input",
     "framework.pooling_params",
     "framework.request_errors",
+    "framework.sampling_checks",
     "framework.sampling_params",
     "framework.scheduler_output",
     "framework.staged_writes",
