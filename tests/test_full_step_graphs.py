@@ -33,8 +33,10 @@ from samplers.states import SamplingStages
 
 try:
     from fake_graphs import EagerReplayCapturer, StaticInputsCapturer, StaticInputsViolation
+    from graph_lockstep import record_preemptions
 except ImportError:  # tests/ collected as a package
     from tests.fake_graphs import EagerReplayCapturer, StaticInputsCapturer, StaticInputsViolation
+    from tests.graph_lockstep import record_preemptions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GENERAL = general_stages(5)
@@ -151,10 +153,7 @@ def test_graph_safe_mixes_equal_eager_with_padding() -> None:
 def test_preemption_equals_eager() -> None:
     small = {"block_size": 4, "num_kv_blocks": 12, "max_model_len": 32}
     off, on = _llm(False, **small), _llm(True, **small)
-    preempted: list[str] = []
-    scheduler = on.engine.scheduler
-    preempt = scheduler._preempt
-    scheduler._preempt = lambda request: (preempted.append(request.request_id), preempt(request))[1]
+    preempted = record_preemptions(on)
     work = [(i, [3 + i, 7, 9, 11 + i], _with(SAFE[i % len(SAFE)], max_tokens=14, ignore_eos=True))
             for i in range(5)]
     _lockstep(off, on, work)

@@ -22,8 +22,10 @@ import pytest
 from framework.sampling_params import SamplingParams
 
 try:
+    from graph_lockstep import record_preemptions
     from test_full_step_graphs import SAFE, _drive, _llm, _lockstep, _record_runs, _with, _work
 except ImportError:  # tests/ collected as a package
+    from tests.graph_lockstep import record_preemptions
     from tests.test_full_step_graphs import SAFE, _drive, _llm, _lockstep, _record_runs, _with, _work
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -85,10 +87,7 @@ def test_rows_without_logprobs_get_none() -> None:
 def test_general_variant_with_preemption_equals_eager() -> None:
     small = {"block_size": 4, "num_kv_blocks": 12, "max_model_len": 32}
     off, on = _llm(False, **small), _llm(True, **small)
-    preempted: list[str] = []
-    scheduler = on.engine.scheduler
-    preempt = scheduler._preempt
-    scheduler._preempt = lambda request: (preempted.append(request.request_id), preempt(request))[1]
+    preempted = record_preemptions(on)
     work = [(i, [3 + i, 7, 9, 11 + i], _with(FEATURES[i % len(FEATURES)], max_tokens=14, ignore_eos=True))
             for i in range(6)]
     tokens = _lockstep(off, on, list(work))
