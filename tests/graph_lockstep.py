@@ -8,7 +8,7 @@ claim was exercised and not passed vacuously.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -92,12 +92,14 @@ def record_preemptions(llm: LLM) -> list[str]:
     return log
 
 
-def lockstep(eager: LLM, graphed: LLM, work: list[Arrival], rtol: float = 1e-5,
-             atol: float = 1e-6) -> dict[str, list[int]]:
-    """Run both engines through `work`; returns the finished requests' tokens."""
+# (step, the eager engine's outputs of the step, the graphed engine's): asserts whatever must agree.
+StepCheck = Callable[[int, list, list], None]
+
+
+def run_in_lockstep(eager: LLM, graphed: LLM, work: list[Arrival], check: StepCheck) -> dict[str, list[int]]:
+    """Both engines get the arrivals of `work` at their steps and step together; `check` compares every step.
+    Returns each request's tokens as of its last output."""
     a, b = eager.engine, graphed.engine
-    sa, sb = a.runner.model_state, b.runner.model_state
-    real = slice(0, sa.max_num_reqs)  # the dummy slot is nobody's: it may differ
     tokens: dict[str, list[int]] = {}
     step = 0
     while step < 300 and (work or a.has_unfinished_requests() or b.has_unfinished_requests()):
@@ -105,18 +107,31 @@ def lockstep(eager: LLM, graphed: LLM, work: list[Arrival], rtol: float = 1e-5,
             for engine in (a, b):
                 engine.add_request(f"r{arrival}", prompt, params)
         work = [w for w in work if w[0] != step]
-        outs = [{o.request_id: list(o.token_ids) for o in engine.step()} for engine in (a, b)]
-        assert outs[0] == outs[1], f"step {step}: tokens differ"
-        tokens.update(outs[0])
-        close = dict(rtol=rtol, atol=atol)
+        outs = [engine.step() for engine in (a, b)]
+        check(step, outs[0], outs[1])
+        tokens.update({o.request_id: list(o.token_ids) for o in outs[0]})
+        step += 1
+    assert not work and not a.has_unfinished_requests(), "the run did not finish"
+    return tokens
+
+
+def lockstep(eager: LLM, graphed: LLM, work: list[Arrival], rtol: float = 1e-5,
+             atol: float = 1e-6) -> dict[str, list[int]]:
+    """Run both engines through `work`: equal tokens and close Mamba state after every step; returns the tokens."""
+    sa, sb = eager.engine.runner.model_state, graphed.engine.runner.model_state
+    real = slice(0, sa.max_num_reqs)  # the dummy slot is nobody's: it may differ
+    close = dict(rtol=rtol, atol=atol)
+
+    def check(step: int, outs_a: list, outs_b: list) -> None:
+        tokens = [{o.request_id: list(o.token_ids) for o in outs} for outs in (outs_a, outs_b)]
+        assert tokens[0] == tokens[1], f"step {step}: tokens differ"
         torch.testing.assert_close(sb.conv_state[:, real], sa.conv_state[:, real], **close)
         torch.testing.assert_close(sb.ssm_state[:, real], sa.ssm_state[:, real], **close)
         if sa.ssm_snapshots is not None:
             torch.testing.assert_close(sb.ssm_snapshots, sa.ssm_snapshots, **close)
             torch.testing.assert_close(sb.conv_snapshots, sa.conv_snapshots, **close)
-        step += 1
-    assert not work and not a.has_unfinished_requests(), "the run did not finish"
-    return tokens
+
+    return run_in_lockstep(eager, graphed, work, check)
 
 
 def check_exercised(scenario: str, eager: LLM, graphed: LLM, tokens: dict[str, list[int]],

@@ -33,10 +33,10 @@ from samplers.states import SamplingStages
 
 try:
     from fake_graphs import EagerReplayCapturer, StaticInputsCapturer, StaticInputsViolation
-    from graph_lockstep import record_preemptions
+    from graph_lockstep import record_preemptions, run_in_lockstep
 except ImportError:  # tests/ collected as a package
     from tests.fake_graphs import EagerReplayCapturer, StaticInputsCapturer, StaticInputsViolation
-    from tests.graph_lockstep import record_preemptions
+    from tests.graph_lockstep import record_preemptions, run_in_lockstep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GENERAL = general_stages(5)
@@ -101,26 +101,17 @@ def _record_runs(llm: LLM) -> list[tuple[int, int]]:
 
 
 def _lockstep(off: LLM, on: LLM, work: list[tuple[int, list[int], SamplingParams]]) -> dict[str, list[int]]:
-    """Both engines get the same arrivals; after every step their outputs must be equal."""
-    a, b = off.engine, on.engine
-    tokens: dict[str, list[int]] = {}
-    step = 0
-    while step < 300 and (work or a.has_unfinished_requests() or b.has_unfinished_requests()):
-        for arrival, prompt, params in [w for w in work if w[0] == step]:
-            for engine in (a, b):
-                engine.add_request(f"r{arrival}", prompt, params)
-        work = [w for w in work if w[0] != step]
-        steps = [e.step() for e in (a, b)]
-        outs = [{o.request_id: (list(o.token_ids), _logprob_ids(o)) for o in s} for s in steps]
+    """Both engines get the same arrivals; after every step their tokens and logprobs must be equal."""
+
+    def check(step: int, outs_off: list, outs_on: list) -> None:
+        outs = [{o.request_id: (list(o.token_ids), _logprob_ids(o)) for o in s} for s in (outs_off, outs_on)]
         assert outs[0] == outs[1], f"step {step}: outputs differ"
-        values = [{o.request_id: _logprob_values(o) for o in s} for s in steps]
+        values = [{o.request_id: _logprob_values(o) for o in s} for s in (outs_off, outs_on)]
         assert values[0].keys() == values[1].keys()
         for rid, expected in values[0].items():
             assert torch.allclose(values[1][rid], expected, rtol=1e-5, atol=1e-5), f"step {step}: {rid}'s logprobs"
-        tokens.update({k: v[0] for k, v in outs[0].items()})
-        step += 1
-    assert not work and not a.has_unfinished_requests(), "the run did not finish"
-    return tokens
+
+    return run_in_lockstep(off, on, work, check)
 
 
 def _logprob_ids(out: Any) -> Any:
