@@ -52,26 +52,26 @@ class HostRing:
         self.capacity = capacity
         self.buffers = [torch.empty(capacity, dtype=torch.int32, pin_memory=pinned) for _ in range(num_buffers)]
         self._arrays = [b.numpy() for b in self.buffers]  # numpy views: filled without per-element torch calls
-        self._make_fence = make_fence if make_fence is not None else (_cuda_fence if pinned else None)
-        self._fences: list[Optional[Fence]] = [None] * num_buffers
+        make = make_fence if make_fence is not None else (_cuda_fence if pinned else None)
+        # One fence per buffer, made once and recorded again at each copy (no event created per step).
+        self._fences: Optional[list[Fence]] = None if make is None else [make() for _ in range(num_buffers)]
+        self._in_flight = [False] * num_buffers  # a copy from the buffer was recorded and not yet waited on
         self.turn = 0  # steps taken so far; buffer `turn % num_buffers` is the next
 
     def take(self) -> tuple[int, torch.Tensor, np.ndarray]:
         """(index, host tensor, its numpy view) of the next buffer, free to be written."""
         i = self.turn % len(self.buffers)
         self.turn += 1
-        fence = self._fences[i]
-        if fence is not None:
-            fence.synchronize()
-            self._fences[i] = None
+        if self._fences is not None and self._in_flight[i]:
+            self._fences[i].synchronize()
+            self._in_flight[i] = False
         return i, self.buffers[i], self._arrays[i]
 
     def sent(self, index: int) -> None:
         """A copy from buffer `index` was enqueued: it is not rewritten before that copy finishes."""
-        if self._make_fence is not None:
-            fence = self._make_fence()
-            fence.record()
-            self._fences[index] = fence
+        if self._fences is not None:
+            self._fences[index].record()
+            self._in_flight[index] = True
 
 
 class InputStaging:
