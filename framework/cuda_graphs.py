@@ -38,7 +38,10 @@ GraphInputsFn = Callable[[GraphBatch], dict]
 
 
 class Replayable(Protocol):
-    """One captured step: `replay()` runs it again on the current contents of the static buffers."""
+    """One captured step: `replay()` runs it again on the current contents of the static buffers;
+    `num_replays` counts the replays (which captured sizes and variants a workload actually uses)."""
+
+    num_replays: int
 
     def replay(self) -> Any: ...
 
@@ -54,8 +57,10 @@ class GraphCapturer(Protocol):
 class _CudaReplay:
     def __init__(self, graph: torch.cuda.CUDAGraph, out: Any) -> None:
         self.graph, self.out = graph, out
+        self.num_replays = 0
 
     def replay(self) -> Any:
+        self.num_replays += 1
         self.graph.replay()
         return self.out  # the captured output tensors, refilled by the replay
 

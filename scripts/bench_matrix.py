@@ -66,7 +66,7 @@ def run_matrix(configs: list[tuple[str, list[str]]], workloads: list[tuple[str, 
         for w, wo, c, co in pairs[shift:] + pairs[:shift]:
             result = run_once(wo, co, out / "runs" / f"{w}-{c}-r{r + 1}", timeout_s)
             runs[w][c].append(result)
-            print(f"round {r + 1} {w:12s} {c:14s} {result['output_tok_per_s'] or 'FAILED'} tok/s "
+            print(f"round {r + 1} {w:12s} {c:14s} {_tok_s(result['output_tok_per_s'])} tok/s "
                   f"(probe {result['host_probe_us']} us, {result['wall_s']} s)", flush=True)
     return runs
 
@@ -91,10 +91,14 @@ def _print_table(runs: dict[str, dict[str, list]], table: dict[str, dict[str, di
     print("|---|---|---|---|---|")
     for w, by_config in runs.items():
         for c, rs in by_config.items():
-            cells = ", ".join(f"{x['output_tok_per_s'] or 'FAILED'} ({x['host_probe_us']})" for x in rs)
+            cells = ", ".join(f"{_tok_s(x['output_tok_per_s'])} ({x['host_probe_us']:.0f})" for x in rs)
             s = table[w][c]
             ratio = f"{s['median_paired_ratio']:.3f}" if s["median_paired_ratio"] is not None else "-"
-            print(f"| {w} | {c} | {cells} | {s['median_tok_per_s'] or '-'} | {ratio} |")
+            print(f"| {w} | {c} | {cells} | {_tok_s(s['median_tok_per_s'])} | {ratio} |")
+
+
+def _tok_s(value: Any) -> str:
+    return f"{value:,.0f}" if value is not None else "FAILED"
 
 
 def _plot(table: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:

@@ -36,7 +36,7 @@ GPU_PIECES=(
 # Pieces that no longer fit GPU_PIECES' one device call: `gpu_tests_more` runs them the same way (its own call,
 # at most 580 s too). Every tests/gpu file is in exactly one of the two lists (tests/test_ci_checks.py).
 GPU_PIECES_MORE=(
-  "smallbatch 90 test_small_batch_gpu.py"
+  "smallbatch 160 test_small_batch_gpu.py"
   "fullgraph 120 test_full_step_graphs_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
@@ -58,7 +58,7 @@ for j in "$@"; do
     gpu_tests_more) run_pieces gpu_tests_more GPU_PIECES_MORE ;;
     # The small-batch GEMV kernels (docs/kernels.md): real 0.6B / 8B shapes vs cuBLAS vs float32, and an engine
     # with model.small_batch_kernels=on against HF. Look for: all passed.
-    gpu_tests_smallbatch) job $j 90 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_small_batch_gpu.py ;;
+    gpu_tests_smallbatch) job $j 160 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_small_batch_gpu.py ;;
     # Per-layer projections and the LM head at M = 1/2/4/8, GEMV vs today's path (table, JSON, plot), then the
     # batch-1 decode profile with the GEMVs on (kernels per step, device time per step; today 289 and ~1.4 ms).
     smallbatch) job $j-kernels 200 python3 scripts/bench_small_batch.py --out "$res/smallbatch/kernels" &&
@@ -92,9 +92,34 @@ for j in "$@"; do
         --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" \
         --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # Full-step graphs alone against the default (both at nano and batch 1): the one-call version of fullgraph-r1..3.
+    issue25_fullstep) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 120 \
+        --config default= --config full_step=runner.full_step_cuda_graphs=true \
+        --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" \
+        --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # The small-batch GEMV's launch shapes swept at the 0.6B and 8B shapes, M = 1 and 8 (scripts/bench_gemv_tiles.py).
+    gemv_tiles) job $j 270 python3 scripts/bench_gemv_tiles.py --out "$res/$j" ;;
+    # Full-step graphs with and without the small-batch GEMVs, paired (batch 1 and nano; the GEMVs serve <= 8 rows).
+    issue25_gemv) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds ${ROUNDS:-3} --timeout 120 \
+        --config full_step=runner.full_step_cuda_graphs=true \
+        --config full_step+small_batch="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
+        --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0" \
+        --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # The defaults before issue 25's measurements (both fast paths off) against today's (full-step graphs on,
+    # small-batch GEMVs at one row), paired, at batch 1 and nano.
+    issue25_defaults) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds ${ROUNDS:-3} --timeout 120 \
+        --config before="runner.full_step_cuda_graphs=false model.small_batch_kernels=off" --config now= \
+        --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0" \
+        --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # Both issue 25 fast paths on (full-step graphs + small-batch GEMVs): kernels per step, launches outside graphs,
+    # device and host ms per step at batch 1 and 256 (compare with job profile's b1 / b256, both off).
+    issue25_profiles) job $j-b1 90 python3 scripts/profile_decode.py --batch 1 --steps 200 --full-step-graphs \
+          --small-batch-kernels on --out "$res/$j/b1" &&
+        job $j-b256 150 python3 scripts/profile_decode.py --batch 256 --full-step-graphs --small-batch-kernels on \
+          --out "$res/$j/b256" ;;
     # The general full-step variant (logprobs inside the graph): every request asks for 5 top logprobs, batch 256,
     # full-step graphs on vs off. Look for: "full-step graphs: N steps replayed whole" with fallbacks only
     # "not pure decode", and the on run's device/host ms per step vs off (the general variant's cost, docs/architecture.md).

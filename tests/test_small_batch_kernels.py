@@ -116,10 +116,12 @@ def test_tiles_cover_the_output_and_fill_an_h200_at_real_shapes() -> None:
     for n, k in ((4096, 1024), (1024, 2048), (3072, 1024), (1024, 3072), (151936, 1024), (6144, 4096)):
         tiles = gemv_tiles(8, n, k, 2)
         assert tiles.grid * tiles.block_n >= n > (tiles.grid - 1) * tiles.block_n
-        assert tiles.grid >= 256 and tiles.block_m == 8
-        assert tiles.block_k == min(256, 8192 // (8 * tiles.block_n))  # the 3-d product stays <= 8192 elements
-    assert gemv_tiles(1, 151936, 1024, 2).block_k == 256  # one row: full 16-byte loads per thread
-    assert gemv_tiles(3, 40, 96, 4) == (4, 4, 128, 10)
+        assert tiles.grid >= 128 and tiles.block_m == 8  # about a program per SM of an H200 (132) at least
+        assert tiles.num_warps == tiles.block_n  # a warp per weight row: the K reduction needs no barrier
+        assert tiles.block_k == 1024  # 2 KB of each weight row per chunk
+    assert gemv_tiles(1, 151936, 1024, 2).grid == 18992
+    assert gemv_tiles(3, 40, 96, 4) == (4, 8, 128, 5, 8)
+    assert gemv_tiles(3, 40, 96, 4, block_n=2, block_k=32, num_warps=1) == (4, 2, 32, 20, 1)  # a sweep's choice
 
 
 # ---- dispatch ------------------------------------------------------------------------------------------

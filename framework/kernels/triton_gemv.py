@@ -7,9 +7,10 @@ bandwidth on these matrices nor fuses anything; here one kernel does:
 
 - prologue (optional): `weight_norm * rmsnorm(x + residual)`, recomputed by every program (the normed vector is
   M x K, tiny next to the weight); program 0 also writes `x + residual`, the new residual stream;
-- the product, row-parallel over the N output features: a program owns BLOCK_N weight rows and walks K in
-  BLOCK_K chunks (16-byte vector loads of bf16), multiplying each chunk with all M input rows at once
-  (a [BLOCK_M, BLOCK_N, BLOCK_K] product reduced over K) and accumulating in float32;
+- the product, row-parallel over the N output features: a program owns BLOCK_N weight rows (a warp each) and
+  walks K in BLOCK_K chunks, unrolled (16-byte vector loads of bf16, several chunks in flight), multiplying
+  each chunk with the M input rows one at a time ([BLOCK_N, BLOCK_K] products reduced within the warp) and
+  accumulating in float32;
 - epilogue (optional): bias, and `silu(gate) * up` of a merged gate/up weight (the program reads gate rows n and
   up rows I + n, so the separate silu_and_mul kernel and the [M, 2I] intermediate go).
 
@@ -59,7 +60,7 @@ def _gemv_kernel(
     dtype = w_ptr.dtype.element_ty
     rows_m = tl.arange(0, BLOCK_M)
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if HAS_NORM:  # pass 1: each row's 1 / rms (and the new residual stream, by program 0)
+    if HAS_NORM:  # pass 1: each row's 1 / rms (and the new residual stream, by program 0); x is tiny, L2-resident
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
@@ -77,22 +78,30 @@ def _gemv_kernel(
     w_rows = cols_n.to(tl.int64)[:, None] * K  # int64: an LM head's N * K passes 2^31 at large K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):  # pass 2: the product, each weight element read once
+    # Pass 2, the product, each weight element read once. Unrolled (K is constexpr) and reduced within a warp
+    # (a warp owns whole weight rows), so no barrier separates the chunks: the compiler issues the next chunks'
+    # weight loads before this chunk's sums, and enough bytes are in flight to stream at HBM speed. A `for`
+    # loop here waited one DRAM round trip per chunk (2-4 KB), ~20 % of the bandwidth (issue 25's profile).
+    for k0 in tl.static_range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        x_mask = (rows_m[:, None] < M) & (ks[None, :] < K)
-        x = tl.load(x_ptr + rows_m[:, None] * stride_x + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:  # the input chunk as the RMSNorm op rounds it (see pass 1)
-            r = tl.load(residual_ptr + rows_m[:, None] * stride_r + ks[None, :], mask=x_mask, other=0.0)
-            x = round_to_dtype(x + r.to(tl.float32), dtype)
-        if HAS_NORM:
-            g = tl.load(norm_weight_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-            x = round_to_dtype(g[None, :] * round_to_dtype(x * rstd[:, None], dtype), dtype)
         w_mask = n_mask[:, None] & (ks[None, :] < K)
         w = tl.load(w_ptr + w_rows + ks[None, :], mask=w_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N, BLOCK_K] -> [BLOCK_M, BLOCK_N]
         if SILU_MUL:
             w_up = tl.load(w_ptr + N * K + w_rows + ks[None, :], mask=w_mask, other=0.0).to(tl.float32)
-            acc_up += tl.sum(x[:, None, :] * w_up[None, :, :], axis=2)
+        for m in tl.static_range(BLOCK_M):  # one input row at a time: registers stay [BLOCK_N, BLOCK_K]
+            x_mask = (ks < K) & (tl.full([BLOCK_K], m, tl.int32) < M)  # past M: padding rows read nothing
+            x = tl.load(x_ptr + m * stride_x + ks, mask=x_mask, other=0.0).to(tl.float32)  # [BLOCK_K]
+            if HAS_RESIDUAL:  # the input chunk as the RMSNorm op rounds it (see pass 1)
+                r = tl.load(residual_ptr + m * stride_r + ks, mask=x_mask, other=0.0)
+                x = round_to_dtype(x + r.to(tl.float32), dtype)
+            if HAS_NORM:
+                g = tl.load(norm_weight_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+                rstd_m = tl.sum(tl.where(rows_m == m, rstd, 0.0), axis=0)
+                x = round_to_dtype(g * round_to_dtype(x * rstd_m, dtype), dtype)
+            is_m = rows_m[:, None] == m  # [BLOCK_M, 1]: this row's slot of the accumulators
+            acc += tl.where(is_m, tl.sum(w * x[None, :], axis=1)[None, :], 0.0)
+            if SILU_MUL:
+                acc_up += tl.where(is_m, tl.sum(w_up * x[None, :], axis=1)[None, :], 0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     y = round_to_dtype(acc, dtype)  # what the projection returns in the model dtype
@@ -106,25 +115,28 @@ def _gemv_kernel(
 
 
 class GemvTiles(NamedTuple):
-    """Launch shape of one GEMV: `grid` programs of `block_n` weight rows, K walked in `block_k` chunks."""
+    """Launch shape of one GEMV: `grid` programs of `block_n` weight rows and `num_warps` warps, K walked in
+    `block_k` chunks."""
 
     block_m: int
     block_n: int
     block_k: int
     grid: int
+    num_warps: int = 4
 
 
-def gemv_tiles(m: int, n: int, k: int, element_size: int) -> GemvTiles:
-    """About 2 programs per SM of an H200 (132) where N allows, 4 to 16 weight rows each; K chunks of up to
-    16 bytes per thread of a warp (256 bf16, 128 fp32), fewer when the [BLOCK_M, BLOCK_N, BLOCK_K] product
-    would pass 8192 elements (64 float32 registers per thread at 4 warps). Fixed rules, nothing tuned at run
-    time."""
+def gemv_tiles(m: int, n: int, k: int, element_size: int, block_n: int = 0, block_k: int = 0,
+               num_warps: int = 0) -> GemvTiles:
+    """The launch shape for an [m, k] x [n, k]^T product; a nonzero `block_n` / `block_k` / `num_warps` fixes
+    that choice (scripts/bench_gemv_tiles.py sweeps them). Defaults, the sweep's best or within 3 % of it at one
+    row on every H200 shape of the 0.6B and 8B geometries (docs/benchmarks.md): 8 weight rows and 8 warps a
+    program (a warp per row), K in chunks of 2 KB of weight row (1,024 bf16). Fixed rules, nothing tuned at
+    run time."""
     block_m = triton.next_power_of_2(max(m, 1))
-    block_n = 4
-    while block_n < 16 and n // (2 * block_n) >= 264:
-        block_n *= 2
-    block_k = min(triton.next_power_of_2(k), 512 // element_size, max(16, 8192 // (block_m * block_n)))
-    return GemvTiles(block_m, block_n, block_k, triton.cdiv(n, block_n))
+    block_n = block_n or 8
+    num_warps = num_warps or min(block_n, 8)
+    block_k = block_k or min(triton.next_power_of_2(k), 2048 // element_size)
+    return GemvTiles(block_m, block_n, block_k, triton.cdiv(n, block_n), num_warps)
 
 
 def gemv_triton(
@@ -136,6 +148,7 @@ def gemv_triton(
     residual: Optional[torch.Tensor] = None,  # [M, K] x.dtype (only with norm_weight)
     silu_mul: bool = False,
     out_dtype: Optional[torch.dtype] = None,  # default weight.dtype; float32 for logits (rounded to dtype first)
+    tiles: Optional[GemvTiles] = None,  # the launch shape; default `gemv_tiles(M, N, K, element size)`
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out [M, N], x + residual [M, K] or None); see `fused_linear_reference` for the semantics."""
     m, k = x.shape
@@ -153,7 +166,8 @@ def gemv_triton(
         summed = torch.empty((m, k), dtype=x.dtype, device=x.device)
     if m == 0:
         return out, summed
-    tiles = gemv_tiles(m, n, k, weight.element_size())
+    tiles = tiles or gemv_tiles(m, n, k, weight.element_size())
+    assert tiles.block_m >= m and tiles.grid * tiles.block_n >= n, f"{tiles} does not cover [{m}, {n}]"
     _gemv_kernel[(tiles.grid,)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x, weight,
         bias if bias is not None else weight, out, summed if summed is not None else out,
@@ -161,6 +175,6 @@ def gemv_triton(
         N=n, K=k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         SILU_MUL=silu_mul,
-        num_warps=4,
+        num_warps=tiles.num_warps,
     )
     return out, summed

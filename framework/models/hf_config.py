@@ -94,7 +94,10 @@ class DecoderConfig:
         """[head_dim // 2] float32 inverse frequencies for RoPE (default, linear or llama3 scaling)."""
         theta = float(self.rope["rope_theta"])
         kind = self.rope.get("rope_type", "default")
-        inv = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim))
+        # On the CPU even inside a meta-device build: meta arange goes through torch._refs, which imports dynamo
+        # (and makes its cache directory under TMPDIR); the caller moves the few values where it needs them.
+        arange = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device="cpu")
+        inv = 1.0 / (theta ** (arange / self.head_dim))
         if kind == "default":
             pass
         elif kind == "linear":

@@ -85,7 +85,7 @@ def test_one_compiled_variant_per_row_block() -> None:
     before = compiled_variants()
     for m in range(1, 9):
         gemv_triton(x[:m], weight, **{**kwargs, "residual": kwargs["residual"][:m]})
-    assert new_variants(before, compiled_variants()).get("_gemv_kernel") == 4
+    assert new_variants(before, compiled_variants()).get("framework.kernels.triton_gemv._gemv_kernel") == 4
     again = compiled_variants()
     for m in range(1, 9):
         gemv_triton(x[:m], weight, **{**kwargs, "residual": kwargs["residual"][:m]})
@@ -117,7 +117,7 @@ def test_engine_with_small_batch_kernels_matches_hf(tmp_path, monkeypatch: pytes
     for mode in ("off", "on"):
         rows.clear()
         llm = LLM(str(tmp_path), device=DEVICE, dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3,
-                  small_batch_kernels=mode)
+                  small_batch_kernels=mode, small_batch_max_tokens=8)  # the default is 1: every row count here
         assert llm.engine.runner.cuda_graphs is not None
         # the decode graphs at 1, 2, 4 and 8 rows were captured with the GEMVs (and only with the key on)
         assert ({1, 2, 4, 8} <= set(rows)) if mode == "on" else not rows
