@@ -63,7 +63,8 @@ def _generate(path: Path, small_batch: str, prompts: list[list[int]] = PROMPTS, 
               graphs: bool = True) -> tuple[list[list[int]], list[tuple[int, torch.Tensor]], LLM]:
     """(tokens per prompt, (prompt index, logits [vocab]) of every sampled row, the LLM)."""
     llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=32, max_num_seqs=8, seed=0,
-              small_batch_kernels=small_batch)
+              small_batch_kernels=small_batch, small_batch_max_tokens=8,  # every graph size (the default is 1)
+              full_step_cuda_graphs=False)  # the forward-only graphs call the patched compute_logits
     if graphs:
         llm.engine.runner.capture_cuda_graphs(EagerReplayCapturer())
         assert sorted(llm.engine.runner.cuda_graphs.graphs) == [(1, 1), (2, 1), (4, 1), (8, 1)]
@@ -144,7 +145,8 @@ def test_config_key_resolves_to_a_token_threshold() -> None:
         cfg = Mrv2Config.model_validate({"model": {"small_batch_kernels": mode, "small_batch_max_tokens": max_tokens}})
         return small_batch_max_tokens(cfg, torch.device(device))
 
-    assert Mrv2Config().model.small_batch_kernels == "off"  # default until measured on the H200
+    default = Mrv2Config().model
+    assert (default.small_batch_kernels, default.small_batch_max_tokens) == ("auto", 1)  # measured on the H200
     assert tokens("off", "cpu") == 0 and tokens("auto", "cpu") == 0  # auto: Hopper GPUs only
     assert tokens("on", "cpu") == 8 and tokens("on", "cpu", 4) == 4
     with pytest.raises(ValueError, match="small_batch_max_tokens"):
@@ -199,7 +201,7 @@ def test_tensor_parallel_2_with_small_batch_kernels_matches_one_process(checkpoi
     kwargs = dict(device="cpu", dtype="float32", max_model_len=32, max_num_seqs=8, seed=0)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     single = [o.token_ids for o in LLM(str(path), **kwargs).generate(PROMPTS, params, use_tqdm=False)]
-    llm = LLM(str(path), **kwargs, small_batch_kernels="on", tensor_parallel_size=2)
+    llm = LLM(str(path), **kwargs, small_batch_kernels="on", small_batch_max_tokens=8, tensor_parallel_size=2)
     try:
         assert llm.engine.runner.model.model.layers[0].small_batch_max_tokens == 8
         assert [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)] == single
