@@ -98,7 +98,10 @@ for j in "$@"; do
         --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" \
         --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0" ;;
     # The small-batch GEMV's launch shapes swept at the 0.6B and 8B shapes, M = 1 and 8 (scripts/bench_gemv_tiles.py).
-    gemv_tiles) job $j 270 python3 scripts/bench_gemv_tiles.py --out "$res/$j" ;;
+    gemv_tiles) job $j 270 python3 scripts/bench_gemv_tiles.py --out "$res/$j" --tokens 1 8 --kernels gemv ;;
+    # The tensor-core dot kernel's candidate shapes (unmeasured rules) against cuBLAS and the defaults, 0.6B shapes
+    # first (the 8B ones if time is left), M = 2 and 8: decides whether small_batch_max_tokens can go above 1.
+    gemv_dot_tiles) job $j 540 python3 scripts/bench_gemv_tiles.py --out "$res/$j" --tokens 2 8 --kernels dot ;;
     # Full-step graphs with and without the small-batch GEMVs, paired (batch 1 and nano; the GEMVs serve <= 8 rows).
     issue25_gemv) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds ${ROUNDS:-3} --timeout 120 \
         --config full_step=runner.full_step_cuda_graphs=true \

@@ -18,7 +18,7 @@ import torch
 
 import framework.kernels.small_batch_ops as small_batch_ops
 from framework.kernels.small_batch_ops import fused_linear, fused_linear_reference
-from framework.kernels.triton_gemv import MAX_GEMV_ROWS, gemv_tiles, gemv_triton
+from framework.kernels.triton_gemv import MAX_GEMV_ROWS, GemvTiles, gemv_tiles, gemv_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-6
@@ -64,14 +64,17 @@ VARIANTS = {  # name -> (bias, norm, residual, silu_mul, float32 out)
 }
 
 
-def _run(variant: str, m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0):
+def _run(variant: str, m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0,
+         tiles: Optional[GemvTiles] = None):
+    """gemv_triton and the reference on one case; `tiles` None: the GEMV kernel at every M."""
     has_bias, has_norm, has_residual, silu_mul, fp32_out = VARIANTS[variant]
     x, weight, bias, norm_weight, residual = _case(m, n, k, dtype, seed, silu_mul)
     kwargs = dict(bias=bias if has_bias else None, norm_weight=norm_weight if has_norm else None, eps=EPS,
                   residual=residual if has_residual else None, silu_mul=silu_mul,
                   out_dtype=torch.float32 if fp32_out else None)
     x_before = x.clone()
-    out, summed = gemv_triton(x, weight, **kwargs)  # type: ignore[arg-type]
+    tiles = tiles or gemv_tiles(m, n, k, weight.element_size(), dot=False)
+    out, summed = gemv_triton(x, weight, **kwargs, tiles=tiles)  # type: ignore[arg-type]
     ref_out, ref_summed = fused_linear_reference(x, weight, **kwargs)  # type: ignore[arg-type]
     assert torch.equal(x, x_before)  # inputs are not written
     return out, summed, ref_out, ref_summed
@@ -114,14 +117,14 @@ def test_a_swapped_gate_and_up_fails_the_comparison() -> None:
 
 def test_tiles_cover_the_output_and_fill_an_h200_at_real_shapes() -> None:
     for n, k in ((4096, 1024), (1024, 2048), (3072, 1024), (1024, 3072), (151936, 1024), (6144, 4096)):
-        tiles = gemv_tiles(8, n, k, 2)
+        tiles = gemv_tiles(8, n, k, 2, dot=False)
         assert tiles.grid * tiles.block_n >= n > (tiles.grid - 1) * tiles.block_n
         assert tiles.grid >= 128 and tiles.block_m == 8  # about a program per SM of an H200 (132) at least
         assert tiles.num_warps == tiles.block_n  # a warp per weight row: the K reduction needs no barrier
         assert tiles.block_k == 1024  # 2 KB of each weight row per chunk
     assert gemv_tiles(1, 151936, 1024, 2).grid == 18992
-    assert gemv_tiles(3, 40, 96, 4) == (4, 8, 128, 5, 8)
-    assert gemv_tiles(3, 40, 96, 4, block_n=2, block_k=32, num_warps=1) == (4, 2, 32, 20, 1)  # a sweep's choice
+    assert gemv_tiles(3, 40, 96, 4, dot=False) == (4, 8, 128, 5, 8, False, 1)
+    assert gemv_tiles(3, 40, 96, 4, block_n=2, block_k=32, num_warps=1, dot=False) == (4, 2, 32, 20, 1, False, 1)
 
 
 # ---- dispatch ------------------------------------------------------------------------------------------

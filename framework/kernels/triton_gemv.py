@@ -21,6 +21,9 @@ the float32 summation order of the dot products differs from cuBLAS.
 
 Only geometry (N, K, dtype, flags, BLOCK_M) is `constexpr`; M is an argument (BLOCK_M = next power of two >= M,
 so graphs at M = 1, 2, 4, 8 compile four variants per projection, M = 3 reuses M = 4's).
+
+From two rows on, `gemv_triton` runs the tensor-core kernel of `triton_gemv_dot` instead (same arguments and
+semantics; `gemv_tiles` picks, `GemvTiles.dot` says which); the GEMV stays the one-row kernel.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.triton_norm_silu import round_to_dtype
+from framework.kernels.triton_gemv_dot import MMA_MIN, _gemv_dot_kernel, dot_tile_shape, interpreter_upcast
+from framework.kernels.triton_norm_silu import prologue_input, prologue_rstd, round_to_dtype, silu_mul_rounded
 
 MAX_GEMV_ROWS = 16  # M above this: a tensor-core GEMM is the better kernel (and BLOCK_M unrolls stay small)
 
@@ -61,18 +65,8 @@ def _gemv_kernel(
     rows_m = tl.arange(0, BLOCK_M)
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_NORM:  # pass 1: each row's 1 / rms (and the new residual stream, by program 0); x is tiny, L2-resident
-        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            mask = (rows_m[:, None] < M) & (ks[None, :] < K)
-            x = tl.load(x_ptr + rows_m[:, None] * stride_x + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-            if HAS_RESIDUAL:
-                r = tl.load(residual_ptr + rows_m[:, None] * stride_r + ks[None, :], mask=mask, other=0.0)
-                x = round_to_dtype(x + r.to(tl.float32), dtype)
-                if pid == 0:
-                    tl.store(summed_ptr + rows_m[:, None] * K + ks[None, :], x.to(dtype), mask=mask)
-            sum_sq += tl.sum(x * x, axis=1)
-        rstd = tl.rsqrt(sum_sq / K + eps)
+        rstd = prologue_rstd(x_ptr, residual_ptr, summed_ptr, M, stride_x, stride_r, eps, pid == 0, dtype,
+                             K, BLOCK_M, BLOCK_K, HAS_RESIDUAL)
     cols_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols_n < N
     w_rows = cols_n.to(tl.int64)[:, None] * K  # int64: an LM head's N * K passes 2^31 at large K
@@ -90,14 +84,9 @@ def _gemv_kernel(
             w_up = tl.load(w_ptr + N * K + w_rows + ks[None, :], mask=w_mask, other=0.0).to(tl.float32)
         for m in tl.static_range(BLOCK_M):  # one input row at a time: registers stay [BLOCK_N, BLOCK_K]
             x_mask = (ks < K) & (tl.full([BLOCK_K], m, tl.int32) < M)  # past M: padding rows read nothing
-            x = tl.load(x_ptr + m * stride_x + ks, mask=x_mask, other=0.0).to(tl.float32)  # [BLOCK_K]
-            if HAS_RESIDUAL:  # the input chunk as the RMSNorm op rounds it (see pass 1)
-                r = tl.load(residual_ptr + m * stride_r + ks, mask=x_mask, other=0.0)
-                x = round_to_dtype(x + r.to(tl.float32), dtype)
-            if HAS_NORM:
-                g = tl.load(norm_weight_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-                rstd_m = tl.sum(tl.where(rows_m == m, rstd, 0.0), axis=0)
-                x = round_to_dtype(g * round_to_dtype(x * rstd_m, dtype), dtype)
+            rstd_m = tl.sum(tl.where(rows_m == m, rstd, 0.0), axis=0)
+            x = prologue_input(x_ptr, residual_ptr, norm_weight_ptr, m * stride_x + ks, m * stride_r + ks, ks,
+                               x_mask, ks < K, rstd_m, dtype, HAS_RESIDUAL, HAS_NORM)  # [BLOCK_K] float32
             is_m = rows_m[:, None] == m  # [BLOCK_M, 1]: this row's slot of the accumulators
             acc += tl.where(is_m, tl.sum(w * x[None, :], axis=1)[None, :], 0.0)
             if SILU_MUL:
@@ -108,30 +97,44 @@ def _gemv_kernel(
     if SILU_MUL:
         if HAS_BIAS:
             acc_up += tl.load(bias_ptr + N + cols_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        silu = round_to_dtype(y / (1.0 + tl.exp(-y)), dtype)
-        y = round_to_dtype(silu * round_to_dtype(acc_up, dtype), dtype)
+        y = silu_mul_rounded(y, acc_up, dtype)
     out_mask = (rows_m[:, None] < M) & n_mask[None, :]
     tl.store(out_ptr + rows_m[:, None] * N + cols_n[None, :], y.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 class GemvTiles(NamedTuple):
-    """Launch shape of one GEMV: `grid` programs of `block_n` weight rows and `num_warps` warps, K walked in
-    `block_k` chunks."""
+    """Launch shape of one small-batch projection: `grid` programs of `block_n` weight rows and `num_warps` warps,
+    K walked in `block_k` chunks. `dot`: the tensor-core kernel (`triton_gemv_dot`), its K loop pipelined
+    `num_stages` deep, `block_m` the token count padded to the MMA's n (>= 16); else the GEMV, `block_m` the
+    next power of two >= M."""
 
     block_m: int
     block_n: int
     block_k: int
     grid: int
     num_warps: int = 4
+    dot: bool = False
+    num_stages: int = 1
 
 
 def gemv_tiles(m: int, n: int, k: int, element_size: int, block_n: int = 0, block_k: int = 0,
-               num_warps: int = 0) -> GemvTiles:
-    """The launch shape for an [m, k] x [n, k]^T product; a nonzero `block_n` / `block_k` / `num_warps` fixes
-    that choice (scripts/bench_gemv_tiles.py sweeps them). Defaults, the sweep's best or within 3 % of it at one
-    row on every H200 shape of the 0.6B and 8B geometries (docs/benchmarks.md): 8 weight rows and 8 warps a
-    program (a warp per row), K in chunks of 2 KB of weight row (1,024 bf16). Fixed rules, nothing tuned at
-    run time."""
+               num_warps: int = 0, dot: Optional[bool] = None, num_stages: int = 0,
+               silu_mul: bool = False) -> GemvTiles:
+    """The launch shape for an [m, k] x [n, k]^T product (`silu_mul`: gate and up, [2n, k]); a nonzero `block_n`
+    / `block_k` / `num_warps` / `num_stages` or a given `dot` fixes that choice (scripts/bench_gemv_tiles.py
+    sweeps them).
+
+    The kernel: the GEMV at one row, the tensor-core dot kernel from two rows (the GEMV's cost grows with each
+    row; the dot's shape rules, `dot_tile_shape`, are unmeasured guesses). GEMV defaults, the sweep's best or
+    within 3 % of it at one row on every H200 shape of the 0.6B and 8B geometries (docs/benchmarks.md): 8 weight
+    rows and 8 warps a program (a warp per row), K in chunks of 2 KB of weight row (1,024 bf16). Fixed rules,
+    nothing tuned at run time."""
+    use_dot = m >= 2 if dot is None else dot
+    if use_dot:
+        block_n, block_k, num_warps, num_stages = dot_tile_shape(n, k, element_size, silu_mul, block_n, block_k,
+                                                                 num_warps, num_stages)
+        block_m = max(MMA_MIN, triton.next_power_of_2(max(m, 1)))
+        return GemvTiles(block_m, block_n, block_k, triton.cdiv(n, block_n), num_warps, True, num_stages)
     block_m = triton.next_power_of_2(max(m, 1))
     block_n = block_n or 8
     num_warps = num_warps or min(block_n, 8)
@@ -148,7 +151,7 @@ def gemv_triton(
     residual: Optional[torch.Tensor] = None,  # [M, K] x.dtype (only with norm_weight)
     silu_mul: bool = False,
     out_dtype: Optional[torch.dtype] = None,  # default weight.dtype; float32 for logits (rounded to dtype first)
-    tiles: Optional[GemvTiles] = None,  # the launch shape; default `gemv_tiles(M, N, K, element size)`
+    tiles: Optional[GemvTiles] = None,  # the launch shape; default `gemv_tiles(M, N, K, element size, ...)`
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out [M, N], x + residual [M, K] or None); see `fused_linear_reference` for the semantics."""
     m, k = x.shape
@@ -166,15 +169,20 @@ def gemv_triton(
         summed = torch.empty((m, k), dtype=x.dtype, device=x.device)
     if m == 0:
         return out, summed
-    tiles = tiles or gemv_tiles(m, n, k, weight.element_size())
+    tiles = tiles or gemv_tiles(m, n, k, weight.element_size(), silu_mul=silu_mul)
     assert tiles.block_m >= m and tiles.grid * tiles.block_n >= n, f"{tiles} does not cover [{m}, {n}]"
-    _gemv_kernel[(tiles.grid,)](
+    assert not tiles.dot or min(tiles.block_m, tiles.block_n, tiles.block_k) >= MMA_MIN, f"{tiles}: tl.dot tiles"
+    if tiles.dot:  # same arguments and flags; the dot kernel pads the tokens to BLOCK_MP and pipelines K
+        kernel, shape = _gemv_dot_kernel, {"BLOCK_MP": tiles.block_m, "NUM_STAGES": tiles.num_stages,
+                                           "UPCAST": interpreter_upcast(weight.dtype)}
+    else:
+        kernel, shape = _gemv_kernel, {"BLOCK_M": tiles.block_m}
+    kernel[(tiles.grid,)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x, weight,
         bias if bias is not None else weight, out, summed if summed is not None else out,
         m, x.stride(0), residual.stride(0) if residual is not None else 0, eps,
-        N=n, K=k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        N=n, K=k, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        SILU_MUL=silu_mul,
-        num_warps=tiles.num_warps,
+        SILU_MUL=silu_mul, num_warps=tiles.num_warps, **shape,
     )
     return out, summed

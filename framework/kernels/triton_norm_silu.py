@@ -41,6 +41,52 @@ def round_to_dtype(x, dtype):
 
 
 @triton.jit
+def prologue_input(x_ptr, residual_ptr, norm_weight_ptr, x_offs, r_offs, g_offs, mask, g_mask, rstd, dtype,
+                   HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr):
+    """A chunk of a GEMV's input as the unfused ops round it, float32: `x`, `x + residual` (rounded to dtype),
+    and with HAS_NORM `g * rmsnorm(...)` given the rows' `rstd` (normed row rounded, then its product with the
+    norm weight `g`, as `_rms_norm_kernel`). Offsets, masks and `rstd` arrive broadcast to the chunk's layout
+    (a row [BLOCK_K] in the GEMV, x^T [BLOCK_K, BLOCK_MP] in the dot kernel); masked elements are 0."""
+    x = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + r_offs, mask=mask, other=0.0)
+        x = round_to_dtype(x + r.to(tl.float32), dtype)
+    if HAS_NORM:
+        g = tl.load(norm_weight_ptr + g_offs, mask=g_mask, other=0.0).to(tl.float32)
+        x = round_to_dtype(g * round_to_dtype(x * rstd, dtype), dtype)
+    return x
+
+
+@triton.jit
+def prologue_rstd(x_ptr, residual_ptr, summed_ptr, M, stride_x, stride_r, eps, write_summed, dtype,
+                  K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """[BLOCK_M] float32 `1 / rms(x + residual)` of the M input rows [M, K] (padding rows: rsqrt(eps), they
+    multiply zeros); with `write_summed` (one program of the grid) also stores `x + residual` to summed_ptr
+    [M, K] contiguous. The first pass of a GEMV's norm prologue: x is M x K, L2-resident."""
+    rows_m = tl.arange(0, BLOCK_M)
+    sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        mask = (rows_m[:, None] < M) & (ks[None, :] < K)
+        x = prologue_input(x_ptr, residual_ptr, x_ptr, rows_m[:, None] * stride_x + ks[None, :],
+                           rows_m[:, None] * stride_r + ks[None, :], ks, mask, mask, 1.0, dtype, HAS_RESIDUAL, False)
+        if HAS_RESIDUAL:
+            if write_summed:
+                tl.store(summed_ptr + rows_m[:, None] * K + ks[None, :], x.to(dtype), mask=mask)
+        sum_sq += tl.sum(x * x, axis=1)
+    return tl.rsqrt(sum_sq / K + eps)
+
+
+@triton.jit
+def silu_mul_rounded(gate, up, dtype):
+    """`silu(gate) * up` of float32 projection outputs, rounded as the unfused ops round (each projection output,
+    the SiLU, the product)."""
+    gate = round_to_dtype(gate, dtype)
+    silu = round_to_dtype(gate / (1.0 + tl.exp(-gate)), dtype)
+    return round_to_dtype(silu * round_to_dtype(up, dtype), dtype)
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr,  # [T, D], row stride stride_x, last dim contiguous
     residual_ptr,  # [T, D], row stride stride_r (x_ptr again when HAS_RESIDUAL is False; not read)

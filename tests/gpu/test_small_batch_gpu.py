@@ -1,14 +1,14 @@
-"""The small-batch GEMV kernel at real shapes on a CUDA GPU, and the small-batch path in an engine with graphs.
+"""The small-batch kernels at real shapes on a CUDA GPU (the GEMV at M = 1, the tensor-core dot kernel from
+M = 2: `gemv_tiles`' default), and the small-batch path in an engine with graphs.
 
 Shapes: every decode projection of the Qwen3-0.6B and Qwen3-8B geometries and their 151,936-row LM head, in
 bfloat16, at M = 1, 3, 8 (and 16 for one projection; M = 2, 4 in the graph test). Three results per case: the
 GEMV kernel, the cuBLAS path (the default path's ops: RMSNorm, `F.linear`, silu_and_mul) and a float32
 reference (the same ops in float32 from the same bf16 inputs). Claims: the kernel is as close to the float32
 reference as cuBLAS is (mean |error| within 1.25x of cuBLAS's + 1e-5), and within bf16 tolerance of cuBLAS
-elementwise (2 ulps of the value or the row rms);
-one compiled variant per BLOCK_M; and an engine with `model.small_batch_kernels=on` captures its decode graphs
-with the GEMVs and gives HF's greedy tokens (float32 exactly; bfloat16 at most one sequence fewer than the
-default path).
+elementwise (2 ulps of the value or the row rms); one compiled variant per kernel and padded row count; and an
+engine with `model.small_batch_kernels=on` captures its decode graphs with the GEMVs and gives HF's greedy tokens
+(float32 exactly; bfloat16 at most one sequence fewer than the default path).
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_small_batch_gpu.py` (~1 min on an H200).
 """
 
@@ -61,7 +61,7 @@ def _as_float32(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {key: v.float() if isinstance(v, torch.Tensor) else v for key, v in kwargs.items()}
 
 
-@pytest.mark.parametrize("m", [1, 3, 8])  # BLOCK_M 1, 4, 8 (each a compile per projection: ~1 s)
+@pytest.mark.parametrize("m", [1, 3, 8])  # the GEMV at 1, the dot at 3 and 8 (one compile per projection: ~1 s)
 @pytest.mark.parametrize("geometry,projection", CASES + [("0.6b", "qkv@16")])
 def test_gemv_is_as_accurate_as_cublas_at_real_shapes(geometry: str, projection: str, m: int) -> None:
     projection, _, rows = projection.partition("@")
@@ -80,12 +80,14 @@ def test_gemv_is_as_accurate_as_cublas_at_real_shapes(geometry: str, projection:
 
 
 def test_one_compiled_variant_per_row_block() -> None:
-    """M = 1..8 compile BLOCK_M = 1, 2, 4, 8 (4 variants); running them all again compiles nothing."""
+    """M = 1..8 compile the GEMV at M = 1 and the dot kernel once for M = 2..8 (tokens padded to 16, M not
+    specialised); running them all again compiles nothing."""
     x, weight, kwargs = _inputs(1024, 1024, "silu", 8)
     before = compiled_variants()
     for m in range(1, 9):
         gemv_triton(x[:m], weight, **{**kwargs, "residual": kwargs["residual"][:m]})
-    assert new_variants(before, compiled_variants()).get("framework.kernels.triton_gemv._gemv_kernel") == 4
+    assert new_variants(before, compiled_variants()) == {"framework.kernels.triton_gemv._gemv_kernel": 1,
+                                                         "framework.kernels.triton_gemv_dot._gemv_dot_kernel": 1}
     again = compiled_variants()
     for m in range(1, 9):
         gemv_triton(x[:m], weight, **{**kwargs, "residual": kwargs["residual"][:m]})
