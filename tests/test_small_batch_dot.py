@@ -16,7 +16,8 @@ import torch
 
 from framework.kernels.small_batch_ops import fused_linear_reference
 from framework.kernels.triton_gemv import gemv_tiles, gemv_triton
-from framework.kernels.triton_gemv_dot import _gemv_dot_kernel, interpreter_upcast
+from framework.kernels.triton_gemv_dot import _gemv_dot_kernel
+from framework.kernels.triton_norm_silu import interpreter_upcast
 from test_small_batch_kernels import DEVICE, EPS, VARIANTS, _case, _run, assert_gemv_matches
 
 N, K = 40, 200  # 16-row tiles: 3 programs, the last half empty; 64-wide K chunks: 4, the last 8 wide

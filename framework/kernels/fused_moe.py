@@ -23,7 +23,6 @@ Expert weights are stacked per projection: `gate_up [E, 2, I, H]` (gate = [:, 0]
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -33,7 +32,7 @@ from torch.nn import functional as F
 
 from framework.kernels.layer_ops import _triton_enabled
 from framework.kernels.moe_align import moe_align
-from framework.kernels.triton_norm_silu import round_to_dtype
+from framework.kernels.triton_norm_silu import interpreter_upcast, round_to_dtype
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -82,7 +81,7 @@ def _moe_gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,  # "ieee": float32 inputs are not rounded to TF32
-    UPCAST: tl.constexpr,  # interpreter only: bfloat16 tiles go to tl.dot as float32 (see _upcast_for_dot)
+    UPCAST: tl.constexpr,  # interpreter only: bfloat16 tiles go to tl.dot as float32 (see interpreter_upcast)
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -162,13 +161,6 @@ def _moe_down_kernel(
     tl.store(out_ptr + safe_rows[:, None] * H + cols[None, :], y.to(dtype), mask=valid[:, None] & col_mask[None, :])
 
 
-def _upcast_for_dot(dtype: torch.dtype) -> bool:
-    """True under Triton's interpreter for bfloat16: its `tl.dot` returns garbage on bfloat16 (numpy has no
-    bfloat16), so the tiles are widened to float32 first. That is exact (a bfloat16 product fits float32, and
-    the GPU's bfloat16 MMA also accumulates in float32), so the CPU tests check the same arithmetic."""
-    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def check_moe_inputs(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor) -> None:
     """Raise `ValueError` naming the first argument whose shape or dtype does not fit the others."""
@@ -240,7 +232,7 @@ def fused_moe_triton(
     align = moe_align(topk_ids, e, cfg.block_m)
     num_blocks = align.block_expert.shape[0]
     tiles = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PRECISION="ieee",
-                 UPCAST=_upcast_for_dot(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                 UPCAST=interpreter_upcast(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     act = torch.empty(num_rows, i, dtype=x.dtype, device=x.device)
     _moe_gate_up_kernel[(num_blocks, triton.cdiv(i, cfg.block_n))](
         x, gate_up, act, align.sorted_rows, align.block_expert, align.num_padded, num_rows, x.stride(0),

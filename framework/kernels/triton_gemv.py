@@ -34,8 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.triton_gemv_dot import MMA_MIN, _gemv_dot_kernel, dot_tile_shape, interpreter_upcast
-from framework.kernels.triton_norm_silu import prologue_input, prologue_rstd, round_to_dtype, silu_mul_rounded
+from framework.kernels.triton_gemv_dot import MMA_MIN, _gemv_dot_kernel, dot_tile_shape
+from framework.kernels.triton_norm_silu import (
+    interpreter_upcast, prologue_input, prologue_rstd, round_to_dtype, silu_mul_rounded,
+)
 
 MAX_GEMV_ROWS = 16  # M above this: a tensor-core GEMM is the better kernel (and BLOCK_M unrolls stay small)
 

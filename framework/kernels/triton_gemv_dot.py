@@ -20,9 +20,6 @@ The launch rules (`dot_tile_shape`) are unmeasured; `scripts/bench_gemv_tiles.py
 
 from __future__ import annotations
 
-import os
-
-import torch
 import triton
 import triton.language as tl
 
@@ -58,7 +55,7 @@ def _gemv_dot_kernel(
     BLOCK_N: tl.constexpr,  # weight rows per program: the MMA's m dimension
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,  # weight chunks in flight (software pipelining of the K loop)
-    UPCAST: tl.constexpr,  # interpreter only: bfloat16 tiles go to tl.dot as float32 (see interpreter_upcast)
+    UPCAST: tl.constexpr,  # interpreter only: bfloat16 tiles go to tl.dot as float32 (triton_norm_silu.interpreter_upcast)
     HAS_NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -100,13 +97,6 @@ def _gemv_dot_kernel(
         y = silu_mul_rounded(y, acc_up, dtype)
     out_mask = n_mask[:, None] & m_mask[None, :]
     tl.store(out_ptr + rows_m[None, :] * N + cols_n[:, None], y.to(out_ptr.dtype.element_ty), mask=out_mask)
-
-
-def interpreter_upcast(dtype: torch.dtype) -> bool:
-    """True under Triton's interpreter for bfloat16, whose `tl.dot` multiplies the uint16 storage (triton-lang/
-    triton#11584; `fused_moe._upcast_for_dot` works around the same). Widening to float32 is exact (a bfloat16
-    product fits float32, and the GPU's MMA accumulates in float32), so the CPU tests check the same sums."""
-    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def dot_tile_shape(n: int, k: int, element_size: int, silu_mul: bool = False, block_n: int = 0, block_k: int = 0,

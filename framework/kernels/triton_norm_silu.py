@@ -13,6 +13,7 @@ by 16 is what lets the loads vectorise.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -38,6 +39,14 @@ def round_to_dtype(x, dtype):
         return x.to(tl.float16).to(tl.float32)
     else:
         return x
+
+
+def interpreter_upcast(dtype: torch.dtype) -> bool:
+    """True under Triton's interpreter for bfloat16, whose `tl.dot` multiplies the uint16 storage (numpy has no
+    bfloat16; triton-lang/triton#11584): kernels then widen their `tl.dot` tiles to float32 (a constexpr UPCAST).
+    That is exact (a bfloat16 product fits float32, and the GPU's bfloat16 MMA also accumulates in float32), so
+    the CPU tests check the same arithmetic."""
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
