@@ -188,7 +188,17 @@ def bench_prefill(context_len: int, chunk: int, dtype: torch.dtype) -> dict:
     return result
 
 
-def sweep(dtype: torch.dtype) -> list[dict]:
+DECODE_SWEEP_SHAPES = ((1, 4096), (16, 4096), (64, 4096), (64, 1024), (256, 4096), (16, 1024))
+DECODE_SWEEP_CONFIGS = ((32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (64, 8, 3))
+# Shapes of "nano"'s decode (contexts ~500-1,900, batch falling from 256 to 1) and tiles whose shared memory
+# lets two programs share a multiprocessor (a short row's prologue then hides behind another's stream).
+NANO_SWEEP_SHAPES = ((256, 640), (256, 900), (128, 1200), (64, 1500), (16, 1800), (4, 1900), (1, 1900))
+NANO_SWEEP_CONFIGS = ((128, 4, 2), (64, 4, 2), (64, 4, 3), (32, 4, 3), (32, 4, 4), (64, 2, 3), (32, 2, 4),
+                      (64, 8, 3), (128, 8, 2))
+
+
+def sweep(dtype: torch.dtype, decode_shapes=DECODE_SWEEP_SHAPES, decode_configs=DECODE_SWEEP_CONFIGS,
+          with_prefill: bool = True) -> list[dict]:
     """Tile configs x split counts at a few decode shapes and tile configs for prefill (graph-timed).
 
     For choosing the fixed configs in triton_paged_attention.py; not part of the default run.
@@ -198,8 +208,7 @@ def sweep(dtype: torch.dtype) -> list[dict]:
 
     scale = HEAD_DIM ** -0.5
     out = []
-    decode_configs = [(32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (64, 8, 3)]
-    for batch, seq_len in ((1, 4096), (16, 4096), (64, 4096), (64, 1024), (256, 4096), (16, 1024)):
+    for batch, seq_len in decode_shapes:
         query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda")
         kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * cache.element_size()
         for block_n, warps, stages in decode_configs:
@@ -226,6 +235,8 @@ def sweep(dtype: torch.dtype) -> list[dict]:
                 out.append(dict(kind="host", name=name, us=_host_us(fn)))
         del query, cache, meta
         torch.cuda.empty_cache()
+    if not with_prefill:
+        return out
     prefill_configs = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3),
                        (64, 64, 4, 3), (128, 32, 8, 4)]
     for context_len, chunk in ((0, 2048), (2048, 2048), (0, 8192)):
@@ -288,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     parser.add_argument("--no-baseline", action="store_true", help="skip the dense SDPA/flash-attn baseline")
     parser.add_argument("--sweep", action="store_true", help="also sweep tile configs and split counts")
+    parser.add_argument("--sweep-nano", action="store_true",
+                        help="sweep decode tiles at nano's shapes only (no prefill sweep, no default table)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention needs a CUDA GPU", file=sys.stderr)
@@ -302,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
                head_dim=HEAD_DIM, block_size=BLOCK_SIZE)
     print(f"# {env}", file=sys.stderr)
 
+    if args.sweep_nano:
+        results = sweep(dtype, NANO_SWEEP_SHAPES, NANO_SWEEP_CONFIGS, with_prefill=False)
+        (args.out_dir / "attention_sweep_nano.json").write_text(json.dumps(dict(env=env, results=results), indent=1))
+        return 0
     results = sweep(dtype) if args.sweep else []
     header = f"{'batch':>5} {'seq':>5} {'splits':>6} {'triton us':>10} {'TB/s':>6} {'1split us':>10} " \
              f"{'TB/s':>6} {'eager us':>9} {'host us':>8} {'baseline us':>11} {'TB/s':>6}"

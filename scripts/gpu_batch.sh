@@ -114,6 +114,13 @@ for j in "$@"; do
         --config before="runner.full_step_cuda_graphs=false model.small_batch_kernels=off" --config now= \
         --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0" \
         --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # What the next kernels of issue 25 aim at: the batch-1 step's kernels with today's defaults, decode attention
+    # tiles at nano's shapes (contexts 640-1,900, batch 256 down to 1), the dot kernel at 0.6B shapes, M = 2 and 8.
+    issue25_probe) job $j-b1 90 python3 scripts/profile_decode.py --batch 1 --steps 200 --full-step-graphs \
+          --small-batch-kernels auto --out "$res/$j/b1";
+        job $j-attn 240 python3 scripts/bench_attention.py "$res/$j/attn" --sweep-nano;
+        job $j-dot 230 python3 scripts/bench_gemv_tiles.py --out "$res/$j/dot" --geometries qwen3-0.6b --tokens 2 8 \
+          --kernels dot ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
