@@ -20,6 +20,7 @@ Prints a table; writes `attention_bench.json` and `attention_bench.png` into the
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -267,7 +268,9 @@ def sweep(dtype: torch.dtype, decode_shapes=DECODE_SWEEP_SHAPES, decode_configs=
 
 
 def sweep_layouts(dtype: torch.dtype) -> list[dict]:
-    """Token-major (today's) against head-major KV pages at nano's shapes, a few tile configs, the split rule."""
+    """Token-major (today's) against head-major KV pages, and the (row, head) grid order against (head, row), at
+    nano's shapes, a few tile configs, the split rule. Reading a row's pages for all its heads at about the same
+    time (head-first grid) may keep DRAM pages open that the row-first order reopens once per head."""
     from framework.attention.triton_paged_attention import AttentionTiles, num_kv_splits, num_sms, paged_attention
 
     scale = HEAD_DIM ** -0.5
@@ -276,16 +279,19 @@ def sweep_layouts(dtype: torch.dtype) -> list[dict]:
         for head_major in (False, True):
             query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda", head_major=head_major)
             kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * cache.element_size()
-            for block_n, warps, stages in ((128, 4, 2), (64, 2, 3), (64, 4, 2)):
+            for (block_n, warps, stages), heads_first in itertools.product(((128, 4, 2), (64, 2, 3), (64, 4, 2)),
+                                                                            (False, True)):
                 splits = num_kv_splits(batch, NUM_KV_HEADS, seq_len, num_sms(query.device), block_n)
                 tiles = AttentionTiles(16, block_n, warps, stages)
                 ms = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale, num_splits=splits,
-                                                            small_tiles=tiles))
-                r = dict(kind="layout_decode", batch=batch, seq_len=seq_len, head_major=head_major, block_n=block_n,
-                         warps=warps, stages=stages, splits=splits, us=ms * 1e3, tbps=kv_bytes / (ms * 1e-3) / 1e12)
+                                                            small_tiles=tiles, heads_first=heads_first))
+                r = dict(kind="layout_decode", batch=batch, seq_len=seq_len, head_major=head_major,
+                         heads_first=heads_first, block_n=block_n, warps=warps, stages=stages, splits=splits,
+                         us=ms * 1e3, tbps=kv_bytes / (ms * 1e-3) / 1e12)
                 out.append(r)
-                print(f"layout {'head' if head_major else 'token'}-major B={batch:>3} S={seq_len:>4} n={block_n:>3} "
-                      f"w={warps} st={stages} splits={splits:>2}: {r['us']:8.1f} us {r['tbps']:5.2f} TB/s", flush=True)
+                print(f"pages {'head' if head_major else 'token'}-major grid {'head' if heads_first else 'row'}-first "
+                      f"B={batch:>3} S={seq_len:>4} n={block_n:>3} w={warps} st={stages} splits={splits:>2}: "
+                      f"{r['us']:8.1f} us {r['tbps']:5.2f} TB/s", flush=True)
             del query, cache, meta
             torch.cuda.empty_cache()
     return out
