@@ -20,7 +20,6 @@ Prints a table; writes `attention_bench.json` and `attention_bench.png` into the
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import sys
@@ -33,13 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 
 
-def _make_batch(query_lens: list[int], seq_lens: list[int], dtype: torch.dtype, device: str, seed: int = 0,
-                head_major: bool = False):
-    """Paged cache holding every row's keys (blocks shuffled), the step's queries and metadata.
-
-    `head_major`: the same logical cache [2, blocks, page, kv_heads, D] stored as [2, blocks, kv_heads, page, D]
-    (a page of one head is one contiguous run of page x D elements), to measure what that layout would save.
-    """
+def _make_batch(query_lens: list[int], seq_lens: list[int], dtype: torch.dtype, device: str, seed: int = 0):
+    """Paged cache holding every row's keys (blocks shuffled), the step's queries and metadata."""
     from framework.attention.metadata import AttentionMetadata
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -54,8 +48,6 @@ def _make_batch(query_lens: list[int], seq_lens: list[int], dtype: torch.dtype, 
         used += n
     cache = torch.randn((2, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM), generator=gen, device=device,
                         dtype=torch.float32).to(dtype)
-    if head_major:
-        cache = cache.permute(0, 1, 3, 2, 4).contiguous().permute(0, 1, 3, 2, 4)
     num_tokens = sum(query_lens)
     query = torch.randn((num_tokens, NUM_HEADS, HEAD_DIM), generator=gen, device=device).to(dtype)
     qsl = [0]
@@ -267,36 +259,6 @@ def sweep(dtype: torch.dtype, decode_shapes=DECODE_SWEEP_SHAPES, decode_configs=
     return out
 
 
-def sweep_layouts(dtype: torch.dtype) -> list[dict]:
-    """Token-major (today's) against head-major KV pages, and the (row, head) grid order against (head, row), at
-    nano's shapes, a few tile configs, the split rule. Reading a row's pages for all its heads at about the same
-    time (head-first grid) may keep DRAM pages open that the row-first order reopens once per head."""
-    from framework.attention.triton_paged_attention import AttentionTiles, num_kv_splits, num_sms, paged_attention
-
-    scale = HEAD_DIM ** -0.5
-    out = []
-    for batch, seq_len in NANO_SWEEP_SHAPES:
-        for head_major in (False, True):
-            query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda", head_major=head_major)
-            kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * cache.element_size()
-            for (block_n, warps, stages), heads_first in itertools.product(((128, 4, 2), (64, 2, 3), (64, 4, 2)),
-                                                                            (False, True)):
-                splits = num_kv_splits(batch, NUM_KV_HEADS, seq_len, num_sms(query.device), block_n)
-                tiles = AttentionTiles(16, block_n, warps, stages)
-                ms = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale, num_splits=splits,
-                                                            small_tiles=tiles, heads_first=heads_first))
-                r = dict(kind="layout_decode", batch=batch, seq_len=seq_len, head_major=head_major,
-                         heads_first=heads_first, block_n=block_n, warps=warps, stages=stages, splits=splits,
-                         us=ms * 1e3, tbps=kv_bytes / (ms * 1e-3) / 1e12)
-                out.append(r)
-                print(f"pages {'head' if head_major else 'token'}-major grid {'head' if heads_first else 'row'}-first "
-                      f"B={batch:>3} S={seq_len:>4} n={block_n:>3} w={warps} st={stages} splits={splits:>2}: "
-                      f"{r['us']:8.1f} us {r['tbps']:5.2f} TB/s", flush=True)
-            del query, cache, meta
-            torch.cuda.empty_cache()
-    return out
-
-
 def _plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -339,8 +301,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also sweep tile configs and split counts")
     parser.add_argument("--sweep-nano", action="store_true",
                         help="sweep decode tiles at nano's shapes only (no prefill sweep, no default table)")
-    parser.add_argument("--sweep-layouts", action="store_true",
-                        help="token-major vs head-major KV pages at nano's shapes only")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention needs a CUDA GPU", file=sys.stderr)
@@ -355,10 +315,6 @@ def main(argv: list[str] | None = None) -> int:
                head_dim=HEAD_DIM, block_size=BLOCK_SIZE)
     print(f"# {env}", file=sys.stderr)
 
-    if args.sweep_layouts:
-        results = sweep_layouts(dtype)
-        (args.out_dir / "attention_layouts.json").write_text(json.dumps(dict(env=env, results=results), indent=1))
-        return 0
     if args.sweep_nano:
         results = sweep(dtype, NANO_SWEEP_SHAPES, NANO_SWEEP_CONFIGS, with_prefill=False)
         (args.out_dir / "attention_sweep_nano.json").write_text(json.dumps(dict(env=env, results=results), indent=1))

@@ -121,9 +121,6 @@ for j in "$@"; do
         job $j-attn 240 python3 scripts/bench_attention.py "$res/$j/attn" --sweep-nano;
         job $j-dot 230 python3 scripts/bench_gemv_tiles.py --out "$res/$j/dot" --geometries qwen3-0.6b --tokens 2 8 \
           --kernels dot ;;
-    # Today's token-major KV pages against head-major ones (a head's page contiguous) at nano's decode shapes, three
-    # tile configs, the split rule: decides whether the cache layout is worth changing (look for TB/s per layout).
-    attn_layouts) job $j 150 python3 scripts/bench_attention.py "$res/$j" --sweep-layouts ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;

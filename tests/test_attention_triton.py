@@ -156,13 +156,6 @@ def test_decode_with_kv_splits(num_splits):
     _check_attention([(70, 1), (2, 1), (33, 1), (16, 1)], num_splits=num_splits, block_size=4)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_heads_first_grid_matches_reference(num_splits):
-    """The benchmarks' (KV head, row, split) grid order: same results, split partials land per (row, head)."""
-    _check_attention([(70, 1), (2, 1), (33, 1), (16, 1)], num_heads=6, num_kv_heads=3, num_splits=num_splits,
-                     block_size=4, heads_first=True)
-
-
 def test_draft_verify_rows_split_causally():
     """Rows of a few tokens (verifying drafts) in the split path: a split can hold no key for early queries."""
     _check_attention([(60, 4), (1, 3), (17, 8)], num_splits=4, num_heads=4, num_kv_heads=2)

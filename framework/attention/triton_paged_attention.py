@@ -134,17 +134,11 @@ def _paged_attention_kernel(
     SKIP_QUERY_LEN: tl.constexpr,  # large rows launch: rows with query_len <= this are skipped
     IS_SPLIT: tl.constexpr,  # write partial results per KV split (axis 2) for the reduce kernel
     DOT_IEEE: tl.constexpr,  # float32 inputs: exact products instead of tf32
-    HEADS_FIRST: tl.constexpr = False,  # small rows: axis 0 = KV head, axis 1 = row (a row's heads run together)
 ):
     kv_head = tl.program_id(1)
-    num_kv_heads = tl.num_programs(1)
     split = tl.program_id(2)
     if SMALL_ROWS:
         row = tl.program_id(0)
-        if HEADS_FIRST:
-            kv_head = tl.program_id(0)
-            row = tl.program_id(1)
-            num_kv_heads = tl.num_programs(0)
         q_tile_start = 0
     else:
         tile = tl.program_id(0)
@@ -213,7 +207,7 @@ def _paged_attention_kernel(
     has_keys = l_i > 0.0  # a split may hold no key visible to an early query of a draft-verify row
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if IS_SPLIT:
-        part = (row.to(tl.int64) * num_kv_heads + kv_head) * num_splits + split
+        part = (row.to(tl.int64) * tl.num_programs(1) + kv_head) * num_splits + split
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part * BLOCK_M + m_rows, lse, mask=row_valid)
         tl.store(part_o_ptr + part * BLOCK_M * HEAD_DIM + m_rows[:, None] * HEAD_DIM + dims[None, :], o,
@@ -281,7 +275,6 @@ def paged_attention(
     num_splits: int | None = None,  # override the split rule for small rows (tests)
     small_tiles: AttentionTiles | None = None,  # override the tile configs (tests, benchmarks)
     large_tiles: AttentionTiles | None = None,
-    heads_first: bool = False,  # small rows: grid (KV head, row, split) instead of (row, KV head, split) (benchmarks)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -338,11 +331,10 @@ def paged_attention(
                                dtype=torch.float32, device=query.device)
     else:
         part_o = part_lse = out  # unused
-    grid = (num_kv_heads, num_rows, num_splits) if heads_first else (num_rows, num_kv_heads, num_splits)
-    _paged_attention_kernel[grid](
+    _paged_attention_kernel[(num_rows, num_kv_heads, num_splits)](
         query, kv_cache, out, part_o, part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
-        SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=split, HEADS_FIRST=heads_first,
+        SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=split,
         num_warps=small.num_warps, num_stages=small.num_stages, **common,
     )
     if split:
