@@ -259,41 +259,6 @@ def sweep(dtype: torch.dtype, decode_shapes=DECODE_SWEEP_SHAPES, decode_configs=
     return out
 
 
-HEADS_SWEEP_SHAPES = ((256, 640), (256, 900), (128, 1200), (64, 1500), (256, 4096))
-HEADS_SWEEP_CONFIGS = ((128, 4, 2), (64, 2, 3), (64, 4, 3), (32, 2, 4), (64, 4, 4))
-
-
-def sweep_heads(dtype: torch.dtype) -> list[dict]:
-    """`decode_heads_attention` (several KV heads per program, one pipelined loop) at 1/2/4/8 heads a program
-    and a few tiles, against today's kernel (`paged_attention`, one split) at the decode shapes that run unsplit."""
-    from framework.attention.triton_decode_heads import decode_heads_attention
-    from framework.attention.triton_paged_attention import AttentionTiles, paged_attention
-
-    scale = HEAD_DIM ** -0.5
-    out = []
-    for batch, seq_len in HEADS_SWEEP_SHAPES:
-        query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda")
-        kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * cache.element_size()
-        ref = paged_attention(query, cache, meta, scale, num_splits=1)
-        runs = [("paged", 1, (128, 4, 2))] + [("heads", h, cfg) for cfg in HEADS_SWEEP_CONFIGS for h in (1, 2, 4, 8)]
-        for kernel, heads, (block_n, warps, stages) in runs:
-            tiles = AttentionTiles(16, block_n, warps, stages)
-            if kernel == "paged":
-                fn = lambda: paged_attention(query, cache, meta, scale, num_splits=1, small_tiles=tiles)  # noqa: E731
-            else:
-                fn = lambda: decode_heads_attention(query, cache, meta, scale, heads, tiles)  # noqa: E731
-            diff = float((fn().float() - ref.float()).abs().max())
-            ms = _time_graph_ms(fn)
-            r = dict(kind="heads_decode", batch=batch, seq_len=seq_len, kernel=kernel, heads=heads, block_n=block_n,
-                     warps=warps, stages=stages, us=ms * 1e3, tbps=kv_bytes / (ms * 1e-3) / 1e12, max_diff=diff)
-            out.append(r)
-            print(f"{kernel:>5} heads={heads} B={batch:>3} S={seq_len:>4} n={block_n:>3} w={warps} st={stages}: "
-                  f"{r['us']:8.1f} us {r['tbps']:5.2f} TB/s  max|diff| {diff:.2e}", flush=True)
-        del query, cache, meta, ref
-        torch.cuda.empty_cache()
-    return out
-
-
 def _plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -336,8 +301,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also sweep tile configs and split counts")
     parser.add_argument("--sweep-nano", action="store_true",
                         help="sweep decode tiles at nano's shapes only (no prefill sweep, no default table)")
-    parser.add_argument("--sweep-heads", action="store_true",
-                        help="several KV heads per decode program (triton_decode_heads) against today's kernel")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention needs a CUDA GPU", file=sys.stderr)
@@ -352,10 +315,6 @@ def main(argv: list[str] | None = None) -> int:
                head_dim=HEAD_DIM, block_size=BLOCK_SIZE)
     print(f"# {env}", file=sys.stderr)
 
-    if args.sweep_heads:
-        results = sweep_heads(dtype)
-        (args.out_dir / "attention_heads.json").write_text(json.dumps(dict(env=env, results=results), indent=1))
-        return 0
     if args.sweep_nano:
         results = sweep(dtype, NANO_SWEEP_SHAPES, NANO_SWEEP_CONFIGS, with_prefill=False)
         (args.out_dir / "attention_sweep_nano.json").write_text(json.dumps(dict(env=env, results=results), indent=1))

@@ -121,9 +121,6 @@ for j in "$@"; do
         job $j-attn 240 python3 scripts/bench_attention.py "$res/$j/attn" --sweep-nano;
         job $j-dot 230 python3 scripts/bench_gemv_tiles.py --out "$res/$j/dot" --geometries qwen3-0.6b --tokens 2 8 \
           --kernels dot ;;
-    # Several KV heads per decode program (framework/attention/triton_decode_heads.py) against today's kernel at the
-    # decode shapes that run unsplit (nano's batch 64-256): look for TB/s per heads-per-program and tiles, max|diff|.
-    attn_heads) job $j 200 python3 scripts/bench_attention.py "$res/$j" --sweep-heads ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;

@@ -16,7 +16,6 @@ import sys
 
 import pytest
 import torch
-import triton
 
 _saved_interpret = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
@@ -27,7 +26,6 @@ try:
     from framework.attention import triton_paged_attention as tpa
     from framework.attention.backend import attention_backend
     from framework.attention.backend import paged_attention as dispatched_attention
-    from framework.attention.triton_decode_heads import decode_heads_attention
     from framework.attention.paged import paged_attention_reference, store_kv_reference
     from framework.attention.triton_store_kv import _store_kv_kernel, store_kv
 finally:
@@ -156,42 +154,6 @@ def test_pages_larger_and_smaller_than_kv_tile(block_size, block_n):
 def test_decode_with_kv_splits(num_splits):
     """Splits of unequal rows (some rows leave splits empty) merge to the unsplit result."""
     _check_attention([(70, 1), (2, 1), (33, 1), (16, 1)], num_splits=num_splits, block_size=4)
-
-
-@pytest.mark.parametrize("num_heads, num_kv_heads, heads_per_program", [(4, 4, 2), (4, 4, 4), (8, 4, 2), (6, 2, 2),
-                                                                      (4, 2, 1)])
-@pytest.mark.parametrize("block_size, block_n", [(4, 16), (16, 16), (32, 16)])
-def test_decode_heads_kernel_matches_reference(num_heads, num_kv_heads, heads_per_program, block_size, block_n):
-    """Several KV heads per program, one loop over their tiles: each head's softmax restarts and is stored
-    (rows of 1 key, rows ending mid-tile and mid-page, padding rows, draft-verify rows of up to 8 tokens)."""
-    rows = [(70, 1), (0, 1), (33, 1), (0, 0), (15, 1), (60, 4), (1, 3), (17, 8)]
-    case = make_paged_case(rows, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=32, block_size=block_size,
-                           dtype=torch.float32, seed=3)
-    store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
-    expected = paged_attention_reference(case.query, case.kv_cache, case.meta, 0.2)
-    tiles = lc.AttentionTiles(max(16, triton.next_power_of_2(8 * num_heads // num_kv_heads)), block_n, 4, 1)
-    actual = decode_heads_attention(case.query, case.kv_cache, case.meta, 0.2, heads_per_program, tiles)
-    n = case.num_real_tokens
-    torch.testing.assert_close(actual[:n], expected[:n], **TOL[torch.float32])
-
-
-def test_decode_heads_comparison_sees_a_program_reading_the_wrong_head():
-    """Negative control: with KV heads 0 and 1 swapped in the cache the kernel reads (as a program that walked
-    the wrong head's pages would), the comparison above fails."""
-    case = make_paged_case([(70, 1), (33, 1)], num_heads=4, num_kv_heads=4, head_dim=32, block_size=4,
-                           dtype=torch.float32, seed=3)
-    store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
-    expected = paged_attention_reference(case.query, case.kv_cache, case.meta, 0.2)
-    swapped = case.kv_cache[:, :, :, [1, 0, 2, 3]].contiguous()
-    actual = decode_heads_attention(case.query, swapped, case.meta, 0.2, 2, lc.AttentionTiles(16, 16, 4, 1))
-    with pytest.raises(AssertionError):
-        torch.testing.assert_close(actual[:2], expected[:2], **TOL[torch.float32])
-
-
-def test_decode_heads_kernel_refuses_uneven_head_groups():
-    case = make_paged_case([(5, 1)], num_heads=6, num_kv_heads=3, head_dim=32, block_size=16, dtype=torch.float32)
-    with pytest.raises(AssertionError, match="must divide the 3 KV heads"):
-        decode_heads_attention(case.query, case.kv_cache, case.meta, 0.2, 2, lc.AttentionTiles(16, 16, 4, 1))
 
 
 def test_draft_verify_rows_split_causally():
