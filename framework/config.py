@@ -55,6 +55,13 @@ class ModelConfig(_Strict):
         "small-batch kernels when they are enabled. 1 by default: on the H200 the GEMV beats cuBLAS at one row "
         "and loses at eight (scripts/bench_gemv_tiles.py)."
     )
+    programmatic_launch: Literal["auto", "on", "off"] = Field(
+        "auto", description="Programmatic dependent launch for the small-batch path's Triton kernels (GEMVs, "
+        "q/k norm + RoPE, attention, the final norm): each may start while the previous one ends, loading its "
+        "weights before it waits (docs/kernels.md). `auto` wherever it is supported (CUDA compute capability "
+        ">= 9.0 and a Triton with `launch_pdl`; never under the interpreter), `on` the same but says why when it "
+        "is not, `off` never."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":

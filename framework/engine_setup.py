@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from framework.config import ConfigError, Mrv2Config
+from framework.kernels.pdl import resolve_programmatic_launch
 from framework.parallel_context import ParallelContext
 from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
@@ -91,8 +92,10 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     model.eval()
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
     small_tokens = small_batch_max_tokens(config, device)
-    if enable_small_batch(model, small_tokens):
-        logger.info("small-batch GEMV kernels for forwards of <= %d tokens", small_tokens)
+    pdl = resolve_programmatic_launch(mc.programmatic_launch, device) if small_tokens else False
+    if enable_small_batch(model, small_tokens, pdl):
+        logger.info("small-batch GEMV kernels for forwards of <= %d tokens%s", small_tokens,
+                    ", with programmatic dependent launch" if pdl else "")
     # Decoder positions: max_position_embeddings, or an encoder-decoder's max_target_positions (Whisper: 448).
     limit = int(hf_config.get("max_position_embeddings") or hf_config.get("max_target_positions") or 2048)
     max_model_len = mc.max_model_len or limit

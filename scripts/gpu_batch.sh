@@ -38,6 +38,7 @@ GPU_PIECES=(
 GPU_PIECES_MORE=(
   "smallbatch 160 test_small_batch_gpu.py"
   "fullgraph 120 test_full_step_graphs_gpu.py"
+  "pdl 150 test_pdl_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
   local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
@@ -68,6 +69,16 @@ for j in "$@"; do
     smallbatch_nano) for r in 1 2 3; do for k in off on; do job $j-$k-r$r 95 python3 -m framework.cli bench \
         experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0 model.small_batch_kernels=$k \
         bench.output_dir="$res/smallbatch_nano/$k-r$r"; done; done ;;
+    # Programmatic dependent launch (model.programmatic_launch; docs/kernels.md): the GPU tests (each PDL kernel and a
+    # graph-captured chain equal to the plain ones bit for bit, engine tokens on == off; look for: all passed, none
+    # skipped), then scripts/bench_pdl.py (one layer, the LM head, the 28-layer stack, PDL off/on with and without the
+    # GEMV's weight-first tile: look at `us` and `vs off` of on vs off, and off vs off_noprefetch: the new GEMV
+    # without PDL must not be slower; bits = off must be True), then the batch-1 decode profile with the switch off
+    # and on (device ms per step; today ~1.1 ms).
+    pdl) job $j-tests 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_pdl_gpu.py
+        job $j-bench 80 python3 scripts/bench_pdl.py --out "$res/pdl/bench"
+        for p in off on; do job $j-profile-$p 90 python3 scripts/profile_decode.py --batch 1 --steps 200 \
+          --full-step-graphs --small-batch-kernels auto --programmatic-launch $p --out "$res/pdl/profile-b1-$p"; done ;;
     # Full-step graphs (runner.full_step_cuda_graphs): on == off at real shapes, no host sync (alias of its piece).
     gpu_tests_fullgraph) job $j 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_full_step_graphs_gpu.py ;;
     # Full-step graphs (runner.full_step_cuda_graphs) off vs on, paired: one round per device call (<= 480 s), the order

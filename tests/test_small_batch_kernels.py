@@ -123,8 +123,8 @@ def test_tiles_cover_the_output_and_fill_an_h200_at_real_shapes() -> None:
         assert tiles.num_warps == tiles.block_n  # a warp per weight row: the K reduction needs no barrier
         assert tiles.block_k == 1024  # 2 KB of each weight row per chunk
     assert gemv_tiles(1, 151936, 1024, 2).grid == 18992
-    assert gemv_tiles(3, 40, 96, 4, dot=False) == (4, 8, 128, 5, 8, False, 1)
-    assert gemv_tiles(3, 40, 96, 4, block_n=2, block_k=32, num_warps=1, dot=False) == (4, 2, 32, 20, 1, False, 1)
+    assert gemv_tiles(3, 40, 96, 4, dot=False) == (4, 8, 128, 5, 8, False, 1, 128)
+    assert gemv_tiles(3, 40, 96, 4, block_n=2, block_k=32, num_warps=1, dot=False) == (4, 2, 32, 20, 1, False, 1, 128)
 
 
 # ---- dispatch ------------------------------------------------------------------------------------------

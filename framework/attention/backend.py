@@ -43,12 +43,13 @@ def paged_attention(
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     meta: AttentionMetadata,
     scale: float,
+    pdl: bool = False,  # the kernels with programmatic dependent launch (framework/kernels/pdl.py)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal paged attention of this step's queries (see paged.py)."""
     if attention_backend(query.device, query.shape[-1]) == "triton":
         from framework.attention.triton_paged_attention import paged_attention as triton_paged_attention
 
-        return triton_paged_attention(query, kv_cache, meta, scale)
+        return triton_paged_attention(query, kv_cache, meta, scale, pdl=pdl)
     return paged_attention_reference(query, kv_cache, meta, scale)
 
 

@@ -32,6 +32,7 @@ from framework.attention.launch_config import (  # noqa: F401 - re-exported for 
     prefill_tiles,
 )
 from framework.attention.metadata import AttentionMetadata
+from framework.kernels.pdl import pdl_launch_kwargs
 
 LOG2E = 1.4426950408889634
 
@@ -134,7 +135,11 @@ def _paged_attention_kernel(
     SKIP_QUERY_LEN: tl.constexpr,  # large rows launch: rows with query_len <= this are skipped
     IS_SPLIT: tl.constexpr,  # write partial results per KV split (axis 2) for the reduce kernel
     DOT_IEEE: tl.constexpr,  # float32 inputs: exact products instead of tf32
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
 ):
+    if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     if SMALL_ROWS:
@@ -228,8 +233,12 @@ def _split_kv_reduce_kernel(
     stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
 ):
     """Merge the KV splits of one (small row, KV head): softmax-weighted by each split's log-sum-exp."""
+    if USE_PDL:  # the partial results are the attention kernel's
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     q_start = tl.load(query_start_loc_ptr + row)
@@ -275,6 +284,7 @@ def paged_attention(
     num_splits: int | None = None,  # override the split rule for small rows (tests)
     small_tiles: AttentionTiles | None = None,  # override the tile configs (tests, benchmarks)
     large_tiles: AttentionTiles | None = None,
+    pdl: bool = False,  # programmatic dependent launch (only where framework.kernels.pdl.pdl_supported)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -321,7 +331,7 @@ def paged_attention(
             query, kv_cache, out, out, out, num_splits=1,
             BLOCK_M=large.block_m, BLOCK_Q=block_q, BLOCK_N=large.block_n,
             SMALL_ROWS=False, SKIP_QUERY_LEN=small_q, IS_SPLIT=False,
-            num_warps=large.num_warps, num_stages=large.num_stages, **common,
+            num_warps=large.num_warps, num_stages=large.num_stages, **common, **pdl_launch_kwargs(pdl),
         )
     split = num_splits > 1
     if split:
@@ -335,13 +345,13 @@ def paged_attention(
         query, kv_cache, out, part_o, part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
         SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=split,
-        num_warps=small.num_warps, num_stages=small.num_stages, **common,
+        num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
     if split:
         _split_kv_reduce_kernel[(num_rows, num_kv_heads)](
             out, part_o, part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
             out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, GROUP=group, BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
-            num_warps=4,
+            num_warps=4, **pdl_launch_kwargs(pdl),
         )
     return out

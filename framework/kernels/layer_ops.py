@@ -108,13 +108,14 @@ def rms_norm(
     weight: torch.Tensor,  # [D] x.dtype
     eps: float,
     residual: Optional[torch.Tensor] = None,  # [T, D] x.dtype
+    pdl: bool = False,  # the kernel with programmatic dependent launch (framework/kernels/pdl.py)
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weight * rmsnorm(x + residual) [T, D], x + residual [T, D] or None); see `rms_norm_reference`."""
     kernel_takes = (x.dim() == 2 and x.dtype in TRITON_DTYPES and x.shape[1] <= MAX_RMS_NORM_DIM
                     and all(_fits(t, x.dtype) for t in (x, weight, residual)) and weight.shape == x.shape[1:]
                     and (residual is None or residual.shape == x.shape))
     if kernel_takes and _triton_enabled(x.device, x, weight, residual):
-        return rms_norm_triton(x, weight, eps, residual)
+        return rms_norm_triton(x, weight, eps, residual, pdl)
     return rms_norm_reference(x, weight, eps, residual)
 
 
@@ -138,6 +139,7 @@ def qk_norm_rope_store(
     head_dim: int,
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D], updated in place
     kv_slot_mapping: torch.Tensor,  # [T'] int64 KV slots of tokens 0..T'-1 (T' <= T), negative = padding
+    pdl: bool = False,  # the kernel with programmatic dependent launch (framework/kernels/pdl.py)
 ) -> torch.Tensor:
     """q [T, H, D] contiguous, normed + roped; normed + roped k and raw v of the first T' tokens go to the
     cache. See `qk_norm_rope_store_reference`."""
@@ -146,6 +148,6 @@ def qk_norm_rope_store(
                     and kv_cache.stride(-1) == 1 and kv_cache.stride(1) == kv_cache.shape[2] * kv_cache.stride(2))
     if kernel_takes and _triton_enabled(qkv.device, qkv, q_norm_weight, k_norm_weight):
         return qk_norm_rope_store_triton(qkv, cos, sin, q_norm_weight, k_norm_weight, eps, num_heads,
-                                         num_kv_heads, head_dim, kv_cache, kv_slot_mapping)
+                                         num_kv_heads, head_dim, kv_cache, kv_slot_mapping, pdl)
     return qk_norm_rope_store_reference(qkv, cos, sin, q_norm_weight, k_norm_weight, eps, num_heads,
                                         num_kv_heads, head_dim, kv_cache, kv_slot_mapping)

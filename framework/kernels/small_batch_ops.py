@@ -62,6 +62,7 @@ def fused_linear(
     residual: Optional[torch.Tensor] = None,
     silu_mul: bool = False,
     out_dtype: Optional[torch.dtype] = None,
+    pdl: bool = False,  # the kernel with programmatic dependent launch (framework/kernels/pdl.py)
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out [M, N], x + residual [M, K] or None); see `fused_linear_reference`. `x + residual` is returned
     only when a residual is given (the first layer's stream is `x` itself)."""
@@ -73,5 +74,5 @@ def fused_linear(
                     and all(_fits(t, x.dtype) for t in (x, weight, bias, norm_weight, residual))
                     and (residual is None or (norm_weight is not None and residual.shape == x.shape)))
     if kernel_takes and _triton_enabled(x.device, x, weight, bias, norm_weight, residual):
-        return gemv_triton(x, weight, bias, norm_weight, eps, residual, silu_mul, out_dtype)
+        return gemv_triton(x, weight, bias, norm_weight, eps, residual, silu_mul, out_dtype, pdl=pdl)
     return fused_linear_reference(x, weight, bias, norm_weight, eps, residual, silu_mul, out_dtype)

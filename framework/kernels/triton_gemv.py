@@ -14,6 +14,10 @@ bandwidth on these matrices nor fuses anything; here one kernel does:
 - epilogue (optional): bias, and `silu(gate) * up` of a merged gate/up weight (the program reads gate rows n and
   up rows I + n, so the separate silu_and_mul kernel and the [M, 2I] intermediate go).
 
+A program loads its first weight tile (`PRE_K` columns, up to 32 KB: the whole tile of most 0.6B projections)
+before it touches any activation: under programmatic dependent launch (`USE_PDL`, framework/kernels/pdl.py) that
+happens before `gdc_wait()`, while the previous kernel finishes; the prologue and the product come after it.
+
 Rounding follows the unfused sequence (`small_batch_ops.fused_linear_reference`): the residual sum, the normed
 row and its weight product are rounded to the model dtype before the product (as the RMSNorm op does), each
 projection output is rounded to the dtype (what `F.linear` returns), SiLU is rounded before its product. Only
@@ -34,12 +38,16 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.pdl import pdl_launch_kwargs
 from framework.kernels.triton_gemv_dot import MMA_MIN, _gemv_dot_kernel, dot_tile_shape
 from framework.kernels.triton_norm_silu import (
     interpreter_upcast, prologue_input, prologue_rstd, round_to_dtype, silu_mul_rounded,
 )
 
 MAX_GEMV_ROWS = 16  # M above this: a tensor-core GEMM is the better kernel (and BLOCK_M unrolls stay small)
+# Weight bytes a GEMV program loads in its first tile, before it reads any activation (PRE_K): the whole tile of
+# every 0.6B projection but down's (K = 3,072: 2,048 columns first), 32 KB of registers over 8 warps.
+PREFETCH_BYTES = 32 * 1024
 
 
 @triton.jit
@@ -61,24 +69,50 @@ def _gemv_kernel(
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,
+    PRE_K: tl.constexpr = 0,  # power of two: weight columns 0..PRE_K-1 are loaded first, in one tile (0: none)
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
 ):
     pid = tl.program_id(0)
     dtype = w_ptr.dtype.element_ty
     rows_m = tl.arange(0, BLOCK_M)
+    cols_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols_n < N
+    w_rows = cols_n.to(tl.int64)[:, None] * K  # int64: an LM head's N * K passes 2^31 at large K
+    # Pass 0, weights only: the first PRE_K columns of the program's rows (its whole tile when K <= PRE_K) are
+    # loaded before anything the previous kernel writes is touched. With USE_PDL this runs while that kernel
+    # finishes; without it the loads are in flight during the norm prologue. Same code either way, so PDL on and
+    # off give the same bits.
+    if PRE_K > 0:
+        kp = tl.arange(0, PRE_K)
+        wp_mask = n_mask[:, None] & (kp[None, :] < K)
+        w_pre = tl.load(w_ptr + w_rows + kp[None, :], mask=wp_mask, other=0.0)  # [BLOCK_N, PRE_K] dtype
+        if SILU_MUL:
+            w_pre_up = tl.load(w_ptr + N * K + w_rows + kp[None, :], mask=wp_mask, other=0.0)
+    if USE_PDL:  # the previous kernel's writes are visible from here on; the next kernel may start loading
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_NORM:  # pass 1: each row's 1 / rms (and the new residual stream, by program 0); x is tiny, L2-resident
         rstd = prologue_rstd(x_ptr, residual_ptr, summed_ptr, M, stride_x, stride_r, eps, pid == 0, dtype,
                              K, BLOCK_M, BLOCK_K, HAS_RESIDUAL)
-    cols_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = cols_n < N
-    w_rows = cols_n.to(tl.int64)[:, None] * K  # int64: an LM head's N * K passes 2^31 at large K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # Pass 2, the product, each weight element read once. Unrolled (K is constexpr) and reduced within a warp
-    # (a warp owns whole weight rows), so no barrier separates the chunks: the compiler issues the next chunks'
-    # weight loads before this chunk's sums, and enough bytes are in flight to stream at HBM speed. A `for`
-    # loop here waited one DRAM round trip per chunk (2-4 KB), ~20 % of the bandwidth (issue 25's profile).
-    for k0 in tl.static_range(0, K, BLOCK_K):
+    if PRE_K > 0:  # the preloaded columns, one input row at a time
+        for m in tl.static_range(BLOCK_M):
+            x_mask = (kp < K) & (tl.full([PRE_K], m, tl.int32) < M)
+            rstd_m = tl.sum(tl.where(rows_m == m, rstd, 0.0), axis=0)
+            x = prologue_input(x_ptr, residual_ptr, norm_weight_ptr, m * stride_x + kp, m * stride_r + kp, kp,
+                               x_mask, kp < K, rstd_m, dtype, HAS_RESIDUAL, HAS_NORM)  # [PRE_K] float32
+            is_m = rows_m[:, None] == m
+            acc += tl.where(is_m, tl.sum(w_pre.to(tl.float32) * x[None, :], axis=1)[None, :], 0.0)
+            if SILU_MUL:
+                acc_up += tl.where(is_m, tl.sum(w_pre_up.to(tl.float32) * x[None, :], axis=1)[None, :], 0.0)
+    # Pass 2, the rest of the product (all of it when PRE_K = 0), each weight element read once. Unrolled (K is
+    # constexpr) and reduced within a warp (a warp owns whole weight rows), so no barrier separates the chunks:
+    # the compiler issues the next chunks' weight loads before this chunk's sums, and enough bytes are in flight
+    # to stream at HBM speed. A `for` loop here waited one DRAM round trip per chunk (2-4 KB), ~20 % of the
+    # bandwidth (issue 25's profile).
+    for k0 in tl.static_range(PRE_K, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         w_mask = n_mask[:, None] & (ks[None, :] < K)
         w = tl.load(w_ptr + w_rows + ks[None, :], mask=w_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
@@ -108,7 +142,8 @@ class GemvTiles(NamedTuple):
     """Launch shape of one small-batch projection: `grid` programs of `block_n` weight rows and `num_warps` warps,
     K walked in `block_k` chunks. `dot`: the tensor-core kernel (`triton_gemv_dot`), its K loop pipelined
     `num_stages` deep, `block_m` the token count padded to the MMA's n (>= 16); else the GEMV, `block_m` the
-    next power of two >= M."""
+    next power of two >= M, its first `prefetch_k` weight columns loaded as one tile before any activation
+    (before `gdc_wait` under programmatic dependent launch), the rest in `block_k` chunks after."""
 
     block_m: int
     block_n: int
@@ -117,20 +152,23 @@ class GemvTiles(NamedTuple):
     num_warps: int = 4
     dot: bool = False
     num_stages: int = 1
+    prefetch_k: int = 0
 
 
 def gemv_tiles(m: int, n: int, k: int, element_size: int, block_n: int = 0, block_k: int = 0,
                num_warps: int = 0, dot: Optional[bool] = None, num_stages: int = 0,
-               silu_mul: bool = False) -> GemvTiles:
+               silu_mul: bool = False, prefetch_k: Optional[int] = None) -> GemvTiles:
     """The launch shape for an [m, k] x [n, k]^T product (`silu_mul`: gate and up, [2n, k]); a nonzero `block_n`
-    / `block_k` / `num_warps` / `num_stages` or a given `dot` fixes that choice (scripts/bench_gemv_tiles.py
-    sweeps them).
+    / `block_k` / `num_warps` / `num_stages` or a given `dot` / `prefetch_k` (0: none, else a power of two)
+    fixes that choice (scripts/bench_gemv_tiles.py sweeps them).
 
     The kernel: the GEMV at one row, the tensor-core dot kernel from two rows (the GEMV's cost grows with each
     row; the dot's shape rules, `dot_tile_shape`, are unmeasured guesses). GEMV defaults, the sweep's best or
     within 3 % of it at one row on every H200 shape of the 0.6B and 8B geometries (docs/benchmarks.md): 8 weight
     rows and 8 warps a program (a warp per row), K in chunks of 2 KB of weight row (1,024 bf16). Fixed rules,
-    nothing tuned at run time."""
+    nothing tuned at run time. The GEMV's first tile: the first `PREFETCH_BYTES` of the program's weight rows
+    (a power of two of columns, at most K rounded up), so that under programmatic dependent launch the weight
+    streams while the previous kernel ends (unmeasured: scripts/bench_pdl.py compares 0 with this)."""
     use_dot = m >= 2 if dot is None else dot
     if use_dot:
         block_n, block_k, num_warps, num_stages = dot_tile_shape(n, k, element_size, silu_mul, block_n, block_k,
@@ -141,7 +179,11 @@ def gemv_tiles(m: int, n: int, k: int, element_size: int, block_n: int = 0, bloc
     block_n = block_n or 8
     num_warps = num_warps or min(block_n, 8)
     block_k = block_k or min(triton.next_power_of_2(k), 2048 // element_size)
-    return GemvTiles(block_m, block_n, block_k, triton.cdiv(n, block_n), num_warps)
+    if prefetch_k is None:
+        fits = PREFETCH_BYTES // (block_n * element_size * (2 if silu_mul else 1))
+        prefetch_k = min(triton.next_power_of_2(k), 1 << (max(fits, 1).bit_length() - 1))
+    assert prefetch_k == 0 or prefetch_k & (prefetch_k - 1) == 0, f"prefetch_k {prefetch_k}: a power of two"
+    return GemvTiles(block_m, block_n, block_k, triton.cdiv(n, block_n), num_warps, prefetch_k=prefetch_k)
 
 
 def gemv_triton(
@@ -154,6 +196,7 @@ def gemv_triton(
     silu_mul: bool = False,
     out_dtype: Optional[torch.dtype] = None,  # default weight.dtype; float32 for logits (rounded to dtype first)
     tiles: Optional[GemvTiles] = None,  # the launch shape; default `gemv_tiles(M, N, K, element size, ...)`
+    pdl: bool = False,  # programmatic dependent launch (only where `pdl.pdl_supported`; same result either way)
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out [M, N], x + residual [M, K] or None); see `fused_linear_reference` for the semantics."""
     m, k = x.shape
@@ -178,13 +221,13 @@ def gemv_triton(
         kernel, shape = _gemv_dot_kernel, {"BLOCK_MP": tiles.block_m, "NUM_STAGES": tiles.num_stages,
                                            "UPCAST": interpreter_upcast(weight.dtype)}
     else:
-        kernel, shape = _gemv_kernel, {"BLOCK_M": tiles.block_m}
+        kernel, shape = _gemv_kernel, {"BLOCK_M": tiles.block_m, "PRE_K": tiles.prefetch_k}
     kernel[(tiles.grid,)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x, weight,
         bias if bias is not None else weight, out, summed if summed is not None else out,
         m, x.stride(0), residual.stride(0) if residual is not None else 0, eps,
         N=n, K=k, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        SILU_MUL=silu_mul, num_warps=tiles.num_warps, **shape,
+        SILU_MUL=silu_mul, num_warps=tiles.num_warps, **shape, **pdl_launch_kwargs(pdl),
     )
     return out, summed

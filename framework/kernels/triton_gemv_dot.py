@@ -60,7 +60,11 @@ def _gemv_dot_kernel(
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
 ):
+    if USE_PDL:  # nothing is loaded early: the pipelined K loop reads each weight chunk beside its x chunk
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     dtype = w_ptr.dtype.element_ty
     rows_m = tl.arange(0, BLOCK_MP)

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.pdl import pdl_launch_kwargs
+
 MAX_RMS_NORM_DIM = 8192  # a whole row lives in registers; wider rows go to the reference (see layer_ops)
 
 
@@ -107,11 +109,16 @@ def _rms_norm_kernel(
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,  # next power of two >= D
     HAS_RESIDUAL: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = out_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait
+    if USE_PDL:  # x and the residual are the previous kernels' outputs
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
@@ -119,7 +126,6 @@ def _rms_norm_kernel(
         tl.store(summed_ptr + row * D + cols, x.to(dtype), mask=mask)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)  # masked columns are 0: they add nothing
     normed = round_to_dtype(x * rstd, dtype)  # HF rounds the normalised row to dtype first ...
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * D + cols, round_to_dtype(w * normed, dtype).to(dtype), mask=mask)  # ... then * in dtype
 
 
@@ -128,6 +134,7 @@ def rms_norm_triton(
     weight: torch.Tensor,  # [D], x.dtype
     eps: float,
     residual: Optional[torch.Tensor] = None,  # [T, D] x.dtype, last dim contiguous
+    pdl: bool = False,  # programmatic dependent launch (only where `pdl.pdl_supported`)
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weight * rmsnorm(x + residual) [T, D], x + residual [T, D] or None), both new contiguous tensors."""
     num_rows, dim = x.shape
@@ -150,6 +157,7 @@ def rms_norm_triton(
         BLOCK_D=block_d,
         HAS_RESIDUAL=residual is not None,
         num_warps=min(max(block_d // 256, 1), 16),  # ~8 elements per thread
+        **pdl_launch_kwargs(pdl),
     )
     return out, summed
 

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.pdl import pdl_launch_kwargs
 from framework.kernels.triton_norm_silu import round_to_dtype
 
 
@@ -61,7 +62,11 @@ def _qk_norm_rope_store_kernel(
     BLOCK_HALF: tl.constexpr,  # next power of two >= HEAD_DIM // 2
     HAS_Q_NORM: tl.constexpr,
     HAS_K_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
 ):
+    if USE_PDL:  # qkv, cos / sin and the KV slots are all written by earlier kernels of the step
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0)
     head = tl.program_id(1)  # < NUM_HEADS: query head; else key head head - NUM_HEADS
     token64 = token.to(tl.int64)
@@ -114,6 +119,7 @@ def qk_norm_rope_store_triton(
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D], updated in place
     kv_slot_mapping: torch.Tensor,  # [T'] int64 KV slots (block * block_size + offset) of tokens 0..T'-1,
     # T' <= T, negative = padding (skipped)
+    pdl: bool = False,  # programmatic dependent launch (only where `pdl.pdl_supported`)
 ) -> torch.Tensor:
     """q [T, H, D] contiguous (normed + roped); normed + roped k and raw v of the first T' tokens go to the cache."""
     num_tokens = qkv.shape[0]
@@ -147,5 +153,6 @@ def qk_norm_rope_store_triton(
         HAS_Q_NORM=q_norm_weight is not None,
         HAS_K_NORM=k_norm_weight is not None,
         num_warps=1 if block_half <= 64 else 2,
+        **pdl_launch_kwargs(pdl),
     )
     return q

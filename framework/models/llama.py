@@ -22,7 +22,9 @@ from framework.models.parallel_layers import (
     SINGLE, ColumnParallelLinear, MissingLayer, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
 )
 
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
+# (query, kv_cache, meta, scale) -> output; the small-batch path also passes `pdl=True` when programmatic
+# dependent launch is on (`backend.paged_attention` takes it).
+AttentionFn = Callable[..., torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -36,11 +38,13 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
         return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps)[0].view(x.shape)
 
-    def add_and_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual) in one pass; `residual` None (the first layer) means x alone."""
+    def add_and_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor],
+                     pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one pass; `residual` None (the first layer) means x alone.
+        `pdl`: the kernel with programmatic dependent launch (framework/kernels/pdl.py)."""
         if residual is None:
-            return self.forward(x), x
-        out, summed = rms_norm(x, self.weight, self.eps, residual)
+            return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps, pdl=pdl)[0].view(x.shape), x
+        out, summed = rms_norm(x, self.weight, self.eps, residual, pdl=pdl)
         assert summed is not None
         return out, summed
 
@@ -87,13 +91,14 @@ class Attention(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         attention: AttentionFn,
+        pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, framework/kernels/pdl.py)
     ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
         """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
         q = qk_norm_rope_store(
             qkv, cos, sin, self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
             self.q_norm.eps if self.qk_norm else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
-            kv_cache, meta.kv_slot_mapping)
-        out = attention(q, kv_cache, meta, self.scale)
+            kv_cache, meta.kv_slot_mapping, pdl)
+        out = attention(q, kv_cache, meta, self.scale, pdl=True) if pdl else attention(q, kv_cache, meta, self.scale)
         return out.reshape(qkv.shape[0], self.num_heads * self.head_dim)
 
     def fuse_projections(self) -> None:
@@ -152,6 +157,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, ctx)
         self.small_batch_max_tokens = 0  # forwards of <= this many tokens take the GEMVs (enable_small_batch)
+        self.programmatic_launch = False  # the small-batch path's kernels launch with PDL (enable_small_batch)
 
     def forward(self, x, residual, cos, sin, kv_cache, meta, attention):  # type: ignore[no-untyped-def]
         """(this layer's MLP output, the residual stream before it is added): the next norm adds the two, so
@@ -216,6 +222,7 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("inv_freq", cfg.rope_inv_freq(), persistent=False)
         self.attention: AttentionFn = paged_attention
         self.small_batch_max_tokens = 0  # logits of <= this many rows take the GEMV LM head (enable_small_batch)
+        self.programmatic_launch = False  # that LM head and the final norm before it launch with PDL (same)
 
     def init_buffers(self) -> None:
         """Recompute the buffers from the config (after a build on the meta device, which has no values)."""
@@ -282,7 +289,8 @@ class LlamaForCausalLM(nn.Module):
                 entering[i] = x if residual is None else x + residual
             x, residual = self.model.layers[i](x, residual, cos, sin, kv_cache, attn_metadata, self.attention)
         if self.ctx.is_last_stage:
-            x = self.model.norm.add_and_norm(x, residual)[0]
+            pdl = self.programmatic_launch and 0 < x.shape[0] <= self.small_batch_max_tokens
+            x = self.model.norm.add_and_norm(x, residual, pdl)[0]
         elif residual is not None:
             x = x + residual  # the next stage starts from the stream
         return x, tuple(entering[i] for i in aux_layer_ids)
@@ -290,6 +298,6 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[L, hidden] -> [L, vocab] float32."""
         if 0 < hidden.shape[0] <= self.small_batch_max_tokens:
-            return small_batch_logits(self.lm_head, hidden)
+            return small_batch_logits(self.lm_head, hidden, self.programmatic_launch)
         return self.lm_head(hidden).float()
 

@@ -29,11 +29,11 @@ from framework.attention import AttentionMetadata
 from framework.kernels.small_batch_ops import fused_linear
 
 
-def _row_parallel(linear: Any, x: torch.Tensor) -> torch.Tensor:  # [M, K / tp] -> [M, N]
+def _row_parallel(linear: Any, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:  # [M, K / tp] -> [M, N]
     """`RowParallelLinear.forward` with the GEMV: one rank's bias goes into the kernel, shards sum first."""
     if linear.ctx.tp_size == 1:
-        return fused_linear(x, linear.weight, linear.bias)[0]
-    y = linear.ctx.tp_all_reduce(fused_linear(x, linear.weight)[0])
+        return fused_linear(x, linear.weight, linear.bias, pdl=pdl)[0]
+    y = linear.ctx.tp_all_reduce(fused_linear(x, linear.weight, pdl=pdl)[0])
     return y if linear.bias is None else y + linear.bias
 
 
@@ -47,34 +47,39 @@ def small_batch_layer(
     meta: AttentionMetadata,
     attention: Any,  # AttentionFn
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(MLP output [M, hidden], residual stream [M, hidden]): `DecoderLayer.forward`'s contract."""
+    """(MLP output [M, hidden], residual stream [M, hidden]): `DecoderLayer.forward`'s contract. With
+    `layer.programmatic_launch` every kernel here launches with PDL (framework/kernels/pdl.py)."""
     attn, mlp = layer.self_attn, layer.mlp
     norm, post = layer.input_layernorm, layer.post_attention_layernorm
-    qkv, summed = fused_linear(x, attn.qkv_weight, attn.qkv_bias, norm.weight, norm.eps, residual)
+    pdl = layer.programmatic_launch
+    qkv, summed = fused_linear(x, attn.qkv_weight, attn.qkv_bias, norm.weight, norm.eps, residual, pdl=pdl)
     residual = x if summed is None else summed
-    h = _row_parallel(attn.o_proj, attn.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention))
+    h = _row_parallel(attn.o_proj, attn.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention, pdl), pdl)
     act, summed = fused_linear(h, mlp.gate_up_weight, mlp.gate_up_bias, post.weight, post.eps, residual,
-                               silu_mul=True)
+                               silu_mul=True, pdl=pdl)
     assert summed is not None
-    return _row_parallel(mlp.down_proj, act), summed
+    return _row_parallel(mlp.down_proj, act, pdl), summed
 
 
-def small_batch_logits(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:  # [L, hidden] -> [L, vocab] fp32
-    """`ParallelLMHead.forward` with the GEMV; a single rank writes float32 logits straight from the kernel."""
+def small_batch_logits(lm_head: nn.Module, hidden: torch.Tensor,  # [L, hidden] -> [L, vocab] fp32
+                       pdl: bool = False) -> torch.Tensor:
+    """`ParallelLMHead.forward` with the GEMV; a single rank writes float32 logits straight from the kernel.
+    `pdl`: launched with programmatic dependent launch."""
     ctx = lm_head.ctx
     single = ctx.tp_size == 1  # type: ignore[union-attr]
     weight: torch.Tensor = lm_head.weight  # type: ignore[assignment]
-    logits = fused_linear(hidden, weight, out_dtype=torch.float32 if single else None)[0]
+    logits = fused_linear(hidden, weight, out_dtype=torch.float32 if single else None, pdl=pdl)[0]
     if not single:
         logits = ctx.tp_all_gather_last_dim(logits)  # type: ignore[union-attr,operator]
     return logits[..., : lm_head.vocab_size].float()  # type: ignore[misc]
 
 
-def enable_small_batch(model: nn.Module, max_tokens: int) -> int:
+def enable_small_batch(model: nn.Module, max_tokens: int, programmatic_launch: bool = False) -> int:
     """Run forwards of at most `max_tokens` tokens (0: none) through the GEMVs, in every dense `DecoderLayer`
     and the LM head of `model` (both carry a `small_batch_max_tokens` attribute; MoE, Mamba and Whisper layers
     do not, and keep their path). Call after `fuse_projections`: the path reads the merged weights. Returns how
-    many layers take it."""
+    many layers take it. `programmatic_launch`: that path's kernels (and the final norm before the LM head)
+    launch with PDL; only where `framework.kernels.pdl.pdl_supported` says they can."""
     layers = 0
     for module in model.modules():
         if not hasattr(module, "small_batch_max_tokens"):
@@ -83,5 +88,6 @@ def enable_small_batch(model: nn.Module, max_tokens: int) -> int:
         if max_tokens and is_layer and (module.self_attn.qkv_weight is None or module.mlp.gate_up_weight is None):
             raise RuntimeError("enable_small_batch needs fuse_projections first (merged qkv / gate_up weights)")
         module.small_batch_max_tokens = max_tokens
+        module.programmatic_launch = programmatic_launch and bool(max_tokens)
         layers += is_layer
     return layers if max_tokens else 0

@@ -1,0 +1,183 @@
+"""Programmatic dependent launch (PDL) off vs on for the batch-1 decode kernels, replayed from CUDA graphs.
+
+Chains at the Qwen3-0.6B geometry (bfloat16, random weights, one token, 1,000 cached keys a layer), each the
+small-batch path's kernels in its order (framework/models/small_batch.py): add + RMSNorm + qkv GEMV, q/k norm +
+RoPE + KV store, split-KV paged attention + reduce, o_proj GEMV, add + RMSNorm + gate_up GEMV + SiLU*up, down
+GEMV; then the final RMSNorm and the LM head GEMV (float32 logits):
+
+* `layer`: one decoder layer (7 kernels; its 28 MB of weights fit the H200's L2, so the L2 is flushed before
+  each replay, as `triton.testing.do_bench` does);
+* `head`: the final norm and the LM head (311 MB);
+* `stack`: `--layers` layers (28: the whole model) and the head, one graph (~200 kernels, as a decode step).
+
+Variants: PDL off / on, each with the GEMV's weight-first tile (`prefetch_k`, the `gemv_tiles` rule) and
+without it (0: the GEMV as it was before PDL). Times are medians of `do_bench` over graph replays, in
+microseconds; `us/kernel` divides by the kernels of the chain. Off and on are compared bit for bit first.
+Prints a table, writes `pdl_bench.json` and `pdl_bench.png` into `--out`.
+
+    PYTHONPATH=$PWD python3 scripts/bench_pdl.py --out bench_results/pdl [--layers 28]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from framework.attention.metadata import AttentionMetadata  # noqa: E402
+from framework.attention.triton_paged_attention import paged_attention  # noqa: E402
+from framework.kernels.pdl import pdl_supported, pdl_unsupported_reason  # noqa: E402
+from framework.kernels.triton_gemv import gemv_tiles, gemv_triton  # noqa: E402
+from framework.kernels.triton_norm_silu import rms_norm_triton  # noqa: E402
+from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton  # noqa: E402
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, PAGE = 1024, 16, 8, 128, 3072, 151936, 16
+QKV = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+SEQ_LEN, NUM_BLOCKS, SPLITS, EPS, DTYPE = 1000, 80, 4, 1e-6, torch.bfloat16
+KERNELS_PER_LAYER, KERNELS_HEAD = 7, 2  # with the split-KV reduce
+VARIANTS = {"off": (False, None), "on": (True, None), "off_noprefetch": (False, 0), "on_noprefetch": (True, 0)}
+
+
+class Model:
+    """Weights, KV caches and the static inputs of the chains; `layer` / `head` launch one chain's kernels."""
+
+    def __init__(self, layers: int, device: torch.device) -> None:
+        self.device = device
+        gen = torch.Generator(device=device).manual_seed(0)
+
+        def randn(*shape: int, std: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+            return (torch.randn(shape, generator=gen, device=device) * std + shift).to(DTYPE)
+
+        def layer() -> dict[str, torch.Tensor]:
+            gain = dict(std=0.2, shift=1.0)
+            return dict(qkv=randn(QKV, HIDDEN, std=HIDDEN**-0.5), o=randn(HIDDEN, HIDDEN, std=HIDDEN**-0.5),
+                        gate_up=randn(2 * INTER, HIDDEN, std=HIDDEN**-0.5), down=randn(HIDDEN, INTER, std=INTER**-0.5),
+                        g1=randn(HIDDEN, **gain), g2=randn(HIDDEN, **gain), qn=randn(HEAD_DIM, **gain),
+                        kn=randn(HEAD_DIM, **gain), cache=randn(2, NUM_BLOCKS, PAGE, KV_HEADS, HEAD_DIM))
+
+        self.layers = [layer() for _ in range(layers)]
+        self.norm, self.lm_head = randn(HIDDEN, shift=1.0), randn(VOCAB, HIDDEN, std=HIDDEN**-0.5)
+        self.cos, self.sin = randn(1, HEAD_DIM), randn(1, HEAD_DIM)
+        self.x, self.residual = randn(1, HIDDEN), randn(1, HIDDEN, std=3.0)
+        blocks = -(-SEQ_LEN // PAGE)
+        perm = torch.randperm(NUM_BLOCKS, generator=torch.Generator().manual_seed(0))[:blocks].to(device)
+        self.meta = AttentionMetadata(
+            num_tokens=1, num_rows=1, query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([SEQ_LEN], dtype=torch.int32, device=device),
+            block_tables=perm.view(1, blocks).to(torch.int32), kv_slot_mapping=perm[-1:] * PAGE + (SEQ_LEN - 1) % PAGE,
+            block_size=PAGE, max_query_len=1, max_seq_len=SEQ_LEN)
+
+    def _gemv(self, x: torch.Tensor, w: torch.Tensor, pdl: bool, prefetch: Optional[int], silu: bool = False,
+              **kwargs):  # type: ignore[no-untyped-def]
+        tiles = gemv_tiles(1, w.shape[0] // (2 if silu else 1), w.shape[1], 2, silu_mul=silu, prefetch_k=prefetch)
+        return gemv_triton(x, w, silu_mul=silu, tiles=tiles, pdl=pdl, **kwargs)
+
+    def layer(self, i: int, x: torch.Tensor, residual: torch.Tensor, pdl: bool, prefetch: Optional[int]):  # type: ignore
+        w = self.layers[i]
+        qkv, residual = self._gemv(x, w["qkv"], pdl, prefetch, norm_weight=w["g1"], eps=EPS, residual=residual)
+        q = qk_norm_rope_store_triton(qkv, self.cos, self.sin, w["qn"], w["kn"], EPS, HEADS, KV_HEADS, HEAD_DIM,
+                                      w["cache"], self.meta.kv_slot_mapping, pdl=pdl)
+        attn = paged_attention(q, w["cache"], self.meta, HEAD_DIM**-0.5, num_splits=SPLITS, pdl=pdl)
+        h = self._gemv(attn.view(1, HEADS * HEAD_DIM), w["o"], pdl, prefetch)[0]
+        act, residual = self._gemv(h, w["gate_up"], pdl, prefetch, silu=True, norm_weight=w["g2"], eps=EPS,
+                                   residual=residual)
+        return self._gemv(act, w["down"], pdl, prefetch)[0], residual
+
+    def head(self, x: torch.Tensor, residual: torch.Tensor, pdl: bool, prefetch: Optional[int]) -> torch.Tensor:
+        hidden = rms_norm_triton(x, self.norm, EPS, residual, pdl=pdl)[0]
+        return self._gemv(hidden, self.lm_head, pdl, prefetch, out_dtype=torch.float32)[0]
+
+    def chains(self) -> dict[str, tuple[int, Callable[[bool, Optional[int]], torch.Tensor]]]:
+        """name -> (kernels, run(pdl, prefetch) -> output)."""
+        def stack(pdl: bool, prefetch: Optional[int]) -> torch.Tensor:
+            x, residual = self.x, self.residual
+            for i in range(len(self.layers)):
+                x, residual = self.layer(i, x, residual, pdl, prefetch)
+            return self.head(x, residual, pdl, prefetch)
+
+        return {"layer": (KERNELS_PER_LAYER, lambda pdl, pre: self.layer(0, self.x, self.residual, pdl, pre)[0]),
+                "head": (KERNELS_HEAD, lambda pdl, pre: self.head(self.x, self.residual, pdl, pre)),
+                "stack": (KERNELS_PER_LAYER * len(self.layers) + KERNELS_HEAD, stack)}
+
+
+def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compiles and warms the allocator outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chains = list(dict.fromkeys(r["chain"] for r in rows))
+    fig, axes = plt.subplots(1, len(chains), figsize=(4.5 * len(chains), 4), squeeze=False)
+    for ax, chain in zip(axes[0], chains):
+        sel = [r for r in rows if r["chain"] == chain]
+        ax.bar([r["variant"] for r in sel], [r["us"] for r in sel], color=["C0", "C1", "C2", "C3"][: len(sel)])
+        ax.set(title=f"{chain} ({sel[0]['kernels']} kernels)", ylabel="us per replay (median)")
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench_results/pdl"))
+    parser.add_argument("--layers", type=int, default=28, help="layers of the `stack` chain (0: no stack)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    args = parser.parse_args()
+    import triton.testing
+
+    device = torch.device("cuda")
+    if not pdl_supported(device):
+        print(f"PDL is not supported here: {pdl_unsupported_reason(device)}")
+        return 1
+    model = Model(max(args.layers, 1), device)
+    chains = model.chains()
+    if args.layers == 0:
+        del chains["stack"]
+    rows: list[dict] = []
+    print(f"{'chain':<7}{'kernels':>8}{'variant':>16}{'us':>10}{'us/kernel':>11}{'vs off':>8}{'bits = off':>12}")
+    for chain, (kernels, run) in chains.items():
+        base: dict[Optional[int], torch.Tensor] = {}
+        off_us = None
+        for variant in args.variants:
+            pdl, prefetch = VARIANTS[variant]
+            graph, out = capture(lambda: run(pdl, prefetch))
+            graph.replay()
+            torch.cuda.synchronize()
+            same = bool(torch.equal(out, base.setdefault(prefetch, out.clone())))  # vs PDL off, same prefetch
+            us = triton.testing.do_bench(graph.replay, warmup=25, rep=300, return_mode="median") * 1e3
+            off_us = off_us or us
+            rows.append(dict(chain=chain, kernels=kernels, variant=variant, pdl=pdl, prefetch_k=prefetch, us=us,
+                             us_per_kernel=us / kernels, equal_to_off=same))
+            print(f"{chain:<7}{kernels:>8}{variant:>16}{us:>10.1f}{us / kernels:>11.2f}{us / off_us:>8.3f}"
+                  f"{str(same):>12}", flush=True)
+            del graph
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                dtype=str(DTYPE), seq_len=SEQ_LEN, kv_splits=SPLITS,
+                unit="microseconds per CUDA-graph replay (median of triton.testing.do_bench, L2 flushed)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "pdl_bench.json").write_text(json.dumps(dict(meta=meta, results=rows), indent=2))
+    plot(rows, args.out / "pdl_bench.png")
+    print(f"wrote {args.out}")
+    return 0 if all(r["equal_to_off"] for r in rows) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
