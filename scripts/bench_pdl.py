@@ -56,7 +56,8 @@ class Model:
 
         def layer() -> dict[str, torch.Tensor]:
             gain = dict(std=0.2, shift=1.0)
-            return dict(qkv=randn(QKV, HIDDEN, std=HIDDEN**-0.5), o=randn(HIDDEN, HIDDEN, std=HIDDEN**-0.5),
+            return dict(qkv=randn(QKV, HIDDEN, std=HIDDEN**-0.5),
+                        o=randn(HIDDEN, HEADS * HEAD_DIM, std=(HEADS * HEAD_DIM)**-0.5),
                         gate_up=randn(2 * INTER, HIDDEN, std=HIDDEN**-0.5), down=randn(HIDDEN, INTER, std=INTER**-0.5),
                         g1=randn(HIDDEN, **gain), g2=randn(HIDDEN, **gain), qn=randn(HEAD_DIM, **gain),
                         kn=randn(HEAD_DIM, **gain), cache=randn(2, NUM_BLOCKS, PAGE, KV_HEADS, HEAD_DIM))

@@ -110,7 +110,7 @@ class _Chain:
         def layer(seed: int) -> dict[str, torch.Tensor]:
             gain = dict(std=0.2, shift=1.0)
             return dict(qkv=_randn(QKV, HIDDEN, seed=seed, std=HIDDEN**-0.5),
-                        o=_randn(HIDDEN, HIDDEN, seed=seed + 1, std=HIDDEN**-0.5),
+                        o=_randn(HIDDEN, HEADS * HEAD_DIM, seed=seed + 1, std=(HEADS * HEAD_DIM)**-0.5),
                         gate_up=_randn(2 * INTER, HIDDEN, seed=seed + 2, std=HIDDEN**-0.5),
                         down=_randn(HIDDEN, INTER, seed=seed + 3, std=INTER**-0.5),
                         g1=_randn(HIDDEN, seed=seed + 4, **gain), g2=_randn(HIDDEN, seed=seed + 5, **gain),
