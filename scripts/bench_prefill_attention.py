@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -54,6 +53,7 @@ VARIANTS = [
     "block_n=64,num_stages=4,k_trans=0,q_prescale=1",
     "block_m=64,block_n=64,num_warps=4,num_stages=4",
     "block_m=64,num_warps=4",
+    "block_n=64,qk_ahead=1",
 ]
 
 
@@ -137,9 +137,7 @@ def bench_shape(name: str, variants: list[str], with_sdpa: bool) -> list[dict]:
                  tflops=flops / (ms * 1e-3) / 1e12)
         results.append(r)
         print(f"{name:>17} {r['label']:<44} {r['us']:9.1f} us {r['tflops']:7.1f} TFLOP/s", flush=True)
-    del case, query, cache, meta, base_out
-    torch.cuda.empty_cache()
-    return results
+    return results  # the case's GPU tensors are freed with this frame
 
 
 def _plot(results: list[dict], path: Path) -> None:
@@ -188,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for shape in args.shapes:
         results += bench_shape(shape, args.variants, with_sdpa=not args.no_sdpa)
+        torch.cuda.empty_cache()
         (args.out_dir / "prefill_sweep.json").write_text(json.dumps(dict(env=env, results=results), indent=1))
 
     # Summary: TFLOP/s per variant (rows) and shape (columns); best variant per shape.

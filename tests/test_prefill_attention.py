@@ -87,6 +87,8 @@ VARIANTS = {
     "no_prefetch": dataclasses.replace(SMALL, prefetch_pages=False),
     "one_head_per_tile": dataclasses.replace(SMALL, heads=1, block_m=16),
     "wide_kv_tile": dataclasses.replace(SMALL, block_n=32, loop_stages=2),
+    "qk_ahead": dataclasses.replace(SMALL, qk_ahead=True),
+    "qk_ahead_rows_trans": dataclasses.replace(SMALL, qk_ahead=True, k_trans=False, q_prescale=True),
 }
 
 
@@ -102,6 +104,7 @@ def test_pages_smaller_equal_and_larger_than_kv_tile(block_size, block_n):
     _assert_matches(_case([(37, 20), (30, 25), (0, 40)], block_size=block_size), variant)
     _assert_matches(_case([(37, 20), (0, 40)], block_size=block_size), dataclasses.replace(variant,
                                                                                          prefetch_pages=False))
+    _assert_matches(_case([(70, 20), (0, 40)], block_size=block_size), dataclasses.replace(variant, qk_ahead=True))
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads, heads", [(4, 4, 0), (4, 1, 0), (4, 1, 2), (6, 2, 1), (14, 2, 0),
@@ -226,8 +229,8 @@ def _outcome_in_a_fresh_process(name: str) -> str:
             report = os.path.join(tmp, "report.xml")
             env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
             subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                            f"--junitxml={report}"], cwd=os.path.dirname(os.path.dirname(__file__)), env=env,
-                           capture_output=True, text=True, timeout=900)
+                            f"--junitxml={report}"], check=False, cwd=os.path.dirname(os.path.dirname(__file__)),
+                           env=env, capture_output=True, text=True, timeout=900)
             for case in ET.parse(report).getroot().iter("testcase"):
                 problem = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
                 _fresh_outcomes[case.get("name", "")] = ("passed" if problem is None else

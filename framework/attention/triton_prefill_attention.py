@@ -11,6 +11,9 @@ visible tiles run unmasked, the causal diagonal masked. Against the older launch
 kernels on Hopper do, each behind a `PrefillVariant` field so an H200 sweep can pick
 (`scripts/bench_prefill_attention.py`):
 
+* `prefetch_pages`: the next tile's block ids are loaded a tile ahead, so Triton's pipeliner keeps a K/V
+  tile in flight during a tile's MMAs (with the id lookup inside the tile it gives K/V 2 buffers and waits
+  for the copy just issued: docs/kernels.md "Prefill attention");
 * `P @ V` accumulates into the rescaled accumulator (`tl.dot(p, v, acc)`): no second fp32 tile in registers;
 * the softmax scale is one FMA on the raw scores (or folded into Q once: `q_prescale`);
 * `reverse`: grid `(head blocks, tiles)` walked last tile first, so the longest (causal) tiles start first
@@ -20,7 +23,8 @@ kernels on Hopper do, each behind a `PrefillVariant` field so an H200 sweep can 
 * `heads`: how many query heads of a group share a tile (the whole group: K/V loaded once per group; 1: one
   head per program, `BLOCK_M` tokens);
 * `loop_stages` / `warp_spec`: `tl.range` software pipelining depth and automatic warp specialisation of the
-  unmasked loop.
+  unmasked loop (the latter a no-op on Hopper with Triton 3.6: it specialises TMA loads only);
+* `qk_ahead`: tile i+1's scores issued before tile i's softmax (FA3's intra-warpgroup overlap).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class PrefillVariant:
     loop_stages: int = 0  # tl.range(num_stages=...) of the unmasked loop; 0 = num_stages
     warp_spec: bool = False  # tl.range(warp_specialize=True) on the unmasked loop
     prefetch_pages: bool = True  # block ids of the next KV tile loaded one tile ahead (registers)
+    qk_ahead: bool = False  # issue tile i+1's QK^T before tile i's softmax (FA3's intra-warpgroup overlap)
 
     @classmethod
     def parse(cls, text: str, base: PrefillVariant | None = None) -> PrefillVariant:
@@ -70,7 +75,8 @@ class PrefillVariant:
     def label(self) -> str:
         base = f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}"
         flags = [name for name, on in (("rev", self.reverse), ("ktrans", self.k_trans), ("qscale", self.q_prescale),
-                                       ("ws", self.warp_spec), ("pf", self.prefetch_pages)) if on]
+                                       ("ws", self.warp_spec), ("pf", self.prefetch_pages),
+                                       ("qka", self.qk_ahead)) if on]
         extra = ([f"h{self.heads}"] if self.heads else []) + ([f"ls{self.loop_stages}"] if self.loop_stages else [])
         return "-".join([base, *flags, *extra])
 
@@ -121,48 +127,62 @@ def _tile_blocks(bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N: tl.constexpr, PA
 
 
 @triton.jit
-def _fold_kv_tile(
-    acc, l_i, m_i, q, start, kv_hi, q_pos, blocks, cache_ptr, k_offsets, v_offsets,
-    stride_c_kv, stride_c_blk, stride_c_tok, qk_scale,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, DOT_IEEE: tl.constexpr,
-    K_TRANS: tl.constexpr, Q_PRESCALE: tl.constexpr,
-):
-    """KV tile `[start, start + BLOCK_N)` on physical `blocks` (`_tile_blocks`) folded into the online softmax
-    state (acc, l_i, m_i; log2 domain)."""
-    kv_pos = start + tl.arange(0, BLOCK_N)
-    kv_valid = kv_pos < kv_hi
+def _load_k(cache_ptr, blocks, start, kv_hi, k_offsets, stride_c_blk, stride_c_tok, q_dtype: tl.constexpr,
+            BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, K_TRANS: tl.constexpr):
+    """[HEAD_DIM, BLOCK_N] keys of tile `[start, start + BLOCK_N)` on physical `blocks` (`_tile_blocks`)."""
+    kv_valid = start + tl.arange(0, BLOCK_N) < kv_hi
     # Only the physical blocks change from tile to tile; the in-page offsets are loop-invariant.
     if PAGE >= BLOCK_N:
-        block_off = blocks.to(tl.int64) * stride_c_blk + (start % PAGE) * stride_c_tok
-        k_ptrs = cache_ptr + block_off + k_offsets
-        v_ptrs = cache_ptr + stride_c_kv + block_off + v_offsets
+        k_ptrs = cache_ptr + blocks.to(tl.int64) * stride_c_blk + (start % PAGE) * stride_c_tok + k_offsets
+    elif K_TRANS:
+        k_ptrs = cache_ptr + (blocks.to(tl.int64) * stride_c_blk)[None, :] + k_offsets
     else:
-        block_off = blocks.to(tl.int64) * stride_c_blk
-        if K_TRANS:
-            k_ptrs = cache_ptr + block_off[None, :] + k_offsets
-        else:
-            k_ptrs = cache_ptr + block_off[:, None] + k_offsets
-        v_ptrs = cache_ptr + stride_c_kv + block_off[:, None] + v_offsets
-    if MASKED:
-        if K_TRANS:
-            k = tl.load(k_ptrs, mask=kv_valid[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=kv_valid[:, None], other=0.0)
+        k_ptrs = cache_ptr + (blocks.to(tl.int64) * stride_c_blk)[:, None] + k_offsets
+    if MASKED and K_TRANS:
+        k = tl.load(k_ptrs, mask=kv_valid[None, :], other=0.0)
+    elif MASKED:
+        k = tl.load(k_ptrs, mask=kv_valid[:, None], other=0.0)
     else:
         k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-    k = k.to(q.dtype)
-    v = v.to(q.dtype)
+    k = k.to(q_dtype)
     if not K_TRANS:
-        k = tl.trans(k)  # [HEAD_DIM, BLOCK_N]
+        k = tl.trans(k)
+    return k
 
-    if DOT_IEEE:
-        s = tl.dot(q, k, input_precision="ieee")
+
+@triton.jit
+def _load_v(cache_ptr, blocks, start, kv_hi, v_offsets, stride_c_kv, stride_c_blk, stride_c_tok,
+            q_dtype: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr):
+    """[BLOCK_N, HEAD_DIM] values of tile `[start, start + BLOCK_N)` on physical `blocks`."""
+    if PAGE >= BLOCK_N:
+        v_ptrs = cache_ptr + stride_c_kv + blocks.to(tl.int64) * stride_c_blk + (start % PAGE) * stride_c_tok \
+            + v_offsets
     else:
-        s = tl.dot(q, k)  # [BLOCK_M, BLOCK_N], raw scores (already scaled with Q_PRESCALE)
+        v_ptrs = cache_ptr + stride_c_kv + (blocks.to(tl.int64) * stride_c_blk)[:, None] + v_offsets
     if MASKED:
-        visible = (kv_pos[None, :] <= q_pos[:, None]) & kv_valid[None, :]
+        v = tl.load(v_ptrs, mask=(start + tl.arange(0, BLOCK_N) < kv_hi)[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    return v.to(q_dtype)
+
+
+@triton.jit
+def _scores(q, k, DOT_IEEE: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] raw scores q @ k (already scaled with Q_PRESCALE)."""
+    if DOT_IEEE:
+        return tl.dot(q, k, input_precision="ieee")
+    else:
+        return tl.dot(q, k)
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, s, v, start, kv_hi, q_pos, qk_scale,
+                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_IEEE: tl.constexpr, Q_PRESCALE: tl.constexpr):
+    """Scores `s` and values `v` of tile `[start, start + BLOCK_N)` folded into the online softmax state
+    (acc, l_i, m_i; log2 domain)."""
+    if MASKED:
+        kv_pos = start + tl.arange(0, BLOCK_N)
+        visible = (kv_pos[None, :] <= q_pos[:, None]) & (kv_pos < kv_hi)[None, :]
         s = tl.where(visible, s, float("-inf"))
     if Q_PRESCALE:
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -178,6 +198,22 @@ def _fold_kv_tile(
     else:
         acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
+
+
+@triton.jit
+def _fold_kv_tile(
+    acc, l_i, m_i, q, start, kv_hi, q_pos, blocks, cache_ptr, k_offsets, v_offsets,
+    stride_c_kv, stride_c_blk, stride_c_tok, qk_scale,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, DOT_IEEE: tl.constexpr,
+    K_TRANS: tl.constexpr, Q_PRESCALE: tl.constexpr,
+):
+    """KV tile `[start, start + BLOCK_N)` on physical `blocks` folded into the online softmax state."""
+    k = _load_k(cache_ptr, blocks, start, kv_hi, k_offsets, stride_c_blk, stride_c_tok, q.dtype, BLOCK_N, PAGE,
+                MASKED, K_TRANS)
+    v = _load_v(cache_ptr, blocks, start, kv_hi, v_offsets, stride_c_kv, stride_c_blk, stride_c_tok, q.dtype,
+                BLOCK_N, PAGE, MASKED)
+    s = _scores(q, k, DOT_IEEE)
+    return _softmax_pv(acc, l_i, m_i, s, v, start, kv_hi, q_pos, qk_scale, BLOCK_N, MASKED, DOT_IEEE, Q_PRESCALE)
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_tiles"])  # per-step sizes: no recompiles mid-run
@@ -203,6 +239,7 @@ def _prefill_attention_kernel(
     DOT_IEEE: tl.constexpr,  # float32 inputs: exact products instead of tf32
     K_TRANS: tl.constexpr, Q_PRESCALE: tl.constexpr, REVERSE: tl.constexpr,
     LOOP_STAGES: tl.constexpr, WARP_SPEC: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
+    QK_AHEAD: tl.constexpr,
 ):
     if REVERSE:  # grid (head blocks, tiles): consecutive programs share a tile; the last (longest) tiles first
         head_block = tl.program_id(0)
@@ -257,7 +294,31 @@ def _prefill_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: fully masked rows give p = 0, not NaN
-    if PREFETCH_PAGES:  # next tile's block ids loaded a tile ahead, so no load chain blocks the pipeliner
+    if QK_AHEAD:  # FA3-style overlap: tile i+1's QK^T is issued before tile i's softmax
+        # Block ids for the next iteration's K (two tiles ahead) and V (one ahead) are both loaded one iteration
+        # early: a value carried over two iterations would stop Triton from pipelining the loop at all.
+        v_blocks = _tile_blocks(bt_row_ptr, 0, mid, tile_pages, BLOCK_N, PAGE)
+        k_blocks = _tile_blocks(bt_row_ptr, BLOCK_N, mid, tile_pages, BLOCK_N, PAGE)
+        s = _scores(q, _load_k(cache_ptr, v_blocks, 0, mid, k_offsets, stride_c_blk, stride_c_tok, q.dtype,
+                               BLOCK_N, PAGE, True, K_TRANS), DOT_IEEE)
+        for start in tl.range(0, mid - BLOCK_N, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
+            k_blocks_next = _tile_blocks(bt_row_ptr, start + 2 * BLOCK_N, mid, tile_pages, BLOCK_N, PAGE)
+            v_blocks_next = _tile_blocks(bt_row_ptr, start + BLOCK_N, mid, tile_pages, BLOCK_N, PAGE)
+            s_next = _scores(q, _load_k(cache_ptr, k_blocks, start + BLOCK_N, mid, k_offsets, stride_c_blk,
+                                        stride_c_tok, q.dtype, BLOCK_N, PAGE, False, K_TRANS), DOT_IEEE)
+            v = _load_v(cache_ptr, v_blocks, start, mid, v_offsets, stride_c_kv, stride_c_blk, stride_c_tok,
+                        q.dtype, BLOCK_N, PAGE, False)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, start, mid, q_pos, qk_scale, BLOCK_N, False, DOT_IEEE,
+                                        Q_PRESCALE)
+            s = s_next
+            k_blocks = k_blocks_next
+            v_blocks = v_blocks_next
+        if mid > 0:  # the last full tile: its scores are in s
+            v = _load_v(cache_ptr, v_blocks, mid - BLOCK_N, mid, v_offsets, stride_c_kv, stride_c_blk, stride_c_tok,
+                        q.dtype, BLOCK_N, PAGE, False)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, v, mid - BLOCK_N, mid, q_pos, qk_scale, BLOCK_N, False,
+                                        DOT_IEEE, Q_PRESCALE)
+    elif PREFETCH_PAGES:  # next tile's block ids loaded a tile ahead, so no load chain blocks the pipeliner
         blocks = _tile_blocks(bt_row_ptr, 0, mid, tile_pages, BLOCK_N, PAGE)
         for start in tl.range(0, mid, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
             next_blocks = _tile_blocks(bt_row_ptr, start + BLOCK_N, mid, tile_pages, BLOCK_N, PAGE)
@@ -328,7 +389,7 @@ def prefill_attention(
         PAGE=block_size, SKIP_QUERY_LEN=skip_query_len, DOT_IEEE=query.dtype == torch.float32,
         K_TRANS=variant.k_trans, Q_PRESCALE=variant.q_prescale, REVERSE=variant.reverse,
         LOOP_STAGES=variant.loop_stages or variant.num_stages, WARP_SPEC=variant.warp_spec,
-        PREFETCH_PAGES=variant.prefetch_pages,
+        PREFETCH_PAGES=variant.prefetch_pages, QK_AHEAD=variant.qk_ahead,
         num_warps=variant.num_warps, num_stages=variant.num_stages,
     )
     return out

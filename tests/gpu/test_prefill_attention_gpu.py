@@ -42,6 +42,7 @@ VARIANTS = {  # the code paths the sweep times (tile sizes are covered by test_t
     "no_prefetch": dataclasses.replace(BASE, prefetch_pages=False),
     "one_head_per_tile": dataclasses.replace(BASE, heads=1),
     "warp_spec": dataclasses.replace(BASE, warp_spec=True),
+    "qk_ahead": dataclasses.replace(BASE, qk_ahead=True, block_n=64),
 }
 ROWS = {
     "prefix_bench_fresh": [(0, 2040), (0, 2031), (0, 2064), (0, 2025), (0, 32)],
