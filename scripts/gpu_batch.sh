@@ -38,7 +38,7 @@ GPU_PIECES=(
 GPU_PIECES_MORE=(
   "smallbatch 160 test_small_batch_gpu.py"
   "fullgraph 120 test_full_step_graphs_gpu.py"
-  "prefill 150 test_prefill_attention_gpu.py"
+  "prefill 180 test_prefill_attention_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
   local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
