@@ -38,7 +38,8 @@ GPU_PIECES=(
 GPU_PIECES_MORE=(
   "smallbatch 160 test_small_batch_gpu.py"
   "fullgraph 120 test_full_step_graphs_gpu.py"
-  "pdl 150 test_pdl_gpu.py"
+  "pdl 100 test_pdl_gpu.py"
+  "prefill 150 test_prefill_attention_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
   local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
@@ -182,6 +183,11 @@ for j in "$@"; do
     hybrid) job $j 110 python3 -m framework.cli bench experiment=hybrid bench.output_dir="$res/hybrid" ;;
     whisper) job $j 90 python3 scripts/bench_whisper.py --geometry base --out "$res/whisper" ;;
     prefix) job $j 120 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/prefix" ;;
+    # Prefill attention (docs/kernels.md "Prefill attention"): the variant sweep (< 240 s), and prefix_bench with the
+    # new large-row kernel switched on (PREFILL_VARIANT=<spec printed by the sweep>, empty = its default variant).
+    prefill_sweep) job $j 235 python3 scripts/bench_prefill_attention.py "$res/$j" ;;
+    prefix_prefill) job $j 120 env MRV2_PREFILL_ATTENTION=prefill MRV2_PREFILL_VARIANT="${PREFILL_VARIANT:-}" \
+        python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j" ;;
     prefix-hybrid) job $j 200 python3 -m framework.cli bench experiment=prefix_bench_hybrid bench.output_dir="$res/prefix_hybrid" ;;
     profile) job $j 150 python3 scripts/profile_decode.py --batch 256 --profile-prefill --out "$res/profile/b256" &&
         job profile-b1 60 python3 scripts/profile_decode.py --batch 1 --steps 200 --out "$res/profile/b1" &&

@@ -32,6 +32,7 @@ from framework.attention.launch_config import (  # noqa: F401 - re-exported for 
     prefill_tiles,
 )
 from framework.attention.metadata import AttentionMetadata
+from framework.attention.triton_prefill_attention import prefill_attention, prefill_kernel_enabled
 from framework.kernels.pdl import pdl_launch_kwargs
 
 LOG2E = 1.4426950408889634
@@ -322,7 +323,9 @@ def paged_attention(
         stride_c_head=kv_cache.stride(3), stride_bt_row=meta.block_tables.stride(0),
         HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, DOT_IEEE=query.dtype == torch.float32,
     )
-    if not all_small:
+    if not all_small and prefill_kernel_enabled():  # MRV2_PREFILL_ATTENTION=prefill: the large rows there
+        prefill_attention(query, kv_cache, meta, scale, out, skip_query_len=small_q)
+    elif not all_small:
         block_q = large.block_m // group
         # Row r's tiles start at query_start_loc[r] // block_q + r (see _find_row): ids are not compact, so
         # the grid must reach the last row's last tile; surplus programs exit at once.
