@@ -348,12 +348,15 @@ def paged_attention(
         return out
     on_gpu = query.device.type == "cuda"
     sms = num_sms(query.device)
-    small = small_tiles or decode_tiles(head_dim, group, on_gpu, query.element_size(),
-                                        num_programs=num_rows * num_kv_heads, max_seq_len=meta.max_seq_len,
-                                        num_sms=sms)
+    small = small_tiles or decode_tiles(head_dim, group, on_gpu, query.element_size())
     large = large_tiles or prefill_tiles(head_dim, group, on_gpu, query.element_size())
     small_q = small.block_m // group  # tokens a small row may have
     all_small = meta.max_query_len <= small_q
+    if small_tiles is None and all_small:
+        # Decode-only batches (in CUDA graphs, whose capture compiles the variant): the KV tiles follow the batch
+        # shape (block_m does not). Mixed batches keep the default tiles: no new variant to compile mid-run.
+        small = decode_tiles(head_dim, group, on_gpu, query.element_size(), num_programs=num_rows * num_kv_heads,
+                             max_seq_len=meta.max_seq_len, num_sms=sms)
     if num_splits is None:
         # Mixed batches hold a prefill chunk that fills the GPU anyway: their small rows run unsplit.
         num_splits = num_kv_splits(num_rows, num_kv_heads, meta.max_seq_len, sms,
