@@ -9,12 +9,19 @@ shuffled physical order). For each decode batch x sequence length it times, with
 * `sdpa`: `torch.nn.functional.scaled_dot_product_attention` on the same keys laid out densely
   (`[B, heads, S, D]`, GQA native when the installed torch supports it), or flash-attn if importable.
 
+`--compare-reduce` times instead the split-KV decode with its reduce fused into the attention launch (the
+default) against the two-launch path (`fused_reduce=False`) at batch 1/4/16 x 1024..4096 keys: 28
+back-to-back calls (one per layer of a Qwen3-0.6B step) in one CUDA graph, per call and saved per step;
+then the shape-dependent decode tiles against the fixed 128/4/2 ones at nano's unsplit shapes; writes
+`attention_reduce.json` and `attention_reduce.png`.
+
 Achieved bandwidth = bytes of K and V that must be read (2 x sum(seq_lens) x kv_heads x head_dim x 2 B) /
 time. Prefill cases report TFLOP/s (4 x heads x head_dim x visible query-key pairs / time).
 Prints a table; writes `attention_bench.json` and `attention_bench.png` into the directory given.
 
     PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR [--batches 1 16 64 256 512]
         [--seq-lens 512 1024 2048 4096]
+    PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR --compare-reduce
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
+NUM_LAYERS = 28  # Qwen3-0.6B: attention launches per decode step
 
 
 def _make_batch(query_lens: list[int], seq_lens: list[int], dtype: torch.dtype, device: str, seed: int = 0):
@@ -92,6 +100,11 @@ def _sdpa_fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
         return (lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)), "sdpa_expanded_kv"
 
 
+def _zero_counters(batch: int) -> torch.Tensor:
+    """The split-KV counters a model keeps (framework/attention/backend.py `SplitCounters`): zero, reused."""
+    return torch.zeros(batch * NUM_KV_HEADS, dtype=torch.int32, device="cuda")
+
+
 def _time_ms(fn) -> float:
     """Median time of eager calls (host launch overhead shows when it exceeds the GPU time)."""
     from triton.testing import do_bench
@@ -142,7 +155,8 @@ def bench_decode(batch: int, seq_len: int, dtype: torch.dtype, with_baseline: bo
     tiles = decode_tiles(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, True)
     splits = num_kv_splits(batch, NUM_KV_HEADS, seq_len, num_sms(query.device), tiles.block_n)
     result = dict(kind="decode", batch=batch, seq_len=seq_len, kv_bytes=kv_bytes, num_splits=splits)
-    attend = lambda: paged_attention(query, cache, meta, scale)  # noqa: E731
+    counters = _zero_counters(batch)
+    attend = lambda: paged_attention(query, cache, meta, scale, split_counters=counters)  # noqa: E731
     result["triton_ms"] = _time_graph_ms(attend)
     result["triton_1split_ms"] = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale, num_splits=1))
     result["triton_eager_ms"] = _time_ms(attend)
@@ -211,13 +225,14 @@ def sweep(dtype: torch.dtype, decode_shapes=DECODE_SWEEP_SHAPES, decode_configs=
     for batch, seq_len in decode_shapes:
         query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda")
         kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * cache.element_size()
+        counters = _zero_counters(batch)
         for block_n, warps, stages in decode_configs:
             tiles = AttentionTiles(16, block_n, warps, stages)
             for splits in (1, 2, 4, 8, 16, 32):
                 if splits * 128 > seq_len or batch * NUM_KV_HEADS * splits > 8 * 132 * 4:
                     continue
                 ms = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale, num_splits=splits,
-                                                            small_tiles=tiles))
+                                                            small_tiles=tiles, split_counters=counters))
                 r = dict(kind="sweep_decode", batch=batch, seq_len=seq_len, block_n=block_n, warps=warps,
                          stages=stages, splits=splits, us=ms * 1e3, tbps=kv_bytes / (ms * 1e-3) / 1e12)
                 out.append(r)
@@ -257,6 +272,104 @@ def sweep(dtype: torch.dtype, decode_shapes=DECODE_SWEEP_SHAPES, decode_configs=
         del query, cache, meta
         torch.cuda.empty_cache()
     return out
+
+
+REDUCE_BATCHES, REDUCE_SEQ_LENS = (1, 4, 16), (1024, 2048, 4096)
+
+
+def bench_reduce(batch: int, seq_len: int, dtype: torch.dtype) -> dict:
+    """Split-KV decode, reduce fused vs a second launch: `NUM_LAYERS` calls in one graph, per call."""
+    from framework.attention.triton_paged_attention import decode_tiles, num_kv_splits, num_sms, paged_attention
+
+    query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda")
+    scale = HEAD_DIM ** -0.5
+    tiles = decode_tiles(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, True)
+    splits = num_kv_splits(batch, NUM_KV_HEADS, seq_len, num_sms(query.device), tiles.block_n)
+    counters = _zero_counters(batch)
+
+    def layers(fused: bool):
+        def step() -> None:
+            for _ in range(NUM_LAYERS):
+                if fused:
+                    paged_attention(query, cache, meta, scale, split_counters=counters)
+                else:
+                    paged_attention(query, cache, meta, scale, fused_reduce=False)
+        return step
+
+    fused_us = _time_graph_ms(layers(True)) * 1e3 / NUM_LAYERS
+    unfused_us = _time_graph_ms(layers(False)) * 1e3 / NUM_LAYERS
+    ours = paged_attention(query, cache, meta, scale, split_counters=counters).float()
+    two_launch = paged_attention(query, cache, meta, scale, fused_reduce=False).float()
+    torch.cuda.synchronize()
+    result = dict(kind="reduce", batch=batch, seq_len=seq_len, num_splits=splits, fused_us=fused_us,
+                  unfused_us=unfused_us, saved_us_per_step=(unfused_us - fused_us) * NUM_LAYERS,
+                  max_abs_diff=float((ours - two_launch).abs().max()), counters_zero=not bool(counters.any()))
+    del query, cache, meta
+    torch.cuda.empty_cache()
+    return result
+
+
+TILES_SHAPES = ((256, 640), (256, 900), (128, 1200), (64, 1500), (64, 2048), (256, 2048))
+
+
+def bench_tiles(batch: int, seq_len: int, dtype: torch.dtype) -> dict:
+    """Unsplit decode at nano's shapes: the shape-dependent `decode_tiles` against the fixed 128/4/2 tiles."""
+    from framework.attention.triton_paged_attention import AttentionTiles, decode_tiles, num_sms, paged_attention
+
+    query, cache, meta = _make_batch([1] * batch, [seq_len] * batch, dtype, "cuda")
+    scale = HEAD_DIM ** -0.5
+    rule = decode_tiles(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, True, num_programs=batch * NUM_KV_HEADS,
+                        max_seq_len=seq_len, num_sms=num_sms(query.device))
+    fixed = AttentionTiles(16, 128, 4, 2)
+    kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * cache.element_size()
+    result = dict(kind="tiles", batch=batch, seq_len=seq_len, rule=[rule.block_n, rule.num_warps, rule.num_stages])
+    for name, tiles in (("rule", rule), ("fixed_128_4_2", fixed)):
+        ms = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale, small_tiles=tiles))
+        result[f"{name}_us"], result[f"{name}_tbps"] = ms * 1e3, kv_bytes / (ms * 1e-3) / 1e12
+    del query, cache, meta
+    torch.cuda.empty_cache()
+    return result
+
+
+def compare_reduce(dtype: torch.dtype, out_dir: Path, env: dict) -> list[dict]:
+    """The `--compare-reduce` tables (fused vs two-launch reduce; decode tiles rule vs fixed), JSON and plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    print(f"{'batch':>5} {'seq':>5} {'splits':>6} {'fused us':>9} {'2-launch us':>11} {'saved/step us':>13} "
+          f"{'max diff':>9} {'counters 0':>10}")
+    results = []
+    for batch in REDUCE_BATCHES:
+        for seq_len in REDUCE_SEQ_LENS:
+            r = bench_reduce(batch, seq_len, dtype)
+            results.append(r)
+            print(f"{batch:>5} {seq_len:>5} {r['num_splits']:>6} {r['fused_us']:>9.2f} {r['unfused_us']:>11.2f} "
+                  f"{r['saved_us_per_step']:>13.1f} {r['max_abs_diff']:>9.2e} {str(r['counters_zero']):>10}",
+                  flush=True)
+    print(f"\n{'batch':>5} {'seq':>5} {'rule tiles':>10} {'rule us':>8} {'TB/s':>5} {'128/4/2 us':>10} {'TB/s':>5}")
+    for batch, seq_len in TILES_SHAPES:
+        r = bench_tiles(batch, seq_len, dtype)
+        results.append(r)
+        print(f"{batch:>5} {seq_len:>5} {'/'.join(map(str, r['rule'])):>10} {r['rule_us']:>8.1f} "
+              f"{r['rule_tbps']:>5.2f} {r['fixed_128_4_2_us']:>10.1f} {r['fixed_128_4_2_tbps']:>5.2f}", flush=True)
+    (out_dir / "attention_reduce.json").write_text(json.dumps(dict(env=env, results=results), indent=1))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for batch in REDUCE_BATCHES:
+        rows = [r for r in results if r["kind"] == "reduce" and r["batch"] == batch]
+        line = ax.plot([r["seq_len"] for r in rows], [r["fused_us"] for r in rows], marker="o",
+                       label=f"fused B={batch}")[0]
+        ax.plot([r["seq_len"] for r in rows], [r["unfused_us"] for r in rows], ls="--", marker="x",
+                color=line.get_color(), label=f"2 launches B={batch}")
+    ax.set(xscale="log", xlabel="keys per row", ylabel=f"us per call ({NUM_LAYERS} calls in one graph)",
+           title="Split-KV decode: reduce fused vs second launch")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "attention_reduce.png", dpi=120)
+    plt.close(fig)
+    return results
 
 
 def _plot(results: list[dict], path: Path) -> None:
@@ -301,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also sweep tile configs and split counts")
     parser.add_argument("--sweep-nano", action="store_true",
                         help="sweep decode tiles at nano's shapes only (no prefill sweep, no default table)")
+    parser.add_argument("--compare-reduce", action="store_true",
+                        help="only compare the fused split-KV reduce with the two-launch one (batch 1/4/16)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention needs a CUDA GPU", file=sys.stderr)
@@ -315,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                head_dim=HEAD_DIM, block_size=BLOCK_SIZE)
     print(f"# {env}", file=sys.stderr)
 
+    if args.compare_reduce:
+        compare_reduce(dtype, args.out_dir, env)
+        return 0
     if args.sweep_nano:
         results = sweep(dtype, NANO_SWEEP_SHAPES, NANO_SWEEP_CONFIGS, with_prefill=False)
         (args.out_dir / "attention_sweep_nano.json").write_text(json.dumps(dict(env=env, results=results), indent=1))

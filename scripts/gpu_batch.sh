@@ -133,6 +133,20 @@ for j in "$@"; do
         job $j-attn 240 python3 scripts/bench_attention.py "$res/$j/attn" --sweep-nano;
         job $j-dot 230 python3 scripts/bench_gemv_tiles.py --out "$res/$j/dot" --geometries qwen3-0.6b --tokens 2 8 \
           --kernels dot ;;
+    # Split-KV decode with the reduce fused into the attention launch, and the decode tiles rule at nano's shapes:
+    # the GPU tests of both (fused == reference == two-launch, counters zero after, CUDA graph replayed with new
+    # seq_lens, stale-counter negative control; look for: all passed), then bench_attention --compare-reduce:
+    # table 1, batch 1/4/16 x 1024-4096, "fused us" < "2-launch us" wherever splits > 1 (~4 us per call at batch 1:
+    # "saved/step us" ~100), max diff ~0, counters 0 True; table 2, "rule us" < "128/4/2 us" at batch >= 64.
+    attn_fused) job $j-tests 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
+          -k "fused_reduce or every_split or cuda_graph or decode_qwen3";
+        job $j-bench 75 python3 scripts/bench_attention.py "$res/$j/bench" --compare-reduce ;;
+    # The same end to end: the batch-1 decode profile as issue25_probe-b1 ran it (there: 221.2 kernels per step,
+    # 0.952 kernel ms per step, _split_kv_reduce_kernel 4.3 us x 28; expect 193.2 and no reduce kernel), then nano.
+    attn_fused_e2e) job $j-b1 90 python3 scripts/profile_decode.py --batch 1 --steps 200 --full-step-graphs \
+          --small-batch-kernels auto --out "$res/$j/b1";
+        job $j-nano 150 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.decode_idle_batch=0 \
+          bench.output_dir="$res/$j/nano" ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;

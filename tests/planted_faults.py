@@ -21,8 +21,8 @@ def plant_zero_attention(mp: pytest.MonkeyPatch) -> None:
 
     real = llama.paged_attention
 
-    def zeroed(query, kv_cache, meta, scale):  # type: ignore[no-untyped-def]
-        return torch.zeros_like(real(query, kv_cache, meta, scale))
+    def zeroed(query, kv_cache, meta, scale, **kwargs):  # type: ignore[no-untyped-def]
+        return torch.zeros_like(real(query, kv_cache, meta, scale, **kwargs))
 
     mp.setattr(llama, "paged_attention", zeroed)
 
@@ -33,8 +33,8 @@ def plant_zero_triton_attention(mp: pytest.MonkeyPatch) -> None:
 
     real = triton_attention.paged_attention
 
-    def zeroed(query, kv_cache, meta, scale):  # type: ignore[no-untyped-def]
-        return torch.zeros_like(real(query, kv_cache, meta, scale))
+    def zeroed(query, kv_cache, meta, scale, **kwargs):  # type: ignore[no-untyped-def]
+        return torch.zeros_like(real(query, kv_cache, meta, scale, **kwargs))
 
     mp.setattr(triton_attention, "paged_attention", zeroed)
 
@@ -46,9 +46,9 @@ def plant_rows_read_row0_kv(mp: pytest.MonkeyPatch) -> None:
 
     real = llama.paged_attention
 
-    def leaky(query, kv_cache, meta, scale):  # type: ignore[no-untyped-def]
+    def leaky(query, kv_cache, meta, scale, **kwargs):  # type: ignore[no-untyped-def]
         row0 = meta.block_tables[:1].expand_as(meta.block_tables).contiguous()  # [R, max_blocks]
-        return real(query, kv_cache, dataclasses.replace(meta, block_tables=row0), scale)
+        return real(query, kv_cache, dataclasses.replace(meta, block_tables=row0), scale, **kwargs)
 
     mp.setattr(llama, "paged_attention", leaky)
 

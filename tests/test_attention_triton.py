@@ -191,6 +191,23 @@ def test_split_rule_has_no_batch_size_cliff():
     assert [lc.num_kv_splits(b, 8, 4096, 132, block_n) for b in (1, 16, 64, 256)] == [16, 2, 1, 1]
 
 
+def test_decode_tiles_rule():
+    """64-key tiles, 2 warps, 3 stages (two programs per SM) only for unsplit batches of short rows, the
+    shapes where the H200 sweep measured them faster (launch_config.decode_tiles); 128/4/2 elsewhere."""
+    def tiles(batch, max_seq_len, num_kv_heads=8, group=2):
+        t = lc.decode_tiles(128, group, True, 2, num_programs=batch * num_kv_heads, max_seq_len=max_seq_len,
+                            num_sms=132)
+        return t.block_n, t.num_warps, t.num_stages
+
+    for batch, max_seq_len in ((256, 640), (256, 2048), (128, 1200), (64, 1500), (33, 2048)):
+        assert tiles(batch, max_seq_len) == (64, 2, 3), (batch, max_seq_len)
+        assert lc.num_kv_splits(batch, 8, max_seq_len, 132, 64) == 1  # the rule's regime: one split
+    for batch, max_seq_len in ((32, 2048), (16, 1800), (4, 1900), (1, 1900), (256, 4096), (64, 2049)):
+        assert tiles(batch, max_seq_len) == (128, 4, 2), (batch, max_seq_len)
+    assert tiles(256, 1024, group=32) == (128, 4, 2)  # 32-row query tiles: not measured
+    assert lc.decode_tiles(128, 2, True) == lc.AttentionTiles(16, 128, 4, 2)  # no shape given: as before
+
+
 def test_rejects_unsupported_shapes():
     case = make_paged_case([(3, 2)], num_heads=2, num_kv_heads=1, head_dim=64, block_size=16,
                            dtype=torch.float32)
@@ -255,37 +272,38 @@ def test_tiny_model_generates_the_same_tokens_with_triton(tiny_llm_factory, monk
 _fresh_outcomes: dict[str, str] = {}
 
 
-def _outcomes_of_a_fresh_run() -> dict[str, str]:
-    """{test name with parameters: 'passed' | 'failed: ...' | 'skipped: ...'} of this module run in a fresh
-    process under the interpreter (once per session)."""
+def _outcomes_of_a_fresh_run(path: str = __file__, outcomes: dict[str, str] | None = None) -> dict[str, str]:
+    """{test name with parameters: 'passed' | 'failed: ...' | 'skipped: ...'} of the module at `path` (this
+    one by default) run in a fresh process under the interpreter (once per session, kept in `outcomes`)."""
     import subprocess
     import tempfile
     import xml.etree.ElementTree as ET
 
-    if not _fresh_outcomes:
+    _fresh = _fresh_outcomes if outcomes is None else outcomes
+    if not _fresh:
         with tempfile.TemporaryDirectory() as tmp:
             report = os.path.join(tmp, "report.xml")
             env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path,
                                    f"--junitxml={report}"], cwd=os.path.dirname(os.path.dirname(__file__)),
                                   env=env, capture_output=True, text=True, timeout=900)
             if not os.path.exists(report):
-                raise AssertionError(f"the fresh run of {__file__} wrote no report:\n{proc.stdout}{proc.stderr}")
+                raise AssertionError(f"the fresh run of {path} wrote no report:\n{proc.stdout}{proc.stderr}")
             for case in ET.parse(report).getroot().iter("testcase"):
                 problem = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
-                _fresh_outcomes[case.get("name", "")] = ("passed" if problem is None else
-                                                         f"{problem.tag}: {problem.get('message', '')}")
-    return _fresh_outcomes
+                _fresh[case.get("name", "")] = ("passed" if problem is None else
+                                                f"{problem.tag}: {problem.get('message', '')}")
+    return _fresh
 
 
-def _from_a_fresh_process(test):  # type: ignore[no-untyped-def]
+def _from_a_fresh_process(test, path: str = __file__, outcomes: dict[str, str] | None = None):  # type: ignore
     """The test, reporting the outcome of its run in the fresh process (same name, same parameters)."""
     import functools
 
     @functools.wraps(test)
     def delegated(*args, **kwargs):  # type: ignore[no-untyped-def]
         name = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].rsplit(" ", 1)[0]
-        outcome = _outcomes_of_a_fresh_run().get(name, "missing from the fresh run")
+        outcome = _outcomes_of_a_fresh_run(path, outcomes).get(name, "missing from the fresh run")
         assert outcome == "passed", f"{name} in a fresh interpreter process: {outcome}"
 
     return delegated

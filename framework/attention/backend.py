@@ -4,12 +4,16 @@
 numerical difference on a GPU), `triton` forces the kernels (on a CPU only under `TRITON_INTERPRET=1`),
 `auto` (default) picks by device. Head dims the kernels do not handle (not a power of two in 16..256) fall
 back to the reference with one warning.
+
+A model binds `paged_attention` to a `SplitCounters` of its own: the state the split-KV decode kernel keeps
+between calls.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import Optional
 
 import torch
 
@@ -38,18 +42,51 @@ def attention_backend(device: torch.device, head_dim: int) -> str:
     return "triton"
 
 
+class SplitCounters:
+    """Zeroed int32 counters for the split-KV decode kernel, one buffer per device, kept for the owner's life.
+
+    The kernel counts finished KV splits per (batch row, KV head) and the last one resets its counter, so a
+    buffer zeroed once stays zero between launches: every layer, step and CUDA-graph replay reuses it. A
+    buffer is allocated outside graph capture only (zeroed inside one, it would be zero only once replayed);
+    an outgrown one is kept, since a captured graph may still point at it.
+    """
+
+    MIN_SLOTS = 4096  # rows x KV heads: 16 KB, more than any batch the split rule splits
+
+    def __init__(self) -> None:
+        self._buffers: dict[torch.device, torch.Tensor] = {}  # [slots] int32 per device
+        self._outgrown: list[torch.Tensor] = []
+
+    def get(self, device: torch.device, num_slots: int) -> Optional[torch.Tensor]:
+        """[>= num_slots] int32 zeros on `device`; None while a CUDA graph is captured and none is big enough."""
+        buf = self._buffers.get(device)
+        if buf is not None and buf.numel() >= num_slots:
+            return buf
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # the kernel wrapper then zeroes a buffer of its own, inside the graph
+        if buf is not None:
+            self._outgrown.append(buf)
+        buf = torch.zeros(max(num_slots, self.MIN_SLOTS), dtype=torch.int32, device=device)
+        self._buffers[device] = buf
+        return buf
+
+
 def paged_attention(
     query: torch.Tensor,  # [T, num_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     meta: AttentionMetadata,
     scale: float,
     pdl: bool = False,  # the kernels with programmatic dependent launch (framework/kernels/pdl.py)
+    split_counters: Optional[SplitCounters] = None,  # None: the kernel zeroes counters per call
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal paged attention of this step's queries (see paged.py)."""
     if attention_backend(query.device, query.shape[-1]) == "triton":
         from framework.attention.triton_paged_attention import paged_attention as triton_paged_attention
 
-        return triton_paged_attention(query, kv_cache, meta, scale, pdl=pdl)
+        counters = None
+        if split_counters is not None:
+            counters = split_counters.get(query.device, meta.num_rows * kv_cache.shape[3])
+        return triton_paged_attention(query, kv_cache, meta, scale, pdl=pdl, split_counters=counters)
     return paged_attention_reference(query, kv_cache, meta, scale)
 
 

@@ -15,6 +15,7 @@ import torch
 MIN_SPLIT_TOKENS = 256  # a KV split reads at least this many keys (2 tiles), so its fixed cost stays small
 MAX_KV_SPLITS = 32
 PROGRAMS_PER_SM = 2  # decode programs per multiprocessor the split rule aims at (fitted on an H200)
+SHORT_CONTEXT = 2048  # longest max_seq_len given the two-programs-per-SM decode tiles (nano's max_model_len)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -53,17 +54,31 @@ def prefill_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2) -
                           tiles.num_stages)
 
 
-def decode_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2) -> AttentionTiles:
-    """Small-row tiles: the GQA group (padded to the 16 rows an MMA needs) and long KV tiles for streaming.
+def decode_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2, *, num_programs: int = 0,
+                 max_seq_len: int = 0, num_sms: int = 1) -> AttentionTiles:
+    """Small-row tiles: the GQA group (padded to the 16 rows an MMA needs) and long KV tiles for streaming;
+    with `num_programs` (rows x KV heads), `max_seq_len` and `num_sms` given, shorter tiles for full batches
+    of short rows.
 
     Measured on an H200 (bf16, head_dim 128): 128-key tiles, 4 warps, 2 stages beat 32/64-key tiles and
-    deeper pipelines at every batch tried (4.1-4.3 TB/s from 64 rows of 4096 keys up).
+    deeper pipelines at every batch tried (4.1-4.3 TB/s from 64 rows of 4096 keys up); their 128 KB of
+    shared memory hold one program per multiprocessor. At nano's shapes (`bench_attention.py --sweep-nano`,
+    2026-12-02, one split: batch x keys, us of 64-key tiles / 2 warps / 3 stages (96 KB: two programs per
+    multiprocessor, one's prologue hides behind the other's stream) vs 128/4/2): 256x640 174.6 vs 177.0,
+    256x900 240.0 vs 252.1, 128x1200 160.1 vs 168.9, 64x1500 105.7 vs 108.3 (1.4-5.2 % faster, 3.7-3.9
+    TB/s). So: 64/2/3 when the batch alone fills the GPU (`num_programs >= PROGRAMS_PER_SM * num_sms`,
+    i.e. unsplit; 64 rows x 8 KV heads = 512 on 132 SMs) and `max_seq_len <= SHORT_CONTEXT` (measured up to
+    1,900 keys). Below that batch the split rule's latency regime keeps 128/4/2: at 16x1800, 4x1900 and
+    1x1900 it was within 2 % of the best config (48.7 / 26.1 / 19.5 us; 64/2/3 47.9 / 26.6 / 21.9).
     """
     block_m = max(16, _next_pow2(group))
     if not on_gpu:
         return AttentionTiles(block_m, 16, 4, 1)
     if head_dim > 128 or elem_size > 2:
         return AttentionTiles(block_m, 64, 4, 2)
+    if head_dim == 128 and block_m == 16 and num_programs >= PROGRAMS_PER_SM * num_sms \
+            and 0 < max_seq_len <= SHORT_CONTEXT:
+        return AttentionTiles(block_m, 64, 2, 3)
     return AttentionTiles(block_m, 128, 4, 2 if head_dim == 128 else 3)
 
 

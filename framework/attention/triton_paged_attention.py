@@ -12,8 +12,10 @@ times the `GROUP` query heads that share the KV head (GQA), flattened into `BLOC
 Two launches of the same kernel serve a batch (docs/kernels.md has the grids and the rules):
 
 * *small rows* (query_len <= BLOCK_Q of the decode tiles: decode, draft verification) get one program per
-  (row, KV head, KV split); with several splits each program writes a partial result and
-  `_split_kv_reduce_kernel` merges them (flash-decoding). The number of splits follows `num_kv_splits`.
+  (row, KV head, KV split); with several splits each program writes a partial result and the last program
+  of each (row, KV head) to finish merges them (flash-decoding with the reduce fused in, found by an atomic
+  counter per (row, KV head); `fused_reduce=False` merges in a second launch, `_split_kv_reduce_kernel`).
+  The number of splits follows `num_kv_splits`.
 * *large rows* (prefill chunks) get one program per (query tile, KV head) with 128-row tiles; the tile's row
   is found by a binary search over `query_start_loc`, so the grid is sized from host ints only.
 """
@@ -112,6 +114,34 @@ def _attend_kv_tile(
     return acc, l_i, m_new
 
 
+@triton.jit
+def _merge_kv_splits(
+    out_ptr, part_o_ptr, part_lse_ptr, first_part, used_splits, token, head, m_rows, row_valid, dims,
+    stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Merge one (row, KV head)'s partials into `out`, in the order and arithmetic of `_split_kv_reduce_kernel`
+    (so the fused and two-launch paths agree bit for bit). Loads bypass L1 (`.cg`): partials of other
+    programs, published through the counter's acquire."""
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    weight = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    for split in range(0, used_splits):
+        part = first_part + split
+        lse = tl.load(part_lse_ptr + part * BLOCK_M + m_rows, mask=row_valid, other=float("-inf"),
+                      cache_modifier=".cg")
+        o = tl.load(part_o_ptr + part * BLOCK_M * HEAD_DIM + m_rows[:, None] * HEAD_DIM + dims[None, :],
+                    mask=row_valid[:, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m_run, lse)
+        alpha = tl.exp2(m_run - m_new)
+        beta = tl.exp2(lse - m_new)
+        acc = acc * alpha[:, None] + o * beta[:, None]
+        weight = weight * alpha + beta
+        m_run = m_new
+    out = acc / tl.where(weight > 0.0, weight, 1.0)[:, None]
+    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
 @triton.jit(do_not_specialize=["num_rows", "num_splits"])  # per-step sizes: no recompiles mid-run
 def _paged_attention_kernel(
     q_ptr,  # [T, num_heads, HEAD_DIM]
@@ -122,6 +152,7 @@ def _paged_attention_kernel(
     query_start_loc_ptr,  # [R+1] int32
     seq_lens_ptr,  # [R] int32
     block_tables_ptr,  # [R, max_blocks] int32
+    split_counters_ptr,  # [>= R * num_kv_heads] int32, zero on entry and left zero (FUSED_REDUCE only)
     num_rows, num_splits, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_c_kv, stride_c_blk, stride_c_tok, stride_c_head,
@@ -136,6 +167,7 @@ def _paged_attention_kernel(
     SKIP_QUERY_LEN: tl.constexpr,  # large rows launch: rows with query_len <= this are skipped
     IS_SPLIT: tl.constexpr,  # write partial results per KV split (axis 2) for the reduce kernel
     DOT_IEEE: tl.constexpr,  # float32 inputs: exact products instead of tf32
+    FUSED_REDUCE: tl.constexpr = False,  # IS_SPLIT: the last split program of a (row, KV head) merges them
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
 ):
     if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
@@ -218,6 +250,18 @@ def _paged_attention_kernel(
         tl.store(part_lse_ptr + part * BLOCK_M + m_rows, lse, mask=row_valid)
         tl.store(part_o_ptr + part * BLOCK_M * HEAD_DIM + m_rows[:, None] * HEAD_DIM + dims[None, :], o,
                  mask=row_valid[:, None])
+        if FUSED_REDUCE:
+            # Empty splits returned above without counting: the last of the row's non-empty splits merges.
+            used_splits = tl.cdiv(seq_len, split_len)
+            counter = split_counters_ptr + row * tl.num_programs(1) + kv_head
+            # Every thread's partial stores before the counter: the barrier orders them before the one thread
+            # that increments it, whose release publishes them to the merging program (its acquire).
+            tl.debug_barrier()
+            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if done == used_splits - 1:
+                _merge_kv_splits(out_ptr, part_o_ptr, part_lse_ptr, part - split, used_splits, token, head,
+                                 m_rows, row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M)
+                tl.store(counter, 0)  # every split has counted: the next launch (graph replay) starts at 0
     else:
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
@@ -286,11 +330,19 @@ def paged_attention(
     small_tiles: AttentionTiles | None = None,  # override the tile configs (tests, benchmarks)
     large_tiles: AttentionTiles | None = None,
     pdl: bool = False,  # programmatic dependent launch (only where framework.kernels.pdl.pdl_supported)
+    split_counters: torch.Tensor | None = None,  # [>= R * num_kv_heads] int32 on query's device, all zero
+    fused_reduce: bool = True,  # False: merge KV splits in a second launch (comparison, benchmarks)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
     Tokens past `query_start_loc[R]` (padding) are left unwritten. No host sync: grids come from
     `query.shape`, `meta.num_rows`, `meta.max_query_len` and `meta.max_seq_len`.
+
+    Split-KV decode merges its splits inside the attention launch (`fused_reduce`), counting finished splits
+    per (batch row, KV head) in `split_counters` (index `row * num_kv_heads + kv_head`): the caller keeps
+    that buffer across steps and CUDA-graph replays (`SplitCounters` in backend.py owns one per model),
+    since the kernel leaves it zero again. Without one, a zeroed buffer is allocated for this call (one
+    memset more per launch).
     """
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
@@ -306,17 +358,31 @@ def paged_attention(
     if num_rows == 0 or num_tokens == 0:
         return out
     on_gpu = query.device.type == "cuda"
+    sms = num_sms(query.device)
     small = small_tiles or decode_tiles(head_dim, group, on_gpu, query.element_size())
     large = large_tiles or prefill_tiles(head_dim, group, on_gpu, query.element_size())
     small_q = small.block_m // group  # tokens a small row may have
     all_small = meta.max_query_len <= small_q
+    if small_tiles is None and all_small:
+        # Decode-only batches (in CUDA graphs, whose capture compiles the variant): the KV tiles follow the batch
+        # shape (block_m does not). Mixed batches keep the default tiles: no new variant to compile mid-run.
+        small = decode_tiles(head_dim, group, on_gpu, query.element_size(), num_programs=num_rows * num_kv_heads,
+                             max_seq_len=meta.max_seq_len, num_sms=sms)
     if num_splits is None:
         # Mixed batches hold a prefill chunk that fills the GPU anyway: their small rows run unsplit.
-        num_splits = num_kv_splits(num_rows, num_kv_heads, meta.max_seq_len, num_sms(query.device),
+        num_splits = num_kv_splits(num_rows, num_kv_heads, meta.max_seq_len, sms,
                                    small.block_n) if all_small else 1
 
+    split = num_splits > 1
+    fused = split and fused_reduce
+    if fused and split_counters is None:
+        split_counters = torch.zeros(num_rows * num_kv_heads, dtype=torch.int32, device=query.device)
+    if fused:
+        assert split_counters is not None and split_counters.dtype == torch.int32 \
+            and split_counters.numel() >= num_rows * num_kv_heads, "split_counters: >= R * num_kv_heads int32"
     common = dict(
         query_start_loc_ptr=meta.query_start_loc, seq_lens_ptr=meta.seq_lens, block_tables_ptr=meta.block_tables,
+        split_counters_ptr=split_counters if fused else meta.seq_lens,  # unused unless fused
         num_rows=num_rows, qk_scale=scale * LOG2E,
         stride_qt=query.stride(0), stride_qh=query.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_c_kv=kv_cache.stride(0), stride_c_blk=kv_cache.stride(1), stride_c_tok=kv_cache.stride(2),
@@ -336,7 +402,6 @@ def paged_attention(
             SMALL_ROWS=False, SKIP_QUERY_LEN=small_q, IS_SPLIT=False,
             num_warps=large.num_warps, num_stages=large.num_stages, **common, **pdl_launch_kwargs(pdl),
         )
-    split = num_splits > 1
     if split:
         part_o = torch.empty((num_rows, num_kv_heads, num_splits, small.block_m, head_dim),
                              dtype=torch.float32, device=query.device)
@@ -348,9 +413,10 @@ def paged_attention(
         query, kv_cache, out, part_o, part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
         SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=split,
+        FUSED_REDUCE=fused,
         num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
-    if split:
+    if split and not fused:
         _split_kv_reduce_kernel[(num_rows, num_kv_heads)](
             out, part_o, part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
             out.stride(0), out.stride(1),

@@ -6,6 +6,7 @@ by name. Tokens of all requests are flattened into one `[T]` batch; attention re
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import torch
@@ -13,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from framework.attention import AttentionMetadata
-from framework.attention.backend import paged_attention
+from framework.attention.backend import SplitCounters, paged_attention
 from framework.parallel_context import ParallelContext, stage_layers
 from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
 from framework.models.hf_config import DecoderConfig
@@ -220,7 +221,8 @@ class LlamaForCausalLM(nn.Module):
             elif cfg.tie_word_embeddings:
                 self.checkpoint_aliases["lm_head.weight"] = "model.embed_tokens.weight"
         self.register_buffer("inv_freq", cfg.rope_inv_freq(), persistent=False)
-        self.attention: AttentionFn = paged_attention
+        self.split_counters = SplitCounters()  # reused by every layer, step and graph replay of this model
+        self.attention: AttentionFn = functools.partial(paged_attention, split_counters=self.split_counters)
         self.small_batch_max_tokens = 0  # logits of <= this many rows take the GEMV LM head (enable_small_batch)
         self.programmatic_launch = False  # that LM head and the final norm before it launch with PDL (same)
 

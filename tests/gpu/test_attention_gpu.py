@@ -12,6 +12,7 @@ Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_attention_gpu.py`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -26,7 +27,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
 from framework.attention.paged import paged_attention_reference, store_kv_reference  # noqa: E402
-from framework.attention.triton_paged_attention import num_kv_splits, paged_attention  # noqa: E402
+from framework.attention.triton_paged_attention import decode_tiles, num_kv_splits, paged_attention  # noqa: E402
 from framework.attention.triton_store_kv import store_kv  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared case builder
 from attention_cases import make_paged_case  # noqa: E402
@@ -159,3 +160,96 @@ def test_cuda_graph_capture_and_replay():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------ split-KV decode with the reduce fused in
+
+
+def _decode_case(rows, seed=0):
+    case = make_paged_case(rows, block_size=16, dtype=torch.bfloat16, device=DEVICE, seed=seed, **QWEN3)
+    store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
+    return case
+
+
+def _references(case) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bf16 and float32 PyTorch references of a case (real tokens only, as float32)."""
+    n = case.num_real_tokens
+    return (paged_attention_reference(case.query, case.kv_cache, case.meta, 0.088)[:n].float(),
+            paged_attention_reference(case.query.float(), case.kv_cache.float(), case.meta, 0.088)[:n])
+
+
+def _assert_matches_reference(out: torch.Tensor, case, refs=None) -> None:
+    """The `_check` criteria: within bf16 tolerance of a float32 reference, mean error no worse than twice
+    that of the bf16 PyTorch reference."""
+    ref, ref32 = refs or _references(case)
+    out = out[:case.num_real_tokens].float()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref32, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
+    err, ref_err = (out - ref32).abs().mean().item(), (ref - ref32).abs().mean().item()
+    assert err <= 2 * ref_err + 1e-4, (err, ref_err)
+
+
+@pytest.mark.parametrize("batch, max_seq", [(1, 4096), (1, 600), (4, 4096), (16, 2048), (16, 4096), (64, 4096),
+                                            (64, 2048), (256, 1024)])  # the last two: 64-key decode tiles
+def test_fused_reduce_qwen3(batch, max_seq):
+    """Rows of random lengths 1..max_seq (short rows leave splits empty), at the rule's split count and at 16
+    splits: equal to the reference and to the two-launch reduce; the counters are zero afterwards."""
+    case = _decode_case(_rows("decode", batch, max_seq, seed=batch) + [(0, 1)], seed=batch)  # + a 1-key row
+    rows = batch + 1
+    counters = torch.zeros(rows * QWEN3["num_kv_heads"] + 8, dtype=torch.int32, device=DEVICE)
+    refs = _references(case)
+    for splits in (None, 16):
+        fused = paged_attention(case.query, case.kv_cache, case.meta, 0.088, num_splits=splits,
+                                split_counters=counters)
+        unfused = paged_attention(case.query, case.kv_cache, case.meta, 0.088, num_splits=splits,
+                                  fused_reduce=False)
+        torch.cuda.synchronize()
+        assert not counters.any()
+        _assert_matches_reference(fused, case, refs)
+        # Same merge arithmetic in both paths: equal up to the compiler's choice of fused multiply-adds.
+        torch.testing.assert_close(fused.float(), unfused.float(), atol=1e-3, rtol=1e-2)
+
+
+def test_fused_reduce_stale_counters_fail():
+    """Negative control: counters left as a kernel without the reset leaves them (one count per non-empty
+    split) make the next call skip its merges, and the reference check notices."""
+    case = _decode_case(_rows("decode_equal", 2, 4096, seed=0))
+    counters = torch.zeros(2 * QWEN3["num_kv_heads"], dtype=torch.int32, device=DEVICE)
+    out = paged_attention(case.query, case.kv_cache, case.meta, 0.088, num_splits=8, split_counters=counters)
+    _assert_matches_reference(out, case)
+    counters.fill_(8)  # 4096 keys in 8 splits: all non-empty
+    case.query.neg_()  # new queries: a stale output cannot pass
+    out = paged_attention(case.query, case.kv_cache, case.meta, 0.088, num_splits=8, split_counters=counters)
+    with pytest.raises(AssertionError):
+        _assert_matches_reference(out, case)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16, 32])  # 16, 8, 2, 2 splits by the rule at 4096 keys
+def test_fused_reduce_cuda_graph_changing_seq_lens(batch):
+    """As the engine runs decode: max_seq_len fixed at 4096 (so the split count is fixed at capture), one
+    counter buffer, the graph replayed with new sequence lengths and queries each time."""
+    case = _decode_case([(4095, 1)] * batch, seed=batch)
+    meta = dataclasses.replace(case.meta, max_seq_len=4096)
+    counters = torch.zeros(batch * QWEN3["num_kv_heads"], dtype=torch.int32, device=DEVICE)
+    tiles = decode_tiles(128, 2, True)
+    assert num_kv_splits(batch, 8, 4096, torch.cuda.get_device_properties(0).multi_processor_count,
+                         tiles.block_n) > 1
+    step = lambda: paged_attention(case.query, case.kv_cache, meta, 0.088, split_counters=counters)  # noqa: E731
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    g = torch.Generator().manual_seed(batch)
+    for replay in range(5):
+        seq_lens = torch.randint(1, 4097, (batch,), generator=g)
+        seq_lens[0] = (1, 4096, 129, 2048, 17)[replay]
+        meta.seq_lens.copy_(seq_lens)
+        case.query.copy_(torch.randn(case.query.shape, generator=g).to(case.query))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not counters.any(), replay
+        _assert_matches_reference(out, case)
