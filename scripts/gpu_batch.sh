@@ -198,9 +198,9 @@ for j in "$@"; do
     whisper) job $j 90 python3 scripts/bench_whisper.py --geometry base --out "$res/whisper" ;;
     prefix) job $j 120 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/prefix" ;;
     # Prefill attention (docs/kernels.md "Prefill attention"): the variant sweep (< 240 s), and prefix_bench with the
-    # new large-row kernel switched on (PREFILL_VARIANT=<spec printed by the sweep>, empty = its default variant).
+    # older large-row launch (MRV2_PREFILL_ATTENTION=paged) to compare with `prefix` (the prefill kernel, default).
     prefill_sweep) job $j 235 python3 scripts/bench_prefill_attention.py "$res/$j" ;;
-    prefix_prefill) job $j 120 env MRV2_PREFILL_ATTENTION=prefill MRV2_PREFILL_VARIANT="${PREFILL_VARIANT:-}" \
+    prefix_paged) job $j 120 env MRV2_PREFILL_ATTENTION=paged \
         python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j" ;;
     prefix-hybrid) job $j 200 python3 -m framework.cli bench experiment=prefix_bench_hybrid bench.output_dir="$res/prefix_hybrid" ;;
     profile) job $j 150 python3 scripts/profile_decode.py --batch 256 --profile-prefill --out "$res/profile/b256" &&

@@ -67,7 +67,8 @@ def launch_all(geometry: str, pdl: bool) -> None:
                              block_tables=torch.zeros(1, 8, dtype=torch.int32),
                              kv_slot_mapping=torch.zeros(1, dtype=torch.int64), block_size=page, max_query_len=1,
                              max_seq_len=100)
-    paged_attention(q, cache, meta, dim**-0.5, num_splits=4, pdl=pdl)
+    paged_attention(q, cache, meta, dim**-0.5, num_splits=4, pdl=pdl)  # splits merged in the kernel
+    paged_attention(q, cache, meta, dim**-0.5, num_splits=4, pdl=pdl, fused_reduce=False)  # + the reduce
     rms_norm_triton(torch.zeros(1, 1024, dtype=DT), torch.ones(1024, dtype=DT), 1e-6, torch.zeros(1, 1024, dtype=DT),
                     pdl=pdl)
 

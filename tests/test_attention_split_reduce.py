@@ -126,7 +126,7 @@ def test_split_counters_owner(monkeypatch):
     rows = [(600, 1), (3, 1)]
     case = _case(rows, num_heads=4, num_kv_heads=2, block_size=16)
     assert lc.num_kv_splits(len(rows), 2, case.meta.max_seq_len, tpa.num_sms(cpu), BLOCK_N) > 1  # split by rule
-    out = paged_attention(case.query, case.kv_cache, case.meta, 0.2, owner)
+    out = paged_attention(case.query, case.kv_cache, case.meta, 0.2, split_counters=owner)
     torch.testing.assert_close(out, paged_attention_reference(case.query, case.kv_cache, case.meta, 0.2),
                                **tat.TOL[torch.float32])
     assert not bigger.any()

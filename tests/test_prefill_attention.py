@@ -153,6 +153,12 @@ def test_switch_in_paged_attention(monkeypatch, switch):
     assert len(calls) == (switch == "prefill")  # a decode-only batch never reaches it
 
 
+def test_prefill_kernel_is_the_default(monkeypatch):
+    monkeypatch.delenv(tfa.SWITCH_ENV, raising=False)
+    assert tfa.prefill_kernel_enabled()
+    assert not tfa.default_variant(128, on_gpu=True).k_trans  # the H200 sweep's best at head_dim 128
+
+
 def test_variant_from_env_and_parse(monkeypatch):
     assert tfa.PrefillVariant.parse("block_m=64,num_warps=4,reverse=0,k_trans=false") == tfa.PrefillVariant(
         64, 128, 4, 3, reverse=False, k_trans=False)

@@ -76,8 +76,9 @@ def paged_attention(
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     meta: AttentionMetadata,
     scale: float,
-    pdl: bool = False,  # the kernels with programmatic dependent launch (framework/kernels/pdl.py)
+    *,
     split_counters: Optional[SplitCounters] = None,  # None: the kernel zeroes counters per call
+    pdl: bool = False,  # the kernels with programmatic dependent launch (framework/kernels/pdl.py)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal paged attention of this step's queries (see paged.py)."""
     if attention_backend(query.device, query.shape[-1]) == "triton":

@@ -2,8 +2,8 @@
 
 Same semantics as `paged_attention_reference` (framework/attention/paged.py) for the rows it serves: rows
 with `query_len > skip_query_len` (prefill chunks); shorter rows are left to the decode launch of
-`triton_paged_attention.paged_attention`, which calls `prefill_attention` for its large rows when
-`MRV2_PREFILL_ATTENTION=prefill` (default `paged`: the older large-row launch of `_paged_attention_kernel`).
+`triton_paged_attention.paged_attention`, which calls `prefill_attention` for its large rows (default;
+`MRV2_PREFILL_ATTENTION=paged` runs the older large-row launch of `_paged_attention_kernel` instead).
 
 A program owns one query tile (`BLOCK_Q` tokens of one row x `HEADS` query heads of one GQA group, flattened
 into `BLOCK_M` matrix rows) and walks its keys in `BLOCK_N` tiles gathered through the block table; fully
@@ -39,7 +39,7 @@ import triton.language as tl
 from framework.attention.metadata import AttentionMetadata
 
 LOG2E = 1.4426950408889634
-SWITCH_ENV = "MRV2_PREFILL_ATTENTION"  # paged (default) | prefill
+SWITCH_ENV = "MRV2_PREFILL_ATTENTION"  # prefill (default) | paged
 VARIANT_ENV = "MRV2_PREFILL_VARIANT"  # e.g. "block_m=128,block_n=64,reverse=0" over the default variant
 
 
@@ -84,21 +84,23 @@ class PrefillVariant:
 def default_variant(head_dim: int, on_gpu: bool, elem_size: int = 2) -> PrefillVariant:
     """The variant `prefill_attention` runs unless told otherwise (`MRV2_PREFILL_VARIANT` edits it).
 
-    Starting point: the older large-row tiles (128x128, 8 warps, 3 stages for head_dim 128), reversed order.
-    The H200 sweep decides the rest.
+    Head_dim 128, from the H200 sweep of 2026-12-02 (`scripts/bench_prefill_attention.py`, docs/benchmarks.md):
+    128x128 tiles, 8 warps, 3 stages, reversed order, block ids a tile ahead, K gathered as rows then
+    `tl.trans` (`k_trans=False`): the best of 15 variants at all four shapes swept, 1.21-1.71x the older launch
+    (causal 8,192 tokens: 459 against 317 TFLOP/s). Other head dims keep the older launch's tiles (unmeasured).
     """
     if not on_gpu:  # interpreter: small tiles so tests cross tile and page boundaries
         return PrefillVariant(32, 16, 4, 1)
     if head_dim > 128 or elem_size > 2:  # 256-wide heads or float32: shared memory allows less
         return PrefillVariant(64, 32, 4, 2)
     if head_dim == 128:
-        return PrefillVariant(128, 128, 8, 3)
+        return PrefillVariant(128, 128, 8, 3, k_trans=False)
     return PrefillVariant(128, 64, 4, 3)
 
 
 def prefill_kernel_enabled() -> bool:
-    """Whether `paged_attention` sends its large rows here (`MRV2_PREFILL_ATTENTION=prefill`)."""
-    choice = os.environ.get(SWITCH_ENV, "paged").lower()
+    """Whether `paged_attention` sends its large rows here (default; `MRV2_PREFILL_ATTENTION=paged`: not)."""
+    choice = os.environ.get(SWITCH_ENV, "prefill").lower()
     if choice not in ("paged", "prefill"):
         raise ValueError(f"{SWITCH_ENV} must be paged or prefill, got {choice!r}")
     return choice == "prefill"
