@@ -148,20 +148,20 @@ for j in "$@"; do
         job $j-nano 150 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.decode_idle_batch=0 \
           bench.output_dir="$res/$j/nano" ;;
     # This session's new defaults checked and measured in one call: the PDL, attention (fused split-KV merge, decode
-    # tiles) and prefill-kernel GPU tests, then PDL off vs on (the defaults) at batch 1 (2 rounds) and nano (1 round),
-    # then prefix_bench with the new prefill kernel (default) and the older launch.
+    # tiles) and prefill-kernel GPU tests, then PDL off vs on (the defaults) at batch 1 (2 rounds), prefix_bench with the new prefill kernel
+    # (default) and the older launch, and PDL off vs on at nano (1 round).
     s11_final) job $j-pdl-tests 80 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_pdl_gpu.py;
         job $j-attn-tests 80 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py;
         job $j-prefill-tests 130 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_prefill_attention_gpu.py;
         job $j-b1 130 python3 scripts/bench_matrix.py --out "$res/$j/b1" --rounds 2 --timeout 60 \
           --config pdl_off=model.programmatic_launch=off --config now= \
           --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
-        job $j-nano 130 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 1 --timeout 65 \
-          --config pdl_off=model.programmatic_launch=off --config now= \
-          --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
         job $j-prefix 40 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/prefix";
         job $j-prefix-paged 40 env MRV2_PREFILL_ATTENTION=paged python3 -m framework.cli bench \
-          experiment=prefix_bench bench.output_dir="$res/$j/prefix_paged" ;;
+          experiment=prefix_bench bench.output_dir="$res/$j/prefix_paged";
+        job $j-nano 210 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 1 --timeout 100 \
+          --config pdl_off=model.programmatic_launch=off --config now= \
+          --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
