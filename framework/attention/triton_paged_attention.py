@@ -119,9 +119,9 @@ def _merge_kv_splits(
     out_ptr, part_o_ptr, part_lse_ptr, first_part, used_splits, token, head, m_rows, row_valid, dims,
     stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """Merge one (row, KV head)'s partials into `out`, in the order and arithmetic of `_split_kv_reduce_kernel`
-    (so the fused and two-launch paths agree bit for bit). Loads bypass L1 (`.cg`): partials of other
-    programs, published through the counter's acquire."""
+    """Merge one (row, KV head)'s partials into `out`: the fused path's last split program and the two-launch
+    path's `_split_kv_reduce_kernel` both call this, so they agree bit for bit. Loads bypass L1 (`.cg`):
+    partials of other programs, published through the counter's acquire (or the end of the previous launch)."""
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     weight = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
@@ -299,25 +299,9 @@ def _split_kv_reduce_kernel(
     row_valid = (m_rows < BLOCK_Q * GROUP) & (q_local < q_len)
     dims = tl.arange(0, HEAD_DIM)
     first_part = (row.to(tl.int64) * tl.num_programs(1) + kv_head) * num_splits
-
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    weight = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    for split in range(0, used_splits):
-        part = first_part + split
-        lse = tl.load(part_lse_ptr + part * BLOCK_M + m_rows, mask=row_valid, other=float("-inf"))
-        o = tl.load(part_o_ptr + part * BLOCK_M * HEAD_DIM + m_rows[:, None] * HEAD_DIM + dims[None, :],
-                    mask=row_valid[:, None], other=0.0)
-        m_new = tl.maximum(m_run, lse)
-        alpha = tl.exp2(m_run - m_new)
-        beta = tl.exp2(lse - m_new)
-        acc = acc * alpha[:, None] + o * beta[:, None]
-        weight = weight * alpha + beta
-        m_run = m_new
-    out = acc / tl.where(weight > 0.0, weight, 1.0)[:, None]
     token = (q_start + q_local).to(tl.int64)
-    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+    _merge_kv_splits(out_ptr, part_o_ptr, part_lse_ptr, first_part, used_splits, token, head, m_rows, row_valid,
+                     dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M)
 
 
 def paged_attention(
