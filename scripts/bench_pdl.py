@@ -29,6 +29,9 @@ from typing import Callable, Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_small_batch import capture_graph  # noqa: E402
 
 from framework.attention.metadata import AttentionMetadata  # noqa: E402
 from framework.attention.triton_paged_attention import paged_attention  # noqa: E402
@@ -107,18 +110,6 @@ class Model:
                 "stack": (KERNELS_PER_LAYER * len(self.layers) + KERNELS_HEAD, stack)}
 
 
-def capture(fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compiles and warms the allocator outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
-
-
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -159,7 +150,7 @@ def main() -> int:
         off_us = None
         for variant in args.variants:
             pdl, prefetch = VARIANTS[variant]
-            graph, out = capture(lambda: run(pdl, prefetch))
+            graph, out = capture_graph(lambda: run(pdl, prefetch))
             graph.replay()
             torch.cuda.synchronize()
             same = bool(torch.equal(out, base.setdefault(prefetch, out.clone())))  # vs PDL off, same prefetch

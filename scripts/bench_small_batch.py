@@ -30,10 +30,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, TypeVar
 
 import torch
 from torch.nn import functional as F
+
+T = TypeVar("T")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -112,18 +114,25 @@ def build_pairs(geometry: str, tokens: int, device: str, scale: int) -> list[Pai
     ]
 
 
+def capture_graph(fn: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+    """A CUDA graph of one call of `fn` and that call's outputs (run once on a side stream first, so the
+    capture holds no compile and the allocator is warm)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def graph_time_us(fn: Callable[[], object]) -> float:
     """Median microseconds per replay of a CUDA graph of one call."""
     import triton.testing
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compiles and warms the allocator outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph, _ = capture_graph(fn)
     return triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3
 
 
