@@ -24,7 +24,7 @@ job() {  # name, limit (s), command...
 # parallel piece needs 2 GPUs), then the pass/fail summary (scripts/gpu_tests_summary.py: totals, every failure
 # and skip, GPU test files no piece ran, commit and date) for docs/benchmarks.md. A new tests/gpu file joins a piece.
 GPU_PIECES=(
-  "kernels 60 test_attention_gpu.py test_layer_ops_gpu.py test_random_weights_gpu.py"
+  "kernels 60 test_layer_ops_gpu.py test_random_weights_gpu.py"
   "sampler 70 test_sampler_fused_gpu.py test_sampler_gpu.py"
   "spec 80 test_spec_gpu.py test_draft_heads_gpu.py"
   "engine 80 test_gpu_engine.py test_prefix_caching_gpu.py"
@@ -38,8 +38,9 @@ GPU_PIECES=(
 GPU_PIECES_MORE=(
   "smallbatch 160 test_small_batch_gpu.py"
   "fullgraph 120 test_full_step_graphs_gpu.py"
-  "pdl 100 test_pdl_gpu.py"
-  "prefill 150 test_prefill_attention_gpu.py"
+  "pdl 70 test_pdl_gpu.py"
+  "prefill 90 test_prefill_attention_gpu.py"
+  "attention 60 test_attention_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
   local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
