@@ -163,6 +163,9 @@ for j in "$@"; do
         job $j-nano 210 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 1 --timeout 100 \
           --config pdl_off=model.programmatic_launch=off --config now= \
           --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # Decode attention with block ids a tile ahead (a real K/V pipeline at 3+ stages) vs today's loop at nano's
+    # shapes (scripts/bench_decode_prefetch.py): look at the closing table, best TB/s per shape either way.
+    attn_prefetch) job $j 150 python3 scripts/bench_decode_prefetch.py "$res/$j" ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;

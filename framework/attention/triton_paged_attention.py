@@ -61,6 +61,24 @@ def _split_len(seq_len, num_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _tile_block_ids(bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+                    MASKED: tl.constexpr):
+    """Physical block(s) of KV tile `[start, start + BLOCK_N)`: one id when a page holds the tile, else one per
+    key (`tile_pages` = key // PAGE). MASKED: keys at or past `kv_hi` read id 0 (never dereferenced unmasked)."""
+    if PAGE >= BLOCK_N:  # the tile lies inside one page
+        if MASKED:
+            return tl.load(bt_row_ptr + start // PAGE, mask=start < kv_hi, other=0)
+        else:
+            return tl.load(bt_row_ptr + start // PAGE)
+    else:  # the tile spans BLOCK_N // PAGE pages
+        if MASKED:
+            kv_valid = start + tl.arange(0, BLOCK_N) < kv_hi
+            return tl.load(bt_row_ptr + start // PAGE + tile_pages, mask=kv_valid, other=0)
+        else:
+            return tl.load(bt_row_ptr + start // PAGE + tile_pages)
+
+
+@triton.jit
 def _attend_kv_tile(
     acc, l_i, m_i, q, start, kv_hi, q_pos,
     cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages, stride_c_kv, stride_c_blk, stride_c_tok,
@@ -68,20 +86,28 @@ def _attend_kv_tile(
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, DOT_IEEE: tl.constexpr,
 ):
     """One KV tile `[start, start + BLOCK_N)` folded into the running softmax state (acc, l_i, m_i)."""
+    block = _tile_block_ids(bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N, PAGE, MASKED and PAGE < BLOCK_N)
+    return _attend_kv_tile_on(acc, l_i, m_i, q, start, kv_hi, q_pos, block, cache_ptr, k_offsets, v_offsets,
+                              stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, MASKED, DOT_IEEE)
+
+
+@triton.jit
+def _attend_kv_tile_on(
+    acc, l_i, m_i, q, start, kv_hi, q_pos, block,
+    cache_ptr, k_offsets, v_offsets, stride_c_kv, stride_c_blk, stride_c_tok,
+    qk_scale,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, DOT_IEEE: tl.constexpr,
+):
+    """`_attend_kv_tile` on the tile's physical `block` ids, already looked up (`_tile_block_ids`)."""
     kv_pos = start + tl.arange(0, BLOCK_N)
     kv_valid = kv_pos < kv_hi
     # Tiles start at multiples of BLOCK_N, so the in-page part of each address is loop-invariant
-    # (k_offsets / v_offsets); only the physical block of the tile's pages is looked up here.
-    if PAGE >= BLOCK_N:  # the tile lies inside one page
-        block = tl.load(bt_row_ptr + start // PAGE).to(tl.int64)
-        base = block * stride_c_blk + (start % PAGE) * stride_c_tok
+    # (k_offsets / v_offsets); only the physical block of the tile's pages changes.
+    if PAGE >= BLOCK_N:
+        base = block.to(tl.int64) * stride_c_blk + (start % PAGE) * stride_c_tok
         k_ptrs = cache_ptr + base + k_offsets
         v_ptrs = cache_ptr + stride_c_kv + base + v_offsets
-    else:  # the tile spans BLOCK_N // PAGE pages
-        if MASKED:
-            block = tl.load(bt_row_ptr + start // PAGE + tile_pages, mask=kv_valid, other=0)
-        else:
-            block = tl.load(bt_row_ptr + start // PAGE + tile_pages)
+    else:
         block_off = block.to(tl.int64) * stride_c_blk
         k_ptrs = cache_ptr + block_off[None, :] + k_offsets
         v_ptrs = cache_ptr + stride_c_kv + block_off[:, None] + v_offsets
@@ -169,6 +195,7 @@ def _paged_attention_kernel(
     DOT_IEEE: tl.constexpr,  # float32 inputs: exact products instead of tf32
     FUSED_REDUCE: tl.constexpr = False,  # IS_SPLIT: the last split program of a (row, KV head) merges them
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
+    PREFETCH_IDS: tl.constexpr = False,  # unmasked tiles: block ids loaded a tile ahead (benchmarks; unmeasured)
 ):
     if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
         tl.extra.cuda.gdc_wait()
@@ -233,10 +260,19 @@ def _paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: fully masked tiles give p = 0, not NaN
-    for start in range(kv_lo, mid, BLOCK_N):
-        acc, l_i, m_i = _attend_kv_tile(
-            acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
-            stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, False, DOT_IEEE)
+    if PREFETCH_IDS:  # the next tile's block ids a tile ahead: no id -> address -> K/V chain inside an iteration
+        block = _tile_block_ids(bt_row_ptr, kv_lo, mid, tile_pages, BLOCK_N, PAGE, True)
+        for start in range(kv_lo, mid, BLOCK_N):
+            next_block = _tile_block_ids(bt_row_ptr, start + BLOCK_N, mid, tile_pages, BLOCK_N, PAGE, True)
+            acc, l_i, m_i = _attend_kv_tile_on(
+                acc, l_i, m_i, q, start, kv_hi, q_pos, block, cache_ptr, k_offsets, v_offsets,
+                stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, False, DOT_IEEE)
+            block = next_block
+    else:
+        for start in range(kv_lo, mid, BLOCK_N):
+            acc, l_i, m_i = _attend_kv_tile(
+                acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
+                stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, False, DOT_IEEE)
     for start in range(mid, kv_hi, BLOCK_N):
         acc, l_i, m_i = _attend_kv_tile(
             acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
@@ -316,6 +352,7 @@ def paged_attention(
     pdl: bool = False,  # programmatic dependent launch (only where framework.kernels.pdl.pdl_supported)
     split_counters: torch.Tensor | None = None,  # [>= R * num_kv_heads] int32 on query's device, all zero
     fused_reduce: bool = True,  # False: merge KV splits in a second launch (comparison, benchmarks)
+    prefetch_ids: bool = False,  # small rows: block ids a tile ahead (benchmarks, scripts/bench_attention.py)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -397,7 +434,7 @@ def paged_attention(
         query, kv_cache, out, part_o, part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
         SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=split,
-        FUSED_REDUCE=fused,
+        FUSED_REDUCE=fused, PREFETCH_IDS=prefetch_ids,
         num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
     if split and not fused:
