@@ -41,6 +41,7 @@ GPU_PIECES_MORE=(
   "pdl 70 test_pdl_gpu.py"
   "prefill 90 test_prefill_attention_gpu.py"
   "attention 60 test_attention_gpu.py"
+  "rope 80 test_rope_attention_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
   local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
@@ -166,6 +167,19 @@ for j in "$@"; do
     # Decode attention with block ids a tile ahead (a real K/V pipeline at 3+ stages) vs today's loop at nano's
     # shapes (scripts/bench_decode_prefetch.py): look at the closing table, best TB/s per shape either way.
     attn_prefetch) job $j 150 python3 scripts/bench_decode_prefetch.py "$res/$j" ;;
+    # q/k norm + RoPE + KV store fused into the decode attention launch (model.fuse_rope_attention, off by default;
+    # docs/kernels.md), unmeasured: the GPU tests (fused == two kernels == references at 0.6B shapes, a CUDA graph
+    # replayed with new seq_lens with PDL off and on, engine tokens on == off; look for: all passed, none skipped),
+    # then off vs on at batch 1, paired, 2 rounds (look at the on/off ratio: 28 launches of ~2.4 us in a ~0.97 ms
+    # step, ~7 % at best), then the batch-1 decode profile with it on (kernels per step: 28 fewer than with it off,
+    # no _qk_norm_rope_store_kernel; the attention kernel's us per call vs _paged_attention_kernel's).
+    rope_fused) job $j-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_rope_attention_gpu.py;
+        job $j-b1 130 python3 scripts/bench_matrix.py --out "$res/$j/b1" --rounds 2 --timeout 60 \
+          --config off= --config on=model.fuse_rope_attention=true \
+          --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
+        for f in off on; do job $j-profile-$f 90 python3 scripts/profile_decode.py --batch 1 --steps 200 \
+          --full-step-graphs --small-batch-kernels auto $([ $f = on ] && echo --fuse-rope-attention) \
+          --out "$res/$j/profile-b1-$f"; done ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;

@@ -25,8 +25,11 @@ from framework.kernels.triton_norm_silu import round_to_dtype
 
 @triton.jit
 def _rms_norm_halves(x1, x2, weight_ptr, dims, mask, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, dtype):
-    """weight * rmsnorm([x1, x2]) for one head given as its two halves (float32 holding dtype values)."""
-    rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HEAD_DIM + eps)
+    """weight * rmsnorm([x1, x2]) for heads given as their two halves along the last axis (float32 holding dtype
+    values): one head `[HALF]` each, or a tile of heads `[rows, HALF]` (the fused attention's,
+    framework/attention/triton_rope_attention.py), each row normalised on its own."""
+    rstd = tl.rsqrt((tl.sum(x1 * x1, axis=-1, keep_dims=True) + tl.sum(x2 * x2, axis=-1, keep_dims=True))
+                    / HEAD_DIM + eps)
     w1 = tl.load(weight_ptr + dims, mask=mask, other=0.0).to(tl.float32)
     w2 = tl.load(weight_ptr + HALF + dims, mask=mask, other=0.0).to(tl.float32)
     y1 = round_to_dtype(w1 * round_to_dtype(x1 * rstd, dtype), dtype)
