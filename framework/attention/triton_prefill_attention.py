@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 
 from framework.attention.metadata import AttentionMetadata
+from framework.attention.triton_tiles import LOG2E, _kv_tile_offsets
 
-LOG2E = 1.4426950408889634
 SWITCH_ENV = "MRV2_PREFILL_ATTENTION"  # prefill (default) | paged
 VARIANT_ENV = "MRV2_PREFILL_VARIANT"  # e.g. "block_m=128,block_n=64,reverse=0" over the default variant
 
@@ -277,19 +277,9 @@ def _prefill_attention_kernel(
     # Keys before `mid` are visible to every query of the tile: those tiles need no mask.
     mid = tl.minimum(kv_hi, (context_len + q_tile_start + 1) // BLOCK_N * BLOCK_N)
 
-    # Loop-invariant address parts (cache last dim contiguous): in-page token offset, KV head, dim.
-    n_offs = tl.arange(0, BLOCK_N)
-    if PAGE >= BLOCK_N:
-        tile_pages = n_offs * 0
-        tok_offs = n_offs * stride_c_tok
-    else:
-        tile_pages = n_offs // PAGE
-        tok_offs = (n_offs % PAGE) * stride_c_tok
-    tok_offs = tok_offs + kv_head * stride_c_head
-    v_offsets = tok_offs[:, None] + dims[None, :]  # [BLOCK_N, HEAD_DIM]
-    if K_TRANS:
-        k_offsets = dims[:, None] + tok_offs[None, :]  # [HEAD_DIM, BLOCK_N]
-    else:
+    # Loop-invariant address parts: K gathered transposed [HEAD_DIM, BLOCK_N], or (not K_TRANS) as V's rows.
+    tile_pages, k_offsets, v_offsets = _kv_tile_offsets(kv_head, dims, stride_c_tok, stride_c_head, BLOCK_N, PAGE)
+    if not K_TRANS:
         k_offsets = v_offsets
     bt_row_ptr = block_tables_ptr + row.to(tl.int64) * stride_bt_row
 

@@ -30,9 +30,8 @@ import triton.language as tl
 
 from framework.attention.launch_config import AttentionTiles, decode_tiles, num_kv_splits, num_sms
 from framework.attention.metadata import AttentionMetadata
-from framework.attention.triton_paged_attention import (
-    LOG2E, _attend_kv_tile, _merge_kv_splits, _split_kv_reduce_kernel, _split_len,
-)
+from framework.attention.triton_paged_attention import _split_kv_reduce_kernel
+from framework.attention.triton_tiles import LOG2E, _attend_kv_range, _kv_tile_offsets, _split_len, _write_result
 from framework.kernels.pdl import pdl_launch_kwargs
 from framework.kernels.triton_qk_norm_rope import _rms_norm_halves, _rope_halves
 
@@ -155,6 +154,7 @@ def _rope_paged_attention_kernel(
     context_len = seq_len - q_len  # keys cached before this step's first query
     kv_lo = 0
     kv_hi = seq_len
+    split_len = seq_len
     if IS_SPLIT:
         split_len = _split_len(seq_len, num_splits, BLOCK_N)
         kv_lo = split * split_len
@@ -185,50 +185,17 @@ def _rope_paged_attention_kernel(
     # 3. Attention over [kv_lo, kv_hi), as `_paged_attention_kernel`'s small rows.
     full_hi = (context_len + 1) // BLOCK_N * BLOCK_N  # keys every query of the row sees: no mask
     mid = tl.maximum(kv_lo, tl.minimum(kv_hi, full_hi))
-    n_offs = tl.arange(0, BLOCK_N)
-    if PAGE >= BLOCK_N:
-        tile_pages = n_offs * 0
-        tok_offs = n_offs * stride_c_tok
-    else:
-        tile_pages = n_offs // PAGE
-        tok_offs = (n_offs % PAGE) * stride_c_tok
-    tok_offs = tok_offs + kv_head * stride_c_head
-    k_offsets = dims[:, None] + tok_offs[None, :]  # [HEAD_DIM, BLOCK_N]: K tile loaded transposed
-    v_offsets = tok_offs[:, None] + dims[None, :]  # [BLOCK_N, HEAD_DIM]
+    tile_pages, k_offsets, v_offsets = _kv_tile_offsets(kv_head, dims, stride_c_tok, stride_c_head, BLOCK_N, PAGE)
     bt_row_ptr = block_tables_ptr + row.to(tl.int64) * stride_bt_row
-
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: fully masked tiles give p = 0, not NaN
-    for start in range(kv_lo, mid, BLOCK_N):
-        acc, l_i, m_i = _attend_kv_tile(
-            acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
-            stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, False, DOT_IEEE)
-    for start in range(mid, kv_hi, BLOCK_N):
-        acc, l_i, m_i = _attend_kv_tile(
-            acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
-            stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, True, DOT_IEEE)
-
-    has_keys = l_i > 0.0  # a split may hold no key visible to an early query of a draft-verify row
-    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if IS_SPLIT:
-        part = (row.to(tl.int64) * NUM_KV_HEADS + kv_head) * num_splits + split
-        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + part * BLOCK_M + m_rows, lse, mask=row_valid)
-        tl.store(part_o_ptr + part * BLOCK_M * HEAD_DIM + m_rows[:, None] * HEAD_DIM + dims[None, :], o,
-                 mask=row_valid[:, None])
-        if FUSED_REDUCE:  # the counter protocol of `_paged_attention_kernel` (its comments say why)
-            used_splits = tl.cdiv(seq_len, split_len)
-            counter = split_counters_ptr + row * NUM_KV_HEADS + kv_head
-            tl.debug_barrier()
-            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if done == used_splits - 1:
-                _merge_kv_splits(out_ptr, part_o_ptr, part_lse_ptr, part - split, used_splits, token, head,
-                                 m_rows, row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M)
-                tl.store(counter, 0)
-    else:
-        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+    acc, l_i, m_i = _attend_kv_range(
+        acc, l_i, m_i, q, kv_lo, mid, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
+        stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, DOT_IEEE, False)
+    _write_result(acc, l_i, m_i, out_ptr, part_o_ptr, part_lse_ptr, split_counters_ptr,
+                  row, kv_head, NUM_KV_HEADS, split, num_splits, seq_len, split_len, token, head, m_rows,
+                  row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M, IS_SPLIT, FUSED_REDUCE)
 
 
 def rope_paged_attention(
