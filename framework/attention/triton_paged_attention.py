@@ -36,22 +36,9 @@ from framework.attention.launch_config import (  # noqa: F401 - re-exported for 
 from framework.attention.metadata import AttentionMetadata
 from framework.attention.triton_prefill_attention import prefill_attention, prefill_kernel_enabled
 from framework.attention.triton_tiles import (
-    LOG2E, _attend_kv_range, _kv_tile_offsets, _merge_kv_splits, _split_len, _write_result,
+    LOG2E, _attend_kv_range, _find_row, _kv_tile_offsets, _merge_kv_splits, _split_len, _write_result,
 )
 from framework.kernels.pdl import pdl_launch_kwargs
-
-@triton.jit
-def _find_row(query_start_loc_ptr, num_rows, tile, BLOCK_Q: tl.constexpr):
-    """Batch row owning query tile `tile`: row r's tiles start at `query_start_loc[r] // BLOCK_Q + r`."""
-    lo = 0
-    hi = num_rows
-    while lo < hi:
-        mid = (lo + hi) // 2
-        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
-        go_right = first_tile <= tile
-        lo = tl.where(go_right, mid + 1, lo)
-        hi = tl.where(go_right, hi, mid)
-    return lo - 1
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_splits"])  # per-step sizes: no recompiles mid-run
@@ -140,8 +127,8 @@ def _paged_attention_kernel(
         acc, l_i, m_i, q, kv_lo, mid, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
         stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, DOT_IEEE, PREFETCH_IDS)
     _write_result(acc, l_i, m_i, out_ptr, part_o_ptr, part_lse_ptr, split_counters_ptr,
-                      row, kv_head, tl.num_programs(1), split, num_splits, seq_len, split_len, token, head, m_rows,
-                      row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M, IS_SPLIT, FUSED_REDUCE)
+                  row, kv_head, tl.num_programs(1), split, num_splits, seq_len, split_len, token, head, m_rows,
+                  row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M, IS_SPLIT, FUSED_REDUCE)
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # per-step sizes: no recompiles mid-run

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from framework.attention.metadata import AttentionMetadata
-from framework.attention.triton_tiles import LOG2E, _kv_tile_offsets
+from framework.attention.triton_tiles import LOG2E, _find_row, _kv_tile_offsets
 
 SWITCH_ENV = "MRV2_PREFILL_ATTENTION"  # prefill (default) | paged
 VARIANT_ENV = "MRV2_PREFILL_VARIANT"  # e.g. "block_m=128,block_n=64,reverse=0" over the default variant
@@ -104,19 +104,6 @@ def prefill_kernel_enabled() -> bool:
     if choice not in ("paged", "prefill"):
         raise ValueError(f"{SWITCH_ENV} must be paged or prefill, got {choice!r}")
     return choice == "prefill"
-
-
-@triton.jit
-def _tile_row(query_start_loc_ptr, num_rows, tile, BLOCK_Q: tl.constexpr):
-    """Batch row owning query tile `tile`: row r's tiles start at `query_start_loc[r] // BLOCK_Q + r`."""
-    lo = 0
-    hi = num_rows
-    while lo < hi:
-        mid = (lo + hi) // 2
-        go_right = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= tile
-        lo = tl.where(go_right, mid + 1, lo)
-        hi = tl.where(go_right, hi, mid)
-    return lo - 1
 
 
 @triton.jit
@@ -249,7 +236,7 @@ def _prefill_attention_kernel(
     else:
         tile = tl.program_id(0)
         head_block = tl.program_id(1)
-    row = _tile_row(query_start_loc_ptr, num_rows, tile, BLOCK_Q)
+    row = _find_row(query_start_loc_ptr, num_rows, tile, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + row)
     q_len = tl.load(query_start_loc_ptr + row + 1) - q_start
     q_tile_start = (tile - q_start // BLOCK_Q - row) * BLOCK_Q
@@ -366,7 +353,7 @@ def prefill_attention(
     assert group % heads == 0, f"PrefillVariant.heads={heads} does not divide the GQA group {group}"
     block_m = max(variant.block_m, triton.next_power_of_2(heads))
     block_q = block_m // heads
-    # Row r's tiles start at query_start_loc[r] // block_q + r (see _tile_row): ids are not compact, so the
+    # Row r's tiles start at query_start_loc[r] // block_q + r (see _find_row): ids are not compact, so the
     # grid reaches the last row's last tile; surplus programs exit at once.
     num_tiles = num_tokens // block_q + meta.num_rows
     head_blocks = num_heads // heads

@@ -31,6 +31,20 @@ def _kv_tile_offsets(kv_head, dims, stride_c_tok, stride_c_head, BLOCK_N: tl.con
 
 
 @triton.jit
+def _find_row(query_start_loc_ptr, num_rows, tile, BLOCK_Q: tl.constexpr):
+    """Batch row owning query tile `tile`: row r's tiles start at `query_start_loc[r] // BLOCK_Q + r`."""
+    lo = 0
+    hi = num_rows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        go_right = first_tile <= tile
+        lo = tl.where(go_right, mid + 1, lo)
+        hi = tl.where(go_right, hi, mid)
+    return lo - 1
+
+
+@triton.jit
 def _split_len(seq_len, num_splits, BLOCK_N: tl.constexpr):
     """Keys per KV split of a row: an equal share of seq_len, rounded up to whole KV tiles."""
     return tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
