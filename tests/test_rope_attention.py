@@ -116,9 +116,11 @@ def _check(case, actual, expected) -> None:
     _check_cache(cache, ref_cache)
 
 
+# Splits 1, 2 (the draft rows straddle its boundary: test below) and 5 (empty splits), pages smaller than and
+# equal to the KV tile; 3 and 4 splits add nothing those do not cover (the CI suite's time).
 @pytest.mark.parametrize("group", [1, 2, 4])
 @pytest.mark.parametrize("qk_norm", [True, False])  # Qwen3; Llama has none
-@pytest.mark.parametrize("num_splits, block_size", [(1, 16), (2, 4), (3, 16), (4, 4), (5, 16)])
+@pytest.mark.parametrize("num_splits, block_size", [(1, 16), (2, 4), (5, 16)])
 def test_decode_and_draft_rows_match_the_reference(group, qk_norm, num_splits, block_size):
     for rows in (DECODE, DRAFT[group]):
         case = _case(rows, group=group, block_size=block_size, qk_norm=qk_norm, seed=num_splits)
