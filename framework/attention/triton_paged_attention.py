@@ -22,6 +22,8 @@ Two launches of the same kernel serve a batch (docs/kernels.md has the grids and
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -168,6 +170,49 @@ def _split_kv_reduce_kernel(
                      dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M)
 
 
+class SplitBuffers(NamedTuple):
+    """Where a small-rows launch with `num_splits` KV splits puts its partial results (`split_buffers`)."""
+
+    fused: bool  # the last split program merges (else `merge_splits_apart` runs after the launch)
+    counters: torch.Tensor  # [>= R * num_kv_heads] int32, all zero (a placeholder when not fused: never read)
+    part_o: torch.Tensor  # [R, num_kv_heads, num_splits, BLOCK_M, HEAD_DIM] float32 (`out` when unsplit)
+    part_lse: torch.Tensor  # [R, num_kv_heads, num_splits, BLOCK_M] float32 (`out` when unsplit)
+
+
+def split_buffers(out: torch.Tensor, meta: AttentionMetadata, num_kv_heads: int, num_splits: int, block_m: int,
+                  fused_reduce: bool, split_counters: torch.Tensor | None) -> SplitBuffers:
+    """The partial-result buffers of a small-rows launch; without `split_counters` a fused merge gets zeroed
+    counters of its own (one memset a call: callers that decode often pass a `backend.SplitCounters` buffer)."""
+    num_rows, head_dim = meta.num_rows, out.shape[-1]
+    split = num_splits > 1
+    fused = split and fused_reduce
+    if fused and split_counters is None:
+        split_counters = torch.zeros(num_rows * num_kv_heads, dtype=torch.int32, device=out.device)
+    if fused:
+        assert split_counters is not None and split_counters.dtype == torch.int32 \
+            and split_counters.numel() >= num_rows * num_kv_heads, "split_counters: >= R * num_kv_heads int32"
+    if not split:
+        return SplitBuffers(False, meta.seq_lens, out, out)
+    part_o = torch.empty((num_rows, num_kv_heads, num_splits, block_m, head_dim), dtype=torch.float32,
+                         device=out.device)
+    part_lse = torch.empty((num_rows, num_kv_heads, num_splits, block_m), dtype=torch.float32, device=out.device)
+    return SplitBuffers(fused, split_counters if fused else meta.seq_lens, part_o, part_lse)
+
+
+def merge_splits_apart(out: torch.Tensor, bufs: SplitBuffers, meta: AttentionMetadata, num_kv_heads: int,
+                       num_splits: int, group: int, tiles: AttentionTiles, pdl: bool) -> None:
+    """The second launch that merges a split small-rows launch's partials into `out`, unless it merged them
+    itself (`bufs.fused`) or was not split."""
+    if num_splits <= 1 or bufs.fused:
+        return
+    _split_kv_reduce_kernel[(meta.num_rows, num_kv_heads)](
+        out, bufs.part_o, bufs.part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
+        out.stride(0), out.stride(1),
+        HEAD_DIM=out.shape[-1], GROUP=group, BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_m // group,
+        BLOCK_N=tiles.block_n, num_warps=4, **pdl_launch_kwargs(pdl),
+    )
+
+
 def paged_attention(
     query: torch.Tensor,  # [T, num_heads, head_dim] float32 / float16 / bfloat16, last dim contiguous
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
@@ -222,16 +267,10 @@ def paged_attention(
         num_splits = num_kv_splits(num_rows, num_kv_heads, meta.max_seq_len, sms,
                                    small.block_n) if all_small else 1
 
-    split = num_splits > 1
-    fused = split and fused_reduce
-    if fused and split_counters is None:
-        split_counters = torch.zeros(num_rows * num_kv_heads, dtype=torch.int32, device=query.device)
-    if fused:
-        assert split_counters is not None and split_counters.dtype == torch.int32 \
-            and split_counters.numel() >= num_rows * num_kv_heads, "split_counters: >= R * num_kv_heads int32"
+    bufs = split_buffers(out, meta, num_kv_heads, num_splits, small.block_m, fused_reduce, split_counters)
     common = dict(
         query_start_loc_ptr=meta.query_start_loc, seq_lens_ptr=meta.seq_lens, block_tables_ptr=meta.block_tables,
-        split_counters_ptr=split_counters if fused else meta.seq_lens,  # unused unless fused
+        split_counters_ptr=bufs.counters,  # read only by a fused merge
         num_rows=num_rows, qk_scale=scale * LOG2E,
         stride_qt=query.stride(0), stride_qh=query.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_c_kv=kv_cache.stride(0), stride_c_blk=kv_cache.stride(1), stride_c_tok=kv_cache.stride(2),
@@ -251,25 +290,12 @@ def paged_attention(
             SMALL_ROWS=False, SKIP_QUERY_LEN=small_q, IS_SPLIT=False,
             num_warps=large.num_warps, num_stages=large.num_stages, **common, **pdl_launch_kwargs(pdl),
         )
-    if split:
-        part_o = torch.empty((num_rows, num_kv_heads, num_splits, small.block_m, head_dim),
-                             dtype=torch.float32, device=query.device)
-        part_lse = torch.empty((num_rows, num_kv_heads, num_splits, small.block_m),
-                               dtype=torch.float32, device=query.device)
-    else:
-        part_o = part_lse = out  # unused
     _paged_attention_kernel[(num_rows, num_kv_heads, num_splits)](
-        query, kv_cache, out, part_o, part_lse, num_splits=num_splits,
+        query, kv_cache, out, bufs.part_o, bufs.part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
-        SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=split,
-        FUSED_REDUCE=fused, PREFETCH_IDS=prefetch_ids,
+        SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=num_splits > 1,
+        FUSED_REDUCE=bufs.fused, PREFETCH_IDS=prefetch_ids,
         num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
-    if split and not fused:
-        _split_kv_reduce_kernel[(num_rows, num_kv_heads)](
-            out, part_o, part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
-            out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, GROUP=group, BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
-            num_warps=4, **pdl_launch_kwargs(pdl),
-        )
+    merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl)
     return out

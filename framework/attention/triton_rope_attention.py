@@ -30,7 +30,7 @@ import triton.language as tl
 
 from framework.attention.launch_config import AttentionTiles, decode_tiles, num_kv_splits, num_sms
 from framework.attention.metadata import AttentionMetadata
-from framework.attention.triton_paged_attention import _split_kv_reduce_kernel
+from framework.attention.triton_paged_attention import merge_splits_apart, split_buffers
 from framework.attention.triton_tiles import LOG2E, _attend_kv_range, _kv_tile_offsets, _split_len, _write_result
 from framework.kernels.pdl import pdl_launch_kwargs
 from framework.kernels.triton_qk_norm_rope import _rms_norm_halves, _rope_halves
@@ -253,27 +253,14 @@ def rope_paged_attention(
     assert meta.max_query_len <= small_q, f"rows of up to {small_q} tokens only, got {meta.max_query_len}"
     if num_splits is None:
         num_splits = num_kv_splits(num_rows, num_kv_heads, meta.max_seq_len, sms, small.block_n)
-    split = num_splits > 1
-    fused = split and fused_reduce
-    if fused and split_counters is None:
-        split_counters = torch.zeros(num_rows * num_kv_heads, dtype=torch.int32, device=qkv.device)
-    if fused:
-        assert split_counters is not None and split_counters.dtype == torch.int32 \
-            and split_counters.numel() >= num_rows * num_kv_heads, "split_counters: >= R * num_kv_heads int32"
-    if split:
-        part_o = torch.empty((num_rows, num_kv_heads, num_splits, small.block_m, head_dim),
-                             dtype=torch.float32, device=qkv.device)
-        part_lse = torch.empty((num_rows, num_kv_heads, num_splits, small.block_m),
-                               dtype=torch.float32, device=qkv.device)
-    else:
-        part_o = part_lse = out  # unused
+    bufs = split_buffers(out, meta, num_kv_heads, num_splits, small.block_m, fused_reduce, split_counters)
     _rope_paged_attention_kernel[(num_rows, num_kv_heads, num_splits)](
         qkv, cos, sin,
         q_norm_weight if q_norm_weight is not None else qkv,
         k_norm_weight if k_norm_weight is not None else qkv,
-        kv_cache, out, part_o, part_lse,
+        kv_cache, out, bufs.part_o, bufs.part_lse,
         meta.query_start_loc, meta.seq_lens, meta.block_tables, meta.kv_slot_mapping,
-        split_counters if fused else meta.seq_lens,  # unused unless fused
+        bufs.counters,  # read only by a fused merge
         meta.kv_slot_mapping.numel(), num_splits, scale * LOG2E, eps,
         qkv.stride(0), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -282,14 +269,8 @@ def rope_paged_attention(
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_KQ=triton.next_power_of_2(small_q),
         BLOCK_N=small.block_n, PAGE=block_size,
         HAS_Q_NORM=q_norm_weight is not None, HAS_K_NORM=k_norm_weight is not None,
-        IS_SPLIT=split, DOT_IEEE=qkv.dtype == torch.float32, FUSED_REDUCE=fused,
+        IS_SPLIT=num_splits > 1, DOT_IEEE=qkv.dtype == torch.float32, FUSED_REDUCE=bufs.fused,
         num_warps=small.num_warps, num_stages=small.num_stages, **pdl_launch_kwargs(pdl),
     )
-    if split and not fused:
-        _split_kv_reduce_kernel[(num_rows, num_kv_heads)](
-            out, part_o, part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
-            out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, GROUP=group, BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
-            num_warps=4, **pdl_launch_kwargs(pdl),
-        )
+    merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl)
     return out
