@@ -11,8 +11,9 @@ kernel's tail (docs/kernels.md, "Programmatic dependent launch").
 A kernel takes a `USE_PDL: tl.constexpr = False`; a wrapper given `pdl=True` launches it with
 `**pdl_launch_kwargs(True)`. Whether `pdl` may be true is decided once, at model load (`pdl_supported` /
 `resolve_programmatic_launch`, from `model.programmatic_launch`), and reaches the kernels as an attribute of the
-decoder layers and the model, set by `enable_small_batch` beside `small_batch_max_tokens`: never under Triton's interpreter (it has no `gdc_*`),
-never on a CPU or a GPU older than compute capability 9.0, never with a Triton that lacks the launch option.
+decoder layers and the model, set by `enable_small_batch` beside `small_batch_max_tokens`: never under Triton's
+interpreter (it has no `gdc_*`), never on a CPU or a GPU older than compute capability 9.0, never with a Triton
+that lacks the launch option.
 """
 
 from __future__ import annotations
