@@ -180,6 +180,31 @@ for j in "$@"; do
         for f in off on; do job $j-profile-$f 90 python3 scripts/profile_decode.py --batch 1 --steps 200 \
           --full-step-graphs --small-batch-kernels auto $([ $f = on ] && echo --fuse-rope-attention) \
           --out "$res/$j/profile-b1-$f"; done ;;
+    # Session 12's first call: the fused-rope decode attention's GPU tests; batch 1 with today's defaults (fused
+    # split-KV merge) vs fused rope on, paired, 2 rounds; the batch-1 profile both ways (kernels and device ms per
+    # step); the block-id prefetch sweep; the prefill steps of prefix_bench's shapes under the profiler (kernel
+    # table; 2,040-token prompts at batch 256, 8,192 tokens per step).
+    s12_probe) job $j-rope-tests 100 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_rope_attention_gpu.py;
+        job $j-b1 130 python3 scripts/bench_matrix.py --out "$res/$j/b1" --rounds 2 --timeout 60 \
+          --config now= --config rope=model.fuse_rope_attention=true \
+          --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
+        for f in off on; do job $j-profile-b1-$f 60 python3 scripts/profile_decode.py --batch 1 --steps 200 \
+          --full-step-graphs --small-batch-kernels auto $([ $f = on ] && echo --fuse-rope-attention) \
+          --out "$res/$j/profile-b1-$f"; done;
+        job $j-prefill 120 python3 scripts/profile_decode.py --batch 256 --prompt-len 2040 --max-model-len 2304 \
+          --steps 10 --profile-prefill --out "$res/$j/prefill";
+        job $j-prefetch 150 python3 scripts/bench_decode_prefetch.py "$res/$j/prefetch" ;;
+    # The q/k norm + RoPE + KV store kernel retiled (a program per BLOCK_T tokens x heads; was one per token and
+    # head): its GPU tests, bench_layer_ops at T = 1 / 256 / 8,192 (before: 6.1 / 9.2 us graph, ~112 us in a
+    # prefill step), the prefill profile again, prefix_bench 3 times, then the small-batch and full-step GPU files.
+    s12_rope) job $j-tests 80 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_layer_ops_gpu.py;
+        job $j-bench 80 python3 scripts/bench_layer_ops.py --tokens 1 256 8192 --out "$res/$j/layer_ops.json";
+        job $j-prefill 90 python3 scripts/profile_decode.py --batch 256 --prompt-len 2040 --max-model-len 2304 \
+          --steps 10 --profile-prefill --out "$res/$j/prefill";
+        for r in 1 2 3; do job $j-prefix$r 60 bash -c "python3 -c 'import sys; sys.path.insert(0, \"scripts\"); import host_speed; print(\"host probe us\", host_speed.host_probe_us())'; python3 -m framework.cli bench \
+          experiment=prefix_bench bench.output_dir=$res/$j/prefix$r"; done;
+        job $j-smallbatch 160 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_small_batch_gpu.py;
+        job $j-fullgraph 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_full_step_graphs_gpu.py ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;

@@ -20,6 +20,7 @@ from framework.kernels.layer_ops import (
     silu_and_mul_reference,
 )
 from framework.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton
+import framework.kernels.triton_qk_norm_rope as triton_qk_norm_rope
 from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -109,6 +110,7 @@ QK_CASES = [
     (3, 128, 4, 2, 16, 2, ()),  # last token has no KV slot (T' < T, as with CUDA-graph padding)
     (17, 64, 4, 2, 16, 15, (0, 7)),
     (17, 64, 2, 2, 1, 17, (16,)),
+    (9, 64, 6, 3, 16, 8, (2,)),  # head counts that are not powers of two: padded tile rows store nothing
 ]
 
 
@@ -154,10 +156,17 @@ def _run_qk_case(case, dtype: torch.dtype, q_norm: bool, k_norm: bool, seed: int
     assert torch.equal(flat[1, written.to(DEVICE)], v[token_of_slot.to(DEVICE)])  # v is stored raw
 
 
+@pytest.fixture(params=["one_head", "tiles"])
+def qk_grid(request, monkeypatch):
+    """Both grids of the kernel at every case: one head per program (decode) and token x head tiles (prefill)."""
+    monkeypatch.setattr(triton_qk_norm_rope, "ONE_HEAD_TOKENS", 10**9 if request.param == "one_head" else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("case", QK_CASES)
-def test_qk_norm_rope_store_matches_reference(case, dtype, qk_norm):
+def test_qk_norm_rope_store_matches_reference(case, dtype, qk_norm, qk_grid):
     _run_qk_case(case, dtype, qk_norm, qk_norm)
 
 
