@@ -16,7 +16,7 @@ as a captured decode step does (GPU time only). Before timing, each fused output
 unfused one. Prints a table and writes JSON to `--out`. Takes well under a minute on an H200 (mostly
 compiling).
 
-    PYTHONPATH=$PWD python3 scripts/bench_layer_ops.py --out layer_ops_bench.json [--tokens 1 256]
+    PYTHONPATH=$PWD python3 scripts/bench_layer_ops.py --out layer_ops_bench.json [--tokens 1 256] [--qk-grids 1 64 8192]
 
 `--check-only` runs every pair once and compares without timing (works on a CPU under TRITON_INTERPRET=1).
 """
@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from framework.attention.triton_store_kv import store_kv  # noqa: E402
 from framework.kernels.layer_ops import apply_rope_reference, rms_norm_reference, silu_and_mul_reference  # noqa: E402
 from framework.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton  # noqa: E402
+import framework.kernels.triton_qk_norm_rope as triton_qk_norm_rope  # noqa: E402
 from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton  # noqa: E402
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, EPS = 1024, 3072, 16, 8, 128, 1e-6
@@ -118,11 +119,34 @@ def time_us(fn: Callable[[], object], graph: bool) -> float:
     return triton.testing.do_bench(cuda_graph.replay, warmup=25, rep=200, return_mode="median") * 1e3
 
 
+def time_qk_grids(tokens_list: list[int], device: str) -> list[dict]:
+    """q/k norm + RoPE + store as a graph replay with each of its grids forced (`ONE_HEAD_TOKENS`): one head per
+    program vs token x head tiles, at every T: where the wrapper's switch between them belongs."""
+    rows = []
+    print(f"\n{'qk_norm_rope_store T':<22}{'one head / program us':>23}{'tiles us':>10}{'today':>8}")
+    for tokens in tokens_list:
+        fused = next(c for c in build_cases(tokens, device) if c.op == "qk_norm_rope_store").fused
+        row = dict(tokens=tokens, today="one_head" if tokens <= triton_qk_norm_rope.ONE_HEAD_TOKENS else "tiles")
+        saved = triton_qk_norm_rope.ONE_HEAD_TOKENS
+        for grid, threshold in (("one_head", 10**9), ("tiles", 0)):
+            triton_qk_norm_rope.ONE_HEAD_TOKENS = threshold
+            try:
+                row[f"{grid}_graph_us"] = time_us(fused, graph=True)
+            finally:
+                triton_qk_norm_rope.ONE_HEAD_TOKENS = saved
+        print(f"{tokens:<22}{row['one_head_graph_us']:>23.1f}{row['tiles_graph_us']:>10.1f}{row['today']:>8}",
+              flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("layer_ops_bench.json"), help="JSON results file")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 256], help="batch sizes T to time")
     parser.add_argument("--check-only", action="store_true", help="compare fused and unfused once, no timing")
+    parser.add_argument("--qk-grids", type=int, nargs="*", default=[],
+                        help="also time q/k norm + RoPE + store's two grids at these T (e.g. 1 8 32 64 256 8192)")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.check_only:
@@ -149,8 +173,9 @@ def main() -> int:
     meta = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
                 dtype=str(DTYPE), hidden=HIDDEN, intermediate=INTER, heads=HEADS, kv_heads=KV_HEADS,
                 head_dim=HEAD_DIM, block_size=BLOCK_SIZE, unit="microseconds per call (median)")
+    qk_grids = time_qk_grids(args.qk_grids, device) if args.qk_grids and not args.check_only else []
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(dict(meta=meta, results=rows), indent=2))
+    args.out.write_text(json.dumps(dict(meta=meta, results=rows, qk_grids=qk_grids), indent=2))
     print(f"wrote {args.out}")
     return 0
 

@@ -205,6 +205,12 @@ for j in "$@"; do
           experiment=prefix_bench bench.output_dir=$res/$j/prefix$r"; done;
         job $j-smallbatch 160 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_small_batch_gpu.py;
         job $j-fullgraph 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_full_step_graphs_gpu.py ;;
+    # q/k norm + RoPE + store: its two grids at T from 1 to 8,192 (where ONE_HEAD_TOKENS belongs).
+    qk_grids) job $j 90 python3 scripts/bench_layer_ops.py --tokens 1 --qk-grids 1 8 16 32 64 128 256 1024 8192 \
+        --out "$res/$j/layer_ops.json" ;;
+    # One run of the Qwen3-8B geometry, 128 nano requests (issue 25's target: >= 8,500 out tok/s).
+    nano8b) job $j 200 python3 -m framework.cli bench experiment=nano model.preset=qwen3-8b bench.num_requests=128 \
+        bench.baselines=[] bench.decode_idle_batch=0 bench.output_dir="$res/$j" ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
