@@ -62,12 +62,6 @@ class ModelConfig(_Strict):
         ">= 9.0 and a Triton with `launch_pdl`; never under the interpreter), `on` the same but says why when it "
         "is not, `off` never."
     )
-    fuse_rope_attention: bool = Field(
-        False, description="Decode and draft-verify batches (every row small) run the per-layer q/k norm + RoPE + "
-        "KV store inside the paged-attention launch (one Triton kernel instead of two per layer; docs/kernels.md). "
-        "Triton attention backend only; prefill and mixed batches keep the two kernels. Off by default: not "
-        "measured yet."
-    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":

@@ -15,7 +15,7 @@ from framework.kernels.pdl import resolve_programmatic_launch
 from framework.parallel_context import ParallelContext
 from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
-from framework.models.llama import enable_rope_attention, fuse_projections
+from framework.models.llama import fuse_projections
 from framework.models.loader import (
     build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
 )
@@ -96,8 +96,6 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     if enable_small_batch(model, small_tokens, pdl):
         logger.info("small-batch GEMV kernels for forwards of <= %d tokens%s", small_tokens,
                     ", with programmatic dependent launch" if pdl else "")
-    if mc.fuse_rope_attention and enable_rope_attention(model):
-        logger.info("q/k norm + RoPE + KV store fused into the attention launch of decode batches")
     # Decoder positions: max_position_embeddings, or an encoder-decoder's max_target_positions (Whisper: 448).
     limit = int(hf_config.get("max_position_embeddings") or hf_config.get("max_target_positions") or 2048)
     max_model_len = mc.max_model_len or limit

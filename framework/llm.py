@@ -52,7 +52,6 @@ _KWARGS = {
     "small_batch_kernels": "model.small_batch_kernels",
     "small_batch_max_tokens": "model.small_batch_max_tokens",
     "programmatic_launch": "model.programmatic_launch",
-    "fuse_rope_attention": "model.fuse_rope_attention",
     "tensor_parallel_size": "parallel.tensor_parallel_size",
     "pipeline_parallel_size": "parallel.pipeline_parallel_size",
     "speculative_config": "speculator",  # a dict of SpeculatorConfig fields, e.g. {"method": "ngram", ...}

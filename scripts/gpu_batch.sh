@@ -41,7 +41,6 @@ GPU_PIECES_MORE=(
   "pdl 70 test_pdl_gpu.py"
   "prefill 90 test_prefill_attention_gpu.py"
   "attention 60 test_attention_gpu.py"
-  "rope 80 test_rope_attention_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
   local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
@@ -164,36 +163,15 @@ for j in "$@"; do
         job $j-nano 210 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 1 --timeout 100 \
           --config pdl_off=model.programmatic_launch=off --config now= \
           --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" ;;
-    # Decode attention with block ids a tile ahead (a real K/V pipeline at 3+ stages) vs today's loop at nano's
-    # shapes (scripts/bench_decode_prefetch.py): look at the closing table, best TB/s per shape either way.
-    attn_prefetch) job $j 150 python3 scripts/bench_decode_prefetch.py "$res/$j" ;;
-    # q/k norm + RoPE + KV store fused into the decode attention launch (model.fuse_rope_attention, off by default;
-    # docs/kernels.md), unmeasured: the GPU tests (fused == two kernels == references at 0.6B shapes, a CUDA graph
-    # replayed with new seq_lens with PDL off and on, engine tokens on == off; look for: all passed, none skipped),
-    # then off vs on at batch 1, paired, 2 rounds (look at the on/off ratio: 28 launches of ~2.4 us in a ~0.97 ms
-    # step, ~7 % at best), then the batch-1 decode profile with it on (kernels per step: 28 fewer than with it off,
-    # no _qk_norm_rope_store_kernel; the attention kernel's us per call vs _paged_attention_kernel's).
-    rope_fused) job $j-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_rope_attention_gpu.py;
-        job $j-b1 130 python3 scripts/bench_matrix.py --out "$res/$j/b1" --rounds 2 --timeout 60 \
-          --config off= --config on=model.fuse_rope_attention=true \
-          --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
-        for f in off on; do job $j-profile-$f 90 python3 scripts/profile_decode.py --batch 1 --steps 200 \
-          --full-step-graphs --small-batch-kernels auto $([ $f = on ] && echo --fuse-rope-attention) \
-          --out "$res/$j/profile-b1-$f"; done ;;
-    # Session 12's first call: the fused-rope decode attention's GPU tests; batch 1 with today's defaults (fused
-    # split-KV merge) vs fused rope on, paired, 2 rounds; the batch-1 profile both ways (kernels and device ms per
-    # step); the block-id prefetch sweep; the prefill steps of prefix_bench's shapes under the profiler (kernel
-    # table; 2,040-token prompts at batch 256, 8,192 tokens per step).
-    s12_probe) job $j-rope-tests 100 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_rope_attention_gpu.py;
-        job $j-b1 130 python3 scripts/bench_matrix.py --out "$res/$j/b1" --rounds 2 --timeout 60 \
-          --config now= --config rope=model.fuse_rope_attention=true \
-          --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
-        for f in off on; do job $j-profile-b1-$f 60 python3 scripts/profile_decode.py --batch 1 --steps 200 \
-          --full-step-graphs --small-batch-kernels auto $([ $f = on ] && echo --fuse-rope-attention) \
-          --out "$res/$j/profile-b1-$f"; done;
+    # Session 12's first call (2026-12-02), what of it still runs: the batch-1 decode profile (kernels and device ms
+    # per step) and the prefill steps of prefix_bench's shapes under the profiler (kernel table; 2,040-token prompts
+    # at batch 256, 8,192 tokens per step). It also ran the fused-rope decode attention (GPU tests, batch 1 paired
+    # against today's defaults, profile) and the block-id prefetch sweep: both options left the tree after it
+    # (results in docs/benchmarks.md).
+    s12_probe) job $j-profile-b1 60 python3 scripts/profile_decode.py --batch 1 --steps 200 --full-step-graphs \
+          --small-batch-kernels auto --out "$res/$j/profile-b1";
         job $j-prefill 120 python3 scripts/profile_decode.py --batch 256 --prompt-len 2040 --max-model-len 2304 \
-          --steps 10 --profile-prefill --out "$res/$j/prefill";
-        job $j-prefetch 150 python3 scripts/bench_decode_prefetch.py "$res/$j/prefetch" ;;
+          --steps 10 --profile-prefill --out "$res/$j/prefill" ;;
     # The q/k norm + RoPE + KV store kernel retiled (a program per BLOCK_T tokens x heads; was one per token and
     # head): its GPU tests, bench_layer_ops at T = 1 / 256 / 8,192 (before: 6.1 / 9.2 us graph, ~112 us in a
     # prefill step), the prefill profile again, prefix_bench 3 times, then the small-batch and full-step GPU files.

@@ -156,15 +156,6 @@ def test_decode_with_kv_splits(num_splits):
     _check_attention([(70, 1), (2, 1), (33, 1), (16, 1)], num_splits=num_splits, block_size=4)
 
 
-@pytest.mark.parametrize("block_size", [4, 32])
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_block_ids_a_tile_ahead_match_reference(block_size, num_splits):
-    """`prefetch_ids`: the unmasked tiles' block ids loaded one tile ahead (the lookahead past the last full
-    tile reads nothing: masked), pages smaller and larger than the KV tile, split and unsplit, draft rows."""
-    _check_attention([(70, 1), (2, 1), (33, 1), (16, 1), (60, 4), (0, 0)], block_size=block_size,
-                     num_splits=num_splits, prefetch_ids=True, small_tiles=lc.AttentionTiles(16, 16, 4, 1))
-
-
 def test_draft_verify_rows_split_causally():
     """Rows of a few tokens (verifying drafts) in the split path: a split can hold no key for early queries."""
     _check_attention([(60, 4), (1, 3), (17, 8)], num_splits=4, num_heads=4, num_kv_heads=2)

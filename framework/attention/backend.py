@@ -6,8 +6,7 @@ numerical difference on a GPU), `triton` forces the kernels (on a CPU only under
 back to the reference with one warning.
 
 A model binds `paged_attention` to a `SplitCounters` of its own: the state the split-KV decode kernel keeps
-between calls. `rope_paged_attention` is the q/k norm + RoPE + KV store and the attention of an all-small
-batch in one Triton launch (`model.fuse_rope_attention`; `rope_attention_takes` says when it applies).
+between calls.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from typing import Optional
 
 import torch
 
-from framework.attention.launch_config import small_query_len
 from framework.attention.metadata import AttentionMetadata
 from framework.attention.paged import paged_attention_reference, store_kv_reference
 
@@ -91,62 +89,6 @@ def paged_attention(
             counters = split_counters.get(query.device, meta.num_rows * kv_cache.shape[3])
         return triton_paged_attention(query, kv_cache, meta, scale, pdl=pdl, split_counters=counters)
     return paged_attention_reference(query, kv_cache, meta, scale)
-
-
-def rope_attention_takes(
-    qkv: torch.Tensor,  # [T, (H + 2 Hkv) * head_dim]
-    cos: torch.Tensor,  # [T, head_dim]
-    sin: torch.Tensor,
-    q_norm_weight: Optional[torch.Tensor],  # [head_dim] or None
-    k_norm_weight: Optional[torch.Tensor],
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
-    meta: AttentionMetadata,
-    num_heads: int,
-) -> bool:
-    """Whether `rope_paged_attention` runs this step: the Triton backend, every row small (decode, draft
-    verification: `meta.max_query_len`, a host int, so a CUDA graph freezes one choice), inputs the unfused
-    kernel takes too (a float dtype shared by all, contiguous last dims, the cache's slot layout), and no
-    autograd (the kernel has no backward). Otherwise the caller runs `qk_norm_rope_store` + `paged_attention`."""
-    head_dim, num_kv_heads = kv_cache.shape[4], kv_cache.shape[3]
-    if attention_backend(qkv.device, head_dim) != "triton" or meta.max_query_len < 1:
-        return False
-    if meta.max_query_len > small_query_len(head_dim, num_heads // num_kv_heads, qkv.device.type == "cuda",
-                                            qkv.element_size()):
-        return False
-    tensors = (qkv, cos, sin, q_norm_weight, k_norm_weight)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return False
-    return (qkv.dtype in (torch.float32, torch.float16, torch.bfloat16) and qkv.dim() == 2
-            and all(t is None or (t.dtype == qkv.dtype and t.stride(-1) == 1) for t in tensors)
-            and kv_cache.stride(4) == 1 and kv_cache.stride(1) == kv_cache.shape[2] * kv_cache.stride(2))
-
-
-def rope_paged_attention(
-    qkv: torch.Tensor,  # [T, (H + 2 Hkv) * head_dim]: q heads, then k heads, then v heads
-    cos: torch.Tensor,  # [T, head_dim] qkv.dtype
-    sin: torch.Tensor,
-    q_norm_weight: Optional[torch.Tensor],  # [head_dim] or None: no q norm (Llama); Qwen3 has one
-    k_norm_weight: Optional[torch.Tensor],
-    eps: float,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], updated in place
-    meta: AttentionMetadata,
-    scale: float,
-    *,
-    split_counters: Optional[SplitCounters] = None,  # None: the kernel zeroes counters per call
-    pdl: bool = False,  # programmatic dependent launch (framework/kernels/pdl.py)
-) -> torch.Tensor:
-    """[T, num_heads, head_dim]: `qk_norm_rope_store` then `paged_attention` in one Triton launch, for a batch
-    `rope_attention_takes` accepts (framework/attention/triton_rope_attention.py)."""
-    from framework.attention.triton_rope_attention import rope_paged_attention as triton_rope_paged_attention
-
-    counters = None
-    if split_counters is not None:
-        counters = split_counters.get(qkv.device, meta.num_rows * num_kv_heads)
-    return triton_rope_paged_attention(qkv, cos, sin, q_norm_weight, k_norm_weight, eps, num_heads, num_kv_heads,
-                                       head_dim, kv_cache, meta, scale, pdl=pdl, split_counters=counters)
 
 
 def store_kv(

@@ -82,12 +82,6 @@ def decode_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2, *,
     return AttentionTiles(block_m, 128, 4, 2 if head_dim == 128 else 3)
 
 
-def small_query_len(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2) -> int:
-    """Most tokens a batch row may have to run as a small row (one program per row, KV head and split): the
-    query tile of `decode_tiles` (whose `block_m` depends on the group only) over the GQA group."""
-    return decode_tiles(head_dim, group, on_gpu, elem_size).block_m // group
-
-
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     """Multiprocessors of a CUDA device (read once); a small stand-in elsewhere."""

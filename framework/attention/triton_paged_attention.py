@@ -70,7 +70,6 @@ def _paged_attention_kernel(
     DOT_IEEE: tl.constexpr,  # float32 inputs: exact products instead of tf32
     FUSED_REDUCE: tl.constexpr = False,  # IS_SPLIT: the last split program of a (row, KV head) merges them
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
-    PREFETCH_IDS: tl.constexpr = False,  # unmasked tiles: block ids loaded a tile ahead (benchmarks; unmeasured)
 ):
     if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
         tl.extra.cuda.gdc_wait()
@@ -127,7 +126,7 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: fully masked tiles give p = 0, not NaN
     acc, l_i, m_i = _attend_kv_range(
         acc, l_i, m_i, q, kv_lo, mid, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
-        stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, DOT_IEEE, PREFETCH_IDS)
+        stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, DOT_IEEE)
     _write_result(acc, l_i, m_i, out_ptr, part_o_ptr, part_lse_ptr, split_counters_ptr,
                   row, kv_head, tl.num_programs(1), split, num_splits, seq_len, split_len, token, head, m_rows,
                   row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M, IS_SPLIT, FUSED_REDUCE)
@@ -225,7 +224,6 @@ def paged_attention(
     pdl: bool = False,  # programmatic dependent launch (only where framework.kernels.pdl.pdl_supported)
     split_counters: torch.Tensor | None = None,  # [>= R * num_kv_heads] int32 on query's device, all zero
     fused_reduce: bool = True,  # False: merge KV splits in a second launch (comparison, benchmarks)
-    prefetch_ids: bool = False,  # small rows: block ids a tile ahead (benchmarks, scripts/bench_attention.py)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -294,7 +292,7 @@ def paged_attention(
         query, kv_cache, out, bufs.part_o, bufs.part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
         SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=num_splits > 1,
-        FUSED_REDUCE=bufs.fused, PREFETCH_IDS=prefetch_ids,
+        FUSED_REDUCE=bufs.fused,
         num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
     merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl)

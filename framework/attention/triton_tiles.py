@@ -1,9 +1,8 @@
-"""The Triton building blocks of the paged-attention kernels (`triton_paged_attention`, `triton_rope_attention`,
-`triton_prefill_attention`): a KV tile's addresses and block ids, the online-softmax fold of one tile and of a
-range of tiles, KV splits and their merge, and the end of a program (its output, or its split's partial
-and, in the fused reduce, the merge by the last split to finish). All `@triton.jit` helpers, inlined
-into the kernels that call them; their semantics and grids are described in those kernels' modules and in
-docs/kernels.md.
+"""The Triton building blocks of the paged-attention kernels (`triton_paged_attention`, `triton_prefill_attention`):
+a KV tile's addresses and block ids, the online-softmax fold of one tile and of a range of tiles, KV splits and
+their merge, and the end of a program (its output, or its split's partial and, in the fused reduce, the merge by
+the last split to finish). All `@triton.jit` helpers, inlined into the kernels that call them; their semantics
+and grids are described in those kernels' modules and in docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -53,13 +52,11 @@ def _split_len(seq_len, num_splits, BLOCK_N: tl.constexpr):
 @triton.jit
 def _tile_block_ids(bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
                     MASKED: tl.constexpr):
-    """Physical block(s) of KV tile `[start, start + BLOCK_N)`: one id when a page holds the tile, else one per
-    key (`tile_pages` = key // PAGE). MASKED: keys at or past `kv_hi` read id 0 (never dereferenced unmasked)."""
+    """Physical block(s) of KV tile `[start, start + BLOCK_N)`, `start < kv_hi`: one id when a page holds the
+    tile, else one per key (`tile_pages` = key // PAGE); MASKED: keys at or past `kv_hi` read id 0 (never
+    dereferenced unmasked)."""
     if PAGE >= BLOCK_N:  # the tile lies inside one page
-        if MASKED:
-            return tl.load(bt_row_ptr + start // PAGE, mask=start < kv_hi, other=0)
-        else:
-            return tl.load(bt_row_ptr + start // PAGE)
+        return tl.load(bt_row_ptr + start // PAGE)
     else:  # the tile spans BLOCK_N // PAGE pages
         if MASKED:
             kv_valid = start + tl.arange(0, BLOCK_N) < kv_hi
@@ -76,19 +73,7 @@ def _attend_kv_tile(
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, DOT_IEEE: tl.constexpr,
 ):
     """One KV tile `[start, start + BLOCK_N)` folded into the running softmax state (acc, l_i, m_i)."""
-    block = _tile_block_ids(bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N, PAGE, MASKED and PAGE < BLOCK_N)
-    return _attend_kv_tile_on(acc, l_i, m_i, q, start, kv_hi, q_pos, block, cache_ptr, k_offsets, v_offsets,
-                              stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, MASKED, DOT_IEEE)
-
-
-@triton.jit
-def _attend_kv_tile_on(
-    acc, l_i, m_i, q, start, kv_hi, q_pos, block,
-    cache_ptr, k_offsets, v_offsets, stride_c_kv, stride_c_blk, stride_c_tok,
-    qk_scale,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, DOT_IEEE: tl.constexpr,
-):
-    """`_attend_kv_tile` on the tile's physical `block` ids, already looked up (`_tile_block_ids`)."""
+    block = _tile_block_ids(bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N, PAGE, MASKED)
     kv_pos = start + tl.arange(0, BLOCK_N)
     kv_valid = kv_pos < kv_hi
     # Tiles start at multiples of BLOCK_N, so the in-page part of each address is loop-invariant
@@ -163,24 +148,14 @@ def _attend_kv_range(
     acc, l_i, m_i, q, kv_lo, mid, kv_hi, q_pos,
     cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages, stride_c_kv, stride_c_blk, stride_c_tok,
     qk_scale,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_IEEE: tl.constexpr, PREFETCH_IDS: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_IEEE: tl.constexpr,
 ):
     """Keys `[kv_lo, kv_hi)` folded into the softmax state: unmasked tiles up to `mid` (every query of the
-    tile sees them), masked ones after. PREFETCH_IDS: the unmasked tiles' block ids a tile ahead, so no
-    id -> address -> K/V chain sits inside an iteration (Triton then pipelines the K/V copies)."""
-    if PREFETCH_IDS:
-        block = _tile_block_ids(bt_row_ptr, kv_lo, mid, tile_pages, BLOCK_N, PAGE, True)
-        for start in range(kv_lo, mid, BLOCK_N):
-            next_block = _tile_block_ids(bt_row_ptr, start + BLOCK_N, mid, tile_pages, BLOCK_N, PAGE, True)
-            acc, l_i, m_i = _attend_kv_tile_on(
-                acc, l_i, m_i, q, start, kv_hi, q_pos, block, cache_ptr, k_offsets, v_offsets,
-                stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, False, DOT_IEEE)
-            block = next_block
-    else:
-        for start in range(kv_lo, mid, BLOCK_N):
-            acc, l_i, m_i = _attend_kv_tile(
-                acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
-                stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, False, DOT_IEEE)
+    tile sees them), masked ones after."""
+    for start in range(kv_lo, mid, BLOCK_N):
+        acc, l_i, m_i = _attend_kv_tile(
+            acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
+            stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, False, DOT_IEEE)
     for start in range(mid, kv_hi, BLOCK_N):
         acc, l_i, m_i = _attend_kv_tile(
             acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,

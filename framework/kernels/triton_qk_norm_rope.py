@@ -33,8 +33,7 @@ ONE_HEAD_TOKENS = 128  # up to this many tokens a program holds one head (measur
 @triton.jit
 def _rms_norm_halves(x1, x2, weight_ptr, dims, mask, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, dtype):
     """weight * rmsnorm([x1, x2]) for heads given as their two halves along the last axis (float32 holding dtype
-    values): one head `[HALF]` each, or a tile of heads `[rows, HALF]` (the fused attention's,
-    framework/attention/triton_rope_attention.py), each row normalised on its own."""
+    values): one head `[HALF]` each, or a tile of heads `[rows, HALF]`, each row normalised on its own."""
     rstd = tl.rsqrt((tl.sum(x1 * x1, axis=-1, keep_dims=True) + tl.sum(x2 * x2, axis=-1, keep_dims=True))
                     / HEAD_DIM + eps)
     w1 = tl.load(weight_ptr + dims, mask=mask, other=0.0).to(tl.float32)

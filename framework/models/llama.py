@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from framework.attention import AttentionMetadata
-from framework.attention.backend import SplitCounters, paged_attention, rope_attention_takes, rope_paged_attention
+from framework.attention.backend import SplitCounters, paged_attention
 from framework.parallel_context import ParallelContext, stage_layers
 from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
 from framework.models.hf_config import DecoderConfig
@@ -26,9 +26,6 @@ from framework.models.parallel_layers import (
 # (query, kv_cache, meta, scale) -> output; the small-batch path also passes `pdl=True` when programmatic
 # dependent launch is on (`backend.paged_attention` takes it).
 AttentionFn = Callable[..., torch.Tensor]
-# (qkv, cos, sin, q_norm_weight, k_norm_weight, eps, H, Hkv, head_dim, kv_cache, meta, scale, pdl=) -> output:
-# `backend.rope_paged_attention` bound to the model's SplitCounters (enable_rope_attention).
-RopeAttentionFn = Callable[..., torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -71,7 +68,6 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.qkv_weight: Optional[torch.Tensor] = None  # set by fuse_projections (after the weights are loaded)
         self.qkv_bias: Optional[torch.Tensor] = None
-        self.rope_attention: Optional[RopeAttentionFn] = None  # set by enable_rope_attention (None: two kernels)
 
     def forward(
         self,
@@ -98,41 +94,17 @@ class Attention(nn.Module):
         attention: AttentionFn,
         pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, framework/kernels/pdl.py)
     ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
-        """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache; with
-        `rope_attention` set and a batch it takes (all rows small, the Triton backend), both in one launch."""
-        q_weight = self.q_norm.weight if self.qk_norm else None
-        k_weight = self.k_norm.weight if self.qk_norm else None
-        eps = self.q_norm.eps if self.qk_norm else 0.0
-        if self.rope_attention is not None and rope_attention_takes(qkv, cos, sin, q_weight, k_weight, kv_cache, meta,
-                                                                    self.num_heads):
-            out = self.rope_attention(qkv, cos, sin, q_weight, k_weight, eps, self.num_heads, self.num_kv_heads,
-                                      self.head_dim, kv_cache, meta, self.scale, pdl=pdl)
-            return out.reshape(qkv.shape[0], self.num_heads * self.head_dim)
-        q = qk_norm_rope_store(qkv, cos, sin, q_weight, k_weight, eps, self.num_heads, self.num_kv_heads,
-                               self.head_dim, kv_cache, meta.kv_slot_mapping, pdl)
+        """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
+        q = qk_norm_rope_store(
+            qkv, cos, sin, self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
+            self.q_norm.eps if self.qk_norm else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
+            kv_cache, meta.kv_slot_mapping, pdl)
         out = attention(q, kv_cache, meta, self.scale, pdl=True) if pdl else attention(q, kv_cache, meta, self.scale)
         return out.reshape(qkv.shape[0], self.num_heads * self.head_dim)
 
     def fuse_projections(self) -> None:
         """Serve q/k/v from one [q + k + v, hidden] weight (one GEMM); the three weights become views of it."""
         self.qkv_weight, self.qkv_bias = _merge_rows([self.q_proj, self.k_proj, self.v_proj])
-
-
-def enable_rope_attention(model: nn.Module, on: bool = True) -> int:
-    """Fuse q/k norm + RoPE + KV store into the attention launch of all-small batches (decode, draft
-    verification) in every `Attention` of `model` (`model.fuse_rope_attention`, docs/kernels.md); `on=False`
-    restores the two kernels. The fused kernel shares `model.split_counters` with `model.attention`. Returns
-    how many attention layers take the fused path."""
-    counters = getattr(model, "split_counters", None)
-    if not isinstance(counters, SplitCounters):
-        counters = SplitCounters()
-    fn = functools.partial(rope_paged_attention, split_counters=counters) if on else None
-    layers = 0
-    for module in model.modules():
-        if isinstance(module, Attention):
-            module.rope_attention = fn
-            layers += 1
-    return layers if on else 0
 
 
 class MLP(nn.Module):
