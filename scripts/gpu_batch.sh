@@ -2,6 +2,10 @@
 # One device call running several GPU jobs in turn, each under its own time limit; results packed into one
 # archive after every job (a device call returns at most 8 files): OUT/results.tgz, OUT/summary.log.
 #   scripts/gpu_batch.sh OUT_DIR JOB...      jobs: see the case list below
+# .device-wheels/ (carried to the device) holds Python 3.12 wheels of what the device lacks: ../shared/device-wheels/*
+# (pydantic, hydra-core, omegaconf, antlr4), msgspec, llguidance, and jsonschema with its dependencies (attrs,
+# referencing, jsonschema-specifications, rpds-py; test_structured_gpu.py): `pip download -d .device-wheels
+# --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 ... NAME`.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_batch.sh OUT_DIR JOB...}; shift
 res=/tmp/gpu_results; mkdir -p "$res" "$out"
@@ -24,9 +28,9 @@ job() {  # name, limit (s), command...
 # parallel piece needs 2 GPUs), then the pass/fail summary (scripts/gpu_tests_summary.py: totals, every failure
 # and skip, GPU test files no piece ran, commit and date) for docs/benchmarks.md. A new tests/gpu file joins a piece.
 GPU_PIECES=(
-  "kernels 60 test_layer_ops_gpu.py test_random_weights_gpu.py"
+  "kernels 30 test_layer_ops_gpu.py test_random_weights_gpu.py"
   "sampler 70 test_sampler_fused_gpu.py test_sampler_gpu.py"
-  "spec 80 test_spec_gpu.py test_draft_heads_gpu.py"
+  "spec 110 test_spec_gpu.py test_draft_heads_gpu.py"
   "engine 80 test_gpu_engine.py test_prefix_caching_gpu.py"
   "hybrid_whisper 110 test_whisper_gpu.py test_mamba_gpu.py"
   "parallel 50 test_parallel_gpu.py"
@@ -189,6 +193,14 @@ for j in "$@"; do
     # One run of the Qwen3-8B geometry, 128 nano requests (issue 25's target: >= 8,500 out tok/s).
     nano8b) job $j 200 python3 -m framework.cli bench experiment=nano model.preset=qwen3-8b bench.num_requests=128 \
         bench.baselines=[] bench.decode_idle_batch=0 bench.output_dir="$res/$j" ;;
+    # Session 12's last call: the draft-head GPU file alone (it ran past the spec piece's 80 s; stacks dumped if
+    # it hangs), then the GPU files of the kernels the cleanup touched (attention, PDL, prefill), and structured.
+    s12_final) job $j-draft 240 python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=200 \
+          --durations=0 tests/gpu/test_draft_heads_gpu.py;
+        job $j-attention 80 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py;
+        job $j-pdl 80 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_pdl_gpu.py;
+        job $j-prefill 100 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_prefill_attention_gpu.py;
+        job $j-structured 60 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_structured_gpu.py ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
