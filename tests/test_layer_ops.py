@@ -108,9 +108,9 @@ QK_CASES = [
     (1, 64, 4, 2, 16, 1, ()),
     (3, 128, 2, 2, 1, 3, (1,)),
     (3, 128, 4, 2, 16, 2, ()),  # last token has no KV slot (T' < T, as with CUDA-graph padding)
-    (17, 64, 4, 2, 16, 15, (0, 7)),
-    (17, 64, 2, 2, 1, 17, (16,)),
-    (9, 64, 6, 3, 16, 8, (2,)),  # head counts that are not powers of two: padded tile rows store nothing
+    (9, 64, 4, 2, 16, 7, (0, 5)),  # tiles of 8 tokens: a full one and a partial one
+    (9, 64, 2, 2, 1, 9, (8,)),
+    (5, 64, 6, 3, 16, 4, (2,)),  # head counts that are not powers of two: padded tile rows store nothing
 ]
 
 
