@@ -30,7 +30,7 @@ from framework.kernels.layer_ops import (  # noqa: E402
     silu_and_mul_reference,
 )
 from framework.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton  # noqa: E402
-from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton  # noqa: E402
+from framework.kernels.triton_qk_norm_rope import ONE_HEAD_TOKENS, qk_norm_rope_store_triton  # noqa: E402
 from framework.triton_compiles import compiled_variants, new_variants  # noqa: E402
 
 DEVICE = "cuda"
@@ -116,7 +116,9 @@ def test_qk_norm_rope_store(with_norm, num_tokens, num_kv_tokens):
 
 
 def test_one_compiled_variant_across_batch_sizes():
-    """Per-step sizes are not specialised: after one warm-up call, other batch sizes compile nothing."""
+    """Per-step sizes are not specialised: after warm-up calls, other batch sizes compile nothing (q/k norm +
+    RoPE has two grids, one head per program up to ONE_HEAD_TOKENS and token x head tiles above: one warm-up
+    call each)."""
     weight = _randn(HIDDEN, seed=1)
 
     def run(num_tokens: int) -> None:
@@ -127,6 +129,7 @@ def test_one_compiled_variant_across_batch_sizes():
         qk_norm_rope_store_triton(*inputs.args(True), inputs.cache, inputs.kv_slots)
 
     run(1)
+    run(ONE_HEAD_TOKENS + 1)
     before = compiled_variants()
     assert all(before.get(f"framework.kernels.{m}.{k}", 0) >= 1 for m, k in (
         ("triton_norm_silu", KERNELS[0]), ("triton_norm_silu", KERNELS[1]), ("triton_qk_norm_rope", KERNELS[2])))
