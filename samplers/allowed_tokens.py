@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import cdiv
 from framework.sampling_params import SamplingParams
 from framework.staged_writes import StagedWrites
 from samplers.triton_utils import use_triton, vocab_block
@@ -95,7 +96,7 @@ def apply_allowed_tokens_triton(logits: torch.Tensor, expanded_idx_mapping: torc
     num_rows, vocab_size = logits.shape
     if num_rows:
         block = vocab_block(vocab_size)
-        _apply_allowed_tokens_kernel[(num_rows, triton.cdiv(vocab_size, block))](
+        _apply_allowed_tokens_kernel[(num_rows, cdiv(vocab_size, block))](
             logits, logits.stride(0), expanded_idx_mapping, enabled, mask, vocab_size, BLOCK=block,
         )
     return logits

@@ -57,6 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import cdiv, next_power_of_2
 from samplers.fused_cutoff import _bisect_cutoff, _key_value
 from samplers.fused_resolve import _fused_resolve_kernel
 from samplers.gumbel import _gumbel_noise, _row_key
@@ -315,14 +316,14 @@ def sample_fused_triton(
         return FusedSample(sampled, errors)
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     block = vocab_block(vocab_size)
-    num_blocks = triton.cdiv(vocab_size, block)
-    blocks_per_chunk = triton.cdiv(num_blocks, max(1, min(num_blocks, triton.cdiv(TARGET_PROGRAMS, num_rows))))
+    num_blocks = cdiv(vocab_size, block)
+    blocks_per_chunk = cdiv(num_blocks, max(1, min(num_blocks, cdiv(TARGET_PROGRAMS, num_rows))))
     chunk_size = blocks_per_chunk * block
-    num_chunks = triton.cdiv(vocab_size, chunk_size)
+    num_chunks = cdiv(vocab_size, chunk_size)
     # Constexpr sizes depend on the vocabulary only, never on the batch: one compiled variant serves every step.
-    max_chunks = triton.next_power_of_2(num_blocks)
+    max_chunks = next_power_of_2(num_blocks)
     group = _group_size(vocab_size)
-    num_groups = triton.cdiv(vocab_size, group)
+    num_groups = cdiv(vocab_size, group)
     if need_plan and CAP % group:
         raise ValueError(f"GROUP = {GROUP} must divide CAP = {CAP} (both powers of two)")
     if all_gather and not need_plan:
@@ -389,14 +390,14 @@ def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, param
     stats kernel must have written `ws` with the same group size, `_group_size`)."""
     vocab_size = logits.shape[1]
     group = _group_size(vocab_size)
-    num_groups = triton.cdiv(vocab_size, group)
+    num_groups = cdiv(vocab_size, group)
     # (a compiler option: the interpreter takes none)
     options = {} if PLAN_MAXNREG is None or not logits.is_cuda else dict(maxnreg=PLAN_MAXNREG)
     _fused_plan_kernel[(logits.shape[0],)](
         logits, logits.stride(0), expanded_idx_mapping, params.temperature, params.top_k, params.top_p, ws.part_max,
         ws.part_sum, ws.group_max, ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.chosen, ws.cand_value,
         ws.cand_token, num_groups, num_chunks, vocab_size, SANITIZE=sanitize, CAP=CAP, GROUP=group,
-        CHUNKS=max_chunks, GROUPS=triton.next_power_of_2(num_groups), num_warps=PLAN_WARPS, **options,
+        CHUNKS=max_chunks, GROUPS=next_power_of_2(num_groups), num_warps=PLAN_WARPS, **options,
     )
 
 

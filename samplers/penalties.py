@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import cdiv
 from framework.sampling_params import SamplingParams
 from framework.staged_writes import StagedWrites
 from samplers.history import TokenHistory
@@ -284,7 +285,7 @@ def apply_penalties_triton(
         c, d = tables.counts, tables.drafts
         assert all(t.is_contiguous() for t in c), "the penalty tables are indexed as dense rows"
         max_seen = c.seen_ids.shape[1]
-        parts = max(1, min(triton.cdiv(max_seen, LIST_BLOCK), triton.cdiv(TARGET_PROGRAMS, num_rows)))
+        parts = max(1, min(cdiv(max_seen, LIST_BLOCK), cdiv(TARGET_PROGRAMS, num_rows)))
         has_drafts = d is not None and d.draft_tokens.shape[1] > 0
         if has_drafts:
             assert d is not None

@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import cdiv, next_power_of_2
 from samplers.triton_utils import use_triton
 
 
@@ -50,7 +51,7 @@ class PenaltyCounts(NamedTuple):
             return torch.zeros(shape, dtype=dtype, device=device)
 
         return PenaltyCounts(z(max_num_reqs, vocab_size), z(max_num_reqs, vocab_size, dtype=torch.bool),
-                             z(max_num_reqs, triton.cdiv(vocab_size, 32)), z(max_num_reqs, max_seen),
+                             z(max_num_reqs, cdiv(vocab_size, 32)), z(max_num_reqs, max_seen),
                              z(max_num_reqs))
 
 
@@ -69,7 +70,7 @@ def seen_bits_reference(
     """[N, ceil(V / 32)] int32: bit t % 32 of word t // 32 is `prompt_mask[t] or output_counts[t] > 0`."""
     seen = prompt_mask | (output_counts > 0)
     rows, vocab = seen.shape
-    words = triton.cdiv(vocab, 32)
+    words = cdiv(vocab, 32)
     padded = torch.zeros(rows, words * 32, dtype=torch.int64, device=seen.device)
     padded[:, :vocab] = seen.long()
     packed = (padded.view(rows, words, 32) << torch.arange(32, device=seen.device)).sum(-1)  # [N, W] < 2**32
@@ -219,7 +220,7 @@ def update_token_counts_triton(idx_mapping: torch.Tensor, sampled: torch.Tensor,
         _update_token_counts_kernel[(sampled.shape[0],)](
             idx_mapping, sampled, sampled.stride(0), num_sampled, counts.output_counts, counts.seen_bits,
             counts.seen_bits.shape[1], counts.seen_ids, counts.num_seen, counts.seen_ids.shape[1], vocab_size,
-            BLOCK=max(16, triton.next_power_of_2(sampled.shape[1])),
+            BLOCK=max(16, next_power_of_2(sampled.shape[1])),
         )
 
 

@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import cdiv
 from samplers.triton_utils import use_triton, vocab_block
 
 
@@ -38,7 +39,7 @@ def sanitize_logits_triton(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     flags = torch.zeros(num_rows, dtype=torch.int32, device=logits.device)
     if num_rows:
         block = vocab_block(vocab_size)
-        _sanitize_logits_kernel[(num_rows, triton.cdiv(vocab_size, block))](
+        _sanitize_logits_kernel[(num_rows, cdiv(vocab_size, block))](
             logits, logits.stride(0), flags, vocab_size, BLOCK=block,
         )
     return logits, flags.bool()

@@ -8,7 +8,8 @@ which picks Triton for CUDA tensors and the reference otherwise.
 from __future__ import annotations
 
 import torch
-import triton
+
+from framework.kernels.launch_math import next_power_of_2
 
 MAX_VOCAB_BLOCK = 1024
 
@@ -20,9 +21,9 @@ def use_triton(tensor: torch.Tensor) -> bool:
 
 def vocab_block(vocab_size: int) -> int:
     """Power-of-two block over the vocabulary: the whole row when small, `MAX_VOCAB_BLOCK` otherwise."""
-    return max(16, min(MAX_VOCAB_BLOCK, triton.next_power_of_2(vocab_size)))
+    return max(16, min(MAX_VOCAB_BLOCK, next_power_of_2(vocab_size)))
 
 
 def small_block(n: int) -> int:
     """Power-of-two block for short per-slot lists (bias entries, stop ids, bad-word tokens)."""
-    return max(16, triton.next_power_of_2(max(n, 1)))
+    return max(16, next_power_of_2(max(n, 1)))

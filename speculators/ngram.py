@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from framework.kernels.input_prep import use_triton
+from framework.kernels.launch_math import next_power_of_2
 from speculators.interface import Proposal, ProposeInputs, Speculator
 
 
@@ -103,7 +104,7 @@ def ngram_propose_triton(
     if num_rows and num_draft:
         _ngram_propose_kernel[(num_rows,)](
             idx_mapping, all_token_ids, all_token_ids.stride(0), total_len, drafts, drafts.stride(0), num_draft,
-            MIN_N=min_n, MAX_N=max_n, BLOCK=256, BLOCK_K=triton.next_power_of_2(num_draft),
+            MIN_N=min_n, MAX_N=max_n, BLOCK=256, BLOCK_K=next_power_of_2(num_draft),
         )
     return drafts
 

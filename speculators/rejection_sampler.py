@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from framework.kernels.input_prep import token_batch_rows
+from framework.kernels.launch_math import next_power_of_2
 from samplers.gumbel import (
     _gumbel_noise, _mul32, _row_key, _uniform, hash_bits_reference, mix32, row_keys, uniform_from_bits,
 )
@@ -111,7 +112,7 @@ def combine_triton(
         _combine_kernel[(num_rows,)](
             idx_mapping, cu_num_logits, draft_tokens, max(draft_tokens.stride(0), 1), candidate.contiguous(), acc,
             tokens, tokens.stride(0), num_accepted,
-            HAS_ACCEPTED=accepted is not None, BLOCK=triton.next_power_of_2(max_num_draft + 1),
+            HAS_ACCEPTED=accepted is not None, BLOCK=next_power_of_2(max_num_draft + 1),
         )
     return VerifyOutput(tokens, num_accepted)
 

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from framework.attention.metadata import AttentionMetadata
 from framework.attention.triton_tiles import LOG2E, _find_row, _kv_tile_offsets
+from framework.kernels.launch_math import next_power_of_2
 
 SWITCH_ENV = "MRV2_PREFILL_ATTENTION"  # prefill (default) | paged
 VARIANT_ENV = "MRV2_PREFILL_VARIANT"  # e.g. "block_m=128,block_n=64,reverse=0" over the default variant
@@ -351,7 +352,7 @@ def prefill_attention(
             variant = PrefillVariant.parse(os.environ[VARIANT_ENV], variant)
     heads = variant.heads or group
     assert group % heads == 0, f"PrefillVariant.heads={heads} does not divide the GQA group {group}"
-    block_m = max(variant.block_m, triton.next_power_of_2(heads))
+    block_m = max(variant.block_m, next_power_of_2(heads))
     block_q = block_m // heads
     # Row r's tiles start at query_start_loc[r] // block_q + r (see _find_row): ids are not compact, so the
     # grid reaches the last row's last tile; surplus programs exit at once.

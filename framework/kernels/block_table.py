@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from framework.kernels.launch_math import cdiv
 
 PAD_KV_SLOT = -1  # KV slot of a padding token: stores skip it
 
@@ -57,7 +58,7 @@ def gather_block_tables_triton(idx_mapping: torch.Tensor, block_table: torch.Ten
     if out is None:
         out = torch.empty(rows, cols, dtype=block_table.dtype, device=block_table.device)
     if rows:
-        _gather_block_tables_kernel[(rows, triton.cdiv(cols, 512))](
+        _gather_block_tables_kernel[(rows, cdiv(cols, 512))](
             idx_mapping, block_table, block_table.stride(0), out, out.stride(0), cols, BLOCK=512
         )
     return out[:rows]
@@ -83,7 +84,7 @@ def compute_kv_slot_mapping_triton(token_rows: torch.Tensor, positions: torch.Te
     padded = max(num_padded_tokens or num_tokens, num_tokens)
     out = torch.empty(padded, dtype=torch.int64, device=positions.device)
     if padded:
-        _kv_slot_mapping_kernel[(triton.cdiv(padded, 1024),)](
+        _kv_slot_mapping_kernel[(cdiv(padded, 1024),)](
             token_rows, positions, batch_block_table, batch_block_table.stride(0), out, num_tokens, padded,
             block_size, BLOCK=1024,
         )

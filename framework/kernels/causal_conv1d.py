@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from framework.kernels.state_snapshots import SnapshotTargets, snapshots_by_row
+from framework.kernels.launch_math import cdiv, next_power_of_2
 
 
 def causal_conv1d_varlen_reference(
@@ -147,10 +148,10 @@ def causal_conv1d_varlen_triton(
         return out
     weight = weight.contiguous()
     tail = tail_states if tail_states is not None else out
-    block_d = min(256, triton.next_power_of_2(dim))
-    while block_d > 32 and rows * triton.cdiv(dim, block_d) < 256:  # few rows: more, narrower programs
+    block_d = min(256, next_power_of_2(dim))
+    while block_d > 32 and rows * cdiv(dim, block_d) < 256:  # few rows: more, narrower programs
         block_d //= 2
-    _causal_conv1d_varlen_kernel[(rows, triton.cdiv(dim, block_d))](
+    _causal_conv1d_varlen_kernel[(rows, cdiv(dim, block_d))](
         x, x.stride(0), weight, bias if bias is not None else weight, conv_state, conv_state.stride(0),
         idx_mapping, query_start_loc, out, out.stride(0),
         tail, tail.stride(0) if tail_states is not None else 0, tail_states.shape[1] if tail_states is not None else 0,

@@ -33,6 +33,7 @@ from torch.nn import functional as F
 from framework.kernels.layer_ops import _triton_enabled
 from framework.kernels.moe_align import moe_align
 from framework.kernels.triton_norm_silu import interpreter_upcast, round_to_dtype
+from framework.kernels.launch_math import cdiv
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -234,12 +235,12 @@ def fused_moe_triton(
     tiles = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PRECISION="ieee",
                  UPCAST=interpreter_upcast(x.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     act = torch.empty(num_rows, i, dtype=x.dtype, device=x.device)
-    _moe_gate_up_kernel[(num_blocks, triton.cdiv(i, cfg.block_n))](
+    _moe_gate_up_kernel[(num_blocks, cdiv(i, cfg.block_n))](
         x, gate_up, act, align.sorted_rows, align.block_expert, align.num_padded, num_rows, x.stride(0),
         H=h, I=i, TOP_K=k, **tiles)
     per_choice = torch.empty(num_rows, h, dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)  # the kernel widens them to float32 (no extra launch)
-    _moe_down_kernel[(num_blocks, triton.cdiv(h, cfg.block_n))](
+    _moe_down_kernel[(num_blocks, cdiv(h, cfg.block_n))](
         act, down, weights, per_choice, align.sorted_rows, align.block_expert, align.num_padded, num_rows,
         H=h, I=i, **tiles)
     return per_choice.view(m, k, h).sum(1)  # accumulates in float32, rounds once (as the reference)

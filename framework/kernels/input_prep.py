@@ -13,6 +13,7 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 import triton.language as tl
+from framework.kernels.launch_math import cdiv, next_power_of_2
 
 
 class PreparedInputs(NamedTuple):
@@ -190,7 +191,7 @@ def prepare_inputs_triton(
             all_token_ids, all_token_ids.stride(0), all_token_ids.shape[1],
             prefill_len, num_computed, last_sampled, draft_tokens, max(draft_tokens.stride(0), 1),
             input_ids, positions, token_rows, seq_lens, logits_indices, expanded, sample_positions,
-            BLOCK=256, BLOCK_LOGITS=triton.next_power_of_2(max(max_logits_per_row, 1)),
+            BLOCK=256, BLOCK_LOGITS=next_power_of_2(max(max_logits_per_row, 1)),
         )
     prepared = PreparedInputs(input_ids, positions, seq_lens, logits_indices, expanded, sample_positions)
     return prepared, token_rows
@@ -220,7 +221,7 @@ def compute_num_sampled_triton(
     num_sampled = torch.empty(n, dtype=torch.int32, device=idx_mapping.device)
     num_rejected = torch.empty(n, dtype=torch.int32, device=idx_mapping.device)
     if n:
-        _num_sampled_kernel[(triton.cdiv(n, 256),)](
+        _num_sampled_kernel[(cdiv(n, 256),)](
             idx_mapping, seq_lens, prefill_len, num_accepted, num_draft, num_sampled, num_rejected, n, BLOCK=256
         )
     return num_sampled, num_rejected
@@ -259,7 +260,7 @@ def post_update_triton(
         _post_update_kernel[(n,)](
             idx_mapping, query_lens, sampled, sampled.stride(0), num_sampled, num_rejected,
             all_token_ids, all_token_ids.stride(0), all_token_ids.shape[1], total_len, num_computed, last_sampled,
-            BLOCK=triton.next_power_of_2(sampled.shape[1]),
+            BLOCK=next_power_of_2(sampled.shape[1]),
         )
 
 

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from framework.kernels.launch_math import next_power_of_2
 
 ALIGN_KERNEL_MAX_ROWS = 4096  # one program scans the rows serially: decode sizes only (see moe_align)
 ALIGN_CHUNK = 128  # rows per step of the scan: a [CHUNK, CHUNK] comparison ranks rows of one expert
@@ -60,7 +61,7 @@ def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> 
     sorted_rows = torch.empty(num_blocks * block_m, dtype=torch.int32, device=device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
     num_padded = torch.empty(1, dtype=torch.int32, device=device)
-    bins = triton.next_power_of_2(num_experts + 1)
+    bins = next_power_of_2(num_experts + 1)
     cursor = torch.empty(bins, dtype=torch.int32, device=device)
     _moe_align_kernel[(1,)](flat, sorted_rows, block_expert, num_padded, cursor, n, num_blocks * block_m,
                             num_blocks, E=num_experts, E_BINS=bins, BLOCK_M=block_m, CHUNK=ALIGN_CHUNK,

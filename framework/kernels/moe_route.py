@@ -16,6 +16,7 @@ import triton.language as tl
 
 from framework.kernels.layer_ops import _triton_enabled
 from framework.kernels.triton_norm_silu import round_to_dtype
+from framework.kernels.launch_math import next_power_of_2
 
 MAX_ROUTE_EXPERTS = 4096  # one row of probabilities lives in registers
 
@@ -93,8 +94,8 @@ def moe_route_triton(
     ids = torch.empty(t, top_k, dtype=torch.int64, device=router_logits.device)
     if t:
         _moe_route_kernel[(t,)](router_logits, weights, ids, router_logits.stride(0), E=e,
-                                BLOCK_E=triton.next_power_of_2(e), TOP_K=top_k,
-                                BLOCK_K=triton.next_power_of_2(top_k), NORMALIZE=normalize, num_warps=1)
+                                BLOCK_E=next_power_of_2(e), TOP_K=top_k,
+                                BLOCK_K=next_power_of_2(top_k), NORMALIZE=normalize, num_warps=1)
     return weights, ids
 
 

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import cdiv
+
 
 def scatter_reference(target: torch.Tensor, flat_index: torch.Tensor, values: torch.Tensor) -> None:
     """target.view(-1)[flat_index] = values (target may be any contiguous tensor)."""
@@ -32,4 +34,4 @@ def scatter_triton(
     """Triton version of `scatter_reference`, launched on the current stream."""
     n = flat_index.numel()
     if n:
-        _scatter_kernel[(triton.cdiv(n, 1024),)](target, flat_index, values, n, BLOCK=1024)
+        _scatter_kernel[(cdiv(n, 1024),)](target, flat_index, values, n, BLOCK=1024)

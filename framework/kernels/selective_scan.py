@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import cdiv, next_power_of_2
 from framework.kernels.state_snapshots import SnapshotTargets, snapshots_by_row
 
 
@@ -207,9 +208,9 @@ def _check(inp: ScanInputs, w: ScanWeights, ssm_state: torch.Tensor) -> tuple[Sc
 def _blocks(dim: int, nstate: int, rows: int) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_N): a state tile of at most 2048 floats in registers; narrower channel blocks when few
     rows would leave most of the GPU idle (each program walks its row's tokens one after another)."""
-    block_n = triton.next_power_of_2(nstate)
-    block_d = min(triton.next_power_of_2(dim), max(16, 2048 // block_n))
-    while block_d > 16 and rows * triton.cdiv(dim, block_d) < 256:
+    block_n = next_power_of_2(nstate)
+    block_d = min(next_power_of_2(dim), max(16, 2048 // block_n))
+    while block_d > 16 and rows * cdiv(dim, block_d) < 256:
         block_d //= 2
     return block_d, block_n
 
@@ -232,7 +233,7 @@ def selective_scan_varlen_triton(
         return out
     block_d, block_n = _blocks(dim, nstate, rows)
     tail = tail_states if tail_states is not None else ssm_state
-    _selective_scan_varlen_kernel[(rows, triton.cdiv(dim, block_d))](
+    _selective_scan_varlen_kernel[(rows, cdiv(dim, block_d))](
         inp.x, inp.dt, inp.z, inp.B, inp.C, out, w.A, w.D, w.dt_bias, ssm_state, ssm_state.stride(0),
         idx_mapping, query_start_loc,
         tail, tail.stride(0) if tail_states is not None else 0, tail_states.shape[1] if tail_states is not None else 0,
@@ -256,7 +257,7 @@ def selective_state_update_triton(
     if rows == 0:
         return out
     block_d, block_n = _blocks(dim, nstate, rows)
-    _selective_state_update_kernel[(rows, triton.cdiv(dim, block_d))](
+    _selective_state_update_kernel[(rows, cdiv(dim, block_d))](
         inp.x, inp.dt, inp.z, inp.B, inp.C, out, w.A, w.D, w.dt_bias, ssm_state, ssm_state.stride(0),
         idx_mapping, dim, nstate, BLOCK_D=block_d, BLOCK_N=block_n,
     )

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import cdiv, next_power_of_2
 from framework.kernels.pdl import pdl_launch_kwargs
 from framework.kernels.triton_gemv_dot import MMA_MIN, _gemv_dot_kernel, dot_tile_shape
 from framework.kernels.triton_norm_silu import (
@@ -173,17 +174,17 @@ def gemv_tiles(m: int, n: int, k: int, element_size: int, block_n: int = 0, bloc
     if use_dot:
         block_n, block_k, num_warps, num_stages = dot_tile_shape(n, k, element_size, silu_mul, block_n, block_k,
                                                                  num_warps, num_stages)
-        block_m = max(MMA_MIN, triton.next_power_of_2(max(m, 1)))
-        return GemvTiles(block_m, block_n, block_k, triton.cdiv(n, block_n), num_warps, True, num_stages)
-    block_m = triton.next_power_of_2(max(m, 1))
+        block_m = max(MMA_MIN, next_power_of_2(max(m, 1)))
+        return GemvTiles(block_m, block_n, block_k, cdiv(n, block_n), num_warps, True, num_stages)
+    block_m = next_power_of_2(max(m, 1))
     block_n = block_n or 8
     num_warps = num_warps or min(block_n, 8)
-    block_k = block_k or min(triton.next_power_of_2(k), 2048 // element_size)
+    block_k = block_k or min(next_power_of_2(k), 2048 // element_size)
     if prefetch_k is None:
         fits = PREFETCH_BYTES // (block_n * element_size * (2 if silu_mul else 1))
-        prefetch_k = min(triton.next_power_of_2(k), 1 << (max(fits, 1).bit_length() - 1))
+        prefetch_k = min(next_power_of_2(k), 1 << (max(fits, 1).bit_length() - 1))
     assert prefetch_k == 0 or prefetch_k & (prefetch_k - 1) == 0, f"prefetch_k {prefetch_k}: a power of two"
-    return GemvTiles(block_m, block_n, block_k, triton.cdiv(n, block_n), num_warps, prefetch_k=prefetch_k)
+    return GemvTiles(block_m, block_n, block_k, cdiv(n, block_n), num_warps, prefetch_k=prefetch_k)
 
 
 def gemv_triton(

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from framework.kernels.triton_norm_silu import prologue_input, prologue_rstd, round_to_dtype, silu_mul_rounded
+from framework.kernels.launch_math import next_power_of_2
 
 MMA_MIN = 16  # tl.dot's smallest dimension: the padded token count and the smallest weight tile
 SMEM_BUDGET = 192 * 1024  # bytes of pipelined tiles a program may hold (H100 / H200: 227 KB, less the epilogue's)
@@ -118,7 +119,7 @@ def dot_tile_shape(n: int, k: int, element_size: int, silu_mul: bool = False, bl
     32-row tiles (mma.sync instead of wgmma), and split-K would be the next step if those lose.
     """
     block_n = block_n or (128 if n >= 128 * 2 * 132 else 64)
-    block_k = block_k or max(MMA_MIN, min(triton.next_power_of_2(k), 256 // element_size))
+    block_k = block_k or max(MMA_MIN, min(next_power_of_2(k), 256 // element_size))
     assert block_n >= MMA_MIN and block_k >= MMA_MIN, f"tl.dot needs tiles of at least {MMA_MIN}"
     stage_bytes = ((2 if silu_mul else 1) * block_n + MMA_MIN) * block_k * element_size  # weights + x^T (16 cols)
     num_stages = max(1, min(num_stages or 4, SMEM_BUDGET // stage_bytes))

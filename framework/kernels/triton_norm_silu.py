@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from framework.kernels.pdl import pdl_launch_kwargs
+from framework.kernels.launch_math import cdiv, next_power_of_2
 
 MAX_RMS_NORM_DIM = 8192  # a whole row lives in registers; wider rows go to the reference (see layer_ops)
 
@@ -148,7 +149,7 @@ def rms_norm_triton(
         summed = torch.empty_like(out)
     if num_rows == 0:
         return out, summed
-    block_d = triton.next_power_of_2(dim)
+    block_d = next_power_of_2(dim)
     _rms_norm_kernel[(num_rows,)](
         x, residual if residual is not None else x, weight, out, summed if summed is not None else out,
         x.stride(0), residual.stride(0) if residual is not None else 0,
@@ -190,8 +191,8 @@ def silu_and_mul_triton(
     out = torch.empty((num_rows, inter), dtype=gate_up.dtype, device=gate_up.device)
     if num_rows == 0:
         return out
-    block_i = min(triton.next_power_of_2(inter), 1024)
-    _silu_and_mul_kernel[(num_rows, triton.cdiv(inter, block_i))](
+    block_i = min(next_power_of_2(inter), 1024)
+    _silu_and_mul_kernel[(num_rows, cdiv(inter, block_i))](
         gate_up, out, gate_up.stride(0),
         I=inter,
         BLOCK_I=block_i,

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from framework.kernels.pdl import pdl_launch_kwargs
 from framework.kernels.triton_norm_silu import round_to_dtype
+from framework.kernels.launch_math import cdiv, next_power_of_2
 
 TILE_ROWS = 32  # head vectors per prefill program (tokens x heads): 16 KB of bf16 q / k at head_dim 128
 ONE_HEAD_TOKENS = 128  # up to this many tokens a program holds one head (measured: faster up to 128, slower at 256)
@@ -180,14 +181,14 @@ def qk_norm_rope_store_triton(
     q = torch.empty((num_tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if num_tokens == 0:
         return q
-    block_half = triton.next_power_of_2(head_dim // 2)
+    block_half = next_power_of_2(head_dim // 2)
     if num_tokens <= ONE_HEAD_TOKENS:  # decode: one head of one token per program (as many programs as can be)
         block_t, q_heads, kv_heads = 1, 1, 1
     else:  # prefill: every head of BLOCK_T tokens per program (two programs per tile of tokens)
-        q_heads, kv_heads = triton.next_power_of_2(num_heads), triton.next_power_of_2(num_kv_heads)
+        q_heads, kv_heads = next_power_of_2(num_heads), next_power_of_2(num_kv_heads)
         block_t = max(1, TILE_ROWS // q_heads)
-    head_tiles = triton.cdiv(num_heads, q_heads) + triton.cdiv(num_kv_heads, kv_heads)
-    _qk_norm_rope_store_kernel[(triton.cdiv(num_tokens, block_t), head_tiles)](
+    head_tiles = cdiv(num_heads, q_heads) + cdiv(num_kv_heads, kv_heads)
+    _qk_norm_rope_store_kernel[(cdiv(num_tokens, block_t), head_tiles)](
         qkv, cos, sin,
         q_norm_weight if q_norm_weight is not None else qkv,
         k_norm_weight if k_norm_weight is not None else qkv,

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import cdiv
 from samplers.triton_utils import use_triton
 
 WORDS_PER_PROGRAM = 32  # 1024 tokens per program: one 4 KB logits strip
@@ -66,7 +67,7 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, logi
     _check(logits, bitmask, logits_rows)
     num_rows, num_words = bitmask.shape
     if num_rows:
-        grid = (num_rows, triton.cdiv(num_words, WORDS_PER_PROGRAM))
+        grid = (num_rows, cdiv(num_words, WORDS_PER_PROGRAM))
         _apply_token_bitmask_kernel[grid](logits, logits.stride(0), bitmask, bitmask.stride(0), logits_rows,
                                           logits.shape[1], num_words, WORDS=WORDS_PER_PROGRAM)
     return logits
