@@ -183,7 +183,7 @@ for j in "$@"; do
         job $j-bench 80 python3 scripts/bench_layer_ops.py --tokens 1 256 8192 --out "$res/$j/layer_ops.json";
         job $j-prefill 90 python3 scripts/profile_decode.py --batch 256 --prompt-len 2040 --max-model-len 2304 \
           --steps 10 --profile-prefill --out "$res/$j/prefill";
-        for r in 1 2 3; do job $j-prefix$r 60 bash -c "python3 -c 'import sys; sys.path.insert(0, \"scripts\"); import host_speed; print(\"host probe us\", host_speed.host_probe_us())'; python3 -m framework.cli bench \
+        for r in 1 2 3; do job $j-prefix$r 60 bash -c "python3 scripts/host_speed.py; python3 -m framework.cli bench \
           experiment=prefix_bench bench.output_dir=$res/$j/prefix$r"; done;
         job $j-smallbatch 160 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_small_batch_gpu.py;
         job $j-fullgraph 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_full_step_graphs_gpu.py ;;
@@ -201,6 +201,12 @@ for j in "$@"; do
         job $j-pdl 80 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_pdl_gpu.py;
         job $j-prefill 100 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_prefill_attention_gpu.py;
         job $j-structured 60 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_structured_gpu.py ;;
+    # Why prefix_bench's off row follows the host's speed (171-173K fast, 144K half speed): the prefill steps' host
+    # phases (wall and CPU ms per step: schedule, execute_model, sample_tokens, wait_output, ...) and kernel table
+    # at prefix_bench's shapes, 3 times, each between two host probes. Look at execute_model + sample_tokens
+    # (host) against step_wall: the host is exposed where they come close.
+    prefill_phases) for r in 1 2 3; do job $j-r$r 120 bash -c "python3 scripts/host_speed.py; python3 scripts/profile_decode.py --batch 256 --prompt-len 2040 \
+          --max-model-len 2304 --steps 10 --profile-prefill --out $res/$j/r$r; python3 scripts/host_speed.py"; done ;;
     issue25_8b) job $j 590 python3 scripts/bench_matrix.py --out "$res/$j" --rounds 3 --timeout 180 \
         --config default= --config both="runner.full_step_cuda_graphs=true model.small_batch_kernels=on" \
         --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;

@@ -74,8 +74,9 @@ class CyclingK(DraftLengthPolicy):
         return self.ks[self.step % len(self.ks)]
 
 
-def fill(engine, args: argparse.Namespace) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """`--batch` running requests, prefilled (timed: the first prefill steps include Triton compiles), decoding."""
+def fill(engine, args: argparse.Namespace, settle_steps: int = 5) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """`--batch` running requests, prefilled (timed: the first prefill steps include Triton compiles), then
+    `settle_steps` decode steps (untimed)."""
     from framework import SamplingParams
 
     vocab = engine.loaded.vocab_size
@@ -91,7 +92,7 @@ def fill(engine, args: argparse.Namespace) -> dict[str, float]:  # type: ignore[
         steps += 1
     _sync()
     seconds = time.perf_counter() - start
-    for _ in range(5):
+    for _ in range(settle_steps):
         engine.step()
     _sync()
     return {"tokens": args.batch * args.prompt_len, "steps": steps, "seconds": seconds,
@@ -122,9 +123,11 @@ def timed(records: dict[str, float], name: str, fn: Callable, cpu: dict[str, flo
 HOST_PHASES = ("schedule", "execute_model", "sample_tokens", "update_from_output", "output_processor")
 
 
-def phase_times(engine, steps: int) -> tuple[dict[str, float], dict[str, float]]:  # type: ignore[no-untyped-def]
+def phase_times(engine, steps: int,  # type: ignore[no-untyped-def]
+                run: Callable[[], int] | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Mean ms per step of each phase of `EngineCore.step`, by wrapping the callees on the instances: wall time,
-    and CPU time of the engine's thread (what the host spends itself, waits excluded).
+    and CPU time of the engine's thread (what the host spends itself, waits excluded). The steps are `steps`
+    calls of `engine.step()`, or whatever `run` does (it returns how many steps it ran: the prefill of `fill`).
 
     Wall also gets `host` (the five host phases, the wait for the device's output excluded), `engine_other`
     (the rest of `EngineCore.step`) and `step_wall`."""
@@ -145,8 +148,11 @@ def phase_times(engine, steps: int) -> tuple[dict[str, float], dict[str, float]]
     try:
         _sync()
         start = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
+        if run is None:
+            for _ in range(steps):
+                engine.step()
+        else:
+            steps = run()
         _sync()
         wall = time.perf_counter() - start
     finally:
@@ -242,7 +248,15 @@ def main(argv: list[str] | None = None) -> dict:
     fill(engine, args)  # compiles the kernels
     drain(engine, args)
     prefill = fill(engine, args)
-    if args.profile_prefill:  # once more under the profiler: where the prefill steps spend device time
+    prefill_phases: dict[str, dict[str, float]] = {}
+    if args.profile_prefill:  # the prefill steps' host phases, then once more under the profiler (device time)
+        drain(engine, args)
+        wall, thread = phase_times(engine, 0, run=lambda: int(fill(engine, args, settle_steps=0)["steps"]))
+        prefill_phases = {"wall_ms": wall, "cpu_ms": thread}
+        say(f"phases, wall ms per prefill step at batch {args.batch} (prompt {args.prompt_len}):")
+        say("  " + "  ".join(f"{k}={v:.3f}" for k, v in wall.items()))
+        say("phases, CPU ms of the engine thread per prefill step:")
+        say("  " + "  ".join(f"{k}={v:.3f}" for k, v in thread.items()))
         from torch.profiler import ProfilerActivity, profile
 
         drain(engine, args)
@@ -266,7 +280,8 @@ def main(argv: list[str] | None = None) -> dict:
                  "fallbacks": dict(getattr(runner, "full_step_fallbacks", {}))}
     say(f"full-step graphs: {full_step['replays']} steps replayed whole; fallbacks by reason: {full_step['fallbacks']}")
     (args.out / "profile.txt").write_text("\n".join(report))
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "prefill": prefill, "phases_ms": phases, "phases_cpu_ms": phases_cpu,
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "prefill": prefill,
+              "prefill_phases": prefill_phases, "phases_ms": phases, "phases_cpu_ms": phases_cpu,
               "profiler": kernels, "full_step_graphs": full_step}
     (args.out / "profile.json").write_text(json.dumps(result, indent=2))
     print(f"results written to {args.out}", file=sys.stderr)
