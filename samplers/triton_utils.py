@@ -11,6 +11,7 @@ import torch
 
 from framework.kernels.launch_math import next_power_of_2
 
+
 MAX_VOCAB_BLOCK = 1024
 
 

@@ -36,8 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from framework.attention.triton_store_kv import store_kv  # noqa: E402
 from framework.kernels.layer_ops import apply_rope_reference, rms_norm_reference, silu_and_mul_reference  # noqa: E402
 from framework.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton  # noqa: E402
-import framework.kernels.triton_qk_norm_rope as triton_qk_norm_rope  # noqa: E402
-from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton  # noqa: E402
+from framework.kernels.triton_qk_norm_rope import ONE_HEAD_TOKENS, qk_norm_rope_store_triton  # noqa: E402
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, EPS = 1024, 3072, 16, 8, 128, 1e-6
 BLOCK_SIZE, NUM_BLOCKS = 16, 512
@@ -96,8 +95,8 @@ def build_cases(tokens: int, device: str) -> list[Case]:
         Case("silu_and_mul", tokens, lambda: silu_and_mul_triton(gate_up), lambda: silu_and_mul_reference(gate_up),
              _max_diff),
         Case("qk_norm_rope_store", tokens,
-             lambda: qk_norm_rope_store_triton(qkv, cos, sin, q_weight, k_weight, EPS, HEADS, KV_HEADS, HEAD_DIM,
-                                               fused_cache, kv_slots),
+             lambda **grid: qk_norm_rope_store_triton(qkv, cos, sin, q_weight, k_weight, EPS, HEADS, KV_HEADS,
+                                                      HEAD_DIM, fused_cache, kv_slots, **grid),
              unfused_qk, compare_qk),
     ]
 
@@ -120,20 +119,16 @@ def time_us(fn: Callable[[], object], graph: bool) -> float:
 
 
 def time_qk_grids(tokens_list: list[int], device: str) -> list[dict]:
-    """q/k norm + RoPE + store as a graph replay with each of its grids forced (`ONE_HEAD_TOKENS`): one head per
-    program vs token x head tiles, at every T: where the wrapper's switch between them belongs."""
+    """q/k norm + RoPE + store as a graph replay with each of its grids forced (`one_head`): one head per
+    program vs token x head tiles, at every T: where the wrapper's switch between them (ONE_HEAD_TOKENS)
+    belongs."""
     rows = []
     print(f"\n{'qk_norm_rope_store T':<22}{'one head / program us':>23}{'tiles us':>10}{'today':>8}")
     for tokens in tokens_list:
         fused = next(c for c in build_cases(tokens, device) if c.op == "qk_norm_rope_store").fused
-        row = dict(tokens=tokens, today="one_head" if tokens <= triton_qk_norm_rope.ONE_HEAD_TOKENS else "tiles")
-        saved = triton_qk_norm_rope.ONE_HEAD_TOKENS
-        for grid, threshold in (("one_head", 10**9), ("tiles", 0)):
-            triton_qk_norm_rope.ONE_HEAD_TOKENS = threshold
-            try:
-                row[f"{grid}_graph_us"] = time_us(fused, graph=True)
-            finally:
-                triton_qk_norm_rope.ONE_HEAD_TOKENS = saved
+        row = dict(tokens=tokens, today="one_head" if tokens <= ONE_HEAD_TOKENS else "tiles")
+        for grid, one_head in (("one_head", True), ("tiles", False)):
+            row[f"{grid}_graph_us"] = time_us(lambda: fused(one_head=one_head), graph=True)
         print(f"{tokens:<22}{row['one_head_graph_us']:>23.1f}{row['tiles_graph_us']:>10.1f}{row['today']:>8}",
               flush=True)
         rows.append(row)

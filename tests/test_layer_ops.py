@@ -20,7 +20,6 @@ from framework.kernels.layer_ops import (
     silu_and_mul_reference,
 )
 from framework.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton
-import framework.kernels.triton_qk_norm_rope as triton_qk_norm_rope
 from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -124,7 +123,8 @@ def _rope_tables(num_tokens: int, head_dim: int, dtype: torch.dtype, seed: int):
     return emb.cos().to(DEVICE, dtype), emb.sin().to(DEVICE, dtype)
 
 
-def _run_qk_case(case, dtype: torch.dtype, q_norm: bool, k_norm: bool, seed: int = 0) -> None:
+def _run_qk_case(case, dtype: torch.dtype, q_norm: bool, k_norm: bool, seed: int = 0,
+                 one_head: Optional[bool] = None) -> None:
     num_tokens, head_dim, num_heads, num_kv_heads, block_size, num_kv_tokens, padding = case
     num_blocks = 2 + 2 * num_tokens // block_size
     width = (num_heads + 2 * num_kv_heads) * head_dim
@@ -140,7 +140,7 @@ def _run_qk_case(case, dtype: torch.dtype, q_norm: bool, k_norm: bool, seed: int
     cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
     ref_cache = cache.clone()
     args = (q_weight, k_weight, EPS, num_heads, num_kv_heads, head_dim)
-    q = qk_norm_rope_store_triton(qkv, cos, sin, *args, cache, kv_slots)
+    q = qk_norm_rope_store_triton(qkv, cos, sin, *args, cache, kv_slots, one_head=one_head)
     ref_q = qk_norm_rope_store_reference(qkv, cos, sin, *args, ref_cache, kv_slots)
     assert q.shape == (num_tokens, num_heads, head_dim) and q.is_contiguous()
     _assert_matches(q, ref_q)
@@ -156,18 +156,13 @@ def _run_qk_case(case, dtype: torch.dtype, q_norm: bool, k_norm: bool, seed: int
     assert torch.equal(flat[1, written.to(DEVICE)], v[token_of_slot.to(DEVICE)])  # v is stored raw
 
 
-@pytest.fixture(params=["one_head", "tiles"])
-def qk_grid(request, monkeypatch):
-    """Both grids of the kernel at every case: one head per program (decode) and token x head tiles (prefill)."""
-    monkeypatch.setattr(triton_qk_norm_rope, "ONE_HEAD_TOKENS", 10**9 if request.param == "one_head" else 0)
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("case", QK_CASES)
-def test_qk_norm_rope_store_matches_reference(case, dtype, qk_norm, qk_grid):
-    _run_qk_case(case, dtype, qk_norm, qk_norm)
+@pytest.mark.parametrize("one_head", [True, False], ids=["one_head", "tiles"])
+def test_qk_norm_rope_store_matches_reference(case, dtype, qk_norm, one_head):
+    """Both grids at every case: one head per program (decode) and token x head tiles (prefill)."""
+    _run_qk_case(case, dtype, qk_norm, qk_norm, one_head=one_head)
 
 
 def test_qk_norm_rope_store_q_norm_only_and_float16():

@@ -12,18 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
+from framework.kernels.launch_math import cdiv, next_power_of_2
+
 MIN_SPLIT_TOKENS = 256  # a KV split reads at least this many keys (2 tiles), so its fixed cost stays small
 MAX_KV_SPLITS = 32
 PROGRAMS_PER_SM = 2  # decode programs per multiprocessor the split rule aims at (fitted on an H200)
 SHORT_CONTEXT = 2048  # longest max_seq_len given the two-programs-per-SM decode tiles (nano's max_model_len)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -43,14 +37,14 @@ def prefill_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2) -
     fastest of the 128/64 x 128/64/32 configs tried (320 TFLOP/s on a causal 8192-token prefill).
     """
     if not on_gpu:  # interpreter: small tiles so tests cross tile boundaries
-        return AttentionTiles(max(32, _next_pow2(group)), 16, 4, 1)
+        return AttentionTiles(max(32, next_power_of_2(group)), 16, 4, 1)
     if head_dim > 128 or elem_size > 2:  # 256-wide heads or float32: shared memory allows less
         tiles = AttentionTiles(64, 32, 4, 2)
     elif head_dim == 128:
         tiles = AttentionTiles(128, 128, 8, 3)
     else:
         tiles = AttentionTiles(128, 64, 4, 3)
-    return AttentionTiles(max(tiles.block_m, _next_pow2(group)), tiles.block_n, tiles.num_warps,
+    return AttentionTiles(max(tiles.block_m, next_power_of_2(group)), tiles.block_n, tiles.num_warps,
                           tiles.num_stages)
 
 
@@ -71,7 +65,7 @@ def decode_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2, *,
     1,900 keys). Below that batch the split rule's latency regime keeps 128/4/2: at 16x1800, 4x1900 and
     1x1900 it was within 2 % of the best config (48.7 / 26.1 / 19.5 us; 64/2/3 47.9 / 26.6 / 21.9).
     """
-    block_m = max(16, _next_pow2(group))
+    block_m = max(16, next_power_of_2(group))
     if not on_gpu:
         return AttentionTiles(block_m, 16, 4, 1)
     if head_dim > 128 or elem_size > 2:
@@ -100,7 +94,7 @@ def modelled_split_cost(num_rows: int, num_kv_heads: int, seq_len: int, num_sms:
     of whole waves, whose hard steps real memory-bound kernels do not show.
     """
     programs = max(1, num_rows * num_kv_heads) * splits
-    tiles = _cdiv(_cdiv(max(1, seq_len), splits), block_n)
+    tiles = cdiv(cdiv(max(1, seq_len), splits), block_n)
     return max(1.0, programs / (PROGRAMS_PER_SM * num_sms)) * (tiles + 1)
 
 
@@ -113,7 +107,7 @@ def num_kv_splits(num_rows: int, num_kv_heads: int, max_seq_len: int, num_sms: i
     the split count shrinks gradually as rows are added, so there is no batch size where splitting stops
     and latency doubles. Cached: every layer of a step asks the same question.
     """
-    max_splits = max(1, min(MAX_KV_SPLITS, _cdiv(max(1, max_seq_len), MIN_SPLIT_TOKENS)))
+    max_splits = max(1, min(MAX_KV_SPLITS, cdiv(max(1, max_seq_len), MIN_SPLIT_TOKENS)))
     costs = [modelled_split_cost(num_rows, num_kv_heads, max_seq_len, num_sms, block_n, s)
              for s in range(1, max_splits + 1)]
     return 1 + costs.index(min(costs))

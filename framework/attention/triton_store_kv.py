@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from framework.kernels.launch_math import next_power_of_2
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from framework.kernels.launch_math import cdiv
 
 PAD_KV_SLOT = -1  # KV slot of a padding token: stores skip it

@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.state_snapshots import SnapshotTargets, snapshots_by_row
 from framework.kernels.launch_math import cdiv, next_power_of_2
+from framework.kernels.state_snapshots import SnapshotTargets, snapshots_by_row
 
 
 def causal_conv1d_varlen_reference(

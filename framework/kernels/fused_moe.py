@@ -30,10 +30,10 @@ import triton
 import triton.language as tl
 from torch.nn import functional as F
 
+from framework.kernels.launch_math import cdiv
 from framework.kernels.layer_ops import _triton_enabled
 from framework.kernels.moe_align import moe_align
 from framework.kernels.triton_norm_silu import interpreter_upcast, round_to_dtype
-from framework.kernels.launch_math import cdiv
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -13,6 +13,7 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 import triton.language as tl
+
 from framework.kernels.launch_math import cdiv, next_power_of_2
 
 

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+
 from framework.kernels.launch_math import next_power_of_2
 
 ALIGN_KERNEL_MAX_ROWS = 4096  # one program scans the rows serially: decode sizes only (see moe_align)

@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import next_power_of_2
 from framework.kernels.layer_ops import _triton_enabled
 from framework.kernels.triton_norm_silu import round_to_dtype
-from framework.kernels.launch_math import next_power_of_2
 
 MAX_ROUTE_EXPERTS = 4096  # one row of probabilities lives in registers
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from framework.kernels.triton_norm_silu import prologue_input, prologue_rstd, round_to_dtype, silu_mul_rounded
 from framework.kernels.launch_math import next_power_of_2
+from framework.kernels.triton_norm_silu import prologue_input, prologue_rstd, round_to_dtype, silu_mul_rounded
 
 MMA_MIN = 16  # tl.dot's smallest dimension: the padded token count and the smallest weight tile
 SMEM_BUDGET = 192 * 1024  # bytes of pipelined tiles a program may hold (H100 / H200: 227 KB, less the epilogue's)

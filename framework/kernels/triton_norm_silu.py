@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.pdl import pdl_launch_kwargs
 from framework.kernels.launch_math import cdiv, next_power_of_2
+from framework.kernels.pdl import pdl_launch_kwargs
 
 MAX_RMS_NORM_DIM = 8192  # a whole row lives in registers; wider rows go to the reference (see layer_ops)
 

@@ -23,9 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.launch_math import cdiv, next_power_of_2
 from framework.kernels.pdl import pdl_launch_kwargs
 from framework.kernels.triton_norm_silu import round_to_dtype
-from framework.kernels.launch_math import cdiv, next_power_of_2
 
 TILE_ROWS = 32  # head vectors per prefill program (tokens x heads): 16 KB of bf16 q / k at head_dim 128
 ONE_HEAD_TOKENS = 128  # up to this many tokens a program holds one head (measured: faster up to 128, slower at 256)
@@ -164,6 +164,7 @@ def qk_norm_rope_store_triton(
     kv_slot_mapping: torch.Tensor,  # [T'] int64 KV slots (block * block_size + offset) of tokens 0..T'-1,
     # T' <= T, negative = padding (skipped)
     pdl: bool = False,  # programmatic dependent launch (only where `pdl.pdl_supported`)
+    one_head: Optional[bool] = None,  # the grid: one head per program, or tiles; None: by T (ONE_HEAD_TOKENS)
 ) -> torch.Tensor:
     """q [T, H, D] contiguous (normed + roped); normed + roped k and raw v of the first T' tokens go to the cache."""
     num_tokens = qkv.shape[0]
@@ -182,7 +183,9 @@ def qk_norm_rope_store_triton(
     if num_tokens == 0:
         return q
     block_half = next_power_of_2(head_dim // 2)
-    if num_tokens <= ONE_HEAD_TOKENS:  # decode: one head of one token per program (as many programs as can be)
+    if one_head is None:
+        one_head = num_tokens <= ONE_HEAD_TOKENS
+    if one_head:  # decode: one head of one token per program (as many programs as can be)
         block_t, q_heads, kv_heads = 1, 1, 1
     else:  # prefill: every head of BLOCK_T tokens per program (two programs per tile of tokens)
         q_heads, kv_heads = next_power_of_2(num_heads), next_power_of_2(num_kv_heads)
