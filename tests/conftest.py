@@ -22,6 +22,15 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (the README's test command runs `-n logical`) each worker gets its share of the cores: two
+# workers of two torch threads each on CI's two cores would spin against each other in every matmul.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    _threads = max(1, _cores // _workers)
+    torch.set_num_threads(_threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))  # the CLI, server and script processes tests start
+
 
 def _use_this_checkouts_conf() -> None:
     """Make `mrv2_conf` (this repo's `conf/`, installed under that name) come from this checkout.

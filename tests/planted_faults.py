@@ -86,10 +86,11 @@ def plant_reused_slot_keeps_sampling_params(mp: pytest.MonkeyPatch) -> None:
     from samplers.states import SamplingParamsState
 
     real = SamplingParamsState.add_request
-    written: dict[int, set[int]] = {}
 
+    # Kept on the state object itself: keyed by id(), a later engine's state can reuse a freed engine's id and
+    # start with its slots marked written, so it never writes a slot at all (CI saw that once).
     def first_time_only(self, req_slot, params, seed):  # type: ignore[no-untyped-def]
-        slots = written.setdefault(id(self), set())
+        slots = self.__dict__.setdefault("_planted_written_slots", set())
         if req_slot not in slots:
             slots.add(req_slot)
             real(self, req_slot, params, seed)

@@ -13,5 +13,5 @@ def _commands() -> list[str]:
 def test_readme_starts_with_run_and_test_commands():
     run, test = _commands()[:2]
     assert run.endswith("&& mrv2 run")
-    assert test.endswith("&& python3 -m pytest -q")
+    assert test.endswith("&& python3 -m pytest -q -n logical --dist loadfile")
     assert test in (REPO / ".ci" / "run").read_text()
