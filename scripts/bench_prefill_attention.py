@@ -1,15 +1,15 @@
-"""Sweep the prefill attention variants on a CUDA GPU against the current large-row kernel and SDPA.
+"""Sweep the prefill attention variants on a CUDA GPU against the older large-row launch and SDPA.
 
 Qwen3-0.6B geometry (16 query heads, 8 KV heads, head_dim 128, bf16, 16-token pages in shuffled order).
 Shapes: the prefill batches of `experiment=prefix_bench` with caching off (8,192-token budget: four ~2,040-token
 prompts from position 0 plus a 32-token start of the fifth; then that prompt's remaining 2,012 tokens after its
 32 cached, three more prompts and 64 decode rows), a causal 8,192-token prefill and 2,048 tokens after 2,048
-cached. Each variant runs through `paged_attention` as the engine calls it (`MRV2_PREFILL_ATTENTION=prefill`,
-`MRV2_PREFILL_VARIANT` = the variant; `paged` = the current `_paged_attention_kernel` launch), timed with
+cached. Each variant runs through `paged_attention` as the engine calls it (`prefill_variant=` the variant,
+parsed by `PrefillVariant.parse`; `paged` = `prefill_kernel=False`, the older `_paged_attention_kernel` launch), timed with
 `triton.testing.do_bench` (median) on CUDA-graph replays. TFLOP/s = 4 x heads x head_dim x visible
 query-key pairs of the prefill rows / time. `sdpa` is `scaled_dot_product_attention` (flash, causal) on the
 same keys laid out densely, one call per prefill row, where a row has no cached prefix (else no equivalent).
-Every variant's output is compared with the current kernel's (max abs difference, reported).
+Every variant's output is compared with the first variant's (max abs difference, reported).
 
     PYTHONPATH=$PWD python scripts/bench_prefill_attention.py OUT_DIR [--variants SPEC ...] [--shapes NAME ...]
 
@@ -19,8 +19,8 @@ Prints a table; writes `prefill_sweep.json` and `prefill_sweep.png` into OUT_DIR
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -37,7 +37,7 @@ SHAPES = {  # (cached context_len, query_len) per row
     "causal_8192": [(0, 8192)],
     "2048_after_2048": [(2048, 2048)],
 }
-# "paged" = the current kernel; any other entry is a PrefillVariant spec over the default variant.
+# "paged" = the older large-row launch; any other entry is a PrefillVariant spec over the default variant.
 VARIANTS = [
     "paged",
     "",  # default: 128x128, 8 warps, 3 stages, reversed order, K gathered transposed, page ids prefetched
@@ -102,15 +102,16 @@ def bench_shape(name: str, variants: list[str], with_sdpa: bool) -> list[dict]:
     flops = 4 * NUM_HEADS * HEAD_DIM * pairs
     results, base_out = [], None
     for spec in variants:
-        os.environ[tfa.SWITCH_ENV] = "paged" if spec == "paged" else "prefill"
-        os.environ[tfa.VARIANT_ENV] = "" if spec == "paged" else spec
-        label = "paged (current)" if spec == "paged" else tfa.PrefillVariant.parse(spec).label()
+        base = tfa.default_variant(HEAD_DIM, on_gpu=True)
+        choice = dict(prefill_kernel=False) if spec == "paged" else dict(
+            prefill_variant=tfa.PrefillVariant.parse(spec, base))
+        label = "paged (older launch)" if spec == "paged" else choice["prefill_variant"].label()
         t0 = time.perf_counter()
         try:
-            out = tpa.paged_attention(query, cache, meta, scale)
+            out = tpa.paged_attention(query, cache, meta, scale, **choice)
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
-            ms = _time_graph_ms(lambda: tpa.paged_attention(query, cache, meta, scale))
+            ms = _time_graph_ms(functools.partial(tpa.paged_attention, query, cache, meta, scale, **choice))
         except Exception as err:  # noqa: BLE001 - e.g. out of shared memory: reported, the sweep goes on
             print(f"{name:>17} {label:<44} failed: {type(err).__name__}: {str(err)[:120]}", flush=True)
             results.append(dict(shape=name, variant=spec, label=label, error=f"{type(err).__name__}: {err}"[:300]))
@@ -122,8 +123,6 @@ def bench_shape(name: str, variants: list[str], with_sdpa: bool) -> list[dict]:
                  max_abs_diff_vs_first=diff, first_call_s=compile_s)
         results.append(r)
         print(f"{name:>17} {label:<44} {r['us']:9.1f} us {r['tflops']:7.1f} TFLOP/s  diff {diff:.2e}", flush=True)
-    os.environ.pop(tfa.SWITCH_ENV, None)
-    os.environ.pop(tfa.VARIANT_ENV, None)
     dense = _dense_rows(cache, meta, rows) if with_sdpa else []
     if dense and len(dense) == sum(1 for _, q in rows if q > 8):
 
@@ -169,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--variants", nargs="+", default=VARIANTS,
-                        help="'paged' (current kernel) or PrefillVariant specs, e.g. 'block_n=64,num_stages=4'")
+                        help="'paged' (older large-row launch) or PrefillVariant specs, e.g. 'block_n=64,num_stages=4'")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--no-sdpa", action="store_true")
     args = parser.parse_args(argv)
@@ -201,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         if mine:
             best = max(mine, key=lambda r: r["tflops"])
             base = next((r for r in ok if r["shape"] == shape and r["variant"] == "paged"), None)
-            gain = f" ({best['tflops'] / base['tflops']:.2f}x the current kernel)" if base else ""
+            gain = f" ({best['tflops'] / base['tflops']:.2f}x the older launch)" if base else ""
             print(f"best at {shape}: {best['label']} {best['tflops']:.1f} TFLOP/s{gain}; spec '{best['variant']}'")
     _plot(results, args.out_dir / "prefill_sweep.png")
     (args.out_dir / "prefill_sweep.json").write_text(json.dumps(dict(env=env, results=results), indent=1))

@@ -154,7 +154,8 @@ for j in "$@"; do
           bench.output_dir="$res/$j/nano" ;;
     # This session's new defaults checked and measured in one call: the PDL, attention (fused split-KV merge, decode
     # tiles) and prefill-kernel GPU tests, then PDL off vs on (the defaults) at batch 1 (2 rounds), prefix_bench with the new prefill kernel
-    # (default) and the older launch, and PDL off vs on at nano (1 round).
+    # (default) and the older launch (that run's environment switch left the code later: see git at ff6d1b8), and
+    # PDL off vs on at nano (1 round).
     s11_final) job $j-pdl-tests 80 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_pdl_gpu.py;
         job $j-attn-tests 80 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py;
         job $j-prefill-tests 130 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_prefill_attention_gpu.py;
@@ -162,8 +163,6 @@ for j in "$@"; do
           --config pdl_off=model.programmatic_launch=off --config now= \
           --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
         job $j-prefix 40 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/prefix";
-        job $j-prefix-paged 40 env MRV2_PREFILL_ATTENTION=paged python3 -m framework.cli bench \
-          experiment=prefix_bench bench.output_dir="$res/$j/prefix_paged";
         job $j-nano 210 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 1 --timeout 100 \
           --config pdl_off=model.programmatic_launch=off --config now= \
           --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" ;;
@@ -257,11 +256,9 @@ for j in "$@"; do
     hybrid) job $j 110 python3 -m framework.cli bench experiment=hybrid bench.output_dir="$res/hybrid" ;;
     whisper) job $j 90 python3 scripts/bench_whisper.py --geometry base --out "$res/whisper" ;;
     prefix) job $j 120 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/prefix" ;;
-    # Prefill attention (docs/kernels.md "Prefill attention"): the variant sweep (< 240 s), and prefix_bench with the
-    # older large-row launch (MRV2_PREFILL_ATTENTION=paged) to compare with `prefix` (the prefill kernel, default).
+    # Prefill attention (docs/kernels.md "Prefill attention"): the variant sweep against the older large-row launch
+    # (< 240 s).
     prefill_sweep) job $j 235 python3 scripts/bench_prefill_attention.py "$res/$j" ;;
-    prefix_paged) job $j 120 env MRV2_PREFILL_ATTENTION=paged \
-        python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j" ;;
     prefix-hybrid) job $j 200 python3 -m framework.cli bench experiment=prefix_bench_hybrid bench.output_dir="$res/prefix_hybrid" ;;
     profile) job $j 150 python3 scripts/profile_decode.py --batch 256 --profile-prefill --out "$res/profile/b256" &&
         job profile-b1 60 python3 scripts/profile_decode.py --batch 1 --steps 200 --out "$res/profile/b1" &&

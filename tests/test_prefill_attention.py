@@ -2,8 +2,8 @@
 
 Small shapes on the CPU under TRITON_INTERPRET=1 (set before the kernels are imported): ragged fresh prompts,
 chunks after cached prefixes, page sizes smaller and larger than a KV tile, GQA groups (tile = whole group or
-one head), head_dim 64 (float32) and 128 (float16), every code variant of `PrefillVariant`, and the
-`MRV2_PREFILL_ATTENTION` switch inside `paged_attention`. Negative controls plant the bugs the comparison
+one head), head_dim 64 (float32) and 128 (float16), every code variant of `PrefillVariant`, and
+`paged_attention`'s routing of large rows (`prefill_kernel`, `prefill_variant`). Negative controls plant the bugs the comparison
 guards against (a row reading another row's blocks, one key too many, rows skipped) and check it fails.
 tests/gpu/test_prefill_attention_gpu.py covers real shapes and bfloat16.
 """
@@ -47,7 +47,6 @@ SMALL = tfa.PrefillVariant(32, 16, 4, 1)  # interpreter tiles: 16 tokens x group
 @pytest.fixture(autouse=True)
 def _interpreter_env(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv(tfa.VARIANT_ENV, raising=False)
 
 
 def _case(rows, *, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, seed=0):
@@ -133,42 +132,37 @@ def test_skips_rows_of_the_decode_launch():
     torch.testing.assert_close(out[mine], ref[mine], **TOL[torch.float32])
 
 
-@pytest.mark.parametrize("switch", ["paged", "prefill"])
-def test_switch_in_paged_attention(monkeypatch, switch):
+@pytest.mark.parametrize("prefill_kernel", [False, True])
+def test_large_rows_in_paged_attention(monkeypatch, prefill_kernel):
     """Mixed batch (decode rows, draft rows, chunks) through `paged_attention`: same result either way, and
-    the prefill kernel runs exactly when MRV2_PREFILL_ATTENTION=prefill."""
-    monkeypatch.setenv(tfa.SWITCH_ENV, switch)
+    the prefill kernel runs exactly when `prefill_kernel` (the default)."""
     calls = []
     real = tpa.prefill_attention
     monkeypatch.setattr(tpa, "prefill_attention", lambda *a, **k: calls.append(k) or real(*a, **k))
     case = _case([(13, 20), (0, 1), (30, 3), (7, 1), (0, 40)])
     scale = 0.125
-    out = tpa.paged_attention(case.query, case.kv_cache, case.meta, scale)
+    kwargs = {} if prefill_kernel else {"prefill_kernel": False}  # the default, or the older launch
+    out = tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, **kwargs)
     ref = paged_attention_reference(case.query, case.kv_cache, case.meta, scale)
     n = case.num_real_tokens
     torch.testing.assert_close(out[:n], ref[:n], **TOL[torch.float32])
-    assert len(calls) == (switch == "prefill")
+    assert len(calls) == prefill_kernel
     decode_only = _case([(13, 1), (4, 1)])
-    tpa.paged_attention(decode_only.query, decode_only.kv_cache, decode_only.meta, scale)
-    assert len(calls) == (switch == "prefill")  # a decode-only batch never reaches it
+    tpa.paged_attention(decode_only.query, decode_only.kv_cache, decode_only.meta, scale, **kwargs)
+    assert len(calls) == prefill_kernel  # a decode-only batch never reaches it
 
 
-def test_prefill_kernel_is_the_default(monkeypatch):
-    monkeypatch.delenv(tfa.SWITCH_ENV, raising=False)
-    assert tfa.prefill_kernel_enabled()
+def test_default_variant_at_head_dim_128():
     assert not tfa.default_variant(128, on_gpu=True).k_trans  # the H200 sweep's best at head_dim 128
 
 
-def test_variant_from_env_and_parse(monkeypatch):
+def test_variant_parse_reaches_the_launch_through_paged_attention(monkeypatch):
     assert tfa.PrefillVariant.parse("block_m=64,num_warps=4,reverse=0,k_trans=false") == tfa.PrefillVariant(
         64, 128, 4, 3, reverse=False, k_trans=False)
     with pytest.raises(ValueError, match="unknown PrefillVariant field"):
         tfa.PrefillVariant.parse("block_k=64")
-    monkeypatch.setenv(tfa.SWITCH_ENV, "bogus")
-    with pytest.raises(ValueError, match=tfa.SWITCH_ENV):
-        tfa.prefill_kernel_enabled()
-    # The env variant is applied over the default one and reaches the launch.
-    monkeypatch.setenv(tfa.VARIANT_ENV, "block_n=32,heads=1,block_m=16")
+    # A parsed variant given to paged_attention reaches the prefill kernel's launch.
+    variant = tfa.PrefillVariant.parse("block_n=32,heads=1,block_m=16", SMALL)
     seen = []
     real = tfa._prefill_attention_kernel
 
@@ -181,7 +175,7 @@ def test_variant_from_env_and_parse(monkeypatch):
 
     monkeypatch.setattr(tfa, "_prefill_attention_kernel", Spy())
     case = _case([(0, 20)])
-    out = tfa.prefill_attention(case.query, case.kv_cache, case.meta, 0.125)
+    out = tpa.paged_attention(case.query, case.kv_cache, case.meta, 0.125, prefill_variant=variant)
     assert seen and seen[0][1:] == (32, 1)
     n = case.num_real_tokens
     torch.testing.assert_close(out[:n], paged_attention_reference(case.query, case.kv_cache, case.meta, 0.125)[:n],

@@ -16,8 +16,10 @@ Two launches of the same kernel serve a batch (docs/kernels.md has the grids and
   of each (row, KV head) to finish merges them (flash-decoding with the reduce fused in, found by an atomic
   counter per (row, KV head); `fused_reduce=False` merges in a second launch, `_split_kv_reduce_kernel`).
   The number of splits follows `num_kv_splits`.
-* *large rows* (prefill chunks) get one program per (query tile, KV head) with 128-row tiles; the tile's row
-  is found by a binary search over `query_start_loc`, so the grid is sized from host ints only.
+* *large rows* (prefill chunks) go to `prefill_attention` (triton_prefill_attention.py). With
+  `prefill_kernel=False` they take the older launch of this kernel instead (kept to compare against): one
+  program per (query tile, KV head) with 128-row tiles; the tile's row is found by a binary search over
+  `query_start_loc`, so the grid is sized from host ints only.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from framework.attention.launch_config import (  # noqa: F401 - re-exported for 
     prefill_tiles,
 )
 from framework.attention.metadata import AttentionMetadata
-from framework.attention.triton_prefill_attention import prefill_attention, prefill_kernel_enabled
+from framework.attention.triton_prefill_attention import PrefillVariant, prefill_attention
 from framework.attention.triton_tiles import (
     LOG2E, _attend_kv_range, _find_row, _kv_tile_offsets, _merge_kv_splits, _split_len, _write_result,
 )
@@ -220,7 +222,9 @@ def paged_attention(
     *,
     num_splits: int | None = None,  # override the split rule for small rows (tests)
     small_tiles: AttentionTiles | None = None,  # override the tile configs (tests, benchmarks)
-    large_tiles: AttentionTiles | None = None,
+    large_tiles: AttentionTiles | None = None,  # the older large-row launch's (prefill_kernel=False)
+    prefill_kernel: bool = True,  # large rows to `prefill_attention`; False: the older launch (comparisons)
+    prefill_variant: PrefillVariant | None = None,  # prefill_attention's variant (default: default_variant)
     pdl: bool = False,  # programmatic dependent launch (only where framework.kernels.pdl.pdl_supported)
     split_counters: torch.Tensor | None = None,  # [>= R * num_kv_heads] int32 on query's device, all zero
     fused_reduce: bool = True,  # False: merge KV splits in a second launch (comparison, benchmarks)
@@ -275,8 +279,8 @@ def paged_attention(
         stride_c_head=kv_cache.stride(3), stride_bt_row=meta.block_tables.stride(0),
         HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, DOT_IEEE=query.dtype == torch.float32,
     )
-    if not all_small and prefill_kernel_enabled():  # MRV2_PREFILL_ATTENTION=prefill: the large rows there
-        prefill_attention(query, kv_cache, meta, scale, out, skip_query_len=small_q)
+    if not all_small and prefill_kernel:  # the large rows (prefill chunks) in the prefill kernel
+        prefill_attention(query, kv_cache, meta, scale, out, skip_query_len=small_q, variant=prefill_variant)
     elif not all_small:
         block_q = large.block_m // group
         # Row r's tiles start at query_start_loc[r] // block_q + r (see _find_row): ids are not compact, so

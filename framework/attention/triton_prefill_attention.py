@@ -2,8 +2,8 @@
 
 Same semantics as `paged_attention_reference` (framework/attention/paged.py) for the rows it serves: rows
 with `query_len > skip_query_len` (prefill chunks); shorter rows are left to the decode launch of
-`triton_paged_attention.paged_attention`, which calls `prefill_attention` for its large rows (default;
-`MRV2_PREFILL_ATTENTION=paged` runs the older large-row launch of `_paged_attention_kernel` instead).
+`triton_paged_attention.paged_attention`, which calls `prefill_attention` for its large rows (its argument
+`prefill_kernel=False` runs the older large-row launch of `_paged_attention_kernel` instead, for comparisons).
 
 A program owns one query tile (`BLOCK_Q` tokens of one row x `HEADS` query heads of one GQA group, flattened
 into `BLOCK_M` matrix rows) and walks its keys in `BLOCK_N` tiles gathered through the block table; fully
@@ -29,7 +29,6 @@ kernels on Hopper do, each behind a `PrefillVariant` field so an H200 sweep can 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -39,10 +38,6 @@ import triton.language as tl
 from framework.attention.metadata import AttentionMetadata
 from framework.attention.triton_tiles import LOG2E, _find_row, _kv_tile_offsets
 from framework.kernels.launch_math import next_power_of_2
-
-SWITCH_ENV = "MRV2_PREFILL_ATTENTION"  # prefill (default) | paged
-VARIANT_ENV = "MRV2_PREFILL_VARIANT"  # e.g. "block_m=128,block_n=64,reverse=0" over the default variant
-
 
 @dataclass(frozen=True)
 class PrefillVariant:
@@ -83,7 +78,7 @@ class PrefillVariant:
 
 
 def default_variant(head_dim: int, on_gpu: bool, elem_size: int = 2) -> PrefillVariant:
-    """The variant `prefill_attention` runs unless told otherwise (`MRV2_PREFILL_VARIANT` edits it).
+    """The variant `prefill_attention` runs unless given one (`PrefillVariant.parse` edits it for sweeps).
 
     Head_dim 128, from the H200 sweep of 2026-12-02 (`scripts/bench_prefill_attention.py`, docs/benchmarks.md):
     128x128 tiles, 8 warps, 3 stages, reversed order, block ids a tile ahead, K gathered as rows then
@@ -97,14 +92,6 @@ def default_variant(head_dim: int, on_gpu: bool, elem_size: int = 2) -> PrefillV
     if head_dim == 128:
         return PrefillVariant(128, 128, 8, 3, k_trans=False)
     return PrefillVariant(128, 64, 4, 3)
-
-
-def prefill_kernel_enabled() -> bool:
-    """Whether `paged_attention` sends its large rows here (default; `MRV2_PREFILL_ATTENTION=paged`: not)."""
-    choice = os.environ.get(SWITCH_ENV, "prefill").lower()
-    if choice not in ("paged", "prefill"):
-        raise ValueError(f"{SWITCH_ENV} must be paged or prefill, got {choice!r}")
-    return choice == "prefill"
 
 
 @triton.jit
@@ -333,7 +320,7 @@ def prefill_attention(
     out: torch.Tensor | None = None,  # [T, num_heads, head_dim]; rows of other tokens are left as they are
     *,
     skip_query_len: int = 0,  # rows with query_len <= this are not computed (the decode launch's rows)
-    variant: PrefillVariant | None = None,  # default: `default_variant`, edited by MRV2_PREFILL_VARIANT
+    variant: PrefillVariant | None = None,  # default: `default_variant`
 ) -> torch.Tensor:
     """`out` with the causal attention of every row longer than `skip_query_len` over its paged keys.
 
@@ -348,8 +335,6 @@ def prefill_attention(
         return out
     if variant is None:
         variant = default_variant(head_dim, query.device.type == "cuda", query.element_size())
-        if os.environ.get(VARIANT_ENV):
-            variant = PrefillVariant.parse(os.environ[VARIANT_ENV], variant)
     heads = variant.heads or group
     assert group % heads == 0, f"PrefillVariant.heads={heads} does not divide the GQA group {group}"
     block_m = max(variant.block_m, next_power_of_2(heads))

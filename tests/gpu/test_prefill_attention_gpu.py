@@ -3,7 +3,7 @@
 Qwen3-0.6B geometry (16 query heads, 8 KV heads, head_dim 128, bfloat16, 16-token pages): the prefix_bench
 prefill batches (four ~2,040-token prompts, a prompt continued after a 32-token chunk, decode rows beside),
 a causal 8,192-token prefill, 2,048 tokens after 2,048 cached, other geometries, every variant the sweep
-(`scripts/bench_prefill_attention.py`) times, the `MRV2_PREFILL_ATTENTION` switch and CUDA-graph replay.
+(`scripts/bench_prefill_attention.py`) times, `paged_attention`'s default route of large rows to it and CUDA-graph replay.
 Tolerances as tests/gpu/test_attention_gpu.py: elementwise against a float32 reference (atol = rtol = 2e-2
 for bf16) and a mean error at most twice the bf16 reference's. Skipped without CUDA.
 """
@@ -89,8 +89,7 @@ def test_causal_8192():
     _check([(0, 8192)], BASE)
 
 
-def test_switch_on_in_paged_attention(monkeypatch):
-    monkeypatch.setenv(tfa.SWITCH_ENV, "prefill")
+def test_paged_attention_routes_large_rows_here():
     _check(ROWS["prefix_bench_continued"], switch=True)
     _check(ROWS["unaligned_mixed"], switch=True)
 
