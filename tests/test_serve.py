@@ -195,6 +195,17 @@ def test_errors_are_openai_shaped(server, client):
     r = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                    "chat_template": "{% for m in messages %}"})
     assert r.status_code == 400 and "parse" in r.json()["error"]["message"]
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+    hi = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as tools:  # refused, not answered as if no tools were sent
+        client.chat.completions.create(model="tiny", messages=hi, max_tokens=2, tools=[tool])
+    assert tools.value.body["param"] == "tools" and "tool calling is not supported" in tools.value.body["message"]
+    for extra, param in (({"tool_choice": "required"}, "tool_choice"), ({"functions": [tool["function"]]}, "functions"),
+                         ({"function_call": {"name": "add"}}, "function_call")):
+        r = server.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 2, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+    none = server.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 2, "tool_choice": "none"})
+    assert none.status_code == 200 and none.json()["usage"]["completion_tokens"] == 2  # no tools asked for
     assert server.get("/health").status_code == 200  # nothing above broke the server
     assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
 

@@ -80,6 +80,12 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    # Tool calling is not implemented. These are read only to refuse them (`params.refuse_tool_calling`): ignored
+    # like other unknown fields, a request with tools would get a plain-text answer that never calls one.
+    tools: Optional[list[Any]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    functions: Optional[list[Any]] = None  # OpenAI's older form of tools
+    function_call: Union[str, dict[str, Any], None] = None
 
 
 class EmbeddingRequest(_Body):

@@ -20,7 +20,9 @@ from framework.serve.engine_client import RequestFailed
 from framework.serve.errors import ApiError
 from framework.serve.generation import Generation, SequenceEvent
 from framework.serve.openai_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from framework.serve.params import check_model, max_tokens_for, pooling_params, prompt_list, sampling_params, tokenize
+from framework.serve.params import (
+    check_model, max_tokens_for, pooling_params, prompt_list, refuse_tool_calling, sampling_params, tokenize,
+)
 from framework.serve.responses import chat_logprobs, completion_logprobs, envelope, sse, usage
 from framework.serve.state import ServerState
 
@@ -159,6 +161,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     state = _state(request)
     check_model(body.model, [state.model_name])
+    refuse_tool_calling(body)
     template = state.template(body.chat_template)
     try:
         text = template.render([m.model_dump() for m in body.messages], add_generation_prompt=body.add_generation_prompt
