@@ -204,6 +204,9 @@ def test_errors_are_openai_shaped(server, client):
                          ({"function_call": {"name": "add"}}, "function_call")):
         r = server.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 2, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+    r = server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "guided_choice": ["a", "b"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_choice"  # not an unconstrained reply
+    assert 'structured_outputs={"choice": ...}' in r.json()["error"]["message"]
     none = server.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 2, "tool_choice": "none"})
     assert none.status_code == 200 and none.json()["usage"]["completion_tokens"] == 2  # no tools asked for
     assert server.get("/health").status_code == 200  # nothing above broke the server

@@ -50,6 +50,12 @@ class SamplingFields(_Body):
     # structured outputs: OpenAI's response_format, or vLLM's structured_outputs {json|regex|choice|grammar}
     response_format: Optional[dict[str, Any]] = None
     structured_outputs: Optional[dict[str, Any]] = None
+    # vLLM's older structured-output fields (since removed there), read only to refuse them with their replacement
+    # named (`params.sampling_params`): ignored, the reply would silently be unconstrained.
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
 
 class CompletionRequest(SamplingFields):

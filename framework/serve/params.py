@@ -59,6 +59,11 @@ def max_tokens_for(requested: Optional[int], num_prompt_tokens: int, max_model_l
 def sampling_params(body: SamplingFields, *, max_tokens: int, logprobs: Optional[int],
                     prompt_logprobs: Optional[int] = None) -> SamplingParams:
     """Build and validate the engine's parameters (400 with the engine's message when a value is out of range)."""
+    for kind in ("json", "regex", "choice", "grammar"):
+        if getattr(body, f"guided_{kind}") is not None:
+            raise ApiError.invalid(f"guided_{kind} is vLLM's older field and is not read here: send "
+                                   f"structured_outputs={{\"{kind}\": ...}} instead (or response_format)",
+                                   f"guided_{kind}")
     values: dict[str, Any] = dict(
         n=body.n, max_tokens=max_tokens, stop=body.stop, seed=body.seed,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
