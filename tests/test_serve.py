@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import time
 
 import httpx
 import openai
@@ -207,6 +208,12 @@ def test_errors_are_openai_shaped(server, client):
     r = server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "guided_choice": ["a", "b"]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "guided_choice"  # not an unconstrained reply
     assert 'structured_outputs={"choice": ...}' in r.json()["error"]["message"]
+    typo = server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "max_tokenz": 9, "store": True})
+    assert typo.status_code == 200  # unknown fields are ignored, and named in the server's log
+    deadline = time.monotonic() + 10
+    while "ignored fields not read by this server: max_tokenz, store" not in server.stderr_tail():
+        assert time.monotonic() < deadline, server.stderr_tail()
+        time.sleep(0.1)
     none = server.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 2, "tool_choice": "none"})
     assert none.status_code == 200 and none.json()["usage"]["completion_tokens"] == 2  # no tools asked for
     assert server.get("/health").status_code == 200  # nothing above broke the server

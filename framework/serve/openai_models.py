@@ -1,6 +1,8 @@
 """Request bodies of the OpenAI-compatible endpoints, as pydantic models shaped like OpenAI's (plus vLLM's extra
 sampling fields). Ranges are not checked here: `SamplingParams` checks them, so the server and the offline API
-refuse the same values with the same messages. Unknown fields are ignored (OpenAI clients send new ones)."""
+refuse the same values with the same messages. Unknown top-level fields are kept aside (`model_extra`) for the
+route to name in a warning log line, then ignored: OpenAI clients send new ones, and a typo or a feature a client
+expects should show in the server log."""
 
 from __future__ import annotations
 
@@ -16,11 +18,17 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class _RequestBody(BaseModel):
+    """A whole request body: its unknown fields stay in `model_extra` (see the module docstring)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class SamplingFields(_Body):
+class SamplingFields(_RequestBody):
     """Fields both completion endpoints share (OpenAI's, then vLLM's extras)."""
 
     model: Optional[str] = None
@@ -94,7 +102,7 @@ class ChatCompletionRequest(SamplingFields):
     function_call: Union[str, dict[str, Any], None] = None
 
 
-class EmbeddingRequest(_Body):
+class EmbeddingRequest(_RequestBody):
     """POST /v1/embeddings."""
 
     input: PromptInput

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import struct
 import uuid
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 
 from framework.serve.engine_client import RequestFailed
 from framework.serve.errors import ApiError
@@ -27,10 +29,17 @@ from framework.serve.responses import chat_logprobs, completion_logprobs, envelo
 from framework.serve.state import ServerState
 
 router = APIRouter()
+logger = logging.getLogger(__name__)
 
 
 def _state(request: Request) -> ServerState:
     return request.app.state.server
+
+
+def _warn_ignored(body: BaseModel, endpoint: str) -> None:
+    """Name the body's fields this server does not read in a warning (as vLLM does), then go on without them."""
+    if body.model_extra:
+        logger.warning("%s: ignored fields not read by this server: %s", endpoint, ", ".join(sorted(body.model_extra)))
 
 
 def _token_text(state: ServerState):  # type: ignore[no-untyped-def]
@@ -100,6 +109,7 @@ def _max_tokens(state: ServerState, requested: Optional[int], prompts: list[list
 async def completions(body: CompletionRequest, request: Request) -> Any:
     state = _state(request)
     check_model(body.model, [state.model_name])
+    _warn_ignored(body, "/v1/completions")
     if body.suffix:
         raise ApiError.invalid("suffix is not supported", "suffix")
     raw = prompt_list(body.prompt, "prompt")
@@ -161,6 +171,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     state = _state(request)
     check_model(body.model, [state.model_name])
+    _warn_ignored(body, "/v1/chat/completions")
     refuse_tool_calling(body)
     template = state.template(body.chat_template)
     try:
@@ -214,6 +225,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     state = _state(request)
     check_model(body.model, [state.model_name])
+    _warn_ignored(body, "/v1/embeddings")
     prompts = [tokenize(state.tokenizer, p, "input") for p in prompt_list(body.input, "input")]
     for p in prompts:
         if len(p) > state.max_model_len:
