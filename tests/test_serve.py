@@ -214,6 +214,10 @@ def test_errors_are_openai_shaped(server, client):
     while "ignored fields not read by this server: max_tokenz, store" not in server.stderr_tail():
         assert time.monotonic() < deadline, server.stderr_tail()
         time.sleep(0.1)
+    called = [*hi, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                                           "function": {"name": "add"}}]}]
+    r = server.post("/v1/chat/completions", json={"messages": called, "max_tokens": 2})
+    assert r.status_code == 400 and "messages[1].tool_calls" in r.json()["error"]["message"]
     none = server.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 2, "tool_choice": "none"})
     assert none.status_code == 200 and none.json()["usage"]["completion_tokens"] == 2  # no tools asked for
     assert server.get("/health").status_code == 200  # nothing above broke the server

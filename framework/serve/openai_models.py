@@ -80,6 +80,7 @@ class ChatMessage(_Body):
     role: str
     content: Union[str, list[dict[str, Any]], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[Any]] = None  # read only to refuse (`params.refuse_tool_calling`), not to drop
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -99,7 +99,8 @@ def check_model(name: Optional[str], served: Sequence[str]) -> None:
 def refuse_tool_calling(body: ChatCompletionRequest) -> None:
     """400 for a chat request that asks for tool calls (`tools`, `tool_choice`, or the older `functions` /
     `function_call`): this server has no tool-call parser, and answering in plain text would look like a model
-    that chose not to call. `tool_choice="none"` without tools (what some clients always send) passes."""
+    that chose not to call. A message history holding tool calls is refused too (they would render as nothing).
+    `tool_choice="none"` without tools (what some clients always send) passes."""
     for field in ("tools", "functions"):
         if getattr(body, field):
             raise ApiError.invalid(f"{field}: tool calling is not supported by this server; send the request "
@@ -109,3 +110,7 @@ def refuse_tool_calling(body: ChatCompletionRequest) -> None:
         if getattr(body, field) not in (None, "none"):
             raise ApiError.invalid(f"{field}={getattr(body, field)!r}: tool calling is not supported by this "
                                    "server; only 'none' is accepted", field)
+    for i, message in enumerate(body.messages):  # a history with calls would render without them
+        if message.tool_calls:
+            raise ApiError.invalid(f"messages[{i}].tool_calls: tool calling is not supported by this server",
+                                   "messages")
