@@ -214,6 +214,9 @@ def test_errors_are_openai_shaped(server, client):
     while "ignored fields not read by this server: max_tokenz, store" not in server.stderr_tail():
         assert time.monotonic() < deadline, server.stderr_tail()
         time.sleep(0.1)
+    r = server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "best_of": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "best_of"  # not n=1 answered as best of 3
+    assert server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "best_of": 1}).status_code == 200
     called = [*hi, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
                                                                            "function": {"name": "add"}}]}]
     r = server.post("/v1/chat/completions", json={"messages": called, "max_tokens": 2})

@@ -73,7 +73,8 @@ class CompletionRequest(SamplingFields):
     max_tokens: Optional[int] = 16
     logprobs: Optional[int] = None
     echo: bool = False
-    suffix: Optional[str] = None
+    suffix: Optional[str] = None  # refused when set: no fill-in-the-middle
+    best_of: Optional[int] = None  # refused above n: choosing the best of several is not implemented
 
 
 class ChatMessage(_Body):

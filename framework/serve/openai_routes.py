@@ -112,6 +112,9 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     _warn_ignored(body, "/v1/completions")
     if body.suffix:
         raise ApiError.invalid("suffix is not supported", "suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise ApiError.invalid(f"best_of={body.best_of} is not supported (only best_of equal to n, {body.n}): "
+                               "ask for n sequences and choose among them", "best_of")
     raw = prompt_list(body.prompt, "prompt")
     prompts = [tokenize(state.tokenizer, p, "prompt") for p in raw]
     want_echo_logprobs = body.echo and body.logprobs is not None
