@@ -32,6 +32,13 @@ if _workers > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads))  # the CLI, server and script processes tests start
 
 
+def pytest_xdist_auto_num_workers(config):  # type: ignore[no-untyped-def]
+    """`-n logical` / `-n auto` on a machine with a CUDA GPU: one worker. Engines take 90 % of the GPU's memory
+    (`cache.gpu_memory_utilization`), so GPU test files in parallel workers would run out of it. Without a GPU:
+    None, i.e. pytest-xdist's own count."""
+    return 1 if torch.cuda.is_available() else None
+
+
 def _use_this_checkouts_conf() -> None:
     """Make `mrv2_conf` (this repo's `conf/`, installed under that name) come from this checkout.
 

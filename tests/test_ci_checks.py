@@ -83,3 +83,17 @@ def test_gpu_tests_all_runs_every_gpu_file_once_within_one_device_call():
     assert sorted(files) == sorted(p.name for p in (REPO / "tests" / "gpu").glob("test_*.py"))
     assert re.search(r"^\s*gpu_tests_all\) gpu_tests_all ;;", script, re.MULTILINE)
     assert re.search(r"^\s*gpu_tests_more\) run_pieces gpu_tests_more GPU_PIECES_MORE ;;", script, re.MULTILINE)
+
+
+def test_the_test_command_takes_one_worker_on_a_gpu_machine(monkeypatch, pytestconfig):
+    """The README's `-n logical`: pytest-xdist asks `pytest_xdist_auto_num_workers` (firstresult); tests/conftest.py
+    answers 1 where CUDA is (engines take 90 % of the GPU's memory: parallel GPU files would run out) and leaves
+    the count to pytest-xdist elsewhere."""
+    import torch
+
+    ask = pytestconfig.hook.pytest_xdist_auto_num_workers
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert ask(config=pytestconfig) == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "7")  # pytest-xdist's own answer, made visible
+    assert ask(config=pytestconfig) == 7
