@@ -32,6 +32,7 @@ if _workers > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads))  # the CLI, server and script processes tests start
 
 
+@pytest.hookimpl(optionalhook=True)  # optional: the GPU machine runs tests/gpu without pytest-xdist installed
 def pytest_xdist_auto_num_workers(config):  # type: ignore[no-untyped-def]
     """`-n logical` / `-n auto` on a machine with a CUDA GPU: one worker. Engines take 90 % of the GPU's memory
     (`cache.gpu_memory_utilization`), so GPU test files in parallel workers would run out of it. Without a GPU:

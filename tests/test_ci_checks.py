@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,12 @@ def test_the_test_command_takes_one_worker_on_a_gpu_machine(monkeypatch, pytestc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "7")  # pytest-xdist's own answer, made visible
     assert ask(config=pytestconfig) == 7
+
+
+def test_the_suite_runs_without_pytest_xdist():
+    """The GPU machine runs tests/gpu with plain pytest (no pytest-xdist there): tests/conftest.py's xdist hook must
+    be optional, or pytest stops at start-up on an unknown hook."""
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+                          "--collect-only", "tests/test_readme.py"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
