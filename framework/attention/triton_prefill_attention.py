@@ -39,6 +39,7 @@ from framework.attention.metadata import AttentionMetadata
 from framework.attention.triton_tiles import LOG2E, _find_row, _kv_tile_offsets
 from framework.kernels.launch_math import next_power_of_2
 
+
 @dataclass(frozen=True)
 class PrefillVariant:
     """Launch configuration and code variant of `_prefill_attention_kernel` (fixed, never autotuned)."""

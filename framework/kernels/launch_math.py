@@ -1,9 +1,10 @@
 """Integer arithmetic of launch shapes on the host: `cdiv` and `next_power_of_2`, as plain Python.
 
-Triton's own (`triton.cdiv`, `triton.next_power_of_2`) became constexpr functions (usable inside kernels): a
-call from the host first unwraps its arguments, ~5 us on the GPU machine's half-speed host against ~0.07 us for
-the arithmetic itself, and an eager prefill step makes hundreds of them (the q/k norm + RoPE wrapper alone made
-six a call). Same results as Triton's, 0 and negative sizes included.
+Triton's own (`triton.cdiv`, `triton.next_power_of_2`) are constexpr functions in current Triton (3.9 here;
+usable inside kernels): a call from the host first unwraps its arguments, ~5 us on the development CPU at its
+half-speed probe against ~0.07 us for the arithmetic itself (not measured on the GPU machine's Triton 3.6), and
+an eager prefill step makes hundreds of them (the q/k norm + RoPE wrapper alone made six a call). Same results
+as Triton's, 0 and negative sizes included.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class CompletionRequest(SamplingFields):
     logprobs: Optional[int] = None
     echo: bool = False
     suffix: Optional[str] = None  # refused when set: no fill-in-the-middle
-    best_of: Optional[int] = None  # refused above n: choosing the best of several is not implemented
+    best_of: Optional[int] = None  # refused unless equal to n: choosing the best of several is not implemented
 
 
 class ChatMessage(_Body):
