@@ -209,10 +209,16 @@ DECODE_SWEEP_CONFIGS = ((32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4,
 NANO_SWEEP_SHAPES = ((256, 640), (256, 900), (128, 1200), (64, 1500), (16, 1800), (4, 1900), (1, 1900))
 NANO_SWEEP_CONFIGS = ((128, 4, 2), (64, 4, 2), (64, 4, 3), (32, 4, 3), (32, 4, 4), (64, 2, 3), (32, 2, 4),
                       (64, 8, 3), (128, 8, 2))
+# Batch-1..8 decode at "nano"'s contexts (the b1 workload's rows grow from 964 to 1,895 keys): here a batch fills
+# few programs, so the split count and the keys a split reads decide the time (the sweeps above stopped at
+# splits x 128 <= keys, i.e. 8 splits at 1,900 keys).
+SMALL_SWEEP_SHAPES = ((1, 1000), (1, 1400), (1, 1900), (2, 1400), (4, 1900), (8, 1500))
+SMALL_SWEEP_CONFIGS = ((128, 4, 2), (64, 4, 2), (64, 2, 3), (32, 4, 3), (32, 2, 4))
+SMALL_SWEEP_SPLITS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 
 
 def sweep(dtype: torch.dtype, decode_shapes=DECODE_SWEEP_SHAPES, decode_configs=DECODE_SWEEP_CONFIGS,
-          with_prefill: bool = True) -> list[dict]:
+          with_prefill: bool = True, split_counts=(1, 2, 4, 8, 16, 32), min_split_keys: int = 128) -> list[dict]:
     """Tile configs x split counts at a few decode shapes and tile configs for prefill (graph-timed).
 
     For choosing the fixed configs in triton_paged_attention.py; not part of the default run.
@@ -228,8 +234,8 @@ def sweep(dtype: torch.dtype, decode_shapes=DECODE_SWEEP_SHAPES, decode_configs=
         counters = _zero_counters(batch)
         for block_n, warps, stages in decode_configs:
             tiles = AttentionTiles(16, block_n, warps, stages)
-            for splits in (1, 2, 4, 8, 16, 32):
-                if splits * 128 > seq_len or batch * NUM_KV_HEADS * splits > 8 * 132 * 4:
+            for splits in split_counts:
+                if splits * min_split_keys > seq_len or batch * NUM_KV_HEADS * splits > 8 * 132 * 4:
                     continue
                 ms = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale, num_splits=splits,
                                                             small_tiles=tiles, split_counters=counters))
@@ -414,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also sweep tile configs and split counts")
     parser.add_argument("--sweep-nano", action="store_true",
                         help="sweep decode tiles at nano's shapes only (no prefill sweep, no default table)")
+    parser.add_argument("--sweep-small", action="store_true",
+                        help="sweep tiles x split counts (up to 32, splits of >= 32 keys) at batch 1-8 decode shapes")
     parser.add_argument("--compare-reduce", action="store_true",
                         help="only compare the fused split-KV reduce with the two-launch one (batch 1/4/16)")
     args = parser.parse_args(argv)
@@ -436,6 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep_nano:
         results = sweep(dtype, NANO_SWEEP_SHAPES, NANO_SWEEP_CONFIGS, with_prefill=False)
         (args.out_dir / "attention_sweep_nano.json").write_text(json.dumps(dict(env=env, results=results), indent=1))
+        return 0
+    if args.sweep_small:
+        results = sweep(dtype, SMALL_SWEEP_SHAPES, SMALL_SWEEP_CONFIGS, with_prefill=False,
+                        split_counts=SMALL_SWEEP_SPLITS, min_split_keys=32)
+        (args.out_dir / "attention_sweep_small.json").write_text(json.dumps(dict(env=env, results=results), indent=1))
         return 0
     results = sweep(dtype) if args.sweep else []
     header = f"{'batch':>5} {'seq':>5} {'splits':>6} {'triton us':>10} {'TB/s':>6} {'1split us':>10} " \

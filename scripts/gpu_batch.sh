@@ -305,6 +305,31 @@ for j in "$@"; do
     moe) job moe-tests 90 python3 -m pytest -q tests/gpu/test_fused_moe_gpu.py
         job moe-kernel 50 python3 scripts/bench_fused_moe.py --out "$res/moe/kernel"
         job moe-nano 180 python3 -m framework.cli bench experiment=moe bench.output_dir="$res/moe/nano" ;;
+    # Session 13's first look: the GPU tests of commits never run on a GPU (layer ops warm-up / q-k RoPE switch,
+    # prefill and decode attention), the batch-1..8 split sweep (splits up to 32), and the batch-1 step profile at
+    # the b1 workload's contexts (1,400-token prompt).
+    s13_probe) job $j-tests 200 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_layer_ops_gpu.py \
+          tests/gpu/test_prefill_attention_gpu.py tests/gpu/test_attention_gpu.py;
+        job $j-sweep 200 python3 scripts/bench_attention.py "$res/$j/sweep" --sweep-small;
+        job $j-profile-b1 70 python3 scripts/profile_decode.py --batch 1 --steps 200 --prompt-len 1400 \
+          --full-step-graphs --small-batch-kernels auto --out "$res/$j/profile-b1" ;;
+    # What each kernel kind costs inside the batch-1 chain (28 layers + head, PDL on): scripts/bench_pdl.py --ablate
+    # at the b1 workload's context lengths.
+    s13_ablate) for n in 1000 1400 1900; do job $j-$n 80 python3 scripts/bench_pdl.py --ablate --seq-len $n \
+          --out "$res/$j/$n"; done ;;
+    # The unrolled split merge and one-tile KV splits (MIN_SPLIT_TOKENS 128): the PDL and attention GPU tests (PDL
+    # chain bit for bit), the ablation at 1,000-4,096 keys, then b1 (3 rounds), nano (2 rounds) and the 8B geometry
+    # (one run) with today's defaults, each run between two host-speed probes.
+    s13_final) job $j-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_pdl_gpu.py \
+          tests/gpu/test_attention_gpu.py;
+        for n in 1000 1400 1900 4096; do job $j-ablate-$n 60 python3 scripts/bench_pdl.py --ablate --seq-len $n \
+          --out "$res/$j/ablate-$n"; done;
+        job $j-b1 200 python3 scripts/bench_matrix.py --out "$res/$j/b1" --rounds 3 --timeout 90 --config now= \
+          --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-nano 200 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 2 --timeout 95 --config now= \
+          --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-8b 200 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 190 --config now= \
+          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

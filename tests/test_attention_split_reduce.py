@@ -4,7 +4,8 @@ The last program of each (batch row, KV head) to finish merges the KV splits, fo
 that it resets (docs/kernels.md). Checked against `paged_attention_reference` and, bit for bit, against the
 two-launch path (`fused_reduce=False`), at mixed row lengths (short rows leave splits empty), 1..16 splits,
 GQA groups 1/2/4/8, pages smaller and larger than a KV tile, a row of one key, draft-verify rows and padding
-rows; the counters must be zero after every call. A negative control leaves the counters as a kernel without
+rows; the counters must be zero after every call; the merge unrolled by 2/4/8 splits equals the one-at-a-time
+merge bit for bit (steps past the last split must be identities). A negative control leaves the counters as a kernel without
 the reset would, and the same check must then fail. Kernels are imported under the interpreter as in
 tests/test_attention_triton.py (whose fresh-process fallback this module shares).
 """
@@ -69,6 +70,19 @@ def test_fused_reduce_matches_reference_and_unfused(name, num_splits):
     case = _case(ROWS[name], num_heads=4, num_kv_heads=2, block_size=4)
     counters = torch.zeros(64, dtype=torch.int32)  # more slots than rows x KV heads: the rest stay untouched
     assert _fused_equals_reference_and_unfused(case, num_splits, counters)
+    assert not counters.any()
+
+
+@pytest.mark.parametrize("merge_unroll", [2, 4, 8])
+def test_unrolled_merge_equals_one_split_at_a_time(merge_unroll):
+    """5 and 16 splits (steps past the last split: lse -inf, o 0), mixed rows (short rows' empty splits)."""
+    case = _case(ROWS["mixed_lengths"], num_heads=8, num_kv_heads=2, block_size=4, seed=merge_unroll)
+    scale, n = 1 / math.sqrt(HEAD_DIM), case.num_real_tokens
+    counters = torch.zeros(64, dtype=torch.int32)
+    for num_splits in (5, 16):
+        outs = [tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, num_splits=num_splits,
+                                    split_counters=counters, merge_unroll=unroll)[:n] for unroll in (1, merge_unroll)]
+        assert torch.equal(outs[0], outs[1]), num_splits
     assert not counters.any()
 
 

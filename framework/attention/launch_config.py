@@ -14,7 +14,10 @@ import torch
 
 from framework.kernels.launch_math import cdiv, next_power_of_2
 
-MIN_SPLIT_TOKENS = 256  # a KV split reads at least this many keys (2 tiles), so its fixed cost stays small
+# A KV split reads at least this many keys (one 128-key tile). Was 256 (two tiles) while the merge of the splits
+# waited one L2 round trip per split; with the merge unrolled (triton_tiles._merge_kv_splits), one-tile splits
+# ran a batch-1 layer ~1.1 us faster at 1,400 keys on an H200 (scripts/bench_pdl.py --ablate, 2026-12-02).
+MIN_SPLIT_TOKENS = 128
 MAX_KV_SPLITS = 32
 PROGRAMS_PER_SM = 2  # decode programs per multiprocessor the split rule aims at (fitted on an H200)
 SHORT_CONTEXT = 2048  # longest max_seq_len given the two-programs-per-SM decode tiles (nano's max_model_len)

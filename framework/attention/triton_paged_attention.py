@@ -72,6 +72,7 @@ def _paged_attention_kernel(
     DOT_IEEE: tl.constexpr,  # float32 inputs: exact products instead of tf32
     FUSED_REDUCE: tl.constexpr = False,  # IS_SPLIT: the last split program of a (row, KV head) merges them
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
+    MERGE_UNROLL: tl.constexpr = 8,  # FUSED_REDUCE: KV splits merged per unrolled step
 ):
     if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
         tl.extra.cuda.gdc_wait()
@@ -131,7 +132,7 @@ def _paged_attention_kernel(
         stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, DOT_IEEE)
     _write_result(acc, l_i, m_i, out_ptr, part_o_ptr, part_lse_ptr, split_counters_ptr,
                   row, kv_head, tl.num_programs(1), split, num_splits, seq_len, split_len, token, head, m_rows,
-                  row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M, IS_SPLIT, FUSED_REDUCE)
+                  row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M, IS_SPLIT, FUSED_REDUCE, MERGE_UNROLL)
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # per-step sizes: no recompiles mid-run
@@ -228,6 +229,7 @@ def paged_attention(
     pdl: bool = False,  # programmatic dependent launch (only where framework.kernels.pdl.pdl_supported)
     split_counters: torch.Tensor | None = None,  # [>= R * num_kv_heads] int32 on query's device, all zero
     fused_reduce: bool = True,  # False: merge KV splits in a second launch (comparison, benchmarks)
+    merge_unroll: int = 8,  # KV splits merged per unrolled step (1: one at a time, as before; benchmarks)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -296,7 +298,7 @@ def paged_attention(
         query, kv_cache, out, bufs.part_o, bufs.part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
         SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=num_splits > 1,
-        FUSED_REDUCE=bufs.fused,
+        FUSED_REDUCE=bufs.fused, MERGE_UNROLL=merge_unroll,
         num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
     merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl)

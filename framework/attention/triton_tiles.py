@@ -118,7 +118,7 @@ def _attend_kv_tile(
 @triton.jit
 def _merge_kv_splits(
     out_ptr, part_o_ptr, part_lse_ptr, first_part, used_splits, token, head, m_rows, row_valid, dims,
-    stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_UNROLL: tl.constexpr = 8,
 ):
     """Merge one (row, KV head)'s partials into `out`: the fused path's last split program and the two-launch
     path's `_split_kv_reduce_kernel` both call this, so they agree bit for bit. Loads bypass L1 (`.cg`):
@@ -126,18 +126,23 @@ def _merge_kv_splits(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     weight = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    for split in range(0, used_splits):
-        part = first_part + split
-        lse = tl.load(part_lse_ptr + part * BLOCK_M + m_rows, mask=row_valid, other=float("-inf"),
-                      cache_modifier=".cg")
-        o = tl.load(part_o_ptr + part * BLOCK_M * HEAD_DIM + m_rows[:, None] * HEAD_DIM + dims[None, :],
-                    mask=row_valid[:, None], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_run, lse)
-        alpha = tl.exp2(m_run - m_new)
-        beta = tl.exp2(lse - m_new)
-        acc = acc * alpha[:, None] + o * beta[:, None]
-        weight = weight * alpha + beta
-        m_run = m_new
+    # MERGE_UNROLL splits per iteration, unrolled, so their loads are in flight together (a rolled loop waited
+    # one L2 round trip per split: ~1-2 us of a batch-1 layer, scripts/bench_pdl.py --ablate). A split past
+    # `used_splits` reads lse -inf and o 0, so alpha 1 and beta 0: an identity, the same result bit for bit.
+    for split0 in range(0, used_splits, MERGE_UNROLL):
+        for j in tl.static_range(MERGE_UNROLL):
+            live = row_valid & (m_rows * 0 + split0 + j < used_splits)  # [BLOCK_M]
+            part = first_part + split0 + j
+            lse = tl.load(part_lse_ptr + part * BLOCK_M + m_rows, mask=live, other=float("-inf"),
+                          cache_modifier=".cg")
+            o = tl.load(part_o_ptr + part * BLOCK_M * HEAD_DIM + m_rows[:, None] * HEAD_DIM + dims[None, :],
+                        mask=live[:, None], other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m_run, lse)
+            alpha = tl.exp2(m_run - m_new)
+            beta = tl.exp2(lse - m_new)
+            acc = acc * alpha[:, None] + o * beta[:, None]
+            weight = weight * alpha + beta
+            m_run = m_new
     out = acc / tl.where(weight > 0.0, weight, 1.0)[:, None]
     tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
@@ -169,6 +174,7 @@ def _write_result(
     row, kv_head, num_kv_heads, split, num_splits, seq_len, split_len, token, head, m_rows, row_valid, dims,
     stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, IS_SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+    MERGE_UNROLL: tl.constexpr = 8,
 ):
     """The end of a program: its output rows, or (IS_SPLIT, small rows) its split's partial result and
     log-sum-exp; with FUSED_REDUCE the last of the row's non-empty splits to finish then merges them all."""
@@ -190,7 +196,7 @@ def _write_result(
             done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if done == used_splits - 1:
                 _merge_kv_splits(out_ptr, part_o_ptr, part_lse_ptr, part - split, used_splits, token, head,
-                                 m_rows, row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M)
+                                 m_rows, row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M, MERGE_UNROLL)
                 tl.store(counter, 0)  # every split has counted: the next launch (graph replay) starts at 0
     else:
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],

@@ -224,7 +224,7 @@ def test_fused_reduce_stale_counters_fail():
         _assert_matches_reference(out, case)
 
 
-@pytest.mark.parametrize("batch", [1, 4, 16, 32])  # 16, 8, 2, 2 splits by the rule at 4096 keys
+@pytest.mark.parametrize("batch", [1, 4, 16, 32])  # 32, 8, 2, 2 splits by the rule at 4096 keys
 def test_fused_reduce_cuda_graph_changing_seq_lens(batch):
     """As the engine runs decode: max_seq_len fixed at 4096 (so the split count is fixed at capture), one
     counter buffer, the graph replayed with new sequence lengths and queries each time."""
