@@ -59,6 +59,7 @@ ABLATIONS: dict[str, dict] = {
     "tiles64_4_2": {"tiles": (64, 4, 2)},
 }
 
+
 class Model:
     """Weights, KV caches and the static inputs of the chains; `layer` / `head` launch one chain's kernels."""
 
@@ -180,6 +181,12 @@ def ablate(model: Model, out: Path) -> int:
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, seq_len=model.seq_len,
                 layers=len(model.layers), unit="microseconds per CUDA-graph replay of the stack (PDL on)")
     (out / "pdl_ablation.json").write_text(json.dumps(dict(meta=meta, results=rows), indent=2))
+    plot_ablation(rows, f"{len(model.layers)} layers + head, {model.seq_len} keys, PDL on", out / "pdl_ablation.png")
+    print(f"wrote {out}")
+    return 0
+
+
+def plot_ablation(rows: list[dict], title: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,12 +194,9 @@ def ablate(model: Model, out: Path) -> int:
 
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.barh([r["ablation"] for r in rows][::-1], [r["us"] for r in rows][::-1])
-    ax.set(xlabel="us per replay of the stack (median)", title=f"{len(model.layers)} layers + head, "
-           f"{model.seq_len} keys, PDL on")
+    ax.set(xlabel="us per replay of the stack (median)", title=title)
     fig.tight_layout()
-    fig.savefig(out / "pdl_ablation.png", dpi=120)
-    print(f"wrote {out}")
-    return 0
+    fig.savefig(path, dpi=120)
 
 
 def main() -> int:

@@ -5,8 +5,8 @@ that it resets (docs/kernels.md). Checked against `paged_attention_reference` an
 two-launch path (`fused_reduce=False`), at mixed row lengths (short rows leave splits empty), 1..16 splits,
 GQA groups 1/2/4/8, pages smaller and larger than a KV tile, a row of one key, draft-verify rows and padding
 rows; the counters must be zero after every call; the merge unrolled by 2/4/8 splits equals the one-at-a-time
-merge bit for bit (steps past the last split must be identities). A negative control leaves the counters as a kernel without
-the reset would, and the same check must then fail. Kernels are imported under the interpreter as in
+merge bit for bit (steps past the last split must be identities). A negative control leaves the counters as a
+kernel without the reset would, and the same check must then fail. Kernels are imported under the interpreter as in
 tests/test_attention_triton.py (whose fresh-process fallback this module shares).
 """
 
