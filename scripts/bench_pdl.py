@@ -65,7 +65,7 @@ class Model:
 
     def __init__(self, layers: int, device: torch.device, seq_len: int = 1000) -> None:
         self.device, self.seq_len = device, seq_len
-        self.ablation: dict = {}  # the running --ablate variant's changes (ABLATIONS)
+        self.changes: dict = {}  # what the running chain changes in a layer: an ABLATIONS entry (or 4 KV splits)
         num_blocks = -(-seq_len // PAGE) + 8
         gen = torch.Generator(device=device).manual_seed(0)
 
@@ -101,7 +101,7 @@ class Model:
     def layer(self, i: int, x: torch.Tensor, residual: torch.Tensor, pdl: bool, prefetch: Optional[int]):  # type: ignore
         w = self.layers[i]
         qkv, residual = self._gemv(x, w["qkv"], pdl, prefetch, norm_weight=w["g1"], eps=EPS, residual=residual)
-        ab = self.ablation
+        ab = self.changes
         if ab.get("rope", True):
             q = qk_norm_rope_store_triton(qkv, self.cos, self.sin, w["qn"], w["kn"], EPS, HEADS, KV_HEADS,
                                           HEAD_DIM, w["cache"], self.meta.kv_slot_mapping, pdl=pdl)
@@ -161,7 +161,7 @@ def ablate(model: Model, out: Path) -> int:
     full_logits: Optional[torch.Tensor] = None  # the first row's (full) output
     print(f"{'ablation':<22}{'us':>10}{'vs full':>10}{'us/layer vs full':>18}{'max |diff|':>12}")
     for name, change in ABLATIONS.items():
-        model.ablation = change
+        model.changes = change
         graph, logits = capture_graph(lambda: stack(True, None))
         graph.replay()
         torch.cuda.synchronize()
@@ -176,7 +176,7 @@ def ablate(model: Model, out: Path) -> int:
         print(f"{name:<22}{us:>10.1f}{us - full:>10.1f}{(us - full) / len(model.layers):>18.2f}"
               f"{rows[-1]['max_abs_diff_vs_full']:>12.3g}", flush=True)
         del graph
-    model.ablation = {}
+    model.changes = {}
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, seq_len=model.seq_len,
                 layers=len(model.layers), unit="microseconds per CUDA-graph replay of the stack (PDL on)")
@@ -216,7 +216,7 @@ def main() -> int:
     model = Model(max(args.layers, 1), device, args.seq_len)
     if args.ablate:
         return ablate(model, args.out)
-    model.ablation = {"num_splits": 4}  # the PDL variants as first measured (docs/benchmarks.md): 4 KV splits
+    model.changes = {"num_splits": 4}  # the PDL variants as first measured (docs/benchmarks.md): 4 KV splits
     chains = model.chains()
     if args.layers == 0:
         del chains["stack"]

@@ -18,6 +18,7 @@ from framework.kernels.launch_math import cdiv, next_power_of_2
 # waited one L2 round trip per split; with the merge unrolled (triton_tiles._merge_kv_splits), one-tile splits
 # ran a batch-1 layer ~1.1 us faster at 1,400 keys on an H200 (scripts/bench_pdl.py --ablate, 2026-12-02).
 MIN_SPLIT_TOKENS = 128
+MERGE_UNROLL = 8  # KV splits the merge of a split launch takes per unrolled step (triton_tiles._merge_kv_splits)
 MAX_KV_SPLITS = 32
 PROGRAMS_PER_SM = 2  # decode programs per multiprocessor the split rule aims at (fitted on an H200)
 SHORT_CONTEXT = 2048  # longest max_seq_len given the two-programs-per-SM decode tiles (nano's max_model_len)

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from framework.attention.launch_config import (  # noqa: F401 - re-exported for tests and benchmarks
+    MERGE_UNROLL,
     AttentionTiles,
     decode_tiles,
     num_kv_splits,
@@ -70,9 +71,9 @@ def _paged_attention_kernel(
     SKIP_QUERY_LEN: tl.constexpr,  # large rows launch: rows with query_len <= this are skipped
     IS_SPLIT: tl.constexpr,  # write partial results per KV split (axis 2) for the reduce kernel
     DOT_IEEE: tl.constexpr,  # float32 inputs: exact products instead of tf32
+    MERGE_UNROLL: tl.constexpr,  # FUSED_REDUCE: KV splits merged per unrolled step
     FUSED_REDUCE: tl.constexpr = False,  # IS_SPLIT: the last split program of a (row, KV head) merges them
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
-    MERGE_UNROLL: tl.constexpr = 8,  # FUSED_REDUCE: KV splits merged per unrolled step
 ):
     if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
         tl.extra.cuda.gdc_wait()
@@ -146,6 +147,7 @@ def _split_kv_reduce_kernel(
     stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    MERGE_UNROLL: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
 ):
     """Merge the KV splits of one (small row, KV head): softmax-weighted by each split's log-sum-exp."""
@@ -169,7 +171,7 @@ def _split_kv_reduce_kernel(
     first_part = (row.to(tl.int64) * tl.num_programs(1) + kv_head) * num_splits
     token = (q_start + q_local).to(tl.int64)
     _merge_kv_splits(out_ptr, part_o_ptr, part_lse_ptr, first_part, used_splits, token, head, m_rows, row_valid,
-                     dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M)
+                     dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M, MERGE_UNROLL)
 
 
 class SplitBuffers(NamedTuple):
@@ -211,7 +213,7 @@ def merge_splits_apart(out: torch.Tensor, bufs: SplitBuffers, meta: AttentionMet
         out, bufs.part_o, bufs.part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
         out.stride(0), out.stride(1),
         HEAD_DIM=out.shape[-1], GROUP=group, BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_m // group,
-        BLOCK_N=tiles.block_n, num_warps=4, **pdl_launch_kwargs(pdl),
+        BLOCK_N=tiles.block_n, MERGE_UNROLL=MERGE_UNROLL, num_warps=4, **pdl_launch_kwargs(pdl),
     )
 
 
@@ -229,7 +231,7 @@ def paged_attention(
     pdl: bool = False,  # programmatic dependent launch (only where framework.kernels.pdl.pdl_supported)
     split_counters: torch.Tensor | None = None,  # [>= R * num_kv_heads] int32 on query's device, all zero
     fused_reduce: bool = True,  # False: merge KV splits in a second launch (comparison, benchmarks)
-    merge_unroll: int = 8,  # KV splits merged per unrolled step (1: one at a time, as before; benchmarks)
+    merge_unroll: int = MERGE_UNROLL,  # KV splits a fused merge takes per unrolled step (1: one at a time)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -280,6 +282,7 @@ def paged_attention(
         stride_c_kv=kv_cache.stride(0), stride_c_blk=kv_cache.stride(1), stride_c_tok=kv_cache.stride(2),
         stride_c_head=kv_cache.stride(3), stride_bt_row=meta.block_tables.stride(0),
         HEAD_DIM=head_dim, GROUP=group, PAGE=block_size, DOT_IEEE=query.dtype == torch.float32,
+        MERGE_UNROLL=merge_unroll,
     )
     if not all_small and prefill_kernel:  # the large rows (prefill chunks) in the prefill kernel
         prefill_attention(query, kv_cache, meta, scale, out, skip_query_len=small_q, variant=prefill_variant)
@@ -298,7 +301,7 @@ def paged_attention(
         query, kv_cache, out, bufs.part_o, bufs.part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
         SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=num_splits > 1,
-        FUSED_REDUCE=bufs.fused, MERGE_UNROLL=merge_unroll,
+        FUSED_REDUCE=bufs.fused,
         num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
     merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl)

@@ -118,7 +118,7 @@ def _attend_kv_tile(
 @triton.jit
 def _merge_kv_splits(
     out_ptr, part_o_ptr, part_lse_ptr, first_part, used_splits, token, head, m_rows, row_valid, dims,
-    stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_UNROLL: tl.constexpr = 8,
+    stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_UNROLL: tl.constexpr,
 ):
     """Merge one (row, KV head)'s partials into `out`: the fused path's last split program and the two-launch
     path's `_split_kv_reduce_kernel` both call this, so they agree bit for bit. Loads bypass L1 (`.cg`):
@@ -174,7 +174,7 @@ def _write_result(
     row, kv_head, num_kv_heads, split, num_splits, seq_len, split_len, token, head, m_rows, row_valid, dims,
     stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, IS_SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
-    MERGE_UNROLL: tl.constexpr = 8,
+    MERGE_UNROLL: tl.constexpr,
 ):
     """The end of a program: its output rows, or (IS_SPLIT, small rows) its split's partial result and
     log-sum-exp; with FUSED_REDUCE the last of the row's non-empty splits to finish then merges them all."""
