@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from framework.bench_timeline import StepRecord, start_recording, stop_recording, write_timeline
 from framework.config import BenchConfig, Mrv2Config
 from framework.llm import LLM
 from framework.request import RequestOutput
@@ -110,8 +111,12 @@ def warm_up(llm: LLM, bench: BenchConfig) -> None:
     llm.reset_prefix_cache()  # the timed run starts from an empty prefix cache
 
 
-def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
-    """The workload through `llm` after a warm-up, timed from submission to the last output."""
+def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig,
+               timeline: Optional[list[StepRecord]] = None) -> BenchResult:
+    """The workload through `llm` after a warm-up, timed from submission to the last output.
+
+    With a `timeline` list (GPU), the timed run's steps are appended to it (framework/bench_timeline.py).
+    """
     params = [
         SamplingParams(temperature=bench.temperature, max_tokens=n, ignore_eos=True, seed=bench.seed + i)
         for i, n in enumerate(workload.output_lens)
@@ -123,10 +128,14 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig) -> BenchResult:
     eager_before = getattr(llm.engine.runner, "eager_forwards", 0)
     full_before = getattr(llm.engine.runner, "full_step_replays", 0)
     _sync(device)
+    if timeline is not None:
+        start_recording(llm)
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=True)
     _sync(device)
     seconds = time.perf_counter() - start
+    if timeline is not None:
+        timeline.extend(stop_recording(llm))
     eager = getattr(llm.engine.runner, "eager_forwards", None)
     full = getattr(llm.engine.runner, "full_step_replays", None)
     stats = llm.prefix_cache_stats
@@ -277,8 +286,14 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     """Run the workload through mrv2 and each baseline; print the table; write JSON and plot."""
     llm = LLM(config=config)
     workload = make_workload(config.bench, llm.engine.loaded.vocab_size)
-    results = [bench_mrv2(llm, workload, config.bench)]
+    on_gpu = llm.engine.loaded.device.type == "cuda"
+    timeline: Optional[list[StepRecord]] = [] if config.bench.step_timeline and on_gpu else None
+    if config.bench.step_timeline and not on_gpu:
+        print("note: bench.step_timeline needs a GPU (CUDA events time the steps): no timeline recorded")
+    results = [bench_mrv2(llm, workload, config.bench, timeline)]
     print(format_table(results), flush=True)  # before the baselines: a failing baseline cannot hide it
+    if timeline is not None:
+        print("where the timed run's device time went:\n" + write_timeline(llm, timeline, results[0].seconds, out_dir))
     if results[0].compiles_during_run:
         print(f"note: Triton compiled kernels during the timed run: {results[0].compiles_during_run}")
     if results[0].eager_forwards is not None:

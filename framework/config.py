@@ -55,6 +55,10 @@ class ModelConfig(_Strict):
         "small-batch kernels when they are enabled. 1 by default: on the H200 the GEMV beats cuBLAS at one row "
         "and loses at eight (scripts/bench_gemv_tiles.py)."
     )
+    longest_rows_first: bool = Field(
+        True, description="Decode attention of a batch of >= 64 rows starts its programs with the longest rows "
+        "and ends with the shortest (one small kernel per forward; the result is the same), so that a batch of mixed "
+        "lengths does not end on a few long rows (docs/kernels.md). False: batch order.")
     programmatic_launch: Literal["auto", "on", "off"] = Field(
         "auto", description="Programmatic dependent launch for the small-batch path's Triton kernels (GEMVs, "
         "q/k norm + RoPE, attention, the final norm): each may start while the previous one ends, loading its "
@@ -294,6 +298,9 @@ class BenchConfig(_Strict):
         "workload, so that first-use costs (Triton compiles, allocator growth) are not counted."
     )
     decode_idle_batch: int = Field(0, ge=0, description="If > 0 (GPU): measure GPU idle time of decode at this batch.")
+    step_timeline: bool = Field(
+        False, description="GPU: record each timed step's rows and device time; print where the run's device time "
+        "went against a bytes floor, write timeline.json and timeline.png (framework/bench_timeline.py).")
     shared_prefix_len: int = Field(
         0, ge=0, description="If > 0: every prompt starts with one shared random prefix of this many tokens "
         "(then `input_len` unique tokens), and the workload runs with prefix caching off, then on "

@@ -103,6 +103,8 @@ class EngineCore:
         self._check_invariants = config.scheduler.check_invariants
         self._consecutive_failures = 0
         self._dead: Optional[str] = None  # why the engine stopped, once it has
+        # Set to a list to keep every executed step's SchedulerOutput (framework/bench_timeline.py); None: off.
+        self.step_log: Optional[list[SchedulerOutput]] = None
         logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens, prefix caching %s", runner_kind,
                     self.loaded.device, blocks, config.cache.block_size,
                     "on" if self.kv_cache.enable_prefix_caching else "off")
@@ -318,6 +320,8 @@ class EngineCore:
         if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
             try:
                 self.runner.execute_model(scheduler_output)  # 2. state updates, inputs, forward (queued)
+                if self.step_log is not None:  # off by default: the step path pays one attribute test
+                    self.step_log.append(scheduler_output)
                 future = self.runner.sample_tokens()  # 3. sampling and post-update (queued)
             except Exception as err:
                 return self._fail_step(err, scheduler_output)

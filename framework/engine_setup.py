@@ -20,6 +20,7 @@ from framework.models.loader import (
     build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
 )
 from framework.models.presets import preset_config
+from framework.models.llama import LlamaForCausalLM
 from framework.models.small_batch import enable_small_batch
 from framework.tokenizer import Tokenizer, checkpoint_eos_token_id, load_tokenizer
 
@@ -91,6 +92,8 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         eos = hf_config.get("eos_token_id")
     model.eval()
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
+    if isinstance(model, LlamaForCausalLM):  # dense and MoE decoders: the launch order of large decode batches
+        model.longest_rows_first = mc.longest_rows_first
     small_tokens = small_batch_max_tokens(config, device)
     pdl = resolve_programmatic_launch(mc.programmatic_launch, device) if small_tokens else False
     if enable_small_batch(model, small_tokens, pdl):

@@ -410,6 +410,59 @@ def _plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+# Decode batches of mixed lengths as nano's decode steps hold them (rows, shortest and longest KV length), and
+# one of equal lengths (no order can help it).
+ROW_ORDER_SHAPES = [(256, 700, 700), (256, 150, 1300), (192, 400, 1500), (128, 500, 1700), (64, 700, 2000)]
+
+
+def compare_row_order(dtype: torch.dtype, out_dir: Path, env: dict) -> None:
+    """Unsplit decode at nano's mixed lengths: the default grid (KV heads outermost, rows in batch order)
+    against programs row by row (all KV heads of a row together) in batch order and longest rows first; each
+    one launch in a CUDA graph, L2 flushed. Also the cost of the order itself (row_order.py, once per step)."""
+    import random
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from framework.attention.row_order import rows_longest_first
+    from framework.attention.triton_paged_attention import paged_attention
+
+    rows_out = []
+    print(f"{'batch':>5} {'keys':>10} {'default us':>10} {'row-major us':>12} {'longest first us':>16} "
+          f"{'gain':>6} {'order us':>10}")
+    for batch, lo, hi in ROW_ORDER_SHAPES:
+        rng = random.Random(batch)
+        lens = [rng.randint(lo, hi) for _ in range(batch)]
+        query, cache, meta = _make_batch([1] * batch, lens, dtype, "cuda")
+        scale = HEAD_DIM ** -0.5
+        in_order = torch.arange(batch, dtype=torch.int32, device="cuda")
+        longest = rows_longest_first(meta.seq_lens)
+        times = {name: _time_graph_ms(lambda order=order: paged_attention(query, cache, meta, scale, row_order=order))
+                 for name, order in (("default", None), ("row_major", in_order), ("longest_first", longest))}
+        sort_us = _time_graph_ms(lambda: rows_longest_first(meta.seq_lens)) * 1e3
+        gb = 2 * sum(lens) * NUM_KV_HEADS * HEAD_DIM * cache.element_size() / 1e9
+        r = dict(batch=batch, min_keys=lo, max_keys=hi, gbytes=gb, order_us=sort_us,
+                 **{f"{k}_us": v * 1e3 for k, v in times.items()},
+                 **{f"{k}_tbps": gb / v for k, v in times.items()})
+        rows_out.append(r)
+        print(f"{batch:>5} {f'{lo}-{hi}':>10} {r['default_us']:>10.1f} {r['row_major_us']:>12.1f} "
+              f"{r['longest_first_us']:>16.1f} {r['default_us'] / r['longest_first_us']:>6.3f} {sort_us:>10.1f}")
+    (out_dir / "attention_row_order.json").write_text(json.dumps(dict(env=env, results=rows_out), indent=1))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels = [f"{r['batch']}x{r['min_keys']}-{r['max_keys']}" for r in rows_out]
+    for i, name in enumerate(("default", "row_major", "longest_first")):
+        ax.bar([j + 0.27 * (i - 1) for j in range(len(rows_out))], [r[f"{name}_tbps"] for r in rows_out], 0.27,
+               label=name)
+    ax.set_xticks(range(len(rows_out)), labels)
+    ax.set(ylabel="KV bytes / time (TB/s)", title="Unsplit decode attention: launch order of the programs")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "attention_row_order.png", dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path)
@@ -422,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="sweep decode tiles at nano's shapes only (no prefill sweep, no default table)")
     parser.add_argument("--sweep-small", action="store_true",
                         help="sweep tiles x split counts (up to 32, splits of >= 32 keys) at batch 1-8 decode shapes")
+    parser.add_argument("--row-order", action="store_true",
+                        help="only compare launch orders of unsplit decode at nano's mixed lengths")
     parser.add_argument("--compare-reduce", action="store_true",
                         help="only compare the fused split-KV reduce with the two-launch one (batch 1/4/16)")
     args = parser.parse_args(argv)
@@ -440,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.compare_reduce:
         compare_reduce(dtype, args.out_dir, env)
+        return 0
+    if args.row_order:
+        compare_row_order(dtype, args.out_dir, env)
         return 0
     if args.sweep_nano:
         results = sweep(dtype, NANO_SWEEP_SHAPES, NANO_SWEEP_CONFIGS, with_prefill=False)

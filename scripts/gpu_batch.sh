@@ -330,6 +330,34 @@ for j in "$@"; do
           --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
         job $j-8b 200 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 190 --config now= \
           --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # Where nano's and the 8B geometry's device time goes, by kind of step (bench.step_timeline), probe before each.
+    s14_timeline) job $j-probe 30 python3 scripts/host_speed.py;
+        job $j-nano 150 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.decode_idle_batch=0 \
+          bench.step_timeline=true bench.output_dir="$res/$j/nano";
+        job $j-probe2 30 python3 scripts/host_speed.py;
+        job $j-8b 220 python3 -m framework.cli bench experiment=nano model.preset=qwen3-8b bench.num_requests=128 \
+          bench.baselines=[] bench.decode_idle_batch=0 bench.step_timeline=true bench.output_dir="$res/$j/8b" ;;
+    # The kernels of a large-batch decode step (where nano's and the 8B geometry's time above the floor is).
+    s14_profile) job $j-b256 150 python3 scripts/profile_decode.py --batch 256 --steps 40 --prompt-len 700 \
+          --full-step-graphs --out "$res/$j/b256";
+        job $j-8b-b128 200 python3 scripts/profile_decode.py --preset qwen3-8b --batch 128 --steps 20 \
+          --prompt-len 600 --full-step-graphs --out "$res/$j/8b-b128" ;;
+    # Decode attention started longest rows first (model.longest_rows_first): its GPU tests, the kernel at nano's
+    # mixed lengths (bench_attention.py --row-order, twice), then nano and the 8B geometry, paired rounds on / off.
+    s14_order) job $j-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py;
+        job $j-kernel 120 python3 scripts/bench_attention.py "$res/$j/kernel" --row-order;
+        job $j-kernel2 120 python3 scripts/bench_attention.py "$res/$j/kernel2" --row-order;
+        job $j-prefill 120 python3 scripts/profile_decode.py --batch 256 --prompt-len 560 --steps 10 \
+          --profile-prefill --full-step-graphs --out "$res/$j/prefill" ;;
+    s14_order_nano) job $j-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
+          -k "longest or decode_qwen3";
+        job $j-kernel 120 python3 scripts/bench_attention.py "$res/$j/kernel" --row-order;
+        job $j-nano 330 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 2 --timeout 80 --config order= \
+          --config batch=model.longest_rows_first=false \
+          --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-8b 200 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 95 --config order= \
+          --config batch=model.longest_rows_first=false \
+          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

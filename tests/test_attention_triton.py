@@ -26,6 +26,9 @@ try:
     from framework.attention import triton_paged_attention as tpa
     from framework.attention.backend import attention_backend
     from framework.attention.backend import paged_attention as dispatched_attention
+    from framework.attention.row_order import (
+        rows_longest_first, rows_longest_first_reference, rows_longest_first_triton,
+    )
     from framework.attention.paged import paged_attention_reference, store_kv_reference
     from framework.attention.triton_store_kv import _store_kv_kernel, store_kv
 finally:
@@ -154,6 +157,36 @@ def test_pages_larger_and_smaller_than_kv_tile(block_size, block_n):
 def test_decode_with_kv_splits(num_splits):
     """Splits of unequal rows (some rows leave splits empty) merge to the unsplit result."""
     _check_attention([(70, 1), (2, 1), (33, 1), (16, 1)], num_splits=num_splits, block_size=4)
+
+
+@pytest.mark.parametrize("name", ["decode_rows", "empty_rows", "mixed"])
+def test_row_order_changes_only_the_launch_order(name):
+    """Unsplit small rows launched row by row in a given order (longest first, or any permutation) give the
+    unordered launch's output bit for bit, padding rows and mixed batches (prefill rows beside) included;
+    a split launch ignores the order."""
+    case = _check_attention(CASES[name], num_splits=1, num_heads=4, num_kv_heads=2)
+    scale, n = 1 / math.sqrt(64), case.num_real_tokens
+    plain = tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, num_splits=1)[:n]
+    longest = rows_longest_first(case.meta.seq_lens)
+    lens = case.meta.seq_lens[longest.long()]
+    assert longest.dtype == torch.int32 and bool((lens[:-1] >= lens[1:]).all())
+    reversed_order = torch.arange(case.meta.num_rows - 1, -1, -1, dtype=torch.int32)
+    for order in (longest, reversed_order):
+        for splits in (1, 3):
+            out = tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, num_splits=splits,
+                                      row_order=order)[:n]
+            assert torch.equal(out, plain) if splits == 1 else torch.allclose(out, plain, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("num_rows, max_len", [(1, 5), (7, 3), (130, 4), (300, 2000), (0, 1)])
+def test_rows_longest_first_kernel_is_a_stable_descending_sort(num_rows, max_len):
+    """The rank kernel against `torch.argsort(stable=True)`: many ties (lengths 1..3 over 130 rows), more rows
+    than one program places (130, 300), no rows."""
+    lens = torch.randint(1, max_len + 1, (num_rows,), generator=torch.Generator().manual_seed(num_rows),
+                         dtype=torch.int32)
+    order = rows_longest_first_triton(lens)
+    assert order.dtype == torch.int32 and torch.equal(order, rows_longest_first_reference(lens))
+    assert torch.equal(rows_longest_first(lens), order)  # the CPU dispatch: the reference
 
 
 def test_draft_verify_rows_split_causally():

@@ -11,6 +11,7 @@ between calls.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Optional
@@ -24,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 BACKEND_ENV = "MRV2_ATTENTION_BACKEND"
 TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
+# Batches of at least this many rows get a launch order: with any KV head count >= 4 they fill an H200 twice
+# over unsplit (launch_config.decode_tiles), where the order decides how the last wave ends.
+LONGEST_FIRST_MIN_ROWS = 64
 _warned_head_dims: set[int] = set()
 
 
@@ -71,6 +75,21 @@ class SplitCounters:
         return buf
 
 
+def order_rows_longest_first(meta: AttentionMetadata) -> AttentionMetadata:
+    """`meta` with `row_order` = its rows by descending KV length (one small kernel, shared by every layer of
+    the forward: framework/attention/row_order.py), for a batch of >= `LONGEST_FIRST_MIN_ROWS` rows; else `meta`
+    itself. The PyTorch reference attention ignores the order.
+
+    The decode kernel then starts the longest rows' programs first and the shortest last, so a batch of mixed
+    lengths does not end on a few long rows while the rest of the GPU idles (the order changes no result).
+    """
+    if meta.num_rows < LONGEST_FIRST_MIN_ROWS:
+        return meta
+    from framework.attention.row_order import rows_longest_first  # on first use, as the Triton attention is
+
+    return dataclasses.replace(meta, row_order=rows_longest_first(meta.seq_lens[: meta.num_rows]))
+
+
 def paged_attention(
     query: torch.Tensor,  # [T, num_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
@@ -87,7 +106,8 @@ def paged_attention(
         counters = None
         if split_counters is not None:
             counters = split_counters.get(query.device, meta.num_rows * kv_cache.shape[3])
-        return triton_paged_attention(query, kv_cache, meta, scale, pdl=pdl, split_counters=counters)
+        return triton_paged_attention(query, kv_cache, meta, scale, pdl=pdl, split_counters=counters,
+                                      row_order=meta.row_order)
     return paged_attention_reference(query, kv_cache, meta, scale)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -20,3 +21,6 @@ class AttentionMetadata:
     block_size: int
     max_query_len: int  # CPU-known bounds, so kernels can size grids without a sync
     max_seq_len: int
+    # [R] int32, a permutation of the rows: the order their decode programs start in (None: batch order). The
+    # model sets it, rows by descending seq_len, for large batches (backend.order_rows_longest_first, row_order.py).
+    row_order: Optional[torch.Tensor] = None

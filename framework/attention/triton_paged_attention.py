@@ -57,6 +57,7 @@ def _paged_attention_kernel(
     seq_lens_ptr,  # [R] int32
     block_tables_ptr,  # [R, max_blocks] int32
     split_counters_ptr,  # [>= R * num_kv_heads] int32, zero on entry and left zero (FUSED_REDUCE only)
+    row_order_ptr,  # [R] int32: the rows in launch order (ROW_ORDER only)
     num_rows, num_splits, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_c_kv, stride_c_blk, stride_c_tok, stride_c_head,
@@ -74,6 +75,8 @@ def _paged_attention_kernel(
     MERGE_UNROLL: tl.constexpr,  # FUSED_REDUCE: KV splits merged per unrolled step
     FUSED_REDUCE: tl.constexpr = False,  # IS_SPLIT: the last split program of a (row, KV head) merges them
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
+    ROW_ORDER: tl.constexpr = False,  # small rows, unsplit: axis 0 = (row_order[i], KV head), KV heads inner
+    NUM_KV_HEADS: tl.constexpr = 1,  # ROW_ORDER only
 ):
     if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
         tl.extra.cuda.gdc_wait()
@@ -82,6 +85,9 @@ def _paged_attention_kernel(
     split = tl.program_id(2)
     if SMALL_ROWS:
         row = tl.program_id(0)
+        if ROW_ORDER:  # programs start in the order of row_order: all KV heads of its first row, then the next
+            row = tl.load(row_order_ptr + tl.program_id(0) // NUM_KV_HEADS)
+            kv_head = tl.program_id(0) % NUM_KV_HEADS
         q_tile_start = 0
     else:
         tile = tl.program_id(0)
@@ -232,6 +238,7 @@ def paged_attention(
     split_counters: torch.Tensor | None = None,  # [>= R * num_kv_heads] int32 on query's device, all zero
     fused_reduce: bool = True,  # False: merge KV splits in a second launch (comparison, benchmarks)
     merge_unroll: int = MERGE_UNROLL,  # KV splits a fused merge takes per unrolled step (1: one at a time)
+    row_order: torch.Tensor | None = None,  # [R] int32, a permutation of the rows: unsplit small rows start in it
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -243,6 +250,10 @@ def paged_attention(
     that buffer across steps and CUDA-graph replays (`SplitCounters` in backend.py owns one per model),
     since the kernel leaves it zero again. Without one, a zeroed buffer is allocated for this call (one
     memset more per launch).
+
+    `row_order` (used when the small rows run unsplit): their programs start row by row in this order, all KV
+    heads of a row together. Longest rows first (`row_order.rows_longest_first`) keeps a batch of mixed lengths from
+    ending on a few long rows while the rest of the GPU idles.
     """
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
@@ -274,9 +285,11 @@ def paged_attention(
                                    small.block_n) if all_small else 1
 
     bufs = split_buffers(out, meta, num_kv_heads, num_splits, small.block_m, fused_reduce, split_counters)
+    ordered = row_order is not None and num_splits == 1
     common = dict(
         query_start_loc_ptr=meta.query_start_loc, seq_lens_ptr=meta.seq_lens, block_tables_ptr=meta.block_tables,
         split_counters_ptr=bufs.counters,  # read only by a fused merge
+        row_order_ptr=row_order if ordered else meta.seq_lens,  # read only by an ordered small-rows launch
         num_rows=num_rows, qk_scale=scale * LOG2E,
         stride_qt=query.stride(0), stride_qh=query.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_c_kv=kv_cache.stride(0), stride_c_blk=kv_cache.stride(1), stride_c_tok=kv_cache.stride(2),
@@ -297,11 +310,12 @@ def paged_attention(
             SMALL_ROWS=False, SKIP_QUERY_LEN=small_q, IS_SPLIT=False,
             num_warps=large.num_warps, num_stages=large.num_stages, **common, **pdl_launch_kwargs(pdl),
         )
-    _paged_attention_kernel[(num_rows, num_kv_heads, num_splits)](
+    grid = (num_rows * num_kv_heads, 1, 1) if ordered else (num_rows, num_kv_heads, num_splits)
+    _paged_attention_kernel[grid](
         query, kv_cache, out, bufs.part_o, bufs.part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
         SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=num_splits > 1,
-        FUSED_REDUCE=bufs.fused,
+        FUSED_REDUCE=bufs.fused, ROW_ORDER=ordered, NUM_KV_HEADS=num_kv_heads if ordered else 1,
         num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
     merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl)

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from framework.attention import AttentionMetadata
-from framework.attention.backend import SplitCounters, paged_attention
+from framework.attention.backend import SplitCounters, order_rows_longest_first, paged_attention
 from framework.parallel_context import ParallelContext, stage_layers
 from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
 from framework.models.hf_config import DecoderConfig
@@ -225,6 +225,7 @@ class LlamaForCausalLM(nn.Module):
         self.attention: AttentionFn = functools.partial(paged_attention, split_counters=self.split_counters)
         self.small_batch_max_tokens = 0  # logits of <= this many rows take the GEMV LM head (enable_small_batch)
         self.programmatic_launch = False  # that LM head and the final norm before it launch with PDL (same)
+        self.longest_rows_first = True  # large decode batches: attention starts with the longest rows (ModelConfig)
 
     def init_buffers(self) -> None:
         """Recompute the buffers from the config (after a build on the meta device, which has no values)."""
@@ -284,6 +285,8 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids) if pp_hidden is None else pp_hidden
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         stage = self.model.stage_layers
+        if self.longest_rows_first:  # one order for every layer (inside the forward: CUDA graphs replay it)
+            attn_metadata = order_rows_longest_first(attn_metadata)
         entering: dict[int, torch.Tensor] = {}
         residual: Optional[torch.Tensor] = None
         for i, kv_cache in zip(stage, kv_caches):

@@ -162,6 +162,42 @@ def test_cuda_graph_capture_and_replay():
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("batch", [64, 256])
+def test_longest_rows_first_same_bits_in_a_graph(batch):
+    """Large mixed-length decode batches launched longest rows first (the model's row order, computed inside
+    the captured forward) give the batch-order launch's output bit for bit, replay after replay as the lengths
+    change; the order (the rank kernel, inside the graph) is the stable descending argsort of the lengths."""
+    from framework.attention.backend import order_rows_longest_first
+    from framework.attention.row_order import rows_longest_first_reference
+
+    rows = _rows("decode", batch, 2048, seed=batch + 1)
+    case = make_paged_case(rows, block_size=16, dtype=torch.bfloat16, device=DEVICE, poison=False, **QWEN3)
+    store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
+    meta = dataclasses.replace(case.meta, max_seq_len=2048)  # as the decode graphs see it: nano's max_model_len
+    ordered_meta: list = []
+
+    def step():
+        ordered_meta[:] = [order_rows_longest_first(meta)]
+        return paged_attention(case.query, case.kv_cache, ordered_meta[0], 0.088)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    order, base = ordered_meta[0].row_order, case.meta.seq_lens.clone()
+    for shrink in (0, 7, 300):  # rows lose keys between replays: the order inside the graph follows
+        meta.seq_lens.copy_(torch.clamp(base - shrink * (torch.arange(batch, device=DEVICE) % 3), min=1))
+        graph.replay()
+        plain = paged_attention(case.query, case.kv_cache, meta, 0.088)
+        torch.cuda.synchronize()
+        assert torch.equal(out[:batch], plain[:batch]), shrink
+        assert torch.equal(order, rows_longest_first_reference(meta.seq_lens)), shrink  # the kernel, replayed
+
+
 # ------------------------------------------------------------------ split-KV decode with the reduce fused in
 
 
