@@ -5,7 +5,9 @@
 decode. For each group it prints the device time and a floor per step: the longer of reading the weights plus
 the KV cache the step's attention reads at `HBM_BYTES_PER_S`, and the weights' multiply-adds for every token
 at `DENSE_FLOPS` (attention's own FLOPs left out). Where a group's time is far above its floor, the step's
-fixed cost (launch latency, short kernels) dominates; where it is near, only fewer bytes help.
+fixed cost (launch latency, short kernels) dominates; where it is near, only fewer bytes help. A step's
+device time runs from its first queued kernel to its last, so it includes any wait for the host in between
+(a step the host queues slower than the device runs it shows as slow).
 
 The context of a row is counted from the tokens the run scheduled for its request so far (no preemption in
 the benchmarks; a preempted request would be counted as if it kept its KV cache).

@@ -51,6 +51,7 @@ _KWARGS = {
     "pooling": "model.pooling",
     "small_batch_kernels": "model.small_batch_kernels",
     "small_batch_max_tokens": "model.small_batch_max_tokens",
+    "longest_rows_first": "model.longest_rows_first",
     "programmatic_launch": "model.programmatic_launch",
     "tensor_parallel_size": "parallel.tensor_parallel_size",
     "pipeline_parallel_size": "parallel.pipeline_parallel_size",

@@ -358,6 +358,16 @@ for j in "$@"; do
         job $j-8b 200 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 95 --config order= \
           --config batch=model.longest_rows_first=false \
           --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # After the change: the engine and full-step GPU tests (a 72-row test of the order), nano's timeline with the
+    # order on, and a second paired round of the 8B geometry.
+    s14_final) job $j-tests 200 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_engine.py \
+          tests/gpu/test_full_step_graphs_gpu.py;
+        job $j-probe 30 python3 scripts/host_speed.py;
+        job $j-nano 150 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.decode_idle_batch=0 \
+          bench.step_timeline=true bench.output_dir="$res/$j/nano";
+        job $j-8b 200 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 95 \
+          --config batch=model.longest_rows_first=false --config order= \
+          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

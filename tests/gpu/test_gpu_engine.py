@@ -72,6 +72,32 @@ def test_step_path_has_no_host_sync():
         step_without_host_sync(engine)
 
 
+def test_longest_rows_first_same_tokens_and_no_host_sync():
+    """72 mixed-length requests, so forwards of >= 64 rows order their attention longest rows first (the rank
+    kernel in eager prefills, decode graphs and full-step graphs alike): the same greedy tokens as batch order,
+    and a decode step at 72 rows queues without a host sync."""
+    from framework import LLM, SamplingParams
+    from framework.attention.backend import LONGEST_FIRST_MIN_ROWS
+
+    prompts = [[(11 * i + j) % 250 for j in range(3 + (37 * i) % 90)] for i in range(72)]
+    assert len(prompts) >= LONGEST_FIRST_MIN_ROWS
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for order in (True, False):
+        llm = LLM("random_tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, max_num_seqs=96,
+                  full_step_cuda_graphs=True, longest_rows_first=order)
+        outs[order] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        if order:
+            engine = llm.engine
+            for i, p in enumerate(prompts):
+                engine.add_request(f"s{i}", p, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+            for _ in range(3):  # the prefill steps, then a decode step at 72 rows
+                engine.step()
+            step_without_host_sync(engine)
+        del llm
+    assert outs[True] == outs[False]
+
+
 def test_cuda_graph_replay_equals_eager():
     from framework import LLM, SamplingParams
 
