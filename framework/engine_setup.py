@@ -15,12 +15,11 @@ from framework.kernels.pdl import resolve_programmatic_launch
 from framework.parallel_context import ParallelContext
 from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
-from framework.models.llama import fuse_projections
+from framework.models.llama import LlamaForCausalLM, fuse_projections
 from framework.models.loader import (
     build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
 )
 from framework.models.presets import preset_config
-from framework.models.llama import LlamaForCausalLM
 from framework.models.small_batch import enable_small_batch
 from framework.tokenizer import Tokenizer, checkpoint_eos_token_id, load_tokenizer
 

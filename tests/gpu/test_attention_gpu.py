@@ -133,6 +133,19 @@ def test_store_kv_large_batch():
     assert torch.equal(actual, expected)
 
 
+def _captured(step):  # type: ignore[no-untyped-def]
+    """(graph, its output): `step` run once on a side stream (compiles outside the capture), then captured."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
 def test_cuda_graph_capture_and_replay():
     """The step path has no host sync: attention + store capture into a CUDA graph and replay correctly."""
     rows = _rows("decode", 32, 2048, seed=9)
@@ -144,14 +157,7 @@ def test_cuda_graph_capture_and_replay():
         return paged_attention(case.query, case.kv_cache, meta, 0.088)
 
     expected = step().clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up compiles outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = _captured(step)
     case.query.mul_(0.5)
     graph.replay()
     torch.cuda.synchronize()
@@ -180,14 +186,7 @@ def test_longest_rows_first_same_bits_in_a_graph(batch):
         ordered_meta[:] = [order_rows_longest_first(meta)]
         return paged_attention(case.query, case.kv_cache, ordered_meta[0], 0.088)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = _captured(step)
     order, base = ordered_meta[0].row_order, case.meta.seq_lens.clone()
     for shrink in (0, 7, 300):  # rows lose keys between replays: the order inside the graph follows
         meta.seq_lens.copy_(torch.clamp(base - shrink * (torch.arange(batch, device=DEVICE) % 3), min=1))
