@@ -368,6 +368,9 @@ for j in "$@"; do
         job $j-8b 200 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 95 \
           --config batch=model.longest_rows_first=false --config order= \
           --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # cuBLAS against cuBLASLt at the decode projections' shapes (32-256 rows), then the prefix-caching GPU tests.
+    s14_proj) job $j-bench 70 python3 scripts/bench_projections.py "$res/$j/bench";
+        job $j-tests 60 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_prefix_caching_gpu.py ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done
