@@ -25,8 +25,10 @@ logger = logging.getLogger(__name__)
 
 BACKEND_ENV = "MRV2_ATTENTION_BACKEND"
 TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
-# Batches of at least this many rows get a launch order: with any KV head count >= 4 they fill an H200 twice
-# over unsplit (launch_config.decode_tiles), where the order decides how the last wave ends.
+# Batches of at least this many rows get a launch order. At 8 KV heads (Qwen3) 64 rows are 512 programs, about
+# two waves of an H200's 264 slots, unsplit (launch_config.num_kv_splits): the order decides how the last wave
+# ends. At 64 rows it gained little (1.7 %, as much as batch order row by row), 7-10 % at 128-256 rows
+# (docs/kernels.md); below 33 rows the keys are split, and a split launch ignores the order.
 LONGEST_FIRST_MIN_ROWS = 64
 _warned_head_dims: set[int] = set()
 
