@@ -12,7 +12,6 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "0"  # conftest only sets it when unset
-os.environ["MRV2_FORCE_TRITON"] = "1"
 
 import pytest  # noqa: E402
 import triton  # noqa: E402
