@@ -9,6 +9,10 @@ Builds the "nano" engine (Qwen3-0.6B geometry, random bf16 weights), fills `--ba
    (sum of kernel time over the wall time);
 3. `cProfile`: the Python functions the host spends its time in.
 
+With `--profile-prefill`, the prefill steps first: their phases, a kernel table, their chrome trace
+(`prefill_trace.json`) and their kernel time per step against their unprofiled wall time per step (the device's
+busy fraction: well below 1 when the host queues prefill steps slower than the device runs them).
+
 Writes `profile.txt` (everything printed) and `profile.json` (the numbers) into `--out`.
 
     python scripts/profile_decode.py --batch 256 --steps 100 --out /tmp/profile_decode
@@ -261,8 +265,21 @@ def main(argv: list[str] | None = None) -> dict:
 
         drain(engine, args)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fill(engine, args)
-        say(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
+            profiled = fill(engine, args, settle_steps=0)  # prefill steps only
+        for _ in range(5):  # the decode measurements below start settled, as before
+            engine.step()
+        prof.export_chrome_trace(str(args.out / "prefill_trace.json"))
+        events = prof.key_averages()
+        say(events.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
+        # The kernels' time per prefill step against the step's wall time without the profiler (`prefill`, the
+        # fill before): a busy fraction well below 1 means the host queues the steps slower than the device runs them.
+        kernel_ms = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / 1e3
+        kernel_ms /= max(1, int(profiled["steps"]))
+        wall_ms = 1e3 * prefill["seconds"] / max(1, int(prefill["steps"]))
+        prefill_phases["device"] = {"kernel_ms_per_step": kernel_ms, "wall_ms_per_step": wall_ms,
+                                    "device_busy_fraction": kernel_ms / wall_ms}
+        say(f"prefill steps: kernels {kernel_ms:.2f} ms a step (profiled fill), wall {wall_ms:.2f} ms a step "
+            f"(unprofiled fill): device busy {kernel_ms / wall_ms:.2f}")
     say(f"prefill: {prefill['tokens']} prompt tokens in {prefill['steps']} steps, {prefill['seconds']:.3f} s "
         f"({prefill['tok_per_s']:.0f} tok/s)")
 
