@@ -141,7 +141,8 @@ def write_timeline(llm: LLM, records: list[StepRecord], wall_s: float, out_dir: 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "timeline.json").write_text(json.dumps({
         "wall_s": wall_s, "weight_bytes": weight_bytes, "weight_params": weight_params,
-        "kv_bytes_per_token": kv_per_token, "hbm_bytes_per_s": HBM_BYTES_PER_S, "dense_flops": DENSE_FLOPS, "groups": [g._asdict() for g in groups],
+        "kv_bytes_per_token": kv_per_token, "hbm_bytes_per_s": HBM_BYTES_PER_S, "dense_flops": DENSE_FLOPS,
+        "groups": [g._asdict() for g in groups],
         "steps": [r._asdict() for r in records]}, indent=1))
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ax.plot([r.device_ms for r in records], lw=0.8, label="device ms")

@@ -300,7 +300,7 @@ class BenchConfig(_Strict):
     decode_idle_batch: int = Field(0, ge=0, description="If > 0 (GPU): measure GPU idle time of decode at this batch.")
     step_timeline: bool = Field(
         False, description="GPU: record each timed step's rows and device time; print where the run's device time "
-        "went against a bytes floor, write timeline.json and timeline.png (framework/bench_timeline.py).")
+        "went against a floor (its bytes or its FLOPs), write timeline.json and timeline.png (framework/bench_timeline.py).")
     shared_prefix_len: int = Field(
         0, ge=0, description="If > 0: every prompt starts with one shared random prefix of this many tokens "
         "(then `input_len` unique tokens), and the workload runs with prefix caching off, then on "

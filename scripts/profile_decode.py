@@ -176,6 +176,11 @@ KERNEL_LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKerne
 GRAPH_LAUNCH_CALLS = {"cudaGraphLaunch", "cuGraphLaunch"}
 
 
+def kernel_ms(events) -> float:  # type: ignore[no-untyped-def]
+    """Milliseconds of device time in a profiler's `key_averages()`."""
+    return sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / 1e3
+
+
 def kernel_profile(engine, steps: int, out: Path) -> tuple[str, dict[str, float]]:  # type: ignore[no-untyped-def]
     from torch.profiler import ProfilerActivity, profile
 
@@ -188,14 +193,13 @@ def kernel_profile(engine, steps: int, out: Path) -> tuple[str, dict[str, float]
         wall = time.perf_counter() - start
     prof.export_chrome_trace(str(out / "trace.json"))
     events = prof.key_averages()
-    device_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
     text = events.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
     text += "\n" + events.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70)
     kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
     # Host-side launch calls: kernels launched one by one (outside any graph) and graph replays.
     launches = sum(e.count for e in events if e.key in KERNEL_LAUNCH_CALLS)
     graph_launches = sum(e.count for e in events if e.key in GRAPH_LAUNCH_CALLS)
-    numbers = {"wall_ms_per_step": 1e3 * wall / steps, "kernel_ms_per_step": device_us / 1e3 / steps,
+    numbers = {"wall_ms_per_step": 1e3 * wall / steps, "kernel_ms_per_step": kernel_ms(events) / steps,
                "kernels_per_step": kernels / steps, "launches_outside_graphs_per_step": launches / steps,
                "graph_launches_per_step": graph_launches / steps}
     numbers["device_busy_fraction"] = numbers["kernel_ms_per_step"] / numbers["wall_ms_per_step"]
@@ -273,13 +277,12 @@ def main(argv: list[str] | None = None) -> dict:
         say(events.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
         # The kernels' time per prefill step against the step's wall time without the profiler (`prefill`, the
         # fill before): a busy fraction well below 1 means the host queues the steps slower than the device runs them.
-        kernel_ms = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / 1e3
-        kernel_ms /= max(1, int(profiled["steps"]))
+        step_kernel_ms = kernel_ms(events) / max(1, int(profiled["steps"]))
         wall_ms = 1e3 * prefill["seconds"] / max(1, int(prefill["steps"]))
-        prefill_phases["device"] = {"kernel_ms_per_step": kernel_ms, "wall_ms_per_step": wall_ms,
-                                    "device_busy_fraction": kernel_ms / wall_ms}
-        say(f"prefill steps: kernels {kernel_ms:.2f} ms a step (profiled fill), wall {wall_ms:.2f} ms a step "
-            f"(unprofiled fill): device busy {kernel_ms / wall_ms:.2f}")
+        prefill_phases["device"] = {"kernel_ms_per_step": step_kernel_ms, "wall_ms_per_step": wall_ms,
+                                    "device_busy_fraction": step_kernel_ms / wall_ms}
+        say(f"prefill steps: kernels {step_kernel_ms:.2f} ms a step (profiled fill), wall {wall_ms:.2f} ms a step "
+            f"(unprofiled fill): device busy {step_kernel_ms / wall_ms:.2f}")
     say(f"prefill: {prefill['tokens']} prompt tokens in {prefill['steps']} steps, {prefill['seconds']:.3f} s "
         f"({prefill['tok_per_s']:.0f} tok/s)")
 

@@ -9,16 +9,12 @@ import torch
 
 from framework import SamplingParams
 from framework.attention.backend import LONGEST_FIRST_MIN_ROWS
-from framework.config import load_config
-from framework.llm import LLM
 
 
-def _attention_calls(longest_rows_first: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+def _attention_calls(make_llm, longest_rows_first: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(seq_lens, row_order) of every attention call of a run with one more request than the threshold."""
     num = LONGEST_FIRST_MIN_ROWS + 1
-    config = load_config({"model": {"preset": "random_tiny", "longest_rows_first": longest_rows_first},
-                          "scheduler": {"max_num_seqs": num}, "device": "cpu"})
-    llm = LLM(config=config)
+    llm = make_llm(max_num_seqs=num, longest_rows_first=longest_rows_first)
     model = llm.engine.runner.model
     attention, calls = model.attention, []
 
@@ -33,8 +29,8 @@ def _attention_calls(longest_rows_first: bool) -> list[tuple[torch.Tensor, torch
 
 
 @pytest.mark.parametrize("longest_rows_first", [True, False])
-def test_large_batches_get_their_rows_longest_first(longest_rows_first):
-    calls = _attention_calls(longest_rows_first)
+def test_large_batches_get_their_rows_longest_first(tiny_llm_factory, longest_rows_first):
+    calls = _attention_calls(tiny_llm_factory, longest_rows_first)
     large = [(lens, order) for lens, order in calls if len(lens) >= LONGEST_FIRST_MIN_ROWS]
     assert large, "no batch reached the threshold"
     assert all(order is None for lens, order in calls if len(lens) < LONGEST_FIRST_MIN_ROWS)
