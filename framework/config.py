@@ -55,17 +55,6 @@ class ModelConfig(_Strict):
         "small-batch kernels when they are enabled. 1 by default: on the H200 the GEMV beats cuBLAS at one row "
         "and loses at eight (scripts/bench_gemv_tiles.py)."
     )
-    split_k_projections: Literal["auto", "on", "off"] = Field(
-        "off", description="Forwards of at most `split_k_max_tokens` tokens (decode batches above the "
-        "small-batch path) run their projections (qkv, o, gate_up with SiLU * up fused, down) through a split-K "
-        "Triton GEMM that spreads a small weight's K over every SM (docs/kernels.md): `on` wherever Triton runs, "
-        "`auto` on CUDA GPUs of compute capability 9.0 or newer, `off` never (cuBLAS). UNMEASURED: off until "
-        "the first H200 sweep (scripts/bench_projections.py)."
-    )
-    split_k_max_tokens: int = Field(
-        256, ge=1, le=1024, description="Largest token count of a forward that takes the split-K projections "
-        "when they are enabled (larger ones, prefill, stay on cuBLAS)."
-    )
     longest_rows_first: bool = Field(
         True, description="Decode attention of a batch of >= 64 rows starts its programs with the longest rows "
         "and ends with the shortest (one small kernel per forward; the result is the same), so that a batch of mixed "

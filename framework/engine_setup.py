@@ -15,7 +15,7 @@ from framework.kernels.pdl import resolve_programmatic_launch
 from framework.parallel_context import ParallelContext
 from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
-from framework.models.llama import LlamaForCausalLM, enable_split_k_projections, fuse_projections
+from framework.models.llama import LlamaForCausalLM, fuse_projections
 from framework.models.loader import (
     build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
 )
@@ -62,19 +62,11 @@ def read_model_config(config: Mrv2Config) -> dict[str, Any]:
 def small_batch_max_tokens(config: Mrv2Config, device: torch.device) -> int:
     """Token count up to which forwards take the small-batch GEMV kernels (0: never); see
     `model.small_batch_kernels`. `auto` means Hopper or newer, the GPUs the kernels were written for."""
-    return config.model.small_batch_max_tokens if _kernels_on(config.model.small_batch_kernels, device) else 0
-
-
-def split_k_max_tokens(config: Mrv2Config, device: torch.device) -> int:
-    """Token count up to which forwards take the split-K projections (0: never); see
-    `model.split_k_projections` (`auto`: Hopper or newer, as the small-batch kernels)."""
-    return config.model.split_k_max_tokens if _kernels_on(config.model.split_k_projections, device) else 0
-
-
-def _kernels_on(mode: str, device: torch.device) -> bool:
-    """A kernel switch's `on` / `off` / `auto` (Hopper or newer: the GPUs the kernels were written for)."""
+    mode = config.model.small_batch_kernels
     hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
-    return mode == "on" or (mode == "auto" and hopper)
+    if mode == "off" or (mode == "auto" and not hopper):
+        return 0
+    return config.model.small_batch_max_tokens
 
 
 def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelContext = ParallelContext()) -> LoadedModel:
@@ -101,9 +93,6 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
     if isinstance(model, LlamaForCausalLM):  # dense and MoE decoders: the launch order of large decode batches
         model.longest_rows_first = mc.longest_rows_first
-    split_k_tokens = split_k_max_tokens(config, device)
-    if enable_split_k_projections(model, split_k_tokens):
-        logger.info("split-K Triton projections for forwards of <= %d tokens", split_k_tokens)
     small_tokens = small_batch_max_tokens(config, device)
     pdl = resolve_programmatic_launch(mc.programmatic_launch, device) if small_tokens else False
     if enable_small_batch(model, small_tokens, pdl):

@@ -52,8 +52,6 @@ _KWARGS = {
     "small_batch_kernels": "model.small_batch_kernels",
     "small_batch_max_tokens": "model.small_batch_max_tokens",
     "longest_rows_first": "model.longest_rows_first",
-    "split_k_projections": "model.split_k_projections",
-    "split_k_max_tokens": "model.split_k_max_tokens",
     "programmatic_launch": "model.programmatic_launch",
     "tensor_parallel_size": "parallel.tensor_parallel_size",
     "pipeline_parallel_size": "parallel.pipeline_parallel_size",

@@ -45,7 +45,6 @@ GPU_PIECES_MORE=(
   "pdl 70 test_pdl_gpu.py"
   "prefill 90 test_prefill_attention_gpu.py"
   "attention 60 test_attention_gpu.py"
-  "gemm 60 test_triton_gemm_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
   local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
@@ -372,13 +371,6 @@ for j in "$@"; do
     # cuBLAS against cuBLASLt at the decode projections' shapes (32-256 rows), then the prefix-caching GPU tests.
     s14_proj) job $j-bench 70 python3 scripts/bench_projections.py "$res/$j/bench";
         job $j-tests 60 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_prefix_caching_gpu.py ;;
-    # Session 7's first look: the projections (cuBLAS, cuBLASLt, the split-K Triton GEMM's rule and sweep), then
-    # nano's prompt steps' device-busy fraction and chrome trace, a host-speed probe before and after.
-    s15_measure) job $j-probe 30 python3 scripts/host_speed.py;
-        job $j-tests 120 python3 -m pytest -q -rs -p no:cacheprovider -x tests/gpu/test_triton_gemm_gpu.py;
-        job $j-proj 300 python3 scripts/bench_projections.py "$res/$j/proj";
-        job $j-prefill 100 python3 scripts/profile_decode.py --batch 256 --prompt-len 560 --steps 10 \
-          --profile-prefill --full-step-graphs --out "$res/$j/prefill" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

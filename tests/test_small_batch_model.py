@@ -12,7 +12,7 @@ and the config key resolves as documented. Negative control: a GEMV that loses t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import torch
@@ -60,14 +60,11 @@ def gemv_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _generate(path: Path, small_batch: str, prompts: list[list[int]] = PROMPTS, max_tokens: list[int] = MAX_TOKENS,
-              graphs: bool = True, llm_kwargs: Optional[dict[str, Any]] = None,
-              ) -> tuple[list[list[int]], list[tuple[int, torch.Tensor]], LLM]:
-    """(tokens per prompt, (prompt index, logits [vocab]) of every sampled row, the LLM); `llm_kwargs`: more
-    `LLM` keywords (tests/test_split_k_model.py's switch)."""
+              graphs: bool = True) -> tuple[list[list[int]], list[tuple[int, torch.Tensor]], LLM]:
+    """(tokens per prompt, (prompt index, logits [vocab]) of every sampled row, the LLM)."""
     llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=32, max_num_seqs=8, seed=0,
               small_batch_kernels=small_batch, small_batch_max_tokens=8,  # every graph size (the default is 1)
-              full_step_cuda_graphs=False,  # the forward-only graphs call the patched compute_logits
-              **(llm_kwargs or {}))
+              full_step_cuda_graphs=False)  # the forward-only graphs call the patched compute_logits
     if graphs:
         llm.engine.runner.capture_cuda_graphs(EagerReplayCapturer())
         assert sorted(llm.engine.runner.cuda_graphs.graphs) == [(1, 1), (2, 1), (4, 1), (8, 1)]

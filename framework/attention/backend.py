@@ -20,7 +20,6 @@ import torch
 
 from framework.attention.metadata import AttentionMetadata
 from framework.attention.paged import paged_attention_reference, store_kv_reference
-from framework.kernels.split_counters import SplitCounters
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +46,35 @@ def attention_backend(device: torch.device, head_dim: int) -> str:
             logger.warning("head_dim %d has no Triton attention kernel; using the PyTorch reference", head_dim)
         return "reference"
     return "triton"
+
+
+class SplitCounters:
+    """Zeroed int32 counters for the split-KV decode kernel, one buffer per device, kept for the owner's life.
+
+    The kernel counts finished KV splits per (batch row, KV head) and the last one resets its counter, so a
+    buffer zeroed once stays zero between launches: every layer, step and CUDA-graph replay reuses it. A
+    buffer is allocated outside graph capture only (zeroed inside one, it would be zero only once replayed);
+    an outgrown one is kept, since a captured graph may still point at it.
+    """
+
+    MIN_SLOTS = 4096  # rows x KV heads: 16 KB, more than any batch the split rule splits
+
+    def __init__(self) -> None:
+        self._buffers: dict[torch.device, torch.Tensor] = {}  # [slots] int32 per device
+        self._outgrown: list[torch.Tensor] = []
+
+    def get(self, device: torch.device, num_slots: int) -> Optional[torch.Tensor]:
+        """[>= num_slots] int32 zeros on `device`; None while a CUDA graph is captured and none is big enough."""
+        buf = self._buffers.get(device)
+        if buf is not None and buf.numel() >= num_slots:
+            return buf
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # the kernel wrapper then zeroes a buffer of its own, inside the graph
+        if buf is not None:
+            self._outgrown.append(buf)
+        buf = torch.zeros(max(num_slots, self.MIN_SLOTS), dtype=torch.int32, device=device)
+        self._buffers[device] = buf
+        return buf
 
 
 def order_rows_longest_first(meta: AttentionMetadata) -> AttentionMetadata:

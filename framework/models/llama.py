@@ -14,11 +14,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from framework.attention import AttentionMetadata
-from framework.attention.backend import order_rows_longest_first, paged_attention
+from framework.attention.backend import SplitCounters, order_rows_longest_first, paged_attention
 from framework.parallel_context import ParallelContext, stage_layers
-from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm
-from framework.kernels.projections import SplitKProjections, project
-from framework.kernels.split_counters import SplitCounters
+from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
 from framework.models.hf_config import DecoderConfig
 from framework.models.small_batch import small_batch_layer, small_batch_logits
 from framework.models.parallel_layers import (
@@ -70,7 +68,6 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.qkv_weight: Optional[torch.Tensor] = None  # set by fuse_projections (after the weights are loaded)
         self.qkv_bias: Optional[torch.Tensor] = None
-        self.split_k: Optional[SplitKProjections] = None  # set by enable_split_k_projections
 
     def forward(
         self,
@@ -82,7 +79,7 @@ class Attention(nn.Module):
         attention: AttentionFn,
     ) -> torch.Tensor:
         if self.qkv_weight is not None:  # merged projection (fuse_projections): one GEMM
-            qkv = project(x, self.qkv_weight, self.qkv_bias, split_k=self.split_k)
+            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
         else:  # separate projections (training, or before fuse_projections)
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         return self.o_proj(self.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention))
@@ -118,12 +115,10 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, ctx)
         self.gate_up_weight: Optional[torch.Tensor] = None  # set by fuse_projections
         self.gate_up_bias: Optional[torch.Tensor] = None
-        self.split_k: Optional[SplitKProjections] = None  # set by enable_split_k_projections
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
-            return self.down_proj(project(x, self.gate_up_weight, self.gate_up_bias, silu_mul=True,
-                                          split_k=self.split_k))
+            return self.down_proj(silu_and_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     def fuse_projections(self) -> None:
@@ -145,23 +140,6 @@ def _merge_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.
             lin.bias.data = bias[start:start + rows]  # type: ignore[union-attr]
         start += rows
     return weight, bias
-
-
-def enable_split_k_projections(model: nn.Module, max_tokens: int) -> int:
-    """Run the merged projections (qkv, gate_up + SiLU * up) and o_proj / down_proj of every fused `Attention` and
-    `MLP` of `model` through the split-K GEMM in forwards of at most `max_tokens` tokens (0: never;
-    framework/kernels/projections.py). Call after `fuse_projections`. Returns how many modules take it."""
-    split_k = SplitKProjections(max_tokens, SplitCounters()) if max_tokens else None
-    modules = 0
-    for module in model.modules():
-        if isinstance(module, Attention) and module.qkv_weight is not None:
-            module.split_k = module.o_proj.split_k = split_k
-        elif isinstance(module, MLP) and module.gate_up_weight is not None:
-            module.split_k = module.down_proj.split_k = split_k
-        else:
-            continue
-        modules += 1
-    return modules if split_k else 0
 
 
 def fuse_projections(model: nn.Module) -> None:

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from framework.kernels.projections import SplitKProjections, project
 from framework.parallel_context import ParallelContext
 
 SINGLE = ParallelContext()
@@ -67,12 +66,11 @@ class RowParallelLinear(nn.Linear):
         super().__init__(_divide(in_features, ctx.tp_size, "input features"), out_features, bias=bias)
         self.shard_dims = {"weight": 1}
         self.ctx = ctx
-        self.split_k: Optional[SplitKProjections] = None  # set by llama.enable_split_k_projections
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ctx.tp_size == 1:
-            return project(x, self.weight, self.bias, split_k=self.split_k)
-        y = self.ctx.tp_all_reduce(project(x, self.weight, split_k=self.split_k))
+            return super().forward(x)
+        y = self.ctx.tp_all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
