@@ -251,7 +251,7 @@ class ModelRunnerV2(ModelRunner):
             stages = self.sampling_states.stages_for(batch.idx_mapping_host)
             if stages.any_structured:  # 1. grammar bitmasks: host threads start filling them (the sampler joins)
                 self.grammar.fill_bitmask(batch, self._logits_row_starts(batch))
-            logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1b. [L, vocab] float32
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1b. [L, vocab] model dtype
             keep = self._draft_probs is not None and stages.any_random and batch.num_logits > batch.num_rows
             sampled = self.sampler(logits, batch.expanded_idx_mapping, batch.sample_positions, stages,  # 2.
                                    keep_processed=keep)

@@ -64,7 +64,8 @@ VARIANTS = (PLAIN_STAGES, CUTOFF_STAGES, PENALTY_STAGES)  # + general_stages(k):
 LOGIT_BIAS_WIDTH = 300  # entries per slot reserved before capture (the OpenAI API's limit per request)
 STOP_IDS_WIDTH = 64  # min_tokens stop ids per slot (eos + stop_token_ids) reserved before capture
 
-# (input_ids [B], positions [B], kv_caches, metadata) -> hidden [B, hidden]; hidden -> logits [B, vocab] float32.
+# (input_ids [B], positions [B], kv_caches, metadata) -> hidden [B, hidden]; hidden -> logits [B, vocab] in the
+# model dtype (an intermediate of the captured step, not a static buffer: each variant's sampler casts, or not).
 StepForward = Callable[[torch.Tensor, torch.Tensor, list, AttentionMetadata], torch.Tensor]
 ComputeLogits = Callable[[torch.Tensor], torch.Tensor]
 

@@ -2,7 +2,9 @@
 
 The result is the reference's (`samplers.reference.sample_reference`: temperature, `apply_top_k_top_p_reference`,
 `apply_min_p_reference`, `gumbel_sample_reference`, or the argmax for greedy rows), token for token, with the
-kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only read. Write `y = x / T`.
+kept-set semantics and tie rules of `samplers.top_k_top_p`. The logits are only read, in float32 or in the
+model's dtype: bf16/fp16 logits are widened to float32 in registers as they are loaded (exact, NaN and +inf
+kept), so they give the tokens of their `.float()` copy without that copy. Write `y = x / T`.
 
 - **Direct rows** (greedy, or neither top-k nor top-p): `_fused_sample_kernel` takes the argmax of
   `y + gumbel(seed, position, token)` (greedy: of `x`) over the tokens min-p keeps, per vocabulary chunk;
@@ -116,8 +118,9 @@ def _sanitized(x, SANITIZE: tl.constexpr):
 
 @triton.jit
 def _load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
-    """(x, -inf outside the row; the number of NaN/+inf in the block, which SANITIZE turns into -inf)."""
-    return _sanitized(tl.load(row_ptr + offs, mask=mask, other=-float("inf")), SANITIZE)
+    """(x in float32, -inf outside the row; the number of NaN/+inf in the block, which SANITIZE turns into
+    -inf). The row may be bf16/fp16 (the LM head's dtype): widened in registers, exactly, NaN and +inf kept."""
+    return _sanitized(tl.load(row_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32), SANITIZE)
 
 
 @triton.jit(do_not_specialize=["num_chunks", "chunk_size"])  # per-step sizes: no recompiles mid-run
@@ -289,7 +292,7 @@ def _fused_sample_kernel(
 
 
 def sample_fused_triton(
-    logits: torch.Tensor,  # [L, V] float32, read only
+    logits: torch.Tensor,  # [L, V] float32 or the model dtype (bf16/fp16: widened in registers), read only
     expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
     positions: torch.Tensor,  # [L] int64: position of the token being sampled
     params: SlotSamplingParams,
@@ -356,7 +359,7 @@ def sample_fused_triton(
 
 
 def sample_fused(
-    logits: torch.Tensor,  # [L, V] float32 (NaN/+inf allowed: treated as -inf and flagged)
+    logits: torch.Tensor,  # [L, V] float32 or the model dtype (NaN/+inf allowed: treated as -inf and flagged)
     expanded_idx_mapping: torch.Tensor,  # [L] int32: logits_row -> req_slot
     positions: torch.Tensor,  # [L] int64
     params: SlotSamplingParams,
@@ -372,7 +375,7 @@ def sample_fused(
     tensors), else the reference. The host's hints: `need_plan` / `all_gather` as for `sample_fused_triton`,
     `any_random=False` when every row is greedy (the reference then takes the argmax alone)."""
     if use_triton(logits) if fused is None else fused:
-        return sample_fused_triton(logits.float(), expanded_idx_mapping, positions, params, need_plan=need_plan,
+        return sample_fused_triton(logits, expanded_idx_mapping, positions, params, need_plan=need_plan,
                                    all_gather=all_gather, nonfinite_code=nonfinite_code, no_token_code=no_token_code)
     return sample_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code,
                             any_random=any_random, any_filter=need_plan)

@@ -73,7 +73,7 @@ class PromptLogprobsState:
         self,
         batch: _BatchLike,
         hidden: torch.Tensor,  # [T, hidden]
-        compute_logits: Callable[[torch.Tensor], torch.Tensor],  # [N, hidden] -> [N, V] float32
+        compute_logits: Callable[[torch.Tensor], torch.Tensor],  # [N, hidden] -> [N, V] model dtype
     ) -> Optional[PromptLogprobsPiece]:
         """Score this step's prompt positions (sizes from the host, indices built on the device)."""
         num_computed = self._num_computed_host()

@@ -20,6 +20,12 @@ too). Step 6 runs as its own kernel on both paths, touching only the seen tokens
 separate stages (`samplers.reference`: `processed_logits`, `pick_tokens`, which run the unfused Triton kernels on
 CUDA) remain for processed logprobs and draft verification, which need the masked logits; on the CPU they are
 the reference everywhere (`samplers.reference.sample_reference` is the same code, steps 1 and 8-12).
+
+The logits arrive in the model dtype (`compute_logits`: bf16 on a GPU). When no stage before the fused kernels
+reads or writes them (no logprobs, grammar, masks, bias, penalties or processors: plain, temperature, top-k,
+top-p, min-p and greedy rows) the kernels read them as they are and widen each value in registers, which is
+exact, so the tokens are those of a float32 copy, without making that copy. Every other stage, and the unfused
+path, casts to float32 at its entry (`.float()`): each runs float32 arithmetic there anyway.
 """
 
 from __future__ import annotations
@@ -72,7 +78,7 @@ class Sampler:
 
     def __call__(
         self,
-        logits: torch.Tensor,  # [L, V] float32 (may be overwritten)
+        logits: torch.Tensor,  # [L, V] float32 or the model dtype, bf16 (a float32 one may be overwritten)
         expanded_idx_mapping: torch.Tensor,  # [L] int32: logits row -> req_slot
         sample_positions: torch.Tensor,  # [L] int64: position of the token being sampled
         stages: SamplingStages,
@@ -106,14 +112,15 @@ class Sampler:
 
     def _sample_fused(
         self,
-        logits: torch.Tensor,  # [L, V] float32 (may be overwritten by the edits)
+        logits: torch.Tensor,  # [L, V] float32 or the model dtype (may be overwritten by the edits)
         expanded_idx_mapping: torch.Tensor,  # [L] int32: logits row -> req_slot
         sample_positions: torch.Tensor,  # [L] int64
         stages: SamplingStages,
     ) -> SamplerOutput:
         """The same pipeline with steps 8-12 fused (and step 1 too when nothing reads the logits before)."""
-        logits = logits.float()
         want_logprobs = stages.num_logprobs >= 0
+        if stages.any_logits_read:  # else the fused kernels read the model dtype as it is (widened there, exactly)
+            logits = logits.float()
         # Bias and penalties are finite arithmetic that keeps NaN and +inf as they are, so the fused kernels see
         # (and flag) them just as step 1 would; masks (which may hide them) and custom processors need step 1.
         separate_sanitize = want_logprobs or bool(stages.processors) or stages.any_allowed_tokens \

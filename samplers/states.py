@@ -52,6 +52,12 @@ class SamplingStages:
         return (self.any_allowed_tokens or self.any_bad_words or self.any_min_tokens or self.any_logit_bias
                 or self.any_penalties or bool(self.processors))
 
+    @property
+    def any_logits_read(self) -> bool:
+        """Whether any stage before temperature reads or changes the logits (logprobs, the grammar bitmask, the
+        edits): those stages run float32 arithmetic, so the sampler gives them a float32 copy of the logits."""
+        return self.num_logprobs >= 0 or self.any_structured or self.any_logits_edit
+
 
 MIN_TEMPERATURE = 1e-5  # below this a request is greedy (dividing by it would overflow the logits)
 

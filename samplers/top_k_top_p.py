@@ -82,8 +82,9 @@ def _ordered_key(x):
 
 @triton.jit
 def _load_scaled(row_ptr, offs, vocab_size, temp, SANITIZE: tl.constexpr):
-    """y = x / temp of one block of a row (-inf past its end; NaN and +inf become -inf under SANITIZE)."""
-    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=-float("inf"))
+    """y = x / temp of one block of a row (-inf past its end; NaN and +inf become -inf under SANITIZE), in
+    float32 (the fused sampler's slow path may read bf16/fp16 logits: widened exactly)."""
+    x = tl.load(row_ptr + offs, mask=offs < vocab_size, other=-float("inf")).to(tl.float32)
     if SANITIZE:
         x = tl.where(x < float("inf"), x, -float("inf"))
     return tl.math.div_rn(x, temp)  # IEEE division, as torch (exact for temp = 1)

@@ -287,9 +287,12 @@ def test_penalty_counts_advance_inside_the_graph() -> None:
         _lockstep(off, on, list(work))
 
 
-def test_the_triton_kernels_of_the_step_read_only_static_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_triton_kernels_of_the_step_read_only_static_inputs(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
     """The GPU's kernels (input prep, num_sampled, post-update, penalties, the fused sampler) inside the captured
-    step, under the interpreter: their wrappers read nothing on the host and nothing allocated after capture."""
+    step, under the interpreter: their wrappers read nothing on the host and nothing allocated after capture. A
+    bf16 model's steps hand the fused sampler its bf16 logits, or a float32 copy while a row has penalties (the
+    penalty variant), captured or eager alike."""
     import framework.kernels.input_prep
     import samplers.penalties
     import samplers.penalty_counts
@@ -304,13 +307,18 @@ def test_the_triton_kernels_of_the_step_read_only_static_inputs(monkeypatch: pyt
     for module, name in kernels:
         fn = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _fn=fn, _name=name, **k: (calls.append(_name), _fn(*a, **k))[1])
-    small = {"max_num_seqs": 4}
+    fed: list[torch.dtype] = []
+    sample = samplers.sampler.sample_fused_triton
+    monkeypatch.setattr(samplers.sampler, "sample_fused_triton",
+                        lambda logits, *a, **k: fed.append(logits.dtype) or sample(logits, *a, **k))
+    small = {"max_num_seqs": 4, "dtype": dtype}
     off, on = _llm(False, model="random_tiny", **small), _llm(True, model="random_tiny", **small)
     params = [SAFE[0], SAFE[2], PENALISED[1]]
     work = [(i, [5 + i, 9, 2 + i], _with(params[i], max_tokens=5, ignore_eos=True)) for i in range(3)]
     _lockstep(off, on, work)
     assert on.engine.runner.full_step_replays >= 3
     assert {"sample_fused_triton", "post_update_triton", "apply_penalties_triton"} <= set(calls)
+    assert set(fed) == ({torch.bfloat16, torch.float32} if dtype == "bfloat16" else {torch.float32})
 
 
 def test_structured_rows_fall_back_and_the_rest_replay() -> None:

@@ -122,6 +122,44 @@ def test_prompt_logprob_equals_the_raw_logprob_of_forcing_that_token(tiny_llm_fa
         assert abs(out.logprobs[0][prompt[p + 1]].logprob - expected.logprob) < TOL
 
 
+def test_bf16_logits_sample_the_tokens_and_logprobs_of_float32_ones(tiny_llm_factory, monkeypatch):
+    """A bf16 model's logits reach the fused sampler (forced on: the GPU's path, under the interpreter) in bf16
+    when no stage before it reads them, as a float32 copy when some request wants logprobs: greedy and seeded
+    temperature / top-k / top-p / min-p tokens, and logprobs, equal those of an engine whose `compute_logits`
+    returns float32 (the `.float()` it had)."""
+    import samplers.sampler
+    from framework.models.llama import LlamaForCausalLM
+
+    fed: list[torch.dtype] = []
+    real = samplers.sampler.sample_fused_triton
+    monkeypatch.setattr(samplers.sampler, "sample_fused_triton",
+                        lambda logits, *a, **k: fed.append(logits.dtype) or real(logits, *a, **k))
+    mixes = [dict(temperature=0.0), dict(temperature=0.8, seed=1), dict(temperature=1.0, top_k=5, seed=2),
+             dict(temperature=0.7, top_p=0.6, seed=3), dict(temperature=1.2, min_p=0.2, seed=4),
+             dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, seed=5)]
+    prompts = [_prompt(4 + i, 20 + i) for i in range(len(mixes))]
+    batches = [[SamplingParams(**m, max_tokens=6, ignore_eos=True) for m in mixes],
+               [SamplingParams(**m, max_tokens=6, ignore_eos=True, logprobs=i % 3) for i, m in enumerate(mixes)]]
+    results, dtypes = {}, {}
+    compute_logits = LlamaForCausalLM.compute_logits
+    for forced in (False, True):
+        if forced:
+            monkeypatch.setattr(LlamaForCausalLM, "compute_logits", lambda self, h: compute_logits(self, h).float())
+        llm = tiny_llm_factory(dtype="bfloat16")
+        llm.engine.runner.sampler.fused = True
+        for i, params in enumerate(batches):
+            fed.clear()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            dtypes[forced, i] = set(fed)
+            results[forced, i] = [(o.token_ids, [{t: (e.logprob, e.rank) for t, e in d.items()}
+                                                 for d in o.logprobs or []]) for o in outs]
+    assert dtypes == {(False, 0): {torch.bfloat16}, (False, 1): {torch.float32},
+                      (True, 0): {torch.float32}, (True, 1): {torch.float32}}
+    assert results[False, 0] == results[True, 0] and results[False, 1] == results[True, 1]
+    assert [tokens for tokens, _ in results[False, 0]] == [tokens for tokens, _ in results[False, 1]]
+    assert all(len(lp) == 6 for _, lp in results[False, 1])
+
+
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_nan_logits_end_only_that_request_with_an_error(tiny_llm_factory, async_scheduling):
     prompts = [_prompt(5, 10), _prompt(6, 11), _prompt(7, 12)]

@@ -200,5 +200,5 @@ class JambaForCausalLM(nn.Module):
         return self.model.final_layernorm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[L, hidden] -> [L, vocab] float32."""
-        return self.lm_head(hidden).float()
+        """[L, hidden] -> [L, vocab] in the model dtype (as `LlamaForCausalLM.compute_logits`)."""
+        return self.lm_head(hidden)

@@ -95,7 +95,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(nn.Module):
-    """Logits over the vocabulary rows of this rank, all-gathered: [L, hidden] -> [L, vocab] float32."""
+    """Logits over the vocabulary rows of this rank, all-gathered: [L, hidden] -> [L, vocab] in the model dtype
+    (rows strided when the vocabulary does not split evenly: the padding columns are sliced off, not copied)."""
 
     def __init__(self, vocab_size: int, hidden_size: int, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
@@ -105,7 +106,7 @@ class ParallelLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.ctx.tp_all_gather_last_dim(F.linear(hidden, self.weight))
-        return logits[..., : self.vocab_size].float()
+        return logits[..., : self.vocab_size]
 
 
 class MissingLayer(nn.Module):

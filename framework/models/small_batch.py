@@ -61,9 +61,10 @@ def small_batch_layer(
     return _row_parallel(mlp.down_proj, act, pdl), summed
 
 
-def small_batch_logits(lm_head: nn.Module, hidden: torch.Tensor,  # [L, hidden] -> [L, vocab] fp32
+def small_batch_logits(lm_head: nn.Module, hidden: torch.Tensor,  # [L, hidden] -> [L, vocab]
                        pdl: bool = False) -> torch.Tensor:
-    """`ParallelLMHead.forward` with the GEMV; a single rank writes float32 logits straight from the kernel.
+    """`ParallelLMHead.forward` with the GEMV; a single rank writes float32 logits straight from the kernel (values
+    rounded to the model dtype first, so the same as the model dtype's), tensor ranks gather the model dtype.
     `pdl`: launched with programmatic dependent launch."""
     ctx = lm_head.ctx
     single = ctx.tp_size == 1  # type: ignore[union-attr]
@@ -71,7 +72,7 @@ def small_batch_logits(lm_head: nn.Module, hidden: torch.Tensor,  # [L, hidden] 
     logits = fused_linear(hidden, weight, out_dtype=torch.float32 if single else None, pdl=pdl)[0]
     if not single:
         logits = ctx.tp_all_gather_last_dim(logits)  # type: ignore[union-attr,operator]
-    return logits[..., : lm_head.vocab_size].float()  # type: ignore[misc]
+    return logits[..., : lm_head.vocab_size]  # type: ignore[misc]
 
 
 def enable_small_batch(model: nn.Module, max_tokens: int, programmatic_launch: bool = False) -> int:

@@ -255,5 +255,5 @@ class WhisperForConditionalGeneration(nn.Module):
         return dec.layer_norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[L, d_model] -> [L, vocab] float32."""
-        return self.proj_out(hidden).float()
+        """[L, d_model] -> [L, vocab] in the model dtype (as `LlamaForCausalLM.compute_logits`)."""
+        return self.proj_out(hidden)

@@ -180,7 +180,7 @@ class ModelRunnerV1(ModelRunner):
             sampled = torch.zeros(batch.num_rows, dtype=torch.int64, device=self.device)
             errors = torch.zeros(batch.num_rows, dtype=torch.int32, device=self.device)
         else:
-            logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [R, vocab] float32
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1. [R, vocab] model dtype
             stages = self.sampling_params.stages_for(batch.idx_mapping_host, logits.shape[1])
             sampled, errors = sample_fused(  # 2. V2's steps 1, 8-12, parameters read by state_slot
                 logits, batch.expanded_idx_mapping, batch.sample_positions, self.sampling_params.slot_params,

@@ -6,6 +6,8 @@
   (penalty variant, in the graph) and rows with logprobs / top-k logprobs, min_tokens, logit_bias and
   allowed_token_ids (the general variant, in the graph: no step falls back but prefills); logprob values
   within 1e-3 (the LM head's GEMM shapes differ), chosen ranks and top-k id sets equal;
+- a bf16 engine, whose plain and cutoff variants give the sampler the bf16 logits, equals the same engine with
+  float32 logits exactly (tokens, logprobs);
 - a full-step decode step queues without a host sync (tests/sync_check.py) and really replays whole: the cutoff
   variant, then the general variant (a row with logprobs, a bias and min_tokens joins).
 """
@@ -74,6 +76,29 @@ def test_full_step_graphs_equal_eager_sampler_at_real_shapes() -> None:
             assert set(a) == set(b), (a, b)
             for t, (value, rank) in a.items():
                 assert abs(b[t][0] - value) <= 1e-3 and b[t][1] == rank, (t, a, b)
+
+
+def test_bf16_logits_equal_float32_logits_with_full_step_graphs(monkeypatch) -> None:
+    """A bf16 engine (the Qwen3-0.6B geometry, full-step graphs on): its logits reach the sampler in bf16 (the plain
+    and cutoff variants read them so; penalties, bias, allowed ids and logprobs get a float32 copy). Tokens and
+    logprobs equal, exactly, those of the same engine with `compute_logits` returning float32 (the `.float()` it
+    had): both run the same LM head GEMMs, so no tolerance."""
+    from framework import LLM
+    from framework.models.llama import LlamaForCausalLM
+
+    prompts = [[(7 * i + 13 * j) % 151_000 for j in range(20 + 11 * i)] for i in range(36)]
+    engine = {**ENGINE, "dtype": "bfloat16"}
+    results = {}
+    compute_logits = LlamaForCausalLM.compute_logits
+    for forced in (False, True):
+        if forced:
+            monkeypatch.setattr(LlamaForCausalLM, "compute_logits", lambda self, h: compute_logits(self, h).float())
+        llm = LLM("qwen3-0.6b", **engine, full_step_cuda_graphs=True)
+        outs = llm.generate(prompts, _params(), use_tqdm=False)
+        results[forced] = [(o.token_ids, _logprobs(o)) for o in outs]
+        assert llm.engine.runner.full_step_replays > 20
+        llm.shutdown()
+    assert results[False] == results[True]
 
 
 def test_full_step_decode_queues_without_host_sync() -> None:

@@ -211,3 +211,50 @@ def test_penalties_before_the_fused_passes_equal_the_reference():
     # Against the reference's penalised logits: an ulp of x / repetition may flip a rare near tie.
     on_reference = sample_fused_triton(want, idx, positions, params, nonfinite_code=1, no_token_code=2)
     assert int((on_reference.sampled != got.sampled_token_ids).sum()) <= 2
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked"])
+def test_bf16_logits_sample_the_tokens_of_their_float32_copy(kind):
+    """The LM head's bf16 logits at 256 x 151,936, read by the fused kernels as they are (widened in registers):
+    bit for bit the tokens and errors of their `.float()` copy (the same kernels on the same values: no
+    tolerance), on every path (default, every row gathering, no plan). Through the Sampler, plain rows (which get
+    the bf16 logits) and rows with logprobs (a float32 copy): the same tokens, errors and logprobs."""
+    from framework import SamplingParams
+    from sampler_cases import Slot, make_sampler
+    from samplers.fused_sampling import sample_fused_triton
+
+    logits = _logits(kind, 4).bfloat16()
+    params = _params(5)
+    g = torch.Generator(device="cuda").manual_seed(6)
+    positions = torch.randint(0, 1 << 20, (ROWS,), device="cuda", generator=g)
+    t, k, p, m = params.temperature, params.top_k, params.top_p, params.min_p
+    gather = ((t > 0) & (((k > 0) & (k < VOCAB)) | (p < 1))).nonzero().flatten()
+    direct = ((t == 0) | (((k <= 0) | (k >= VOCAB)) & (p >= 1) & (m == 0))).nonzero().flatten()
+
+    def rows_of(slots: torch.Tensor) -> torch.Tensor:
+        return slots[torch.randint(0, len(slots), (ROWS,), device="cuda", generator=g)].int()
+
+    cases = [(rows_of(torch.arange(len(params.seed), device="cuda")), {}),
+             (rows_of(gather), dict(all_gather=True)), (rows_of(direct), dict(need_plan=False))]
+    for idx, kwargs in cases:
+        got = sample_fused_triton(logits, idx, positions, params, **kwargs)
+        want = sample_fused_triton(logits.float(), idx, positions, params, **kwargs)
+        assert torch.equal(got.sampled, want.sampled), kwargs
+        assert torch.equal(got.errors, want.errors), kwargs
+
+    mixes = [dict(temperature=0.0), dict(temperature=0.8), dict(temperature=1.0, top_k=50),
+             dict(temperature=0.7, top_p=0.9), dict(temperature=1.2, min_p=0.05),
+             dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02)]
+    idx = (torch.arange(ROWS, device="cuda") % len(mixes)).int()
+    for logprobs in (None, 5):
+        slots = [Slot(SamplingParams(**mix, seed=i, logprobs=logprobs), prompt=[1, 2], seed=i)
+                 for i, mix in enumerate(mixes)]
+        sampler, _ = make_sampler(slots, VOCAB, device="cuda")
+        stages = sampler.states.stages_for(np.arange(len(slots)))
+        got = sampler(logits.clone(), idx, positions, stages)
+        want = sampler(logits.float(), idx, positions, stages)
+        assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
+        assert torch.equal(got.errors, want.errors)
+        assert (got.logprobs is None) == (want.logprobs is None) == (logprobs is None)
+        if logprobs is not None:
+            assert all(torch.equal(a, b) for a, b in zip(got.logprobs, want.logprobs))
