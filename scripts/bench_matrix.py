@@ -10,14 +10,17 @@ the first one *within* a round (the runs of a round are back to back: the paired
         --config default= --config full_step=runner.full_step_cuda_graphs=true \\
         --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0"
 
-A configuration or workload is NAME=OVERRIDES (space-separated Hydra overrides, possibly none). Writes
-matrix.json and matrix.png into --out, and each run's own bench.json under --out/runs/.
+A configuration or workload is NAME=OVERRIDES (space-separated Hydra overrides, possibly none). A configuration
+named NAME@DIR runs from the source tree DIR instead (its working directory and first on PYTHONPATH): another
+commit's code, e.g. `git archive BASE | tar -x -C DIR`, paired with today's (`--config base@/tmp/base=`).
+Writes matrix.json and matrix.png into --out, and each run's own bench.json under --out/runs/.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -36,13 +39,18 @@ def _named(text: str) -> tuple[str, list[str]]:
     return name, shlex.split(overrides)
 
 
-def run_once(workload: list[str], config: list[str], out_dir: Path, timeout_s: float) -> dict[str, Any]:
-    """One `mrv2 bench` process; its output tok/s (None if it failed) and the host probe around it."""
+def run_once(workload: list[str], config: list[str], out_dir: Path, timeout_s: float,
+             tree: Path | None = None) -> dict[str, Any]:
+    """One `mrv2 bench` process (from source tree `tree`, else this one); its output tok/s (None if it failed)
+    and the host probe around it."""
     before = host_probe_us()
-    cmd = [sys.executable, "-m", "framework.cli", "bench", *workload, *config, f"bench.output_dir={out_dir}"]
+    cmd = [sys.executable, "-m", "framework.cli", "bench", *workload, *config,
+           f"bench.output_dir={out_dir.resolve()}"]
+    env = None if tree is None else {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tree.resolve())] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tree, env=env)
         ok, tail = proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
     except subprocess.TimeoutExpired:
         ok, tail = False, f"timed out after {timeout_s:.0f} s"
@@ -64,7 +72,8 @@ def run_matrix(configs: list[tuple[str, list[str]]], workloads: list[tuple[str, 
     for r in range(rounds):
         shift = r % len(pairs)
         for w, wo, c, co in pairs[shift:] + pairs[:shift]:
-            result = run_once(wo, co, out / "runs" / f"{w}-{c}-r{r + 1}", timeout_s)
+            name, _, tree = c.partition("@")
+            result = run_once(wo, co, out / "runs" / f"{w}-{name}-r{r + 1}", timeout_s, Path(tree) if tree else None)
             runs[w][c].append(result)
             print(f"round {r + 1} {w:12s} {c:14s} {_tok_s(result['output_tok_per_s'])} tok/s "
                   f"(probe {result['host_probe_us']} us, {result['wall_s']} s)", flush=True)

@@ -1,9 +1,10 @@
 """Benchmark the sampler on a CUDA GPU: the fused path against the unfused stages and one read of the logits.
 
-Shape: 256 logits rows x 151,936 tokens (Qwen3's vocabulary), float32 (155.6 MB). Every request of the batch
-uses the same parameters; each case is timed through `Sampler.__call__` as the runner calls it, on two kinds
-of logits: "peaked" (a few dozen tokens 14-26 above a Gaussian tail, like a language model's) and "flat"
-(Gaussian, sigma 3: large top-p sets, the fused path's hard case).
+Shape: 256 logits rows x 151,936 tokens (Qwen3's vocabulary), float32 (155.6 MB; `--dtype bfloat16`: 77.8 MB, as
+the LM head hands them to the fused path). Every request of the batch uses the same parameters; each case is
+timed through `Sampler.__call__` as the runner calls it, on two kinds of logits: "peaked" (a few dozen tokens
+14-26 above a Gaussian tail, like a language model's) and "flat" (Gaussian, sigma 3: large top-p sets, the fused
+path's hard case).
 
 * `read`: one plain read of the logits, the yardstick: the faster of `logits.amax(-1)` and `logits.sum(-1)`
   (each reads every element once and writes 256 floats). `copy` (read + write) is shown too.
@@ -26,7 +27,7 @@ Prints tables; writes `sampler_bench.json` and, if matplotlib is installed, `sam
 Takes well under a minute on an H200 (mostly compiling).
 
     PYTHONPATH=$PWD python3 scripts/bench_sampler.py OUT_DIR [--rows 256] [--vocab 151936] [--plan-warps 16]
-        [--group 16 --cap 1024] [--maxnreg N]
+        [--group 16 --cap 1024] [--maxnreg N] [--sample-warps 8] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -188,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=None, help="fused_sampling.GROUP (with --cap)")
     parser.add_argument("--cap", type=int, default=None, help="fused_sampling.CAP")
     parser.add_argument("--maxnreg", type=int, default=None, help="fused_sampling.PLAN_MAXNREG")
+    parser.add_argument("--sample-warps", type=int, default=None, help="fused_sampling.SAMPLE_WARPS")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="logits dtype (bfloat16: as the LM head hands them to the fused path)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_sampler needs a CUDA GPU", file=sys.stderr)
@@ -201,16 +205,19 @@ def main(argv: list[str] | None = None) -> int:
     fused_sampling.GROUP = args.group or fused_sampling.GROUP
     fused_sampling.CAP = args.cap or fused_sampling.CAP
     fused_sampling.PLAN_MAXNREG = args.maxnreg or fused_sampling.PLAN_MAXNREG
+    fused_sampling.SAMPLE_WARPS = args.sample_warps or fused_sampling.SAMPLE_WARPS
+    dtype = getattr(torch, args.dtype)
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
     env = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-               triton=triton.__version__, rows=args.rows, vocab=args.vocab, dtype="float32",
+               triton=triton.__version__, rows=args.rows, vocab=args.vocab, dtype=args.dtype,
+               sample_warps=fused_sampling.SAMPLE_WARPS,
                plan_warps=fused_sampling.PLAN_WARPS, group=fused_sampling.GROUP, cap=fused_sampling.CAP,
                maxnreg=fused_sampling.PLAN_MAXNREG)
     print(f"# {env}", file=sys.stderr)
-    nbytes = args.rows * args.vocab * 4
-    logits = {kind: make_logits(kind, args.rows, args.vocab) for kind in ("peaked", "flat")}
+    nbytes = args.rows * args.vocab * dtype.itemsize
+    logits = {kind: make_logits(kind, args.rows, args.vocab).to(dtype) for kind in ("peaked", "flat")}
     x = logits["peaked"]
     copy_dst = torch.empty_like(x)
     read = dict(amax=time_graph_ms(lambda: x.amax(-1)), sum=time_graph_ms(lambda: x.sum(-1)),
@@ -247,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['unfused_x_read']:>7.2f} {r['unfused_us'] / r['fused_us']:>7.1f}x", flush=True)
         del by_path
         torch.cuda.empty_cache()
-    stages = stage_times(x, idx, positions, args.rows, args.vocab)
+    stages = stage_times(x.float(), idx, positions, args.rows, args.vocab)  # the single stages take float32
     timed = {k: v for k, v in stages.items() if k != "mean_listed_tokens_per_row"}
     print("\nstages alone (us): " + ", ".join(f"{k} {v:.1f}" for k, v in timed.items()))
     print(f"penalty lists: {stages['mean_listed_tokens_per_row']:.0f} seen tokens per row on average")

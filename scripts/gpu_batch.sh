@@ -371,6 +371,22 @@ for j in "$@"; do
     # cuBLAS against cuBLASLt at the decode projections' shapes (32-256 rows), then the prefix-caching GPU tests.
     s14_proj) job $j-bench 70 python3 scripts/bench_projections.py "$res/$j/bench";
         job $j-tests 60 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_prefix_caching_gpu.py ;;
+    # The logits stay bf16 into the fused sampler: its GPU tests and the full-step graphs', then nano paired
+    # against the commit before (bench_base/: `git archive ad27184 ... | tar -x -C bench_base`, untracked).
+    s15_bf16) job $j-tests 200 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_sampler_fused_gpu.py \
+          tests/gpu/test_full_step_graphs_gpu.py;
+        job $j-nano 340 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 2 --timeout 80 --config bf16= \
+          --config fp32@bench_base= --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # The sampler: the commit before (bench_base/, float32 logits, a block-wide non-finite count per block)
+    # against today's kernels on float32 and bfloat16 logits, 4 and 8 warps; its GPU tests; a b256 profile.
+    s15_sampler) rm -rf bench_base/scripts && cp -r scripts bench_base/scripts;
+        job $j-base 90 bash -c "cd bench_base && PYTHONPATH=/tmp/site:\$PWD python3 scripts/bench_sampler.py $res/$j/base";
+        job $j-fp32 90 python3 scripts/bench_sampler.py "$res/$j/fp32";
+        job $j-bf16 90 python3 scripts/bench_sampler.py "$res/$j/bf16" --dtype bfloat16;
+        job $j-bf16-w8 90 python3 scripts/bench_sampler.py "$res/$j/bf16-w8" --dtype bfloat16 --sample-warps 8;
+        job $j-tests 100 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_sampler_fused_gpu.py;
+        job $j-b256 90 python3 scripts/profile_decode.py --batch 256 --steps 20 --prompt-len 700 \
+          --full-step-graphs --out "$res/$j/b256" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

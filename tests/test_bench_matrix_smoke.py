@@ -40,3 +40,25 @@ def test_one_round_on_the_cpu(tmp_path: Path) -> None:
     assert set(cells) == {"default", "full_step"}
     assert all(c["failed"] == 0 and c["median_tok_per_s"] > 0 for c in cells.values())
     assert (tmp_path / "matrix.png").exists() and "| smoke | full_step |" in res.stdout
+
+
+def test_a_config_named_with_a_tree_runs_that_trees_code(tmp_path: Path) -> None:
+    """NAME@DIR runs `framework.cli` from DIR: a stand-in tree whose CLI writes a fixed bench.json (from its own
+    working directory, with the output path it was given) shows up as that configuration's result."""
+    tree = tmp_path / "tree"
+    (tree / "framework").mkdir(parents=True)
+    (tree / "framework" / "__init__.py").write_text("")
+    (tree / "framework" / "cli.py").write_text(
+        "import json, os, sys\n"
+        "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('bench.output_dir=')][0]\n"
+        "os.makedirs(out, exist_ok=True)\n"
+        "assert os.getcwd() == os.path.dirname(os.path.abspath(__file__))[:-len('/framework')]\n"
+        "json.dump({'results': [{'engine': 'mrv2 (stand-in)', 'output_tok_per_s': 1234.0}]},"
+        " open(os.path.join(out, 'bench.json'), 'w'))\n")
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_matrix.py"), "--rounds", "1",
+                          "--config", f"base@{tree}=", "--workload", "w=", "--timeout", "60",
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    cells = json.loads((tmp_path / "out" / "matrix.json").read_text())["summary"]["w"]
+    assert cells[f"base@{tree}"]["median_tok_per_s"] == 1234.0
+    assert (tmp_path / "out" / "runs" / "w-base-r1" / "bench.json").exists()
