@@ -387,6 +387,15 @@ for j in "$@"; do
         job $j-tests 100 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_sampler_fused_gpu.py;
         job $j-b256 90 python3 scripts/profile_decode.py --batch 256 --steps 20 --prompt-len 700 \
           --full-step-graphs --out "$res/$j/b256" ;;
+    # The session's stop: the engine GPU tests on bf16 logits, then the targets (nano and batch 1, three
+    # rounds; the 8B geometry, two; the shared-prefix workload once), each run with its host probe.
+    s15_final) job $j-tests 90 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_engine.py;
+        job $j-nano 200 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 3 --timeout 60 --config now= \
+          --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" \
+          --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-8b 130 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 2 --timeout 62 --config now= \
+          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-prefix 110 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/prefix" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done
