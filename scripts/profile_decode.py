@@ -10,8 +10,9 @@ Builds the "nano" engine (Qwen3-0.6B geometry, random bf16 weights), fills `--ba
 3. `cProfile`: the Python functions the host spends its time in.
 
 With `--profile-prefill`, the prefill steps first: their phases, a kernel table, their chrome trace
-(`prefill_trace.json`) and their kernel time per step against their unprofiled wall time per step (the device's
-busy fraction: well below 1 when the host queues prefill steps slower than the device runs them).
+(`prefill_trace.json`), their kernel time per step against their unprofiled wall time per step (the device's
+busy fraction: well below 1 when the host queues prefill steps slower than the device runs them) and the
+`cProfile` tables of their host functions.
 
 Writes `profile.txt` (everything printed) and `profile.json` (the numbers) into `--out`.
 
@@ -206,12 +207,12 @@ def kernel_profile(engine, steps: int, out: Path) -> tuple[str, dict[str, float]
     return text, numbers
 
 
-def python_profile(engine, steps: int) -> str:  # type: ignore[no-untyped-def]
+def python_profile(run: Callable[[], Any]) -> str:
+    """cProfile's tables (by own time, by cumulative time) of the host functions `run` spends its time in."""
     prof = cProfile.Profile()
     _sync()
     prof.enable()
-    for _ in range(steps):
-        engine.step()
+    run()
     _sync()
     prof.disable()
     buf = io.StringIO()
@@ -283,6 +284,11 @@ def main(argv: list[str] | None = None) -> dict:
                                     "device_busy_fraction": step_kernel_ms / wall_ms}
         say(f"prefill steps: kernels {step_kernel_ms:.2f} ms a step (profiled fill), wall {wall_ms:.2f} ms a step "
             f"(unprofiled fill): device busy {step_kernel_ms / wall_ms:.2f}")
+        drain(engine, args)  # where the host's time in prefill steps goes (function by function)
+        say(f"host functions of one fill's prefill steps ({int(prefill['steps'])} steps):")
+        say(python_profile(lambda: fill(engine, args, settle_steps=0)))
+        for _ in range(5):
+            engine.step()
     say(f"prefill: {prefill['tokens']} prompt tokens in {prefill['steps']} steps, {prefill['seconds']:.3f} s "
         f"({prefill['tok_per_s']:.0f} tok/s)")
 
@@ -294,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
     table, kernels = kernel_profile(engine, min(args.steps, 30), args.out)
     say("profiler: " + "  ".join(f"{k}={v:.3f}" for k, v in kernels.items()))
     say(table)
-    say(python_profile(engine, args.steps))
+    say(python_profile(lambda: [engine.step() for _ in range(args.steps)]))
     runner = engine.runner
     full_step = {"replays": getattr(runner, "full_step_replays", 0),
                  "fallbacks": dict(getattr(runner, "full_step_fallbacks", {}))}

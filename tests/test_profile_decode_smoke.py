@@ -1,6 +1,7 @@
 """scripts/profile_decode.py on the CPU (`--device cpu`, the tiny model: no timings worth reading): the decode
 phases, the kernel profile and, with `--profile-prefill`, the prefill phases and the prefill steps' device-busy
-figures all reach profile.json, and both chrome traces are written."""
+figures all reach profile.json, both chrome traces are written, and the prefill steps' host functions are
+profiled."""
 
 from __future__ import annotations
 
@@ -25,4 +26,7 @@ def test_profile_decode_smoke_with_prefill(tmp_path):
     assert device["wall_ms_per_step"] > 0 and device["kernel_ms_per_step"] == 0  # no CUDA kernels on a CPU
     assert set(data["phases_ms"]) >= {"schedule", "execute_model", "sample_tokens", "host", "step_wall"}
     assert (out / "trace.json").stat().st_size > 0 and (out / "prefill_trace.json").stat().st_size > 0
-    assert "prefill steps: kernels" in (out / "profile.txt").read_text()
+    text = (out / "profile.txt").read_text()
+    assert "prefill steps: kernels" in text
+    prefill_host = text.split("host functions of one fill's prefill steps")[1].split("phases, wall ms per decode")[0]
+    assert "execute_model" in prefill_host  # the prefill steps' cProfile reaches the model runner
