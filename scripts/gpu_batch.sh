@@ -400,7 +400,7 @@ for j in "$@"; do
     # dtype), the third run of the 8B geometry, and one run of nano with its batch-256 decode idle probe.
     s15_last) job $j-spec 110 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_spec_gpu.py \
           tests/gpu/test_draft_heads_gpu.py;
-        job $j-8b 50 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 45 --config now= \
+        job $j-8b 75 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 70 --config now= \
           --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
         job $j-idle 55 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.output_dir="$res/$j/idle" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
