@@ -29,6 +29,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 from framework.attention.paged import paged_attention_reference, store_kv_reference  # noqa: E402
 from framework.attention.triton_paged_attention import decode_tiles, num_kv_splits, paged_attention  # noqa: E402
 from framework.attention.triton_store_kv import store_kv  # noqa: E402
+from framework.cuda_graphs import CudaGraphCapturer  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared case builder
 from attention_cases import make_paged_case  # noqa: E402
 
@@ -134,16 +135,12 @@ def test_store_kv_large_batch():
 
 
 def _captured(step):  # type: ignore[no-untyped-def]
-    """(graph, its output): `step` run once on a side stream (compiles outside the capture), then captured."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    return graph, out
+    """(graph, its output): `step` captured as the runner captures its decode graphs (`CudaGraphCapturer`: warmed
+    up on a side stream first, so the capture holds no compile)."""
+    capturer = CudaGraphCapturer()
+    replay = capturer.capture(step)
+    capturer.finish()
+    return replay, replay.out
 
 
 def test_cuda_graph_capture_and_replay():
@@ -270,14 +267,7 @@ def test_fused_reduce_cuda_graph_changing_seq_lens(batch):
     assert num_kv_splits(batch, 8, 4096, torch.cuda.get_device_properties(0).multi_processor_count,
                          tiles.block_n) > 1
     step = lambda: paged_attention(case.query, case.kv_cache, meta, 0.088, split_counters=counters)  # noqa: E731
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = _captured(step)
     g = torch.Generator().manual_seed(batch)
     for replay in range(5):
         seq_lens = torch.randint(1, 4097, (batch,), generator=g)
