@@ -59,19 +59,6 @@ class ModelConfig(_Strict):
         True, description="Decode attention of a batch of >= 64 rows starts its programs with the longest rows "
         "and ends with the shortest (one small kernel per forward; the result is the same), so that a batch of mixed "
         "lengths does not end on a few long rows (docs/kernels.md). False: batch order.")
-    l2_prefetch: Literal["auto", "on", "off"] = Field(
-        "off", description="In the small-batch path, each layer asks the L2 for the weights of its next GEMVs "
-        "(o_proj, gate/up, down, the next layer's qkv) before its attention, so that they stream while the "
-        "attention waits on its own loads (one small kernel per layer; the results are the same bits). `auto` / "
-        "`on` where supported (CUDA compute capability >= 9.0, compiled Triton; `on` says why not elsewhere), "
-        "`off` never. Only with the small-batch kernels (docs/kernels.md)."
-    )
-    decode_halves_min_rows: int = Field(
-        0, ge=0, description="Dense decoders on one GPU: a pure-decode batch of at least this many rows runs its "
-        "layers as two halves on two CUDA streams, so that one half's attention (bandwidth-bound) overlaps the "
-        "other's projections and small kernels (latency-bound at these sizes); the weights are read twice. "
-        "0: never (docs/kernels.md)."
-    )
     programmatic_launch: Literal["auto", "on", "off"] = Field(
         "auto", description="Programmatic dependent launch for the small-batch path's Triton kernels (GEMVs, "
         "q/k norm + RoPE, attention, the final norm): each may start while the previous one ends, loading its "

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from framework.config import ConfigError, Mrv2Config
-from framework.kernels.l2_prefetch import resolve_l2_prefetch
 from framework.kernels.pdl import resolve_programmatic_launch
 from framework.parallel_context import ParallelContext
 from framework.models.embedded import resolve_model_source
@@ -94,13 +93,11 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
     if isinstance(model, LlamaForCausalLM):  # dense and MoE decoders: the launch order of large decode batches
         model.longest_rows_first = mc.longest_rows_first
-        model.decode_halves_min_rows = mc.decode_halves_min_rows
     small_tokens = small_batch_max_tokens(config, device)
     pdl = resolve_programmatic_launch(mc.programmatic_launch, device) if small_tokens else False
-    prefetch = resolve_l2_prefetch(mc.l2_prefetch, device) if small_tokens else False
-    if enable_small_batch(model, small_tokens, pdl, prefetch):
-        logger.info("small-batch GEMV kernels for forwards of <= %d tokens%s%s", small_tokens,
-                    ", with programmatic dependent launch" if pdl else "", ", L2 prefetch" if prefetch else "")
+    if enable_small_batch(model, small_tokens, pdl):
+        logger.info("small-batch GEMV kernels for forwards of <= %d tokens%s", small_tokens,
+                    ", with programmatic dependent launch" if pdl else "")
     # Decoder positions: max_position_embeddings, or an encoder-decoder's max_target_positions (Whisper: 448).
     limit = int(hf_config.get("max_position_embeddings") or hf_config.get("max_target_positions") or 2048)
     max_model_len = mc.max_model_len or limit

@@ -38,7 +38,6 @@ from bench_small_batch import capture_graph  # noqa: E402
 
 from framework.attention.metadata import AttentionMetadata  # noqa: E402
 from framework.attention.triton_paged_attention import AttentionTiles, paged_attention  # noqa: E402
-from framework.kernels.l2_prefetch import l2_prefetch, prefetch_plan  # noqa: E402
 from framework.kernels.pdl import pdl_supported, pdl_unsupported_reason  # noqa: E402
 from framework.kernels.triton_gemv import gemv_tiles, gemv_triton  # noqa: E402
 from framework.kernels.triton_norm_silu import rms_norm_triton  # noqa: E402
@@ -58,11 +57,6 @@ ABLATIONS: dict[str, dict] = {
     "merge1": {"merge_unroll": 1}, "merge4": {"merge_unroll": 4}, "two_launch_reduce": {"fused_reduce": False},
     **{f"splits{n}": {"num_splits": n} for n in (1, 4, 6, 8, 12, 16, 32)},
     "tiles64_4_2": {"tiles": (64, 4, 2)},
-    # L2 prefetch (framework/kernels/l2_prefetch.py) of the layer's o_proj, gate/up and down weights ("mlp") and
-    # the next layer's qkv ("all"), a kernel launched before the q/k RoPE kernel or before the attention.
-    **{f"l2_{where}_{regions}{'' if bulk else '_lines'}": {"l2": where, "l2_regions": regions, "l2_bulk": bulk}
-       for where in ("before_rope", "before_attention") for regions in ("mlp", "all") for bulk in (True, False)
-       if bulk or (where, regions) == ("before_attention", "all")},
 }
 
 
@@ -108,18 +102,13 @@ class Model:
         w = self.layers[i]
         qkv, residual = self._gemv(x, w["qkv"], pdl, prefetch, norm_weight=w["g1"], eps=EPS, residual=residual)
         ab = self.changes
-        if ab.get("l2") == "before_rope":
-            self._prefetch(i, pdl)
         if ab.get("rope", True):
             q = qk_norm_rope_store_triton(qkv, self.cos, self.sin, w["qn"], w["kn"], EPS, HEADS, KV_HEADS,
                                           HEAD_DIM, w["cache"], self.meta.kv_slot_mapping, pdl=pdl)
         else:
             q = qkv[:, : HEADS * HEAD_DIM].view(1, HEADS, HEAD_DIM)
-        if ab.get("l2") == "before_attention":
-            self._prefetch(i, pdl)
         if ab.get("attention", True):
-            kwargs = {k: v for k, v in ab.items()
-                      if k not in ("rope", "attention", "tiles") and not k.startswith("l2")}
+            kwargs = {k: v for k, v in ab.items() if k not in ("rope", "attention", "tiles")}
             if "tiles" in ab:
                 kwargs["small_tiles"] = AttentionTiles(16, *ab["tiles"])
             q = paged_attention(q, w["cache"], self.meta, HEAD_DIM**-0.5, pdl=pdl, split_counters=self.counters,
@@ -128,14 +117,6 @@ class Model:
         act, residual = self._gemv(h, w["gate_up"], pdl, prefetch, silu=True, norm_weight=w["g2"], eps=EPS,
                                    residual=residual)
         return self._gemv(act, w["down"], pdl, prefetch)[0], residual
-
-    def _prefetch(self, i: int, pdl: bool) -> None:
-        """The L2 prefetch of layer `i`'s remaining GEMV weights (and the next layer's qkv: `l2_regions` all)."""
-        w = self.layers[i]
-        regions = [w["o"], w["gate_up"], w["down"]]
-        if self.changes.get("l2_regions") == "all" and i + 1 < len(self.layers):
-            regions.append(self.layers[i + 1]["qkv"])
-        l2_prefetch(prefetch_plan(regions), self.device, pdl=pdl, bulk=self.changes.get("l2_bulk", True))
 
     def head(self, x: torch.Tensor, residual: torch.Tensor, pdl: bool, prefetch: Optional[int]) -> torch.Tensor:
         hidden = rms_norm_triton(x, self.norm, EPS, residual, pdl=pdl)[0]
@@ -171,9 +152,8 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def ablate(model: Model, out: Path, only: Optional[list[str]] = None) -> int:
-    """`--ablate`: the stack chain (PDL on, weight-first tiles) under each of ABLATIONS (`only` those named, and
-    `full`); table and JSON."""
+def ablate(model: Model, out: Path) -> int:
+    """`--ablate`: the stack chain (PDL on, weight-first tiles) under each of ABLATIONS; table and JSON."""
     import triton.testing
 
     _kernels, stack = model.chains()["stack"]
@@ -181,8 +161,6 @@ def ablate(model: Model, out: Path, only: Optional[list[str]] = None) -> int:
     full_logits: Optional[torch.Tensor] = None  # the first row's (full) output
     print(f"{'ablation':<22}{'us':>10}{'vs full':>10}{'us/layer vs full':>18}{'max |diff|':>12}")
     for name, change in ABLATIONS.items():
-        if only and name != "full" and name not in only:
-            continue
         model.changes = change
         graph, logits = capture_graph(lambda: stack(True, None))
         graph.replay()
@@ -228,7 +206,6 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seq-len", type=int, default=1000, help="cached keys of the one row, every layer")
     parser.add_argument("--ablate", action="store_true", help="the stack with PDL on, one part changed (ABLATIONS)")
-    parser.add_argument("--ablations", nargs="+", choices=list(ABLATIONS), help="--ablate: only these (and full)")
     args = parser.parse_args()
     import triton.testing
 
@@ -238,7 +215,7 @@ def main() -> int:
         return 1
     model = Model(max(args.layers, 1), device, args.seq_len)
     if args.ablate:
-        return ablate(model, args.out, args.ablations)
+        return ablate(model, args.out)
     model.changes = {"num_splits": 4}  # the PDL variants as first measured (docs/benchmarks.md): 4 KV splits
     chains = model.chains()
     if args.layers == 0:

@@ -48,8 +48,7 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     config = load_config({
         "model": {"preset": args.preset, "max_model_len": args.max_model_len,
-                  "small_batch_kernels": args.small_batch_kernels, "programmatic_launch": args.programmatic_launch,
-                  "decode_halves_min_rows": args.decode_halves_min_rows},
+                  "small_batch_kernels": args.small_batch_kernels, "programmatic_launch": args.programmatic_launch},
         "scheduler": {"max_num_seqs": max(args.batch, 1), "max_num_batched_tokens": 8192},
         # dynamic_k: decode graphs for every k in 0..5 (a fixed-k engine captures 0 and 5 only)
         "speculator": ({"method": "none"} if args.spec_k is None else
@@ -240,8 +239,6 @@ def main(argv: list[str] | None = None) -> dict:
                         help="model.small_batch_kernels: the fused GEMV path at <= 8 tokens (docs/kernels.md)")
     parser.add_argument("--programmatic-launch", default="auto", choices=["auto", "on", "off"],
                         help="model.programmatic_launch: PDL for the small-batch path's kernels (docs/kernels.md)")
-    parser.add_argument("--decode-halves-min-rows", type=int, default=0,
-                        help="model.decode_halves_min_rows: decode batches of this many rows run as two halves")
     parser.add_argument("--full-step-graphs", action="store_true",
                         help="runner.full_step_cuda_graphs: a pure-decode step replays as one graph")
     parser.add_argument("--logprobs", type=int, default=None,

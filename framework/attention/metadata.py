@@ -24,16 +24,3 @@ class AttentionMetadata:
     # [R] int32, a permutation of the rows: the order their decode programs start in (None: batch order). The
     # model sets it, rows by descending seq_len, for large batches (backend.order_rows_longest_first, row_order.py).
     row_order: Optional[torch.Tensor] = None
-
-
-def decode_rows(meta: AttentionMetadata, start: int, end: int) -> AttentionMetadata:
-    """The metadata of rows `start`..`end`-1 of a pure-decode batch (one token per row) as a batch of its own:
-    the same block tables, lengths and slots, query offsets shifted to 0 (one subtraction, no host sync), no row
-    order (the caller orders the part itself)."""
-    assert meta.num_tokens == meta.num_rows and meta.max_query_len == 1, "decode_rows: one token per row"
-    assert 0 <= start < end <= meta.num_rows, f"rows {start}..{end} of {meta.num_rows}"
-    return AttentionMetadata(
-        num_tokens=end - start, num_rows=end - start, query_start_loc=meta.query_start_loc[start:end + 1] - start,
-        seq_lens=meta.seq_lens[start:end], block_tables=meta.block_tables[start:end],
-        kv_slot_mapping=meta.kv_slot_mapping[start:end], block_size=meta.block_size, max_query_len=1,
-        max_seq_len=meta.max_seq_len)

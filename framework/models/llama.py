@@ -14,10 +14,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from framework.attention import AttentionMetadata
-from framework.attention.metadata import decode_rows
 from framework.attention.backend import SplitCounters, order_rows_longest_first, paged_attention
 from framework.parallel_context import ParallelContext, stage_layers
-from framework.kernels.l2_prefetch import PrefetchPlan
 from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
 from framework.models.hf_config import DecoderConfig
 from framework.models.small_batch import small_batch_layer, small_batch_logits
@@ -97,21 +95,12 @@ class Attention(nn.Module):
         pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, framework/kernels/pdl.py)
     ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
         """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
-        return self.attend(self.rope_store(qkv, cos, sin, kv_cache, meta, pdl), kv_cache, meta, attention, pdl)
-
-    def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                   meta: AttentionMetadata, pdl: bool = False) -> torch.Tensor:  # [T, H, head_dim]: q, roped
-        """The first half of `rope_store_attend`: q/k norm, RoPE, and k / v into the cache (one kernel)."""
-        return qk_norm_rope_store(
+        q = qk_norm_rope_store(
             qkv, cos, sin, self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
             self.q_norm.eps if self.qk_norm else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
             kv_cache, meta.kv_slot_mapping, pdl)
-
-    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, attention: AttentionFn,
-               pdl: bool = False) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
-        """The second half of `rope_store_attend`: attention of the roped `q` over the cache."""
         out = attention(q, kv_cache, meta, self.scale, pdl=True) if pdl else attention(q, kv_cache, meta, self.scale)
-        return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+        return out.reshape(qkv.shape[0], self.num_heads * self.head_dim)
 
     def fuse_projections(self) -> None:
         """Serve q/k/v from one [q + k + v, hidden] weight (one GEMM); the three weights become views of it."""
@@ -170,7 +159,6 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, ctx)
         self.small_batch_max_tokens = 0  # forwards of <= this many tokens take the GEMVs (enable_small_batch)
         self.programmatic_launch = False  # the small-batch path's kernels launch with PDL (enable_small_batch)
-        self.l2_prefetch: Optional[PrefetchPlan] = None  # weights the small-batch path prefetches (same)
 
     def forward(self, x, residual, cos, sin, kv_cache, meta, attention):  # type: ignore[no-untyped-def]
         """(this layer's MLP output, the residual stream before it is added): the next norm adds the two, so
@@ -216,8 +204,6 @@ class LlamaForCausalLM(nn.Module):
     (`ctx`) this rank holds its heads, its MLP columns and its vocabulary rows of its pipeline stage's layers only.
     """
 
-    dense = True  # every layer a DecoderLayer (MoE subclasses: False)
-
     supports_parallel = True
     config_cls: type[DecoderConfig] = DecoderConfig  # reads config.json (a subclass adds its family's fields)
     make_layer: Optional[LayerFactory] = None  # layer builder of a subclass (None: dense DecoderLayer)
@@ -240,9 +226,6 @@ class LlamaForCausalLM(nn.Module):
         self.small_batch_max_tokens = 0  # logits of <= this many rows take the GEMV LM head (enable_small_batch)
         self.programmatic_launch = False  # that LM head and the final norm before it launch with PDL (same)
         self.longest_rows_first = True  # large decode batches: attention starts with the longest rows (ModelConfig)
-        self.decode_halves_min_rows = 0  # decode batches of >= this many rows run as two concurrent halves (0: never)
-        self.attention_side: AttentionFn = functools.partial(paged_attention, split_counters=SplitCounters())
-        self._side_stream: Optional[torch.cuda.Stream] = None
 
     def init_buffers(self) -> None:
         """Recompute the buffers from the config (after a build on the meta device, which has no values)."""
@@ -301,65 +284,21 @@ class LlamaForCausalLM(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         x = self.model.embed_tokens(input_ids) if pp_hidden is None else pp_hidden
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        stage = self.model.stage_layers
+        if self.longest_rows_first:  # one order for every layer (inside the forward: CUDA graphs replay it)
+            attn_metadata = order_rows_longest_first(attn_metadata)
         entering: dict[int, torch.Tensor] = {}
-        if self._runs_in_halves(x, attn_metadata, aux_layer_ids):
-            x, residual = self._layers_in_halves(x, cos, sin, kv_caches, attn_metadata)
-        else:
-            x, residual = self._layers(x, cos, sin, kv_caches, attn_metadata, self.attention, aux_layer_ids, entering)
+        residual: Optional[torch.Tensor] = None
+        for i, kv_cache in zip(stage, kv_caches):
+            if i in aux_layer_ids:
+                entering[i] = x if residual is None else x + residual
+            x, residual = self.model.layers[i](x, residual, cos, sin, kv_cache, attn_metadata, self.attention)
         if self.ctx.is_last_stage:
             pdl = self.programmatic_launch and 0 < x.shape[0] <= self.small_batch_max_tokens
             x = self.model.norm.add_and_norm(x, residual, pdl)[0]
         elif residual is not None:
             x = x + residual  # the next stage starts from the stream
         return x, tuple(entering[i] for i in aux_layer_ids)
-
-    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor],
-                meta: AttentionMetadata, attention: AttentionFn, aux_layer_ids: tuple[int, ...] = (),
-                entering: Optional[dict[int, torch.Tensor]] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """(last layer's output, residual stream) of this stage's layers; the stream entering each layer of
-        `aux_layer_ids` goes into `entering`."""
-        if self.longest_rows_first:  # one order for every layer (inside the forward: CUDA graphs replay it)
-            meta = order_rows_longest_first(meta)
-        residual: Optional[torch.Tensor] = None
-        for i, kv_cache in zip(self.model.stage_layers, kv_caches):
-            if entering is not None and i in aux_layer_ids:
-                entering[i] = x if residual is None else x + residual
-            x, residual = self.model.layers[i](x, residual, cos, sin, kv_cache, meta, attention)
-        return x, residual
-
-    def _runs_in_halves(self, x: torch.Tensor, meta: AttentionMetadata, aux_layer_ids: tuple[int, ...]) -> bool:
-        """Whether this forward runs as two concurrent halves (`decode_halves_min_rows`): a pure-decode batch of
-        that many rows or more, on a GPU, one rank, no aux states asked for; dense layers only (the MoE kernels
-        share scratch buffers between calls)."""
-        return (0 < self.decode_halves_min_rows <= meta.num_rows and self.dense and self._has_streams(x)
-                and not aux_layer_ids
-                and meta.num_tokens == meta.num_rows and meta.max_query_len == 1
-                and self.ctx.tp_size == 1 and self.ctx.pp_size == 1)
-
-    @staticmethod
-    def _has_streams(x: torch.Tensor) -> bool:
-        return x.is_cuda
-
-    def _layers_in_halves(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list[torch.Tensor],
-                          meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_layers` over the first and the second half of the rows on two streams at once: while one half's
-        attention streams KV, the other's projections and small kernels (latency-bound at these sizes) run
-        beside it. Each half reads the weights once more; each has its own split counters. Capturable: the
-        side stream forks from and joins the current one."""
-        half = meta.num_rows // 2
-        main = torch.cuda.current_stream(x.device)
-        side = self._side_stream = self._side_stream or torch.cuda.Stream(x.device)
-        side.wait_stream(main)
-        outs = []
-        for (start, end), stream, attention in (((0, half), main, self.attention),
-                                                 ((half, meta.num_rows), side, self.attention_side)):
-            with torch.cuda.stream(stream):
-                outs.append(self._layers(x[start:end], cos[start:end], sin[start:end], kv_caches,
-                                         decode_rows(meta, start, end), attention))
-        main.wait_stream(side)
-        (xa, ra), (xb, rb) = outs
-        assert ra is not None and rb is not None
-        return torch.cat([xa, xb]), torch.cat([ra, rb])
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[L, hidden] -> [L, vocab] in the LM head's output dtype: the model dtype (float32 from the small-batch

@@ -111,8 +111,6 @@ _PROJECTIONS = {"gate_proj": ("gate_up_proj", (0,), 0), "w1": ("gate_up_proj", (
 class MoeForCausalLM(LlamaForCausalLM):
     """Qwen3-MoE / Qwen2-MoE / Mixtral causal LM over the paged KV cache (interface of `LlamaForCausalLM`)."""
 
-    dense = False
-
     config_cls = MoeConfig
     make_layer = staticmethod(_make_moe_layer)
 

@@ -9,8 +9,7 @@ Per layer at M <= `model.small_batch_max_tokens` tokens (the default path's kern
     5. add + RMSNorm + gate_up GEMV + SiLU*up   (add + RMSNorm, gate_up GEMM, silu_and_mul)
     6. down GEMV                                (down GEMM)
 
-so 6-7 kernels instead of 9-10 (with `model.l2_prefetch`, an L2 prefetch of the weights of 4-6 and of the next
-layer's 1 between 2 and 3: they stream while the attention waits on its loads; framework/kernels/l2_prefetch.py); the residual add of o_proj / down stays fused into the next norm, as on the
+so 6-7 kernels instead of 9-10; the residual add of o_proj / down stays fused into the next norm, as on the
 default path (the next prologue adds it). The layer and LM-head objects are the default path's: this module
 reads their merged weights (`fuse_projections`) and calls their attention, so both paths share every parameter.
 
@@ -27,7 +26,6 @@ import torch
 from torch import nn
 
 from framework.attention import AttentionMetadata
-from framework.kernels.l2_prefetch import l2_prefetch, prefetch_plan
 from framework.kernels.small_batch_ops import fused_linear
 
 
@@ -56,10 +54,7 @@ def small_batch_layer(
     pdl = layer.programmatic_launch
     qkv, summed = fused_linear(x, attn.qkv_weight, attn.qkv_bias, norm.weight, norm.eps, residual, pdl=pdl)
     residual = x if summed is None else summed
-    q = attn.rope_store(qkv, cos, sin, kv_cache, meta, pdl)
-    if layer.l2_prefetch is not None:  # the next GEMVs' weights stream into L2 while the attention waits
-        l2_prefetch(layer.l2_prefetch, qkv.device, pdl)
-    h = _row_parallel(attn.o_proj, attn.attend(q, kv_cache, meta, attention, pdl), pdl)
+    h = _row_parallel(attn.o_proj, attn.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention, pdl), pdl)
     act, summed = fused_linear(h, mlp.gate_up_weight, mlp.gate_up_bias, post.weight, post.eps, residual,
                                silu_mul=True, pdl=pdl)
     assert summed is not None
@@ -80,16 +75,13 @@ def small_batch_logits(lm_head: nn.Module, hidden: torch.Tensor,  # [L, hidden] 
     return logits[..., : lm_head.vocab_size]  # type: ignore[misc]
 
 
-def enable_small_batch(model: nn.Module, max_tokens: int, programmatic_launch: bool = False,
-                       l2_prefetch: bool = False) -> int:
+def enable_small_batch(model: nn.Module, max_tokens: int, programmatic_launch: bool = False) -> int:
     """Run forwards of at most `max_tokens` tokens (0: none) through the GEMVs, in every dense `DecoderLayer`
     and the LM head of `model` (both carry a `small_batch_max_tokens` attribute; MoE, Mamba and Whisper layers
     do not, and keep their path). Call after `fuse_projections`: the path reads the merged weights. Returns how
     many layers take it. `programmatic_launch`: that path's kernels (and the final norm before the LM head)
-    launch with PDL; only where `framework.kernels.pdl.pdl_supported` says they can. `l2_prefetch`: each layer
-    prefetches its o_proj, gate/up and down weights and the next dense layer's qkv into L2 before its attention
-    (only where `l2_prefetch_supported`; the plans hold the weights' addresses, which must not move after)."""
-    layers: list[nn.Module] = []
+    launch with PDL; only where `framework.kernels.pdl.pdl_supported` says they can."""
+    layers = 0
     for module in model.modules():
         if not hasattr(module, "small_batch_max_tokens"):
             continue
@@ -98,10 +90,5 @@ def enable_small_batch(model: nn.Module, max_tokens: int, programmatic_launch: b
             raise RuntimeError("enable_small_batch needs fuse_projections first (merged qkv / gate_up weights)")
         module.small_batch_max_tokens = max_tokens
         module.programmatic_launch = programmatic_launch and bool(max_tokens)
-        if is_layer:
-            layers.append(module)
-    for i, layer in enumerate(layers):  # in model order: the next dense layer's qkv is the one read after down
-        regions = [layer.self_attn.o_proj.weight, layer.mlp.gate_up_weight, layer.mlp.down_proj.weight]
-        regions += [layers[i + 1].self_attn.qkv_weight] if i + 1 < len(layers) else []
-        layer.l2_prefetch = prefetch_plan(regions) if l2_prefetch and max_tokens else None
-    return len(layers) if max_tokens else 0
+        layers += is_layer
+    return layers if max_tokens else 0

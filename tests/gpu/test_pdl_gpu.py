@@ -9,8 +9,7 @@ Claims:
   each replay are what would show it (negative control: a replay that skips the input copy differs);
 - an engine (random-weight 0.6B, greedy, requests ending at different steps so that decode runs at 3, 2 and 1
   rows through the GEMV and dot paths, full-step graphs) gives identical tokens with `model.programmatic_launch`
-  on and off, and on really is on; the same with the L2 prefetch before each attention (`model.l2_prefetch`),
-  in the graph-captured chain and in an engine.
+  on and off, and on really is on.
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_pdl_gpu.py` (~1 min on an H200).
 """
 
@@ -29,7 +28,6 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 from framework.attention.metadata import AttentionMetadata  # noqa: E402
 from framework.attention.triton_paged_attention import paged_attention  # noqa: E402
-from framework.kernels.l2_prefetch import l2_prefetch, prefetch_plan  # noqa: E402
 from framework.kernels.pdl import pdl_supported, pdl_unsupported_reason  # noqa: E402
 from framework.kernels.triton_gemv import gemv_tiles, gemv_triton  # noqa: E402
 from framework.kernels.triton_norm_silu import rms_norm_triton  # noqa: E402
@@ -130,15 +128,12 @@ class _Chain:
         self.x.copy_(_randn(1, HIDDEN, seed=seed))
         self.residual.copy_(_randn(1, HIDDEN, seed=seed + 1, std=3.0))
 
-    def run(self, pdl: bool, l2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
         x, residual = self.x, self.residual
-        for i, w in enumerate(self.layers):  # small_batch_layer's kernels, in its order
+        for w in self.layers:  # small_batch_layer's kernels, in its order
             qkv, residual = gemv_triton(x, w["qkv"], norm_weight=w["g1"], eps=EPS, residual=residual, pdl=pdl)
             q = qk_norm_rope_store_triton(qkv, self.cos, self.sin, w["qn"], w["kn"], EPS, HEADS, KV_HEADS, HEAD_DIM,
                                           w["cache"], self.meta.kv_slot_mapping, pdl=pdl)
-            if l2:  # model.l2_prefetch: this layer's o / gate_up / down weights and the next layer's qkv
-                nxt = [self.layers[i + 1]["qkv"]] if i + 1 < len(self.layers) else []
-                l2_prefetch(prefetch_plan([w["o"], w["gate_up"], w["down"], *nxt]), DEVICE, pdl=pdl)
             attn = paged_attention(q, w["cache"], self.meta, HEAD_DIM**-0.5, num_splits=4, pdl=pdl)
             h = gemv_triton(attn.view(1, HEADS * HEAD_DIM), w["o"], pdl=pdl)[0]
             act, residual = gemv_triton(h, w["gate_up"], norm_weight=w["g2"], eps=EPS, residual=residual,
@@ -148,19 +143,16 @@ class _Chain:
         return gemv_triton(hidden, self.lm_head, out_dtype=torch.float32, pdl=pdl)[0], stream
 
 
-@pytest.mark.parametrize("l2", [False, True], ids=["plain", "l2_prefetch"])
-def test_a_pdl_chain_in_a_cuda_graph_equals_the_plain_chain_at_every_replay(l2: bool) -> None:
-    """With `l2`, each layer of the graph also runs the L2 prefetch (framework/kernels/l2_prefetch.py) before
-    its attention, with PDL: a hint, so still the plain chain's bits."""
+def test_a_pdl_chain_in_a_cuda_graph_equals_the_plain_chain_at_every_replay() -> None:
     chain = _Chain(layers=3)
     chain.set_inputs(seed=0)
     for pdl in (False, True):  # compile both ways outside the capture
-        chain.run(pdl, l2)
+        chain.run(pdl)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        static_logits, static_stream = chain.run(True, l2)
+        static_logits, static_stream = chain.run(True)
     torch.cuda.current_stream().wait_stream(stream)
     for seed in (1, 2, 3, 4):
         chain.set_inputs(seed)
@@ -193,21 +185,3 @@ def test_engine_tokens_are_the_same_with_programmatic_launch_on_and_off() -> Non
         llm.shutdown()
     assert tokens["on"] == tokens["off"]
     assert [len(t) for t in tokens["on"]] == [12, 18, 24]
-
-
-def test_engine_tokens_are_the_same_with_l2_prefetch_on_and_off() -> None:
-    """`model.l2_prefetch` (PDL on, batch-1 decode through the full-step graphs): the same greedy tokens."""
-    from framework import LLM, SamplingParams
-
-    prompts = [[(29 * i + 13 * j) % 150_000 for j in range(20 + 7 * i)] for i in range(2)]
-    params = [SamplingParams(temperature=0.0, max_tokens=16 + 4 * i, ignore_eos=True) for i in range(2)]
-    tokens = {}
-    for mode in ("off", "on"):
-        llm = LLM("qwen3-0.6b", device="cuda", dtype="bfloat16", max_model_len=256, max_num_seqs=1, seed=0,
-                  gpu_memory_utilization=0.3, small_batch_kernels="on", l2_prefetch=mode, full_step_cuda_graphs=True)
-        layers = llm.engine.runner.model.model.layers
-        assert all((layer.l2_prefetch is not None) == (mode == "on") for layer in layers)
-        tokens[mode] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        llm.shutdown()
-    assert tokens["on"] == tokens["off"]
-    assert [len(t) for t in tokens["on"]] == [16, 20]
