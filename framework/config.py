@@ -91,10 +91,23 @@ class RunnerConfig(_Strict):
         "(docs/architecture.md, the whole decode step as one graph).",
     )
 
+    prefill_cuda_graphs: bool = Field(
+        False, description="V2, with cuda_graphs: steps with prompt tokens replay the forward of a dense decoder as "
+        "CUDA graph pieces cut at every attention, which runs eagerly between them (one rank, no speculative "
+        "decoding; framework/prefill_graphs.py). Saves the host the launches of ~290 kernels a step.",
+    )
+    prefill_cuda_graph_sizes: list[int] = Field(
+        default_factory=lambda: [512, 1024, 2048, 4096, 6144, 8192],
+        description="Token counts to capture prefill pieces at (up to scheduler.max_num_batched_tokens, which is "
+        "always captured); a step is padded to the next one.",
+    )
+
     @model_validator(mode="after")
     def _sizes(self) -> "RunnerConfig":
         if not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1:
             raise ValueError("runner.cuda_graph_sizes must be a non-empty list of positive batch sizes")
+        if self.prefill_cuda_graph_sizes and min(self.prefill_cuda_graph_sizes) < 1:
+            raise ValueError("runner.prefill_cuda_graph_sizes must hold positive token counts")
         return self
 
 

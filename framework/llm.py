@@ -44,6 +44,8 @@ _KWARGS = {
     "async_scheduling": "scheduler.async_scheduling",
     "cuda_graphs": "runner.cuda_graphs",
     "full_step_cuda_graphs": "runner.full_step_cuda_graphs",
+    "prefill_cuda_graphs": "runner.prefill_cuda_graphs",
+    "prefill_cuda_graph_sizes": "runner.prefill_cuda_graph_sizes",
     "token_history_on_host": "cache.token_history_on_host",
     "enable_prefix_caching": "cache.enable_prefix_caching",
     "mamba_snapshot_slots": "cache.mamba_snapshot_slots",

@@ -176,6 +176,9 @@ class ModelRunnerV2(ModelRunner):
         replayed = self.graphs.replay_forward(batch, attn_metadata)
         if replayed is not None:
             return replayed
+        prefilled = self.graphs.replay_prefill(batch, attn_metadata)  # prompt steps: pieces between attentions
+        if prefilled is not None:
+            return prefilled, ()
         extra_inputs = self.model_state.prepare_inputs(batch)
         self.eager_forwards += 1
         if self.parallel.pp_size == 1:

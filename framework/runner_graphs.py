@@ -8,6 +8,9 @@ Two kinds, sharing one capturer (one memory pool, as their replays never overlap
 - `step_graphs` ([`FullStepGraphs`][framework.step_graphs.FullStepGraphs], `runner.full_step_cuda_graphs`):
   the whole graph-safe pure-decode step, inputs to post-update, as one replay.
 
+And, in a memory pool of their own, `prefill_graphs` ([`PrefillPieceGraphs`][framework.prefill_graphs.PrefillPieceGraphs],
+`runner.prefill_cuda_graphs`): the forward of a step with prompt tokens as pieces between eager attentions.
+
 `ModelRunnerV2` holds one `RunnerGraphs` and exposes its attributes and counters under the same names
 (`runner.cuda_graphs`, `runner.step_graphs`, `runner.full_step_replays`, `runner.full_step_fallbacks`).
 """
@@ -30,6 +33,7 @@ from framework.input_batch import InputBatch, advance_num_computed_host
 from framework.parallel_context import ParallelContext
 from framework.plugins import ModelState, Speculator
 from framework.pooling import PoolingState
+from framework.prefill_graphs import PrefillPieceGraphs, prefill_graph_sizes, unsupported_reason
 from framework.request_state import RequestState
 from framework.scheduler_output import SchedulerOutput
 from framework.step_graphs import FullStepGraphs, FullStepResult, RowNeeds
@@ -69,6 +73,7 @@ class RunnerGraphs:
         self.runner = runner
         self.cuda_graphs: Optional[DecodeCudaGraphs] = None
         self.step_graphs: Optional[FullStepGraphs] = None
+        self.prefill_graphs: Optional[PrefillPieceGraphs] = None
         self.full_step_replays = 0
         self.full_step_fallbacks: Counter[str] = Counter()
 
@@ -101,20 +106,44 @@ class RunnerGraphs:
         self.cuda_graphs.capture()
         if r.speculator is not None and capturer is None:  # a draft model's own graphs (EAGLE / MTP draft steps)
             r.speculator.capture_cuda_graphs(sizes, block_size, r.block_tables.max_blocks_per_req)
+        not_captured = self._capture_prefill(capturer)
         reason = self._full_step_unsupported_reason()
         if reason is not None:
-            return f"no full-step CUDA graphs: {reason}" if rc.full_step_cuda_graphs else None
+            if rc.full_step_cuda_graphs:
+                not_captured = "; ".join(filter(None, [not_captured, f"no full-step CUDA graphs: {reason}"]))
+            return not_captured
         self.step_graphs = FullStepGraphs(
             lambda ids, pos, kv, meta: r.model(ids, pos, kv, meta), r.model.compute_logits, r.sampler,
             r.request_state, r.block_tables, r.kv_caches, sizes, max_model_len, r.device, capturer=shared,
             max_logprobs=r.config.sampler.max_logprobs)
         self.step_graphs.capture()
+        return not_captured
+
+    def _capture_prefill(self, capturer: Optional[GraphCapturer]) -> Optional[str]:
+        """Capture the prefill pieces when `runner.prefill_cuda_graphs` is on and the run allows them; returns
+        why not when it is on and they do not."""
+        r = self.runner
+        if not r.config.runner.prefill_cuda_graphs:
+            return None
+        reason = unsupported_reason(r.model)
+        if r.speculator is not None:
+            reason = "speculative decoding (the target's forward also feeds its drafter)"
+        elif type(r.model_state).prepare_inputs is not ModelState.prepare_inputs:
+            reason = f"{type(r.model_state).__name__} passes extra forward inputs"
+        if reason is not None:
+            return f"no prefill graph pieces: {reason}"
+        sizes = prefill_graph_sizes(r.config.runner.prefill_cuda_graph_sizes,
+                                    r.config.scheduler.max_num_batched_tokens)
+        # A pool of their own: their buffers are as large as a whole prompt step, the decode graphs' are not.
+        self.prefill_graphs = PrefillPieceGraphs(r.model, r.kv_caches, sizes, r.device, capturer)
+        self.prefill_graphs.capture()
         return None
 
     def release(self) -> None:
-        """Drop both kinds (the full-step graphs hold the KV caches and their own captures)."""
+        """Drop every kind (the full-step graphs hold the KV caches and their own captures)."""
         self.cuda_graphs = None
         self.step_graphs = None
+        self.prefill_graphs = None
 
     def _full_step_unsupported_reason(self) -> Optional[str]:
         """None when pure-decode steps may run as full-step graphs (framework.step_graphs); otherwise why not."""
@@ -168,6 +197,16 @@ class RunnerGraphs:
         self.runner.model_state.prepare_graph_step(batch, size)
         return graphs.run(size, batch.input_ids, batch.positions, attn_metadata,  # type: ignore[union-attr]
                           idx_mapping=batch.idx_mapping)
+
+
+    def replay_prefill(self, batch: InputBatch, attn_metadata: AttentionMetadata) -> Optional[torch.Tensor]:
+        """hidden [T, hidden] from the prefill pieces when they are captured and a size holds the step's tokens;
+        None: the forward runs eagerly. (Called for steps the decode graphs did not take.)"""
+        graphs = self.prefill_graphs
+        size = graphs.padded_size(batch.num_tokens) if graphs is not None else None
+        if size is None:
+            return None
+        return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
 
 
 class HeldByGraphs(Generic[T]):

@@ -44,6 +44,7 @@ GPU_PIECES_MORE=(
   "fullgraph 120 test_full_step_graphs_gpu.py"
   "pdl 70 test_pdl_gpu.py"
   "prefill 90 test_prefill_attention_gpu.py"
+  "prefillgraphs 90 test_prefill_graphs_gpu.py"
   "attention 60 test_attention_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
@@ -410,6 +411,21 @@ for j in "$@"; do
           --profile-prefill --full-step-graphs --out "$res/$j/profile";
         job $j-spec 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_spec_gpu.py \
           tests/gpu/test_draft_heads_gpu.py ;;
+    # Prefill graph pieces (runner.prefill_cuda_graphs): their GPU tests, the prompt steps' profile with them (the
+    # s16_prefill run is the one without), nano paired off / on (3 rounds), the 8B geometry paired (1 round) and
+    # prefix_bench with them.
+    s16_pieces) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_prefill_graphs_gpu.py;
+        job $j-profile 120 python3 scripts/profile_decode.py --batch 256 --steps 10 --prompt-len 560 \
+          --profile-prefill --full-step-graphs --prefill-graphs --out "$res/$j/profile";
+        job $j-nano 200 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 3 --timeout 60 --config off= \
+          --config pieces=runner.prefill_cuda_graphs=true \
+          --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-8b 150 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 70 --config off= \
+          --config pieces=runner.prefill_cuda_graphs=true \
+          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-prefix 120 python3 -m framework.cli bench experiment=prefix_bench runner.prefill_cuda_graphs=true \
+          bench.output_dir="$res/$j/prefix" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

@@ -54,7 +54,7 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         "speculator": ({"method": "none"} if args.spec_k is None else
                        {"method": "ngram", "dynamic_k": True, "num_speculative_tokens": 5, "prompt_lookup_min": 2,
                         "prompt_lookup_max": 5}),
-        "runner": {"full_step_cuda_graphs": args.full_step_graphs},
+        "runner": {"full_step_cuda_graphs": args.full_step_graphs, "prefill_cuda_graphs": args.prefill_graphs},
         "device": args.device,
         "seed": 0,
     })
@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="model.programmatic_launch: PDL for the small-batch path's kernels (docs/kernels.md)")
     parser.add_argument("--full-step-graphs", action="store_true",
                         help="runner.full_step_cuda_graphs: a pure-decode step replays as one graph")
+    parser.add_argument("--prefill-graphs", action="store_true",
+                        help="runner.prefill_cuda_graphs: prompt steps replay graph pieces between eager attentions")
     parser.add_argument("--logprobs", type=int, default=None,
                         help="every request asks for this many top logprobs (full-step graphs: the general variant)")
     parser.add_argument("--device", default="auto", help="cpu runs a smoke check of this script")

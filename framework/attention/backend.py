@@ -100,8 +100,10 @@ def paged_attention(
     *,
     split_counters: Optional[SplitCounters] = None,  # None: the kernel zeroes counters per call
     pdl: bool = False,  # the kernels with programmatic dependent launch (framework/kernels/pdl.py)
+    out: Optional[torch.Tensor] = None,  # [T, num_heads, head_dim] to write into (rows past T untouched)
 ) -> torch.Tensor:
-    """[T, num_heads, head_dim]: causal paged attention of this step's queries (see paged.py)."""
+    """[T, num_heads, head_dim]: causal paged attention of this step's queries (see paged.py), in `out` when
+    given (prefill graph pieces read it at a fixed address: framework/prefill_graphs.py)."""
     if attention_backend(query.device, query.shape[-1]) == "triton":
         from framework.attention.triton_paged_attention import paged_attention as triton_paged_attention
 
@@ -109,8 +111,9 @@ def paged_attention(
         if split_counters is not None:
             counters = split_counters.get(query.device, meta.num_rows * kv_cache.shape[3])
         return triton_paged_attention(query, kv_cache, meta, scale, pdl=pdl, split_counters=counters,
-                                      row_order=meta.row_order)
-    return paged_attention_reference(query, kv_cache, meta, scale)
+                                      row_order=meta.row_order, out=out)
+    result = paged_attention_reference(query, kv_cache, meta, scale)
+    return result if out is None else out[: result.shape[0]].copy_(result)
 
 
 def store_kv(

@@ -239,6 +239,7 @@ def paged_attention(
     fused_reduce: bool = True,  # False: merge KV splits in a second launch (comparison, benchmarks)
     merge_unroll: int = MERGE_UNROLL,  # KV splits a fused merge takes per unrolled step (1: one at a time)
     row_order: torch.Tensor | None = None,  # [R] int32, a permutation of the rows: unsplit small rows start in it
+    out: torch.Tensor | None = None,  # [>= T, num_heads, head_dim] query.dtype, contiguous rows: written in place
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -264,7 +265,11 @@ def paged_attention(
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads do not share {num_kv_heads} KV heads evenly"
     assert query.stride(2) == 1 and kv_cache.stride(4) == 1, "head_dim must be the contiguous axis"
     group = num_heads // num_kv_heads
-    out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype, device=query.device)
+    if out is None:
+        out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype, device=query.device)
+    else:
+        assert out.shape[1:] == query.shape[1:] and out.dtype == query.dtype and out.is_contiguous(), "bad out"
+        out = out[:num_tokens]
     num_rows = meta.num_rows
     if num_rows == 0 or num_tokens == 0:
         return out

@@ -95,12 +95,17 @@ class Attention(nn.Module):
         pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, framework/kernels/pdl.py)
     ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
         """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
-        q = qk_norm_rope_store(
-            qkv, cos, sin, self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
-            self.q_norm.eps if self.qk_norm else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
-            kv_cache, meta.kv_slot_mapping, pdl)
+        q = self.rope_store(qkv, cos, sin, kv_cache, meta.kv_slot_mapping, pdl)
         out = attention(q, kv_cache, meta, self.scale, pdl=True) if pdl else attention(q, kv_cache, meta, self.scale)
         return out.reshape(qkv.shape[0], self.num_heads * self.head_dim)
+
+    def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                   kv_slot_mapping: torch.Tensor, pdl: bool = False) -> torch.Tensor:  # [T, H, head_dim]
+        """q normed + roped; k normed + roped and v stored at `kv_slot_mapping` (negative: skipped)."""
+        return qk_norm_rope_store(
+            qkv, cos, sin, self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
+            self.q_norm.eps if self.qk_norm else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
+            kv_cache, kv_slot_mapping, pdl)
 
     def fuse_projections(self) -> None:
         """Serve q/k/v from one [q + k + v, hidden] weight (one GEMM); the three weights become views of it."""
@@ -168,8 +173,23 @@ class DecoderLayer(nn.Module):
         reads only the shape, so a CUDA graph captured at a padded batch size freezes one path."""
         if 0 < x.shape[0] <= self.small_batch_max_tokens:  # (0 tokens: the default path, enabled or not)
             return small_batch_layer(self, x, residual, cos, sin, kv_cache, meta, attention)
+        q, residual = self.before_attention(x, residual, cos, sin, kv_cache, meta.kv_slot_mapping)
+        return self.after_attention(attention(q, kv_cache, meta, self.self_attn.scale), residual)
+
+    def before_attention(self, x, residual, cos, sin, kv_cache, kv_slot_mapping):  # type: ignore[no-untyped-def]
+        """(q [T, H, head_dim], the residual stream): the norm, the q/k/v projection, q/k norm + RoPE and the KV
+        store of this layer (`forward`'s part before attention; framework/prefill_graphs.py captures it)."""
         h, residual = self.input_layernorm.add_and_norm(x, residual)
-        h = self.self_attn(h, cos, sin, kv_cache, meta, attention)
+        attn = self.self_attn
+        qkv = F.linear(h, attn.qkv_weight, attn.qkv_bias) if attn.qkv_weight is not None else \
+            torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
+        return attn.rope_store(qkv, cos, sin, kv_cache, kv_slot_mapping), residual
+
+    def after_attention(self, attn_out: torch.Tensor,  # [T, H, head_dim]
+                        residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(MLP output, residual stream): o_proj, the residual add + norm and the MLP (`forward`'s part after
+        attention)."""
+        h = self.self_attn.o_proj(attn_out.reshape(attn_out.shape[0], -1))
         h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
         return self.mlp(h), residual
 
@@ -280,10 +300,8 @@ class LlamaForCausalLM(nn.Module):
         state costs one add; a CUDA graph captured over this method returns them as outputs.
         Layer ids are global; under pipeline parallelism only this stage's layers can be asked for.
         """
-        freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # [T, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
         x = self.model.embed_tokens(input_ids) if pp_hidden is None else pp_hidden
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, sin = self.rope_cos_sin(positions, x.dtype)
         stage = self.model.stage_layers
         if self.longest_rows_first:  # one order for every layer (inside the forward: CUDA graphs replay it)
             attn_metadata = order_rows_longest_first(attn_metadata)
@@ -299,6 +317,13 @@ class LlamaForCausalLM(nn.Module):
         elif residual is not None:
             x = x + residual  # the next stage starts from the stream
         return x, tuple(entering[i] for i in aux_layer_ids)
+
+    def rope_cos_sin(self, positions: torch.Tensor,  # [T] int64
+                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # [T, head_dim] each
+        """RoPE's cos and sin of each position, in `dtype` (HF's order: cat([freqs, freqs]))."""
+        freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # [T, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[L, hidden] -> [L, vocab] in the LM head's output dtype: the model dtype (float32 from the small-batch
