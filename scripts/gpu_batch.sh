@@ -426,6 +426,17 @@ for j in "$@"; do
           --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
         job $j-prefix 120 python3 -m framework.cli bench experiment=prefix_bench runner.prefill_cuda_graphs=true \
           bench.output_dir="$res/$j/prefix" ;;
+    # s16_pieces' benchmarks again once the Hydra runner configs knew the switch, and nano's batch-256 idle probe.
+    s16_pieces2) job $j-nano 200 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 3 --timeout 60 --config off= \
+          --config pieces=runner.prefill_cuda_graphs=true \
+          --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-8b 150 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 75 --config off= \
+          --config pieces=runner.prefill_cuda_graphs=true \
+          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-prefix 100 python3 -m framework.cli bench experiment=prefix_bench runner.prefill_cuda_graphs=true \
+          bench.output_dir="$res/$j/prefix";
+        job $j-idle 60 python3 -m framework.cli bench experiment=nano bench.baselines=[] runner.prefill_cuda_graphs=true \
+          bench.output_dir="$res/$j/idle" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done
