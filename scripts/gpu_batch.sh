@@ -44,7 +44,7 @@ GPU_PIECES_MORE=(
   "fullgraph 120 test_full_step_graphs_gpu.py"
   "pdl 70 test_pdl_gpu.py"
   "prefill 90 test_prefill_attention_gpu.py"
-  "prefillgraphs 90 test_prefill_graphs_gpu.py"
+  "prefillgraphs 80 test_prefill_graphs_gpu.py"
   "attention 60 test_attention_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
@@ -411,26 +411,18 @@ for j in "$@"; do
           --profile-prefill --full-step-graphs --out "$res/$j/profile";
         job $j-spec 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_spec_gpu.py \
           tests/gpu/test_draft_heads_gpu.py ;;
-    # Prefill graph pieces (runner.prefill_cuda_graphs): their GPU tests, the prompt steps' profile with them (the
-    # s16_prefill run is the one without), nano paired off / on (3 rounds), the 8B geometry paired (1 round) and
-    # prefix_bench with them.
+    # Prefill graph pieces (runner.prefill_cuda_graphs): their GPU tests and the prompt steps' profile with them (the
+    # s16_prefill run is the one without). Its benchmarks failed on the Hydra configs then; s16_pieces2 ran them.
     s16_pieces) job $j-host 20 python3 scripts/host_speed.py;
         job $j-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_prefill_graphs_gpu.py;
         job $j-profile 120 python3 scripts/profile_decode.py --batch 256 --steps 10 --prompt-len 560 \
-          --profile-prefill --full-step-graphs --prefill-graphs --out "$res/$j/profile";
-        job $j-nano 200 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 3 --timeout 60 --config off= \
+          --profile-prefill --full-step-graphs --prefill-graphs --out "$res/$j/profile" ;;
+    # Prefill graph pieces off / on: nano paired (3 rounds), the 8B geometry paired (1 round), prefix_bench with
+    # them, and nano's batch-256 idle probe.
+    s16_pieces2) job $j-nano 200 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 3 --timeout 60 --config off=runner.prefill_cuda_graphs=false \
           --config pieces=runner.prefill_cuda_graphs=true \
           --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
-        job $j-8b 150 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 70 --config off= \
-          --config pieces=runner.prefill_cuda_graphs=true \
-          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
-        job $j-prefix 120 python3 -m framework.cli bench experiment=prefix_bench runner.prefill_cuda_graphs=true \
-          bench.output_dir="$res/$j/prefix" ;;
-    # s16_pieces' benchmarks again once the Hydra runner configs knew the switch, and nano's batch-256 idle probe.
-    s16_pieces2) job $j-nano 200 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 3 --timeout 60 --config off= \
-          --config pieces=runner.prefill_cuda_graphs=true \
-          --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
-        job $j-8b 150 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 75 --config off= \
+        job $j-8b 150 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 75 --config off=runner.prefill_cuda_graphs=false \
           --config pieces=runner.prefill_cuda_graphs=true \
           --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
         job $j-prefix 100 python3 -m framework.cli bench experiment=prefix_bench runner.prefill_cuda_graphs=true \
