@@ -51,6 +51,8 @@ class BenchResult:
     eager_forwards: Optional[int] = None
     # Steps of the timed run replayed whole as one graph (runner.full_step_cuda_graphs), mrv2 V2 only.
     full_step_replays: Optional[int] = None
+    # Steps of the timed run whose forward replayed the prefill graph pieces (runner.prefill_cuda_graphs), V2 only.
+    prefill_piece_steps: Optional[int] = None
 
     @property
     def output_tok_per_s(self) -> float:
@@ -127,6 +129,7 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig,
     compiled_before = compiled_variants()
     eager_before = getattr(llm.engine.runner, "eager_forwards", 0)
     full_before = getattr(llm.engine.runner, "full_step_replays", 0)
+    pieces_before = getattr(llm.engine.runner, "prefill_piece_steps", 0)
     _sync(device)
     if timeline is not None:
         start_recording(llm)
@@ -138,6 +141,7 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig,
         timeline.extend(stop_recording(llm))
     eager = getattr(llm.engine.runner, "eager_forwards", None)
     full = getattr(llm.engine.runner, "full_step_replays", None)
+    pieces = getattr(llm.engine.runner, "prefill_piece_steps", None)
     stats = llm.prefix_cache_stats
     caching = llm.engine.kv_cache.enable_prefix_caching
     return BenchResult(
@@ -151,6 +155,7 @@ def bench_mrv2(llm: LLM, workload: Workload, bench: BenchConfig,
         compiles_during_run=new_variants(compiled_before, compiled_variants()),
         eager_forwards=eager - eager_before if eager is not None else None,
         full_step_replays=full - full_before if full is not None else None,
+        prefill_piece_steps=pieces - pieces_before if pieces is not None else None,
         **ttft_summary(outputs),
     )
 
@@ -297,7 +302,11 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     if results[0].compiles_during_run:
         print(f"note: Triton compiled kernels during the timed run: {results[0].compiles_during_run}")
     if results[0].eager_forwards is not None:
-        print(f"forwards run eagerly during the timed run (no decode graph): {results[0].eager_forwards}")
+        print(f"forwards run eagerly during the timed run (no decode graph or prefill pieces): "
+              f"{results[0].eager_forwards}")
+    if results[0].prefill_piece_steps:
+        print(f"steps whose forward replayed prefill graph pieces (runner.prefill_cuda_graphs): "
+              f"{results[0].prefill_piece_steps}")
     if results[0].full_step_replays:
         print(f"steps replayed whole as one graph (runner.full_step_cuda_graphs): {results[0].full_step_replays}")
     extra: dict = {}

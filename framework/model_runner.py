@@ -59,6 +59,7 @@ class ModelRunnerV2(ModelRunner):
     step_graphs: HeldByGraphs[Optional[FullStepGraphs]] = HeldByGraphs()
     full_step_replays: HeldByGraphs[int] = HeldByGraphs()
     full_step_fallbacks: HeldByGraphs[Counter[str]] = HeldByGraphs()
+    prefill_piece_steps: HeldByGraphs[int] = HeldByGraphs()
 
     def __init__(self, config: Mrv2Config, loaded: LoadedModel) -> None:
         self.device = loaded.device

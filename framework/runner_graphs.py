@@ -65,9 +65,9 @@ class GraphedRunner(Protocol):
 
 
 class RunnerGraphs:
-    """The runner's decode graphs and full-step graphs (None until captured, or when not captured) and the
-    counters benchmarks read: `full_step_replays` (steps run as one replay) and `full_step_fallbacks` (why the
-    other steps were not, by reason)."""
+    """The runner's decode graphs, full-step graphs and prefill pieces (None until captured, or when not captured)
+    and the counters benchmarks read: `full_step_replays` (steps run as one replay), `full_step_fallbacks` (why
+    the other steps were not, by reason) and `prefill_piece_steps` (steps whose forward replayed the pieces)."""
 
     def __init__(self, runner: GraphedRunner) -> None:
         self.runner = runner
@@ -76,6 +76,7 @@ class RunnerGraphs:
         self.prefill_graphs: Optional[PrefillPieceGraphs] = None
         self.full_step_replays = 0
         self.full_step_fallbacks: Counter[str] = Counter()
+        self.prefill_piece_steps = 0  # steps whose forward replayed the prefill pieces
 
     # ---- capture / release ----------------------------------------------------------------------------
     def capture(self, forward: ForwardWithAux, capturer: Optional[GraphCapturer] = None) -> Optional[str]:
@@ -206,6 +207,7 @@ class RunnerGraphs:
         size = graphs.padded_size(batch.num_tokens) if graphs is not None else None
         if size is None:
             return None
+        self.prefill_piece_steps += 1
         return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
 
 

@@ -143,6 +143,7 @@ def test_engine_with_pieces_equals_eager_step_by_step() -> None:
     tokens = run_in_lockstep(off, on, _work(), check)
     assert len(tokens) == 8
     assert len(padded) >= 4, "the prompt steps did not replay the pieces"
+    assert on.engine.runner.prefill_piece_steps == len(padded) and off.engine.runner.prefill_piece_steps == 0
     assert any(t < size for t, size in padded), "no step needed padding"
     assert any(t > 16 for t, _ in padded), "no step filled the budget"
 
