@@ -136,8 +136,17 @@ class RunnerGraphs:
         sizes = prefill_graph_sizes(r.config.runner.prefill_cuda_graph_sizes,
                                     r.config.scheduler.max_num_batched_tokens)
         # A pool of their own: their buffers are as large as a whole prompt step, the decode graphs' are not.
-        self.prefill_graphs = PrefillPieceGraphs(r.model, r.kv_caches, sizes, r.device, capturer)
-        self.prefill_graphs.capture()
+        graphs = PrefillPieceGraphs(r.model, r.kv_caches, sizes, r.device, capturer)
+        try:
+            graphs.capture()
+        except torch.OutOfMemoryError:  # what the KV cache left is too little: prompt steps stay eager
+            del graphs
+            if r.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return (f"no prefill graph pieces: out of device memory capturing them at up to {sizes[-1]} tokens "
+                    "(lower runner.prefill_cuda_graph_sizes, scheduler.max_num_batched_tokens or "
+                    "cache.gpu_memory_utilization)")
+        self.prefill_graphs = graphs
         return None
 
     def release(self) -> None:

@@ -8,7 +8,8 @@ do. The claims:
   and store the same K/V (padding tokens store nothing);
 - an engine with the pieces on gives the same tokens and logprobs as one without, step by step, over staggered
   arrivals whose prompt steps mix prefill chunks with decode rows and need padding, and the pieces did run;
-- runs the pieces cannot serve (MoE layers, speculative decoding) say why and run eagerly.
+- runs the pieces cannot serve (MoE layers, speculative decoding) say why and run eagerly, and so does one whose
+  capture runs out of device memory.
 """
 
 from __future__ import annotations
@@ -167,3 +168,19 @@ def test_unsupported_runs_say_why_and_run_eagerly(caplog: pytest.LogCaptureFixtu
     assert unsupported_reason(torch.nn.Linear(2, 2)) == "Linear is not a decoder-only Llama-family model"
     out = moe.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_out_of_memory_while_capturing_leaves_prompt_steps_eager(caplog: pytest.LogCaptureFixture) -> None:
+    class OutOfMemoryAtTheLargestSize(StaticInputsCapturer):
+        def capture(self, step):  # type: ignore[no-untyped-def]
+            if "PrefillPieceGraphs" in step.__qualname__:  # the decode graphs before them capture
+                raise torch.OutOfMemoryError("CUDA out of memory (planted)")
+            return super().capture(step)
+
+    llm = LLM("tiny", **{**BASE, "prefill_cuda_graphs": True, "prefill_cuda_graph_sizes": SIZES})
+    with caplog.at_level(logging.INFO):
+        llm.engine.runner.capture_cuda_graphs(OutOfMemoryAtTheLargestSize())
+    assert llm.engine.runner.graphs.prefill_graphs is None
+    assert "no prefill graph pieces: out of device memory capturing them at up to 24 tokens" in caplog.text
+    out = llm.generate([[1, 2, 3, 4, 5, 6]], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3 and llm.engine.runner.prefill_piece_steps == 0
