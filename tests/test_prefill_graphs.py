@@ -7,7 +7,8 @@ do. The claims:
 - the pieces with eager attention between them give the eager forward's hidden states, with padding tokens,
   and store the same K/V (padding tokens store nothing);
 - an engine with the pieces on gives the same tokens and logprobs as one without, step by step, over staggered
-  arrivals whose prompt steps mix prefill chunks with decode rows and need padding, and the pieces did run;
+  arrivals whose prompt steps mix prefill chunks with decode rows and need padding (prompt logprobs too), and the
+  pieces did run;
 - runs the pieces cannot serve (MoE layers, speculative decoding) say why and run eagerly, and so does one whose
   capture runs out of device memory.
 """
@@ -115,7 +116,8 @@ def _work() -> list[tuple[int, list[int], SamplingParams]]:
     for i in range(8):
         prompt = torch.randint(0, 250, (int(torch.randint(3, 31, (1,), generator=g)),), generator=g).tolist()
         params = SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=int(torch.randint(3, 10, (1,),
-                                generator=g)), ignore_eos=True, logprobs=2 if i % 3 == 0 else None)
+                                generator=g)), ignore_eos=True, logprobs=2 if i % 3 == 0 else None,
+                                prompt_logprobs=1 if i % 4 == 1 else None)
         out.append((i if i < 4 else 2 * i, prompt, params))
     return out
 
@@ -135,14 +137,17 @@ def test_engine_with_pieces_equals_eager_step_by_step() -> None:
 
     graphs.run = recorded  # type: ignore[method-assign]
 
+    with_prompt_logprobs: set[str] = set()
+
     def check(step: int, outs_off: list, outs_on: list) -> None:
-        for key in ("token_ids", "logprobs"):
+        with_prompt_logprobs.update(o.request_id for o in outs_on if o.prompt_logprobs)
+        for key in ("token_ids", "logprobs", "prompt_logprobs"):
             a = {o.request_id: _plain(getattr(o, key)) for o in outs_off}
             b = {o.request_id: _plain(getattr(o, key)) for o in outs_on}
             assert a == b, f"step {step}: {key} differ"
 
     tokens = run_in_lockstep(off, on, _work(), check)
-    assert len(tokens) == 8
+    assert len(tokens) == 8 and len(with_prompt_logprobs) == 2  # requests 1 and 5
     assert len(padded) >= 4, "the prompt steps did not replay the pieces"
     assert on.engine.runner.prefill_piece_steps == len(padded) and off.engine.runner.prefill_piece_steps == 0
     assert any(t < size for t, size in padded), "no step needed padding"
@@ -151,10 +156,10 @@ def test_engine_with_pieces_equals_eager_step_by_step() -> None:
 
 def _plain(value: Any) -> Any:
     """Token ids, or logprob entries as (token, rounded logprob, rank): a float32 GEMM of more rows may round the
-    last bit differently."""
+    last bit differently. (A prompt's first position has no logprobs entry: None.)"""
     if value is None or (value and isinstance(value[0], int)):
         return None if value is None else list(value)
-    return [sorted((t, round(e.logprob, 4), e.rank) for t, e in d.items()) for d in value]
+    return [None if d is None else sorted((t, round(e.logprob, 4), e.rank) for t, e in d.items()) for d in value]
 
 
 def test_unsupported_runs_say_why_and_run_eagerly(caplog: pytest.LogCaptureFixture) -> None:
