@@ -9,6 +9,7 @@ do. The claims:
 - an engine with the pieces on gives the same tokens and logprobs as one without, step by step, over staggered
   arrivals whose prompt steps mix prefill chunks with decode rows and need padding (prompt logprobs too), and the
   pieces did run;
+- embeddings pooled from the pieces' hidden states equal eager ones;
 - runs the pieces cannot serve (MoE layers, speculative decoding) say why and run eagerly, and so does one whose
   capture runs out of device memory.
 """
@@ -189,3 +190,17 @@ def test_out_of_memory_while_capturing_leaves_prompt_steps_eager(caplog: pytest.
     assert "no prefill graph pieces: out of device memory capturing them at up to 24 tokens" in caplog.text
     out = llm.generate([[1, 2, 3, 4, 5, 6]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3 and llm.engine.runner.prefill_piece_steps == 0
+
+
+def test_embeddings_pooled_from_the_pieces_equal_eager() -> None:
+    """Embedding requests pool the prompt's hidden states: those of the pieces' last output (prompts longer than
+    the step budget pool across chunks)."""
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 30, 9)]
+    vectors = {}
+    for on in (False, True):
+        llm = LLM("random_tiny", task="embed", pooling="mean",
+                  **{**BASE, "prefill_cuda_graphs": on, "prefill_cuda_graph_sizes": SIZES})
+        llm.engine.runner.capture_cuda_graphs(StaticInputsCapturer())
+        vectors[on] = torch.stack([torch.as_tensor(o.embedding) for o in llm.encode(prompts, use_tqdm=False)])
+        assert (llm.engine.runner.prefill_piece_steps > 0) == on
+    torch.testing.assert_close(vectors[True], vectors[False], rtol=1e-5, atol=1e-6)
