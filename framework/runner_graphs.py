@@ -12,7 +12,8 @@ And, in a memory pool of their own, `prefill_graphs` ([`PrefillPieceGraphs`][fra
 `runner.prefill_cuda_graphs`): the forward of a step with prompt tokens as pieces between eager attentions.
 
 `ModelRunnerV2` holds one `RunnerGraphs` and exposes its attributes and counters under the same names
-(`runner.cuda_graphs`, `runner.step_graphs`, `runner.full_step_replays`, `runner.full_step_fallbacks`).
+(`runner.cuda_graphs`, `runner.step_graphs`, `runner.full_step_replays`, `runner.full_step_fallbacks`,
+`runner.prefill_piece_steps`).
 """
 
 from __future__ import annotations
