@@ -19,7 +19,8 @@ on the H200 machine's CPU against ~19 ms of kernels (docs/benchmarks.md); the pi
 attention launches.
 
 Dense decoder layers only (`DecoderLayer`: MoE routing and recurrent layers are not cut this way), one rank, no
-speculative decoding and a ModelState without extra forward inputs (`unsupported_reason`).
+draft model (ngram drafts are fine) and a ModelState without extra forward inputs (`unsupported_reason` and
+`RunnerGraphs`).
 """
 
 from __future__ import annotations

@@ -128,8 +128,8 @@ class RunnerGraphs:
         if not r.config.runner.prefill_cuda_graphs:
             return None
         reason = unsupported_reason(r.model)
-        if r.speculator is not None:
-            reason = "speculative decoding (the target's forward also feeds its drafter)"
+        if r.speculator is not None and (r.speculator.num_kv_layers or r.speculator.aux_hidden_layer_ids):
+            reason = "a draft model (it reads the target's hidden states; model-free ngram drafts are served)"
         elif type(r.model_state).prepare_inputs is not ModelState.prepare_inputs:
             reason = f"{type(r.model_state).__name__} passes extra forward inputs"
         if reason is not None:

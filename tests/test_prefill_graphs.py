@@ -10,8 +10,9 @@ do. The claims:
   arrivals whose prompt steps mix prefill chunks with decode rows and need padding (prompt logprobs too), and the
   pieces did run;
 - embeddings pooled from the pieces' hidden states equal eager ones;
-- runs the pieces cannot serve (MoE layers, speculative decoding) say why and run eagerly, and so does one whose
-  capture runs out of device memory.
+- ngram drafting (model-free) runs with the pieces, token for token as without;
+- runs the pieces cannot serve (MoE layers, draft models) say why and run eagerly, and so does one whose capture
+  runs out of device memory.
 """
 
 from __future__ import annotations
@@ -163,14 +164,39 @@ def _plain(value: Any) -> Any:
     return [None if d is None else sorted((t, round(e.logprob, 4), e.rank) for t, e in d.items()) for d in value]
 
 
-def test_unsupported_runs_say_why_and_run_eagerly(caplog: pytest.LogCaptureFixture) -> None:
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+
+
+def test_ngram_drafting_with_pieces_equals_eager() -> None:
+    """Model-free drafts read nothing of the forward: prompt steps replay the pieces, verification steps the decode
+    graphs, and the tokens are those of an engine without the pieces."""
+    off, on = _llm(False, speculative_config=NGRAM), _llm(True, speculative_config=NGRAM)
+    assert on.engine.runner.graphs.prefill_graphs is not None
+
+    def check(step: int, outs_off: list, outs_on: list) -> None:
+        assert {o.request_id: list(o.token_ids) for o in outs_off} == \
+            {o.request_id: list(o.token_ids) for o in outs_on}, f"step {step}: tokens differ"
+
+    repeats = [(i, [7, 8, 9, 10] * (2 + i) + [7, 8], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+               for i in range(5)]  # repeating prompts: ngram proposes drafts
+    run_in_lockstep(off, on, repeats, check)
+    assert on.engine.runner.prefill_piece_steps > 0
+    assert on.get_metrics()["spec_decode"]["num_drafts"] > 0
+
+
+def test_unsupported_runs_say_why_and_run_eagerly(caplog: pytest.LogCaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     with caplog.at_level(logging.INFO):
         moe = _llm(True, "qwen3-moe-tiny")
-        spec = _llm(True, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
-                                              "prompt_lookup_min": 1, "prompt_lookup_max": 2})
-    assert moe.engine.runner.graphs.prefill_graphs is None and spec.engine.runner.graphs.prefill_graphs is None
+    assert moe.engine.runner.graphs.prefill_graphs is None
     assert "no prefill graph pieces: layers other than dense DecoderLayer (MoeDecoderLayer)" in caplog.text
-    assert "no prefill graph pieces: speculative decoding" in caplog.text
+    # A draft model (EAGLE, MTP) reads the target's hidden states: its runs keep eager prompt steps.
+    drafted = LLM("tiny", **{**BASE, "prefill_cuda_graphs": True, "speculative_config": NGRAM})
+    monkeypatch.setattr(type(drafted.engine.runner.speculator), "num_kv_layers", property(lambda self: 1))
+    with caplog.at_level(logging.INFO):
+        drafted.engine.runner.capture_cuda_graphs(StaticInputsCapturer())
+    assert drafted.engine.runner.graphs.prefill_graphs is None
+    assert "no prefill graph pieces: a draft model" in caplog.text
     assert unsupported_reason(torch.nn.Linear(2, 2)) == "Linear is not a decoder-only Llama-family model"
     out = moe.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3
