@@ -94,7 +94,7 @@ class RunnerConfig(_Strict):
     prefill_cuda_graphs: bool = Field(
         True, description="V2, with cuda_graphs: steps with prompt tokens replay the forward of a dense decoder as "
         "CUDA graph pieces cut at every attention, which runs eagerly between them (one rank, no draft model; "
-        "framework/prefill_graphs.py). On the H200: a 8,192-token step's host time 33 -> 9 ms, nano "
+        "framework/prefill_graphs.py). On the H200: an 8,192-token step's host time 33 -> 9 ms, nano "
         "+3.5 % (docs/benchmarks.md).",
     )
     prefill_cuda_graph_sizes: list[int] = Field(

@@ -92,8 +92,8 @@ class PrefillPieceGraphs:
                                                                self.attn_out))
         layers, kv, model = self.layers, self.kv_caches, self.model
 
-        def up_to_q(i: int, x: torch.Tensor, res: Optional[torch.Tensor]) -> None:
-            q_i, res = layers[i].before_attention(x, res, cos, sin, kv[i], slots)
+        def up_to_q(layer: int, x: torch.Tensor, res: Optional[torch.Tensor]) -> None:
+            q_i, res = layers[layer].before_attention(x, res, cos, sin, kv[layer], slots)
             q.copy_(q_i)
             residual.copy_(res)
 

@@ -77,7 +77,11 @@ class RunnerGraphs:
         self.prefill_graphs: Optional[PrefillPieceGraphs] = None
         self.full_step_replays = 0
         self.full_step_fallbacks: Counter[str] = Counter()
-        self.prefill_piece_steps = 0  # steps whose forward replayed the prefill pieces
+
+    @property
+    def prefill_piece_steps(self) -> int:
+        """Steps whose forward replayed the prefill pieces (0 without them)."""
+        return self.prefill_graphs.num_replayed_steps if self.prefill_graphs is not None else 0
 
     # ---- capture / release ----------------------------------------------------------------------------
     def capture(self, forward: ForwardWithAux, capturer: Optional[GraphCapturer] = None) -> Optional[str]:
@@ -217,7 +221,6 @@ class RunnerGraphs:
         size = graphs.padded_size(batch.num_tokens) if graphs is not None else None
         if size is None:
             return None
-        self.prefill_piece_steps += 1
         return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
 
 
