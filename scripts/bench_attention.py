@@ -463,6 +463,139 @@ def compare_row_order(dtype: torch.dtype, out_dir: Path, env: dict) -> None:
     plt.close(fig)
 
 
+# "nano"'s decode batches as it drains: B rows left at step s hold the requests with output_len > s, whose
+# contexts are input_len + s (input and output lengths uniform in [100, 1024]): batch, min keys, max keys.
+MIXED_SHAPES = [(192, 430, 1355), (160, 500, 1420), (128, 660, 1590), (96, 780, 1700), (64, 890, 1820),
+                (48, 950, 1870), (32, 1010, 1930), (24, 1040, 1960), (16, 1070, 1990), (8, 1100, 2020),
+                (4, 1120, 2040)]
+MIXED_CONFIGS = (None, (64, 2, 3), (64, 2, 2), (128, 4, 2), (64, 4, 2), (64, 4, 3), (32, 4, 3))
+
+
+def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int = 2048) -> None:
+    """Decode tiles at "nano"'s draining batches of mixed lengths, as the engine launches them: rows longest
+    first, the split rule at the CUDA graphs' `max_seq_len` (nano's max_model_len); each one launch in a CUDA
+    graph, L2 flushed. Prints µs and TB/s per tile config (`rule` = `decode_tiles`' choice); writes
+    `attention_mixed.json` and `attention_mixed.png`."""
+    import dataclasses
+    import random
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from framework.attention.launch_config import AttentionTiles, decode_tiles, num_kv_splits, num_sms
+    from framework.attention.row_order import rows_longest_first
+    from framework.attention.triton_paged_attention import paged_attention
+
+    labels = ["rule" if c is None else "/".join(map(str, c)) for c in MIXED_CONFIGS]
+    print(f"{'batch':>5} {'keys':>10} " + " ".join(f"{name:>14}" for name in labels) + "   (us, splits)")
+    rows_out = []
+    for batch, lo, hi in MIXED_SHAPES:
+        rng = random.Random(batch)
+        lens = [rng.randint(lo, hi) for _ in range(batch)]
+        query, cache, meta = _make_batch([1] * batch, lens, dtype, "cuda")
+        meta = dataclasses.replace(meta, max_seq_len=max_seq_len)
+        scale = HEAD_DIM ** -0.5
+        order = rows_longest_first(meta.seq_lens)
+        counters = _zero_counters(batch)
+        gb = 2 * sum(lens) * NUM_KV_HEADS * HEAD_DIM * cache.element_size() / 1e9
+        sms = num_sms(query.device)
+        cells = []
+        for cfg, label in zip(MIXED_CONFIGS, labels):
+            tiles = decode_tiles(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, True, num_programs=batch * NUM_KV_HEADS,
+                                 max_seq_len=max_seq_len, num_sms=sms) if cfg is None else AttentionTiles(16, *cfg)
+            splits = num_kv_splits(batch, NUM_KV_HEADS, max_seq_len, sms, tiles.block_n)
+            us = _time_graph_ms(lambda t=tiles: paged_attention(query, cache, meta, scale, small_tiles=t,
+                                                                 row_order=order, split_counters=counters)) * 1e3
+            rows_out.append(dict(batch=batch, min_keys=lo, max_keys=hi, tiles=label, splits=splits, us=us,
+                                 tbps=gb / us * 1e3, gbytes=gb))
+            cells.append(f"{us:>8.1f} ({splits:>2})")
+        print(f"{batch:>5} {f'{lo}-{hi}':>10} " + " ".join(f"{c:>14}" for c in cells), flush=True)
+        del query, cache, meta
+        torch.cuda.empty_cache()
+    (out_dir / "attention_mixed.json").write_text(json.dumps(dict(env=env, results=rows_out), indent=1))
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for label in labels:
+        pts = [r for r in rows_out if r["tiles"] == label]
+        ax.plot([r["batch"] for r in pts], [r["tbps"] for r in pts], marker="o", label=label)
+    ax.set(xscale="log", xlabel="decode rows (nano's draining batch)", ylabel="KV bytes / time (TB/s)",
+           title="Decode attention tiles at mixed lengths")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "attention_mixed.png", dpi=120)
+    plt.close(fig)
+
+
+BALANCED_SHAPES = [(256, 700, 700), (256, 150, 1300)] + MIXED_SHAPES[::2] + [(1, 1400, 1400), (64, 4096, 4096)]
+BALANCED_CONFIGS = (((64, 2, 3), 2, 1), ((64, 2, 3), 2, 2), ((64, 2, 3), 2, 4), ((128, 4, 2), 1, 1),
+                    ((128, 4, 2), 1, 2), ((64, 2, 2), 3, 1), ((64, 4, 2), 2, 2))  # tiles, programs per SM, waves
+
+
+def compare_balanced(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int = 2048) -> None:
+    """Decode attention as the engine launches it (`paged_attention`: rule tiles and splits, rows longest first)
+    against `balanced_decode_attention` (the KV tiles shared out equally) at several tiles and program counts;
+    each one launch in a CUDA graph, L2 flushed. Writes `attention_balanced.json` and `.png`."""
+    import dataclasses
+    import random
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from framework.attention.launch_config import AttentionTiles
+    from framework.attention.row_order import rows_longest_first
+    from framework.attention.triton_balanced_decode import balanced_decode_attention, balanced_programs
+    from framework.attention.triton_paged_attention import paged_attention
+
+    labels = ["/".join(map(str, t)) + f" {w}x{ps}" for t, ps, w in BALANCED_CONFIGS]
+    print(f"{'batch':>5} {'keys':>10} {'engine us':>9} " + " ".join(f"{name:>13}" for name in labels)
+          + "  max |diff|")
+    rows_out = []
+    for batch, lo, hi in BALANCED_SHAPES:
+        rng = random.Random(batch)
+        lens = [rng.randint(lo, hi) for _ in range(batch)]
+        query, cache, meta = _make_batch([1] * batch, lens, dtype, "cuda")
+        meta = dataclasses.replace(meta, max_seq_len=max_seq_len)
+        scale = HEAD_DIM ** -0.5
+        order = rows_longest_first(meta.seq_lens)
+        counters = _zero_counters(batch)
+        gb = 2 * sum(lens) * NUM_KV_HEADS * HEAD_DIM * cache.element_size() / 1e9
+        engine = lambda: paged_attention(query, cache, meta, scale, row_order=order, split_counters=counters)  # noqa: E731
+        want = engine().float()
+        base_us = _time_graph_ms(engine) * 1e3
+        r = dict(batch=batch, min_keys=lo, max_keys=hi, gbytes=gb, engine_us=base_us, engine_tbps=gb / base_us * 1e3)
+        cells, diff = [], 0.0
+        for (cfg, per_sm, waves), label in zip(BALANCED_CONFIGS, labels):
+            tiles = AttentionTiles(16, *cfg)
+            programs = balanced_programs(NUM_KV_HEADS, query.device, waves, per_sm)
+            fn = lambda t=tiles, n=programs: balanced_decode_attention(  # noqa: E731
+                query, cache, meta, scale, counters, num_programs=n, tiles=t)
+            diff = max(diff, float((fn().float() - want).abs().max()))
+            us = _time_graph_ms(fn) * 1e3
+            r[label] = us
+            cells.append(f"{us:>8.1f} {base_us / us:>4.2f}")
+        r["max_abs_diff"] = diff
+        rows_out.append(r)
+        print(f"{batch:>5} {f'{lo}-{hi}':>10} {base_us:>9.1f} " + " ".join(f"{c:>13}" for c in cells)
+              + f"  {diff:.1e}", flush=True)
+        del query, cache, meta
+        torch.cuda.empty_cache()
+    (out_dir / "attention_balanced.json").write_text(json.dumps(dict(env=env, results=rows_out), indent=1))
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    names = [f"{r['batch']}x{r['min_keys']}-{r['max_keys']}" for r in rows_out]
+    ax.plot(names, [r["engine_tbps"] for r in rows_out], marker="o", color="k", label="engine (paged_attention)")
+    for label in labels:
+        ax.plot(names, [r["gbytes"] / r[label] * 1e3 for r in rows_out], marker=".", label=f"balanced {label}")
+    ax.set(ylabel="KV bytes / time (TB/s)", title="Decode attention: balanced KV tiles vs per-row programs")
+    ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out_dir / "attention_balanced.png", dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path)
@@ -479,6 +612,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="only compare launch orders of unsplit decode at nano's mixed lengths")
     parser.add_argument("--compare-reduce", action="store_true",
                         help="only compare the fused split-KV reduce with the two-launch one (batch 1/4/16)")
+    parser.add_argument("--sweep-mixed", action="store_true",
+                        help="only sweep decode tiles at nano's draining batches of mixed lengths")
+    parser.add_argument("--balanced", action="store_true",
+                        help="only compare the engine's decode launch with the balanced-tiles kernel")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention needs a CUDA GPU", file=sys.stderr)
@@ -495,6 +632,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.compare_reduce:
         compare_reduce(dtype, args.out_dir, env)
+        return 0
+    if args.balanced:
+        compare_balanced(dtype, args.out_dir, env)
+        return 0
+    if args.sweep_mixed:
+        sweep_mixed(dtype, args.out_dir, env)
         return 0
     if args.row_order:
         compare_row_order(dtype, args.out_dir, env)

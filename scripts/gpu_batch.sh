@@ -429,6 +429,31 @@ for j in "$@"; do
           bench.output_dir="$res/$j/prefix";
         job $j-idle 60 python3 -m framework.cli bench experiment=nano bench.baselines=[] runner.prefill_cuda_graphs=true \
           bench.output_dir="$res/$j/idle" ;;
+    # Eighth session: KV blocks head-major against token-major (a --compare-layout mode of bench_attention.py, in
+    # git at 5ae6ded + this session's first commit), the ngram speculative tests with the prefill pieces on by
+    # default, and one baseline round of nano and b1.
+    s17_probe) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-layout 200 python3 scripts/bench_attention.py "$res/$j/layout" --compare-layout;
+        job $j-spec 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_spec_gpu.py;
+        job $j-nano 150 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 1 --timeout 60 --config now= \
+          --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" \
+          --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # Decode tiles at nano's draining batches of mixed lengths, and nano's step timeline with today's defaults.
+    s17_mixed) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-sweep 200 python3 scripts/bench_attention.py "$res/$j/sweep" --sweep-mixed;
+        job $j-timeline 90 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.decode_idle_batch=0 \
+          bench.step_timeline=true bench.output_dir="$res/$j/timeline" ;;
+    # The balanced-tiles decode attention (framework/attention/triton_balanced_decode.py) against the engine's launch.
+    s17_balanced) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-bench 300 python3 scripts/bench_attention.py "$res/$j/bench" --balanced ;;
+    # model.programmatic_launch_large_batches: its GPU tests, nano paired off / on (3 rounds), the 8B geometry (1 pair).
+    s17_pdl) job $j-tests 110 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_pdl_gpu.py;
+        job $j-nano 290 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 3 --timeout 60 \
+          --config off=model.programmatic_launch_large_batches=false --config on=model.programmatic_launch_large_batches=true \
+          --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-8b 150 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 70 \
+          --config off=model.programmatic_launch_large_batches=false --config on=model.programmatic_launch_large_batches=true \
+          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done
