@@ -66,12 +66,6 @@ class ModelConfig(_Strict):
         ">= 9.0 and a Triton with `launch_pdl`; never under the interpreter), `on` the same but says why when it "
         "is not, `off` never."
     )
-    programmatic_launch_large_batches: bool = Field(
-        False, description="With programmatic_launch resolved on: the default path's Triton kernels (add + "
-        "RMSNorm, q/k norm + RoPE + KV store, attention, SiLU * up, the final norm) of forwards above "
-        "small_batch_max_tokens launch with PDL too, so each may start while the previous kernel ends (the cuBLAS "
-        "projections between them launch as before)."
-    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":

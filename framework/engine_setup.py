@@ -98,11 +98,6 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     if enable_small_batch(model, small_tokens, pdl):
         logger.info("small-batch GEMV kernels for forwards of <= %d tokens%s", small_tokens,
                     ", with programmatic dependent launch" if pdl else "")
-    if mc.programmatic_launch_large_batches and resolve_programmatic_launch(mc.programmatic_launch, device):
-        for module in model.modules():
-            if hasattr(module, "large_batch_pdl"):
-                module.large_batch_pdl = True
-        logger.info("programmatic dependent launch for the Triton kernels of larger forwards too")
     # Decoder positions: max_position_embeddings, or an encoder-decoder's max_target_positions (Whisper: 448).
     limit = int(hf_config.get("max_position_embeddings") or hf_config.get("max_target_positions") or 2048)
     max_model_len = mc.max_model_len or limit

@@ -55,7 +55,6 @@ _KWARGS = {
     "small_batch_max_tokens": "model.small_batch_max_tokens",
     "longest_rows_first": "model.longest_rows_first",
     "programmatic_launch": "model.programmatic_launch",
-    "programmatic_launch_large_batches": "model.programmatic_launch_large_batches",
     "tensor_parallel_size": "parallel.tensor_parallel_size",
     "pipeline_parallel_size": "parallel.pipeline_parallel_size",
     "speculative_config": "speculator",  # a dict of SpeculatorConfig fields, e.g. {"method": "ngram", ...}

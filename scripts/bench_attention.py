@@ -22,6 +22,7 @@ Prints a table; writes `attention_bench.json` and `attention_bench.png` into the
     PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR [--batches 1 16 64 256 512]
         [--seq-lens 512 1024 2048 4096]
     PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR --compare-reduce
+    PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR --sweep-mixed   # tiles at nano's draining batches
 """
 
 from __future__ import annotations
@@ -527,75 +528,6 @@ def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int =
     plt.close(fig)
 
 
-BALANCED_SHAPES = [(256, 700, 700), (256, 150, 1300)] + MIXED_SHAPES[::2] + [(1, 1400, 1400), (64, 4096, 4096)]
-BALANCED_CONFIGS = (((64, 2, 3), 2, 1), ((64, 2, 3), 2, 2), ((64, 2, 3), 2, 4), ((128, 4, 2), 1, 1),
-                    ((128, 4, 2), 1, 2), ((64, 2, 2), 3, 1), ((64, 4, 2), 2, 2))  # tiles, programs per SM, waves
-
-
-def compare_balanced(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int = 2048) -> None:
-    """Decode attention as the engine launches it (`paged_attention`: rule tiles and splits, rows longest first)
-    against `balanced_decode_attention` (the KV tiles shared out equally) at several tiles and program counts;
-    each one launch in a CUDA graph, L2 flushed. Writes `attention_balanced.json` and `.png`."""
-    import dataclasses
-    import random
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from framework.attention.launch_config import AttentionTiles
-    from framework.attention.row_order import rows_longest_first
-    from framework.attention.triton_balanced_decode import balanced_decode_attention, balanced_programs
-    from framework.attention.triton_paged_attention import paged_attention
-
-    labels = ["/".join(map(str, t)) + f" {w}x{ps}" for t, ps, w in BALANCED_CONFIGS]
-    print(f"{'batch':>5} {'keys':>10} {'engine us':>9} " + " ".join(f"{name:>13}" for name in labels)
-          + "  max |diff|")
-    rows_out = []
-    for batch, lo, hi in BALANCED_SHAPES:
-        rng = random.Random(batch)
-        lens = [rng.randint(lo, hi) for _ in range(batch)]
-        query, cache, meta = _make_batch([1] * batch, lens, dtype, "cuda")
-        meta = dataclasses.replace(meta, max_seq_len=max_seq_len)
-        scale = HEAD_DIM ** -0.5
-        order = rows_longest_first(meta.seq_lens)
-        counters = _zero_counters(batch)
-        gb = 2 * sum(lens) * NUM_KV_HEADS * HEAD_DIM * cache.element_size() / 1e9
-        engine = lambda: paged_attention(query, cache, meta, scale, row_order=order, split_counters=counters)  # noqa: E731
-        want = engine().float()
-        base_us = _time_graph_ms(engine) * 1e3
-        r = dict(batch=batch, min_keys=lo, max_keys=hi, gbytes=gb, engine_us=base_us, engine_tbps=gb / base_us * 1e3)
-        cells, diff = [], 0.0
-        for (cfg, per_sm, waves), label in zip(BALANCED_CONFIGS, labels):
-            tiles = AttentionTiles(16, *cfg)
-            programs = balanced_programs(NUM_KV_HEADS, query.device, waves, per_sm)
-            fn = lambda t=tiles, n=programs: balanced_decode_attention(  # noqa: E731
-                query, cache, meta, scale, counters, num_programs=n, tiles=t)
-            diff = max(diff, float((fn().float() - want).abs().max()))
-            us = _time_graph_ms(fn) * 1e3
-            r[label] = us
-            cells.append(f"{us:>8.1f} {base_us / us:>4.2f}")
-        r["max_abs_diff"] = diff
-        rows_out.append(r)
-        print(f"{batch:>5} {f'{lo}-{hi}':>10} {base_us:>9.1f} " + " ".join(f"{c:>13}" for c in cells)
-              + f"  {diff:.1e}", flush=True)
-        del query, cache, meta
-        torch.cuda.empty_cache()
-    (out_dir / "attention_balanced.json").write_text(json.dumps(dict(env=env, results=rows_out), indent=1))
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    names = [f"{r['batch']}x{r['min_keys']}-{r['max_keys']}" for r in rows_out]
-    ax.plot(names, [r["engine_tbps"] for r in rows_out], marker="o", color="k", label="engine (paged_attention)")
-    for label in labels:
-        ax.plot(names, [r["gbytes"] / r[label] * 1e3 for r in rows_out], marker=".", label=f"balanced {label}")
-    ax.set(ylabel="KV bytes / time (TB/s)", title="Decode attention: balanced KV tiles vs per-row programs")
-    ax.tick_params(axis="x", labelrotation=45, labelsize=7)
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out_dir / "attention_balanced.png", dpi=120)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path)
@@ -614,8 +546,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="only compare the fused split-KV reduce with the two-launch one (batch 1/4/16)")
     parser.add_argument("--sweep-mixed", action="store_true",
                         help="only sweep decode tiles at nano's draining batches of mixed lengths")
-    parser.add_argument("--balanced", action="store_true",
-                        help="only compare the engine's decode launch with the balanced-tiles kernel")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention needs a CUDA GPU", file=sys.stderr)
@@ -632,9 +562,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.compare_reduce:
         compare_reduce(dtype, args.out_dir, env)
-        return 0
-    if args.balanced:
-        compare_balanced(dtype, args.out_dir, env)
         return 0
     if args.sweep_mixed:
         sweep_mixed(dtype, args.out_dir, env)

@@ -429,9 +429,9 @@ for j in "$@"; do
           bench.output_dir="$res/$j/prefix";
         job $j-idle 60 python3 -m framework.cli bench experiment=nano bench.baselines=[] runner.prefill_cuda_graphs=true \
           bench.output_dir="$res/$j/idle" ;;
-    # Eighth session: KV blocks head-major against token-major (a --compare-layout mode of bench_attention.py, in
-    # git at 5ae6ded + this session's first commit), the ngram speculative tests with the prefill pieces on by
-    # default, and one baseline round of nano and b1.
+    # Eighth session: KV blocks head-major against token-major (a --compare-layout mode of bench_attention.py, not
+    # kept: docs/benchmarks.md, "Issue 25, eighth session", gives its code), the ngram speculative tests with the
+    # prefill pieces on by default, and one baseline round of nano and b1.
     s17_probe) job $j-host 20 python3 scripts/host_speed.py;
         job $j-layout 200 python3 scripts/bench_attention.py "$res/$j/layout" --compare-layout;
         job $j-spec 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_spec_gpu.py;
@@ -443,10 +443,11 @@ for j in "$@"; do
         job $j-sweep 200 python3 scripts/bench_attention.py "$res/$j/sweep" --sweep-mixed;
         job $j-timeline 90 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.decode_idle_batch=0 \
           bench.step_timeline=true bench.output_dir="$res/$j/timeline" ;;
-    # The balanced-tiles decode attention (framework/attention/triton_balanced_decode.py) against the engine's launch.
+    # The balanced-tiles decode attention against the engine's launch (kernel and --balanced mode: in git at 33ccfda).
     s17_balanced) job $j-host 20 python3 scripts/host_speed.py;
         job $j-bench 300 python3 scripts/bench_attention.py "$res/$j/bench" --balanced ;;
-    # model.programmatic_launch_large_batches: its GPU tests, nano paired off / on (3 rounds), the 8B geometry (1 pair).
+    # model.programmatic_launch_large_batches (in git at 33ccfda): its GPU tests, nano paired off / on (3 rounds), the
+    # 8B geometry (1 pair).
     s17_pdl) job $j-tests 110 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_pdl_gpu.py;
         job $j-nano 290 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 3 --timeout 60 \
           --config off=model.programmatic_launch_large_batches=false --config on=model.programmatic_launch_large_batches=true \
@@ -454,6 +455,14 @@ for j in "$@"; do
         job $j-8b 150 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 70 \
           --config off=model.programmatic_launch_large_batches=false --config on=model.programmatic_launch_large_batches=true \
           --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # The targets at the eighth session's stop (engine code as at 5ae6ded): b1 x 3, the 8B geometry x 2, prefix_bench,
+    # and nano's batch-256 idle probe.
+    s17_final) job $j-b1 120 python3 scripts/bench_matrix.py --out "$res/$j/b1" --rounds 3 --timeout 35 --config now= \
+          --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-8b 130 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 2 --timeout 62 --config now= \
+          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-prefix 110 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/prefix";
+        job $j-idle 70 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.output_dir="$res/$j/idle" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

@@ -119,12 +119,11 @@ def rms_norm(
     return rms_norm_reference(x, weight, eps, residual)
 
 
-def silu_and_mul(gate_up: torch.Tensor, pdl: bool = False) -> torch.Tensor:  # [T, 2 * I] -> [T, I]
-    """silu(gate) * up of a merged gate/up projection; see `silu_and_mul_reference`. `pdl`: the kernel with
-    programmatic dependent launch (framework/kernels/pdl.py)."""
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 * I] -> [T, I]
+    """silu(gate) * up of a merged gate/up projection; see `silu_and_mul_reference`."""
     kernel_takes = gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and _fits(gate_up, gate_up.dtype)
     if kernel_takes and gate_up.dtype in TRITON_DTYPES and _triton_enabled(gate_up.device, gate_up):
-        return silu_and_mul_triton(gate_up, pdl)
+        return silu_and_mul_triton(gate_up)
     return silu_and_mul_reference(gate_up)
 
 

@@ -170,11 +170,7 @@ def _silu_and_mul_kernel(
     stride_in,
     I: tl.constexpr,
     BLOCK_I: tl.constexpr,
-    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
 ):
-    if USE_PDL:  # gate_up is the previous kernel's output
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     mask = cols < I
@@ -187,7 +183,6 @@ def _silu_and_mul_kernel(
 
 def silu_and_mul_triton(
     gate_up: torch.Tensor,  # [T, 2 * I] bf16/fp16/fp32, last dim contiguous (a merged gate/up projection)
-    pdl: bool = False,  # programmatic dependent launch (only where `pdl.pdl_supported`; same result either way)
 ) -> torch.Tensor:
     """[T, I]: silu(gate_up[:, :I]) * gate_up[:, I:]."""
     num_rows, width = gate_up.shape
@@ -202,6 +197,5 @@ def silu_and_mul_triton(
         I=inter,
         BLOCK_I=block_i,
         num_warps=4,
-        **pdl_launch_kwargs(pdl),
     )
     return out

@@ -121,10 +121,9 @@ class MLP(nn.Module):
         self.gate_up_weight: Optional[torch.Tensor] = None  # set by fuse_projections
         self.gate_up_bias: Optional[torch.Tensor] = None
 
-    def forward(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-        """`pdl`: the SiLU kernel with programmatic dependent launch (framework/kernels/pdl.py)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
-            return self.down_proj(silu_and_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias), pdl))
+            return self.down_proj(silu_and_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     def fuse_projections(self) -> None:
@@ -165,7 +164,6 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, ctx)
         self.small_batch_max_tokens = 0  # forwards of <= this many tokens take the GEMVs (enable_small_batch)
         self.programmatic_launch = False  # the small-batch path's kernels launch with PDL (enable_small_batch)
-        self.large_batch_pdl = False  # the default path's Triton kernels too (model.programmatic_launch_large_batches)
 
     def forward(self, x, residual, cos, sin, kv_cache, meta, attention):  # type: ignore[no-untyped-def]
         """(this layer's MLP output, the residual stream before it is added): the next norm adds the two, so
@@ -175,30 +173,25 @@ class DecoderLayer(nn.Module):
         reads only the shape, so a CUDA graph captured at a padded batch size freezes one path."""
         if 0 < x.shape[0] <= self.small_batch_max_tokens:  # (0 tokens: the default path, enabled or not)
             return small_batch_layer(self, x, residual, cos, sin, kv_cache, meta, attention)
-        pdl = self.large_batch_pdl
-        q, residual = self.before_attention(x, residual, cos, sin, kv_cache, meta.kv_slot_mapping, pdl)
-        out = attention(q, kv_cache, meta, self.self_attn.scale, pdl=True) if pdl else \
-            attention(q, kv_cache, meta, self.self_attn.scale)
-        return self.after_attention(out, residual, pdl)
+        q, residual = self.before_attention(x, residual, cos, sin, kv_cache, meta.kv_slot_mapping)
+        return self.after_attention(attention(q, kv_cache, meta, self.self_attn.scale), residual)
 
-    def before_attention(self, x, residual, cos, sin, kv_cache, kv_slot_mapping,  # type: ignore[no-untyped-def]
-                         pdl: bool = False):
+    def before_attention(self, x, residual, cos, sin, kv_cache, kv_slot_mapping):  # type: ignore[no-untyped-def]
         """(q [T, H, head_dim], the residual stream): the norm, the q/k/v projection, q/k norm + RoPE and the KV
-        store of this layer (`forward`'s part before attention; framework/prefill_graphs.py captures it).
-        `pdl`: the Triton kernels with programmatic dependent launch (framework/kernels/pdl.py)."""
-        h, residual = self.input_layernorm.add_and_norm(x, residual, pdl)
+        store of this layer (`forward`'s part before attention; framework/prefill_graphs.py captures it)."""
+        h, residual = self.input_layernorm.add_and_norm(x, residual)
         attn = self.self_attn
         qkv = F.linear(h, attn.qkv_weight, attn.qkv_bias) if attn.qkv_weight is not None else \
             torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
-        return attn.rope_store(qkv, cos, sin, kv_cache, kv_slot_mapping, pdl), residual
+        return attn.rope_store(qkv, cos, sin, kv_cache, kv_slot_mapping), residual
 
     def after_attention(self, attn_out: torch.Tensor,  # [T, H, head_dim]
-                        residual: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                        residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(MLP output, residual stream): o_proj, the residual add + norm and the MLP (`forward`'s part after
         attention)."""
         h = self.self_attn.o_proj(attn_out.reshape(attn_out.shape[0], -1))
-        h, residual = self.post_attention_layernorm.add_and_norm(h, residual, pdl)
-        return self.mlp(h, pdl), residual
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual
 
 
 # (config, parallel context, layer index) -> a layer with DecoderLayer's forward (models/moe.py builds MoE ones).
@@ -252,7 +245,6 @@ class LlamaForCausalLM(nn.Module):
         self.attention: AttentionFn = functools.partial(paged_attention, split_counters=self.split_counters)
         self.small_batch_max_tokens = 0  # logits of <= this many rows take the GEMV LM head (enable_small_batch)
         self.programmatic_launch = False  # that LM head and the final norm before it launch with PDL (same)
-        self.large_batch_pdl = False  # the final norm of larger forwards too (model.programmatic_launch_large_batches)
         self.longest_rows_first = True  # large decode batches: attention starts with the longest rows (ModelConfig)
 
     def init_buffers(self) -> None:
@@ -320,8 +312,7 @@ class LlamaForCausalLM(nn.Module):
                 entering[i] = x if residual is None else x + residual
             x, residual = self.model.layers[i](x, residual, cos, sin, kv_cache, attn_metadata, self.attention)
         if self.ctx.is_last_stage:
-            pdl = self.programmatic_launch and 0 < x.shape[0] <= self.small_batch_max_tokens \
-                or self.large_batch_pdl
+            pdl = self.programmatic_launch and 0 < x.shape[0] <= self.small_batch_max_tokens
             x = self.model.norm.add_and_norm(x, residual, pdl)[0]
         elif residual is not None:
             x = x + residual  # the next stage starts from the stream

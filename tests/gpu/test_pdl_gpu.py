@@ -185,21 +185,3 @@ def test_engine_tokens_are_the_same_with_programmatic_launch_on_and_off() -> Non
         llm.shutdown()
     assert tokens["on"] == tokens["off"]
     assert [len(t) for t in tokens["on"]] == [12, 18, 24]
-
-
-def test_engine_tokens_are_the_same_with_large_batch_pdl_on_and_off() -> None:
-    """model.programmatic_launch_large_batches: the default path's Triton kernels (norms, q/k RoPE + store,
-    attention, SiLU) with PDL between cuBLAS projections, at 24 rows (decode graphs) and in prompt steps."""
-    from framework import LLM, SamplingParams
-
-    prompts = [[(37 * i + 11 * j) % 150_000 for j in range(16 + 9 * i)] for i in range(24)]
-    params = [SamplingParams(temperature=0.0, max_tokens=8 + i, ignore_eos=True) for i in range(24)]
-    tokens = {}
-    for on in (False, True):
-        llm = LLM("qwen3-0.6b", device="cuda", dtype="bfloat16", max_model_len=512, max_num_seqs=32, seed=0,
-                  gpu_memory_utilization=0.3, programmatic_launch_large_batches=on)
-        assert llm.engine.runner.model.model.layers[0].large_batch_pdl == on
-        tokens[on] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        llm.shutdown()
-    assert tokens[True] == tokens[False]
-    assert [len(t) for t in tokens[True]] == [8 + i for i in range(24)]
