@@ -416,12 +416,21 @@ def _plot(results: list[dict], path: Path) -> None:
 ROW_ORDER_SHAPES = [(256, 700, 700), (256, 150, 1300), (192, 400, 1500), (128, 500, 1700), (64, 700, 2000)]
 
 
+def _mixed_decode_batch(batch: int, lo: int, hi: int, dtype: torch.dtype):
+    """(query, cache, meta, GB of KV the launch must read): `batch` decode rows of lengths uniform in [lo, hi],
+    the same lengths for a given batch size in every mode (seeded by it)."""
+    import random
+
+    rng = random.Random(batch)
+    lens = [rng.randint(lo, hi) for _ in range(batch)]
+    query, cache, meta = _make_batch([1] * batch, lens, dtype, "cuda")
+    return query, cache, meta, 2 * sum(lens) * NUM_KV_HEADS * HEAD_DIM * cache.element_size() / 1e9
+
+
 def compare_row_order(dtype: torch.dtype, out_dir: Path, env: dict) -> None:
     """Unsplit decode at nano's mixed lengths: the default grid (KV heads outermost, rows in batch order)
     against programs row by row (all KV heads of a row together) in batch order and longest rows first; each
     one launch in a CUDA graph, L2 flushed. Also the cost of the order itself (row_order.py, once per step)."""
-    import random
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -434,16 +443,13 @@ def compare_row_order(dtype: torch.dtype, out_dir: Path, env: dict) -> None:
     print(f"{'batch':>5} {'keys':>10} {'default us':>10} {'row-major us':>12} {'longest first us':>16} "
           f"{'gain':>6} {'order us':>10}")
     for batch, lo, hi in ROW_ORDER_SHAPES:
-        rng = random.Random(batch)
-        lens = [rng.randint(lo, hi) for _ in range(batch)]
-        query, cache, meta = _make_batch([1] * batch, lens, dtype, "cuda")
+        query, cache, meta, gb = _mixed_decode_batch(batch, lo, hi, dtype)
         scale = HEAD_DIM ** -0.5
         in_order = torch.arange(batch, dtype=torch.int32, device="cuda")
         longest = rows_longest_first(meta.seq_lens)
         times = {name: _time_graph_ms(lambda order=order: paged_attention(query, cache, meta, scale, row_order=order))
                  for name, order in (("default", None), ("row_major", in_order), ("longest_first", longest))}
         sort_us = _time_graph_ms(lambda: rows_longest_first(meta.seq_lens)) * 1e3
-        gb = 2 * sum(lens) * NUM_KV_HEADS * HEAD_DIM * cache.element_size() / 1e9
         r = dict(batch=batch, min_keys=lo, max_keys=hi, gbytes=gb, order_us=sort_us,
                  **{f"{k}_us": v * 1e3 for k, v in times.items()},
                  **{f"{k}_tbps": gb / v for k, v in times.items()})
@@ -478,7 +484,6 @@ def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int =
     graph, L2 flushed. Prints µs and TB/s per tile config (`rule` = `decode_tiles`' choice); writes
     `attention_mixed.json` and `attention_mixed.png`."""
     import dataclasses
-    import random
 
     import matplotlib
 
@@ -493,14 +498,11 @@ def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int =
     print(f"{'batch':>5} {'keys':>10} " + " ".join(f"{name:>14}" for name in labels) + "   (us, splits)")
     rows_out = []
     for batch, lo, hi in MIXED_SHAPES:
-        rng = random.Random(batch)
-        lens = [rng.randint(lo, hi) for _ in range(batch)]
-        query, cache, meta = _make_batch([1] * batch, lens, dtype, "cuda")
+        query, cache, meta, gb = _mixed_decode_batch(batch, lo, hi, dtype)
         meta = dataclasses.replace(meta, max_seq_len=max_seq_len)
         scale = HEAD_DIM ** -0.5
         order = rows_longest_first(meta.seq_lens)
         counters = _zero_counters(batch)
-        gb = 2 * sum(lens) * NUM_KV_HEADS * HEAD_DIM * cache.element_size() / 1e9
         sms = num_sms(query.device)
         cells = []
         for cfg, label in zip(MIXED_CONFIGS, labels):
