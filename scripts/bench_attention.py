@@ -531,6 +531,7 @@ def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int =
 
 
 def main(argv: list[str] | None = None) -> int:
+    global NUM_HEADS  # --heads: the script's setting for every function below, set once here
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256, 512])
@@ -548,7 +549,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="only compare the fused split-KV reduce with the two-launch one (batch 1/4/16)")
     parser.add_argument("--sweep-mixed", action="store_true",
                         help="only sweep decode tiles at nano's draining batches of mixed lengths")
+    parser.add_argument("--heads", type=int, default=NUM_HEADS,
+                        help="query heads (8 KV heads): 16 for Qwen3-0.6B, 32 for the Qwen3-8B geometry")
     args = parser.parse_args(argv)
+    NUM_HEADS = args.heads
     if not torch.cuda.is_available():
         print("bench_attention needs a CUDA GPU", file=sys.stderr)
         return 2

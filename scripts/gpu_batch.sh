@@ -463,6 +463,18 @@ for j in "$@"; do
           --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
         job $j-prefix 110 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/prefix";
         job $j-idle 70 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.output_dir="$res/$j/idle" ;;
+    # The TMA GEMM (framework/kernels/triton_tma_gemm.py): its tests on the GPU, then the sweep against cuBLAS at
+    # the 8B geometry's and the 0.6B's decode projection shapes.
+    s18_tma) job $j-tests 90 python3 -m pytest -q -rs -p no:cacheprovider tests/test_tma_gemm.py;
+        job $j-bench 420 python3 scripts/bench_tma_gemm.py "$res/$j/bench" ;;
+    # cuBLAS's layouts: F.linear ([N, K] weights, a TN product) against `x @ w` ([K, N], NN), default BLAS and
+    # cuBLASLt, at the decode shapes and the 8B's prefill (8,192 rows); then again with 64 MiB BLAS workspaces.
+    s18_layout) job $j-decode 150 python3 scripts/bench_projections.py "$res/$j/decode" --rows 64 128 256;
+        job $j-prefill 120 python3 scripts/bench_projections.py "$res/$j/prefill" --rows 8192 \
+          --shapes "8b qkv" "8b o" "8b gate_up" "8b down";
+        job $j-workspace 150 env CUBLASLT_WORKSPACE_SIZE=65536 CUBLAS_WORKSPACE_CONFIG=:65536:8 \
+          python3 scripts/bench_projections.py "$res/$j/workspace" --rows 64 128 256;
+        job $j-attn8b 120 python3 scripts/bench_attention.py "$res/$j/attn8b" --sweep-mixed --heads 32 ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

@@ -227,17 +227,22 @@ def test_split_rule_has_no_batch_size_cliff():
 
 
 def test_decode_tiles_rule():
-    """64-key tiles, 2 warps, 3 stages (two programs per SM) only for unsplit batches of short rows, the
-    shapes where the H200 sweep measured them faster (launch_config.decode_tiles); 128/4/2 elsewhere."""
+    """By programs per SM, for batches of short rows (launch_config.decode_tiles, from the H200 sweep at
+    nano's draining batches): 64/2/3 from 7 a SM (128+ rows of 8 KV heads on 132 SMs), 64/4/2 from 5 (83-127
+    rows), 128/4/2 below and for long contexts."""
     def tiles(batch, max_seq_len, num_kv_heads=8, group=2):
         t = lc.decode_tiles(128, group, True, 2, num_programs=batch * num_kv_heads, max_seq_len=max_seq_len,
                             num_sms=132)
         return t.block_n, t.num_warps, t.num_stages
 
-    for batch, max_seq_len in ((256, 640), (256, 2048), (128, 1200), (64, 1500), (33, 2048)):
+    for batch, max_seq_len in ((256, 640), (256, 2048), (192, 1355), (128, 1200), (116, 1590)):
         assert tiles(batch, max_seq_len) == (64, 2, 3), (batch, max_seq_len)
+        assert tiles(batch, max_seq_len, group=4) == (64, 2, 3), (batch, max_seq_len)  # the 8B's GQA group
         assert lc.num_kv_splits(batch, 8, max_seq_len, 132, 64) == 1  # the rule's regime: one split
-    for batch, max_seq_len in ((32, 2048), (16, 1800), (4, 1900), (1, 1900), (256, 4096), (64, 2049)):
+    for batch, max_seq_len in ((115, 1700), (96, 1700), (83, 2048)):
+        assert tiles(batch, max_seq_len) == (64, 4, 2), (batch, max_seq_len)
+    for batch, max_seq_len in ((82, 1820), (64, 1500), (48, 1870), (33, 2048), (32, 2048), (16, 1800), (4, 1900),
+                               (1, 1900), (256, 4096), (64, 2049), (128, 2049)):
         assert tiles(batch, max_seq_len) == (128, 4, 2), (batch, max_seq_len)
     assert tiles(256, 1024, group=32) == (128, 4, 2)  # 32-row query tiles: not measured
     assert lc.decode_tiles(128, 2, True) == lc.AttentionTiles(16, 128, 4, 2)  # no shape given: as before

@@ -21,7 +21,10 @@ MIN_SPLIT_TOKENS = 128
 MERGE_UNROLL = 8  # KV splits the merge of a split launch takes per unrolled step (triton_tiles._merge_kv_splits)
 MAX_KV_SPLITS = 32
 PROGRAMS_PER_SM = 2  # decode programs per multiprocessor the split rule aims at (fitted on an H200)
-SHORT_CONTEXT = 2048  # longest max_seq_len given the two-programs-per-SM decode tiles (nano's max_model_len)
+SHORT_CONTEXT = 2048  # longest max_seq_len given the shape-dependent decode tiles (nano's max_model_len)
+# Programs (rows x KV heads) per multiprocessor from which the shape-dependent decode tiles apply (decode_tiles).
+WAVES_64_2_3 = 7  # 64-key tiles, 2 warps, 3 stages: 128+ rows of 8 KV heads on 132 SMs
+WAVES_64_4_2 = 5  # 64-key tiles, 4 warps, 2 stages: 83-127 rows
 
 
 @dataclass(frozen=True)
@@ -60,23 +63,26 @@ def decode_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2, *,
 
     Measured on an H200 (bf16, head_dim 128): 128-key tiles, 4 warps, 2 stages beat 32/64-key tiles and
     deeper pipelines at every batch tried (4.1-4.3 TB/s from 64 rows of 4096 keys up); their 128 KB of
-    shared memory hold one program per multiprocessor. At nano's shapes (`bench_attention.py --sweep-nano`,
-    2026-12-02, one split: batch x keys, us of 64-key tiles / 2 warps / 3 stages (96 KB: two programs per
-    multiprocessor, one's prologue hides behind the other's stream) vs 128/4/2): 256x640 174.6 vs 177.0,
-    256x900 240.0 vs 252.1, 128x1200 160.1 vs 168.9, 64x1500 105.7 vs 108.3 (1.4-5.2 % faster, 3.7-3.9
-    TB/s). So: 64/2/3 when the batch alone fills the GPU (`num_programs >= PROGRAMS_PER_SM * num_sms`,
-    i.e. unsplit; 64 rows x 8 KV heads = 512 on 132 SMs) and `max_seq_len <= SHORT_CONTEXT` (measured up to
-    1,900 keys). Below that batch the split rule's latency regime keeps 128/4/2: at 16x1800, 4x1900 and
-    1x1900 it was within 2 % of the best config (48.7 / 26.1 / 19.5 us; 64/2/3 47.9 / 26.6 / 21.9).
+    shared memory hold one program per multiprocessor. At nano's draining batches of mixed lengths
+    (`bench_attention.py --sweep-mixed`, rows longest first, 2026-12-04, the Qwen3-0.6B and the 8B geometry's
+    GQA groups alike, µs): from 128 rows up 64-key tiles / 2 warps / 3 stages (96 KB: two programs per
+    multiprocessor, one's prologue hides behind the other's stream) are the fastest (128 x 660-1,590: 153.8
+    against 159.7 for 128/4/2); at 96 rows 64/4/2 (129.5 against 134.5 for 64/2/3); at 48-64 rows 128/4/2
+    (64 x 890-1,820: 99.2 against 105.9; 48 rows 86.0 against 89.1); below, where the split rule's latency
+    regime starts, 128/4/2 was within 2 % of the best except at 24 rows (left: one point). Hence by programs
+    per multiprocessor: >= WAVES_64_2_3 -> 64/2/3, >= WAVES_64_4_2 -> 64/4/2, else 128/4/2, for
+    `max_seq_len <= SHORT_CONTEXT` (measured up to ~2,000 keys).
     """
     block_m = max(16, next_power_of_2(group))
     if not on_gpu:
         return AttentionTiles(block_m, 16, 4, 1)
     if head_dim > 128 or elem_size > 2:
         return AttentionTiles(block_m, 64, 4, 2)
-    if head_dim == 128 and block_m == 16 and num_programs >= PROGRAMS_PER_SM * num_sms \
-            and 0 < max_seq_len <= SHORT_CONTEXT:
-        return AttentionTiles(block_m, 64, 2, 3)
+    if head_dim == 128 and block_m == 16 and 0 < max_seq_len <= SHORT_CONTEXT:
+        if num_programs >= WAVES_64_2_3 * num_sms:
+            return AttentionTiles(block_m, 64, 2, 3)
+        if num_programs >= WAVES_64_4_2 * num_sms:
+            return AttentionTiles(block_m, 64, 4, 2)
     return AttentionTiles(block_m, 128, 4, 2 if head_dim == 128 else 3)
 
 
