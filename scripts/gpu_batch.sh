@@ -463,8 +463,8 @@ for j in "$@"; do
           --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
         job $j-prefix 110 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/prefix";
         job $j-idle 70 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.output_dir="$res/$j/idle" ;;
-    # The TMA GEMM (framework/kernels/triton_tma_gemm.py): its tests on the GPU, then the sweep against cuBLAS at
-    # the 8B geometry's and the 0.6B's decode projection shapes.
+    # The TMA GEMM (framework/kernels/triton_tma_gemm.py, in git at ae5350a): its tests on the GPU, then the sweep
+    # against cuBLAS at the 8B geometry's and the 0.6B's decode projection shapes.
     s18_tma) job $j-tests 90 python3 -m pytest -q -rs -p no:cacheprovider tests/test_tma_gemm.py;
         job $j-bench 420 python3 scripts/bench_tma_gemm.py "$res/$j/bench" ;;
     # cuBLAS's layouts: F.linear ([N, K] weights, a TN product) against `x @ w` ([K, N], NN), default BLAS and
@@ -475,6 +475,29 @@ for j in "$@"; do
         job $j-workspace 150 env CUBLASLT_WORKSPACE_SIZE=65536 CUBLAS_WORKSPACE_CONFIG=:65536:8 \
           python3 scripts/bench_projections.py "$res/$j/workspace" --rows 64 128 256;
         job $j-attn8b 120 python3 scripts/bench_attention.py "$res/$j/attn8b" --sweep-mixed --heads 32 ;;
+    # Decode tiles by programs per SM: the attention GPU tests, then nano paired against the rule before (bench_base/:
+    # `git archive a8507ac | tar -x -C bench_base`, untracked; 2 rounds), the 8B geometry paired (1 round), batch 1.
+    s18_final) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-tests 80 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py;
+        job $j-nano 200 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 2 --timeout 60 --config now= \
+          --config old@bench_base= --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-8b 140 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 65 --config now= \
+          --config old@bench_base= \
+          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-b1 110 python3 scripts/bench_matrix.py --out "$res/$j/b1" --rounds 2 --timeout 50 --config now= \
+          --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # The targets at this stop after s18_final: a third paired nano round and a second paired 8B round against the
+    # rule before (bench_base/ as in s18_final), a third batch-1 run, prefix_bench once, nano with its b256 idle probe.
+    s18_targets) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-nano 100 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 1 --timeout 60 \
+          --config old@bench_base= --config now= --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-8b 140 python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds 1 --timeout 65 \
+          --config old@bench_base= --config now= \
+          --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-b1 60 python3 scripts/bench_matrix.py --out "$res/$j/b1" --rounds 1 --timeout 50 --config now= \
+          --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
+        job $j-prefix 110 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/prefix";
+        job $j-idle 70 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.output_dir="$res/$j/idle" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done
