@@ -59,10 +59,6 @@ class ModelConfig(_Strict):
         True, description="Decode attention of a batch of >= 64 rows starts its programs with the longest rows "
         "and ends with the shortest (one small kernel per forward; the result is the same), so that a batch of mixed "
         "lengths does not end on a few long rows (docs/kernels.md). False: batch order.")
-    fuse_rope_attention: bool = Field(
-        True, description="Decode batches on the Triton attention backend apply the q/k norm + RoPE + KV store "
-        "inside the attention launch instead of a kernel of their own before it (same semantics; docs/kernels.md). "
-        "The small-batch path with programmatic dependent launch keeps its two kernels.")
     programmatic_launch: Literal["auto", "on", "off"] = Field(
         "auto", description="Programmatic dependent launch for the small-batch path's Triton kernels (GEMVs, "
         "q/k norm + RoPE, attention, the final norm): each may start while the previous one ends, loading its "

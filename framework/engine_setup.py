@@ -15,7 +15,7 @@ from framework.kernels.pdl import resolve_programmatic_launch
 from framework.parallel_context import ParallelContext
 from framework.models.embedded import resolve_model_source
 from framework.models.hf_config import DecoderConfig
-from framework.models.llama import LlamaForCausalLM, enable_fused_rope_attention, fuse_projections
+from framework.models.llama import LlamaForCausalLM, fuse_projections
 from framework.models.loader import (
     build_model, init_random_weights, load_safetensors_weights, mtp_tensor_prefixes, read_hf_config,
 )
@@ -93,7 +93,6 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
     if isinstance(model, LlamaForCausalLM):  # dense and MoE decoders: the launch order of large decode batches
         model.longest_rows_first = mc.longest_rows_first
-    enable_fused_rope_attention(model, mc.fuse_rope_attention)
     small_tokens = small_batch_max_tokens(config, device)
     pdl = resolve_programmatic_launch(mc.programmatic_launch, device) if small_tokens else False
     if enable_small_batch(model, small_tokens, pdl):

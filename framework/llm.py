@@ -54,7 +54,6 @@ _KWARGS = {
     "small_batch_kernels": "model.small_batch_kernels",
     "small_batch_max_tokens": "model.small_batch_max_tokens",
     "longest_rows_first": "model.longest_rows_first",
-    "fuse_rope_attention": "model.fuse_rope_attention",
     "programmatic_launch": "model.programmatic_launch",
     "tensor_parallel_size": "parallel.tensor_parallel_size",
     "pipeline_parallel_size": "parallel.pipeline_parallel_size",

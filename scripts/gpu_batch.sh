@@ -40,12 +40,12 @@ GPU_PIECES=(
 # Pieces that no longer fit GPU_PIECES' one device call: `gpu_tests_more` runs them the same way (its own call,
 # at most 580 s too). Every tests/gpu file is in exactly one of the two lists (tests/test_ci_checks.py).
 GPU_PIECES_MORE=(
-  "smallbatch 145 test_small_batch_gpu.py"
-  "fullgraph 115 test_full_step_graphs_gpu.py"
+  "smallbatch 160 test_small_batch_gpu.py"
+  "fullgraph 120 test_full_step_graphs_gpu.py"
   "pdl 70 test_pdl_gpu.py"
   "prefill 90 test_prefill_attention_gpu.py"
-  "prefillgraphs 70 test_prefill_graphs_gpu.py"
-  "attention 90 test_attention_gpu.py test_rope_fused_attention_gpu.py"
+  "prefillgraphs 80 test_prefill_graphs_gpu.py"
+  "attention 60 test_attention_gpu.py"
 )
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
   local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
@@ -498,8 +498,8 @@ for j in "$@"; do
           --workload b1="experiment=nano bench.num_requests=1 bench.baselines=[] bench.decode_idle_batch=0";
         job $j-prefix 110 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/prefix";
         job $j-idle 70 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.output_dir="$res/$j/idle" ;;
-    # Decode attention with the q/k norm + RoPE + KV store fused in (model.fuse_rope_attention): its GPU tests and the
-    # attention file's, the engine GPU tests with it on (the default), then nano paired on / off (2 rounds).
+    # Decode attention with the q/k norm + RoPE + KV store fused in (model.fuse_rope_attention, in git at 9fbf2e3): its
+    # GPU tests and the attention file's, the engine GPU tests with it on, then nano paired on / off (2 rounds).
     s18_rope) job $j-host 20 python3 scripts/host_speed.py;
         job $j-tests 100 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_rope_fused_attention_gpu.py \
           tests/gpu/test_attention_gpu.py;

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from framework.attention.metadata import AttentionMetadata, RopeInputs
+from framework.attention.metadata import AttentionMetadata
 from framework.attention.paged import paged_attention_reference, store_kv_reference
 
 logger = logging.getLogger(__name__)
@@ -101,13 +101,9 @@ def paged_attention(
     split_counters: Optional[SplitCounters] = None,  # None: the kernel zeroes counters per call
     pdl: bool = False,  # the kernels with programmatic dependent launch (framework/kernels/pdl.py)
     out: Optional[torch.Tensor] = None,  # [T, num_heads, head_dim] to write into (rows past T untouched)
-    rope: Optional[RopeInputs] = None,  # Triton, decode batches: `query` is the raw q of a q/k/v projection
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal paged attention of this step's queries (see paged.py), in `out` when
-    given (prefill graph pieces read it at a fixed address: framework/prefill_graphs.py).
-
-    With `rope` (the Triton backend only: callers check `attention_backend`), `query` is the q part of a merged
-    q/k/v projection and the launch applies the q/k norm + RoPE + KV store itself (triton_paged_attention.py)."""
+    given (prefill graph pieces read it at a fixed address: framework/prefill_graphs.py)."""
     if attention_backend(query.device, query.shape[-1]) == "triton":
         from framework.attention.triton_paged_attention import paged_attention as triton_paged_attention
 
@@ -115,8 +111,7 @@ def paged_attention(
         if split_counters is not None:
             counters = split_counters.get(query.device, meta.num_rows * kv_cache.shape[3])
         return triton_paged_attention(query, kv_cache, meta, scale, pdl=pdl, split_counters=counters,
-                                      row_order=meta.row_order, out=out, rope=rope)
-    assert rope is None, "the fused q/k norm + RoPE is the Triton backend's (check attention_backend first)"
+                                      row_order=meta.row_order, out=out)
     result = paged_attention_reference(query, kv_cache, meta, scale)
     return result if out is None else out[: result.shape[0]].copy_(result)
 

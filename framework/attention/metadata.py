@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -24,15 +24,3 @@ class AttentionMetadata:
     # [R] int32, a permutation of the rows: the order their decode programs start in (None: batch order). The
     # model sets it, rows by descending seq_len, for large batches (backend.order_rows_longest_first, row_order.py).
     row_order: Optional[torch.Tensor] = None
-
-
-class RopeInputs(NamedTuple):
-    """What a decode attention launch needs to apply the q/k norm + RoPE + KV store itself (`paged_attention(...,
-    rope=...)` of the Triton backend; the inputs of `layer_ops.qk_norm_rope_store`)."""
-
-    cos: torch.Tensor  # [T, head_dim] in the query's dtype, last dim contiguous
-    sin: torch.Tensor  # [T, head_dim]
-    q_norm_weight: Optional[torch.Tensor]  # [head_dim], or None: no q norm
-    k_norm_weight: Optional[torch.Tensor]  # [head_dim], or None: no k norm
-    eps: float
-    kv_slot_mapping: torch.Tensor  # [T'] int64 KV slots of tokens 0..T'-1 (T' <= T), negative = padding

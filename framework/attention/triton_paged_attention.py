@@ -38,61 +38,15 @@ from framework.attention.launch_config import (  # noqa: F401 - re-exported for 
     num_sms,
     prefill_tiles,
 )
-from framework.attention.metadata import AttentionMetadata, RopeInputs
+from framework.attention.metadata import AttentionMetadata
 from framework.attention.triton_prefill_attention import PrefillVariant, prefill_attention
 from framework.attention.triton_tiles import (
     LOG2E, _attend_kv_range, _find_row, _kv_tile_offsets, _merge_kv_splits, _split_len, _write_result,
 )
 from framework.kernels.pdl import pdl_launch_kwargs
-from framework.kernels.triton_qk_norm_rope import _rms_norm_halves, _rope_halves
 
 
-@triton.jit
-def _norm_rope_heads(src, cos_row, sin_row, weight_ptr, rows_ok, eps, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                     HAS_NORM: tl.constexpr, dtype):
-    """[BLOCK_M, HEAD_DIM] dtype: the heads at `src` ([BLOCK_M, 1] pointers to each head's first element) RMS-normed
-    (with `weight_ptr` when HAS_NORM) and rotated by RoPE with the `cos_row` / `sin_row` tables ([BLOCK_M, 1]
-    pointers), with the rounding points of the q/k norm + RoPE kernel (its `_rms_norm_halves` / `_rope_halves`)."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    half = tl.arange(0, HALF)
-    mask = rows_ok[:, None] & (half < HALF)[None, :]
-    x1 = tl.load(src + half[None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + half[None, :], mask=mask, other=0.0).to(tl.float32)
-    c1 = tl.load(cos_row + half[None, :], mask=mask, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_row + HALF + half[None, :], mask=mask, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_row + half[None, :], mask=mask, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_row + HALF + half[None, :], mask=mask, other=0.0).to(tl.float32)
-    if HAS_NORM:
-        x1, x2 = _rms_norm_halves(x1, x2, weight_ptr, half, half < HALF, eps, HALF, HEAD_DIM, dtype)
-    y1, y2 = _rope_halves(x1, x2, c1, c2, s1, s2, dtype)
-    return tl.reshape(tl.permute(tl.join(y1, y2), (0, 2, 1)), (BLOCK_M, HEAD_DIM))  # [y1 | y2] per row
-
-
-@triton.jit
-def _store_new_kv(q_ptr, cache_ptr, cos_row, sin_row, k_norm_ptr, kv_slot_ptr, token, num_kv_tokens, kv_head,
-                  m_rows, dims, eps, stride_qt, stride_qh, stride_c_kv, stride_c_blk, stride_c_tok, stride_c_head,
-                  NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_M: tl.constexpr, PAGE: tl.constexpr, HAS_K_NORM: tl.constexpr):
-    """FUSED_ROPE: this step's key of (token, kv_head) normed + roped, and its raw value, into the paged cache at the
-    token's KV slot (negative or past the slots: nothing), computed in matrix row 0 of a tile. Every thread
-    then waits at a barrier, whose memory ordering makes the stores visible to this program's own cache reads."""
-    first = m_rows == 0
-    zero = (m_rows * 0).to(tl.int64)  # every row addresses the one head; only row 0 is stored
-    slot = tl.load(kv_slot_ptr + token + zero, mask=first & (token + zero < num_kv_tokens), other=-1).to(tl.int64)
-    k_src = q_ptr + token * stride_qt + (NUM_HEADS + kv_head) * stride_qh + zero[:, None]
-    k = _norm_rope_heads(k_src, cos_row + zero[:, None], sin_row + zero[:, None], k_norm_ptr, first, eps, HEAD_DIM,
-                         BLOCK_M, HAS_K_NORM, q_ptr.dtype.element_ty)
-    v = tl.load(k_src + NUM_KV_HEADS * stride_qh + dims[None, :], mask=first[:, None], other=0.0)
-    dst = cache_ptr + ((slot // PAGE) * stride_c_blk + (slot % PAGE) * stride_c_tok)[:, None] \
-        + kv_head * stride_c_head + dims[None, :]
-    store = (slot >= 0)[:, None] & (dims < HEAD_DIM)[None, :]  # [BLOCK_M, HEAD_DIM]: row 0, when it has a slot
-    cache_dtype = cache_ptr.dtype.element_ty
-    tl.store(dst, k.to(cache_dtype), mask=store)
-    tl.store(dst + stride_c_kv, v.to(cache_dtype), mask=store)
-    tl.debug_barrier()
-
-
-@triton.jit(do_not_specialize=["num_rows", "num_splits", "num_kv_tokens"])  # per-step sizes: no recompiles mid-run
+@triton.jit(do_not_specialize=["num_rows", "num_splits"])  # per-step sizes: no recompiles mid-run
 def _paged_attention_kernel(
     q_ptr,  # [T, num_heads, HEAD_DIM]
     cache_ptr,  # [2, num_blocks, PAGE, num_kv_heads, HEAD_DIM]
@@ -104,13 +58,7 @@ def _paged_attention_kernel(
     block_tables_ptr,  # [R, max_blocks] int32
     split_counters_ptr,  # [>= R * num_kv_heads] int32, zero on entry and left zero (FUSED_REDUCE only)
     row_order_ptr,  # [R] int32: the rows in launch order (ROW_ORDER only)
-    cos_ptr,  # [T, HEAD_DIM] RoPE tables, row stride stride_cos (FUSED_ROPE only)
-    sin_ptr,  # [T, HEAD_DIM], row stride stride_sin (FUSED_ROPE only)
-    q_norm_ptr,  # [HEAD_DIM] (FUSED_ROPE with HAS_Q_NORM only)
-    k_norm_ptr,  # [HEAD_DIM] (FUSED_ROPE with HAS_K_NORM only)
-    kv_slot_ptr,  # [T'] int64 KV slots, negative = padding (FUSED_ROPE only)
     num_rows, num_splits, qk_scale,
-    num_kv_tokens, stride_cos, stride_sin, norm_eps,  # FUSED_ROPE only
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_c_kv, stride_c_blk, stride_c_tok, stride_c_head,
     stride_bt_row,
@@ -128,14 +76,7 @@ def _paged_attention_kernel(
     FUSED_REDUCE: tl.constexpr = False,  # IS_SPLIT: the last split program of a (row, KV head) merges them
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
     ROW_ORDER: tl.constexpr = False,  # small rows, unsplit: axis 0 = (row_order[i], KV head), KV heads inner
-    NUM_KV_HEADS: tl.constexpr = 1,  # ROW_ORDER and FUSED_ROPE only
-    # Decode rows (query_len 1): q_ptr holds the raw q heads of a merged q/k/v projection row (its k and v heads
-    # after them, stride_qt = (NUM_HEADS + 2 NUM_KV_HEADS) * stride_qh): the program norms and ropes its q heads,
-    # and the program whose KV range ends the row stores the new k and v before reading the cache.
-    FUSED_ROPE: tl.constexpr = False,
-    NUM_HEADS: tl.constexpr = 1,  # FUSED_ROPE only
-    HAS_Q_NORM: tl.constexpr = False,
-    HAS_K_NORM: tl.constexpr = False,
+    NUM_KV_HEADS: tl.constexpr = 1,  # ROW_ORDER only
 ):
     if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
         tl.extra.cuda.gdc_wait()
@@ -170,13 +111,8 @@ def _paged_attention_kernel(
     row_valid = (m_rows < BLOCK_Q * GROUP) & (q_local < q_len)
     token = (q_start + q_local).to(tl.int64)
     dims = tl.arange(0, HEAD_DIM)
-    if FUSED_ROPE:
-        q = _norm_rope_heads(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh,
-                             cos_ptr + token[:, None] * stride_cos, sin_ptr + token[:, None] * stride_sin,
-                             q_norm_ptr, row_valid, norm_eps, HEAD_DIM, BLOCK_M, HAS_Q_NORM, q_ptr.dtype.element_ty)
-    else:
-        q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
-                    mask=row_valid[:, None], other=0.0)
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                mask=row_valid[:, None], other=0.0)
     q_pos = tl.minimum(context_len + q_local, seq_len - 1)  # invalid rows clamped; never stored
 
     # Keys this program reads: up to the tile's last query position, within its KV split.
@@ -189,13 +125,6 @@ def _paged_attention_kernel(
         if kv_lo >= seq_len:
             return  # empty split of a short row; the merge skips it too
         kv_hi = tl.minimum(kv_hi, kv_lo + split_len)
-    if FUSED_ROPE:
-        if kv_hi == seq_len:  # the split that ends the row reads the new key: it stores it first
-            token0 = q_start.to(tl.int64)
-            _store_new_kv(q_ptr, cache_ptr, cos_ptr + token0 * stride_cos, sin_ptr + token0 * stride_sin, k_norm_ptr,
-                          kv_slot_ptr, token0, num_kv_tokens, kv_head, m_rows, dims, norm_eps, stride_qt, stride_qh,
-                          stride_c_kv, stride_c_blk, stride_c_tok, stride_c_head, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM,
-                          BLOCK_M, PAGE, HAS_K_NORM)
     # Keys before `full_hi` are visible to every query of the tile: those tiles need no mask.
     full_hi = (context_len + q_tile_start + 1) // BLOCK_N * BLOCK_N
     mid = tl.maximum(kv_lo, tl.minimum(kv_hi, full_hi))
@@ -311,7 +240,6 @@ def paged_attention(
     merge_unroll: int = MERGE_UNROLL,  # KV splits a fused merge takes per unrolled step (1: one at a time)
     row_order: torch.Tensor | None = None,  # [R] int32, a permutation of the rows: unsplit small rows start in it
     out: torch.Tensor | None = None,  # [>= T, num_heads, head_dim] query.dtype, contiguous rows: written in place
-    rope: RopeInputs | None = None,  # decode batches (max_query_len 1): q/k norm + RoPE + KV store in this launch
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -323,10 +251,6 @@ def paged_attention(
     that buffer across steps and CUDA-graph replays (`SplitCounters` in backend.py owns one per model),
     since the kernel leaves it zero again. Without one, a zeroed buffer is allocated for this call (one
     memset more per launch).
-
-    With `rope`, `query` is the q part of a merged q/k/v projection, viewed [T, num_heads, head_dim] (its k and
-    v heads follow each row's q heads): the launch applies the q/k norm + RoPE + KV store kernel's semantics
-    (`qk_norm_rope_store`) itself, so the batch needs no launch before this one. Decode batches only.
 
     `row_order` (used when the small rows run unsplit): their programs start row by row in this order, all KV
     heads of a row together. Longest rows first (`row_order.rows_longest_first`) keeps a batch of mixed lengths from
@@ -367,27 +291,10 @@ def paged_attention(
 
     bufs = split_buffers(out, meta, num_kv_heads, num_splits, small.block_m, fused_reduce, split_counters)
     ordered = row_order is not None and num_splits == 1
-    fused = rope is not None
-    if fused:
-        assert all_small and meta.max_query_len == 1, "fused q/k norm + RoPE: decode batches only"
-        assert num_tokens == 1 or query.stride(0) == (num_heads + 2 * num_kv_heads) * head_dim, \
-            "fused q/k norm + RoPE: query must be the q heads of a [T, (H + 2 Hkv) * D] q/k/v projection"
-        assert query.stride(1) == head_dim, \
-            "fused q/k norm + RoPE: query must be the q heads of a [T, (H + 2 Hkv) * D] q/k/v projection"
-        assert rope.cos.shape == (num_tokens, head_dim) and rope.sin.shape == rope.cos.shape, "cos/sin: [T, D]"
-        assert rope.cos.stride(1) == 1 and rope.sin.stride(1) == 1 and rope.kv_slot_mapping.numel() <= num_tokens
-        assert kv_cache.stride(1) == block_size * kv_cache.stride(2), "bad cache layout"
     common = dict(
         query_start_loc_ptr=meta.query_start_loc, seq_lens_ptr=meta.seq_lens, block_tables_ptr=meta.block_tables,
         split_counters_ptr=bufs.counters,  # read only by a fused merge
         row_order_ptr=row_order if ordered else meta.seq_lens,  # read only by an ordered small-rows launch
-        cos_ptr=rope.cos if fused else query, sin_ptr=rope.sin if fused else query,  # read only when fused
-        q_norm_ptr=rope.q_norm_weight if fused and rope.q_norm_weight is not None else query,
-        k_norm_ptr=rope.k_norm_weight if fused and rope.k_norm_weight is not None else query,
-        kv_slot_ptr=rope.kv_slot_mapping if fused else meta.seq_lens,
-        num_kv_tokens=rope.kv_slot_mapping.numel() if fused else 0,
-        stride_cos=rope.cos.stride(0) if fused else 0, stride_sin=rope.sin.stride(0) if fused else 0,
-        norm_eps=rope.eps if fused else 0.0,
         num_rows=num_rows, qk_scale=scale * LOG2E,
         stride_qt=query.stride(0), stride_qh=query.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_c_kv=kv_cache.stride(0), stride_c_blk=kv_cache.stride(1), stride_c_tok=kv_cache.stride(2),
@@ -413,9 +320,7 @@ def paged_attention(
         query, kv_cache, out, bufs.part_o, bufs.part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
         SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=num_splits > 1,
-        FUSED_REDUCE=bufs.fused, ROW_ORDER=ordered, NUM_KV_HEADS=num_kv_heads if ordered or fused else 1,
-        FUSED_ROPE=fused, NUM_HEADS=num_heads if fused else 1,
-        HAS_Q_NORM=fused and rope.q_norm_weight is not None, HAS_K_NORM=fused and rope.k_norm_weight is not None,
+        FUSED_REDUCE=bufs.fused, ROW_ORDER=ordered, NUM_KV_HEADS=num_kv_heads if ordered else 1,
         num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
     merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl)

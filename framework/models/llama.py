@@ -14,8 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from framework.attention import AttentionMetadata
-from framework.attention.backend import SplitCounters, attention_backend, order_rows_longest_first, paged_attention
-from framework.attention.metadata import RopeInputs
+from framework.attention.backend import SplitCounters, order_rows_longest_first, paged_attention
 from framework.parallel_context import ParallelContext, stage_layers
 from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
 from framework.models.hf_config import DecoderConfig
@@ -69,7 +68,6 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.qkv_weight: Optional[torch.Tensor] = None  # set by fuse_projections (after the weights are loaded)
         self.qkv_bias: Optional[torch.Tensor] = None
-        self.fuse_rope_attention = False  # decode batches: q/k norm + RoPE + KV store in the attention launch
 
     def forward(
         self,
@@ -80,13 +78,11 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         attention: AttentionFn,
     ) -> torch.Tensor:
-        return self.o_proj(self.rope_store_attend(self.project_qkv(x), cos, sin, kv_cache, meta, attention))
-
-    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, (H + 2 Hkv) * head_dim]
-        """This rank's q, k and v heads of `x`, side by side."""
         if self.qkv_weight is not None:  # merged projection (fuse_projections): one GEMM
-            return F.linear(x, self.qkv_weight, self.qkv_bias)
-        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # training, or before fusing
+            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        else:  # separate projections (training, or before fuse_projections)
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        return self.o_proj(self.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention))
 
     def rope_store_attend(
         self,
@@ -98,18 +94,9 @@ class Attention(nn.Module):
         attention: AttentionFn,
         pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, framework/kernels/pdl.py)
     ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
-        """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache; or, for
-        decode batches with `fuse_rope_attention` on the Triton backend, both in the attention launch."""
-        if self.fuse_rope_attention and not pdl and meta.max_query_len == 1 \
-                and attention_backend(qkv.device, self.head_dim) == "triton":
-            raw_q = qkv[:, : self.num_heads * self.head_dim].view(qkv.shape[0], self.num_heads, self.head_dim)
-            out = attention(raw_q, kv_cache, meta, self.scale, rope=RopeInputs(
-                cos, sin, self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
-                self.q_norm.eps if self.qk_norm else 0.0, meta.kv_slot_mapping))
-        else:
-            q = self.rope_store(qkv, cos, sin, kv_cache, meta.kv_slot_mapping, pdl)
-            out = attention(q, kv_cache, meta, self.scale, pdl=True) if pdl else \
-                attention(q, kv_cache, meta, self.scale)
+        """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
+        q = self.rope_store(qkv, cos, sin, kv_cache, meta.kv_slot_mapping, pdl)
+        out = attention(q, kv_cache, meta, self.scale, pdl=True) if pdl else attention(q, kv_cache, meta, self.scale)
         return out.reshape(qkv.shape[0], self.num_heads * self.head_dim)
 
     def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
@@ -160,16 +147,6 @@ def _merge_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.
     return weight, bias
 
 
-def enable_fused_rope_attention(model: nn.Module, on: bool) -> int:
-    """Decode batches of every `Attention` of `model` apply the q/k norm + RoPE + KV store inside the attention
-    launch (`on`), or in a kernel of their own before it; returns how many layers take it. Only where the
-    Triton backend runs (checked per forward): the reference path keeps the two steps."""
-    layers = [m for m in model.modules() if isinstance(m, Attention)]
-    for module in layers:
-        module.fuse_rope_attention = on
-    return len(layers) if on else 0
-
-
 def fuse_projections(model: nn.Module) -> None:
     """Merge every `Attention`'s q/k/v and every `MLP`'s gate/up projections of `model` (inference only: call
     once the weights are loaded; training keeps the separate projections)."""
@@ -196,19 +173,19 @@ class DecoderLayer(nn.Module):
         reads only the shape, so a CUDA graph captured at a padded batch size freezes one path."""
         if 0 < x.shape[0] <= self.small_batch_max_tokens:  # (0 tokens: the default path, enabled or not)
             return small_batch_layer(self, x, residual, cos, sin, kv_cache, meta, attention)
-        h, residual = self.input_layernorm.add_and_norm(x, residual)
-        attn = self.self_attn
-        return self.after_attention(attn.rope_store_attend(attn.project_qkv(h), cos, sin, kv_cache, meta, attention),
-                                    residual)
+        q, residual = self.before_attention(x, residual, cos, sin, kv_cache, meta.kv_slot_mapping)
+        return self.after_attention(attention(q, kv_cache, meta, self.self_attn.scale), residual)
 
     def before_attention(self, x, residual, cos, sin, kv_cache, kv_slot_mapping):  # type: ignore[no-untyped-def]
         """(q [T, H, head_dim], the residual stream): the norm, the q/k/v projection, q/k norm + RoPE and the KV
         store of this layer (`forward`'s part before attention; framework/prefill_graphs.py captures it)."""
         h, residual = self.input_layernorm.add_and_norm(x, residual)
         attn = self.self_attn
-        return attn.rope_store(attn.project_qkv(h), cos, sin, kv_cache, kv_slot_mapping), residual
+        qkv = F.linear(h, attn.qkv_weight, attn.qkv_bias) if attn.qkv_weight is not None else \
+            torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
+        return attn.rope_store(qkv, cos, sin, kv_cache, kv_slot_mapping), residual
 
-    def after_attention(self, attn_out: torch.Tensor,  # [T, H, head_dim] or [T, H * head_dim]
+    def after_attention(self, attn_out: torch.Tensor,  # [T, H, head_dim]
                         residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(MLP output, residual stream): o_proj, the residual add + norm and the MLP (`forward`'s part after
         attention)."""
