@@ -1,14 +1,15 @@
 """The decode projections at 32-256 rows through cuBLAS, with PyTorch's default BLAS and with cuBLASLt preferred.
 
-nano's decode at 65-256 rows spends ~0.8 ms a step in its four projection GEMMs (docs/benchmarks.md, issue 25's
-fifth session): ~28 us a layer for 30 MB of weights, far from both the bandwidth and the FLOP floor. This times
-`F.linear` at the Qwen3-0.6B (and 8B) projection shapes, each in a CUDA graph of 28 calls on 28 distinct weights
-(as a step runs them, so the weights come from HBM, not L2), under `torch.backends.cuda.preferred_blas_library`
-"cublas" (the default) and "cublaslt", and the same with the weights stored transposed ([K, N], `x @ w`: cuBLAS
-sees an NN product instead of F.linear's TN and may pick other kernels); prints a table (us per call, TB/s of weight bytes, TFLOP/s), writes
-`projections.json` and `projections.png` into the directory given.
+nano's decode at 65-256 rows spends ~0.8 ms a step in its four projection GEMMs (docs/decode-performance-log.md,
+issue 25's fifth session): ~28 us a layer for 30 MB of weights, far from both the bandwidth and the FLOP floor.
+This times `F.linear` at the Qwen3-0.6B (and 8B) projection shapes, each in a CUDA graph of 28 calls on 28
+distinct weights (as a step runs them, so the weights come from HBM, not L2), under
+`torch.backends.cuda.preferred_blas_library` "cublas" (the default) and "cublaslt", and the same with the weights
+stored transposed ([K, N], `x @ w`: cuBLAS sees an NN product instead of F.linear's TN and may pick other
+kernels); prints a table (us per call, TB/s of weight bytes, TFLOP/s), writes `projections.json` and
+`projections.png` into the directory given.
 
-    PYTHONPATH=$PWD python3 scripts/bench_projections.py OUT_DIR [--rows 32 64 128 256]
+    PYTHONPATH=$PWD python3 scripts/bench_projections.py OUT_DIR [--rows 32 64 128 256] [--shapes "8b o" ...]
 """
 
 from __future__ import annotations

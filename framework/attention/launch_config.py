@@ -62,11 +62,12 @@ def decode_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2, *,
     of short rows.
 
     Measured on an H200 (bf16, head_dim 128): 128-key tiles, 4 warps, 2 stages beat 32/64-key tiles and
-    deeper pipelines at every batch tried (4.1-4.3 TB/s from 64 rows of 4096 keys up); their 128 KB of
-    shared memory hold one program per multiprocessor. At nano's draining batches of mixed lengths
+    deeper pipelines at every batch tried (4.1-4.3 TB/s from 64 rows of 4096 keys up). Compiled for sm_90
+    the decode loop holds one K/V buffer (docs/kernels.md): ~74 KB of shared memory a program with 128-key
+    tiles, ~39 KB with 64-key ones (Triton 3.9's compile), so 64-key programs share a multiprocessor more
+    and one's prologue hides behind another's stream. At nano's draining batches of mixed lengths
     (`bench_attention.py --sweep-mixed`, rows longest first, 2026-12-04, the Qwen3-0.6B and the 8B geometry's
-    GQA groups alike, µs): from 128 rows up 64-key tiles / 2 warps / 3 stages (96 KB: two programs per
-    multiprocessor, one's prologue hides behind the other's stream) are the fastest (128 x 660-1,590: 153.8
+    GQA groups alike, µs): from 128 rows up 64-key tiles / 2 warps / 3 stages are the fastest (128 x 660-1,590: 153.8
     against 159.7 for 128/4/2); at 96 rows 64/4/2 (129.5 against 134.5 for 64/2/3); at 48-64 rows 128/4/2
     (64 x 890-1,820: 99.2 against 105.9; 48 rows 86.0 against 89.1); below, where the split rule's latency
     regime starts, 128/4/2 was within 2 % of the best except at 24 rows (left: one point). Hence by programs
