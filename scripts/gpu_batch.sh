@@ -507,6 +507,9 @@ for j in "$@"; do
         job $j-nano 200 python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds 2 --timeout 60 --config on= \
           --config off=model.fuse_rope_attention=false \
           --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0" ;;
+    # The decode tile rule's three configs at short contexts against the reference (new test), with the decode tests.
+    s18_check) job $j-tests 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
+          -k "decode_tiles_of_each_regime or test_decode_qwen3" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

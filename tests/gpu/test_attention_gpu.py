@@ -77,6 +77,16 @@ def test_decode_qwen3(batch, kind):
     _check(_rows(kind, batch, 4096, seed=batch))
 
 
+@pytest.mark.parametrize("batch, block_n, num_warps", [(48, 128, 4), (96, 64, 4), (256, 64, 2)])
+def test_decode_tiles_of_each_regime(batch, block_n, num_warps):
+    """Short contexts (<= 2,048 keys, nano's): the tile rule's three decode configs, each against the reference."""
+    rows = _rows("decode", batch, 2048, seed=batch)
+    tiles = decode_tiles(128, 2, True, 2, num_programs=batch * 8, max_seq_len=max(c + q for c, q in rows),
+                         num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    assert (tiles.block_n, tiles.num_warps) == (block_n, num_warps)
+    _check(rows)
+
+
 @pytest.mark.parametrize("batch", [1, 16])
 def test_draft_verify_rows(batch):
     _check(_rows("verify", batch, 4096, seed=batch))
