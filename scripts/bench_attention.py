@@ -41,7 +41,8 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 NUM_LAYERS = 28  # Qwen3-0.6B: attention launches per decode step
 
 
-def _make_batch(query_lens: list[int], seq_lens: list[int], dtype: torch.dtype, device: str, seed: int = 0):
+def _make_batch(query_lens: list[int], seq_lens: list[int], dtype: torch.dtype, device: str, seed: int = 0,
+                num_heads: int = NUM_HEADS):
     """Paged cache holding every row's keys (blocks shuffled), the step's queries and metadata."""
     from framework.attention.metadata import AttentionMetadata
 
@@ -58,7 +59,7 @@ def _make_batch(query_lens: list[int], seq_lens: list[int], dtype: torch.dtype, 
     cache = torch.randn((2, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM), generator=gen, device=device,
                         dtype=torch.float32).to(dtype)
     num_tokens = sum(query_lens)
-    query = torch.randn((num_tokens, NUM_HEADS, HEAD_DIM), generator=gen, device=device).to(dtype)
+    query = torch.randn((num_tokens, num_heads, HEAD_DIM), generator=gen, device=device).to(dtype)
     qsl = [0]
     for q in query_lens:
         qsl.append(qsl[-1] + q)
@@ -416,14 +417,14 @@ def _plot(results: list[dict], path: Path) -> None:
 ROW_ORDER_SHAPES = [(256, 700, 700), (256, 150, 1300), (192, 400, 1500), (128, 500, 1700), (64, 700, 2000)]
 
 
-def _mixed_decode_batch(batch: int, lo: int, hi: int, dtype: torch.dtype):
+def _mixed_decode_batch(batch: int, lo: int, hi: int, dtype: torch.dtype, num_heads: int = NUM_HEADS):
     """(query, cache, meta, GB of KV the launch must read): `batch` decode rows of lengths uniform in [lo, hi],
     the same lengths for a given batch size in every mode (seeded by it)."""
     import random
 
     rng = random.Random(batch)
     lens = [rng.randint(lo, hi) for _ in range(batch)]
-    query, cache, meta = _make_batch([1] * batch, lens, dtype, "cuda")
+    query, cache, meta = _make_batch([1] * batch, lens, dtype, "cuda", num_heads=num_heads)
     return query, cache, meta, 2 * sum(lens) * NUM_KV_HEADS * HEAD_DIM * cache.element_size() / 1e9
 
 
@@ -478,11 +479,12 @@ MIXED_SHAPES = [(192, 430, 1355), (160, 500, 1420), (128, 660, 1590), (96, 780, 
 MIXED_CONFIGS = (None, (64, 2, 3), (64, 2, 2), (128, 4, 2), (64, 4, 2), (64, 4, 3), (32, 4, 3))
 
 
-def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int = 2048) -> None:
+def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int = 2048,
+                num_heads: int = NUM_HEADS) -> None:
     """Decode tiles at "nano"'s draining batches of mixed lengths, as the engine launches them: rows longest
     first, the split rule at the CUDA graphs' `max_seq_len` (nano's max_model_len); each one launch in a CUDA
-    graph, L2 flushed. Prints µs and TB/s per tile config (`rule` = `decode_tiles`' choice); writes
-    `attention_mixed.json` and `attention_mixed.png`."""
+    graph, L2 flushed, `num_heads` query heads over 8 KV heads. Prints µs and TB/s per tile config (`rule` =
+    `decode_tiles`' choice); writes `attention_mixed.json` and `attention_mixed.png`."""
     import dataclasses
 
     import matplotlib
@@ -498,7 +500,7 @@ def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int =
     print(f"{'batch':>5} {'keys':>10} " + " ".join(f"{name:>14}" for name in labels) + "   (us, splits)")
     rows_out = []
     for batch, lo, hi in MIXED_SHAPES:
-        query, cache, meta, gb = _mixed_decode_batch(batch, lo, hi, dtype)
+        query, cache, meta, gb = _mixed_decode_batch(batch, lo, hi, dtype, num_heads)
         meta = dataclasses.replace(meta, max_seq_len=max_seq_len)
         scale = HEAD_DIM ** -0.5
         order = rows_longest_first(meta.seq_lens)
@@ -506,7 +508,7 @@ def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int =
         sms = num_sms(query.device)
         cells = []
         for cfg, label in zip(MIXED_CONFIGS, labels):
-            tiles = decode_tiles(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, True, num_programs=batch * NUM_KV_HEADS,
+            tiles = decode_tiles(HEAD_DIM, num_heads // NUM_KV_HEADS, True, num_programs=batch * NUM_KV_HEADS,
                                  max_seq_len=max_seq_len, num_sms=sms) if cfg is None else AttentionTiles(16, *cfg)
             splits = num_kv_splits(batch, NUM_KV_HEADS, max_seq_len, sms, tiles.block_n)
             us = _time_graph_ms(lambda t=tiles: paged_attention(query, cache, meta, scale, small_tiles=t,
@@ -531,7 +533,6 @@ def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int =
 
 
 def main(argv: list[str] | None = None) -> int:
-    global NUM_HEADS  # --heads: the script's setting for every function below, set once here
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256, 512])
@@ -550,9 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-mixed", action="store_true",
                         help="only sweep decode tiles at nano's draining batches of mixed lengths")
     parser.add_argument("--heads", type=int, default=NUM_HEADS,
-                        help="query heads (8 KV heads): 16 for Qwen3-0.6B, 32 for the Qwen3-8B geometry")
+                        help="--sweep-mixed: query heads (8 KV heads), 16 for Qwen3-0.6B, 32 for the Qwen3-8B geometry")
     args = parser.parse_args(argv)
-    NUM_HEADS = args.heads
     if not torch.cuda.is_available():
         print("bench_attention needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
     env = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-               triton=triton.__version__, dtype=args.dtype, heads=NUM_HEADS, kv_heads=NUM_KV_HEADS,
+               triton=triton.__version__, dtype=args.dtype, heads=args.heads, kv_heads=NUM_KV_HEADS,
                head_dim=HEAD_DIM, block_size=BLOCK_SIZE)
     print(f"# {env}", file=sys.stderr)
 
@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         compare_reduce(dtype, args.out_dir, env)
         return 0
     if args.sweep_mixed:
-        sweep_mixed(dtype, args.out_dir, env)
+        sweep_mixed(dtype, args.out_dir, env, num_heads=args.heads)
         return 0
     if args.row_order:
         compare_row_order(dtype, args.out_dir, env)
