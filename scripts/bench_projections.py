@@ -29,7 +29,6 @@ SHAPES = {  # name: (N, K) of the fused weights the model runs
 }
 VARIANTS = {"cublas": ("cublas", "nk"), "cublaslt": ("cublaslt", "nk"),  # name: (preferred BLAS, weight layout)
             "cublas kn": ("cublas", "kn"), "cublaslt kn": ("cublaslt", "kn")}
-BACKENDS = tuple(VARIANTS)
 
 
 def time_chain_us(rows: int, n: int, k: int, layers: int, layout: str = "nk") -> float:
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_projections needs a CUDA GPU", file=sys.stderr)
         return 2
     results = []
-    print(f"{'shape':>14} {'rows':>5} " + " ".join(f"{b + ' us':>12} {'TB/s':>5} {'TFLOP/s':>7}" for b in BACKENDS))
+    print(f"{'shape':>14} {'rows':>5} " + " ".join(f"{b + ' us':>12} {'TB/s':>5} {'TFLOP/s':>7}" for b in VARIANTS))
     for name in args.shapes:
         n, k = SHAPES[name]
         layers = LAYERS if n * k * 2 * LAYERS < 8e9 else 8  # the 8B's gate_up: 8 weights of 201 MB
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.backends.cuda.preferred_blas_library("cublas")
             results.append(r)
             print(f"{name:>14} {rows:>5} " + " ".join(
-                f"{r[b]['us']:>12.1f} {r[b]['tbps']:>5.2f} {r[b]['tflops']:>7.0f}" for b in BACKENDS), flush=True)
+                f"{r[b]['us']:>12.1f} {r[b]['tbps']:>5.2f} {r[b]['tflops']:>7.0f}" for b in VARIANTS), flush=True)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "projections.json").write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(),
                                                                    torch=torch.__version__, results=results), indent=1))
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
     labels = [f"{r['shape']} x{r['rows']}" for r in results]
-    for i, b in enumerate(BACKENDS):
+    for i, b in enumerate(VARIANTS):
         ax.bar([j + 0.2 * i for j in range(len(results))], [r[b]["tbps"] for r in results], 0.2, label=b)
     ax.set_xticks([j + 0.3 for j in range(len(results))], labels, rotation=90, fontsize=6)
     ax.set(ylabel="weight bytes / time (TB/s)", title="Decode projections (bf16), 28 distinct weights a graph")

@@ -23,8 +23,8 @@ MAX_KV_SPLITS = 32
 PROGRAMS_PER_SM = 2  # decode programs per multiprocessor the split rule aims at (fitted on an H200)
 SHORT_CONTEXT = 2048  # longest max_seq_len given the shape-dependent decode tiles (nano's max_model_len)
 # Programs (rows x KV heads) per multiprocessor from which the shape-dependent decode tiles apply (decode_tiles).
-WAVES_64_2_3 = 7  # 64-key tiles, 2 warps, 3 stages: 128+ rows of 8 KV heads on 132 SMs
-WAVES_64_4_2 = 5  # 64-key tiles, 4 warps, 2 stages: 83-127 rows
+MIN_PROGRAMS_PER_SM_64_2_3 = 7  # 64-key tiles, 2 warps, 3 stages: 128+ rows of 8 KV heads on 132 SMs
+MIN_PROGRAMS_PER_SM_64_4_2 = 5  # 64-key tiles, 4 warps, 2 stages: 83-127 rows
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ def decode_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2, *,
     against 159.7 for 128/4/2); at 96 rows 64/4/2 (129.5 against 134.5 for 64/2/3); at 48-64 rows 128/4/2
     (64 x 890-1,820: 99.2 against 105.9; 48 rows 86.0 against 89.1); below, where the split rule's latency
     regime starts, 128/4/2 was within 2 % of the best except at 24 rows (left: one point). Hence by programs
-    per multiprocessor: >= WAVES_64_2_3 -> 64/2/3, >= WAVES_64_4_2 -> 64/4/2, else 128/4/2, for
-    `max_seq_len <= SHORT_CONTEXT` (measured up to ~2,000 keys).
+    per multiprocessor: >= MIN_PROGRAMS_PER_SM_64_2_3 -> 64/2/3, >= MIN_PROGRAMS_PER_SM_64_4_2 -> 64/4/2,
+    else 128/4/2, for `max_seq_len <= SHORT_CONTEXT` (measured up to ~2,000 keys).
     """
     block_m = max(16, next_power_of_2(group))
     if not on_gpu:
@@ -80,9 +80,9 @@ def decode_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2, *,
     if head_dim > 128 or elem_size > 2:
         return AttentionTiles(block_m, 64, 4, 2)
     if head_dim == 128 and block_m == 16 and 0 < max_seq_len <= SHORT_CONTEXT:
-        if num_programs >= WAVES_64_2_3 * num_sms:
+        if num_programs >= MIN_PROGRAMS_PER_SM_64_2_3 * num_sms:
             return AttentionTiles(block_m, 64, 2, 3)
-        if num_programs >= WAVES_64_4_2 * num_sms:
+        if num_programs >= MIN_PROGRAMS_PER_SM_64_4_2 * num_sms:
             return AttentionTiles(block_m, 64, 4, 2)
     return AttentionTiles(block_m, 128, 4, 2 if head_dim == 128 else 3)
 
