@@ -255,6 +255,10 @@ class CacheConfig(_Strict):
         None, ge=1, description="KV blocks; null = enough for max_num_seqs full-length requests (CPU) or profiled (GPU)."
     )
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="Element type of the attention KV cache: auto = the model's dtype; fp8 (= fp8_e4m3) or "
+        "fp8_e5m2 store K and V in one byte (saturating cast, no scale): twice the tokens per GiB and half the bytes "
+        "decode attention reads, at the cost of rounding the cached K and V (docs/kernels.md#fp8-kv-cache).")
     token_history_on_host: Optional[bool] = Field(
         None, description="Keep the per-slot token history in pinned host memory read by the GPU; null = on a GPU."
     )

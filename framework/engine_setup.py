@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from framework.config import ConfigError, Mrv2Config
+from framework.kernels.kv_cache_dtype import kv_cache_torch_dtype
 from framework.kernels.pdl import resolve_programmatic_launch
 from framework.parallel_context import ParallelContext
 from framework.models.embedded import resolve_model_source
@@ -41,6 +42,7 @@ class LoadedModel:
     max_model_len: int
     device: torch.device
     dtype: torch.dtype
+    kv_dtype: torch.dtype  # the attention KV cache's element type (`cache.kv_cache_dtype`: dtype, or an FP8 type)
     parallel: ParallelContext = field(default_factory=ParallelContext)  # this rank's place (single process: 1 x 1)
     path: Optional[str] = None  # the HF directory the weights came from (a shipped one for `tiny`); None: random
 
@@ -114,15 +116,29 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         max_model_len=max_model_len,
         device=device,
         dtype=dtype,
+        kv_dtype=resolve_kv_cache_dtype(config.cache.kv_cache_dtype, dtype, device),
         parallel=parallel,
         path=source.path,
     )
 
 
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV cache's element type for `cache.kv_cache_dtype` = `name`; `ConfigError` where the attention kernels
+    cannot read it (FP8 e4m3 needs compute capability 8.9 or newer for Triton's conversions)."""
+    dtype = kv_cache_torch_dtype(name, model_dtype)
+    if dtype == torch.float8_e4m3fn and device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < (8, 9):
+            raise ConfigError(f"cache.kv_cache_dtype={name} needs a GPU of compute capability 8.9 or newer (this one: "
+                              f"{capability[0]}.{capability[1]}); use fp8_e5m2 or auto")
+    return dtype
+
+
 def kv_bytes_per_block(loaded: LoadedModel, block_size: int, extra_kv_layers: int = 0) -> int:
-    """Bytes of one KV block over the target's layers plus `extra_kv_layers` (a draft model's, same shape)."""
+    """Bytes of one KV block over the target's layers plus `extra_kv_layers` (a draft model's, same shape), in
+    the cache's element type."""
     shape = loaded.model.kv_cache_shape(1, block_size)
-    per_layer = int(torch.tensor(shape).prod()) * torch.empty(0, dtype=loaded.dtype).element_size()
+    per_layer = int(torch.tensor(shape).prod()) * loaded.kv_dtype.itemsize
     return per_layer * (loaded.model.num_kv_layers + extra_kv_layers)
 
 

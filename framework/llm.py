@@ -35,6 +35,7 @@ _KWARGS = {
     "block_size": "cache.block_size",
     "num_kv_blocks": "cache.num_blocks",
     "gpu_memory_utilization": "cache.gpu_memory_utilization",
+    "kv_cache_dtype": "cache.kv_cache_dtype",
     "max_num_seqs": "scheduler.max_num_seqs",
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
     "max_num_encoder_tokens": "scheduler.max_num_encoder_tokens",
@@ -85,7 +86,7 @@ def _config_from_kwargs(model: str, kwargs: dict[str, Any]) -> Mrv2Config:
 class LLM:
     """An engine in this process. `model` is a local HF directory or an embedded model name ("tiny", "random_tiny").
 
-    Keyword arguments map to config keys (`max_model_len`, `block_size`, `num_kv_blocks`, `max_num_seqs`,
+    Keyword arguments map to config keys (`max_model_len`, `block_size`, `num_kv_blocks`, `kv_cache_dtype`, `max_num_seqs`,
     `max_num_batched_tokens`, `dtype`, `device`, `runner`, `seed`, ...); or pass a full `config`.
     """
 

@@ -123,10 +123,10 @@ class ModelRunnerV2(ModelRunner):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate every layer's paged KV cache (`num_blocks` blocks of `cache.block_size` tokens)."""
         shape = self.model.kv_cache_shape(num_blocks, self.config.cache.block_size)
-        self.kv_caches = [torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
+        self.kv_caches = [torch.zeros(shape, dtype=self.loaded.kv_dtype, device=self.device)
                           for _ in range(self.model.num_kv_layers)]
         if self.speculator is not None:  # the draft model's own layers, same block ids and KV slots
-            self.speculator.bind_kv_caches([torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
+            self.speculator.bind_kv_caches([torch.zeros(shape, dtype=self.loaded.kv_dtype, device=self.device)
                                             for _ in range(self.num_draft_kv_layers)])
 
     def capture_cuda_graphs(self, capturer: Optional[GraphCapturer] = None) -> None:

@@ -23,6 +23,7 @@ Prints a table; writes `attention_bench.json` and `attention_bench.png` into the
         [--seq-lens 512 1024 2048 4096]
     PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR --compare-reduce
     PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR --sweep-mixed   # tiles at nano's draining batches
+    PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR --sweep-kv-dtype   # bf16 vs FP8 caches
 """
 
 from __future__ import annotations
@@ -487,11 +488,6 @@ def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int =
     `decode_tiles`' choice); writes `attention_mixed.json` and `attention_mixed.png`."""
     import dataclasses
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from framework.attention.launch_config import AttentionTiles, decode_tiles, num_kv_splits, num_sms
     from framework.attention.row_order import rows_longest_first
     from framework.attention.triton_paged_attention import paged_attention
@@ -520,16 +516,86 @@ def sweep_mixed(dtype: torch.dtype, out_dir: Path, env: dict, max_seq_len: int =
         del query, cache, meta
         torch.cuda.empty_cache()
     (out_dir / "attention_mixed.json").write_text(json.dumps(dict(env=env, results=rows_out), indent=1))
+    series = [(label, [r["batch"] for r in rows_out if r["tiles"] == label],
+               [r["tbps"] for r in rows_out if r["tiles"] == label]) for label in labels]
+    _rows_plot(out_dir / "attention_mixed.png", series, "decode rows (nano's draining batch)",
+               "KV bytes / time (TB/s)", "Decode attention tiles at mixed lengths")
+
+
+def _rows_plot(path: Path, series: list[tuple[str, list[int], list[float]]], xlabel: str, ylabel: str,
+               title: str) -> None:
+    """One line per (label, decode rows, values), rows on a log axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    for label in labels:
-        pts = [r for r in rows_out if r["tiles"] == label]
-        ax.plot([r["batch"] for r in pts], [r["tbps"] for r in pts], marker="o", label=label)
-    ax.set(xscale="log", xlabel="decode rows (nano's draining batch)", ylabel="KV bytes / time (TB/s)",
-           title="Decode attention tiles at mixed lengths")
+    for label, xs, ys in series:
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set(xscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out_dir / "attention_mixed.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# FP8 caches: decode batches of nano's shapes (its first steps, draining, batch 1), each cache type with the
+# products in the query's bf16 or in float16, over a few tile configs.
+KV_DTYPE_SHAPES = [(256, 300, 1100), (128, 660, 1590), (64, 890, 1820), (16, 1070, 1990), (1, 1400, 1400)]
+KV_DTYPE_CONFIGS = (None, (64, 2, 3), (64, 4, 2), (64, 8, 2), (128, 4, 2), (128, 8, 2), (128, 4, 3))
+KV_DTYPE_MODES = (("bf16", None, False), ("e4m3", torch.float8_e4m3fn, False), ("e4m3-f16", torch.float8_e4m3fn, True),
+                  ("e5m2", torch.float8_e5m2, False), ("e5m2-f16", torch.float8_e5m2, True))
+
+
+def sweep_kv_dtype(out_dir: Path, env: dict, max_seq_len: int = 2048) -> None:
+    """Decode attention over a bf16 cache and over FP8 caches (`cache.kv_cache_dtype`), products in bf16 or in
+    float16 (`dot_f16`), at `KV_DTYPE_SHAPES` and each tile config of `KV_DTYPE_CONFIGS` (`rule` =
+    `decode_tiles`' choice), launched as the engine does (rows longest first, the split rule at max_seq_len);
+    each one launch in a CUDA graph, L2 flushed. TB/s counts the bf16 cache's bytes for every mode (so a mode
+    twice as fast shows twice the figure). Prints the best config per mode and shape; writes
+    `attention_kv_dtype.json` and `.png`."""
+    import dataclasses
+
+    from framework.attention.launch_config import AttentionTiles, decode_tiles, num_kv_splits, num_sms
+    from framework.attention.row_order import rows_longest_first
+    from framework.attention.triton_paged_attention import paged_attention
+
+    labels = ["rule" if c is None else "/".join(map(str, c)) for c in KV_DTYPE_CONFIGS]
+    print(f"{'batch':>5} {'keys':>10} {'mode':>9} " + " ".join(f"{name:>8}" for name in labels) + "  (us)")
+    rows_out = []
+    for batch, lo, hi in KV_DTYPE_SHAPES:
+        query, cache16, meta, gb = _mixed_decode_batch(batch, lo, hi, torch.bfloat16)
+        meta = dataclasses.replace(meta, max_seq_len=max_seq_len)
+        order = rows_longest_first(meta.seq_lens) if batch >= 64 else None
+        counters = _zero_counters(batch)
+        sms = num_sms(query.device)
+        for mode, cache_dtype, f16 in KV_DTYPE_MODES:
+            cache = cache16 if cache_dtype is None else cache16.to(cache_dtype)
+            cells = []
+            for cfg, label in zip(KV_DTYPE_CONFIGS, labels):
+                tiles = decode_tiles(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, True, num_programs=batch * NUM_KV_HEADS,
+                                     max_seq_len=max_seq_len, num_sms=sms) if cfg is None else AttentionTiles(16, *cfg)
+                us = _time_graph_ms(lambda t=tiles: paged_attention(
+                    query, cache, meta, HEAD_DIM ** -0.5, small_tiles=t, row_order=order, split_counters=counters,
+                    dot_f16=f16)) * 1e3
+                splits = num_kv_splits(batch, NUM_KV_HEADS, max_seq_len, sms, tiles.block_n)
+                rows_out.append(dict(batch=batch, min_keys=lo, max_keys=hi, mode=mode, tiles=label, splits=splits,
+                                     us=us, tbps_bf16_bytes=gb / us * 1e3))
+                cells.append(f"{us:>8.1f}")
+            print(f"{batch:>5} {f'{lo}-{hi}':>10} {mode:>9} " + " ".join(cells), flush=True)
+            del cache
+        del query, cache16, meta
+        torch.cuda.empty_cache()
+    (out_dir / "attention_kv_dtype.json").write_text(json.dumps(dict(env=env, results=rows_out), indent=1))
+    batches = [b for b, _, _ in KV_DTYPE_SHAPES]
+
+    def best_us(mode: str, batch: int) -> float:
+        return min(r["us"] for r in rows_out if r["mode"] == mode and r["batch"] == batch)
+
+    series = [(mode, batches, [best_us("bf16", b) / best_us(mode, b) for b in batches]) for mode, _, _ in KV_DTYPE_MODES]
+    _rows_plot(out_dir / "attention_kv_dtype.png", series, "decode rows", "speed vs bf16 cache (best tiles each)",
+               "Decode attention over FP8 KV caches")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -548,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only compare launch orders of unsplit decode at nano's mixed lengths")
     parser.add_argument("--compare-reduce", action="store_true",
                         help="only compare the fused split-KV reduce with the two-launch one (batch 1/4/16)")
+    parser.add_argument("--sweep-kv-dtype", action="store_true",
+                        help="decode over bf16 and FP8 caches, products in bf16 or float16, a few tile configs")
     parser.add_argument("--sweep-mixed", action="store_true",
                         help="only sweep decode tiles at nano's draining batches of mixed lengths")
     parser.add_argument("--heads", type=int, default=NUM_HEADS,
@@ -568,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.compare_reduce:
         compare_reduce(dtype, args.out_dir, env)
+        return 0
+    if args.sweep_kv_dtype:
+        sweep_kv_dtype(args.out_dir, env)
         return 0
     if args.sweep_mixed:
         sweep_mixed(dtype, args.out_dir, env, num_heads=args.heads)

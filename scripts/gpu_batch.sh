@@ -47,6 +47,19 @@ GPU_PIECES_MORE=(
   "prefillgraphs 80 test_prefill_graphs_gpu.py"
   "attention 60 test_attention_gpu.py"
 )
+# The issue-25 targets paired over configurations: nano, the Qwen3-8B geometry (128 requests) and batch 1, each a
+# `scripts/bench_matrix.py` call with the given rounds over the configurations (NAME=OVERRIDES, in that order).
+paired_targets() {  # job, nano rounds, 8B rounds, batch-1 rounds, configurations...
+  local j=$1 rn=$2 r8=$3 r1=$4; shift 4
+  local cfg=() c; for c in "$@"; do cfg+=(--config "$c"); done
+  local no_extras="bench.baselines=[] bench.decode_idle_batch=0"  # no HF baseline, no idle probe
+  job $j-nano $((20 + 90 * rn)) python3 scripts/bench_matrix.py --out "$res/$j/nano" --rounds $rn --timeout 60 \
+    "${cfg[@]}" --workload nano="experiment=nano $no_extras"
+  job $j-8b $((30 + 110 * r8)) python3 scripts/bench_matrix.py --out "$res/$j/8b" --rounds $r8 --timeout 65 \
+    "${cfg[@]}" --workload 8b="experiment=nano model.preset=qwen3-8b bench.num_requests=128 $no_extras"
+  job $j-b1 $((20 + 40 * r1)) python3 scripts/bench_matrix.py --out "$res/$j/b1" --rounds $r1 --timeout 45 \
+    "${cfg[@]}" --workload b1="experiment=nano bench.num_requests=1 $no_extras"
+}
 run_pieces() {  # tag, name of the pieces array: one pytest job per piece, then the summary of exactly those files
   local tag=$1; local -n pieces=$2; local xml="$res/$1/junit" expect=""
   mkdir -p "$xml"; rm -f "$xml"/*.xml
@@ -510,6 +523,29 @@ for j in "$@"; do
     # The decode tile rule's three configs at short contexts against the reference (new test), with the decode tests.
     s18_check) job $j-tests 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
           -k "decode_tiles_of_each_regime or test_decode_qwen3" ;;
+    # FP8 KV cache (cache.kv_cache_dtype): its GPU tests (stores byte for byte against torch, attention against the
+    # reference at real shapes), then nano, the 8B geometry and batch 1 paired bf16 / fp8 cache.
+    s19_fp8) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
+          tests/gpu/test_layer_ops_gpu.py -k "fp8 or store";
+        paired_targets $j 2 1 1 bf16= fp8=cache.kv_cache_dtype=fp8 ;;
+    # s19_fp8's benchmarks again (its fp8 runs failed: the YAML lacked the new key).
+    s19_bench) job $j-host 20 python3 scripts/host_speed.py;
+        paired_targets $j 2 1 2 bf16= fp8=cache.kv_cache_dtype=fp8 ;;
+    # Why the FP8 cache lost end to end (s19_bench): decode attention per launch over bf16 / e4m3 / e5m2 caches,
+    # products in bf16 or float16, a few tile configs.
+    s19_sweep) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-kv 420 python3 scripts/bench_attention.py "$res/$j/kv" --sweep-kv-dtype ;;
+    # FP8 caches multiplying in float16 (after s19_sweep): the FP8 GPU tests, then the paired benchmarks.
+    s19_f16) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-tests 120 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
+          tests/gpu/test_prefill_attention_gpu.py -k "fp8";
+        paired_targets $j 2 1 1 bf16= fp8=cache.kv_cache_dtype=fp8 ;;
+    # The attention and fused-store GPU tests whole, a third nano round and second 8B / batch-1 rounds of s19_f16.
+    s19_final) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-tests 110 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
+          tests/gpu/test_layer_ops_gpu.py;
+        paired_targets $j 1 1 1 fp8=cache.kv_cache_dtype=fp8 bf16= ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

@@ -32,6 +32,7 @@ def make_paged_case(
     num_pad_tokens: int = 0,
     seed: int = 0,
     poison: bool = True,
+    cache_dtype: torch.dtype | None = None,  # the KV cache's element type (an FP8 one); default dtype
 ) -> PagedCase:
     """A batch whose rows own blocks in shuffled physical order; unused cache memory holds NaN (`poison`).
 
@@ -56,7 +57,8 @@ def make_paged_case(
         return torch.randn(*shape, generator=gen, device=device).to(dtype)
 
     fill = float("nan") if poison else 0.0
-    cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), fill, dtype=dtype, device=device)
+    cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), fill, dtype=cache_dtype or dtype,
+                       device=device)
     num_tokens = sum(q for _, q in rows)
     qsl = [0]
     for _, q in rows:

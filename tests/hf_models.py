@@ -7,11 +7,13 @@ influences the output. `save_tiny_checkpoint` writes it as config.json + model.s
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.cache_utils import Cache, DynamicLayer
 
 VOCAB_SIZE = 256
 
@@ -126,3 +128,25 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
 def hf_logits(model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
     """[len, vocab] float32 logits of one full sequence (row i predicts token i+1)."""
     return model(torch.tensor([token_ids])).logits[0].float()
+
+
+class Fp8RoundingLayer(DynamicLayer):
+    """HF's dynamic cache layer, storing each new K and V as torch's float8_e4m3fn cast rounds them (saturating):
+    HF's attention over what mrv2's FP8 KV cache (`cache.kv_cache_dtype=fp8`) holds."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):  # type: ignore[override]
+        def rounded(t: torch.Tensor) -> torch.Tensor:
+            return t.to(torch.float8_e4m3fn).to(t.dtype)
+
+        return super().update(rounded(key_states), rounded(value_states), *args, **kwargs)
+
+
+def fp8_rounding_cache(num_layers: int) -> Cache:
+    return Cache(layers=[Fp8RoundingLayer() for _ in range(num_layers)])
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The forward's name for the KV cache: `cache` from transformers 5.25 (`past_key_values` warns there and goes
+    in 5.40), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+

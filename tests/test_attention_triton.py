@@ -50,6 +50,16 @@ def _interpreter_env(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
+FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def _on_fp8_grid(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """`x` (its dtype) holding only values `cache_dtype` represents exactly. Triton's interpreter rounds to FP8
+    wrongly (a mantissa carry is dropped: 0.49 becomes 0.25), so interpreter stores are compared bit for bit on
+    values that need no rounding; tests/gpu/test_attention_gpu.py compares the GPU's rounding of any value."""
+    return x.to(cache_dtype).to(x.dtype)
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.nan_to_num(123.0), b.nan_to_num(123.0)) and torch.equal(a.isnan(), b.isnan())
 
@@ -80,6 +90,26 @@ def test_store_kv_matches_reference(block_size, num_kv_heads, head_dim, cache_dt
     assert actual.isnan().any()  # padding and unused slots were left alone
 
 
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("src_dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_fp8_saturates_like_the_reference(cache_dtype, src_dtype):
+    """An FP8 cache gets the reference's bytes, values past the format's range stored as its largest one."""
+    g = torch.Generator().manual_seed(7)
+    limit = torch.finfo(cache_dtype).max
+    key = _on_fp8_grid(torch.randn(9, 2, 64, generator=g) * 3, cache_dtype).to(src_dtype)
+    value = _on_fp8_grid(torch.randn(9, 2, 64, generator=g) * 3, cache_dtype).to(src_dtype)
+    key[0, 0, :4] = torch.tensor([2 * limit, -2 * limit, limit, -3.0]).to(src_dtype)  # saturated, kept, kept
+    kv_slots = torch.tensor([4, 0, 7, -1, 9, 1, 2, 3, 5])
+    expected = torch.zeros(2, 3, 4, 2, 64, dtype=cache_dtype)
+    actual = torch.zeros(2, 3, 4, 2, 64, dtype=cache_dtype)
+    store_kv_reference(key, value, expected, kv_slots)
+    store_kv(key, value, actual, kv_slots)
+    assert torch.equal(actual.view(torch.uint8), expected.view(torch.uint8))
+    stored = actual[0].view(-1, 2, 64)[4, 0, :4].float()
+    assert stored.tolist() == [limit, -limit, limit, -3.0]
+    assert torch.isfinite(actual.float()).all()
+
+
 def test_store_kv_reads_strided_key_value():
     """K and V as column slices of one fused QKV projection output, as a model may hand them over."""
     g = torch.Generator().manual_seed(3)
@@ -100,14 +130,17 @@ TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float16: dict(atol=2e-3,
 
 
 def _check_attention(rows, *, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32,
-                     num_pad_tokens=0, seed=0, **kernel_kwargs):
+                     num_pad_tokens=0, seed=0, cache_dtype=None, **kernel_kwargs):
     case = make_paged_case(rows, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                           block_size=block_size, dtype=dtype, num_pad_tokens=num_pad_tokens, seed=seed)
+                           block_size=block_size, dtype=dtype, num_pad_tokens=num_pad_tokens, seed=seed,
+                           cache_dtype=cache_dtype)
+    if cache_dtype is not None:
+        case.key, case.value = _on_fp8_grid(case.key, cache_dtype), _on_fp8_grid(case.value, cache_dtype)
     # This step's K/V go in first, as in the model: the Triton store must leave what the reference leaves.
     triton_cache = case.kv_cache.clone()
     store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
     store_kv(case.key, case.value, triton_cache, case.meta.kv_slot_mapping)
-    assert _same(triton_cache, case.kv_cache)
+    assert _same(triton_cache.float(), case.kv_cache.float())
     scale = 1 / math.sqrt(head_dim)
     expected = paged_attention_reference(case.query, case.kv_cache, case.meta, scale)
     actual = tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, **kernel_kwargs)
@@ -144,6 +177,39 @@ def test_gqa_groups(num_heads, num_kv_heads):
 def test_float16_and_head_dim_128():
     _check_attention([(21, 1), (3, 30), (40, 2)], dtype=torch.float16, head_dim=128, num_heads=2,
                      num_kv_heads=1)
+
+
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("name", ["mixed", "decode_rows", "chunk_mid_sequence"])
+def test_fp8_cache_matches_reference(name, cache_dtype):
+    """Both launches read an FP8 cache as the reference does (each element to the query's dtype, then the same
+    attention): the fp32 tolerance holds."""
+    case = _check_attention(CASES[name], cache_dtype=cache_dtype, num_pad_tokens=2)
+    assert case.kv_cache.dtype == cache_dtype
+
+
+def test_fp8_cache_float16_head_dim_128_with_splits():
+    _check_attention([(70, 1), (21, 1), (3, 30), (40, 2)], dtype=torch.float16, head_dim=128, num_heads=4,
+                     num_kv_heads=2, cache_dtype=torch.float8_e4m3fn, block_size=4)
+    _check_attention([(70, 1), (2, 1), (33, 1)], num_splits=3, block_size=4, cache_dtype=torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("rows", [[(70, 1), (21, 1), (40, 1), (0, 1)], [(13, 20), (0, 1), (30, 3), (0, 40)]],
+                         ids=["decode", "mixed"])
+def test_fp8_cache_products_in_float16(cache_dtype, rows):
+    """A bfloat16 query over an FP8 cache multiplies in float16 (q and the tiles converted; exact for the cache's
+    values): decode, split decode and the prefill kernel stay within bf16's tolerance of the float32 reference."""
+    assert tpa.products_in_f16(cache_dtype, torch.bfloat16)
+    assert not tpa.products_in_f16(cache_dtype, torch.float32) and not tpa.products_in_f16(torch.bfloat16, torch.bfloat16)
+    case = make_paged_case(rows, num_heads=4, num_kv_heads=2, head_dim=64, block_size=4, dtype=torch.bfloat16,
+                           cache_dtype=cache_dtype)
+    store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
+    expected = paged_attention_reference(case.query.float(), case.kv_cache, case.meta, 0.125)
+    n = case.num_real_tokens
+    for splits in (1, 3):
+        actual = tpa.paged_attention(case.query, case.kv_cache, case.meta, 0.125, num_splits=splits)
+        torch.testing.assert_close(actual[:n].float(), expected[:n], atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("block_size, block_n", [(32, 16), (16, 32), (4, 16)])

@@ -170,6 +170,34 @@ def test_qk_norm_rope_store_q_norm_only_and_float16():
     _run_qk_case(QK_CASES[2], torch.float16, q_norm=False, k_norm=True, seed=4)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qk_norm_rope_store_into_an_fp8_cache(cache_dtype, dtype):
+    """The KV store into an FP8 cache writes the reference's bytes, saturating past the format's range. At
+    position 0 (cos 1, sin 0) without norms K is the projection itself, and the projection holds values the FP8
+    type represents (plus a few past its range): Triton's interpreter rounds to FP8 wrongly (see
+    test_attention_triton._on_fp8_grid), so rounding itself is left to tests/gpu/test_layer_ops_gpu.py."""
+    num_tokens, head_dim, num_heads, num_kv_heads, block_size = 5, 64, 4, 2, 4
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    limit = torch.finfo(cache_dtype).max
+    qkv = _randn((num_tokens, width), torch.float32, 5, 3.0).to(cache_dtype).float()
+    qkv[:, num_heads * head_dim:][0, :3] = torch.tensor([2 * limit, -3 * limit, limit])  # K head 0 of token 0
+    qkv = qkv.to(dtype)
+    cos = torch.ones(num_tokens, head_dim, dtype=dtype, device=DEVICE)
+    sin = torch.zeros(num_tokens, head_dim, dtype=dtype, device=DEVICE)
+    kv_slots = torch.tensor([6, 0, -1, 11, 3], device=DEVICE)
+    cache = torch.zeros(2, 4, block_size, num_kv_heads, head_dim, dtype=cache_dtype, device=DEVICE)
+    ref_cache = cache.clone()
+    args = (None, None, EPS, num_heads, num_kv_heads, head_dim)
+    for one_head in (True, False):
+        q = qk_norm_rope_store_triton(qkv, cos, sin, *args, cache, kv_slots, one_head=one_head)
+        ref_q = qk_norm_rope_store_reference(qkv, cos, sin, *args, ref_cache, kv_slots)
+        _assert_matches(q, ref_q)
+        assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))
+    assert cache[0].view(-1, num_kv_heads, head_dim)[6, 0, :3].float().tolist() == [limit, -limit, limit]
+    assert cache.float().abs().sum() > 0 and torch.isfinite(cache.float()).all()
+
+
 def test_qk_norm_rope_store_rejects_bad_shapes():
     qkv = torch.zeros(2, (4 + 2 * 2) * 64, device=DEVICE)
     cos = torch.zeros(2, 64, device=DEVICE)

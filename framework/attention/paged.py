@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from framework.attention.metadata import AttentionMetadata
+from framework.kernels.kv_cache_dtype import saturating_cast
 
 
 def store_kv_reference(
@@ -20,12 +21,12 @@ def store_kv_reference(
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], updated in place
     kv_slot_mapping: torch.Tensor,  # [T] int64, negative = padding (skipped)
 ) -> None:
-    """Write each token's K and V at its KV slot."""
+    """Write each token's K and V at its KV slot (cast to the cache's dtype, saturating when it is FP8)."""
     keep = kv_slot_mapping >= 0
     slots = kv_slot_mapping[keep]
     flat = kv_cache.view(2, -1, kv_cache.shape[3], kv_cache.shape[4])
-    flat[0, slots] = key[: kv_slot_mapping.numel()][keep].to(kv_cache.dtype)
-    flat[1, slots] = value[: kv_slot_mapping.numel()][keep].to(kv_cache.dtype)
+    flat[0, slots] = saturating_cast(key[: kv_slot_mapping.numel()][keep], kv_cache.dtype)
+    flat[1, slots] = saturating_cast(value[: kv_slot_mapping.numel()][keep], kv_cache.dtype)
 
 
 def paged_attention_reference(

@@ -42,6 +42,7 @@ from framework.attention.metadata import AttentionMetadata
 from framework.attention.triton_prefill_attention import PrefillVariant, prefill_attention
 from framework.attention.triton_tiles import (
     LOG2E, _attend_kv_range, _find_row, _kv_tile_offsets, _merge_kv_splits, _split_len, _write_result,
+    products_in_f16, to_f16_saturated,
 )
 from framework.kernels.pdl import pdl_launch_kwargs
 
@@ -77,6 +78,7 @@ def _paged_attention_kernel(
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/kernels/pdl.py)
     ROW_ORDER: tl.constexpr = False,  # small rows, unsplit: axis 0 = (row_order[i], KV head), KV heads inner
     NUM_KV_HEADS: tl.constexpr = 1,  # ROW_ORDER only
+    DOT_F16: tl.constexpr = False,  # products in float16: q and the K / V tiles converted to it (FP8 caches)
 ):
     if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
         tl.extra.cuda.gdc_wait()
@@ -113,6 +115,8 @@ def _paged_attention_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
                 mask=row_valid[:, None], other=0.0)
+    if DOT_F16:
+        q = to_f16_saturated(q)
     q_pos = tl.minimum(context_len + q_local, seq_len - 1)  # invalid rows clamped; never stored
 
     # Keys this program reads: up to the tile's last query position, within its KV split.
@@ -240,6 +244,7 @@ def paged_attention(
     merge_unroll: int = MERGE_UNROLL,  # KV splits a fused merge takes per unrolled step (1: one at a time)
     row_order: torch.Tensor | None = None,  # [R] int32, a permutation of the rows: unsplit small rows start in it
     out: torch.Tensor | None = None,  # [>= T, num_heads, head_dim] query.dtype, contiguous rows: written in place
+    dot_f16: bool | None = None,  # products in float16; None: when the cache is FP8 (see `products_in_f16`)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -265,6 +270,7 @@ def paged_attention(
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads do not share {num_kv_heads} KV heads evenly"
     assert query.stride(2) == 1 and kv_cache.stride(4) == 1, "head_dim must be the contiguous axis"
     group = num_heads // num_kv_heads
+    dot_f16 = products_in_f16(kv_cache.dtype, query.dtype) if dot_f16 is None else dot_f16
     if out is None:
         out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype, device=query.device)
     else:
@@ -303,7 +309,8 @@ def paged_attention(
         MERGE_UNROLL=merge_unroll,
     )
     if not all_small and prefill_kernel:  # the large rows (prefill chunks) in the prefill kernel
-        prefill_attention(query, kv_cache, meta, scale, out, skip_query_len=small_q, variant=prefill_variant)
+        prefill_attention(query, kv_cache, meta, scale, out, skip_query_len=small_q, variant=prefill_variant,
+                          dot_f16=dot_f16)
     elif not all_small:
         block_q = large.block_m // group
         # Row r's tiles start at query_start_loc[r] // block_q + r (see _find_row): ids are not compact, so
@@ -312,7 +319,7 @@ def paged_attention(
         _paged_attention_kernel[(num_tiles, num_kv_heads, 1)](
             query, kv_cache, out, out, out, num_splits=1,
             BLOCK_M=large.block_m, BLOCK_Q=block_q, BLOCK_N=large.block_n,
-            SMALL_ROWS=False, SKIP_QUERY_LEN=small_q, IS_SPLIT=False,
+            SMALL_ROWS=False, SKIP_QUERY_LEN=small_q, IS_SPLIT=False, DOT_F16=dot_f16,
             num_warps=large.num_warps, num_stages=large.num_stages, **common, **pdl_launch_kwargs(pdl),
         )
     grid = (num_rows * num_kv_heads, 1, 1) if ordered else (num_rows, num_kv_heads, num_splits)
@@ -320,7 +327,7 @@ def paged_attention(
         query, kv_cache, out, bufs.part_o, bufs.part_lse, num_splits=num_splits,
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
         SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=num_splits > 1,
-        FUSED_REDUCE=bufs.fused, ROW_ORDER=ordered, NUM_KV_HEADS=num_kv_heads if ordered else 1,
+        FUSED_REDUCE=bufs.fused, ROW_ORDER=ordered, NUM_KV_HEADS=num_kv_heads if ordered else 1, DOT_F16=dot_f16,
         num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
     merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl)

@@ -36,7 +36,9 @@ import triton
 import triton.language as tl
 
 from framework.attention.metadata import AttentionMetadata
-from framework.attention.triton_tiles import LOG2E, _find_row, _kv_tile_offsets
+from framework.attention.triton_tiles import (
+    LOG2E, _find_row, _kv_tile_offsets, products_in_f16, to_f16_saturated,
+)
 from framework.kernels.launch_math import next_power_of_2
 
 
@@ -218,6 +220,7 @@ def _prefill_attention_kernel(
     K_TRANS: tl.constexpr, Q_PRESCALE: tl.constexpr, REVERSE: tl.constexpr,
     LOOP_STAGES: tl.constexpr, WARP_SPEC: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
     QK_AHEAD: tl.constexpr,
+    DOT_F16: tl.constexpr = False,  # products in float16 (FP8 caches: triton_tiles.products_in_f16)
 ):
     if REVERSE:  # grid (head blocks, tiles): consecutive programs share a tile; the last (longest) tiles first
         head_block = tl.program_id(0)
@@ -245,6 +248,8 @@ def _prefill_attention_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
                 mask=row_valid[:, None], other=0.0)
+    if DOT_F16:  # the K / V tiles follow q's dtype
+        q = to_f16_saturated(q)
     if Q_PRESCALE:
         q = (q.to(tl.float32) * qk_scale).to(q.dtype)
     q_pos = tl.minimum(context_len + q_local, seq_len - 1)  # invalid rows clamped; never stored
@@ -322,6 +327,7 @@ def prefill_attention(
     *,
     skip_query_len: int = 0,  # rows with query_len <= this are not computed (the decode launch's rows)
     variant: PrefillVariant | None = None,  # default: `default_variant`
+    dot_f16: bool | None = None,  # products in float16; None: when the cache is FP8 (`products_in_f16`)
 ) -> torch.Tensor:
     """`out` with the causal attention of every row longer than `skip_query_len` over its paged keys.
 
@@ -356,6 +362,7 @@ def prefill_attention(
         K_TRANS=variant.k_trans, Q_PRESCALE=variant.q_prescale, REVERSE=variant.reverse,
         LOOP_STAGES=variant.loop_stages or variant.num_stages, WARP_SPEC=variant.warp_spec,
         PREFETCH_PAGES=variant.prefetch_pages, QK_AHEAD=variant.qk_ahead,
+        DOT_F16=products_in_f16(kv_cache.dtype, query.dtype) if dot_f16 is None else dot_f16,
         num_warps=variant.num_warps, num_stages=variant.num_stages,
     )
     return out

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.kv_cache_dtype import cast_to_cache
 from framework.kernels.launch_math import next_power_of_2
 
 
@@ -41,12 +42,12 @@ def _store_kv_kernel(
     v = tl.load(value_ptr + token64 * stride_vt + heads[:, None] * stride_vh + dims[None, :] * stride_vd, mask=mask)
     # The cache viewed as [2, num_blocks * block_size, heads, dim]: a KV slot is a row of that middle axis.
     dst = cache_ptr + kv_slot * stride_c_slot + heads[:, None] * stride_c_head + dims[None, :] * stride_c_dim
-    tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + stride_c_kv, v.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst, cast_to_cache(k, cache_ptr.dtype.element_ty), mask=mask)  # saturating when FP8
+    tl.store(dst + stride_c_kv, cast_to_cache(v, cache_ptr.dtype.element_ty), mask=mask)
 
 
 def store_kv(
-    key: torch.Tensor,  # [T', num_kv_heads, head_dim], T' >= T; any float dtype (cast to the cache's)
+    key: torch.Tensor,  # [T', num_kv_heads, head_dim], T' >= T; any float dtype (cast to the cache's, saturating)
     value: torch.Tensor,  # [T', num_kv_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], updated in place
     kv_slot_mapping: torch.Tensor,  # [T] int64 KV slots (block * block_size + offset), negative = padding

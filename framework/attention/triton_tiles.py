@@ -7,6 +7,7 @@ and grids are described in those kernels' modules and in docs/kernels.md.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -41,6 +42,22 @@ def _find_row(query_start_loc_ptr, num_rows, tile, BLOCK_Q: tl.constexpr):
         lo = tl.where(go_right, mid + 1, lo)
         hi = tl.where(go_right, hi, mid)
     return lo - 1
+
+
+def products_in_f16(cache_dtype: torch.dtype, query_dtype: torch.dtype) -> bool:
+    """Whether attention of a bfloat16 query over a cache of `cache_dtype` multiplies in float16 (`DOT_F16`): for
+    FP8 caches. Two FP8 elements become float16 in one instruction (`cvt.rn.f16x2.e4m3x2`), bfloat16 only through
+    float16, one more per element (Triton's PTX for sm_90); decode attention measured 1.2-1.3x faster at 16-256
+    rows with float16 products (scripts/bench_attention.py --sweep-kv-dtype), and float16 holds FP8 exactly;
+    q keeps more mantissa in float16 than in bfloat16, and so does P (in [0, 1]). Only a |q| past float16's
+    65,504 changes (saturated). float16 queries multiply in float16 anyway, float32 ones stay float32."""
+    return cache_dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and query_dtype == torch.bfloat16
+
+
+@triton.jit
+def to_f16_saturated(x):
+    """`x` as float16, magnitudes past its largest finite value (65,504) saturated instead of infinite."""
+    return tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
 
 @triton.jit

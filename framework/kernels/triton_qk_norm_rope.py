@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.kv_cache_dtype import cast_to_cache
 from framework.kernels.launch_math import cdiv, next_power_of_2
 from framework.kernels.pdl import pdl_launch_kwargs
 from framework.kernels.triton_norm_silu import round_to_dtype
@@ -94,13 +95,13 @@ def _norm_rope_tile(
         # The cache viewed as [2, num_blocks * block_size, Hkv, D]: a KV slot is a row of the middle axis.
         kv_dst = cache_ptr + kv_slot[:, None] * stride_c_slot + head[:, None] * stride_c_head + dims[None, :]
         cache_dtype = cache_ptr.dtype.element_ty
-        tl.store(kv_dst, y1.to(cache_dtype), mask=mask)
-        tl.store(kv_dst + HALF, y2.to(cache_dtype), mask=mask)
+        tl.store(kv_dst, cast_to_cache(y1, cache_dtype), mask=mask)
+        tl.store(kv_dst + HALF, cast_to_cache(y2, cache_dtype), mask=mask)
         v_src = src + NUM_KV_HEADS * HEAD_DIM  # v head j sits Hkv heads after k head j
         v1 = tl.load(v_src, mask=mask)
         v2 = tl.load(v_src + HALF, mask=mask)
-        tl.store(kv_dst + stride_c_kv, v1.to(cache_dtype), mask=mask)
-        tl.store(kv_dst + stride_c_kv + HALF, v2.to(cache_dtype), mask=mask)
+        tl.store(kv_dst + stride_c_kv, cast_to_cache(v1, cache_dtype), mask=mask)
+        tl.store(kv_dst + stride_c_kv + HALF, cast_to_cache(v2, cache_dtype), mask=mask)
     else:
         q_dst = q_out_ptr + (token[:, None] * NUM_HEADS + head[:, None]) * HEAD_DIM + dims[None, :]
         tl.store(q_dst, y1, mask=mask)

@@ -84,7 +84,7 @@ class ModelRunnerV1(ModelRunner):
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.model.kv_cache_shape(num_blocks, self.block_size)
-        self.kv_caches = [torch.zeros(shape, dtype=self.loaded.dtype, device=self.device)
+        self.kv_caches = [torch.zeros(shape, dtype=self.loaded.kv_dtype, device=self.device)
                           for _ in range(self.model.num_kv_layers)]
 
     def capture_cuda_graphs(self, capturer: Optional[GraphCapturer] = None) -> None:

@@ -50,14 +50,17 @@ def _rows(kind: str, batch: int, max_seq: int, seed: int) -> list[tuple[int, int
     raise ValueError(kind)
 
 
-def _check(rows, *, dtype=torch.bfloat16, block_size=16, num_pad_tokens=0, seed=0, **shape):
+def _check(rows, *, dtype=torch.bfloat16, block_size=16, num_pad_tokens=0, seed=0, cache_dtype=None, **shape):
     shape = {**QWEN3, **shape}
     case = make_paged_case(rows, block_size=block_size, dtype=dtype, device=DEVICE, num_pad_tokens=num_pad_tokens,
-                           seed=seed, poison=True, **shape)
+                           seed=seed, poison=True, cache_dtype=cache_dtype, **shape)
     triton_cache = case.kv_cache.clone()
     store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
     store_kv(case.key, case.value, triton_cache, case.meta.kv_slot_mapping)
-    torch.testing.assert_close(triton_cache, case.kv_cache, atol=0, rtol=0, equal_nan=True)
+    if cache_dtype is None:
+        torch.testing.assert_close(triton_cache, case.kv_cache, atol=0, rtol=0, equal_nan=True)
+    else:  # FP8: the GPU's rounding of every new K and V is torch's, byte for byte (NaN poison included)
+        assert torch.equal(triton_cache.view(torch.uint8), case.kv_cache.view(torch.uint8))
 
     scale = 1 / math.sqrt(shape["head_dim"])
     n = case.num_real_tokens
@@ -100,6 +103,40 @@ def test_draft_verify_rows(batch):
 ], ids=["fresh", "prefix", "mixed", "decodes_plus_chunk"])
 def test_prefill_qwen3(rows):
     _check(rows, num_pad_tokens=5)
+
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("batch", [1, 64, 256])
+def test_decode_fp8_cache(batch, cache_dtype):
+    """Decode over an FP8 cache (`cache.kv_cache_dtype`): the kernel reads each element into bf16 as the
+    reference does; the float32 yardstick runs on the same dequantized cache."""
+    _check(_rows("decode", batch, 4096, seed=batch), cache_dtype=cache_dtype)
+
+
+@pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3", "e5m2"])
+def test_prefill_and_verify_fp8_cache(cache_dtype):
+    _check([(1000, 2048), (0, 333), (3000, 1)], num_pad_tokens=5, cache_dtype=cache_dtype)
+    _check(_rows("verify", 64, 2048, seed=3), cache_dtype=cache_dtype)
+
+
+def test_store_kv_fp8_saturates_and_rounds_like_torch():
+    """Values past e4m3's range (448) and below its normals (2^-6) alike: the GPU's conversion gives torch's
+    bytes (round to nearest even, saturating)."""
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    key = (torch.randn(4096, 8, 128, generator=g, device=DEVICE) * 200).to(torch.bfloat16)
+    value = (torch.randn(4096, 8, 128, generator=g, device=DEVICE) * 1e-2).to(torch.bfloat16)
+    kv_slots = torch.randperm(8192, device=DEVICE)[:4096]
+    for cache_dtype in FP8:
+        expected = torch.zeros(2, 512, 16, 8, 128, dtype=cache_dtype, device=DEVICE)
+        actual = torch.zeros_like(expected)
+        store_kv_reference(key, value, expected, kv_slots)
+        store_kv(key, value, actual, kv_slots)
+        assert torch.equal(actual.view(torch.uint8), expected.view(torch.uint8)), cache_dtype
+        assert torch.isfinite(actual.float()).all()
+    assert (key.abs() > 448).any() and (value.abs() < 2 ** -6).any()
 
 
 @pytest.mark.parametrize("block_size", [1, 64])

@@ -115,6 +115,22 @@ def test_qk_norm_rope_store(with_norm, num_tokens, num_kv_tokens):
     assert torch.equal(inputs.cache.isnan(), ref_cache.isnan())  # the same rows written, the rest untouched
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("num_tokens", [1, 256])
+def test_qk_norm_rope_store_fp8_cache(cache_dtype, num_tokens):
+    """Into an FP8 cache: the stored bytes are torch's rounding of the reference's bf16 K and V wherever the two
+    bf16 values agree (at least 99.5 % of them; see `_assert_ulp_close`)."""
+    inputs = QKInputs(num_tokens, num_tokens, seed=num_tokens)
+    inputs.cache = inputs.cache.to(cache_dtype)
+    ref_cache = inputs.cache.clone()
+    q = qk_norm_rope_store_triton(*inputs.args(True), inputs.cache, inputs.kv_slots)
+    ref_q = qk_norm_rope_store_reference(*inputs.args(True), ref_cache, inputs.kv_slots)
+    _assert_ulp_close(q, ref_q)
+    same = inputs.cache.view(torch.uint8) == ref_cache.view(torch.uint8)
+    assert same.float().mean().item() >= 0.995, f"only {same.float().mean().item():.4f} of the bytes agree"
+    torch.testing.assert_close(inputs.cache.float(), ref_cache.float(), rtol=2**-2, atol=2**-6, equal_nan=True)
+
+
 def test_one_compiled_variant_across_batch_sizes():
     """Per-step sizes are not specialised: after warm-up calls, other batch sizes compile nothing (q/k norm +
     RoPE has two grids, one head per program up to ONE_HEAD_TOKENS and token x head tiles above: one warm-up
