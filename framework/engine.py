@@ -105,8 +105,9 @@ class EngineCore:
         self._dead: Optional[str] = None  # why the engine stopped, once it has
         # Set to a list to keep every executed step's SchedulerOutput (framework/bench_timeline.py); None: off.
         self.step_log: Optional[list[SchedulerOutput]] = None
-        logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens, prefix caching %s", runner_kind,
-                    self.loaded.device, blocks, config.cache.block_size,
+        kv_dtype = str(self.loaded.kv_dtype).removeprefix("torch.")
+        logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens (%s), prefix caching %s", runner_kind,
+                    self.loaded.device, blocks, config.cache.block_size, kv_dtype,
                     "on" if self.kv_cache.enable_prefix_caching else "off")
 
     def _prefix_caching(self, config: Mrv2Config) -> bool:

@@ -86,8 +86,8 @@ def _config_from_kwargs(model: str, kwargs: dict[str, Any]) -> Mrv2Config:
 class LLM:
     """An engine in this process. `model` is a local HF directory or an embedded model name ("tiny", "random_tiny").
 
-    Keyword arguments map to config keys (`max_model_len`, `block_size`, `num_kv_blocks`, `kv_cache_dtype`, `max_num_seqs`,
-    `max_num_batched_tokens`, `dtype`, `device`, `runner`, `seed`, ...); or pass a full `config`.
+    Keyword arguments map to config keys (`max_model_len`, `block_size`, `num_kv_blocks`, `kv_cache_dtype`,
+    `max_num_seqs`, `max_num_batched_tokens`, `dtype`, `device`, `runner`, `seed`, ...); or pass a full `config`.
     """
 
     def __init__(self, model: str = "tiny", *, config: Optional[Mrv2Config] = None, **kwargs: Any) -> None:

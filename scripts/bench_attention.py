@@ -593,7 +593,8 @@ def sweep_kv_dtype(out_dir: Path, env: dict, max_seq_len: int = 2048) -> None:
     def best_us(mode: str, batch: int) -> float:
         return min(r["us"] for r in rows_out if r["mode"] == mode and r["batch"] == batch)
 
-    series = [(mode, batches, [best_us("bf16", b) / best_us(mode, b) for b in batches]) for mode, _, _ in KV_DTYPE_MODES]
+    series = [(mode, batches, [best_us("bf16", b) / best_us(mode, b) for b in batches])
+              for mode, _, _ in KV_DTYPE_MODES]
     _rows_plot(out_dir / "attention_kv_dtype.png", series, "decode rows", "speed vs bf16 cache (best tiles each)",
                "Decode attention over FP8 KV caches")
 

@@ -546,6 +546,10 @@ for j in "$@"; do
         job $j-tests 110 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
           tests/gpu/test_layer_ops_gpu.py;
         paired_targets $j 1 1 1 fp8=cache.kv_cache_dtype=fp8 bf16= ;;
+    # The shared-prefix workload (prefill-bound with caching off) on the bf16 and the FP8 cache, one run each.
+    s19_prefix) job $j-bf16 125 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/bf16";
+        job $j-fp8 125 python3 -m framework.cli bench experiment=prefix_bench cache.kv_cache_dtype=fp8 \
+          bench.output_dir="$res/$j/fp8" ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

@@ -201,7 +201,8 @@ def test_fp8_cache_products_in_float16(cache_dtype, rows):
     """A bfloat16 query over an FP8 cache multiplies in float16 (q and the tiles converted; exact for the cache's
     values): decode, split decode and the prefill kernel stay within bf16's tolerance of the float32 reference."""
     assert tpa.products_in_f16(cache_dtype, torch.bfloat16)
-    assert not tpa.products_in_f16(cache_dtype, torch.float32) and not tpa.products_in_f16(torch.bfloat16, torch.bfloat16)
+    assert not tpa.products_in_f16(cache_dtype, torch.float32)
+    assert not tpa.products_in_f16(torch.bfloat16, torch.bfloat16)
     case = make_paged_case(rows, num_heads=4, num_kv_heads=2, head_dim=64, block_size=4, dtype=torch.bfloat16,
                            cache_dtype=cache_dtype)
     store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
