@@ -15,7 +15,7 @@ from framework.audio_inputs import WhisperPromptProcessor, audio_prompt_help
 from framework.compat import select_runner
 from framework.config import ConfigError, Mrv2Config
 from framework.encoder_input import EncoderInput
-from framework.engine_setup import load_model, resolve_device
+from framework.engine_setup import kv_bytes_per_block, load_model, resolve_device
 from framework.kv_cache_manager import KVCacheManager
 from framework.logits_processor_setup import logits_processor_classes
 from framework.model_runner import ModelRunnerV2
@@ -105,9 +105,11 @@ class EngineCore:
         self._dead: Optional[str] = None  # why the engine stopped, once it has
         # Set to a list to keep every executed step's SchedulerOutput (framework/bench_timeline.py); None: off.
         self.step_log: Optional[list[SchedulerOutput]] = None
-        kv_dtype = str(self.loaded.kv_dtype).removeprefix("torch.")
-        logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens (%s), prefix caching %s", runner_kind,
-                    self.loaded.device, blocks, config.cache.block_size, kv_dtype,
+        block_bytes = kv_bytes_per_block(self.loaded, config.cache.block_size, self.runner.num_draft_kv_layers)
+        kv_gib = blocks * block_bytes / 2**30
+        logger.info("mrv2: runner %s on %s, %d KV blocks of %d tokens (%d tokens, %s, %.2f GiB), prefix caching %s",
+                    runner_kind, self.loaded.device, blocks, config.cache.block_size, blocks * config.cache.block_size,
+                    str(self.loaded.kv_dtype).removeprefix("torch."), kv_gib,
                     "on" if self.kv_cache.enable_prefix_caching else "off")
 
     def _prefix_caching(self, config: Mrv2Config) -> bool:

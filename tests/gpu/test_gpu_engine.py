@@ -59,6 +59,47 @@ def test_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
     assert matches == len(prompts) if dtype == "float32" else matches >= len(prompts) - 1
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fp8_kv_cache_against_hf_with_a_rounding_cache_on_gpu(tmp_path, dtype):
+    """`kv_cache_dtype=fp8` on the GPU path (Triton stores, prefill and decode attention, float16 products under
+    bf16, CUDA graphs, the small-batch kernels) against HF's forward with K / V rounded to FP8
+    (`hf_models.Fp8RoundingLayer`): the prompt's logprobs within 1e-2 (float32; 0.5, and 0.05 on average, in
+    bf16), and each greedy token HF's argmax wherever HF's top two are more than 0.25 apart."""
+    from hf_models import SPEC_BY_NAME, cache_kwarg, fp8_rounding_cache, random_prompts, save_tiny_checkpoint
+
+    from framework import LLM, SamplingParams
+
+    hf = save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], tmp_path).to("cuda", getattr(torch, dtype))
+    prompts = random_prompts(4, 20, 60, seed=5)
+    llm = LLM(str(tmp_path), device="cuda", dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3,
+              kv_cache_dtype="fp8")
+    assert {c.dtype for c in llm.engine.runner.kv_caches} == {torch.float8_e4m3fn}
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, prompt_logprobs=0)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    diffs, checked, tokens = [], 0, 0
+    for prompt, out in zip(prompts, outs):
+        seq = prompt + list(out.token_ids)
+        with torch.no_grad():
+            logits = hf(torch.tensor([seq[:-1]], device="cuda"), use_cache=True,
+                        **{cache_kwarg(hf): fp8_rounding_cache(hf.config.num_hidden_layers)}).logits[0].float()
+        ref = torch.log_softmax(logits, dim=-1)
+        for pos in range(1, len(prompt)):  # prompt token pos, predicted by row pos - 1
+            got = out.prompt_logprobs[pos][prompt[pos]].logprob
+            diffs.append(abs(got - ref[pos - 1, prompt[pos]].item()))
+        top2 = logits[len(prompt) - 1:].topk(2, dim=-1).values
+        for j, token in enumerate(out.token_ids):
+            tokens += 1
+            if top2[j, 0] - top2[j, 1] > 0.25:
+                assert int(logits[len(prompt) - 1 + j].argmax()) == token, f"output token {j}"
+                checked += 1
+    worst, mean = max(diffs), sum(diffs) / len(diffs)
+    if dtype == "float32":
+        assert worst < 1e-2, worst
+    else:
+        assert worst < 0.5 and mean < 0.05, (worst, mean)
+    assert checked >= 0.5 * tokens
+
+
 def test_step_path_has_no_host_sync():
     from framework import LLM, SamplingParams
 
