@@ -550,6 +550,10 @@ for j in "$@"; do
     s19_prefix) job $j-bf16 125 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/bf16";
         job $j-fp8 125 python3 -m framework.cli bench experiment=prefix_bench cache.kv_cache_dtype=fp8 \
           bench.output_dir="$res/$j/fp8" ;;
+    # FP8 V tiles converted in column pairs (`fp8_v_pairs`, prepared without a GPU: its PTX stages V as float16
+    # instead of reading FP8 bytes back one at a time): the attention GPU tests, then the per-launch sweep.
+    s20_pairs) job $j-tests 90 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py -k "fp8";
+        job $j-kv 420 python3 scripts/bench_attention.py "$res/$j/kv" --sweep-kv-dtype ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done
