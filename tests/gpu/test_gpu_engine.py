@@ -59,12 +59,13 @@ def test_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
     assert matches == len(prompts) if dtype == "float32" else matches >= len(prompts) - 1
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fp8_kv_cache_against_hf_with_a_rounding_cache_on_gpu(tmp_path, dtype):
-    """`kv_cache_dtype=fp8` on the GPU path (Triton stores, prefill and decode attention, float16 products under
-    bf16, CUDA graphs, the small-batch kernels) against HF's forward with K / V rounded to FP8
-    (`hf_models.Fp8RoundingLayer`): the prompt's logprobs within 1e-2 (float32; 0.5, and 0.05 on average, in
-    bf16), and each greedy token HF's argmax wherever HF's top two are more than 0.25 apart."""
+def test_fp8_kv_cache_against_hf_with_a_rounding_cache_on_gpu(tmp_path):
+    """`kv_cache_dtype=fp8` on the GPU path in bf16 (Triton stores, prefill and decode attention with float16
+    products, CUDA graphs, the small-batch kernels) against HF's forward with K / V rounded to FP8
+    (`hf_models.Fp8RoundingLayer`): the prompt's logprobs within 0.5, and 0.05 on average, and each greedy token
+    HF's argmax wherever HF's top two are more than 0.25 apart. (float32 is compared within 1e-2 on the CPU:
+    tests/test_kv_cache_fp8.py.)"""
+    dtype = "bfloat16"
     from hf_models import SPEC_BY_NAME, cache_kwarg, fp8_rounding_cache, random_prompts, save_tiny_checkpoint
 
     from framework import LLM, SamplingParams
@@ -93,10 +94,7 @@ def test_fp8_kv_cache_against_hf_with_a_rounding_cache_on_gpu(tmp_path, dtype):
                 assert int(logits[len(prompt) - 1 + j].argmax()) == token, f"output token {j}"
                 checked += 1
     worst, mean = max(diffs), sum(diffs) / len(diffs)
-    if dtype == "float32":
-        assert worst < 1e-2, worst
-    else:
-        assert worst < 0.5 and mean < 0.05, (worst, mean)
+    assert worst < 0.5 and mean < 0.05, (worst, mean)
     assert checked >= 0.5 * tokens
 
 
