@@ -139,3 +139,29 @@ def test_hybrid_and_moe_models_run_on_an_fp8_cache(model):
         llm.shutdown()
     diff = (logprobs["fp8"] - logprobs["auto"]).abs()
     assert diff.max() < 0.1 and diff.max() > 0, diff.max()
+
+
+def test_eagle_on_an_fp8_cache_equals_no_speculation(tmp_path, monkeypatch):
+    """The EAGLE draft layer's own KV cache is FP8 too, and with it the greedy tokens equal those of the same FP8
+    cache without speculation."""
+    try:
+        from test_draft_heads import random_head
+        from test_spec_heads_engine import HEAD_KWARGS, K, TARGET_OF, generate, target_dir
+    except ImportError:  # tests/ collected as a package
+        from tests.test_draft_heads import random_head
+        from tests.test_spec_heads_engine import HEAD_KWARGS, K, TARGET_OF, generate, target_dir
+    from framework.models.loader import read_hf_config
+    from speculators.head_drafter import HeadDrafter
+
+    bound: list[torch.dtype] = []
+    bind = HeadDrafter.bind_kv_cache
+    monkeypatch.setattr(HeadDrafter, "bind_kv_cache", lambda self, cache: (bound.append(cache.dtype), bind(self, cache)))
+    target = target_dir(TARGET_OF["eagle"], str(tmp_path))
+    head_dir = tmp_path / "eagle-head"
+    random_head("eagle", seed=1, target=read_hf_config(target), **HEAD_KWARGS["eagle"]).save_pretrained(head_dir)
+    fp8 = {"cache": {"kv_cache_dtype": "fp8"}}
+    spec = {"method": "eagle", "num_speculative_tokens": K, "model": str(head_dir)}
+    drafts: list = []
+    assert generate(target, spec, fp8, drafts) == generate(target, None, fp8)
+    assert drafts, "the head proposed nothing"
+    assert bound == [torch.float8_e4m3fn]
