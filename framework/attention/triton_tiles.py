@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.kernels.kv_cache_dtype import is_fp8
+
 LOG2E = 1.4426950408889634
 
 
@@ -51,7 +53,7 @@ def products_in_f16(cache_dtype: torch.dtype, query_dtype: torch.dtype) -> bool:
     rows with float16 products (scripts/bench_attention.py --sweep-kv-dtype), and float16 holds FP8 exactly;
     q keeps more mantissa in float16 than in bfloat16, and so does P (in [0, 1]). Only a |q| past float16's
     65,504 changes (saturated). float16 queries multiply in float16 anyway, float32 ones stay float32."""
-    return cache_dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and query_dtype == torch.bfloat16
+    return is_fp8(cache_dtype) and query_dtype == torch.bfloat16
 
 
 @triton.jit

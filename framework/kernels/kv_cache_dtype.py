@@ -22,8 +22,14 @@ FP8_DTYPES: dict[str, torch.dtype] = {  # "fp8" is e4m3: more mantissa, the form
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
-FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn (cast_to_cache spells it out: a Triton kernel's literal)
 FP8_E5M2_MAX = 57344.0  # largest finite float8_e5m2
+FP8_MAX: dict[torch.dtype, float] = {torch.float8_e4m3fn: FP8_E4M3_MAX, torch.float8_e5m2: FP8_E5M2_MAX}
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    """Whether a cache of `dtype` is one of the FP8 types `cache.kv_cache_dtype` names."""
+    return dtype in FP8_MAX
 
 
 def kv_cache_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -37,7 +43,7 @@ def kv_cache_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
 
 def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`x` in `dtype`; for an FP8 dtype clamped to its finite range first (in float32, then rounded once)."""
-    limit = {torch.float8_e4m3fn: FP8_E4M3_MAX, torch.float8_e5m2: FP8_E5M2_MAX}.get(dtype)
+    limit = FP8_MAX.get(dtype)
     if limit is None:
         return x.to(dtype)
     return x.float().clamp(-limit, limit).to(dtype)
