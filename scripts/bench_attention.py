@@ -544,15 +544,14 @@ def _rows_plot(path: Path, series: list[tuple[str, list[int], list[float]]], xla
 # products in the query's bf16 or in float16, over a few tile configs.
 KV_DTYPE_SHAPES = [(256, 300, 1100), (128, 660, 1590), (64, 890, 1820), (16, 1070, 1990), (1, 1400, 1400)]
 KV_DTYPE_CONFIGS = (None, (64, 2, 3), (64, 4, 2), (64, 8, 2), (128, 4, 2), (128, 8, 2), (128, 4, 3))
-# (label, cache dtype, products in float16, V converted in column pairs)
-KV_DTYPE_MODES = (("bf16", None, False, False), ("e4m3", torch.float8_e4m3fn, False, False),
-                  ("e4m3-f16", torch.float8_e4m3fn, True, False), ("e4m3-f16-pairs", torch.float8_e4m3fn, True, True),
-                  ("e5m2", torch.float8_e5m2, False, False), ("e5m2-f16", torch.float8_e5m2, True, False))
+# (label, cache dtype, products in float16)
+KV_DTYPE_MODES = (("bf16", None, False), ("e4m3", torch.float8_e4m3fn, False), ("e4m3-f16", torch.float8_e4m3fn, True),
+                  ("e5m2", torch.float8_e5m2, False), ("e5m2-f16", torch.float8_e5m2, True))
 
 
 def sweep_kv_dtype(out_dir: Path, env: dict, max_seq_len: int = 2048) -> None:
     """Decode attention over a bf16 cache and over FP8 caches (`cache.kv_cache_dtype`), products in bf16 or in
-    float16 (`dot_f16`), V converted whole or in column pairs (`fp8_v_pairs`), at `KV_DTYPE_SHAPES` and each tile config of `KV_DTYPE_CONFIGS` (`rule` =
+    float16 (`dot_f16`), at `KV_DTYPE_SHAPES` and each tile config of `KV_DTYPE_CONFIGS` (`rule` =
     `decode_tiles`' choice), launched as the engine does (rows longest first, the split rule at max_seq_len);
     each one launch in a CUDA graph, L2 flushed. TB/s counts the bf16 cache's bytes for every mode (so a mode
     twice as fast shows twice the figure). Prints the best config per mode and shape; writes
@@ -572,7 +571,7 @@ def sweep_kv_dtype(out_dir: Path, env: dict, max_seq_len: int = 2048) -> None:
         order = rows_longest_first(meta.seq_lens) if batch >= 64 else None
         counters = _zero_counters(batch)
         sms = num_sms(query.device)
-        for mode, cache_dtype, f16, pairs in KV_DTYPE_MODES:
+        for mode, cache_dtype, f16 in KV_DTYPE_MODES:
             cache = cache16 if cache_dtype is None else cache16.to(cache_dtype)
             cells = []
             for cfg, label in zip(KV_DTYPE_CONFIGS, labels):
@@ -580,7 +579,7 @@ def sweep_kv_dtype(out_dir: Path, env: dict, max_seq_len: int = 2048) -> None:
                                      max_seq_len=max_seq_len, num_sms=sms) if cfg is None else AttentionTiles(16, *cfg)
                 us = _time_graph_ms(lambda t=tiles: paged_attention(
                     query, cache, meta, HEAD_DIM ** -0.5, small_tiles=t, row_order=order, split_counters=counters,
-                    dot_f16=f16, fp8_v_pairs=pairs)) * 1e3
+                    dot_f16=f16)) * 1e3
                 splits = num_kv_splits(batch, NUM_KV_HEADS, max_seq_len, sms, tiles.block_n)
                 rows_out.append(dict(batch=batch, min_keys=lo, max_keys=hi, mode=mode, tiles=label, splits=splits,
                                      us=us, tbps_bf16_bytes=gb / us * 1e3))

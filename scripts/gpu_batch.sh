@@ -550,10 +550,17 @@ for j in "$@"; do
     s19_prefix) job $j-bf16 125 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/$j/bf16";
         job $j-fp8 125 python3 -m framework.cli bench experiment=prefix_bench cache.kv_cache_dtype=fp8 \
           bench.output_dir="$res/$j/fp8" ;;
-    # FP8 V tiles converted in column pairs (`fp8_v_pairs`, prepared without a GPU: its PTX stages V as float16
-    # instead of reading FP8 bytes back one at a time): the attention GPU tests, then the per-launch sweep.
-    s20_pairs) job $j-tests 90 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py -k "fp8";
-        job $j-kv 420 python3 scripts/bench_attention.py "$res/$j/kv" --sweep-kv-dtype ;;
+    # FP8 GPU tests (attention, the engine against HF with a rounding cache), then the per-launch sweep; its V
+    # converted in column pairs (`s20_pairs`' mode, since removed) lost 0.79-1.0x and changed bits.
+    s20_first) job $j-host 20 python3 scripts/host_speed.py;
+        job $j-tests 150 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
+          tests/gpu/test_gpu_engine.py -k "fp8";
+        job $j-kv 400 python3 scripts/bench_attention.py "$res/$j/kv" --sweep-kv-dtype ;;
+    # V's blocks stored transposed (`v_transposed`, keys contiguous: no byte reads of FP8 V from shared memory):
+    # its GPU tests (the same bits as the usual layout), then the per-launch sweep with its modes.
+    s20_vtrans) job $j-tests 90 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
+          -k "v_transposed";
+        job $j-kv 400 python3 scripts/bench_attention.py "$res/$j/kv" --sweep-kv-dtype ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done

@@ -79,7 +79,6 @@ def _paged_attention_kernel(
     ROW_ORDER: tl.constexpr = False,  # small rows, unsplit: axis 0 = (row_order[i], KV head), KV heads inner
     NUM_KV_HEADS: tl.constexpr = 1,  # ROW_ORDER only
     DOT_F16: tl.constexpr = False,  # products in float16: q and the K / V tiles converted to it (FP8 caches)
-    V_PAIRS: tl.constexpr = False,  # V tiles converted in column pairs (triton_tiles._convert_in_pairs)
 ):
     if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
         tl.extra.cuda.gdc_wait()
@@ -141,7 +140,7 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: fully masked tiles give p = 0, not NaN
     acc, l_i, m_i = _attend_kv_range(
         acc, l_i, m_i, q, kv_lo, mid, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
-        stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, DOT_IEEE, V_PAIRS)
+        stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, DOT_IEEE)
     _write_result(acc, l_i, m_i, out_ptr, part_o_ptr, part_lse_ptr, split_counters_ptr,
                   row, kv_head, tl.num_programs(1), split, num_splits, seq_len, split_len, token, head, m_rows,
                   row_valid, dims, stride_ot, stride_oh, HEAD_DIM, BLOCK_M, IS_SPLIT, FUSED_REDUCE, MERGE_UNROLL)
@@ -246,7 +245,6 @@ def paged_attention(
     row_order: torch.Tensor | None = None,  # [R] int32, a permutation of the rows: unsplit small rows start in it
     out: torch.Tensor | None = None,  # [>= T, num_heads, head_dim] query.dtype, contiguous rows: written in place
     dot_f16: bool | None = None,  # products in float16; None: when the cache is FP8 (see `products_in_f16`)
-    fp8_v_pairs: bool = False,  # with dot_f16, small rows convert V in pairs (an experiment: `_convert_in_pairs`)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
 
@@ -330,7 +328,6 @@ def paged_attention(
         BLOCK_M=small.block_m, BLOCK_Q=small_q, BLOCK_N=small.block_n,
         SMALL_ROWS=True, SKIP_QUERY_LEN=0, IS_SPLIT=num_splits > 1,
         FUSED_REDUCE=bufs.fused, ROW_ORDER=ordered, NUM_KV_HEADS=num_kv_heads if ordered else 1, DOT_F16=dot_f16,
-        V_PAIRS=fp8_v_pairs and dot_f16,
         num_warps=small.num_warps, num_stages=small.num_stages, **common, **pdl_launch_kwargs(pdl),
     )
     merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl)

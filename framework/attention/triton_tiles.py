@@ -63,17 +63,6 @@ def to_f16_saturated(x):
 
 
 @triton.jit
-def _convert_in_pairs(x, dtype: tl.constexpr):
-    """`x` [rows, cols] (cols even) as `dtype`, converted as the two halves of its adjacent column pairs (split,
-    convert, join): the values of `x.to(dtype)`. For an FP8 V tile feeding P @ V, `x.to` lets Triton stage the
-    FP8 bytes in shared memory and read them back one byte at a time for the transposed MMA operand (PTX for
-    sm_90: 256 `ld.shared.b8` a 64-key tile, 8-byte async copies); converted this way V is staged as float16
-    (16-byte async copies, vector shared loads, `ldmatrix.trans`). Unmeasured on a GPU: `fp8_v_pairs`."""
-    a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
-    return tl.reshape(tl.join(a.to(dtype), b.to(dtype)), [x.shape[0], x.shape[1]])
-
-
-@triton.jit
 def _split_len(seq_len, num_splits, BLOCK_N: tl.constexpr):
     """Keys per KV split of a row: an equal share of seq_len, rounded up to whole KV tiles."""
     return tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
@@ -101,10 +90,8 @@ def _attend_kv_tile(
     cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages, stride_c_kv, stride_c_blk, stride_c_tok,
     qk_scale,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, DOT_IEEE: tl.constexpr,
-    V_PAIRS: tl.constexpr = False,
 ):
-    """One KV tile `[start, start + BLOCK_N)` folded into the running softmax state (acc, l_i, m_i); `V_PAIRS`:
-    V converted with `_convert_in_pairs`."""
+    """One KV tile `[start, start + BLOCK_N)` folded into the running softmax state (acc, l_i, m_i)."""
     block = _tile_block_ids(bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N, PAGE, MASKED)
     kv_pos = start + tl.arange(0, BLOCK_N)
     kv_valid = kv_pos < kv_hi
@@ -125,7 +112,7 @@ def _attend_kv_tile(
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
     k = k.to(q.dtype)
-    v = _convert_in_pairs(v, q.dtype) if V_PAIRS else v.to(q.dtype)
+    v = v.to(q.dtype)
 
     if DOT_IEEE:
         s = tl.dot(q, k, input_precision="ieee")
@@ -185,18 +172,18 @@ def _attend_kv_range(
     acc, l_i, m_i, q, kv_lo, mid, kv_hi, q_pos,
     cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages, stride_c_kv, stride_c_blk, stride_c_tok,
     qk_scale,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_IEEE: tl.constexpr, V_PAIRS: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, DOT_IEEE: tl.constexpr,
 ):
     """Keys `[kv_lo, kv_hi)` folded into the softmax state: unmasked tiles up to `mid` (every query of the
     tile sees them), masked ones after."""
     for start in range(kv_lo, mid, BLOCK_N):
         acc, l_i, m_i = _attend_kv_tile(
             acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
-            stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, False, DOT_IEEE, V_PAIRS)
+            stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, False, DOT_IEEE)
     for start in range(mid, kv_hi, BLOCK_N):
         acc, l_i, m_i = _attend_kv_tile(
             acc, l_i, m_i, q, start, kv_hi, q_pos, cache_ptr, bt_row_ptr, k_offsets, v_offsets, tile_pages,
-            stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, True, DOT_IEEE, V_PAIRS)
+            stride_c_kv, stride_c_blk, stride_c_tok, qk_scale, BLOCK_N, PAGE, True, DOT_IEEE)
     return acc, l_i, m_i
 
 

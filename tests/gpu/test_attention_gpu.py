@@ -122,18 +122,6 @@ def test_prefill_and_verify_fp8_cache(cache_dtype):
     _check(_rows("verify", 64, 2048, seed=3), cache_dtype=cache_dtype)
 
 
-@pytest.mark.parametrize("batch", [1, 64, 256])
-def test_fp8_v_in_pairs_gives_the_same_bits(batch):
-    """`fp8_v_pairs` (V converted in column pairs, so that Triton stages it as float16) computes the same values
-    in the same order as converting V whole: the outputs are bit for bit equal."""
-    case = make_paged_case(_rows("decode", batch, 4096, seed=batch), block_size=16, dtype=torch.bfloat16,
-                           device=DEVICE, cache_dtype=torch.float8_e4m3fn, **QWEN3)
-    store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
-    whole = paged_attention(case.query, case.kv_cache, case.meta, 0.088)
-    pairs = paged_attention(case.query, case.kv_cache, case.meta, 0.088, fp8_v_pairs=True)
-    assert torch.equal(pairs, whole)
-
-
 def test_store_kv_fp8_saturates_and_rounds_like_torch():
     """Values past e4m3's range (448) and below its normals (2^-6) alike: the GPU's conversion gives torch's
     bytes (round to nearest even, saturating)."""
