@@ -561,6 +561,9 @@ for j in "$@"; do
     s20_vtrans) job $j-tests 90 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_attention_gpu.py \
           -k "v_transposed";
         job $j-kv 400 python3 scripts/bench_attention.py "$res/$j/kv" --sweep-kv-dtype ;;
+    # The issue-25 targets once more at this stop (defaults; the engine path unchanged since the ninth session).
+    s20_targets) job $j-host 20 python3 scripts/host_speed.py;
+        paired_targets $j 1 1 1 now= ;;
     *) echo "unknown job $j" | tee -a "$out/summary.log" ;;
   esac
 done
