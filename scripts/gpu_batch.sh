@@ -32,11 +32,11 @@ job() {  # name, limit (s), command...
 GPU_PIECES=(
   "kernels 30 test_layer_ops_gpu.py test_random_weights_gpu.py"
   "sampler 70 test_sampler_fused_gpu.py test_sampler_gpu.py"
-  "spec 110 test_spec_gpu.py test_draft_heads_gpu.py"
-  "engine 80 test_gpu_engine.py test_prefix_caching_gpu.py"
-  "hybrid_whisper 110 test_whisper_gpu.py test_mamba_gpu.py"
+  "spec 120 test_spec_gpu.py test_draft_heads_gpu.py"
+  "engine 95 test_gpu_engine.py test_prefix_caching_gpu.py"
+  "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py"
   "parallel 50 test_parallel_gpu.py"
-  "structured 40 test_structured_gpu.py"
+  "structured 35 test_structured_gpu.py"
   "moe 90 test_fused_moe_gpu.py"
 )
 # Pieces that no longer fit GPU_PIECES' one device call: `gpu_tests_more` runs them the same way (its own call,

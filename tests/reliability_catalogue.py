@@ -44,11 +44,11 @@ def _checkpoint(ctx: Any, keep: tuple[str, ...], extra: Optional[dict[str, bytes
     return root
 
 
-def _arch(ctx: Any, arch: str) -> Path:
+def _with_config(ctx: Any, **fields: Any) -> Path:
+    """A copy of ctx.ckpt whose config.json has `fields` set."""
     root = _checkpoint(ctx, ("model.safetensors",))
     cfg = json.loads((ctx.ckpt / "config.json").read_text())
-    cfg["architectures"] = [arch]
-    (root / "config.json").write_text(json.dumps(cfg))
+    (root / "config.json").write_text(json.dumps({**cfg, **fields}))
     return root
 
 
@@ -115,7 +115,10 @@ CASES = [
              "config.json": b"{not json"})), device="cpu")),
     Case("unsupported-architecture", "checkpoint", "`architectures: [GPT2LMHeadModel]`", CheckpointError,
          "architecture 'GPT2LMHeadModel' is not supported; registered:",
-         lambda ctx: LLM(str(_arch(ctx, "GPT2LMHeadModel")), device="cpu")),
+         lambda ctx: LLM(str(_with_config(ctx, architectures=["GPT2LMHeadModel"])), device="cpu")),
+    Case("quantized-checkpoint", "checkpoint", "config.json with `quantization_config` (an FP8 checkpoint)",
+         CheckpointError, "declares a quantized checkpoint (quant_method 'fp8'): mrv2 loads unquantized checkpoints",
+         lambda ctx: LLM(str(_with_config(ctx, quantization_config={"quant_method": "fp8"})), device="cpu")),
     # ---- requests (sent while other requests run) ---------------------------------------------------------
     Case("prompt-too-long", "request", "prompt of 1200 tokens, max_model_len 1024", InvalidRequestError,
          "the prompt has 1200 tokens but max_model_len is 1024", lambda ctx: _add(ctx, [1] * 1200), True),

@@ -105,6 +105,49 @@ def test_checkpoint_tensor_without_parameter_is_an_error(qwen3_dir, tmp_path):
         LLM(str(tmp_path), device="cpu")
 
 
+def _copy_checkpoint(src, dst, config_edit=None):
+    cfg = json.loads((src / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(config_edit(cfg) if config_edit else cfg))
+    for f in src.glob("*.safetensors*"):
+        (dst / f.name).write_bytes(f.read_bytes())
+
+
+@pytest.mark.parametrize("key, value, method", [
+    ("quantization_config", {"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
+    ("quantization_config", {"quant_method": "gptq", "bits": 4}, "gptq"),
+    ("compression_config", {"format": "float-quantized"}, "float-quantized"),
+])
+def test_quantized_config_is_refused_by_name(qwen3_dir, tmp_path, key, value, method):
+    """A config.json declaring a quantized checkpoint is refused before any weight is read, naming its method."""
+    _copy_checkpoint(qwen3_dir, tmp_path, lambda cfg: {**cfg, key: value})
+    with pytest.raises(CheckpointError, match=rf"quantized checkpoint \(quant_method '{method}'\): mrv2 loads "
+                                              r"unquantized checkpoints"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_quantized_tensors_are_refused_by_name(qwen3_dir, tmp_path):
+    """Without a quantization config: an FP8 weight is named (never cast to the model dtype without its scale),
+    and so is a scale tensor (`k_scale`) that matches no parameter."""
+    from safetensors.torch import load_file, save_file
+
+    _copy_checkpoint(qwen3_dir, tmp_path)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    name = "model.layers.0.mlp.down_proj.weight"
+    shard = tmp_path / index["weight_map"][name]
+    tensors = load_file(str(shard))
+    original = dict(tensors)
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"tensor '{name}' is float8_e4m3fn: mrv2 loads unquantized"):
+        LLM(str(tmp_path), device="cpu")
+    scale = "model.layers.0.self_attn.k_scale"
+    save_file({**original, scale: torch.ones(())}, str(shard), metadata={"format": "pt"})
+    index["weight_map"][scale] = shard.name
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=rf"tensor '{scale}' is a quantization tensor: mrv2 loads unquantized"):
+        LLM(str(tmp_path), device="cpu")
+
+
 def test_skip_special_tokens_reaches_the_hf_tokenizer(tmp_path):
     from tokenizers import Tokenizer, models
 

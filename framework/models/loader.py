@@ -21,6 +21,11 @@ logger = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some exporters save; recomputed from config
+# Tensors that only quantized checkpoints carry (FP8 / INT8 scales, GPTQ / AWQ packing): named in the error.
+QUANTIZATION_TENSOR_SUFFIXES = ("k_scale", "v_scale", "kv_scale", "weight_scale", "weight_scale_inv", "input_scale",
+                                "output_scale", "qweight", "qzeros", "scales", "g_idx")
+UNQUANTIZED = ("mrv2 loads unquantized checkpoints (float32 / float16 / bfloat16 weights) only; "
+               "`cache.kv_cache_dtype=fp8` stores the KV cache in FP8 without checkpoint scales")
 
 
 class CheckpointError(ValueError):
@@ -63,13 +68,31 @@ def safetensors_files(path: str | Path) -> list[Path]:
     raise CheckpointError(f"'{root}' has no *.safetensors weights")
 
 
+def refuse_quantized(hf_config: dict[str, Any]) -> None:
+    """Raise `CheckpointError` for a config.json that declares a quantized checkpoint (`quantization_config`, or
+    `compression_config` of older compressed-tensors exports), naming its method, before any weight is read."""
+    quant = hf_config.get("quantization_config") or hf_config.get("compression_config")
+    if quant:
+        method = (quant.get("quant_method") or quant.get("format") or "unnamed") if isinstance(quant, dict) else quant
+        raise CheckpointError(f"config.json declares a quantized checkpoint (quant_method '{method}'): {UNQUANTIZED}")
+
+
+def _refuse_quantized_tensor(where: str, name: str, dtype: torch.dtype) -> None:
+    """A tensor of a quantized checkpoint whose config did not say so: named, never cast silently."""
+    if dtype.is_floating_point and dtype.itemsize >= 2:
+        return
+    raise CheckpointError(f"{where}: tensor '{name}' is {str(dtype).removeprefix('torch.')}: {UNQUANTIZED}")
+
+
 def build_model(hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device,
                 ctx: ParallelContext = SINGLE) -> nn.Module:
     """Instantiate the registered model class for the config's architecture (weights uninitialised).
 
     The weights are allocated once, in `dtype` on `device` (`build_materialised`): peak memory ~1x the weights.
     Under parallelism (`ctx`) the model holds this rank's part only; a class must say `supports_parallel`.
+    Quantized checkpoints are refused (`refuse_quantized`).
     """
+    refuse_quantized(hf_config)
     archs = hf_config.get("architectures") or []
     if not archs:
         raise CheckpointError("config.json has no 'architectures' entry")
@@ -105,6 +128,7 @@ def _copy_into(model: nn.Module, params: dict[str, nn.Parameter], names: list[st
     """Copy this rank's shard of `source` (safetensors slice or tensor) into each parameter of `names`."""
     for name in names:
         tensor = read_shard(source, shard_spec(model, name))
+        _refuse_quantized_tensor(where, ckpt_name, tensor.dtype)
         if tensor.shape != params[name].shape:
             raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, model expects "
                                   f"{tuple(params[name].shape)}" + ("" if tensor is source else " (this rank's part)"))
@@ -121,6 +145,7 @@ def _copy_part(param: nn.Parameter, part: StackedPart, source: Any, where: str, 
                                   f"{math.prod(part.source_shape)} elements (viewed as {part.source_shape})")
         source = whole.reshape(part.source_shape)
     tensor = read_shard(source, part.shard)
+    _refuse_quantized_tensor(where, ckpt_name, tensor.dtype)
     dest = param.data[part.index]
     if tensor.shape != dest.shape:
         raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, the model expects "
@@ -165,6 +190,8 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
                     if name not in targets:
                         if name.endswith(IGNORED_TENSOR_SUFFIXES) or (owns is not None and not owns(name)):
                             continue
+                        if name.rsplit(".", 1)[-1] in QUANTIZATION_TENSOR_SUFFIXES:
+                            raise CheckpointError(f"{file.name}: tensor '{name}' is a quantization tensor: {UNQUANTIZED}")
                         raise CheckpointError(
                             f"{file.name}: tensor '{name}' matches no parameter of the model; the checkpoint "
                             "does not fit its config.json"
