@@ -116,7 +116,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         raise ApiError.invalid(f"best_of={body.best_of} is not supported (only best_of equal to n, {body.n}): "
                                "ask for n sequences and choose among them", "best_of")
     raw = prompt_list(body.prompt, "prompt")
-    prompts = [tokenize(state.tokenizer, p, "prompt") for p in raw]
+    prompts = [tokenize(state.tokenizer, p, "prompt", state.vocab_size) for p in raw]
     want_echo_logprobs = body.echo and body.logprobs is not None
     params = sampling_params(body, max_tokens=_max_tokens(state, body.max_tokens, prompts, "max_tokens"),
                              logprobs=body.logprobs, prompt_logprobs=body.logprobs if want_echo_logprobs else None)
@@ -185,7 +185,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         raise
     except Exception as err:
         raise ApiError.invalid(str(err), "messages") from None
-    prompt = tokenize(state.tokenizer, text, "messages")
+    prompt = tokenize(state.tokenizer, text, "messages", state.vocab_size)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs if body.top_logprobs is not None else 0
@@ -229,7 +229,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     state = _state(request)
     check_model(body.model, [state.model_name])
     _warn_ignored(body, "/v1/embeddings")
-    prompts = [tokenize(state.tokenizer, p, "input") for p in prompt_list(body.input, "input")]
+    prompts = [tokenize(state.tokenizer, p, "input", state.vocab_size) for p in prompt_list(body.input, "input")]
     for p in prompts:
         if len(p) > state.max_model_len:
             raise ApiError.invalid(f"this model's maximum context length is {state.max_model_len} tokens, but an "
