@@ -116,6 +116,20 @@ def test_logprobs_completion_and_chat(client, offline):
     assert "".join(c.token for c in content) == chat.choices[0].message.content
 
 
+def test_streamed_completion_logprobs_join_to_the_full_ones(client):
+    """Each chunk's `text_offset` continues where the previous chunk's text ended (after the echoed prompt too),
+    so the chunks' logprobs concatenate to the non-streamed response's."""
+    for echo in (False, True):
+        params = dict(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2, echo=echo)
+        full = client.completions.create(**params).choices[0]
+        chunks = [c.choices[0] for c in client.completions.create(**params, stream=True) if c.choices]
+        assert len(chunks) > 2
+        joined = {key: [v for c in chunks for v in getattr(c.logprobs, key)] for key in ("tokens", "text_offset")}
+        assert joined == {"tokens": full.logprobs.tokens, "text_offset": full.logprobs.text_offset}
+        assert "".join(c.text for c in chunks) == full.text
+        assert full.logprobs.text_offset[-1] == len(full.text) - len(full.logprobs.tokens[-1])
+
+
 def test_chat_uses_the_shipped_template_and_streams(client, offline):
     messages = [{"role": "system", "content": "Python only."}, {"role": "user", "content": "reverse a string"}]
     want = offline.chat(messages, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]

@@ -128,15 +128,20 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     text_of = _token_text(state)
     prompt_texts = [p if isinstance(p, str) else (state.tokenizer.decode(p) if state.tokenizer else "") for p in raw]
     echoed: set[int] = set()
+    text_offsets: dict[int, int] = {}  # choice -> where its next token's text starts (a stream's chunks continue)
 
-    def logprobs_of(choice: int, tokens: list[int], lps: list, offset: int) -> Optional[dict[str, Any]]:
+    def logprobs_of(choice: int, tokens: list[int], lps: list) -> Optional[dict[str, Any]]:
         if body.logprobs is None:
             return None
         prompt = choice // params.n
         if not body.echo or choice in echoed:
-            return completion_logprobs(tokens, lps, body.logprobs, text_of, offset)
-        prompt_lps = gen.prompt_logprobs.get(prompt, [None] * len(prompts[prompt]))
-        return completion_logprobs(prompts[prompt] + tokens, list(prompt_lps) + lps, body.logprobs, text_of)
+            out = completion_logprobs(tokens, lps, body.logprobs, text_of, text_offsets.get(choice, 0))
+        else:
+            prompt_lps = gen.prompt_logprobs.get(prompt, [None] * len(prompts[prompt]))
+            out = completion_logprobs(prompts[prompt] + tokens, list(prompt_lps) + lps, body.logprobs, text_of)
+        if out["tokens"]:
+            text_offsets[choice] = out["text_offset"][-1] + len(out["tokens"][-1])
+        return out
 
     def prompt_logprobs_of(prompt: int) -> Optional[list]:
         """vLLM's format: per prompt token (the first is null), {token id: {logprob, rank, decoded_token}}."""
@@ -151,7 +156,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         return prompt_texts[choice // params.n] + text
 
     def chunk(e: SequenceEvent) -> dict[str, Any]:
-        lp = logprobs_of(e.choice, e.token_ids, e.logprobs or [], 0)
+        lp = logprobs_of(e.choice, e.token_ids, e.logprobs or [])
         text = echo(e.choice, e.text)
         echoed.add(e.choice)
         return {**head, "choices": [{"index": e.choice, "text": text, "logprobs": lp, "finish_reason": e.finish_reason,
@@ -161,7 +166,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         choices = []
         for choice, events in enumerate(per_choice):
             text, tokens, lps, reason, stop_reason = _join(events)
-            choices.append({"index": choice, "text": echo(choice, text), "logprobs": logprobs_of(choice, tokens, lps, 0),
+            choices.append({"index": choice, "text": echo(choice, text), "logprobs": logprobs_of(choice, tokens, lps),
                             "finish_reason": reason, "stop_reason": stop_reason,
                             "prompt_logprobs": prompt_logprobs_of(choice // params.n)})
         return {**head, "choices": choices, "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens,
