@@ -241,6 +241,17 @@ def test_errors_are_openai_shaped(server, client):
     assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
 
 
+def test_unknown_paths_and_methods_are_openai_shaped(server, client):
+    """Not only the endpoints' own errors: a path or method the server does not have is an OpenAI error too."""
+    for response, status in ((server.post("/v1/no-such-endpoint", json={}), 404),
+                             (server.get("/v1/completions"), 405)):
+        assert response.status_code == status
+        assert response.json()["error"]["code"] == status and response.json()["error"]["message"], response.text
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="tiny", input="hi")  # the Responses API is not served
+    assert server.get("/health").status_code == 200
+
+
 def test_models_version_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     assert server.get("/version").json()["version"]
