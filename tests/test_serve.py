@@ -252,6 +252,19 @@ def test_unknown_paths_and_methods_are_openai_shaped(server, client):
     assert server.get("/health").status_code == 200
 
 
+def test_too_many_logprobs_name_the_field_sent(server):
+    """The engine's limit (sampler.max_logprobs) is refused under the name the client used, chat's top_logprobs
+    included, not the engine's `logprobs` with an internal request id."""
+    hi = [{"role": "user", "content": "hi"}]
+    for path, body, param in (("/v1/completions", {"prompt": PROMPT, "logprobs": 21}, "logprobs"),
+                              ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
+                              ("/v1/chat/completions", {"messages": hi, "logprobs": True, "top_logprobs": 21},
+                               "top_logprobs")):
+        r = server.post(path, json={**body, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert f"{param}=21" in r.json()["error"]["message"] and "max_logprobs=20" in r.json()["error"]["message"]
+
+
 def test_models_version_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     assert server.get("/version").json()["version"]

@@ -23,7 +23,7 @@ from framework.serve.errors import ApiError
 from framework.serve.generation import Generation, SequenceEvent
 from framework.serve.openai_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from framework.serve.params import (
-    check_model, max_tokens_for, pooling_params, prompt_list, refuse_tool_calling, sampling_params, tokenize,
+    check_logprobs, check_model, max_tokens_for, pooling_params, prompt_list, refuse_tool_calling, sampling_params, tokenize,
 )
 from framework.serve.responses import chat_logprobs, completion_logprobs, envelope, sse, usage
 from framework.serve.state import ServerState
@@ -117,6 +117,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
                                "ask for n sequences and choose among them", "best_of")
     raw = prompt_list(body.prompt, "prompt")
     prompts = [tokenize(state.tokenizer, p, "prompt", state.vocab_size) for p in raw]
+    check_logprobs(state.max_logprobs, logprobs=body.logprobs, prompt_logprobs=body.prompt_logprobs)
     want_echo_logprobs = body.echo and body.logprobs is not None
     params = sampling_params(body, max_tokens=_max_tokens(state, body.max_tokens, prompts, "max_tokens"),
                              logprobs=body.logprobs, prompt_logprobs=body.logprobs if want_echo_logprobs else None)
@@ -196,6 +197,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     top = body.top_logprobs if body.top_logprobs is not None else 0
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError.invalid("top_logprobs needs logprobs=true", "top_logprobs")
+    check_logprobs(state.max_logprobs, top_logprobs=body.top_logprobs, prompt_logprobs=body.prompt_logprobs)
     params = sampling_params(body, max_tokens=_max_tokens(state, requested, [prompt], field),
                              logprobs=top if body.logprobs else None)
     state.check_capacity(1)

@@ -91,6 +91,14 @@ def sampling_params(body: SamplingFields, *, max_tokens: int, logprobs: Optional
         raise ApiError.invalid(f"invalid sampling parameters: {err}") from None
 
 
+def check_logprobs(limit: int, **requested: Optional[int]) -> None:
+    """400 naming the field as the client sent it (chat's `top_logprobs`) when it asks for more logprobs than the
+    engine keeps (`sampler.max_logprobs`); the engine would refuse it under its own name."""
+    for field, value in requested.items():
+        if value is not None and value > limit:
+            raise ApiError.invalid(f"{field}={value} exceeds sampler.max_logprobs={limit}", field)
+
+
 def pooling_params(dimensions: Optional[int]) -> PoolingParams:
     return PoolingParams(dimensions=dimensions)
 
