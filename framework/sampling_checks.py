@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 OutputKind = Literal["final_only", "delta", "cumulative"]
 OUTPUT_KINDS = ("final_only", "delta", "cumulative")
 MAX_N = 128  # parallel sampling: the most sequences one request may ask for
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # the sampler keeps seeds in an int64 table
 
 
 def _is_int(x: Any) -> bool:
@@ -39,7 +40,7 @@ def plainly_valid(params: "SamplingParams") -> bool:
         and type(pres) in num and type(freq) in num and type(rep) in num
         and t >= 0.0 and t != math.inf and 0.0 < top_p <= 1.0 and 0.0 <= min_p <= 1.0
         and type(params.top_k) is int and params.top_k >= -1
-        and (params.seed is None or type(params.seed) is int)
+        and (params.seed is None or (type(params.seed) is int and SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]))
         and type(params.max_tokens) is int and params.max_tokens >= 1
         and type(params.min_tokens) is int and 0 <= params.min_tokens <= params.max_tokens
         and (lp is None or (type(lp) is int and lp >= 0)) and (plp is None or (type(plp) is int and plp >= 0))
@@ -84,6 +85,8 @@ def check_fields(params: "SamplingParams") -> None:
     if not (0.0 <= params.min_p <= 1.0):
         raise bad("min_p", "in [0, 1]")
     check_int("seed", None, "None or an integer", optional=True)
+    if params.seed is not None and not SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]:
+        raise bad("seed", "None or an integer in [-2**63, 2**63 - 1]")
     check_int("max_tokens", 1, ">= 1")
     check_int("min_tokens", 0, "in [0, max_tokens]")
     if params.min_tokens > params.max_tokens:

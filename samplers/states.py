@@ -60,6 +60,7 @@ class SamplingStages:
 
 
 MIN_TEMPERATURE = 1e-5  # below this a request is greedy (dividing by it would overflow the logits)
+MAX_TOP_K = (1 << 31) - 1  # the int32 table's largest value; any top_k at or above the vocabulary keeps every token
 
 
 class SamplingParamsState:
@@ -80,7 +81,7 @@ class SamplingParamsState:
     def add_request(self, req_slot: int, params: SamplingParams, seed: int) -> None:
         values = {
             "temperature": params.temperature if params.temperature >= MIN_TEMPERATURE else 0.0,
-            "top_k": params.top_k if params.top_k > 0 else 0,
+            "top_k": min(params.top_k, MAX_TOP_K) if params.top_k > 0 else 0,
             "top_p": params.top_p,
             "min_p": params.min_p,
             "seed": seed,

@@ -30,8 +30,8 @@ POOL: dict[str, list[Any]] = {
     "n": [1, 2, 128, 129, 0, -1, True, 1.0, _Int(2), None],
     "temperature": NUMBERS, "top_p": NUMBERS, "min_p": NUMBERS, "presence_penalty": NUMBERS,
     "frequency_penalty": NUMBERS, "repetition_penalty": NUMBERS,
-    "top_k": [0, -1, -2, 5, True, 1.0, _Int(3), None],
-    "seed": [None, 0, -5, 1 << 70, True, 1.5, _Int(4), "7"],
+    "top_k": [0, -1, -2, 5, 1 << 40, True, 1.0, _Int(3), None],
+    "seed": [None, 0, -5, (1 << 63) - 1, -(1 << 63), 1 << 63, -(1 << 63) - 1, 1 << 70, True, 1.5, _Int(4), "7"],
     "max_tokens": [1, 16, 0, -1, True, 2.0, _Int(5), None],
     "min_tokens": [0, 1, 16, 17, -1, True, 0.0, _Int(0)],
     "logprobs": [None, 0, 5, -1, True, 1.0, _Int(2)],
@@ -80,7 +80,8 @@ def test_fast_test_agrees_with_the_field_checks() -> None:
 
 
 @pytest.mark.parametrize("changes", [{"temperature": math.nan}, {"n": True}, {"max_tokens": 1.0},
-                                     {"min_tokens": 17}, {"output_kind": "all"}, {"top_p": 0.0}])
+                                     {"min_tokens": 17}, {"output_kind": "all"}, {"top_p": 0.0},
+                                     {"seed": 1 << 63}])  # the sampler's seed table is int64
 def test_a_caller_edit_after_construction_is_still_refused(changes: dict[str, Any]) -> None:
     params = SamplingParams(max_tokens=16)
     for name, value in changes.items():

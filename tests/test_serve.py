@@ -116,6 +116,20 @@ def test_logprobs_completion_and_chat(client, offline):
     assert "".join(c.token for c in content) == chat.choices[0].message.content
 
 
+def test_streamed_completion_logprobs_join_to_the_full_ones(client):
+    """Each chunk's `text_offset` continues where the previous chunk's text ended (after the echoed prompt too),
+    so the chunks' logprobs concatenate to the non-streamed response's."""
+    for echo in (False, True):
+        params = dict(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2, echo=echo)
+        full = client.completions.create(**params).choices[0]
+        chunks = [c.choices[0] for c in client.completions.create(**params, stream=True) if c.choices]
+        assert len(chunks) > 2
+        joined = {key: [v for c in chunks for v in getattr(c.logprobs, key)] for key in ("tokens", "text_offset")}
+        assert joined == {"tokens": full.logprobs.tokens, "text_offset": full.logprobs.text_offset}
+        assert "".join(c.text for c in chunks) == full.text
+        assert full.logprobs.text_offset[-1] == len(full.text) - len(full.logprobs.tokens[-1])
+
+
 def test_chat_uses_the_shipped_template_and_streams(client, offline):
     messages = [{"role": "system", "content": "Python only."}, {"role": "user", "content": "reverse a string"}]
     want = offline.chat(messages, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
@@ -225,6 +239,30 @@ def test_errors_are_openai_shaped(server, client):
     assert none.status_code == 200 and none.json()["usage"]["completion_tokens"] == 2  # no tools asked for
     assert server.get("/health").status_code == 200  # nothing above broke the server
     assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_unknown_paths_and_methods_are_openai_shaped(server, client):
+    """Not only the endpoints' own errors: a path or method the server does not have is an OpenAI error too."""
+    for response, status in ((server.post("/v1/no-such-endpoint", json={}), 404),
+                             (server.get("/v1/completions"), 405)):
+        assert response.status_code == status
+        assert response.json()["error"]["code"] == status and response.json()["error"]["message"], response.text
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="tiny", input="hi")  # the Responses API is not served
+    assert server.get("/health").status_code == 200
+
+
+def test_too_many_logprobs_name_the_field_sent(server):
+    """The engine's limit (sampler.max_logprobs) is refused under the name the client used, chat's top_logprobs
+    included, not the engine's `logprobs` with an internal request id."""
+    hi = [{"role": "user", "content": "hi"}]
+    for path, body, param in (("/v1/completions", {"prompt": PROMPT, "logprobs": 21}, "logprobs"),
+                              ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
+                              ("/v1/chat/completions", {"messages": hi, "logprobs": True, "top_logprobs": 21},
+                               "top_logprobs")):
+        r = server.post(path, json={**body, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert f"{param}=21" in r.json()["error"]["message"] and "max_logprobs=20" in r.json()["error"]["message"]
 
 
 def test_models_version_metrics(server, client):

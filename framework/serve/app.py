@@ -11,6 +11,7 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from framework.serve.errors import ApiError, error_body
 from framework.serve.openai_routes import router
@@ -87,6 +88,11 @@ def build_app(state: ServerState, lifespan: Any = None) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, err: ApiError) -> JSONResponse:
         return err.response()
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, err: HTTPException) -> JSONResponse:  # no such path (404) or method (405)
+        return JSONResponse(error_body(err.status_code, str(err.detail)), status_code=err.status_code,
+                            headers=err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:

@@ -104,9 +104,13 @@ class EngineClient:
             queue.put_nowait(RequestFailed(self.dead or "the server is shutting down",
                                            "dead" if self.dead else "shutdown"))
             return
-        self._queues[request_id] = queue
-        self._requests.send(self._codec.encode(AddRequest(request_id, prompt_token_ids, sampling_params,
-                                                          pooling_params)))
+        try:
+            message = self._codec.encode(AddRequest(request_id, prompt_token_ids, sampling_params, pooling_params))
+        except OverflowError as err:  # an integer msgpack cannot carry (beyond 64 bits): the engine never sees it
+            queue.put_nowait(RequestFailed(f"the request holds an integer out of range: {err}", "invalid"))
+            return
+        self._queues[request_id] = queue  # only once it is sent: a refused request keeps no place in flight
+        self._requests.send(message)
 
     def abort(self, engine_ids: list[str]) -> None:
         """Abort requests (or single sequences, by child id) in the engine; their slots and blocks free next step."""

@@ -7,8 +7,8 @@ from typing import Any, Optional
 
 from fastapi.responses import JSONResponse
 
-_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
-          503: "ServiceUnavailableError", 500: "InternalServerError"}
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
+          413: "RequestTooLargeError", 503: "ServiceUnavailableError", 500: "InternalServerError"}
 _FIELD = re.compile(r"(?:SamplingParams|PoolingParams)\.(\w+)|\b(response_format|structured_outputs)\b")
 
 

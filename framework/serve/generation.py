@@ -58,6 +58,7 @@ class Generation:
         self.prompts = prompts
         self.arrival = time.perf_counter()
         self.first_token_time: Optional[float] = None
+        self._disconnect_check = self.arrival + DISCONNECT_POLL_S  # when `_next` next asks the client
         self.num_cached_tokens = 0
         self.prompt_logprobs: dict[int, list[Optional[TokenLogprobs]]] = {}  # prompt index -> its logprobs
         self._engine_ids = [f"{request_id}-{p}" for p in range(len(prompts))]
@@ -80,13 +81,19 @@ class Generation:
         return self._sequences[choice].text
 
     async def _next(self, is_disconnected: Optional[Callable[[], Awaitable[bool]]]) -> StreamItem:
+        """The next engine item. With `is_disconnected`, the client is checked every DISCONNECT_POLL_S whether or
+        not items come meanwhile: a client that left a busy request would otherwise hold its slot to the end."""
         while True:
+            if is_disconnected is not None and time.perf_counter() >= self._disconnect_check:
+                self._disconnect_check = time.perf_counter() + DISCONNECT_POLL_S
+                if await is_disconnected():
+                    raise asyncio.CancelledError("the client disconnected")
+            if is_disconnected is None or not self._queue.empty():
+                return await self._queue.get()
             try:
-                return await asyncio.wait_for(self._queue.get(), DISCONNECT_POLL_S) if is_disconnected else \
-                    await self._queue.get()
+                return await asyncio.wait_for(self._queue.get(), self._disconnect_check - time.perf_counter())
             except asyncio.TimeoutError:
-                if await is_disconnected():  # type: ignore[misc]
-                    raise asyncio.CancelledError("the client disconnected") from None
+                continue
 
     async def events(self, is_disconnected: Optional[Callable[[], Awaitable[bool]]] = None,
                      watch_until_first: bool = False) -> AsyncIterator[list[SequenceEvent]]:

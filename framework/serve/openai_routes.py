@@ -23,7 +23,7 @@ from framework.serve.errors import ApiError
 from framework.serve.generation import Generation, SequenceEvent
 from framework.serve.openai_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from framework.serve.params import (
-    check_model, max_tokens_for, pooling_params, prompt_list, refuse_tool_calling, sampling_params, tokenize,
+    check_logprobs, check_model, max_tokens_for, pooling_params, prompt_list, refuse_tool_calling, sampling_params, tokenize,
 )
 from framework.serve.responses import chat_logprobs, completion_logprobs, envelope, sse, usage
 from framework.serve.state import ServerState
@@ -116,7 +116,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         raise ApiError.invalid(f"best_of={body.best_of} is not supported (only best_of equal to n, {body.n}): "
                                "ask for n sequences and choose among them", "best_of")
     raw = prompt_list(body.prompt, "prompt")
-    prompts = [tokenize(state.tokenizer, p, "prompt") for p in raw]
+    prompts = [tokenize(state.tokenizer, p, "prompt", state.vocab_size) for p in raw]
+    check_logprobs(state.max_logprobs, logprobs=body.logprobs, prompt_logprobs=body.prompt_logprobs)
     want_echo_logprobs = body.echo and body.logprobs is not None
     params = sampling_params(body, max_tokens=_max_tokens(state, body.max_tokens, prompts, "max_tokens"),
                              logprobs=body.logprobs, prompt_logprobs=body.logprobs if want_echo_logprobs else None)
@@ -128,15 +129,20 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     text_of = _token_text(state)
     prompt_texts = [p if isinstance(p, str) else (state.tokenizer.decode(p) if state.tokenizer else "") for p in raw]
     echoed: set[int] = set()
+    text_offsets: dict[int, int] = {}  # choice -> where its next token's text starts (a stream's chunks continue)
 
-    def logprobs_of(choice: int, tokens: list[int], lps: list, offset: int) -> Optional[dict[str, Any]]:
+    def logprobs_of(choice: int, tokens: list[int], lps: list) -> Optional[dict[str, Any]]:
         if body.logprobs is None:
             return None
         prompt = choice // params.n
         if not body.echo or choice in echoed:
-            return completion_logprobs(tokens, lps, body.logprobs, text_of, offset)
-        prompt_lps = gen.prompt_logprobs.get(prompt, [None] * len(prompts[prompt]))
-        return completion_logprobs(prompts[prompt] + tokens, list(prompt_lps) + lps, body.logprobs, text_of)
+            out = completion_logprobs(tokens, lps, body.logprobs, text_of, text_offsets.get(choice, 0))
+        else:
+            prompt_lps = gen.prompt_logprobs.get(prompt, [None] * len(prompts[prompt]))
+            out = completion_logprobs(prompts[prompt] + tokens, list(prompt_lps) + lps, body.logprobs, text_of)
+        if out["tokens"]:
+            text_offsets[choice] = out["text_offset"][-1] + len(out["tokens"][-1])
+        return out
 
     def prompt_logprobs_of(prompt: int) -> Optional[list]:
         """vLLM's format: per prompt token (the first is null), {token id: {logprob, rank, decoded_token}}."""
@@ -151,7 +157,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         return prompt_texts[choice // params.n] + text
 
     def chunk(e: SequenceEvent) -> dict[str, Any]:
-        lp = logprobs_of(e.choice, e.token_ids, e.logprobs or [], 0)
+        lp = logprobs_of(e.choice, e.token_ids, e.logprobs or [])
         text = echo(e.choice, e.text)
         echoed.add(e.choice)
         return {**head, "choices": [{"index": e.choice, "text": text, "logprobs": lp, "finish_reason": e.finish_reason,
@@ -161,7 +167,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         choices = []
         for choice, events in enumerate(per_choice):
             text, tokens, lps, reason, stop_reason = _join(events)
-            choices.append({"index": choice, "text": echo(choice, text), "logprobs": logprobs_of(choice, tokens, lps, 0),
+            choices.append({"index": choice, "text": echo(choice, text), "logprobs": logprobs_of(choice, tokens, lps),
                             "finish_reason": reason, "stop_reason": stop_reason,
                             "prompt_logprobs": prompt_logprobs_of(choice // params.n)})
         return {**head, "choices": choices, "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens,
@@ -185,12 +191,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         raise
     except Exception as err:
         raise ApiError.invalid(str(err), "messages") from None
-    prompt = tokenize(state.tokenizer, text, "messages")
+    prompt = tokenize(state.tokenizer, text, "messages", state.vocab_size)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs if body.top_logprobs is not None else 0
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError.invalid("top_logprobs needs logprobs=true", "top_logprobs")
+    check_logprobs(state.max_logprobs, top_logprobs=body.top_logprobs, prompt_logprobs=body.prompt_logprobs)
     params = sampling_params(body, max_tokens=_max_tokens(state, requested, [prompt], field),
                              logprobs=top if body.logprobs else None)
     state.check_capacity(1)
@@ -229,7 +236,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     state = _state(request)
     check_model(body.model, [state.model_name])
     _warn_ignored(body, "/v1/embeddings")
-    prompts = [tokenize(state.tokenizer, p, "input") for p in prompt_list(body.input, "input")]
+    prompts = [tokenize(state.tokenizer, p, "input", state.vocab_size) for p in prompt_list(body.input, "input")]
     for p in prompts:
         if len(p) > state.max_model_len:
             raise ApiError.invalid(f"this model's maximum context length is {state.max_model_len} tokens, but an "

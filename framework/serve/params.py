@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence, Union
 
 from framework.pooling_params import PoolingParams
-from framework.sampling_params import InvalidRequestError, SamplingParams
+from framework.sampling_params import InvalidRequestError, SamplingParams, first_invalid_token_index
 from framework.structured_outputs import structured_outputs_from_openai
 from framework.serve.errors import ApiError
 from framework.serve.openai_models import ChatCompletionRequest, PromptInput, SamplingFields
@@ -29,8 +29,13 @@ def prompt_list(prompt: PromptInput, field: str) -> list[Union[str, list[int]]]:
     return items  # type: ignore[return-value]
 
 
-def tokenize(tokenizer: Any, prompt: Union[str, list[int]], field: str) -> list[int]:
+def tokenize(tokenizer: Any, prompt: Union[str, list[int]], field: str, vocab_size: int) -> list[int]:
+    """The prompt's token ids; ids sent as such must be in the vocabulary (the server decodes them for `echo`)."""
     if isinstance(prompt, list):
+        bad = first_invalid_token_index(prompt, vocab_size)
+        if bad is not None:
+            raise ApiError.invalid(f"'{field}' holds token id {prompt[bad]}, outside the vocabulary [0, {vocab_size})",
+                                   field)
         return prompt
     if tokenizer is None:
         raise ApiError.invalid(f"this model has no tokenizer.json: send '{field}' as token ids", field)
@@ -84,6 +89,14 @@ def sampling_params(body: SamplingFields, *, max_tokens: int, logprobs: Optional
         raise ApiError.invalid(str(err)) from None
     except (TypeError, ValueError) as err:
         raise ApiError.invalid(f"invalid sampling parameters: {err}") from None
+
+
+def check_logprobs(limit: int, **requested: Optional[int]) -> None:
+    """400 naming the field as the client sent it (chat's `top_logprobs`) when it asks for more logprobs than the
+    engine keeps (`sampler.max_logprobs`); the engine would refuse it under its own name."""
+    for field, value in requested.items():
+        if value is not None and value > limit:
+            raise ApiError.invalid(f"{field}={value} exceeds sampler.max_logprobs={limit}", field)
 
 
 def pooling_params(dimensions: Optional[int]) -> PoolingParams:

@@ -32,6 +32,16 @@ class ServerState:
         assert self.client.info is not None
         return self.client.info.max_model_len
 
+    @property
+    def vocab_size(self) -> int:
+        assert self.client.info is not None
+        return self.client.info.vocab_size
+
+    @property
+    def max_logprobs(self) -> int:
+        assert self.client.info is not None
+        return self.client.info.max_logprobs
+
     def check_capacity(self, num_requests: int) -> None:
         """503 with Retry-After when the engine is dead or the queue beyond the running requests is full."""
         if self.client.dead is not None:
