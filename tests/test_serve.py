@@ -252,6 +252,15 @@ def test_unknown_paths_and_methods_are_openai_shaped(server, client):
     assert server.get("/health").status_code == 200
 
 
+def test_stream_options_without_stream_is_refused(server):
+    """OpenAI refuses `stream_options` on a request that does not stream (its usage chunk would never come)."""
+    for path, body in (("/v1/completions", {"prompt": PROMPT}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        r = server.post(path, json={**body, "max_tokens": 2, "stream_options": {"include_usage": True}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text
+    assert server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+
+
 def test_too_many_logprobs_name_the_field_sent(server):
     """The engine's limit (sampler.max_logprobs) is refused under the name the client used, chat's top_logprobs
     included, not the engine's `logprobs` with an internal request id."""

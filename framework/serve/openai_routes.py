@@ -23,7 +23,8 @@ from framework.serve.errors import ApiError
 from framework.serve.generation import Generation, SequenceEvent
 from framework.serve.openai_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from framework.serve.params import (
-    check_logprobs, check_model, max_tokens_for, pooling_params, prompt_list, refuse_tool_calling, sampling_params, tokenize,
+    check_logprobs, check_model, max_tokens_for, pooling_params, prompt_list, refuse_tool_calling, sampling_params,
+    tokenize,
 )
 from framework.serve.responses import chat_logprobs, completion_logprobs, envelope, sse, usage
 from framework.serve.state import ServerState

@@ -64,6 +64,8 @@ def max_tokens_for(requested: Optional[int], num_prompt_tokens: int, max_model_l
 def sampling_params(body: SamplingFields, *, max_tokens: int, logprobs: Optional[int],
                     prompt_logprobs: Optional[int] = None) -> SamplingParams:
     """Build and validate the engine's parameters (400 with the engine's message when a value is out of range)."""
+    if body.stream_options is not None and not body.stream:  # as OpenAI: not silently ignored
+        raise ApiError.invalid("stream_options is only allowed with stream=true", "stream_options")
     for kind in ("json", "regex", "choice", "grammar"):
         if getattr(body, f"guided_{kind}") is not None:
             raise ApiError.invalid(f"guided_{kind} is vLLM's older field and is not read here: send "
