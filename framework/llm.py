@@ -21,8 +21,9 @@ from framework.prefix_cache import PrefixCacheStats
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
 
-# Text, token ids, or (encoder-decoder models such as Whisper) an audio prompt dict: {"audio": (array,
-# sampling_rate)} or {"input_features": tensor}, optionally with "decoder_prompt", "language", "task".
+# Text, token ids (either may come wrapped as vLLM does: {"prompt": text}, {"prompt_token_ids": ids}), or
+# (encoder-decoder models such as Whisper) an audio prompt dict: {"audio": (array, sampling_rate)} or
+# {"input_features": tensor}, optionally with "decoder_prompt", "language", "task".
 Prompt = Union[str, Sequence[int], Mapping[str, Any]]
 
 # LLM(...) keyword -> dotted config key
@@ -63,14 +64,21 @@ _KWARGS = {
 }
 
 
+# vLLM's TextPrompt {"prompt": text} and TokensPrompt {"prompt_token_ids": ids}, alone in their dict.
+_VLLM_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
+
+
 def _prompt_list(prompts: Union[Prompt, Sequence[Prompt]]) -> list[Prompt]:
     """One prompt (text, a token-id list or an audio dict) or a list of them, as a list; anything else (None, a
     number) raises `InvalidRequestError` naming the prompt, instead of a `TypeError` from deep inside."""
     if isinstance(prompts, (str, Mapping)) or (isinstance(prompts, Sequence) and prompts
                                                and isinstance(prompts[0], int)):
-        return [prompts]  # type: ignore[list-item]
-    listed = list(prompts) if isinstance(prompts, Iterable) else [prompts]
+        listed: list[Any] = [prompts]
+    else:
+        listed = list(prompts) if isinstance(prompts, Iterable) else [prompts]
     for i, prompt in enumerate(listed):
+        if isinstance(prompt, Mapping) and len(prompt) == 1 and _VLLM_PROMPT_KEYS.intersection(prompt):
+            listed[i] = prompt = next(iter(prompt.values()))  # vLLM's TextPrompt / TokensPrompt: what it holds
         if not isinstance(prompt, Iterable):  # a str, a Mapping and a sequence of ids all are
             raise InvalidRequestError(f"prompt {i} is {reprlib.repr(prompt)}: a prompt is a string, a list of "
                                       "token ids or (Whisper) an audio dict")
@@ -193,6 +201,8 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids; audio dicts for Whisper); outputs come back in prompt order.
+
+        vLLM's prompt dicts are taken too: `{"prompt": text}` is the text, `{"prompt_token_ids": ids}` the ids.
 
         A Whisper model takes prompts as `{"audio": (samples, sampling_rate)}` or `{"input_features": tensor
         [mel_bins, frames]}`, optionally with `"decoder_prompt"` (token ids) or `"language"` / `"task"`

@@ -55,3 +55,16 @@ def test_sampling_params_of_the_wrong_type_are_refused_by_name(tiny_llm, params,
         tiny_llm.generate([[1, 2], [3, 4]], params, use_tqdm=False)
     assert not tiny_llm.engine.has_unfinished_requests()
     assert tiny_llm.generate([[1, 2]], GREEDY, use_tqdm=False)[0].finish_reason == "length"
+
+
+def test_vllm_prompt_dicts_are_text_and_token_prompts(tiny_llm):
+    """vLLM's TextPrompt `{"prompt": text}` and TokensPrompt `{"prompt_token_ids": ids}` (its way of passing ids)
+    are the text and the ids they hold, not audio prompts."""
+    plain = tiny_llm.generate(["abc", [5, 6, 7]], GREEDY, use_tqdm=False)
+    wrapped = tiny_llm.generate([{"prompt": "abc"}, {"prompt_token_ids": [5, 6, 7]}], GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in wrapped] == [o.token_ids for o in plain]
+    assert wrapped[0].prompt == "abc" and wrapped[1].prompt_token_ids == [5, 6, 7]
+    one = tiny_llm.generate({"prompt_token_ids": [5, 6, 7]}, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in one] == [plain[1].token_ids]
+    with pytest.raises(InvalidRequestError, match="audio prompts need an encoder-decoder model"):
+        tiny_llm.generate([{"prompt": "abc", "audio": None}], GREEDY, use_tqdm=False)
