@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import reprlib
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 from tqdm import tqdm
 
@@ -20,8 +21,9 @@ from framework.prefix_cache import PrefixCacheStats
 from framework.request import RequestOutput
 from framework.sampling_params import InvalidRequestError, SamplingParams
 
-# Text, token ids, or (encoder-decoder models such as Whisper) an audio prompt dict: {"audio": (array,
-# sampling_rate)} or {"input_features": tensor}, optionally with "decoder_prompt", "language", "task".
+# Text, token ids (either may come wrapped as vLLM does: {"prompt": text}, {"prompt_token_ids": ids}), or
+# (encoder-decoder models such as Whisper) an audio prompt dict: {"audio": (array, sampling_rate)} or
+# {"input_features": tensor}, optionally with "decoder_prompt", "language", "task".
 Prompt = Union[str, Sequence[int], Mapping[str, Any]]
 
 # LLM(...) keyword -> dotted config key
@@ -62,12 +64,42 @@ _KWARGS = {
 }
 
 
+# vLLM's TextPrompt {"prompt": text} and TokensPrompt {"prompt_token_ids": ids}, alone in their dict.
+_VLLM_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
+
+
 def _prompt_list(prompts: Union[Prompt, Sequence[Prompt]]) -> list[Prompt]:
-    """One prompt (text, a token-id list or an audio dict) or a list of them, as a list."""
+    """One prompt (text, a token-id list or an audio dict) or a list of them, as a list; anything else (None, a
+    number) raises `InvalidRequestError` naming the prompt, instead of a `TypeError` from deep inside."""
     if isinstance(prompts, (str, Mapping)) or (isinstance(prompts, Sequence) and prompts
                                                and isinstance(prompts[0], int)):
-        return [prompts]  # type: ignore[list-item]
-    return list(prompts)  # type: ignore[arg-type]
+        listed: list[Any] = [prompts]
+    else:
+        listed = list(prompts) if isinstance(prompts, Iterable) else [prompts]
+    for i, prompt in enumerate(listed):
+        if isinstance(prompt, Mapping) and len(prompt) == 1 and _VLLM_PROMPT_KEYS.intersection(prompt):
+            listed[i] = prompt = next(iter(prompt.values()))  # vLLM's TextPrompt / TokensPrompt: what it holds
+        if not isinstance(prompt, Iterable):  # a str, a Mapping and a sequence of ids all are
+            raise InvalidRequestError(f"prompt {i} is {reprlib.repr(prompt)}: a prompt is a string, a list of "
+                                      "token ids or (Whisper) an audio dict")
+    return listed  # type: ignore[return-value]
+
+
+def _params_list(sampling_params: Union[SamplingParams, Sequence[SamplingParams], None],
+                 num_prompts: int) -> list[SamplingParams]:
+    """One `SamplingParams` per prompt: the one given (or the default) for all, or the list given, checked."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * num_prompts
+    if isinstance(sampling_params, (str, Mapping)) or not isinstance(sampling_params, Iterable):
+        raise InvalidRequestError(f"sampling_params is a {type(sampling_params).__name__}, not a SamplingParams "
+                                  "or a list of them")
+    params = list(sampling_params)
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise InvalidRequestError(f"sampling_params[{i}] is {reprlib.repr(p)}, not a SamplingParams")
+    if len(params) != num_prompts:
+        raise ValueError(f"got {num_prompts} prompts but {len(params)} SamplingParams")
+    return params
 
 
 def _config_from_kwargs(model: str, kwargs: dict[str, Any]) -> Mrv2Config:
@@ -149,11 +181,7 @@ class LLM:
         """Validate every request, then queue them all (one bad prompt queues nothing); returns their ids (in prompt
         order) and how many sequences each produces (`SamplingParams.n`)."""
         prompts = _prompt_list(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        params = _params_list(sampling_params, len(prompts))
         requests = []
         for prompt, p in zip(prompts, params):
             if p.output_kind != output_kind:
@@ -174,6 +202,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids; audio dicts for Whisper); outputs come back in prompt order.
 
+        vLLM's prompt dicts are taken too: `{"prompt": text}` is the text, `{"prompt_token_ids": ids}` the ids.
+
         A Whisper model takes prompts as `{"audio": (samples, sampling_rate)}` or `{"input_features": tensor
         [mel_bins, frames]}`, optionally with `"decoder_prompt"` (token ids) or `"language"` / `"task"`
         (see `framework.audio_inputs`); a text model refuses them, and a Whisper model refuses text.
@@ -184,12 +214,17 @@ class LLM:
         """
         expected = self._queue(prompts, sampling_params, "final_only")
         finals: dict[str, list[RequestOutput]] = {r: [] for r in expected}
+        running = len(expected)
         with tqdm(total=len(expected), desc="generate", unit="req", file=sys.stderr, disable=not use_tqdm) as bar:
-            while self.engine.has_unfinished_requests():
+            # Until its own requests end: requests another caller queued on the engine keep running (their
+            # outputs of these steps are not returned here).
+            while running and self.engine.has_unfinished_requests():
                 for out in self.engine.step():
-                    if out.finished:
+                    if out.finished and out.request_id in finals:
                         finals[out.request_id].append(out)
-                        bar.update(len(finals[out.request_id]) == expected[out.request_id])
+                        done = len(finals[out.request_id]) == expected[out.request_id]
+                        running -= done
+                        bar.update(done)
         return [merge_sequences(finals[r]) for r in expected]
 
     def chat(
@@ -266,7 +301,14 @@ class LLM:
         them apart by `request_id` (or by `prompt`/`prompt_token_ids`). Joining a request's deltas gives
         what `generate` returns for it.
         Outputs of a request with `SamplingParams.n > 1` are told apart by their `index`.
+        A stream left before its end (`break`, or the generator closed or dropped) aborts its requests that are
+        still running, so they free their slots and blocks.
         """
-        self._queue(prompts, sampling_params, "delta")
-        while self.engine.has_unfinished_requests():
-            yield from self.engine.step()
+        expected = self._queue(prompts, sampling_params, "delta")
+        try:
+            while self.engine.has_unfinished_requests():
+                yield from self.engine.step()
+        except GeneratorExit:
+            for request_id in expected:
+                self.engine.abort_request(request_id)  # None (nothing changes) for one that already ended
+            raise

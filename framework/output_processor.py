@@ -158,6 +158,9 @@ class OutputProcessor:
         if new_tokens and state.metrics is not None and state.metrics.first_token_time is None:
             state.metrics.first_token_time = time.perf_counter()
         stopped_by_token = request.status == RequestStatus.FINISHED_STOPPED
+        # As in vLLM, the text of the token that stopped the request (eos or a stop_token_ids entry, always the last
+        # one) is left out unless include_stop_str_in_output; the token itself stays in the output's ids.
+        untold = 1 if stopped_by_token and not params.include_stop_str_in_output else 0
         # Text is needed while running only for stop strings and streaming; otherwise the output is decoded once
         # when the request finishes (one decode call instead of two per token: the host stays off the hot path).
         incremental = bool(params.stop) or params.output_kind != "final_only"
@@ -165,7 +168,7 @@ class OutputProcessor:
             if state.logprobs is not None and row_logprobs is not None and i < len(row_logprobs.ranks):
                 state.logprobs.append(self._logprob_entry(state, row_logprobs, i, params.logprobs or 0))
                 state.cumulative_logprob = (state.cumulative_logprob or 0.0) + row_logprobs.logprobs[i][0]
-            if state.detokenizer is None or not incremental:
+            if state.detokenizer is None or not incremental or i >= len(new_tokens) - untold:
                 continue
             delta = state.detokenizer.append(token)
             num_output = state.num_tokens_seen + i + 1
@@ -179,7 +182,7 @@ class OutputProcessor:
             if incremental:
                 state.detokenizer.flush()
             else:
-                state.detokenizer.decode_all(request.output_token_ids)
+                state.detokenizer.decode_all(request.output_token_ids[:len(request.output_token_ids) - untold])
 
     def _stop_at_string(self, state: _OutputState, hit: tuple[str, int], num_output: int) -> None:
         stop, index = hit

@@ -56,7 +56,8 @@ class SamplingParams:
     cache); with a `seed`, sequence 0 uses it and sequence i > 0 a seed derived from (seed, i).
 
     Stopping: eos (unless `ignore_eos`), `stop_token_ids`, `max_tokens`, `stop` strings matched on the
-    detokenized text (cut before the match unless `include_stop_str_in_output`).
+    detokenized text (cut before the match unless `include_stop_str_in_output`; the text of a stopping eos or
+    `stop_token_ids` token is likewise left out).
 
     Structured outputs: `structured_outputs` (a `StructuredOutputsParams`: JSON schema, regex, choice or
     grammar) restricts every sampled token to those the grammar allows; see the "Structured outputs" page.

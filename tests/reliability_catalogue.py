@@ -174,6 +174,12 @@ CASES = [
          InvalidRequestError, "SamplingParams.structured_outputs.json is invalid: Invalid type: strin",
          lambda ctx: _add(ctx, [1, 2], SamplingParams(
              structured_outputs=StructuredOutputsParams(json={"type": "strin"}))), True),
+    Case("prompt-wrong-type", "request", "`LLM.generate([\"ok\", None])`", InvalidRequestError,
+         "prompt 1 is None: a prompt is a string, a list of token ids",
+         lambda ctx: ctx.llm.generate(["ok", None], use_tqdm=False), True),
+    Case("sampling-params-wrong-type", "request", "`LLM.generate(two_prompts, [params, None])`", InvalidRequestError,
+         "sampling_params[1] is None, not a SamplingParams",
+         lambda ctx: ctx.llm.generate([[1, 2], [3, 4]], [SamplingParams(), None], use_tqdm=False), True),
     Case("duplicate-request-id", "request", "an id that is still in flight", InvalidRequestError,
          "request id 'ok-0' is already in use", lambda ctx: _add(ctx, [1, 2], request_id="ok-0"), True),
     Case("v1-unsupported-param", "request", "`presence_penalty` with `runner=v1`", InvalidRequestError,

@@ -210,6 +210,27 @@ def test_stop_strings_and_include_stop_str(tiny_llm_factory):
     assert incl.text == text[: first + len(stop)] and incl.token_ids == out.token_ids
 
 
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_token_text_is_left_out_unless_include_stop_str(tiny_llm_factory, include):
+    """vLLM's semantics: the text of the token that stopped the request (a `stop_token_ids` entry, or eos) is
+    not in the output text unless `include_stop_str_in_output`; the token stays in `token_ids`."""
+    llm = tiny_llm_factory()
+    letters = list(range(ord("a"), ord("z") + 1))  # printable one-byte tokens: every token has text
+    free = llm.generate([_prompt(8, 5)], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                                                         allowed_token_ids=letters), use_tqdm=False)[0]
+    stop_at = next(t for i, t in enumerate(free.token_ids) if i >= 2 and t not in free.token_ids[:i])
+    end = free.token_ids.index(stop_at) + 1
+    params = SamplingParams(temperature=0.0, max_tokens=8, allowed_token_ids=letters, stop_token_ids=[stop_at],
+                            include_stop_str_in_output=include)
+    want = llm.tokenizer.decode(free.token_ids[:end] if include else free.token_ids[:end - 1])
+    out = llm.generate([_prompt(8, 5)], params, use_tqdm=False)[0]
+    assert out.token_ids == free.token_ids[:end] and out.stop_reason == stop_at
+    assert out.text == want
+    deltas = list(llm.generate_stream([_prompt(8, 5)], params))
+    assert "".join(d.text for d in deltas) == want and deltas[-1].finished
+    assert llm.engine.is_idle()
+
+
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_streaming_deltas_join_to_the_final_output(tiny_llm_factory, async_scheduling):
     llm = tiny_llm_factory(async_scheduling=async_scheduling)

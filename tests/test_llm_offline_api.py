@@ -1,0 +1,70 @@
+"""The offline API's own contract (`LLM.generate`, `LLM.generate_stream`): abandoned streams, and inputs of the
+wrong type refused by name before anything is queued."""
+
+from __future__ import annotations
+
+import pytest
+
+from framework import InvalidRequestError, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def test_an_abandoned_stream_frees_its_requests_and_generate_still_works(tiny_llm_factory):
+    llm = tiny_llm_factory(max_num_seqs=2)
+    alone = llm.generate([[7, 8, 9]], GREEDY, use_tqdm=False)[0].token_ids
+    stream = llm.generate_stream([[1, 2, 3], [4, 5, 6]], GREEDY)
+    first = next(stream)
+    assert not first.finished
+    stream.close()  # what `break` out of a for loop does once the generator is dropped
+    assert llm.engine.is_idle()  # no request queued, no block or slot held
+    for _ in llm.generate_stream([[1, 2, 3]], GREEDY):
+        break  # dropped: CPython closes it at once
+    assert llm.engine.is_idle()
+    outs = llm.generate([[7, 8, 9], [7, 8, 9]], GREEDY, use_tqdm=False)  # every slot: none is held
+    assert [o.token_ids for o in outs] == [alone, alone]
+    assert llm.engine.is_idle()
+
+
+def test_generate_returns_its_own_requests_while_another_caller_has_requests_in_flight(tiny_llm_factory):
+    llm = tiny_llm_factory()
+    alone = llm.generate([[7, 8, 9]], GREEDY, use_tqdm=False)[0].token_ids
+    llm.engine.add_request("other", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    outs = llm.generate([[7, 8, 9]], GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [alone]
+
+
+@pytest.mark.parametrize("prompts, message", [
+    (None, "prompt 0 is None"),
+    (5, "prompt 0 is 5"),
+    ([[1, 2], None], "prompt 1 is None"),
+    (["ok", 3.5], "prompt 1 is 3.5"),
+])
+def test_a_prompt_of_the_wrong_type_is_refused_by_name(tiny_llm, prompts, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        tiny_llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert not tiny_llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("params, message", [
+    ([GREEDY, None], r"sampling_params\[1\] is None, not a SamplingParams"),
+    ({"temperature": 0.0}, r"sampling_params is a dict, not a SamplingParams or a list of them"),
+])
+def test_sampling_params_of_the_wrong_type_are_refused_by_name(tiny_llm, params, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        tiny_llm.generate([[1, 2], [3, 4]], params, use_tqdm=False)
+    assert not tiny_llm.engine.has_unfinished_requests()
+    assert tiny_llm.generate([[1, 2]], GREEDY, use_tqdm=False)[0].finish_reason == "length"
+
+
+def test_vllm_prompt_dicts_are_text_and_token_prompts(tiny_llm):
+    """vLLM's TextPrompt `{"prompt": text}` and TokensPrompt `{"prompt_token_ids": ids}` (its way of passing ids)
+    are the text and the ids they hold, not audio prompts."""
+    plain = tiny_llm.generate(["abc", [5, 6, 7]], GREEDY, use_tqdm=False)
+    wrapped = tiny_llm.generate([{"prompt": "abc"}, {"prompt_token_ids": [5, 6, 7]}], GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in wrapped] == [o.token_ids for o in plain]
+    assert wrapped[0].prompt == "abc" and wrapped[1].prompt_token_ids == [5, 6, 7]
+    one = tiny_llm.generate({"prompt_token_ids": [5, 6, 7]}, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in one] == [plain[1].token_ids]
+    with pytest.raises(InvalidRequestError, match="audio prompts need an encoder-decoder model"):
+        tiny_llm.generate([{"prompt": "abc", "audio": None}], GREEDY, use_tqdm=False)
