@@ -17,6 +17,8 @@ from framework.sampling_params import InvalidRequestError
 
 TEMPLATE_FILE = "chat_template.jinja"
 ROLES = ("system", "user", "assistant", "tool", "developer")
+# What `ChatTemplate.render` passes to the template itself: extra template variables may not repeat them.
+RENDER_ARGUMENTS = ("messages", "add_generation_prompt", "continue_final_message", "bos_token", "eos_token")
 
 
 def _special_token(value: Any) -> str:
@@ -124,13 +126,21 @@ class ChatTemplate:
         except Exception as err:  # a template error names the template's own complaint
             raise InvalidRequestError(f"the chat template failed on these messages: {err}") from None
         if continue_final_message:
-            final = messages[-1]["content"]
-            cut = text.rfind(final) if final else -1
-            if cut < 0:
-                raise InvalidRequestError("continue_final_message: the rendered template does not contain the final "
-                                          "message's content")
-            text = text[:cut + len(final)]
+            text = _cut_after_final(text, messages[-1]["content"])
         return text
+
+
+def _cut_after_final(text: str, final: str) -> str:
+    """`text` up to the end of the final message's content, as transformers' `continue_final_message` cuts it:
+    templates often trim content (`| trim`), so the content is found stripped, and its trailing whitespace is kept
+    only where the template kept it."""
+    stripped = final.strip()
+    cut = text.rfind(stripped) if stripped else -1
+    if cut < 0:
+        raise InvalidRequestError("continue_final_message: the rendered template does not contain the final "
+                                  "message's content")
+    kept = final.lstrip()
+    return text[:cut + (len(kept) if text.startswith(kept, cut) else len(stripped))]
 
 
 def _raise_exception(message: str) -> None:

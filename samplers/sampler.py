@@ -50,7 +50,8 @@ ROW_NONFINITE_LOGITS = 1
 ROW_NO_TOKEN_LEFT = 2
 ROW_ERROR_MESSAGES = {
     ROW_NONFINITE_LOGITS: "the model produced NaN or +inf logits",
-    ROW_NO_TOKEN_LEFT: "no token can be sampled: every token is excluded (allowed_token_ids, bad_words, ...)",
+    ROW_NO_TOKEN_LEFT: ("no token can be sampled: every token is excluded (allowed_token_ids, bad_words, a "
+                        "structured-output grammar that has ended before min_tokens, ...)"),
 }
 
 

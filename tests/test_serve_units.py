@@ -104,6 +104,21 @@ def test_chat_template_renders_in_a_sandbox():
         LLM("random_tiny", device="cpu", max_model_len=64).chat(msgs)
 
 
+def test_continue_final_message_under_a_template_that_trims():
+    """Templates often trim content (Llama 3's `| trim`): the prefill is found stripped and continued, as
+    transformers' apply_chat_template does, not refused because its trailing space or newline is gone."""
+    t = ChatTemplate("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}"
+                     "{% if add_generation_prompt %}<assistant>{% endif %}")
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "```json\n"}]
+    assert t.render(msgs, add_generation_prompt=False, continue_final_message=True) == "<user>hi</s><assistant>```json"
+    keeps = ChatTemplate("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}")
+    assert keeps.render([{"role": "user", "content": " a b "}], add_generation_prompt=False,
+                        continue_final_message=True) == "<user> a b "  # spacing the template keeps is kept
+    with pytest.raises(InvalidRequestError, match="does not contain the final message"):
+        ChatTemplate("{% for m in messages %}{{ m['role'] }}{% endfor %}").render(
+            msgs, add_generation_prompt=False, continue_final_message=True)
+
+
 def test_sequence_text_stops_and_holds_back():
     tok = ByteTokenizer()
     params = SamplingParams(stop=["END"], max_tokens=50)

@@ -221,6 +221,16 @@ def test_grammar_end_stops_even_with_ignore_eos() -> None:
     assert all(o.token_ids[-1] == llm.engine.loaded.eos_token_id for o in outs)
 
 
+def test_min_tokens_past_the_grammar_end_is_an_error_that_says_so() -> None:
+    """The grammar has ended (only end of sequence is allowed) and min_tokens forbids it: no token is left. The
+    request ends with an error naming that cause (docs/structured-outputs.md), its neighbour is unaffected."""
+    llm = _llm()
+    choice = SamplingParams(max_tokens=10, min_tokens=6, structured_outputs=StructuredOutputsParams(choice=["ab"]))
+    failed, free = llm.generate(_prompts(2, seed=5), [choice, SamplingParams(max_tokens=5)], use_tqdm=False)
+    assert failed.finish_reason == "error" and "grammar" in failed.error and "min_tokens" in failed.error
+    assert free.finish_reason == "length" and len(free.token_ids) == 5
+
+
 def test_grammars_are_compiled_once_per_text() -> None:
     llm = _llm()
     backend = llm.engine.runner.grammar_backend

@@ -49,8 +49,12 @@ class Generation:
     """The engine requests of one HTTP request and the text of each of their sequences."""
 
     def __init__(self, client: EngineClient, tokenizer: Any, metrics: ServerMetrics, request_id: str,
-                 prompts: list[list[int]], params: SamplingParams, stream: bool, log_requests: bool = False) -> None:
+                 prompts: list[list[int]], params: SamplingParams, stream: bool, log_requests: bool = False,
+                 field_names: Optional[dict[str, str]] = None) -> None:
+        """`field_names`: the engine's name of a field -> the request's (`params.engine_field_names`), so that an
+        engine refusal names what the client sent."""
         self.client = client
+        self.field_names = field_names or {}
         self.metrics = metrics
         self.request_id = request_id
         self.log_requests = log_requests
@@ -120,7 +124,12 @@ class Generation:
     def _apply(self, item: StreamItem, touched: dict[int, _Sequence]) -> None:
         """One engine delta into its sequence's text; `touched` collects the sequences that changed."""
         if isinstance(item, RequestFailed):
-            raise ApiError.invalid(item.message) if item.kind == "invalid" else ApiError(503, item.message)
+            if item.kind != "invalid":
+                raise ApiError(503, item.message)
+            message = item.message
+            for engine_name, request_name in self.field_names.items():
+                message = message.replace(engine_name, request_name)
+            raise ApiError.invalid(message)
         n = self.params.n
         prompt = self._prompt_of[item.request_id]
         choice = prompt * n + item.index

@@ -18,15 +18,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from framework.chat_template import RENDER_ARGUMENTS
 from framework.serve.engine_client import RequestFailed
 from framework.serve.errors import ApiError
 from framework.serve.generation import Generation, SequenceEvent
 from framework.serve.openai_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from framework.serve.params import (
-    check_logprobs, check_model, max_tokens_for, pooling_params, prompt_list, refuse_tool_calling, sampling_params,
-    tokenize,
+    check_logprobs, check_model, engine_field_names, max_tokens_for, pooling_params, prompt_list, refuse_tool_calling,
+    sampling_params, tokenize,
 )
-from framework.serve.responses import chat_logprobs, completion_logprobs, envelope, sse, usage
+from framework.serve.responses import chat_logprobs, completion_logprobs, envelope, finite, sse, usage
 from framework.serve.state import ServerState
 
 router = APIRouter()
@@ -125,7 +126,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     state.check_capacity(len(prompts))
     request_id = f"cmpl-{uuid.uuid4().hex}"
     gen = Generation(state.client, state.tokenizer, state.metrics, request_id, prompts, params, body.stream,
-                     state.config.serve.log_requests)
+                     state.config.serve.log_requests, engine_field_names(body))
     head = envelope("text_completion", request_id, state.model_name)
     text_of = _token_text(state)
     prompt_texts = [p if isinstance(p, str) else (state.tokenizer.decode(p) if state.tokenizer else "") for p in raw]
@@ -149,7 +150,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         """vLLM's format: per prompt token (the first is null), {token id: {logprob, rank, decoded_token}}."""
         if body.prompt_logprobs is None or prompt not in gen.prompt_logprobs:
             return None
-        return [None if e is None else {str(t): {"logprob": lp, "rank": rank, "decoded_token": text_of(t)}
+        return [None if e is None else {str(t): {"logprob": finite(lp), "rank": rank, "decoded_token": text_of(t)}
                                         for t, lp, rank in e} for e in gen.prompt_logprobs[prompt]]
 
     def echo(choice: int, text: str) -> str:
@@ -184,6 +185,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     _warn_ignored(body, "/v1/chat/completions")
     refuse_tool_calling(body)
     template = state.template(body.chat_template)
+    clash = [k for k in RENDER_ARGUMENTS if k in (body.chat_template_kwargs or {})]
+    if clash:
+        raise ApiError.invalid(f"chat_template_kwargs.{clash[0]} is set by the server (from the request's own "
+                               "fields), not by chat_template_kwargs", "chat_template_kwargs")
     try:
         text = template.render([m.model_dump() for m in body.messages], add_generation_prompt=body.add_generation_prompt
                                and not body.continue_final_message, continue_final_message=body.continue_final_message,
@@ -204,7 +209,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     state.check_capacity(1)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     gen = Generation(state.client, state.tokenizer, state.metrics, request_id, [prompt], params, body.stream,
-                     state.config.serve.log_requests)
+                     state.config.serve.log_requests, engine_field_names(body))
     head = envelope("chat.completion.chunk", request_id, state.model_name)
     text_of = _token_text(state)
     started: set[int] = set()

@@ -93,6 +93,14 @@ def sampling_params(body: SamplingFields, *, max_tokens: int, logprobs: Optional
         raise ApiError.invalid(f"invalid sampling parameters: {err}") from None
 
 
+def engine_field_names(body: SamplingFields) -> dict[str, str]:
+    """The request field behind the engine's name of the constraint: the engine compiles the schema, regex or
+    grammar and refuses a bad one as `SamplingParams.structured_outputs.<kind>`, which the client did not send."""
+    if body.response_format is not None and body.structured_outputs is None:  # only a schema can fail to compile
+        return {"SamplingParams.structured_outputs.json": "response_format.json_schema.schema"}
+    return {"SamplingParams.structured_outputs": "structured_outputs"}
+
+
 def check_logprobs(limit: int, **requested: Optional[int]) -> None:
     """400 naming the field as the client sent it (chat's `top_logprobs`) when it asks for more logprobs than the
     engine keeps (`sampler.max_logprobs`); the engine would refuse it under its own name."""

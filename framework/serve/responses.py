@@ -9,6 +9,12 @@ from typing import Any, Callable, Optional, Sequence
 from framework.serve.protocol import TokenLogprobs
 
 TokenText = Callable[[int], str]
+MIN_LOGPROB = -9999.0  # vLLM's floor: a token a grammar masks has -inf, which is not JSON
+
+
+def finite(logprob: float) -> float:
+    """A logprob JSON can carry (JSON has no -Infinity), as vLLM sends it."""
+    return max(logprob, MIN_LOGPROB)
 
 
 def sse(data: Any) -> str:
@@ -45,14 +51,14 @@ def completion_logprobs(token_ids: Sequence[int], entries: Sequence[Optional[Tok
         tokens.append(text)
         offsets.append(offset)
         offset += len(text)
-        token_logprobs.append(entry[0][1] if entry is not None else None)
-        tops.append({token_text(t): lp for t, lp in _top(entry, k)} if entry is not None else None)
+        token_logprobs.append(finite(entry[0][1]) if entry is not None else None)
+        tops.append({token_text(t): finite(lp) for t, lp in _top(entry, k)} if entry is not None else None)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
 def _chat_token(token: int, logprob: float, token_text: TokenText) -> dict[str, Any]:
     text = token_text(token)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode("utf-8"))}
 
 
 def chat_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobs], k: int,
