@@ -66,6 +66,24 @@ def test_greedy_completion_equals_offline_and_stream_joins_to_it(client, offline
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_token_text_is_left_out_as_offline(client, offline, include):
+    """A request ended by a `stop_token_ids` entry: the served text (whole and streamed) is offline's, which
+    leaves that token's text out unless `include_stop_str_in_output` (vLLM's semantics)."""
+    free = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                            use_tqdm=False)[0].token_ids
+    stop_at = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i] and offline.tokenizer.decode([t]))
+    params = dict(temperature=0, max_tokens=12, stop_token_ids=[stop_at], include_stop_str_in_output=include)
+    want = offline.generate([PROMPT], SamplingParams(**params), use_tqdm=False)[0]
+    assert want.stop_reason == stop_at and want.text.endswith(offline.tokenizer.decode([stop_at])) == include
+    extra = {k: v for k, v in params.items() if k in ("stop_token_ids", "include_stop_str_in_output")}
+    got = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, extra_body=extra)
+    assert got.choices[0].text == want.text and got.choices[0].finish_reason == "stop"
+    chunks = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, extra_body=extra,
+                                       stream=True)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
+
+
 def test_prompt_forms_token_ids_and_batches(client, offline):
     ids = offline.tokenizer.encode(PROMPT)
     want = offline.generate([PROMPT, "import os\n"], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)

@@ -143,7 +143,8 @@ class Generation:
         self.num_cached_tokens = max(self.num_cached_tokens, item.num_cached_tokens)
         if item.token_ids and self.first_token_time is None:
             self.first_token_time = time.perf_counter()
-        if seq.text.add(item.token_ids, item.logprobs):
+        # The engine core ends a sequence with "stop" only on a stop token (stop strings are matched here).
+        if seq.text.add(item.token_ids, item.logprobs, stopped_by_token=item.finish_reason == "stop"):
             seq.finish_reason, seq.stop_reason = "stop", seq.text.stop_string
             self.client.abort([child_request_id(item.request_id, item.index, n)])
         elif item.finish_reason is not None:

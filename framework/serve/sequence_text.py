@@ -26,6 +26,7 @@ class SequenceText:
         # Streams and stop strings need text as tokens come; otherwise the output is decoded once at its end.
         self._incremental = incremental or bool(params.stop)
         self._released = 0  # characters a stream has shown
+        self._untold = 0  # 1 once a stop token ended the sequence and its text stays out (as offline, as vLLM)
         self._holdback = max((len(s) for s in params.stop or []), default=1) - 1  # a stop string may be growing
         if params.include_stop_str_in_output:
             self._holdback = 0
@@ -34,13 +35,18 @@ class SequenceText:
     def text(self) -> str:
         return self._detok.text if self._detok is not None else ""
 
-    def add(self, token_ids: list[int], logprobs: Optional[list[TokenLogprobs]]) -> bool:
-        """Append one delta; True when a stop string ended the sequence (tokens after it are dropped)."""
+    def add(self, token_ids: list[int], logprobs: Optional[list[TokenLogprobs]],
+            stopped_by_token: bool = False) -> bool:
+        """Append one delta; True when a stop string ended the sequence (tokens after it are dropped).
+        `stopped_by_token`: the delta's last token (eos or a `stop_token_ids` entry) ended the sequence in the
+        engine; its text is left out unless `include_stop_str_in_output`, as the offline OutputProcessor does."""
+        if stopped_by_token and not self.params.include_stop_str_in_output:
+            self._untold = 1
         for i, token in enumerate(token_ids):
             self.token_ids.append(token)
             if self.logprobs is not None and logprobs is not None and i < len(logprobs):
                 self.logprobs.append(logprobs[i])
-            if self._detok is None or not self._incremental:
+            if self._detok is None or not self._incremental or i >= len(token_ids) - self._untold:
                 continue
             delta = self._detok.append(token)
             if self.params.stop and delta and len(self.token_ids) >= self.params.min_tokens:
@@ -60,7 +66,7 @@ class SequenceText:
         if self._incremental:
             self._detok.flush()
         else:
-            self._detok.decode_all(self.token_ids)
+            self._detok.decode_all(self.token_ids[:len(self.token_ids) - self._untold])
 
     def release(self, final: bool) -> str:
         """The text not yet shown (while running: minus a tail that may be the start of a stop string)."""
