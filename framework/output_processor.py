@@ -172,7 +172,9 @@ class OutputProcessor:
                 continue
             delta = state.detokenizer.append(token)
             num_output = state.num_tokens_seen + i + 1
-            if params.stop and delta and not stopped_by_token and num_output >= params.min_tokens:
+            # Also in a step a stop token ended: a stop string completed by an earlier token of it (several tokens
+            # a step under speculative decoding) ends the request there, as in vLLM.
+            if params.stop and delta and num_output >= params.min_tokens:
                 hit = find_stop_string(state.detokenizer.text, params.stop, len(delta))
                 if hit is not None:
                     self._stop_at_string(state, hit, num_output)

@@ -69,3 +69,44 @@ def test_a_quiet_request_that_ends_is_reported_only_when_listed():
     (final,) = op.process(step, [quiet])
     assert final.finished and final.text == "ab" and final.finish_reason == "length"
     assert op.process(step, [quiet]) == []  # reported once
+
+
+class _RecordingScheduler:
+    def __init__(self) -> None:
+        self.finished: list[tuple[str, RequestStatus]] = []
+
+    def finish_request(self, request_id, status):  # type: ignore[no-untyped-def]
+        self.finished.append((request_id, status))
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_string_before_a_stop_token_of_the_same_step_wins(include):
+    """Several tokens in one step (speculative decoding) of which an early one completes a stop string and the last
+    is a stop token: the request ends at the stop string (text cut there, later tokens dropped, stop_reason the
+    string), as vLLM does; before, the stop token's step skipped the stop-string search."""
+    op = OutputProcessor(ByteTokenizer(), _RecordingScheduler())
+    params = SamplingParams(max_tokens=16, stop=["cd"], stop_token_ids=[ord("!")], include_stop_str_in_output=include)
+    request = Request("r", [1], params)
+    request.status = RequestStatus.RUNNING
+    op.add_request(request)
+    tokens = [ord(c) for c in "abcde!"]
+    request.output_token_ids.extend(tokens)
+    request.status = RequestStatus.FINISHED_STOPPED  # the scheduler saw the stop token "!"
+    request.stop_token_id = ord("!")
+    (final,) = op.process(ModelRunnerOutput(["r"], [tokens]), [request])
+    assert final.text == ("abcd" if include else "ab") and final.token_ids == tokens[:4]
+    assert final.finish_reason == "stop" and final.stop_reason == "cd"
+
+
+def test_a_stop_token_alone_keeps_its_stop_reason():
+    """Negative control: no stop string in the text, the stop token's step ends as it was (its text left out)."""
+    op = OutputProcessor(ByteTokenizer(), _RecordingScheduler())
+    request = Request("r", [1], SamplingParams(max_tokens=16, stop=["zz"], stop_token_ids=[ord("!")]))
+    request.status = RequestStatus.RUNNING
+    op.add_request(request)
+    tokens = [ord(c) for c in "abc!"]
+    request.output_token_ids.extend(tokens)
+    request.status = RequestStatus.FINISHED_STOPPED
+    request.stop_token_id = ord("!")
+    (final,) = op.process(ModelRunnerOutput(["r"], [tokens]), [request])
+    assert final.text == "abc" and final.token_ids == tokens and final.stop_reason == ord("!")
