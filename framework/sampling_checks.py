@@ -41,8 +41,9 @@ def plainly_valid(params: "SamplingParams") -> bool:
         and t >= 0.0 and t != math.inf and 0.0 < top_p <= 1.0 and 0.0 <= min_p <= 1.0
         and type(params.top_k) is int and params.top_k >= -1
         and (params.seed is None or (type(params.seed) is int and SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]))
-        and type(params.max_tokens) is int and params.max_tokens >= 1
-        and type(params.min_tokens) is int and 0 <= params.min_tokens <= params.max_tokens
+        and (params.max_tokens is None or (type(params.max_tokens) is int and params.max_tokens >= 1))
+        and type(params.min_tokens) is int and 0 <= params.min_tokens
+        and (params.max_tokens is None or params.min_tokens <= params.max_tokens)
         and (lp is None or (type(lp) is int and lp >= 0)) and (plp is None or (type(plp) is int and plp >= 0))
         and -2.0 <= pres <= 2.0 and -2.0 <= freq <= 2.0 and 0.0 < rep < 1e300  # (larger: the full check)
         and type(params.stop_token_ids) is list and not params.stop_token_ids and params.stop is None
@@ -87,9 +88,9 @@ def check_fields(params: "SamplingParams") -> None:
     check_int("seed", None, "None or an integer", optional=True)
     if params.seed is not None and not SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]:
         raise bad("seed", "None or an integer in [-2**63, 2**63 - 1]")
-    check_int("max_tokens", 1, ">= 1")
+    check_int("max_tokens", 1, "None (what the context leaves) or >= 1", optional=True)
     check_int("min_tokens", 0, "in [0, max_tokens]")
-    if params.min_tokens > params.max_tokens:
+    if params.max_tokens is not None and params.min_tokens > params.max_tokens:
         raise bad("min_tokens", "in [0, max_tokens]")
     check_int("logprobs", 0, "None or >= 0", optional=True)
     check_int("prompt_logprobs", 0, "None or >= 0", optional=True)

@@ -71,7 +71,7 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     seed: Optional[int] = None
-    max_tokens: int = 16
+    max_tokens: Optional[int] = 16  # None: as many as the context leaves (max_model_len - prompt), as vLLM
     min_tokens: int = 0
     stop: Union[None, str, list[str]] = None
     stop_token_ids: list[int] = field(default_factory=list)

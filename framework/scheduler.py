@@ -60,7 +60,8 @@ class Scheduler:
         # Under a grammar, end of sequence is the grammar's end: it stops even with ignore_eos.
         eos_stops = request.eos_token_id is not None and (not params.ignore_eos or params.structured_outputs is not None)
         request.stop_token_set = frozenset(params.stop_token_ids) | ({request.eos_token_id} if eos_stops else set())
-        request.max_output_len = min(params.max_tokens, self.max_model_len - request.num_prompt_tokens)
+        room = self.max_model_len - request.num_prompt_tokens
+        request.max_output_len = room if params.max_tokens is None else min(params.max_tokens, room)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 

@@ -68,3 +68,20 @@ def test_vllm_prompt_dicts_are_text_and_token_prompts(tiny_llm):
     assert [o.token_ids for o in one] == [plain[1].token_ids]
     with pytest.raises(InvalidRequestError, match="audio prompts need an encoder-decoder model"):
         tiny_llm.generate([{"prompt": "abc", "audio": None}], GREEDY, use_tqdm=False)
+
+
+def test_max_tokens_none_generates_what_the_context_leaves(tiny_llm_factory):
+    """vLLM's `max_tokens=None`: up to `max_model_len` minus the prompt, then `length`; the same tokens as asking
+    for exactly that many. min_tokens is checked against it only when it is a number."""
+    llm = tiny_llm_factory(max_model_len=64)
+    prompts = [[5, 6, 7], list(range(1, 41))]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True, min_tokens=30),
+                        use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert len(out.token_ids) == 64 - len(prompt) and out.finish_reason == "length"
+        exact = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=64 - len(prompt), ignore_eos=True),
+                             use_tqdm=False)[0]
+        assert exact.token_ids == out.token_ids
+    with pytest.raises(InvalidRequestError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+    assert llm.engine.is_idle()
