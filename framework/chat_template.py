@@ -37,7 +37,8 @@ def _template_from_tokenizer_config(config: Mapping[str, Any]) -> Optional[str]:
 
 
 def _content_text(content: Any, where: str) -> str:
-    """A message's content: a string, or OpenAI content parts of which only text parts are supported."""
+    """A message's content: a string, or OpenAI content parts of which only text parts are supported (joined by
+    newlines, as vLLM joins them)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -50,7 +51,7 @@ def _content_text(content: Any, where: str) -> str:
                 raise InvalidRequestError(f"{where}.content: only text parts are supported (got a part of type "
                                           f"{kind!r})")
             texts.append(part["text"])
-        return "".join(texts)
+        return "\n".join(texts)  # as vLLM flattens text parts for string-content templates
     raise InvalidRequestError(f"{where}.content must be a string or a list of text parts")
 
 

@@ -86,9 +86,9 @@ def test_chat_template_renders_in_a_sandbox():
     t = ChatTemplate("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
                      "{% if add_generation_prompt %}<assistant>{% endif %}")
     msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert t.render(msgs) == "<user>ab<assistant>"
+    assert t.render(msgs) == "<user>a\nb<assistant>"  # text parts joined by newlines, as vLLM does
     assert t.render([*msgs, {"role": "assistant", "content": "x"}], add_generation_prompt=False,
-                    continue_final_message=True) == "<user>ab<assistant>x"
+                    continue_final_message=True) == "<user>a\nb<assistant>x"
     evil = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(InvalidRequestError, match="chat template failed"):
         evil.render(msgs)
