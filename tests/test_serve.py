@@ -109,6 +109,16 @@ def test_n_sequences_with_a_seed(client, offline):
     assert three.usage.completion_tokens == sum(len(o.token_ids) for o in offline_three.outputs)
 
 
+def test_completion_top_logprobs_always_hold_the_sampled_token(client):
+    """OpenAI's completions: `logprobs=k` gives the k most likely tokens and always the sampled one, up to k + 1
+    entries; sampled at temperature 2 from one candidate, the sampled token is mostly outside the top 1."""
+    got = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=2.0, seed=3, logprobs=1)
+    lp = got.choices[0].logprobs
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert top[token] == pytest.approx(value) and 1 <= len(top) <= 2
+    assert any(len(top) == 2 for top in lp.top_logprobs)  # at least one sampled token outside the top 1
+
+
 def test_logprobs_completion_and_chat(client, offline):
     got = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
     lp = got.choices[0].logprobs

@@ -52,7 +52,11 @@ def completion_logprobs(token_ids: Sequence[int], entries: Sequence[Optional[Tok
         offsets.append(offset)
         offset += len(text)
         token_logprobs.append(finite(entry[0][1]) if entry is not None else None)
-        tops.append({token_text(t): finite(lp) for t, lp in _top(entry, k)} if entry is not None else None)
+        top = None
+        if entry is not None:  # OpenAI's legacy format: the k most likely, and always the sampled token (<= k + 1)
+            top = {token_text(t): finite(lp) for t, lp in _top(entry, k)}
+            top.setdefault(text, finite(entry[0][1]))
+        tops.append(top)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
