@@ -139,3 +139,25 @@ def test_sequence_text_stops_and_holds_back():
     assert once.text == ""  # no stop strings, not streamed: decoded once at the end
     once.finish()
     assert once.release(final=True) == "hi"
+
+
+def test_an_unexpected_error_is_an_openai_shaped_500():
+    """A handler that fails unexpectedly (a bug) still answers with an OpenAI error body, not plain text."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from framework.serve.app import build_app
+
+    serve = SimpleNamespace(api_key=None, max_request_bytes=1 << 20)
+    app = build_app(SimpleNamespace(config=SimpleNamespace(serve=serve), client=SimpleNamespace(dead=None)))
+
+    @app.get("/v1/boom")
+    async def boom() -> None:
+        raise RuntimeError("kaput")
+
+    with TestClient(app, raise_server_exceptions=False) as http:
+        r = http.get("/v1/boom")
+        assert r.status_code == 500 and r.json()["error"]["code"] == 500
+        assert r.json()["error"]["message"] == "internal error (RuntimeError): kaput"
+        assert http.get("/version").status_code == 200

@@ -94,6 +94,10 @@ def build_app(state: ServerState, lifespan: Any = None) -> FastAPI:
         return JSONResponse(error_body(err.status_code, str(err.detail)), status_code=err.status_code,
                             headers=err.headers)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, err: Exception) -> JSONResponse:  # a bug: still an OpenAI error (and logged)
+        return JSONResponse(error_body(500, f"internal error ({type(err).__name__}): {err}"), status_code=500)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(err)
