@@ -270,3 +270,13 @@ def test_cross_attention_on_paged_kernels_equals_dense(ckpt: Checkpoint, backend
         want = torch.nn.functional.scaled_dot_product_attention(
             query[token].unsqueeze(1), k.transpose(0, 1), v.transpose(0, 1), scale=1.0).squeeze(1)
         torch.testing.assert_close(got[token], want, rtol=1e-4, atol=1e-5)
+
+
+def test_encode_on_whisper_says_embeddings_need_a_text_model(ckpt: Checkpoint) -> None:
+    """Whisper embeds nothing: `encode` says so (it told the caller to pass audio, which `encode` refuses too)."""
+    llm = _llm(ckpt)
+    for prompt in ([wm.START_ID, wm.EN_ID], {"audio": (ckpt.audio[0], wm.SAMPLING_RATE)}):
+        with pytest.raises(InvalidRequestError, match="embeddings need a decoder-only text model; this model "
+                                                      r"\(WhisperForConditionalGeneration\) is an encoder-decoder"):
+            llm.encode([prompt], use_tqdm=False)
+    assert llm.engine.is_idle()
