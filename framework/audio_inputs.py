@@ -12,6 +12,8 @@ else English.
 from __future__ import annotations
 
 import json
+import numbers
+import reprlib
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -58,6 +60,9 @@ class WhisperPromptProcessor:
         ids = [self.decoder_start_token_id]
         lang_to_id: dict[str, int] = gen.get("lang_to_id") or {}
         task_to_id: dict[str, int] = gen.get("task_to_id") or {}
+        for key, value in (("language", language), ("task", task)):
+            if value is not None and not isinstance(value, str):
+                raise InvalidRequestError(f"'{key}' must be a string, got {value!r}")
         if lang_to_id:
             language = language or gen.get("language") or "en"
             token = language if language.startswith("<|") else f"<|{language.lower()}|>"
@@ -102,27 +107,35 @@ class WhisperPromptProcessor:
         if not (isinstance(audio, (tuple, list)) and len(audio) == 2):
             raise InvalidRequestError("'audio' must be a pair (array of samples, sampling_rate)")
         samples, rate = audio
-        samples = np.asarray(samples.cpu() if isinstance(samples, torch.Tensor) else samples, dtype=np.float32)
+        if not isinstance(rate, numbers.Real) or isinstance(rate, bool):
+            raise InvalidRequestError(f"'audio' sampling_rate must be a number of Hz, got {rate!r}")
+        samples = _float_array(samples)
         if samples.ndim != 1 or samples.size == 0:
             raise InvalidRequestError(f"'audio' samples must be a non-empty 1-D array (mono), got shape {samples.shape}")
+        if not np.isfinite(samples).all():  # else the features, and the message, would blame 'input_features'
+            raise InvalidRequestError("'audio' samples contain NaN or infinite values")
         extractor = self.feature_extractor
-        if int(rate) != extractor.sampling_rate:
+        if rate != extractor.sampling_rate:
             raise InvalidRequestError(f"audio sampled at {rate} Hz; this model needs {extractor.sampling_rate} Hz "
                                       "(resample it first)")
         if samples.size > extractor.n_samples:
             raise InvalidRequestError(
                 f"audio is {samples.size / extractor.sampling_rate:.1f} s long; a request holds at most "
                 f"{extractor.n_samples / extractor.sampling_rate:.0f} s (no long-form chunking): split it")
-        out = extractor(samples, sampling_rate=extractor.sampling_rate, return_tensors="np")
+        out = extractor(samples.astype(np.float32), sampling_rate=extractor.sampling_rate, return_tensors="np")
         return torch.from_numpy(out["input_features"][0]).float()
 
     def check_features(self, features: Any) -> torch.Tensor:
         """Features given directly: a [mel_bins, frames] float tensor or array of the encoder's shape."""
-        tensor = features if isinstance(features, torch.Tensor) else torch.as_tensor(np.asarray(features))
-        if tensor.dim() == 3 and tensor.shape[0] == 1:
-            tensor = tensor[0]
         g = self.geometry
         want = (g.num_mel_bins, g.num_mel_frames)
+        try:
+            tensor = features if isinstance(features, torch.Tensor) else torch.as_tensor(np.asarray(features))
+        except (TypeError, ValueError):  # None, a string, ragged lists: no numeric array at all
+            raise InvalidRequestError(f"'input_features' must be a float tensor of shape {list(want)} (mel bins, "
+                                      f"frames), got {reprlib.repr(features)}") from None
+        if tensor.dim() == 3 and tensor.shape[0] == 1:
+            tensor = tensor[0]
         if tuple(tensor.shape) != want or not tensor.is_floating_point():
             raise InvalidRequestError(f"'input_features' must be a float tensor of shape {list(want)} "
                                       f"(mel bins, frames), got {tensor.dtype} {list(tensor.shape)}")
@@ -147,7 +160,35 @@ class WhisperPromptProcessor:
         if decoder_prompt is None:
             ids = self.default_decoder_prompt(prompt.get("language"), prompt.get("task"))
         else:
-            if "language" in prompt or "task" in prompt:
+            if prompt.get("language") is not None or prompt.get("task") is not None:
                 raise InvalidRequestError("give either 'decoder_prompt' or 'language'/'task', not both")
-            ids = [int(t) for t in decoder_prompt]
+            ids = _token_ids(decoder_prompt)
         return ids, EncoderInput(features, self.geometry.max_source_positions)
+
+
+def _float_array(samples: Any) -> np.ndarray:
+    """Audio samples as a float array; integers (16-bit PCM read as is would be 32768 times too loud), strings
+    (a file name) and other non-float values are refused."""
+    if isinstance(samples, torch.Tensor):
+        samples = samples.detach().cpu()
+        samples = samples.float() if samples.is_floating_point() else samples  # numpy has no bfloat16
+    try:
+        array = np.asarray(samples)
+    except (TypeError, ValueError):  # ragged lists
+        array = np.asarray(None)
+    if array.dtype.kind != "f":
+        hint = " (16-bit PCM: divide by 32768)" if array.dtype == np.int16 else ""
+        raise InvalidRequestError(f"'audio' samples must be floats in [-1, 1], got {reprlib.repr(samples)} of dtype "
+                                  f"{array.dtype}{hint}")
+    return array
+
+
+def _token_ids(decoder_prompt: Any) -> list[int]:
+    """The decoder prompt as ints: a list, array or tensor of integers (bools and floats are refused, not cast)."""
+    if isinstance(decoder_prompt, (torch.Tensor, np.ndarray)):
+        decoder_prompt = decoder_prompt.tolist()
+    ids = list(decoder_prompt) if isinstance(decoder_prompt, (list, tuple)) else None
+    if ids is None or any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in ids):
+        raise InvalidRequestError(f"'decoder_prompt' must be a list of token ids (ints), got "
+                                  f"{reprlib.repr(decoder_prompt)}")
+    return [int(t) for t in ids]

@@ -263,6 +263,10 @@ class EngineCore:
 
     def validate_pooling(self, request_id: str, params: PoolingParams) -> PoolingParams:
         """Check an embedding request's parameters; returns a copy with the pooling type resolved."""
+        if self.audio is not None:
+            raise InvalidRequestError(f"request '{request_id}': embeddings need a decoder-only text model; this model "
+                                      f"({type(self.loaded.model).__name__}) is an encoder-decoder speech model: "
+                                      "transcribe with LLM.generate")
         try:
             params.validate(hidden_size_of(self.loaded))
         except InvalidRequestError as err:

@@ -7,7 +7,7 @@ import itertools
 import reprlib
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
 from tqdm import tqdm
 
@@ -85,20 +85,23 @@ def _prompt_list(prompts: Union[Prompt, Sequence[Prompt]]) -> list[Prompt]:
     return listed  # type: ignore[return-value]
 
 
-def _params_list(sampling_params: Union[SamplingParams, Sequence[SamplingParams], None],
-                 num_prompts: int) -> list[SamplingParams]:
-    """One `SamplingParams` per prompt: the one given (or the default) for all, or the list given, checked."""
-    if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        return [sampling_params or SamplingParams()] * num_prompts
-    if isinstance(sampling_params, (str, Mapping)) or not isinstance(sampling_params, Iterable):
-        raise InvalidRequestError(f"sampling_params is a {type(sampling_params).__name__}, not a SamplingParams "
-                                  "or a list of them")
-    params = list(sampling_params)
+Params = TypeVar("Params", SamplingParams, PoolingParams)
+
+
+def _params_list(given: Union[Params, Sequence[Params], None], num_prompts: int,
+                 kind: type[Params] = SamplingParams, name: str = "sampling_params") -> list[Params]:
+    """One `kind` (`SamplingParams` or `PoolingParams`) per prompt: the one given (or the default) for all, or the
+    list given, checked; `name` is the argument named in errors."""
+    if given is None or isinstance(given, kind):
+        return [given or kind()] * num_prompts
+    if isinstance(given, (str, Mapping, SamplingParams, PoolingParams)) or not isinstance(given, Iterable):
+        raise InvalidRequestError(f"{name} is a {type(given).__name__}, not a {kind.__name__} or a list of them")
+    params = list(given)
     for i, p in enumerate(params):
-        if not isinstance(p, SamplingParams):
-            raise InvalidRequestError(f"sampling_params[{i}] is {reprlib.repr(p)}, not a SamplingParams")
+        if not isinstance(p, kind):
+            raise InvalidRequestError(f"{name}[{i}] is {reprlib.repr(p)}, not a {kind.__name__}")
     if len(params) != num_prompts:
-        raise ValueError(f"got {num_prompts} prompts but {len(params)} SamplingParams")
+        raise ValueError(f"got {num_prompts} prompts but {len(params)} {kind.__name__}")
     return params
 
 
@@ -263,26 +266,23 @@ class LLM:
         (default: `model.pooling`, L2-normalised). Every request is validated before any is queued.
         """
         prompts = _prompt_list(prompts)
-        if pooling_params is None:
-            pooling_params = PoolingParams()
-        params = ([pooling_params] * len(prompts) if isinstance(pooling_params, PoolingParams)
-                  else list(pooling_params))
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params)} PoolingParams")
+        params = _params_list(pooling_params, len(prompts), PoolingParams, "pooling_params")
         requests = []
         for prompt, p in zip(prompts, params):
-            ids = self._token_ids(prompt)
             request_id = f"embed-{next(self._ids)}"
-            p = self.engine.validate_pooling(request_id, p)
+            p = self.engine.validate_pooling(request_id, p)  # first: it names a model that embeds nothing
+            ids = self._token_ids(prompt)
             self.engine._validate(request_id, ids, SamplingParams(temperature=0.0, max_tokens=1), pooling=True)
             requests.append((request_id, ids, p, prompt if isinstance(prompt, str) else None))
         for request_id, ids, p, text in requests:
             self.engine.add_request(request_id, ids, None, prompt=text, pooling_params=p)
         outputs: dict[str, PoolingRequestOutput] = {}
+        expected = {r[0] for r in requests}
         with tqdm(total=len(requests), desc="encode", unit="req", file=sys.stderr, disable=not use_tqdm) as bar:
-            while self.engine.has_unfinished_requests():
+            # Until its own requests end, as in `generate`: other callers' requests keep running.
+            while len(outputs) < len(requests) and self.engine.has_unfinished_requests():
                 for out in self.engine.step():
-                    if out.finished:
+                    if out.finished and out.request_id in expected:
                         outputs[out.request_id] = out  # type: ignore[assignment]
                         bar.update(1)
         return [outputs[r[0]] for r in requests]  # type: ignore[misc]

@@ -6,12 +6,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from framework import LLM, ConfigError, InvalidRequestError, SamplingParams, StructuredOutputsParams, load_config
+import numpy as np
+
+from framework import (
+    LLM, ConfigError, InvalidRequestError, PoolingParams, SamplingParams, StructuredOutputsParams, load_config,
+)
 from framework.models import CheckpointError
 
 
@@ -28,6 +33,18 @@ class Case:
 
 def _tiny(**kwargs: Any) -> LLM:
     return LLM("random_tiny", device="cpu", **kwargs)
+
+
+@functools.cache
+def _whisper() -> LLM:
+    """The whisper-tiny geometry with random weights (built once: audio cases need an encoder-decoder model)."""
+    return LLM("whisper-tiny", device="cpu", max_num_seqs=1, max_model_len=32)
+
+
+def _audio(**prompt: Any) -> None:
+    """Generate for one audio prompt: 1 s of a quiet tone at 16 kHz, with `prompt`'s keys replacing its own."""
+    samples = (0.1 * np.sin(np.arange(16000) / 10)).astype(np.float32)
+    _whisper().generate([{"audio": (samples, 16000), **prompt}], use_tqdm=False)
 
 
 def _add(ctx: Any, prompt: list[int], params: Optional[SamplingParams] = None, request_id: str = "bad") -> None:
@@ -180,6 +197,20 @@ CASES = [
     Case("sampling-params-wrong-type", "request", "`LLM.generate(two_prompts, [params, None])`", InvalidRequestError,
          "sampling_params[1] is None, not a SamplingParams",
          lambda ctx: ctx.llm.generate([[1, 2], [3, 4]], [SamplingParams(), None], use_tqdm=False), True),
+    Case("pooling-params-wrong-type", "request", "`LLM.encode(two_prompts, SamplingParams())`", InvalidRequestError,
+         "pooling_params is a SamplingParams, not a PoolingParams or a list of them",
+         lambda ctx: ctx.llm.encode([[1, 2], [3, 4]], SamplingParams(), use_tqdm=False), True),
+    Case("embed-on-whisper", "request", "`LLM.encode` on a Whisper model", InvalidRequestError,
+         "embeddings need a decoder-only text model", lambda ctx: _whisper().encode([[1, 2]], PoolingParams(), use_tqdm=False)),
+    Case("audio-rate-not-a-number", "request", "Whisper `{\"audio\": (samples, None)}`", InvalidRequestError,
+         "'audio' sampling_rate must be a number of Hz, got None", lambda ctx: _audio(audio=(np.zeros(160), None))),
+    Case("audio-nan-samples", "request", "Whisper audio samples holding NaN", InvalidRequestError,
+         "'audio' samples contain NaN or infinite values",
+         lambda ctx: _audio(audio=(np.full(160, np.nan, np.float32), 16000))),
+    Case("audio-int16-samples", "request", "Whisper audio as 16-bit PCM integers", InvalidRequestError,
+         "'audio' samples must be floats in [-1, 1]", lambda ctx: _audio(audio=(np.zeros(160, np.int16), 16000))),
+    Case("decoder-prompt-not-ids", "request", "Whisper `\"decoder_prompt\": \"en\"`", InvalidRequestError,
+         "'decoder_prompt' must be a list of token ids (ints), got 'en'", lambda ctx: _audio(decoder_prompt="en")),
     Case("duplicate-request-id", "request", "an id that is still in flight", InvalidRequestError,
          "request id 'ok-0' is already in use", lambda ctx: _add(ctx, [1, 2], request_id="ok-0"), True),
     Case("v1-unsupported-param", "request", "`presence_penalty` with `runner=v1`", InvalidRequestError,

@@ -225,3 +225,34 @@ def test_embedding_prompt_may_fill_max_model_len() -> None:
     gen = LLM("random_tiny", device="cpu", max_model_len=32)
     with pytest.raises(InvalidRequestError, match="prompt plus at least one output token must fit"):
         gen.generate([list(range(1, 33))], use_tqdm=False)
+
+
+def test_encode_leaves_other_callers_requests_running(tiny_llm_factory) -> None:
+    """`encode` steps until its own requests end, as `generate` does. It stepped until every request in the
+    engine ended and dropped the others' outputs: a stream paused beside it never got its final output."""
+    llm = tiny_llm_factory()
+    texts = ["The quick brown fox", "def fibonacci(n):"]
+    alone = llm.encode(texts, use_tqdm=False)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    stream = llm.generate_stream([[1, 2, 3]], params)
+    assert not next(stream).finished
+    llm.engine.add_request("other", [4, 5, 6], params)
+    beside = llm.encode(texts, use_tqdm=False)
+    torch.testing.assert_close(torch.tensor([o.embedding for o in beside]), torch.tensor([o.embedding for o in alone]),
+                               atol=1e-5, rtol=1e-5)  # batched beside generation rows: summation order differs
+    assert "other" in llm.engine.scheduler.requests  # still running: its output is its caller's to collect
+    rest = list(stream)
+    assert rest and rest[-1].finished and rest[-1].finish_reason == "length"
+    llm.engine.abort_request("other")
+    assert llm.engine.is_idle()
+
+
+@pytest.mark.parametrize("params, message", [
+    ("mean", "pooling_params is a str, not a PoolingParams or a list of them"),
+    (SamplingParams(), "pooling_params is a SamplingParams, not a PoolingParams or a list of them"),
+    ([PoolingParams(), None], r"pooling_params\[1\] is None, not a PoolingParams"),
+])
+def test_pooling_params_of_the_wrong_type_are_refused_by_name(tiny_llm, params, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        tiny_llm.encode(["a", "b"], params, use_tqdm=False)
+    assert tiny_llm.engine.is_idle()

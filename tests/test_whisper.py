@@ -9,6 +9,7 @@ returns; mrv2 reports it (as for every model), so it is stripped before comparin
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -225,6 +226,42 @@ def test_bad_inputs_have_clear_errors(ckpt: Checkpoint) -> None:
         text_llm.engine.add_request("x", ids, GREEDY, encoder_input=enc)
 
 
+def test_malformed_audio_prompts_are_refused_by_name(ckpt: Checkpoint) -> None:
+    """Values of the wrong type or out of range in an audio prompt raise `InvalidRequestError` naming the key (they
+    were TypeError / ValueError / AttributeError from inside, or silently changed: 16-bit PCM read as floats,
+    a rate of 16000.5 Hz taken for 16000, decoder ids 90.7 -> 90 and True -> 1), and queue nothing."""
+    llm = _llm(ckpt)
+    audio = ckpt.audio[0]
+    with_nan = audio.copy()
+    with_nan[7] = np.nan
+    cases = [
+        ({"audio": (audio, None)}, "'audio' sampling_rate must be a number of Hz, got None"),
+        ({"audio": (audio, "16k")}, "'audio' sampling_rate must be a number of Hz, got '16k'"),
+        ({"audio": (audio, 16000.5)}, "audio sampled at 16000.5 Hz; this model needs 16000 Hz"),
+        ({"audio": (with_nan, wm.SAMPLING_RATE)}, "'audio' samples contain NaN or infinite values"),
+        ({"audio": ((audio * 32767).astype(np.int16), wm.SAMPLING_RATE)}, "'audio' samples must be floats"),
+        ({"audio": ("clip.wav", wm.SAMPLING_RATE)}, "'audio' samples must be floats"),
+        ({"input_features": "clip.wav"}, "'input_features' must be a float tensor of shape [16, 100]"),
+        ({"input_features": None}, "'input_features' must be a float tensor of shape [16, 100]"),
+        ({"audio": (audio, wm.SAMPLING_RATE), "language": 5}, "'language' must be a string, got 5"),
+        ({"audio": (audio, wm.SAMPLING_RATE), "task": ["translate"]}, "'task' must be a string, got ['translate']"),
+        ({"audio": (audio, wm.SAMPLING_RATE), "decoder_prompt": "hello"}, "'decoder_prompt' must be a list of token ids"),
+        ({"audio": (audio, wm.SAMPLING_RATE), "decoder_prompt": [wm.START_ID, 90.7]}, "'decoder_prompt' must be a list"),
+        ({"audio": (audio, wm.SAMPLING_RATE), "decoder_prompt": [True]}, "'decoder_prompt' must be a list of token ids"),
+    ]
+    for prompt, message in cases:
+        with pytest.raises(InvalidRequestError, match=re.escape(message)):
+            llm.generate([{"audio": (audio, wm.SAMPLING_RATE)}, prompt], GREEDY, use_tqdm=False)
+    assert llm.engine.is_idle()
+    # What is well-formed still passes: ids as an array or tensor, and a None language beside a decoder prompt.
+    ids = [wm.START_ID, wm.EN_ID]
+    outs = llm.generate([{"input_features": ckpt.features[1][0], "decoder_prompt": np.array(ids)},
+                         {"input_features": ckpt.features[1][0], "decoder_prompt": torch.tensor(ids), "language": None}],
+                        GREEDY, use_tqdm=False)
+    want = wm.hf_greedy_after(ckpt.hf, ckpt.features[1], ids, MAX_TOKENS)
+    assert [o.prompt_token_ids for o in outs] == [ids, ids] and [list(o.token_ids) for o in outs] == [want, want]
+
+
 def test_model_state_selection_and_preset() -> None:
     from framework.compat import configured_model_state
     from framework.config import load_config
@@ -270,3 +307,13 @@ def test_cross_attention_on_paged_kernels_equals_dense(ckpt: Checkpoint, backend
         want = torch.nn.functional.scaled_dot_product_attention(
             query[token].unsqueeze(1), k.transpose(0, 1), v.transpose(0, 1), scale=1.0).squeeze(1)
         torch.testing.assert_close(got[token], want, rtol=1e-4, atol=1e-5)
+
+
+def test_encode_on_whisper_says_embeddings_need_a_text_model(ckpt: Checkpoint) -> None:
+    """Whisper embeds nothing: `encode` says so (it told the caller to pass audio, which `encode` refuses too)."""
+    llm = _llm(ckpt)
+    for prompt in ([wm.START_ID, wm.EN_ID], {"audio": (ckpt.audio[0], wm.SAMPLING_RATE)}):
+        with pytest.raises(InvalidRequestError, match="embeddings need a decoder-only text model; this model "
+                                                      r"\(WhisperForConditionalGeneration\) is an encoder-decoder"):
+            llm.encode([prompt], use_tqdm=False)
+    assert llm.engine.is_idle()
