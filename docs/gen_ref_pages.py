@@ -167,14 +167,18 @@ def _cell(text: str) -> str:
 
 
 def _field_table(model: type[BaseModel], prefix: str, composed: dict[str, Any], skip_groups: bool) -> list[str]:
-    """One row per key: type and constraints from the JSON schema, defaults, description."""
+    """One row per key: type and constraints from the JSON schema, defaults, description; a nested section
+    (`speculator.dynamic`) gets one row per key of its own, not one for the whole section."""
     props = model.model_json_schema()["properties"]
     rows = [
         "| key | type | default | `mrv2 run` | constraints | description |",
         "|---|---|---|---|---|---|",
     ]
     for name, field in model.model_fields.items():
-        if skip_groups and _group_model(field) is not None:
+        section = _group_model(field)
+        if section is not None:
+            if not skip_groups:
+                rows += _field_table(section, f"{prefix}{name}.", composed.get(name, {}), False)[2:]
             continue
         prop = props.get(field.alias or name, {})
         default = _default(field)

@@ -2,7 +2,8 @@
 
 Any config key can be overridden (`sampler.temperature=0.8`), groups switched (`model=qwen3-0.6b`) and
 `-m` sweeps several values. stdout carries only results; logs, warnings and progress go to stderr.
-A bad config or bad input exits with status 2 and one readable message.
+A bad config or bad input exits with status 2 and one readable message; `mrv2 run` exits with status 1
+when a request ended in an error (its completion is printed with finish reason `error`).
 """
 
 from __future__ import annotations
@@ -66,12 +67,14 @@ def hydra_error_line(err: BaseException) -> str:
     return f"invalid config: {': '.join(dict.fromkeys(parts)) or type(err).__name__}"
 
 
-def _hydra_app(config_name: str, task: Callable[[object], None]) -> Callable[[], None]:
+def _hydra_app(config_name: str, task: Callable[[object], None], started: list[bool]) -> Callable[[], None]:
+    """The Hydra app of one command; each job appends to `started` as it begins."""
     import hydra
 
     from omegaconf.errors import OmegaConfBaseException
 
     def guarded(cfg: object) -> None:
+        started.append(True)
         try:
             task(cfg)
         except _user_errors() as err:
@@ -92,7 +95,22 @@ def _run_task(cfg: object) -> None:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:  # tell the jobs apart on stdout
         print(f"=== job {hydra_cfg.job.num}: {' '.join(hydra_cfg.overrides.task) or '(defaults)'} ===")
-    run_command(load_config(cfg))
+    config = load_config(cfg)
+    failed = run_command(config)
+    if failed:  # the completions are printed; the status says that some are not what was asked for
+        print(f"mrv2: error: {len(failed)} of {len(config.run.prompts)} requests failed; {failed[0]}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _writable_dir(path: Path, key: str) -> Path:
+    """`path`, created if need be; checked before a benchmark runs, which may take hours, not after it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{key}={path}: cannot create the directory: {err.strerror or err}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={path}: the directory is not writable")
+    return path
 
 
 def _bench_task(cfg: object) -> None:
@@ -102,7 +120,8 @@ def _bench_task(cfg: object) -> None:
     from framework.config import load_config
 
     config = load_config(cfg)
-    out_dir = Path(config.bench.output_dir or HydraConfig.get().runtime.output_dir)
+    key = "bench.output_dir" if config.bench.output_dir else "hydra.run.dir"
+    out_dir = _writable_dir(Path(config.bench.output_dir or HydraConfig.get().runtime.output_dir), key)
     if config.task == "embed":
         from framework.bench_embed import run_embed_bench
 
@@ -149,17 +168,25 @@ def main(argv: list[str] | None = None) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    user_wants_traces = "HYDRA_FULL_ERROR" in os.environ
+    previous = os.environ.get("HYDRA_FULL_ERROR")
+    user_wants_traces = previous == "1"  # as Hydra reads it: HYDRA_FULL_ERROR=0 means one line
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises its errors instead of printing several lines
+    started: list[bool] = []
     try:
-        _hydra_app(command, tasks[command])()
+        _hydra_app(command, tasks[command], started)()
     except (HydraException, OmegaConfBaseException) as err:  # what the override check above did not catch
         if user_wants_traces:
             raise
         _fail(hydra_error_line(err))
+    except OSError as err:  # before any job: Hydra could not create its output directory
+        if user_wants_traces or started:
+            raise
+        _fail(f"cannot create Hydra's output directory (hydra.run.dir, or hydra.sweep.dir with -m): {err}")
     finally:
-        if not user_wants_traces:
+        if previous is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = previous
 
 
 if __name__ == "__main__":

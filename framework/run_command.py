@@ -32,14 +32,20 @@ def format_embedding(index: int, embedding: list[float], num_values: int = 4) ->
     return f"embedding {index}: dim={len(embedding)} norm={norm:.4f} [{head} ...]"
 
 
-def run_command(config: Mrv2Config) -> None:
-    """Generate for `config.run.prompts` and print one block per prompt (`task=embed`: one line per prompt)."""
+def run_command(config: Mrv2Config) -> list[str]:
+    """Generate for `config.run.prompts` and print one block per prompt (`task=embed`: one line per prompt).
+
+    Returns what went wrong with the requests that ended in an error ("completion 1: ..."), so that the
+    command can exit nonzero; empty when every request finished.
+    """
     llm = LLM(config=config)
     if config.task == "embed":
-        for i, out in enumerate(llm.encode(config.run.prompts, use_tqdm=config.run.show_progress)):
+        pooled = llm.encode(config.run.prompts, use_tqdm=config.run.show_progress)
+        for i, out in enumerate(pooled):
             print(format_embedding(i, out.embedding))
-        return
+        return [f"embedding {i}: {out.error}" for i, out in enumerate(pooled) if out.finish_reason == "error"]
     outputs = llm.generate(config.run.prompts, sampling_params_from_config(config), use_tqdm=config.run.show_progress)
     for i, out in enumerate(outputs):
         print(f"--- completion {i} ({out.finish_reason}, {len(out.token_ids)} tokens) ---")
         print(printable((out.prompt or "") + out.text))
+    return [f"completion {i}: {out.error}" for i, out in enumerate(outputs) if out.finish_reason == "error"]

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from torch import nn
 
-from framework.registry import MODEL_STATES
+from framework.registry import MODEL_STATES, RegistryError
 from model_states.interface import ModelState
 
 
@@ -23,9 +23,10 @@ def detect_model_state_name(model: nn.Module, hf_config: dict[str, Any]) -> str:
 
 
 def select_model_state(model: nn.Module, hf_config: dict[str, Any], override: Optional[str]) -> type[ModelState]:
-    """The ModelState class for this model (registry lookup; the error lists what is registered)."""
+    """The ModelState class for this model (registry lookup; `RegistryError` lists what is registered, or says
+    that the registered object is not a ModelState subclass)."""
     name = override or detect_model_state_name(model, hf_config)
     cls = MODEL_STATES.get(name)
     if not (isinstance(cls, type) and issubclass(cls, ModelState)):
-        raise TypeError(f"model state '{name}' is {cls!r}, not a ModelState subclass")
+        raise RegistryError(f"model state '{name}' is {cls!r}, not a ModelState subclass")
     return cls

@@ -18,6 +18,7 @@ from framework import (
     LLM, ConfigError, InvalidRequestError, PoolingParams, SamplingParams, StructuredOutputsParams, load_config,
 )
 from framework.models import CheckpointError
+from framework.registry import MODEL_STATES, RegistryError
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,15 @@ def _checkpoint(ctx: Any, keep: tuple[str, ...], extra: Optional[dict[str, bytes
     return root
 
 
+def _not_a_model_state(ctx: Any) -> LLM:
+    """`model.model_state` naming a registered object that is no ModelState (a plugin's wrong entry point)."""
+    MODEL_STATES.register("not-a-state", "collections:deque")
+    try:
+        return _tiny(model_state="not-a-state")
+    finally:
+        MODEL_STATES.unregister("not-a-state")
+
+
 def _with_config(ctx: Any, **fields: Any) -> Path:
     """A copy of ctx.ckpt whose config.json has `fields` set."""
     root = _checkpoint(ctx, ("model.safetensors",))
@@ -91,9 +101,12 @@ CASES = [
          "speculator.method=medusa: unknown speculator",
          lambda ctx: _tiny(runner="v2", config=load_config(
              {"device": "cpu", "speculator": {"method": "medusa", "num_speculative_tokens": 2}}))),
-    Case("unknown-preset", "config", "`LLM(\"nope\")`: neither a directory nor a preset", ValueError,
+    Case("unknown-preset", "config", "`LLM(\"nope\")`: neither a directory nor a preset", ConfigError,
          "unknown model.preset 'nope'; embedded presets:",
          lambda ctx: LLM("nope", device="cpu")),
+    Case("model-state-not-a-class", "config", "`model.model_state` names a registered object that is not a "
+         "ModelState", RegistryError, "model state 'not-a-state' is <class 'collections.deque'>, not a ModelState "
+         "subclass", _not_a_model_state),
     Case("max-model-len-too-long", "config", "`model.max_model_len` above the model's limit", ConfigError,
          "model.max_model_len=4096 exceeds the model's max_position_embeddings=1024",
          lambda ctx: _tiny(max_model_len=4096)),

@@ -59,6 +59,7 @@ def test_multirun_sweeps_temperature(tmp_path):
         (["model=nope"], "model=nope: unknown option; available model options: hf, jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, random_tiny, tiny, whisper-tiny"),
         (["scheduler.max_num_seqs=-3"], "scheduler.max_num_seqs: Input should be greater than or equal to 1"),
         (["model=hf", "model.path=/does/not/exist"], "model directory '/does/not/exist' does not exist"),
+        (["model.preset=nope"], "unknown model.preset 'nope'; embedded presets: "),
     ],
 )
 def test_bad_config_exits_with_one_message(tmp_path, args, message):
@@ -66,6 +67,51 @@ def test_bad_config_exits_with_one_message(tmp_path, args, message):
     assert res.returncode == 2
     assert message in res.stderr
     assert "Traceback" not in res.stderr and res.stdout == ""
+
+
+@pytest.mark.parametrize("key", ["bench.output_dir", "hydra.run.dir"])
+def test_bench_refuses_an_output_dir_it_cannot_create_before_running(tmp_path, key):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    res = _mrv2("bench", "experiment=smoke", f"{key}={blocker}/out", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mrv2: error: ") and str(blocker / "out") in lines[0], res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""  # no benchmark ran to be thrown away
+
+
+PICKY_STATE = """
+from model_states.default import DefaultModelState
+
+
+class PickyModelState(DefaultModelState):
+    name = "picky"
+
+    def add_request(self, req_slot, request):
+        if request.prompt_len > 8:
+            raise ValueError(f"picky refuses a prompt of {request.prompt_len} tokens")
+        super().add_request(req_slot, request)
+"""
+
+
+def test_run_selects_an_entry_point_model_state_and_exits_1_when_a_request_fails(tmp_path):
+    """A pip-installed plugin (modules plus a .dist-info with entry_points.txt) is selected by name; the request
+    its state refuses is printed with finish reason `error`, the other completes, and the status is 1."""
+    site_dir = tmp_path / "site"
+    info = site_dir / "mrv2_picky-0.1.dist-info"
+    info.mkdir(parents=True)
+    (site_dir / "mrv2_picky.py").write_text(PICKY_STATE)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mrv2-picky\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[mrv2.model_states]\npicky = mrv2_picky:PickyModelState\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site_dir), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    res = _mrv2("run", "model.model_state=picky", "run.prompts=[hi, 'a prompt far longer than eight tokens']",
+                "sampler.max_tokens=4", "scheduler.max_num_seqs=1",  # one request a step: the refusal fails one
+                "run.show_progress=false", cwd=tmp_path, base_env=env)
+    assert res.returncode == 1, res.stderr
+    assert "--- completion 0 (length, 4 tokens) ---" in res.stdout
+    assert "--- completion 1 (error, 0 tokens) ---" in res.stdout
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("mrv2: error: 1 of 2 requests failed; completion 1: ") and "picky refuses" in last, last
 
 
 def test_unknown_command(tmp_path):

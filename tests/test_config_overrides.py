@@ -4,6 +4,7 @@ the YAML tree under conf/ and `framework.config.Mrv2Config` agree, and a Hydra e
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -76,13 +77,17 @@ def test_every_schema_key_composes_as_an_override(primary, group, option):
         assert got == value, (key, got, value)
 
 
+@pytest.mark.parametrize("full_error", [None, "0"])  # Hydra reads HYDRA_FULL_ERROR=0 as unset
 @pytest.mark.parametrize("args, message", [
     (["run", "+model.preset=tiny", "--cfg", "job"], "An item is already at 'model.preset'"),
     (["bench", "experiment=smoke", "~speculator.nope", "--cfg", "job"], "'speculator.nope' does not exist"),
     (["run", "model.preset=${nope}"], "Interpolation key 'nope' not found"),
 ])
-def test_a_hydra_error_is_one_line_with_exit_2(args, message):
-    proc = subprocess.run([sys.executable, "-m", "framework.cli", *args], cwd=REPO,
+def test_a_hydra_error_is_one_line_with_exit_2(args, message, full_error):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    if full_error is not None:
+        env["HYDRA_FULL_ERROR"] = full_error
+    proc = subprocess.run([sys.executable, "-m", "framework.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr

@@ -20,6 +20,8 @@ import copy
 
 from typing import Any
 
+from framework.config import ConfigError
+
 BYTE_EOS_ID = 256
 
 # name -> (d_model, layers of encoder and of decoder, heads, ffn dim), as the OpenAI checkpoints.
@@ -171,10 +173,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset_config(name: str) -> dict[str, Any]:
-    """The HF-style config of an embedded random-weight preset; the error lists every embedded name."""
+    """The HF-style config of an embedded random-weight preset; `ConfigError` lists every embedded name."""
     if name not in PRESETS:
         from framework.models.embedded import SHIPPED_MODELS
 
         known = sorted(set(PRESETS) | set(SHIPPED_MODELS))
-        raise ValueError(f"unknown model.preset '{name}'; embedded presets: {', '.join(known)}")
+        raise ConfigError(f"unknown model.preset '{name}'; embedded presets: {', '.join(known)}")
     return copy.deepcopy(PRESETS[name])  # callers may edit it (nested dicts are shared between presets)
