@@ -68,9 +68,17 @@ _KWARGS = {
 _VLLM_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
 
 
+def _is_array(x: Any) -> bool:
+    """A numpy array or torch tensor (anything with `tolist` and `ndim`): token ids as Python ints via `tolist`."""
+    return hasattr(x, "tolist") and hasattr(x, "ndim")
+
+
 def _prompt_list(prompts: Union[Prompt, Sequence[Prompt]]) -> list[Prompt]:
     """One prompt (text, a token-id list or an audio dict) or a list of them, as a list; anything else (None, a
-    number) raises `InvalidRequestError` naming the prompt, instead of a `TypeError` from deep inside."""
+    number) raises `InvalidRequestError` naming the prompt, instead of a `TypeError` from deep inside. Token ids
+    may come as a numpy array or torch tensor (1-D: one prompt; 2-D: one per row)."""
+    if _is_array(prompts):
+        prompts = prompts.tolist()  # type: ignore[union-attr]
     if isinstance(prompts, (str, Mapping)) or (isinstance(prompts, Sequence) and prompts
                                                and isinstance(prompts[0], int)):
         listed: list[Any] = [prompts]
@@ -173,7 +181,7 @@ class LLM:
             if self.tokenizer is None:
                 raise InvalidRequestError("this model has no tokenizer.json: pass prompts as lists of token ids")
             return self.tokenizer.encode(prompt)
-        return list(prompt)
+        return prompt.tolist() if _is_array(prompt) else list(prompt)  # numpy / torch scalars are no token ids
 
     def _queue(
         self,

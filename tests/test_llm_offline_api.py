@@ -85,3 +85,19 @@ def test_max_tokens_none_generates_what_the_context_leaves(tiny_llm_factory):
     with pytest.raises(InvalidRequestError, match="min_tokens"):
         SamplingParams(max_tokens=4, min_tokens=5)
     assert llm.engine.is_idle()
+
+
+def test_token_ids_as_numpy_arrays_and_torch_tensors(tiny_llm_factory):
+    """Token ids from numpy or torch (a 1-D array: one prompt; 2-D: one per row; or inside a list) are the ids they
+    hold; before, their scalars were refused as 'outside the vocabulary'."""
+    import numpy as np
+    import torch
+
+    llm = tiny_llm_factory()
+    rows = [[5, 6, 7, 8], [9, 10, 11, 12]]
+    want = [o.token_ids for o in llm.generate(rows, GREEDY, use_tqdm=False)]
+    for prompts in (np.array(rows), torch.tensor(rows), [np.array(rows[0]), torch.tensor(rows[1])]):
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == want
+    assert llm.generate(np.array(rows[0], dtype=np.int32), GREEDY, use_tqdm=False)[0].token_ids == want[0]
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        llm.generate([np.array([1.5, 2.0])], GREEDY, use_tqdm=False)  # float ids stay refused
