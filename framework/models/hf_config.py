@@ -13,6 +13,15 @@ class UnsupportedModelError(ValueError):
     """A checkpoint mrv2 cannot run; the message says which config field and why."""
 
 
+# What HF's config class of an architecture assumes for a key that config.json leaves out, where that differs from
+# mrv2's generic defaults below (hand-written config.json files omit keys; HF reads them with these values).
+HF_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "Qwen3ForCausalLM": {"head_dim": 128},
+    "MistralForCausalLM": {"sliding_window": 4096},
+    "MixtralForCausalLM": {"rms_norm_eps": 1e-5, "rope_theta": 1e6},
+}
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
     """Llama / Mistral / Qwen2 / Qwen3 geometry and options (one module serves them all)."""
@@ -44,6 +53,7 @@ class DecoderConfig:
         if not archs:
             raise UnsupportedModelError("config.json has no 'architectures' entry")
         arch = archs[0]
+        cfg = {**HF_CLASS_DEFAULTS.get(arch, {}), **cfg}
         if cfg.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"hidden_act={cfg.get('hidden_act')!r} is not supported (only 'silu')")
         heads = cfg["num_attention_heads"]
@@ -112,5 +122,6 @@ class DecoderConfig:
             mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
             inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
         else:
-            raise UnsupportedModelError(f"rope_type={kind!r} is not supported (default, linear, llama3)")
+            raise UnsupportedModelError(f"rope_scaling / rope_parameters: rope_type={kind!r} is not supported "
+                                        "(default, linear, llama3)")
         return inv.float()

@@ -6,7 +6,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -124,14 +124,26 @@ def _targets(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, list[
 
 
 def _copy_into(model: nn.Module, params: dict[str, nn.Parameter], names: list[str], source: Any,
-               where: str, ckpt_name: str) -> None:
-    """Copy this rank's shard of `source` (safetensors slice or tensor) into each parameter of `names`."""
+               where: str, ckpt_name: str, filled_by: Optional[dict[int, str]] = None) -> None:
+    """Copy this rank's shard of `source` (safetensors slice or tensor) into each parameter of `names`.
+
+    `filled_by` (id of a parameter -> the checkpoint tensor that filled it) catches a tied parameter (the
+    embedding and LM head of `tie_word_embeddings`) that the checkpoint fills twice with different values:
+    copying the second over the first would silently change the other use of the weight."""
     for name in names:
         tensor = read_shard(source, shard_spec(model, name))
         _refuse_quantized_tensor(where, ckpt_name, tensor.dtype)
         if tensor.shape != params[name].shape:
             raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, model expects "
                                   f"{tuple(params[name].shape)}" + ("" if tensor is source else " (this rank's part)"))
+        first = None if filled_by is None else filled_by.setdefault(id(params[name]), ckpt_name)
+        if first is not None and first != ckpt_name:
+            if not torch.equal(params[name].detach(), tensor.to(params[name].device, params[name].dtype)):
+                raise CheckpointError(
+                    f"{where}: '{ckpt_name}' and '{first}' fill the same tied parameter but differ: config.json "
+                    "says tie_word_embeddings=true while the checkpoint holds a separate LM head; set "
+                    "tie_word_embeddings to false in config.json to use it (transformers 5 does not tie them)")
+            continue
         with torch.no_grad():
             params[name].copy_(tensor)
 
@@ -173,6 +185,7 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
     owns = getattr(model, "owns_checkpoint_tensor", None)
     stacked_part = getattr(model, "stacked_tensor_part", None)  # tensors going elsewhere than their name (MoE experts)
     loaded: set[str] = set()
+    filled_by: dict[int, str] = {}  # tied parameters: which checkpoint tensor filled them first
     parts_loaded: dict[str, set[tuple[int, ...]]] = {}
     for file in safetensors_files(path):
         try:
@@ -196,7 +209,7 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
                             f"{file.name}: tensor '{name}' matches no parameter of the model; the checkpoint "
                             "does not fit its config.json"
                         )
-                    _copy_into(model, params, targets[name], f.get_slice(name), file.name, name)
+                    _copy_into(model, params, targets[name], f.get_slice(name), file.name, name, filled_by)
                     loaded.update(targets[name])
         except SafetensorError as err:
             raise CheckpointError(f"'{file}' is not a readable safetensors file: {err}") from None
