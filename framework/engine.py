@@ -159,6 +159,9 @@ class EngineCore:
             params = POOLING_SAMPLING_PARAMS
         assert params is not None, "a generation request needs SamplingParams"
         params = self._validate(request_id, prompt_token_ids, params, encoder_input, pooling_params is not None)
+        extra_eos = [t for t in self.loaded.extra_eos_token_ids if t not in params.stop_token_ids]
+        if extra_eos and not params.ignore_eos:  # the checkpoint's other eos ids end it too (vLLM does the same)
+            params = dataclasses.replace(params, stop_token_ids=[*params.stop_token_ids, *extra_eos])
         children = fan_out(request_id, params)  # n > 1: one child request per sequence
         for child_id, child_params in children:
             seed = child_params.seed if child_params.seed is not None else self._seed_rng.randrange(1 << 63)

@@ -22,7 +22,7 @@ from framework.models.loader import (
 )
 from framework.models.presets import preset_config
 from framework.models.small_batch import enable_small_batch
-from framework.tokenizer import Tokenizer, checkpoint_eos_token_id, load_tokenizer
+from framework.tokenizer import Tokenizer, checkpoint_eos_token_ids, eos_ids_of, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,9 @@ class LoadedModel:
     kv_dtype: torch.dtype  # the attention KV cache's element type (`cache.kv_cache_dtype`: dtype, or an FP8 type)
     parallel: ParallelContext = field(default_factory=ParallelContext)  # this rank's place (single process: 1 x 1)
     path: Optional[str] = None  # the HF directory the weights came from (a shipped one for `tiny`); None: random
+    # The checkpoint's other end-of-sequence ids (a list's after the first): every request's stop tokens unless
+    # ignore_eos, as vLLM adds them (`Engine.add_request`).
+    extra_eos_token_ids: tuple[int, ...] = ()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,10 +90,10 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     model = build_model(hf_config, dtype, device, parallel)
     if source.path:
         load_safetensors_weights(model, source.path, mtp_tensor_prefixes(hf_config))  # MTP layers: the speculator's
-        eos = checkpoint_eos_token_id(Path(source.path), hf_config)
+        eos_ids = checkpoint_eos_token_ids(Path(source.path), hf_config)
     else:
         init_random_weights(model, mc.seed, float(hf_config.get("initializer_range", 0.02)))
-        eos = hf_config.get("eos_token_id")
+        eos_ids = eos_ids_of(hf_config.get("eos_token_id"))
     model.eval()
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
     if isinstance(model, LlamaForCausalLM):  # dense and MoE decoders: the launch order of large decode batches
@@ -111,7 +114,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         model=model,
         hf_config=hf_config,
         tokenizer=load_tokenizer(source.path, hf_config),
-        eos_token_id=eos,
+        eos_token_id=eos_ids[0] if eos_ids else None,
         vocab_size=int(hf_config["vocab_size"]),
         max_model_len=max_model_len,
         device=device,
@@ -119,6 +122,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         kv_dtype=resolve_kv_cache_dtype(config.cache.kv_cache_dtype, dtype, device),
         parallel=parallel,
         path=source.path,
+        extra_eos_token_ids=eos_ids[1:],
     )
 
 

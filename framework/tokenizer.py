@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from framework.models.presets import BYTE_EOS_ID
 
@@ -58,16 +58,26 @@ class HFTokenizer:
         return copy.to_str()
 
 
-def checkpoint_eos_token_id(path: Path, hf_config: dict) -> Optional[int]:
-    """The end-of-sequence id: generation_config.json first, then config.json (first id of a list)."""
+def eos_ids_of(value: Any) -> tuple[int, ...]:
+    """A config's `eos_token_id` (an id, a list of ids, or None) as a tuple of ids."""
+    return tuple(int(e) for e in (value if isinstance(value, list) else [value]) if e is not None)
+
+
+def checkpoint_eos_token_ids(path: Path, hf_config: dict) -> tuple[int, ...]:
+    """Every end-of-sequence id, generation_config.json's first, else config.json's: one id, or a list (Llama 3.x
+    Instruct lists <|end_of_text|>, <|eom_id|> and <|eot_id|>; HF's generate stops at any of them)."""
     for source in (path / "generation_config.json", None):
         cfg = json.loads(source.read_text()) if source is not None and source.is_file() else hf_config
-        eos = cfg.get("eos_token_id")
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
-        if eos is not None:
-            return int(eos)
-    return None
+        ids = eos_ids_of(cfg.get("eos_token_id"))
+        if ids:
+            return ids
+    return ()
+
+
+def checkpoint_eos_token_id(path: Path, hf_config: dict) -> Optional[int]:
+    """The primary end-of-sequence id: the first of `checkpoint_eos_token_ids`."""
+    ids = checkpoint_eos_token_ids(path, hf_config)
+    return ids[0] if ids else None
 
 
 def load_tokenizer(path: Optional[str], hf_config: dict) -> Optional[Tokenizer]:

@@ -147,3 +147,26 @@ def test_tied_config_with_an_equal_lm_head_loads(tmp_path: Path) -> None:
     with safe_open(str(next(tmp_path.glob("*.safetensors"))), framework="pt") as f:
         assert "lm_head.weight" in f.keys(), "the test needs a checkpoint holding both tensors"
     _assert_matches_hf(tmp_path, hf_model)
+
+
+def test_every_eos_id_of_a_list_ends_a_request_as_in_hf(tmp_path: Path) -> None:
+    """generation_config.json's `eos_token_id` as a list (Llama 3.x Instruct): HF's generate stops at any of them,
+    and so does mrv2 (the first is eos; the others become stop tokens, reported as `stop_reason`); with
+    ignore_eos none of them stops it."""
+    spec = TinySpec("eos-list", "LlamaForCausalLM", "LlamaConfig", _LLAMA, 32)
+    hf_model = build_hf_model(spec)
+    hf_model.save_pretrained(tmp_path)
+    free = hf_greedy(hf_model, PROMPT, NEW_TOKENS)
+    stop_at = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i])
+    eos_ids = [hf_model.vocab_size - 1 if stop_at != hf_model.vocab_size - 1 else 0, stop_at]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_ids}))
+    ids = torch.tensor([PROMPT])
+    want = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS,
+                             eos_token_id=eos_ids, pad_token_id=eos_ids[0])[0, len(PROMPT):].tolist()
+    assert want == free[:free.index(stop_at) + 1]  # HF stops at the list's second id
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN)
+    out = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS), use_tqdm=False)[0]
+    assert out.token_ids == want and out.finish_reason == "stop" and out.stop_reason == stop_at
+    free_run = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True),
+                            use_tqdm=False)[0]
+    assert free_run.token_ids == free
