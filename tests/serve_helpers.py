@@ -9,9 +9,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import httpx
+import pytest
+
+if TYPE_CHECKING:
+    import openai
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120
@@ -88,3 +92,22 @@ class ServerProcess:
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
         self._stderr.close()
+
+
+def openai_client(server: ServerProcess, api_key: str = "unused", timeout: float = 60) -> openai.OpenAI:
+    """The official `openai` client against `server`, without retries: a test sees the server's first answer."""
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key=api_key, max_retries=0, timeout=timeout)
+
+
+def module_server(*overrides: str):  # type: ignore[no-untyped-def]
+    """A module-scoped fixture: one `mrv2 serve` (with Hydra `overrides`) for the module's tests.
+    Use as `server = module_server(...)` at module level."""
+
+    @pytest.fixture(scope="module")
+    def server():  # type: ignore[no-untyped-def]
+        with ServerProcess(*overrides) as s:
+            yield s
+
+    return server

@@ -19,21 +19,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from framework import LLM, SamplingParams
 from framework.chat_template import ChatTemplate
 from framework.config import load_config
-from tests.serve_helpers import ServerProcess
+from tests.serve_helpers import ServerProcess, module_server, openai_client
 
 pytestmark = pytest.mark.slow
 PROMPT = "def fibonacci(n):"
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerProcess() as s:
-        yield s
+server = module_server()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")

@@ -7,24 +7,20 @@ from __future__ import annotations
 import json
 import math
 
-import openai
 import pytest
 
-from tests.serve_helpers import ServerProcess
+from tests.serve_helpers import module_server, openai_client
 
 pytestmark = pytest.mark.slow
 CHOICE = {"structured_outputs": {"choice": ["ab", "cd"]}}
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerProcess() as s:
-        yield s
+server = module_server()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    return openai_client(server)
 
 
 def _strict_json(text: str):  # type: ignore[no-untyped-def]
