@@ -88,3 +88,10 @@ def find_stop_string(text: str, stops: Sequence[str], num_new_chars: int) -> Opt
         if index >= 0 and (best is None or index < best[1]):
             best = (stop, index)
     return best
+
+
+def untold_stop_tokens(stopped_by_token: bool, include_stop_str_in_output: bool) -> int:
+    """How many of a step's last tokens get no text: 1 when a stop token (eos or a `stop_token_ids` entry) ended
+    the sequence and `include_stop_str_in_output` is off (vLLM's rule; the token stays in the ids), else 0. The
+    offline OutputProcessor and the API server's SequenceText both apply it."""
+    return 1 if stopped_by_token and not include_stop_str_in_output else 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from framework.async_output import LogprobsLists, ModelRunnerOutput
-from framework.detokenizer import IncrementalDetokenizer, find_stop_string, make_decode
+from framework.detokenizer import IncrementalDetokenizer, find_stop_string, make_decode, untold_stop_tokens
 from framework.pooling_params import PoolingRequestOutput
 from framework.request import (Logprob, PromptLogprobs, Request, RequestMetrics, RequestOutput, RequestStatus,
                                SampleLogprobs)
@@ -158,9 +158,7 @@ class OutputProcessor:
         if new_tokens and state.metrics is not None and state.metrics.first_token_time is None:
             state.metrics.first_token_time = time.perf_counter()
         stopped_by_token = request.status == RequestStatus.FINISHED_STOPPED
-        # As in vLLM, the text of the token that stopped the request (eos or a stop_token_ids entry, always the last
-        # one) is left out unless include_stop_str_in_output; the token itself stays in the output's ids.
-        untold = 1 if stopped_by_token and not params.include_stop_str_in_output else 0
+        untold = untold_stop_tokens(stopped_by_token, params.include_stop_str_in_output)
         # Text is needed while running only for stop strings and streaming; otherwise the output is decoded once
         # when the request finishes (one decode call instead of two per token: the host stays off the hot path).
         incremental = bool(params.stop) or params.output_kind != "final_only"

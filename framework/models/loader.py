@@ -21,9 +21,9 @@ logger = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some exporters save; recomputed from config
-# Tensors that only quantized checkpoints carry (FP8 / INT8 scales, GPTQ / AWQ packing): named in the error.
-QUANTIZATION_TENSOR_SUFFIXES = ("k_scale", "v_scale", "kv_scale", "weight_scale", "weight_scale_inv", "input_scale",
-                                "output_scale", "qweight", "qzeros", "scales", "g_idx")
+# Last name parts of tensors only quantized checkpoints carry (FP8 / INT8 scales, GPTQ / AWQ packing).
+QUANTIZATION_TENSOR_NAMES = ("k_scale", "v_scale", "kv_scale", "weight_scale", "weight_scale_inv", "input_scale",
+                             "output_scale", "qweight", "qzeros", "scales", "g_idx")
 UNQUANTIZED = ("mrv2 loads unquantized checkpoints (float32 / float16 / bfloat16 weights) only; "
                "`cache.kv_cache_dtype=fp8` stores the KV cache in FP8 without checkpoint scales")
 
@@ -203,7 +203,7 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
                     if name not in targets:
                         if name.endswith(IGNORED_TENSOR_SUFFIXES) or (owns is not None and not owns(name)):
                             continue
-                        if name.rsplit(".", 1)[-1] in QUANTIZATION_TENSOR_SUFFIXES:
+                        if name.rsplit(".", 1)[-1] in QUANTIZATION_TENSOR_NAMES:
                             raise CheckpointError(f"{file.name}: tensor '{name}' is a quantization tensor: {UNQUANTIZED}")
                         raise CheckpointError(
                             f"{file.name}: tensor '{name}' matches no parameter of the model; the checkpoint "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from framework.detokenizer import IncrementalDetokenizer, find_stop_string
+from framework.detokenizer import IncrementalDetokenizer, find_stop_string, untold_stop_tokens
 from framework.sampling_params import SamplingParams
 from framework.serve.protocol import TokenLogprobs
 
@@ -26,7 +26,7 @@ class SequenceText:
         # Streams and stop strings need text as tokens come; otherwise the output is decoded once at its end.
         self._incremental = incremental or bool(params.stop)
         self._released = 0  # characters a stream has shown
-        self._untold = 0  # 1 once a stop token ended the sequence and its text stays out (as offline, as vLLM)
+        self._untold = 0  # 1 when a stop token ended the sequence and its text stays out (`untold_stop_tokens`)
         self._holdback = max((len(s) for s in params.stop or []), default=1) - 1  # a stop string may be growing
         if params.include_stop_str_in_output:
             self._holdback = 0
@@ -40,8 +40,8 @@ class SequenceText:
         """Append one delta; True when a stop string ended the sequence (tokens after it are dropped).
         `stopped_by_token`: the delta's last token (eos or a `stop_token_ids` entry) ended the sequence in the
         engine; its text is left out unless `include_stop_str_in_output`, as the offline OutputProcessor does."""
-        if stopped_by_token and not self.params.include_stop_str_in_output:
-            self._untold = 1
+        # The engine's final delta carries the stop (nothing follows it): `finish` reads this after it.
+        self._untold = untold_stop_tokens(stopped_by_token, self.params.include_stop_str_in_output)
         for i, token in enumerate(token_ids):
             self.token_ids.append(token)
             if self.logprobs is not None and logprobs is not None and i < len(logprobs):
