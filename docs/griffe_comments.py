@@ -38,8 +38,15 @@ def _trailing_comments(source: str) -> dict[int, str]:
     """Line number -> text of a comment that follows code on that line."""
     comments: dict[int, str] = {}
     code_lines: set[int] = set()
-    ignored = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-               tokenize.ENCODING, tokenize.ENDMARKER}
+    ignored = {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENCODING,
+        tokenize.ENDMARKER,
+    }
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type == tokenize.COMMENT:
@@ -80,8 +87,12 @@ class TrailingComments(griffe.Extension):
         text = comments.get(node.end_lineno or node.lineno) or comments.get(node.lineno)
         if text:
             attr.docstring = griffe.Docstring(
-                text, lineno=node.lineno, endlineno=node.lineno, parent=attr,
-                parser=getattr(agent, "docstring_parser", None), parser_options=getattr(agent, "docstring_options", None),
+                text,
+                lineno=node.lineno,
+                endlineno=node.lineno,
+                parent=attr,
+                parser=getattr(agent, "docstring_parser", None),
+                parser_options=getattr(agent, "docstring_options", None),
             )
 
     def on_function_instance(self, *, node: Any, func: griffe.Function, agent: Any, **kwargs: Any) -> None:
@@ -109,6 +120,10 @@ class TrailingComments(griffe.Extension):
             func.docstring.value = value
         else:
             func.docstring = griffe.Docstring(
-                value, lineno=node.lineno, endlineno=node.lineno, parent=func,
-                parser=getattr(agent, "docstring_parser", None), parser_options=getattr(agent, "docstring_options", None),
+                value,
+                lineno=node.lineno,
+                endlineno=node.lineno,
+                parent=func,
+                parser=getattr(agent, "docstring_parser", None),
+                parser_options=getattr(agent, "docstring_options", None),
             )

@@ -10,22 +10,26 @@ outputs = LLM("tiny").generate(["def add(a, b):"], SamplingParams(temperature=0,
 
 from typing import TYPE_CHECKING, Any
 
-from framework.config import ConfigError, Mrv2Config, load_config
-from framework.pooling_params import EmbeddingOutput, PoolingParams, PoolingRequestOutput
-from framework.registry import LOGITS_PROCESSORS, MODEL_STATES, MODELS, SPECULATORS, Registry, RegistryError
-from framework.request import RequestOutput
-from framework.sampling_params import InvalidRequestError, SamplingParams
-from framework.structured_outputs import StructuredOutputsParams, structured_outputs_from_openai
+from framework.config.registry import LOGITS_PROCESSORS, MODEL_STATES, MODELS, SPECULATORS, Registry, RegistryError
+from framework.config.schema import ConfigError, Mrv2Config, load_config
+from framework.engine.request import RequestOutput
+from framework.params.pooling_params import EmbeddingOutput, PoolingParams, PoolingRequestOutput
+from framework.params.sampling_params import InvalidRequestError, SamplingParams
+from framework.params.structured_outputs import StructuredOutputsParams, structured_outputs_from_openai
 
 if TYPE_CHECKING:
-    from framework.engine import EngineCore, EngineDeadError
-    from framework.llm import LLM
+    from framework.engine.core import EngineCore, EngineDeadError
+    from framework.entrypoints.llm import LLM
 
 # `import framework` loads the config schema, the registries and plain types, not the engine: the engine (runners,
-# models, kernels, and through `framework.plugins` the plugin packages) loads when `EngineCore` or `LLM` is first
-# used. A plugin module that imports `framework.registry` or a plain type therefore never loads the engine that
+# models, kernels, and through `framework.runner.plugins` the plugin packages) loads when `EngineCore` or `LLM` is first
+# used. A plugin module that imports `framework.config.registry` or a plain type therefore never loads the engine that
 # would import that plugin back, whichever package is imported first.
-_LAZY = {"EngineCore": "framework.engine", "EngineDeadError": "framework.engine", "LLM": "framework.llm"}
+_LAZY = {
+    "EngineCore": "framework.engine.core",
+    "EngineDeadError": "framework.engine.core",
+    "LLM": "framework.entrypoints.llm",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -34,6 +38,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'framework' has no attribute '{name}'")
+
 
 __all__ = [
     "ConfigError",

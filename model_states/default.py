@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from framework.attention import AttentionMetadata
-from framework.block_tables import BlockTables
-from framework.input_batch import InputBatch
+from framework.batch.block_tables import BlockTables
+from framework.batch.input_batch import InputBatch
+from framework.layers.attention import AttentionMetadata
 from model_states.interface import ModelState
 
 

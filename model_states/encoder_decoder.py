@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from framework.attention import AttentionMetadata
-from framework.input_batch import InputBatch
-from framework.scheduler_output import NewRequestData
+from framework.batch.graph_batch import GraphBatch
+from framework.batch.input_batch import InputBatch
+from framework.layers.attention import AttentionMetadata
+from framework.params.scheduler_output import NewRequestData
 from model_states.default import DefaultModelState
-from framework.graph_batch import GraphBatch
 
 CROSS_BLOCK_SIZE = 16  # tokens per block of the cross cache (a power of two, as the attention kernels need)
 
@@ -57,14 +57,18 @@ class EncoderDecoderModelState(DefaultModelState):
         super().__init__(model, hf_config, max_num_reqs, device)
         for attr in ("cross_kv_shape", "encode"):
             if not callable(getattr(model, attr, None)):
-                raise TypeError(f"model state 'encoder_decoder' needs a model with {attr}(); "
-                                f"{type(model).__name__} has none")
+                raise TypeError(
+                    f"model state 'encoder_decoder' needs a model with {attr}(); {type(model).__name__} has none"
+                )
         layers, two, self.enc_len, heads, head_dim = model.cross_kv_shape()
         self.blocks_per_slot = -(-self.enc_len // CROSS_BLOCK_SIZE)
         dtype = next(model.parameters()).dtype
         # + 1 slot: the dummy slot padding rows of decode graphs read (never written: zeros)
-        self.cross_kv = torch.zeros((layers, two, (max_num_reqs + 1) * self.blocks_per_slot, CROSS_BLOCK_SIZE, heads,
-                                     head_dim), dtype=dtype, device=device)
+        self.cross_kv = torch.zeros(
+            (layers, two, (max_num_reqs + 1) * self.blocks_per_slot, CROSS_BLOCK_SIZE, heads, head_dim),
+            dtype=dtype,
+            device=device,
+        )
         self._block_offsets = torch.arange(self.blocks_per_slot, dtype=torch.int32, device=device)  # [nb]
         self._staged: dict[int, torch.Tensor | None] = {}  # req_slot -> features [mel_bins, frames] (None: zero)
         self.num_encoder_runs = 0  # requests encoded so far (tests count re-encodes after preemption)
@@ -97,7 +101,7 @@ class EncoderDecoderModelState(DefaultModelState):
 
     def slot_cross_kv(self, req_slot: int) -> torch.Tensor:
         """[decoder_layers, 2, enc_len, heads, head_dim]: the K/V one slot holds (tests, debugging)."""
-        blocks = self.cross_kv[:, :, req_slot * self.blocks_per_slot:(req_slot + 1) * self.blocks_per_slot]
+        blocks = self.cross_kv[:, :, req_slot * self.blocks_per_slot : (req_slot + 1) * self.blocks_per_slot]
         return blocks.flatten(2, 3)[:, :, : self.enc_len]
 
     def _cross_metadata(self, idx_mapping: torch.Tensor, token_rows: torch.Tensor) -> AttentionMetadata:
@@ -107,12 +111,15 @@ class EncoderDecoderModelState(DefaultModelState):
         token_slots = idx_mapping.long()[token_rows]  # [T] req_slot of each token
         tables = (token_slots.unsqueeze(1) * self.blocks_per_slot).int() + self._block_offsets  # [T, nb]
         return AttentionMetadata(
-            num_tokens=t, num_rows=t,
+            num_tokens=t,
+            num_rows=t,
             query_start_loc=torch.arange(t + 1, dtype=torch.int32, device=device),
             seq_lens=torch.full((t,), self.enc_len, dtype=torch.int32, device=device),
             block_tables=tables,
             kv_slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=device),  # nothing is stored
-            block_size=CROSS_BLOCK_SIZE, max_query_len=1, max_seq_len=self.enc_len,
+            block_size=CROSS_BLOCK_SIZE,
+            max_query_len=1,
+            max_seq_len=self.enc_len,
         )
 
     def _encode_staged(self) -> None:
@@ -120,7 +127,7 @@ class EncoderDecoderModelState(DefaultModelState):
         nb, pad = self.blocks_per_slot, self.blocks_per_slot * CROSS_BLOCK_SIZE - self.enc_len
         with_features = {slot: f for slot, f in staged.items() if f is not None}
         for slot in staged.keys() - with_features.keys():
-            self.cross_kv[:, :, slot * nb:(slot + 1) * nb].zero_()
+            self.cross_kv[:, :, slot * nb : (slot + 1) * nb].zero_()
         if not with_features:
             return
         slots = torch.tensor(list(with_features), dtype=torch.int64)

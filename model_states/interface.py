@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 import torch
 from torch import nn
 
-from framework.graph_batch import GraphBatch
-from framework.prefix_cache import PrefixCacheHooks
+from framework.batch.graph_batch import GraphBatch
+from framework.params.prefix_cache import PrefixCacheHooks
 
 if TYPE_CHECKING:
-    from framework.attention import AttentionMetadata
-    from framework.block_tables import BlockTables
-    from framework.config import CacheConfig
-    from framework.input_batch import InputBatch
-    from framework.scheduler_output import NewRequestData, StateSnapshot
+    from framework.batch.block_tables import BlockTables
+    from framework.batch.input_batch import InputBatch
+    from framework.config.schema import CacheConfig
+    from framework.layers.attention import AttentionMetadata
+    from framework.params.scheduler_output import NewRequestData, StateSnapshot
 
 
 class ModelState(ABC):
@@ -48,13 +48,19 @@ class ModelState(ABC):
     # False: decode never replays a CUDA graph with this state (the runner logs `cuda_graph_unsupported_reason`).
     # A state with extra forward inputs opts in by implementing `prepare_graph_inputs` (see its docstring).
     decode_cuda_graphs: ClassVar[bool] = True
-    # True: a pure-decode step may run as one full-step graph (`framework.step_graphs`, runner.full_step_cuda_graphs),
+    # True: a pure-decode step may run as one full-step graph (`framework.runner.graphs.step_graphs`, runner.full_step_cuda_graphs),
     # which builds the default paged self-attention metadata itself and calls none of the step hooks. Only a state
     # whose step hooks do nothing in a decode step sets it; a subclass that overrides one of them is out again
     # (`full_step_unsupported_reason`) unless it declares the flag itself.
     full_step_graphs: ClassVar[bool] = False
-    _STEP_HOOKS: ClassVar[tuple[str, ...]] = ("prepare_attn_metadata", "prepare_inputs", "postprocess",
-                                               "prepare_graph_inputs", "prepare_graph_step", "save_snapshots")
+    _STEP_HOOKS: ClassVar[tuple[str, ...]] = (
+        "prepare_attn_metadata",
+        "prepare_inputs",
+        "postprocess",
+        "prepare_graph_inputs",
+        "prepare_graph_step",
+        "save_snapshots",
+    )
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
         self.model = model
@@ -110,10 +116,14 @@ class ModelState(ABC):
         if not self.decode_cuda_graphs:
             return f"model state '{self.name}' sets decode_cuda_graphs = False"
         cls = type(self)
-        if cls.prepare_inputs is not ModelState.prepare_inputs and \
-                cls.prepare_graph_inputs is ModelState.prepare_graph_inputs:
-            return (f"model state '{self.name}' has extra forward inputs (prepare_inputs) but no "
-                    "prepare_graph_inputs to build them inside a graph")
+        if (
+            cls.prepare_inputs is not ModelState.prepare_inputs
+            and cls.prepare_graph_inputs is ModelState.prepare_graph_inputs
+        ):
+            return (
+                f"model state '{self.name}' has extra forward inputs (prepare_inputs) but no "
+                "prepare_graph_inputs to build them inside a graph"
+            )
         return None
 
     def full_step_unsupported_reason(self) -> Optional[str]:
@@ -124,8 +134,10 @@ class ModelState(ABC):
             return f"model state '{self.name}' does not set full_step_graphs = True"
         changed = [h for h in self._STEP_HOOKS if getattr(cls, h) is not getattr(owner, h)]
         if changed:
-            return (f"model state '{self.name}' overrides {', '.join(changed)} of {owner.__name__}, which opted in "
-                    "to full-step graphs")
+            return (
+                f"model state '{self.name}' overrides {', '.join(changed)} of {owner.__name__}, which opted in "
+                "to full-step graphs"
+            )
         return self.cuda_graph_unsupported_reason()
 
     def prepare_graph_inputs(self, graph: GraphBatch) -> dict[str, Any]:

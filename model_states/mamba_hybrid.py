@@ -35,17 +35,17 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch import nn
 
-from framework.kernels.state_snapshots import SnapshotTargets, build_snapshot_targets
+from framework.batch.graph_batch import GraphBatch
+from framework.layers.kernels.state_snapshots import SnapshotTargets, build_snapshot_targets
 from framework.models.mamba_layer import MambaLayerState, MambaStepInputs
-from framework.prefix_cache import PrefixCacheHooks
+from framework.params.prefix_cache import PrefixCacheHooks
 from model_states.default import DefaultModelState
-from framework.graph_batch import GraphBatch
 from model_states.mamba_snapshots import MambaSnapshotIndex
 
 if TYPE_CHECKING:
-    from framework.config import CacheConfig
-    from framework.input_batch import InputBatch
-    from framework.scheduler_output import NewRequestData, StateSnapshot
+    from framework.batch.input_batch import InputBatch
+    from framework.config.schema import CacheConfig
+    from framework.params.scheduler_output import NewRequestData, StateSnapshot
 
 
 class MambaHybridModelState(DefaultModelState):
@@ -62,8 +62,9 @@ class MambaHybridModelState(DefaultModelState):
         super().__init__(model, hf_config, max_num_reqs, device)
         shapes = getattr(model, "mamba_state_shapes", None)
         if shapes is None:
-            raise TypeError(f"model state 'mamba_hybrid' needs a model with mamba_state_shapes(); "
-                            f"{type(model).__name__} has none")
+            raise TypeError(
+                f"model state 'mamba_hybrid' needs a model with mamba_state_shapes(); {type(model).__name__} has none"
+            )
         num_layers, conv_shape, ssm_shape = shapes()
         conv_dtype = next(model.parameters()).dtype
         # [L, S+1, d_inner, d_conv-1] and [L, S+1, d_inner, d_state]: one slab per kind, a layer's view is
@@ -87,17 +88,25 @@ class MambaHybridModelState(DefaultModelState):
         """Allocate the snapshot pool (`cache.mamba_snapshot_slots`, default 2 x max_num_seqs) and return the
         index that maps cached blocks to its slots."""
         num_slots = cache.mamba_snapshot_slots or 2 * self.max_num_reqs
-        self.conv_snapshots = torch.zeros(self.conv_state.shape[0], num_slots, *self.conv_state.shape[2:],
-                                          dtype=self.conv_state.dtype, device=self.device)
-        self.ssm_snapshots = torch.zeros(self.ssm_state.shape[0], num_slots, *self.ssm_state.shape[2:],
-                                         dtype=torch.float32, device=self.device)
+        self.conv_snapshots = torch.zeros(
+            self.conv_state.shape[0],
+            num_slots,
+            *self.conv_state.shape[2:],
+            dtype=self.conv_state.dtype,
+            device=self.device,
+        )
+        self.ssm_snapshots = torch.zeros(
+            self.ssm_state.shape[0], num_slots, *self.ssm_state.shape[2:], dtype=torch.float32, device=self.device
+        )
         return MambaSnapshotIndex(num_slots)
 
     @property
     def snapshot_bytes(self) -> int:
         """Device memory of one snapshot: every Mamba layer's conv and SSM state of one request."""
-        return (self.conv_state[:, 0].numel() * self.conv_state.element_size()
-                + self.ssm_state[:, 0].numel() * self.ssm_state.element_size())
+        return (
+            self.conv_state[:, 0].numel() * self.conv_state.element_size()
+            + self.ssm_state[:, 0].numel() * self.ssm_state.element_size()
+        )
 
     # ---- per-slot verbs ------------------------------------------------------------------------------------
     def add_request(self, req_slot: int, request: "NewRequestData") -> None:
@@ -106,7 +115,8 @@ class MambaHybridModelState(DefaultModelState):
             # A recurrent state exists only for tokens this slot ran, or in a snapshot of a cached prefix.
             raise ValueError(
                 f"request '{request.request_id}' arrives with {request.num_computed_tokens} computed tokens (a "
-                "prefix-cache hit) but no state snapshot to start from")
+                "prefix-cache hit) but no state snapshot to start from"
+            )
         self._starts[req_slot] = snapshot if request.num_computed_tokens else None
 
     def remove_request(self, req_slot: int) -> None:
@@ -144,18 +154,34 @@ class MambaHybridModelState(DefaultModelState):
         if num_tail > 1:
             r = batch.num_rows
             self._tails = (
-                torch.empty(self.conv_state.shape[0], r, num_tail, *self.conv_state.shape[2:],
-                            dtype=self.conv_state.dtype, device=self.device),
-                torch.empty(self.ssm_state.shape[0], r, num_tail, *self.ssm_state.shape[2:],
-                            dtype=torch.float32, device=self.device),
+                torch.empty(
+                    self.conv_state.shape[0],
+                    r,
+                    num_tail,
+                    *self.conv_state.shape[2:],
+                    dtype=self.conv_state.dtype,
+                    device=self.device,
+                ),
+                torch.empty(
+                    self.ssm_state.shape[0],
+                    r,
+                    num_tail,
+                    *self.ssm_state.shape[2:],
+                    dtype=torch.float32,
+                    device=self.device,
+                ),
             )
         targets = self._snapshot_targets(batch.num_rows)
         conv_pool, ssm_pool = (self.conv_snapshots, self.ssm_snapshots) if targets is not None else (None, None)
         layers = [
-            MambaLayerState(self.conv_state[i], self.ssm_state[i],
-                            self._tails[0][i] if self._tails else None, self._tails[1][i] if self._tails else None,
-                            conv_pool[i] if conv_pool is not None else None,
-                            ssm_pool[i] if ssm_pool is not None else None)
+            MambaLayerState(
+                self.conv_state[i],
+                self.ssm_state[i],
+                self._tails[0][i] if self._tails else None,
+                self._tails[1][i] if self._tails else None,
+                conv_pool[i] if conv_pool is not None else None,
+                ssm_pool[i] if ssm_pool is not None else None,
+            )
             for i in range(self.conv_state.shape[0])
         ]
         pure_decode = batch.num_tokens == batch.num_rows and targets is None  # the one-step update stores none
@@ -166,8 +192,13 @@ class MambaHybridModelState(DefaultModelState):
         snapshots, self._snapshots = self._snapshots, []
         if not snapshots:
             return None
-        return build_snapshot_targets([s.batch_row for s in snapshots], [s.num_tokens for s in snapshots],
-                                      [s.snapshot_slot for s in snapshots], num_rows, self.device)
+        return build_snapshot_targets(
+            [s.batch_row for s in snapshots],
+            [s.num_tokens for s in snapshots],
+            [s.snapshot_slot for s in snapshots],
+            num_rows,
+            self.device,
+        )
 
     def postprocess(self, batch: "InputBatch", num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> None:
         """With drafts: keep, per row, the state after its accepted tokens (`query_len - num_rejected`)."""
@@ -190,9 +221,12 @@ class MambaHybridModelState(DefaultModelState):
         with drafts, tail buffers kept for `postprocess`. Snapshots are never stored inside a graph."""
         q = graph.tokens_per_row
         tails = self._graph_tail_views(graph.num_rows, q) if q > 1 else None
-        layers = [MambaLayerState(self.conv_state[i], self.ssm_state[i], tails[0][i] if tails else None,
-                                  tails[1][i] if tails else None)
-                  for i in range(self.conv_state.shape[0])]
+        layers = [
+            MambaLayerState(
+                self.conv_state[i], self.ssm_state[i], tails[0][i] if tails else None, tails[1][i] if tails else None
+            )
+            for i in range(self.conv_state.shape[0])
+        ]
         return {"mamba": MambaStepInputs(layers, graph.idx_mapping, graph.query_start_loc, q == 1)}
 
     def _graph_tail_views(self, rows: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,10 +238,12 @@ class MambaHybridModelState(DefaultModelState):
             if storage is None or storage[1].shape[1] < rows or storage[1].shape[2] < q:
                 n, m = max(rows, storage[1].shape[1] if storage else 0), max(q, storage[1].shape[2] if storage else 0)
                 layers = self.conv_state.shape[0]
-                storage = (torch.empty(layers, n, m, *self.conv_state.shape[2:], dtype=self.conv_state.dtype,
-                                       device=self.device),
-                           torch.empty(layers, n, m, *self.ssm_state.shape[2:], dtype=torch.float32,
-                                       device=self.device))
+                storage = (
+                    torch.empty(
+                        layers, n, m, *self.conv_state.shape[2:], dtype=self.conv_state.dtype, device=self.device
+                    ),
+                    torch.empty(layers, n, m, *self.ssm_state.shape[2:], dtype=torch.float32, device=self.device),
+                )
                 self._tail_storage = storage
             self._graph_tails[(rows, q)] = (storage[0][:, :rows, :q], storage[1][:, :rows, :q])
         return self._graph_tails[(rows, q)]
@@ -221,13 +257,16 @@ class MambaHybridModelState(DefaultModelState):
             self._tails = (conv_tail[:, : batch.num_rows], ssm_tail[:, : batch.num_rows])
         snapshots, self._snapshots = self._snapshots, []
         if any(s.num_tokens > 1 for s in snapshots):
-            raise RuntimeError("a decode row's snapshots are after 0 or 1 of its tokens; got "
-                               f"{sorted({s.num_tokens for s in snapshots})}")
+            raise RuntimeError(
+                "a decode row's snapshots are after 0 or 1 of its tokens; got "
+                f"{sorted({s.num_tokens for s in snapshots})}"
+            )
         self._copy_snapshots(batch, [s for s in snapshots if s.num_tokens == 0], None)
         self._snapshots_after = [s for s in snapshots if s.num_tokens == 1]
 
-    def _copy_snapshots(self, batch: "InputBatch", snapshots: "list[StateSnapshot]",
-                        tails: Optional[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def _copy_snapshots(
+        self, batch: "InputBatch", snapshots: "list[StateSnapshot]", tails: Optional[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
         """Store snapshots from the rows' slots (the slot's state now), or from the first tail (after one token
         of a row verifying drafts): one gather-scatter per slab, on the device."""
         if not snapshots:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Optional, Sequence
 
-from framework.prefix_cache import BlockHash, PrefixCacheHooks
+from framework.params.prefix_cache import BlockHash, PrefixCacheHooks
 
 
 class MambaSnapshotIndex(PrefixCacheHooks):

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from torch import nn
 
-from framework.registry import MODEL_STATES, RegistryError
+from framework.config.registry import MODEL_STATES, RegistryError
 from model_states.interface import ModelState
 
 

@@ -5,17 +5,17 @@ CUDA tensors). See the "Sampling" docs page for the pipeline order and every par
 """
 
 from samplers.gumbel import gumbel_sample, gumbel_sample_reference, gumbel_sample_triton, uniform_noise_reference
+from samplers.logits_processors import LogitsContext, LogitsProcessor
+from samplers.logprobs import LogprobsTensors, compute_logprobs
+from samplers.prompt_logprobs import PromptLogprobsPiece
+from samplers.sampler import ROW_ERROR_MESSAGES, Sampler, SamplerOutput
+from samplers.states import SamplingStages, SamplingStates
 from samplers.top_k_top_p import (
     apply_min_p,
     apply_min_p_reference,
     apply_top_k_top_p,
     apply_top_k_top_p_reference,
 )
-from samplers.logits_processors import LogitsContext, LogitsProcessor
-from samplers.logprobs import LogprobsTensors, compute_logprobs
-from samplers.prompt_logprobs import PromptLogprobsPiece
-from samplers.sampler import ROW_ERROR_MESSAGES, Sampler, SamplerOutput
-from samplers.states import SamplingStages, SamplingStates
 
 __all__ = [
     "LogitsContext",

@@ -9,16 +9,16 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.launch_math import cdiv
-from framework.sampling_params import SamplingParams
-from framework.staged_writes import StagedWrites
+from framework.batch.staged_writes import StagedWrites
+from framework.layers.kernels.launch_math import cdiv
+from framework.params.sampling_params import SamplingParams
 from samplers.triton_utils import use_triton, vocab_block
 
 
 class AllowedTokensState:
     """A [S+1, V] bool mask (allocated when the first request with a list arrives, or before full-step graphs
     are captured: `allocate_mask`) and a per-slot on/off flag. Row `max_num_reqs` (off) serves the padding rows
-    of full-step graphs (`framework.step_graphs`)."""
+    of full-step graphs (`framework.runner.graphs.step_graphs`)."""
 
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device) -> None:
         self.max_num_reqs = max_num_reqs
@@ -78,8 +78,9 @@ def apply_allowed_tokens_reference(
 
 
 @triton.jit
-def _apply_allowed_tokens_kernel(logits_ptr, logits_stride, idx_ptr, enabled_ptr, mask_ptr, vocab_size,
-                                 BLOCK: tl.constexpr):
+def _apply_allowed_tokens_kernel(
+    logits_ptr, logits_stride, idx_ptr, enabled_ptr, mask_ptr, vocab_size, BLOCK: tl.constexpr
+):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
     if tl.load(enabled_ptr + req_slot) != 0:
@@ -90,20 +91,28 @@ def _apply_allowed_tokens_kernel(logits_ptr, logits_stride, idx_ptr, enabled_ptr
         tl.store(ptrs, tl.where(allowed, tl.load(ptrs, mask=in_vocab), -float("inf")), mask=in_vocab)
 
 
-def apply_allowed_tokens_triton(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, enabled: torch.Tensor,
-                                mask: torch.Tensor) -> torch.Tensor:
+def apply_allowed_tokens_triton(
+    logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, enabled: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """In place, same result as `apply_allowed_tokens_reference` (grid: logits rows x vocab blocks)."""
     num_rows, vocab_size = logits.shape
     if num_rows:
         block = vocab_block(vocab_size)
         _apply_allowed_tokens_kernel[(num_rows, cdiv(vocab_size, block))](
-            logits, logits.stride(0), expanded_idx_mapping, enabled, mask, vocab_size, BLOCK=block,
+            logits,
+            logits.stride(0),
+            expanded_idx_mapping,
+            enabled,
+            mask,
+            vocab_size,
+            BLOCK=block,
         )
     return logits
 
 
-def apply_allowed_tokens(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, enabled: torch.Tensor,
-                         mask: torch.Tensor) -> torch.Tensor:
+def apply_allowed_tokens(
+    logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, enabled: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """[L, V] masked logits (Triton on CUDA, writing in place; the reference elsewhere)."""
     fn = apply_allowed_tokens_triton if use_triton(logits) else apply_allowed_tokens_reference
     return fn(logits, expanded_idx_mapping, enabled, mask)

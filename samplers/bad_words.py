@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.sampling_params import SamplingParams
+from framework.params.sampling_params import SamplingParams
 from samplers.history import SlotLists, TokenHistory, context_tokens_reference
 from samplers.triton_utils import small_block, use_triton
 
@@ -40,10 +40,19 @@ class BadWordsState:
     def any_in(self, req_slots: np.ndarray) -> bool:
         return self.word_ends.any_in(req_slots)
 
-    def apply(self, logits: torch.Tensor, expanded_idx_mapping: torch.Tensor,
-              sample_positions: torch.Tensor) -> torch.Tensor:
-        return apply_bad_words(logits, expanded_idx_mapping, sample_positions, self.history, self.tokens.values,
-                               self.word_ends.values, self.word_ends.lens, self.max_word_len)
+    def apply(
+        self, logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, sample_positions: torch.Tensor
+    ) -> torch.Tensor:
+        return apply_bad_words(
+            logits,
+            expanded_idx_mapping,
+            sample_positions,
+            self.history,
+            self.tokens.values,
+            self.word_ends.values,
+            self.word_ends.lens,
+            self.max_word_len,
+        )
 
 
 def apply_bad_words_reference(
@@ -78,9 +87,23 @@ def apply_bad_words_reference(
 
 @triton.jit
 def _apply_bad_words_kernel(
-    logits_ptr, logits_stride, idx_ptr, positions_ptr, all_tokens_ptr, all_tokens_stride, total_len_ptr,
-    prompt_len_ptr, drafts_ptr, drafts_stride, num_drafts, words_ptr, words_stride, ends_ptr, ends_stride,
-    num_words_ptr, BLOCK: tl.constexpr,
+    logits_ptr,
+    logits_stride,
+    idx_ptr,
+    positions_ptr,
+    all_tokens_ptr,
+    all_tokens_stride,
+    total_len_ptr,
+    prompt_len_ptr,
+    drafts_ptr,
+    drafts_stride,
+    num_drafts,
+    words_ptr,
+    words_stride,
+    ends_ptr,
+    ends_stride,
+    num_words_ptr,
+    BLOCK: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
@@ -99,8 +122,11 @@ def _apply_bad_words_kernel(
         from_history = in_prefix & (ctx_pos < total_len) & (ctx_pos >= 0)
         from_drafts = in_prefix & (ctx_pos >= total_len) & (ctx_pos - total_len < num_drafts)
         ctx = tl.load(all_tokens_ptr + req_slot * all_tokens_stride + ctx_pos, mask=from_history, other=-1)
-        ctx = tl.where(from_drafts, tl.load(drafts_ptr + req_slot * drafts_stride + (ctx_pos - total_len),
-                                            mask=from_drafts, other=-1), ctx)
+        ctx = tl.where(
+            from_drafts,
+            tl.load(drafts_ptr + req_slot * drafts_stride + (ctx_pos - total_len), mask=from_drafts, other=-1),
+            ctx,
+        )
         mismatch = in_prefix & ((ctx != word_tok) | (ctx_pos < prompt_len))
         if tl.sum(mismatch.to(tl.int32), axis=0) == 0:
             last = tl.load(words_ptr + req_slot * words_stride + end - 1)
@@ -108,9 +134,16 @@ def _apply_bad_words_kernel(
         start = end
 
 
-def apply_bad_words_triton(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, sample_positions: torch.Tensor,
-                           history: TokenHistory, word_tokens: torch.Tensor, word_ends: torch.Tensor,
-                           num_words: torch.Tensor, max_word_len: int) -> torch.Tensor:
+def apply_bad_words_triton(
+    logits: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    sample_positions: torch.Tensor,
+    history: TokenHistory,
+    word_tokens: torch.Tensor,
+    word_ends: torch.Tensor,
+    num_words: torch.Tensor,
+    max_word_len: int,
+) -> torch.Tensor:
     """In place, same result as `apply_bad_words_reference` (one program per logits row)."""
     if logits.shape[0]:
         drafts = history.draft_tokens
@@ -118,18 +151,37 @@ def apply_bad_words_triton(logits: torch.Tensor, expanded_idx_mapping: torch.Ten
         if num_drafts == 0:
             drafts = history.total_len  # never read (num_drafts = 0), but a real pointer
         _apply_bad_words_kernel[(logits.shape[0],)](
-            logits, logits.stride(0), expanded_idx_mapping, sample_positions, history.all_token_ids,
-            history.all_token_ids.stride(0), history.total_len, history.prompt_len, drafts,
-            drafts.stride(0) if num_drafts else 0, num_drafts,
-            word_tokens, word_tokens.stride(0), word_ends, word_ends.stride(0), num_words,
+            logits,
+            logits.stride(0),
+            expanded_idx_mapping,
+            sample_positions,
+            history.all_token_ids,
+            history.all_token_ids.stride(0),
+            history.total_len,
+            history.prompt_len,
+            drafts,
+            drafts.stride(0) if num_drafts else 0,
+            num_drafts,
+            word_tokens,
+            word_tokens.stride(0),
+            word_ends,
+            word_ends.stride(0),
+            num_words,
             BLOCK=small_block(max_word_len),
         )
     return logits
 
 
-def apply_bad_words(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, sample_positions: torch.Tensor,
-                    history: TokenHistory, word_tokens: torch.Tensor, word_ends: torch.Tensor, num_words: torch.Tensor,
-                    max_word_len: int) -> torch.Tensor:
+def apply_bad_words(
+    logits: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    sample_positions: torch.Tensor,
+    history: TokenHistory,
+    word_tokens: torch.Tensor,
+    word_ends: torch.Tensor,
+    num_words: torch.Tensor,
+    max_word_len: int,
+) -> torch.Tensor:
     """[L, V] masked logits (Triton on CUDA, writing in place; the reference elsewhere)."""
     fn = apply_bad_words_triton if use_triton(logits) else apply_bad_words_reference
     return fn(logits, expanded_idx_mapping, sample_positions, history, word_tokens, word_ends, num_words, max_word_len)

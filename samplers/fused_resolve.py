@@ -51,8 +51,9 @@ def _compare_tile(cand_x, i0, n, temp, row_max, TILE_I: tl.constexpr, TILE_J: tl
 
 
 @triton.jit
-def _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
-                      SANITIZE: tl.constexpr, BLOCK: tl.constexpr):
+def _exact_row_sample(
+    row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size, SANITIZE: tl.constexpr, BLOCK: tl.constexpr
+):
     """(token, its score) for one row straight from the logits: the top-k/top-p kernel's thresholds, then
     Gumbel-max."""
     threshold, row_max = _top_k_top_p_threshold(row_ptr, temp, k_on, k, p_on, p, vocab_size, SANITIZE, BLOCK)
@@ -93,8 +94,23 @@ def _pick(greater, mass, v_i, rows, n, cand_t, z, row_max, k_on, k, p_on, p, min
 
 
 @triton.jit
-def _resolve_candidates(cand_x, cand_t, n, temp, row_max, row_sum, cutoff, k_on, k, p_on, p, min_p, key,
-                        TILE_I: tl.constexpr, TILE_J: tl.constexpr):
+def _resolve_candidates(
+    cand_x,
+    cand_t,
+    n,
+    temp,
+    row_max,
+    row_sum,
+    cutoff,
+    k_on,
+    k,
+    p_on,
+    p,
+    min_p,
+    key,
+    TILE_I: tl.constexpr,
+    TILE_J: tl.constexpr,
+):
     """(token, its score, exact) of a gather row from its n <= CAP candidates (x at cand_x, ids at cand_t);
     `exact` is 0 when top-p alone kept every candidate and tokens below them might still win."""
     best_value = tl.full([], -float("inf"), tl.float32)
@@ -105,8 +121,9 @@ def _resolve_candidates(cand_x, cand_t, n, temp, row_max, row_sum, cutoff, k_on,
         z = row_sum
         if k_on & p_on:
             z = tl.sum(tl.where(greater < k, w_i, 0), axis=0).to(tl.float32) * (1.0 / FIXED_ONE)
-        best_value, best_token, num_dropped = _pick(greater, mass, v_i, tl.arange(0, TILE_I), n, cand_t, z,
-                                                    row_max, k_on, k, p_on, p, min_p, key)
+        best_value, best_token, num_dropped = _pick(
+            greater, mass, v_i, tl.arange(0, TILE_I), n, cand_t, z, row_max, k_on, k, p_on, p, min_p, key
+        )
         best_token = tl.where(best_value > -float("inf"), best_token, 0)
     else:
         # Z: the row's sum-exp for top-p alone, else the mass of the top-k survivors (all candidates).
@@ -119,8 +136,9 @@ def _resolve_candidates(cand_x, cand_t, n, temp, row_max, row_sum, cutoff, k_on,
             z = z_fixed.to(tl.float32) * (1.0 / FIXED_ONE)
         for i0 in range(0, n, TILE_I):
             greater, mass, v_i, unused_w = _compare_tile(cand_x, i0, n, temp, row_max, TILE_I, TILE_J)
-            tile_best, tile_token, tile_dropped = _pick(greater, mass, v_i, i0 + tl.arange(0, TILE_I), n, cand_t, z,
-                                                        row_max, k_on, k, p_on, p, min_p, key)
+            tile_best, tile_token, tile_dropped = _pick(
+                greater, mass, v_i, i0 + tl.arange(0, TILE_I), n, cand_t, z, row_max, k_on, k, p_on, p, min_p, key
+            )
             num_dropped += tile_dropped
             take = (tile_best > best_value) | ((tile_best == best_value) & (tile_token < best_token))
             best_token = tl.where(take & (tile_best > -float("inf")), tile_token, best_token)
@@ -134,8 +152,7 @@ def _resolve_candidates(cand_x, cand_t, n, temp, row_max, row_sum, cutoff, k_on,
 
 
 @triton.jit
-def _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS: tl.constexpr,
-                   CHUNKS: tl.constexpr):
+def _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS: tl.constexpr, CHUNKS: tl.constexpr):
     """Whether the row had NaN/+inf: the caller's flag, or the per-chunk counts of the first pass."""
     if HAS_FLAGS:
         nonfinite = tl.load(nonfinite_ptr + logits_row).to(tl.int32) != 0
@@ -147,8 +164,16 @@ def _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAG
 
 
 @triton.jit
-def _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite,
-                  NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr):
+def _store_result(
+    sampled_ptr,
+    errors_ptr,
+    logits_row,
+    best_token,
+    best_value,
+    nonfinite,
+    NONFINITE_CODE: tl.constexpr,
+    NO_TOKEN_CODE: tl.constexpr,
+):
     no_token = best_value == -float("inf")
     best_token = tl.where(no_token, 0, best_token)
     tl.store(sampled_ptr + logits_row, best_token.to(tl.int64))
@@ -157,11 +182,38 @@ def _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, n
 
 @triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_resolve_kernel(
-    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
-    count_ptr, row_max_ptr, row_sum_ptr, cutoff_ptr, cand_value_ptr, cand_token_ptr, part_best_ptr, part_token_ptr,
-    part_bad_ptr, nonfinite_ptr, sampled_ptr, errors_ptr, num_chunks, vocab_size, SANITIZE: tl.constexpr,
-    HAS_FLAGS: tl.constexpr, NONFINITE_CODE: tl.constexpr, NO_TOKEN_CODE: tl.constexpr, CHUNKS: tl.constexpr,
-    BLOCK: tl.constexpr, CAP: tl.constexpr = 2048, TILE_I: tl.constexpr = 64, TILE_J: tl.constexpr = 64,
+    logits_ptr,
+    logits_stride,
+    idx_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    seed_ptr,
+    positions_ptr,
+    count_ptr,
+    row_max_ptr,
+    row_sum_ptr,
+    cutoff_ptr,
+    cand_value_ptr,
+    cand_token_ptr,
+    part_best_ptr,
+    part_token_ptr,
+    part_bad_ptr,
+    nonfinite_ptr,
+    sampled_ptr,
+    errors_ptr,
+    num_chunks,
+    vocab_size,
+    SANITIZE: tl.constexpr,
+    HAS_FLAGS: tl.constexpr,
+    NONFINITE_CODE: tl.constexpr,
+    NO_TOKEN_CODE: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CAP: tl.constexpr = 2048,
+    TILE_I: tl.constexpr = 64,
+    TILE_J: tl.constexpr = 64,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
@@ -181,13 +233,27 @@ def _fused_resolve_kernel(
         exact = tl.zeros([], dtype=tl.int1)
         if n <= CAP:
             best_token, best_value, exact = _resolve_candidates(
-                cand_value_ptr + logits_row * CAP, cand_token_ptr + logits_row * CAP, n, temp,
-                tl.load(row_max_ptr + logits_row), tl.load(row_sum_ptr + logits_row), tl.load(cutoff_ptr + logits_row),
-                k_on, k, p_on, p, min_p, key, TILE_I, TILE_J)
+                cand_value_ptr + logits_row * CAP,
+                cand_token_ptr + logits_row * CAP,
+                n,
+                temp,
+                tl.load(row_max_ptr + logits_row),
+                tl.load(row_sum_ptr + logits_row),
+                tl.load(cutoff_ptr + logits_row),
+                k_on,
+                k,
+                p_on,
+                p,
+                min_p,
+                key,
+                TILE_I,
+                TILE_J,
+            )
         if exact == 0:
             row_ptr = logits_ptr + logits_row * logits_stride
-            best_token, best_value = _exact_row_sample(row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size,
-                                                       SANITIZE, BLOCK)
+            best_token, best_value = _exact_row_sample(
+                row_ptr, temp, k_on, k, p_on, p, min_p, key, vocab_size, SANITIZE, BLOCK
+            )
     else:  # a direct row: merge the sample kernel's per-chunk argmaxes
         chunks = tl.arange(0, CHUNKS)
         in_row = chunks < num_chunks
@@ -196,5 +262,4 @@ def _fused_resolve_kernel(
         best_value = tl.max(part_best, axis=0)
         best_token = tl.min(tl.where(part_best == best_value, part_token, 2147483647), axis=0)
     nonfinite = _row_nonfinite(nonfinite_ptr, part_bad_ptr, logits_row, num_chunks, HAS_FLAGS, CHUNKS)
-    _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite, NONFINITE_CODE,
-                  NO_TOKEN_CODE)
+    _store_result(sampled_ptr, errors_ptr, logits_row, best_token, best_value, nonfinite, NONFINITE_CODE, NO_TOKEN_CODE)

@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.launch_math import cdiv, next_power_of_2
+from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 from samplers.fused_cutoff import _bisect_cutoff, _key_value
 from samplers.fused_resolve import _fused_resolve_kernel
 from samplers.gumbel import _gumbel_noise, _row_key
@@ -127,16 +127,29 @@ def _load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_chunks", "chunk_size"])  # per-step sizes: no recompiles mid-run
 def _fused_stats_kernel(
-    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr,
-    part_max_ptr, part_sum_ptr, part_bad_ptr, group_max_ptr, num_groups, num_chunks, chunk_size, vocab_size,
-    SANITIZE: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+    logits_ptr,
+    logits_stride,
+    idx_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    part_bad_ptr,
+    group_max_ptr,
+    num_groups,
+    num_chunks,
+    chunk_size,
+    vocab_size,
+    SANITIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     # Maxima are taken over x, not y = x / T: division by T > 0 is monotone, so max(y) = max(x) / T, and the
     # division is left to the few values that need it.
     logits_row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
-                                                      vocab_size)
+    req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size)
     need_sum = p_on & (k_on == 0)  # Z of top-p alone is the whole row's sum-exp
     row_ptr = logits_ptr + logits_row * logits_stride
     run_max = tl.full([], -float("inf"), tl.float32)  # of x
@@ -165,17 +178,35 @@ def _fused_stats_kernel(
 
 @triton.jit(do_not_specialize=["num_chunks"])  # per-step sizes: no recompiles mid-run
 def _fused_plan_kernel(
-    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, part_max_ptr, part_sum_ptr,
-    group_max_ptr, row_max_ptr, row_sum_ptr, cutoff_ptr, count_ptr, chosen_ptr, cand_value_ptr, cand_token_ptr,
-    num_groups, num_chunks, vocab_size, SANITIZE: tl.constexpr, CAP: tl.constexpr, GROUP: tl.constexpr,
-    CHUNKS: tl.constexpr, GROUPS: tl.constexpr,
+    logits_ptr,
+    logits_stride,
+    idx_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    group_max_ptr,
+    row_max_ptr,
+    row_sum_ptr,
+    cutoff_ptr,
+    count_ptr,
+    chosen_ptr,
+    cand_value_ptr,
+    cand_token_ptr,
+    num_groups,
+    num_chunks,
+    vocab_size,
+    SANITIZE: tl.constexpr,
+    CAP: tl.constexpr,
+    GROUP: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    GROUPS: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
-    req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row,
-                                                      vocab_size)
+    req_slot, temp, k_on, p_on, gather = _row_filters(idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, logits_row, vocab_size)
     chunks = tl.arange(0, CHUNKS)
-    part_max = tl.load(part_max_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks,
-                       other=-float("inf"))
+    part_max = tl.load(part_max_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks, other=-float("inf"))
     part_sum = tl.load(part_sum_ptr + logits_row * num_chunks + chunks, mask=chunks < num_chunks, other=0.0)
     x_max = tl.max(part_max, axis=0)
     row_max = tl.math.div_rn(x_max, temp)  # of y
@@ -184,16 +215,46 @@ def _fused_plan_kernel(
     tl.store(row_max_ptr + logits_row, row_max)  # read by min-p in the sample kernel
     if gather:
         tl.store(row_sum_ptr + logits_row, tl.sum(tl.where(finite, part_sum * part_scale, 0.0), axis=0))
-        _plan_row(logits_ptr + logits_row * logits_stride, logits_row, req_slot, k_on, top_k_ptr,
-                  group_max_ptr, cutoff_ptr, count_ptr, chosen_ptr, cand_value_ptr, cand_token_ptr, num_groups,
-                  vocab_size, SANITIZE, CAP, GROUP, GROUPS)
+        _plan_row(
+            logits_ptr + logits_row * logits_stride,
+            logits_row,
+            req_slot,
+            k_on,
+            top_k_ptr,
+            group_max_ptr,
+            cutoff_ptr,
+            count_ptr,
+            chosen_ptr,
+            cand_value_ptr,
+            cand_token_ptr,
+            num_groups,
+            vocab_size,
+            SANITIZE,
+            CAP,
+            GROUP,
+            GROUPS,
+        )
 
 
 @triton.jit
 def _plan_row(
-    row_ptr, logits_row, req_slot, k_on, top_k_ptr, group_max_ptr, cutoff_ptr, count_ptr, chosen_ptr,
-    cand_value_ptr, cand_token_ptr, num_groups, vocab_size, SANITIZE: tl.constexpr, CAP: tl.constexpr,
-    GROUP: tl.constexpr, GROUPS: tl.constexpr,
+    row_ptr,
+    logits_row,
+    req_slot,
+    k_on,
+    top_k_ptr,
+    group_max_ptr,
+    cutoff_ptr,
+    count_ptr,
+    chosen_ptr,
+    cand_value_ptr,
+    cand_token_ptr,
+    num_groups,
+    vocab_size,
+    SANITIZE: tl.constexpr,
+    CAP: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
 ):
     """Steps 1-3 of the plan for one gather row: its cutoff (in `cutoff_ptr`) and its candidates (their number
     in `count_ptr`, more than CAP when they overflowed)."""
@@ -247,9 +308,25 @@ def _plan_row(
 
 @triton.jit(do_not_specialize=["num_chunks", "chunk_size"])  # per-step sizes: no recompiles mid-run
 def _fused_sample_kernel(
-    logits_ptr, logits_stride, idx_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, positions_ptr,
-    row_max_ptr, part_best_ptr, part_token_ptr, part_bad_ptr, num_chunks, chunk_size, vocab_size,
-    SANITIZE: tl.constexpr, HAS_PLAN: tl.constexpr, BLOCK: tl.constexpr,
+    logits_ptr,
+    logits_stride,
+    idx_ptr,
+    temp_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    seed_ptr,
+    positions_ptr,
+    row_max_ptr,
+    part_best_ptr,
+    part_token_ptr,
+    part_bad_ptr,
+    num_chunks,
+    chunk_size,
+    vocab_size,
+    SANITIZE: tl.constexpr,
+    HAS_PLAN: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -339,23 +416,77 @@ def sample_fused_triton(
     grid = (num_rows, num_chunks)
     if need_plan:
         _fused_stats_kernel[grid](
-            logits, logits.stride(0), expanded_idx_mapping, *tables, ws.part_max, ws.part_sum, ws.part_bad,
-            ws.group_max, num_groups, num_chunks, chunk_size, vocab_size, SANITIZE=sanitize, BLOCK=block,
-            GROUP=group, num_warps=STATS_WARPS,
+            logits,
+            logits.stride(0),
+            expanded_idx_mapping,
+            *tables,
+            ws.part_max,
+            ws.part_sum,
+            ws.part_bad,
+            ws.group_max,
+            num_groups,
+            num_chunks,
+            chunk_size,
+            vocab_size,
+            SANITIZE=sanitize,
+            BLOCK=block,
+            GROUP=group,
+            num_warps=STATS_WARPS,
         )
         _launch_plan(logits, expanded_idx_mapping, params, ws, num_chunks, max_chunks, sanitize=sanitize)
     if not all_gather:
         _fused_sample_kernel[grid](
-            logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions,
-            ws.row_max, ws.part_best, ws.part_token, ws.part_bad, num_chunks, chunk_size, vocab_size,
-            SANITIZE=sanitize, HAS_PLAN=need_plan, BLOCK=block, num_warps=SAMPLE_WARPS,
+            logits,
+            logits.stride(0),
+            expanded_idx_mapping,
+            *tables,
+            params.min_p,
+            params.seed,
+            positions,
+            ws.row_max,
+            ws.part_best,
+            ws.part_token,
+            ws.part_bad,
+            num_chunks,
+            chunk_size,
+            vocab_size,
+            SANITIZE=sanitize,
+            HAS_PLAN=need_plan,
+            BLOCK=block,
+            num_warps=SAMPLE_WARPS,
         )
     _fused_resolve_kernel[(num_rows,)](
-        logits, logits.stride(0), expanded_idx_mapping, *tables, params.min_p, params.seed, positions, ws.count,
-        ws.row_max, ws.row_sum, ws.cutoff, ws.cand_value, ws.cand_token, ws.part_best, ws.part_token, ws.part_bad,
-        flags, sampled, errors, num_chunks, vocab_size, SANITIZE=sanitize, HAS_FLAGS=nonfinite is not None,
-        NONFINITE_CODE=nonfinite_code, NO_TOKEN_CODE=no_token_code, CHUNKS=max_chunks, BLOCK=block, CAP=CAP,
-        TILE_I=RESOLVE_TILE, TILE_J=RESOLVE_TILE, num_warps=RESOLVE_WARPS,
+        logits,
+        logits.stride(0),
+        expanded_idx_mapping,
+        *tables,
+        params.min_p,
+        params.seed,
+        positions,
+        ws.count,
+        ws.row_max,
+        ws.row_sum,
+        ws.cutoff,
+        ws.cand_value,
+        ws.cand_token,
+        ws.part_best,
+        ws.part_token,
+        ws.part_bad,
+        flags,
+        sampled,
+        errors,
+        num_chunks,
+        vocab_size,
+        SANITIZE=sanitize,
+        HAS_FLAGS=nonfinite is not None,
+        NONFINITE_CODE=nonfinite_code,
+        NO_TOKEN_CODE=no_token_code,
+        CHUNKS=max_chunks,
+        BLOCK=block,
+        CAP=CAP,
+        TILE_I=RESOLVE_TILE,
+        TILE_J=RESOLVE_TILE,
+        num_warps=RESOLVE_WARPS,
     )
     return FusedSample(sampled, errors)
 
@@ -377,10 +508,26 @@ def sample_fused(
     tensors), else the reference. The host's hints: `need_plan` / `all_gather` as for `sample_fused_triton`,
     `any_random=False` when every row is greedy (the reference then takes the argmax alone)."""
     if use_triton(logits) if fused is None else fused:
-        return sample_fused_triton(logits, expanded_idx_mapping, positions, params, need_plan=need_plan,
-                                   all_gather=all_gather, nonfinite_code=nonfinite_code, no_token_code=no_token_code)
-    return sample_reference(logits, expanded_idx_mapping, positions, params, nonfinite_code, no_token_code,
-                            any_random=any_random, any_filter=need_plan)
+        return sample_fused_triton(
+            logits,
+            expanded_idx_mapping,
+            positions,
+            params,
+            need_plan=need_plan,
+            all_gather=all_gather,
+            nonfinite_code=nonfinite_code,
+            no_token_code=no_token_code,
+        )
+    return sample_reference(
+        logits,
+        expanded_idx_mapping,
+        positions,
+        params,
+        nonfinite_code,
+        no_token_code,
+        any_random=any_random,
+        any_filter=need_plan,
+    )
 
 
 def _group_size(vocab_size: int) -> int:
@@ -389,8 +536,16 @@ def _group_size(vocab_size: int) -> int:
     return min(GROUP, vocab_block(vocab_size))
 
 
-def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, params: SlotSamplingParams,
-                 ws: "_Workspace", num_chunks: int, max_chunks: int, *, sanitize: bool) -> None:
+def _launch_plan(
+    logits: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    params: SlotSamplingParams,
+    ws: "_Workspace",
+    num_chunks: int,
+    max_chunks: int,
+    *,
+    sanitize: bool,
+) -> None:
     """`_fused_plan_kernel` over every row, configured by the module's GROUP / CAP / PLAN_* constants (the
     stats kernel must have written `ws` with the same group size, `_group_size`)."""
     vocab_size = logits.shape[1]
@@ -399,10 +554,32 @@ def _launch_plan(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, param
     # (a compiler option: the interpreter takes none)
     options = {} if PLAN_MAXNREG is None or not logits.is_cuda else dict(maxnreg=PLAN_MAXNREG)
     _fused_plan_kernel[(logits.shape[0],)](
-        logits, logits.stride(0), expanded_idx_mapping, params.temperature, params.top_k, params.top_p, ws.part_max,
-        ws.part_sum, ws.group_max, ws.row_max, ws.row_sum, ws.cutoff, ws.count, ws.chosen, ws.cand_value,
-        ws.cand_token, num_groups, num_chunks, vocab_size, SANITIZE=sanitize, CAP=CAP, GROUP=group,
-        CHUNKS=max_chunks, GROUPS=next_power_of_2(num_groups), num_warps=PLAN_WARPS, **options,
+        logits,
+        logits.stride(0),
+        expanded_idx_mapping,
+        params.temperature,
+        params.top_k,
+        params.top_p,
+        ws.part_max,
+        ws.part_sum,
+        ws.group_max,
+        ws.row_max,
+        ws.row_sum,
+        ws.cutoff,
+        ws.count,
+        ws.chosen,
+        ws.cand_value,
+        ws.cand_token,
+        num_groups,
+        num_chunks,
+        vocab_size,
+        SANITIZE=sanitize,
+        CAP=CAP,
+        GROUP=group,
+        CHUNKS=max_chunks,
+        GROUPS=next_power_of_2(num_groups),
+        num_warps=PLAN_WARPS,
+        **options,
     )
 
 

@@ -17,39 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.layers.kernels.counter_hash import MASK32, mix32, mul32, row_keys  # noqa: F401 (re-exported)
 from samplers.triton_utils import use_triton, vocab_block
-
-_MASK32 = 0xFFFFFFFF
-
-
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for int64 x in [0, 2**32), without int64 overflow (split c in 16-bit halves)."""
-    lo = x * (c & 0xFFFF)
-    hi = ((x * (c >> 16)) & 0xFFFF) << 16
-    return (lo + hi) & _MASK32
-
-
-def mix32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 integer hash: a bijection on uint32 values held in int64."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """[L] int64 32-bit key per logits row from its request seed (any int64) and sampled-token position."""
-    seeds = seeds.long()
-    seed_lo = seeds & _MASK32
-    seed_hi = (seeds >> 32) & _MASK32
-    key = mix32((seed_lo + mix32((seed_hi + 0x632BE5AB) & _MASK32)) & _MASK32)
-    return mix32(key ^ _mul32(positions.long() & _MASK32, 0x9E3779B9))
 
 
 def hash_bits_reference(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[L, V] int64 holding the 32-bit hash of (seed, position, token id) of every logits row and token."""
-    token_hash = _mul32(torch.arange(vocab_size, device=seeds.device, dtype=torch.int64), 0x85EBCA6B)
+    token_hash = mul32(torch.arange(vocab_size, device=seeds.device, dtype=torch.int64), 0x85EBCA6B)
     return mix32(row_keys(seeds, positions).unsqueeze(1) ^ token_hash.unsqueeze(0))
 
 
@@ -118,7 +92,13 @@ def _gumbel_noise(key, token_ids):
 
 @triton.jit
 def _gumbel_sample_kernel(
-    logits_ptr, logits_stride, seeds_ptr, positions_ptr, out_ptr, vocab_size, BLOCK: tl.constexpr,
+    logits_ptr,
+    logits_stride,
+    seeds_ptr,
+    positions_ptr,
+    out_ptr,
+    vocab_size,
+    BLOCK: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     key = _row_key(tl.load(seeds_ptr + logits_row), tl.load(positions_ptr + logits_row))
@@ -150,7 +130,12 @@ def gumbel_sample_triton(
         return out
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     _gumbel_sample_kernel[(num_rows,)](
-        logits, logits.stride(0), seeds.long().contiguous(), positions.long().contiguous(), out, vocab_size,
+        logits,
+        logits.stride(0),
+        seeds.long().contiguous(),
+        positions.long().contiguous(),
+        out,
+        vocab_size,
         BLOCK=vocab_block(vocab_size),
     )
     return out

@@ -9,7 +9,7 @@ import torch
 
 
 class TokenHistory(Protocol):
-    """The per-slot token history the sampler reads (`framework.request_state.RequestState` provides it).
+    """The per-slot token history the sampler reads (`framework.batch.request_state.RequestState` provides it).
 
     All tensors are indexed by req_slot and live on the device; `total_len` counts the valid entries of
     `all_token_ids` before this step's tokens are appended, so the context of a logits row sampling
@@ -89,7 +89,7 @@ class SlotLists:
 
     def reserve(self, width: int) -> None:
         """Widen the table to at least `width` entries per slot now (a captured full-step graph reads it at a
-        fixed address: a later widening would leave the graph on the old table, `framework.step_graphs`)."""
+        fixed address: a later widening would leave the graph on the old table, `framework.runner.graphs.step_graphs`)."""
         if width > self.width:
             wider = torch.zeros(self.values.shape[0], width, dtype=self.dtype, device=self.device)
             wider[:, : self.width] = self.values

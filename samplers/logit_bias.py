@@ -7,14 +7,14 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.sampling_params import SamplingParams
+from framework.params.sampling_params import SamplingParams
 from samplers.history import SlotLists
 from samplers.triton_utils import small_block, use_triton
 
 
 class LogitBiasState:
     """Each req_slot's bias as two padded lists: token ids [S+1, W] int32 and values [S+1, W] float32. Row
-    `max_num_reqs` (empty: a no-op) serves the padding rows of full-step graphs (`framework.step_graphs`)."""
+    `max_num_reqs` (empty: a no-op) serves the padding rows of full-step graphs (`framework.runner.graphs.step_graphs`)."""
 
     def __init__(self, max_num_reqs: int, device: torch.device) -> None:
         self.tokens = SlotLists(max_num_reqs + 1, torch.int32, device)
@@ -59,8 +59,9 @@ def apply_logit_bias_reference(
 
 
 @triton.jit
-def _apply_logit_bias_kernel(logits_ptr, logits_stride, idx_ptr, tokens_ptr, values_ptr, lens_ptr, table_stride,
-                             BLOCK: tl.constexpr):
+def _apply_logit_bias_kernel(
+    logits_ptr, logits_stride, idx_ptr, tokens_ptr, values_ptr, lens_ptr, table_stride, BLOCK: tl.constexpr
+):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
     n = tl.load(lens_ptr + req_slot)
@@ -73,19 +74,35 @@ def _apply_logit_bias_kernel(logits_ptr, logits_stride, idx_ptr, tokens_ptr, val
         tl.store(ptrs, tl.load(ptrs, mask=mask) + values, mask=mask)
 
 
-def apply_logit_bias_triton(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, bias_tokens: torch.Tensor,
-                            bias_values: torch.Tensor, bias_lens: torch.Tensor) -> torch.Tensor:
+def apply_logit_bias_triton(
+    logits: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    bias_tokens: torch.Tensor,
+    bias_values: torch.Tensor,
+    bias_lens: torch.Tensor,
+) -> torch.Tensor:
     """In place, same result as `apply_logit_bias_reference` (one program per logits row)."""
     if logits.shape[0]:
         _apply_logit_bias_kernel[(logits.shape[0],)](
-            logits, logits.stride(0), expanded_idx_mapping, bias_tokens, bias_values, bias_lens,
-            bias_tokens.stride(0), BLOCK=small_block(min(bias_tokens.shape[1], 256)),
+            logits,
+            logits.stride(0),
+            expanded_idx_mapping,
+            bias_tokens,
+            bias_values,
+            bias_lens,
+            bias_tokens.stride(0),
+            BLOCK=small_block(min(bias_tokens.shape[1], 256)),
         )
     return logits
 
 
-def apply_logit_bias(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, bias_tokens: torch.Tensor,
-                     bias_values: torch.Tensor, bias_lens: torch.Tensor) -> torch.Tensor:
+def apply_logit_bias(
+    logits: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    bias_tokens: torch.Tensor,
+    bias_values: torch.Tensor,
+    bias_lens: torch.Tensor,
+) -> torch.Tensor:
     """[L, V] biased logits (Triton on CUDA, writing in place; the reference elsewhere)."""
     fn = apply_logit_bias_triton if use_triton(logits) else apply_logit_bias_reference
     return fn(logits, expanded_idx_mapping, bias_tokens, bias_values, bias_lens)

@@ -1,8 +1,8 @@
 """Custom logits processors: third-party per-slot states that edit the logits before temperature.
 
-A processor is a class registered in `framework.registry.LOGITS_PROCESSORS` (decorator, lazy string, or an
+A processor is a class registered in `framework.config.registry.LOGITS_PROCESSORS` (decorator, lazy string, or an
 entry point of group `mrv2.logits_processors`), enabled for a run by name in `sampler.logits_processors`
-(the engine looks the names up: `framework.logits_processor_setup`; this package never imports the engine),
+(the engine looks the names up: `framework.runner.logits_processors`; this package never imports the engine),
 and given per-request arguments through `SamplingParams.extra_args` (each processor reads its own keys).
 Like every per-slot owner it has add_request / remove_request / apply_staged_writes, plus `is_active`
 (a host-side check, so an unused processor costs nothing) and `apply`.
@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from framework.sampling_params import SamplingParams
+from framework.params.sampling_params import SamplingParams
 from samplers.history import TokenHistory
 
 

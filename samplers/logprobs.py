@@ -37,8 +37,9 @@ def logprobs_stats_reference(
 
 
 @triton.jit
-def _logprobs_stats_kernel(logits_ptr, logits_stride, token_ptr, lse_ptr, chosen_ptr, rank_ptr, vocab_size,
-                           BLOCK: tl.constexpr):
+def _logprobs_stats_kernel(
+    logits_ptr, logits_stride, token_ptr, lse_ptr, chosen_ptr, rank_ptr, vocab_size, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * logits_stride
     chosen = tl.load(row_ptr + tl.load(token_ptr + row))
@@ -60,8 +61,9 @@ def _logprobs_stats_kernel(logits_ptr, logits_stride, token_ptr, lse_ptr, chosen
     tl.store(rank_ptr + row, count + 1)
 
 
-def logprobs_stats_triton(logits: torch.Tensor, token_ids: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def logprobs_stats_triton(
+    logits: torch.Tensor, token_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same as `logprobs_stats_reference`, one online pass per row (one program per row)."""
     num_rows, vocab_size = logits.shape
     lse = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
@@ -69,8 +71,16 @@ def logprobs_stats_triton(logits: torch.Tensor, token_ids: torch.Tensor
     rank = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows:
         logits = logits if logits.stride(1) == 1 else logits.contiguous()
-        _logprobs_stats_kernel[(num_rows,)](logits, logits.stride(0), token_ids.long().contiguous(), lse, chosen, rank,
-                                            vocab_size, BLOCK=vocab_block(vocab_size))
+        _logprobs_stats_kernel[(num_rows,)](
+            logits,
+            logits.stride(0),
+            token_ids.long().contiguous(),
+            lse,
+            chosen,
+            rank,
+            vocab_size,
+            BLOCK=vocab_block(vocab_size),
+        )
     return lse, chosen, rank
 
 

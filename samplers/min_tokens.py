@@ -11,18 +11,19 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.sampling_params import SamplingParams
-from framework.staged_writes import StagedWrites
+from framework.batch.staged_writes import StagedWrites
+from framework.params.sampling_params import SamplingParams
 from samplers.history import SlotLists, TokenHistory
 from samplers.triton_utils import small_block, use_triton
 
 
 class MinTokensState:
     """min_tokens [S+1] int32 and each slot's stop-token list (padded [S+1, W] int32). Row `max_num_reqs`
-    (min_tokens 0: a no-op) serves the padding rows of full-step graphs (`framework.step_graphs`)."""
+    (min_tokens 0: a no-op) serves the padding rows of full-step graphs (`framework.runner.graphs.step_graphs`)."""
 
-    def __init__(self, max_num_reqs: int, device: torch.device, history: TokenHistory,
-                 eos_token_id: Optional[int]) -> None:
+    def __init__(
+        self, max_num_reqs: int, device: torch.device, history: TokenHistory, eos_token_id: Optional[int]
+    ) -> None:
         self.history = history
         self.eos_token_id = eos_token_id
         rows = max_num_reqs + 1  # + the dummy slot of full-step graphs
@@ -54,10 +55,18 @@ class MinTokensState:
     def any_in(self, req_slots: np.ndarray) -> bool:
         return bool(self.host_active[req_slots].any())
 
-    def apply(self, logits: torch.Tensor, expanded_idx_mapping: torch.Tensor,
-              sample_positions: torch.Tensor) -> torch.Tensor:
-        return apply_min_tokens(logits, expanded_idx_mapping, sample_positions, self.history.prompt_len,
-                                self.min_tokens, self.stop_ids.values, self.stop_ids.lens)
+    def apply(
+        self, logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, sample_positions: torch.Tensor
+    ) -> torch.Tensor:
+        return apply_min_tokens(
+            logits,
+            expanded_idx_mapping,
+            sample_positions,
+            self.history.prompt_len,
+            self.min_tokens,
+            self.stop_ids.values,
+            self.stop_ids.lens,
+        )
 
 
 def apply_min_tokens_reference(
@@ -80,8 +89,18 @@ def apply_min_tokens_reference(
 
 
 @triton.jit
-def _apply_min_tokens_kernel(logits_ptr, logits_stride, idx_ptr, positions_ptr, prompt_len_ptr, min_tokens_ptr,
-                             stop_ptr, stop_lens_ptr, stop_stride, BLOCK: tl.constexpr):
+def _apply_min_tokens_kernel(
+    logits_ptr,
+    logits_stride,
+    idx_ptr,
+    positions_ptr,
+    prompt_len_ptr,
+    min_tokens_ptr,
+    stop_ptr,
+    stop_lens_ptr,
+    stop_stride,
+    BLOCK: tl.constexpr,
+):
     logits_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + logits_row).to(tl.int64)
     num_output = tl.load(positions_ptr + logits_row) - tl.load(prompt_len_ptr + req_slot)
@@ -91,25 +110,46 @@ def _apply_min_tokens_kernel(logits_ptr, logits_stride, idx_ptr, positions_ptr, 
             offs = start + tl.arange(0, BLOCK)
             mask = offs < n
             tokens = tl.load(stop_ptr + req_slot * stop_stride + offs, mask=mask, other=0)
-            tl.store(logits_ptr + logits_row * logits_stride + tokens, tl.full([BLOCK], -float("inf"), tl.float32),
-                     mask=mask)
+            tl.store(
+                logits_ptr + logits_row * logits_stride + tokens, tl.full([BLOCK], -float("inf"), tl.float32), mask=mask
+            )
 
 
-def apply_min_tokens_triton(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, sample_positions: torch.Tensor,
-                            prompt_len: torch.Tensor, min_tokens: torch.Tensor, stop_ids: torch.Tensor,
-                            stop_lens: torch.Tensor) -> torch.Tensor:
+def apply_min_tokens_triton(
+    logits: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    sample_positions: torch.Tensor,
+    prompt_len: torch.Tensor,
+    min_tokens: torch.Tensor,
+    stop_ids: torch.Tensor,
+    stop_lens: torch.Tensor,
+) -> torch.Tensor:
     """In place, same result as `apply_min_tokens_reference` (one program per logits row)."""
     if logits.shape[0]:
         _apply_min_tokens_kernel[(logits.shape[0],)](
-            logits, logits.stride(0), expanded_idx_mapping, sample_positions, prompt_len, min_tokens, stop_ids,
-            stop_lens, stop_ids.stride(0), BLOCK=small_block(min(stop_ids.shape[1], 128)),
+            logits,
+            logits.stride(0),
+            expanded_idx_mapping,
+            sample_positions,
+            prompt_len,
+            min_tokens,
+            stop_ids,
+            stop_lens,
+            stop_ids.stride(0),
+            BLOCK=small_block(min(stop_ids.shape[1], 128)),
         )
     return logits
 
 
-def apply_min_tokens(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, sample_positions: torch.Tensor,
-                     prompt_len: torch.Tensor, min_tokens: torch.Tensor, stop_ids: torch.Tensor,
-                     stop_lens: torch.Tensor) -> torch.Tensor:
+def apply_min_tokens(
+    logits: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    sample_positions: torch.Tensor,
+    prompt_len: torch.Tensor,
+    min_tokens: torch.Tensor,
+    stop_ids: torch.Tensor,
+    stop_lens: torch.Tensor,
+) -> torch.Tensor:
     """[L, V] masked logits (Triton on CUDA, writing in place; the reference elsewhere)."""
     fn = apply_min_tokens_triton if use_triton(logits) else apply_min_tokens_reference
     return fn(logits, expanded_idx_mapping, sample_positions, prompt_len, min_tokens, stop_ids, stop_lens)

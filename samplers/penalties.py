@@ -36,9 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.launch_math import cdiv
-from framework.sampling_params import SamplingParams
-from framework.staged_writes import StagedWrites
+from framework.batch.staged_writes import StagedWrites
+from framework.layers.kernels.launch_math import cdiv
+from framework.params.sampling_params import SamplingParams
 from samplers.history import TokenHistory
 from samplers.penalty_counts import PenaltyCounts, init_token_counts, seen_capacity, update_token_counts
 from samplers.triton_utils import small_block, use_triton
@@ -67,7 +67,7 @@ class PenaltiesState:
     """repetition / frequency / presence penalty per req_slot, and the token counts they read.
 
     One row more than there are slots: row `max_num_reqs` (penalties off) serves the padding rows of full-step
-    graphs (`framework.step_graphs`), which also allocate the counts before capture (`allocate_counts`)."""
+    graphs (`framework.runner.graphs.step_graphs`), which also allocate the counts before capture (`allocate_counts`)."""
 
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, history: TokenHistory) -> None:
         self.max_num_reqs = max_num_reqs
@@ -97,8 +97,9 @@ class PenaltiesState:
         """The [S+1, V] counts (allocated once: when the first penalised request arrives, or before full-step
         graphs capture the kernels that read them)."""
         if self.counts is None:
-            max_seen = seen_capacity(self.vocab_size, self.history.all_token_ids.shape[1],
-                                     self.history.draft_tokens.shape[1])
+            max_seen = seen_capacity(
+                self.vocab_size, self.history.all_token_ids.shape[1], self.history.draft_tokens.shape[1]
+            )
             self.counts = PenaltyCounts.zeros(self.max_num_reqs + 1, self.vocab_size, max_seen, self.device)
         return self.counts
 
@@ -114,8 +115,9 @@ class PenaltiesState:
             # Once per slot (a slot re-added before this call would otherwise be counted by two programs).
             unique = sorted(set(self._rebuild_slots))
             slots = torch.tensor(unique, dtype=torch.int64).to(self.device, non_blocking=True)
-            init_token_counts(self.history.all_token_ids, self.history.prompt_len, self.history.prefill_len, slots,
-                              self.counts)
+            init_token_counts(
+                self.history.all_token_ids, self.history.prompt_len, self.history.prefill_len, slots, self.counts
+            )
         self._rebuild_slots.clear()
 
     def any_in(self, req_slots: np.ndarray) -> bool:
@@ -216,9 +218,28 @@ def _penalise(x, counts, in_prompt, rep, freq, pres):
 
 @triton.jit
 def _apply_penalties_kernel(
-    logits_ptr, logits_stride, idx_ptr, rep_ptr, freq_ptr, pres_ptr, counts_ptr, prompt_ptr, bits_ptr, num_words,
-    seen_ids_ptr, num_seen_ptr, max_seen, positions_ptr, total_len_ptr, drafts_ptr, drafts_stride, max_drafts,
-    vocab_size, HAS_DRAFTS: tl.constexpr, BLOCK: tl.constexpr, DRAFT_BLOCK: tl.constexpr,
+    logits_ptr,
+    logits_stride,
+    idx_ptr,
+    rep_ptr,
+    freq_ptr,
+    pres_ptr,
+    counts_ptr,
+    prompt_ptr,
+    bits_ptr,
+    num_words,
+    seen_ids_ptr,
+    num_seen_ptr,
+    max_seen,
+    positions_ptr,
+    total_len_ptr,
+    drafts_ptr,
+    drafts_stride,
+    max_drafts,
+    vocab_size,
+    HAS_DRAFTS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    DRAFT_BLOCK: tl.constexpr,
 ):
     logits_row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
@@ -293,10 +314,27 @@ def apply_penalties_triton(
         else:  # any pointers: unread when not HAS_DRAFTS
             positions, total_len, draft_tokens = expanded_idx_mapping, expanded_idx_mapping, c.seen_ids
         _apply_penalties_kernel[(num_rows, parts)](
-            logits, logits.stride(0), expanded_idx_mapping, tables.repetition, tables.frequency, tables.presence,
-            c.output_counts, c.prompt_mask, c.seen_bits, c.seen_bits.shape[1], c.seen_ids, c.num_seen, max_seen,
-            positions, total_len, draft_tokens, draft_tokens.stride(0), draft_tokens.shape[1] if has_drafts else 0,
-            vocab_size, HAS_DRAFTS=has_drafts, BLOCK=LIST_BLOCK,
+            logits,
+            logits.stride(0),
+            expanded_idx_mapping,
+            tables.repetition,
+            tables.frequency,
+            tables.presence,
+            c.output_counts,
+            c.prompt_mask,
+            c.seen_bits,
+            c.seen_bits.shape[1],
+            c.seen_ids,
+            c.num_seen,
+            max_seen,
+            positions,
+            total_len,
+            draft_tokens,
+            draft_tokens.stride(0),
+            draft_tokens.shape[1] if has_drafts else 0,
+            vocab_size,
+            HAS_DRAFTS=has_drafts,
+            BLOCK=LIST_BLOCK,
             DRAFT_BLOCK=small_block(draft_tokens.shape[1] if has_drafts else 1),
         )
     return logits
@@ -314,5 +352,13 @@ def apply_penalties(
     if use_triton(logits):
         return apply_penalties_triton(logits, expanded_idx_mapping, tables)
     c = tables.counts
-    return apply_penalties_reference(logits, expanded_idx_mapping, tables.repetition, tables.frequency,
-                                     tables.presence, c.output_counts, c.prompt_mask, tables.drafts)
+    return apply_penalties_reference(
+        logits,
+        expanded_idx_mapping,
+        tables.repetition,
+        tables.frequency,
+        tables.presence,
+        c.output_counts,
+        c.prompt_mask,
+        tables.drafts,
+    )

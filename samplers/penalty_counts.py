@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.launch_math import cdiv, next_power_of_2
+from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 from samplers.triton_utils import use_triton
 
 
@@ -50,9 +50,13 @@ class PenaltyCounts(NamedTuple):
         def z(*shape: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
-        return PenaltyCounts(z(max_num_reqs, vocab_size), z(max_num_reqs, vocab_size, dtype=torch.bool),
-                             z(max_num_reqs, cdiv(vocab_size, 32)), z(max_num_reqs, max_seen),
-                             z(max_num_reqs))
+        return PenaltyCounts(
+            z(max_num_reqs, vocab_size),
+            z(max_num_reqs, vocab_size, dtype=torch.bool),
+            z(max_num_reqs, cdiv(vocab_size, 32)),
+            z(max_num_reqs, max_seen),
+            z(max_num_reqs),
+        )
 
 
 def seen_capacity(vocab_size: int, max_model_len: int, max_num_draft: int) -> int:
@@ -100,8 +104,9 @@ def seen_list_reference(
     """([N, max_seen] int32, [N] int32): the seen tokens of each row in increasing id order, and their number."""
     rows = prompt_mask.shape[0]
     empty = torch.zeros(rows, max_seen, dtype=torch.int32, device=prompt_mask.device)
-    return append_to_lists_reference(prompt_mask | (output_counts > 0), empty,
-                                     torch.zeros(rows, dtype=torch.int32, device=prompt_mask.device))
+    return append_to_lists_reference(
+        prompt_mask | (output_counts > 0), empty, torch.zeros(rows, dtype=torch.int32, device=prompt_mask.device)
+    )
 
 
 def init_token_counts_reference(
@@ -144,8 +149,9 @@ def update_token_counts_reference(
     counts.output_counts.index_put_((slots, sampled.long()), valid, accumulate=True)
     output = counts.output_counts[rows]
     counts.seen_bits[rows] |= seen_bits_reference(torch.zeros_like(output, dtype=torch.bool), output)
-    seen_ids, num_seen = append_to_lists_reference((output > 0) & ~seen_before, counts.seen_ids[rows],
-                                                   counts.num_seen[rows])
+    seen_ids, num_seen = append_to_lists_reference(
+        (output > 0) & ~seen_before, counts.seen_ids[rows], counts.num_seen[rows]
+    )
     counts.seen_ids[rows] = seen_ids
     counts.num_seen[rows] = num_seen
 
@@ -165,8 +171,20 @@ def _count_seen(tokens, mask, req_slot, bits_ptr, num_words, seen_ids_ptr, num_s
 
 @triton.jit
 def _init_token_counts_kernel(
-    tokens_ptr, tokens_stride, prompt_len_ptr, prefill_len_ptr, slots_ptr, counts_ptr, prompt_ptr, bits_ptr,
-    num_words, seen_ids_ptr, num_seen_ptr, max_seen, vocab_size, BLOCK: tl.constexpr,
+    tokens_ptr,
+    tokens_stride,
+    prompt_len_ptr,
+    prefill_len_ptr,
+    slots_ptr,
+    counts_ptr,
+    prompt_ptr,
+    bits_ptr,
+    num_words,
+    seen_ids_ptr,
+    num_seen_ptr,
+    max_seen,
+    vocab_size,
+    BLOCK: tl.constexpr,
 ):
     req_slot = tl.load(slots_ptr + tl.program_id(0))
     prompt_len = tl.load(prompt_len_ptr + req_slot)
@@ -181,8 +199,13 @@ def _init_token_counts_kernel(
         _count_seen(tokens, mask, req_slot, bits_ptr, num_words, seen_ids_ptr, num_seen_ptr, max_seen)
 
 
-def init_token_counts_triton(all_token_ids: torch.Tensor, prompt_len: torch.Tensor, prefill_len: torch.Tensor,
-                             req_slots: torch.Tensor, counts: PenaltyCounts) -> None:
+def init_token_counts_triton(
+    all_token_ids: torch.Tensor,
+    prompt_len: torch.Tensor,
+    prefill_len: torch.Tensor,
+    req_slots: torch.Tensor,
+    counts: PenaltyCounts,
+) -> None:
     """Same as `init_token_counts_reference` (the list in any order): the rows are cleared first, then one
     program per slot adds."""
     counts.output_counts[req_slots] = 0
@@ -192,15 +215,38 @@ def init_token_counts_triton(all_token_ids: torch.Tensor, prompt_len: torch.Tens
     if len(req_slots):
         vocab_size = counts.output_counts.shape[1]
         _init_token_counts_kernel[(len(req_slots),)](
-            all_token_ids, all_token_ids.stride(0), prompt_len, prefill_len, req_slots, counts.output_counts,
-            counts.prompt_mask, counts.seen_bits, counts.seen_bits.shape[1], counts.seen_ids, counts.num_seen,
-            counts.seen_ids.shape[1], vocab_size, BLOCK=256,
+            all_token_ids,
+            all_token_ids.stride(0),
+            prompt_len,
+            prefill_len,
+            req_slots,
+            counts.output_counts,
+            counts.prompt_mask,
+            counts.seen_bits,
+            counts.seen_bits.shape[1],
+            counts.seen_ids,
+            counts.num_seen,
+            counts.seen_ids.shape[1],
+            vocab_size,
+            BLOCK=256,
         )
 
 
 @triton.jit
-def _update_token_counts_kernel(idx_ptr, sampled_ptr, sampled_stride, num_sampled_ptr, counts_ptr, bits_ptr,
-                                num_words, seen_ids_ptr, num_seen_ptr, max_seen, vocab_size, BLOCK: tl.constexpr):
+def _update_token_counts_kernel(
+    idx_ptr,
+    sampled_ptr,
+    sampled_stride,
+    num_sampled_ptr,
+    counts_ptr,
+    bits_ptr,
+    num_words,
+    seen_ids_ptr,
+    num_seen_ptr,
+    max_seen,
+    vocab_size,
+    BLOCK: tl.constexpr,
+):
     batch_row = tl.program_id(0).to(tl.int64)
     req_slot = tl.load(idx_ptr + batch_row).to(tl.int64)
     n = tl.load(num_sampled_ptr + batch_row)
@@ -211,15 +257,25 @@ def _update_token_counts_kernel(idx_ptr, sampled_ptr, sampled_stride, num_sample
     _count_seen(tokens, mask, req_slot, bits_ptr, num_words, seen_ids_ptr, num_seen_ptr, max_seen)
 
 
-def update_token_counts_triton(idx_mapping: torch.Tensor, sampled: torch.Tensor, num_sampled: torch.Tensor,
-                               counts: PenaltyCounts) -> None:
+def update_token_counts_triton(
+    idx_mapping: torch.Tensor, sampled: torch.Tensor, num_sampled: torch.Tensor, counts: PenaltyCounts
+) -> None:
     """Same as `update_token_counts_reference` (one program per batch row, atomics for repeated tokens)."""
     if sampled.shape[0]:
         sampled = sampled.contiguous()
         vocab_size = counts.output_counts.shape[1]
         _update_token_counts_kernel[(sampled.shape[0],)](
-            idx_mapping, sampled, sampled.stride(0), num_sampled, counts.output_counts, counts.seen_bits,
-            counts.seen_bits.shape[1], counts.seen_ids, counts.num_seen, counts.seen_ids.shape[1], vocab_size,
+            idx_mapping,
+            sampled,
+            sampled.stride(0),
+            num_sampled,
+            counts.output_counts,
+            counts.seen_bits,
+            counts.seen_bits.shape[1],
+            counts.seen_ids,
+            counts.num_seen,
+            counts.seen_ids.shape[1],
+            vocab_size,
             BLOCK=max(16, next_power_of_2(sampled.shape[1])),
         )
 
@@ -227,15 +283,21 @@ def update_token_counts_triton(idx_mapping: torch.Tensor, sampled: torch.Tensor,
 # ---- dispatch ------------------------------------------------------------------------------------------------
 
 
-def init_token_counts(all_token_ids: torch.Tensor, prompt_len: torch.Tensor, prefill_len: torch.Tensor,
-                      req_slots: torch.Tensor, counts: PenaltyCounts) -> None:
+def init_token_counts(
+    all_token_ids: torch.Tensor,
+    prompt_len: torch.Tensor,
+    prefill_len: torch.Tensor,
+    req_slots: torch.Tensor,
+    counts: PenaltyCounts,
+) -> None:
     """Rebuild the counts and seen set of `req_slots` [N] int64 from the history (Triton on CUDA)."""
     fn = init_token_counts_triton if use_triton(counts.output_counts) else init_token_counts_reference
     fn(all_token_ids, prompt_len, prefill_len, req_slots, counts)
 
 
-def update_token_counts(idx_mapping: torch.Tensor, sampled: torch.Tensor, num_sampled: torch.Tensor,
-                        counts: PenaltyCounts) -> None:
+def update_token_counts(
+    idx_mapping: torch.Tensor, sampled: torch.Tensor, num_sampled: torch.Tensor, counts: PenaltyCounts
+) -> None:
     """Count this step's sampled tokens [R, K+1] (first num_sampled [R] of each row) into `counts`."""
     fn = update_token_counts_triton if use_triton(counts.output_counts) else update_token_counts_reference
     fn(idx_mapping, sampled, num_sampled, counts)

@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple, Optional, Protocol
 import numpy as np
 import torch
 
-from framework.scheduler_output import NewRequestData
+from framework.params.scheduler_output import NewRequestData
 from samplers.logprobs import LogprobsTensors, compute_logprobs
 
 
@@ -91,7 +91,7 @@ class PromptLogprobsState:
             n = stop - start
             # This step's tokens of the row begin at query_start_loc[row], which holds position `start`.
             token_index.append(batch.query_start_loc[batch_row].long() + torch.arange(n, device=hidden.device))
-            targets.extend(self.prompt_ids[req_slot][start + 1: stop + 1])
+            targets.extend(self.prompt_ids[req_slot][start + 1 : stop + 1])
             ids.append(batch.request_ids[batch_row])
             starts.append(start)
             counts.append(n)
@@ -102,8 +102,8 @@ class PromptLogprobsState:
         targets_all = torch.tensor(targets, dtype=torch.int64).to(hidden.device, non_blocking=True)
         pieces = []
         for lo in range(0, len(token_index_all), self.CHUNK):
-            logits = compute_logits(hidden[token_index_all[lo: lo + self.CHUNK]]).float()  # [<=CHUNK, V]
-            pieces.append(compute_logprobs(logits, targets_all[lo: lo + self.CHUNK], num_top))
+            logits = compute_logits(hidden[token_index_all[lo : lo + self.CHUNK]]).float()  # [<=CHUNK, V]
+            pieces.append(compute_logprobs(logits, targets_all[lo : lo + self.CHUNK], num_top))
             del logits
         tensors = LogprobsTensors(*(torch.cat(parts) for parts in zip(*pieces)))
         return PromptLogprobsPiece(ids, starts, counts, tensors)

@@ -50,8 +50,10 @@ ROW_NONFINITE_LOGITS = 1
 ROW_NO_TOKEN_LEFT = 2
 ROW_ERROR_MESSAGES = {
     ROW_NONFINITE_LOGITS: "the model produced NaN or +inf logits",
-    ROW_NO_TOKEN_LEFT: ("no token can be sampled: every token is excluded (allowed_token_ids, bad_words, a "
-                        "structured-output grammar that has ended before min_tokens, ...)"),
+    ROW_NO_TOKEN_LEFT: (
+        "no token can be sampled: every token is excluded (allowed_token_ids, bad_words, a "
+        "structured-output grammar that has ended before min_tokens, ...)"
+    ),
 }
 
 
@@ -71,8 +73,9 @@ class Sampler:
     under `TRITON_INTERPRET=1`, for tests) or the separate stages.
     """
 
-    def __init__(self, states: SamplingStates, logprobs_mode: LogprobsMode = "raw_logprobs",
-                 fused: Optional[bool] = None) -> None:
+    def __init__(
+        self, states: SamplingStates, logprobs_mode: LogprobsMode = "raw_logprobs", fused: Optional[bool] = None
+    ) -> None:
         self.states = states
         self.logprobs_mode = logprobs_mode
         self.fused = fused
@@ -100,8 +103,12 @@ class Sampler:
         logits = self.apply_logits_edits(logits, expanded_idx_mapping, sample_positions, stages)  # 2.-7.
         if stages.any_random:
             row = self.states.params.gather(expanded_idx_mapping)
-            logits = processed_logits(logits, row, top_k_top_p=stages.any_top_k or stages.any_top_p,  # 8.-10.
-                                      min_p=stages.any_min_p)
+            logits = processed_logits(
+                logits,
+                row,
+                top_k_top_p=stages.any_top_k or stages.any_top_p,  # 8.-10.
+                min_p=stages.any_min_p,
+            )
             sampled = pick_tokens(logits, row, sample_positions)  # 11.
         else:
             sampled = logits.argmax(dim=-1)
@@ -124,8 +131,14 @@ class Sampler:
             logits = logits.float()
         # Bias and penalties are finite arithmetic that keeps NaN and +inf as they are, so the fused kernels see
         # (and flag) them just as step 1 would; masks (which may hide them) and custom processors need step 1.
-        separate_sanitize = want_logprobs or bool(stages.processors) or stages.any_allowed_tokens \
-            or stages.any_bad_words or stages.any_min_tokens or stages.any_structured
+        separate_sanitize = (
+            want_logprobs
+            or bool(stages.processors)
+            or stages.any_allowed_tokens
+            or stages.any_bad_words
+            or stages.any_min_tokens
+            or stages.any_structured
+        )
         nonfinite = None
         if separate_sanitize:
             logits, nonfinite = sanitize_logits(logits)  # 1.
@@ -137,9 +150,16 @@ class Sampler:
         need_plan = stages.any_top_k or stages.any_top_p or stages.any_min_p
         logits = self.apply_logits_edits(logits, expanded_idx_mapping, sample_positions, stages)  # 2.-7.
         sampled, errors = sample_fused_triton(  # 8.-12.
-            logits, expanded_idx_mapping, sample_positions.long(), self.states.params.slot_params,
-            sanitize=not separate_sanitize, nonfinite=nonfinite, need_plan=need_plan, all_gather=stages.all_gather,
-            nonfinite_code=ROW_NONFINITE_LOGITS, no_token_code=ROW_NO_TOKEN_LEFT,
+            logits,
+            expanded_idx_mapping,
+            sample_positions.long(),
+            self.states.params.slot_params,
+            sanitize=not separate_sanitize,
+            nonfinite=nonfinite,
+            need_plan=need_plan,
+            all_gather=stages.all_gather,
+            nonfinite_code=ROW_NONFINITE_LOGITS,
+            no_token_code=ROW_NO_TOKEN_LEFT,
         )
         logprobs = compute_logprobs(raw, sampled, stages.num_logprobs) if raw is not None else None  # 13.
         return SamplerOutput(sampled, logprobs, errors)

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.launch_math import cdiv
+from framework.layers.kernels.launch_math import cdiv
 from samplers.triton_utils import use_triton, vocab_block
 
 
@@ -40,7 +40,11 @@ def sanitize_logits_triton(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     if num_rows:
         block = vocab_block(vocab_size)
         _sanitize_logits_kernel[(num_rows, cdiv(vocab_size, block))](
-            logits, logits.stride(0), flags, vocab_size, BLOCK=block,
+            logits,
+            logits.stride(0),
+            flags,
+            vocab_size,
+            BLOCK=block,
         )
     return logits, flags.bool()
 

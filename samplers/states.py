@@ -13,9 +13,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from framework.scheduler_output import NewRequestData
-from framework.sampling_params import SamplingParams
-from framework.staged_writes import StagedWrites
+from framework.batch.staged_writes import StagedWrites
+from framework.params.sampling_params import SamplingParams
+from framework.params.scheduler_output import NewRequestData
 from samplers.allowed_tokens import AllowedTokensState
 from samplers.bad_words import BadWordsState
 from samplers.history import TokenHistory
@@ -49,8 +49,14 @@ class SamplingStages:
     @property
     def any_logits_edit(self) -> bool:
         """Whether any stage before temperature changes the logits."""
-        return (self.any_allowed_tokens or self.any_bad_words or self.any_min_tokens or self.any_logit_bias
-                or self.any_penalties or bool(self.processors))
+        return (
+            self.any_allowed_tokens
+            or self.any_bad_words
+            or self.any_min_tokens
+            or self.any_logit_bias
+            or self.any_penalties
+            or bool(self.processors)
+        )
 
     @property
     def any_logits_read(self) -> bool:
@@ -67,15 +73,21 @@ class SamplingParamsState:
     """temperature / top_k / top_p / min_p / seed per req_slot, on the device, with host mirrors.
 
     One row more than there are slots: row `max_num_reqs`, all zeros (greedy), is the parameters of the padding
-    rows of full-step graphs (`framework.step_graphs`); no request ever takes it."""
+    rows of full-step graphs (`framework.runner.graphs.step_graphs`); no request ever takes it."""
 
-    FIELDS = {"temperature": torch.float32, "top_k": torch.int32, "top_p": torch.float32,
-              "min_p": torch.float32, "seed": torch.int64}
+    FIELDS = {
+        "temperature": torch.float32,
+        "top_k": torch.int32,
+        "top_p": torch.float32,
+        "min_p": torch.float32,
+        "seed": torch.int64,
+    }
 
     def __init__(self, max_num_reqs: int, device: torch.device) -> None:
         self.tensors = {n: torch.zeros(max_num_reqs + 1, dtype=dt, device=device) for n, dt in self.FIELDS.items()}
-        self.host = {n: np.zeros(max_num_reqs + 1, dtype=torch.empty(0, dtype=dt).numpy().dtype)
-                     for n, dt in self.FIELDS.items()}
+        self.host = {
+            n: np.zeros(max_num_reqs + 1, dtype=torch.empty(0, dtype=dt).numpy().dtype) for n, dt in self.FIELDS.items()
+        }
         self._staged = {n: StagedWrites(t) for n, t in self.tensors.items()}
 
     def add_request(self, req_slot: int, params: SamplingParams, seed: int) -> None:
@@ -117,8 +129,7 @@ class SamplingParamsState:
             any_top_k=bool(top_k.any()),
             any_top_p=bool(top_p.any()),
             any_min_p=bool((random & (host["min_p"][req_slots] > 0)).any()),
-            all_gather=bool(len(req_slots)) and bool(((top_k & (host["top_k"][req_slots] < vocab_size))
-                                                      | top_p).all()),
+            all_gather=bool(len(req_slots)) and bool(((top_k & (host["top_k"][req_slots] < vocab_size)) | top_p).all()),
         )
 
 

@@ -91,8 +91,7 @@ def _load_scaled(row_ptr, offs, vocab_size, temp, SANITIZE: tl.constexpr):
 
 
 @triton.jit
-def _top_k_top_p_threshold(row_ptr, temp, k_on, k, p_on, p, vocab_size, SANITIZE: tl.constexpr,
-                           BLOCK: tl.constexpr):
+def _top_k_top_p_threshold(row_ptr, temp, k_on, k, p_on, p, vocab_size, SANITIZE: tl.constexpr, BLOCK: tl.constexpr):
     """(int64 key threshold, row max of y) of one row of y = x / temp: top-k then top-p keep exactly the tokens
     whose `_ordered_key(y)` is >= the threshold. No sort: each threshold is a bisection over the keys, 33
     counting passes over the row. Shared by `_top_k_top_p_kernel` (temp = 1) and the fused sampler's slow path."""
@@ -181,7 +180,11 @@ def apply_top_k_top_p_triton(
     if num_rows:
         assert logits.stride(1) == 1
         _top_k_top_p_kernel[(num_rows,)](
-            logits, logits.stride(0), top_k.int().contiguous(), top_p.float().contiguous(), vocab_size,
+            logits,
+            logits.stride(0),
+            top_k.int().contiguous(),
+            top_p.float().contiguous(),
+            vocab_size,
             BLOCK=vocab_block(vocab_size),
         )
     return logits
@@ -215,8 +218,9 @@ def apply_min_p_triton(
     num_rows, vocab_size = logits.shape
     if num_rows:
         assert logits.stride(1) == 1
-        _min_p_kernel[(num_rows,)](logits, logits.stride(0), min_p.float().contiguous(), vocab_size,
-                                   BLOCK=vocab_block(vocab_size))
+        _min_p_kernel[(num_rows,)](
+            logits, logits.stride(0), min_p.float().contiguous(), vocab_size, BLOCK=vocab_block(vocab_size)
+        )
     return logits
 
 

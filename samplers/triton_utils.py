@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from framework.kernels.launch_math import next_power_of_2
-
+from framework.layers.kernels.launch_math import next_power_of_2
 
 MAX_VOCAB_BLOCK = 1024
 

@@ -54,13 +54,20 @@ def random_head_dir(kind: str, target_config: dict[str, Any], root: Path) -> Pat
 
 def build_llm(model: dict[str, Any], spec: dict[str, Any], device: str, max_model_len: int):  # type: ignore[no-untyped-def]
     from framework import LLM
-    from framework.config import load_config
+    from framework.config.schema import load_config
 
-    return LLM(config=load_config({
-        "model": {**model, "max_model_len": max_model_len}, "device": device, "seed": 0,
-        "scheduler": {"max_num_seqs": max(BATCH_SIZES), "max_num_batched_tokens": 8192},
-        "runner": {"cuda_graph_sizes": list(BATCH_SIZES)}, "speculator": spec,
-    }))
+    return LLM(
+        config=load_config(
+            {
+                "model": {**model, "max_model_len": max_model_len},
+                "device": device,
+                "seed": 0,
+                "scheduler": {"max_num_seqs": max(BATCH_SIZES), "max_num_batched_tokens": 8192},
+                "runner": {"cuda_graph_sizes": list(BATCH_SIZES)},
+                "speculator": spec,
+            }
+        )
+    )
 
 
 def timed(llm, prompts: list, max_tokens: int) -> tuple[list[list[int]], dict[str, Any]]:  # type: ignore[no-untyped-def]
@@ -77,20 +84,31 @@ def timed(llm, prompts: list, max_tokens: int) -> tuple[list[list[int]], dict[st
     seconds = time.perf_counter() - start
     tokens = [list(o.token_ids) for o in outs]
     n = sum(len(t) for t in tokens)
-    return tokens, {"seconds": round(seconds, 4), "output_tok_per_s": round(n / seconds, 1),
-                    **llm.get_metrics()["spec_decode"]}
+    return tokens, {
+        "seconds": round(seconds, 4),
+        "output_tok_per_s": round(n / seconds, 1),
+        **llm.get_metrics()["spec_decode"],
+    }
 
 
 def code_prompts(num: int, lines: int = 12) -> list[str]:
     """The first `lines` lines of `num` standard-library modules (sorted, so the same on every machine)."""
-    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:: 3][:num]
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[::3][:num]
     return ["".join(f.read_text(errors="replace").splitlines(keepends=True)[:lines]) for f in files]
 
 
-def run_part(name: str, model: dict[str, Any], heads: dict[str, Path], prompts: list, args: argparse.Namespace,
-             device: str, results: list[dict[str, Any]]) -> None:
+def run_part(
+    name: str,
+    model: dict[str, Any],
+    heads: dict[str, Path],
+    prompts: list,
+    args: argparse.Namespace,
+    device: str,
+    results: list[dict[str, Any]],
+) -> None:
     engines = [("none", {"method": "none"})] + [
-        (kind, {"method": kind, "num_speculative_tokens": args.k, "model": str(path)}) for kind, path in heads.items()]
+        (kind, {"method": kind, "num_speculative_tokens": args.k, "model": str(path)}) for kind, path in heads.items()
+    ]
     baseline: dict[int, list[list[int]]] = {}
     for engine, spec in engines:
         llm = build_llm(model, spec, device, args.max_model_len)
@@ -100,11 +118,21 @@ def run_part(name: str, model: dict[str, Any], heads: dict[str, Path], prompts: 
             tokens, r = timed(llm, subset, args.output_len)
             if engine == "none":
                 baseline[batch] = tokens
-            row = {"part": name, "engine": engine, "batch": batch, "k": 0 if engine == "none" else args.k, **r,
-                   "greedy_equal": tokens == baseline[batch]}
+            row = {
+                "part": name,
+                "engine": engine,
+                "batch": batch,
+                "k": 0 if engine == "none" else args.k,
+                **r,
+                "greedy_equal": tokens == baseline[batch],
+            }
             results.append(row)
-            print(f"{name:<9}{engine:<8}{batch:>5}{r['output_tok_per_s']:>11.0f} tok/s  accept len "
-                  f"{r['mean_acceptance_length']:.2f}  equal {row['greedy_equal']}", file=sys.stderr, flush=True)
+            print(
+                f"{name:<9}{engine:<8}{batch:>5}{r['output_tok_per_s']:>11.0f} tok/s  accept len "
+                f"{r['mean_acceptance_length']:.2f}  equal {row['greedy_equal']}",
+                file=sys.stderr,
+                flush=True,
+            )
         del llm
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -140,18 +168,21 @@ def main(argv: Optional[list[str]] = None) -> None:
             prompts = [torch.randint(0, 256, (64,), generator=gen).tolist() for _ in range(16)]
             run_part("overhead", {"preset": preset}, heads, prompts, args, device, results)
     if "trained" in args.parts:
-        heads = {k: getattr(args, k) for k in ("eagle", "eagle3", "mtp") if (getattr(args, k) / "config.json").is_file()}
+        heads = {
+            k: getattr(args, k) for k in ("eagle", "eagle3", "mtp") if (getattr(args, k) / "config.json").is_file()
+        }
         if not (args.target / "config.json").is_file() or not heads:
             print(f"trained: skipped (no target at {args.target} or no head next to it)", file=sys.stderr)
         else:
-            run_part("trained", {"path": str(args.target), "preset": None}, heads, code_prompts(16), args, device,
-                     results)
+            run_part(
+                "trained", {"path": str(args.target), "preset": None}, heads, code_prompts(16), args, device, results
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    (out / "bench_draft_heads.json").write_text(json.dumps({"device": name, "args": {k: str(v) for k, v in
-                                                                                     vars(args).items()},
-                                                            "results": results}, indent=1))
+    (out / "bench_draft_heads.json").write_text(
+        json.dumps({"device": name, "args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1)
+    )
     print_table(results)
 
 
@@ -163,8 +194,10 @@ def print_table(results: list[dict[str, Any]]) -> None:
     for r in results:
         rel = r["output_tok_per_s"] / base[(r["part"], r["batch"])]
         per_pos = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"])
-        print(f"{r['part']:<9}{r['engine']:<8}{r['batch']:>6}{r['output_tok_per_s']:>11.0f}{rel:>8.2f}x"
-              f"{r['mean_acceptance_length']:>9.2f}  {str(r['greedy_equal']):<6} [{per_pos}]")
+        print(
+            f"{r['part']:<9}{r['engine']:<8}{r['batch']:>6}{r['output_tok_per_s']:>11.0f}{rel:>8.2f}x"
+            f"{r['mean_acceptance_length']:>9.2f}  {str(r['greedy_equal']):<6} [{per_pos}]"
+        )
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from framework.kernels import fused_moe as fm  # noqa: E402
-from framework.kernels.moe_align import moe_align  # noqa: E402
-from framework.kernels.moe_route import moe_route_reference  # noqa: E402
+from framework.layers.kernels import fused_moe as fm  # noqa: E402
+from framework.layers.kernels.moe_align import moe_align  # noqa: E402
+from framework.layers.kernels.moe_route import moe_route_reference  # noqa: E402
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 DTYPE = torch.bfloat16
@@ -42,13 +42,13 @@ COPY_BANDWIDTH_GBS = 4300.0  # measured H200 copy bandwidth (DESIGN.md)
 def _inputs(tokens: int, seed: int) -> tuple[torch.Tensor, ...]:
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, HIDDEN, generator=g, device="cuda").to(DTYPE)
-    weights, ids = moe_route_reference(torch.randn(tokens, EXPERTS, generator=g, device="cuda"), TOP_K, True,
-                                        torch.float32)
+    weights, ids = moe_route_reference(
+        torch.randn(tokens, EXPERTS, generator=g, device="cuda"), TOP_K, True, torch.float32
+    )
     return x, weights, ids
 
 
-def _kernels_only(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor):  # type: ignore[no-untyped-def]
+def _kernels_only(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):  # type: ignore[no-untyped-def]
     """A closure launching only the two grouped-GEMM kernels (alignment and buffers made once, outside)."""
     import triton
 
@@ -59,16 +59,44 @@ def _kernels_only(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     act = torch.empty(rows, INTER, dtype=DTYPE, device="cuda")
     out = torch.empty(rows, HIDDEN, dtype=DTYPE, device="cuda")
     flat_w = weights.reshape(-1).float()
-    tiles = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PRECISION="ieee", UPCAST=False,
-                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    tiles = dict(
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        PRECISION="ieee",
+        UPCAST=False,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
 
     def run() -> None:
         fm._moe_gate_up_kernel[(blocks, triton.cdiv(INTER, cfg.block_n))](
-            x, gate_up, act, align.sorted_rows, align.block_expert, align.num_padded, rows, x.stride(0),
-            H=HIDDEN, I=INTER, TOP_K=TOP_K, **tiles)
+            x,
+            gate_up,
+            act,
+            align.sorted_rows,
+            align.block_expert,
+            align.num_padded,
+            rows,
+            x.stride(0),
+            H=HIDDEN,
+            I=INTER,
+            TOP_K=TOP_K,
+            **tiles,
+        )
         fm._moe_down_kernel[(blocks, triton.cdiv(HIDDEN, cfg.block_n))](
-            act, down, flat_w, out, align.sorted_rows, align.block_expert, align.num_padded, rows,
-            H=HIDDEN, I=INTER, **tiles)
+            act,
+            down,
+            flat_w,
+            out,
+            align.sorted_rows,
+            align.block_expert,
+            align.num_padded,
+            rows,
+            H=HIDDEN,
+            I=INTER,
+            **tiles,
+        )
 
     return run
 
@@ -111,9 +139,17 @@ def bench(tokens: int, gate_up: torch.Tensor, down: torch.Tensor) -> dict:
     act_bytes = (tokens * HIDDEN + 2 * rows * INTER + 2 * rows * HIDDEN + tokens * HIDDEN) * 2
     min_bytes = weight_bytes + act_bytes
     flops = 6 * rows * INTER * HIDDEN
-    result = {"tokens": tokens, "rows": rows, "experts_touched": touched, "launch_config": fm.moe_launch_config(
-        rows, EXPERTS)._asdict(), "weight_bytes": weight_bytes, "min_bytes": min_bytes, "flops": flops,
-        "relative_rms_error": rel_err, "timing_modes": modes}
+    result = {
+        "tokens": tokens,
+        "rows": rows,
+        "experts_touched": touched,
+        "launch_config": fm.moe_launch_config(rows, EXPERTS)._asdict(),
+        "weight_bytes": weight_bytes,
+        "min_bytes": min_bytes,
+        "flops": flops,
+        "relative_rms_error": rel_err,
+        "timing_modes": modes,
+    }
     for name, ms in times.items():
         result[name] = {"ms": ms, "gb_per_s": min_bytes / ms / 1e6, "tflop_per_s": flops / ms / 1e9}
     return result
@@ -151,17 +187,28 @@ def main() -> None:
     gate_up = (torch.randn(EXPERTS, 2, INTER, HIDDEN, generator=g, device="cuda") * HIDDEN**-0.5).to(DTYPE)
     down = (torch.randn(EXPERTS, HIDDEN, INTER, generator=g, device="cuda") * INTER**-0.5).to(DTYPE)
     results = [bench(t, gate_up, down) for t in args.tokens]
-    header = (f"{'tokens':>6} {'experts':>7} {'fused ms':>9} {'GB/s':>7} {'TFLOP/s':>8} {'kernels ms':>10} "
-              f"{'GB/s':>7} {'TFLOP/s':>8} {'ref ms':>8} {'speedup':>7}")
+    header = (
+        f"{'tokens':>6} {'experts':>7} {'fused ms':>9} {'GB/s':>7} {'TFLOP/s':>8} {'kernels ms':>10} "
+        f"{'GB/s':>7} {'TFLOP/s':>8} {'ref ms':>8} {'speedup':>7}"
+    )
     print(header)
     for r in results:
         f, k, ref = r["fused"], r["kernels"], r["reference"]
-        print(f"{r['tokens']:>6} {r['experts_touched']:>7} {f['ms']:>9.4f} {f['gb_per_s']:>7.0f} "
-              f"{f['tflop_per_s']:>8.1f} {k['ms']:>10.4f} {k['gb_per_s']:>7.0f} {k['tflop_per_s']:>8.1f} "
-              f"{ref['ms']:>8.3f} {ref['ms'] / f['ms']:>6.1f}x")
+        print(
+            f"{r['tokens']:>6} {r['experts_touched']:>7} {f['ms']:>9.4f} {f['gb_per_s']:>7.0f} "
+            f"{f['tflop_per_s']:>8.1f} {k['ms']:>10.4f} {k['gb_per_s']:>7.0f} {k['tflop_per_s']:>8.1f} "
+            f"{ref['ms']:>8.3f} {ref['ms'] / f['ms']:>6.1f}x"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "hidden": HIDDEN,
-            "intermediate": INTER, "experts": EXPERTS, "top_k": TOP_K, "dtype": str(DTYPE)}
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "hidden": HIDDEN,
+        "intermediate": INTER,
+        "experts": EXPERTS,
+        "top_k": TOP_K,
+        "dtype": str(DTYPE),
+    }
     (args.out / "bench_fused_moe.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     _plot(results, args.out / "bench_fused_moe.png")
 

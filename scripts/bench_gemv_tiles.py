@@ -32,30 +32,48 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_small_batch import GEOMETRIES, graph_time_us  # noqa: E402
 
-from framework.kernels.layer_ops import rms_norm, silu_and_mul  # noqa: E402
-from framework.kernels.small_batch_ops import fused_linear_reference  # noqa: E402
-from framework.kernels.triton_gemv import GemvTiles, gemv_tiles, gemv_triton  # noqa: E402
+from framework.layers.kernels.layer_ops import rms_norm, silu_and_mul  # noqa: E402
+from framework.layers.kernels.small_batch_ops import fused_linear_reference  # noqa: E402
+from framework.layers.kernels.triton_gemv import GemvTiles, gemv_tiles, gemv_triton  # noqa: E402
 
 EPS = 1e-6
 CANDIDATES = [(4, 1024, 4), (8, 512, 8), (8, 1024, 8), (8, 2048, 8), (16, 1024, 8), (8, 1024, 4), (16, 512, 16)]
 # The dot kernel's (block_n, block_k, num_warps, num_stages): 64 / 128 rows are Hopper warpgroup MMAs; 16 / 32
 # rows fall back to mma.sync but give 4-8x more programs at N = 1024 (64 rows: 16 programs for 132 SMs).
-DOT_CANDIDATES = [(16, 128, 1, 4), (32, 128, 2, 4), (32, 256, 2, 3), (64, 64, 4, 6), (64, 128, 4, 4),
-                  (64, 256, 4, 3), (128, 128, 4, 4), (128, 128, 8, 4), (128, 64, 8, 6)]
+DOT_CANDIDATES = [
+    (16, 128, 1, 4),
+    (32, 128, 2, 4),
+    (32, 256, 2, 3),
+    (64, 64, 4, 6),
+    (64, 128, 4, 4),
+    (64, 256, 4, 3),
+    (128, 128, 4, 4),
+    (128, 128, 8, 4),
+    (128, 64, 8, 6),
+]
 
 
 def op_inputs(geometry: str, op: str, m: int, device: str) -> dict:
     """The GEMV's arguments for one projection (the weight [N, K] or [2N, K] for gate_up)."""
     hidden, qkv_rows, inter, vocab = GEOMETRIES[geometry]
-    n, k, fused = {"qkv": (qkv_rows, hidden, "norm"), "o_proj": (hidden, qkv_rows - 2048, None),
-                   "gate_up": (2 * inter, hidden, "norm_silu"), "down": (hidden, inter, None),
-                   "lm_head": (vocab, hidden, "fp32")}[op]
+    n, k, fused = {
+        "qkv": (qkv_rows, hidden, "norm"),
+        "o_proj": (hidden, qkv_rows - 2048, None),
+        "gate_up": (2 * inter, hidden, "norm_silu"),
+        "down": (hidden, inter, None),
+        "lm_head": (vocab, hidden, "fp32"),
+    }[op]
     g = torch.Generator(device=device).manual_seed(m)
-    args: dict = {"x": torch.randn(m, k, generator=g, device=device).to(torch.bfloat16),
-                  "weight": (torch.randn(n, k, generator=g, device=device) * k ** -0.5).to(torch.bfloat16)}
+    args: dict = {
+        "x": torch.randn(m, k, generator=g, device=device).to(torch.bfloat16),
+        "weight": (torch.randn(n, k, generator=g, device=device) * k**-0.5).to(torch.bfloat16),
+    }
     if fused in ("norm", "norm_silu"):
-        args.update(norm_weight=(1 + 0.1 * torch.randn(k, generator=g, device=device)).to(torch.bfloat16),
-                    eps=EPS, residual=torch.randn(m, k, generator=g, device=device).to(torch.bfloat16))
+        args.update(
+            norm_weight=(1 + 0.1 * torch.randn(k, generator=g, device=device)).to(torch.bfloat16),
+            eps=EPS,
+            residual=torch.randn(m, k, generator=g, device=device).to(torch.bfloat16),
+        )
     if fused == "norm_silu":
         args["silu_mul"] = True
     if fused == "fp32":
@@ -65,6 +83,7 @@ def op_inputs(geometry: str, op: str, m: int, device: str) -> dict:
 
 def cublas_path(args: dict) -> Callable[[], torch.Tensor]:
     """What the default decode path runs for the same op: RMSNorm kernel, cuBLAS, SiLU-and-mul kernel."""
+
     def run() -> torch.Tensor:
         x = args["x"]
         if "norm_weight" in args:
@@ -73,26 +92,40 @@ def cublas_path(args: dict) -> Callable[[], torch.Tensor]:
         if args.get("silu_mul"):
             y = silu_and_mul(y)
         return y.float() if args.get("out_dtype") == torch.float32 else y
+
     return run
 
 
-def sweep_one(geometry: str, op: str, m: int, device: str,
-              kernels: tuple[str, ...] = ("gemv", "dot")) -> dict:
+def sweep_one(geometry: str, op: str, m: int, device: str, kernels: tuple[str, ...] = ("gemv", "dot")) -> dict:
     args = op_inputs(geometry, op, m, device)
     weight = args["weight"]
     n = weight.shape[0] // (2 if args.get("silu_mul") else 1)
-    ref, _ = fused_linear_reference(**{**args, "x": args["x"].float(), "weight": weight.float(),
-                                       **({"norm_weight": args["norm_weight"].float(),
-                                           "residual": args["residual"].float()} if "norm_weight" in args else {})})
+    ref, _ = fused_linear_reference(
+        **{
+            **args,
+            "x": args["x"].float(),
+            "weight": weight.float(),
+            **(
+                {"norm_weight": args["norm_weight"].float(), "residual": args["residual"].float()}
+                if "norm_weight" in args
+                else {}
+            ),
+        }
+    )
     mb = weight.numel() * weight.element_size() / 1e6
     rows: list[dict] = [{"tiles": "cublas", "us": graph_time_us(cublas_path(args))}]
     k, size, silu = weight.shape[1], weight.element_size(), bool(args.get("silu_mul"))
     default = gemv_tiles(m, n, k, size, silu_mul=silu)
-    candidates = [gemv_tiles(m, n, k, size, block_n=bn, block_k=bk, num_warps=nw, dot=False)
-                  for bn, bk, nw in CANDIDATES if "gemv" in kernels]
+    candidates = [
+        gemv_tiles(m, n, k, size, block_n=bn, block_k=bk, num_warps=nw, dot=False)
+        for bn, bk, nw in CANDIDATES
+        if "gemv" in kernels
+    ]
     if m >= 2 and "dot" in kernels:  # the dot kernel pads the tokens to 16: one row is the GEMV's job
-        candidates += [gemv_tiles(m, n, k, size, block_n=bn, block_k=bk, num_warps=nw, dot=True, num_stages=ns,
-                                  silu_mul=silu) for bn, bk, nw, ns in DOT_CANDIDATES]
+        candidates += [
+            gemv_tiles(m, n, k, size, block_n=bn, block_k=bk, num_warps=nw, dot=True, num_stages=ns, silu_mul=silu)
+            for bn, bk, nw, ns in DOT_CANDIDATES
+        ]
     shapes = [("default " + _name(default), default)]
     for tiles in dict.fromkeys(candidates):  # stages capped to shared memory can make two candidates one
         if tiles != default:
@@ -129,6 +162,7 @@ def print_case(case: dict) -> None:
 
 def plot(cases: list[dict], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -139,8 +173,9 @@ def plot(cases: list[dict], path: Path) -> None:
         series["cublas"].append(next(r["gb_s"] for r in timed if r["tiles"] == "cublas"))
         series["default"].append(next((r["gb_s"] for r in timed if r["tiles"].startswith("default")), 0))
         for kind in ("gemv", "dot"):  # the default row counts for its kind
-            series[f"best {kind}"].append(max((r["gb_s"] for r in timed if r["tiles"].removeprefix("default ")
-                                               .startswith(kind + " ")), default=0))
+            series[f"best {kind}"].append(
+                max((r["gb_s"] for r in timed if r["tiles"].removeprefix("default ").startswith(kind + " ")), default=0)
+            )
     fig, ax = plt.subplots(figsize=(max(8, len(cases) * 0.6), 4.5))
     width = 0.2
     for i, (name, values) in enumerate(series.items()):
@@ -158,8 +193,13 @@ def main() -> int:
     parser.add_argument("--geometries", nargs="+", default=list(GEOMETRIES))
     parser.add_argument("--ops", nargs="+", default=["qkv", "o_proj", "gate_up", "down", "lm_head"])
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8])
-    parser.add_argument("--kernels", nargs="+", choices=["gemv", "dot"], default=["gemv", "dot"],
-                        help="whose candidates to time (cuBLAS and the default shape always are)")
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=["gemv", "dot"],
+        default=["gemv", "dot"],
+        help="whose candidates to time (cuBLAS and the default shape always are)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench_results/gemv_tiles"))
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -40,9 +40,18 @@ def build_engine(runner: str, num_requests: int, prompt_len: int, num_steps: int
     block_size = 16
     max_model_len = prompt_len + num_steps + 8
     blocks_per_req = -(-max_model_len // block_size)
-    llm = LLM("random_tiny", device=device, runner=runner, max_num_seqs=num_requests, max_model_len=max_model_len,
-              max_num_batched_tokens=num_requests * prompt_len, block_size=block_size,
-              num_kv_blocks=num_requests * blocks_per_req, seed=0, cuda_graphs=False)  # the stub forward has nothing to capture
+    llm = LLM(
+        "random_tiny",
+        device=device,
+        runner=runner,
+        max_num_seqs=num_requests,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=num_requests * prompt_len,
+        block_size=block_size,
+        num_kv_blocks=num_requests * blocks_per_req,
+        seed=0,
+        cuda_graphs=False,
+    )  # the stub forward has nothing to capture
     engine = llm.engine
     model = engine.runner.model
     dev, dtype = engine.loaded.device, engine.loaded.dtype
@@ -77,8 +86,9 @@ def measure(runner: str, num_requests: int, args: argparse.Namespace) -> dict:
     from framework import SamplingParams
 
     engine = build_engine(runner, num_requests, args.prompt_len, args.warmup + args.steps, args.device)
-    params = SamplingParams(temperature=args.temperature, seed=1, max_tokens=args.warmup + args.steps + 4,
-                            ignore_eos=True)
+    params = SamplingParams(
+        temperature=args.temperature, seed=1, max_tokens=args.warmup + args.steps + 4, ignore_eos=True
+    )
     for i in range(num_requests):
         engine.add_request(f"b{i}", [(7 * i + k) % 256 for k in range(args.prompt_len)], params)
     engine.step()  # every prefill in one step
@@ -98,12 +108,18 @@ def measure(runner: str, num_requests: int, args: argparse.Namespace) -> dict:
 
 
 def format_table(results: list[dict]) -> str:
-    head = (f"{'runner':<7}{'requests':>9}" + "".join(f"{p + ' ms':>13}" for p in PHASES)
-            + f"{'runner ms':>11}{'step ms':>10}{'step wall':>11}")
+    head = (
+        f"{'runner':<7}{'requests':>9}"
+        + "".join(f"{p + ' ms':>13}" for p in PHASES)
+        + f"{'runner ms':>11}{'step ms':>10}{'step wall':>11}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append(f"{r['runner']:<7}{r['num_requests']:>9}" + "".join(f"{r[p + '_cpu_ms']:>13.3f}" for p in PHASES)
-                     + f"{r['runner_cpu_ms']:>11.3f}{r['step_cpu_ms']:>10.3f}{r['step_wall_ms']:>11.3f}")
+        lines.append(
+            f"{r['runner']:<7}{r['num_requests']:>9}"
+            + "".join(f"{r[p + '_cpu_ms']:>13.3f}" for p in PHASES)
+            + f"{r['runner_cpu_ms']:>11.3f}{r['step_cpu_ms']:>10.3f}{r['step_wall_ms']:>11.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -119,10 +135,22 @@ def plot(results: list[dict], path: Path, device_name: str) -> None:
         if not rows:
             continue
         sizes = [r["num_requests"] for r in rows]
-        ax.plot(sizes, [r["runner_cpu_ms"] for r in rows], marker=marker, color=color,
-                label=f"{runner}: runner (execute + sample)")
-        ax.plot(sizes, [r["step_cpu_ms"] for r in rows], marker=marker, color=color, linestyle="--", alpha=0.5,
-                label=f"{runner}: whole step (with scheduler)")
+        ax.plot(
+            sizes,
+            [r["runner_cpu_ms"] for r in rows],
+            marker=marker,
+            color=color,
+            label=f"{runner}: runner (execute + sample)",
+        )
+        ax.plot(
+            sizes,
+            [r["step_cpu_ms"] for r in rows],
+            marker=marker,
+            color=color,
+            linestyle="--",
+            alpha=0.5,
+            label=f"{runner}: whole step (with scheduler)",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("running requests (one decode token each)")
     ax.set_ylabel("CPU ms per decode step (median)")
@@ -159,8 +187,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"CPU ms per decode step (median of {args.steps}), device {device_name}, model stubbed")
     print(format_table(results))
     args.out.mkdir(parents=True, exist_ok=True)
-    payload = {"device": device_name, "torch": torch.__version__, "args": {k: str(v) for k, v in vars(args).items()},
-               "results": results}
+    payload = {
+        "device": device_name,
+        "torch": torch.__version__,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "results": results,
+    }
     (args.out / "host_overhead.json").write_text(json.dumps(payload, indent=2))
     plot(results, args.out / "host_overhead.png", device_name)
     print(f"results written to {args.out}", file=sys.stderr)

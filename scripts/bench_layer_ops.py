@@ -33,10 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from framework.attention.triton_store_kv import store_kv  # noqa: E402
-from framework.kernels.layer_ops import apply_rope_reference, rms_norm_reference, silu_and_mul_reference  # noqa: E402
-from framework.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton  # noqa: E402
-from framework.kernels.triton_qk_norm_rope import ONE_HEAD_TOKENS, qk_norm_rope_store_triton  # noqa: E402
+from framework.layers.attention.triton_store_kv import store_kv  # noqa: E402
+from framework.layers.kernels.layer_ops import apply_rope_reference, rms_norm_reference, silu_and_mul_reference  # noqa: E402
+from framework.layers.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton  # noqa: E402
+from framework.layers.kernels.triton_qk_norm_rope import ONE_HEAD_TOKENS, qk_norm_rope_store_triton  # noqa: E402
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, EPS = 1024, 3072, 16, 8, 128, 1e-6
 BLOCK_SIZE, NUM_BLOCKS = 16, 512
@@ -87,17 +87,36 @@ def build_cases(tokens: int, device: str) -> list[Case]:
         return max(_max_diff(fused_q, unfused_q), _max_diff(fused_cache, unfused_cache))
 
     return [
-        Case("add+rms_norm", tokens, lambda: rms_norm_triton(x, norm_weight, EPS, residual),
-             lambda: rms_norm_reference(x, norm_weight, EPS, residual),
-             lambda a, b: max(_max_diff(a[0], b[0]), _max_diff(a[1], b[1]))),
-        Case("rms_norm", tokens, lambda: rms_norm_triton(x, norm_weight, EPS),
-             lambda: rms_norm_reference(x, norm_weight, EPS), lambda a, b: _max_diff(a[0], b[0])),
-        Case("silu_and_mul", tokens, lambda: silu_and_mul_triton(gate_up), lambda: silu_and_mul_reference(gate_up),
-             _max_diff),
-        Case("qk_norm_rope_store", tokens,
-             lambda **grid: qk_norm_rope_store_triton(qkv, cos, sin, q_weight, k_weight, EPS, HEADS, KV_HEADS,
-                                                      HEAD_DIM, fused_cache, kv_slots, **grid),
-             unfused_qk, compare_qk),
+        Case(
+            "add+rms_norm",
+            tokens,
+            lambda: rms_norm_triton(x, norm_weight, EPS, residual),
+            lambda: rms_norm_reference(x, norm_weight, EPS, residual),
+            lambda a, b: max(_max_diff(a[0], b[0]), _max_diff(a[1], b[1])),
+        ),
+        Case(
+            "rms_norm",
+            tokens,
+            lambda: rms_norm_triton(x, norm_weight, EPS),
+            lambda: rms_norm_reference(x, norm_weight, EPS),
+            lambda a, b: _max_diff(a[0], b[0]),
+        ),
+        Case(
+            "silu_and_mul",
+            tokens,
+            lambda: silu_and_mul_triton(gate_up),
+            lambda: silu_and_mul_reference(gate_up),
+            _max_diff,
+        ),
+        Case(
+            "qk_norm_rope_store",
+            tokens,
+            lambda **grid: qk_norm_rope_store_triton(
+                qkv, cos, sin, q_weight, k_weight, EPS, HEADS, KV_HEADS, HEAD_DIM, fused_cache, kv_slots, **grid
+            ),
+            unfused_qk,
+            compare_qk,
+        ),
     ]
 
 
@@ -129,8 +148,9 @@ def time_qk_grids(tokens_list: list[int], device: str) -> list[dict]:
         row = dict(tokens=tokens, today="one_head" if tokens <= ONE_HEAD_TOKENS else "tiles")
         for grid, one_head in (("one_head", True), ("tiles", False)):
             row[f"{grid}_graph_us"] = time_us(lambda: fused(one_head=one_head), graph=True)
-        print(f"{tokens:<22}{row['one_head_graph_us']:>23.1f}{row['tiles_graph_us']:>10.1f}{row['today']:>8}",
-              flush=True)
+        print(
+            f"{tokens:<22}{row['one_head_graph_us']:>23.1f}{row['tiles_graph_us']:>10.1f}{row['today']:>8}", flush=True
+        )
         rows.append(row)
     return rows
 
@@ -140,15 +160,22 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("layer_ops_bench.json"), help="JSON results file")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 256], help="batch sizes T to time")
     parser.add_argument("--check-only", action="store_true", help="compare fused and unfused once, no timing")
-    parser.add_argument("--qk-grids", type=int, nargs="*", default=[],
-                        help="also time q/k norm + RoPE + store's two grids at these T (e.g. 1 8 32 64 256 8192)")
+    parser.add_argument(
+        "--qk-grids",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time q/k norm + RoPE + store's two grids at these T (e.g. 1 8 32 64 256 8192)",
+    )
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.check_only:
         parser.error("timing needs a CUDA GPU (use --check-only on a CPU under TRITON_INTERPRET=1)")
     rows = []
-    header = f"{'op':<20}{'T':>5}{'max|diff|':>11}{'fused eager':>13}{'unfused eager':>15}{'x':>6}" \
-             f"{'fused graph':>13}{'unfused graph':>15}{'x':>6}"
+    header = (
+        f"{'op':<20}{'T':>5}{'max|diff|':>11}{'fused eager':>13}{'unfused eager':>15}{'x':>6}"
+        f"{'fused graph':>13}{'unfused graph':>15}{'x':>6}"
+    )
     print(header)
     for tokens in args.tokens:
         for case in build_cases(tokens, device):
@@ -165,9 +192,18 @@ def main() -> int:
                     fused, unfused = row[f"fused_{mode}_us"], row[f"unfused_{mode}_us"]
                     line += f"{fused:>13.1f}{unfused:>15.1f}{unfused / fused:>6.1f}"
             print(line, flush=True)
-    meta = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
-                dtype=str(DTYPE), hidden=HIDDEN, intermediate=INTER, heads=HEADS, kv_heads=KV_HEADS,
-                head_dim=HEAD_DIM, block_size=BLOCK_SIZE, unit="microseconds per call (median)")
+    meta = dict(
+        device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        torch=torch.__version__,
+        dtype=str(DTYPE),
+        hidden=HIDDEN,
+        intermediate=INTER,
+        heads=HEADS,
+        kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        block_size=BLOCK_SIZE,
+        unit="microseconds per call (median)",
+    )
     qk_grids = time_qk_grids(args.qk_grids, device) if args.qk_grids and not args.check_only else []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(meta=meta, results=rows, qk_grids=qk_grids), indent=2))

@@ -39,15 +39,31 @@ def _named(text: str) -> tuple[str, list[str]]:
     return name, shlex.split(overrides)
 
 
-def run_once(workload: list[str], config: list[str], out_dir: Path, timeout_s: float,
-             tree: Path | None = None) -> dict[str, Any]:
+def run_once(
+    workload: list[str], config: list[str], out_dir: Path, timeout_s: float, tree: Path | None = None
+) -> dict[str, Any]:
     """One `mrv2 bench` process (from source tree `tree`, else this one); its output tok/s (None if it failed)
     and the host probe around it."""
     before = host_probe_us()
-    cmd = [sys.executable, "-m", "framework.cli", "bench", *workload, *config,
-           f"bench.output_dir={out_dir.resolve()}"]
-    env = None if tree is None else {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(tree.resolve())] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    cmd = [
+        sys.executable,
+        "-m",
+        "framework.entrypoints.cli",
+        "bench",
+        *workload,
+        *config,
+        f"bench.output_dir={out_dir.resolve()}",
+    ]
+    env = (
+        None
+        if tree is None
+        else {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(tree.resolve())] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            ),
+        }
+    )
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tree, env=env)
@@ -60,12 +76,21 @@ def run_once(workload: list[str], config: list[str], out_dir: Path, timeout_s: f
     if ok and (out_dir / "bench.json").exists():
         results = json.loads((out_dir / "bench.json").read_text())["results"]
         tok_s = next((r["output_tok_per_s"] for r in results if r["engine"].startswith("mrv2")), None)
-    return {"output_tok_per_s": tok_s, "host_probe_us": probe, "wall_s": round(wall, 1),
-            **({} if tok_s is not None else {"error": tail})}
+    return {
+        "output_tok_per_s": tok_s,
+        "host_probe_us": probe,
+        "wall_s": round(wall, 1),
+        **({} if tok_s is not None else {"error": tail}),
+    }
 
 
-def run_matrix(configs: list[tuple[str, list[str]]], workloads: list[tuple[str, list[str]]], rounds: int,
-               out: Path, timeout_s: float) -> dict[str, Any]:
+def run_matrix(
+    configs: list[tuple[str, list[str]]],
+    workloads: list[tuple[str, list[str]]],
+    rounds: int,
+    out: Path,
+    timeout_s: float,
+) -> dict[str, Any]:
     """{workload: {config: [run per round]}}, every round over all pairs in a rotated order."""
     runs: dict[str, dict[str, list]] = {w: {c: [] for c, _ in configs} for w, _ in workloads}
     pairs = [(w, wo, c, co) for w, wo in workloads for c, co in configs]
@@ -75,8 +100,11 @@ def run_matrix(configs: list[tuple[str, list[str]]], workloads: list[tuple[str, 
             name, _, tree = c.partition("@")
             result = run_once(wo, co, out / "runs" / f"{w}-{name}-r{r + 1}", timeout_s, Path(tree) if tree else None)
             runs[w][c].append(result)
-            print(f"round {r + 1} {w:12s} {c:14s} {_tok_s(result['output_tok_per_s'])} tok/s "
-                  f"(probe {result['host_probe_us']} us, {result['wall_s']} s)", flush=True)
+            print(
+                f"round {r + 1} {w:12s} {c:14s} {_tok_s(result['output_tok_per_s'])} tok/s "
+                f"(probe {result['host_probe_us']} us, {result['wall_s']} s)",
+                flush=True,
+            )
     return runs
 
 
@@ -88,10 +116,17 @@ def summarise(runs: dict[str, dict[str, list]]) -> dict[str, dict[str, dict[str,
         table[w] = {}
         for c, rs in by_config.items():
             values = [x["output_tok_per_s"] for x in rs if x["output_tok_per_s"] is not None]
-            ratios = [x["output_tok_per_s"] / f["output_tok_per_s"] for x, f in zip(rs, first)
-                      if x["output_tok_per_s"] and f["output_tok_per_s"]]
-            table[w][c] = {"median_tok_per_s": median(values), "median_paired_ratio": median(ratios),
-                           "runs": len(rs), "failed": len(rs) - len(values)}
+            ratios = [
+                x["output_tok_per_s"] / f["output_tok_per_s"]
+                for x, f in zip(rs, first)
+                if x["output_tok_per_s"] and f["output_tok_per_s"]
+            ]
+            table[w][c] = {
+                "median_tok_per_s": median(values),
+                "median_paired_ratio": median(ratios),
+                "runs": len(rs),
+                "failed": len(rs) - len(values),
+            }
     return table
 
 
@@ -139,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = run_matrix(args.config, args.workload, args.rounds, args.out, args.timeout)
     table = summarise(runs)
     _print_table(runs, table)
-    (args.out / "matrix.json").write_text(json.dumps({"configs": dict(args.config), "workloads": dict(args.workload),
-                                                      "runs": runs, "summary": table}, indent=2))
+    (args.out / "matrix.json").write_text(
+        json.dumps(
+            {"configs": dict(args.config), "workloads": dict(args.workload), "runs": runs, "summary": table}, indent=2
+        )
+    )
     _plot(table, args.out / "matrix.png")
     failed = sum(s["failed"] for by_config in table.values() for s in by_config.values())
     return 1 if failed else 0

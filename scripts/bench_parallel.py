@@ -67,21 +67,43 @@ def num_requests_for(case: Case, args: argparse.Namespace) -> int | None:
 def run_case(case: Case, out: Path, num_requests: int | None, device: str, timeout_s: int) -> dict:
     """One `mrv2 bench` process; returns its result row (or the failure) as a dict."""
     case_dir = out / case.name
-    cmd = [sys.executable, "-m", "framework.cli", "bench", "experiment=nano", f"model.preset={case.preset}",
-           f"parallel.tensor_parallel_size={case.tp}", f"parallel.pipeline_parallel_size={case.pp}",
-           "bench.baselines=[]", "bench.decode_idle_batch=0", f"bench.output_dir={case_dir}", f"device={device}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "framework.entrypoints.cli",
+        "bench",
+        "experiment=nano",
+        f"model.preset={case.preset}",
+        f"parallel.tensor_parallel_size={case.tp}",
+        f"parallel.pipeline_parallel_size={case.pp}",
+        "bench.baselines=[]",
+        "bench.decode_idle_batch=0",
+        f"bench.output_dir={case_dir}",
+        f"device={device}",
+    ]
     if num_requests is not None:
         cmd.append(f"bench.num_requests={num_requests}")
     if device == "cpu":  # smoke run: short requests, a small cache
-        cmd += ["bench.input_len=[8,16]", "bench.output_len=[4,8]", "model.max_model_len=64", "cache.num_blocks=64",
-                "scheduler.max_num_seqs=8"]
+        cmd += [
+            "bench.input_len=[8,16]",
+            "bench.output_len=[4,8]",
+            "model.max_model_len=64",
+            "cache.num_blocks=64",
+            "scheduler.max_num_seqs=8",
+        ]
     print(f"== {case.name}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     start, start_wall = time.perf_counter(), time.time()
     log = out / f"{case.name}.log"
     with log.open("w") as f:
         # Own session: on a timeout the whole group goes (the spawned ranks too, not only the driver).
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             rc: int | str = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -92,8 +114,10 @@ def run_case(case: Case, out: Path, num_requests: int | None, device: str, timeo
     row = {"case": case.name, "preset": case.preset, "tp": case.tp, "pp": case.pp, "wall_s": round(wall, 1)}
     result_file = case_dir / "bench.json"
     if rc != 0 and result_file.is_file() and result_file.stat().st_mtime > start_wall:
-        print(f"   {case.name}: the run finished and wrote its results, but the process then did not exit ({rc})",
-              file=sys.stderr)
+        print(
+            f"   {case.name}: the run finished and wrote its results, but the process then did not exit ({rc})",
+            file=sys.stderr,
+        )
         row["exit"] = str(rc)
     elif rc != 0 or not result_file.is_file():
         tail = log.read_text().splitlines()[-5:]
@@ -101,8 +125,10 @@ def run_case(case: Case, out: Path, num_requests: int | None, device: str, timeo
         return row | {"error": f"exit {rc}"}
     result = json.loads(result_file.read_text())["results"][0]
     print(f"   {case.name}: {result['output_tok_per_s']:.0f} out tok/s ({wall:.0f} s with start-up)", file=sys.stderr)
-    return row | {k: result[k] for k in ("num_requests", "input_tokens", "output_tokens", "seconds",
-                                         "output_tok_per_s", "total_tok_per_s")}
+    return row | {
+        k: result[k]
+        for k in ("num_requests", "input_tokens", "output_tokens", "seconds", "output_tok_per_s", "total_tok_per_s")
+    }
 
 
 def add_scaling(rows: list[dict]) -> None:
@@ -115,16 +141,20 @@ def add_scaling(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'case':<10}{'TP':>4}{'PP':>4}{'requests':>10}{'out tok':>10}{'seconds':>9}{'out tok/s':>11}"
-            f"{'total tok/s':>13}{'speedup':>9}{'eff.':>7}")
+    head = (
+        f"{'case':<10}{'TP':>4}{'PP':>4}{'requests':>10}{'out tok':>10}{'seconds':>9}{'out tok/s':>11}"
+        f"{'total tok/s':>13}{'speedup':>9}{'eff.':>7}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['case']:<10}{r['tp']:>4}{r['pp']:>4}   {r['error']}")
             continue
-        lines.append(f"{r['case']:<10}{r['tp']:>4}{r['pp']:>4}{r['num_requests']:>10}{r['output_tokens']:>10}"
-                     f"{r['seconds']:>9.2f}{r['output_tok_per_s']:>11.0f}{r['total_tok_per_s']:>13.0f}"
-                     f"{r.get('speedup', float('nan')):>9.2f}{r.get('efficiency', float('nan')):>7.2f}")
+        lines.append(
+            f"{r['case']:<10}{r['tp']:>4}{r['pp']:>4}{r['num_requests']:>10}{r['output_tokens']:>10}"
+            f"{r['seconds']:>9.2f}{r['output_tok_per_s']:>11.0f}{r['total_tok_per_s']:>13.0f}"
+            f"{r.get('speedup', float('nan')):>9.2f}{r.get('efficiency', float('nan')):>7.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -136,11 +166,19 @@ def plot(rows: list[dict], path: Path) -> None:
 
     ok = [r for r in rows if "error" not in r]
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    bars = ax.bar([r["case"] for r in ok], [r["output_tok_per_s"] for r in ok],
-                  color=["C0" if r["tp"] * r["pp"] == 1 else "C1" if r["tp"] > 1 else "C2" for r in ok])
+    bars = ax.bar(
+        [r["case"] for r in ok],
+        [r["output_tok_per_s"] for r in ok],
+        color=["C0" if r["tp"] * r["pp"] == 1 else "C1" if r["tp"] > 1 else "C2" for r in ok],
+    )
     for bar, r in zip(bars, ok):
-        ax.annotate(f"x{r.get('speedup', 1):.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            f"x{r.get('speedup', 1):.2f}",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_ylabel("output tokens / s")
     ax.set_title('"nano" workload: tensor / pipeline parallel (x = speedup over TP=1)')
     fig.tight_layout()
@@ -151,8 +189,9 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--cases", nargs="+", default=[c.name for c in CASES],
-                        choices=[c.name for c in CASES + EXTRA_CASES])
+    parser.add_argument(
+        "--cases", nargs="+", default=[c.name for c in CASES], choices=[c.name for c in CASES + EXTRA_CASES]
+    )
     parser.add_argument("--num-requests", type=int, default=None, help="override bench.num_requests (all cases)")
     parser.add_argument("--num-requests-8b", type=int, default=None, help="override for the 8B cases only")
     parser.add_argument("--num-requests-pp", type=int, default=None, help="override for the PP cases (first)")
@@ -163,8 +202,15 @@ def main() -> None:
     rows, gpus = [], gpus_available(args.device)
     for case in (c for c in CASES + EXTRA_CASES if c.name in args.cases):
         if case.tp * case.pp > gpus:  # said in the table, not silently dropped
-            rows.append({"case": case.name, "preset": case.preset, "tp": case.tp, "pp": case.pp,
-                         "error": f"needs {case.tp * case.pp} GPUs, this host has {gpus}"})
+            rows.append(
+                {
+                    "case": case.name,
+                    "preset": case.preset,
+                    "tp": case.tp,
+                    "pp": case.pp,
+                    "error": f"needs {case.tp * case.pp} GPUs, this host has {gpus}",
+                }
+            )
             continue
         rows.append(run_case(case, args.out, num_requests_for(case, args), args.device, args.timeout))
     add_scaling(rows)

@@ -21,20 +21,24 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from framework.parallel_context import ParallelContext
-from framework.distributed.messages import Command, decode_command, encode_command
-from framework.sampling_params import SamplingParams
-from framework.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from framework.executor.messages import Command, decode_command, encode_command
+from framework.layers.parallel.context import ParallelContext
+from framework.params.sampling_params import SamplingParams
+from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 
 
 def decode_step(rows: int) -> SchedulerOutput:
     """A decode step of `rows` running requests, a few gaining a block, with one new request of 512 tokens."""
-    new = [NewRequestData("new", list(range(512)), 512, SamplingParams(temperature=0.6, top_p=0.9, seed=1), 1,
-                          list(range(32)), 0)]
+    new = [
+        NewRequestData(
+            "new", list(range(512)), 512, SamplingParams(temperature=0.6, top_p=0.9, seed=1), 1, list(range(32)), 0
+        )
+    ]
     ids = [f"req-{i}" for i in range(rows)] + ["new"]
     cached = [CachedRequestData(f"req-{i}", [1000 + i]) for i in range(0, rows, 16)]  # only rows gaining blocks
-    return SchedulerOutput(ids, [1] * rows + [512], [0] * (rows + 1), new, cached, {"gone"}, 0,
-                           list(range(100, 100 + rows)) + [0])
+    return SchedulerOutput(
+        ids, [1] * rows + [512], [0] * (rows + 1), new, cached, {"gone"}, 0, list(range(100, 100 + rows)) + [0]
+    )
 
 
 def _timed(fn, iters: int) -> float:
@@ -64,11 +68,15 @@ def _rank(rank: int, port: int, rows: int, iters: int) -> None:
             decode_command(data)
         dist.all_reduce(ack)
 
-    results = {name: _timed(fn, iters) for name, fn in
-               (("ack only", lambda: dist.all_reduce(ack)), ("pickle", pickled), ("msgpack", typed))}
+    results = {
+        name: _timed(fn, iters)
+        for name, fn in (("ack only", lambda: dist.all_reduce(ack)), ("pickle", pickled), ("msgpack", typed))
+    }
     if ctx.is_driver:
-        print(f"TP=2 on the CPU (gloo), {os.cpu_count()} visible cores, decode step of {rows} rows + 1 new "
-              f"512-token request, {iters} iterations")
+        print(
+            f"TP=2 on the CPU (gloo), {os.cpu_count()} visible cores, decode step of {rows} rows + 1 new "
+            f"512-token request, {iters} iterations"
+        )
         print(f"pickled size {len(pickle.dumps(step.payload))} B, msgpack size {len(encode_command(step))} B")
         local_pickle = _timed(lambda: pickle.loads(pickle.dumps(step)), iters)
         local_msgpack = _timed(lambda: decode_command(encode_command(step)), iters)

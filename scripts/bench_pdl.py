@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_small_batch import capture_graph  # noqa: E402
 
-from framework.attention.metadata import AttentionMetadata  # noqa: E402
-from framework.attention.triton_paged_attention import AttentionTiles, paged_attention  # noqa: E402
-from framework.kernels.pdl import pdl_supported, pdl_unsupported_reason  # noqa: E402
-from framework.kernels.triton_gemv import gemv_tiles, gemv_triton  # noqa: E402
-from framework.kernels.triton_norm_silu import rms_norm_triton  # noqa: E402
-from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton  # noqa: E402
+from framework.layers.attention.metadata import AttentionMetadata  # noqa: E402
+from framework.layers.attention.triton_paged_attention import AttentionTiles, paged_attention  # noqa: E402
+from framework.layers.kernels.pdl import pdl_supported, pdl_unsupported_reason  # noqa: E402
+from framework.layers.kernels.triton_gemv import gemv_tiles, gemv_triton  # noqa: E402
+from framework.layers.kernels.triton_norm_silu import rms_norm_triton  # noqa: E402
+from framework.layers.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, PAGE = 1024, 16, 8, 128, 3072, 151936, 16
 QKV = (HEADS + 2 * KV_HEADS) * HEAD_DIM
@@ -52,9 +52,13 @@ VARIANTS = {"off": (False, None), "on": (True, None), "off_noprefetch": (False, 
 # of the qkv output (no q/k norm, RoPE or KV store); other keys go to `paged_attention` (num_splits, fused_reduce,
 # merge_unroll; tiles: (keys, warps, stages) of the small-rows launch). Default: the split rule.
 ABLATIONS: dict[str, dict] = {
-    "full": {}, "no_attention": {"attention": False}, "no_rope": {"rope": False},
+    "full": {},
+    "no_attention": {"attention": False},
+    "no_rope": {"rope": False},
     "no_rope_no_attention": {"rope": False, "attention": False},
-    "merge1": {"merge_unroll": 1}, "merge4": {"merge_unroll": 4}, "two_launch_reduce": {"fused_reduce": False},
+    "merge1": {"merge_unroll": 1},
+    "merge4": {"merge_unroll": 4},
+    "two_launch_reduce": {"fused_reduce": False},
     **{f"splits{n}": {"num_splits": n} for n in (1, 4, 6, 8, 12, 16, 32)},
     "tiles64_4_2": {"tiles": (64, 4, 2)},
 }
@@ -74,11 +78,17 @@ class Model:
 
         def layer() -> dict[str, torch.Tensor]:
             gain = dict(std=0.2, shift=1.0)
-            return dict(qkv=randn(QKV, HIDDEN, std=HIDDEN**-0.5),
-                        o=randn(HIDDEN, HEADS * HEAD_DIM, std=(HEADS * HEAD_DIM)**-0.5),
-                        gate_up=randn(2 * INTER, HIDDEN, std=HIDDEN**-0.5), down=randn(HIDDEN, INTER, std=INTER**-0.5),
-                        g1=randn(HIDDEN, **gain), g2=randn(HIDDEN, **gain), qn=randn(HEAD_DIM, **gain),
-                        kn=randn(HEAD_DIM, **gain), cache=randn(2, num_blocks, PAGE, KV_HEADS, HEAD_DIM))
+            return dict(
+                qkv=randn(QKV, HIDDEN, std=HIDDEN**-0.5),
+                o=randn(HIDDEN, HEADS * HEAD_DIM, std=(HEADS * HEAD_DIM) ** -0.5),
+                gate_up=randn(2 * INTER, HIDDEN, std=HIDDEN**-0.5),
+                down=randn(HIDDEN, INTER, std=INTER**-0.5),
+                g1=randn(HIDDEN, **gain),
+                g2=randn(HIDDEN, **gain),
+                qn=randn(HEAD_DIM, **gain),
+                kn=randn(HEAD_DIM, **gain),
+                cache=randn(2, num_blocks, PAGE, KV_HEADS, HEAD_DIM),
+            )
 
         self.layers = [layer() for _ in range(layers)]
         self.norm, self.lm_head = randn(HIDDEN, shift=1.0), randn(VOCAB, HIDDEN, std=HIDDEN**-0.5)
@@ -87,14 +97,19 @@ class Model:
         blocks = -(-seq_len // PAGE)
         perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0))[:blocks].to(device)
         self.meta = AttentionMetadata(
-            num_tokens=1, num_rows=1, query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=device),
+            num_tokens=1,
+            num_rows=1,
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=device),
             seq_lens=torch.tensor([seq_len], dtype=torch.int32, device=device),
-            block_tables=perm.view(1, blocks).to(torch.int32), kv_slot_mapping=perm[-1:] * PAGE + (seq_len - 1) % PAGE,
-            block_size=PAGE, max_query_len=1, max_seq_len=seq_len)
+            block_tables=perm.view(1, blocks).to(torch.int32),
+            kv_slot_mapping=perm[-1:] * PAGE + (seq_len - 1) % PAGE,
+            block_size=PAGE,
+            max_query_len=1,
+            max_seq_len=seq_len,
+        )
         self.counters = torch.zeros(64 * KV_HEADS, dtype=torch.int32, device=device)  # as a model's SplitCounters
 
-    def _gemv(self, x: torch.Tensor, w: torch.Tensor, pdl: bool, prefetch: Optional[int], silu: bool = False,
-              **kwargs):  # type: ignore[no-untyped-def]
+    def _gemv(self, x: torch.Tensor, w: torch.Tensor, pdl: bool, prefetch: Optional[int], silu: bool = False, **kwargs):  # type: ignore[no-untyped-def]
         tiles = gemv_tiles(1, w.shape[0] // (2 if silu else 1), w.shape[1], 2, silu_mul=silu, prefetch_k=prefetch)
         return gemv_triton(x, w, silu_mul=silu, tiles=tiles, pdl=pdl, **kwargs)
 
@@ -103,19 +118,33 @@ class Model:
         qkv, residual = self._gemv(x, w["qkv"], pdl, prefetch, norm_weight=w["g1"], eps=EPS, residual=residual)
         ab = self.changes
         if ab.get("rope", True):
-            q = qk_norm_rope_store_triton(qkv, self.cos, self.sin, w["qn"], w["kn"], EPS, HEADS, KV_HEADS,
-                                          HEAD_DIM, w["cache"], self.meta.kv_slot_mapping, pdl=pdl)
+            q = qk_norm_rope_store_triton(
+                qkv,
+                self.cos,
+                self.sin,
+                w["qn"],
+                w["kn"],
+                EPS,
+                HEADS,
+                KV_HEADS,
+                HEAD_DIM,
+                w["cache"],
+                self.meta.kv_slot_mapping,
+                pdl=pdl,
+            )
         else:
             q = qkv[:, : HEADS * HEAD_DIM].view(1, HEADS, HEAD_DIM)
         if ab.get("attention", True):
             kwargs = {k: v for k, v in ab.items() if k not in ("rope", "attention", "tiles")}
             if "tiles" in ab:
                 kwargs["small_tiles"] = AttentionTiles(16, *ab["tiles"])
-            q = paged_attention(q, w["cache"], self.meta, HEAD_DIM**-0.5, pdl=pdl, split_counters=self.counters,
-                                **kwargs)
+            q = paged_attention(
+                q, w["cache"], self.meta, HEAD_DIM**-0.5, pdl=pdl, split_counters=self.counters, **kwargs
+            )
         h = self._gemv(q.reshape(1, HEADS * HEAD_DIM), w["o"], pdl, prefetch)[0]
-        act, residual = self._gemv(h, w["gate_up"], pdl, prefetch, silu=True, norm_weight=w["g2"], eps=EPS,
-                                   residual=residual)
+        act, residual = self._gemv(
+            h, w["gate_up"], pdl, prefetch, silu=True, norm_weight=w["g2"], eps=EPS, residual=residual
+        )
         return self._gemv(act, w["down"], pdl, prefetch)[0], residual
 
     def head(self, x: torch.Tensor, residual: torch.Tensor, pdl: bool, prefetch: Optional[int]) -> torch.Tensor:
@@ -124,15 +153,18 @@ class Model:
 
     def chains(self) -> dict[str, tuple[int, Callable[[bool, Optional[int]], torch.Tensor]]]:
         """name -> (kernels, run(pdl, prefetch) -> output)."""
+
         def stack(pdl: bool, prefetch: Optional[int]) -> torch.Tensor:
             x, residual = self.x, self.residual
             for i in range(len(self.layers)):
                 x, residual = self.layer(i, x, residual, pdl, prefetch)
             return self.head(x, residual, pdl, prefetch)
 
-        return {"layer": (KERNELS_PER_LAYER, lambda pdl, pre: self.layer(0, self.x, self.residual, pdl, pre)[0]),
-                "head": (KERNELS_HEAD, lambda pdl, pre: self.head(self.x, self.residual, pdl, pre)),
-                "stack": (KERNELS_PER_LAYER * len(self.layers) + KERNELS_HEAD, stack)}
+        return {
+            "layer": (KERNELS_PER_LAYER, lambda pdl, pre: self.layer(0, self.x, self.residual, pdl, pre)[0]),
+            "head": (KERNELS_HEAD, lambda pdl, pre: self.head(self.x, self.residual, pdl, pre)),
+            "stack": (KERNELS_PER_LAYER * len(self.layers) + KERNELS_HEAD, stack),
+        }
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -170,16 +202,31 @@ def ablate(model: Model, out: Path) -> int:
         us = triton.testing.do_bench(graph.replay, warmup=25, rep=300, return_mode="median") * 1e3
         full = rows[0]["us"] if rows else us
         # Ablations that leave a kernel out change the logits; the launch variants may differ by rounding only.
-        rows.append(dict(ablation=name, change=change, us=us, delta_us=us - full,
-                         delta_us_per_layer=(us - full) / len(model.layers),
-                         max_abs_diff_vs_full=float((logits - full_logits).abs().max())))
-        print(f"{name:<22}{us:>10.1f}{us - full:>10.1f}{(us - full) / len(model.layers):>18.2f}"
-              f"{rows[-1]['max_abs_diff_vs_full']:>12.3g}", flush=True)
+        rows.append(
+            dict(
+                ablation=name,
+                change=change,
+                us=us,
+                delta_us=us - full,
+                delta_us_per_layer=(us - full) / len(model.layers),
+                max_abs_diff_vs_full=float((logits - full_logits).abs().max()),
+            )
+        )
+        print(
+            f"{name:<22}{us:>10.1f}{us - full:>10.1f}{(us - full) / len(model.layers):>18.2f}"
+            f"{rows[-1]['max_abs_diff_vs_full']:>12.3g}",
+            flush=True,
+        )
         del graph
     model.changes = {}
     out.mkdir(parents=True, exist_ok=True)
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, seq_len=model.seq_len,
-                layers=len(model.layers), unit="microseconds per CUDA-graph replay of the stack (PDL on)")
+    meta = dict(
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        seq_len=model.seq_len,
+        layers=len(model.layers),
+        unit="microseconds per CUDA-graph replay of the stack (PDL on)",
+    )
     (out / "pdl_ablation.json").write_text(json.dumps(dict(meta=meta, results=rows), indent=2))
     plot_ablation(rows, f"{len(model.layers)} layers + head, {model.seq_len} keys, PDL on", out / "pdl_ablation.png")
     print(f"wrote {out}")
@@ -233,14 +280,33 @@ def main() -> int:
             same = bool(torch.equal(out, base.setdefault(prefetch, out.clone())))  # vs PDL off, same prefetch
             us = triton.testing.do_bench(graph.replay, warmup=25, rep=300, return_mode="median") * 1e3
             off_us = off_us or us
-            rows.append(dict(chain=chain, kernels=kernels, variant=variant, pdl=pdl, prefetch_k=prefetch, us=us,
-                             us_per_kernel=us / kernels, equal_to_off=same))
-            print(f"{chain:<7}{kernels:>8}{variant:>16}{us:>10.1f}{us / kernels:>11.2f}{us / off_us:>8.3f}"
-                  f"{str(same):>12}", flush=True)
+            rows.append(
+                dict(
+                    chain=chain,
+                    kernels=kernels,
+                    variant=variant,
+                    pdl=pdl,
+                    prefetch_k=prefetch,
+                    us=us,
+                    us_per_kernel=us / kernels,
+                    equal_to_off=same,
+                )
+            )
+            print(
+                f"{chain:<7}{kernels:>8}{variant:>16}{us:>10.1f}{us / kernels:>11.2f}{us / off_us:>8.3f}"
+                f"{str(same):>12}",
+                flush=True,
+            )
             del graph
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                dtype=str(DTYPE), seq_len=args.seq_len, kv_splits=4,
-                unit="microseconds per CUDA-graph replay (median of triton.testing.do_bench, L2 flushed)")
+    meta = dict(
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        dtype=str(DTYPE),
+        seq_len=args.seq_len,
+        kv_splits=4,
+        unit="microseconds per CUDA-graph replay (median of triton.testing.do_bench, L2 flushed)",
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "pdl_bench.json").write_text(json.dumps(dict(meta=meta, results=rows), indent=2))
     plot(rows, args.out / "pdl_bench.png")

@@ -55,8 +55,9 @@ class Clock:
             self.total += time.perf_counter() - t0
 
 
-def run(policy: DynamicK, clock: Clock, batch: int, output_len: int, acceptance: list[float], rng: random.Random,
-        tag: str) -> int:
+def run(
+    policy: DynamicK, clock: Clock, batch: int, output_len: int, acceptance: list[float], rng: random.Random, tag: str
+) -> int:
     """One batch decoded to the end; returns its steps."""
     left = {f"{tag}-{i}": output_len for i in range(batch)}
     p_accept = {r: rng.choice(acceptance) for r in left}
@@ -92,8 +93,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--runs", type=int, default=8, help="timed runs per batch size, after two untimed ones")
-    parser.add_argument("--acceptance", type=float, nargs="+", default=[0.6, 0.8, 0.9, 0.95],
-                        help="per-draft acceptance probabilities the requests draw from")
+    parser.add_argument(
+        "--acceptance",
+        type=float,
+        nargs="+",
+        default=[0.6, 0.8, 0.9, 0.95],
+        help="per-draft acceptance probabilities the requests draw from",
+    )
     parser.add_argument("--out", default="bench_results/policy_host")
     args = parser.parse_args(argv)
     rows = []
@@ -105,14 +111,21 @@ def main(argv: Optional[list[str]] = None) -> None:
         for i in range(2):  # learning runs, untimed
             run(policy, clock, batch, args.output_len, args.acceptance, rng, f"warm{i}")
         clock.reset()
-        steps = sum(run(policy, clock, batch, args.output_len, args.acceptance, rng, f"run{i}")
-                    for i in range(args.runs))
-        row = {"batch": batch, "steps_per_run": steps / args.runs, "us_per_step": 1e6 * clock.total / steps,
-               "decisions_per_run": clock.decisions / args.runs,
-               "us_per_decision": 1e6 * clock.deciding / max(clock.decisions, 1)}
+        steps = sum(
+            run(policy, clock, batch, args.output_len, args.acceptance, rng, f"run{i}") for i in range(args.runs)
+        )
+        row = {
+            "batch": batch,
+            "steps_per_run": steps / args.runs,
+            "us_per_step": 1e6 * clock.total / steps,
+            "decisions_per_run": clock.decisions / args.runs,
+            "us_per_decision": 1e6 * clock.deciding / max(clock.decisions, 1),
+        }
         rows.append(row)
-        print(f"{batch:>6}{row['steps_per_run']:>11.0f}{row['us_per_step']:>9.1f}{row['decisions_per_run']:>15.1f}"
-              f"{row['us_per_decision']:>13.0f}")
+        print(
+            f"{batch:>6}{row['steps_per_run']:>11.0f}{row['us_per_step']:>9.1f}{row['decisions_per_run']:>15.1f}"
+            f"{row['us_per_decision']:>13.0f}"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "policy_host.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))

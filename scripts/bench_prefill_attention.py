@@ -87,24 +87,36 @@ def _time_graph_ms(fn) -> float:
 def bench_shape(name: str, variants: list[str], with_sdpa: bool) -> list[dict]:
     import torch.nn.functional as F
 
-    from framework.attention import triton_paged_attention as tpa
-    from framework.attention import triton_prefill_attention as tfa
-    from framework.attention.paged import store_kv_reference
+    from framework.layers.attention import triton_paged_attention as tpa
+    from framework.layers.attention import triton_prefill_attention as tfa
+    from framework.layers.attention.paged import store_kv_reference
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from attention_cases import make_paged_case
 
     rows = SHAPES[name]
-    case = make_paged_case(rows, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
-                           block_size=BLOCK_SIZE, dtype=torch.bfloat16, device="cuda", poison=False)
+    case = make_paged_case(
+        rows,
+        num_heads=NUM_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_dim=HEAD_DIM,
+        block_size=BLOCK_SIZE,
+        dtype=torch.bfloat16,
+        device="cuda",
+        poison=False,
+    )
     store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
-    query, cache, meta, scale = case.query, case.kv_cache, case.meta, HEAD_DIM ** -0.5
+    query, cache, meta, scale = case.query, case.kv_cache, case.meta, HEAD_DIM**-0.5
     pairs = sum(c * q + q * (q + 1) // 2 for c, q in rows if q > 8)  # prefill rows' visible (query, key) pairs
     flops = 4 * NUM_HEADS * HEAD_DIM * pairs
     results, base_out = [], None
     for spec in variants:
         base = tfa.default_variant(HEAD_DIM, on_gpu=True)
-        choice = dict(prefill_kernel=False) if spec == "paged" else dict(
-            prefill_variant=tfa.PrefillVariant.parse(spec, base))
+        choice = (
+            dict(prefill_kernel=False)
+            if spec == "paged"
+            else dict(prefill_variant=tfa.PrefillVariant.parse(spec, base))
+        )
         label = "paged (older launch)" if spec == "paged" else choice["prefill_variant"].label()
         t0 = time.perf_counter()
         try:
@@ -117,10 +129,17 @@ def bench_shape(name: str, variants: list[str], with_sdpa: bool) -> list[dict]:
             results.append(dict(shape=name, variant=spec, label=label, error=f"{type(err).__name__}: {err}"[:300]))
             continue
         if base_out is None:
-            base_out = out[:case.num_real_tokens].float()
-        diff = float((out[:case.num_real_tokens].float() - base_out).abs().max())
-        r = dict(shape=name, variant=spec, label=label, us=ms * 1e3, tflops=flops / (ms * 1e-3) / 1e12,
-                 max_abs_diff_vs_first=diff, first_call_s=compile_s)
+            base_out = out[: case.num_real_tokens].float()
+        diff = float((out[: case.num_real_tokens].float() - base_out).abs().max())
+        r = dict(
+            shape=name,
+            variant=spec,
+            label=label,
+            us=ms * 1e3,
+            tflops=flops / (ms * 1e-3) / 1e12,
+            max_abs_diff_vs_first=diff,
+            first_call_s=compile_s,
+        )
         results.append(r)
         print(f"{name:>17} {label:<44} {r['us']:9.1f} us {r['tflops']:7.1f} TFLOP/s  diff {diff:.2e}", flush=True)
     dense = _dense_rows(cache, meta, rows) if with_sdpa else []
@@ -128,12 +147,13 @@ def bench_shape(name: str, variants: list[str], with_sdpa: bool) -> list[dict]:
 
         def sdpa():
             for start, q_len, k, v in dense:
-                q = query[start:start + q_len].transpose(0, 1).unsqueeze(0)
+                q = query[start : start + q_len].transpose(0, 1).unsqueeze(0)
                 F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
         ms = _time_graph_ms(sdpa)
-        r = dict(shape=name, variant="sdpa", label="sdpa (dense, flash)", us=ms * 1e3,
-                 tflops=flops / (ms * 1e-3) / 1e12)
+        r = dict(
+            shape=name, variant="sdpa", label="sdpa (dense, flash)", us=ms * 1e3, tflops=flops / (ms * 1e-3) / 1e12
+        )
         results.append(r)
         print(f"{name:>17} {r['label']:<44} {r['us']:9.1f} us {r['tflops']:7.1f} TFLOP/s", flush=True)
     return results  # the case's GPU tensors are freed with this frame
@@ -152,8 +172,9 @@ def _plot(results: list[dict], path: Path) -> None:
     width = 0.8 / max(1, len(shapes))
     for i, shape in enumerate(shapes):
         by_label = {r["label"]: r["tflops"] for r in ok if r["shape"] == shape}
-        ax.bar([j + i * width for j in range(len(labels))], [by_label.get(lab, 0.0) for lab in labels], width,
-               label=shape)
+        ax.bar(
+            [j + i * width for j in range(len(labels))], [by_label.get(lab, 0.0) for lab in labels], width, label=shape
+        )
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("TFLOP/s (prefill rows' causal pairs)")
     ax.set_title("Prefill attention variants, H200 bf16, Qwen3-0.6B heads")
@@ -167,8 +188,12 @@ def _plot(results: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--variants", nargs="+", default=VARIANTS,
-                        help="'paged' (older large-row launch) or PrefillVariant specs, e.g. 'block_n=64,num_stages=4'")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=VARIANTS,
+        help="'paged' (older large-row launch) or PrefillVariant specs, e.g. 'block_n=64,num_stages=4'",
+    )
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--no-sdpa", action="store_true")
     args = parser.parse_args(argv)
@@ -179,8 +204,16 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
-    env = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
-               heads=NUM_HEADS, kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK_SIZE)
+    env = dict(
+        gpu=props.name,
+        sms=props.multi_processor_count,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        heads=NUM_HEADS,
+        kv_heads=NUM_KV_HEADS,
+        head_dim=HEAD_DIM,
+        block_size=BLOCK_SIZE,
+    )
     print(f"# {env}", file=sys.stderr)
     results = []
     for shape in args.shapes:

@@ -24,11 +24,21 @@ import torch.nn.functional as F
 
 LAYERS = 28
 SHAPES = {  # name: (N, K) of the fused weights the model runs
-    "0.6b qkv": (4096, 1024), "0.6b o": (1024, 2048), "0.6b gate_up": (6144, 1024), "0.6b down": (1024, 3072),
-    "8b qkv": (6144, 4096), "8b o": (4096, 4096), "8b gate_up": (24576, 4096), "8b down": (4096, 12288),
+    "0.6b qkv": (4096, 1024),
+    "0.6b o": (1024, 2048),
+    "0.6b gate_up": (6144, 1024),
+    "0.6b down": (1024, 3072),
+    "8b qkv": (6144, 4096),
+    "8b o": (4096, 4096),
+    "8b gate_up": (24576, 4096),
+    "8b down": (4096, 12288),
 }
-VARIANTS = {"cublas": ("cublas", "nk"), "cublaslt": ("cublaslt", "nk"),  # name: (preferred BLAS, weight layout)
-            "cublas kn": ("cublas", "kn"), "cublaslt kn": ("cublaslt", "kn")}
+VARIANTS = {
+    "cublas": ("cublas", "nk"),
+    "cublaslt": ("cublaslt", "nk"),  # name: (preferred BLAS, weight layout)
+    "cublas kn": ("cublas", "kn"),
+    "cublaslt kn": ("cublaslt", "kn"),
+}
 
 
 def time_chain_us(rows: int, n: int, k: int, layers: int, layout: str = "nk") -> float:
@@ -74,11 +84,15 @@ def main(argv: list[str] | None = None) -> int:
                 r[backend] = dict(us=us, tbps=n * k * 2 / us / 1e6, tflops=2 * rows * n * k / us / 1e6)
             torch.backends.cuda.preferred_blas_library("cublas")
             results.append(r)
-            print(f"{name:>14} {rows:>5} " + " ".join(
-                f"{r[b]['us']:>12.1f} {r[b]['tbps']:>5.2f} {r[b]['tflops']:>7.0f}" for b in VARIANTS), flush=True)
+            print(
+                f"{name:>14} {rows:>5} "
+                + " ".join(f"{r[b]['us']:>12.1f} {r[b]['tbps']:>5.2f} {r[b]['tflops']:>7.0f}" for b in VARIANTS),
+                flush=True,
+            )
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "projections.json").write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(),
-                                                                   torch=torch.__version__, results=results), indent=1))
+    (args.out_dir / "projections.json").write_text(
+        json.dumps(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, results=results), indent=1)
+    )
     import matplotlib
 
     matplotlib.use("Agg")

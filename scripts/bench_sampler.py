@@ -47,8 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CASES = {
     "temp+topk+topp": dict(temperature=0.8, top_k=50, top_p=0.9),
-    "+penalties": dict(temperature=0.8, top_k=50, top_p=0.9, repetition_penalty=1.1, frequency_penalty=0.2,
-                       presence_penalty=0.3),
+    "+penalties": dict(
+        temperature=0.8, top_k=50, top_p=0.9, repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.3
+    ),
     "topk": dict(temperature=0.8, top_k=50),
     "topp": dict(temperature=0.8, top_p=0.9),
     "minp": dict(temperature=0.8, min_p=0.05),
@@ -69,8 +70,8 @@ def make_logits(kind: str, rows: int, vocab: int, seed: int = 0) -> torch.Tensor
 
 def make_sampler(params: dict, rows: int, vocab: int, fused: bool):
     """A Sampler whose `rows` slots hold requests with `params` and realistic histories; its stages."""
-    from framework.sampling_params import SamplingParams
-    from framework.scheduler_output import NewRequestData
+    from framework.params.sampling_params import SamplingParams
+    from framework.params.scheduler_output import NewRequestData
     from samplers.sampler import Sampler
     from samplers.states import SamplingStates
 
@@ -81,9 +82,15 @@ def make_sampler(params: dict, rows: int, vocab: int, fused: bool):
         prompt_len=torch.full((rows,), PROMPT_LEN, dtype=torch.int32, device="cuda"),
         prefill_len=torch.full((rows,), PROMPT_LEN + OUTPUT_LEN, dtype=torch.int32, device="cuda"),
         total_len=torch.full((rows,), PROMPT_LEN + OUTPUT_LEN, dtype=torch.int32, device="cuda"),
-        draft_tokens=torch.zeros(rows, 0, dtype=torch.int32, device="cuda"))
-    states = SamplingStates(rows, torch.device("cuda"), vocab_size=vocab, history=history,
-                            num_computed_host=lambda: np.zeros(rows, dtype=np.int64))
+        draft_tokens=torch.zeros(rows, 0, dtype=torch.int32, device="cuda"),
+    )
+    states = SamplingStates(
+        rows,
+        torch.device("cuda"),
+        vocab_size=vocab,
+        history=history,
+        num_computed_host=lambda: np.zeros(rows, dtype=np.int64),
+    )
     # Zipf-like token ids: repeated tokens, as real text has.
     all_tokens = (rng.zipf(1.2, (rows, PROMPT_LEN + OUTPUT_LEN)) % vocab).astype(np.int32)
     history.all_token_ids[:, : all_tokens.shape[1]] = torch.from_numpy(all_tokens).cuda()
@@ -184,14 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=151936)
-    parser.add_argument("--plan-warps", type=int, default=None, help="fused plan kernel's num_warps (default: "
-                        "samplers.fused_sampling.PLAN_WARPS)")
+    parser.add_argument(
+        "--plan-warps",
+        type=int,
+        default=None,
+        help="fused plan kernel's num_warps (default: samplers.fused_sampling.PLAN_WARPS)",
+    )
     parser.add_argument("--group", type=int, default=None, help="fused_sampling.GROUP (with --cap)")
     parser.add_argument("--cap", type=int, default=None, help="fused_sampling.CAP")
     parser.add_argument("--maxnreg", type=int, default=None, help="fused_sampling.PLAN_MAXNREG")
     parser.add_argument("--sample-warps", type=int, default=None, help="fused_sampling.SAMPLE_WARPS")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="logits dtype (bfloat16: as the LM head hands them to the fused path)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="logits dtype (bfloat16: as the LM head hands them to the fused path)",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_sampler needs a CUDA GPU", file=sys.stderr)
@@ -210,27 +225,42 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
-    env = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-               triton=triton.__version__, rows=args.rows, vocab=args.vocab, dtype=args.dtype,
-               sample_warps=fused_sampling.SAMPLE_WARPS,
-               plan_warps=fused_sampling.PLAN_WARPS, group=fused_sampling.GROUP, cap=fused_sampling.CAP,
-               maxnreg=fused_sampling.PLAN_MAXNREG)
+    env = dict(
+        gpu=props.name,
+        sms=props.multi_processor_count,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        rows=args.rows,
+        vocab=args.vocab,
+        dtype=args.dtype,
+        sample_warps=fused_sampling.SAMPLE_WARPS,
+        plan_warps=fused_sampling.PLAN_WARPS,
+        group=fused_sampling.GROUP,
+        cap=fused_sampling.CAP,
+        maxnreg=fused_sampling.PLAN_MAXNREG,
+    )
     print(f"# {env}", file=sys.stderr)
     nbytes = args.rows * args.vocab * dtype.itemsize
     logits = {kind: make_logits(kind, args.rows, args.vocab).to(dtype) for kind in ("peaked", "flat")}
     x = logits["peaked"]
     copy_dst = torch.empty_like(x)
-    read = dict(amax=time_graph_ms(lambda: x.amax(-1)), sum=time_graph_ms(lambda: x.sum(-1)),
-                copy=time_graph_ms(lambda: copy_dst.copy_(x)))
+    read = dict(
+        amax=time_graph_ms(lambda: x.amax(-1)),
+        sum=time_graph_ms(lambda: x.sum(-1)),
+        copy=time_graph_ms(lambda: copy_dst.copy_(x)),
+    )
     read_ms = min(read["amax"], read["sum"])
-    print(f"read once: {read_ms * 1e3:.1f} us ({nbytes / read_ms / 1e9:.2f} TB/s); amax {read['amax'] * 1e3:.1f}, "
-          f"sum {read['sum'] * 1e3:.1f}, copy (read+write) {read['copy'] * 1e3:.1f} us")
+    print(
+        f"read once: {read_ms * 1e3:.1f} us ({nbytes / read_ms / 1e9:.2f} TB/s); amax {read['amax'] * 1e3:.1f}, "
+        f"sum {read['sum'] * 1e3:.1f}, copy (read+write) {read['copy'] * 1e3:.1f} us"
+    )
 
     idx = torch.arange(args.rows, dtype=torch.int32, device="cuda")
     positions = torch.full((args.rows,), PROMPT_LEN + OUTPUT_LEN, dtype=torch.int64, device="cuda")
     results, breakdown = [], {}
-    print(f"\n{'case':>15} {'logits':>7} {'fused us':>9} {'x read':>7} {'unfused us':>11} {'x read':>7} "
-          f"{'speed-up':>8}")
+    print(
+        f"\n{'case':>15} {'logits':>7} {'fused us':>9} {'x read':>7} {'unfused us':>11} {'x read':>7} {'speed-up':>8}"
+    )
     for case, params in CASES.items():
         by_path = {fused: make_sampler(params, args.rows, args.vocab, fused) for fused in (True, False)}
         for kind, data in logits.items():
@@ -250,8 +280,11 @@ def main(argv: list[str] | None = None) -> int:
             r["fused_x_read"] = r["fused_us"] / (read_ms * 1e3)
             r["unfused_x_read"] = r["unfused_us"] / (read_ms * 1e3)
             results.append(r)
-            print(f"{case:>15} {kind:>7} {r['fused_us']:>9.1f} {r['fused_x_read']:>7.2f} {r['unfused_us']:>11.1f} "
-                  f"{r['unfused_x_read']:>7.2f} {r['unfused_us'] / r['fused_us']:>7.1f}x", flush=True)
+            print(
+                f"{case:>15} {kind:>7} {r['fused_us']:>9.1f} {r['fused_x_read']:>7.2f} {r['unfused_us']:>11.1f} "
+                f"{r['unfused_x_read']:>7.2f} {r['unfused_us'] / r['fused_us']:>7.1f}x",
+                flush=True,
+            )
         del by_path
         torch.cuda.empty_cache()
     stages = stage_times(x.float(), idx, positions, args.rows, args.vocab)  # the single stages take float32
@@ -265,8 +298,14 @@ def main(argv: list[str] | None = None) -> int:
         for kernel, us in kernels.items():
             print(f"  {us:9.1f}  {kernel}")
 
-    out = dict(env=env, read_us=read_ms * 1e3, read=dict((k, v * 1e3) for k, v in read.items()),
-               results=results, stages_us=stages, breakdown=breakdown)
+    out = dict(
+        env=env,
+        read_us=read_ms * 1e3,
+        read=dict((k, v * 1e3) for k, v in read.items()),
+        results=results,
+        stages_us=stages,
+        breakdown=breakdown,
+    )
     (args.out_dir / "sampler_bench.json").write_text(json.dumps(out, indent=1))
     try:
         plot(out, args.out_dir / "sampler_bench.png")
@@ -290,8 +329,12 @@ def plot(out: dict, path: Path) -> None:
         ax.bar(pos + 0.2, [r["unfused_us"] for r in rows], 0.4, label="unfused")
         ax.axhline(out["read_us"], color="k", lw=1, label="one read of the logits")
         ax.axhline(2 * out["read_us"], color="k", lw=1, ls="--", label="2 reads (goal)")
-        ax.set(xticks=pos, yscale="log", ylabel="GPU time per call (us)",
-               title=f"sampler, {out['env']['rows']} x {out['env']['vocab']} fp32, {kind} logits")
+        ax.set(
+            xticks=pos,
+            yscale="log",
+            ylabel="GPU time per call (us)",
+            title=f"sampler, {out['env']['rows']} x {out['env']['vocab']} fp32, {kind} logits",
+        )
         ax.set_xticklabels([r["case"] for r in rows], rotation=20, fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7)

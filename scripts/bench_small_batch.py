@@ -39,8 +39,8 @@ T = TypeVar("T")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from framework.kernels.layer_ops import rms_norm, silu_and_mul  # noqa: E402
-from framework.kernels.small_batch_ops import fused_linear  # noqa: E402
+from framework.layers.kernels.layer_ops import rms_norm, silu_and_mul  # noqa: E402
+from framework.layers.kernels.small_batch_ops import fused_linear  # noqa: E402
 
 # name -> (hidden, q + k + v rows, intermediate, vocab)
 GEOMETRIES = {"qwen3-0.6b": (1024, 4096, 3072, 151936), "qwen3-8b": (4096, 6144, 12288, 151936)}
@@ -100,17 +100,22 @@ def build_pairs(geometry: str, tokens: int, device: str, scale: int) -> list[Pai
         small_qkv(), fused_linear(attn_out, w_o)[0], small_gate_up()
         return fused_linear(act, w_down)[0]
 
-    nbytes = {name: w.numel() * w.element_size() for name, w in
-              dict(qkv=w_qkv, o=w_o, gate_up=w_gate_up, down=w_down, lm=w_lm).items()}
+    nbytes = {
+        name: w.numel() * w.element_size()
+        for name, w in dict(qkv=w_qkv, o=w_o, gate_up=w_gate_up, down=w_down, lm=w_lm).items()
+    }
     return [
         Pair("qkv", nbytes["qkv"], default_qkv, small_qkv, apart_qkv),
         Pair("o_proj", nbytes["o"], lambda: F.linear(attn_out, w_o), lambda: fused_linear(attn_out, w_o)[0]),
         Pair("gate_up", nbytes["gate_up"], default_gate_up, small_gate_up, apart_gate_up),
         Pair("down", nbytes["down"], lambda: F.linear(act, w_down), lambda: fused_linear(act, w_down)[0]),
-        Pair("layer", sum(nbytes[k] for k in ("qkv", "o", "gate_up", "down")), default_layer, small_layer,
-             apart_layer),
-        Pair("lm_head", nbytes["lm"], lambda: F.linear(x, w_lm).float(),
-             lambda: fused_linear(x, w_lm, out_dtype=torch.float32)[0]),
+        Pair("layer", sum(nbytes[k] for k in ("qkv", "o", "gate_up", "down")), default_layer, small_layer, apart_layer),
+        Pair(
+            "lm_head",
+            nbytes["lm"],
+            lambda: F.linear(x, w_lm).float(),
+            lambda: fused_linear(x, w_lm, out_dtype=torch.float32)[0],
+        ),
     ]
 
 
@@ -148,10 +153,20 @@ def plot(rows: list[dict], path: Path) -> None:
         for op, marker in (("layer", "o"), ("lm_head", "s")):
             sel = [r for r in rows if r["geometry"] == geometry and r["op"] == op]
             for key, style in (("default_us", "--"), ("small_us", "-")):
-                ax.plot([r["tokens"] for r in sel], [r[key] for r in sel], style, marker=marker,
-                        label=f"{op} {key.split('_')[0]}")
-        ax.set(title=f"{geometry} (bf16): projections per layer / LM head", xlabel="tokens (M)",
-               ylabel="us per call (CUDA graph)", xscale="log", xticks=[1, 2, 4, 8])
+                ax.plot(
+                    [r["tokens"] for r in sel],
+                    [r[key] for r in sel],
+                    style,
+                    marker=marker,
+                    label=f"{op} {key.split('_')[0]}",
+                )
+        ax.set(
+            title=f"{geometry} (bf16): projections per layer / LM head",
+            xlabel="tokens (M)",
+            ylabel="us per call (CUDA graph)",
+            xscale="log",
+            xticks=[1, 2, 4, 8],
+        )
         ax.set_xticklabels(["1", "2", "4", "8"])
         ax.legend()
     fig.tight_layout()
@@ -170,29 +185,41 @@ def main() -> int:
     if device == "cpu" and not args.check_only:
         parser.error("timing needs a CUDA GPU (use --check-only on a CPU under TRITON_INTERPRET=1)")
     rows: list[dict] = []
-    print(f"{'geometry':<12}{'op':<9}{'M':>3}{'max|diff|':>11}{'default us':>12}{'GEMV us':>10}{'x':>6}"
-          f"{'default GB/s':>14}{'GEMV GB/s':>11}{'norm apart us':>15}")
+    print(
+        f"{'geometry':<12}{'op':<9}{'M':>3}{'max|diff|':>11}{'default us':>12}{'GEMV us':>10}{'x':>6}"
+        f"{'default GB/s':>14}{'GEMV GB/s':>11}{'norm apart us':>15}"
+    )
     for geometry in args.geometries:
         for tokens in args.tokens:
             for pair in build_pairs(geometry, tokens, device, args.scale):
                 reference = pair.default().float()
-                diff = max((fn().float() - reference).abs().max().item()
-                           for fn in (pair.small, pair.norm_apart) if fn is not None)
-                row = dict(geometry=geometry, op=pair.op, tokens=tokens, max_abs_diff=diff,
-                           weight_bytes=pair.weight_bytes)
+                diff = max(
+                    (fn().float() - reference).abs().max().item()
+                    for fn in (pair.small, pair.norm_apart)
+                    if fn is not None
+                )
+                row = dict(
+                    geometry=geometry, op=pair.op, tokens=tokens, max_abs_diff=diff, weight_bytes=pair.weight_bytes
+                )
                 line = f"{geometry:<12}{pair.op:<9}{tokens:>3}{diff:>11.3g}"
                 if not args.check_only:
                     row["default_us"], row["small_us"] = graph_time_us(pair.default), graph_time_us(pair.small)
                     gbps = [pair.weight_bytes / (row[k] * 1e3) for k in ("default_us", "small_us")]
-                    line += (f"{row['default_us']:>12.1f}{row['small_us']:>10.1f}"
-                             f"{row['default_us'] / row['small_us']:>6.2f}{gbps[0]:>14.0f}{gbps[1]:>11.0f}")
+                    line += (
+                        f"{row['default_us']:>12.1f}{row['small_us']:>10.1f}"
+                        f"{row['default_us'] / row['small_us']:>6.2f}{gbps[0]:>14.0f}{gbps[1]:>11.0f}"
+                    )
                     if pair.norm_apart is not None:  # is fusing the norm into the GEMV worth its L2 reads?
                         row["norm_apart_us"] = graph_time_us(pair.norm_apart)
                         line += f"{row['norm_apart_us']:>15.1f}"
                 rows.append(row)
                 print(line, flush=True)
-    meta = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
-                dtype=str(DTYPE), unit="microseconds per CUDA-graph replay (median, L2 flushed)")
+    meta = dict(
+        device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        torch=torch.__version__,
+        dtype=str(DTYPE),
+        unit="microseconds per CUDA-graph replay (median, L2 flushed)",
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "small_batch_bench.json").write_text(json.dumps(dict(meta=meta, results=rows), indent=2))
     if not args.check_only:

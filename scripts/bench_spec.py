@@ -58,18 +58,29 @@ K_MAX = 5
 
 def build_llm(speculate: bool, max_model_len: int, smoke: bool = False):  # type: ignore[no-untyped-def]
     from framework import LLM
-    from framework.config import load_config
+    from framework.config.schema import load_config
 
-    spec = ({"method": "ngram", "dynamic_k": True, "num_speculative_tokens": K_MAX, "prompt_lookup_min": 2,
-             "prompt_lookup_max": 5} if speculate else {"method": "none"})
-    config = load_config({
-        "model": {"preset": "tiny" if smoke else "qwen3-0.6b", "max_model_len": max_model_len},
-        "device": "cpu" if smoke else "cuda",
-        "scheduler": {"max_num_seqs": max(BATCH_SIZES), "max_num_batched_tokens": 8192},
-        "runner": {"cuda_graph_sizes": list(BATCH_SIZES)},
-        "speculator": spec,
-        "seed": 0,
-    })
+    spec = (
+        {
+            "method": "ngram",
+            "dynamic_k": True,
+            "num_speculative_tokens": K_MAX,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 5,
+        }
+        if speculate
+        else {"method": "none"}
+    )
+    config = load_config(
+        {
+            "model": {"preset": "tiny" if smoke else "qwen3-0.6b", "max_model_len": max_model_len},
+            "device": "cpu" if smoke else "cuda",
+            "scheduler": {"max_num_seqs": max(BATCH_SIZES), "max_num_batched_tokens": 8192},
+            "runner": {"cuda_graph_sizes": list(BATCH_SIZES)},
+            "speculator": spec,
+            "seed": 0,
+        }
+    )
     return LLM(config=config)
 
 
@@ -88,11 +99,14 @@ def workload(name: str, batch: int, output_len: int, vocab: int, seed: int) -> t
     if name == "greedy-repeat":
         return prompts, [greedy] * batch
     if name == "sampled":
-        return prompts, [SamplingParams(temperature=1.0, seed=seed + i, max_tokens=output_len, ignore_eos=True)
-                         for i in range(batch)]
+        return prompts, [
+            SamplingParams(temperature=1.0, seed=seed + i, max_tokens=output_len, ignore_eos=True) for i in range(batch)
+        ]
     assert name == "shifting"
-    short = [SamplingParams(temperature=1.0, seed=seed + i, max_tokens=output_len // 4, ignore_eos=True)
-             for i in range(batch - 4)]
+    short = [
+        SamplingParams(temperature=1.0, seed=seed + i, max_tokens=output_len // 4, ignore_eos=True)
+        for i in range(batch - 4)
+    ]
     long = [SamplingParams(temperature=0.0, max_tokens=output_len * 4, ignore_eos=True)] * 4
     return prompts, short + long
 
@@ -108,8 +122,13 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
-def run_round_robin(llm, policies: dict[str, Any], prompts: list, params: list,  # type: ignore[no-untyped-def]
-                    repeats: int) -> dict[str, list[dict[str, Any]]]:
+def run_round_robin(
+    llm,
+    policies: dict[str, Any],
+    prompts: list,
+    params: list,  # type: ignore[no-untyped-def]
+    repeats: int,
+) -> dict[str, list[dict[str, Any]]]:
     """`repeats` rounds, each running the same requests once under every policy in turn (None: the engine's
     own); every run per policy, in round order. Interleaving spreads slow periods of the machine (clocks,
     other tenants, host hiccups) over every policy instead of the one measured at that moment."""
@@ -122,9 +141,17 @@ def run_round_robin(llm, policies: dict[str, Any], prompts: list, params: list, 
     return runs
 
 
-def run_pairs(llm, policies: dict[str, Any], runs: dict[str, list[dict[str, Any]]],  # type: ignore[no-untyped-def]
-              prompts: list, params: list, max_pairs: int, fast_pairs: int, fastest: float,
-              deadline: float = float("inf")) -> None:
+def run_pairs(
+    llm,
+    policies: dict[str, Any],
+    runs: dict[str, list[dict[str, Any]]],  # type: ignore[no-untyped-def]
+    prompts: list,
+    params: list,
+    max_pairs: int,
+    fast_pairs: int,
+    fastest: float,
+    deadline: float = float("inf"),
+) -> None:
     """More rounds of two policies only (the best fixed k and dynamic-k: `policies`), back to back and in
     alternating order (A B, B A, ...), appended to `runs`: until `fast_pairs` rounds (counting those in `runs`
     already) had both runs fast-host (`host_speed`), `max_pairs` rounds, or `time.monotonic()` reached
@@ -151,7 +178,7 @@ def pair_deadline(now: float, end: float, cell_seconds: float, cells_left: int) 
 
 
 def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    from framework.triton_compiles import compiled_variants, new_variants
+    from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants
 
     gc.collect()  # garbage of earlier runs is collected now, not in a pause inside this run
     probe_before = host_probe_us()
@@ -187,14 +214,22 @@ def run_once(llm, prompts: list, params: list) -> dict[str, Any]:  # type: ignor
     device_ms = [_elapsed_ms(a, b) for a, b in events]
     tokens = sum(len(o.token_ids) for o in outs)
     ms = sorted(step_ms)
-    return {"seconds": seconds, "output_tokens": tokens, "output_tok_per_s": tokens / seconds,
-            "host_probe_us": max(probes), "host_probes_us": probes,
-            "compiles_during_run": new_variants(compiled_before, compiled_variants()),
-            "steps": len(ms), "median_step_ms": ms[len(ms) // 2] if ms else 0.0,
-            "step_ms": [round(x, 2) for x in step_ms],  # in step order (the JSON keeps them; the table does not)
-            "step_eager": eager, "step_device_ms": device_ms, "eager_steps": sum(eager),
-            "slowest_steps_ms": [round(x, 1) for x in ms[-3:]],
-            **llm.get_metrics()["spec_decode"]}
+    return {
+        "seconds": seconds,
+        "output_tokens": tokens,
+        "output_tok_per_s": tokens / seconds,
+        "host_probe_us": max(probes),
+        "host_probes_us": probes,
+        "compiles_during_run": new_variants(compiled_before, compiled_variants()),
+        "steps": len(ms),
+        "median_step_ms": ms[len(ms) // 2] if ms else 0.0,
+        "step_ms": [round(x, 2) for x in step_ms],  # in step order (the JSON keeps them; the table does not)
+        "step_eager": eager,
+        "step_device_ms": device_ms,
+        "eager_steps": sum(eager),
+        "slowest_steps_ms": [round(x, 1) for x in ms[-3:]],
+        **llm.get_metrics()["spec_decode"],
+    }
 
 
 def _elapsed_ms(start, end) -> Optional[float]:  # type: ignore[no-untyped-def]
@@ -248,12 +283,24 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", default="bench_results/spec")
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell; the median is reported")
-    parser.add_argument("--pairs", type=int, default=0,
-                        help="at most this many more rounds of only the best fixed k and dynamic-k per cell")
-    parser.add_argument("--fast-pairs", type=int, default=8,
-                        help="... fewer once this many rounds had both runs fast-host (see run_pairs)")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="end the pair rounds early so that the whole run takes about this long (a job limit)")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="at most this many more rounds of only the best fixed k and dynamic-k per cell",
+    )
+    parser.add_argument(
+        "--fast-pairs",
+        type=int,
+        default=8,
+        help="... fewer once this many rounds had both runs fast-host (see run_pairs)",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="end the pair rounds early so that the whole run takes about this long (a job limit)",
+    )
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     parser.add_argument("--workloads", nargs="+", default=["greedy-repeat", "sampled", "shifting"])
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks the script, no figures")
@@ -273,11 +320,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     def record(engine_name: str, w: str, b: int, r: dict[str, Any], extra: Optional[dict] = None) -> None:
         row = {"workload": w, "batch": b, "engine": engine_name, **r, **(extra or {})}
         results.append(row)
-        print(f"{w:<14}{b:>6}  {engine_name:<10}{r['output_tok_per_s']:>10.0f} tok/s  "
-              f"accept len {r['mean_acceptance_length']:.2f}  {r['steps']} steps, median {r['median_step_ms']:.2f} ms, "
-              f"slowest {r['slowest_steps_ms']}, {r['eager_steps']} eager"
-              + (f"  compiled during the run: {r['compiles_during_run']}" if r["compiles_during_run"] else ""),
-              file=sys.stderr)
+        print(
+            f"{w:<14}{b:>6}  {engine_name:<10}{r['output_tok_per_s']:>10.0f} tok/s  "
+            f"accept len {r['mean_acceptance_length']:.2f}  {r['steps']} steps, median {r['median_step_ms']:.2f} ms, "
+            f"slowest {r['slowest_steps_ms']}, {r['eager_steps']} eager"
+            + (f"  compiled during the run: {r['compiles_during_run']}" if r["compiles_during_run"] else ""),
+            file=sys.stderr,
+        )
 
     fastest = float("inf")  # the fastest host probe so far (see host_speed)
     llm = build_llm(False, max_model_len, args.smoke)
@@ -305,28 +354,55 @@ def main(argv: Optional[list[str]] = None) -> None:
         policies["dynamic"] = policy
         runs = run_round_robin(llm, policies, *cell, args.repeats)
         fastest = fastest_probe([r for rs in runs.values() for r in rs], fastest)
-        best_k = int(fastest_policy({str(k): ([r["output_tok_per_s"] for r in runs[f"ngram k={k}"]],
-                                              [r["host_probe_us"] for r in runs[f"ngram k={k}"]]) for k in FIXED_KS},
-                                    fastest))
+        best_k = int(
+            fastest_policy(
+                {
+                    str(k): (
+                        [r["output_tok_per_s"] for r in runs[f"ngram k={k}"]],
+                        [r["host_probe_us"] for r in runs[f"ngram k={k}"]],
+                    )
+                    for k in FIXED_KS
+                },
+                fastest,
+            )
+        )
         pair = {f"ngram k={best_k}": policies[f"ngram k={best_k}"], "dynamic": policy}
         now = time.monotonic()
-        run_pairs(llm, pair, runs, *cell, args.pairs, args.fast_pairs, fastest,
-                  pair_deadline(now, end, now - cell_start, len(plans) - cell_index - 1))
+        run_pairs(
+            llm,
+            pair,
+            runs,
+            *cell,
+            args.pairs,
+            args.fast_pairs,
+            fastest,
+            pair_deadline(now, end, now - cell_start, len(plans) - cell_index - 1),
+        )
         for k in FIXED_KS:
             record(f"ngram k={k}", w, b, median_run(runs[f"ngram k={k}"]))
         fastest = fastest_probe([r for rs in runs.values() for r in rs], fastest)
         counts = Counter(policy.history)
-        record("dynamic", w, b, median_run(runs["dynamic"]), {
-            "cold_tok_per_s": round(cold["output_tok_per_s"]), "best_fixed_k": best_k,
-            "k_chosen": dict(sorted(counts.items())), "k_history": policy.history,
-            "decisions": [d._asdict() for d in policy.decisions or []]})
+        record(
+            "dynamic",
+            w,
+            b,
+            median_run(runs["dynamic"]),
+            {
+                "cold_tok_per_s": round(cold["output_tok_per_s"]),
+                "best_fixed_k": best_k,
+                "k_chosen": dict(sorted(counts.items())),
+                "k_history": policy.history,
+                "decisions": [d._asdict() for d in policy.decisions or []],
+            },
+        )
     compare(results, fastest)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    (out / "bench_spec.json").write_text(json.dumps({"device": device, "args": vars(args), "results": results},
-                                                    indent=1))
+    (out / "bench_spec.json").write_text(
+        json.dumps({"device": device, "args": vars(args), "results": results}, indent=1)
+    )
     print_table(results)
     plot(results, out / "bench_spec.png")
     print(f"results written to {out}", file=sys.stderr)
@@ -340,14 +416,20 @@ def compare(results: list[dict[str, Any]], fastest: float) -> None:
         r["fast_host_tok_per_s"] = median(fast_runs(r["runs_tok_per_s"], r["runs_host_probe_us"], fastest))
     for r in results:
         if r["engine"] == "dynamic":
-            best = next(x for x in results if (x["workload"], x["batch"], x["engine"]) ==
-                        (r["workload"], r["batch"], f"ngram k={r['best_fixed_k']}"))
+            best = next(
+                x
+                for x in results
+                if (x["workload"], x["batch"], x["engine"])
+                == (r["workload"], r["batch"], f"ngram k={r['best_fixed_k']}")
+            )
             r["paired_vs_best"] = paired_ratio(r, best, fastest)
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    head = (f"{'workload':<14}{'batch':>6}  {'engine':<11}{'out tok/s':>10}{'fast host':>10}{'vs none':>9}"
-            f"{'acc len':>9}  per-position acceptance")
+    head = (
+        f"{'workload':<14}{'batch':>6}  {'engine':<11}{'out tok/s':>10}{'fast host':>10}{'vs none':>9}"
+        f"{'acc len':>9}  per-position acceptance"
+    )
     print(head)
     print("-" * len(head))
     base = {(r["workload"], r["batch"]): r["output_tok_per_s"] for r in results if r["engine"] == "none"}
@@ -358,14 +440,21 @@ def print_table(results: list[dict[str, Any]]) -> None:
         chosen = ""
         if "k_chosen" in r:
             p = r["paired_vs_best"]
-            fast_paired = (f"{100 * (p['fast']['median'] - 1):+.1f}% over {p['fast']['rounds']} fast-host rounds"
-                           if p["fast"]["rounds"] else "no fast-host round")
-            chosen = (f"  k chosen {r['k_chosen']}; cold run {r['cold_tok_per_s']}; paired vs k={r['best_fixed_k']} "
-                      f"{100 * (p['median'] - 1):+.1f}% (quartiles "
-                      f"{', '.join(f'{100 * (q - 1):+.1f}%' for q in p['quartiles'])}; {p['rounds']} rounds), "
-                      f"{fast_paired}")
-        print(f"{r['workload']:<14}{r['batch']:>6}  {r['engine']:<11}{r['output_tok_per_s']:>10.0f}{fast}{rel:>8.2f}x"
-              f"{r['mean_acceptance_length']:>9.2f}  [{per_pos}]{chosen}")
+            fast_paired = (
+                f"{100 * (p['fast']['median'] - 1):+.1f}% over {p['fast']['rounds']} fast-host rounds"
+                if p["fast"]["rounds"]
+                else "no fast-host round"
+            )
+            chosen = (
+                f"  k chosen {r['k_chosen']}; cold run {r['cold_tok_per_s']}; paired vs k={r['best_fixed_k']} "
+                f"{100 * (p['median'] - 1):+.1f}% (quartiles "
+                f"{', '.join(f'{100 * (q - 1):+.1f}%' for q in p['quartiles'])}; {p['rounds']} rounds), "
+                f"{fast_paired}"
+            )
+        print(
+            f"{r['workload']:<14}{r['batch']:>6}  {r['engine']:<11}{r['output_tok_per_s']:>10.0f}{fast}{rel:>8.2f}x"
+            f"{r['mean_acceptance_length']:>9.2f}  [{per_pos}]{chosen}"
+        )
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -382,7 +471,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         batches = sorted({r["batch"] for r in rows})
         width = 0.8 / len(engines)
         for i, e in enumerate(engines):
-            ys = [next((r["output_tok_per_s"] for r in rows if r["engine"] == e and r["batch"] == b), 0) for b in batches]
+            ys = [
+                next((r["output_tok_per_s"] for r in rows if r["engine"] == e and r["batch"] == b), 0) for b in batches
+            ]
             ax.bar([j + i * width for j in range(len(batches))], ys, width, label=e)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(batches))], [str(b) for b in batches])
         ax.set_xlabel("requests at once")

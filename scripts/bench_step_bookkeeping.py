@@ -62,12 +62,13 @@ class FakeRunner:
         self._output = output
 
     def sample_tokens(self) -> _Ready:
-        from framework.async_output import ModelRunnerOutput
+        from framework.runner.async_output import ModelRunnerOutput
 
         out, requests = self._output, self.scheduler.requests
         sampled = []
-        for request_id, before, n, drafts in zip(out.scheduled_request_ids, out.num_computed_tokens,
-                                                 out.num_scheduled_tokens, out.num_draft_tokens):
+        for request_id, before, n, drafts in zip(
+            out.scheduled_request_ids, out.num_computed_tokens, out.num_scheduled_tokens, out.num_draft_tokens
+        ):
             request = requests.get(request_id)
             samples = request is not None and before + n - drafts >= request.num_tokens
             sampled.append([7] if samples else [])
@@ -82,6 +83,7 @@ def _timed(clock: dict[str, float], name: str, fn: Callable) -> Callable:
             return fn(*a, **k)
         finally:
             clock[name] += time.thread_time() - start
+
     return wrapper
 
 
@@ -92,9 +94,18 @@ def measure(workload: str, size: int, args: argparse.Namespace, seed: int) -> di
     steps = args.warmup + args.steps
     max_model_len = PROMPT_LEN + (steps + 8 if workload == "decode" else 64)
     blocks = size * -(-max_model_len // 16) + 16
-    llm = LLM("random_tiny", device="cpu", max_num_seqs=size, max_model_len=max_model_len, seed=seed,
-              max_num_batched_tokens=max(size * PROMPT_LEN, 2048), block_size=16, num_kv_blocks=blocks,
-              cuda_graphs=False, enable_prefix_caching=False if args.no_prefix_caching else None)
+    llm = LLM(
+        "random_tiny",
+        device="cpu",
+        max_num_seqs=size,
+        max_model_len=max_model_len,
+        seed=seed,
+        max_num_batched_tokens=max(size * PROMPT_LEN, 2048),
+        block_size=16,
+        num_kv_blocks=blocks,
+        cuda_graphs=False,
+        enable_prefix_caching=False if args.no_prefix_caching else None,
+    )
     engine = llm.engine
     engine.runner = FakeRunner(engine.scheduler)
     rng = random.Random(seed)
@@ -157,8 +168,11 @@ def format_table(rows: list[dict], baseline: list[dict] | None = None) -> str:
     before = {(r["workload"], r["requests"]): r for r in baseline or []}
 
     def line(tag: str, r: dict) -> str:
-        return (f"{tag}{r['workload']:<9}{r['requests']:>9}" + "".join(f"{r[p]:>12.1f}" for p in PHASES)
-                + f"{r['total']:>11.1f}")
+        return (
+            f"{tag}{r['workload']:<9}{r['requests']:>9}"
+            + "".join(f"{r[p]:>12.1f}" for p in PHASES)
+            + f"{r['total']:>11.1f}"
+        )
 
     for r in rows:
         old = before.get((r["workload"], r["requests"]))
@@ -191,8 +205,16 @@ def plot(rows: list[dict], path: Path, title: str, baseline: list[dict] | None =
             bottom = 0.0
             for i, phase in enumerate(PHASES):
                 value = row[phase] / row["requests"]
-                ax.bar(pos, value, width, bottom=bottom, color=colors[i % len(colors)], hatch=hatch,
-                       edgecolor="white", label=phase if x == 0 and not hatch else None)
+                ax.bar(
+                    pos,
+                    value,
+                    width,
+                    bottom=bottom,
+                    color=colors[i % len(colors)],
+                    hatch=hatch,
+                    edgecolor="white",
+                    label=phase if x == 0 and not hatch else None,
+                )
                 bottom += value
     ax.set_xticks(range(len(rows)), [f"{r['workload']}\n{r['requests']}" for r in rows])
     ax.set_ylabel("CPU us per step per running request")
@@ -214,8 +236,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--output-kind", default="final_only", choices=["final_only", "delta", "cumulative"])
     parser.add_argument("--no-prefix-caching", action="store_true", help="do not publish filled blocks (hashing)")
     parser.add_argument("--label", default="", help="a name for this code version in the JSON and the plot")
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="step_bookkeeping.json of an earlier version (e.g. before a change): shown side by side")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="step_bookkeeping.json of an earlier version (e.g. before a change): shown side by side",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench_results/step_bookkeeping"))
     args = parser.parse_args(argv)
     import torch
@@ -232,14 +258,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row["runs"] = runs
             rows.append(row)
     title = f"engine bookkeeping per step, fake runner (CPU){' ' + args.label if args.label else ''}"
-    print(f"CPU us per step, median of {args.steps} steps, median of {args.repeats} runs "
-          f"(output_kind={args.output_kind}{', prefix caching off' if args.no_prefix_caching else ''})")
+    print(
+        f"CPU us per step, median of {args.steps} steps, median of {args.repeats} runs "
+        f"(output_kind={args.output_kind}{', prefix caching off' if args.no_prefix_caching else ''})"
+    )
     baseline = json.loads(args.baseline.read_text())["rows"] if args.baseline is not None else None
     print(format_table(rows, baseline))
     args.out.mkdir(parents=True, exist_ok=True)
     import framework
 
-    payload = {"label": args.label, "framework": str(Path(framework.__file__).parent), "baseline": baseline, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+    payload = {
+        "label": args.label,
+        "framework": str(Path(framework.__file__).parent),
+        "baseline": baseline,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "rows": rows,
+    }
     (args.out / "step_bookkeeping.json").write_text(json.dumps(payload, indent=2))
     plot(rows, args.out / "step_bookkeeping.png", title, baseline)
     print(f"results written to {args.out}", file=sys.stderr)

@@ -33,18 +33,27 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from framework.tokenizer import ByteTokenizer  # noqa: E402
+from framework.models.tokenizer import ByteTokenizer  # noqa: E402
 from samplers.structured.backend import GuidanceBackend  # noqa: E402
 from samplers.structured.bitmask import bitmask_words  # noqa: E402
 from samplers.structured.fill import BitmaskFiller, FillJob  # noqa: E402
 
 VOCAB = 151936
 # An array of records whose minItems cannot be reached in 1024 tokens: the nano bench's requests never close it.
-SCHEMA: dict[str, Any] = {"type": "array", "minItems": 100000, "items": {
-    "type": "object", "additionalProperties": False, "required": ["id", "name", "tags"],
-    "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99999},
-                   "name": {"type": "string", "maxLength": 12},
-                   "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["alpha", "beta", "gamma"]}}}}}
+SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "minItems": 100000,
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["id", "name", "tags"],
+        "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 99999},
+            "name": {"type": "string", "maxLength": 12},
+            "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["alpha", "beta", "gamma"]}},
+        },
+    },
+}
 RECORD = b'{"id":12345,"name":"abcdefgh","tags":["alpha","beta"]},'
 
 
@@ -81,8 +90,9 @@ def tokenizer(vocab: str) -> tuple[llguidance.LLTokenizer, float]:
     return tok, time.perf_counter() - t0
 
 
-def time_fill(tok: llguidance.LLTokenizer, fill: Callable[[list[llguidance.LLMatcher], torch.Tensor], None],
-              rows: int, steps: int) -> tuple[list[float], float]:
+def time_fill(
+    tok: llguidance.LLTokenizer, fill: Callable[[list[llguidance.LLMatcher], torch.Tensor], None], rows: int, steps: int
+) -> tuple[list[float], float]:
     """(wall seconds of each step's `fill(matchers, mask)`, mean CPU seconds of it per step, all threads) over a
     walk of `steps` bytes, matcher i from its own offset. The CPU time also reads on a busy machine."""
     grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, defaults={"whitespace_flexible": False})
@@ -93,7 +103,7 @@ def time_fill(tok: llguidance.LLTokenizer, fill: Callable[[list[llguidance.LLMat
     # Warm the grammar's lexer caches (shared by its matchers) over the whole walk, as a server's steady state:
     # one matcher computes every mask along it.
     warm = llguidance.LLMatcher(tok, grammar, log_level=0)
-    for b in text[:max(offsets) + steps + 1]:
+    for b in text[: max(offsets) + steps + 1]:
         warm.unsafe_compute_mask_ptr(mask.data_ptr(), 4 * mask.shape[1])
         assert warm.consume_token(b)
     matchers = [llguidance.LLMatcher(tok, grammar, log_level=0) for _ in range(rows)]
@@ -114,18 +124,23 @@ def _executor_fill() -> Callable[[list[llguidance.LLMatcher], torch.Tensor], Non
     executor = llguidance.LLExecutor()
 
     def fill(matchers: list[llguidance.LLMatcher], mask: torch.Tensor) -> None:
-        executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], mask.data_ptr(),
-                                         4 * mask.shape[1], mask.shape[0])
+        executor.unsafe_compute_mask_ptr(
+            [(m, i) for i, m in enumerate(matchers)], mask.data_ptr(), 4 * mask.shape[1], mask.shape[0]
+        )
+
     return fill
 
 
-def _filler_fill(num_threads: int, adaptive: bool = False) -> Callable[[list[llguidance.LLMatcher], torch.Tensor], None]:
+def _filler_fill(
+    num_threads: int, adaptive: bool = False
+) -> Callable[[list[llguidance.LLMatcher], torch.Tensor], None]:
     # Forced: the workers fill every step (the raw cost of N threads); adaptive: as the engine runs it.
     filler = BitmaskFiller(num_threads) if adaptive else BitmaskFiller(num_threads, workers_from_mask_s=0)
 
     def fill(matchers: list[llguidance.LLMatcher], mask: torch.Tensor) -> None:
         filler.start([FillJob(m, i, []) for i, m in enumerate(matchers)], mask.data_ptr(), 4 * mask.shape[1])
         filler.join()
+
     return fill
 
 
@@ -133,17 +148,27 @@ def run(vocabs: list[str], threads: list[int], rows: int = 128, steps: int = 120
     results = []
     for vocab in vocabs:
         tok, build = tokenizer(vocab)
-        fills = [("llguidance LLExecutor", _executor_fill())] + [(f"filler, {n} threads", _filler_fill(n))
-                                                                 for n in threads]
+        fills = [("llguidance LLExecutor", _executor_fill())] + [
+            (f"filler, {n} threads", _filler_fill(n)) for n in threads
+        ]
         fills.append((f"filler, adaptive ({max(threads)} threads)", _filler_fill(max(threads), adaptive=True)))
         vocab_steps = steps if vocab == "nano" else max(1, steps // 2)  # synthetic masks cost ~10x more
         for name, fill in fills:
             wall, cpu = time_fill(tok, fill, rows, vocab_steps)
             t = sorted(wall)
-            results.append({"vocab": vocab, "method": name, "rows": rows, "steps": vocab_steps,
-                            "tokenizer_build_s": build, "p50_ms": 1e3 * t[len(t) // 2],
-                            "p90_ms": 1e3 * t[int(0.9 * len(t))], "mean_ms": 1e3 * statistics.fmean(t),
-                            "cpu_ms": 1e3 * cpu})
+            results.append(
+                {
+                    "vocab": vocab,
+                    "method": name,
+                    "rows": rows,
+                    "steps": vocab_steps,
+                    "tokenizer_build_s": build,
+                    "p50_ms": 1e3 * t[len(t) // 2],
+                    "p90_ms": 1e3 * t[int(0.9 * len(t))],
+                    "mean_ms": 1e3 * statistics.fmean(t),
+                    "cpu_ms": 1e3 * cpu,
+                }
+            )
     return results
 
 
@@ -151,8 +176,10 @@ def print_table(results: list[dict[str, Any]]) -> None:
     print("| vocabulary | fill | masks / step | wall p50 ms | p90 ms | mean ms | CPU ms (all threads) |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['vocab']} | {r['method']} | {r['rows']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
-              f"{r['mean_ms']:.2f} | {r['cpu_ms']:.2f} |")
+        print(
+            f"| {r['vocab']} | {r['method']} | {r['rows']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | "
+            f"{r['mean_ms']:.2f} | {r['cpu_ms']:.2f} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

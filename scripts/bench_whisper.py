@@ -33,15 +33,32 @@ def build_checkpoint(geometry: str, path: Path, seed: int, device: str, dtype: t
     from framework.models.presets import PRESETS
 
     p = PRESETS[f"whisper-{geometry}"]
-    keys = ("vocab_size", "num_mel_bins", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-            "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_source_positions",
-            "max_target_positions", "decoder_start_token_id", "eos_token_id")
-    config = WhisperConfig(**{k: p[k] for k in keys}, pad_token_id=p["eos_token_id"], suppress_tokens=None,
-                           begin_suppress_tokens=None)
+    keys = (
+        "vocab_size",
+        "num_mel_bins",
+        "d_model",
+        "encoder_layers",
+        "decoder_layers",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "encoder_ffn_dim",
+        "decoder_ffn_dim",
+        "max_source_positions",
+        "max_target_positions",
+        "decoder_start_token_id",
+        "eos_token_id",
+    )
+    config = WhisperConfig(
+        **{k: p[k] for k in keys}, pad_token_id=p["eos_token_id"], suppress_tokens=None, begin_suppress_tokens=None
+    )
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(config).to(dtype).eval()
     g = model.generation_config
-    g.decoder_start_token_id, g.eos_token_id, g.pad_token_id = p["decoder_start_token_id"], p["eos_token_id"], p["eos_token_id"]
+    g.decoder_start_token_id, g.eos_token_id, g.pad_token_id = (
+        p["decoder_start_token_id"],
+        p["eos_token_id"],
+        p["eos_token_id"],
+    )
     g.lang_to_id, g.task_to_id, g.no_timestamps_token_id = p["lang_to_id"], p["task_to_id"], p["no_timestamps_token_id"]
     g.is_multilingual = True
     g.suppress_tokens = g.begin_suppress_tokens = g.forced_decoder_ids = None
@@ -70,9 +87,17 @@ def run_mrv2(path: Path, features: torch.Tensor, args: argparse.Namespace) -> tu
     from framework import LLM, SamplingParams
 
     n = features.shape[0]
-    llm = LLM(str(path), device=args.device, dtype=args.dtype, runner="v2", max_num_seqs=min(n, args.max_num_seqs),
-              max_model_len=args.output_len + 8, max_num_batched_tokens=8192, seed=0,
-              max_num_encoder_tokens=args.encoder_batch * 1500)
+    llm = LLM(
+        str(path),
+        device=args.device,
+        dtype=args.dtype,
+        runner="v2",
+        max_num_seqs=min(n, args.max_num_seqs),
+        max_model_len=args.output_len + 8,
+        max_num_batched_tokens=8192,
+        seed=0,
+        max_num_encoder_tokens=args.encoder_batch * 1500,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate([{"input_features": f} for f in features[:4]], params, use_tqdm=False)  # warm-up: kernels compile
     prompts = [{"input_features": f} for f in features]
@@ -88,17 +113,23 @@ def run_mrv2(path: Path, features: torch.Tensor, args: argparse.Namespace) -> tu
 @torch.no_grad()
 def run_hf(model, features: torch.Tensor, args: argparse.Namespace) -> tuple[float, list[list[int]]]:  # type: ignore[no-untyped-def]
     def generate(batch: torch.Tensor) -> torch.Tensor:
-        return model.generate(batch.to(args.device, getattr(torch, args.dtype)), language="en", task="transcribe", do_sample=False,
-                              max_new_tokens=args.output_len, min_new_tokens=args.output_len)
+        return model.generate(
+            batch.to(args.device, getattr(torch, args.dtype)),
+            language="en",
+            task="transcribe",
+            do_sample=False,
+            max_new_tokens=args.output_len,
+            min_new_tokens=args.output_len,
+        )
 
     generate(features[:4])  # warm-up
     _sync(args)
     start = time.perf_counter()
     tokens: list[list[int]] = []
     for i in range(0, features.shape[0], args.hf_batch_size):
-        tokens += generate(features[i:i + args.hf_batch_size]).tolist()
+        tokens += generate(features[i : i + args.hf_batch_size]).tolist()
     _sync(args)
-    return time.perf_counter() - start, [t[-args.output_len:] for t in tokens]
+    return time.perf_counter() - start, [t[-args.output_len :] for t in tokens]
 
 
 def plot(results: dict, path: Path) -> None:
@@ -113,8 +144,11 @@ def plot(results: dict, path: Path) -> None:
     bars = ax.bar(names, values, color=["tab:blue", "tab:gray"][: len(names)])
     ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values])
     ax.set_ylabel("output tokens/s")
-    ax.set_title(f"Whisper-{results['geometry']} decoding, {results['num_requests']} x "
-                 f"{results['audio_seconds']:.0f} s audio, {results['output_len']} tokens each", fontsize=9)
+    ax.set_title(
+        f"Whisper-{results['geometry']} decoding, {results['num_requests']} x "
+        f"{results['audio_seconds']:.0f} s audio, {results['output_len']} tokens each",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -152,28 +186,44 @@ def main() -> None:
     agree = sum(a == b for a, b in zip(mrv2_tokens, hf_tokens))
     first10 = sum(a[:10] == b[:10] for a, b in zip(mrv2_tokens, hf_tokens))
     results = {
-        "geometry": args.geometry, "num_requests": args.num_requests, "audio_seconds": args.audio_seconds,
-        "output_len": args.output_len, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "dtype": args.dtype,
-        "feature_extraction_s": feature_s, "hf_batch_size": args.hf_batch_size,
+        "geometry": args.geometry,
+        "num_requests": args.num_requests,
+        "audio_seconds": args.audio_seconds,
+        "output_len": args.output_len,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "dtype": args.dtype,
+        "feature_extraction_s": feature_s,
+        "hf_batch_size": args.hf_batch_size,
         "engines": {
-            "mrv2 v2": {"seconds": mrv2_s, "output_tokens_per_s": total_out / mrv2_s,
-                        "requests_per_s": args.num_requests / mrv2_s, "eager_forwards": mrv2_eager},
-            "HF generate": {"seconds": hf_s, "output_tokens_per_s": total_out / hf_s,
-                            "requests_per_s": args.num_requests / hf_s},
+            "mrv2 v2": {
+                "seconds": mrv2_s,
+                "output_tokens_per_s": total_out / mrv2_s,
+                "requests_per_s": args.num_requests / mrv2_s,
+                "eager_forwards": mrv2_eager,
+            },
+            "HF generate": {
+                "seconds": hf_s,
+                "output_tokens_per_s": total_out / hf_s,
+                "requests_per_s": args.num_requests / hf_s,
+            },
         },
         # bf16 on different kernels: near-ties may flip late in a sequence, so this is information, not a test.
         "greedy_agreement": {"identical_requests": agree, "identical_first_10_tokens": first10},
     }
     (args.out / "whisper_bench.json").write_text(json.dumps(results, indent=2))
     plot(results, args.out / "whisper_bench.png")
-    print(f"Whisper-{args.geometry}: {args.num_requests} requests x {args.audio_seconds:.0f} s audio, "
-          f"{args.output_len} output tokens each ({args.dtype}, {results['device']})")
+    print(
+        f"Whisper-{args.geometry}: {args.num_requests} requests x {args.audio_seconds:.0f} s audio, "
+        f"{args.output_len} output tokens each ({args.dtype}, {results['device']})"
+    )
     print(f"{'engine':<14}{'seconds':>10}{'out tok/s':>12}{'req/s':>9}")
     for name, r in results["engines"].items():
         print(f"{name:<14}{r['seconds']:>10.2f}{r['output_tokens_per_s']:>12,.0f}{r['requests_per_s']:>9.1f}")
-    print(f"speed-up: {hf_s / mrv2_s:.2f}x; identical greedy outputs: {agree}/{args.num_requests} "
-          f"(first 10 tokens: {first10}); feature extraction (CPU, not timed above): {feature_s:.1f} s; "
-          f"mrv2 forwards run eagerly (no decode graph): {mrv2_eager}")
+    print(
+        f"speed-up: {hf_s / mrv2_s:.2f}x; identical greedy outputs: {agree}/{args.num_requests} "
+        f"(first 10 tokens: {first10}); feature extraction (CPU, not timed above): {feature_s:.1f} s; "
+        f"mrv2 forwards run eagerly (no decode graph): {mrv2_eager}"
+    )
 
 
 if __name__ == "__main__":

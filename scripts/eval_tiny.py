@@ -60,8 +60,12 @@ def speculator_settings(method: str, k: int, head_dir: Optional[Path]) -> dict[s
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run-dir", type=Path, default=None,
-                   help="output directory of train_tiny.py (default: the model shipped in the package)")
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="output directory of train_tiny.py (default: the model shipped in the package)",
+    )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
@@ -79,8 +83,11 @@ def model_dirs(run_dir: Optional[Path]) -> dict[str, Optional[Path]]:
     else:
         from framework.models.embedded import shipped_draft_head_dir, shipped_model_dir
 
-        found = {"model": shipped_model_dir("tiny"), "eagle": shipped_draft_head_dir("eagle"),
-                 "mtp": shipped_draft_head_dir("mtp")}
+        found = {
+            "model": shipped_model_dir("tiny"),
+            "eagle": shipped_draft_head_dir("eagle"),
+            "mtp": shipped_draft_head_dir("mtp"),
+        }
     return {k: (v if v is not None and (v / "config.json").is_file() else None) for k, v in found.items()}
 
 
@@ -93,8 +100,9 @@ def load_prompts(run_dir: Optional[Path], num: int) -> list[str]:
     return prompts[:num]
 
 
-def simulated_part(dirs: dict[str, Optional[Path]], prompts: list[str], args: argparse.Namespace,
-                   device: torch.device, ks: list[int]) -> dict[str, Any]:
+def simulated_part(
+    dirs: dict[str, Optional[Path]], prompts: list[str], args: argparse.Namespace, device: torch.device, ks: list[int]
+) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(dirs["model"]))
@@ -115,23 +123,25 @@ def simulated_part(dirs: dict[str, Optional[Path]], prompts: list[str], args: ar
         features.append(final_hidden_states(hf, seq))
     drafters: dict[str, Any] = {"ngram": lambda i: ngram_drafter(**NGRAM_LOOKUP)}
     for kind, head in heads.items():
-        drafters[kind] = (lambda h: (lambda i: head_drafter(h, features[i])))(head)
+        drafters[kind] = (lambda h: lambda i: head_drafter(h, features[i]))(head)
     return acceptance_table(sequences, drafters, ks)
 
 
 def _engine_config(model_dir: Path, spec: dict[str, Any], device: str):  # type: ignore[no-untyped-def]
-    from framework.config import load_config
+    from framework.config.schema import load_config
 
     # A fixed KV cache (4096 blocks of 16 tokens: 64 requests of the full 1024-token context, ~0.3 GB in bf16)
     # instead of a share of free GPU memory, so one engine after another sizes alike.
-    return load_config({
-        "model": {"path": str(model_dir), "preset": None},
-        "speculator": spec,
-        "device": device,
-        "scheduler": {"max_num_seqs": 64},
-        "cache": {"num_blocks": 4096, "block_size": 16},
-        "runner": {"cuda_graph_sizes": [1, 2, 4, 8, 16, 32, 64]},
-    })
+    return load_config(
+        {
+            "model": {"path": str(model_dir), "preset": None},
+            "speculator": spec,
+            "device": device,
+            "scheduler": {"max_num_seqs": 64},
+            "cache": {"num_blocks": 4096, "block_size": 16},
+            "runner": {"cuda_graph_sizes": [1, 2, 4, 8, 16, 32, 64]},
+        }
+    )
 
 
 def _timed_generate(llm, prompts: list[str], params, one_at_a_time: bool) -> tuple[list[list[int]], float]:  # type: ignore[no-untyped-def]
@@ -147,8 +157,9 @@ def _timed_generate(llm, prompts: list[str], params, one_at_a_time: bool) -> tup
     return [list(o.token_ids) for o in outs], time.perf_counter() - start
 
 
-def engine_part(dirs: dict[str, Optional[Path]], prompts: list[str], args: argparse.Namespace,
-                device: torch.device, ks: list[int]) -> dict[str, Any]:
+def engine_part(
+    dirs: dict[str, Optional[Path]], prompts: list[str], args: argparse.Namespace, device: torch.device, ks: list[int]
+) -> dict[str, Any]:
     from framework import LLM, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -166,12 +177,19 @@ def engine_part(dirs: dict[str, Optional[Path]], prompts: list[str], args: argpa
         llm = None
         try:
             settings = speculator_settings("none" if method == "warmup" else method, k, head_dir)
-            llm = LLM(config=_engine_config(dirs["model"], settings,  # type: ignore[arg-type]
-                                            device.type))
+            llm = LLM(
+                config=_engine_config(
+                    dirs["model"],
+                    settings,  # type: ignore[arg-type]
+                    device.type,
+                )
+            )
             llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up (kernels, allocator)
             _reset_metrics(llm)
-            for name, subset, one in (("batch", prompts, False),
-                                      ("batch1", prompts[: args.engine_batch1_prompts], True)):
+            for name, subset, one in (
+                ("batch", prompts, False),
+                ("batch1", prompts[: args.engine_batch1_prompts], True),
+            ):
                 tokens, seconds = _timed_generate(llm, subset, params, one)
                 n_out = sum(len(t) for t in tokens)
                 entry[f"{name}_output_tok_s"] = round(n_out / seconds, 1)
@@ -191,8 +209,11 @@ def engine_part(dirs: dict[str, Optional[Path]], prompts: list[str], args: argpa
             torch.cuda.empty_cache()
         if method != "warmup":
             runs.append(entry)
-        print(f"[eval_tiny] engine {method} k={k}: {json.dumps({x: y for x, y in entry.items() if x != 'metrics'})}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[eval_tiny] engine {method} k={k}: {json.dumps({x: y for x, y in entry.items() if x != 'metrics'})}",
+            file=sys.stderr,
+            flush=True,
+        )
     return {"runs": runs, "max_tokens": args.max_tokens, "num_prompts": len(prompts)}
 
 
@@ -206,16 +227,23 @@ def markdown(result: dict[str, Any], ks: list[int]) -> str:
     lines = []
     sim = result.get("simulated")
     if sim:
-        lines += ["Simulated greedy acceptance length (1 + accepted drafts per step):", "",
-                  "| method | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+        lines += [
+            "Simulated greedy acceptance length (1 + accepted drafts per step):",
+            "",
+            "| method | " + " | ".join(f"k={k}" for k in ks) + " |",
+            "|---|" + "---|" * len(ks),
+        ]
         for method, by_k in sim.items():
             lines.append(f"| {method} | " + " | ".join(f"{by_k[k]['mean_acceptance_length']:.2f}" for k in ks) + " |")
         lines.append("")
     eng = result.get("engine")
     if eng:
-        lines += ["Engine (greedy, ignore_eos, max_tokens per request " + str(eng["max_tokens"]) + "):", "",
-                  "| method | k | out tok/s batch | out tok/s batch 1 | acceptance length | greedy equal |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "Engine (greedy, ignore_eos, max_tokens per request " + str(eng["max_tokens"]) + "):",
+            "",
+            "| method | k | out tok/s batch | out tok/s batch 1 | acceptance length | greedy equal |",
+            "|---|---|---|---|---|---|",
+        ]
         for run in eng["runs"]:
             if "error" in run:
                 reason = " ".join(run["error"].split())[:80].replace("|", "/")
@@ -223,25 +251,37 @@ def markdown(result: dict[str, Any], ks: list[int]) -> str:
                 continue
             acc = run.get("metrics", {}).get("mean_acceptance_length", "") if run["method"] != "none" else "-"
             equal = run.get("batch_greedy_equal", "") if run["method"] != "none" else "(reference)"
-            lines.append(f"| {run['method']} | {run['k']} | {run.get('batch_output_tok_s')} | "
-                         f"{run.get('batch1_output_tok_s')} | {acc} | {equal} |")
+            lines.append(
+                f"| {run['method']} | {run['k']} | {run.get('batch_output_tok_s')} | "
+                f"{run.get('batch1_output_tok_s')} | {acc} | {equal} |"
+            )
     return "\n".join(lines)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     dirs = model_dirs(args.run_dir)
     if dirs["model"] is None:
-        print("eval_tiny: no trained model (pass --run-dir, or ship tiny-code in framework/models/embedded/)",
-              file=sys.stderr)
+        print(
+            "eval_tiny: no trained model (pass --run-dir, or ship tiny-code in framework/models/embedded/)",
+            file=sys.stderr,
+        )
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(args.run_dir, args.num_prompts)
-    result: dict[str, Any] = {"model": str(dirs["model"]), "heads": {k: str(v) for k, v in dirs.items() if k != "model"},
-                              "num_prompts": len(prompts), "max_tokens": args.max_tokens, "ks": ks}
+    result: dict[str, Any] = {
+        "model": str(dirs["model"]),
+        "heads": {k: str(v) for k, v in dirs.items() if k != "model"},
+        "num_prompts": len(prompts),
+        "max_tokens": args.max_tokens,
+        "ks": ks,
+    }
     start = time.time()
     if not args.skip_simulated:
         result["simulated"] = simulated_part(dirs, prompts, args, device, ks)

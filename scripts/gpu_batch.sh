@@ -109,7 +109,7 @@ for j in "$@"; do
     qk_grids) job $j 90 python3 scripts/bench_layer_ops.py --tokens 1 --qk-grids 1 8 16 32 64 128 256 1024 8192 \
         --out "$res/$j/layer_ops.json" ;;
     # One run of the Qwen3-8B geometry, 128 nano requests (issue 25's target: >= 8,500 out tok/s).
-    nano8b) job $j 200 python3 -m framework.cli bench experiment=nano model.preset=qwen3-8b bench.num_requests=128 \
+    nano8b) job $j 200 python3 -m framework.entrypoints.cli bench experiment=nano model.preset=qwen3-8b bench.num_requests=128 \
         bench.baselines=[] bench.decode_idle_batch=0 bench.output_dir="$res/$j" ;;
     # The general full-step variant (logprobs inside the graph): every request asks for 5 top logprobs, batch 256,
     # full-step graphs on vs off. Look for: "full-step graphs: N steps replayed whole" with fallbacks only
@@ -128,35 +128,35 @@ for j in "$@"; do
         8b-pp2 --num-requests 128 --num-requests-8b 64 --timeout 150 ;;
     parallel_tp4) job $j 330 python3 scripts/bench_parallel.py --out "$res/parallel_tp4" --cases 8b-tp1 8b-tp2 8b-tp4 \
         --num-requests-8b 128 --timeout 140 ;;
-    serve_tp2) job $j 420 python3 -m framework.cli bench experiment=serve_nano parallel.tensor_parallel_size=2 \
+    serve_tp2) job $j 420 python3 -m framework.entrypoints.cli bench experiment=serve_nano parallel.tensor_parallel_size=2 \
         bench.output_dir="$res/serve_tp2" ;;
-    serve) job $j 420 python3 -m framework.cli bench experiment=serve_nano bench.output_dir="$res/serve" ;;
-    nano) job $j 330 python3 -m framework.cli bench experiment=nano bench.output_dir="$res/nano" ;;
+    serve) job $j 420 python3 -m framework.entrypoints.cli bench experiment=serve_nano bench.output_dir="$res/serve" ;;
+    nano) job $j 330 python3 -m framework.entrypoints.cli bench experiment=nano bench.output_dir="$res/nano" ;;
     # The V1 runner on the same requests (decode graphs, fused sampler; docs/runners.md): target >= 13,500 out tok/s.
     # Runner pairs and repeats without the HF baseline: give each run its own suffix (v2_nano-a v1_nano-a ...).
-    v1_nano*) job $j 300 python3 -m framework.cli bench experiment=nano runner=v1 bench.baselines=[] \
+    v1_nano*) job $j 300 python3 -m framework.entrypoints.cli bench experiment=nano runner=v1 bench.baselines=[] \
         bench.decode_idle_batch=0 bench.output_dir="$res/$j" ;;
-    v2_nano*) job $j 300 python3 -m framework.cli bench experiment=nano bench.baselines=[] \
+    v2_nano*) job $j 300 python3 -m framework.entrypoints.cli bench experiment=nano bench.baselines=[] \
         bench.decode_idle_batch=0 bench.output_dir="$res/$j" ;;
-    hybrid_fast*) job $j 110 python3 -m framework.cli bench experiment=hybrid bench.baselines=[] bench.output_dir="$res/$j" ;;
+    hybrid_fast*) job $j 110 python3 -m framework.entrypoints.cli bench experiment=hybrid bench.baselines=[] bench.output_dir="$res/$j" ;;
     whisper_fast*) job $j 90 python3 scripts/bench_whisper.py --geometry base --out "$res/$j" ;;
     sampler) job $j 80 python3 scripts/bench_sampler.py "$res/sampler" ;;
-    embed) job $j 90 python3 -m framework.cli bench experiment=embed_bench model=qwen3-0.6b bench.num_requests=1024 \
+    embed) job $j 90 python3 -m framework.entrypoints.cli bench experiment=embed_bench model=qwen3-0.6b bench.num_requests=1024 \
         'bench.input_len=[100,1024]' bench.hf_batch_size=32 scheduler.max_num_seqs=256 \
         scheduler.max_num_batched_tokens=16384 model.max_model_len=1040 bench.output_dir="$res/embed" ;;
     eval_tiny) job $j 100 python3 scripts/eval_tiny.py --skip-simulated --ks 1,3,5 --out "$res/eval_tiny" ;;
-    hybrid) job $j 110 python3 -m framework.cli bench experiment=hybrid bench.output_dir="$res/hybrid" ;;
+    hybrid) job $j 110 python3 -m framework.entrypoints.cli bench experiment=hybrid bench.output_dir="$res/hybrid" ;;
     whisper) job $j 90 python3 scripts/bench_whisper.py --geometry base --out "$res/whisper" ;;
-    prefix) job $j 120 python3 -m framework.cli bench experiment=prefix_bench bench.output_dir="$res/prefix" ;;
+    prefix) job $j 120 python3 -m framework.entrypoints.cli bench experiment=prefix_bench bench.output_dir="$res/prefix" ;;
     # Prefill attention (docs/kernels.md "Prefill attention"): the variant sweep against the older large-row launch
     # (< 240 s).
     prefill_sweep) job $j 235 python3 scripts/bench_prefill_attention.py "$res/$j" ;;
-    prefix-hybrid) job $j 200 python3 -m framework.cli bench experiment=prefix_bench_hybrid bench.output_dir="$res/prefix_hybrid" ;;
+    prefix-hybrid) job $j 200 python3 -m framework.entrypoints.cli bench experiment=prefix_bench_hybrid bench.output_dir="$res/prefix_hybrid" ;;
     profile) job $j 150 python3 scripts/profile_decode.py --batch 256 --profile-prefill --out "$res/profile/b256" &&
         job profile-b1 60 python3 scripts/profile_decode.py --batch 1 --steps 200 --out "$res/profile/b1" &&
         job profile-k0 100 python3 scripts/profile_decode.py --batch 256 --spec-k 0 --out "$res/profile/k0" &&
         for r in 1 2 3; do  # the idle probe at batch 256 (issue 25: < 5 % in every one of 3 runs), one process each
-            job profile-idle$r 120 python3 -m framework.cli bench experiment=nano bench.num_requests=1 \
+            job profile-idle$r 120 python3 -m framework.entrypoints.cli bench experiment=nano bench.num_requests=1 \
                 bench.baselines=[] bench.decode_idle_batch=256 bench.output_dir="$res/profile/idle$r"; done ;;
     layer_ops) job $j 90 python3 scripts/bench_layer_ops.py --out "$res/layer_ops/layer_ops.json" ;;
     profile-spec) for b in 1 16; do for k in 0 1 3 5 5,3; do job $j-b$b-k$k 80 python3 scripts/profile_decode.py --batch $b \
@@ -190,7 +190,7 @@ for j in "$@"; do
     # geometry (random bf16 weights, 61 GB).
     moe) job moe-tests 90 python3 -m pytest -q tests/gpu/test_fused_moe_gpu.py
         job moe-kernel 50 python3 scripts/bench_fused_moe.py --out "$res/moe/kernel"
-        job moe-nano 180 python3 -m framework.cli bench experiment=moe bench.output_dir="$res/moe/nano" ;;
+        job moe-nano 180 python3 -m framework.entrypoints.cli bench experiment=moe bench.output_dir="$res/moe/nano" ;;
     # Issue 25's targets with the defaults: nano, the Qwen3-8B geometry (128 requests) and batch 1, one round each
     # (`paired_targets`); three calls give the median of three. `targets_fp8` pairs them with the FP8 KV cache.
     targets) job $j-host 20 python3 scripts/host_speed.py;
@@ -199,10 +199,10 @@ for j in "$@"; do
         paired_targets $j 1 1 1 bf16= fp8=cache.kv_cache_dtype=fp8 ;;
     # Where nano's and the 8B geometry's device time goes, by kind of step (bench.step_timeline), a probe before each.
     timeline) job $j-probe 20 python3 scripts/host_speed.py;
-        job $j-nano 150 python3 -m framework.cli bench experiment=nano bench.baselines=[] bench.decode_idle_batch=0 \
+        job $j-nano 150 python3 -m framework.entrypoints.cli bench experiment=nano bench.baselines=[] bench.decode_idle_batch=0 \
           bench.step_timeline=true bench.output_dir="$res/$j/nano";
         job $j-probe2 20 python3 scripts/host_speed.py;
-        job $j-8b 220 python3 -m framework.cli bench experiment=nano model.preset=qwen3-8b bench.num_requests=128 \
+        job $j-8b 220 python3 -m framework.entrypoints.cli bench experiment=nano model.preset=qwen3-8b bench.num_requests=128 \
           bench.baselines=[] bench.decode_idle_batch=0 bench.step_timeline=true bench.output_dir="$res/$j/8b" ;;
     # The kernels of a large decode step: nano's batch 256 and the 8B geometry's batch 128 (scripts/profile_decode.py).
     profile_large) job $j-b256 150 python3 scripts/profile_decode.py --batch 256 --steps 40 --prompt-len 700 \

@@ -25,8 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _git(*args: str, env: dict[str, str] | None = None) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env=env).stdout.strip()
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=60, env=env).stdout.strip()
 
 
 def _commit() -> str:
@@ -65,8 +64,11 @@ def summarise(results: Path, expected_files: Optional[list[str]] = None) -> tupl
         for k in totals:
             totals[k] += counts[k]
         lines.append(f"{report.stem:28s} " + " ".join(f"{k} {v:3d}" for k, v in counts.items()) + f"  {seconds:6.1f} s")
-    expected = ({Path(f).stem for f in expected_files} if expected_files else
-                {p.stem for p in (REPO / "tests" / "gpu").glob("test_*.py")})
+    expected = (
+        {Path(f).stem for f in expected_files}
+        if expected_files
+        else {p.stem for p in (REPO / "tests" / "gpu").glob("test_*.py")}
+    )
     missing = sorted(expected - files_run)
     ok = bool(reports) and totals["failed"] == totals["error"] == totals["skipped"] == 0 and not missing
     lines.append("total                        " + " ".join(f"{k} {v:3d}" for k, v in totals.items()))
@@ -81,8 +83,9 @@ def summarise(results: Path, expected_files: Optional[list[str]] = None) -> tupl
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="directory holding one JUnit XML report per piece")
-    parser.add_argument("--expect", nargs="*", default=None,
-                        help="the tests/gpu files these pieces must have run (default: every one)")
+    parser.add_argument(
+        "--expect", nargs="*", default=None, help="the tests/gpu files these pieces must have run (default: every one)"
+    )
     args = parser.parse_args()
     lines, ok = summarise(args.results, args.expect)
     print("\n".join(lines))

@@ -64,9 +64,13 @@ def paired_ratio(dynamic: dict[str, Any], fixed: dict[str, Any], fastest: float)
     both = [max(a, b) for a, b in zip(dynamic["runs_host_probe_us"], fixed["runs_host_probe_us"])]
     fast = fast_runs(ratios, both, fastest)
     ordered, n = sorted(ratios), len(ratios)
-    return {"ratios": [round(x, 4) for x in ratios], "median": round(ordered[n // 2], 4),
-            "quartiles": [round(ordered[n // 4], 4), round(ordered[(3 * n) // 4 if n > 1 else 0], 4)],
-            "rounds": n, "fast": {"median": round(median(fast), 4) if fast else None, "rounds": len(fast)}}
+    return {
+        "ratios": [round(x, 4) for x in ratios],
+        "median": round(ordered[n // 2], 4),
+        "quartiles": [round(ordered[n // 4], 4), round(ordered[(3 * n) // 4 if n > 1 else 0], 4)],
+        "rounds": n,
+        "fast": {"median": round(median(fast), 4) if fast else None, "rounds": len(fast)},
+    }
 
 
 if __name__ == "__main__":  # one probe, for shell jobs (scripts/gpu_batch.sh): "host probe us N"

@@ -28,24 +28,37 @@ runpy.run_path(str(REPO / "scripts" / "triton_cuda_compile_check.py"), run_name=
 
 import torch  # noqa: E402
 
-from framework.attention.metadata import AttentionMetadata  # noqa: E402
-from framework.attention.triton_paged_attention import (  # noqa: E402
-    _paged_attention_kernel, _split_kv_reduce_kernel, paged_attention,
+from framework.layers.attention.metadata import AttentionMetadata  # noqa: E402
+from framework.layers.attention.triton_paged_attention import (  # noqa: E402
+    _paged_attention_kernel,
+    _split_kv_reduce_kernel,
+    paged_attention,
 )
-from framework.kernels.triton_gemv import _gemv_kernel, gemv_triton  # noqa: E402
-from framework.kernels.triton_norm_silu import _rms_norm_kernel, rms_norm_triton  # noqa: E402
-from framework.kernels.triton_qk_norm_rope import _qk_norm_rope_store_kernel, qk_norm_rope_store_triton  # noqa: E402
+from framework.layers.kernels.triton_gemv import _gemv_kernel, gemv_triton  # noqa: E402
+from framework.layers.kernels.triton_norm_silu import _rms_norm_kernel, rms_norm_triton  # noqa: E402
+from framework.layers.kernels.triton_qk_norm_rope import _qk_norm_rope_store_kernel, qk_norm_rope_store_triton  # noqa: E402
 
-KERNELS = {"gemv": _gemv_kernel, "qk_norm_rope_store": _qk_norm_rope_store_kernel,
-           "paged_attention": _paged_attention_kernel, "split_kv_reduce": _split_kv_reduce_kernel,
-           "rms_norm": _rms_norm_kernel}
+KERNELS = {
+    "gemv": _gemv_kernel,
+    "qk_norm_rope_store": _qk_norm_rope_store_kernel,
+    "paged_attention": _paged_attention_kernel,
+    "split_kv_reduce": _split_kv_reduce_kernel,
+    "rms_norm": _rms_norm_kernel,
+}
 DT = torch.bfloat16
 GEMV_SHAPES = {  # name: (N, K, silu_mul, norm + residual, float32 out)
-    "small": {"qkv": (64, 256, False, True, False), "long_k": (32, 4096, False, False, False),
-              "gate_up": (32, 256, True, True, False)},
-    "0.6b": {"qkv": (4096, 1024, False, True, False), "o_proj": (1024, 2048, False, False, False),
-             "gate_up": (3072, 1024, True, True, False), "down": (1024, 3072, False, False, False),
-             "lm_head": (151936, 1024, False, False, True)},
+    "small": {
+        "qkv": (64, 256, False, True, False),
+        "long_k": (32, 4096, False, False, False),
+        "gate_up": (32, 256, True, True, False),
+    },
+    "0.6b": {
+        "qkv": (4096, 1024, False, True, False),
+        "o_proj": (1024, 2048, False, False, False),
+        "gate_up": (3072, 1024, True, True, False),
+        "down": (1024, 3072, False, False, False),
+        "lm_head": (151936, 1024, False, False, True),
+    },
 }
 
 
@@ -54,23 +67,39 @@ def launch_all(geometry: str, pdl: bool) -> None:
     for n, k, silu, norm, fp32 in GEMV_SHAPES[geometry].values():
         x, w = torch.zeros(1, k, dtype=DT), torch.zeros(2 * n if silu else n, k, dtype=DT)
         g = torch.ones(k, dtype=DT) if norm else None
-        gemv_triton(x, w, norm_weight=g, eps=1e-6, residual=torch.zeros_like(x) if norm else None, silu_mul=silu,
-                    out_dtype=torch.float32 if fp32 else None, pdl=pdl)
+        gemv_triton(
+            x,
+            w,
+            norm_weight=g,
+            eps=1e-6,
+            residual=torch.zeros_like(x) if norm else None,
+            silu_mul=silu,
+            out_dtype=torch.float32 if fp32 else None,
+            pdl=pdl,
+        )
     heads, kv_heads, dim, page = 16, 8, 128, 16
     qkv = torch.zeros(1, (heads + 2 * kv_heads) * dim, dtype=DT)
     cache = torch.zeros(2, 8, page, kv_heads, dim, dtype=DT)
     cos = torch.ones(1, dim, dtype=DT)
-    q = qk_norm_rope_store_triton(qkv, cos, cos, cos[0], cos[0], 1e-6, heads, kv_heads, dim, cache,
-                                  torch.zeros(1, dtype=torch.int64), pdl=pdl)
-    meta = AttentionMetadata(num_tokens=1, num_rows=1, query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
-                             seq_lens=torch.tensor([100], dtype=torch.int32),
-                             block_tables=torch.zeros(1, 8, dtype=torch.int32),
-                             kv_slot_mapping=torch.zeros(1, dtype=torch.int64), block_size=page, max_query_len=1,
-                             max_seq_len=100)
+    q = qk_norm_rope_store_triton(
+        qkv, cos, cos, cos[0], cos[0], 1e-6, heads, kv_heads, dim, cache, torch.zeros(1, dtype=torch.int64), pdl=pdl
+    )
+    meta = AttentionMetadata(
+        num_tokens=1,
+        num_rows=1,
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+        seq_lens=torch.tensor([100], dtype=torch.int32),
+        block_tables=torch.zeros(1, 8, dtype=torch.int32),
+        kv_slot_mapping=torch.zeros(1, dtype=torch.int64),
+        block_size=page,
+        max_query_len=1,
+        max_seq_len=100,
+    )
     paged_attention(q, cache, meta, dim**-0.5, num_splits=4, pdl=pdl)  # splits merged in the kernel
     paged_attention(q, cache, meta, dim**-0.5, num_splits=4, pdl=pdl, fused_reduce=False)  # + the reduce
-    rms_norm_triton(torch.zeros(1, 1024, dtype=DT), torch.ones(1024, dtype=DT), 1e-6, torch.zeros(1, 1024, dtype=DT),
-                    pdl=pdl)
+    rms_norm_triton(
+        torch.zeros(1, 1024, dtype=DT), torch.ones(1024, dtype=DT), 1e-6, torch.zeros(1, 1024, dtype=DT), pdl=pdl
+    )
 
 
 def ptx_report(name: str, compiled) -> dict:  # type: ignore[no-untyped-def]
@@ -79,8 +108,10 @@ def ptx_report(name: str, compiled) -> dict:  # type: ignore[no-untyped-def]
     lines = ptx.splitlines()
     wait_at = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), len(lines))
     arg_names = KERNELS[name].arg_names
-    constants = {arg_names[key[0]] if isinstance(key, tuple) else str(key): value
-                 for key, value in compiled.src.constants.items()}
+    constants = {
+        arg_names[key[0]] if isinstance(key, tuple) else str(key): value
+        for key, value in compiled.src.constants.items()
+    }
     return {
         "kernel": name,
         "use_pdl": bool(constants.get("USE_PDL", False)),

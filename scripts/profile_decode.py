@@ -44,20 +44,34 @@ def _sync() -> None:
 
 def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from framework import LLM
-    from framework.config import load_config
+    from framework.config.schema import load_config
 
-    config = load_config({
-        "model": {"preset": args.preset, "max_model_len": args.max_model_len,
-                  "small_batch_kernels": args.small_batch_kernels, "programmatic_launch": args.programmatic_launch},
-        "scheduler": {"max_num_seqs": max(args.batch, 1), "max_num_batched_tokens": 8192},
-        # dynamic_k: decode graphs for every k in 0..5 (a fixed-k engine captures 0 and 5 only)
-        "speculator": ({"method": "none"} if args.spec_k is None else
-                       {"method": "ngram", "dynamic_k": True, "num_speculative_tokens": 5, "prompt_lookup_min": 2,
-                        "prompt_lookup_max": 5}),
-        "runner": {"full_step_cuda_graphs": args.full_step_graphs, "prefill_cuda_graphs": args.prefill_graphs},
-        "device": args.device,
-        "seed": 0,
-    })
+    config = load_config(
+        {
+            "model": {
+                "preset": args.preset,
+                "max_model_len": args.max_model_len,
+                "small_batch_kernels": args.small_batch_kernels,
+                "programmatic_launch": args.programmatic_launch,
+            },
+            "scheduler": {"max_num_seqs": max(args.batch, 1), "max_num_batched_tokens": 8192},
+            # dynamic_k: decode graphs for every k in 0..5 (a fixed-k engine captures 0 and 5 only)
+            "speculator": (
+                {"method": "none"}
+                if args.spec_k is None
+                else {
+                    "method": "ngram",
+                    "dynamic_k": True,
+                    "num_speculative_tokens": 5,
+                    "prompt_lookup_min": 2,
+                    "prompt_lookup_max": 5,
+                }
+            ),
+            "runner": {"full_step_cuda_graphs": args.full_step_graphs, "prefill_cuda_graphs": args.prefill_graphs},
+            "device": args.device,
+            "seed": 0,
+        }
+    )
     engine = LLM(config=config).engine
     if args.spec_k is not None:  # held at a fixed draft length (as scripts/bench_spec.py does)
         from speculators.policy import FixedK
@@ -87,9 +101,17 @@ def fill(engine, args: argparse.Namespace, settle_steps: int = 5) -> dict[str, f
     vocab = engine.loaded.vocab_size
     for i in range(args.batch):
         period = 16 if args.repeat_prompt else args.prompt_len  # a repeated segment: ngram drafts get accepted
-        engine.add_request(f"p{i}", [(i * 131 + (j % period) * 7) % vocab for j in range(args.prompt_len)],
-                           SamplingParams(temperature=args.temperature, max_tokens=args.max_model_len - 1 - args.prompt_len, ignore_eos=True,
-                                          seed=i, logprobs=args.logprobs))
+        engine.add_request(
+            f"p{i}",
+            [(i * 131 + (j % period) * 7) % vocab for j in range(args.prompt_len)],
+            SamplingParams(
+                temperature=args.temperature,
+                max_tokens=args.max_model_len - 1 - args.prompt_len,
+                ignore_eos=True,
+                seed=i,
+                logprobs=args.logprobs,
+            ),
+        )
     _sync()
     start, steps = time.perf_counter(), 0
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()):
@@ -100,8 +122,12 @@ def fill(engine, args: argparse.Namespace, settle_steps: int = 5) -> dict[str, f
     for _ in range(settle_steps):
         engine.step()
     _sync()
-    return {"tokens": args.batch * args.prompt_len, "steps": steps, "seconds": seconds,
-            "tok_per_s": args.batch * args.prompt_len / seconds}
+    return {
+        "tokens": args.batch * args.prompt_len,
+        "steps": steps,
+        "seconds": seconds,
+        "tok_per_s": args.batch * args.prompt_len / seconds,
+    }
 
 
 def drain(engine, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
@@ -122,21 +148,25 @@ def timed(records: dict[str, float], name: str, fn: Callable, cpu: dict[str, flo
             records[name] += time.perf_counter() - start
             if cpu is not None:
                 cpu[name] += time.thread_time() - start_cpu
+
     return wrapper
 
 
 HOST_PHASES = ("schedule", "execute_model", "sample_tokens", "update_from_output", "output_processor")
 
 
-def phase_times(engine, steps: int,  # type: ignore[no-untyped-def]
-                run: Callable[[], int] | None = None) -> tuple[dict[str, float], dict[str, float]]:
+def phase_times(
+    engine,
+    steps: int,  # type: ignore[no-untyped-def]
+    run: Callable[[], int] | None = None,
+) -> tuple[dict[str, float], dict[str, float]]:
     """Mean ms per step of each phase of `EngineCore.step`, by wrapping the callees on the instances: wall time,
     and CPU time of the engine's thread (what the host spends itself, waits excluded). The steps are `steps`
     calls of `engine.step()`, or whatever `run` does (it returns how many steps it ran: the prefill of `fill`).
 
     Wall also gets `host` (the five host phases, the wait for the device's output excluded), `engine_other`
     (the rest of `EngineCore.step`) and `step_wall`."""
-    from framework.async_output import AsyncOutput
+    from framework.runner.async_output import AsyncOutput
 
     records: dict[str, float] = defaultdict(float)
     cpu: dict[str, float] = defaultdict(float)
@@ -200,9 +230,13 @@ def kernel_profile(engine, steps: int, out: Path) -> tuple[str, dict[str, float]
     # Host-side launch calls: kernels launched one by one (outside any graph) and graph replays.
     launches = sum(e.count for e in events if e.key in KERNEL_LAUNCH_CALLS)
     graph_launches = sum(e.count for e in events if e.key in GRAPH_LAUNCH_CALLS)
-    numbers = {"wall_ms_per_step": 1e3 * wall / steps, "kernel_ms_per_step": kernel_ms(events) / steps,
-               "kernels_per_step": kernels / steps, "launches_outside_graphs_per_step": launches / steps,
-               "graph_launches_per_step": graph_launches / steps}
+    numbers = {
+        "wall_ms_per_step": 1e3 * wall / steps,
+        "kernel_ms_per_step": kernel_ms(events) / steps,
+        "kernels_per_step": kernels / steps,
+        "launches_outside_graphs_per_step": launches / steps,
+        "graph_launches_per_step": graph_launches / steps,
+    }
     numbers["device_busy_fraction"] = numbers["kernel_ms_per_step"] / numbers["wall_ms_per_step"]
     return text, numbers
 
@@ -231,20 +265,42 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--profile-prefill", action="store_true", help="also a kernel table of the prefill steps")
-    parser.add_argument("--spec-k", default=None,
-                        help="profile an ngram engine held at this k (a comma list: cycle through those k)")
-    parser.add_argument("--repeat-prompt", action="store_true",
-                        help="prompts repeat a 16-token segment (with --temperature 0: high ngram acceptance)")
-    parser.add_argument("--small-batch-kernels", default="off", choices=["auto", "on", "off"],
-                        help="model.small_batch_kernels: the fused GEMV path at <= 8 tokens (docs/kernels.md)")
-    parser.add_argument("--programmatic-launch", default="auto", choices=["auto", "on", "off"],
-                        help="model.programmatic_launch: PDL for the small-batch path's kernels (docs/kernels.md)")
-    parser.add_argument("--full-step-graphs", action="store_true",
-                        help="runner.full_step_cuda_graphs: a pure-decode step replays as one graph")
-    parser.add_argument("--prefill-graphs", action="store_true",
-                        help="runner.prefill_cuda_graphs: prompt steps replay graph pieces between eager attentions")
-    parser.add_argument("--logprobs", type=int, default=None,
-                        help="every request asks for this many top logprobs (full-step graphs: the general variant)")
+    parser.add_argument(
+        "--spec-k", default=None, help="profile an ngram engine held at this k (a comma list: cycle through those k)"
+    )
+    parser.add_argument(
+        "--repeat-prompt",
+        action="store_true",
+        help="prompts repeat a 16-token segment (with --temperature 0: high ngram acceptance)",
+    )
+    parser.add_argument(
+        "--small-batch-kernels",
+        default="off",
+        choices=["auto", "on", "off"],
+        help="model.small_batch_kernels: the fused GEMV path at <= 8 tokens (docs/kernels.md)",
+    )
+    parser.add_argument(
+        "--programmatic-launch",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="model.programmatic_launch: PDL for the small-batch path's kernels (docs/kernels.md)",
+    )
+    parser.add_argument(
+        "--full-step-graphs",
+        action="store_true",
+        help="runner.full_step_cuda_graphs: a pure-decode step replays as one graph",
+    )
+    parser.add_argument(
+        "--prefill-graphs",
+        action="store_true",
+        help="runner.prefill_cuda_graphs: prompt steps replay graph pieces between eager attentions",
+    )
+    parser.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        help="every request asks for this many top logprobs (full-step graphs: the general variant)",
+    )
     parser.add_argument("--device", default="auto", help="cpu runs a smoke check of this script")
     parser.add_argument("--out", type=Path, default=Path("bench_results/profile_decode"))
     args = parser.parse_args(argv)
@@ -282,17 +338,24 @@ def main(argv: list[str] | None = None) -> dict:
         # fill before): a busy fraction well below 1 means the host queues the steps slower than the device runs them.
         step_kernel_ms = kernel_ms(events) / max(1, int(profiled["steps"]))
         wall_ms = 1e3 * prefill["seconds"] / max(1, int(prefill["steps"]))
-        prefill_phases["device"] = {"kernel_ms_per_step": step_kernel_ms, "wall_ms_per_step": wall_ms,
-                                    "device_busy_fraction": step_kernel_ms / wall_ms}
-        say(f"prefill steps: kernels {step_kernel_ms:.2f} ms a step (profiled fill), wall {wall_ms:.2f} ms a step "
-            f"(unprofiled fill): device busy {step_kernel_ms / wall_ms:.2f}")
+        prefill_phases["device"] = {
+            "kernel_ms_per_step": step_kernel_ms,
+            "wall_ms_per_step": wall_ms,
+            "device_busy_fraction": step_kernel_ms / wall_ms,
+        }
+        say(
+            f"prefill steps: kernels {step_kernel_ms:.2f} ms a step (profiled fill), wall {wall_ms:.2f} ms a step "
+            f"(unprofiled fill): device busy {step_kernel_ms / wall_ms:.2f}"
+        )
         drain(engine, args)  # where the host's time in prefill steps goes (function by function)
         say(f"host functions of one fill's prefill steps ({int(prefill['steps'])} steps):")
         say(python_profile(lambda: fill(engine, args, settle_steps=0)))
         for _ in range(5):
             engine.step()
-    say(f"prefill: {prefill['tokens']} prompt tokens in {prefill['steps']} steps, {prefill['seconds']:.3f} s "
-        f"({prefill['tok_per_s']:.0f} tok/s)")
+    say(
+        f"prefill: {prefill['tokens']} prompt tokens in {prefill['steps']} steps, {prefill['seconds']:.3f} s "
+        f"({prefill['tok_per_s']:.0f} tok/s)"
+    )
 
     phases, phases_cpu = phase_times(engine, args.steps)
     say(f"phases, wall ms per decode step at batch {args.batch} (prompt {args.prompt_len}):")
@@ -304,13 +367,21 @@ def main(argv: list[str] | None = None) -> dict:
     say(table)
     say(python_profile(lambda: [engine.step() for _ in range(args.steps)]))
     runner = engine.runner
-    full_step = {"replays": getattr(runner, "full_step_replays", 0),
-                 "fallbacks": dict(getattr(runner, "full_step_fallbacks", {}))}
+    full_step = {
+        "replays": getattr(runner, "full_step_replays", 0),
+        "fallbacks": dict(getattr(runner, "full_step_fallbacks", {})),
+    }
     say(f"full-step graphs: {full_step['replays']} steps replayed whole; fallbacks by reason: {full_step['fallbacks']}")
     (args.out / "profile.txt").write_text("\n".join(report))
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "prefill": prefill,
-              "prefill_phases": prefill_phases, "phases_ms": phases, "phases_cpu_ms": phases_cpu,
-              "profiler": kernels, "full_step_graphs": full_step}
+    result = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "prefill": prefill,
+        "prefill_phases": prefill_phases,
+        "phases_ms": phases,
+        "phases_cpu_ms": phases_cpu,
+        "profiler": kernels,
+        "full_step_graphs": full_step,
+    }
     (args.out / "profile.json").write_text(json.dumps(result, indent=2))
     print(f"results written to {args.out}", file=sys.stderr)
     return result

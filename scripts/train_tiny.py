@@ -59,8 +59,16 @@ MODEL_DIR, EAGLE_DIR, MTP_DIR = "tiny-code", "tiny-code-eagle", "tiny-code-mtp"
 RESERVE_SECONDS, SMOKE_RESERVE_SECONDS = 30.0, 4.0
 
 # The smoke configuration: every stage runs, on a few files, with a model small enough for a CPU.
-SMOKE_SHAPE = ModelShape(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                         num_kv_heads=2, head_dim=16, max_position_embeddings=256)
+SMOKE_SHAPE = ModelShape(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,15 +82,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-seconds", type=float, default=300.0, help="base-model training budget")
     p.add_argument("--eagle-seconds", type=float, default=70.0, help="EAGLE head training budget (0 = skip)")
     p.add_argument("--mtp-seconds", type=float, default=70.0, help="MTP head training budget (0 = skip)")
-    p.add_argument("--total-seconds", type=float, default=525.0,
-                   help="hard cap on the whole run: the base-model budget shrinks to fit it")
+    p.add_argument(
+        "--total-seconds",
+        type=float,
+        default=525.0,
+        help="hard cap on the whole run: the base-model budget shrinks to fit it",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--compile", action="store_true", help="torch.compile the base model (GPU)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--smoke", action="store_true",
-                   help="CPU check of the whole pipeline: 80 files, a 2-layer model, ~20 s in all")
+    p.add_argument(
+        "--smoke", action="store_true", help="CPU check of the whole pipeline: 80 files, a 2-layer model, ~20 s in all"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.max_files = args.max_files or 80
@@ -104,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[train_tiny {time.time() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     torch.manual_seed(args.seed)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -124,11 +140,17 @@ def main(argv: list[str] | None = None) -> int:
 
     # 2. Base model, for what is left of the budget after the heads.
     shape = SMOKE_SHAPE if args.smoke else dataclasses.replace(ModelShape(), vocab_size=tok.get_vocab_size())
-    settings = TrainSettings(seq_len=args.seq_len, batch_size=args.batch_size, peak_lr=args.lr,
-                             train_seconds=args.train_seconds, compile=args.compile,
-                             eval_every_seconds=max(args.train_seconds / 10, 1.0),
-                             warmup_steps=20 if args.smoke else 200, log_every_steps=5 if args.smoke else 25,
-                             max_val_windows=16 if args.smoke else 512)
+    settings = TrainSettings(
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        peak_lr=args.lr,
+        train_seconds=args.train_seconds,
+        compile=args.compile,
+        eval_every_seconds=max(args.train_seconds / 10, 1.0),
+        warmup_steps=20 if args.smoke else 200,
+        log_every_steps=5 if args.smoke else 25,
+        max_val_windows=16 if args.smoke else 512,
+    )
     heads_seconds = args.eagle_seconds + args.mtp_seconds
     left = deadline - time.time() - heads_seconds - (SMOKE_RESERVE_SECONDS if args.smoke else RESERVE_SECONDS)
     if left < settings.train_seconds:
@@ -138,8 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     num_params = count_parameters(model)
     log(f"model {shape} with {num_params / 1e6:.2f}M parameters on {device}")
     base = train_base_model(model, train_stream, val_stream, settings, args.seed, device, log)
-    log(f"base model: {base.steps} steps, {base.tokens_seen / 1e6:.1f}M tokens, best held-out loss "
-        f"{base.best_val_loss:.4f} at step {base.best_step}")
+    log(
+        f"base model: {base.steps} steps, {base.tokens_seen / 1e6:.1f}M tokens, best held-out loss "
+        f"{base.best_val_loss:.4f} at step {base.best_step}"
+    )
     model_dir = out / MODEL_DIR
     save_hf_model(model, model_dir, eos_id, pad_id)  # converts the model to bf16 in place
     save_tokenizer(tok, model_dir, shape.max_position_embeddings)
@@ -150,16 +174,35 @@ def main(argv: list[str] | None = None) -> int:
     # 3. Draft heads for the frozen model.
     api = draft_head_api()
     heads: dict[str, dict] = {}
-    for kind, seconds, sub, kwargs in (("eagle", args.eagle_seconds, EAGLE_DIR, {"fc_bias": True}),
-                                       ("mtp", args.mtp_seconds, MTP_DIR, {})):
+    for kind, seconds, sub, kwargs in (
+        ("eagle", args.eagle_seconds, EAGLE_DIR, {"fc_bias": True}),
+        ("mtp", args.mtp_seconds, MTP_DIR, {}),
+    ):
         if seconds <= 0:
             continue
         seconds = min(seconds, max(deadline - time.time() - 15.0, 1.0))
-        head_settings = HeadSettings(train_seconds=seconds, seq_len=min(512, args.seq_len),
-                                     batch_size=args.batch_size, warmup_steps=5 if args.smoke else 50,
-                                     log_every_steps=5 if args.smoke else 25, max_val_windows=4 if args.smoke else 64)
-        head, result = train_head(api[kind], kind, model, target_config, api["head_config"], train_stream,
-                                  val_stream, head_settings, args.seed, device, log, head_kwargs=kwargs)
+        head_settings = HeadSettings(
+            train_seconds=seconds,
+            seq_len=min(512, args.seq_len),
+            batch_size=args.batch_size,
+            warmup_steps=5 if args.smoke else 50,
+            log_every_steps=5 if args.smoke else 25,
+            max_val_windows=4 if args.smoke else 64,
+        )
+        head, result = train_head(
+            api[kind],
+            kind,
+            model,
+            target_config,
+            api["head_config"],
+            train_stream,
+            val_stream,
+            head_settings,
+            args.seed,
+            device,
+            log,
+            head_kwargs=kwargs,
+        )
         save_head(head, out / sub)
         api["load_draft_head"](out / sub, kind, target_config)  # what the speculator will do: must load strictly
         heads[kind] = {**result.as_dict(), "settings": dataclasses.asdict(head_settings), "dir": sub}
@@ -171,15 +214,29 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "smoke": args.smoke,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": __import__("transformers").__version__,
-                     "tokenizers": __import__("tokenizers").__version__},
-        "corpus": {**corpus.summary(), "train_tokens": int(len(train_stream)), "val_tokens": int(len(val_stream)),
-                   "val_fraction": args.val_fraction},
-        "tokenizer": {"vocab_size": tok.get_vocab_size(), "eos_token_id": eos_id, "pad_token_id": pad_id,
-                      "seconds": round(tokenizer_seconds, 2)},
-        "model": {**dataclasses.asdict(shape), "parameters": num_params,
-                  "weights_bytes": (model_dir / "model.safetensors").stat().st_size},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+            "tokenizers": __import__("tokenizers").__version__,
+        },
+        "corpus": {
+            **corpus.summary(),
+            "train_tokens": int(len(train_stream)),
+            "val_tokens": int(len(val_stream)),
+            "val_fraction": args.val_fraction,
+        },
+        "tokenizer": {
+            "vocab_size": tok.get_vocab_size(),
+            "eos_token_id": eos_id,
+            "pad_token_id": pad_id,
+            "seconds": round(tokenizer_seconds, 2),
+        },
+        "model": {
+            **dataclasses.asdict(shape),
+            "parameters": num_params,
+            "weights_bytes": (model_dir / "model.safetensors").stat().st_size,
+        },
         "base_settings": dataclasses.asdict(settings),
         "base_model": base.as_dict(),
         "heads": heads,

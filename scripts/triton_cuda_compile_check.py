@@ -6,6 +6,7 @@ the bundled ptxas), and launches do nothing. Catches what the interpreter accept
 
     python3 scripts/triton_cuda_compile_check.py tests/test_sampler_fused.py [more pytest args]
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,6 @@ import sys
 os.environ["TRITON_INTERPRET"] = "0"  # conftest only sets it when unset
 
 import pytest  # noqa: E402
-import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 
@@ -26,14 +26,21 @@ class _Utils:
         return 0, 0, 0, 0, 1024
 
     def get_device_properties(self, device):
-        return {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32,
-                "sm_clock_rate": 1980000, "mem_clock_rate": 2619000, "mem_bus_width": 6144}
+        return {
+            "max_shared_mem": 232448,
+            "multiprocessor_count": 132,
+            "max_num_regs": 65536,
+            "warpSize": 32,
+            "sm_clock_rate": 1980000,
+            "mem_clock_rate": 2619000,
+            "mem_bus_width": 6144,
+        }
 
 
 class _FakeCudaDriver:
     def __init__(self) -> None:
         self.utils = _Utils()
-        self.launcher_cls = lambda src, metadata: (lambda *args, **kwargs: None)
+        self.launcher_cls = lambda src, metadata: lambda *args, **kwargs: None
 
     def is_active(self) -> bool:
         return True
@@ -49,10 +56,12 @@ class _FakeCudaDriver:
 
     def get_active_torch_device(self):
         import torch
+
         return torch.device("cpu")
 
     def get_device_interface(self):
         import torch
+
         return torch.cuda
 
     def get_benchmarker(self):
@@ -60,6 +69,7 @@ class _FakeCudaDriver:
 
     def get_empty_cache_for_benchmark(self):
         import torch
+
         return torch.empty(1)
 
     def clear_cache(self, cache) -> None:

@@ -1,4 +1,4 @@
-"""Speculative decoding: the Speculator interface (methods register in `framework.registry.SPECULATORS`)."""
+"""Speculative decoding: the Speculator interface (methods register in `framework.config.registry.SPECULATORS`)."""
 
 from speculators.interface import Proposal, ProposeInputs, Speculator
 

@@ -35,8 +35,9 @@ class Removal(NamedTuple):
 Queued = Union[tuple[Sequence[str], Sequence[int], Sequence[int]], Removal]  # (ids, drafts, accepted) or a removal
 
 
-def position_counts(max_k: int, rows: np.ndarray, num_draft: np.ndarray, num_accepted: np.ndarray,
-                    weights: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def position_counts(
+    max_k: int, rows: np.ndarray, num_draft: np.ndarray, num_accepted: np.ndarray, weights: np.ndarray, num_rows: int
+) -> tuple[np.ndarray, np.ndarray]:
     """([num_rows, max_k] attempted, [num_rows, max_k] accepted): weighted counts per position of n observed
     rows (`rows`, `num_draft`, `num_accepted`, `weights`: [n]) added up per row of the trackers.
 
@@ -44,6 +45,7 @@ def position_counts(max_k: int, rows: np.ndarray, num_draft: np.ndarray, num_acc
     (j < min(drafts, accepted + 1)); it was accepted when j < min(drafts, accepted). So each observed row is one
     length L per kind: a weighted histogram over (row, L) is one `bincount`, and the count of position j is the
     histogram's sum over L > j."""
+
     def per_row(lengths: np.ndarray) -> np.ndarray:
         hist = np.bincount(rows * (max_k + 1) + lengths, weights, num_rows * (max_k + 1)).reshape(num_rows, -1)
         return np.cumsum(hist[:, :0:-1], axis=1)[:, ::-1]  # [R, max_k]: column j sums L = j + 1 .. max_k
@@ -51,8 +53,9 @@ def position_counts(max_k: int, rows: np.ndarray, num_draft: np.ndarray, num_acc
     return per_row(np.minimum(num_draft, num_accepted + 1)), per_row(np.minimum(num_draft, num_accepted))
 
 
-def fold_queue(queue: Sequence[Queued], requests: "RequestAcceptance",
-               batch: Optional["AcceptanceTracker"] = None) -> None:
+def fold_queue(
+    queue: Sequence[Queued], requests: "RequestAcceptance", batch: Optional["AcceptanceTracker"] = None
+) -> None:
     """Add a queue of observations (each: the requests of the rows that verified drafts, drafts verified, leading
     drafts accepted; each request at most once) and removals, in order, to the per-request counts and the
     batch-wide ones: every count decays by `requests.decay` per observation after it. A removed request's row
@@ -83,8 +86,13 @@ def fold_queue(queue: Sequence[Queued], requests: "RequestAcceptance",
         requests.free(row)
 
 
-def _add_observations(rows: list[np.ndarray], drafts: list[Sequence[int]], accepted: list[Sequence[int]],
-                      requests: "RequestAcceptance", batch: Optional["AcceptanceTracker"]) -> None:
+def _add_observations(
+    rows: list[np.ndarray],
+    drafts: list[Sequence[int]],
+    accepted: list[Sequence[int]],
+    requests: "RequestAcceptance",
+    batch: Optional["AcceptanceTracker"],
+) -> None:
     """Add m observations (rows [r_i] of the requests, drafts and accepted of each row) to both trackers."""
     m = len(rows)
     sizes = [len(r) for r in rows]
@@ -96,8 +104,13 @@ def _add_observations(rows: list[np.ndarray], drafts: list[Sequence[int]], accep
         flat_drafts = np.fromiter(chain.from_iterable(drafts), np.int64, n)
     weights = np.repeat(requests.decay ** np.arange(m - 1, -1, -1.0), sizes)  # [n]: the last observation weighs 1
     attempted, accepted_counts = position_counts(
-        requests.max_k, np.concatenate(rows), flat_drafts, np.fromiter(chain.from_iterable(accepted), np.int64, n),
-        weights, len(requests.attempted))
+        requests.max_k,
+        np.concatenate(rows),
+        flat_drafts,
+        np.fromiter(chain.from_iterable(accepted), np.int64, n),
+        weights,
+        len(requests.attempted),
+    )
     requests.add_counts(attempted, accepted_counts, m)
     if batch is not None:
         batch.add_counts(attempted.sum(axis=0), accepted_counts.sum(axis=0), m)
@@ -128,7 +141,7 @@ class AcceptanceTracker:
 
     def add_counts(self, attempted: np.ndarray, accepted: np.ndarray, num_observations: int) -> None:
         """Add [max_k] counts made over `num_observations` steps (the earlier counts decay that many times)."""
-        factor = self.decay ** num_observations
+        factor = self.decay**num_observations
         self.attempted = self.attempted * factor + attempted
         self.accepted = self.accepted * factor + accepted
 
@@ -136,9 +149,14 @@ class AcceptanceTracker:
         """One step's rows (each verified `num_draft` drafts and accepted `num_accepted`)."""
         if len(num_draft):
             n = len(num_draft)
-            attempted, accepted = position_counts(len(self.attempted), np.zeros(n, dtype=np.int64),
-                                                  np.asarray(num_draft, dtype=np.int64),
-                                                  np.asarray(num_accepted, dtype=np.int64), np.ones(n), 1)
+            attempted, accepted = position_counts(
+                len(self.attempted),
+                np.zeros(n, dtype=np.int64),
+                np.asarray(num_draft, dtype=np.int64),
+                np.asarray(num_accepted, dtype=np.int64),
+                np.ones(n),
+                1,
+            )
             self.add_counts(attempted[0], accepted[0], 1)
 
     def rates(self) -> np.ndarray:
@@ -172,7 +190,7 @@ class RequestAcceptance:
     def add_counts(self, attempted: np.ndarray, accepted: np.ndarray, num_observations: int) -> None:
         """Add [R, max_k] counts, one row per row of the arrays, made over `num_observations` observations (the
         earlier counts decay that many times)."""
-        factor = self.decay ** num_observations
+        factor = self.decay**num_observations
         self.attempted = self.attempted * factor + attempted
         self.accepted = self.accepted * factor + accepted
 

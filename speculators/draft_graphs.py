@@ -30,16 +30,32 @@ class SteppingDrafter(Protocol):
     @property
     def head(self) -> _HeadSize: ...
 
-    def draft_steps(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, stores: torch.Tensor,
-                    capacity: torch.Tensor, block_tables: torch.Tensor, block_size: int, k: int,
-                    max_seq_len: int) -> torch.Tensor: ...
+    def draft_steps(
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        stores: torch.Tensor,
+        capacity: torch.Tensor,
+        block_tables: torch.Tensor,
+        block_size: int,
+        k: int,
+        max_seq_len: int,
+    ) -> torch.Tensor: ...
 
 
 class DraftStepGraphs:
     """Static inputs sized for the largest batch, and one graph per (size, k) running `HeadDrafter.draft_steps`."""
 
-    def __init__(self, drafter: SteppingDrafter, batch_sizes: list[int], ks: list[int], block_size: int,
-                 max_blocks_per_req: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        drafter: SteppingDrafter,
+        batch_sizes: list[int],
+        ks: list[int],
+        block_size: int,
+        max_blocks_per_req: int,
+        dtype: torch.dtype,
+    ) -> None:
         self.drafter = drafter
         self.sizes = sorted(set(batch_sizes))
         self.ks = sorted(set(ks))
@@ -56,8 +72,15 @@ class DraftStepGraphs:
 
     def _steps(self, size: int, k: int) -> torch.Tensor:
         return self.drafter.draft_steps(
-            self.tokens[:size], self.hidden[:size], self.positions[:size], self.stores[:size], self.capacity[:size],
-            self.block_tables[:size], self.block_size, k, self.drafter.max_model_len,
+            self.tokens[:size],
+            self.hidden[:size],
+            self.positions[:size],
+            self.stores[:size],
+            self.capacity[:size],
+            self.block_tables[:size],
+            self.block_size,
+            k,
+            self.drafter.max_model_len,
         )
 
     @torch.inference_mode()
@@ -87,8 +110,17 @@ class DraftStepGraphs:
         i = bisect.bisect_left(self.sizes, num_rows)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def run(self, size: int, k: int, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-            stores: torch.Tensor, capacity: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    def run(
+        self,
+        size: int,
+        k: int,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        stores: torch.Tensor,
+        capacity: torch.Tensor,
+        block_tables: torch.Tensor,
+    ) -> torch.Tensor:
         """Copy the R real rows in (padding rows reset), replay; returns drafts 2..k [R, k - 1]."""
         r = tokens.shape[0]
         self.tokens[:r].copy_(tokens)

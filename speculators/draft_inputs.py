@@ -39,8 +39,9 @@ def prepare_draft_inputs_reference(
     last = ends - 1 - num_rejected.long()  # [R]
     shifted = torch.zeros_like(input_ids)
     shifted[:-1] = input_ids[1:]
-    rows = torch.repeat_interleave(torch.arange(starts.numel(), device=input_ids.device), ends - starts,
-                                   output_size=num_tokens)
+    rows = torch.repeat_interleave(
+        torch.arange(starts.numel(), device=input_ids.device), ends - starts, output_size=num_tokens
+    )
     shifted = torch.where(torch.arange(num_tokens, device=input_ids.device) < last[rows], shifted, 0)
     last_sampled = sampled.gather(1, (num_sampled.long() - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
     max_len = all_token_ids.shape[1]
@@ -53,10 +54,20 @@ def prepare_draft_inputs_reference(
 
 @triton.jit
 def _prepare_draft_inputs_kernel(
-    input_ids_ptr, query_start_loc_ptr, idx_mapping_ptr, seq_lens_ptr,
-    sampled_ptr, sampled_stride, num_sampled_ptr, num_rejected_ptr,
-    all_token_ids_ptr, token_stride, max_len,
-    out_ids_ptr, last_index_ptr, BLOCK: tl.constexpr,
+    input_ids_ptr,
+    query_start_loc_ptr,
+    idx_mapping_ptr,
+    seq_lens_ptr,
+    sampled_ptr,
+    sampled_stride,
+    num_sampled_ptr,
+    num_rejected_ptr,
+    all_token_ids_ptr,
+    token_stride,
+    max_len,
+    out_ids_ptr,
+    last_index_ptr,
+    BLOCK: tl.constexpr,
 ):
     # One program per batch row.
     row = tl.program_id(0)
@@ -67,8 +78,11 @@ def _prepare_draft_inputs_kernel(
     slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + row)
     last_sampled = tl.load(sampled_ptr + row * sampled_stride + tl.maximum(ns - 1, 0))
-    hist = tl.load(all_token_ids_ptr + slot * token_stride + tl.minimum(seq_len, max_len - 1),
-                   mask=(ns == 0) & (seq_len < max_len), other=0).to(tl.int64)
+    hist = tl.load(
+        all_token_ids_ptr + slot * token_stride + tl.minimum(seq_len, max_len - 1),
+        mask=(ns == 0) & (seq_len < max_len),
+        other=0,
+    ).to(tl.int64)
     nxt = tl.where(ns > 0, last_sampled, hist)
     for off in range(0, n, BLOCK):
         j = off + tl.arange(0, BLOCK)
@@ -79,8 +93,14 @@ def _prepare_draft_inputs_kernel(
 
 
 def prepare_draft_inputs_triton(
-    input_ids: torch.Tensor, query_start_loc: torch.Tensor, idx_mapping: torch.Tensor, seq_lens: torch.Tensor,
-    sampled: torch.Tensor, num_sampled: torch.Tensor, num_rejected: torch.Tensor, all_token_ids: torch.Tensor,
+    input_ids: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sampled: torch.Tensor,
+    num_sampled: torch.Tensor,
+    num_rejected: torch.Tensor,
+    all_token_ids: torch.Tensor,
 ) -> DraftInputs:
     """Triton version of `prepare_draft_inputs_reference` (`all_token_ids` may be in pinned host memory)."""
     num_rows = idx_mapping.numel()
@@ -88,8 +108,20 @@ def prepare_draft_inputs_triton(
     last = torch.empty(num_rows, dtype=torch.int64, device=input_ids.device)
     if num_rows:
         _prepare_draft_inputs_kernel[(num_rows,)](
-            input_ids, query_start_loc, idx_mapping, seq_lens, sampled, sampled.stride(0), num_sampled,
-            num_rejected, all_token_ids, all_token_ids.stride(0), all_token_ids.shape[1], out, last, BLOCK=256,
+            input_ids,
+            query_start_loc,
+            idx_mapping,
+            seq_lens,
+            sampled,
+            sampled.stride(0),
+            num_sampled,
+            num_rejected,
+            all_token_ids,
+            all_token_ids.stride(0),
+            all_token_ids.shape[1],
+            out,
+            last,
+            BLOCK=256,
         )
     return DraftInputs(out, last)
 

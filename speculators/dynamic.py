@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 import numpy as np
 
 from speculators.acceptance import AcceptanceTracker, Queued, Removal, RequestAcceptance, fold_queue
+
 # The exploration schedule and its constants (still importable from here: `speculators.dynamic.EXPLORE_STEPS`).
 from speculators.explorations import EXPLORE_BUDGET, EXPLORE_STEPS, Explorations  # noqa: F401
 from speculators.policy import DraftLengthPolicy, FixedK
@@ -44,8 +45,8 @@ from speculators.steady_steps import SteadySteps
 from speculators.step_cost import CostModel, MeasuredCostModel, batch_bucket, has_own_costs, step_costs
 
 if TYPE_CHECKING:
-    from framework.config import SpeculatorConfig
-    from framework.scheduler_output import SchedulerOutput
+    from framework.config.schema import SpeculatorConfig
+    from framework.params.scheduler_output import SchedulerOutput
 
 MARGIN = 0.03  # a larger k must beat a smaller one by 3% in expected tokens/s: no flapping on noise
 # Steps between two decisions at the same batch-size bucket: DECIDE_EVERY for SETTLE steps after the first decision
@@ -91,8 +92,15 @@ class _LastDecision:
 class DynamicK(DraftLengthPolicy):
     """The policy of the module docstring."""
 
-    def __init__(self, max_k: int, cost_model: Optional[CostModel] = None, acceptance_decay: float = 0.95,
-                 prior_acceptance: float = 0.5, explore_every: int = 32, record: bool = False) -> None:
+    def __init__(
+        self,
+        max_k: int,
+        cost_model: Optional[CostModel] = None,
+        acceptance_decay: float = 0.95,
+        prior_acceptance: float = 0.5,
+        explore_every: int = 32,
+        record: bool = False,
+    ) -> None:
         super().__init__(max_k)
         self.cost_model: CostModel = cost_model if cost_model is not None else MeasuredCostModel()
         self.acceptance = AcceptanceTracker(max_k, acceptance_decay, prior_acceptance)
@@ -176,10 +184,17 @@ class DynamicK(DraftLengthPolicy):
                 self.decisions.append(Decision(self._steps, len(request_ids), k, reason, (), (), ()))
             else:
                 decided, last = reason == "decide", self._last
-                self.decisions.append(Decision(
-                    self._steps, len(request_ids), k, reason, tuple(round(r, 1) for r in last.rates),
-                    tuple(round(1e3 * c, 3) for c in last.costs) if decided else (),
-                    tuple(round(float(a), 3) for a in last.acceptance) if decided else ()))
+                self.decisions.append(
+                    Decision(
+                        self._steps,
+                        len(request_ids),
+                        k,
+                        reason,
+                        tuple(round(r, 1) for r in last.rates),
+                        tuple(round(1e3 * c, 3) for c in last.costs) if decided else (),
+                        tuple(round(float(a), 3) for a in last.acceptance) if decided else (),
+                    )
+                )
         return k
 
     def _choose(self, request_ids: Sequence[str]) -> tuple[int, str]:
@@ -193,16 +208,21 @@ class DynamicK(DraftLengthPolicy):
         # Decide at once when the batch changes bucket, then every DECIDE_EVERY steps while settling and every
         # DECIDE_EVERY_STEADY steps after: a decision costs 0.1-1 ms of host time, against steps of 1-8 ms.
         bucket = batch_bucket(len(request_ids))
-        if bucket != last.bucket and (last.best is None or not has_own_costs(self.cost_model, len(request_ids),
-                                                                              self.max_k)):
+        if bucket != last.bucket and (
+            last.best is None or not has_own_costs(self.cost_model, len(request_ids), self.max_k)
+        ):
             last.settle_until = self._steps + SETTLE  # acceptance or costs are still being measured: decide often
         every = DECIDE_EVERY if self._steps < last.settle_until else DECIDE_EVERY_STEADY
         # A settling decision (every DECIDE_EVERY steps) is skipped when no step was measured since the last one:
         # while a batch drains, rows finish every step and no step is steady, so there is nothing new to use.
         observed = getattr(self.cost_model, "num_observed", None)  # None: a cost model that does not count
         nothing_new = every == DECIDE_EVERY and observed is not None and observed == last.observed
-        decide = (last.best is None or bucket != last.bucket or self._steps == last.extra_at
-                  or (self._steps % every == 0 and not nothing_new))
+        decide = (
+            last.best is None
+            or bucket != last.bucket
+            or self._steps == last.extra_at
+            or (self._steps % every == 0 and not nothing_new)
+        )
         if decide:
             last.best, last.bucket = self.best_k(request_ids, last.best), bucket
             last.observed = observed
@@ -214,8 +234,9 @@ class DynamicK(DraftLengthPolicy):
             return explored, "explore"
         return last.best, "decide" if decide else "keep"
 
-    def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],
-                           num_accepted: Sequence[int]) -> None:
+    def observe_acceptance(
+        self, request_ids: Sequence[str], num_draft: Sequence[int], num_accepted: Sequence[int]
+    ) -> None:
         self._queue.append((request_ids, num_draft, num_accepted))  # folded at the next decision
         if len(self._queue) > MAX_QUEUED:
             self.fold_observations()

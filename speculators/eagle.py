@@ -18,8 +18,8 @@ from speculators.head_drafter import HeadDrafter
 from speculators.interface import Proposal, ProposeInputs, Speculator
 
 if TYPE_CHECKING:
-    from framework.config import SpeculatorConfig
-    from framework.engine_setup import LoadedModel
+    from framework.config.schema import SpeculatorConfig
+    from framework.models.setup import LoadedModel
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +29,9 @@ class DraftHeadSpeculator(Speculator):
 
     head_kind: ClassVar[str] = ""
 
-    def __init__(self, config: "SpeculatorConfig", loaded: "LoadedModel", max_num_reqs: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, config: "SpeculatorConfig", loaded: "LoadedModel", max_num_reqs: int, device: torch.device
+    ) -> None:
         super().__init__(config, loaded, max_num_reqs, device)
         self.head = self._load_head(config, loaded, device)
         target = loaded.model
@@ -41,7 +42,8 @@ class DraftHeadSpeculator(Speculator):
         if head_kv != target_kv:
             raise CheckpointError(
                 f"{self.head_kind} head: its KV heads x head_dim {head_kv[3:]} differ from the target's {target_kv[3:]}; "
-                "the draft KV layer shares the target's block layout")
+                "the draft KV layer shares the target's block layout"
+            )
         try:
             aux = self.head.aux_layer_ids(int(loaded.hf_config["num_hidden_layers"])) or ()
         except ValueError as err:
@@ -51,8 +53,10 @@ class DraftHeadSpeculator(Speculator):
     def _model_path(self, config: "SpeculatorConfig", loaded: "LoadedModel") -> str:
         path: Optional[str] = getattr(config, "model", None)
         if path is None:
-            raise CheckpointError(f"speculator.method={self.head_kind} needs speculator.model: a local directory "
-                                  "with the draft head's config.json and safetensors")
+            raise CheckpointError(
+                f"speculator.method={self.head_kind} needs speculator.model: a local directory "
+                "with the draft head's config.json and safetensors"
+            )
         return path
 
     def _load_head(self, config: "SpeculatorConfig", loaded: "LoadedModel", device: torch.device) -> DraftHead:
@@ -71,8 +75,9 @@ class DraftHeadSpeculator(Speculator):
 
     def capture_cuda_graphs(self, batch_sizes: list[int], block_size: int, max_blocks_per_req: int) -> None:
         if self.config.draft_cuda_graphs:
-            self.drafter.capture_cuda_graphs(batch_sizes, self.num_speculative_tokens, block_size, max_blocks_per_req,
-                                             self.loaded.dtype)
+            self.drafter.capture_cuda_graphs(
+                batch_sizes, self.num_speculative_tokens, block_size, max_blocks_per_req, self.loaded.dtype
+            )
 
     def propose(self, inputs: ProposeInputs) -> Proposal:
         if inputs.attn_metadata is None:
@@ -109,14 +114,19 @@ class MTPSpeculator(DraftHeadSpeculator):
         if path is not None:
             return path
         if "num_nextn_predict_layers" not in loaded.hf_config or not loaded.path:
-            raise CheckpointError("speculator.method=mtp needs speculator.model, or a target checkpoint (model.path) "
-                                  "whose config.json has num_nextn_predict_layers")
+            raise CheckpointError(
+                "speculator.method=mtp needs speculator.model, or a target checkpoint (model.path) "
+                "whose config.json has num_nextn_predict_layers"
+            )
         return loaded.path
 
     def _load_head(self, config: "SpeculatorConfig", loaded: "LoadedModel", device: torch.device) -> DraftHead:
         head = super()._load_head(config, loaded, device)
         assert isinstance(head, MTPHead)
         if head.num_layers > 1:
-            logger.warning("MTP checkpoint has %d layers; mrv2 drafts with the first one only (its KV covers the "
-                           "whole context; the others would see only draft positions)", head.num_layers)
+            logger.warning(
+                "MTP checkpoint has %d layers; mrv2 drafts with the first one only (its KV covers the "
+                "whole context; the others would see only draft positions)",
+                head.num_layers,
+            )
         return head

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from framework.attention import AttentionMetadata
+from framework.layers.attention import AttentionMetadata
 from speculators.draft_graphs import DraftStepGraphs
 from speculators.draft_heads import DraftHead
 from speculators.draft_inputs import prepare_draft_inputs
@@ -24,8 +24,14 @@ class HeadDrafter:
     """Runs one `DraftHead` over the paged cache, on one KV layer: every draft runs the head's step 0 (an MTP head
     with several layers uses its first for all drafts)."""
 
-    def __init__(self, head: DraftHead, max_num_reqs: int, max_model_len: int, device: torch.device,
-                 aux_layer_ids: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        head: DraftHead,
+        max_num_reqs: int,
+        max_model_len: int,
+        device: torch.device,
+        aux_layer_ids: tuple[int, ...] = (),
+    ) -> None:
         self.head = head
         self.max_model_len = max_model_len
         self.aux_layer_ids = aux_layer_ids
@@ -40,8 +46,10 @@ class HeadDrafter:
         if not self.aux_layer_ids:
             return inputs.hidden_states
         if len(inputs.aux_hidden_states) != len(self.aux_layer_ids):
-            raise RuntimeError(f"the draft head reads target layers {self.aux_layer_ids} but the runner passed "
-                               f"{len(inputs.aux_hidden_states)} aux hidden states")
+            raise RuntimeError(
+                f"the draft head reads target layers {self.aux_layer_ids} but the runner passed "
+                f"{len(inputs.aux_hidden_states)} aux hidden states"
+            )
         return torch.cat(inputs.aux_hidden_states, dim=-1)  # [T, n_aux * H]
 
     @torch.inference_mode()
@@ -50,10 +58,19 @@ class HeadDrafter:
         batch, k = inputs.batch, inputs.num_draft_tokens
         rs = inputs.request_state
         assert self.kv_cache is not None, "bind_kv_cache before proposing"
-        draft = prepare_draft_inputs(batch.input_ids, batch.query_start_loc, batch.idx_mapping, batch.seq_lens,
-                                     inputs.sampled_tokens, inputs.num_sampled, inputs.num_rejected, rs.all_token_ids)
-        hidden = self.head.forward_paged(draft.input_ids, self._target_hidden(inputs), batch.positions,
-                                         self.kv_cache, meta, step=0)
+        draft = prepare_draft_inputs(
+            batch.input_ids,
+            batch.query_start_loc,
+            batch.idx_mapping,
+            batch.seq_lens,
+            inputs.sampled_tokens,
+            inputs.num_sampled,
+            inputs.num_rejected,
+            rs.all_token_ids,
+        )
+        hidden = self.head.forward_paged(
+            draft.input_ids, self._target_hidden(inputs), batch.positions, self.kv_cache, meta, step=0
+        )
         num_rows = batch.num_rows
         if k == 0:
             return torch.zeros(num_rows, 0, dtype=torch.int64, device=hidden.device)
@@ -71,16 +88,34 @@ class HeadDrafter:
             capacity = torch.full_like(inputs.num_sampled, self.max_model_len)
         size = self.graphs.padded_size(num_rows, k) if self.graphs is not None else None
         if size is not None:
-            rest = self.graphs.run(size, k, first, hidden, positions, stores, capacity,  # type: ignore[union-attr]
-                                   meta.block_tables)
+            rest = self.graphs.run(
+                size,
+                k,
+                first,
+                hidden,
+                positions,
+                stores,
+                capacity,  # type: ignore[union-attr]
+                meta.block_tables,
+            )
         else:
-            rest = self.draft_steps(first, hidden, positions, stores, capacity, meta.block_tables, meta.block_size, k,
-                                    batch.max_seq_len + k)
+            rest = self.draft_steps(
+                first, hidden, positions, stores, capacity, meta.block_tables, meta.block_size, k, batch.max_seq_len + k
+            )
         return torch.cat([first.unsqueeze(1), rest], dim=1)
 
-    def draft_steps(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, stores: torch.Tensor,
-                    capacity: torch.Tensor, block_tables: torch.Tensor, block_size: int, k: int,
-                    max_seq_len: int) -> torch.Tensor:
+    def draft_steps(
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        stores: torch.Tensor,
+        capacity: torch.Tensor,
+        block_tables: torch.Tensor,
+        block_size: int,
+        k: int,
+        max_seq_len: int,
+    ) -> torch.Tensor:
         """[R, k - 1] drafts 2..k: each step feeds back the previous draft [R] and hidden [R, H] one position on.
 
         `positions` [R] int64 is each row's last accepted position, `stores` [R] bool whether the row may store
@@ -92,16 +127,24 @@ class HeadDrafter:
         out = []
         for _ in range(1, k):
             positions = positions + 1
-            meta = self._single_token_metadata(block_tables, block_size, positions, stores & (positions < capacity),
-                                               max_seq_len)
-            hidden = self.head.forward_paged(tokens, hidden, positions.clamp(max=self.max_model_len - 1),
-                                             self.kv_cache, meta, step=0)
+            meta = self._single_token_metadata(
+                block_tables, block_size, positions, stores & (positions < capacity), max_seq_len
+            )
+            hidden = self.head.forward_paged(
+                tokens, hidden, positions.clamp(max=self.max_model_len - 1), self.kv_cache, meta, step=0
+            )
             tokens = self.head.draft_token_ids(hidden, 0)
             out.append(tokens)
         return torch.stack(out, dim=1)
 
-    def _single_token_metadata(self, block_tables: torch.Tensor, block_size: int, positions: torch.Tensor,
-                               stores: torch.Tensor, max_seq_len: int) -> AttentionMetadata:
+    def _single_token_metadata(
+        self,
+        block_tables: torch.Tensor,
+        block_size: int,
+        positions: torch.Tensor,
+        stores: torch.Tensor,
+        max_seq_len: int,
+    ) -> AttentionMetadata:
         """One token per row at `positions` [R] int64 (KV slot -1 where it must not store)."""
         num_rows = positions.shape[0]
         in_range = positions < self.max_model_len
@@ -110,16 +153,24 @@ class HeadDrafter:
         blocks = block_tables[rows, pos // block_size].long()
         kv_slots = torch.where(stores & in_range, blocks * block_size + pos % block_size, -1)
         return AttentionMetadata(
-            num_tokens=num_rows, num_rows=num_rows, query_start_loc=self.query_start_loc[: num_rows + 1],
-            seq_lens=(pos + 1).to(torch.int32), block_tables=block_tables, kv_slot_mapping=kv_slots,
-            block_size=block_size, max_query_len=1, max_seq_len=min(max_seq_len, self.max_model_len),
+            num_tokens=num_rows,
+            num_rows=num_rows,
+            query_start_loc=self.query_start_loc[: num_rows + 1],
+            seq_lens=(pos + 1).to(torch.int32),
+            block_tables=block_tables,
+            kv_slot_mapping=kv_slots,
+            block_size=block_size,
+            max_query_len=1,
+            max_seq_len=min(max_seq_len, self.max_model_len),
         )
 
-    def capture_cuda_graphs(self, batch_sizes: list[int], max_k: int, block_size: int, max_blocks_per_req: int,
-                            dtype: torch.dtype) -> None:
+    def capture_cuda_graphs(
+        self, batch_sizes: list[int], max_k: int, block_size: int, max_blocks_per_req: int, dtype: torch.dtype
+    ) -> None:
         """Capture the draft steps for every padded batch size and k in 2..max_k (after `bind_kv_cache`)."""
         if max_k < 2 or not batch_sizes:
             return
-        self.graphs = DraftStepGraphs(self, batch_sizes, list(range(2, max_k + 1)), block_size, max_blocks_per_req,
-                                      dtype)
+        self.graphs = DraftStepGraphs(
+            self, batch_sizes, list(range(2, max_k + 1)), block_size, max_blocks_per_req, dtype
+        )
         self.graphs.capture()

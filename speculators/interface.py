@@ -1,7 +1,7 @@
 """The Speculator boundary: draft proposals that stay on the device between steps.
 
 A speculator is built from the registry as `cls(config.speculator, loaded_target, max_num_reqs, device)`
-(`framework.plugins.build_speculator`). After each step's post-update the runner hands it one `ProposeInputs`
+(`framework.runner.plugins.build_speculator`). After each step's post-update the runner hands it one `ProposeInputs`
 and writes the returned `Proposal.draft_token_ids` into `RequestState.draft_tokens`; the next step's input
 preparation reads them through `idx_mapping` and the rejection sampler verifies them through
 `expanded_idx_mapping`.
@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, NamedTuple, Optional
 import torch
 
 if TYPE_CHECKING:
-    from framework.attention import AttentionMetadata
-    from framework.config import SpeculatorConfig
-    from framework.engine_setup import LoadedModel
-    from framework.input_batch import InputBatch
-    from framework.request_state import RequestState
-    from framework.scheduler_output import NewRequestData
+    from framework.batch.input_batch import InputBatch
+    from framework.batch.request_state import RequestState
+    from framework.config.schema import SpeculatorConfig
+    from framework.layers.attention import AttentionMetadata
+    from framework.models.setup import LoadedModel
+    from framework.params.scheduler_output import NewRequestData
 
 
 class ProposeInputs(NamedTuple):
@@ -103,4 +103,3 @@ class Speculator(ABC):
     @abstractmethod
     def propose(self, inputs: ProposeInputs) -> Proposal:
         """Drafts [R, inputs.num_draft_tokens] int32 per batch row (no host sync)."""
-

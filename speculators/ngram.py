@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.input_prep import use_triton
-from framework.kernels.launch_math import next_power_of_2
+from framework.layers.kernels.input_prep import use_triton
+from framework.layers.kernels.launch_math import next_power_of_2
 from speculators.interface import Proposal, ProposeInputs, Speculator
 
 
@@ -59,8 +59,17 @@ def ngram_propose_reference(
 
 @triton.jit
 def _ngram_propose_kernel(
-    idx_mapping_ptr, all_token_ids_ptr, token_stride, total_len_ptr, drafts_ptr, drafts_stride,
-    num_draft, MIN_N: tl.constexpr, MAX_N: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    idx_mapping_ptr,
+    all_token_ids_ptr,
+    token_stride,
+    total_len_ptr,
+    drafts_ptr,
+    drafts_stride,
+    num_draft,
+    MIN_N: tl.constexpr,
+    MAX_N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     # One program per batch row: a sweep over candidate end indices in blocks, match lengths up to MAX_N.
     row = tl.program_id(0)
@@ -95,7 +104,11 @@ def _ngram_propose_kernel(
 
 
 def ngram_propose_triton(
-    idx_mapping: torch.Tensor, all_token_ids: torch.Tensor, total_len: torch.Tensor, num_draft: int, min_n: int,
+    idx_mapping: torch.Tensor,
+    all_token_ids: torch.Tensor,
+    total_len: torch.Tensor,
+    num_draft: int,
+    min_n: int,
     max_n: int,
 ) -> torch.Tensor:
     """Triton version of `ngram_propose_reference`; `all_token_ids` may live in pinned host memory (UVA)."""
@@ -103,14 +116,27 @@ def ngram_propose_triton(
     drafts = torch.empty(num_rows, num_draft, dtype=torch.int32, device=idx_mapping.device)
     if num_rows and num_draft:
         _ngram_propose_kernel[(num_rows,)](
-            idx_mapping, all_token_ids, all_token_ids.stride(0), total_len, drafts, drafts.stride(0), num_draft,
-            MIN_N=min_n, MAX_N=max_n, BLOCK=256, BLOCK_K=next_power_of_2(num_draft),
+            idx_mapping,
+            all_token_ids,
+            all_token_ids.stride(0),
+            total_len,
+            drafts,
+            drafts.stride(0),
+            num_draft,
+            MIN_N=min_n,
+            MAX_N=max_n,
+            BLOCK=256,
+            BLOCK_K=next_power_of_2(num_draft),
         )
     return drafts
 
 
 def ngram_propose(
-    idx_mapping: torch.Tensor, all_token_ids: torch.Tensor, total_len: torch.Tensor, num_draft: int, min_n: int,
+    idx_mapping: torch.Tensor,
+    all_token_ids: torch.Tensor,
+    total_len: torch.Tensor,
+    num_draft: int,
+    min_n: int,
     max_n: int,
 ) -> torch.Tensor:
     """[R, k] int32 drafts: Triton on CUDA, the reference elsewhere."""
@@ -125,6 +151,12 @@ class NgramSpeculator(Speculator):
 
     def propose(self, inputs: ProposeInputs) -> Proposal:
         rs = inputs.request_state
-        drafts = ngram_propose(inputs.batch.idx_mapping, rs.all_token_ids, rs.total_len, inputs.num_draft_tokens,
-                               self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+        drafts = ngram_propose(
+            inputs.batch.idx_mapping,
+            rs.all_token_ids,
+            rs.total_len,
+            inputs.num_draft_tokens,
+            self.config.prompt_lookup_min,
+            self.config.prompt_lookup_max,
+        )
         return Proposal(drafts)

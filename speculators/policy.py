@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from framework.scheduler_output import SchedulerOutput
+    from framework.params.scheduler_output import SchedulerOutput
 
 
 class DraftLengthPolicy(ABC):
@@ -26,8 +26,9 @@ class DraftLengthPolicy(ABC):
     def choose(self, request_ids: Sequence[str]) -> int:
         """k for the step after this one, given the requests running now (about one decode row each)."""
 
-    def observe_acceptance(self, request_ids: Sequence[str], num_draft: Sequence[int],
-                           num_accepted: Sequence[int]) -> None:
+    def observe_acceptance(
+        self, request_ids: Sequence[str], num_draft: Sequence[int], num_accepted: Sequence[int]
+    ) -> None:
         """One finished step: per row that verified drafts, its request, drafts verified and leading drafts
         accepted."""
 
@@ -46,4 +47,3 @@ class FixedK(DraftLengthPolicy):
 
     def choose(self, request_ids: Sequence[str]) -> int:
         return self.max_k
-

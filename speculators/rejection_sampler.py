@@ -24,10 +24,17 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.input_prep import token_batch_rows
-from framework.kernels.launch_math import next_power_of_2
+from framework.layers.kernels.input_prep import token_batch_rows
+from framework.layers.kernels.launch_math import next_power_of_2
 from samplers.gumbel import (
-    _gumbel_noise, _mul32, _row_key, _uniform, hash_bits_reference, mix32, row_keys, uniform_from_bits,
+    _gumbel_noise,
+    _row_key,
+    _uniform,
+    hash_bits_reference,
+    mix32,
+    mul32,
+    row_keys,
+    uniform_from_bits,
 )
 from samplers.triton_utils import use_triton, vocab_block
 
@@ -61,8 +68,11 @@ def combine_reference(
     in_row = cols.unsqueeze(0) < num_draft.unsqueeze(1)  # [R, K'+1]: columns that verify a draft
     logits_row = (starts.unsqueeze(1) + cols).clamp(max=max(candidate.numel() - 1, 0))  # [R, K'+1]
     width = draft_tokens.shape[1]
-    drafts = (draft_tokens[idx_mapping.long()][:, cols.clamp(max=max(width - 1, 0))].long()
-              if width else torch.zeros(num_rows, max_num_draft + 1, dtype=torch.long, device=device))
+    drafts = (
+        draft_tokens[idx_mapping.long()][:, cols.clamp(max=max(width - 1, 0))].long()
+        if width
+        else torch.zeros(num_rows, max_num_draft + 1, dtype=torch.long, device=device)
+    )
     cand = candidate[logits_row]  # [R, K'+1]
     ok = (cand == drafts) if accepted is None else accepted[logits_row].bool()
     rejected = in_row & ~ok
@@ -75,9 +85,17 @@ def combine_reference(
 
 @triton.jit
 def _combine_kernel(
-    idx_mapping_ptr, cu_num_logits_ptr, draft_tokens_ptr, draft_stride, candidate_ptr, accepted_ptr,
-    tokens_ptr, tokens_stride, num_accepted_ptr,
-    HAS_ACCEPTED: tl.constexpr, BLOCK: tl.constexpr,
+    idx_mapping_ptr,
+    cu_num_logits_ptr,
+    draft_tokens_ptr,
+    draft_stride,
+    candidate_ptr,
+    accepted_ptr,
+    tokens_ptr,
+    tokens_stride,
+    num_accepted_ptr,
+    HAS_ACCEPTED: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     # One program per batch row; BLOCK >= K'+1 covers all of its logits rows at once.
     row = tl.program_id(0)
@@ -100,8 +118,12 @@ def _combine_kernel(
 
 
 def combine_triton(
-    idx_mapping: torch.Tensor, cu_num_logits: torch.Tensor, draft_tokens: torch.Tensor, candidate: torch.Tensor,
-    accepted: Optional[torch.Tensor], max_num_draft: int,
+    idx_mapping: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    candidate: torch.Tensor,
+    accepted: Optional[torch.Tensor],
+    max_num_draft: int,
 ) -> VerifyOutput:
     """Triton version of `combine_reference` (same arguments)."""
     num_rows = idx_mapping.numel()
@@ -110,16 +132,28 @@ def combine_triton(
     if num_rows:
         acc = accepted.to(torch.int8) if accepted is not None else candidate  # unused pointer when None
         _combine_kernel[(num_rows,)](
-            idx_mapping, cu_num_logits, draft_tokens, max(draft_tokens.stride(0), 1), candidate.contiguous(), acc,
-            tokens, tokens.stride(0), num_accepted,
-            HAS_ACCEPTED=accepted is not None, BLOCK=next_power_of_2(max_num_draft + 1),
+            idx_mapping,
+            cu_num_logits,
+            draft_tokens,
+            max(draft_tokens.stride(0), 1),
+            candidate.contiguous(),
+            acc,
+            tokens,
+            tokens.stride(0),
+            num_accepted,
+            HAS_ACCEPTED=accepted is not None,
+            BLOCK=next_power_of_2(max_num_draft + 1),
         )
     return VerifyOutput(tokens, num_accepted)
 
 
 def combine(
-    idx_mapping: torch.Tensor, cu_num_logits: torch.Tensor, draft_tokens: torch.Tensor, candidate: torch.Tensor,
-    accepted: Optional[torch.Tensor], max_num_draft: int,
+    idx_mapping: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    candidate: torch.Tensor,
+    accepted: Optional[torch.Tensor],
+    max_num_draft: int,
 ) -> VerifyOutput:
     """`combine_reference` / `combine_triton`: Triton on CUDA, the reference elsewhere."""
     fn = combine_triton if use_triton(candidate) else combine_reference
@@ -131,7 +165,7 @@ def combine(
 
 def accept_uniform_reference(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """[L] float32 uniform in (0, 1) per logits row: the hash of (seed, position, ACCEPT_TOKEN)."""
-    bits = mix32(row_keys(seeds, positions) ^ _mul32(torch.full_like(seeds.long(), ACCEPT_TOKEN), 0x85EBCA6B))
+    bits = mix32(row_keys(seeds, positions) ^ mul32(torch.full_like(seeds.long(), ACCEPT_TOKEN), 0x85EBCA6B))
     return uniform_from_bits(bits)
 
 
@@ -171,9 +205,23 @@ def verify_probs_reference(
 
 @triton.jit
 def _verify_probs_kernel(
-    logits_ptr, logits_stride, sampled_ptr, draft_tokens_ptr, draft_stride, draft_probs_ptr, probs_slot_stride,
-    probs_col_stride, expanded_idx_mapping_ptr, draft_col_ptr, use_q_ptr, seeds_ptr, positions_ptr,
-    accepted_ptr, candidate_ptr, vocab_size, BLOCK: tl.constexpr,
+    logits_ptr,
+    logits_stride,
+    sampled_ptr,
+    draft_tokens_ptr,
+    draft_stride,
+    draft_probs_ptr,
+    probs_slot_stride,
+    probs_col_stride,
+    expanded_idx_mapping_ptr,
+    draft_col_ptr,
+    use_q_ptr,
+    seeds_ptr,
+    positions_ptr,
+    accepted_ptr,
+    candidate_ptr,
+    vocab_size,
+    BLOCK: tl.constexpr,
 ):
     # One program per logits row: two passes over the vocabulary (softmax statistics, then the residual draw).
     logits_row = tl.program_id(0).to(tl.int64)
@@ -223,8 +271,14 @@ def _verify_probs_kernel(
 
 
 def verify_probs_triton(
-    logits: torch.Tensor, sampled: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
-    expanded_idx_mapping: torch.Tensor, draft_col: torch.Tensor, use_q: torch.Tensor, seeds: torch.Tensor,
+    logits: torch.Tensor,
+    sampled: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    expanded_idx_mapping: torch.Tensor,
+    draft_col: torch.Tensor,
+    use_q: torch.Tensor,
+    seeds: torch.Tensor,
     positions: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of `verify_probs_reference` (same arguments and results)."""
@@ -235,10 +289,23 @@ def verify_probs_triton(
         logits = logits if logits.stride(1) == 1 else logits.contiguous()
         probs = draft_probs if draft_probs.stride(2) == 1 else draft_probs.contiguous()
         _verify_probs_kernel[(num_logits,)](
-            logits, logits.stride(0), sampled.contiguous(), draft_tokens, max(draft_tokens.stride(0), 1),
-            probs, probs.stride(0), probs.stride(1), expanded_idx_mapping, draft_col.contiguous(),
-            use_q.to(torch.int8), seeds.long().contiguous(), positions.long().contiguous(),
-            accepted, candidate, vocab_size, BLOCK=vocab_block(vocab_size),
+            logits,
+            logits.stride(0),
+            sampled.contiguous(),
+            draft_tokens,
+            max(draft_tokens.stride(0), 1),
+            probs,
+            probs.stride(0),
+            probs.stride(1),
+            expanded_idx_mapping,
+            draft_col.contiguous(),
+            use_q.to(torch.int8),
+            seeds.long().contiguous(),
+            positions.long().contiguous(),
+            accepted,
+            candidate,
+            vocab_size,
+            BLOCK=vocab_block(vocab_size),
         )
     return accepted.bool(), candidate
 
@@ -280,6 +347,7 @@ def rejection_sample(
     assert processed_logits is not None and expanded_idx_mapping is not None and use_q is not None
     assert seeds is not None and positions is not None
     cols = draft_columns(cu_num_logits, sampled.numel())
-    accepted, candidate = verify_probs(processed_logits, sampled, draft_tokens, draft_probs, expanded_idx_mapping,
-                                       cols, use_q, seeds, positions)
+    accepted, candidate = verify_probs(
+        processed_logits, sampled, draft_tokens, draft_probs, expanded_idx_mapping, cols, use_q, seeds, positions
+    )
     return combine(idx_mapping, cu_num_logits, draft_tokens, candidate, accepted, max_num_draft)

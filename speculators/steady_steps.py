@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from framework.scheduler_output import SchedulerOutput
+    from framework.params.scheduler_output import SchedulerOutput
 
 
 class SteadySteps:

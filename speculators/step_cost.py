@@ -115,7 +115,7 @@ def _bucket_table(cost_model: CostModel, bucket: int, max_k: int, prior: bool = 
         a, b = _line(points)
         return [a + b * k for k in range(max_k + 1)]
     if prior and len(points) == 1:  # the prior shape through the one measured k
-        (k, c), = points.items()
+        ((k, c),) = points.items()
         shape = prior_shape(max_k)
         return [c / shape[k] * x for x in shape]
     return None

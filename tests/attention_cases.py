@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.attention.metadata import AttentionMetadata
-from framework.attention.paged import store_kv_reference
+from framework.layers.attention.metadata import AttentionMetadata
+from framework.layers.attention.paged import store_kv_reference
 
 
 @dataclass
@@ -50,22 +50,26 @@ def make_paged_case(
     table = torch.full((len(rows), max_blocks), spare, dtype=torch.int32)
     used = 0
     for r, n in enumerate(blocks_per_row):
-        table[r, :n] = perm[used:used + n]
+        table[r, :n] = perm[used : used + n]
         used += n
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, device=device).to(dtype)
 
     fill = float("nan") if poison else 0.0
-    cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), fill, dtype=cache_dtype or dtype,
-                       device=device)
+    cache = torch.full(
+        (2, num_blocks, block_size, num_kv_heads, head_dim), fill, dtype=cache_dtype or dtype, device=device
+    )
     num_tokens = sum(q for _, q in rows)
     qsl = [0]
     for _, q in rows:
         qsl.append(qsl[-1] + q)
     t_pad = num_tokens + num_pad_tokens
-    query, key, value = randn(t_pad, num_heads, head_dim), randn(t_pad, num_kv_heads, head_dim), \
-        randn(t_pad, num_kv_heads, head_dim)
+    query, key, value = (
+        randn(t_pad, num_heads, head_dim),
+        randn(t_pad, num_kv_heads, head_dim),
+        randn(t_pad, num_kv_heads, head_dim),
+    )
     table_dev = table.to(device)
     old_rows = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor([c for c, _ in rows]))
     old_pos = torch.cat([torch.arange(c) for c, _ in rows] + [torch.zeros(0, dtype=torch.long)])
@@ -76,9 +80,12 @@ def make_paged_case(
         return table[rows_, pos // block_size].long() * block_size + pos % block_size
 
     if old_pos.numel():  # the cached prefixes, written by earlier steps
-        store_kv_reference(randn(old_pos.numel(), num_kv_heads, head_dim),
-                           randn(old_pos.numel(), num_kv_heads, head_dim), cache,
-                           kv_slots(old_rows, old_pos).to(device))
+        store_kv_reference(
+            randn(old_pos.numel(), num_kv_heads, head_dim),
+            randn(old_pos.numel(), num_kv_heads, head_dim),
+            cache,
+            kv_slots(old_rows, old_pos).to(device),
+        )
     kv_slot_mapping = torch.cat([kv_slots(new_rows, new_pos), torch.full((num_pad_tokens,), -1, dtype=torch.long)])
     meta = AttentionMetadata(
         num_tokens=num_tokens,

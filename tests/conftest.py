@@ -59,7 +59,7 @@ def _use_this_checkouts_conf() -> None:
 
 
 _use_this_checkouts_conf()
-# CLI subprocesses (`python -m framework.cli`, `mrv2`) import this checkout too, not another installed copy (a
+# CLI subprocesses (`python -m framework.entrypoints.cli`, `mrv2`) import this checkout too, not another installed copy (a
 # worktree beside an editable install of the main checkout would otherwise test the main checkout's code).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 
@@ -150,8 +150,10 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
         return
     bad = [(nodeid, reason) for nodeid, reason, allowed in _skips if not allowed]
     allowed = len(_skips) - len(bad)
-    terminalreporter.write_line(f"{STRICT_SKIPS_ENV}: {len(_skips)} skipped, {allowed} of them GPU-only "
-                                f"(tests/gpu/ without CUDA); {len(bad)} not allowed")
+    terminalreporter.write_line(
+        f"{STRICT_SKIPS_ENV}: {len(_skips)} skipped, {allowed} of them GPU-only "
+        f"(tests/gpu/ without CUDA); {len(bad)} not allowed"
+    )
     for nodeid, reason in bad:
         terminalreporter.write_line(f"  skip not allowed: {nodeid}: {reason}", red=True)
 

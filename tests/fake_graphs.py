@@ -59,8 +59,15 @@ class StaticInputsViolation(AssertionError):
 
 # Tensor methods that hand device data to Python (under inference mode they skip the dispatcher's
 # `_local_scalar_dense`, so they are caught one level up).
-_HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__bool__,
-               torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__}
+_HOST_READS = {
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.numpy,
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+}
 # CPU references that loop over rows on the host by design; on a GPU the Triton kernel runs in their place.
 _CPU_ONLY_HOST_READERS = (str(Path(__file__).resolve().parent.parent / "framework" / "attention" / "paged.py"),)
 
@@ -138,8 +145,10 @@ class StaticReplay(EagerReplay):
             out = self.step()
         new = tracker.inputs - self.captured_inputs
         if new or tracker.host_reads:
-            raise StaticInputsViolation(f"the replayed step read {len(new)} storage(s) it did not read at capture"
-                                        f" and made host read(s) of device data: {tracker.host_reads[:3]}")
+            raise StaticInputsViolation(
+                f"the replayed step read {len(new)} storage(s) it did not read at capture"
+                f" and made host read(s) of device data: {tracker.host_reads[:3]}"
+            )
         return out
 
 

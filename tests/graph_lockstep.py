@@ -13,8 +13,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from framework.llm import LLM
-from framework.sampling_params import SamplingParams
+from framework.entrypoints.llm import LLM
+from framework.params.sampling_params import SamplingParams
 
 Arrival = tuple[int, list[int], SamplingParams]  # (step, prompt, params)
 
@@ -27,8 +27,11 @@ def hybrid_scenarios(block_size: int) -> dict[str, dict[str, Any]]:
         "preempt": {"block_size": block_size, "num_kv_blocks": 48 // block_size, "max_model_len": 32},
         "ngram": {"speculative_config": ngram},
         "prefix": {"block_size": block_size, "enable_prefix_caching": True},
-        "prefix_ngram": {"block_size": block_size, "enable_prefix_caching": True,
-                         "speculative_config": {**ngram, "num_speculative_tokens": 2}},
+        "prefix_ngram": {
+            "block_size": block_size,
+            "enable_prefix_caching": True,
+            "speculative_config": {**ngram, "num_speculative_tokens": 2},
+        },
     }
 
 
@@ -49,8 +52,9 @@ def workload(scenario: str, block_size: int = 4, max_tokens: tuple[int, int] = (
             prompt = shared + suffix
         else:
             prompt = rng.integers(0, 250, int(rng.integers(3, 14))).tolist()
-        params = SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=int(rng.integers(*max_tokens)),
-                                ignore_eos=True)
+        params = SamplingParams(
+            temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=int(rng.integers(*max_tokens)), ignore_eos=True
+        )
         quick = scenario in ("ngram", "preempt")  # many rows at once: padded draft rows, a full KV cache
         out.append(((i if quick else 2 * i) if i < 6 else 12 + i, prompt, params))
     return out
@@ -115,8 +119,9 @@ def run_in_lockstep(eager: LLM, graphed: LLM, work: list[Arrival], check: StepCh
     return tokens
 
 
-def lockstep(eager: LLM, graphed: LLM, work: list[Arrival], rtol: float = 1e-5,
-             atol: float = 1e-6) -> dict[str, list[int]]:
+def lockstep(
+    eager: LLM, graphed: LLM, work: list[Arrival], rtol: float = 1e-5, atol: float = 1e-6
+) -> dict[str, list[int]]:
     """Run both engines through `work`: equal tokens and close Mamba state after every step; returns the tokens."""
     sa, sb = eager.engine.runner.model_state, graphed.engine.runner.model_state
     real = slice(0, sa.max_num_reqs)  # the dummy slot is nobody's: it may differ
@@ -134,9 +139,16 @@ def lockstep(eager: LLM, graphed: LLM, work: list[Arrival], rtol: float = 1e-5,
     return run_in_lockstep(eager, graphed, work, check)
 
 
-def check_exercised(scenario: str, eager: LLM, graphed: LLM, tokens: dict[str, list[int]],
-                    replays: list[tuple[int, int, int]], snapshots: list[int], preempted: list[str],
-                    tail_snapshots: bool = True) -> None:
+def check_exercised(
+    scenario: str,
+    eager: LLM,
+    graphed: LLM,
+    tokens: dict[str, list[int]],
+    replays: list[tuple[int, int, int]],
+    snapshots: list[int],
+    preempted: list[str],
+    tail_snapshots: bool = True,
+) -> None:
     """The run did what the scenario is about: replays with padding, drafts, preemption, snapshots, hits.
 
     A snapshot after the first token of a row verifying drafts needs a block to end exactly there while the

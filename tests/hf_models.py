@@ -46,27 +46,53 @@ _COMMON: dict[str, Any] = {
 
 SPECS: list[TinySpec] = [
     # Multi-head attention (kv heads == heads), untied lm_head.
-    TinySpec("llama", "LlamaForCausalLM", "LlamaConfig",
-             {"num_key_value_heads": 4, "tie_word_embeddings": False}, seed=1),
+    TinySpec(
+        "llama", "LlamaForCausalLM", "LlamaConfig", {"num_key_value_heads": 4, "tie_word_embeddings": False}, seed=1
+    ),
     # Bias on q/k/v (not on o_proj), grouped-query attention, a non-default rope theta.
-    TinySpec("qwen2", "Qwen2ForCausalLM", "Qwen2Config",
-             {"num_key_value_heads": 2, "tie_word_embeddings": False, "rope_theta": 1000.0,
-              "use_sliding_window": False}, seed=2),
+    TinySpec(
+        "qwen2",
+        "Qwen2ForCausalLM",
+        "Qwen2Config",
+        {"num_key_value_heads": 2, "tie_word_embeddings": False, "rope_theta": 1000.0, "use_sliding_window": False},
+        seed=2,
+    ),
     # q/k RMSNorm per head, GQA, tied embeddings, head_dim * heads (128) != hidden_size (64).
-    TinySpec("qwen3", "Qwen3ForCausalLM", "Qwen3Config",
-             {"num_key_value_heads": 2, "head_dim": 32, "tie_word_embeddings": True,
-              "use_sliding_window": False}, seed=3),
+    TinySpec(
+        "qwen3",
+        "Qwen3ForCausalLM",
+        "Qwen3Config",
+        {"num_key_value_heads": 2, "head_dim": 32, "tie_word_embeddings": True, "use_sliding_window": False},
+        seed=3,
+    ),
     # Llama 3 RoPE scaling: with original_max_position_embeddings=32 and head_dim 16 the frequencies fall in
     # all three bands (kept, scaled, smoothed), and prompts + outputs run past position 32.
-    TinySpec("llama-rope-llama3", "LlamaForCausalLM", "LlamaConfig",
-             {"num_key_value_heads": 4, "tie_word_embeddings": False,
-              "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0,
-                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                  "original_max_position_embeddings": 32}}, seed=5),
+    TinySpec(
+        "llama-rope-llama3",
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        {
+            "num_key_value_heads": 4,
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        },
+        seed=5,
+    ),
     # GQA with 4:1 grouping (8 heads of 8, 2 kv heads), no sliding window.
-    TinySpec("mistral", "MistralForCausalLM", "MistralConfig",
-             {"num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": None,
-              "tie_word_embeddings": False}, seed=4),
+    TinySpec(
+        "mistral",
+        "MistralForCausalLM",
+        "MistralConfig",
+        {"num_attention_heads": 8, "num_key_value_heads": 2, "sliding_window": None, "tie_word_embeddings": False},
+        seed=4,
+    ),
 ]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
@@ -121,7 +147,7 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
         eos_token_id=None,
         pad_token_id=None,
     )
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 @torch.no_grad()
@@ -149,4 +175,3 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     """The forward's name for the KV cache: `cache` from transformers 5.25 (`past_key_values` warns there and goes
     in 5.40), `past_key_values` before."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-

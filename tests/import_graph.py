@@ -19,16 +19,15 @@ PACKAGES = ("framework", "model_states", "samplers", "speculators")
 # sampler states read (request parameters and their checks, what a new request brings, staged per-slot writes,
 # request errors).
 # Each imports only this layer, so nothing above it comes in through them.
-KERNEL_PACKAGES = ("framework.kernels",)
+KERNEL_PACKAGES = ("framework.layers.kernels",)
 SHARED_PLAIN_TYPES = (
-    "framework.encoder_input",
-    "framework.pooling_params",
-    "framework.request_errors",
-    "framework.sampling_checks",
-    "framework.sampling_params",
-    "framework.scheduler_output",
-    "framework.staged_writes",
-    "framework.structured_outputs",
+    "framework.params.encoder_input",
+    "framework.params.pooling_params",
+    "framework.params.request_errors",
+    "framework.params.sampling_params",
+    "framework.params.scheduler_output",
+    "framework.batch.staged_writes",
+    "framework.params.structured_outputs",
 )
 
 
@@ -47,7 +46,8 @@ def module_files(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _module_level(body: list[ast.stmt], deferred: bool = False) -> Iterator[ast.stmt]:
@@ -108,7 +108,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
                 state[path.pop()] = 2
                 stack.pop()
             elif state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif nxt not in state:
                 state[nxt] = 1
                 path.append(nxt)
@@ -129,8 +129,13 @@ def layer_violations(graph: dict[str, set[str]], package: str = "samplers") -> l
     """Edges (a, b) that break "`package` imports nothing above the kernels and the shared plain types": a
     module of `package` importing a project module outside `package` and that bottom layer, or a bottom-layer
     module (one `package` may reach) importing something above the bottom layer."""
-    bad = [(a, b) for a in sorted(graph) if _in_package(a, package)
-           for b in sorted(graph[a]) if not (_in_package(b, package) or below_the_runner(b))]
+    bad = [
+        (a, b)
+        for a in sorted(graph)
+        if _in_package(a, package)
+        for b in sorted(graph[a])
+        if not (_in_package(b, package) or below_the_runner(b))
+    ]
     reached, todo = set(), [b for a in graph if _in_package(a, package) for b in graph[a] if below_the_runner(b)]
     while todo:  # the bottom-layer modules the package reaches, through each other
         module = todo.pop()
@@ -140,17 +145,24 @@ def layer_violations(graph: dict[str, set[str]], package: str = "samplers") -> l
     bad += [(a, b) for a in sorted(reached) for b in sorted(graph.get(a, ())) if not below_the_runner(b)]
     return bad
 
+
 def is_under(module: str, packages: tuple[str, ...]) -> bool:
     """Whether `module` is one of `packages` (dotted names) or inside one of them."""
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
-def forbidden_imports(graph: dict[str, set[str]], importers: tuple[str, ...], targets: tuple[str, ...],
-                      allowed: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+def forbidden_imports(
+    graph: dict[str, set[str]], importers: tuple[str, ...], targets: tuple[str, ...], allowed: tuple[str, ...] = ()
+) -> list[tuple[str, str]]:
     """Sorted (importer, imported) edges from a module under `importers` (not under `allowed`) to one under
     `targets`."""
-    return sorted((m, t) for m, imported in graph.items() if is_under(m, importers) and not is_under(m, allowed)
-                  for t in imported if is_under(t, targets))
+    return sorted(
+        (m, t)
+        for m, imported in graph.items()
+        if is_under(m, importers) and not is_under(m, allowed)
+        for t in imported
+        if is_under(t, targets)
+    )
 
 
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:

@@ -9,7 +9,8 @@ def assert_no_leaks(scheduler, kv_cache=None) -> None:
     scheduler.check_invariants()
     assert not scheduler.requests and not scheduler.waiting and not scheduler.running, "requests left in the scheduler"
     assert kv_cache.num_free_blocks == kv_cache.num_blocks, (
-        f"{kv_cache.num_blocks - kv_cache.num_free_blocks} KV blocks not returned to the pool")
+        f"{kv_cache.num_blocks - kv_cache.num_free_blocks} KV blocks not returned to the pool"
+    )
 
 
 def runner_slots_in_use(runner) -> int:

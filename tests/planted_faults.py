@@ -29,7 +29,7 @@ def plant_zero_attention(mp: pytest.MonkeyPatch) -> None:
 
 def plant_zero_triton_attention(mp: pytest.MonkeyPatch) -> None:
     """Only the Triton paged-attention kernel's output is zeroed (the reference is left intact)."""
-    import framework.attention.triton_paged_attention as triton_attention
+    import framework.layers.attention.triton_paged_attention as triton_attention
 
     real = triton_attention.paged_attention
 
@@ -56,7 +56,7 @@ def plant_rows_read_row0_kv(mp: pytest.MonkeyPatch) -> None:
 def plant_v2_gathers_row0_block_table(mp: pytest.MonkeyPatch) -> None:
     """V2 only: the per-step block-table gather gives every batch row the block-table row of batch row 0's
     request (so its KV goes to, and is read from, another request's blocks). V1 builds its tables on the CPU."""
-    import framework.block_tables as block_tables
+    import framework.batch.block_tables as block_tables
 
     real = block_tables.gather_block_tables
 
@@ -107,17 +107,21 @@ def plant_old_random_tiny(mp: pytest.MonkeyPatch) -> None:
 
 def planted_targets() -> dict[str, object]:
     """What the faults replace, by name: equal before and after a control, or a fault leaked into later tests."""
-    import framework.attention.triton_paged_attention as triton_attention
-    import framework.block_tables as block_tables
+    import framework.batch.block_tables as block_tables
+    import framework.layers.attention.triton_paged_attention as triton_attention
     import framework.models.llama as llama
     import speculators.rejection_sampler as rejection
     from framework.models.presets import PRESETS
     from samplers.states import SamplingParamsState
 
-    return {"llama.paged_attention": llama.paged_attention, "triton paged_attention": triton_attention.paged_attention,
-            "gather_block_tables": block_tables.gather_block_tables, "verify_probs": rejection.verify_probs,
-            "SamplingParamsState.add_request": SamplingParamsState.add_request,
-            "random_tiny initializer_range": PRESETS["random_tiny"]["initializer_range"]}
+    return {
+        "llama.paged_attention": llama.paged_attention,
+        "triton paged_attention": triton_attention.paged_attention,
+        "gather_block_tables": block_tables.gather_block_tables,
+        "verify_probs": rejection.verify_probs,
+        "SamplingParamsState.add_request": SamplingParamsState.add_request,
+        "random_tiny initializer_range": PRESETS["random_tiny"]["initializer_range"],
+    }
 
 
 FAULTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {

@@ -22,12 +22,23 @@ def first_wave(block_size: int) -> list[list[int]]:
     def tail(n: int) -> list[int]:
         return [rng.randrange(VOCAB_SIZE) for _ in range(n)]
 
-    return [system + tail(5), system[:cut_short] + tail(6), system[:cut_block] + tail(3), system + tail(9),
-            system[:40], system[:40], tail(12), system[:cut_block]]
+    return [
+        system + tail(5),
+        system[:cut_short] + tail(6),
+        system[:cut_block] + tail(3),
+        system + tail(9),
+        system[:40],
+        system[:40],
+        tail(12),
+        system[:cut_block],
+    ]
 
 
 def mixed_params(n: int, max_tokens: int) -> list[SamplingParams]:
     """Greedy and seeded-sampling requests, alternating."""
-    return [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True) if i % 2 == 0 else
-            SamplingParams(temperature=0.9, top_k=20, seed=100 + i, max_tokens=max_tokens, ignore_eos=True)
-            for i in range(n)]
+    return [
+        SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        if i % 2 == 0
+        else SamplingParams(temperature=0.9, top_k=20, seed=100 + i, max_tokens=max_tokens, ignore_eos=True)
+        for i in range(n)
+    ]

@@ -9,8 +9,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from framework.sampling_params import SamplingParams
-from framework.scheduler_output import NewRequestData
+from framework.params.sampling_params import SamplingParams
+from framework.params.scheduler_output import NewRequestData
 from samplers.logits_processors import LogitsProcessor
 from samplers.sampler import Sampler
 from samplers.states import SamplingStates
@@ -28,9 +28,13 @@ def make_history(num_slots: int, max_len: int, device: str = "cpu", num_draft: i
     def zeros(*shape: int) -> torch.Tensor:
         return torch.zeros(shape, dtype=torch.int32, device=device)
 
-    return SimpleNamespace(all_token_ids=zeros(num_slots, max_len), prompt_len=zeros(num_slots),
-                           prefill_len=zeros(num_slots), total_len=zeros(num_slots),
-                           draft_tokens=zeros(num_slots, num_draft))
+    return SimpleNamespace(
+        all_token_ids=zeros(num_slots, max_len),
+        prompt_len=zeros(num_slots),
+        prefill_len=zeros(num_slots),
+        total_len=zeros(num_slots),
+        draft_tokens=zeros(num_slots, num_draft),
+    )
 
 
 def make_sampler(
@@ -47,9 +51,15 @@ def make_sampler(
     """A `Sampler` whose slots hold `slots`, with the history as the runner would have written it (and room
     for `num_draft` drafts per slot in `history.draft_tokens`)."""
     history = make_history(len(slots), max_len, device, num_draft)
-    states = SamplingStates(len(slots), torch.device(device), vocab_size=vocab_size, history=history,
-                            num_computed_host=lambda: np.zeros(len(slots), dtype=np.int64), eos_token_id=eos_token_id,
-                            logits_processors=processors)
+    states = SamplingStates(
+        len(slots),
+        torch.device(device),
+        vocab_size=vocab_size,
+        history=history,
+        num_computed_host=lambda: np.zeros(len(slots), dtype=np.int64),
+        eos_token_id=eos_token_id,
+        logits_processors=processors,
+    )
     for req_slot, slot in enumerate(slots):
         if slot is None:
             continue
@@ -60,8 +70,9 @@ def make_sampler(
         history.total_len[req_slot] = len(tokens)
         params = slot.params.clone()
         params.resolve_bad_words(None)
-        states.add_request(req_slot, NewRequestData(f"r{req_slot}", tokens, len(slot.prompt), params, slot.seed,
-                                                    [], len(tokens)))
+        states.add_request(
+            req_slot, NewRequestData(f"r{req_slot}", tokens, len(slot.prompt), params, slot.seed, [], len(tokens))
+        )
     states.apply_staged_writes()
     return Sampler(states, logprobs_mode), history  # type: ignore[arg-type]
 
@@ -71,10 +82,12 @@ def sample_positions(history: SimpleNamespace, expanded_idx_mapping: torch.Tenso
     return history.total_len.long()[expanded_idx_mapping.long()]
 
 
-def run_edits(sampler: Sampler, history: SimpleNamespace, logits: torch.Tensor,
-              expanded_idx_mapping: torch.Tensor) -> torch.Tensor:
+def run_edits(
+    sampler: Sampler, history: SimpleNamespace, logits: torch.Tensor, expanded_idx_mapping: torch.Tensor
+) -> torch.Tensor:
     """Stages 2-7 of the pipeline (masks, bias, penalties, processors) on a copy of `logits`."""
     req_slots = np.unique(expanded_idx_mapping.cpu().numpy())
     stages = sampler.states.stages_for(req_slots)
-    return sampler.apply_logits_edits(logits.clone(), expanded_idx_mapping,
-                                      sample_positions(history, expanded_idx_mapping), stages)
+    return sampler.apply_logits_edits(
+        logits.clone(), expanded_idx_mapping, sample_positions(history, expanded_idx_mapping), stages
+    )

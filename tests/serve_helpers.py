@@ -22,7 +22,7 @@ START_TIMEOUT_S = 120
 
 
 class ServerProcess:
-    """`python -m framework.cli serve serve.port=0 OVERRIDES...`; `url` comes from its one stdout line."""
+    """`python -m framework.entrypoints.cli serve serve.port=0 OVERRIDES...`; `url` comes from its one stdout line."""
 
     def __init__(self, *overrides: str) -> None:
         self.overrides = ["serve.port=0", "device=cpu", *overrides]
@@ -32,8 +32,14 @@ class ServerProcess:
 
     def __enter__(self) -> "ServerProcess":
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "framework.cli", "serve", *self.overrides], cwd=REPO,
-                                     stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "framework.entrypoints.cli", "serve", *self.overrides],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # blocks until the URL line (or EOF when start-up failed)
@@ -52,7 +58,7 @@ class ServerProcess:
         return f"{self.url}/v1"
 
     def engine_pid(self) -> int:
-        """The engine-core process: the server's child running framework.serve.engine_core."""
+        """The engine-core process: the server's child running framework.entrypoints.serve.engine_core."""
         assert self.proc is not None
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -63,7 +69,7 @@ class ServerProcess:
             except OSError:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == self.proc.pid and b"framework.serve.engine_core" in cmdline:
+            if ppid == self.proc.pid and b"framework.entrypoints.serve.engine_core" in cmdline:
                 return int(entry.name)
         raise RuntimeError("no engine-core process found")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from framework.scheduler_output import SchedulerOutput
+from framework.params.scheduler_output import SchedulerOutput
 
 DEVICE_BUSY_CYCLES = 1_000_000_000  # ~0.5 s of a spinning kernel at ~2 GHz: longer than queueing any step
 
@@ -21,7 +21,7 @@ def step_without_host_sync(engine, so: SchedulerOutput | None = None) -> Schedul
     so = engine.scheduler.schedule() if so is None else so
     # The sync debug mode misses some waits (a copy into a strided slice of pinned memory, for one): the device
     # is also kept busy for a while before the step, and must still be busy once the step is queued.
-    from framework.triton_compiles import compiled_variants, new_variants
+    from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants
 
     busy = torch.cuda.Event()
     torch.cuda._sleep(DEVICE_BUSY_CYCLES)
@@ -35,7 +35,9 @@ def step_without_host_sync(engine, so: SchedulerOutput | None = None) -> Schedul
         torch.cuda.set_sync_debug_mode("default")
     # A Triton kernel compiled (and loaded) inside the step also waits for the device: name it, so a warm-up
     # that missed a variant is told apart from a sync on the step path.
-    assert not busy.query(), ("the host waited for the device while queueing the step; Triton variants compiled "
-                              f"in the step: {new_variants(compiled, compiled_variants()) or 'none'}")
+    assert not busy.query(), (
+        "the host waited for the device while queueing the step; Triton variants compiled "
+        f"in the step: {new_variants(compiled, compiled_variants()) or 'none'}"
+    )
     engine.scheduler.update_from_output(so, future.get().sampled_token_ids)
     return so

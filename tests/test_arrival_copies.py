@@ -13,17 +13,24 @@ import numpy as np
 import pytest
 
 from framework import InvalidRequestError, SamplingParams
-from framework.output_processor import OutputProcessor
-from framework.request import Request
-from framework.sampling_params import first_invalid_token_index
-from framework.structured_outputs import StructuredOutputsParams
+from framework.engine.output_processor import OutputProcessor
+from framework.engine.request import Request
+from framework.params.sampling_params import first_invalid_token_index
+from framework.params.structured_outputs import StructuredOutputsParams
 
 
 def _every_mutable_field() -> SamplingParams:
-    return SamplingParams(stop=["x", "yz"], stop_token_ids=[3, 4], logit_bias={"5": 1.5, 6: -2.0},
-                          allowed_token_ids=[1, 2, 3], bad_words=["ab", [7, 8]], max_tokens=9, seed=2,
-                          extra_args={"scale": [1.0, {"deep": [2]}], "name": "n"},
-                          structured_outputs=StructuredOutputsParams(json={"type": "object", "required": ["a"]}))
+    return SamplingParams(
+        stop=["x", "yz"],
+        stop_token_ids=[3, 4],
+        logit_bias={"5": 1.5, 6: -2.0},
+        allowed_token_ids=[1, 2, 3],
+        bad_words=["ab", [7, 8]],
+        max_tokens=9,
+        seed=2,
+        extra_args={"scale": [1.0, {"deep": [2]}], "name": "n"},
+        structured_outputs=StructuredOutputsParams(json={"type": "object", "required": ["a"]}),
+    )
 
 
 def _containers(value: Any) -> list[Any]:
@@ -57,8 +64,14 @@ def test_clone_equals_deepcopy_and_shares_no_mutable_part():
 
 def test_params_changed_after_add_request_do_not_reach_the_queued_requests(tiny_llm_factory):
     engine = tiny_llm_factory().engine
-    shared = SamplingParams(max_tokens=7, stop_token_ids=[3], logit_bias={5: 1.0}, allowed_token_ids=[1, 2, 5],
-                            bad_words=["ab"], extra_args={"k": [1]})
+    shared = SamplingParams(
+        max_tokens=7,
+        stop_token_ids=[3],
+        logit_bias={5: 1.0},
+        allowed_token_ids=[1, 2, 5],
+        bad_words=["ab"],
+        extra_args={"k": [1]},
+    )
     engine.add_request("a", [1, 2, 3], shared)
     engine.add_request("b", [4, 5, 6], shared)  # one params object for many requests, as LLM.generate passes it
     queued = [engine.scheduler.requests[r].sampling_params for r in ("a", "b")]
@@ -77,13 +90,14 @@ def test_params_changed_after_add_request_do_not_reach_the_queued_requests(tiny_
 
 
 def _one_by_one(ids: Any, vocab: int) -> Any:
-    return next((i for i, t in enumerate(ids) if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab)),
-                None)
+    return next(
+        (i for i, t in enumerate(ids) if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab)), None
+    )
 
 
 def test_first_invalid_token_index_equals_the_one_by_one_search():
     rng = random.Random(0)
-    odd = [True, False, None, -1, 320, 10 ** 30, 2.0, "3", np.int64(4)]
+    odd = [True, False, None, -1, 320, 10**30, 2.0, "3", np.int64(4)]
     cases: list[Any] = [[], [0], [319], (1, 2, 3), list(range(320))]
     for _ in range(300):
         ids: list[Any] = [rng.randrange(320) for _ in range(rng.randint(1, 12))]

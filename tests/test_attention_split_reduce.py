@@ -15,9 +15,8 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
-
 import test_attention_triton as tat
+import torch
 
 tpa, lc = tat.tpa, tat.lc
 from test_attention_triton import make_paged_case, paged_attention_reference, store_kv_reference  # noqa: E402
@@ -40,8 +39,15 @@ def _interpreter_env(monkeypatch):
 
 
 def _case(rows, *, num_heads, num_kv_heads, block_size, seed=0):
-    case = make_paged_case(rows, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=HEAD_DIM,
-                           block_size=block_size, dtype=torch.float32, seed=seed)
+    case = make_paged_case(
+        rows,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=HEAD_DIM,
+        block_size=block_size,
+        dtype=torch.float32,
+        seed=seed,
+    )
     store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
     return case
 
@@ -56,10 +62,12 @@ def _fused_equals_reference_and_unfused(case, num_splits: int, counters: torch.T
     """One fused call: equal to the reference (float32 tolerance) and to the two-launch path (bitwise)."""
     scale = 1 / math.sqrt(HEAD_DIM)
     n = case.num_real_tokens
-    fused = tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, num_splits=num_splits,
-                                split_counters=counters)[:n]
-    unfused = tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, num_splits=num_splits,
-                                  fused_reduce=False)[:n]
+    fused = tpa.paged_attention(
+        case.query, case.kv_cache, case.meta, scale, num_splits=num_splits, split_counters=counters
+    )[:n]
+    unfused = tpa.paged_attention(
+        case.query, case.kv_cache, case.meta, scale, num_splits=num_splits, fused_reduce=False
+    )[:n]
     expected = paged_attention_reference(case.query, case.kv_cache, case.meta, scale)[:n]
     return bool(torch.equal(fused, unfused) and torch.allclose(fused, expected, **tat.TOL[torch.float32]))
 
@@ -80,8 +88,18 @@ def test_unrolled_merge_equals_one_split_at_a_time(merge_unroll):
     scale, n = 1 / math.sqrt(HEAD_DIM), case.num_real_tokens
     counters = torch.zeros(64, dtype=torch.int32)
     for num_splits in (5, 16):
-        outs = [tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, num_splits=num_splits,
-                                    split_counters=counters, merge_unroll=unroll)[:n] for unroll in (1, merge_unroll)]
+        outs = [
+            tpa.paged_attention(
+                case.query,
+                case.kv_cache,
+                case.meta,
+                scale,
+                num_splits=num_splits,
+                split_counters=counters,
+                merge_unroll=unroll,
+            )[:n]
+            for unroll in (1, merge_unroll)
+        ]
         assert torch.equal(outs[0], outs[1]), num_splits
     assert not counters.any()
 
@@ -90,8 +108,9 @@ def test_unrolled_merge_equals_one_split_at_a_time(merge_unroll):
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 def test_fused_reduce_gqa_groups_and_pages(num_heads, num_kv_heads, block_size):
     """Groups of 1/2/4/8 query heads per KV head; pages smaller than, equal to and larger than a KV tile."""
-    case = _case(ROWS["mixed_lengths"], num_heads=num_heads, num_kv_heads=num_kv_heads, block_size=block_size,
-                 seed=block_size)
+    case = _case(
+        ROWS["mixed_lengths"], num_heads=num_heads, num_kv_heads=num_kv_heads, block_size=block_size, seed=block_size
+    )
     counters = torch.zeros(len(ROWS["mixed_lengths"]) * num_kv_heads, dtype=torch.int32)
     assert _fused_equals_reference_and_unfused(case, 4, counters)
     assert not counters.any()
@@ -125,7 +144,7 @@ def test_without_counters_the_wrapper_zeroes_its_own():
 def test_split_counters_owner(monkeypatch):
     """`SplitCounters` hands out one zeroed buffer per device, grows it (keeping the old one for graphs that
     captured it), and the model's entry point leaves it zero."""
-    from framework.attention.backend import SplitCounters, paged_attention
+    from framework.layers.attention.backend import SplitCounters, paged_attention
 
     owner = SplitCounters()
     cpu = torch.device("cpu")
@@ -141,8 +160,9 @@ def test_split_counters_owner(monkeypatch):
     case = _case(rows, num_heads=4, num_kv_heads=2, block_size=16)
     assert lc.num_kv_splits(len(rows), 2, case.meta.max_seq_len, tpa.num_sms(cpu), BLOCK_N) > 1  # split by rule
     out = paged_attention(case.query, case.kv_cache, case.meta, 0.2, split_counters=owner)
-    torch.testing.assert_close(out, paged_attention_reference(case.query, case.kv_cache, case.meta, 0.2),
-                               **tat.TOL[torch.float32])
+    torch.testing.assert_close(
+        out, paged_attention_reference(case.query, case.kv_cache, case.meta, 0.2), **tat.TOL[torch.float32]
+    )
     assert not bigger.any()
 
 

@@ -22,15 +22,17 @@ os.environ["TRITON_INTERPRET"] = "1"
 try:
     from triton.runtime.interpreter import InterpretedFunction
 
-    from framework.attention import launch_config as lc
-    from framework.attention import triton_paged_attention as tpa
-    from framework.attention.backend import attention_backend
-    from framework.attention.backend import paged_attention as dispatched_attention
-    from framework.attention.row_order import (
-        rows_longest_first, rows_longest_first_reference, rows_longest_first_triton,
+    from framework.layers.attention import launch_config as lc
+    from framework.layers.attention import triton_paged_attention as tpa
+    from framework.layers.attention.backend import attention_backend
+    from framework.layers.attention.backend import paged_attention as dispatched_attention
+    from framework.layers.attention.paged import paged_attention_reference, store_kv_reference
+    from framework.layers.attention.row_order import (
+        rows_longest_first,
+        rows_longest_first_reference,
+        rows_longest_first_triton,
     )
-    from framework.attention.paged import paged_attention_reference, store_kv_reference
-    from framework.attention.triton_store_kv import _store_kv_kernel, store_kv
+    from framework.layers.attention.triton_store_kv import _store_kv_kernel, store_kv
 finally:
     if _saved_interpret is None:
         del os.environ["TRITON_INTERPRET"]
@@ -68,11 +70,14 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
-@pytest.mark.parametrize("num_kv_heads, head_dim, cache_dtype, src_dtype", [
-    (2, 64, torch.float32, torch.float32),
-    (3, 64, torch.float16, torch.float32),  # head count not a power of two; cast on store
-    (1, 128, torch.bfloat16, torch.bfloat16),
-])
+@pytest.mark.parametrize(
+    "num_kv_heads, head_dim, cache_dtype, src_dtype",
+    [
+        (2, 64, torch.float32, torch.float32),
+        (3, 64, torch.float16, torch.float32),  # head count not a power of two; cast on store
+        (1, 128, torch.bfloat16, torch.bfloat16),
+    ],
+)
 def test_store_kv_matches_reference(block_size, num_kv_heads, head_dim, cache_dtype, src_dtype):
     g = torch.Generator().manual_seed(block_size)
     num_blocks, num_tokens = 20, 13
@@ -129,11 +134,30 @@ def test_store_kv_reads_strided_key_value():
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float16: dict(atol=2e-3, rtol=2e-3)}
 
 
-def _check_attention(rows, *, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32,
-                     num_pad_tokens=0, seed=0, cache_dtype=None, **kernel_kwargs):
-    case = make_paged_case(rows, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                           block_size=block_size, dtype=dtype, num_pad_tokens=num_pad_tokens, seed=seed,
-                           cache_dtype=cache_dtype)
+def _check_attention(
+    rows,
+    *,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    block_size=16,
+    dtype=torch.float32,
+    num_pad_tokens=0,
+    seed=0,
+    cache_dtype=None,
+    **kernel_kwargs,
+):
+    case = make_paged_case(
+        rows,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        num_pad_tokens=num_pad_tokens,
+        seed=seed,
+        cache_dtype=cache_dtype,
+    )
     if cache_dtype is not None:
         case.key, case.value = _on_fp8_grid(case.key, cache_dtype), _on_fp8_grid(case.value, cache_dtype)
     # This step's K/V go in first, as in the model: the Triton store must leave what the reference leaves.
@@ -175,8 +199,7 @@ def test_gqa_groups(num_heads, num_kv_heads):
 
 
 def test_float16_and_head_dim_128():
-    _check_attention([(21, 1), (3, 30), (40, 2)], dtype=torch.float16, head_dim=128, num_heads=2,
-                     num_kv_heads=1)
+    _check_attention([(21, 1), (3, 30), (40, 2)], dtype=torch.float16, head_dim=128, num_heads=2, num_kv_heads=1)
 
 
 @pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=["e4m3", "e5m2"])
@@ -189,22 +212,31 @@ def test_fp8_cache_matches_reference(name, cache_dtype):
 
 
 def test_fp8_cache_float16_head_dim_128_with_splits():
-    _check_attention([(70, 1), (21, 1), (3, 30), (40, 2)], dtype=torch.float16, head_dim=128, num_heads=4,
-                     num_kv_heads=2, cache_dtype=torch.float8_e4m3fn, block_size=4)
+    _check_attention(
+        [(70, 1), (21, 1), (3, 30), (40, 2)],
+        dtype=torch.float16,
+        head_dim=128,
+        num_heads=4,
+        num_kv_heads=2,
+        cache_dtype=torch.float8_e4m3fn,
+        block_size=4,
+    )
     _check_attention([(70, 1), (2, 1), (33, 1)], num_splits=3, block_size=4, cache_dtype=torch.float8_e4m3fn)
 
 
 @pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=["e4m3", "e5m2"])
-@pytest.mark.parametrize("rows", [[(70, 1), (21, 1), (40, 1), (0, 1)], [(13, 20), (0, 1), (30, 3), (0, 40)]],
-                         ids=["decode", "mixed"])
+@pytest.mark.parametrize(
+    "rows", [[(70, 1), (21, 1), (40, 1), (0, 1)], [(13, 20), (0, 1), (30, 3), (0, 40)]], ids=["decode", "mixed"]
+)
 def test_fp8_cache_products_in_float16(cache_dtype, rows):
     """A bfloat16 query over an FP8 cache multiplies in float16 (q and the tiles converted; exact for the cache's
     values): decode, split decode and the prefill kernel stay within bf16's tolerance of the float32 reference."""
     assert tpa.products_in_f16(cache_dtype, torch.bfloat16)
     assert not tpa.products_in_f16(cache_dtype, torch.float32)
     assert not tpa.products_in_f16(torch.bfloat16, torch.bfloat16)
-    case = make_paged_case(rows, num_heads=4, num_kv_heads=2, head_dim=64, block_size=4, dtype=torch.bfloat16,
-                           cache_dtype=cache_dtype)
+    case = make_paged_case(
+        rows, num_heads=4, num_kv_heads=2, head_dim=64, block_size=4, dtype=torch.bfloat16, cache_dtype=cache_dtype
+    )
     store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
     expected = paged_attention_reference(case.query.float(), case.kv_cache, case.meta, 0.125)
     n = case.num_real_tokens
@@ -240,8 +272,9 @@ def test_row_order_changes_only_the_launch_order(name):
     reversed_order = torch.arange(case.meta.num_rows - 1, -1, -1, dtype=torch.int32)
     for order in (longest, reversed_order):
         for splits in (1, 3):
-            out = tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, num_splits=splits,
-                                      row_order=order)[:n]
+            out = tpa.paged_attention(case.query, case.kv_cache, case.meta, scale, num_splits=splits, row_order=order)[
+                :n
+            ]
             assert torch.equal(out, plain) if splits == 1 else torch.allclose(out, plain, **TOL[torch.float32])
 
 
@@ -249,8 +282,9 @@ def test_row_order_changes_only_the_launch_order(name):
 def test_rows_longest_first_kernel_is_a_stable_descending_sort(num_rows, max_len):
     """The rank kernel against `torch.argsort(stable=True)`: many ties (lengths 1..3 over 130 rows), more rows
     than one program places (130, 300), no rows."""
-    lens = torch.randint(1, max_len + 1, (num_rows,), generator=torch.Generator().manual_seed(num_rows),
-                         dtype=torch.int32)
+    lens = torch.randint(
+        1, max_len + 1, (num_rows,), generator=torch.Generator().manual_seed(num_rows), dtype=torch.int32
+    )
     order = rows_longest_first_triton(lens)
     assert order.dtype == torch.int32 and torch.equal(order, rows_longest_first_reference(lens))
     assert torch.equal(rows_longest_first(lens), order)  # the CPU dispatch: the reference
@@ -270,8 +304,10 @@ def test_split_rule_has_no_batch_size_cliff():
     num_sms, num_kv_heads, block_n = 132, 8, 128
 
     def worst_growth(rule, max_seq_len):
-        costs = [lc.modelled_split_cost(r, num_kv_heads, max_seq_len, num_sms, block_n, rule(r, max_seq_len))
-                 for r in range(1, 1025)]
+        costs = [
+            lc.modelled_split_cost(r, num_kv_heads, max_seq_len, num_sms, block_n, rule(r, max_seq_len))
+            for r in range(1, 1025)
+        ]
         assert all(a <= b for a, b in zip(costs, costs[1:]))  # more rows never get faster
         return max(b / a * r / (r + 1) for r, (a, b) in enumerate(zip(costs, costs[1:]), 1))
 
@@ -297,9 +333,11 @@ def test_decode_tiles_rule():
     """By programs per SM, for batches of short rows (launch_config.decode_tiles, from the H200 sweep at
     nano's draining batches): 64/2/3 from 7 a SM (128+ rows of 8 KV heads on 132 SMs), 64/4/2 from 5 (83-127
     rows), 128/4/2 below and for long contexts."""
+
     def tiles(batch, max_seq_len, num_kv_heads=8, group=2):
-        t = lc.decode_tiles(128, group, True, 2, num_programs=batch * num_kv_heads, max_seq_len=max_seq_len,
-                            num_sms=132)
+        t = lc.decode_tiles(
+            128, group, True, 2, num_programs=batch * num_kv_heads, max_seq_len=max_seq_len, num_sms=132
+        )
         return t.block_n, t.num_warps, t.num_stages
 
     for batch, max_seq_len in ((256, 640), (256, 2048), (192, 1355), (128, 1200), (116, 1590)):
@@ -308,16 +346,26 @@ def test_decode_tiles_rule():
         assert lc.num_kv_splits(batch, 8, max_seq_len, 132, 64) == 1  # the rule's regime: one split
     for batch, max_seq_len in ((115, 1700), (96, 1700), (83, 2048)):
         assert tiles(batch, max_seq_len) == (64, 4, 2), (batch, max_seq_len)
-    for batch, max_seq_len in ((82, 1820), (64, 1500), (48, 1870), (33, 2048), (32, 2048), (16, 1800), (4, 1900),
-                               (1, 1900), (256, 4096), (64, 2049), (128, 2049)):
+    for batch, max_seq_len in (
+        (82, 1820),
+        (64, 1500),
+        (48, 1870),
+        (33, 2048),
+        (32, 2048),
+        (16, 1800),
+        (4, 1900),
+        (1, 1900),
+        (256, 4096),
+        (64, 2049),
+        (128, 2049),
+    ):
         assert tiles(batch, max_seq_len) == (128, 4, 2), (batch, max_seq_len)
     assert tiles(256, 1024, group=32) == (128, 4, 2)  # 32-row query tiles: not measured
     assert lc.decode_tiles(128, 2, True) == lc.AttentionTiles(16, 128, 4, 2)  # no shape given: as before
 
 
 def test_rejects_unsupported_shapes():
-    case = make_paged_case([(3, 2)], num_heads=2, num_kv_heads=1, head_dim=64, block_size=16,
-                           dtype=torch.float32)
+    case = make_paged_case([(3, 2)], num_heads=2, num_kv_heads=1, head_dim=64, block_size=16, dtype=torch.float32)
     with pytest.raises(AssertionError, match="head_dim"):
         tpa.paged_attention(case.query[..., :48], case.kv_cache[..., :48], case.meta, 1.0)
     bad_pages = case.kv_cache.view(2, -1, 8, 1, 64)[:, :, :6]  # block_size 6
@@ -337,11 +385,14 @@ def test_dispatcher_choice_and_override(monkeypatch):
         attention_backend(torch.device("cpu"), 64)
     # Forced Triton on the CPU runs the interpreted kernels through the same entry point as the model.
     monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
-    case = make_paged_case([(9, 1), (0, 5)], num_heads=2, num_kv_heads=1, head_dim=64, block_size=4,
-                           dtype=torch.float32, poison=False)
-    torch.testing.assert_close(dispatched_attention(case.query, case.kv_cache, case.meta, 0.1),
-                               paged_attention_reference(case.query, case.kv_cache, case.meta, 0.1),
-                               **TOL[torch.float32])
+    case = make_paged_case(
+        [(9, 1), (0, 5)], num_heads=2, num_kv_heads=1, head_dim=64, block_size=4, dtype=torch.float32, poison=False
+    )
+    torch.testing.assert_close(
+        dispatched_attention(case.query, case.kv_cache, case.meta, 0.1),
+        paged_attention_reference(case.query, case.kv_cache, case.meta, 0.1),
+        **TOL[torch.float32],
+    )
 
 
 def test_many_prefill_rows_shorter_than_a_query_tile():
@@ -391,15 +442,21 @@ def _outcomes_of_a_fresh_run(path: str = __file__, outcomes: dict[str, str] | No
         with tempfile.TemporaryDirectory() as tmp:
             report = os.path.join(tmp, "report.xml")
             env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path,
-                                   f"--junitxml={report}"], cwd=os.path.dirname(os.path.dirname(__file__)),
-                                  env=env, capture_output=True, text=True, timeout=900)
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path, f"--junitxml={report}"],
+                cwd=os.path.dirname(os.path.dirname(__file__)),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             if not os.path.exists(report):
                 raise AssertionError(f"the fresh run of {path} wrote no report:\n{proc.stdout}{proc.stderr}")
             for case in ET.parse(report).getroot().iter("testcase"):
                 problem = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
-                _fresh[case.get("name", "")] = ("passed" if problem is None else
-                                                f"{problem.tag}: {problem.get('message', '')}")
+                _fresh[case.get("name", "")] = (
+                    "passed" if problem is None else f"{problem.tag}: {problem.get('message', '')}"
+                )
     return _fresh
 
 

@@ -13,9 +13,27 @@ PHASES = ("schedule", "update", "process", "engine", "add")
 
 
 def _bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_step_bookkeeping.py"), "--sizes", "4",
-                          "--steps", "5", "--warmup", "1", "--repeats", "1", "--out", str(out), *extra],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_step_bookkeeping.py"),
+            "--sizes",
+            "4",
+            "--steps",
+            "5",
+            "--warmup",
+            "1",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     return res
 

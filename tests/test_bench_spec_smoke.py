@@ -16,9 +16,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bench_spec_smoke_writes_every_engine_and_the_decision_log(tmp_path):
     out = tmp_path / "spec"
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_spec.py"), "--smoke", "--out", str(out),
-                          "--batch-sizes", "2", "--repeats", "2", "--pairs", "2", "--fast-pairs", "99", "--output-len", "6", "--workloads", "greedy-repeat"],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_spec.py"),
+            "--smoke",
+            "--out",
+            str(out),
+            "--batch-sizes",
+            "2",
+            "--repeats",
+            "2",
+            "--pairs",
+            "2",
+            "--fast-pairs",
+            "99",
+            "--output-len",
+            "6",
+            "--workloads",
+            "greedy-repeat",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads((out / "bench_spec.json").read_text())
     engines = [r["engine"] for r in data["results"]]
@@ -61,8 +83,9 @@ def test_paired_ratio_counts_only_rounds_where_both_runs_were_fast_host():
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
-                         timeout=600, cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     return res
 

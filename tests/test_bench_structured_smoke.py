@@ -12,8 +12,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_structured_quick(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_structured.py"), "--quick", "--rounds", "1",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_structured.py"),
+            "--quick",
+            "--rounds",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((tmp_path / "structured_bench.json").read_text())
     free, *halves = report["runs"]

@@ -5,10 +5,15 @@ from types import SimpleNamespace
 import pytest
 
 from framework import SamplingParams
-from framework.bench_timeline import (
-    DENSE_FLOPS, HBM_BYTES_PER_S, StepRecord, format_groups, group_steps, stop_recording,
+from framework.entrypoints.bench.timeline import (
+    DENSE_FLOPS,
+    HBM_BYTES_PER_S,
+    StepRecord,
+    format_groups,
+    group_steps,
+    stop_recording,
 )
-from framework.scheduler_output import SchedulerOutput
+from framework.params.scheduler_output import SchedulerOutput
 
 
 def test_step_log_keeps_every_executed_step(tiny_llm_factory):
@@ -55,8 +60,13 @@ def test_records_count_each_rows_context_and_the_device_time():
 
 
 def test_groups_sum_device_time_and_the_bytes_floor_by_kind_of_step():
-    records = [StepRecord(3, 1, 100, 300, 2.0), StepRecord(200, 200, 0, 50_000, 4.0),
-               StepRecord(2, 2, 0, 400, 1.0), StepRecord(3, 3, 0, 500, 1.5), StepRecord(5, 5, 0, 900, 1.0)]
+    records = [
+        StepRecord(3, 1, 100, 300, 2.0),
+        StepRecord(200, 200, 0, 50_000, 4.0),
+        StepRecord(2, 2, 0, 400, 1.0),
+        StepRecord(3, 3, 0, 500, 1.5),
+        StepRecord(5, 5, 0, 900, 1.0),
+    ]
     weights, params, per_token = 10**9, 5 * 10**9, 1000
     groups = {g.name: g for g in group_steps(records, weights, params, per_token)}
     assert list(groups) == ["with prompt tokens", "decode, 129+ rows", "decode, 1-4 rows", "decode, 5-16 rows"]

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import test_docs
 from skip_policy import skip_is_allowed
 
@@ -20,14 +19,17 @@ pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("nodeid, reason, cuda, allowed", [
-    ("tests/gpu/test_spec_gpu.py::test_x", "needs a CUDA device", False, True),
-    ("tests/gpu/test_parallel_gpu.py", "needs 2 GPUs", False, True),
-    ("tests/gpu/test_spec_gpu.py::test_x", "needs a CUDA device", True, False),  # a GPU machine runs them all
-    ("tests/gpu/test_x_gpu.py", "could not import 'flashinfer': No module named 'flashinfer'", False, False),
-    ("tests/test_docs.py::test_mkdocs_build_strict", "mkdocs is not installed", False, False),
-    ("tests/test_attention_triton.py", "kernels were already compiled for the GPU", False, False),
-])
+@pytest.mark.parametrize(
+    "nodeid, reason, cuda, allowed",
+    [
+        ("tests/gpu/test_spec_gpu.py::test_x", "needs a CUDA device", False, True),
+        ("tests/gpu/test_parallel_gpu.py", "needs 2 GPUs", False, True),
+        ("tests/gpu/test_spec_gpu.py::test_x", "needs a CUDA device", True, False),  # a GPU machine runs them all
+        ("tests/gpu/test_x_gpu.py", "could not import 'flashinfer': No module named 'flashinfer'", False, False),
+        ("tests/test_docs.py::test_mkdocs_build_strict", "mkdocs is not installed", False, False),
+        ("tests/test_attention_triton.py", "kernels were already compiled for the GPU", False, False),
+    ],
+)
 def test_only_gpu_tests_may_skip_and_only_without_cuda(nodeid, reason, cuda, allowed):
     assert skip_is_allowed(nodeid, reason, cuda) is allowed
 
@@ -41,7 +43,8 @@ def test_a_skip_for_an_optional_dependency_fails_the_ci_run(pytester, monkeypatc
     pytester.mkdir("tests/gpu")
     (pytester.path / "tests/gpu/test_probe_gpu.py").write_text(
         "import pytest\npytestmark = pytest.mark.skipif(True, reason='needs a CUDA device')\n"
-        "def test_on_gpu():\n    pass\n")
+        "def test_on_gpu():\n    pass\n"
+    )
     (pytester.path / "tests/test_probe.py").write_text("def test_runs():\n    pass\n")
     optional = pytester.path / "tests/test_optional.py"
     optional.write_text("import pytest\npytest.importorskip('mrv2_no_such_package')\ndef test_x():\n    pass\n")
@@ -49,8 +52,12 @@ def test_a_skip_for_an_optional_dependency_fails_the_ci_run(pytester, monkeypatc
     monkeypatch.setenv("MRV2_CI", "1")
     strict = pytester.runpytest_subprocess("-p", "no:cacheprovider", "tests")
     assert strict.ret == 1
-    strict.stdout.fnmatch_lines(["*MRV2_CI: 2 skipped, 1 of them GPU-only*1 not allowed*",
-                                 "*skip not allowed: tests/test_optional.py*mrv2_no_such_package*"])
+    strict.stdout.fnmatch_lines(
+        [
+            "*MRV2_CI: 2 skipped, 1 of them GPU-only*1 not allowed*",
+            "*skip not allowed: tests/test_optional.py*mrv2_no_such_package*",
+        ]
+    )
     optional.unlink()
     assert pytester.runpytest_subprocess("-p", "no:cacheprovider", "tests").ret == 0  # GPU-only skips pass
     optional.write_text("import pytest\npytest.importorskip('mrv2_no_such_package')\n")
@@ -104,7 +111,22 @@ def test_the_test_command_takes_one_worker_on_a_gpu_machine(monkeypatch, pytestc
 def test_the_suite_runs_without_pytest_xdist():
     """The GPU machine runs tests/gpu with plain pytest (no pytest-xdist there): tests/conftest.py's xdist hook must
     be optional, or pytest stops at start-up on an unknown hook."""
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-                          "--collect-only", "tests/test_readme.py"], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            "--collect-only",
+            "tests/test_readme.py",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-MRV2 = [sys.executable, "-m", "framework.cli"]
+MRV2 = [sys.executable, "-m", "framework.entrypoints.cli"]
 
 
-def _mrv2(*args: str, cwd: Path, exe: list[str] = MRV2, timeout: int = 300,
-          base_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _mrv2(
+    *args: str, cwd: Path, exe: list[str] = MRV2, timeout: int = 300, base_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     env = dict(os.environ if base_env is None else base_env, HYDRA_FULL_ERROR="0", TMPDIR=str(cwd))
     return subprocess.run([*exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -44,8 +45,9 @@ def test_run_with_the_v1_runner_prints_what_v2_prints(tmp_path):
 
 
 def test_multirun_sweeps_temperature(tmp_path):
-    res = _mrv2("run", "-m", "sampler.temperature=0,0.8", "sampler.max_tokens=6", "run.show_progress=false",
-                cwd=tmp_path)
+    res = _mrv2(
+        "run", "-m", "sampler.temperature=0,0.8", "sampler.max_tokens=6", "run.show_progress=false", cwd=tmp_path
+    )
     assert res.returncode == 0, res.stderr
     assert "=== job 0: sampler.temperature=0" in res.stdout and "=== job 1: sampler.temperature=0.8" in res.stdout
     jobs = res.stdout.split("=== job 1")
@@ -56,7 +58,10 @@ def test_multirun_sweeps_temperature(tmp_path):
     "args, message",
     [
         (["sampler.temprature=1"], "sampler.temprature: unknown key (did you mean 'temperature'?)"),
-        (["model=nope"], "model=nope: unknown option; available model options: hf, jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, random_tiny, tiny, whisper-tiny"),
+        (
+            ["model=nope"],
+            "model=nope: unknown option; available model options: hf, jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, random_tiny, tiny, whisper-tiny",
+        ),
         (["scheduler.max_num_seqs=-3"], "scheduler.max_num_seqs: Input should be greater than or equal to 1"),
         (["model=hf", "model.path=/does/not/exist"], "model directory '/does/not/exist' does not exist"),
         (["model.preset=nope"], "unknown model.preset 'nope'; embedded presets: "),
@@ -104,9 +109,16 @@ def test_run_selects_an_entry_point_model_state_and_exits_1_when_a_request_fails
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mrv2-picky\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[mrv2.model_states]\npicky = mrv2_picky:PickyModelState\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site_dir), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    res = _mrv2("run", "model.model_state=picky", "run.prompts=[hi, 'a prompt far longer than eight tokens']",
-                "sampler.max_tokens=4", "scheduler.max_num_seqs=1",  # one request a step: the refusal fails one
-                "run.show_progress=false", cwd=tmp_path, base_env=env)
+    res = _mrv2(
+        "run",
+        "model.model_state=picky",
+        "run.prompts=[hi, 'a prompt far longer than eight tokens']",
+        "sampler.max_tokens=4",
+        "scheduler.max_num_seqs=1",  # one request a step: the refusal fails one
+        "run.show_progress=false",
+        cwd=tmp_path,
+        base_env=env,
+    )
     assert res.returncode == 1, res.stderr
     assert "--- completion 0 (length, 4 tokens) ---" in res.stdout
     assert "--- completion 1 (error, 0 tokens) ---" in res.stdout
@@ -134,13 +146,18 @@ def test_wheel_installs_in_fresh_venv_and_runs(tmp_path):
     wheel_dir = tmp_path / "wheels"
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-w", str(wheel_dir)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert build.returncode == 0, build.stderr
     wheel = next(wheel_dir.glob("mrv2-*.whl"))
     # The shipped model (framework/models/embedded/tiny-code*/, once trained) is package data of the wheel.
-    shipped = sorted(str(f.relative_to(REPO)) for f in (REPO / "framework/models/embedded").glob("*/*")
-                     if f.suffix in (".json", ".safetensors"))
+    shipped = sorted(
+        str(f.relative_to(REPO))
+        for f in (REPO / "framework/models/embedded").glob("*/*")
+        if f.suffix in (".json", ".safetensors")
+    )
     with zipfile.ZipFile(wheel) as zf:
         missing = set(shipped) - set(zf.namelist())
     assert not missing, f"wheel lacks shipped model files: {sorted(missing)}"
@@ -151,22 +168,36 @@ def test_wheel_installs_in_fresh_venv_and_runs(tmp_path):
     # venv's own site-packages (the wheel first) without running their .pth files (an editable mrv2's finder).
     venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    inner_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                capture_output=True, text=True, check=True).stdout.strip()
+    inner_site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     outer_sites = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
     outer_dirs = [d for d in outer_sites if Path(d).is_dir()]
     Path(inner_site, "_outer_site_packages.pth").write_text("\n".join(outer_dirs) + "\n")
     # --ignore-installed: an mrv2 installed outside the venv (e.g. an editable checkout) must not satisfy it.
-    inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
-                           "--ignore-installed", str(wheel)],
-                          capture_output=True, text=True, timeout=600)
+    inst = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--ignore-installed", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert inst.returncode == 0, inst.stderr
     work = tmp_path / "elsewhere"
     work.mkdir()
     clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing may shadow the wheel
     where = subprocess.run(
-        [str(py), "-c", "import framework, importlib.resources as r; print(framework.__file__); print(r.files('mrv2_conf'))"],
-        cwd=work, capture_output=True, text=True, env=clean_env,
+        [
+            str(py),
+            "-c",
+            "import framework, importlib.resources as r; print(framework.__file__); print(r.files('mrv2_conf'))",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=clean_env,
     )
     assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(env_dir)) for line in where.stdout.split()), where.stdout

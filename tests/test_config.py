@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from framework.cli import conf_dir
-from framework.cli_overrides import check_overrides
-from framework.config import ConfigError, Mrv2Config, load_config
+from framework.config.overrides import check_overrides
+from framework.config.schema import ConfigError, Mrv2Config, load_config
+from framework.entrypoints.cli import conf_dir
 
 
 def test_defaults_validate():
@@ -24,7 +24,9 @@ def test_unknown_key_names_key_and_allowed_keys():
 
 
 def test_out_of_range_value():
-    with pytest.raises(ConfigError, match=r"scheduler.max_num_seqs: Input should be greater than or equal to 1 \(got -3\)"):
+    with pytest.raises(
+        ConfigError, match=r"scheduler.max_num_seqs: Input should be greater than or equal to 1 \(got -3\)"
+    ):
         load_config({"scheduler": {"max_num_seqs": -3}})
 
 
@@ -57,7 +59,10 @@ def test_bench_ranges_checked():
     "override, expected",
     [
         ("sampler.temprature=1", "did you mean 'temperature'"),
-        ("model=nope", "available model options: hf, jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, random_tiny, tiny, whisper-tiny"),
+        (
+            "model=nope",
+            "available model options: hf, jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, random_tiny, tiny, whisper-tiny",
+        ),
         ("runner=v9", "available runner options: auto, v1, v2"),
         ("scheduler.max_num_seqs.x=1", "has no sub-keys"),
         ("+nothing=1", "allowed keys at the top level"),
@@ -78,8 +83,11 @@ def test_composed_yaml_matches_schema(tmp_path):
     from hydra import compose, initialize_config_dir
 
     (tmp_path / "config.json").write_text("{}")  # a draft head directory for the eagle / eagle3 options
-    needs = {"hf": ["model.path=/x"], "eagle": [f"speculator.model={tmp_path}"],
-             "eagle3": [f"speculator.model={tmp_path}"]}
+    needs = {
+        "hf": ["model.path=/x"],
+        "eagle": [f"speculator.model={tmp_path}"],
+        "eagle3": [f"speculator.model={tmp_path}"],
+    }
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         for group in ("model", "runner", "sampler", "speculator", "scheduler", "cache", "experiment"):
             for option in sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")):
@@ -121,32 +129,46 @@ def test_cross_field_error_does_not_dump_the_section():
 
 
 def test_unknown_speculator_is_named():
-    from framework.compat import select_runner
+    from framework.engine.runner_selection import select_runner
 
     with pytest.raises(ConfigError, match="speculator.method=medusa: unknown speculator; registered: .*ngram"):
         select_runner(load_config({"speculator": {"method": "medusa", "num_speculative_tokens": 2}}))
     with pytest.raises(ConfigError, match="speculator.method=medusa: unknown speculator"):
-        select_runner(load_config({"speculator": {"method": "medusa", "num_speculative_tokens": 2,
-                                                  "dynamic_k": True}}))
+        select_runner(load_config({"speculator": {"method": "medusa", "num_speculative_tokens": 2, "dynamic_k": True}}))
 
 
 def test_speculator_fields_are_validated():
     with pytest.raises(ConfigError, match="num_speculative_tokens must be >= 1 with speculator.method=ngram"):
         load_config({"speculator": {"method": "ngram"}})
     with pytest.raises(ConfigError, match="prompt_lookup_min=4 exceeds speculator.prompt_lookup_max=3"):
-        load_config({"speculator": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4,
-                                    "prompt_lookup_max": 3}})
+        load_config(
+            {
+                "speculator": {
+                    "method": "ngram",
+                    "num_speculative_tokens": 2,
+                    "prompt_lookup_min": 4,
+                    "prompt_lookup_max": 3,
+                }
+            }
+        )
     with pytest.raises(ConfigError, match="dynamic_k=true needs a drafting speculator.method"):
         load_config({"speculator": {"dynamic_k": True}})
 
 
-@pytest.mark.parametrize("spec, suggested", [
-    ({"method": "dynamic", "num_speculative_tokens": 2}, "speculator.method=ngram speculator.dynamic_k=true"),
-    ({"method": "dynamic", "num_speculative_tokens": 2, "dynamic": {"method": "eagle"}},
-     "speculator.method=eagle speculator.dynamic_k=true"),
-    ({"method": "mtp", "num_speculative_tokens": 1, "dynamic": {"method": "mtp"}},
-     "speculator.method=mtp speculator.dynamic_k=true"),
-])
+@pytest.mark.parametrize(
+    "spec, suggested",
+    [
+        ({"method": "dynamic", "num_speculative_tokens": 2}, "speculator.method=ngram speculator.dynamic_k=true"),
+        (
+            {"method": "dynamic", "num_speculative_tokens": 2, "dynamic": {"method": "eagle"}},
+            "speculator.method=eagle speculator.dynamic_k=true",
+        ),
+        (
+            {"method": "mtp", "num_speculative_tokens": 1, "dynamic": {"method": "mtp"}},
+            "speculator.method=mtp speculator.dynamic_k=true",
+        ),
+    ],
+)
 def test_the_removed_dynamic_method_says_to_use_dynamic_k(spec, suggested):
     """`method: dynamic` (wrapping `dynamic.method`) was replaced by the `dynamic_k` flag on any method: an old
     config fails with one message naming the replacement."""
@@ -156,7 +178,7 @@ def test_the_removed_dynamic_method_says_to_use_dynamic_k(spec, suggested):
 
 
 def test_v1_refuses_speculation():
-    from framework.compat import select_runner
+    from framework.engine.runner_selection import select_runner
 
     config = load_config({"runner": {"kind": "v1"}, "speculator": {"method": "ngram", "num_speculative_tokens": 2}})
     with pytest.raises(ConfigError, match="the V1 runner does not verify drafts"):

@@ -1,5 +1,5 @@
 """Every key of the pydantic schema can be overridden from the command line under every group option (issue 28):
-the YAML tree under conf/ and `framework.config.Mrv2Config` agree, and a Hydra error is one line, exit 2."""
+the YAML tree under conf/ and `framework.config.schema.Mrv2Config` agree, and a Hydra error is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any, Iterator
 import pytest
 from pydantic import BaseModel
 
-from framework.cli import conf_dir
-from framework.config import Mrv2Config
+from framework.config.schema import Mrv2Config
+from framework.entrypoints.cli import conf_dir
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = ("model", "runner", "sampler", "speculator", "scheduler", "cache", "parallel", "serve", "experiment")
@@ -69,8 +69,9 @@ def test_every_schema_key_composes_as_an_override(primary, group, option):
         plain = compose(config_name=primary, overrides=[f"{group}={option}"])
         missing = [key for key, _ in leaves if not _has_key(plain, key)]
         assert not missing, f"{primary} {group}={option}: keys of the schema missing from conf/: {missing}"
-        cfg = compose(config_name=primary,
-                      overrides=[f"{group}={option}"] + [f"{k}={_override_value(v)}" for k, v in leaves])
+        cfg = compose(
+            config_name=primary, overrides=[f"{group}={option}"] + [f"{k}={_override_value(v)}" for k, v in leaves]
+        )
     for key, value in leaves:
         got = OmegaConf.select(cfg, key)
         got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
@@ -78,17 +79,26 @@ def test_every_schema_key_composes_as_an_override(primary, group, option):
 
 
 @pytest.mark.parametrize("full_error", [None, "0"])  # Hydra reads HYDRA_FULL_ERROR=0 as unset
-@pytest.mark.parametrize("args, message", [
-    (["run", "+model.preset=tiny", "--cfg", "job"], "An item is already at 'model.preset'"),
-    (["bench", "experiment=smoke", "~speculator.nope", "--cfg", "job"], "'speculator.nope' does not exist"),
-    (["run", "model.preset=${nope}"], "Interpolation key 'nope' not found"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "+model.preset=tiny", "--cfg", "job"], "An item is already at 'model.preset'"),
+        (["bench", "experiment=smoke", "~speculator.nope", "--cfg", "job"], "'speculator.nope' does not exist"),
+        (["run", "model.preset=${nope}"], "Interpolation key 'nope' not found"),
+    ],
+)
 def test_a_hydra_error_is_one_line_with_exit_2(args, message, full_error):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     if full_error is not None:
         env["HYDRA_FULL_ERROR"] = full_error
-    proc = subprocess.run([sys.executable, "-m", "framework.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "framework.entrypoints.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and lines[0].startswith("mrv2: error: ") and message in lines[0], proc.stderr

@@ -47,7 +47,7 @@ def llm() -> LLM:
 
 @pytest.fixture(scope="module")
 def hf(llm: LLM) -> torch.nn.Module:
-    from framework.hf_reference import hf_model_from_mrv2
+    from framework.entrypoints.bench.hf_reference import hf_model_from_mrv2
 
     return hf_model_from_mrv2(llm.engine.loaded)
 
@@ -88,8 +88,10 @@ def test_attention_moves_the_argmax_in_the_reference_model(hf):
     tokens: the context reaches the logits through attention, not only through the last token's embedding."""
     prompts = context_prompts(4, seed=32)
     want = [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
-    hooks = [layer.self_attn.register_forward_hook(lambda _m, _i, out: (torch.zeros_like(out[0]), *out[1:]))
-             for layer in hf.model.layers]
+    hooks = [
+        layer.self_attn.register_forward_hook(lambda _m, _i, out: (torch.zeros_like(out[0]), *out[1:]))
+        for layer in hf.model.layers
+    ]
     try:
         without_attention = [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
     finally:

@@ -26,21 +26,35 @@ from typing import Any
 import pytest
 import torch
 
-from framework.attention import AttentionMetadata
-from framework.cuda_graphs import DecodeCudaGraphs
-from framework.graph_batch import GraphBatch
-from framework.llm import LLM
-from framework.sampling_params import SamplingParams
+from framework.batch.graph_batch import GraphBatch
+from framework.entrypoints.llm import LLM
+from framework.layers.attention import AttentionMetadata
+from framework.params.sampling_params import SamplingParams
+from framework.runner.graphs.cuda_graphs import DecodeCudaGraphs
 from model_states.default import DefaultModelState
 
 try:
     from fake_graphs import EagerReplayCapturer
-    from graph_lockstep import (check_exercised, hybrid_scenarios, lockstep, record_preemptions, record_replays,
-                                record_snapshot_copies, workload)
+    from graph_lockstep import (
+        check_exercised,
+        hybrid_scenarios,
+        lockstep,
+        record_preemptions,
+        record_replays,
+        record_snapshot_copies,
+        workload,
+    )
 except ImportError:  # tests/ collected as a package
     from tests.fake_graphs import EagerReplayCapturer
-    from tests.graph_lockstep import (check_exercised, hybrid_scenarios, lockstep, record_preemptions,
-                                      record_replays, record_snapshot_copies, workload)
+    from tests.graph_lockstep import (
+        check_exercised,
+        hybrid_scenarios,
+        lockstep,
+        record_preemptions,
+        record_replays,
+        record_snapshot_copies,
+        workload,
+    )
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,34 +70,65 @@ def test_static_buffers_and_padding_rows() -> None:
     seen: list[dict[str, Any]] = []
 
     def forward(ids, pos, kv, meta, **extra):  # type: ignore[no-untyped-def]
-        seen.append({"ids": ids.clone(), "pos": pos.clone(), "seq": meta.seq_lens.clone(),
-                     "kv": meta.kv_slot_mapping.clone(), "tables": meta.block_tables.clone(), **extra})
+        seen.append(
+            {
+                "ids": ids.clone(),
+                "pos": pos.clone(),
+                "seq": meta.seq_lens.clone(),
+                "kv": meta.kv_slot_mapping.clone(),
+                "tables": meta.block_tables.clone(),
+                **extra,
+            }
+        )
         return ids * 10
 
     def graph_inputs(g: GraphBatch) -> dict[str, Any]:
         return {"slots": g.idx_mapping.clone(), "rows": g.token_rows.clone(), "qsl": g.query_start_loc.clone()}
 
     capturer = EagerReplayCapturer()
-    graphs = DecodeCudaGraphs(forward, [], [2, 4], 3, 16, 64, torch.device("cpu"), tokens_per_row=(1, 3),
-                              graph_inputs=graph_inputs, dummy_slot=9, capturer=capturer)
+    graphs = DecodeCudaGraphs(
+        forward,
+        [],
+        [2, 4],
+        3,
+        16,
+        64,
+        torch.device("cpu"),
+        tokens_per_row=(1, 3),
+        graph_inputs=graph_inputs,
+        dummy_slot=9,
+        capturer=capturer,
+    )
     graphs.capture()
     assert sorted(graphs.graphs) == [(2, 1), (2, 3), (4, 1), (4, 3)]
     assert all((s["slots"] == 9).all() for s in seen)  # warm-up touches only the dummy slot
-    assert [graphs.padded_size(r, q) for r, q in ((1, 1), (2, 1), (3, 1), (4, 3), (5, 1), (2, 2))] == \
-        [2, 2, 4, 4, None, None]
+    assert [graphs.padded_size(r, q) for r, q in ((1, 1), (2, 1), (3, 1), (4, 3), (5, 1), (2, 2))] == [
+        2,
+        2,
+        4,
+        4,
+        None,
+        None,
+    ]
     seen.clear()
     r, q = 3, 3
-    meta = AttentionMetadata(num_tokens=r * q, num_rows=r, query_start_loc=torch.arange(r + 1, dtype=torch.int32) * q,
-                             seq_lens=torch.tensor([7, 20, 5], dtype=torch.int32),
-                             block_tables=torch.tensor([[1, 2, 0], [3, 4, 5], [6, 0, 0]], dtype=torch.int32),
-                             kv_slot_mapping=torch.arange(100, 100 + r * q), block_size=16, max_query_len=q,
-                             max_seq_len=20)
+    meta = AttentionMetadata(
+        num_tokens=r * q,
+        num_rows=r,
+        query_start_loc=torch.arange(r + 1, dtype=torch.int32) * q,
+        seq_lens=torch.tensor([7, 20, 5], dtype=torch.int32),
+        block_tables=torch.tensor([[1, 2, 0], [3, 4, 5], [6, 0, 0]], dtype=torch.int32),
+        kv_slot_mapping=torch.arange(100, 100 + r * q),
+        block_size=16,
+        max_query_len=q,
+        max_seq_len=20,
+    )
     ids = torch.arange(1, r * q + 1)
     out = graphs.run(4, ids, torch.arange(r * q) + 4, meta, idx_mapping=torch.tensor([5, 0, 2], dtype=torch.int32))
     assert torch.equal(out, ids * 10)  # only the real tokens come back
     s = seen[-1]
-    assert s["pos"][r * q:].tolist() == [0, 1, 2]  # the padding row: a valid causal row of q tokens
-    assert s["seq"].tolist() == [7, 20, 5, 3] and s["kv"][r * q:].tolist() == [-1, -1, -1]  # stores skipped
+    assert s["pos"][r * q :].tolist() == [0, 1, 2]  # the padding row: a valid causal row of q tokens
+    assert s["seq"].tolist() == [7, 20, 5, 3] and s["kv"][r * q :].tolist() == [-1, -1, -1]  # stores skipped
     assert s["tables"][r:].eq(0).all() and s["slots"].tolist() == [5, 0, 2, 9]
     assert s["rows"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3] and s["qsl"].tolist() == [0, 3, 6, 9, 12]
     with pytest.raises(ValueError, match="idx_mapping"):
@@ -92,8 +137,14 @@ def test_static_buffers_and_padding_rows() -> None:
 
 # ---- Mamba hybrid: replay equals eager, step by step -------------------------------------------------------
 
-HYBRID = {"device": "cpu", "dtype": "float32", "seed": 0, "max_num_seqs": 6, "max_model_len": 64,
-          "async_scheduling": True}
+HYBRID = {
+    "device": "cpu",
+    "dtype": "float32",
+    "seed": 0,
+    "max_num_seqs": 6,
+    "max_model_len": 64,
+    "async_scheduling": True,
+}
 SCENARIOS = hybrid_scenarios(block_size=4)
 
 
@@ -144,19 +195,30 @@ def test_whisper_graph_replay_equals_hf(tmp_path: Path) -> None:
     hf = wm.save_tiny_whisper(tmp_path, seed=2)
     audio = [wm.synthetic_audio(s, seed=i) for i, s in enumerate([0.2, 0.5, 0.8, 1.0, 0.3, 0.6])]
     lengths = (24, 9, 17, 5, 24, 12)
-    llm = LLM(str(tmp_path), device="cpu", dtype="float32", seed=0, max_model_len=40, max_num_seqs=4, block_size=16,
-              num_kv_blocks=5)
+    llm = LLM(
+        str(tmp_path),
+        device="cpu",
+        dtype="float32",
+        seed=0,
+        max_model_len=40,
+        max_num_seqs=4,
+        block_size=16,
+        num_kv_blocks=5,
+    )
     llm.engine.runner.capture_cuda_graphs(EagerReplayCapturer())
     replays, preempted = record_replays(llm), record_preemptions(llm)
-    outs = llm.generate([{"audio": (a, wm.SAMPLING_RATE)} for a in audio],
-                        [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths], use_tqdm=False)
+    outs = llm.generate(
+        [{"audio": (a, wm.SAMPLING_RATE)} for a in audio],
+        [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths],
+        use_tqdm=False,
+    )
     for a, n, out in zip(audio, lengths, outs):
         got = list(out.token_ids)
         assert (got[:-1] if got and got[-1] == wm.EOS_ID else got) == wm.hf_transcribe(hf, wm.hf_features(a), n)
     assert any(rows < size for rows, size, _ in replays), "no replay had padding rows"
     state = llm.engine.runner.model_state
     assert preempted and state.num_encoder_runs > len(audio)
-    assert not state.cross_kv[:, :, state.graph_dummy_slot * state.blocks_per_slot:].any()
+    assert not state.cross_kv[:, :, state.graph_dummy_slot * state.blocks_per_slot :].any()
 
 
 # ---- the interface for third-party states ------------------------------------------------------------------
@@ -183,10 +245,12 @@ def test_states_say_why_they_cannot_be_captured_and_the_runner_logs_it(caplog: p
     llm = LLM("tiny", device="cpu", max_num_seqs=2, max_model_len=32)
     runner = llm.engine.runner
     runner.model_state = _OptedOutState(runner.model, {}, 2, cpu)
-    with caplog.at_level(logging.INFO, logger="framework.model_runner"):
+    with caplog.at_level(logging.INFO, logger="framework.runner.model_runner"):
         runner.capture_cuda_graphs(EagerReplayCapturer())
     assert runner.cuda_graphs is None
-    assert "decode runs without CUDA graphs: model state 'opted-out-test' sets decode_cuda_graphs = False" in caplog.text
+    assert (
+        "decode runs without CUDA graphs: model state 'opted-out-test' sets decode_cuda_graphs = False" in caplog.text
+    )
 
 
 def test_steering_example_state_builds_its_graph_inputs_from_the_static_buffers() -> None:
@@ -207,8 +271,9 @@ def test_steering_example_state_builds_its_graph_inputs_from_the_static_buffers(
     rows = torch.tensor([0, 0, 1, 1])  # two rows of two tokens
     eager = state.prepare_inputs(SimpleNamespace(idx_mapping=idx, token_rows=rows))
     padded = torch.cat([idx, torch.tensor([state.graph_dummy_slot], dtype=torch.int32)])
-    graph = state.prepare_graph_inputs(GraphBatch(3, 2, padded, torch.arange(4, dtype=torch.int32) * 2,
-                                                  torch.arange(6) // 2))
+    graph = state.prepare_graph_inputs(
+        GraphBatch(3, 2, padded, torch.arange(4, dtype=torch.int32) * 2, torch.arange(6) // 2)
+    )
     for name in ("steer_token_ids", "steer_scales"):
         assert torch.equal(graph[name][:4], eager[name])
     assert graph["steer_scales"][4:].eq(0).all()

@@ -14,8 +14,15 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 # Pages whose ```python blocks run, in order, as one script each.
-RUNNABLE_PAGES = ["getting-started.md", "guides/register-a-plugin.md", "sampling.md", "embeddings.md", "whisper.md",
-                  "prefix-caching.md", "structured-outputs.md"]
+RUNNABLE_PAGES = [
+    "getting-started.md",
+    "guides/register-a-plugin.md",
+    "sampling.md",
+    "embeddings.md",
+    "whisper.md",
+    "prefix-caching.md",
+    "structured-outputs.md",
+]
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 pytestmark = pytest.mark.slow
@@ -39,19 +46,30 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     site = tmp_path / "site"
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
-        cwd=REPO, env=_quiet_env(), capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env=_quiet_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
-    for page in ("index", "getting-started/index", "architecture/index", "runners/index", "configuration/index",
-                 "guides/register-a-plugin/index", "sampling/index"):
+    for page in (
+        "index",
+        "getting-started/index",
+        "architecture/index",
+        "runners/index",
+        "configuration/index",
+        "guides/register-a-plugin/index",
+        "sampling/index",
+    ):
         assert (site / f"{page}.html").is_file(), page
 
     # One API page per module of the four packages, rendered by mkdocstrings.
     for package in ("framework", "model_states", "samplers", "speculators"):
         assert (site / "reference" / package / "index.html").is_file(), package
     runner_page = (site / "reference/framework/model_runner/index.html").read_text()
-    assert 'id="framework.model_runner.ModelRunnerV2"' in runner_page
-    assert 'id="framework.model_runner.ModelRunnerV2.execute_model"' in runner_page
+    assert 'id="framework.runner.model_runner.ModelRunnerV2"' in runner_page
+    assert 'id="framework.runner.model_runner.ModelRunnerV2.execute_model"' in runner_page
     # Shape comments next to fields reach the reference (docs/griffe_comments.py).
     batch_page = (site / "reference/framework/input_batch/index.html").read_text()
     assert "[R] int32: batch_row -&gt; req_slot" in batch_page
@@ -59,12 +77,18 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
 
     # The configuration reference is generated from the pydantic schema: every key of every group is there,
     # down to the keys of nested sections (speculator.dynamic.explore_every).
-    from framework.config import Mrv2Config
+    from framework.config.schema import Mrv2Config
 
     def leaves(model: type, prefix: str = "") -> list[str]:
-        return [key for name, field in model.model_fields.items()
-                for key in (leaves(field.annotation, f"{prefix}{name}.") if hasattr(field.annotation, "model_fields")
-                            else [f"{prefix}{name}"])]
+        return [
+            key
+            for name, field in model.model_fields.items()
+            for key in (
+                leaves(field.annotation, f"{prefix}{name}.")
+                if hasattr(field.annotation, "model_fields")
+                else [f"{prefix}{name}"]
+            )
+        ]
 
     config_page = (site / "reference/config/index.html").read_text()
     keys = leaves(Mrv2Config)
@@ -80,6 +104,7 @@ def test_guide_code_runs(page: str, tmp_path: Path) -> None:
     script = tmp_path / "guide.py"
     script.write_text("\n\n".join(blocks))
     # A fresh interpreter, so plugins registered by the guide do not leak into other tests' registries.
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_quiet_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=_quiet_env(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, f"code of docs/{page} failed:\n{proc.stdout}\n{proc.stderr}"

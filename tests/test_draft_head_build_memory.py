@@ -27,9 +27,19 @@ except ImportError:  # tests/ collected as a package
     from tests.test_draft_heads import hidden_width, random_head
 
 # Wider than test_draft_heads.TARGET, so that no single tensor is a large part of a head.
-TARGET = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256,
-          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-          "rms_norm_eps": 1e-6, "max_position_embeddings": 128, "tie_word_embeddings": True}
+TARGET = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": True,
+}
 KINDS = [("eagle", {}), ("eagle3", {"draft_vocab_size": 200}), ("mtp", {"num_mtp_layers": 2})]
 IDS = [k for k, _ in KINDS]
 
@@ -115,8 +125,10 @@ def test_eagle3_vocab_maps_are_built_on_the_meta_path(maps: str, tmp_path: Path)
     tensors = load_file(str(tmp_path / "model.safetensors"))
     drop = {"t2d"} | ({"d2t"} if full else set())
     save_file({n: t for n, t in tensors.items() if n not in drop}, str(tmp_path / "model.safetensors"))
-    got, want = load_draft_head(tmp_path, "eagle3", TARGET, "cpu", torch.bfloat16), _old_load(
-        tmp_path, "eagle3", torch.bfloat16)
+    got, want = (
+        load_draft_head(tmp_path, "eagle3", TARGET, "cpu", torch.bfloat16),
+        _old_load(tmp_path, "eagle3", torch.bfloat16),
+    )
     _assert_same_head(got, want)
     assert torch.equal(got.t2d, source.t2d) and torch.equal(got.d2t, source.d2t)
     assert int(got.t2d.sum()) == got.draft_vocab_size

@@ -9,13 +9,23 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from framework.attention import AttentionMetadata
+from framework.layers.attention import AttentionMetadata
 from framework.models.loader import CheckpointError
 from speculators.draft_heads import HEAD_CLASSES, DraftHead, Eagle3Head, head_config, load_draft_head
 
-TARGET = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48,
-          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-          "rms_norm_eps": 1e-6, "max_position_embeddings": 128, "tie_word_embeddings": True}
+TARGET = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": True,
+}
 
 
 def random_head(kind: str, seed: int = 0, target: dict = TARGET, **kwargs) -> DraftHead:  # type: ignore[no-untyped-def]
@@ -55,7 +65,9 @@ def test_save_load_round_trip(kind: str, kwargs: dict, tmp_path: Path) -> None:
     hidden = torch.randn(2, 9, hidden_width(head))
     for step in (0, 1):
         assert torch.equal(loaded(ids, hidden, step=step), head(ids, hidden, step=step))
-        assert torch.equal(loaded.draft_token_ids(head(ids, hidden), step), head.draft_token_ids(head(ids, hidden), step))
+        assert torch.equal(
+            loaded.draft_token_ids(head(ids, hidden), step), head.draft_token_ids(head(ids, hidden), step)
+        )
 
 
 def test_eagle3_draft_vocab_maps_into_target_vocab() -> None:
@@ -77,7 +89,9 @@ def test_full_forward_is_causal() -> None:
         torch.testing.assert_close(full[:, :5], prefix, rtol=1e-5, atol=1e-5)
 
 
-def paged_metadata(seq_starts: list[int], query_lens: list[int], block_size: int, blocks_per_seq: int) -> AttentionMetadata:
+def paged_metadata(
+    seq_starts: list[int], query_lens: list[int], block_size: int, blocks_per_seq: int
+) -> AttentionMetadata:
     """Metadata for rows whose queries are positions start..start+len-1; row r owns blocks r*blocks_per_seq.."""
     qsl = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0)), dtype=torch.int32)
     table = torch.arange(len(query_lens) * blocks_per_seq, dtype=torch.int32).view(len(query_lens), blocks_per_seq)
@@ -86,8 +100,17 @@ def paged_metadata(seq_starts: list[int], query_lens: list[int], block_size: int
         for p in range(start, start + n):
             slots.append(int(table[r, p // block_size]) * block_size + p % block_size)
     seq_lens = torch.tensor([s + n for s, n in zip(seq_starts, query_lens)], dtype=torch.int32)
-    return AttentionMetadata(sum(query_lens), len(query_lens), qsl, seq_lens, table, torch.tensor(slots),
-                             block_size, max(query_lens), int(seq_lens.max()))
+    return AttentionMetadata(
+        sum(query_lens),
+        len(query_lens),
+        qsl,
+        seq_lens,
+        table,
+        torch.tensor(slots),
+        block_size,
+        max(query_lens),
+        int(seq_lens.max()),
+    )
 
 
 @pytest.mark.parametrize("kind,kwargs", KINDS, ids=[k for k, _ in KINDS])
@@ -104,12 +127,12 @@ def test_paged_forward_equals_full_forward(kind: str, kwargs: dict) -> None:
         for c in range(3):
             n = [chunks[0][c], chunks[1][c]]
             meta = paged_metadata(done, n, bs, 4)
-            flat_ids = torch.cat([ids[r][done[r]:done[r] + n[r]] for r in range(2)])
-            flat_h = torch.cat([hidden[r][done[r]:done[r] + n[r]] for r in range(2)])
+            flat_ids = torch.cat([ids[r][done[r] : done[r] + n[r]] for r in range(2)])
+            flat_h = torch.cat([hidden[r][done[r] : done[r] + n[r]] for r in range(2)])
             pos = torch.cat([torch.arange(done[r], done[r] + n[r]) for r in range(2)])
             out = head.forward_paged(flat_ids, flat_h, pos, kv, meta, step=step)
             outs[0].append(out[: n[0]])
-            outs[1].append(out[n[0]:])
+            outs[1].append(out[n[0] :])
             done = [done[r] + n[r] for r in range(2)]
         for r in range(2):
             ref = head(ids[r][None], hidden[r][None], step=step)[0]
@@ -175,8 +198,11 @@ def test_loader_refuses_pickle_and_missing_dirs(tmp_path: Path) -> None:
 def test_mtp_loads_from_the_target_checkpoint(tmp_path: Path) -> None:
     """MTP layers stored inside the target's own checkpoint: the target's tensors are skipped, others are not."""
     head = random_head("mtp")
-    target_tensors = {"model.embed_tokens.weight": torch.zeros(96, 32), "model.norm.weight": torch.ones(32),
-                      "model.layers.3.mlp.up_proj.weight": torch.zeros(48, 32)}
+    target_tensors = {
+        "model.embed_tokens.weight": torch.zeros(96, 32),
+        "model.norm.weight": torch.ones(32),
+        "model.layers.3.mlp.up_proj.weight": torch.zeros(48, 32),
+    }
     save_file({**head.state_dict(), **target_tensors}, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps(head.config))
     loaded = load_draft_head(tmp_path, "mtp", TARGET)
@@ -192,4 +218,8 @@ def test_eagle3_aux_layers_must_exist_in_the_target() -> None:
         head.aux_layer_ids(4)
     cfg = {k: v for k, v in head_config("eagle3", TARGET).items() if k != "eagle_aux_hidden_state_layer_ids"}
     assert Eagle3Head(cfg).aux_layer_ids(12) == (2, 6, 9)  # the default (2, L // 2, L - 3)
-    assert Eagle3Head({**cfg, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}).aux_layer_ids(12) == (1, 3, 5)
+    assert Eagle3Head({**cfg, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}).aux_layer_ids(12) == (
+        1,
+        3,
+        5,
+    )

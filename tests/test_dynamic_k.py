@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from framework.config import load_config
+from framework.config.schema import load_config
 from speculators.acceptance import AcceptanceTracker, Removal, RequestAcceptance, fold_queue
 from speculators.dynamic import EXPLORE_STEPS, DynamicK, build_draft_policy
 from speculators.policy import FixedK
@@ -36,8 +36,15 @@ def _ids(rows: int, prefix: str = "r") -> list[str]:
     return [f"{prefix}{i}" for i in range(rows)]
 
 
-def _run(policy: DynamicK, steps: int, rows: int, accept_p: float, rng: random.Random,
-         ids: list[str] | None = None, accept_of: dict[str, float] | None = None) -> list[int]:
+def _run(
+    policy: DynamicK,
+    steps: int,
+    rows: int,
+    accept_p: float,
+    rng: random.Random,
+    ids: list[str] | None = None,
+    accept_of: dict[str, float] | None = None,
+) -> list[int]:
     """Drive the policy like the engine: choose k, then report each row's leading accepted drafts
     (row r accepts each draft with `accept_of[r]` if given, else `accept_p`)."""
     ids = ids if ids is not None else _ids(rows)
@@ -182,10 +189,13 @@ def test_exploration_alternates_max_k_and_the_least_recent_k_and_spaces_dear_one
     # Acceptance ~0: once the prior (0.5) has given way to observations, the best k is 0 and the rest explores,
     # each exploration holding its k for EXPLORE_STEPS steps.
     assert policy.decisions is not None
-    runs = [d for i, d in enumerate(policy.decisions) if d.reason == "explore" and d.step >= 10
-            and policy.decisions[i - 1].reason != "explore"]  # the first step of each exploration
+    runs = [
+        d
+        for i, d in enumerate(policy.decisions)
+        if d.reason == "explore" and d.step >= 10 and policy.decisions[i - 1].reason != "explore"
+    ]  # the first step of each exploration
     for d in runs:
-        assert ks[d.step - 1: d.step - 1 + EXPLORE_STEPS] == [d.k] * EXPLORE_STEPS
+        assert ks[d.step - 1 : d.step - 1 + EXPLORE_STEPS] == [d.k] * EXPLORE_STEPS
     steps = [d.step for d in runs]
     explored = [d.k for d in runs]
     maxes = explored[0::2] if explored[0] == MAX_K else explored[1::2]
@@ -214,14 +224,16 @@ def test_requests_that_accept_take_over_when_the_others_finish():
     policy.fold_observations()
     assert len(policy.requests) == 4
     tail = _run(policy, 20, 0, 0.0, rng, ids=good, accept_of=accept_of)
-    assert tail[1:] .count(MAX_K) >= 16, tail
+    assert tail[1:].count(MAX_K) >= 16, tail
 
 
 def test_request_acceptance_rows_are_reused_clean():
     acc = RequestAcceptance(3, decay=1.0, prior_weight=1.0)
     prior = np.array([0.5, 0.5, 0.5])
     acc.observe(["a", "b"], [3, 3], [3, 0])
-    assert acc.expected_tokens(["a"], prior) == pytest.approx([1.0, 1.75, 2.3125, 2.734375])  # rates (1 + 0.5) / (1 + 1)
+    assert acc.expected_tokens(["a"], prior) == pytest.approx(
+        [1.0, 1.75, 2.3125, 2.734375]
+    )  # rates (1 + 0.5) / (1 + 1)
     acc.remove("a")
     acc.observe(["c"], [3], [0])  # takes a's row: nothing of a's counts remains
     assert acc.expected_tokens(["c"], prior) == pytest.approx(acc.expected_tokens(["b"], prior))
@@ -264,8 +276,7 @@ def test_record_logs_every_step_with_its_reason():
     assert log is not None and [d.k for d in log] == ks == policy.history
     assert {d.reason for d in log} <= {"decide", "keep", "explore", "measure"} and "explore" in {d.reason for d in log}
     decided = [d for d in log if d.reason == "decide"]
-    assert decided and all(len(d.rates) == len(d.costs_ms) == MAX_K + 1 and len(d.acceptance) == MAX_K
-                           for d in decided)
+    assert decided and all(len(d.rates) == len(d.costs_ms) == MAX_K + 1 and len(d.acceptance) == MAX_K for d in decided)
     assert DynamicK(MAX_K, SyntheticCost()).decisions is None  # off by default: no cost on the step path
 
 
@@ -388,8 +399,12 @@ def test_steady_steps_are_uniform_decode_steps_at_an_unchanged_k_and_batch():
     from speculators.dynamic import SteadySteps
 
     def out(rows: int, k: int, propose: int, prefill: int = 0) -> SimpleNamespace:
-        return SimpleNamespace(scheduled_request_ids=_ids(rows), num_draft_tokens=[k] * rows,
-                               num_scheduled_tokens=[1 + k] * (rows - 1) + [1 + k + prefill], num_propose_tokens=propose)
+        return SimpleNamespace(
+            scheduled_request_ids=_ids(rows),
+            num_draft_tokens=[k] * rows,
+            num_scheduled_tokens=[1 + k] * (rows - 1) + [1 + k + prefill],
+            num_propose_tokens=propose,
+        )
 
     steady = SteadySteps()
     assert steady.measure(out(4, 2, 2), 1.0) is None  # nothing before it

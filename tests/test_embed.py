@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.config import ConfigError, load_config
-from framework.llm import LLM
-from framework.pooling_params import PoolingParams
-from framework.sampling_params import InvalidRequestError, SamplingParams
+from framework.config.schema import ConfigError, load_config
+from framework.entrypoints.llm import LLM
+from framework.params.pooling_params import PoolingParams
+from framework.params.sampling_params import InvalidRequestError, SamplingParams
 
 try:
     from hf_models import SPEC_BY_NAME, SPECS, random_prompts, save_tiny_checkpoint
@@ -39,16 +39,18 @@ def hf_pooled(model: torch.nn.Module, prompt: list[int], pooling_type: str) -> t
     return {"last": hidden[-1], "mean": hidden.mean(0), "cls": hidden[0]}[pooling_type]
 
 
-def run_mixed(llm: LLM, pooled: list[tuple[list[int], PoolingParams]], generated: list[list[int]],
-              max_tokens: int = 8) -> tuple[list, list]:
+def run_mixed(
+    llm: LLM, pooled: list[tuple[list[int], PoolingParams]], generated: list[list[int]], max_tokens: int = 8
+) -> tuple[list, list]:
     """Queue generation and embedding requests together (interleaved) and step the engine to the end."""
     engine = llm.engine
     ids_p, ids_g = [], []
     for i in range(max(len(pooled), len(generated))):
         if i < len(generated):
             ids_g.append(f"g{i}")
-            engine.add_request(ids_g[-1], generated[i], SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                                                       ignore_eos=True))
+            engine.add_request(
+                ids_g[-1], generated[i], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+            )
         if i < len(pooled):
             ids_p.append(f"p{i}")
             engine.add_request(ids_p[-1], pooled[i][0], None, pooling_params=pooled[i][1])
@@ -84,15 +86,21 @@ def test_embeddings_match_hf(checkpoints: dict, arch: str, scenario: str) -> Non
     for (prompt, params), out in zip(requests, pooled):
         assert out.finish_reason == "pooled" and out.prompt_token_ids == prompt
         expected = hf_pooled(hf_model, prompt, params.pooling_type)
-        torch.testing.assert_close(torch.tensor(out.embedding), expected, atol=ATOL, rtol=RTOL,
-                                   msg=lambda m: f"{params.pooling_type}, prompt len {len(prompt)}: {m}")
+        torch.testing.assert_close(
+            torch.tensor(out.embedding),
+            expected,
+            atol=ATOL,
+            rtol=RTOL,
+            msg=lambda m: f"{params.pooling_type}, prompt len {len(prompt)}: {m}",
+        )
     if "preempt" in scenario:
         assert sum(o.num_preemptions for o in pooled) > 0, "the small KV cache was meant to preempt a pooling request"
     if scenario == "plain":  # the reference pools what the base model returns after its final norm
         ids = torch.tensor([PROMPTS[1]])
         with torch.no_grad():
-            torch.testing.assert_close(hf_model(ids, output_hidden_states=True).hidden_states[-1],
-                                       hf_model.model(ids).last_hidden_state)
+            torch.testing.assert_close(
+                hf_model(ids, output_hidden_states=True).hidden_states[-1], hf_model.model(ids).last_hidden_state
+            )
 
 
 @pytest.mark.parametrize("runner", ["v2", "v1"])
@@ -132,9 +140,16 @@ def test_v1_and_v2_embed_alike(tiny_llm_factory) -> None:
 
 def test_dimensions_truncate_then_normalize(tiny_llm) -> None:
     prompt = "The quick brown fox"
-    raw, unit, short, short_raw = tiny_llm.encode([prompt] * 4, [
-        PoolingParams(normalize=False), PoolingParams(), PoolingParams(dimensions=16),
-        PoolingParams(dimensions=16, normalize=False)], use_tqdm=False)
+    raw, unit, short, short_raw = tiny_llm.encode(
+        [prompt] * 4,
+        [
+            PoolingParams(normalize=False),
+            PoolingParams(),
+            PoolingParams(dimensions=16),
+            PoolingParams(dimensions=16, normalize=False),
+        ],
+        use_tqdm=False,
+    )
     raw_t = torch.tensor(raw.embedding)
     assert len(raw.embedding) == 64 and abs(raw_t.norm().item() - 1.0) > 1e-3
     torch.testing.assert_close(torch.tensor(unit.embedding), raw_t / raw_t.norm())
@@ -151,11 +166,14 @@ def test_config_default_pooling_type(tiny_llm_factory) -> None:
     assert by_config.embedding == explicit.embedding != default.embedding
 
 
-@pytest.mark.parametrize("params, message", [
-    (PoolingParams(dimensions=65), "PoolingParams.dimensions=65 exceeds the model's hidden size 64"),
-    (PoolingParams(dimensions=0), "PoolingParams.dimensions must be a positive int"),
-    (PoolingParams(pooling_type="max"), "PoolingParams.pooling_type='max': unknown pooling type; allowed: last"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (PoolingParams(dimensions=65), "PoolingParams.dimensions=65 exceeds the model's hidden size 64"),
+        (PoolingParams(dimensions=0), "PoolingParams.dimensions must be a positive int"),
+        (PoolingParams(pooling_type="max"), "PoolingParams.pooling_type='max': unknown pooling type; allowed: last"),
+    ],
+)
 def test_invalid_pooling_params(tiny_llm, params: PoolingParams, message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message.replace("(", r"\(").replace("'", "'")):
         tiny_llm.encode(["a", "b"], [PoolingParams(), params], use_tqdm=False)
@@ -176,22 +194,31 @@ def test_cli_run_task_embed_prints_one_line_per_prompt(tmp_path) -> None:  # typ
     import sys
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "framework.cli", "run", *args, "run.show_progress=false"],
-                              cwd=tmp_path, env=dict(os.environ, HYDRA_FULL_ERROR="0", TMPDIR=str(tmp_path)),
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "framework.entrypoints.cli", "run", *args, "run.show_progress=false"],
+            cwd=tmp_path,
+            env=dict(os.environ, HYDRA_FULL_ERROR="0", TMPDIR=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     first = run("experiment=embed", "model=random_tiny")
     assert first.returncode == 0, first.stderr
     lines = first.stdout.splitlines()
-    assert len(lines) == 3 and all(line.startswith(f"embedding {i}: dim=64 norm=1.0000 [")
-                                   for i, line in enumerate(lines))
+    assert len(lines) == 3 and all(
+        line.startswith(f"embedding {i}: dim=64 norm=1.0000 [") for i, line in enumerate(lines)
+    )
     # The preset is task=embed with mean pooling; the lines are the in-process vectors, formatted.
-    from framework.run_command import format_embedding
+    from framework.entrypoints.run_command import format_embedding
 
     llm = LLM("random_tiny", device="cpu", task="embed", pooling="mean")
-    expected = [format_embedding(i, o.embedding)
-                for i, o in enumerate(llm.encode(["def fibonacci(n):", "import numpy as np\n", "The quick brown fox"],
-                                                 use_tqdm=False))]  # conf/base.yaml's run.prompts
+    expected = [
+        format_embedding(i, o.embedding)
+        for i, o in enumerate(
+            llm.encode(["def fibonacci(n):", "import numpy as np\n", "The quick brown fox"], use_tqdm=False)
+        )
+    ]  # conf/base.yaml's run.prompts
     assert lines == expected
     bad = run("task=embedding")
     assert bad.returncode == 2 and "task: Input should be 'generate' or 'embed'" in bad.stderr
@@ -200,11 +227,16 @@ def test_cli_run_task_embed_prints_one_line_per_prompt(tmp_path) -> None:  # typ
 def test_embed_bench_runs_on_cpu_against_hf(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from framework.bench_embed import run_embed_bench
+    from framework.entrypoints.bench.embed import run_embed_bench
 
-    config = load_config({"task": "embed", "device": "cpu", "model": {"pooling": "mean"},
-                          "bench": {"name": "t", "num_requests": 4, "input_len": [4, 24], "baselines": ["hf"],
-                                    "hf_batch_size": 2}})
+    config = load_config(
+        {
+            "task": "embed",
+            "device": "cpu",
+            "model": {"pooling": "mean"},
+            "bench": {"name": "t", "num_requests": 4, "input_len": [4, 24], "baselines": ["hf"], "hf_batch_size": 2},
+        }
+    )
     results = run_embed_bench(config, tmp_path)
     assert [r.engine for r in results] == ["mrv2 v2", "hf transformers"]
     assert results[0].num_inputs == 4 and results[0].input_tokens == results[1].input_tokens
@@ -238,8 +270,9 @@ def test_encode_leaves_other_callers_requests_running(tiny_llm_factory) -> None:
     assert not next(stream).finished
     llm.engine.add_request("other", [4, 5, 6], params)
     beside = llm.encode(texts, use_tqdm=False)
-    torch.testing.assert_close(torch.tensor([o.embedding for o in beside]), torch.tensor([o.embedding for o in alone]),
-                               atol=1e-5, rtol=1e-5)  # batched beside generation rows: summation order differs
+    torch.testing.assert_close(
+        torch.tensor([o.embedding for o in beside]), torch.tensor([o.embedding for o in alone]), atol=1e-5, rtol=1e-5
+    )  # batched beside generation rows: summation order differs
     assert "other" in llm.engine.scheduler.requests  # still running: its output is its caller's to collect
     rest = list(stream)
     assert rest and rest[-1].finished and rest[-1].finish_reason == "length"
@@ -247,11 +280,14 @@ def test_encode_leaves_other_callers_requests_running(tiny_llm_factory) -> None:
     assert llm.engine.is_idle()
 
 
-@pytest.mark.parametrize("params, message", [
-    ("mean", "pooling_params is a str, not a PoolingParams or a list of them"),
-    (SamplingParams(), "pooling_params is a SamplingParams, not a PoolingParams or a list of them"),
-    ([PoolingParams(), None], r"pooling_params\[1\] is None, not a PoolingParams"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ("mean", "pooling_params is a str, not a PoolingParams or a list of them"),
+        (SamplingParams(), "pooling_params is a SamplingParams, not a PoolingParams or a list of them"),
+        ([PoolingParams(), None], r"pooling_params\[1\] is None, not a PoolingParams"),
+    ],
+)
 def test_pooling_params_of_the_wrong_type_are_refused_by_name(tiny_llm, params, message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message):
         tiny_llm.encode(["a", "b"], params, use_tqdm=False)

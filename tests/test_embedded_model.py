@@ -96,7 +96,10 @@ def test_tiny_resolves_to_the_shipped_directory_when_present(tmp_path, monkeypat
 
 
 def test_unknown_preset_lists_the_shipped_names_too():
-    with pytest.raises(ValueError, match="embedded presets: jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-8b, qwen3-moe-tiny, random_tiny, tiny, whisper-base"):
+    with pytest.raises(
+        ValueError,
+        match="embedded presets: jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-8b, qwen3-moe-tiny, random_tiny, tiny, whisper-base",
+    ):
         LLM("nope", device="cpu")
 
 
@@ -118,7 +121,7 @@ def shipped_llm() -> LLM:
 def test_shipped_files_load_through_the_hf_directory_path(shipped_llm):
     from safetensors.torch import load_file
 
-    from framework.tokenizer import HFTokenizer
+    from framework.models.tokenizer import HFTokenizer
 
     assert isinstance(shipped_llm.tokenizer, HFTokenizer)
     config = json.loads((SHIPPED / "config.json").read_text())
@@ -162,9 +165,13 @@ def test_hf_transformers_loads_the_shipped_files_and_agrees_greedily(shipped_llm
         assert hf_tok(text, add_special_tokens=False)["input_ids"] == ids
         ours = shipped_llm.generate([text], GREEDY, use_tqdm=False)[0]
         with torch.no_grad():
-            theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=len(ours.token_ids),
-                                 pad_token_id=hf_tok.pad_token_id)[0, len(ids):].tolist()
+            theirs = hf.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=len(ours.token_ids),
+                pad_token_id=hf_tok.pad_token_id,
+            )[0, len(ids) :].tolist()
         assert ours.token_ids == theirs, text
         assert ours.text == hf_tok.decode(theirs, skip_special_tokens=True)
 
@@ -173,14 +180,27 @@ def test_hf_transformers_loads_the_shipped_files_and_agrees_greedily(shipped_llm
 def test_mrv2_run_prints_a_python_continuation(tmp_path):
     prompt = "def is_even(n):"
     env = dict(os.environ, HYDRA_FULL_ERROR="0", TMPDIR=str(tmp_path))
-    res = subprocess.run([sys.executable, "-m", "framework.cli", "run", f"run.prompts=[{json.dumps(prompt)}]",
-                          "sampler.max_tokens=24", "run.show_progress=false"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "framework.entrypoints.cli",
+            "run",
+            f"run.prompts=[{json.dumps(prompt)}]",
+            "sampler.max_tokens=24",
+            "run.show_progress=false",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     header, body = res.stdout.split("\n", 1)
     assert header.startswith("--- completion 0 (")
     assert body.startswith(prompt)
-    continuation = body[len(prompt):]
+    continuation = body[len(prompt) :]
     assert continuation.strip(), "no continuation printed"
     assert "\\x" not in continuation and "\ufffd" not in continuation  # text, not escaped bytes
 

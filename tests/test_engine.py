@@ -27,8 +27,9 @@ def test_seeded_request_same_alone_and_in_batch(tiny_llm_factory):
     alone = _run_alone(tiny_llm_factory, prompt, seeded)
     others = _prompts(8, seed=8)
     params = [SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)] * 8
-    outs = tiny_llm_factory().generate(others[:4] + [prompt] + others[4:], params[:4] + [seeded] + params[4:],
-                                       use_tqdm=False)
+    outs = tiny_llm_factory().generate(
+        others[:4] + [prompt] + others[4:], params[:4] + [seeded] + params[4:], use_tqdm=False
+    )
     assert outs[4].token_ids == alone
     # And the seed matters: another seed gives another sequence.
     other_seed = SamplingParams(temperature=0.9, top_p=0.9, seed=99, max_tokens=16, ignore_eos=True)
@@ -107,13 +108,16 @@ def test_stop_conditions(tiny_llm_factory):
     free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
     stop_at = free.token_ids[2]
     assert stop_at not in free.token_ids[:2]  # else the request would stop before index 2 (an echoing model)
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at]),
-                       use_tqdm=False)[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at]), use_tqdm=False)[
+        0
+    ]
     assert out.token_ids == free.token_ids[:3]
     assert out.finish_reason == "stop" and out.stop_reason == stop_at
     assert free.finish_reason == "length"
     # max_model_len caps the output.
-    capped = tiny_llm_factory(max_model_len=16).generate([list(range(10))], SamplingParams(max_tokens=50), use_tqdm=False)
+    capped = tiny_llm_factory(max_model_len=16).generate(
+        [list(range(10))], SamplingParams(max_tokens=50), use_tqdm=False
+    )
     assert len(capped[0].token_ids) == 6 and capped[0].finish_reason == "length"
 
 
@@ -186,8 +190,10 @@ def test_profile_run_leaves_no_state_behind(tiny_llm_factory):
 @pytest.mark.parametrize("small_cache", [False, True])
 def test_async_scheduling_gives_the_same_outputs(tiny_llm_factory, small_cache):
     prompts = _prompts(7, seed=9)
-    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=5 + 3 * i, ignore_eos=i % 2 == 0,
-                             stop_token_ids=[7, 9]) for i in range(7)]
+    params = [
+        SamplingParams(temperature=0.8, seed=i, max_tokens=5 + 3 * i, ignore_eos=i % 2 == 0, stop_token_ids=[7, 9])
+        for i in range(7)
+    ]
     kwargs = dict(num_kv_blocks=16, block_size=4, max_model_len=64, max_num_batched_tokens=8) if small_cache else {}
     sync = tiny_llm_factory(async_scheduling=False, **kwargs).generate(prompts, params, use_tqdm=False)
     llm = tiny_llm_factory(async_scheduling=True, **kwargs)
@@ -200,9 +206,9 @@ def test_async_scheduling_gives_the_same_outputs(tiny_llm_factory, small_cache):
 
 
 def test_shutdown_frees_the_kv_cache_and_refuses_new_requests() -> None:
-    from framework.engine import EngineDeadError
-    from framework.llm import LLM
-    from framework.sampling_params import SamplingParams
+    from framework.engine.core import EngineDeadError
+    from framework.entrypoints.llm import LLM
+    from framework.params.sampling_params import SamplingParams
 
     llm = LLM("random_tiny", device="cpu")
     assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)[0].token_ids
@@ -216,7 +222,7 @@ def test_shutdown_frees_the_kv_cache_and_refuses_new_requests() -> None:
 def test_async_output_landing_view_is_contiguous(shape) -> None:
     """The pinned buffer a step's tokens land in is viewed contiguously for any [R, k+1], k < K: a strided slice
     makes the non_blocking D2H copy wait for the device (seen as a step-long stall at k < K on the H200)."""
-    from framework.async_output import landing_view
+    from framework.runner.async_output import landing_view
 
     buffer = torch.arange(8 * 6, dtype=torch.int64)  # a runner's flat buffer: max_num_seqs 8, K + 1 = 6
     view = landing_view(buffer, shape)

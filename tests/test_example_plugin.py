@@ -29,9 +29,22 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source, target = root / "src", root / "site"
     shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "--quiet",
-         "--target", str(target), str(source)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--quiet",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
     )
     assert proc.returncode == 0, f"pip install of the example plugin failed:\n{proc.stdout}\n{proc.stderr}"
@@ -44,12 +57,11 @@ def _run_with_plugin(target: Path, code: str, cwd: Path) -> subprocess.Completed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), str(REPO), env.get("PYTHONPATH")) if p)
     script = cwd / "script.py"
     script.write_text(code)
-    return subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_not_registered_without_installing() -> None:
-    from framework.registry import MODEL_STATES
+    from framework.config.registry import MODEL_STATES
 
     assert "steering" not in MODEL_STATES.names()
 
@@ -57,8 +69,11 @@ def test_not_registered_without_installing() -> None:
 def test_guide_includes_exactly_the_package_files() -> None:
     text = GUIDE.read_text()
     included = set(SNIPPET.findall(text))
-    package_files = {str(p.relative_to(REPO)) for p in PLUGIN.rglob("*") if p.suffix in (".py", ".toml")
-                     and p.name != "__init__.py" and "__pycache__" not in p.parts}
+    package_files = {
+        str(p.relative_to(REPO))
+        for p in PLUGIN.rglob("*")
+        if p.suffix in (".py", ".toml") and p.name != "__init__.py" and "__pycache__" not in p.parts
+    }
     assert included == package_files
     # mkdocs renders the includes (pymdownx.snippets, base path = repository root)
     mkdocs = (REPO / "mkdocs.yml").read_text()
@@ -71,7 +86,7 @@ def test_plugin_discovered_selected_and_used(installed: Path, tmp_path: Path) ->
     blocks = [b for b in PYTHON_BLOCK.findall(GUIDE.read_text()) if "--8<--" not in b]
     assert blocks, "the guide has no runnable python block"
     checks = """
-from framework.registry import MODEL_STATES, MODELS
+from framework.config.registry import MODEL_STATES, MODELS
 assert MODEL_STATES._sources["steering"] == "entry point of 'mrv2-example-plugin'", MODEL_STATES._sources
 assert MODELS._sources["SteeredQwen3ForCausalLM"] == "entry point of 'mrv2-example-plugin'"
 assert type(llm.engine.runner.model).__name__ == "SteeredQwen3ForCausalLM"

@@ -1,4 +1,4 @@
-"""Full-step graphs (framework/step_graphs.py) on the CPU: the whole pure-decode step as one "replay".
+"""Full-step graphs (framework/runner/graphs/step_graphs.py) on the CPU: the whole pure-decode step as one "replay".
 
 `StaticInputsCapturer` (tests/fake_graphs.py) replays by running the captured step again, and fails if the
 step reads a storage it did not read at capture or reads device data on the host: what a real CUDA graph
@@ -24,11 +24,20 @@ from typing import Any
 import pytest
 import torch
 
-from framework.llm import LLM
-from framework.sampling_params import SamplingParams
-from framework.scheduler_output import SchedulerOutput
-from framework.step_graphs import (CUTOFF_STAGES, PENALTY_STAGES, PLAIN_STAGES, VARIANTS, FullStepGraphs, RowNeeds,
-                                   full_step_blocker, general_stages, graph_stages)
+from framework.entrypoints.llm import LLM
+from framework.params.sampling_params import SamplingParams
+from framework.params.scheduler_output import SchedulerOutput
+from framework.runner.graphs.step_graphs import (
+    CUTOFF_STAGES,
+    PENALTY_STAGES,
+    PLAIN_STAGES,
+    VARIANTS,
+    FullStepGraphs,
+    RowNeeds,
+    full_step_blocker,
+    general_stages,
+    graph_stages,
+)
 from samplers.states import SamplingStages
 
 try:
@@ -41,8 +50,14 @@ except ImportError:  # tests/ collected as a package
 pytestmark = pytest.mark.usefixtures("one_thread")
 GENERAL = general_stages(5)
 
-BASE = {"device": "cpu", "dtype": "float32", "seed": 0, "max_num_seqs": 6, "max_model_len": 64,
-        "async_scheduling": True}
+BASE = {
+    "device": "cpu",
+    "dtype": "float32",
+    "seed": 0,
+    "max_num_seqs": 6,
+    "max_model_len": 64,
+    "async_scheduling": True,
+}
 SAFE = [  # graph-safe sampling mixes
     SamplingParams(temperature=0.0),
     SamplingParams(temperature=0.8, seed=11),
@@ -78,10 +93,26 @@ def _work(params: list[SamplingParams], n: int = 9) -> list[tuple[int, list[int]
 
 
 def _with(p: SamplingParams, **changes: Any) -> SamplingParams:
-    fields = {k: getattr(p, k) for k in ("temperature", "top_k", "top_p", "min_p", "seed", "logprobs", "min_tokens",
-                                          "repetition_penalty", "frequency_penalty", "presence_penalty",
-                                          "logit_bias", "allowed_token_ids", "bad_words", "prompt_logprobs",
-                                          "stop_token_ids")}
+    fields = {
+        k: getattr(p, k)
+        for k in (
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p",
+            "seed",
+            "logprobs",
+            "min_tokens",
+            "repetition_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+            "logit_bias",
+            "allowed_token_ids",
+            "bad_words",
+            "prompt_logprobs",
+            "stop_token_ids",
+        )
+    }
     return SamplingParams(**{**fields, **changes})
 
 
@@ -145,8 +176,7 @@ def test_preemption_equals_eager() -> None:
     small = {"block_size": 4, "num_kv_blocks": 12, "max_model_len": 32}
     off, on = _llm(False, **small), _llm(True, **small)
     preempted = record_preemptions(on)
-    work = [(i, [3 + i, 7, 9, 11 + i], _with(SAFE[i % len(SAFE)], max_tokens=14, ignore_eos=True))
-            for i in range(5)]
+    work = [(i, [3 + i, 7, 9, 11 + i], _with(SAFE[i % len(SAFE)], max_tokens=14, ignore_eos=True)) for i in range(5)]
     _lockstep(off, on, work)
     assert preempted, "nothing was preempted"
     assert on.engine.runner.full_step_replays > 5
@@ -170,16 +200,21 @@ def test_blocker_names_each_reason() -> None:
 
     def needs(**kw: Any) -> Any:
         extra = {k: kw.pop(k) for k in ("prompt_logprobs", "pooling") if k in kw}
-        return lambda: RowNeeds(SamplingStages(**{**plain.__dict__, **kw}), extra.get("prompt_logprobs", False),
-                                extra.get("pooling", False))
+        return lambda: RowNeeds(
+            SamplingStages(**{**plain.__dict__, **kw}), extra.get("prompt_logprobs", False), extra.get("pooling", False)
+        )
 
     assert full_step_blocker(so([1, 1, 1]), 4, needs()) is None
     assert full_step_blocker(so([1, 5]), 4, needs()) == "not pure decode"
     assert full_step_blocker(so([1, 1], [0, 2]), 4, needs()) == "not pure decode"
     assert full_step_blocker(so([1] * 5), 4, needs()) == "more rows than the largest graph"
-    cases = {"prompt logprobs": {"prompt_logprobs": True}, "structured outputs": {"any_structured": True},
-             "bad_words": {"any_bad_words": True}, "logits processors": {"processors": (0,)},
-             "pooling": {"pooling": True}}
+    cases = {
+        "prompt logprobs": {"prompt_logprobs": True},
+        "structured outputs": {"any_structured": True},
+        "bad_words": {"any_bad_words": True},
+        "logits processors": {"processors": (0,)},
+        "pooling": {"pooling": True},
+    }
     for reason, kw in cases.items():
         assert full_step_blocker(so([1, 1]), 4, needs(**kw)) == reason
     inside = {"num_logprobs": 0, "any_allowed_tokens": True, "any_min_tokens": True, "any_logit_bias": True}
@@ -206,12 +241,14 @@ def test_a_tensor_reallocated_after_capture_is_caught(caplog: pytest.LogCaptureF
     rs = on.engine.runner.request_state
     rs.last_sampled = rs.last_sampled.clone()
     _drive(on)
-    assert ("StaticInputsViolation: the replayed step read 1 storage(s) it did not read at capture and made host "
-            "read(s) of device data: []") in caplog.text
+    assert (
+        "StaticInputsViolation: the replayed step read 1 storage(s) it did not read at capture and made host "
+        "read(s) of device data: []"
+    ) in caplog.text
 
 
 def test_a_host_read_inside_the_step_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    import framework.step_graphs as sg
+    import framework.runner.graphs.step_graphs as sg
 
     prepare = sg.prepare_inputs
 
@@ -227,7 +264,7 @@ def test_a_host_read_inside_the_step_is_caught(monkeypatch: pytest.MonkeyPatch) 
 
 def test_padding_rows_storing_kv_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Padding rows whose KV stores land (in the dummy row's block 0, a live request's block) change tokens."""
-    import framework.step_graphs as sg
+    import framework.runner.graphs.step_graphs as sg
 
     monkeypatch.setattr(sg, "skip_padding_stores", lambda kv_slots, idx, dummy: kv_slots)
     off, on = _llm(False), _llm(True)
@@ -252,7 +289,7 @@ def _drive(llm: LLM) -> None:
 def test_on_by_default_and_unsupported_configs_say_why(caplog: pytest.LogCaptureFixture) -> None:
     assert LLM("tiny", **BASE).config.runner.full_step_cuda_graphs is True  # measured on the H200: it pays
     ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
-    with caplog.at_level(logging.INFO, logger="framework.model_runner"):
+    with caplog.at_level(logging.INFO, logger="framework.runner.model_runner"):
         spec = _llm(True, speculative_config=ngram)
         hybrid = LLM("jamba-tiny", **{**BASE, "full_step_cuda_graphs": True})
         hybrid.engine.runner.capture_cuda_graphs(EagerReplayCapturer())  # its CPU conv reference reads the host
@@ -269,9 +306,11 @@ def test_full_step_graphs_capture_both_variants_per_size() -> None:
     assert graphs.general == general_stages(20)  # sampler.max_logprobs
 
 
-PENALISED = [SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.6),
-             SamplingParams(temperature=0.9, seed=31, presence_penalty=1.0, top_p=0.9),
-             SamplingParams(temperature=0.0)]
+PENALISED = [
+    SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.6),
+    SamplingParams(temperature=0.9, seed=31, presence_penalty=1.0, top_p=0.9),
+    SamplingParams(temperature=0.0),
+]
 
 
 def test_penalty_counts_advance_inside_the_graph() -> None:
@@ -293,24 +332,30 @@ def test_the_triton_kernels_of_the_step_read_only_static_inputs(monkeypatch: pyt
     step, under the interpreter: their wrappers read nothing on the host and nothing allocated after capture. A
     bf16 model's steps hand the fused sampler its bf16 logits, or a float32 copy while a row has penalties (the
     penalty variant), captured or eager alike."""
-    import framework.kernels.input_prep
+    import framework.layers.kernels.input_prep
     import samplers.penalties
     import samplers.penalty_counts
     import samplers.sampler
 
-    monkeypatch.setattr(framework.kernels.input_prep, "use_triton", lambda tensor, force=None: True)
+    monkeypatch.setattr(framework.layers.kernels.input_prep, "use_triton", lambda tensor, force=None: True)
     for module in (samplers.penalties, samplers.penalty_counts, samplers.sampler):
         monkeypatch.setattr(module, "use_triton", lambda tensor: True)
     calls: list[str] = []
-    kernels = ((samplers.sampler, "sample_fused_triton"), (framework.kernels.input_prep, "post_update_triton"),
-               (samplers.penalties, "apply_penalties_triton"))
+    kernels = (
+        (samplers.sampler, "sample_fused_triton"),
+        (framework.layers.kernels.input_prep, "post_update_triton"),
+        (samplers.penalties, "apply_penalties_triton"),
+    )
     for module, name in kernels:
         fn = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _fn=fn, _name=name, **k: (calls.append(_name), _fn(*a, **k))[1])
     fed: list[torch.dtype] = []
     sample = samplers.sampler.sample_fused_triton
-    monkeypatch.setattr(samplers.sampler, "sample_fused_triton",
-                        lambda logits, *a, **k: fed.append(logits.dtype) or sample(logits, *a, **k))
+    monkeypatch.setattr(
+        samplers.sampler,
+        "sample_fused_triton",
+        lambda logits, *a, **k: fed.append(logits.dtype) or sample(logits, *a, **k),
+    )
     small = {"max_num_seqs": 4, "dtype": dtype}
     off, on = _llm(False, model="random_tiny", **small), _llm(True, model="random_tiny", **small)
     params = [SAFE[0], SAFE[2], PENALISED[1]]
@@ -328,9 +373,11 @@ def test_structured_rows_fall_back_and_the_rest_replay() -> None:
 
     off, on = _llm(False, model="random_tiny"), _llm(True, model="random_tiny")
     regex = StructuredOutputsParams(regex=r"[a-z]{3,6}-[0-9]{2}")
-    work = [(0, [5, 6, 7], _with(SAFE[1], max_tokens=20, ignore_eos=True)),
-            (1, [8, 9], _with(SAFE[2], max_tokens=22, ignore_eos=True)),
-            (4, [3, 4, 5], SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=regex))]
+    work = [
+        (0, [5, 6, 7], _with(SAFE[1], max_tokens=20, ignore_eos=True)),
+        (1, [8, 9], _with(SAFE[2], max_tokens=22, ignore_eos=True)),
+        (4, [3, 4, 5], SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=regex)),
+    ]
     tokens = _lockstep(off, on, work)
     r = on.engine.runner
     assert r.full_step_fallbacks["structured outputs"] > 0 and r.full_step_replays > 5

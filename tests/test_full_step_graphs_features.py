@@ -1,5 +1,5 @@
 """Full-step graphs' general variant on the CPU: logprobs, min_tokens, logit_bias and allowed_token_ids inside
-the replayed step (framework/step_graphs.py), checked with `StaticInputsCapturer` (tests/fake_graphs.py).
+the replayed step (framework/runner/graphs/step_graphs.py), checked with `StaticInputsCapturer` (tests/fake_graphs.py).
 
 The claims:
 - with these features mixed into the sampling mixes (with plain, cutoff and penalised rows), full-step graphs on
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from framework.sampling_params import SamplingParams
+from framework.params.sampling_params import SamplingParams
 
 try:
     from graph_lockstep import record_preemptions
@@ -88,8 +88,9 @@ def test_general_variant_with_preemption_equals_eager() -> None:
     small = {"block_size": 4, "num_kv_blocks": 12, "max_model_len": 32}
     off, on = _llm(False, **small), _llm(True, **small)
     preempted = record_preemptions(on)
-    work = [(i, [3 + i, 7, 9, 11 + i], _with(FEATURES[i % len(FEATURES)], max_tokens=14, ignore_eos=True))
-            for i in range(6)]
+    work = [
+        (i, [3 + i, 7, 9, 11 + i], _with(FEATURES[i % len(FEATURES)], max_tokens=14, ignore_eos=True)) for i in range(6)
+    ]
     tokens = _lockstep(off, on, list(work))
     _check_features_acted(tokens, work)
     assert preempted, "nothing was preempted"
@@ -102,15 +103,17 @@ def test_general_variant_with_preemption_equals_eager() -> None:
 def test_a_bias_table_widened_after_capture_falls_back_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """Room for 8 bias entries per slot at capture; a request with 12 widens the table (a new tensor): from then on
     the general variant's steps fall back, and the tokens stay those of the eager path."""
-    import framework.step_graphs as sg
+    import framework.runner.graphs.step_graphs as sg
 
     monkeypatch.setattr(sg, "LOGIT_BIAS_WIDTH", 8)
     off, on = _llm(False), _llm(True)
     assert on.engine.runner.sampling_states.logit_bias.tokens.width == 8
     wide = {t: 0.5 * (t % 5) for t in range(20, 32)}
-    work = [(0, [4, 5, 6], _with(FEATURES[3], max_tokens=16, ignore_eos=True)),
-            (1, [7, 8], _with(SAFE[1], max_tokens=18, ignore_eos=True)),
-            (6, [9, 10, 11], SamplingParams(temperature=0.0, logit_bias=wide, max_tokens=6, ignore_eos=True))]
+    work = [
+        (0, [4, 5, 6], _with(FEATURES[3], max_tokens=16, ignore_eos=True)),
+        (1, [7, 8], _with(SAFE[1], max_tokens=18, ignore_eos=True)),
+        (6, [9, 10, 11], SamplingParams(temperature=0.0, logit_bias=wide, max_tokens=6, ignore_eos=True)),
+    ]
     _lockstep(off, on, work)
     r = on.engine.runner
     assert r.sampling_states.logit_bias.tokens.width == 16
@@ -118,17 +121,19 @@ def test_a_bias_table_widened_after_capture_falls_back_named(monkeypatch: pytest
     assert r.full_step_replays > 3  # the general variant's steps before the widening, the plain rows' after
 
 
-def test_a_bias_table_reallocated_behind_the_guard_is_caught(monkeypatch: pytest.MonkeyPatch,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
-    import framework.step_graphs as sg
+def test_a_bias_table_reallocated_behind_the_guard_is_caught(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import framework.runner.graphs.step_graphs as sg
 
     monkeypatch.setattr(sg, "_widenable_tables", lambda states: ())  # the guard never sees a change
     on = _llm(True)
     bias = on.engine.runner.sampling_states.logit_bias
     bias.values.values = bias.values.values.clone()
     for i in range(2):
-        on.engine.add_request(f"b{i}", [4, 5 + i], SamplingParams(temperature=0.0, logit_bias={3: 1.0}, max_tokens=4,
-                                                                  ignore_eos=True))
+        on.engine.add_request(
+            f"b{i}", [4, 5 + i], SamplingParams(temperature=0.0, logit_bias={3: 1.0}, max_tokens=4, ignore_eos=True)
+        )
     _drive(on)
     assert "StaticInputsViolation: the replayed step read 1 storage(s) it did not read at capture" in caplog.text
 
@@ -137,7 +142,7 @@ def test_a_bias_table_reallocated_behind_the_guard_is_caught(monkeypatch: pytest
 def test_a_general_variant_missing_a_stage_is_caught(monkeypatch: pytest.MonkeyPatch, stage: str, row: int) -> None:
     import dataclasses
 
-    import framework.step_graphs as sg
+    import framework.runner.graphs.step_graphs as sg
 
     general = sg.general_stages
     monkeypatch.setattr(sg, "general_stages", lambda k: dataclasses.replace(general(k), **{stage: False}))
@@ -150,7 +155,7 @@ def test_a_general_variant_missing_a_stage_is_caught(monkeypatch: pytest.MonkeyP
 def test_the_general_variant_triton_kernels_read_only_static_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU's kernels of the general variant (masks, bias, logprob stats, the fused sampler) inside the
     captured step, under the interpreter: nothing read on the host, nothing allocated after capture."""
-    import framework.kernels.input_prep
+    import framework.layers.kernels.input_prep
     import samplers.allowed_tokens
     import samplers.logit_bias
     import samplers.logprobs
@@ -159,23 +164,36 @@ def test_the_general_variant_triton_kernels_read_only_static_inputs(monkeypatch:
     import samplers.penalty_counts
     import samplers.sampler
 
-    monkeypatch.setattr(framework.kernels.input_prep, "use_triton", lambda tensor, force=None: True)
-    modules = (samplers.penalties, samplers.penalty_counts, samplers.sampler, samplers.allowed_tokens,
-               samplers.logit_bias, samplers.logprobs, samplers.min_tokens)
+    monkeypatch.setattr(framework.layers.kernels.input_prep, "use_triton", lambda tensor, force=None: True)
+    modules = (
+        samplers.penalties,
+        samplers.penalty_counts,
+        samplers.sampler,
+        samplers.allowed_tokens,
+        samplers.logit_bias,
+        samplers.logprobs,
+        samplers.min_tokens,
+    )
     for module in modules:
         monkeypatch.setattr(module, "use_triton", lambda tensor: True)
     calls: list[str] = []
-    kernels = ((samplers.allowed_tokens, "apply_allowed_tokens_triton"),
-               (samplers.logit_bias, "apply_logit_bias_triton"), (samplers.min_tokens, "apply_min_tokens_triton"), (samplers.logprobs, "logprobs_stats_triton"),
-               (samplers.sampler, "sample_fused_triton"))
+    kernels = (
+        (samplers.allowed_tokens, "apply_allowed_tokens_triton"),
+        (samplers.logit_bias, "apply_logit_bias_triton"),
+        (samplers.min_tokens, "apply_min_tokens_triton"),
+        (samplers.logprobs, "logprobs_stats_triton"),
+        (samplers.sampler, "sample_fused_triton"),
+    )
     for module, name in kernels:
         fn = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _fn=fn, _name=name, **k: (calls.append(_name), _fn(*a, **k))[1])
     small = {"max_num_seqs": 3}
     off, on = _llm(False, model="random_tiny", **small), _llm(True, model="random_tiny", **small)
-    params = [SamplingParams(temperature=0.0, logprobs=2, logit_bias={7: 2.0}),
-              SamplingParams(temperature=0.9, seed=3, allowed_token_ids=[2, 4, 6, 8, 10]),
-              SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[5], logit_bias={5: 30.0})]
+    params = [
+        SamplingParams(temperature=0.0, logprobs=2, logit_bias={7: 2.0}),
+        SamplingParams(temperature=0.9, seed=3, allowed_token_ids=[2, 4, 6, 8, 10]),
+        SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[5], logit_bias={5: 30.0}),
+    ]
     work = [(i, [5 + i, 9, 2 + i], _with(params[i], max_tokens=5, ignore_eos=True)) for i in range(3)]
     _lockstep(off, on, work)
     assert on.engine.runner.full_step_replays >= 3
@@ -187,9 +205,11 @@ def test_processed_logprobs_fall_back_named() -> None:
     off = _llm(False, logprobs_mode="processed_logprobs")
     on = _llm(True, logprobs_mode="processed_logprobs")
     assert on.engine.runner.step_graphs.general.num_logprobs == -1
-    work = [(0, [4, 5, 6], _with(FEATURES[2], max_tokens=12, ignore_eos=True)),
-            (1, [7, 8], _with(FEATURES[4], logprobs=None, max_tokens=14, ignore_eos=True)),
-            (7, [9, 10], _with(FEATURES[0], max_tokens=5, ignore_eos=True))]
+    work = [
+        (0, [4, 5, 6], _with(FEATURES[2], max_tokens=12, ignore_eos=True)),
+        (1, [7, 8], _with(FEATURES[4], logprobs=None, max_tokens=14, ignore_eos=True)),
+        (7, [9, 10], _with(FEATURES[0], max_tokens=5, ignore_eos=True)),
+    ]
     _lockstep(off, on, work)
     r = on.engine.runner
     assert r.full_step_fallbacks["processed logprobs"] > 0 and r.full_step_replays > 5, r.full_step_fallbacks

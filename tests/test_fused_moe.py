@@ -11,10 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.kernels.fused_moe import (
-    MoeLaunchConfig, fused_moe, fused_moe_reference, fused_moe_triton, moe_launch_config,
+from framework.layers.kernels.fused_moe import (
+    MoeLaunchConfig,
+    fused_moe,
+    fused_moe_reference,
+    fused_moe_triton,
+    moe_launch_config,
 )
-from framework.kernels.moe_align import moe_align_reference, moe_align_triton
+from framework.layers.kernels.moe_align import moe_align_reference, moe_align_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Small tiles so that the interpreter crosses tile boundaries in every dimension.
@@ -22,8 +26,9 @@ SMALL = MoeLaunchConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_sta
 CONFIGS = [SMALL, *{moe_launch_config(n, 8) for n in (8, 256, 4096)}]
 
 
-def _problem(m: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, seed: int,
-             ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+def _problem(
+    m: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, seed: int, ids: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
     """(x [m, h], gate_up [e, 2, i, h], down [e, h, i], weights [m, k], ids [m, k]) with softmax top-k routing
     (or the given expert ids, weighted at random)."""
     g = torch.Generator().manual_seed(seed)
@@ -35,8 +40,7 @@ def _problem(m: int, h: int, i: int, e: int, k: int, dtype: torch.dtype, seed: i
         weights, ids = probs.topk(k, dim=-1)
     else:
         weights = torch.rand(ids.shape, generator=g)
-    return (x.to(DEVICE, dtype), gate_up.to(DEVICE, dtype), down.to(DEVICE, dtype), weights.to(DEVICE),
-            ids.to(DEVICE))
+    return (x.to(DEVICE, dtype), gate_up.to(DEVICE, dtype), down.to(DEVICE, dtype), weights.to(DEVICE), ids.to(DEVICE))
 
 
 def _assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
@@ -52,12 +56,15 @@ def _assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("m,h,i,e,k", [
-    (1, 32, 16, 4, 2),  # a single token
-    (7, 48, 40, 6, 2),  # sizes off the tile grid, experts left empty or not
-    (5, 32, 24, 3, 3),  # top-k = number of experts: every expert gets every token
-    (40, 32, 32, 8, 2),  # 80 rows: several blocks per expert
-])
+@pytest.mark.parametrize(
+    "m,h,i,e,k",
+    [
+        (1, 32, 16, 4, 2),  # a single token
+        (7, 48, 40, 6, 2),  # sizes off the tile grid, experts left empty or not
+        (5, 32, 24, 3, 3),  # top-k = number of experts: every expert gets every token
+        (40, 32, 32, 8, 2),  # 80 rows: several blocks per expert
+    ],
+)
 def test_kernel_matches_reference(dtype: torch.dtype, m: int, h: int, i: int, e: int, k: int) -> None:
     x, gate_up, down, weights, ids = _problem(m, h, i, e, k, dtype, seed=m * 100 + e)
     ref = fused_moe_reference(x, gate_up, down, weights, ids)
@@ -109,12 +116,23 @@ def test_kernel_detects_a_misrouted_row() -> None:
 
 
 @pytest.mark.parametrize("align_fn", [moe_align_reference, moe_align_triton], ids=["torch", "triton"])
-@pytest.mark.parametrize("m,e,k,block_m", [
-    (1, 8, 2, 16), (13, 5, 3, 4), (40, 4, 4, 16), (9, 128, 8, 16),
-    (100, 6, 2, 16),  # 200 rows: the Triton scan crosses chunks of 128 rows
-])
-def test_alignment_groups_rows_by_expert(align_fn, m: int, e: int, k: int,  # type: ignore[no-untyped-def]
-                                         block_m: int) -> None:
+@pytest.mark.parametrize(
+    "m,e,k,block_m",
+    [
+        (1, 8, 2, 16),
+        (13, 5, 3, 4),
+        (40, 4, 4, 16),
+        (9, 128, 8, 16),
+        (100, 6, 2, 16),  # 200 rows: the Triton scan crosses chunks of 128 rows
+    ],
+)
+def test_alignment_groups_rows_by_expert(
+    align_fn,
+    m: int,
+    e: int,
+    k: int,  # type: ignore[no-untyped-def]
+    block_m: int,
+) -> None:
     g = torch.Generator().manual_seed(m + e)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(m)]).to(DEVICE)
     align = align_fn(ids, e, block_m)
@@ -130,7 +148,7 @@ def test_alignment_groups_rows_by_expert(align_fn, m: int, e: int, k: int,  # ty
     assert all(r == n for r in rows[num_padded:]), "past the padded total: padding only"
     flat = ids.flatten().tolist()
     for block in range(num_padded // block_m):
-        block_rows = [r for r in rows[block * block_m:(block + 1) * block_m] if r < n]
+        block_rows = [r for r in rows[block * block_m : (block + 1) * block_m] if r < n]
         assert block_rows, "a padded block holds at least one row (experts without rows get no block)"
         assert all(flat[r] == experts[block] for r in block_rows), "a block belongs to one expert"
         assert block_rows == sorted(block_rows), "rows of an expert keep token order"
@@ -152,21 +170,23 @@ def test_reference_matches_hf_expert_loop() -> None:
     """`fused_moe_reference` equals transformers' own `Qwen3MoeExperts` on the same weights and routing
     (its gate_up_proj is [E, 2I, H] with gate first: our [E, 2, I, H] viewed flat)."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=24, num_experts=6,
-                                         num_experts_per_tok=2, hidden_act="silu")
+    config = transformers.Qwen3MoeConfig(
+        hidden_size=32, moe_intermediate_size=24, num_experts=6, num_experts_per_tok=2, hidden_act="silu"
+    )
     experts = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeExperts(config)
     x, gate_up, down, weights, ids = _problem(11, 32, 24, 6, 2, torch.float32, seed=11)
     with torch.no_grad():
         experts.gate_up_proj.copy_(gate_up.cpu().reshape(6, 48, 32))
         experts.down_proj.copy_(down.cpu())
         expected = experts(x.cpu(), ids.cpu(), weights.cpu())
-    torch.testing.assert_close(fused_moe_reference(x, gate_up, down, weights, ids).cpu(), expected,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        fused_moe_reference(x, gate_up, down, weights, ids).cpu(), expected, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_dispatcher_uses_the_kernel_when_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     """`MRV2_ATTENTION_BACKEND=triton` (the layer ops' switch) runs the kernels; the result is the reference's."""
-    import framework.kernels.fused_moe as module
+    import framework.layers.kernels.fused_moe as module
 
     calls: list[int] = []
     kernel = module.fused_moe_triton
@@ -177,15 +197,18 @@ def test_dispatcher_uses_the_kernel_when_forced(monkeypatch: pytest.MonkeyPatch)
     assert calls == [1]
 
 
-@pytest.mark.parametrize("change,message", [
-    (lambda a: {**a, "x": a["x"][None]}, "x must be"),
-    (lambda a: {**a, "gate_up": a["gate_up"][:, :1]}, "gate_up must be"),
-    (lambda a: {**a, "down": a["down"].transpose(1, 2)}, "down must be"),
-    (lambda a: {**a, "topk_ids": a["topk_ids"][:2]}, "topk_ids must be"),
-    (lambda a: {**a, "topk_weights": a["topk_weights"][:, :1]}, "topk_weights"),
-    (lambda a: {**a, "topk_ids": a["topk_ids"].float()}, "int32 or int64"),
-    (lambda a: {**a, "down": a["down"].double()}, "must have x's dtype"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda a: {**a, "x": a["x"][None]}, "x must be"),
+        (lambda a: {**a, "gate_up": a["gate_up"][:, :1]}, "gate_up must be"),
+        (lambda a: {**a, "down": a["down"].transpose(1, 2)}, "down must be"),
+        (lambda a: {**a, "topk_ids": a["topk_ids"][:2]}, "topk_ids must be"),
+        (lambda a: {**a, "topk_weights": a["topk_weights"][:, :1]}, "topk_weights"),
+        (lambda a: {**a, "topk_ids": a["topk_ids"].float()}, "int32 or int64"),
+        (lambda a: {**a, "down": a["down"].double()}, "must have x's dtype"),
+    ],
+)
 def test_bad_inputs_name_the_problem(change, message: str) -> None:  # type: ignore[no-untyped-def]
     x, gate_up, down, weights, ids = _problem(4, 32, 16, 4, 2, torch.float32, seed=2)
     args = change({"x": x, "gate_up": gate_up, "down": down, "topk_weights": weights, "topk_ids": ids})

@@ -14,12 +14,15 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from framework import LLM, SamplingParams, load_config
 from leak_check import assert_engine_drained
 
-SMALL = {"cache": {"block_size": 4, "num_blocks": 16, "enable_prefix_caching": True}, "model": {"preset": "random_tiny", "max_model_len": 64},
-         "scheduler": {"max_num_batched_tokens": 16, "max_num_seqs": 4, "check_invariants": True}}
+from framework import LLM, SamplingParams, load_config
+
+SMALL = {
+    "cache": {"block_size": 4, "num_blocks": 16, "enable_prefix_caching": True},
+    "model": {"preset": "random_tiny", "max_model_len": 64},
+    "scheduler": {"max_num_batched_tokens": 16, "max_num_seqs": 4, "check_invariants": True},
+}
 MAX_STEPS = 3000  # a request that has not ended by then hangs
 _engines: dict = {}
 _alone: dict = {}
@@ -32,8 +35,12 @@ SHARED_PREFIX = tuple(random.Random(99).randrange(320) for _ in range(24))
 def _engine(runner: str, async_scheduling: bool):
     key = (runner, async_scheduling)
     if key not in _engines:
-        cfg = {**SMALL, "device": "cpu", "runner": {"kind": runner},
-               "scheduler": {**SMALL["scheduler"], "async_scheduling": async_scheduling}}
+        cfg = {
+            **SMALL,
+            "device": "cpu",
+            "runner": {"kind": runner},
+            "scheduler": {**SMALL["scheduler"], "async_scheduling": async_scheduling},
+        }
         _engines[key] = LLM(config=load_config(cfg)).engine
     return _engines[key]
 
@@ -53,11 +60,22 @@ def _params(rng: random.Random, greedy: bool, max_tokens: int, full: bool) -> Sa
         return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     extra = {}
     if full:  # V2 only: penalties and logprobs
-        extra = dict(presence_penalty=rng.choice([0.0, 0.5]), repetition_penalty=rng.choice([1.0, 1.2]),
-                     logprobs=rng.choice([None, 0, 3]), min_tokens=rng.choice([0, 1]))
-    return SamplingParams(temperature=rng.choice([0.5, 1.0]), top_k=rng.choice([0, 5]), top_p=rng.choice([1.0, 0.8]),
-                          min_p=rng.choice([0.0, 0.1]), seed=rng.randrange(1000), max_tokens=max_tokens,
-                          ignore_eos=rng.random() < 0.7, **extra)
+        extra = dict(
+            presence_penalty=rng.choice([0.0, 0.5]),
+            repetition_penalty=rng.choice([1.0, 1.2]),
+            logprobs=rng.choice([None, 0, 3]),
+            min_tokens=rng.choice([0, 1]),
+        )
+    return SamplingParams(
+        temperature=rng.choice([0.5, 1.0]),
+        top_k=rng.choice([0, 5]),
+        top_p=rng.choice([1.0, 0.8]),
+        min_p=rng.choice([0.0, 0.1]),
+        seed=rng.randrange(1000),
+        max_tokens=max_tokens,
+        ignore_eos=rng.random() < 0.7,
+        **extra,
+    )
 
 
 def drive(engine, runner: str, ops: list, seed: int) -> int:
@@ -123,7 +141,8 @@ OPS = st.lists(
         st.tuples(st.just("abort"), st.integers(0, 50)),
         st.tuples(st.just("steps"), st.integers(1, 6)),
     ),
-    min_size=1, max_size=14,
+    min_size=1,
+    max_size=14,
 )
 
 
@@ -132,8 +151,14 @@ OPS = st.lists(
 def test_fuzzed_schedules_lose_nothing(runner, async_scheduling, one_thread):
     engine = _engine(runner, async_scheduling)
 
-    @settings(max_examples=25, derandomize=True, deadline=None, database=None, print_blob=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=25,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(ops=OPS, seed=st.integers(0, 2**16))
     def run(ops, seed):
         drive(engine, runner, ops, seed)
@@ -166,8 +191,12 @@ def test_soak(one_thread):
 def test_faults_under_preemption_leak_nothing(runner, async_scheduling, one_thread):
     """The runner raises every few steps while requests finish, get preempted and resume: every request still
     ends exactly once, and no block or slot leaks (a failed step's releases must still reach the runner)."""
-    cfg = {**SMALL, "device": "cpu", "runner": {"kind": runner},
-           "scheduler": {**SMALL["scheduler"], "async_scheduling": async_scheduling}}
+    cfg = {
+        **SMALL,
+        "device": "cpu",
+        "runner": {"kind": runner},
+        "scheduler": {**SMALL["scheduler"], "async_scheduling": async_scheduling},
+    }
     engine = LLM(config=load_config(cfg)).engine
     original, calls = engine.runner.execute_model, {"n": 0}
 
@@ -182,8 +211,11 @@ def test_faults_under_preemption_leak_nothing(runner, async_scheduling, one_thre
     sent, ended = [], {}
     for i in range(30):
         sent.append(f"f{i}")
-        engine.add_request(sent[-1], [rng.randrange(320) for _ in range(rng.randint(1, 40))],
-                           SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 20), ignore_eos=True))
+        engine.add_request(
+            sent[-1],
+            [rng.randrange(320) for _ in range(rng.randint(1, 40))],
+            SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 20), ignore_eos=True),
+        )
         for _ in range(rng.randint(0, 3)):
             for out in engine.step():
                 assert out.request_id not in ended

@@ -14,15 +14,15 @@ import random
 import pytest
 import torch
 
-from framework.block_tables import BlockTables
-from framework.input_batch import build_input_batch
-from framework.kernels.input_prep import post_update
-from framework.request_state import RequestState
-from framework.sampling_params import SamplingParams
-from framework.scheduler_output import NewRequestData, SchedulerOutput
+from framework.batch.block_tables import BlockTables
+from framework.batch.input_batch import build_input_batch
+from framework.batch.request_state import RequestState
+from framework.layers.kernels.input_prep import post_update
+from framework.params.sampling_params import SamplingParams
+from framework.params.scheduler_output import NewRequestData, SchedulerOutput
 from model_states.default import DefaultModelState
-from speculators.draft_heads import DraftHead, Eagle3Head
 from speculators.draft_graphs import DraftStepGraphs
+from speculators.draft_heads import DraftHead, Eagle3Head
 from speculators.draft_inputs import prepare_draft_inputs_reference, prepare_draft_inputs_triton
 from speculators.head_drafter import HeadDrafter
 from speculators.interface import ProposeInputs
@@ -51,8 +51,9 @@ class FakeTargetRun:
         self.seq: dict[str, list[int]] = {}  # true tokens (prompt, then output)
         self.computed: dict[str, int] = {}
         self.drafts: dict[str, list[int]] = {}
-        self.blocks = {r: list(range(i * MAX_LEN // BLOCK_SIZE, (i + 1) * MAX_LEN // BLOCK_SIZE))
-                       for i, r in enumerate("abc")}
+        self.blocks = {
+            r: list(range(i * MAX_LEN // BLOCK_SIZE, (i + 1) * MAX_LEN // BLOCK_SIZE)) for i, r in enumerate("abc")
+        }
 
     def add(self, rid: str, prompt: list[int]) -> NewRequestData:
         self.seq[rid], self.computed[rid], self.drafts[rid] = list(prompt), 0, []
@@ -75,7 +76,9 @@ class FakeTargetRun:
         out = SchedulerOutput(ids, num_sched, num_draft, new, [], num_propose_tokens=K)
         batch = build_input_batch(out, self.state, torch.device("cpu"))
         meta = self.model_state.prepare_attn_metadata(batch, self.tables)
-        hidden = torch.cat([self.true_hidden[r][self.computed[r]:self.computed[r] + n] for r, n in zip(ids, num_sched)])
+        hidden = torch.cat(
+            [self.true_hidden[r][self.computed[r] : self.computed[r] + n] for r, n in zip(ids, num_sched)]
+        )
         sampled = torch.zeros(len(ids), K + 1, dtype=torch.int64)
         num_sampled, num_rejected = [], []
         for i, (rid, n) in enumerate(zip(ids, num_sched)):
@@ -96,8 +99,17 @@ class FakeTargetRun:
             seq.extend(tokens)
         ns, nr = torch.tensor(num_sampled, dtype=torch.int32), torch.tensor(num_rejected, dtype=torch.int32)
         rs = self.state
-        post_update(batch.idx_mapping, batch.query_lens, sampled, ns, nr, rs.all_token_ids, rs.total_len,
-                    rs.num_computed, rs.last_sampled)
+        post_update(
+            batch.idx_mapping,
+            batch.query_lens,
+            sampled,
+            ns,
+            nr,
+            rs.all_token_ids,
+            rs.total_len,
+            rs.num_computed,
+            rs.last_sampled,
+        )
         aux = tuple(hidden.chunk(3, dim=-1)) if self.drafter.aux_layer_ids else ()
         capacity = torch.full((len(ids),), MAX_LEN, dtype=torch.int32)  # every request holds all its blocks
         inputs = ProposeInputs(batch, hidden, aux, sampled, ns, nr, rs, K, meta, capacity)
@@ -150,8 +162,7 @@ def eager_draft_graphs(drafter: HeadDrafter, sizes: list[int], ks: list[int], ma
 GRAPH_CASES = [(kind, kwargs, ()) for kind, kwargs in KINDS] + [("mtp", {}, (2, 4))]
 
 
-@pytest.mark.parametrize("kind,kwargs,graph_sizes", GRAPH_CASES,
-                         ids=[k for k, _ in KINDS] + ["mtp-graph-buffers"])
+@pytest.mark.parametrize("kind,kwargs,graph_sizes", GRAPH_CASES, ids=[k for k, _ in KINDS] + ["mtp-graph-buffers"])
 def test_paged_drafting_equals_full_sequence_reference(kind: str, kwargs: dict, graph_sizes: tuple) -> None:
     head = random_head(kind, seed=3, **kwargs)
     run = FakeTargetRun(head, seed=11, graph_sizes=graph_sizes)

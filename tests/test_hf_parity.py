@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from framework.llm import LLM
-from framework.request import RequestOutput
-from framework.sampling_params import SamplingParams
+from framework.engine.request import RequestOutput
+from framework.entrypoints.llm import LLM
+from framework.params.sampling_params import SamplingParams
 
 try:
     from hf_models import SPEC_BY_NAME, SPECS, hf_greedy, hf_logits, random_prompts, save_tiny_checkpoint
@@ -167,8 +167,9 @@ def test_logits_close_to_hf(checkpoint, mrv2_runs, scenario: str) -> None:  # ty
         for seq_len, row in rows:
             expected = reference[seq_len - 1]
             worst = max(worst, (row - expected).abs().max().item())
-            torch.testing.assert_close(row, expected, atol=LOGITS_ATOL, rtol=LOGITS_RTOL,
-                                       msg=lambda m: f"prompt {i}, seq_len {seq_len}: {m}")
+            torch.testing.assert_close(
+                row, expected, atol=LOGITS_ATOL, rtol=LOGITS_RTOL, msg=lambda m: f"prompt {i}, seq_len {seq_len}: {m}"
+            )
         # Greedy consistency: each decode row's argmax is the token mrv2 emitted next.
         for seq_len, row in rows:
             if seq_len >= len(prompt):

@@ -15,27 +15,44 @@ from pathlib import Path
 import pytest
 import torch
 
-from framework.llm import LLM
+from framework.entrypoints.llm import LLM
 from framework.models.moe import MoeForCausalLM
-from framework.sampling_params import SamplingParams
+from framework.params.sampling_params import SamplingParams
 
 try:
     from hf_models import hf_greedy, hf_logits, save_tiny_checkpoint
     from hf_moe_models import MOE_SPEC_BY_NAME, MOE_SPECS
     from test_hf_parity import (
-        LOGITS_ATOL, LOGITS_RTOL, MAX_MODEL_LEN, MAX_TOKENS, PROMPTS, SCENARIOS, Mrv2Run, run_mrv2,
+        LOGITS_ATOL,
+        LOGITS_RTOL,
+        MAX_MODEL_LEN,
+        MAX_TOKENS,
+        PROMPTS,
+        SCENARIOS,
+        Mrv2Run,
+        run_mrv2,
     )
 except ImportError:  # tests/ collected as a package
     from tests.hf_models import hf_greedy, hf_logits, save_tiny_checkpoint
     from tests.hf_moe_models import MOE_SPEC_BY_NAME, MOE_SPECS
     from tests.test_hf_parity import (
-        LOGITS_ATOL, LOGITS_RTOL, MAX_MODEL_LEN, MAX_TOKENS, PROMPTS, SCENARIOS, Mrv2Run, run_mrv2,
+        LOGITS_ATOL,
+        LOGITS_RTOL,
+        MAX_MODEL_LEN,
+        MAX_TOKENS,
+        PROMPTS,
+        SCENARIOS,
+        Mrv2Run,
+        run_mrv2,
     )
 
 
 # Every spec runs plain and with preemption + chunked prefill together; the first one also runs each alone.
-CASES = [(spec.name, scenario) for n, spec in enumerate(MOE_SPECS)
-         for scenario in (SCENARIOS if n == 0 else ("plain", "chunked_preempt"))]
+CASES = [
+    (spec.name, scenario)
+    for n, spec in enumerate(MOE_SPECS)
+    for scenario in (SCENARIOS if n == 0 else ("plain", "chunked_preempt"))
+]
 
 
 class ArchCache:
@@ -118,8 +135,13 @@ def test_logits_close_to_hf(cache: ArchCache, arch: str, scenario: str) -> None:
         rows = [(seq_len, row) for j, seq_len, row in run.logits if j == i]
         assert {s for s, _ in rows if s >= len(prompt)} == set(range(len(prompt), len(prompt) + MAX_TOKENS))
         for seq_len, row in rows:
-            torch.testing.assert_close(row, reference[seq_len - 1], atol=LOGITS_ATOL, rtol=LOGITS_RTOL,
-                                       msg=lambda m: f"prompt {i}, seq_len {seq_len}: {m}")
+            torch.testing.assert_close(
+                row,
+                reference[seq_len - 1],
+                atol=LOGITS_ATOL,
+                rtol=LOGITS_RTOL,
+                msg=lambda m: f"prompt {i}, seq_len {seq_len}: {m}",
+            )
 
 
 @pytest.mark.parametrize("bug", ["swap_experts", "flip_norm_topk_prob"])

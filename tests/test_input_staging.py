@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from framework import input_batch
-from framework.host_staging import HostRing, InputStaging
-from framework.input_batch import InputBatch, build_input_batch, input_staging
-from framework.llm import LLM
-from framework.request_state import RequestState
-from framework.sampling_params import SamplingParams
-from framework.scheduler_output import NewRequestData, SchedulerOutput
+from framework.batch import input_batch
+from framework.batch.host_staging import HostRing, InputStaging
+from framework.batch.input_batch import InputBatch, build_input_batch, input_staging
+from framework.batch.request_state import RequestState
+from framework.entrypoints.llm import LLM
+from framework.params.sampling_params import SamplingParams
+from framework.params.scheduler_output import NewRequestData, SchedulerOutput
 
 try:
     from fake_graphs import StaticInputsCapturer
@@ -52,9 +52,13 @@ def _expected(batch: InputBatch, state: RequestState, out: SchedulerOutput) -> N
     """The staged arrays equal what the host computed (the old code's five separate copies)."""
     slots = [state.req_id_to_slot[r] for r in out.scheduled_request_ids]
     sched, drafts = np.array(out.num_scheduled_tokens), np.array(out.num_draft_tokens)
-    expect = {"idx_mapping": slots, "query_start_loc": np.concatenate([[0], np.cumsum(sched)]),
-              "cu_num_logits": np.concatenate([[0], np.cumsum(drafts + 1)]), "query_lens": sched,
-              "num_draft": drafts}
+    expect = {
+        "idx_mapping": slots,
+        "query_start_loc": np.concatenate([[0], np.cumsum(sched)]),
+        "cu_num_logits": np.concatenate([[0], np.cumsum(drafts + 1)]),
+        "query_lens": sched,
+        "num_draft": drafts,
+    }
     for name, values in expect.items():
         got = getattr(batch, name)
         assert got.dtype == torch.int32 and got.is_contiguous(), name
@@ -75,6 +79,7 @@ class _Counter:
                 if not self.paused:
                     self.count += 1
                 return real(t, *args, **kwargs)
+
             return call
 
         prepare = input_batch.prepare_inputs
@@ -126,11 +131,16 @@ def test_views_survive_the_next_steps_and_buffers_are_reused_after_their_fence()
     state = _state(4)
     log: list[tuple[str, Any]] = []
     ring: list[HostRing] = []
-    staging = InputStaging(InputStaging.capacity_for(8, input_batch.NUM_STAGED_PIECES), CPU,
-                           make_fence=lambda: _FakeFence(log, ring))
+    staging = InputStaging(
+        InputStaging.capacity_for(8, input_batch.NUM_STAGED_PIECES), CPU, make_fence=lambda: _FakeFence(log, ring)
+    )
     ring.append(staging.ring)
-    steps = [_output(["r0", "r1"], [3, 1], [0, 0]), _output(["r3", "r2", "r1", "r0"], [1, 1, 2, 1], [0, 0, 1, 0]),
-             _output(["r2"], [2], [1]), _output(["r1", "r3"], [1, 3], [0, 2])]
+    steps = [
+        _output(["r0", "r1"], [3, 1], [0, 0]),
+        _output(["r3", "r2", "r1", "r0"], [1, 1, 2, 1], [0, 0, 1, 0]),
+        _output(["r2"], [2], [1]),
+        _output(["r1", "r3"], [1, 3], [0, 2]),
+    ]
     batches = []
     for i, out in enumerate(steps):
         batches.append(build_input_batch(out, state, CPU, staging))
@@ -160,12 +170,13 @@ def test_a_step_larger_than_the_staging_is_refused() -> None:
 
 @pytest.mark.usefixtures("one_thread")
 def test_engine_steps_look_up_slots_once_and_send_one_staged_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    llm = LLM("tiny", device="cpu", dtype="float32", seed=0, max_num_seqs=4, max_model_len=64,
-              full_step_cuda_graphs=True)
+    llm = LLM(
+        "tiny", device="cpu", dtype="float32", seed=0, max_num_seqs=4, max_model_len=64, full_step_cuda_graphs=True
+    )
     runner = llm.engine.runner
     runner.capture_cuda_graphs(StaticInputsCapturer())
     assert runner.step_graphs is not None
-    from framework import model_runner
+    from framework.runner import model_runner
 
     lookups = []
     lookup = model_runner.batch_req_slots
@@ -173,9 +184,13 @@ def test_engine_steps_look_up_slots_once_and_send_one_staged_copy(monkeypatch: p
     monkeypatch.setattr(input_batch, "batch_req_slots", lambda *a: pytest.fail("slots looked up a second time"))
     steps = 0
     engine = llm.engine
-    for i, params in enumerate([SamplingParams(max_tokens=6, ignore_eos=True),
-                                SamplingParams(max_tokens=5, ignore_eos=True, bad_words=["zz"]),  # its steps fall back
-                                SamplingParams(max_tokens=7, ignore_eos=True)]):
+    for i, params in enumerate(
+        [
+            SamplingParams(max_tokens=6, ignore_eos=True),
+            SamplingParams(max_tokens=5, ignore_eos=True, bad_words=["zz"]),  # its steps fall back
+            SamplingParams(max_tokens=7, ignore_eos=True),
+        ]
+    ):
         engine.add_request(f"r{i}", [5 + i, 9, 11], params)
     while engine.has_unfinished_requests() and steps < 50:
         engine.step()

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from framework.kernels.block_table import compute_kv_slot_mapping_reference, gather_block_tables_reference
-from framework.kernels.input_prep import (
+from framework.layers.kernels.block_table import compute_kv_slot_mapping_reference, gather_block_tables_reference
+from framework.layers.kernels.input_prep import (
     compute_num_sampled_reference,
     post_update_reference,
     prepare_inputs_reference,
@@ -79,8 +79,17 @@ def test_num_sampled_and_post_update():
     sampled = torch.tensor([[11, 0, 0], [21, 22, 0], [31, 0, 0]])
     before = {k: v.clone() for k, v in st.items()}
     before_total = total_len.clone()
-    post_update_reference(idx_mapping, query_lens, sampled, num_sampled, num_rejected, st["all_token_ids"],
-                          total_len, st["num_computed"], st["last_sampled"])
+    post_update_reference(
+        idx_mapping,
+        query_lens,
+        sampled,
+        num_sampled,
+        num_rejected,
+        st["all_token_ids"],
+        total_len,
+        st["num_computed"],
+        st["last_sampled"],
+    )
     assert st["num_computed"].tolist()[:3] == [4 + 6, 5 + 3 - 1, 0 + 8]
     assert total_len.tolist()[:3] == [before_total[0] + 1, before_total[1] + 2, before_total[2]]
     assert st["all_token_ids"][1, 5:7].tolist() == [21, 22]
@@ -151,7 +160,7 @@ def test_top_k_top_p_and_min_p():
 
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2)])
 def test_paged_attention_matches_dense_causal(num_heads, num_kv_heads):
-    from framework.attention import AttentionMetadata, paged_attention_reference, store_kv_reference
+    from framework.layers.attention import AttentionMetadata, paged_attention_reference, store_kv_reference
 
     torch.manual_seed(0)
     d, bs, nblocks = 8, 4, 16
@@ -164,8 +173,17 @@ def test_paged_attention_matches_dense_causal(num_heads, num_kv_heads):
     pos = torch.arange(seq)
     slots = table[0, pos // bs].long() * bs + pos % bs
     store_kv_reference(k, v, cache, slots)
-    meta = AttentionMetadata(seq, 1, torch.tensor([0, seq], dtype=torch.int32), torch.tensor([seq], dtype=torch.int32),
-                             table, slots, bs, seq, seq)
+    meta = AttentionMetadata(
+        seq,
+        1,
+        torch.tensor([0, seq], dtype=torch.int32),
+        torch.tensor([seq], dtype=torch.int32),
+        table,
+        slots,
+        bs,
+        seq,
+        seq,
+    )
     out = paged_attention_reference(q, cache, meta, scale=1 / math.sqrt(d))
     rep = num_heads // num_kv_heads
     kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)

@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
-from framework.kernels.block_table import (
+from framework.layers.kernels.block_table import (
     compute_kv_slot_mapping_reference,
     compute_kv_slot_mapping_triton,
     gather_block_tables_reference,
     gather_block_tables_triton,
 )
-from framework.kernels.input_prep import (
+from framework.layers.kernels.input_prep import (
     compute_num_sampled_reference,
     compute_num_sampled_triton,
     post_update_reference,
@@ -63,8 +63,13 @@ def random_step(seed: int, num_slots: int, num_rows: int, max_len: int, k: int, 
         last_sampled=torch.randint(0, 50_000, (num_slots,), generator=g, dtype=torch.int32).to(DEVICE),
         draft_tokens=torch.randint(0, 50_000, (num_slots, k), generator=g, dtype=torch.int32).to(DEVICE),
     )
-    step = dict(idx_mapping=_i32(slots), query_start_loc=_i32(qsl), cu_num_logits=_i32(cu),
-                num_tokens=qsl[-1], num_logits=cu[-1])
+    step = dict(
+        idx_mapping=_i32(slots),
+        query_start_loc=_i32(qsl),
+        cu_num_logits=_i32(cu),
+        num_tokens=qsl[-1],
+        num_logits=cu[-1],
+    )
     return state, step, n_draft
 
 
@@ -94,20 +99,38 @@ def test_num_sampled_and_post_update_triton(case):
     g = torch.Generator().manual_seed(case["seed"])
     drafts = torch.tensor(n_draft, dtype=torch.int32, device=DEVICE)
     accepted = (torch.rand(rows, generator=g).to(DEVICE) * (drafts + 1).float()).int().clamp(max=drafts)
-    ref_counts = compute_num_sampled_reference(step["idx_mapping"], prepared.seq_lens, state["prefill_len"],
-                                               accepted, drafts)
-    got_counts = compute_num_sampled_triton(step["idx_mapping"], prepared.seq_lens, state["prefill_len"],
-                                            accepted, drafts)
+    ref_counts = compute_num_sampled_reference(
+        step["idx_mapping"], prepared.seq_lens, state["prefill_len"], accepted, drafts
+    )
+    got_counts = compute_num_sampled_triton(
+        step["idx_mapping"], prepared.seq_lens, state["prefill_len"], accepted, drafts
+    )
     assert all(torch.equal(a, b) for a, b in zip(ref_counts, got_counts))
     sampled = torch.randint(0, 50_000, (rows, case["k"] + 1), generator=g).to(DEVICE)
     query_lens = step["query_start_loc"][1:] - step["query_start_loc"][:-1]
     total_len = state["prefill_len"].clone() + 1
     ref_state = {n: t.clone() for n, t in state.items()}
     ref_total = total_len.clone()
-    post_update_reference(step["idx_mapping"], query_lens, sampled, *ref_counts, ref_state["all_token_ids"],
-                          ref_total, ref_state["num_computed"], ref_state["last_sampled"])
-    post_update_triton(step["idx_mapping"], query_lens, sampled, *got_counts, state["all_token_ids"],
-                       total_len, state["num_computed"], state["last_sampled"])
+    post_update_reference(
+        step["idx_mapping"],
+        query_lens,
+        sampled,
+        *ref_counts,
+        ref_state["all_token_ids"],
+        ref_total,
+        ref_state["num_computed"],
+        ref_state["last_sampled"],
+    )
+    post_update_triton(
+        step["idx_mapping"],
+        query_lens,
+        sampled,
+        *got_counts,
+        state["all_token_ids"],
+        total_len,
+        state["num_computed"],
+        state["last_sampled"],
+    )
     assert torch.equal(total_len, ref_total)
     for name in ("all_token_ids", "num_computed", "last_sampled"):
         assert torch.equal(state[name], ref_state[name]), name
@@ -118,7 +141,9 @@ def test_block_table_gather_and_slot_mapping_triton(block_size):
     g = torch.Generator().manual_seed(block_size)
     table = torch.randint(0, 10_000, (7, 600), generator=g, dtype=torch.int32).to(DEVICE)  # > one 512-column tile
     idx_mapping = _i32([6, 0, 3])
-    assert torch.equal(gather_block_tables_triton(idx_mapping, table), gather_block_tables_reference(idx_mapping, table))
+    assert torch.equal(
+        gather_block_tables_triton(idx_mapping, table), gather_block_tables_reference(idx_mapping, table)
+    )
     batch = gather_block_tables_reference(idx_mapping, table)
     token_rows = torch.tensor([0, 0, 1, 2, 2, 2], device=DEVICE)
     positions = torch.tensor([0, 5, 17, 3, 4, 599 * block_size], device=DEVICE)
@@ -128,7 +153,7 @@ def test_block_table_gather_and_slot_mapping_triton(block_size):
 
 
 def test_scatter_triton_matches_reference():
-    from framework.kernels.scatter import scatter_reference, scatter_triton
+    from framework.layers.kernels.scatter import scatter_reference, scatter_triton
 
     target = torch.zeros(7, 300, dtype=torch.int32, device=DEVICE)
     expected = target.clone()
@@ -141,7 +166,7 @@ def test_scatter_triton_matches_reference():
 
 def test_staged_writes_last_write_wins():
     """A position staged twice before an apply (slot reused, or writes left by a failed step) keeps the last value."""
-    from framework.staged_writes import StagedWrites
+    from framework.batch.staged_writes import StagedWrites
 
     target = torch.zeros(4, 8, dtype=torch.int32, device=DEVICE)
     staged = StagedWrites(target)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.config import ConfigError, load_config
-from framework.engine_setup import kv_bytes_per_block
-from framework.kernels.kv_cache_dtype import FP8_E4M3_MAX, kv_cache_torch_dtype, saturating_cast
-from framework.llm import LLM
-from framework.sampling_params import SamplingParams
+from framework.config.schema import ConfigError, load_config
+from framework.entrypoints.llm import LLM
+from framework.layers.kernels.kv_cache_dtype import FP8_E4M3_MAX, kv_cache_torch_dtype, saturating_cast
+from framework.models.setup import kv_bytes_per_block
+from framework.params.sampling_params import SamplingParams
 
 try:
     from hf_models import SPEC_BY_NAME, cache_kwarg, fp8_rounding_cache, save_tiny_checkpoint
@@ -69,7 +69,8 @@ def test_fp8_cache_holds_one_byte_per_element(name):
         ratio = kv_bytes_per_block(plain.engine.loaded, 16) / kv_bytes_per_block(fp8.engine.loaded, 16)
         assert ratio == plain.engine.loaded.dtype.itemsize
         assert sum(c.nbytes for c in plain.engine.runner.kv_caches) == ratio * sum(
-            c.nbytes for c in fp8.engine.runner.kv_caches)
+            c.nbytes for c in fp8.engine.runner.kv_caches
+        )
     finally:
         plain.shutdown()
         fp8.shutdown()
@@ -115,8 +116,17 @@ def test_greedy_ngram_on_an_fp8_cache_equals_no_speculation(tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     runs = {}
     for name, spec in (("plain", None), ("ngram", NGRAM)):
-        llm = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=96, seed=0, kv_cache_dtype="fp8",
-                  block_size=4, num_kv_blocks=24, **({"speculative_config": spec} if spec else {}))
+        llm = LLM(
+            str(tmp_path),
+            device="cpu",
+            dtype="float32",
+            max_model_len=96,
+            seed=0,
+            kv_cache_dtype="fp8",
+            block_size=4,
+            num_kv_blocks=24,
+            **({"speculative_config": spec} if spec else {}),
+        )
         runs[name] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         if spec:
             assert llm.get_metrics()["spec_decode"]["num_accepted_tokens"] > 0
@@ -146,16 +156,18 @@ def test_eagle_on_an_fp8_cache_equals_no_speculation(tmp_path, monkeypatch):
     cache without speculation."""
     try:
         from test_draft_heads import random_head
-        from test_spec_heads_engine import HEAD_KWARGS, K, TARGET_OF, generate, target_dir
+        from test_spec_heads_engine import HEAD_KWARGS, TARGET_OF, K, generate, target_dir
     except ImportError:  # tests/ collected as a package
         from tests.test_draft_heads import random_head
-        from tests.test_spec_heads_engine import HEAD_KWARGS, K, TARGET_OF, generate, target_dir
+        from tests.test_spec_heads_engine import HEAD_KWARGS, TARGET_OF, K, generate, target_dir
     from framework.models.loader import read_hf_config
     from speculators.head_drafter import HeadDrafter
 
     bound: list[torch.dtype] = []
     bind = HeadDrafter.bind_kv_cache
-    monkeypatch.setattr(HeadDrafter, "bind_kv_cache", lambda self, cache: (bound.append(cache.dtype), bind(self, cache)))
+    monkeypatch.setattr(
+        HeadDrafter, "bind_kv_cache", lambda self, cache: (bound.append(cache.dtype), bind(self, cache))
+    )
     target = target_dir(TARGET_OF["eagle"], str(tmp_path))
     head_dir = tmp_path / "eagle-head"
     random_head("eagle", seed=1, target=read_hf_config(target), **HEAD_KWARGS["eagle"]).save_pretrained(head_dir)

@@ -1,4 +1,4 @@
-"""`framework.kernels.launch_math` against Triton's own `cdiv` / `next_power_of_2`, and no host code calling
+"""`framework.layers.kernels.launch_math` against Triton's own `cdiv` / `next_power_of_2`, and no host code calling
 Triton's (constexpr functions, ~5 us a host call on a slow host: see the module)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import triton
 
-from framework.kernels.launch_math import cdiv, next_power_of_2
+from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,9 +21,11 @@ def test_same_results_as_triton():
 
 
 def test_no_package_calls_tritons_host_helpers():
-    calls = [f"{path.relative_to(ROOT)}:{number}"
-             for package in ("framework", "samplers", "speculators", "model_states")
-             for path in sorted((ROOT / package).rglob("*.py"))
-             for number, line in enumerate(path.read_text().splitlines(), 1)
-             if "triton.cdiv(" in line or "triton.next_power_of_2(" in line]
-    assert calls == [], f"use framework.kernels.launch_math instead of Triton's constexpr functions: {calls}"
+    calls = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for package in ("framework", "samplers", "speculators", "model_states")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "triton.cdiv(" in line or "triton.next_power_of_2(" in line
+    ]
+    assert calls == [], f"use framework.layers.kernels.launch_math instead of Triton's constexpr functions: {calls}"

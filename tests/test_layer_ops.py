@@ -13,14 +13,12 @@ from typing import Optional
 import pytest
 import torch
 
-import framework.kernels.layer_ops as layer_ops
-from framework.kernels.layer_ops import (
-    qk_norm_rope_store_reference,
-    rms_norm_reference,
-    silu_and_mul_reference,
-)
-from framework.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton
-from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton
+import framework.layers.attention.qk_norm_rope as qk_norm_rope
+import framework.layers.kernels.layer_ops as layer_ops
+from framework.layers.attention.qk_norm_rope import qk_norm_rope_store_reference
+from framework.layers.kernels.layer_ops import rms_norm_reference, silu_and_mul_reference
+from framework.layers.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton
+from framework.layers.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-6
@@ -33,7 +31,7 @@ def _randn(shape: tuple[int, ...], dtype: torch.dtype, seed: int, scale: float =
 
 def _strided_rows(rows: int, cols: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
     """[rows, cols] whose rows are `cols + 24` elements apart (a view into a wider tensor)."""
-    return _randn((rows, cols + 24), dtype, seed, scale)[:, 5:5 + cols]
+    return _randn((rows, cols + 24), dtype, seed, scale)[:, 5 : 5 + cols]
 
 
 def _assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
@@ -123,8 +121,9 @@ def _rope_tables(num_tokens: int, head_dim: int, dtype: torch.dtype, seed: int):
     return emb.cos().to(DEVICE, dtype), emb.sin().to(DEVICE, dtype)
 
 
-def _run_qk_case(case, dtype: torch.dtype, q_norm: bool, k_norm: bool, seed: int = 0,
-                 one_head: Optional[bool] = None) -> None:
+def _run_qk_case(
+    case, dtype: torch.dtype, q_norm: bool, k_norm: bool, seed: int = 0, one_head: Optional[bool] = None
+) -> None:
     num_tokens, head_dim, num_heads, num_kv_heads, block_size, num_kv_tokens, padding = case
     num_blocks = 2 + 2 * num_tokens // block_size
     width = (num_heads + 2 * num_kv_heads) * head_dim
@@ -152,7 +151,7 @@ def _run_qk_case(case, dtype: torch.dtype, q_norm: bool, k_norm: bool, seed: int
     assert flat[:, untouched.to(DEVICE)].isnan().all()  # padding and unused slots left alone
     assert not flat[:, written.to(DEVICE)].isnan().any()
     token_of_slot = torch.nonzero(kv_slots.cpu() >= 0).flatten()
-    v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(num_tokens, num_kv_heads, head_dim)
+    v = qkv[:, (num_heads + num_kv_heads) * head_dim :].view(num_tokens, num_kv_heads, head_dim)
     assert torch.equal(flat[1, written.to(DEVICE)], v[token_of_slot.to(DEVICE)])  # v is stored raw
 
 
@@ -181,7 +180,7 @@ def test_qk_norm_rope_store_into_an_fp8_cache(cache_dtype, dtype):
     width = (num_heads + 2 * num_kv_heads) * head_dim
     limit = torch.finfo(cache_dtype).max
     qkv = _randn((num_tokens, width), torch.float32, 5, 3.0).to(cache_dtype).float()
-    qkv[:, num_heads * head_dim:][0, :3] = torch.tensor([2 * limit, -3 * limit, limit])  # K head 0 of token 0
+    qkv[:, num_heads * head_dim :][0, :3] = torch.tensor([2 * limit, -3 * limit, limit])  # K head 0 of token 0
     qkv = qkv.to(dtype)
     cos = torch.ones(num_tokens, head_dim, dtype=dtype, device=DEVICE)
     sin = torch.zeros(num_tokens, head_dim, dtype=dtype, device=DEVICE)
@@ -216,9 +215,13 @@ def triton_spies(monkeypatch):
     """Force the Triton path (as on CUDA) and record which Triton wrappers the dispatchers call."""
     monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
     calls: list[str] = []
-    for name in ("rms_norm_triton", "silu_and_mul_triton", "qk_norm_rope_store_triton"):
-        wrapped = getattr(layer_ops, name)
-        monkeypatch.setattr(layer_ops, name, lambda *a, _w=wrapped, _n=name, **k: (calls.append(_n), _w(*a, **k))[1])
+    for module, name in (
+        (layer_ops, "rms_norm_triton"),
+        (layer_ops, "silu_and_mul_triton"),
+        (qk_norm_rope, "qk_norm_rope_store_triton"),
+    ):
+        wrapped = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _w=wrapped, _n=name, **k: (calls.append(_n), _w(*a, **k))[1])
     return calls
 
 
@@ -232,7 +235,7 @@ def test_dispatch_takes_triton_for_supported_inputs(triton_spies):
     cache = torch.zeros(2, 2, 4, 1, 32, dtype=torch.bfloat16, device=DEVICE)
     ref_cache = cache.clone()
     slots = torch.tensor([5, 2], device=DEVICE)
-    q = layer_ops.qk_norm_rope_store(qkv, cos, sin, w[:32], w[32:], EPS, 2, 1, 32, cache, slots)
+    q = qk_norm_rope.qk_norm_rope_store(qkv, cos, sin, w[:32], w[32:], EPS, 2, 1, 32, cache, slots)
     _assert_matches(q, qk_norm_rope_store_reference(qkv, cos, sin, w[:32], w[32:], EPS, 2, 1, 32, ref_cache, slots))
     _assert_matches(cache, ref_cache)
     assert triton_spies == ["rms_norm_triton", "silu_and_mul_triton", "qk_norm_rope_store_triton"]
@@ -253,8 +256,9 @@ def test_dispatch_falls_back_to_the_reference_for_unsupported_inputs(triton_spie
     qkv = _randn((2, 4 * 30), torch.bfloat16, 6)  # head_dim 30 is fine for the kernel; cos in float32 is not
     cos32, sin32 = _rope_tables(2, 30, torch.float32, 0)
     cache = torch.zeros(2, 2, 4, 1, 30, dtype=torch.bfloat16, device=DEVICE)
-    q = layer_ops.qk_norm_rope_store(qkv, cos32, sin32, None, None, EPS, 2, 1, 30, cache,
-                                     torch.tensor([1, 0], device=DEVICE))
+    q = qk_norm_rope.qk_norm_rope_store(
+        qkv, cos32, sin32, None, None, EPS, 2, 1, 30, cache, torch.tensor([1, 0], device=DEVICE)
+    )
     assert q.dtype == torch.float32  # the reference's type promotion
     assert triton_spies == []
 

@@ -34,22 +34,28 @@ def test_generate_returns_its_own_requests_while_another_caller_has_requests_in_
     assert [o.token_ids for o in outs] == [alone]
 
 
-@pytest.mark.parametrize("prompts, message", [
-    (None, "prompt 0 is None"),
-    (5, "prompt 0 is 5"),
-    ([[1, 2], None], "prompt 1 is None"),
-    (["ok", 3.5], "prompt 1 is 3.5"),
-])
+@pytest.mark.parametrize(
+    "prompts, message",
+    [
+        (None, "prompt 0 is None"),
+        (5, "prompt 0 is 5"),
+        ([[1, 2], None], "prompt 1 is None"),
+        (["ok", 3.5], "prompt 1 is 3.5"),
+    ],
+)
 def test_a_prompt_of_the_wrong_type_is_refused_by_name(tiny_llm, prompts, message):
     with pytest.raises(InvalidRequestError, match=message):
         tiny_llm.generate(prompts, GREEDY, use_tqdm=False)
     assert not tiny_llm.engine.has_unfinished_requests()
 
 
-@pytest.mark.parametrize("params, message", [
-    ([GREEDY, None], r"sampling_params\[1\] is None, not a SamplingParams"),
-    ({"temperature": 0.0}, r"sampling_params is a dict, not a SamplingParams or a list of them"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ([GREEDY, None], r"sampling_params\[1\] is None, not a SamplingParams"),
+        ({"temperature": 0.0}, r"sampling_params is a dict, not a SamplingParams or a list of them"),
+    ],
+)
 def test_sampling_params_of_the_wrong_type_are_refused_by_name(tiny_llm, params, message):
     with pytest.raises(InvalidRequestError, match=message):
         tiny_llm.generate([[1, 2], [3, 4]], params, use_tqdm=False)
@@ -75,12 +81,14 @@ def test_max_tokens_none_generates_what_the_context_leaves(tiny_llm_factory):
     for exactly that many. min_tokens is checked against it only when it is a number."""
     llm = tiny_llm_factory(max_model_len=64)
     prompts = [[5, 6, 7], list(range(1, 41))]
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True, min_tokens=30),
-                        use_tqdm=False)
+    outs = llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True, min_tokens=30), use_tqdm=False
+    )
     for prompt, out in zip(prompts, outs):
         assert len(out.token_ids) == 64 - len(prompt) and out.finish_reason == "length"
-        exact = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=64 - len(prompt), ignore_eos=True),
-                             use_tqdm=False)[0]
+        exact = llm.generate(
+            [prompt], SamplingParams(temperature=0.0, max_tokens=64 - len(prompt), ignore_eos=True), use_tqdm=False
+        )[0]
         assert exact.token_ids == out.token_ids
     with pytest.raises(InvalidRequestError, match="min_tokens"):
         SamplingParams(max_tokens=4, min_tokens=5)

@@ -16,9 +16,18 @@ def qwen3_dir(tmp_path_factory):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                      tie_word_embeddings=True, eos_token_id=1)
+    cfg = Qwen3Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        eos_token_id=1,
+    )
     path = tmp_path_factory.mktemp("qwen3")
     Qwen3ForCausalLM(cfg).save_pretrained(path, max_shard_size="20KB")  # several shards + index
     return path
@@ -26,8 +35,9 @@ def qwen3_dir(tmp_path_factory):
 
 def _greedy(path, prompt=(5, 6, 7, 8)) -> list[int]:
     llm = LLM(str(path), device="cpu", dtype="float32")
-    return llm.generate([list(prompt)], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-                        use_tqdm=False)[0].token_ids
+    return llm.generate([list(prompt)], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[
+        0
+    ].token_ids
 
 
 def test_sharded_checkpoint_loads(qwen3_dir):
@@ -47,8 +57,7 @@ def test_tokenizer_json_is_used(qwen3_dir, tmp_path):
     tok.save(str(tmp_path / "tokenizer.json"))
     llm = LLM(str(tmp_path), device="cpu", dtype="float32")
     assert llm.tokenizer.encode("w3 w4 w5") == [5, 6, 7]
-    out = llm.generate(["w3 w4 w5 w6"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-                       use_tqdm=False)[0]
+    out = llm.generate(["w3 w4 w5 w6"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
     assert out.token_ids == _greedy(qwen3_dir)
     assert out.text == llm.tokenizer.decode(out.token_ids)
 
@@ -90,7 +99,9 @@ def test_unsupported_architecture(qwen3_dir, tmp_path):
     cfg = json.loads((qwen3_dir / "config.json").read_text())
     cfg["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match="architecture 'GPT2LMHeadModel' is not supported; registered: JambaForCausalLM, Llama"):
+    with pytest.raises(
+        CheckpointError, match="architecture 'GPT2LMHeadModel' is not supported; registered: JambaForCausalLM, Llama"
+    ):
         LLM(str(tmp_path), device="cpu")
 
 
@@ -101,7 +112,9 @@ def test_checkpoint_tensor_without_parameter_is_an_error(qwen3_dir, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     for f in qwen3_dir.glob("*.safetensors*"):
         (tmp_path / f.name).write_bytes(f.read_bytes())
-    with pytest.raises(CheckpointError, match=r"tensor 'model.layers.\d.self_attn.[qk]_norm.weight' matches no parameter"):
+    with pytest.raises(
+        CheckpointError, match=r"tensor 'model.layers.\d.self_attn.[qk]_norm.weight' matches no parameter"
+    ):
         LLM(str(tmp_path), device="cpu")
 
 
@@ -112,16 +125,22 @@ def _copy_checkpoint(src, dst, config_edit=None):
         (dst / f.name).write_bytes(f.read_bytes())
 
 
-@pytest.mark.parametrize("key, value, method", [
-    ("quantization_config", {"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
-    ("quantization_config", {"quant_method": "gptq", "bits": 4}, "gptq"),
-    ("compression_config", {"format": "float-quantized"}, "float-quantized"),
-])
+@pytest.mark.parametrize(
+    "key, value, method",
+    [
+        ("quantization_config", {"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
+        ("quantization_config", {"quant_method": "gptq", "bits": 4}, "gptq"),
+        ("compression_config", {"format": "float-quantized"}, "float-quantized"),
+    ],
+)
 def test_quantized_config_is_refused_by_name(qwen3_dir, tmp_path, key, value, method):
     """A config.json declaring a quantized checkpoint is refused before any weight is read, naming its method."""
     _copy_checkpoint(qwen3_dir, tmp_path, lambda cfg: {**cfg, key: value})
-    with pytest.raises(CheckpointError, match=rf"quantized checkpoint \(quant_method '{method}'\): mrv2 loads "
-                                              r"unquantized checkpoints"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"quantized checkpoint \(quant_method '{method}'\): mrv2 loads "
+        r"unquantized checkpoints",
+    ):
         LLM(str(tmp_path), device="cpu")
 
 
@@ -151,7 +170,7 @@ def test_quantized_tensors_are_refused_by_name(qwen3_dir, tmp_path):
 def test_skip_special_tokens_reaches_the_hf_tokenizer(tmp_path):
     from tokenizers import Tokenizer, models
 
-    from framework.tokenizer import HFTokenizer
+    from framework.models.tokenizer import HFTokenizer
 
     tok = Tokenizer(models.WordLevel({"<unk>": 0, "</s>": 1, "hi": 2}, unk_token="<unk>"))
     tok.add_special_tokens(["</s>"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from framework import SamplingParams
-from framework.attention.backend import LONGEST_FIRST_MIN_ROWS
+from framework.layers.attention.backend import LONGEST_FIRST_MIN_ROWS
 
 
 def _attention_calls(make_llm, longest_rows_first: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:

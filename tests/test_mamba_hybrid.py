@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from framework.llm import LLM
+from framework.entrypoints.llm import LLM
 from framework.models.mamba_layer import MambaMixer, MambaStepInputs
-from framework.sampling_params import SamplingParams
+from framework.params.sampling_params import SamplingParams
 from model_states.mamba_hybrid import MambaHybridModelState
 
 try:
@@ -32,11 +32,26 @@ MAX_TOKENS = 16
 MAX_MODEL_LEN = 64
 PROMPTS = random_prompts(3, 5, 30, seed=77)
 # 4 layers: mamba, attention, mamba, attention; dense MLPs (one expert); d_inner 128, d_state 8, d_conv 4.
-JAMBA = TinySpec("jamba", "JambaForCausalLM", "JambaConfig", {
-    "num_hidden_layers": 4, "num_key_value_heads": 2, "num_experts": 1, "expert_layer_period": 1,
-    "expert_layer_offset": 0, "attn_layer_period": 2, "attn_layer_offset": 1, "mamba_d_state": 8,
-    "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8, "tie_word_embeddings": False,
-}, seed=11)
+JAMBA = TinySpec(
+    "jamba",
+    "JambaForCausalLM",
+    "JambaConfig",
+    {
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "num_experts": 1,
+        "expert_layer_period": 1,
+        "expert_layer_offset": 0,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+        "mamba_d_state": 8,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_dt_rank": 8,
+        "tie_word_embeddings": False,
+    },
+    seed=11,
+)
 
 SCENARIOS: dict[str, dict] = {
     "plain": {},
@@ -117,8 +132,13 @@ class _OneMixer(torch.nn.Module):
 
 def _batch(slots: list[int], lens: list[int], drafts: list[int]) -> SimpleNamespace:
     qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
-    return SimpleNamespace(num_rows=len(slots), num_tokens=sum(lens), num_draft_host=np.array(drafts),
-                           idx_mapping=torch.tensor(slots, dtype=torch.int32), query_start_loc=qsl)
+    return SimpleNamespace(
+        num_rows=len(slots),
+        num_tokens=sum(lens),
+        num_draft_host=np.array(drafts),
+        idx_mapping=torch.tensor(slots, dtype=torch.int32),
+        query_start_loc=qsl,
+    )
 
 
 def _run(state: MambaHybridModelState, model: _OneMixer, x: torch.Tensor, batch: SimpleNamespace) -> torch.Tensor:
@@ -156,8 +176,8 @@ def test_drafts_advance_state_by_accepted_tokens_only() -> None:
 
 
 def test_selection(checkpoint) -> None:  # type: ignore[no-untyped-def]
+    from framework.config.registry import MODELS
     from framework.models.loader import read_hf_config
-    from framework.registry import MODELS
     from model_states import detect_model_state_name, select_model_state
     from model_states.default import DefaultModelState
 
@@ -178,8 +198,15 @@ def test_presets_and_unsupported_configs() -> None:
 
     params = SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True)
     prompts = [[(3 * i + j) % 250 for j in range(4 + 5 * i)] for i in range(4)]
-    outs = [[o.token_ids for o in LLM("jamba-tiny", device="cpu", runner=r, max_num_batched_tokens=9)
-             .generate(prompts, params, use_tqdm=False)] for r in ("v2", "v1")]
+    outs = [
+        [
+            o.token_ids
+            for o in LLM("jamba-tiny", device="cpu", runner=r, max_num_batched_tokens=9).generate(
+                prompts, params, use_tqdm=False
+            )
+        ]
+        for r in ("v2", "v1")
+    ]
     assert outs[0] == outs[1] and all(len(t) == 12 for t in outs[0])
 
     big = JambaConfig.from_hf(preset_config("jamba-1024"))

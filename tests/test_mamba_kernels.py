@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.kernels.causal_conv1d import causal_conv1d_varlen_reference, causal_conv1d_varlen_triton
-from framework.kernels.selective_scan import (
+from framework.layers.kernels.causal_conv1d import causal_conv1d_varlen_reference, causal_conv1d_varlen_triton
+from framework.layers.kernels.selective_scan import (
     ScanInputs,
     ScanWeights,
     selective_scan_varlen_reference,
@@ -116,8 +116,9 @@ def test_causal_conv1d_triton_matches_reference(dim: int, k: int, lens: list[int
     torch.testing.assert_close(tri_state, ref_state)
     torch.testing.assert_close(tri_tail, ref_tail)
     no_bias = causal_conv1d_varlen_triton(x, weight, None, state0.clone(), idx, _qsl(lens))
-    torch.testing.assert_close(no_bias, causal_conv1d_varlen_reference(x, weight, None, state0.clone(), idx,
-                                                                       _qsl(lens)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        no_bias, causal_conv1d_varlen_reference(x, weight, None, state0.clone(), idx, _qsl(lens)), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_causal_conv1d_reference_equals_padded_conv() -> None:
@@ -133,11 +134,14 @@ def test_causal_conv1d_reference_equals_padded_conv() -> None:
     state = torch.zeros(2, dim, k - 1)
     got = causal_conv1d_varlen_reference(x, weight, bias, state, idx, torch.tensor([0, n], dtype=torch.int32))
     torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(state[1], x[-(k - 1):].t())
+    torch.testing.assert_close(state[1], x[-(k - 1) :].t())
     chunked = torch.zeros(2, dim, k - 1)
-    parts = [causal_conv1d_varlen_reference(x[lo:hi], weight, bias, chunked, idx,
-                                            torch.tensor([0, hi - lo], dtype=torch.int32))
-             for lo, hi in ((0, 2), (2, 3), (3, 9))]
+    parts = [
+        causal_conv1d_varlen_reference(
+            x[lo:hi], weight, bias, chunked, idx, torch.tensor([0, hi - lo], dtype=torch.int32)
+        )
+        for lo, hi in ((0, 2), (2, 3), (3, 9))
+    ]
     torch.testing.assert_close(torch.cat(parts), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(chunked, state)
 
@@ -149,11 +153,12 @@ SNAP_CASE = ([6, 1, 9, 3], [2, 0, 5, 1], [[(0, 4), (2, 0), (6, 6)], [(1, 3)], []
 
 
 def _targets(per_row: list[list[tuple[int, int]]]):  # type: ignore[no-untyped-def]
-    from framework.kernels.state_snapshots import build_snapshot_targets
+    from framework.layers.kernels.state_snapshots import build_snapshot_targets
 
     flat = [(row, n, slot) for row, entries in enumerate(per_row) for n, slot in entries]
-    return build_snapshot_targets([f[0] for f in flat], [f[1] for f in flat], [f[2] for f in flat], len(per_row),
-                                  torch.device(DEVICE))
+    return build_snapshot_targets(
+        [f[0] for f in flat], [f[1] for f in flat], [f[2] for f in flat], len(per_row), torch.device(DEVICE)
+    )
 
 
 def test_scan_snapshots_triton_matches_reference_and_prefix_runs() -> None:
@@ -177,8 +182,8 @@ def test_scan_snapshots_triton_matches_reference_and_prefix_runs() -> None:
     for row, entries in enumerate(per_row):
         for n, pool_slot in entries:
             state = state0.clone()
-            part = ScanInputs(*(t[starts[row]:starts[row] + n] for t in inp))
-            selective_scan_varlen_reference(part, w, state, idx[row:row + 1], _qsl([n]))
+            part = ScanInputs(*(t[starts[row] : starts[row] + n] for t in inp))
+            selective_scan_varlen_reference(part, w, state, idx[row : row + 1], _qsl([n]))
             torch.testing.assert_close(pools["ref"][pool_slot], state[slots[row]], atol=1e-5, rtol=1e-5)
     assert torch.all(pools["tri"][7] == 7.0)  # a pool slot nobody asked for is untouched
 
@@ -206,7 +211,8 @@ def test_conv_snapshots_triton_matches_reference_and_prefix_runs() -> None:
         for n, pool_slot in entries:
             state = state0.clone()
             if n:  # (no tokens: the slot's state as it was)
-                causal_conv1d_varlen_reference(x[starts[row]:starts[row] + n], weight, bias, state, idx[row:row + 1],
-                                               _qsl([n]))
+                causal_conv1d_varlen_reference(
+                    x[starts[row] : starts[row] + n], weight, bias, state, idx[row : row + 1], _qsl([n])
+                )
             torch.testing.assert_close(pools["ref"][pool_slot], state[slots[row]])
     assert torch.all(pools["tri"][7] == 7.0)

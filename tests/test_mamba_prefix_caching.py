@@ -20,16 +20,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from framework import LLM, SamplingParams, load_config
-from framework.config import SchedulerConfig
-from framework.kv_cache_manager import KVCacheManager
-from framework.request import Request
-from framework.scheduler import Scheduler
-from framework.scheduler_output import StateSnapshot
-from framework.config import CacheConfig
 from leak_check import assert_engine_drained
 from prefix_workload import first_wave, mixed_params
+
+from framework import LLM, SamplingParams, load_config
+from framework.config.schema import CacheConfig, SchedulerConfig
+from framework.engine.request import Request
+from framework.engine.scheduler.kv_cache_manager import KVCacheManager
+from framework.engine.scheduler.scheduler import Scheduler
+from framework.params.scheduler_output import StateSnapshot
 from model_states.mamba_hybrid import MambaHybridModelState
 from model_states.mamba_snapshots import MambaSnapshotIndex
 
@@ -180,14 +179,33 @@ def checkpoint(tmp_path_factory) -> Path:
     return path
 
 
-def _engine_config(path: Path, runner: str, async_scheduling: bool, block_size: int, num_blocks: int,
-                   snapshot_slots: int, budget: int, caching: bool) -> dict:
-    return {"model": {"path": str(path), "preset": None, "dtype": "float32", "max_model_len": MAX_MODEL_LEN},
-            "runner": {"kind": runner}, "device": "cpu",
-            "cache": {"block_size": block_size, "num_blocks": num_blocks, "enable_prefix_caching": caching,
-                      "mamba_snapshot_slots": snapshot_slots},
-            "scheduler": {"max_num_seqs": 6, "max_num_batched_tokens": budget, "async_scheduling": async_scheduling,
-                          "check_invariants": True}}
+def _engine_config(
+    path: Path,
+    runner: str,
+    async_scheduling: bool,
+    block_size: int,
+    num_blocks: int,
+    snapshot_slots: int,
+    budget: int,
+    caching: bool,
+) -> dict:
+    return {
+        "model": {"path": str(path), "preset": None, "dtype": "float32", "max_model_len": MAX_MODEL_LEN},
+        "runner": {"kind": runner},
+        "device": "cpu",
+        "cache": {
+            "block_size": block_size,
+            "num_blocks": num_blocks,
+            "enable_prefix_caching": caching,
+            "mamba_snapshot_slots": snapshot_slots,
+        },
+        "scheduler": {
+            "max_num_seqs": 6,
+            "max_num_batched_tokens": budget,
+            "async_scheduling": async_scheduling,
+            "check_invariants": True,
+        },
+    }
 
 
 def _generate(config: dict, block_size: int):  # type: ignore[no-untyped-def]
@@ -207,14 +225,23 @@ def _generate(config: dict, block_size: int):  # type: ignore[no-untyped-def]
         llm.reset_prefix_cache()
         index.check(set())
         assert index.num_snapshots == 0  # every snapshot slot free
-    return ([o.token_ids for o in outs], sum(o.num_preemptions for o in outs),
-            sum(o.num_cached_tokens for o in outs), llm.prefix_cache_stats, index)
+    return (
+        [o.token_ids for o in outs],
+        sum(o.num_preemptions for o in outs),
+        sum(o.num_cached_tokens for o in outs),
+        llm.prefix_cache_stats,
+        index,
+    )
 
 
-@pytest.mark.parametrize("runner,async_scheduling,block_size,num_blocks,snapshot_slots,budget", CASES,
-                         ids=[f"{c[0]}-{'async' if c[1] else 'sync'}-bs{c[2]}-snap{c[4]}" for c in CASES])
-def test_same_tokens_with_and_without_prefix_caching(checkpoint, one_thread, runner, async_scheduling, block_size,
-                                                     num_blocks, snapshot_slots, budget):
+@pytest.mark.parametrize(
+    "runner,async_scheduling,block_size,num_blocks,snapshot_slots,budget",
+    CASES,
+    ids=[f"{c[0]}-{'async' if c[1] else 'sync'}-bs{c[2]}-snap{c[4]}" for c in CASES],
+)
+def test_same_tokens_with_and_without_prefix_caching(
+    checkpoint, one_thread, runner, async_scheduling, block_size, num_blocks, snapshot_slots, budget
+):
     args = (checkpoint, runner, async_scheduling, block_size, num_blocks, snapshot_slots, budget)
     off, _, cached_off, stats_off, _ = _generate(_engine_config(*args, caching=False), block_size)
     on, preemptions, cached_on, stats_on, index = _generate(_engine_config(*args, caching=True), block_size)
@@ -232,8 +259,9 @@ def test_hybrid_prefix_caching_is_on_by_default_and_can_be_required(checkpoint):
     assert llm.engine.kv_cache.enable_prefix_caching
     state = llm.engine.runner.model_state
     assert state.ssm_snapshots.shape[1] == 2 * llm.engine.config.scheduler.max_num_seqs
-    assert LLM(str(checkpoint), device="cpu", max_model_len=MAX_MODEL_LEN,
-               enable_prefix_caching=True).engine.kv_cache.enable_prefix_caching
+    assert LLM(
+        str(checkpoint), device="cpu", max_model_len=MAX_MODEL_LEN, enable_prefix_caching=True
+    ).engine.kv_cache.enable_prefix_caching
     off = LLM(str(checkpoint), device="cpu", max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False)
     assert not off.engine.kv_cache.enable_prefix_caching and off.engine.runner.model_state.ssm_snapshots is None
 
@@ -245,14 +273,23 @@ def test_same_tokens_with_speculative_decoding(one_thread):
     pattern = [rng.randrange(250) for _ in range(6)]
     system = (pattern * 8)[:44]
     prompts = [system + pattern[:3], system[:10] + pattern, system + pattern * 2, system[:40]]
-    params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
-              SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)] * 2
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True),
+    ] * 2
     outs, cached = {}, {}
     for caching in (False, True):
-        llm = LLM(config=load_config({
-            "model": {"preset": "jamba-tiny"}, "device": "cpu", "scheduler": {"check_invariants": True},
-            "cache": {"block_size": 4, "enable_prefix_caching": caching},
-            "speculator": {"method": "ngram", "num_speculative_tokens": 3}}))
+        llm = LLM(
+            config=load_config(
+                {
+                    "model": {"preset": "jamba-tiny"},
+                    "device": "cpu",
+                    "scheduler": {"check_invariants": True},
+                    "cache": {"block_size": 4, "enable_prefix_caching": caching},
+                    "speculator": {"method": "ngram", "num_speculative_tokens": 3},
+                }
+            )
+        )
         first = llm.generate(prompts, params, use_tqdm=False)
         second = llm.generate([o.prompt_token_ids + o.token_ids + [5] for o in first], params, use_tqdm=False)
         outs[caching] = [o.token_ids for o in first + second]

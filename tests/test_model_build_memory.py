@@ -19,10 +19,10 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from framework.config.registry import MODELS
 from framework.models.loader import build_model, init_random_weights, load_safetensors_weights
 from framework.models.materialise import build_materialised
 from framework.models.presets import preset_config
-from framework.registry import MODELS
 
 CPU = torch.device("cpu")
 
@@ -51,8 +51,16 @@ def _eager_build(hf_config: dict[str, Any], dtype: torch.dtype) -> nn.Module:
 def _small_llama() -> dict[str, Any]:
     """random_tiny's family with more layers, so no single tensor is a large part of the weights (the loader
     holds one checkpoint tensor at a time on top of the model)."""
-    return {**preset_config("random_tiny"), "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
-            "vocab_size": 1024, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
+    return {
+        **preset_config("random_tiny"),
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 4,
+        "vocab_size": 1024,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+    }
 
 
 @pytest.fixture(scope="module")

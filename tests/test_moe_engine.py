@@ -13,15 +13,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from framework.compat import v2_unsupported_reasons
-from framework.parallel_context import ParallelContext
-from framework.llm import LLM
+from framework.engine.runner_selection import v2_unsupported_reasons
+from framework.entrypoints.llm import LLM
+from framework.layers.parallel.context import ParallelContext
 from framework.models.hf_config import UnsupportedModelError
 from framework.models.loader import CheckpointError, init_random_weights
 from framework.models.moe import MoeForCausalLM
 from framework.models.moe_config import MoeConfig
 from framework.models.presets import preset_config
-from framework.sampling_params import SamplingParams
+from framework.params.sampling_params import SamplingParams
 
 try:
     from hf_models import hf_greedy, hf_logits, random_prompts, save_tiny_checkpoint
@@ -79,7 +79,7 @@ def test_greedy_ngram_speculation_equals_none(checkpoint: Path, baseline: list[l
 def test_engine_with_the_triton_kernels_matches_hf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole engine on the fused-MoE kernels (and every other Triton kernel, interpreted): greedy tokens of
     two batched prompts equal HF's."""
-    import framework.kernels.fused_moe as fused_moe_module
+    import framework.layers.kernels.fused_moe as fused_moe_module
 
     hf = save_tiny_checkpoint(MOE_SPEC_BY_NAME["qwen3moe-e8k2-norm-tied"], tmp_path)
     calls: list[int] = []
@@ -88,8 +88,7 @@ def test_engine_with_the_triton_kernels_matches_hf(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
     prompts = random_prompts(2, 5, 12, seed=2)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    outs = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64).generate(prompts, params,
-                                                                                       use_tqdm=False)
+    outs = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64).generate(prompts, params, use_tqdm=False)
     assert calls, "the MoE layers did not run the Triton kernels"
     assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 6) for p in prompts]
 
@@ -120,19 +119,23 @@ def test_random_weights_of_a_tensor_rank_are_a_slice_of_the_whole() -> None:
     assert torch.equal(rank1.model.layers[0].mlp.gate.weight, whole.model.layers[0].mlp.gate.weight)
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"num_experts_per_tok": 9}, "num_experts_per_tok=9 must be between 1 and the number of experts"),
-    ({"moe_intermediate_size": 0}, "moe_intermediate_size must be set"),
-    ({"decoder_sparse_step": 0}, "decoder_sparse_step=0"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok=9 must be between 1 and the number of experts"),
+        ({"moe_intermediate_size": 0}, "moe_intermediate_size must be set"),
+        ({"decoder_sparse_step": 0}, "decoder_sparse_step=0"),
+    ],
+)
 def test_bad_moe_configs_name_the_field(change: dict, message: str) -> None:
     with pytest.raises(UnsupportedModelError, match=message):
         MoeConfig.from_hf({**preset_config("qwen3-moe-tiny"), **change})
 
 
 def test_sparse_layers_follow_hf_rule() -> None:
-    cfg = MoeConfig.from_hf({**preset_config("qwen3-moe-tiny"), "num_hidden_layers": 6, "decoder_sparse_step": 2,
-                             "mlp_only_layers": [3]})
+    cfg = MoeConfig.from_hf(
+        {**preset_config("qwen3-moe-tiny"), "num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [3]}
+    )
     assert [cfg.is_sparse_layer(i) for i in range(6)] == [False, True, False, False, False, True]
 
 
@@ -166,8 +169,11 @@ def test_checkpoint_missing_an_expert_or_misshaped(checkpoint: Path, tmp_path: P
     bad = dict(tensors)
     bad["model.layers.1.mlp.experts.2.down_proj.weight"] = torch.zeros(64, 31)
     save_file(bad, str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"experts\.2\.down_proj\.weight' has shape \(64, 31\), the model "
-                                              r"expects \(64, 32\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"experts\.2\.down_proj\.weight' has shape \(64, 31\), the model "
+        r"expects \(64, 32\)",
+    ):
         LLM(str(tmp_path), device="cpu")
     extra = dict(tensors)
     extra["model.layers.1.mlp.experts.6.down_proj.weight"] = torch.zeros(64, 32)  # a 7th expert of 6

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.kernels.moe_route import moe_route, moe_route_reference, moe_route_triton
+from framework.layers.kernels.moe_route import moe_route, moe_route_reference, moe_route_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -28,11 +28,13 @@ def _assert_same_choice(logits: torch.Tensor, got: torch.Tensor, ref: torch.Tens
 
 @pytest.mark.parametrize("t,e,k", [(1, 8, 2), (7, 6, 6), (5, 60, 4), (9, 128, 8), (3, 5, 1)])
 @pytest.mark.parametrize("normalize", [True, False])
-@pytest.mark.parametrize("logits_dtype,weight_dtype", [(torch.float32, torch.float32),
-                                                       (torch.bfloat16, torch.bfloat16),
-                                                       (torch.float16, torch.float32)])
-def test_kernel_matches_reference(t: int, e: int, k: int, normalize: bool, logits_dtype: torch.dtype,
-                                  weight_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    "logits_dtype,weight_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)],
+)
+def test_kernel_matches_reference(
+    t: int, e: int, k: int, normalize: bool, logits_dtype: torch.dtype, weight_dtype: torch.dtype
+) -> None:
     logits = _logits(t, e, seed=t * e + k, dtype=logits_dtype)
     ref_w, ref_ids = moe_route_reference(logits, k, normalize, weight_dtype)
     got_w, got_ids = moe_route_triton(logits, k, normalize, weight_dtype)
@@ -69,8 +71,7 @@ def test_reference_matches_hf_router(family: str) -> None:
     `MixtralTopKRouter` (always renormalised, float32)."""
     transformers = pytest.importorskip("transformers")
     if family == "Qwen3Moe":
-        config = transformers.Qwen3MoeConfig(hidden_size=16, num_experts=8, num_experts_per_tok=3,
-                                             norm_topk_prob=True)
+        config = transformers.Qwen3MoeConfig(hidden_size=16, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True)
         router = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeTopKRouter(config)
     else:
         config = transformers.MixtralConfig(hidden_size=16, num_local_experts=8, num_experts_per_tok=3)

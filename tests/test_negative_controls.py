@@ -12,9 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-import pytest
-
 import planted_faults as faults
+import pytest
 import test_attention_triton
 import test_context_model
 import test_engine
@@ -24,6 +23,7 @@ import test_reliability
 import test_runner_v1
 import test_sampler_engine
 import test_spec_probs_distribution
+
 from framework import LLM
 
 PlantFn = Callable[[pytest.MonkeyPatch], None]
@@ -83,10 +83,14 @@ def test_kv_leak_fails_a_reliability_catalogue_case(tmp_path, one_thread):
 
 
 def test_kv_leak_fails_preemption_and_async_equivalences(tiny_llm_factory):
-    _fails_with(LEAK, lambda: test_engine.test_preemption_and_chunked_prefill_do_not_change_outputs(tiny_llm_factory),
-                "test_engine.py")
-    _fails_with(LEAK, lambda: test_engine.test_async_scheduling_gives_the_same_outputs(tiny_llm_factory, True),
-                "test_engine.py")
+    _fails_with(
+        LEAK,
+        lambda: test_engine.test_preemption_and_chunked_prefill_do_not_change_outputs(tiny_llm_factory),
+        "test_engine.py",
+    )
+    _fails_with(
+        LEAK, lambda: test_engine.test_async_scheduling_gives_the_same_outputs(tiny_llm_factory, True), "test_engine.py"
+    )
 
 
 def test_kv_leak_fails_prefix_caching_on_equals_off(tmp_path):
@@ -97,16 +101,19 @@ def test_kv_leak_fails_prefix_caching_on_equals_off(tmp_path):
 
     def check() -> None:
         test_prefix_caching.test_same_tokens_with_and_without_prefix_caching(
-            {arch: tmp_path / arch}, None, arch, runner, async_scheduling, block_size, num_blocks)
+            {arch: tmp_path / arch}, None, arch, runner, async_scheduling, block_size, num_blocks
+        )
 
     _fails_with(LEAK, check, "test_prefix_caching.py")
 
 
 def test_v2_only_block_table_fault_fails_v1_equals_v2(tiny_llm_factory):
     """The fault is in V2's device-side gather only: V1 (tables built on the CPU) is the reference it misses."""
-    _fails_with(faults.plant_v2_gathers_row0_block_table,
-                lambda: test_runner_v1.test_thirty_requests_through_four_rows_match_v2(tiny_llm_factory),
-                "test_runner_v1.py")
+    _fails_with(
+        faults.plant_v2_gathers_row0_block_table,
+        lambda: test_runner_v1.test_thirty_requests_through_four_rows_match_v2(tiny_llm_factory),
+        "test_runner_v1.py",
+    )
 
 
 def test_kv_leak_fails_engine_equals_hf():
@@ -115,7 +122,7 @@ def test_kv_leak_fails_engine_equals_hf():
 
 # ---- attention output zeroed ---------------------------------------------------------------------------------
 def _llm_and_hf() -> tuple[LLM, object]:
-    from framework.hf_reference import hf_model_from_mrv2
+    from framework.entrypoints.bench.hf_reference import hf_model_from_mrv2
 
     llm = LLM("random_tiny", device="cpu")
     return llm, hf_model_from_mrv2(llm.engine.loaded)
@@ -123,11 +130,16 @@ def _llm_and_hf() -> tuple[LLM, object]:
 
 def test_zeroed_attention_fails_the_context_checks():
     """mrv2 against mrv2 cannot see it (both arms lose the context alike); the context model's checks do."""
-    _fails_with(faults.plant_zero_attention,
-                lambda: test_context_model.check_early_token_changes_later_tokens(LLM("random_tiny", device="cpu")),
-                "test_context_model.py")
-    _fails_with(faults.plant_zero_attention, lambda: test_context_model.check_engine_equals_hf(*_llm_and_hf()),
-                "test_context_model.py")
+    _fails_with(
+        faults.plant_zero_attention,
+        lambda: test_context_model.check_early_token_changes_later_tokens(LLM("random_tiny", device="cpu")),
+        "test_context_model.py",
+    )
+    _fails_with(
+        faults.plant_zero_attention,
+        lambda: test_context_model.check_engine_equals_hf(*_llm_and_hf()),
+        "test_context_model.py",
+    )
 
 
 def test_zeroed_triton_attention_fails_the_triton_end_to_end_test(tiny_llm_factory, monkeypatch):
@@ -149,20 +161,28 @@ def test_zeroed_triton_attention_fails_the_triton_end_to_end_test(tiny_llm_facto
 
 def test_old_random_tiny_fails_the_context_check():
     """The model these tests replaced: its greedy output ignored everything but the last prompt token."""
-    _fails_with(faults.plant_old_random_tiny,
-                lambda: test_context_model.check_early_token_changes_later_tokens(LLM("random_tiny", device="cpu")),
-                "test_context_model.py")
+    _fails_with(
+        faults.plant_old_random_tiny,
+        lambda: test_context_model.check_early_token_changes_later_tokens(LLM("random_tiny", device="cpu")),
+        "test_context_model.py",
+    )
 
 
 # ---- a reused request slot keeps its previous owner's sampling parameters --------------------------------------
-@pytest.mark.parametrize("module, name", [
-    (test_engine, "test_reused_slot_carries_nothing_of_previous_owner"),
-    (test_engine, "test_profile_run_leaves_no_state_behind"),
-    (test_sampler_engine, "test_reused_slot_keeps_nothing_of_a_fully_parameterised_owner"),
-])
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        (test_engine, "test_reused_slot_carries_nothing_of_previous_owner"),
+        (test_engine, "test_profile_run_leaves_no_state_behind"),
+        (test_sampler_engine, "test_reused_slot_keeps_nothing_of_a_fully_parameterised_owner"),
+    ],
+)
 def test_stale_slot_fails_the_slot_reuse_tests(module, name, tiny_llm_factory):
-    _fails_with(faults.plant_reused_slot_keeps_sampling_params, lambda: getattr(module, name)(tiny_llm_factory),
-                Path(module.__file__).name)
+    _fails_with(
+        faults.plant_reused_slot_keeps_sampling_params,
+        lambda: getattr(module, name)(tiny_llm_factory),
+        Path(module.__file__).name,
+    )
 
 
 # ---- drafts with probabilities always accepted ---------------------------------------------------------------
@@ -170,6 +190,8 @@ def test_always_accepted_drafts_fail_the_distribution_check(tmp_path: Path):
     spec = test_spec_probs_distribution
     path, joint = spec.build_target(tmp_path / "llama")
     with spec.drawn_from_q_registered(joint):
-        _fails_with(faults.plant_accept_every_draft_with_probs,
-                    lambda: spec.check_spec_probs_keep_the_target_distribution(path, joint, num_requests=300),
-                    "test_spec_probs_distribution.py")
+        _fails_with(
+            faults.plant_accept_every_draft_with_probs,
+            lambda: spec.check_spec_probs_keep_the_target_distribution(path, joint, num_requests=300),
+            "test_spec_probs_distribution.py",
+        )

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from framework.async_output import ModelRunnerOutput
-from framework.output_processor import OutputProcessor
-from framework.request import Request, RequestStatus
-from framework.sampling_params import SamplingParams
-from framework.tokenizer import ByteTokenizer
+from framework.engine.output_processor import OutputProcessor
+from framework.engine.request import Request, RequestStatus
+from framework.models.tokenizer import ByteTokenizer
+from framework.params.sampling_params import SamplingParams
+from framework.runner.async_output import ModelRunnerOutput
 
 
 class _Scheduler:
@@ -30,8 +30,9 @@ def test_quiet_rows_are_skipped_while_running_and_decoded_once_at_the_end(monkey
         op.add_request(r)
     seen: list[str] = []
     add_tokens = op._add_tokens
-    monkeypatch.setattr(op, "_add_tokens", lambda state, lp: (seen.append(state.request.request_id),
-                                                              add_tokens(state, lp)))
+    monkeypatch.setattr(
+        op, "_add_tokens", lambda state, lp: (seen.append(state.request.request_id), add_tokens(state, lp))
+    )
     text = "hello!"
     outputs = []
     for i, ch in enumerate(text):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from framework.llm import LLM
-from framework.models.parallel_layers import MissingLayer
-from framework.sampling_params import SamplingParams
+from framework.entrypoints.llm import LLM
+from framework.layers.parallel.linear import MissingLayer
+from framework.params.sampling_params import SamplingParams
 
 try:
     from hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
@@ -26,8 +26,9 @@ pytestmark = pytest.mark.slow  # spawns processes
 PROMPTS = random_prompts(5, 5, 40, seed=1234)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 # 24 blocks of 4 tokens hold one request of max_model_len: 5 requests must preempt; 8 tokens per step chunk prefills.
-ENGINE = dict(device="cpu", dtype="float32", max_model_len=96, block_size=4, num_kv_blocks=24,
-              max_num_batched_tokens=8, seed=0)
+ENGINE = dict(
+    device="cpu", dtype="float32", max_model_len=96, block_size=4, num_kv_blocks=24, max_num_batched_tokens=8, seed=0
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +77,9 @@ def test_pipeline_parallel_2_matches_one_process(qwen3: Path, single: list) -> N
     got, llm = _run_parallel(qwen3, pipeline_parallel_size=2)
     try:
         layers = llm.engine.runner.model.model.layers
-        assert isinstance(layers[0], MissingLayer) and not isinstance(layers[1], MissingLayer), \
+        assert isinstance(layers[0], MissingLayer) and not isinstance(layers[1], MissingLayer), (
             "the driver is the last stage"
+        )
         assert got == single
     finally:
         _shutdown(llm)
@@ -97,4 +99,3 @@ def test_a_dead_rank_fails_requests_with_a_clear_error(qwen3: Path) -> None:
         assert f"{procs[0].name} exited" in (out.error or ""), "the error should name the rank that left"
     finally:
         llm.shutdown()
-

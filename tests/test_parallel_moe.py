@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from framework.llm import LLM
-from framework.models.parallel_layers import MissingLayer
+from framework.entrypoints.llm import LLM
+from framework.layers.parallel.linear import MissingLayer
 
 try:
     from hf_models import random_prompts, save_tiny_checkpoint

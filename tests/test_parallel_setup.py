@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from framework.cli import conf_dir
-from framework.cli_overrides import check_overrides
-from framework.config import ConfigError, load_config
-from framework.parallel_context import ParallelContext, stage_layers
-from framework.distributed.launch import check_parallel_config, torchrun_place
+from framework.config.overrides import check_overrides
+from framework.config.schema import ConfigError, load_config
+from framework.entrypoints.cli import conf_dir
+from framework.executor.launch import check_parallel_config, torchrun_place
+from framework.layers.parallel.context import ParallelContext, stage_layers
+from framework.layers.parallel.linear import MissingLayer
 from framework.models.loader import build_model, init_random_weights, load_safetensors_weights, read_hf_config
-from framework.models.parallel_layers import MissingLayer
 from framework.models.presets import preset_config
 
 try:
@@ -43,11 +43,14 @@ def test_parallel_keys_validate_and_override_from_the_cli() -> None:
         load_config({"device": "cpu", "parallel": {"pipeline_parallel_size": 2, "backend": "nccl"}})
 
 
-@pytest.mark.parametrize("tp, pp, message", [
-    (3, 1, "4 attention heads do not divide by parallel.tensor_parallel_size=3"),
-    (4, 1, "2 KV heads do not divide by parallel.tensor_parallel_size=4"),
-    (1, 3, "2 layers, fewer than parallel.pipeline_parallel_size=3 stages"),
-])
+@pytest.mark.parametrize(
+    "tp, pp, message",
+    [
+        (3, 1, "4 attention heads do not divide by parallel.tensor_parallel_size=3"),
+        (4, 1, "2 KV heads do not divide by parallel.tensor_parallel_size=4"),
+        (1, 3, "2 layers, fewer than parallel.pipeline_parallel_size=3 stages"),
+    ],
+)
 def test_layouts_the_model_cannot_split_are_refused(tp: int, pp: int, message: str) -> None:
     cfg = load_config({"device": "cpu", "parallel": {"tensor_parallel_size": tp, "pipeline_parallel_size": pp}})
     with pytest.raises(ConfigError, match=message):
@@ -132,8 +135,9 @@ def _spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple]]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_tensor_parallel_ranks_read_only_their_slices(arch: str, checkpoints: dict[str, Path],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tensor_parallel_ranks_read_only_their_slices(
+    arch: str, checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = checkpoints[arch]
     hf = read_hf_config(path)
     full = _full_state(path)
@@ -149,9 +153,15 @@ def test_tensor_parallel_ranks_read_only_their_slices(arch: str, checkpoints: di
         params = dict(model.named_parameters())
         p = "model.layers.1."
         expect = {  # name -> (dim split, or None when whole)
-            p + "self_attn.q_proj.weight": 0, p + "self_attn.k_proj.weight": 0, p + "self_attn.v_proj.weight": 0,
-            p + "self_attn.o_proj.weight": 1, p + "mlp.gate_proj.weight": 0, p + "mlp.up_proj.weight": 0,
-            p + "mlp.down_proj.weight": 1, "model.embed_tokens.weight": 0, p + "input_layernorm.weight": None,
+            p + "self_attn.q_proj.weight": 0,
+            p + "self_attn.k_proj.weight": 0,
+            p + "self_attn.v_proj.weight": 0,
+            p + "self_attn.o_proj.weight": 1,
+            p + "mlp.gate_proj.weight": 0,
+            p + "mlp.up_proj.weight": 0,
+            p + "mlp.down_proj.weight": 1,
+            "model.embed_tokens.weight": 0,
+            p + "input_layernorm.weight": None,
         }
         if arch == "qwen2":
             expect[p + "self_attn.k_proj.bias"] = 0
@@ -167,8 +177,9 @@ def test_tensor_parallel_ranks_read_only_their_slices(arch: str, checkpoints: di
         assert read["model.embed_tokens.weight"][0] == full["model.embed_tokens.weight"].shape[0] // 2
 
 
-def test_pipeline_stages_read_only_their_layers_and_a_tied_head(checkpoints: dict[str, Path],
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pipeline_stages_read_only_their_layers_and_a_tied_head(
+    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = checkpoints["qwen3"]  # tied embeddings: the last stage loads its LM head from the embedding tensor
     hf = read_hf_config(path)
     full = _full_state(path)
@@ -207,8 +218,8 @@ def test_spawned_workers_get_the_config_as_json_and_no_object_of_ours(monkeypatc
     JSON text, which the worker validates back into an equal config."""
     import torch.multiprocessing as mp
 
-    from framework.config import Mrv2Config
-    from framework.distributed.driver import spawn_workers
+    from framework.config.schema import Mrv2Config
+    from framework.executor.driver import spawn_workers
 
     started: list[tuple] = []
 
@@ -223,8 +234,13 @@ def test_spawned_workers_get_the_config_as_json_and_no_object_of_ours(monkeypatc
         Process = FakeProcess
 
     monkeypatch.setattr(mp, "get_context", lambda method: FakeContext())
-    config = load_config({"device": "cpu", "parallel": {"tensor_parallel_size": 4},
-                          "speculator": {"method": "ngram", "num_speculative_tokens": 2}})
+    config = load_config(
+        {
+            "device": "cpu",
+            "parallel": {"tensor_parallel_size": 4},
+            "speculator": {"method": "ngram", "num_speculative_tokens": 2},
+        }
+    )
     spawn_workers(config, driver_rank=1, port=1234)
     assert [args[1:] for args in started] == [(r, r, "tcp://127.0.0.1:1234") for r in (0, 2, 3)]
     for args in started:

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from framework.parallel_context import ParallelContext
+from framework.layers.parallel.context import ParallelContext
 
 
 def _two_gloo_ranks() -> list[dist.ProcessGroup]:

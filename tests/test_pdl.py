@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (framework/kernels/pdl.py) without a GPU.
+"""Programmatic dependent launch (framework/layers/kernels/pdl.py) without a GPU.
 
 Claims: `model.programmatic_launch` resolves as documented (off on a CPU and under the interpreter, on for a
 faked sm_90 device, off for an older GPU or a Triton without `launch_pdl`, with a log line naming why); the
@@ -22,16 +22,17 @@ from typing import Any
 import pytest
 import torch
 
-import framework.kernels.pdl as pdl_module
+import framework.layers.kernels.pdl as pdl_module
 import framework.models.llama as llama
 import framework.models.small_batch as small_batch
-from framework.config import Mrv2Config
-from framework.kernels.layer_ops import qk_norm_rope_store_reference, rms_norm_reference
-from framework.kernels.pdl import pdl_launch_kwargs, pdl_supported, resolve_programmatic_launch
-from framework.kernels.small_batch_ops import fused_linear_reference
-from framework.kernels.triton_gemv import gemv_tiles, gemv_triton
+from framework.config.schema import Mrv2Config
+from framework.layers.attention.qk_norm_rope import qk_norm_rope_store_reference
+from framework.layers.kernels.layer_ops import rms_norm_reference
+from framework.layers.kernels.pdl import pdl_launch_kwargs, pdl_supported, resolve_programmatic_launch
+from framework.layers.kernels.small_batch_ops import fused_linear_reference
+from framework.layers.kernels.triton_gemv import gemv_tiles, gemv_triton
 from framework.models.small_batch import enable_small_batch
-from framework.sampling_params import SamplingParams
+from framework.params.sampling_params import SamplingParams
 
 try:
     from test_small_batch_kernels import EPS, VARIANTS, _case, assert_gemv_matches
@@ -67,8 +68,9 @@ def test_interpreter_wins_even_on_a_hopper(fake_gpu: list, monkeypatch: pytest.M
     assert resolve_programmatic_launch("on", CUDA) is False
 
 
-def test_on_for_a_faked_sm90_off_for_older_gpus_and_old_tritons(fake_gpu: list, monkeypatch: pytest.MonkeyPatch,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_on_for_a_faked_sm90_off_for_older_gpus_and_old_tritons(
+    fake_gpu: list, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     assert pdl_module.triton_has_pdl(), "Triton >= 3.6 has launch_pdl and gdc_wait"
     assert resolve_programmatic_launch("auto", CUDA) and resolve_programmatic_launch("on", CUDA)
     assert not resolve_programmatic_launch("off", CUDA)
@@ -98,8 +100,9 @@ def test_an_engine_on_the_cpu_resolves_it_off(tiny_llm_factory: Any) -> None:
     assert model.programmatic_launch is False and model.model.layers[0].programmatic_launch is False
 
 
-def test_the_small_batch_path_passes_pdl_to_every_kernel(tiny_llm_factory: Any,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_small_batch_path_passes_pdl_to_every_kernel(
+    tiny_llm_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the switch forced on (as on an H200), each decode step's GEMVs, q/k norm + RoPE, attention and final
     norm get pdl=True, and the prefill (the default path) pdl=False; the ops run their references here."""
     llm = tiny_llm_factory(small_batch_kernels="on", cuda_graphs=False)
@@ -143,9 +146,14 @@ def test_gemv_weight_first_tile_matches_the_reference(prefetch_k: int | None, va
     has_bias, has_norm, has_residual, silu_mul, fp32_out = VARIANTS[variant]
     for m in (1, 3):
         x, weight, bias, norm_weight, residual = _case(m, 12, 300, torch.bfloat16, seed=m, silu_mul=silu_mul)
-        kwargs = dict(bias=bias if has_bias else None, norm_weight=norm_weight if has_norm else None, eps=EPS,
-                      residual=residual if has_residual else None, silu_mul=silu_mul,
-                      out_dtype=torch.float32 if fp32_out else None)
+        kwargs = dict(
+            bias=bias if has_bias else None,
+            norm_weight=norm_weight if has_norm else None,
+            eps=EPS,
+            residual=residual if has_residual else None,
+            silu_mul=silu_mul,
+            out_dtype=torch.float32 if fp32_out else None,
+        )
         tiles = gemv_tiles(m, 12, 300, 2, block_k=64, dot=False, silu_mul=silu_mul, prefetch_k=prefetch_k)
         assert tiles.prefetch_k == (512 if prefetch_k is None else prefetch_k)
         out, summed = gemv_triton(x, weight, **kwargs, tiles=tiles)  # type: ignore[arg-type]
@@ -169,8 +177,14 @@ def test_prefetch_rule_at_real_shapes() -> None:
 @pytest.fixture(scope="module")
 def ptx_reports() -> list[dict]:
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "pdl_ptx_check.py")], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "pdl_ptx_check.py")],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
 

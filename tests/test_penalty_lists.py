@@ -12,15 +12,25 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sampler_cases import make_history
 
 import samplers.penalties
 import samplers.penalty_counts
-from framework.sampling_params import SamplingParams
-from samplers.penalties import DraftContext, PenaltiesState, PenaltyTables, apply_penalties_reference, \
-    apply_penalties_triton
-from samplers.penalty_counts import PenaltyCounts, seen_bits_reference, seen_list_reference, \
-    update_token_counts_reference, update_token_counts_triton
-from sampler_cases import make_history
+from framework.params.sampling_params import SamplingParams
+from samplers.penalties import (
+    DraftContext,
+    PenaltiesState,
+    PenaltyTables,
+    apply_penalties_reference,
+    apply_penalties_triton,
+)
+from samplers.penalty_counts import (
+    PenaltyCounts,
+    seen_bits_reference,
+    seen_list_reference,
+    update_token_counts_reference,
+    update_token_counts_triton,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 VOCAB = 70
@@ -56,8 +66,11 @@ def _scenario(forced: bool, monkeypatch) -> list[tuple[PenaltyCounts, torch.Tens
                 m.setattr(module, "use_triton", lambda tensor: True)
         history = make_history(4, 24, DEVICE, num_draft=3)
         state = PenaltiesState(4, VOCAB, torch.device(DEVICE), history)
-        logits = torch.linspace(-3, 3, 4 * VOCAB, device=DEVICE).view(4, VOCAB)[:, torch.randperm(
-            VOCAB, generator=torch.Generator().manual_seed(0))].contiguous()
+        logits = (
+            torch.linspace(-3, 3, 4 * VOCAB, device=DEVICE)
+            .view(4, VOCAB)[:, torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))]
+            .contiguous()
+        )
         idx = _i32([0, 0, 2, 2])
         snapshots = []
 
@@ -82,8 +95,10 @@ def _scenario(forced: bool, monkeypatch) -> list[tuple[PenaltyCounts, torch.Tens
         state.apply_staged_writes()
         snapshot()
         # Two steps: a row with a repeated token and a token from the prompt, a row sampling nothing, a new one.
-        for sampled, num in (([[9, 40, 40], [8, 1, 1], [33, 44, 0]], [3, 2, 2]), ([[41, 5, 0], [2, 0, 0], [44, 0, 0]],
-                                                                               [2, 1, 0])):
+        for sampled, num in (
+            ([[9, 40, 40], [8, 1, 1], [33, 44, 0]], [3, 2, 2]),
+            ([[41, 5, 0], [2, 0, 0], [44, 0, 0]], [2, 1, 0]),
+        ):
             state.record_sampled(_i32([0, 1, 2]), torch.tensor(sampled, device=DEVICE), _i32(num))
             history.total_len[[0, 1, 2]] += _i32(num)
         snapshot()
@@ -123,7 +138,8 @@ def _tables(vocab: int, max_seen: int, seed: int) -> tuple[PenaltyTables, torch.
     g = torch.Generator().manual_seed(seed)
     slots = 4
     counts = torch.randint(0, 4, (slots, vocab), generator=g, dtype=torch.int32) * (
-        torch.rand(slots, vocab, generator=g) < 0.3)
+        torch.rand(slots, vocab, generator=g) < 0.3
+    )
     prompt = torch.rand(slots, vocab, generator=g) < 0.2
     if vocab > 1:
         counts[1, 0], prompt[1, 0] = 2, True  # a token in prompt and output
@@ -133,13 +149,23 @@ def _tables(vocab: int, max_seen: int, seed: int) -> tuple[PenaltyTables, torch.
         seen_ids[slot, :n] = seen_ids[slot, torch.randperm(n, generator=g)]
     unseen = [t for t in range(vocab) if not prompt[0, t] and counts[0, t] == 0] + [vocab + 1]
     listed = int(seen_ids[0, 0]) if num_seen[0] else -1
-    drafts = torch.tensor([[unseen[0], listed, unseen[0], vocab], [-1, vocab - 1, vocab - 1, 0],
-                           [0, 0, 0, 0], [unseen[-1], unseen[0], listed, unseen[0]]], dtype=torch.int32)
+    drafts = torch.tensor(
+        [
+            [unseen[0], listed, unseen[0], vocab],
+            [-1, vocab - 1, vocab - 1, 0],
+            [0, 0, 0, 0],
+            [unseen[-1], unseen[0], listed, unseen[0]],
+        ],
+        dtype=torch.int32,
+    )
     total_len = torch.tensor([10, 20, 30, 40], dtype=torch.int32)
     idx = torch.tensor([0, 0, 0, 0, 0, 3, 1, 1, 2, 3, 3], dtype=torch.int32)
     positions = total_len.long()[idx.long()] + torch.tensor([0, 1, 2, 3, 4, 0, 3, 1, 2, 2, 4])
-    rep, freq, pres = torch.tensor([1.5, 0.7, 1.0, 1.2]), torch.tensor([0.3, 0.0, 0.0, -0.5]), \
-        torch.tensor([0.2, 1.0, 0.0, 0.4])  # slot 2: no penalty
+    rep, freq, pres = (
+        torch.tensor([1.5, 0.7, 1.0, 1.2]),
+        torch.tensor([0.3, 0.0, 0.0, -0.5]),
+        torch.tensor([0.2, 1.0, 0.0, 0.4]),
+    )  # slot 2: no penalty
     c = PenaltyCounts(counts, prompt, seen_bits_reference(prompt, counts), seen_ids, num_seen)
     tables = PenaltyTables(rep, freq, pres, c, DraftContext(positions, total_len, drafts))
     return tables, idx, positions
@@ -150,16 +176,21 @@ def _tables(vocab: int, max_seen: int, seed: int) -> tuple[PenaltyTables, torch.
 def test_penalty_kernel_matches_the_reference(vocab, drafts, small_programs):
     tables, idx, _ = _tables(vocab, vocab, seed=vocab)
     move = lambda tup: type(tup)(*(t.to(DEVICE) for t in tup))  # noqa: E731
-    tables = tables._replace(repetition=tables.repetition.to(DEVICE), frequency=tables.frequency.to(DEVICE),
-                             presence=tables.presence.to(DEVICE), counts=move(tables.counts),
-                             drafts=move(tables.drafts) if drafts else None)
+    tables = tables._replace(
+        repetition=tables.repetition.to(DEVICE),
+        frequency=tables.frequency.to(DEVICE),
+        presence=tables.presence.to(DEVICE),
+        counts=move(tables.counts),
+        drafts=move(tables.drafts) if drafts else None,
+    )
     idx = idx.to(DEVICE)
     g = torch.Generator().manual_seed(1)
     logits = (torch.randn(len(idx), vocab, generator=g) * 3).to(DEVICE)
     logits[2, ::3] = -float("inf")
     c = tables.counts
-    want = apply_penalties_reference(logits, idx, tables.repetition, tables.frequency, tables.presence,
-                                     c.output_counts, c.prompt_mask, tables.drafts)
+    want = apply_penalties_reference(
+        logits, idx, tables.repetition, tables.frequency, tables.presence, c.output_counts, c.prompt_mask, tables.drafts
+    )
     got = apply_penalties_triton(logits.clone(), idx, tables)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     assert torch.equal(got[8], logits[8])  # slot 2: no penalty

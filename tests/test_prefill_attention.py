@@ -22,9 +22,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 try:
     from triton.runtime.interpreter import InterpretedFunction
 
-    from framework.attention import triton_paged_attention as tpa
-    from framework.attention import triton_prefill_attention as tfa
-    from framework.attention.paged import paged_attention_reference, store_kv_reference
+    from framework.layers.attention import triton_paged_attention as tpa
+    from framework.layers.attention import triton_prefill_attention as tfa
+    from framework.layers.attention.paged import paged_attention_reference, store_kv_reference
 finally:
     if _saved_interpret is None:
         del os.environ["TRITON_INTERPRET"]
@@ -50,8 +50,16 @@ def _interpreter_env(monkeypatch):
 
 
 def _case(rows, *, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.float32, seed=0):
-    case = make_paged_case(rows, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                           block_size=block_size, dtype=dtype, seed=seed, num_pad_tokens=3)
+    case = make_paged_case(
+        rows,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        seed=seed,
+        num_pad_tokens=3,
+    )
     store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)  # this step's K/V
     return case
 
@@ -60,8 +68,9 @@ def _run(case, variant, *, meta=None, skip_query_len=0):
     """Kernel output over a NaN-filled buffer (rows it must not write stay NaN) and the reference."""
     scale = 1 / math.sqrt(case.query.shape[-1])
     out = torch.full_like(case.query, float("nan"))
-    tfa.prefill_attention(case.query, case.kv_cache, meta or case.meta, scale, out, skip_query_len=skip_query_len,
-                          variant=variant)
+    tfa.prefill_attention(
+        case.query, case.kv_cache, meta or case.meta, scale, out, skip_query_len=skip_query_len, variant=variant
+    )
     return out, paged_attention_reference(case.query, case.kv_cache, case.meta, scale)
 
 
@@ -101,13 +110,15 @@ def test_variants_match_reference(rows, variant):
 def test_pages_smaller_equal_and_larger_than_kv_tile(block_size, block_n):
     variant = dataclasses.replace(SMALL, block_n=block_n)
     _assert_matches(_case([(37, 20), (30, 25), (0, 40)], block_size=block_size), variant)
-    _assert_matches(_case([(37, 20), (0, 40)], block_size=block_size), dataclasses.replace(variant,
-                                                                                         prefetch_pages=False))
+    _assert_matches(
+        _case([(37, 20), (0, 40)], block_size=block_size), dataclasses.replace(variant, prefetch_pages=False)
+    )
     _assert_matches(_case([(70, 20), (0, 40)], block_size=block_size), dataclasses.replace(variant, qk_ahead=True))
 
 
-@pytest.mark.parametrize("num_heads, num_kv_heads, heads", [(4, 4, 0), (4, 1, 0), (4, 1, 2), (6, 2, 1), (14, 2, 0),
-                                                           (14, 2, 7)])
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, heads", [(4, 4, 0), (4, 1, 0), (4, 1, 2), (6, 2, 1), (14, 2, 0), (14, 2, 7)]
+)
 def test_gqa_groups(num_heads, num_kv_heads, heads):
     """MHA, a group of 4 (whole, halves), groups of 3 and 7 (not powers of two: spare tile rows unused)."""
     variant = dataclasses.replace(SMALL, heads=heads, block_m=16 if heads == 1 else 32)
@@ -127,7 +138,7 @@ def test_skips_rows_of_the_decode_launch():
     starts = case.meta.query_start_loc.tolist()
     mine = torch.zeros(case.query.shape[0], dtype=torch.bool)
     for r, (c, q) in enumerate([(30, 1), (0, 20), (12, 3), (5, 16)]):
-        mine[starts[r]:starts[r + 1]] = q > 3
+        mine[starts[r] : starts[r + 1]] = q > 3
     assert out[~mine].isnan().all()
     torch.testing.assert_close(out[mine], ref[mine], **TOL[torch.float32])
 
@@ -158,7 +169,8 @@ def test_default_variant_at_head_dim_128():
 
 def test_variant_parse_reaches_the_launch_through_paged_attention(monkeypatch):
     assert tfa.PrefillVariant.parse("block_m=64,num_warps=4,reverse=0,k_trans=false") == tfa.PrefillVariant(
-        64, 128, 4, 3, reverse=False, k_trans=False)
+        64, 128, 4, 3, reverse=False, k_trans=False
+    )
     with pytest.raises(ValueError, match="unknown PrefillVariant field"):
         tfa.PrefillVariant.parse("block_k=64")
     # A parsed variant given to paged_attention reaches the prefill kernel's launch.
@@ -171,6 +183,7 @@ def test_variant_parse_reaches_the_launch_through_paged_attention(monkeypatch):
             def launch(*args, **kwargs):
                 seen.append((grid, kwargs["BLOCK_N"], kwargs["HEADS"]))
                 return real[grid](*args, **kwargs)
+
             return launch
 
     monkeypatch.setattr(tfa, "_prefill_attention_kernel", Spy())
@@ -178,8 +191,9 @@ def test_variant_parse_reaches_the_launch_through_paged_attention(monkeypatch):
     out = tpa.paged_attention(case.query, case.kv_cache, case.meta, 0.125, prefill_variant=variant)
     assert seen and seen[0][1:] == (32, 1)
     n = case.num_real_tokens
-    torch.testing.assert_close(out[:n], paged_attention_reference(case.query, case.kv_cache, case.meta, 0.125)[:n],
-                               **TOL[torch.float32])
+    torch.testing.assert_close(
+        out[:n], paged_attention_reference(case.query, case.kv_cache, case.meta, 0.125)[:n], **TOL[torch.float32]
+    )
 
 
 # ------------------------------------------------------------------------------------- negative controls
@@ -196,8 +210,7 @@ def test_negative_control_other_rows_blocks():
 def test_negative_control_one_key_too_many():
     """An off-by-one causal mask (every query also sees the next key) fails the comparison."""
     case = _case([(10, 30)])
-    longer = dataclasses.replace(case.meta, seq_lens=case.meta.seq_lens + 1,
-                                 query_start_loc=case.meta.query_start_loc)
+    longer = dataclasses.replace(case.meta, seq_lens=case.meta.seq_lens + 1, query_start_loc=case.meta.query_start_loc)
     # Same queries at positions shifted by one: each sees one more (random, stored) key than the reference.
     cache = case.kv_cache.clone()
     cache[torch.isnan(cache)] = 0.5
@@ -228,13 +241,20 @@ def _outcome_in_a_fresh_process(name: str) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             report = os.path.join(tmp, "report.xml")
             env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-            subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                            f"--junitxml={report}"], check=False, cwd=os.path.dirname(os.path.dirname(__file__)),
-                           env=env, capture_output=True, text=True, timeout=900)
+            subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, f"--junitxml={report}"],
+                check=False,
+                cwd=os.path.dirname(os.path.dirname(__file__)),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             for case in ET.parse(report).getroot().iter("testcase"):
                 problem = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
-                _fresh_outcomes[case.get("name", "")] = ("passed" if problem is None else
-                                                         f"{problem.tag}: {problem.get('message', '')}")
+                _fresh_outcomes[case.get("name", "")] = (
+                    "passed" if problem is None else f"{problem.tag}: {problem.get('message', '')}"
+                )
     return _fresh_outcomes.get(name, "missing from the fresh run")
 
 

@@ -1,4 +1,4 @@
-"""Prefill graph pieces (framework/prefill_graphs.py) on the CPU: the "static inputs + replay" path.
+"""Prefill graph pieces (framework/runner/graphs/prefill_graphs.py) on the CPU: the "static inputs + replay" path.
 
 `StaticInputsCapturer` (tests/fake_graphs.py) "replays" a piece by running it again and fails when it reads a
 storage it did not read at capture or reads device data on the host, which is what a real CUDA graph could not
@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import torch
 
-from framework.attention import AttentionMetadata
-from framework.config import load_config
-from framework.llm import LLM
-from framework.prefill_graphs import PrefillPieceGraphs, prefill_graph_sizes, unsupported_reason
-from framework.sampling_params import SamplingParams
+from framework.config.schema import load_config
+from framework.entrypoints.llm import LLM
+from framework.layers.attention import AttentionMetadata
+from framework.params.sampling_params import SamplingParams
+from framework.runner.graphs.prefill_graphs import PrefillPieceGraphs, prefill_graph_sizes, unsupported_reason
 
 try:
     from fake_graphs import StaticInputsCapturer
@@ -38,8 +38,15 @@ except ImportError:  # tests/ collected as a package
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-BASE = {"device": "cpu", "dtype": "float32", "seed": 0, "max_num_seqs": 6, "max_model_len": 64,
-        "max_num_batched_tokens": 24, "async_scheduling": True}
+BASE = {
+    "device": "cpu",
+    "dtype": "float32",
+    "seed": 0,
+    "max_num_seqs": 6,
+    "max_model_len": 64,
+    "max_num_batched_tokens": 24,
+    "async_scheduling": True,
+}
 SIZES = [4, 8, 16]  # + max_num_batched_tokens (24)
 
 
@@ -72,11 +79,16 @@ def _prompt_step(llm: LLM, lengths: list[int]) -> tuple[AttentionMetadata, torch
         starts.append(starts[-1] + n)
     width = max(len(t) for t in tables)
     meta = AttentionMetadata(
-        num_tokens=starts[-1], num_rows=len(lengths), query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        num_tokens=starts[-1],
+        num_rows=len(lengths),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
         seq_lens=torch.tensor(lengths, dtype=torch.int32),
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        kv_slot_mapping=torch.tensor(slots), block_size=block_size, max_query_len=max(lengths),
-        max_seq_len=max(lengths))
+        kv_slot_mapping=torch.tensor(slots),
+        block_size=block_size,
+        max_query_len=max(lengths),
+        max_seq_len=max(lengths),
+    )
     return meta, torch.tensor(ids), torch.tensor(positions)
 
 
@@ -103,8 +115,9 @@ def test_pieces_equal_the_eager_forward_and_padding_stores_nothing() -> None:
     # Once more with fewer tokens on the same pieces: the first step's KV slots left in the static buffer must
     # not make the padding tokens overwrite its K/V, and nothing of it leaks into the hidden states.
     meta2, ids2, positions2 = _prompt_step(llm, [7])
-    torch.testing.assert_close(graphs.run(8, ids2, positions2, meta2), model(ids2, positions2, eager_caches, meta2),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        graphs.run(8, ids2, positions2, meta2), model(ids2, positions2, eager_caches, meta2), rtol=1e-5, atol=1e-5
+    )
     for piece, eager in zip(piece_caches, eager_caches):
         torch.testing.assert_close(piece, eager, rtol=1e-5, atol=1e-5)
     assert graphs.num_replayed_steps == 2
@@ -117,9 +130,14 @@ def _work() -> list[tuple[int, list[int], SamplingParams]]:
     out = []
     for i in range(8):
         prompt = torch.randint(0, 250, (int(torch.randint(3, 31, (1,), generator=g)),), generator=g).tolist()
-        params = SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=int(torch.randint(3, 10, (1,),
-                                generator=g)), ignore_eos=True, logprobs=2 if i % 3 == 0 else None,
-                                prompt_logprobs=1 if i % 4 == 1 else None)
+        params = SamplingParams(
+            temperature=0.0 if i % 2 else 0.8,
+            seed=i,
+            max_tokens=int(torch.randint(3, 10, (1,), generator=g)),
+            ignore_eos=True,
+            logprobs=2 if i % 3 == 0 else None,
+            prompt_logprobs=1 if i % 4 == 1 else None,
+        )
         out.append((i if i < 4 else 2 * i, prompt, params))
     return out
 
@@ -174,18 +192,22 @@ def test_ngram_drafting_with_pieces_equals_eager() -> None:
     assert on.engine.runner.graphs.prefill_graphs is not None
 
     def check(step: int, outs_off: list, outs_on: list) -> None:
-        assert {o.request_id: list(o.token_ids) for o in outs_off} == \
-            {o.request_id: list(o.token_ids) for o in outs_on}, f"step {step}: tokens differ"
+        assert {o.request_id: list(o.token_ids) for o in outs_off} == {
+            o.request_id: list(o.token_ids) for o in outs_on
+        }, f"step {step}: tokens differ"
 
-    repeats = [(i, [7, 8, 9, 10] * (2 + i) + [7, 8], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-               for i in range(5)]  # repeating prompts: ngram proposes drafts
+    repeats = [
+        (i, [7, 8, 9, 10] * (2 + i) + [7, 8], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+        for i in range(5)
+    ]  # repeating prompts: ngram proposes drafts
     run_in_lockstep(off, on, repeats, check)
     assert on.engine.runner.prefill_piece_steps > 0
     assert on.get_metrics()["spec_decode"]["num_drafts"] > 0
 
 
-def test_unsupported_runs_say_why_and_run_eagerly(caplog: pytest.LogCaptureFixture,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unsupported_runs_say_why_and_run_eagerly(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with caplog.at_level(logging.INFO):
         moe = _llm(True, "qwen3-moe-tiny")
     assert moe.engine.runner.graphs.prefill_graphs is None
@@ -224,8 +246,12 @@ def test_embeddings_pooled_from_the_pieces_equal_eager() -> None:
     prompts = [list(range(3, 3 + n)) for n in (5, 17, 30, 9)]
     vectors = {}
     for on in (False, True):
-        llm = LLM("random_tiny", task="embed", pooling="mean",
-                  **{**BASE, "prefill_cuda_graphs": on, "prefill_cuda_graph_sizes": SIZES})
+        llm = LLM(
+            "random_tiny",
+            task="embed",
+            pooling="mean",
+            **{**BASE, "prefill_cuda_graphs": on, "prefill_cuda_graph_sizes": SIZES},
+        )
         llm.engine.runner.capture_cuda_graphs(StaticInputsCapturer())
         vectors[on] = torch.stack([torch.as_tensor(o.embedding) for o in llm.encode(prompts, use_tqdm=False)])
         assert (llm.engine.runner.prefill_piece_steps > 0) == on

@@ -5,35 +5,51 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-
-from framework.config import SchedulerConfig
-from framework.kv_cache_manager import KVCacheManager
-from framework.pooling_params import PoolingParams
-from framework.prefix_cache import ROOT_HASH, PrefixCacheHooks, extend_block_hashes, hash_block
-from framework.request import Request
-from framework.sampling_params import SamplingParams
-from framework.scheduler import Scheduler
 from leak_check import assert_no_leaks
+
+from framework.config.schema import SchedulerConfig
+from framework.engine.request import Request
+from framework.engine.scheduler.kv_cache_manager import KVCacheManager
+from framework.engine.scheduler.scheduler import Scheduler
+from framework.params.pooling_params import PoolingParams
+from framework.params.prefix_cache import ROOT_HASH, PrefixCacheHooks, extend_block_hashes, hash_block
+from framework.params.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 
 def _req(rid: str, tokens: list[int], **params) -> Request:
-    return Request(rid, list(tokens), SamplingParams(**{"temperature": 0.0, "max_tokens": 4, "ignore_eos": True,
-                                                       **params}))
+    return Request(
+        rid, list(tokens), SamplingParams(**{"temperature": 0.0, "max_tokens": 4, "ignore_eos": True, **params})
+    )
 
 
 # ---- hashes ------------------------------------------------------------------------------------------------
 def test_block_hash_is_sha256_of_parent_tokens_and_keys():
-    expected = hashlib.sha256(ROOT_HASH + (3).to_bytes(8, "little")
-                              + b"".join(t.to_bytes(8, "little") for t in (1, 2, 300000))
-                              + b"s" + (4).to_bytes(8, "little") + b"lora").digest()
+    expected = hashlib.sha256(
+        ROOT_HASH
+        + (3).to_bytes(8, "little")
+        + b"".join(t.to_bytes(8, "little") for t in (1, 2, 300000))
+        + b"s"
+        + (4).to_bytes(8, "little")
+        + b"lora"
+    ).digest()
     assert hash_block(ROOT_HASH, [1, 2, 300000], ("lora",)) == expected
     base = hash_block(ROOT_HASH, [1, 2, 3])
     assert hash_block(ROOT_HASH, [1, 2, 3]) == base  # deterministic (no per-process salt)
-    assert len({base, hash_block(ROOT_HASH, [1, 2, 4]), hash_block(base, [1, 2, 3]),
-                hash_block(ROOT_HASH, [1, 2, 3], (1,)), hash_block(ROOT_HASH, [1, 2, 3], ("1",)),
-                hash_block(ROOT_HASH, [1, 2, 3], (b"1",))}) == 6
+    assert (
+        len(
+            {
+                base,
+                hash_block(ROOT_HASH, [1, 2, 4]),
+                hash_block(base, [1, 2, 3]),
+                hash_block(ROOT_HASH, [1, 2, 3], (1,)),
+                hash_block(ROOT_HASH, [1, 2, 3], ("1",)),
+                hash_block(ROOT_HASH, [1, 2, 3], (b"1",)),
+            }
+        )
+        == 6
+    )
     with pytest.raises(TypeError, match="extra keys are str, bytes or int"):
         hash_block(ROOT_HASH, [1], (1.5,))  # type: ignore[arg-type]
 
@@ -171,14 +187,12 @@ def test_disabled_cache_never_hashes_or_hits():
 # ---- the scheduler -----------------------------------------------------------------------------------------
 def _sched(num_blocks=16, block_size=4, budget=64):
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=True)
-    return Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget, async_scheduling=False),
-                     kv, 64), kv
+    return Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget, async_scheduling=False), kv, 64), kv
 
 
 def _sample(s: Scheduler, out) -> None:  # type: ignore[no-untyped-def]
     """Every row that completed its tokens this step samples token 7 (a prefill chunk samples nothing)."""
-    s.update_from_output(out, [[7] if s.requests[r].num_output_placeholders else []
-                               for r in out.scheduled_request_ids])
+    s.update_from_output(out, [[7] if s.requests[r].num_output_placeholders else [] for r in out.scheduled_request_ids])
 
 
 def _finish_all(s: Scheduler) -> None:

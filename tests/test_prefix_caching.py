@@ -13,12 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from framework import LLM, SamplingParams, load_config
-from framework.config import ConfigError
-from framework.pooling_params import PoolingParams
 from leak_check import assert_engine_drained
 from prefix_workload import first_wave, mixed_params
+
+from framework import LLM, SamplingParams, load_config
+from framework.config.schema import ConfigError
+from framework.params.pooling_params import PoolingParams
 
 try:
     from hf_models import SPEC_BY_NAME, save_tiny_checkpoint
@@ -49,13 +49,21 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
-def _engine_config(path: Path, runner: str, async_scheduling: bool, block_size: int, num_blocks: int,
-                   caching: bool) -> dict:
-    return {"model": {"path": str(path), "preset": None, "dtype": "float32", "max_model_len": MAX_MODEL_LEN},
-            "runner": {"kind": runner}, "device": "cpu",
-            "cache": {"block_size": block_size, "num_blocks": num_blocks, "enable_prefix_caching": caching},
-            "scheduler": {"max_num_seqs": 6, "max_num_batched_tokens": 48, "async_scheduling": async_scheduling,
-                          "check_invariants": True}}
+def _engine_config(
+    path: Path, runner: str, async_scheduling: bool, block_size: int, num_blocks: int, caching: bool
+) -> dict:
+    return {
+        "model": {"path": str(path), "preset": None, "dtype": "float32", "max_model_len": MAX_MODEL_LEN},
+        "runner": {"kind": runner},
+        "device": "cpu",
+        "cache": {"block_size": block_size, "num_blocks": num_blocks, "enable_prefix_caching": caching},
+        "scheduler": {
+            "max_num_seqs": 6,
+            "max_num_batched_tokens": 48,
+            "async_scheduling": async_scheduling,
+            "check_invariants": True,
+        },
+    }
 
 
 def _run(config: dict, block_size: int) -> tuple[list[list[int]], int, int, object]:
@@ -68,14 +76,22 @@ def _run(config: dict, block_size: int) -> tuple[list[list[int]], int, int, obje
     assert_engine_drained(llm.engine)
     kv = llm.engine.kv_cache
     assert all(kv.ref_count(b) == 0 for b in range(kv.num_blocks))
-    return [o.token_ids for o in outs], sum(o.num_preemptions for o in outs), sum(o.num_cached_tokens for o in outs), \
-        llm.prefix_cache_stats
+    return (
+        [o.token_ids for o in outs],
+        sum(o.num_preemptions for o in outs),
+        sum(o.num_cached_tokens for o in outs),
+        llm.prefix_cache_stats,
+    )
 
 
-@pytest.mark.parametrize("arch,runner,async_scheduling,block_size,num_blocks", CASES,
-                         ids=[f"{c[0]}-{c[1]}-{'async' if c[2] else 'sync'}-bs{c[3]}" for c in CASES])
-def test_same_tokens_with_and_without_prefix_caching(checkpoints, one_thread, arch, runner, async_scheduling,
-                                                     block_size, num_blocks):
+@pytest.mark.parametrize(
+    "arch,runner,async_scheduling,block_size,num_blocks",
+    CASES,
+    ids=[f"{c[0]}-{c[1]}-{'async' if c[2] else 'sync'}-bs{c[3]}" for c in CASES],
+)
+def test_same_tokens_with_and_without_prefix_caching(
+    checkpoints, one_thread, arch, runner, async_scheduling, block_size, num_blocks
+):
     args = (checkpoints[arch], runner, async_scheduling, block_size, num_blocks)
     off, _, cached_off, stats_off = _run(_engine_config(*args, caching=False), block_size)
     on, preemptions, cached_on, stats_on = _run(_engine_config(*args, caching=True), block_size)
@@ -111,8 +127,9 @@ def test_prompt_logprobs_cover_the_whole_prompt(tiny_llm_factory):
     prompt = list(range(30, 60))
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=2)
     greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    reference = tiny_llm_factory(block_size=4, enable_prefix_caching=False).generate([prompt], params,
-                                                                                     use_tqdm=False)[0]
+    reference = tiny_llm_factory(block_size=4, enable_prefix_caching=False).generate([prompt], params, use_tqdm=False)[
+        0
+    ]
     llm = tiny_llm_factory(block_size=4)
     llm.generate([prompt], greedy, use_tqdm=False)  # caches the prompt's blocks
     out = llm.generate([prompt], params, use_tqdm=False)[0]
@@ -137,8 +154,9 @@ def test_embeddings_equal_with_a_cached_prefix(tiny_llm_factory):
         llm.generate([prompt + [1, 2]], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
         for pooling in ("mean", "cls", "last"):
             before = llm.prefix_cache_stats
-            vectors[caching, pooling] = llm.encode([prompt], PoolingParams(pooling_type=pooling),
-                                                   use_tqdm=False)[0].embedding
+            vectors[caching, pooling] = llm.encode([prompt], PoolingParams(pooling_type=pooling), use_tqdm=False)[
+                0
+            ].embedding
             hits = llm.prefix_cache_stats.hits - before.hits
             assert hits == (28 if caching and pooling == "last" else 0), pooling
         assert_engine_drained(llm.engine)
@@ -147,7 +165,7 @@ def test_embeddings_equal_with_a_cached_prefix(tiny_llm_factory):
 
 
 def test_config_resolution(tiny_llm_factory):
-    from framework.registry import MODEL_STATES
+    from framework.config.registry import MODEL_STATES
     from model_states.default import DefaultModelState
 
     assert tiny_llm_factory().engine.kv_cache.enable_prefix_caching  # null: on for decoder-only models
@@ -161,10 +179,18 @@ def test_config_resolution(tiny_llm_factory):
     try:
         llm = LLM(config=load_config({"device": "cpu", "model": {"model_state": NoCacheState.name}}))
         assert not llm.engine.kv_cache.enable_prefix_caching  # null: off, with a log line
-        with pytest.raises(ConfigError, match="cache.enable_prefix_caching=true cannot be served: model state "
-                                              "'test-no-prefix-cache'"):
-            LLM(config=load_config({"device": "cpu", "model": {"model_state": NoCacheState.name},
-                                    "cache": {"enable_prefix_caching": True}}))
+        with pytest.raises(
+            ConfigError, match="cache.enable_prefix_caching=true cannot be served: model state 'test-no-prefix-cache'"
+        ):
+            LLM(
+                config=load_config(
+                    {
+                        "device": "cpu",
+                        "model": {"model_state": NoCacheState.name},
+                        "cache": {"enable_prefix_caching": True},
+                    }
+                )
+            )
     finally:
         MODEL_STATES.unregister(NoCacheState.name)
 
@@ -194,11 +220,21 @@ def test_a_failed_step_drops_what_it_published(tiny_llm_factory):
 def test_prefix_bench_writes_table_json_and_plot(tmp_path, capsys):
     import json
 
-    from framework.bench_prefix import run_prefix_bench
+    from framework.entrypoints.bench.prefix import run_prefix_bench
 
-    config = load_config({"device": "cpu", "cache": {"block_size": 4},
-                          "bench": {"num_requests": 6, "shared_prefix_len": 24, "input_len": [2, 6],
-                                    "output_len": [2, 4], "name": "t"}})
+    config = load_config(
+        {
+            "device": "cpu",
+            "cache": {"block_size": 4},
+            "bench": {
+                "num_requests": 6,
+                "shared_prefix_len": 24,
+                "input_len": [2, 6],
+                "output_len": [2, 4],
+                "name": "t",
+            },
+        }
+    )
     off, on = run_prefix_bench(config, tmp_path)
     table = capsys.readouterr().out
     assert "TTFT p50 ms" in table and "(no prefix cache)" in table

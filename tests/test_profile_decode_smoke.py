@@ -15,10 +15,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_profile_decode_smoke_with_prefill(tmp_path):
     out = tmp_path / "profile"
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "profile_decode.py"), "--device", "cpu",
-                          "--preset", "random_tiny", "--batch", "2", "--prompt-len", "8", "--steps", "2",
-                          "--max-model-len", "64", "--profile-prefill", "--out", str(out)],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "profile_decode.py"),
+            "--device",
+            "cpu",
+            "--preset",
+            "random_tiny",
+            "--batch",
+            "2",
+            "--prompt-len",
+            "8",
+            "--steps",
+            "2",
+            "--max-model-len",
+            "64",
+            "--profile-prefill",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads((out / "profile.json").read_text())
     assert data["prefill"]["steps"] >= 1 and data["prefill"]["tokens"] == 16

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from framework import LLM, SamplingParams
-from framework.registry import MODEL_STATES, Registry, RegistryError
+from framework.config.registry import MODEL_STATES, Registry, RegistryError
 
 
 def test_decorator_and_lazy_string():
@@ -114,9 +114,7 @@ def test_unknown_model_state_is_a_clear_error():
 
 
 def test_duplicate_entry_point_is_reported_not_fatal(tmp_path, monkeypatch, caplog):
-    _install_fake_distribution(
-        tmp_path, "mrv2_dup_plugin", "[mrv2.model_states]\ndefault = collections:deque\n", {}
-    )
+    _install_fake_distribution(tmp_path, "mrv2_dup_plugin", "[mrv2.model_states]\ndefault = collections:deque\n", {})
     monkeypatch.syspath_prepend(str(tmp_path))
     with caplog.at_level(logging.WARNING):
         MODEL_STATES.load_entry_points(force=True)

@@ -9,7 +9,12 @@ import torch
 
 from samplers.gumbel import gumbel_sample_reference
 from speculators.rejection_sampler import (
-    combine_reference, combine_triton, draft_columns, rejection_sample, verify_probs_reference, verify_probs_triton,
+    combine_reference,
+    combine_triton,
+    draft_columns,
+    rejection_sample,
+    verify_probs_reference,
+    verify_probs_triton,
 )
 
 
@@ -41,8 +46,14 @@ def test_combine_triton_matches_reference(case, with_accepted):
     # Candidates copy the slot's draft most of the time, so long accepted prefixes happen.
     cols = draft_columns(cu, num_logits).clamp(min=0)
     slots = idx_mapping.long().repeat_interleave(torch.tensor(case["num_draft"]) + 1)
-    copy = draft_tokens[slots, cols.clamp(max=max(case["k"] - 1, 0))].long() if case["k"] else torch.zeros(num_logits, dtype=torch.long)
-    candidate = torch.where(torch.rand(num_logits, generator=g) < 0.7, copy, torch.randint(0, vocab, (num_logits,), generator=g))
+    copy = (
+        draft_tokens[slots, cols.clamp(max=max(case["k"] - 1, 0))].long()
+        if case["k"]
+        else torch.zeros(num_logits, dtype=torch.long)
+    )
+    candidate = torch.where(
+        torch.rand(num_logits, generator=g) < 0.7, copy, torch.randint(0, vocab, (num_logits,), generator=g)
+    )
     accepted = torch.rand(num_logits, generator=g) < 0.6 if with_accepted else None
     width = max(case["num_draft"])
     want = combine_reference(idx_mapping, cu, draft_tokens, candidate, accepted, width)
@@ -116,9 +127,19 @@ def spec_draws():
     seeds = torch.full((3 * N,), 1234, dtype=torch.int64)
     positions = torch.arange(3 * N, dtype=torch.int64) + 17
     sampled = gumbel_sample_reference(logits, seeds, positions)
-    with_q = rejection_sample(sampled, idx_mapping, cu, draft_tokens, 2, processed_logits=logits, draft_probs=q_probs,
-                              expanded_idx_mapping=expanded, use_q=torch.ones(3 * N, dtype=torch.bool), seeds=seeds,
-                              positions=positions)
+    with_q = rejection_sample(
+        sampled,
+        idx_mapping,
+        cu,
+        draft_tokens,
+        2,
+        processed_logits=logits,
+        draft_probs=q_probs,
+        expanded_idx_mapping=expanded,
+        use_q=torch.ones(3 * N, dtype=torch.bool),
+        seeds=seeds,
+        positions=positions,
+    )
     one_hot = rejection_sample(sampled, idx_mapping, cu, draft_tokens, 2)
     return with_q, one_hot
 
@@ -147,8 +168,9 @@ def test_bonus_token_marginal(spec_draws):
     assert _chi2(bonus, P[0]) < CHI2_999_DF5
 
 
-def _verify_requests(order: list[int], seeds: torch.Tensor, k: int = 2,
-                     n: int = 32) -> dict[int, tuple[list[int], int]]:
+def _verify_requests(
+    order: list[int], seeds: torch.Tensor, k: int = 2, n: int = 32
+) -> dict[int, tuple[list[int], int]]:
     """Verify the k drafts of the requests in `order` (request r, of n fixed ones, in req_slot r) with draft
     probabilities, batch row i holding request order[i]; returns {request: (tokens, num_accepted)}."""
     g = torch.Generator().manual_seed(3)
@@ -163,8 +185,19 @@ def _verify_requests(order: list[int], seeds: torch.Tensor, k: int = 2,
     sampled = gumbel_sample_reference(row_logits, row_seeds, positions)
     cu = torch.arange(len(order) + 1, dtype=torch.int32) * (k + 1)
     use_q = torch.ones(len(order) * (k + 1), dtype=torch.bool)
-    out = rejection_sample(sampled, rows.int(), cu, drafts, k, processed_logits=row_logits, draft_probs=q,
-                           expanded_idx_mapping=expanded.int(), use_q=use_q, seeds=row_seeds, positions=positions)
+    out = rejection_sample(
+        sampled,
+        rows.int(),
+        cu,
+        drafts,
+        k,
+        processed_logits=row_logits,
+        draft_probs=q,
+        expanded_idx_mapping=expanded.int(),
+        use_q=use_q,
+        seeds=row_seeds,
+        positions=positions,
+    )
     by_request = {}
     for batch_row, req in enumerate(order):
         a = int(out.num_accepted[batch_row])

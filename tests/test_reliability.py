@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from framework import LLM, EngineDeadError, SamplingParams
-from framework.engine import MAX_CONSECUTIVE_STEP_FAILURES
 from leak_check import assert_engine_drained
 from reliability_catalogue import CASES, markdown_table
+
+from framework import LLM, EngineDeadError, SamplingParams
+from framework.engine.core import MAX_CONSECUTIVE_STEP_FAILURES
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
@@ -90,7 +90,7 @@ def test_catalogue_case(case, checkpoint, running_llm, reference, tmp_path, one_
 def test_docs_table_lists_the_catalogue():
     text = DOC.read_text()
     start, end = "<!-- catalogue:start -->\n", "\n<!-- catalogue:end -->"
-    table = text[text.index(start) + len(start):text.index(end)]
+    table = text[text.index(start) + len(start) : text.index(end)]
     assert table == markdown_table(), "docs/reliability.md is stale: paste tests/reliability_catalogue.markdown_table()"
 
 
@@ -124,8 +124,7 @@ def _run(engine, max_steps: int = 500) -> dict:
 @pytest.mark.parametrize("runner", ["v2", "v1"])
 @pytest.mark.parametrize("async_scheduling", [True, False])
 @pytest.mark.parametrize("method", ["execute_model", "sample_tokens"])
-def test_step_fault_errors_the_running_requests_and_the_engine_serves_on(runner, async_scheduling, method,
-                                                                         one_thread):
+def test_step_fault_errors_the_running_requests_and_the_engine_serves_on(runner, async_scheduling, method, one_thread):
     llm = LLM("random_tiny", device="cpu", runner=runner, async_scheduling=async_scheduling, max_num_seqs=2)
     engine = llm.engine
     for i in range(4):
@@ -178,7 +177,7 @@ def test_sampler_fault_behaves_like_a_forward_fault(runner, one_thread):
 
         engine.runner.sampler = _CallProxy(target, broken)
     else:
-        import framework.v1.model_runner as v1
+        import framework.runner.v1.model_runner as v1
 
         original_rows, calls = v1.sample_fused, {"n": 0}
 
@@ -216,7 +215,7 @@ class _CallProxy:
 # ---- start-up failures free what they allocated -----------------------------------------------------------
 @pytest.mark.parametrize("where", ["weights", "kv_cache"])
 def test_startup_failure_is_clear_and_frees_the_model(where, monkeypatch):
-    import framework.engine_setup as setup
+    import framework.models.setup as setup
     from framework import ConfigError
     from framework.models import CheckpointError
 
@@ -230,6 +229,7 @@ def test_startup_failure_is_clear_and_frees_the_model(where, monkeypatch):
 
     monkeypatch.setattr(setup, "build_model", tracked_build)
     if where == "weights":
+
         def failing_init(*args, **kwargs):
             raise CheckpointError("injected: reading weights failed")
 
@@ -284,10 +284,10 @@ def test_nonfinite_logits_end_only_that_request(runner, value, one_thread):
 
 # ---- the leak checks themselves -----------------------------------------------------------------------------
 def test_invariant_check_catches_leaks_and_is_off_by_default(leak_check):
-    from framework.config import SchedulerConfig
-    from framework.kv_cache_manager import KVCacheManager
-    from framework.request import Request
-    from framework.scheduler import Scheduler
+    from framework.config.schema import SchedulerConfig
+    from framework.engine.request import Request
+    from framework.engine.scheduler.kv_cache_manager import KVCacheManager
+    from framework.engine.scheduler.scheduler import Scheduler
 
     assert SchedulerConfig().check_invariants is False
     kv = KVCacheManager(8, 4)

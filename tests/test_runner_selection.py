@@ -8,13 +8,18 @@ import logging
 import pytest
 
 from framework import LLM, ConfigError, SamplingParams, load_config
-from framework import compat
-from framework.registry import MODEL_STATES
+from framework.config.registry import MODEL_STATES
+from framework.engine import runner_selection as compat
+from framework.layers.kernels import triton_support
 from model_states.default import DefaultModelState
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "framework.compat" and r.levelno >= logging.WARNING]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "framework.engine.runner_selection" and r.levelno >= logging.WARNING
+    ]
 
 
 def test_cpu_config_has_no_reasons_and_auto_picks_v2(caplog) -> None:
@@ -28,16 +33,16 @@ def test_cpu_config_has_no_reasons_and_auto_picks_v2(caplog) -> None:
 # ---- V2 needs Triton on CUDA devices -------------------------------------------------------------------
 @pytest.fixture
 def cuda_without_triton(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(compat, "_cuda_available", lambda: True)
-    monkeypatch.setattr(compat, "_triton_import_error", lambda: "ModuleNotFoundError: No module named 'triton'")
+    monkeypatch.setattr(triton_support, "_cuda_available", lambda: True)
+    monkeypatch.setattr(triton_support, "_triton_import_error", lambda: "ModuleNotFoundError: No module named 'triton'")
     return "the V2 runner needs Triton on CUDA devices, but 'import triton' fails (ModuleNotFoundError"
 
 
 @pytest.fixture
 def gpu_too_old_for_triton(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(compat, "_cuda_available", lambda: True)
-    monkeypatch.setattr(compat, "_triton_import_error", lambda: None)
-    monkeypatch.setattr(compat, "_cuda_device_capability", lambda: ("Tesla P100-PCIE-16GB", (6, 0)))
+    monkeypatch.setattr(triton_support, "_cuda_available", lambda: True)
+    monkeypatch.setattr(triton_support, "_triton_import_error", lambda: None)
+    monkeypatch.setattr(triton_support, "_cuda_device_capability", lambda: ("Tesla P100-PCIE-16GB", (6, 0)))
     return "Triton does not support Tesla P100-PCIE-16GB (compute capability 6.0, Triton needs 7.0 or newer)"
 
 
@@ -58,9 +63,9 @@ def test_triton_reasons_auto_falls_back_and_v2_fails(request, caplog, environmen
 
 
 def test_working_triton_on_a_recent_gpu_is_no_reason(monkeypatch) -> None:
-    monkeypatch.setattr(compat, "_cuda_available", lambda: True)
-    monkeypatch.setattr(compat, "_triton_import_error", lambda: None)
-    monkeypatch.setattr(compat, "_cuda_device_capability", lambda: ("NVIDIA H200", (9, 0)))
+    monkeypatch.setattr(triton_support, "_cuda_available", lambda: True)
+    monkeypatch.setattr(triton_support, "_triton_import_error", lambda: None)
+    monkeypatch.setattr(triton_support, "_cuda_device_capability", lambda: ("NVIDIA H200", (9, 0)))
     assert compat.v2_unsupported_reasons(load_config({"device": "auto"})) == []
 
 
@@ -86,19 +91,20 @@ def v1_only_state():
     MODEL_STATES.unregister(HostReadingModelState.name)
 
 
-REASON = (f"model state 'v1_only_host_reader' ({__name__}.HostReadingModelState) declares supports_v2 = False")
+REASON = f"model state 'v1_only_host_reader' ({__name__}.HostReadingModelState) declares supports_v2 = False"
 
 
 def test_v1_only_model_state_auto_falls_back_to_v1_and_warns_once(v1_only_state, caplog) -> None:
     caplog.set_level(logging.INFO)
     llm = LLM("random_tiny", device="cpu", model_state=v1_only_state)
     assert llm.engine.runner.name == "v1"
-    outs = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
-                        use_tqdm=False)
+    outs = llm.generate(
+        [[1, 2, 3], [4, 5]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False
+    )
     assert [len(o.token_ids) for o in outs] == [5, 5]
     assert sum(llm.engine.runner.model_state.sampled_per_step) == 10
     assert len(_warnings(caplog)) == 1 and REASON in _warnings(caplog)[0]
-    started = [r.getMessage() for r in caplog.records if r.name == "framework.engine"]
+    started = [r.getMessage() for r in caplog.records if r.name == "framework.engine.core"]
     assert any("runner v1" in m for m in started)  # the chosen runner is logged at start-up
 
 

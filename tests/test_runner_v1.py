@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fake_graphs import EagerReplayCapturer
 
 from framework import SamplingParams
-from framework.registry import MODEL_STATES
-from framework.sampling_params import SamplingParams as Params
-from framework.scheduler_output import NewRequestData
-from fake_graphs import EagerReplayCapturer
-from framework.v1 import PersistentBatch
+from framework.config.registry import MODEL_STATES
+from framework.params.sampling_params import SamplingParams as Params
+from framework.params.scheduler_output import NewRequestData
+from framework.runner.v1 import PersistentBatch
 from model_states.default import DefaultModelState
 
 try:
@@ -47,9 +47,14 @@ def _new_request(i: int) -> NewRequestData:
 def _expected_row(i: int) -> dict[str, object]:
     new = _new_request(i)
     return {
-        "token_ids": new.prefill_token_ids, "num_tokens": len(new.prefill_token_ids), "prompt_len": new.prompt_len,
-        "prefill_len": len(new.prefill_token_ids), "num_computed": new.num_computed_tokens,
-        "block_table": new.block_ids, "num_blocks": len(new.block_ids), "state_slot": 500 + i,
+        "token_ids": new.prefill_token_ids,
+        "num_tokens": len(new.prefill_token_ids),
+        "prompt_len": new.prompt_len,
+        "prefill_len": len(new.prefill_token_ids),
+        "num_computed": new.num_computed_tokens,
+        "block_table": new.block_ids,
+        "num_blocks": len(new.block_ids),
+        "state_slot": 500 + i,
     }
 
 
@@ -139,8 +144,10 @@ def _mixed_params(n: int, seed: int) -> list[SamplingParams]:
         lambda: {"temperature": 1.2, "min_p": 0.05},
         lambda: {"temperature": 0.9, "top_k": 20, "top_p": 0.9, "min_p": 0.02},
     ]
-    return [SamplingParams(seed=1000 + i, max_tokens=rng.randint(1, 24), ignore_eos=True, **kinds[i % len(kinds)]())
-            for i in range(n)]
+    return [
+        SamplingParams(seed=1000 + i, max_tokens=rng.randint(1, 24), ignore_eos=True, **kinds[i % len(kinds)]())
+        for i in range(n)
+    ]
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
@@ -161,8 +168,13 @@ def _check_batch_matches_scheduler(engine) -> None:  # type: ignore[no-untyped-d
 
 def test_thirty_requests_through_four_rows_match_v2(tiny_llm_factory) -> None:
     prompts, params = _prompts(30, seed=11), _mixed_params(30, seed=12)
-    settings = {"max_num_seqs": 4, "max_num_batched_tokens": 24, "block_size": 4, "num_kv_blocks": 40,
-                "max_model_len": 80}
+    settings = {
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 24,
+        "block_size": 4,
+        "num_kv_blocks": 40,
+        "max_model_len": 80,
+    }
     v2 = tiny_llm_factory(runner="v2", **settings).generate(prompts, params, use_tqdm=False)
     # Synchronous steps: the check below compares the runner's rows with the scheduler's view after each step,
     # which async scheduling keeps one token apart by design (outputs are compared with V2's, async, above).
@@ -201,8 +213,13 @@ def test_request_finishing_mid_batch_moves_the_last_row_into_its_place(tiny_llm_
 
 def test_seeded_sampling_equals_v2_with_preemption_chunking_and_aborts(tiny_llm_factory) -> None:
     prompts, params = _prompts(8, seed=3), _mixed_params(8, seed=4)
-    settings = {"max_num_seqs": 4, "num_kv_blocks": 16, "block_size": 4, "max_model_len": 64,
-                "max_num_batched_tokens": 8}
+    settings = {
+        "max_num_seqs": 4,
+        "num_kv_blocks": 16,
+        "block_size": 4,
+        "max_model_len": 64,
+        "max_num_batched_tokens": 8,
+    }
     results = {}
     for runner in ("v2", "v1"):
         engine = tiny_llm_factory(runner=runner, **settings).engine
@@ -223,8 +240,9 @@ def test_seeded_sampling_equals_v2_with_preemption_chunking_and_aborts(tiny_llm_
 
 def test_stop_tokens_end_requests_the_same_way(tiny_llm_factory) -> None:
     prompts = _prompts(6, seed=5)
-    free = tiny_llm_factory(runner="v2").generate(prompts, SamplingParams(temperature=1.0, seed=9, max_tokens=12),
-                                                  use_tqdm=False)
+    free = tiny_llm_factory(runner="v2").generate(
+        prompts, SamplingParams(temperature=1.0, seed=9, max_tokens=12), use_tqdm=False
+    )
     stop = SamplingParams(temperature=1.0, seed=9, max_tokens=12, stop_token_ids=[free[0].token_ids[3]])
     outs = {r: tiny_llm_factory(runner=r, max_num_seqs=3).generate(prompts, stop, use_tqdm=False) for r in ("v1", "v2")}
     assert [(o.token_ids, o.finish_reason) for o in outs["v1"]] == [(o.token_ids, o.finish_reason) for o in outs["v2"]]
@@ -267,8 +285,9 @@ def tally_state():
 @pytest.mark.parametrize("runner", ["v1", "v2"])
 def test_model_state_keeps_stable_slots_while_v1_rows_move(tiny_llm_factory, tally_state, runner: str) -> None:
     prompts, params = _prompts(12, seed=6), _mixed_params(12, seed=7)
-    llm = tiny_llm_factory(runner=runner, model_state=tally_state.name, max_num_seqs=3, max_num_batched_tokens=16,
-                           async_scheduling=False)  # synchronous steps make the row moves of this schedule certain
+    llm = tiny_llm_factory(
+        runner=runner, model_state=tally_state.name, max_num_seqs=3, max_num_batched_tokens=16, async_scheduling=False
+    )  # synchronous steps make the row moves of this schedule certain
     outs = llm.generate(prompts, params, use_tqdm=False)
     llm.generate([[1, 2]], SamplingParams(max_tokens=1), use_tqdm=False)  # frees the last rows
     state = llm.engine.runner.model_state
@@ -320,12 +339,16 @@ def test_v1_decode_steps_replay_graphs_with_the_eager_tokens(tiny_llm_factory) -
 def test_step_inputs_packed_into_one_copy_come_back_as_each_array() -> None:
     """`HostToDevice.many` sends a step's arrays as one byte buffer (on CUDA): packed at 16-byte offsets and
     viewed back with each dtype and shape, every value survives (mixed dtypes, odd sizes, 2-D, empty)."""
-    from framework.v1.inputs import pack, pack_layout, unpack
+    from framework.runner.v1.inputs import pack, pack_layout, unpack
 
     rng = np.random.default_rng(0)
-    hosts = {"a": rng.integers(-2**40, 2**40, 7), "b": rng.integers(-9, 9, (3, 5)).astype(np.int32),
-             "c": np.zeros(0, dtype=np.int64), "d": rng.integers(0, 2**31 - 1, 1).astype(np.int32),
-             "e": rng.random(6).astype(np.float32)}
+    hosts = {
+        "a": rng.integers(-(2**40), 2**40, 7),
+        "b": rng.integers(-9, 9, (3, 5)).astype(np.int32),
+        "c": np.zeros(0, dtype=np.int64),
+        "d": rng.integers(0, 2**31 - 1, 1).astype(np.int32),
+        "e": rng.random(6).astype(np.float32),
+    }
     offsets, total = pack_layout(hosts, 16)
     assert all(o % 16 == 0 for o in offsets.values()) and total % 16 == 0
     assert total >= sum(h.nbytes for h in hosts.values())

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from sampler_cases import Slot, make_sampler
 
 from framework import SamplingParams
 from samplers.sampler import Sampler
-from sampler_cases import Slot, make_sampler
 
 N = 120_000
 LOGITS = torch.tensor([2.1, 1.7, 1.2, 0.9, 0.4, 0.1, -0.3, -0.8, -1.4, -2.0, -2.9, -3.5])
@@ -32,8 +32,9 @@ CONFIGS = {
 }
 
 
-def exact_distribution(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                       min_p: float = 0.0) -> np.ndarray:
+def exact_distribution(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> np.ndarray:
     """float64 probabilities after temperature, top-k, top-p (on the top-k distribution), then min-p."""
     x = logits.double().numpy() / temperature
     order = np.argsort(-x)
@@ -118,10 +119,12 @@ def test_seeded_rows_do_not_depend_on_batch_row_size_or_neighbours():
 
 def test_greedy_rows_ignore_sampling_filters_and_nonfinite_rows_are_flagged():
     vocab = 30
-    slots = [Slot(SamplingParams(temperature=0.0, top_k=1, min_p=0.9), prompt=[1]),
-             Slot(SamplingParams(temperature=1.0, top_k=3, seed=1), prompt=[1], seed=1),
-             Slot(SamplingParams(temperature=0.0, allowed_token_ids=[4]), prompt=[1]),
-             Slot(SamplingParams(temperature=1.0, bad_words=[[5]]), prompt=[1])]
+    slots = [
+        Slot(SamplingParams(temperature=0.0, top_k=1, min_p=0.9), prompt=[1]),
+        Slot(SamplingParams(temperature=1.0, top_k=3, seed=1), prompt=[1], seed=1),
+        Slot(SamplingParams(temperature=0.0, allowed_token_ids=[4]), prompt=[1]),
+        Slot(SamplingParams(temperature=1.0, bad_words=[[5]]), prompt=[1]),
+    ]
     sampler: Sampler
     sampler, _ = make_sampler(slots, vocab)
     logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(3))
@@ -143,5 +146,7 @@ def test_tiny_temperature_is_greedy_and_never_overflows():
     slots = [Slot(SamplingParams(temperature=1e-9, top_p=0.5, seed=1), prompt=[1], seed=1)]
     sampler, _ = make_sampler(slots, 20)
     logits = torch.randn(4, 20, generator=torch.Generator().manual_seed(5)) * 50
-    out = sampler(logits.clone(), torch.zeros(4, dtype=torch.int32), torch.arange(4), sampler.states.stages_for(np.arange(1)))
+    out = sampler(
+        logits.clone(), torch.zeros(4, dtype=torch.int32), torch.arange(4), sampler.states.stages_for(np.arange(1))
+    )
     assert torch.equal(out.sampled_token_ids, logits.argmax(-1)) and out.errors.tolist() == [0] * 4

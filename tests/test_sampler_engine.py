@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from framework import InvalidRequestError, SamplingParams
-from framework.registry import LOGITS_PROCESSORS
+from framework.config.registry import LOGITS_PROCESSORS
 from samplers.logits_processors import LogitsProcessor
 from samplers.prompt_logprobs import PromptLogprobsState
 
@@ -52,9 +52,11 @@ def _logits_of(records, request_id: str) -> list[torch.Tensor]:
 def test_raw_logprobs_equal_log_softmax(tiny_llm_factory):
     llm = tiny_llm_factory()
     records = capture_logits(llm)
-    params = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5),
-              SamplingParams(temperature=1.0, top_k=3, seed=1, max_tokens=6, ignore_eos=True, logprobs=0),
-              SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5),
+        SamplingParams(temperature=1.0, top_k=3, seed=1, max_tokens=6, ignore_eos=True, logprobs=0),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+    ]
     outs = llm.generate([_prompt(9, 1), _prompt(5, 2), _prompt(7, 3)], params, use_tqdm=False)
     assert outs[2].logprobs is None and outs[2].cumulative_logprob is None
     for i, out in enumerate(outs[:2]):
@@ -78,8 +80,10 @@ def test_processed_logprobs_are_those_of_the_sampling_distribution(tiny_llm_fact
     llm = tiny_llm_factory(logprobs_mode="processed_logprobs")
     records = capture_logits(llm)
     bias = {65: 4.0, 66: -2.0}
-    params = [SamplingParams(temperature=0.7, top_k=5, seed=3, max_tokens=5, ignore_eos=True, logprobs=8),
-              SamplingParams(temperature=0.0, logit_bias=bias, max_tokens=5, ignore_eos=True, logprobs=2)]
+    params = [
+        SamplingParams(temperature=0.7, top_k=5, seed=3, max_tokens=5, ignore_eos=True, logprobs=8),
+        SamplingParams(temperature=0.0, logit_bias=bias, max_tokens=5, ignore_eos=True, logprobs=2),
+    ]
     outs = llm.generate([_prompt(6, 4), _prompt(6, 5)], params, use_tqdm=False)
     for token, entry, logits in zip(outs[0].token_ids, outs[0].logprobs, _logits_of(records, "gen-0")):
         scaled = logits.double() / 0.7
@@ -132,14 +136,24 @@ def test_bf16_logits_sample_the_tokens_and_logprobs_of_float32_ones(tiny_llm_fac
 
     fed: list[torch.dtype] = []
     real = samplers.sampler.sample_fused_triton
-    monkeypatch.setattr(samplers.sampler, "sample_fused_triton",
-                        lambda logits, *a, **k: fed.append(logits.dtype) or real(logits, *a, **k))
-    mixes = [dict(temperature=0.0), dict(temperature=0.8, seed=1), dict(temperature=1.0, top_k=5, seed=2),
-             dict(temperature=0.7, top_p=0.6, seed=3), dict(temperature=1.2, min_p=0.2, seed=4),
-             dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, seed=5)]
+    monkeypatch.setattr(
+        samplers.sampler,
+        "sample_fused_triton",
+        lambda logits, *a, **k: fed.append(logits.dtype) or real(logits, *a, **k),
+    )
+    mixes = [
+        dict(temperature=0.0),
+        dict(temperature=0.8, seed=1),
+        dict(temperature=1.0, top_k=5, seed=2),
+        dict(temperature=0.7, top_p=0.6, seed=3),
+        dict(temperature=1.2, min_p=0.2, seed=4),
+        dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, seed=5),
+    ]
     prompts = [_prompt(4 + i, 20 + i) for i in range(len(mixes))]
-    batches = [[SamplingParams(**m, max_tokens=6, ignore_eos=True) for m in mixes],
-               [SamplingParams(**m, max_tokens=6, ignore_eos=True, logprobs=i % 3) for i, m in enumerate(mixes)]]
+    batches = [
+        [SamplingParams(**m, max_tokens=6, ignore_eos=True) for m in mixes],
+        [SamplingParams(**m, max_tokens=6, ignore_eos=True, logprobs=i % 3) for i, m in enumerate(mixes)],
+    ]
     results, dtypes = {}, {}
     compute_logits = LlamaForCausalLM.compute_logits
     for forced in (False, True):
@@ -151,10 +165,15 @@ def test_bf16_logits_sample_the_tokens_and_logprobs_of_float32_ones(tiny_llm_fac
             fed.clear()
             outs = llm.generate(prompts, params, use_tqdm=False)
             dtypes[forced, i] = set(fed)
-            results[forced, i] = [(o.token_ids, [{t: (e.logprob, e.rank) for t, e in d.items()}
-                                                 for d in o.logprobs or []]) for o in outs]
-    assert dtypes == {(False, 0): {torch.bfloat16}, (False, 1): {torch.float32},
-                      (True, 0): {torch.float32}, (True, 1): {torch.float32}}
+            results[forced, i] = [
+                (o.token_ids, [{t: (e.logprob, e.rank) for t, e in d.items()} for d in o.logprobs or []]) for o in outs
+            ]
+    assert dtypes == {
+        (False, 0): {torch.bfloat16},
+        (False, 1): {torch.float32},
+        (True, 0): {torch.float32},
+        (True, 1): {torch.float32},
+    }
     assert results[False, 0] == results[True, 0] and results[False, 1] == results[True, 1]
     assert [tokens for tokens, _ in results[False, 0]] == [tokens for tokens, _ in results[False, 1]]
     assert all(len(lp) == 6 for _, lp in results[False, 1])
@@ -200,13 +219,17 @@ def test_stop_strings_and_include_stop_str(tiny_llm_factory):
     stop = text[5:7]
     first = text.find(stop)
     assert first >= 3, f"the stop string {stop!r} must match after some text, not at the start of {text!r}"
-    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop, "\x00zz"]),
-                       use_tqdm=False)[0]
+    out = llm.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop, "\x00zz"]), use_tqdm=False
+    )[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.text == text[:first]
     assert len(out.token_ids) <= len(free.token_ids) and out.token_ids == free.token_ids[: len(out.token_ids)]
-    incl = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=stop,
-                                                 include_stop_str_in_output=True), use_tqdm=False)[0]
+    incl = llm.generate(
+        [prompt],
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=stop, include_stop_str_in_output=True),
+        use_tqdm=False,
+    )[0]
     assert incl.text == text[: first + len(stop)] and incl.token_ids == out.token_ids
 
 
@@ -216,13 +239,21 @@ def test_a_stop_token_text_is_left_out_unless_include_stop_str(tiny_llm_factory,
     not in the output text unless `include_stop_str_in_output`; the token stays in `token_ids`."""
     llm = tiny_llm_factory()
     letters = list(range(ord("a"), ord("z") + 1))  # printable one-byte tokens: every token has text
-    free = llm.generate([_prompt(8, 5)], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
-                                                         allowed_token_ids=letters), use_tqdm=False)[0]
+    free = llm.generate(
+        [_prompt(8, 5)],
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, allowed_token_ids=letters),
+        use_tqdm=False,
+    )[0]
     stop_at = next(t for i, t in enumerate(free.token_ids) if i >= 2 and t not in free.token_ids[:i])
     end = free.token_ids.index(stop_at) + 1
-    params = SamplingParams(temperature=0.0, max_tokens=8, allowed_token_ids=letters, stop_token_ids=[stop_at],
-                            include_stop_str_in_output=include)
-    want = llm.tokenizer.decode(free.token_ids[:end] if include else free.token_ids[:end - 1])
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=8,
+        allowed_token_ids=letters,
+        stop_token_ids=[stop_at],
+        include_stop_str_in_output=include,
+    )
+    want = llm.tokenizer.decode(free.token_ids[:end] if include else free.token_ids[: end - 1])
     out = llm.generate([_prompt(8, 5)], params, use_tqdm=False)[0]
     assert out.token_ids == free.token_ids[:end] and out.stop_reason == stop_at
     assert out.text == want
@@ -235,10 +266,11 @@ def test_a_stop_token_text_is_left_out_unless_include_stop_str(tiny_llm_factory,
 def test_streaming_deltas_join_to_the_final_output(tiny_llm_factory, async_scheduling):
     llm = tiny_llm_factory(async_scheduling=async_scheduling)
     prompts = [_prompt(8, 13), _prompt(4, 14)]
-    free = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
-                        use_tqdm=False)[0]
-    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=free.text[6:9], logprobs=1),
-              SamplingParams(temperature=0.8, seed=5, max_tokens=10, ignore_eos=True, prompt_logprobs=1)]
+    free = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)[0]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=free.text[6:9], logprobs=1),
+        SamplingParams(temperature=0.8, seed=5, max_tokens=10, ignore_eos=True, prompt_logprobs=1),
+    ]
     final = llm.generate(prompts, params, use_tqdm=False)
     joined: dict = {}
     for delta in llm.generate_stream(prompts, params):
@@ -304,22 +336,39 @@ def test_bad_words_strings_and_min_tokens_end_to_end(tiny_llm_factory):
     prompt = _prompt(6, 15)
     free = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), use_tqdm=False)[0]
     first, pair = free.token_ids[0], tuple(free.token_ids[2:4])
-    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
-                                                bad_words=[[first], list(pair)]), use_tqdm=False)[0]
+    out = llm.generate(
+        [prompt],
+        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, bad_words=[[first], list(pair)]),
+        use_tqdm=False,
+    )[0]
     assert first not in out.token_ids and pair not in list(zip(out.token_ids, out.token_ids[1:]))
-    early = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, min_tokens=3, stop_token_ids=[first]),
-                         use_tqdm=False)[0]
+    early = llm.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=10, min_tokens=3, stop_token_ids=[first]), use_tqdm=False
+    )[0]
     assert first not in early.token_ids[:3] and len(early.token_ids) > 3
 
 
 def test_penalties_survive_preemption_and_chunking(tiny_llm_factory):
     """After preemption the prefill holds earlier output: counts are rebuilt with the prompt boundary."""
     prompts = [_prompt(n, 20 + n) for n in (10, 14, 8)]
-    penalised = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, repetition_penalty=3.0,
-                               frequency_penalty=2.0, presence_penalty=1.5)
+    penalised = SamplingParams(
+        temperature=0.0,
+        max_tokens=14,
+        ignore_eos=True,
+        repetition_penalty=3.0,
+        frequency_penalty=2.0,
+        presence_penalty=1.5,
+    )
     plain = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
-    sampled = SamplingParams(temperature=0.8, seed=4, max_tokens=14, ignore_eos=True, repetition_penalty=3.0,
-                             frequency_penalty=2.0, presence_penalty=1.5)
+    sampled = SamplingParams(
+        temperature=0.8,
+        seed=4,
+        max_tokens=14,
+        ignore_eos=True,
+        repetition_penalty=3.0,
+        frequency_penalty=2.0,
+        presence_penalty=1.5,
+    )
     params = [penalised, sampled, penalised, plain]
     reference = tiny_llm_factory().generate(prompts + prompts[:1], params, use_tqdm=False)
     assert reference[0].token_ids != reference[3].token_ids  # the penalties did something
@@ -335,10 +384,24 @@ def test_reused_slot_keeps_nothing_of_a_fully_parameterised_owner(tiny_llm_facto
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     fresh = tiny_llm_factory().generate([prompt], greedy, use_tqdm=False)[0].token_ids
     llm = tiny_llm_factory(max_num_seqs=1)
-    loaded = SamplingParams(temperature=1.0, top_k=3, min_p=0.2, seed=2, max_tokens=6, min_tokens=5, ignore_eos=False,
-                            stop_token_ids=[fresh[0]], repetition_penalty=2.0, frequency_penalty=1.0,
-                            presence_penalty=1.0, logit_bias={fresh[1]: -50.0}, allowed_token_ids=list(range(100)),
-                            bad_words=[[fresh[2]]], logprobs=3, prompt_logprobs=2)
+    loaded = SamplingParams(
+        temperature=1.0,
+        top_k=3,
+        min_p=0.2,
+        seed=2,
+        max_tokens=6,
+        min_tokens=5,
+        ignore_eos=False,
+        stop_token_ids=[fresh[0]],
+        repetition_penalty=2.0,
+        frequency_penalty=1.0,
+        presence_penalty=1.0,
+        logit_bias={fresh[1]: -50.0},
+        allowed_token_ids=list(range(100)),
+        bad_words=[[fresh[2]]],
+        logprobs=3,
+        prompt_logprobs=2,
+    )
     llm.generate([prompt], loaded, use_tqdm=False)
     out = llm.generate([prompt], greedy, use_tqdm=False)[0]
     assert out.token_ids == fresh and out.logprobs is None and out.prompt_logprobs is None
@@ -382,8 +445,10 @@ def force_token_registered():
 
 def test_custom_logits_processor_from_the_registry(tiny_llm_factory, force_token_registered):
     llm = tiny_llm_factory(logits_processors=[force_token_registered])
-    params = [SamplingParams(temperature=1.0, seed=1, max_tokens=5, ignore_eos=True, extra_args={"force": 42}),
-              SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=1.0, seed=1, max_tokens=5, ignore_eos=True, extra_args={"force": 42}),
+        SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
+    ]
     outs = llm.generate([_prompt(5, 40), _prompt(5, 41)], params, use_tqdm=False)
     assert outs[0].token_ids == [42] * 5
     alone = tiny_llm_factory().generate([_prompt(5, 41)], params[1], use_tqdm=False)[0]
@@ -402,8 +467,11 @@ def test_unknown_logits_processor_is_a_config_error(tiny_llm_factory):
 def test_cumulative_outputs_grow_and_final_only_waits(tiny_llm_factory):
     llm = tiny_llm_factory()
     engine = llm.engine
-    engine.add_request("cum", _prompt(5, 50), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
-                                                             output_kind="cumulative", logprobs=0))
+    engine.add_request(
+        "cum",
+        _prompt(5, 50),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, output_kind="cumulative", logprobs=0),
+    )
     engine.add_request("fin", _prompt(5, 51), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
     seen: dict[str, list] = {"cum": [], "fin": []}
     while engine.has_unfinished_requests():
@@ -417,8 +485,10 @@ def test_cumulative_outputs_grow_and_final_only_waits(tiny_llm_factory):
 
 def test_v1_runner_refuses_what_it_would_ignore(tiny_llm_factory):
     llm = tiny_llm_factory(runner="v1")
-    with pytest.raises(InvalidRequestError, match="the V1 runner does not apply SamplingParams presence_penalty, "
-                                                  "logprobs; use runner=v2"):
+    with pytest.raises(
+        InvalidRequestError,
+        match="the V1 runner does not apply SamplingParams presence_penalty, logprobs; use runner=v2",
+    ):
         llm.generate([[1, 2]], SamplingParams(presence_penalty=0.5, logprobs=1), use_tqdm=False)
     # Text and stop strings are host-side: V1 has them too, and stops where V2 does.
     free = llm.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
@@ -432,9 +502,18 @@ def test_v1_runner_refuses_what_it_would_ignore(tiny_llm_factory):
 
 
 SAMPLER_DISPATCH_MODULES = (
-    "samplers.penalties", "samplers.penalty_counts", "samplers.sampler", "samplers.sanitize", "samplers.logprobs",
-    "samplers.gumbel", "samplers.top_k_top_p", "samplers.logit_bias", "samplers.bad_words", "samplers.min_tokens",
-    "samplers.allowed_tokens", "framework.kernels.input_prep",
+    "samplers.penalties",
+    "samplers.penalty_counts",
+    "samplers.sampler",
+    "samplers.sanitize",
+    "samplers.logprobs",
+    "samplers.gumbel",
+    "samplers.top_k_top_p",
+    "samplers.logit_bias",
+    "samplers.bad_words",
+    "samplers.min_tokens",
+    "samplers.allowed_tokens",
+    "framework.layers.kernels.input_prep",
 )
 
 
@@ -448,12 +527,36 @@ def test_engine_on_the_triton_sampler_kernels_equals_the_references(tiny_llm_fac
     rng = random.Random(0)
     prompts = [[rng.randrange(256) for _ in range(rng.randint(5, 40))] for _ in range(4)]
     params = [
-        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, repetition_penalty=1.5,
-                       frequency_penalty=0.5, presence_penalty=0.5, logprobs=3, prompt_logprobs=2),
-        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logit_bias={65: 3.0, 66: 2.0},
-                       bad_words=[[65, 66]], min_tokens=4, stop_token_ids=[67]),
-        SamplingParams(temperature=0.9, top_k=50, top_p=0.9, min_p=0.02, seed=3, max_tokens=8, ignore_eos=True,
-                       repetition_penalty=1.2, frequency_penalty=0.3),
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=8,
+            ignore_eos=True,
+            repetition_penalty=1.5,
+            frequency_penalty=0.5,
+            presence_penalty=0.5,
+            logprobs=3,
+            prompt_logprobs=2,
+        ),
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=8,
+            ignore_eos=True,
+            logit_bias={65: 3.0, 66: 2.0},
+            bad_words=[[65, 66]],
+            min_tokens=4,
+            stop_token_ids=[67],
+        ),
+        SamplingParams(
+            temperature=0.9,
+            top_k=50,
+            top_p=0.9,
+            min_p=0.02,
+            seed=3,
+            max_tokens=8,
+            ignore_eos=True,
+            repetition_penalty=1.2,
+            frequency_penalty=0.3,
+        ),
         SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, allowed_token_ids=list(range(60, 120))),
     ]
     runs = []

@@ -14,18 +14,18 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from sampler_cases import Slot, make_sampler
+from test_sampler_distributions import CONFIGS, LOGITS
 
 import samplers.fused_sampling
 import samplers.triton_utils
 from framework import SamplingParams
 from samplers.fused_cutoff import _bisect_cutoff
 from samplers.fused_sampling import sample_fused, sample_fused_triton
-from samplers.reference import SlotSamplingParams, sample_reference
 from samplers.penalties import DraftContext, PenaltyTables, apply_penalties_reference, apply_penalties_triton
 from samplers.penalty_counts import PenaltyCounts, seen_bits_reference, seen_list_reference
+from samplers.reference import SlotSamplingParams, sample_reference
 from samplers.sanitize import sanitize_logits_reference
-from sampler_cases import Slot, make_sampler
-from test_sampler_distributions import CONFIGS, LOGITS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INF = float("inf")
@@ -40,15 +40,27 @@ def small_blocks(monkeypatch):
 def _params(vocab: int) -> SlotSamplingParams:
     """Slot s: (temperature, top_k, top_p, min_p). Slot 0 is greedy with filters that must be ignored."""
     rows = [
-        (0.0, 3, 0.5, 0.5), (1.0, 0, 1.0, 0.0), (0.7, 1, 1.0, 0.0), (1.3, vocab - 1, 1.0, 0.0),
-        (0.3, vocab, 0.9, 0.0), (2.0, 50, 1.0, 0.0), (0.5, 0, 0.6, 0.0), (1.0, 0, 1e-6, 0.0),
-        (0.2, 0, 0.999, 0.0), (0.9, 0, 1.0, 0.2), (1.1, 7, 0.8, 0.05), (1.0, 5, 0.3, 0.0),
-        (1.5, 0, 0.5, 0.01), (0.5, 200, 0.9, 0.0),
+        (0.0, 3, 0.5, 0.5),
+        (1.0, 0, 1.0, 0.0),
+        (0.7, 1, 1.0, 0.0),
+        (1.3, vocab - 1, 1.0, 0.0),
+        (0.3, vocab, 0.9, 0.0),
+        (2.0, 50, 1.0, 0.0),
+        (0.5, 0, 0.6, 0.0),
+        (1.0, 0, 1e-6, 0.0),
+        (0.2, 0, 0.999, 0.0),
+        (0.9, 0, 1.0, 0.2),
+        (1.1, 7, 0.8, 0.05),
+        (1.0, 5, 0.3, 0.0),
+        (1.5, 0, 0.5, 0.01),
+        (0.5, 200, 0.9, 0.0),
     ]
     t, k, p, m = zip(*rows)
     return SlotSamplingParams(
-        torch.tensor(t, device=DEVICE), torch.tensor(k, dtype=torch.int32, device=DEVICE),
-        torch.tensor(p, device=DEVICE), torch.tensor(m, device=DEVICE),
+        torch.tensor(t, device=DEVICE),
+        torch.tensor(k, dtype=torch.int32, device=DEVICE),
+        torch.tensor(p, device=DEVICE),
+        torch.tensor(m, device=DEVICE),
         torch.tensor([3, -1, (1 << 63) - 1, 0, 17, 99, 5, 6, 7, 8, 9, 10, 11, 12], device=DEVICE),
     )
 
@@ -118,8 +130,11 @@ def test_all_gather_skips_the_sample_kernel_with_the_same_tokens(monkeypatch):
     logits = _logits(rows, vocab, seed=5, ties=True)
     launched = []
     real = samplers.fused_sampling._fused_sample_kernel
-    monkeypatch.setattr(samplers.fused_sampling, "_fused_sample_kernel",
-                        type("Spy", (), {"__getitem__": lambda self, grid: launched.append(grid) or real[grid]})())
+    monkeypatch.setattr(
+        samplers.fused_sampling,
+        "_fused_sample_kernel",
+        type("Spy", (), {"__getitem__": lambda self, grid: launched.append(grid) or real[grid]})(),
+    )
     expected = _check(logits, idx, positions, params, all_gather=True)
     assert not launched and expected.errors[3] == 1 and expected.errors[4] == 1
     _check(logits, idx, positions, params)
@@ -131,11 +146,13 @@ def test_all_gather_skips_the_sample_kernel_with_the_same_tokens(monkeypatch):
 def test_stages_tell_when_every_row_gathers():
     """`SamplingStages.all_gather` is True only when every request is random with top-k < vocab or top-p < 1."""
     vocab = 50
-    cases = [([SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.5, top_p=0.9)], True),
-             ([SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.0, top_k=5)], False),
-             ([SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=1.0, min_p=0.1)], False),
-             ([SamplingParams(temperature=1.0, top_k=vocab)], False),  # top-k of the whole vocabulary is off
-             ([SamplingParams(temperature=1.0, top_k=vocab, top_p=0.5)], True)]
+    cases = [
+        ([SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.5, top_p=0.9)], True),
+        ([SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.0, top_k=5)], False),
+        ([SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=1.0, min_p=0.1)], False),
+        ([SamplingParams(temperature=1.0, top_k=vocab)], False),  # top-k of the whole vocabulary is off
+        ([SamplingParams(temperature=1.0, top_k=vocab, top_p=0.5)], True),
+    ]
     for params, want in cases:
         sampler, _ = make_sampler([Slot(p, [1, 2]) for p in params], vocab)
         assert sampler.states.stages_for(np.arange(len(params))).all_gather is want, params
@@ -169,8 +186,9 @@ def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, group, ca
     logits[4:, ::9] += 9.0
     launches = []
     real = samplers.fused_sampling._launch_plan
-    monkeypatch.setattr(samplers.fused_sampling, "_launch_plan",
-                        lambda *a, **k: launches.append((a, k)) or real(*a, **k))
+    monkeypatch.setattr(
+        samplers.fused_sampling, "_launch_plan", lambda *a, **k: launches.append((a, k)) or real(*a, **k)
+    )
     sample_fused_triton(logits, idx, torch.arange(rows, device=DEVICE), params)
     args, kwargs = launches[0]
     ws = args[3]
@@ -185,9 +203,9 @@ def test_plan_gathers_exactly_the_tokens_above_its_cutoff(monkeypatch, group, ca
             assert int(above.sum()) >= k
         assert n == int(above.sum())
         if n <= cap:
-            tokens = ws.cand_token[row * cap: row * cap + n]
+            tokens = ws.cand_token[row * cap : row * cap + n]
             assert sorted(tokens.tolist()) == above.nonzero().flatten().tolist()
-            assert torch.equal(ws.cand_value[row * cap: row * cap + n], x[row, tokens.long()])
+            assert torch.equal(ws.cand_value[row * cap : row * cap + n], x[row, tokens.long()])
 
 
 def test_fused_with_an_earlier_sanitize_and_without_a_plan():
@@ -199,8 +217,9 @@ def test_fused_with_an_earlier_sanitize_and_without_a_plan():
     positions = torch.arange(rows, device=DEVICE)
     for slots, need_plan in ((idx, True), (idx % 2, False)):  # slots 0 and 1 need no top-k/top-p/min-p
         expected = sample_reference(logits, slots, positions, params)
-        got = sample_fused_triton(logits, slots, positions, params, sanitize=False, nonfinite=nonfinite,
-                                  need_plan=need_plan)
+        got = sample_fused_triton(
+            logits, slots, positions, params, sanitize=False, nonfinite=nonfinite, need_plan=need_plan
+        )
         assert got.sampled.tolist() == expected.sampled.tolist()
         assert got.errors.tolist() == torch.where(nonfinite, 1, expected.errors).tolist()
 
@@ -239,16 +258,18 @@ def test_bf16_logits_on_every_path_of_the_fused_sampler(monkeypatch):
     _check_bf16(logits, torch.arange(rows, device=DEVICE).int() % 2, positions, params, need_plan=False)
     monkeypatch.setattr(samplers.fused_sampling, "CAP", 16)
     monkeypatch.setattr(samplers.fused_sampling, "GROUP", 16)
-    _check_bf16(logits / 4, torch.tensor([11, 10, 13, 12, 8, 4] * 2, dtype=torch.int32, device=DEVICE), positions,
-                params)
+    _check_bf16(
+        logits / 4, torch.tensor([11, 10, 13, 12, 8, 4] * 2, dtype=torch.int32, device=DEVICE), positions, params
+    )
 
 
 @triton.jit
 def _lossy_load_x(row_ptr, offs, mask, SANITIZE: tl.constexpr):
     """A planted fault: a widening that drops the last bit of every bf16 mantissa (NaN and +-inf unchanged)."""
     x = tl.load(row_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
-    return samplers.fused_sampling._sanitized((x.to(tl.int32, bitcast=True) & ~0x10000).to(tl.float32, bitcast=True),
-                                              SANITIZE)
+    return samplers.fused_sampling._sanitized(
+        (x.to(tl.int32, bitcast=True) & ~0x10000).to(tl.float32, bitcast=True), SANITIZE
+    )
 
 
 def test_bf16_check_catches_an_inexact_widening(monkeypatch):
@@ -262,10 +283,13 @@ def test_bf16_check_catches_an_inexact_widening(monkeypatch):
 
 
 BF16_SLOTS = [  # greedy, temperature, top-k, top-p, min-p, all of them
-    SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1),
-    SamplingParams(temperature=1.0, top_k=5, seed=2), SamplingParams(temperature=0.7, top_p=0.6, seed=3),
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.8, seed=1),
+    SamplingParams(temperature=1.0, top_k=5, seed=2),
+    SamplingParams(temperature=0.7, top_p=0.6, seed=3),
     SamplingParams(temperature=1.2, min_p=0.2, seed=4),
-    SamplingParams(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05)]
+    SamplingParams(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05),
+]
 
 
 @pytest.mark.parametrize("extra", [{}, dict(logprobs=3), dict(logit_bias={17: 0.01}, repetition_penalty=1.3)])
@@ -280,8 +304,10 @@ def test_sampler_gives_bf16_logits_to_the_fused_kernels_only_when_nothing_reads_
 
     vocab = 90
     fields = ("temperature", "top_k", "top_p", "min_p", "seed")
-    slots = [Slot(SamplingParams(**{k: getattr(p, k) for k in fields}, **extra), prompt=[1, 2, 3], output=[4, 4],
-                  seed=i) for i, p in enumerate(BF16_SLOTS)]
+    slots = [
+        Slot(SamplingParams(**{k: getattr(p, k) for k in fields}, **extra), prompt=[1, 2, 3], output=[4, 4], seed=i)
+        for i, p in enumerate(BF16_SLOTS)
+    ]
     logits = torch.randn(8, vocab, generator=torch.Generator().manual_seed(3)) * 3
     logits[:, 11] = logits[:, 17] = 10.0  # an exact tie above the rest (neither a seen token)
     logits[5, 9] = float("nan")
@@ -291,8 +317,11 @@ def test_sampler_gives_bf16_logits_to_the_fused_kernels_only_when_nothing_reads_
     positions = torch.arange(8) + 5
     fed: list[torch.dtype] = []
     real = samplers.sampler.sample_fused_triton
-    monkeypatch.setattr(samplers.sampler, "sample_fused_triton", lambda logits, *a, **k: fed.append(logits.dtype)
-                        or real(logits, *a, **k))
+    monkeypatch.setattr(
+        samplers.sampler,
+        "sample_fused_triton",
+        lambda logits, *a, **k: fed.append(logits.dtype) or real(logits, *a, **k),
+    )
 
     def run(values):
         sampler, _ = make_sampler(slots, vocab)
@@ -300,9 +329,12 @@ def test_sampler_gives_bf16_logits_to_the_fused_kernels_only_when_nothing_reads_
         return sampler(values.clone(), idx, positions, sampler.states.stages_for(np.arange(len(slots))))
 
     def same(a, b):
-        return (a.sampled_token_ids.tolist() == b.sampled_token_ids.tolist() and a.errors.tolist() == b.errors.tolist()
-                and (a.logprobs is None) == (b.logprobs is None)
-                and (a.logprobs is None or all(torch.equal(u, v) for u, v in zip(a.logprobs, b.logprobs))))
+        return (
+            a.sampled_token_ids.tolist() == b.sampled_token_ids.tolist()
+            and a.errors.tolist() == b.errors.tolist()
+            and (a.logprobs is None) == (b.logprobs is None)
+            and (a.logprobs is None or all(torch.equal(u, v) for u, v in zip(a.logprobs, b.logprobs)))
+        )
 
     want = run(x.float())
     assert same(run(x), want)
@@ -322,10 +354,24 @@ def test_sampler_gives_bf16_logits_to_the_fused_kernels_only_when_nothing_reads_
 def test_sampler_fused_equals_unfused_with_edits(logprobs):
     """Bias and penalties (step 1 folded into the fused kernels without logprobs), masks, NaN rows."""
     vocab = 90
-    slots = [Slot(SamplingParams(temperature=0.8, top_k=10, top_p=0.9, repetition_penalty=1.3, presence_penalty=0.4,
-                                 logprobs=logprobs, seed=1), prompt=[1, 2, 3], output=[4, 4], seed=1),
-             Slot(SamplingParams(temperature=0.0, logit_bias={7: 5.0}, logprobs=logprobs), prompt=[5]),
-             Slot(SamplingParams(temperature=1.2, min_p=0.1, logit_bias={3: -2.0}, seed=3), prompt=[4], seed=3)]
+    slots = [
+        Slot(
+            SamplingParams(
+                temperature=0.8,
+                top_k=10,
+                top_p=0.9,
+                repetition_penalty=1.3,
+                presence_penalty=0.4,
+                logprobs=logprobs,
+                seed=1,
+            ),
+            prompt=[1, 2, 3],
+            output=[4, 4],
+            seed=1,
+        ),
+        Slot(SamplingParams(temperature=0.0, logit_bias={7: 5.0}, logprobs=logprobs), prompt=[5]),
+        Slot(SamplingParams(temperature=1.2, min_p=0.1, logit_bias={3: -2.0}, seed=3), prompt=[4], seed=3),
+    ]
     logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(2))
     logits[4, 3] = float("nan")
     logits[1, 9] = float("inf")
@@ -381,7 +427,7 @@ def test_cutoff_counts(kind):
     num = 300
     x = torch.randn(num, generator=g) * 3
     if kind == "narrow":
-        x = (1.0 + torch.randint(0, 40, (num,), generator=g) * 2.0 ** -23).float()
+        x = (1.0 + torch.randint(0, 40, (num,), generator=g) * 2.0**-23).float()
     elif kind == "ties":
         x = (x * 2).round() / 2
     elif kind == "negative":
@@ -410,30 +456,42 @@ def test_penalty_kernel_then_the_fused_passes(drafts, sanitize):
     params = _params(vocab)
     slots = len(params.seed)
     g = torch.Generator().manual_seed(7)
-    counts = torch.randint(0, 3, (slots, vocab), generator=g, dtype=torch.int32) \
-        * (torch.rand(slots, vocab, generator=g) < 0.2)
+    counts = torch.randint(0, 3, (slots, vocab), generator=g, dtype=torch.int32) * (
+        torch.rand(slots, vocab, generator=g) < 0.2
+    )
     prompt = torch.rand(slots, vocab, generator=g) < 0.1
     on = torch.arange(slots) % 3 != 2  # some slots without penalties
     tables = PenaltyTables(
-        torch.where(on, 1.0 + torch.rand(slots, generator=g), 1.0), torch.where(on, 0.3, 0.0),
+        torch.where(on, 1.0 + torch.rand(slots, generator=g), 1.0),
+        torch.where(on, 0.3, 0.0),
         torch.where(on, torch.rand(slots, generator=g), 0.0),
-        PenaltyCounts(counts.int(), prompt, seen_bits_reference(prompt, counts), *seen_list_reference(prompt, counts, 64)),
-        None)
+        PenaltyCounts(
+            counts.int(), prompt, seen_bits_reference(prompt, counts), *seen_list_reference(prompt, counts, 64)
+        ),
+        None,
+    )
     positions = torch.arange(rows) * 3 + 10
     if drafts:
-        tables = tables._replace(drafts=DraftContext(
-            positions, torch.randint(5, 60, (slots,), generator=g, dtype=torch.int32),
-            torch.randint(-1, vocab, (slots, 3), generator=g, dtype=torch.int32)))
-    tables = tables._replace(counts=PenaltyCounts(*(t.to(DEVICE) for t in tables.counts)),
-                             drafts=tables.drafts and DraftContext(*(t.to(DEVICE) for t in tables.drafts)))
+        tables = tables._replace(
+            drafts=DraftContext(
+                positions,
+                torch.randint(5, 60, (slots,), generator=g, dtype=torch.int32),
+                torch.randint(-1, vocab, (slots, 3), generator=g, dtype=torch.int32),
+            )
+        )
+    tables = tables._replace(
+        counts=PenaltyCounts(*(t.to(DEVICE) for t in tables.counts)),
+        drafts=tables.drafts and DraftContext(*(t.to(DEVICE) for t in tables.drafts)),
+    )
     tables = PenaltyTables(*(t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in tables))
     idx = (torch.arange(rows, device=DEVICE) * 5 % slots).int()
     logits = _logits(rows, vocab, seed=3, ties=True)
     nonfinite = None
     if not sanitize:
         logits, nonfinite = sanitize_logits_reference(logits)
-    penalised = apply_penalties_reference(logits, idx, *tables[:3], tables.counts.output_counts,
-                                          tables.counts.prompt_mask, tables.drafts)
+    penalised = apply_penalties_reference(
+        logits, idx, *tables[:3], tables.counts.output_counts, tables.counts.prompt_mask, tables.drafts
+    )
     expected = sample_reference(penalised, idx, positions.to(DEVICE), params)
     got_logits = apply_penalties_triton(logits.clone(), idx, tables)
     got = sample_fused_triton(got_logits, idx, positions.to(DEVICE), params, sanitize=sanitize, nonfinite=nonfinite)

@@ -67,13 +67,16 @@ def _i32(values) -> torch.Tensor:
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_gumbel_hash_is_bit_exact_and_samples_match(vocab):
     g = torch.Generator().manual_seed(vocab)
-    seeds = torch.cat([torch.tensor([0, -1, (1 << 63) - 1, -(1 << 63)]),
-                       torch.randint(-(1 << 62), 1 << 62, (5,), generator=g)]).to(DEVICE)
+    seeds = torch.cat(
+        [torch.tensor([0, -1, (1 << 63) - 1, -(1 << 63)]), torch.randint(-(1 << 62), 1 << 62, (5,), generator=g)]
+    ).to(DEVICE)
     positions = torch.tensor([0, 1, 2, 3, 1 << 33, 7, 8, 9, 123456], device=DEVICE)
     bits = hash_bits_reference(seeds, positions, vocab)
-    assert torch.equal(uniform_noise_reference(seeds, positions, vocab), ((bits >> 8).float() + 0.5) / 2 ** 24)
+    assert torch.equal(uniform_noise_reference(seeds, positions, vocab), ((bits >> 8).float() + 0.5) / 2**24)
     logits = _logits(len(seeds), vocab, seed=1)
-    assert torch.equal(gumbel_sample_triton(logits, seeds, positions), gumbel_sample_reference(logits, seeds, positions))
+    assert torch.equal(
+        gumbel_sample_triton(logits, seeds, positions), gumbel_sample_reference(logits, seeds, positions)
+    )
     one = gumbel_sample_triton(logits[3:4], seeds[3:4], positions[3:4])  # one row
     assert torch.equal(one, gumbel_sample_reference(logits[3:4], seeds[3:4], positions[3:4]))
 
@@ -108,7 +111,9 @@ def _slot_tables():
     return _i32([2, 0, 2, 1])
 
 
-def _counts_of(output_counts: torch.Tensor, prompt: torch.Tensor, max_seen: int = 0, shuffle: int = -1) -> PenaltyCounts:
+def _counts_of(
+    output_counts: torch.Tensor, prompt: torch.Tensor, max_seen: int = 0, shuffle: int = -1
+) -> PenaltyCounts:
     """Consistent tables from dense counts and prompt mask (lists in a shuffled order when `shuffle` >= 0)."""
     max_seen = max_seen or output_counts.shape[1]
     seen_ids, num_seen = seen_list_reference(prompt, output_counts, max_seen)
@@ -138,11 +143,13 @@ def test_penalties_and_counts_match(vocab):
     words = (vocab + 31) // 32
 
     def stale() -> PenaltyCounts:  # a previous owner's tables: a rebuild must keep nothing of them
-        return PenaltyCounts(torch.full((num_slots, vocab), 7, dtype=torch.int32, device=DEVICE),
-                             torch.ones(num_slots, vocab, dtype=torch.bool, device=DEVICE),
-                             torch.full((num_slots, words), -1, dtype=torch.int32, device=DEVICE),
-                             torch.full((num_slots, max_len + 4), 3, dtype=torch.int32, device=DEVICE),
-                             torch.full((num_slots,), 5, dtype=torch.int32, device=DEVICE))
+        return PenaltyCounts(
+            torch.full((num_slots, vocab), 7, dtype=torch.int32, device=DEVICE),
+            torch.ones(num_slots, vocab, dtype=torch.bool, device=DEVICE),
+            torch.full((num_slots, words), -1, dtype=torch.int32, device=DEVICE),
+            torch.full((num_slots, max_len + 4), 3, dtype=torch.int32, device=DEVICE),
+            torch.full((num_slots,), 5, dtype=torch.int32, device=DEVICE),
+        )
 
     ref, tri = stale(), stale()
     slots = torch.tensor([2, 0], device=DEVICE)  # slot 1 keeps its stale rows: nobody rebuilds it
@@ -195,8 +202,9 @@ def test_penalties_count_the_drafts_before_each_verification_row(vocab):
     tables = _counts_of(counts, prompt, shuffle=vocab)
     args = (idx, rep, freq, pres, counts.to(DEVICE), prompt.to(DEVICE))
     expected = apply_penalties_reference(logits, *args, context)
-    got = apply_penalties_triton(logits.clone(), idx, PenaltyTables(
-        rep, freq, pres, PenaltyCounts(*(t.to(DEVICE) for t in tables)), context))
+    got = apply_penalties_triton(
+        logits.clone(), idx, PenaltyTables(rep, freq, pres, PenaltyCounts(*(t.to(DEVICE) for t in tables)), context)
+    )
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     # The semantics, row by row: the reference without drafts on counts that include the drafts before it.
     counts, prompt = counts.to(DEVICE), prompt.to(DEVICE)
@@ -207,8 +215,8 @@ def test_penalties_count_the_drafts_before_each_verification_row(vocab):
         for token in drafts[slot, :before].tolist():
             if token < vocab:
                 row_counts[slot, token] += 1
-        want = apply_penalties_reference(logits[row:row + 1], idx[row:row + 1], rep, freq, pres, row_counts, prompt)
-        torch.testing.assert_close(expected[row:row + 1], want, rtol=0, atol=1e-6)
+        want = apply_penalties_reference(logits[row : row + 1], idx[row : row + 1], rep, freq, pres, row_counts, prompt)
+        torch.testing.assert_close(expected[row : row + 1], want, rtol=0, atol=1e-6)
     # Drafts really change the rows after the first of each group (else this test could not fail).
     plain = apply_penalties_reference(logits, *args)
     changed = (plain != expected).any(dim=1).tolist()
@@ -222,13 +230,17 @@ def test_bias_allowed_min_tokens_and_bad_words_match():
     tokens = _i32([[3, 199, 0, 0], [5, 0, 0, 0], [150, 7, 64, 63]])
     values = torch.tensor([[1.0, -2.0, 0, 0], [0.5, 0, 0, 0], [3.0, 4.0, -5.0, 6.0]], device=DEVICE)
     lens = _i32([2, 0, 4])
-    assert torch.equal(apply_logit_bias_triton(logits.clone(), idx, tokens, values, lens),
-                       apply_logit_bias_reference(logits, idx, tokens, values, lens))
+    assert torch.equal(
+        apply_logit_bias_triton(logits.clone(), idx, tokens, values, lens),
+        apply_logit_bias_reference(logits, idx, tokens, values, lens),
+    )
 
     enabled = torch.tensor([True, False, True], device=DEVICE)
     mask = torch.rand(3, vocab, generator=torch.Generator().manual_seed(0)).to(DEVICE) < 0.3
-    assert torch.equal(apply_allowed_tokens_triton(logits.clone(), idx, enabled, mask),
-                       apply_allowed_tokens_reference(logits, idx, enabled, mask))
+    assert torch.equal(
+        apply_allowed_tokens_triton(logits.clone(), idx, enabled, mask),
+        apply_allowed_tokens_reference(logits, idx, enabled, mask),
+    )
 
     positions = torch.tensor([12, 9, 14, 3], device=DEVICE)
     prompt_len, min_tokens = _i32([6, 2, 10]), _i32([4, 1, 5])  # rows: 2 out < 5, 3 < 4, 4 < 5, 1 >= 1

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
+from sampler_cases import Slot, make_sampler, run_edits
 from transformers.generation.logits_process import (
     MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
@@ -15,7 +16,6 @@ from transformers.generation.logits_process import (
 )
 
 from framework import SamplingParams
-from sampler_cases import Slot, make_sampler, run_edits
 
 VOCAB = 40
 EOS = 39
@@ -38,8 +38,11 @@ def test_repetition_frequency_presence_penalties():
 
     Slot 0 was preempted: its prefill holds output, but the prompt boundary is prompt_len, not prefill_len."""
     slots = [
-        Slot(SamplingParams(repetition_penalty=1.8, frequency_penalty=0.4, presence_penalty=0.3),
-             prompt=[1, 2, 3, 3, 30], output=[4, 4, 4, 2, 17]),
+        Slot(
+            SamplingParams(repetition_penalty=1.8, frequency_penalty=0.4, presence_penalty=0.3),
+            prompt=[1, 2, 3, 3, 30],
+            output=[4, 4, 4, 2, 17],
+        ),
         Slot(SamplingParams(repetition_penalty=0.6), prompt=[5, 6], output=[7]),
         None,  # a free slot
         Slot(SamplingParams(frequency_penalty=-1.5, presence_penalty=2.0), prompt=[8, 9, 10], output=[11, 11, 8]),
@@ -71,13 +74,14 @@ def test_penalty_counts_follow_sampled_tokens_and_reset_on_reuse():
     out = run_edits(sampler, history, logits, _rows([0]))
     assert out[0, 5] == -2.0 and out[0, 3] == -1.0 and out[0, 1] == 0.0
     # A new owner of slot 0 with a penalty starts from its own history only.
-    from framework.scheduler_output import NewRequestData
+    from framework.params.scheduler_output import NewRequestData
 
     history.all_token_ids[0, :2] = torch.tensor([9, 9], dtype=torch.int32)
     history.prompt_len[0] = history.prefill_len[0] = history.total_len[0] = 2
     states.remove_request(0)
-    states.add_request(0, NewRequestData("new", [9, 9], 2, SamplingParams(presence_penalty=1.0,
-                                                                           repetition_penalty=2.0), 0, [], 2))
+    states.add_request(
+        0, NewRequestData("new", [9, 9], 2, SamplingParams(presence_penalty=1.0, repetition_penalty=2.0), 0, [], 2)
+    )
     states.apply_staged_writes()
     out = run_edits(sampler, history, torch.ones(1, VOCAB), _rows([0]))
     expected = torch.ones(VOCAB)
@@ -137,8 +141,14 @@ def _only_single(logits: torch.Tensor, words: list[list[int]]) -> torch.Tensor:
 
 def test_allowed_token_ids_and_the_pipeline_order():
     """allowed -> bad words -> min_tokens -> bias -> penalties, each as its HF counterpart, in that order."""
-    params = SamplingParams(allowed_token_ids=[2, 5, 6, 9, EOS], bad_words=[[4, 6]], min_tokens=4, logit_bias={9: 3.0},
-                            repetition_penalty=1.3, presence_penalty=0.5)
+    params = SamplingParams(
+        allowed_token_ids=[2, 5, 6, 9, EOS],
+        bad_words=[[4, 6]],
+        min_tokens=4,
+        logit_bias={9: 3.0},
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+    )
     prompt, output = [2, 9, 1], [4]
     sampler, history = make_sampler([Slot(params, prompt, output)], VOCAB, eos_token_id=EOS)
     logits = _logits(1, seed=4)

@@ -15,21 +15,49 @@ from typing import Any
 
 import pytest
 
-from framework.request_errors import InvalidRequestError
-from framework.sampling_params import SamplingParams
-from framework.structured_outputs import StructuredOutputsParams
+from framework.params.request_errors import InvalidRequestError
+from framework.params.sampling_params import SamplingParams
+from framework.params.structured_outputs import StructuredOutputsParams
 
 
 class _Int(int):
     """An int subclass: `_is_int` accepts it, the fast test's exact-type check does not."""
 
 
-NUMBERS = [0, 1, 0.0, 0.5, 1.0, 1.5, -0.5, -1, -2.0, 2.0, 2.5, -3, math.nan, math.inf, -math.inf, True, False,
-           10 ** 400, _Int(1), None, "1", 128, 129, 200]
+NUMBERS = [
+    0,
+    1,
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    -0.5,
+    -1,
+    -2.0,
+    2.0,
+    2.5,
+    -3,
+    math.nan,
+    math.inf,
+    -math.inf,
+    True,
+    False,
+    10**400,
+    _Int(1),
+    None,
+    "1",
+    128,
+    129,
+    200,
+]
 POOL: dict[str, list[Any]] = {
     "n": [1, 2, 128, 129, 0, -1, True, 1.0, _Int(2), None],
-    "temperature": NUMBERS, "top_p": NUMBERS, "min_p": NUMBERS, "presence_penalty": NUMBERS,
-    "frequency_penalty": NUMBERS, "repetition_penalty": NUMBERS,
+    "temperature": NUMBERS,
+    "top_p": NUMBERS,
+    "min_p": NUMBERS,
+    "presence_penalty": NUMBERS,
+    "frequency_penalty": NUMBERS,
+    "repetition_penalty": NUMBERS,
     "top_k": [0, -1, -2, 5, 1 << 40, True, 1.0, _Int(3), None],
     "seed": [None, 0, -5, (1 << 63) - 1, -(1 << 63), 1 << 63, -(1 << 63) - 1, 1 << 70, True, 1.5, _Int(4), "7"],
     "max_tokens": [1, 16, 0, -1, True, 2.0, _Int(5), None],
@@ -39,7 +67,9 @@ POOL: dict[str, list[Any]] = {
     "stop": [None, [], ["x"], "", [""], [1], ("a",)],
     "stop_token_ids": [[], [1, 2], [-1], [True], (), (3,), None, [1.0]],
     "include_stop_str_in_output": [False, True, 0, 1, None],
-    "ignore_eos": [False, True, 0, None], "detokenize": [True, False, 1], "skip_special_tokens": [True, False, "yes"],
+    "ignore_eos": [False, True, 0, None],
+    "detokenize": [True, False, 1],
+    "skip_special_tokens": [True, False, "yes"],
     "logit_bias": [None, {}, {1: 0.5}, {-1: 0.0}, {1: math.nan}, [1]],
     "allowed_token_ids": [None, [], [1], [-1], (2,)],
     "bad_words": [None, [], ["a"], [[1, 2]], [[]], [" "]],
@@ -79,9 +109,18 @@ def test_fast_test_agrees_with_the_field_checks() -> None:
     assert accepted_fast > 500 and refused > 1500
 
 
-@pytest.mark.parametrize("changes", [{"temperature": math.nan}, {"n": True}, {"max_tokens": 1.0},
-                                     {"min_tokens": 17}, {"output_kind": "all"}, {"top_p": 0.0},
-                                     {"seed": 1 << 63}])  # the sampler's seed table is int64
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"temperature": math.nan},
+        {"n": True},
+        {"max_tokens": 1.0},
+        {"min_tokens": 17},
+        {"output_kind": "all"},
+        {"top_p": 0.0},
+        {"seed": 1 << 63},
+    ],
+)  # the sampler's seed table is int64
 def test_a_caller_edit_after_construction_is_still_refused(changes: dict[str, Any]) -> None:
     params = SamplingParams(max_tokens=16)
     for name, value in changes.items():

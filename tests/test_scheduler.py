@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from framework.config import SchedulerConfig
-from framework.kv_cache_manager import KVCacheManager
-from framework.request import Request, RequestStatus
-from framework.sampling_params import SamplingParams
-from framework.scheduler import Scheduler
-from framework.scheduler_output import CachedRequestData
+from framework.config.schema import SchedulerConfig
+from framework.engine.request import Request, RequestStatus
+from framework.engine.scheduler.kv_cache_manager import KVCacheManager
+from framework.engine.scheduler.scheduler import Scheduler
+from framework.params.sampling_params import SamplingParams
+from framework.params.scheduler_output import CachedRequestData
 
 
 def _req(rid: str, n: int, max_tokens: int = 4) -> Request:
@@ -120,15 +120,18 @@ def test_requests_compare_by_identity():
     assert a != twin and a == a and len({a, twin}) == 2
 
 
-@pytest.mark.parametrize("params, tokens, ends_at, status, stop_token_id", [
-    ({}, [5, 2, 5], 2, "stop", None),  # eos
-    ({"ignore_eos": True}, [5, 2, 5, 5], 4, "length", None),  # eos ignored: max_tokens=4
-    ({"ignore_eos": True, "stop_token_ids": [2]}, [5, 2], 2, "stop", 2),  # eos listed as a stop id still stops
-    ({"stop_token_ids": [7]}, [5, 7], 2, "stop", 7),
-    ({"stop_token_ids": [7], "min_tokens": 3}, [7, 2, 7], 3, "stop", 7),  # stops count from min_tokens on
-    ({"min_tokens": 2}, [2, 2], 2, "stop", None),
-    ({"max_tokens": 50}, [5] * 6, 6, "length", None),  # max_model_len: prompt 10 + 6 outputs = 16
-])
+@pytest.mark.parametrize(
+    "params, tokens, ends_at, status, stop_token_id",
+    [
+        ({}, [5, 2, 5], 2, "stop", None),  # eos
+        ({"ignore_eos": True}, [5, 2, 5, 5], 4, "length", None),  # eos ignored: max_tokens=4
+        ({"ignore_eos": True, "stop_token_ids": [2]}, [5, 2], 2, "stop", 2),  # eos listed as a stop id still stops
+        ({"stop_token_ids": [7]}, [5, 7], 2, "stop", 7),
+        ({"stop_token_ids": [7], "min_tokens": 3}, [7, 2, 7], 3, "stop", 7),  # stops count from min_tokens on
+        ({"min_tokens": 2}, [2, 2], 2, "stop", None),
+        ({"max_tokens": 50}, [5] * 6, 6, "length", None),  # max_model_len: prompt 10 + 6 outputs = 16
+    ],
+)
 def test_stop_conditions_per_token(params, tokens, ends_at, status, stop_token_id):
     """`update_from_output` ends a request at the first token that meets a stop condition, whatever the
     order: eos (unless ignored), stop_token_ids (reported), both only from min_tokens on, then length."""

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from framework import LLM, SamplingParams
-from framework.chat_template import ChatTemplate
-from framework.config import load_config
+from framework.config.schema import load_config
+from framework.entrypoints.chat_template import ChatTemplate
 from tests.serve_helpers import ServerProcess, module_server, openai_client
 
 pytestmark = pytest.mark.slow
@@ -56,8 +56,16 @@ def test_greedy_completion_equals_offline_and_stream_joins_to_it(client, offline
     assert got.choices[0].finish_reason == "length"
     assert got.usage.prompt_tokens == len(offline.tokenizer.encode(PROMPT))
     assert got.usage.completion_tokens == 24 and got.usage.total_tokens == got.usage.prompt_tokens + 24
-    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -67,8 +75,9 @@ def test_greedy_completion_equals_offline_and_stream_joins_to_it(client, offline
 def test_a_stop_token_text_is_left_out_as_offline(client, offline, include):
     """A request ended by a `stop_token_ids` entry: the served text (whole and streamed) is offline's, which
     leaves that token's text out unless `include_stop_str_in_output` (vLLM's semantics)."""
-    free = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                            use_tqdm=False)[0].token_ids
+    free = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)[
+        0
+    ].token_ids
     stop_at = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i] and offline.tokenizer.decode([t]))
     params = dict(temperature=0, max_tokens=12, stop_token_ids=[stop_at], include_stop_str_in_output=include)
     want = offline.generate([PROMPT], SamplingParams(**params), use_tqdm=False)[0]
@@ -76,8 +85,9 @@ def test_a_stop_token_text_is_left_out_as_offline(client, offline, include):
     extra = {k: v for k, v in params.items() if k in ("stop_token_ids", "include_stop_str_in_output")}
     got = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, extra_body=extra)
     assert got.choices[0].text == want.text and got.choices[0].finish_reason == "stop"
-    chunks = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, extra_body=extra,
-                                       stream=True)
+    chunks = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, extra_body=extra, stream=True
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
 
 
@@ -100,8 +110,9 @@ def test_n_sequences_with_a_seed(client, offline):
     assert len(set(texts)) > 1  # each sequence samples with its own seed
     one = client.completions.create(n=1, **params)
     assert one.choices[0].text == texts[0]  # sequence 0 samples with the request's seed
-    offline_three = offline.generate([PROMPT], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12),
-                                     use_tqdm=False)[0]
+    offline_three = offline.generate(
+        [PROMPT], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12), use_tqdm=False
+    )[0]
     assert [o.text for o in offline_three.outputs] == texts
     assert three.usage.completion_tokens == sum(len(o.token_ids) for o in offline_three.outputs)
 
@@ -126,16 +137,25 @@ def test_logprobs_completion_and_chat(client, offline):
     want = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=6, logprobs=3), use_tqdm=False)[0]
     assert lp.token_logprobs == pytest.approx([e[t].logprob for e, t in zip(want.logprobs, want.token_ids)], abs=1e-4)
     ids = offline.tokenizer.encode(PROMPT)
-    with_prompt = client.completions.create(model="tiny", prompt=ids, max_tokens=1, temperature=0,
-                                            extra_body={"prompt_logprobs": 1})
+    with_prompt = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=1, temperature=0, extra_body={"prompt_logprobs": 1}
+    )
     plp = with_prompt.choices[0].model_extra["prompt_logprobs"]
-    want_plp = offline.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1),
-                                use_tqdm=False)[0].prompt_logprobs
+    want_plp = offline.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1), use_tqdm=False)[
+        0
+    ].prompt_logprobs
     assert plp[0] is None and len(plp) == len(ids)
     assert [e[str(t)]["logprob"] for e, t in zip(plp[1:], ids[1:])] == pytest.approx(
-        [w[t].logprob for w, t in zip(want_plp[1:], ids[1:])], abs=1e-4)
-    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "sum a list"}],
-                                          max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+        [w[t].logprob for w, t in zip(want_plp[1:], ids[1:])], abs=1e-4
+    )
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "sum a list"}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
     content = chat.choices[0].logprobs.content
     assert len(content) == 5 and all(len(c.top_logprobs) == 2 for c in content)
     assert "".join(c.token for c in content) == chat.choices[0].message.content
@@ -163,39 +183,71 @@ def test_chat_uses_the_shipped_template_and_streams(client, offline):
     got = client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=16, temperature=0)
     assert got.choices[0].message.content == want.text and got.choices[0].message.role == "assistant"
     assert got.usage.prompt_tokens == len(offline.tokenizer.encode(want.prompt))
-    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0,
-                                                 stream=True))
+    chunks = list(
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0, stream=True)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
     cont = client.chat.completions.create(
-        model="tiny", messages=[*messages, {"role": "assistant", "content": "def reverse(s):"}], max_tokens=8,
-        temperature=0, extra_body={"continue_final_message": True, "add_generation_prompt": False})
-    want_cont = offline.generate([template.render([*messages, {"role": "assistant", "content": "def reverse(s):"}],
-                                                  add_generation_prompt=False, continue_final_message=True)],
-                                 SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+        model="tiny",
+        messages=[*messages, {"role": "assistant", "content": "def reverse(s):"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    want_cont = offline.generate(
+        [
+            template.render(
+                [*messages, {"role": "assistant", "content": "def reverse(s):"}],
+                add_generation_prompt=False,
+                continue_final_message=True,
+            )
+        ],
+        SamplingParams(temperature=0, max_tokens=8),
+        use_tqdm=False,
+    )[0]
     assert cont.choices[0].message.content == want_cont.text
 
 
 def test_stop_strings_and_extra_sampling_fields(client, offline):
     free = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0].text
-    stop = free[len(free) // 2: len(free) // 2 + 3]
+    stop = free[len(free) // 2 : len(free) // 2 + 3]
     assert stop and stop in free
     want = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=24, stop=[stop]), use_tqdm=False)[0]
     for stream in (False, True):
         if stream:
-            chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
-                                                    stop=[stop], stream=True))
+            chunks = list(
+                client.completions.create(
+                    model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop], stream=True
+                )
+            )
             text, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
         else:
             got = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
             text, reason = got.choices[0].text, got.choices[0].finish_reason
-        assert text == want.text == free[:free.index(stop)] and reason == "stop"
-    extra = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, temperature=0.9, seed=3,
-                                      extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2,
-                                                  "min_tokens": 10, "ignore_eos": True})
-    want_extra = offline.generate([PROMPT], SamplingParams(temperature=0.9, seed=3, max_tokens=10, top_k=5, min_p=0.05,
-                                                           repetition_penalty=1.2, min_tokens=10, ignore_eos=True),
-                                  use_tqdm=False)[0]
+        assert text == want.text == free[: free.index(stop)] and reason == "stop"
+    extra = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=10,
+        temperature=0.9,
+        seed=3,
+        extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2, "min_tokens": 10, "ignore_eos": True},
+    )
+    want_extra = offline.generate(
+        [PROMPT],
+        SamplingParams(
+            temperature=0.9,
+            seed=3,
+            max_tokens=10,
+            top_k=5,
+            min_p=0.05,
+            repetition_penalty=1.2,
+            min_tokens=10,
+            ignore_eos=True,
+        ),
+        use_tqdm=False,
+    )[0]
     assert extra.choices[0].text == want_extra.text and extra.usage.completion_tokens == 10
 
 
@@ -229,19 +281,25 @@ def test_errors_are_openai_shaped(server, client):
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     r = server.post("/v1/completions", content=b"x" * (33 << 20), headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == 413
-    chunked = server.post("/v1/completions", content=iter([b"x" * (16 << 20)] * 3),
-                          headers={"content-type": "application/json"})  # no Content-Length: counted as it comes
+    chunked = server.post(
+        "/v1/completions", content=iter([b"x" * (16 << 20)] * 3), headers={"content-type": "application/json"}
+    )  # no Content-Length: counted as it comes
     assert chunked.status_code == 413
-    r = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                   "chat_template": "{% for m in messages %}"})
+    r = server.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "chat_template": "{% for m in messages %}"},
+    )
     assert r.status_code == 400 and "parse" in r.json()["error"]["message"]
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
     hi = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as tools:  # refused, not answered as if no tools were sent
         client.chat.completions.create(model="tiny", messages=hi, max_tokens=2, tools=[tool])
     assert tools.value.body["param"] == "tools" and "tool calling is not supported" in tools.value.body["message"]
-    for extra, param in (({"tool_choice": "required"}, "tool_choice"), ({"functions": [tool["function"]]}, "functions"),
-                         ({"function_call": {"name": "add"}}, "function_call")):
+    for extra, param in (
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"functions": [tool["function"]]}, "functions"),
+        ({"function_call": {"name": "add"}}, "function_call"),
+    ):
         r = server.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 2, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
     r = server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "guided_choice": ["a", "b"]})
@@ -256,8 +314,14 @@ def test_errors_are_openai_shaped(server, client):
     r = server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "best_of": 3})
     assert r.status_code == 400 and r.json()["error"]["param"] == "best_of"  # not n=1 answered as best of 3
     assert server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "best_of": 1}).status_code == 200
-    called = [*hi, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
-                                                                           "function": {"name": "add"}}]}]
+    called = [
+        *hi,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add"}}],
+        },
+    ]
     r = server.post("/v1/chat/completions", json={"messages": called, "max_tokens": 2})
     assert r.status_code == 400 and "messages[1].tool_calls" in r.json()["error"]["message"]
     none = server.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 2, "tool_choice": "none"})
@@ -268,8 +332,7 @@ def test_errors_are_openai_shaped(server, client):
 
 def test_unknown_paths_and_methods_are_openai_shaped(server, client):
     """Not only the endpoints' own errors: a path or method the server does not have is an OpenAI error too."""
-    for response, status in ((server.post("/v1/no-such-endpoint", json={}), 404),
-                             (server.get("/v1/completions"), 405)):
+    for response, status in ((server.post("/v1/no-such-endpoint", json={}), 404), (server.get("/v1/completions"), 405)):
         assert response.status_code == status
         assert response.json()["error"]["code"] == status and response.json()["error"]["message"], response.text
     with pytest.raises(openai.NotFoundError):
@@ -279,8 +342,10 @@ def test_unknown_paths_and_methods_are_openai_shaped(server, client):
 
 def test_stream_options_without_stream_is_refused(server):
     """OpenAI refuses `stream_options` on a request that does not stream (its usage chunk would never come)."""
-    for path, body in (("/v1/completions", {"prompt": PROMPT}),
-                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+    for path, body in (
+        ("/v1/completions", {"prompt": PROMPT}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
         r = server.post(path, json={**body, "max_tokens": 2, "stream_options": {"include_usage": True}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text
     assert server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200
@@ -290,10 +355,11 @@ def test_too_many_logprobs_name_the_field_sent(server):
     """The engine's limit (sampler.max_logprobs) is refused under the name the client used, chat's top_logprobs
     included, not the engine's `logprobs` with an internal request id."""
     hi = [{"role": "user", "content": "hi"}]
-    for path, body, param in (("/v1/completions", {"prompt": PROMPT, "logprobs": 21}, "logprobs"),
-                              ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
-                              ("/v1/chat/completions", {"messages": hi, "logprobs": True, "top_logprobs": 21},
-                               "top_logprobs")):
+    for path, body, param in (
+        ("/v1/completions", {"prompt": PROMPT, "logprobs": 21}, "logprobs"),
+        ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
+        ("/v1/chat/completions", {"messages": hi, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ):
         r = server.post(path, json={**body, "max_tokens": 2})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         assert f"{param}=21" in r.json()["error"]["message"] and "max_logprobs=20" in r.json()["error"]["message"]
@@ -304,11 +370,20 @@ def test_models_version_metrics(server, client):
     assert server.get("/version").json()["version"]
     client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3)
     m = _metrics(server)
-    for name in ("mrv2:num_requests_running", "mrv2:num_requests_waiting", "mrv2:kv_cache_usage_perc",
-                 "mrv2:prompt_tokens_total", "mrv2:generation_tokens_total", "mrv2:time_to_first_token_seconds_count",
-                 "mrv2:time_per_output_token_seconds_count", "mrv2:e2e_request_latency_seconds_count",
-                 "mrv2:prefix_cache_queries_total", "mrv2:prefix_cache_hits_total",
-                 "mrv2:spec_decode_num_draft_tokens_total", "mrv2:spec_decode_num_accepted_tokens_total"):
+    for name in (
+        "mrv2:num_requests_running",
+        "mrv2:num_requests_waiting",
+        "mrv2:kv_cache_usage_perc",
+        "mrv2:prompt_tokens_total",
+        "mrv2:generation_tokens_total",
+        "mrv2:time_to_first_token_seconds_count",
+        "mrv2:time_per_output_token_seconds_count",
+        "mrv2:e2e_request_latency_seconds_count",
+        "mrv2:prefix_cache_queries_total",
+        "mrv2:prefix_cache_hits_total",
+        "mrv2:spec_decode_num_draft_tokens_total",
+        "mrv2:spec_decode_num_accepted_tokens_total",
+    ):
         assert name in m, name
     assert m["mrv2:generation_tokens_total"] >= 3 and m["mrv2:e2e_request_latency_seconds_count"] >= 1
 
@@ -324,8 +399,13 @@ def test_auth_queue_limit_and_sigterm():
         assert s.get("/health").status_code == 200  # health and metrics need no key
         headers = {"Authorization": "Bearer sekrit"}
         # One request runs (max_num_seqs=1) and none may wait: a second one in flight gets 503 + Retry-After.
-        with httpx.stream("POST", f"{s.url}/v1/completions", headers=headers, timeout=60,
-                          json={"prompt": PROMPT, "max_tokens": 400, "stream": True, "ignore_eos": True}) as stream:
+        with httpx.stream(
+            "POST",
+            f"{s.url}/v1/completions",
+            headers=headers,
+            timeout=60,
+            json={"prompt": PROMPT, "max_tokens": 400, "stream": True, "ignore_eos": True},
+        ) as stream:
             lines = stream.iter_lines()
             assert next(lines).startswith("data: ")
             busy = s.post("/v1/completions", headers=headers, json={"prompt": PROMPT, "max_tokens": 2})
@@ -339,9 +419,15 @@ def test_auth_queue_limit_and_sigterm():
         assert code == 0
 
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-          "required": ["name", "age"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 
 
 def test_structured_outputs_json_schema_choice_regex(client):
@@ -349,33 +435,67 @@ def test_structured_outputs_json_schema_choice_regex(client):
 
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
     # Any whitespace is allowed (vLLM's default): some samples loop on it until max_tokens.
-    got = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a person"}],
-                                         response_format=fmt, max_tokens=60, temperature=0.9, seed=2, n=4)
+    got = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "a person"}],
+        response_format=fmt,
+        max_tokens=60,
+        temperature=0.9,
+        seed=2,
+        n=4,
+    )
     stopped = [c for c in got.choices if c.finish_reason == "stop"]
     assert stopped
     for choice in stopped:
         jsonschema.validate(json.loads(choice.message.content), PERSON)
-    compact = client.completions.create(model="tiny", prompt="person = ", max_tokens=60, temperature=0.9, n=4, seed=5,
-                                        extra_body={"structured_outputs": {"json": PERSON,
-                                                                           "disable_any_whitespace": True}})
+    compact = client.completions.create(
+        model="tiny",
+        prompt="person = ",
+        max_tokens=60,
+        temperature=0.9,
+        n=4,
+        seed=5,
+        extra_body={"structured_outputs": {"json": PERSON, "disable_any_whitespace": True}},
+    )
     for choice in compact.choices:
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.text), PERSON)
-    anything = client.completions.create(model="tiny", prompt="data = ", max_tokens=120, temperature=0.9, seed=1,
-                                         extra_body={"response_format": {"type": "json_object"}})
+    anything = client.completions.create(
+        model="tiny",
+        prompt="data = ",
+        max_tokens=120,
+        temperature=0.9,
+        seed=1,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
     if anything.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(anything.choices[0].text), dict)
-    pick = client.completions.create(model="tiny", prompt="color = ", max_tokens=10, temperature=1.0, n=3, seed=2,
-                                     extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}})
+    pick = client.completions.create(
+        model="tiny",
+        prompt="color = ",
+        max_tokens=10,
+        temperature=1.0,
+        n=3,
+        seed=2,
+        extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}},
+    )
     assert all(c.text in ("red", "green", "blue") and c.finish_reason == "stop" for c in pick.choices)
-    digits = client.completions.create(model="tiny", prompt="x = ", max_tokens=10, temperature=1.0, stream=True,
-                                       extra_body={"structured_outputs": {"regex": "[0-9]{3}"}})
+    digits = client.completions.create(
+        model="tiny",
+        prompt="x = ",
+        max_tokens=10,
+        temperature=1.0,
+        stream=True,
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}"}},
+    )
     assert "".join(c.choices[0].text for c in digits).isdigit()
     with pytest.raises(openai.BadRequestError) as bad:
-        client.completions.create(model="tiny", prompt="x", max_tokens=4,
-                                  extra_body={"structured_outputs": {"regex": "([a-"}})
+        client.completions.create(
+            model="tiny", prompt="x", max_tokens=4, extra_body={"structured_outputs": {"regex": "([a-"}}
+        )
     assert "regex" in str(bad.value)
     with pytest.raises(openai.BadRequestError) as missing:
-        client.completions.create(model="tiny", prompt="x", max_tokens=4,
-                                  extra_body={"response_format": {"type": "json_schema"}})
+        client.completions.create(
+            model="tiny", prompt="x", max_tokens=4, extra_body={"response_format": {"type": "json_schema"}}
+        )
     assert "response_format" in str(missing.value)

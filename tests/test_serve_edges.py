@@ -51,6 +51,7 @@ def _wait_idle(server, timeout_s: float = 10.0) -> dict[str, float]:
 def _full_capacity_works(server) -> None:
     """MAX_NUM_SEQS requests at once all succeed: no earlier request still holds a place in flight (with no queue,
     one leaked place turns the last of them into a 503)."""
+
     async def one(client: httpx.AsyncClient) -> int:
         body = {"prompt": PROMPT, "max_tokens": 32, "ignore_eos": True}
         return (await client.post(f"{server.url}/v1/completions", json=body)).status_code
@@ -62,14 +63,17 @@ def _full_capacity_works(server) -> None:
     assert asyncio.run(all_at_once()) == [200] * MAX_NUM_SEQS
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"seed": 2**63}, "seed"),           # fits msgpack, not the engine's int64 seed table
-    ({"seed": 2**64}, "seed"),           # fits neither
-    ({"prompt": [-1]}, "prompt"),        # not a token id (the tokenizer cannot even decode it)
-    ({"prompt": [2**64]}, "prompt"),
-    ({"stop_token_ids": [2**64]}, None),
-    ({"logit_bias": {str(2**64): 1}}, None),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"seed": 2**63}, "seed"),  # fits msgpack, not the engine's int64 seed table
+        ({"seed": 2**64}, "seed"),  # fits neither
+        ({"prompt": [-1]}, "prompt"),  # not a token id (the tokenizer cannot even decode it)
+        ({"prompt": [2**64]}, "prompt"),
+        ({"stop_token_ids": [2**64]}, None),
+        ({"logit_bias": {str(2**64): 1}}, None),
+    ],
+)
 def test_out_of_range_integers_are_400s_that_keep_no_capacity(server, extra, param):
     r = server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, **extra})
     assert r.status_code == 400, r.text
@@ -84,8 +88,12 @@ def test_a_huge_top_k_filters_nothing_and_fails_no_one(server):
     client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=30)
     params = dict(model="tiny", prompt=PROMPT, max_tokens=6, temperature=1.0, seed=11)
     plain = client.completions.create(**params).choices[0].text
-    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=30,
-                      json={"prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True}) as running:
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/completions",
+        timeout=30,
+        json={"prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True},
+    ) as running:
         lines = running.iter_lines()
         assert next(lines).startswith("data: ")  # the bystander is running
         huge = client.completions.create(**params, extra_body={"top_k": 2**40})

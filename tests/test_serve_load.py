@@ -31,9 +31,16 @@ def _gauges(server) -> dict[str, float]:
 async def _client(base_url: str, i: int, disconnect: bool) -> tuple[int, str, int]:
     """Stream one completion; a disconnecting client leaves after 3 chunks. Returns (tokens seen, finish, chunks)."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=120)
-    stream = await client.completions.create(model="tiny", prompt=f"def f{i}(x):", max_tokens=MAX_TOKENS,
-                                             temperature=0.8, seed=i, stream=True, extra_body={"ignore_eos": True},
-                                             stream_options={"include_usage": True})
+    stream = await client.completions.create(
+        model="tiny",
+        prompt=f"def f{i}(x):",
+        max_tokens=MAX_TOKENS,
+        temperature=0.8,
+        seed=i,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True},
+    )
     chunks, finish, tokens = 0, "", 0
     async for chunk in stream:
         chunks += 1
@@ -50,9 +57,11 @@ async def _client(base_url: str, i: int, disconnect: bool) -> tuple[int, str, in
 
 def test_concurrent_streams_with_disconnects_free_everything():
     with ServerProcess("scheduler.max_num_seqs=64") as server:
+
         async def run() -> list:
-            return await asyncio.wait_for(asyncio.gather(*[
-                _client(server.base_url, i, i % 4 == 0) for i in range(NUM_CLIENTS)]), timeout=240)
+            return await asyncio.wait_for(
+                asyncio.gather(*[_client(server.base_url, i, i % 4 == 0) for i in range(NUM_CLIENTS)]), timeout=240
+            )
 
         results = asyncio.run(run())
         full = [r for i, r in enumerate(results) if i % 4 != 0]
@@ -61,8 +70,11 @@ def test_concurrent_streams_with_disconnects_free_everything():
         deadline = time.monotonic() + 20
         while True:
             g = _gauges(server)
-            idle = (g["mrv2:num_requests_running"] == 0 and g["mrv2:num_requests_waiting"] == 0
-                    and g["mrv2:kv_cache_blocks_free"] == g["mrv2:kv_cache_blocks_total"])
+            idle = (
+                g["mrv2:num_requests_running"] == 0
+                and g["mrv2:num_requests_waiting"] == 0
+                and g["mrv2:kv_cache_blocks_free"] == g["mrv2:kv_cache_blocks_total"]
+            )
             if idle or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -76,8 +88,9 @@ async def _until_end(base_url: str, i: int) -> str:
     """Stream until the server ends the request; returns how it ended."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=60)
     try:
-        stream = await client.completions.create(model="tiny", prompt=f"class C{i}:", max_tokens=900,
-                                                 stream=True, extra_body={"ignore_eos": True})
+        stream = await client.completions.create(
+            model="tiny", prompt=f"class C{i}:", max_tokens=900, stream=True, extra_body={"ignore_eos": True}
+        )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].finish_reason:
                 return "finished"
@@ -90,6 +103,7 @@ async def _until_end(base_url: str, i: int) -> str:
 
 def test_engine_death_mid_load_fails_requests_and_health():
     with ServerProcess() as server:
+
         async def run() -> list[str]:
             tasks = [asyncio.create_task(_until_end(server.base_url, i)) for i in range(8)]
             await asyncio.sleep(1.5)  # the streams are running
@@ -108,8 +122,11 @@ def test_tensor_parallel_engine_behind_the_server():
     """TP=2 over gloo on the CPU behind the server: the same greedy text as one process offline."""
     from framework import LLM, SamplingParams
 
-    want = LLM("tiny", device="cpu").generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=12),
-                                              use_tqdm=False)[0].text
+    want = (
+        LLM("tiny", device="cpu")
+        .generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
+        .text
+    )
     with ServerProcess("parallel.tensor_parallel_size=2") as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=120)
         got = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=12, temperature=0)
@@ -132,8 +149,10 @@ def test_a_stream_that_leaves_before_its_first_token_is_aborted():
             host, port = server.url.removeprefix("http://").split(":")
             payload = json.dumps(body).encode()
             queued = socket.create_connection((host, int(port)), timeout=10)  # answered only at its first token
-            queued.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+            queued.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+            )
             deadline = time.monotonic() + 10
             while _gauges(server)["mrv2:num_requests_waiting"] < 1 and time.monotonic() < deadline:
                 time.sleep(0.05)

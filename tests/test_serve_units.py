@@ -10,12 +10,19 @@ import msgspec
 import pytest
 
 from framework import LLM, SamplingParams
-from framework.chat_template import ChatTemplate
-from framework.parallel_sampling import child_seed, fan_out
-from framework.sampling_params import InvalidRequestError
-from framework.serve.protocol import AddRequest, EngineOutputs, EngineStats, SequenceDelta, engine_codec, front_end_codec
-from framework.serve.sequence_text import SequenceText
-from framework.tokenizer import ByteTokenizer
+from framework.engine.parallel_sampling import child_seed, fan_out
+from framework.entrypoints.chat_template import ChatTemplate
+from framework.entrypoints.serve.protocol import (
+    AddRequest,
+    EngineOutputs,
+    EngineStats,
+    SequenceDelta,
+    engine_codec,
+    front_end_codec,
+)
+from framework.entrypoints.serve.sequence_text import SequenceText
+from framework.models.tokenizer import ByteTokenizer
+from framework.params.sampling_params import InvalidRequestError
 
 
 class _Boom:
@@ -35,13 +42,17 @@ def test_protocol_round_trip_and_refuses_crafted_payloads():
     assert front.decode(engine.encode(out)) == out
     if os.path.exists(MARKER):
         os.remove(MARKER)
-    for payload in (pickle.dumps(_Boom()), msgspec.msgpack.encode({"type": "add", "request_id": 1}),
-                    msgspec.msgpack.encode({"type": "exec", "code": "import os"})):
+    for payload in (
+        pickle.dumps(_Boom()),
+        msgspec.msgpack.encode({"type": "add", "request_id": 1}),
+        msgspec.msgpack.encode({"type": "exec", "code": "import os"}),
+    ):
         with pytest.raises(msgspec.DecodeError):
             engine.decode(payload)
     assert not os.path.exists(MARKER)
-    bad_range = msgspec.msgpack.encode({"type": "add", "request_id": "a", "prompt_token_ids": [1],
-                                        "sampling_params": {"top_p": 7}})
+    bad_range = msgspec.msgpack.encode(
+        {"type": "add", "request_id": "a", "prompt_token_ids": [1], "sampling_params": {"top_p": 7}}
+    )
     with pytest.raises(msgspec.ValidationError, match="top_p"):  # SamplingParams validates on decode too
         engine.decode(bad_range)
 
@@ -83,12 +94,18 @@ def test_offline_n_shares_prompt_blocks_and_abort_frees_every_sequence():
 
 
 def test_chat_template_renders_in_a_sandbox():
-    t = ChatTemplate("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
-                     "{% if add_generation_prompt %}<assistant>{% endif %}")
+    t = ChatTemplate(
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
     msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert t.render(msgs) == "<user>a\nb<assistant>"  # text parts joined by newlines, as vLLM does
-    assert t.render([*msgs, {"role": "assistant", "content": "x"}], add_generation_prompt=False,
-                    continue_final_message=True) == "<user>a\nb<assistant>x"
+    assert (
+        t.render(
+            [*msgs, {"role": "assistant", "content": "x"}], add_generation_prompt=False, continue_final_message=True
+        )
+        == "<user>a\nb<assistant>x"
+    )
     evil = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(InvalidRequestError, match="chat template failed"):
         evil.render(msgs)
@@ -107,16 +124,21 @@ def test_chat_template_renders_in_a_sandbox():
 def test_continue_final_message_under_a_template_that_trims():
     """Templates often trim content (Llama 3's `| trim`): the prefill is found stripped and continued, as
     transformers' apply_chat_template does, not refused because its trailing space or newline is gone."""
-    t = ChatTemplate("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}"
-                     "{% if add_generation_prompt %}<assistant>{% endif %}")
+    t = ChatTemplate(
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "```json\n"}]
     assert t.render(msgs, add_generation_prompt=False, continue_final_message=True) == "<user>hi</s><assistant>```json"
     keeps = ChatTemplate("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}")
-    assert keeps.render([{"role": "user", "content": " a b "}], add_generation_prompt=False,
-                        continue_final_message=True) == "<user> a b "  # spacing the template keeps is kept
+    assert (
+        keeps.render([{"role": "user", "content": " a b "}], add_generation_prompt=False, continue_final_message=True)
+        == "<user> a b "
+    )  # spacing the template keeps is kept
     with pytest.raises(InvalidRequestError, match="does not contain the final message"):
         ChatTemplate("{% for m in messages %}{{ m['role'] }}{% endfor %}").render(
-            msgs, add_generation_prompt=False, continue_final_message=True)
+            msgs, add_generation_prompt=False, continue_final_message=True
+        )
 
 
 def test_sequence_text_stops_and_holds_back():
@@ -147,7 +169,7 @@ def test_an_unexpected_error_is_an_openai_shaped_500():
 
     from starlette.testclient import TestClient
 
-    from framework.serve.app import build_app
+    from framework.entrypoints.serve.app import build_app
 
     serve = SimpleNamespace(api_key=None, max_request_bytes=1 << 20)
     app = build_app(SimpleNamespace(config=SimpleNamespace(serve=serve), client=SimpleNamespace(dead=None)))

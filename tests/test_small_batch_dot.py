@@ -1,4 +1,4 @@
-"""The tensor-core small-batch kernel (framework/kernels/triton_gemv_dot.py) against `fused_linear_reference`,
+"""The tensor-core small-batch kernel (framework/layers/kernels/triton_gemv_dot.py) against `fused_linear_reference`,
 under the interpreter on the CPU (or for real on a GPU): every prologue / epilogue combination at M = 2, 3, 8, 16;
 K not a multiple of the K chunk, N not a multiple of the row block (several programs, the last partial), strided
 input rows; float32 and bfloat16 with the GEMV tests' tolerances (`assert_gemv_matches`). Plus the launch rules,
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from framework.kernels.small_batch_ops import fused_linear_reference
-from framework.kernels.triton_gemv import gemv_tiles, gemv_triton
-from framework.kernels.triton_gemv_dot import _gemv_dot_kernel
-from framework.kernels.triton_norm_silu import interpreter_upcast
 from test_small_batch_kernels import DEVICE, EPS, VARIANTS, _case, _run, assert_gemv_matches
+
+from framework.layers.kernels.small_batch_ops import fused_linear_reference
+from framework.layers.kernels.triton_gemv import gemv_tiles, gemv_triton
+from framework.layers.kernels.triton_gemv_dot import _gemv_dot_kernel
+from framework.layers.kernels.triton_norm_silu import interpreter_upcast
 
 N, K = 40, 200  # 16-row tiles: 3 programs, the last half empty; 64-wide K chunks: 4, the last 8 wide
 
@@ -51,8 +51,9 @@ def test_dot_default_tiles_and_float16() -> None:
     assert summed is not None and torch.equal(summed, ref_summed)
 
 
-SWEEP = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "bench_gemv_tiles.py"),
-                       run_name="bench_gemv_tiles")
+SWEEP = runpy.run_path(
+    str(Path(__file__).resolve().parents[1] / "scripts" / "bench_gemv_tiles.py"), run_name="bench_gemv_tiles"
+)
 
 
 @pytest.mark.parametrize("block_n,block_k,num_warps,num_stages", SWEEP["DOT_CANDIDATES"])
@@ -60,8 +61,18 @@ def test_every_swept_dot_shape_is_correct(block_n: int, block_k: int, num_warps:
     """Each candidate the GPU sweep times, on a small bf16 gate/up case (and compiled for sm_90 by
     scripts/triton_cuda_compile_check.py)."""
     k = block_k + 24  # two chunks, the second partial
-    tiles = gemv_tiles(4, 24, k, 2, block_n=block_n, block_k=block_k, num_warps=num_warps, dot=True,
-                       num_stages=num_stages, silu_mul=True)
+    tiles = gemv_tiles(
+        4,
+        24,
+        k,
+        2,
+        block_n=block_n,
+        block_k=block_k,
+        num_warps=num_warps,
+        dot=True,
+        num_stages=num_stages,
+        silu_mul=True,
+    )
     out, _, ref_out, _ = _run("add_norm_silu", 4, 24, k, torch.bfloat16, seed=1, tiles=tiles)
     assert_gemv_matches(out, ref_out)
 
@@ -84,17 +95,44 @@ def test_launch_rules() -> None:
         gemv_tiles(3, 40, 96, 2, dot=True, block_n=8)
 
 
-def _launch_into(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor, residual: torch.Tensor,
-                 out: torch.Tensor, summed: torch.Tensor, m: int) -> None:
+def _launch_into(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    norm_weight: torch.Tensor,
+    residual: torch.Tensor,
+    out: torch.Tensor,
+    summed: torch.Tensor,
+    m: int,
+) -> None:
     """The dot kernel with the add + norm prologue, writing into the caller's [16, N] / [16, K] buffers; `m` is
     the kernel's M (the token columns its masks admit)."""
     n, k = weight.shape
     tiles = _dot_tiles(m, n, k)
     _gemv_dot_kernel[(tiles.grid,)](
-        x, residual, norm_weight, weight, weight, out, summed, m, x.stride(0), residual.stride(0), EPS,
-        N=n, K=k, BLOCK_MP=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        NUM_STAGES=tiles.num_stages, UPCAST=interpreter_upcast(x.dtype), HAS_NORM=True, HAS_RESIDUAL=True,
-        HAS_BIAS=False, SILU_MUL=False, num_warps=tiles.num_warps)
+        x,
+        residual,
+        norm_weight,
+        weight,
+        weight,
+        out,
+        summed,
+        m,
+        x.stride(0),
+        residual.stride(0),
+        EPS,
+        N=n,
+        K=k,
+        BLOCK_MP=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        NUM_STAGES=tiles.num_stages,
+        UPCAST=interpreter_upcast(x.dtype),
+        HAS_NORM=True,
+        HAS_RESIDUAL=True,
+        HAS_BIAS=False,
+        SILU_MUL=False,
+        num_warps=tiles.num_warps,
+    )
 
 
 def _padding_untouched(m: int, kernel_m: int) -> bool:

@@ -1,4 +1,4 @@
-"""The small-M GEMV kernel (framework/kernels/triton_gemv.py) against `fused_linear_reference`, under the
+"""The small-M GEMV kernel (framework/layers/kernels/triton_gemv.py) against `fused_linear_reference`, under the
 interpreter on the CPU (or for real on a GPU), on small awkward shapes: M = 1, 3, 8, 16; K not a multiple of
 the K chunk; N not a multiple of the row block; every prologue / epilogue combination.
 
@@ -16,9 +16,9 @@ from typing import Optional
 import pytest
 import torch
 
-import framework.kernels.small_batch_ops as small_batch_ops
-from framework.kernels.small_batch_ops import fused_linear, fused_linear_reference
-from framework.kernels.triton_gemv import MAX_GEMV_ROWS, GemvTiles, gemv_tiles, gemv_triton
+import framework.layers.kernels.small_batch_ops as small_batch_ops
+from framework.layers.kernels.small_batch_ops import fused_linear, fused_linear_reference
+from framework.layers.kernels.triton_gemv import MAX_GEMV_ROWS, GemvTiles, gemv_tiles, gemv_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-6
@@ -45,7 +45,7 @@ def assert_gemv_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
 def _case(m: int, n: int, k: int, dtype: torch.dtype, seed: int, silu_mul: bool = False):
     """x [M, K] with strided rows, weight [N or 2N, K] scaled like a trained projection, bias, norm weight,
     residual."""
-    x = _randn((m, k + 8), dtype, seed, 2.0)[:, 3:3 + k]
+    x = _randn((m, k + 8), dtype, seed, 2.0)[:, 3 : 3 + k]
     weight = _randn((2 * n if silu_mul else n, k), dtype, seed + 1, k**-0.5)
     bias = _randn((weight.shape[0],), dtype, seed + 2, 0.5)
     norm_weight = _randn((k,), dtype, seed + 3, 0.2, 1.0)
@@ -64,14 +64,18 @@ VARIANTS = {  # name -> (bias, norm, residual, silu_mul, float32 out)
 }
 
 
-def _run(variant: str, m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0,
-         tiles: Optional[GemvTiles] = None):
+def _run(variant: str, m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0, tiles: Optional[GemvTiles] = None):
     """gemv_triton and the reference on one case; `tiles` None: the GEMV kernel at every M."""
     has_bias, has_norm, has_residual, silu_mul, fp32_out = VARIANTS[variant]
     x, weight, bias, norm_weight, residual = _case(m, n, k, dtype, seed, silu_mul)
-    kwargs = dict(bias=bias if has_bias else None, norm_weight=norm_weight if has_norm else None, eps=EPS,
-                  residual=residual if has_residual else None, silu_mul=silu_mul,
-                  out_dtype=torch.float32 if fp32_out else None)
+    kwargs = dict(
+        bias=bias if has_bias else None,
+        norm_weight=norm_weight if has_norm else None,
+        eps=EPS,
+        residual=residual if has_residual else None,
+        silu_mul=silu_mul,
+        out_dtype=torch.float32 if fp32_out else None,
+    )
     x_before = x.clone()
     tiles = tiles or gemv_tiles(m, n, k, weight.element_size(), dot=False)
     out, summed = gemv_triton(x, weight, **kwargs, tiles=tiles)  # type: ignore[arg-type]
@@ -174,8 +178,9 @@ def test_bad_shapes_are_refused_with_a_clear_error() -> None:
         fused_linear(x[:, :32], weight)
 
 
-def test_reference_mode_and_cpu_default_take_the_reference(gemv_calls: list[int],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reference_mode_and_cpu_default_take_the_reference(
+    gemv_calls: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "reference")  # the same switch as attention and the layer ops
     x, weight, *_ = _case(2, 16, 64, torch.float32, seed=11)
     fused_linear(x, weight)
@@ -190,11 +195,26 @@ def test_benchmark_script_runs_its_comparisons(tmp_path: Path, monkeypatch: pyte
     import sys
 
     monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
-    monkeypatch.setattr(sys, "argv", ["bench_small_batch.py", "--check-only", "--scale", "128", "--tokens", "2",
-                                      "--geometries", "qwen3-0.6b", "--out", str(tmp_path)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "bench_small_batch.py",
+            "--check-only",
+            "--scale",
+            "128",
+            "--tokens",
+            "2",
+            "--geometries",
+            "qwen3-0.6b",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "bench_small_batch.py"),
-                       run_name="__main__")
+        runpy.run_path(
+            str(Path(__file__).resolve().parents[1] / "scripts" / "bench_small_batch.py"), run_name="__main__"
+        )
     assert done.value.code == 0
     rows = json.loads((tmp_path / "small_batch_bench.json").read_text())["results"]
     assert len(rows) == 6 and all(r["max_abs_diff"] < 0.05 for r in rows)

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import torch
 
-import framework.kernels.small_batch_ops as small_batch_ops
-from framework.config import Mrv2Config
-from framework.engine_setup import small_batch_max_tokens
-from framework.kernels.triton_gemv import gemv_triton
-from framework.llm import LLM
-from framework.sampling_params import SamplingParams
+import framework.layers.kernels.small_batch_ops as small_batch_ops
+from framework.config.schema import Mrv2Config
+from framework.entrypoints.llm import LLM
+from framework.layers.kernels.triton_gemv import gemv_triton
+from framework.models.setup import small_batch_max_tokens
+from framework.params.sampling_params import SamplingParams
 
 try:
     from fake_graphs import EagerReplayCapturer
@@ -48,7 +48,7 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.fixture
 def gemv_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The GEMV in Triton (the interpreter), as on CUDA; records the row count of every GEMV launch."""
-    monkeypatch.setattr(small_batch_ops, "_triton_enabled", lambda *tensors: True)
+    monkeypatch.setattr(small_batch_ops.backend, "triton_enabled", lambda *tensors: True)
     rows: list[int] = []
 
     def spy(x: torch.Tensor, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
@@ -59,12 +59,25 @@ def gemv_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return rows
 
 
-def _generate(path: Path, small_batch: str, prompts: list[list[int]] = PROMPTS, max_tokens: list[int] = MAX_TOKENS,
-              graphs: bool = True) -> tuple[list[list[int]], list[tuple[int, torch.Tensor]], LLM]:
+def _generate(
+    path: Path,
+    small_batch: str,
+    prompts: list[list[int]] = PROMPTS,
+    max_tokens: list[int] = MAX_TOKENS,
+    graphs: bool = True,
+) -> tuple[list[list[int]], list[tuple[int, torch.Tensor]], LLM]:
     """(tokens per prompt, (prompt index, logits [vocab]) of every sampled row, the LLM)."""
-    llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=32, max_num_seqs=8, seed=0,
-              small_batch_kernels=small_batch, small_batch_max_tokens=8,  # every graph size (the default is 1)
-              full_step_cuda_graphs=False)  # the forward-only graphs call the patched compute_logits
+    llm = LLM(
+        str(path),
+        device="cpu",
+        dtype="float32",
+        max_model_len=32,
+        max_num_seqs=8,
+        seed=0,
+        small_batch_kernels=small_batch,
+        small_batch_max_tokens=8,  # every graph size (the default is 1)
+        full_step_cuda_graphs=False,
+    )  # the forward-only graphs call the patched compute_logits
     if graphs:
         llm.engine.runner.capture_cuda_graphs(EagerReplayCapturer())
         assert sorted(llm.engine.runner.cuda_graphs.graphs) == [(1, 1), (2, 1), (4, 1), (8, 1)]
@@ -91,8 +104,9 @@ def _generate(path: Path, small_batch: str, prompts: list[list[int]] = PROMPTS, 
     return [list(o.token_ids) for o in outs], [(index[rid], row) for rid, row in records], llm
 
 
-def _check_logits(hf_model: torch.nn.Module, prompts: list[list[int]], tokens: list[list[int]],
-                  logits: list[tuple[int, torch.Tensor]]) -> None:
+def _check_logits(
+    hf_model: torch.nn.Module, prompts: list[list[int]], tokens: list[list[int]], logits: list[tuple[int, torch.Tensor]]
+) -> None:
     """Row k of prompt i (prefill, then each decode step) predicts output token k: HF's logits there."""
     for i, (prompt, out) in enumerate(zip(prompts, tokens)):
         rows = [row for j, row in logits if j == i]
@@ -123,11 +137,12 @@ def qwen3_checkpoint(tmp_path_factory: pytest.TempPathFactory):
     return path, save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], path)
 
 
-def test_a_gemv_that_loses_the_residual_stream_is_caught(qwen3_checkpoint: Any,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gemv_that_loses_the_residual_stream_is_caught(
+    qwen3_checkpoint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Negative control: the prologue's `x + residual` output replaced by `x` (the stream drops the residual)."""
     path, hf_model = qwen3_checkpoint
-    monkeypatch.setattr(small_batch_ops, "_triton_enabled", lambda *tensors: True)
+    monkeypatch.setattr(small_batch_ops.backend, "triton_enabled", lambda *tensors: True)
 
     def lossy(x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         out, summed = gemv_triton(x, *args, **kwargs)

@@ -16,9 +16,9 @@ from typing import Iterator
 import pytest
 import torch
 
-from framework.llm import LLM
-from framework.registry import SPECULATORS
-from framework.sampling_params import SamplingParams
+from framework.config.registry import SPECULATORS
+from framework.entrypoints.llm import LLM
+from framework.params.sampling_params import SamplingParams
 from speculators import Proposal, ProposeInputs, Speculator
 
 try:
@@ -77,7 +77,7 @@ class _Oracle(Speculator):
         for slot in inputs.batch.idx_mapping.tolist():
             history = rs.all_token_ids[slot, : int(rs.total_len[slot])].tolist()
             full = next((s for s in self.sequences if s[: len(history)] == history), history)
-            row = (full[len(history): len(history) + k] + [0] * k)[:k]
+            row = (full[len(history) : len(history) + k] + [0] * k)[:k]
             c = len(history) % (k + 1)
             if c < k:
                 row[c] = (row[c] + 1) % VOCAB_SIZE
@@ -106,9 +106,16 @@ def oracle(baseline) -> Iterator[None]:
         SPECULATORS.unregister(cls.name)
 
 
-@pytest.mark.parametrize("scenario,async_scheduling", [
-    ("plain", True), ("preempt", False), ("chunked", True), ("chunked_preempt", True), ("chunked_preempt", False),
-])
+@pytest.mark.parametrize(
+    "scenario,async_scheduling",
+    [
+        ("plain", True),
+        ("preempt", False),
+        ("chunked", True),
+        ("chunked_preempt", True),
+        ("chunked_preempt", False),
+    ],
+)
 def test_greedy_ngram_equals_no_speculation(checkpoint, baseline, scenario, async_scheduling):
     llm = _llm(checkpoint, speculative_config=NGRAM, async_scheduling=async_scheduling, **SCENARIOS[scenario])
     assert _generate(llm, GREEDY) == baseline
@@ -119,8 +126,12 @@ def test_greedy_ngram_equals_no_speculation(checkpoint, baseline, scenario, asyn
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 def test_greedy_oracle_exercises_every_acceptance_length(checkpoint, baseline, oracle, async_scheduling):
-    llm = _llm(checkpoint, speculative_config={"method": "oracle-test", "num_speculative_tokens": K},
-               async_scheduling=async_scheduling, **SCENARIOS["chunked_preempt"])
+    llm = _llm(
+        checkpoint,
+        speculative_config={"method": "oracle-test", "num_speculative_tokens": K},
+        async_scheduling=async_scheduling,
+        **SCENARIOS["chunked_preempt"],
+    )
     seen: list[tuple[int, int]] = []
     record = llm.engine.spec_metrics.record_step
     llm.engine.spec_metrics.record_step = lambda d, a: (seen.extend(zip(d, a)), record(d, a))  # type: ignore
@@ -149,8 +160,14 @@ def test_dynamic_k_measures_only_steady_decode_steps(checkpoint):
     events: list[tuple] = []  # ("obs", rows) comes just before the ("out", rows, finished) of the same output
     observe, update = policy.observe_step, scheduler.update_from_output
     policy.observe_step = lambda rows, k, s: (events.append(("obs", rows)), observe(rows, k, s))  # type: ignore
-    scheduler.update_from_output = lambda out, *a: (lambda f: (events.append(  # type: ignore[method-assign]
-        ("out", len(out.scheduled_request_ids), len(f))), f)[1])(update(out, *a))
+    scheduler.update_from_output = lambda out, *a: (
+        lambda f: (
+            events.append(  # type: ignore[method-assign]
+                ("out", len(out.scheduled_request_ids), len(f))
+            ),
+            f,
+        )[1]
+    )(update(out, *a))
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (4, 9, 14, 30, 30)]
     llm.generate(PROMPTS, params, use_tqdm=False)
     observed = [i for i, e in enumerate(events) if e[0] == "obs"]
@@ -189,8 +206,11 @@ def test_draft_probabilities_are_verified_deterministically(checkpoint, baseline
 
 def test_logprobs_and_penalties_with_drafts(checkpoint, baseline):
     llm = _llm(checkpoint, speculative_config=NGRAM)
-    outs = llm.generate(PROMPTS[-2:], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
-                                                     logprobs=2), use_tqdm=False)
+    outs = llm.generate(
+        PROMPTS[-2:],
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2),
+        use_tqdm=False,
+    )
     for o, want in zip(outs, baseline[-2:]):
         assert o.token_ids == want
         assert len(o.logprobs) == len(o.token_ids)

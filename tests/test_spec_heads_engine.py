@@ -17,10 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from framework.config import load_config
-from framework.llm import LLM
+from framework.config.schema import load_config
+from framework.entrypoints.llm import LLM
 from framework.models.loader import read_hf_config
-from framework.sampling_params import SamplingParams
+from framework.params.sampling_params import SamplingParams
 from speculators.draft_heads import DraftHead, Eagle3Head, load_draft_head
 from speculators.policy import DraftLengthPolicy
 
@@ -34,8 +34,11 @@ K = 3
 MAX_TOKENS = 24
 PROMPTS = random_prompts(4, 5, 30, seed=77)
 TARGET_OF = {"eagle": "llama", "eagle3": "qwen3", "mtp": "qwen2"}  # untied / tied+qk-norm / qkv-bias targets
-HEAD_KWARGS: dict[str, dict[str, Any]] = {"eagle": {}, "eagle3": {"draft_vocab_size": 100, "aux_layer_ids": [1, 0, 1]},
-                                          "mtp": {}}
+HEAD_KWARGS: dict[str, dict[str, Any]] = {
+    "eagle": {},
+    "eagle3": {"draft_vocab_size": 100, "aux_layer_ids": [1, 0, 1]},
+    "mtp": {},
+}
 SCENARIOS: dict[str, dict[str, Any]] = {
     "plain": {},
     # 20 blocks of 4 tokens: 4 requests of up to 54 tokens must preempt; 8 tokens per step chunk the prompts.
@@ -51,12 +54,20 @@ def target_dir(name: str, root: str) -> Path:
     return path
 
 
-def generate(target: Path, speculator: Optional[dict[str, Any]], scenario: dict[str, Any],
-             drafts: Optional[Drafts] = None, policy: Optional[DraftLengthPolicy] = None) -> list[list[int]]:
+def generate(
+    target: Path,
+    speculator: Optional[dict[str, Any]],
+    scenario: dict[str, Any],
+    drafts: Optional[Drafts] = None,
+    policy: Optional[DraftLengthPolicy] = None,
+) -> list[list[int]]:
     """Greedy outputs in prompt order; `drafts` collects every proposal of a row that sampled; `policy` replaces
     the engine's draft-length policy."""
-    data: dict[str, Any] = {"model": {"path": str(target), "preset": None, "dtype": "float32", "max_model_len": 80},
-                            "device": "cpu", "seed": 0}
+    data: dict[str, Any] = {
+        "model": {"path": str(target), "preset": None, "dtype": "float32", "max_model_len": 80},
+        "device": "cpu",
+        "seed": 0,
+    }
     for section, values in scenario.items():
         data.setdefault(section, {}).update(values)
     if speculator is not None:
@@ -91,8 +102,9 @@ def _record_drafts(llm: LLM, drafts: Drafts) -> None:
 
 
 @torch.no_grad()
-def reference_drafts(head: DraftHead, hf: torch.nn.Module, aux_ids: tuple[int, ...], seq: list[int],
-                     length: int, k: int) -> list[int]:
+def reference_drafts(
+    head: DraftHead, hf: torch.nn.Module, aux_ids: tuple[int, ...], seq: list[int], length: int, k: int
+) -> list[int]:
     """Drafts from the first `length` tokens: the head's full forward over (token p+1, HF hidden p), then k - 1
     feedback steps."""
     states = hf(torch.tensor([seq]), output_hidden_states=True).hidden_states  # [0] embeddings, [-1] after norm
@@ -183,8 +195,13 @@ def test_dynamic_k_over_eagle(root: str, reference: dict, one_thread: None) -> N
     config = read_hf_config(target)
     head_dir = Path(root) / "eagle-dynamic-head"
     random_head("eagle", seed=4, target=config).save_pretrained(head_dir)
-    spec = {"method": "eagle", "dynamic_k": True, "num_speculative_tokens": 2, "model": str(head_dir),
-            "dynamic": {"explore_every": 2}}
+    spec = {
+        "method": "eagle",
+        "dynamic_k": True,
+        "num_speculative_tokens": 2,
+        "model": str(head_dir),
+        "dynamic": {"explore_every": 2},
+    }
     drafts: Drafts = []
     outputs = generate(target, spec, SCENARIOS["chunked_preempt"], drafts, policy=_CyclingK(2, [0, 1, 2, 2, 1]))
     assert outputs == reference["llama"]

@@ -11,17 +11,17 @@ would pick another token); under chunked prefill and preemption (penalty counts 
 
 from __future__ import annotations
 
-from pathlib import Path
 import dataclasses
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import torch
 
-from framework.llm import LLM
+from framework.config.registry import SPECULATORS
+from framework.entrypoints.llm import LLM
 from framework.models.loader import read_hf_config
-from framework.registry import SPECULATORS
-from framework.sampling_params import SamplingParams
+from framework.params.sampling_params import SamplingParams
 from speculators import Proposal, ProposeInputs, Speculator
 
 try:
@@ -127,7 +127,7 @@ class _Oracle(Speculator):
         for slot in inputs.batch.idx_mapping.tolist():
             history = rs.all_token_ids[slot, : int(rs.total_len[slot])].tolist()
             full = next((s for s in self.sequences if s[: len(history)] == history), history)
-            row = (full[len(history): len(history) + k] + [0] * k)[:k]
+            row = (full[len(history) : len(history) + k] + [0] * k)[:k]
             c = len(history) % (k + 1)
             if c < k:
                 row[c] = (row[c] + 1) % VOCAB_SIZE
@@ -151,11 +151,13 @@ def _record_acceptance(llm: LLM) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("kind", KINDS)
-def test_greedy_oracle_with_penalties_equals_no_speculation(checkpoint: Path, baseline: dict, oracle: type[_Oracle],
-                                                            kind: str, scenario: str, one_thread: None) -> None:
+def test_greedy_oracle_with_penalties_equals_no_speculation(
+    checkpoint: Path, baseline: dict, oracle: type[_Oracle], kind: str, scenario: str, one_thread: None
+) -> None:
     oracle.sequences = [p + o for p, o in zip(PROMPTS, baseline[kind])]
-    llm = _llm(checkpoint, speculative_config={"method": oracle.name, "num_speculative_tokens": K},
-               **SCENARIOS[scenario])
+    llm = _llm(
+        checkpoint, speculative_config={"method": oracle.name, "num_speculative_tokens": K}, **SCENARIOS[scenario]
+    )
     acceptance = _record_acceptance(llm)
     preemptions = _count_preemptions(llm)
     assert _generate(llm, params_for(kind)) == baseline[kind]
@@ -165,10 +167,12 @@ def test_greedy_oracle_with_penalties_equals_no_speculation(checkpoint: Path, ba
     assert llm.engine.is_idle()
 
 
-@pytest.mark.parametrize("scenario,async_scheduling", [("plain", True), ("chunked_preempt", True),
-                                                        ("chunked_preempt", False)])
-def test_greedy_ngram_with_penalties_equals_no_speculation(checkpoint: Path, baseline: dict, scenario: str,
-                                                           async_scheduling: bool, one_thread: None) -> None:
+@pytest.mark.parametrize(
+    "scenario,async_scheduling", [("plain", True), ("chunked_preempt", True), ("chunked_preempt", False)]
+)
+def test_greedy_ngram_with_penalties_equals_no_speculation(
+    checkpoint: Path, baseline: dict, scenario: str, async_scheduling: bool, one_thread: None
+) -> None:
     spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     llm = _llm(checkpoint, speculative_config=spec, async_scheduling=async_scheduling, **SCENARIOS[scenario])
     preemptions = _count_preemptions(llm)
@@ -180,8 +184,9 @@ def test_greedy_ngram_with_penalties_equals_no_speculation(checkpoint: Path, bas
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_greedy_eagle_with_penalties_equals_no_speculation(checkpoint: Path, baseline: dict, scenario: str,
-                                                           tmp_path: Path, one_thread: None) -> None:
+def test_greedy_eagle_with_penalties_equals_no_speculation(
+    checkpoint: Path, baseline: dict, scenario: str, tmp_path: Path, one_thread: None
+) -> None:
     """EAGLE drafts unpenalised (the head's argmax); verification penalises: output as without speculation."""
     head_dir = tmp_path / "eagle-head"
     random_head("eagle", seed=1, target=read_hf_config(checkpoint)).save_pretrained(head_dir)
@@ -193,14 +198,18 @@ def test_greedy_eagle_with_penalties_equals_no_speculation(checkpoint: Path, bas
     assert (preemptions[0] > 0) == (scenario == "chunked_preempt")
 
 
-def test_seeded_sampling_with_penalties_and_drafts_equals_without(checkpoint: Path, oracle: type[_Oracle],
-                                                                  one_thread: None) -> None:
+def test_seeded_sampling_with_penalties_and_drafts_equals_without(
+    checkpoint: Path, oracle: type[_Oracle], one_thread: None
+) -> None:
     """Gumbel noise keyed by (seed, position): one-hot verification reproduces the non-speculative draw."""
     params = [dataclasses.replace(p, temperature=0.8) for p in params_for("mixed", seed=7)]
     want = _generate(_llm(checkpoint), params)
     oracle.sequences = [p + o for p, o in zip(PROMPTS, want)]
-    llm = _llm(checkpoint, speculative_config={"method": oracle.name, "num_speculative_tokens": K},
-               **SCENARIOS["chunked_preempt"])
+    llm = _llm(
+        checkpoint,
+        speculative_config={"method": oracle.name, "num_speculative_tokens": K},
+        **SCENARIOS["chunked_preempt"],
+    )
     preemptions = _count_preemptions(llm)
     assert _generate(llm, params) == want
     assert preemptions[0] > 0

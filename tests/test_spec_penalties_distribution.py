@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from sampler_cases import Slot, make_sampler
 
 from framework import SamplingParams
 from speculators.rejection_sampler import rejection_sample
-from sampler_cases import Slot, make_sampler
 
 VOCAB = 5
 SLOTS, ROUNDS = 4000, 30  # 120,000 requests: SLOTS slots, each reseeded ROUNDS times
@@ -59,8 +59,9 @@ def draws() -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def _draws() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     params = SamplingParams(**PARAMS)
-    sampler, history = make_sampler([Slot(params, PROMPT, OUTPUT, seed=i) for i in range(SLOTS)], VOCAB, max_len=8,
-                                    num_draft=2)
+    sampler, history = make_sampler(
+        [Slot(params, PROMPT, OUTPUT, seed=i) for i in range(SLOTS)], VOCAB, max_len=8, num_draft=2
+    )
     states = sampler.states
     slots = torch.arange(SLOTS, dtype=torch.int32)
     expanded = slots.repeat_interleave(3)
@@ -72,21 +73,33 @@ def _draws() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     g = torch.Generator().manual_seed(5)
     out: dict[str, list] = {"with_q": [], "one_hot": []}
     for _ in range(ROUNDS):
-        history.draft_tokens.copy_(torch.stack([torch.multinomial(q, SLOTS, replacement=True, generator=g)
-                                                for q in Q], 1))
+        history.draft_tokens.copy_(
+            torch.stack([torch.multinomial(q, SLOTS, replacement=True, generator=g) for q in Q], 1)
+        )
         sampled = sampler(logits.clone(), expanded, positions, stages, keep_processed=True)
         seeds = states.params.gather(expanded).seed
         draft_probs = Q.unsqueeze(0).expand(SLOTS, 2, VOCAB)
-        with_q = rejection_sample(sampled.sampled_token_ids, slots, cu, history.draft_tokens, 2,
-                                  processed_logits=sampled.processed_logits, draft_probs=draft_probs,
-                                  expanded_idx_mapping=expanded, use_q=torch.ones(3 * SLOTS, dtype=torch.bool),
-                                  seeds=seeds, positions=positions)
+        with_q = rejection_sample(
+            sampled.sampled_token_ids,
+            slots,
+            cu,
+            history.draft_tokens,
+            2,
+            processed_logits=sampled.processed_logits,
+            draft_probs=draft_probs,
+            expanded_idx_mapping=expanded,
+            use_q=torch.ones(3 * SLOTS, dtype=torch.bool),
+            seeds=seeds,
+            positions=positions,
+        )
         one_hot = rejection_sample(sampled.sampled_token_ids, slots, cu, history.draft_tokens, 2)
         for name, result in (("with_q", with_q), ("one_hot", one_hot)):
             out[name].append((result.tokens.numpy(), result.num_accepted.numpy()))
         states.params.tensors["seed"] += SLOTS  # fresh, distinct seeds next round
-    return {name: (np.concatenate([t for t, _ in rounds]), np.concatenate([a for _, a in rounds]))
-            for name, rounds in out.items()}
+    return {
+        name: (np.concatenate([t for t, _ in rounds]), np.concatenate([a for _, a in rounds]))
+        for name, rounds in out.items()
+    }
 
 
 @pytest.mark.parametrize("mode", ["with_q", "one_hot"])

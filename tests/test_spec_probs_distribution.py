@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from framework.llm import LLM
-from framework.registry import SPECULATORS
-from framework.sampling_params import SamplingParams
+from framework.config.registry import SPECULATORS
+from framework.entrypoints.llm import LLM
+from framework.params.sampling_params import SamplingParams
 from speculators import Proposal, ProposeInputs, Speculator
 
 try:
@@ -31,8 +31,24 @@ except ImportError:  # tests/ collected as a package
 PROMPT = [17, 201, 44, 9, 130, 77, 250, 3, 61]
 TOP_K = 4
 NUM_REQUESTS = 1200
-CHI2_999 = {df: v for df, v in [(3, 16.27), (4, 18.47), (5, 20.52), (6, 22.46), (7, 24.32), (8, 26.12), (9, 27.88),
-                                (10, 29.59), (11, 31.26), (12, 32.91), (13, 34.53), (14, 36.12), (15, 37.70)]}
+CHI2_999 = {
+    df: v
+    for df, v in [
+        (3, 16.27),
+        (4, 18.47),
+        (5, 20.52),
+        (6, 22.46),
+        (7, 24.32),
+        (8, 26.12),
+        (9, 27.88),
+        (10, 29.59),
+        (11, 31.26),
+        (12, 32.91),
+        (13, 34.53),
+        (14, 36.12),
+        (15, 37.70),
+    ]
+}
 
 
 class DrawnFromQ(Speculator):
@@ -100,8 +116,9 @@ def drawn_from_q(target):
 def sample_pairs(path: Path, speculative: bool, num_requests: int = NUM_REQUESTS) -> tuple[list[tuple[int, int]], dict]:
     spec = {"speculative_config": {"method": DrawnFromQ.name, "num_speculative_tokens": 1}} if speculative else {}
     llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=32, seed=0, max_num_seqs=256, **spec)
-    params = [SamplingParams(temperature=1.0, top_k=TOP_K, seed=s, max_tokens=2, ignore_eos=True)
-              for s in range(num_requests)]
+    params = [
+        SamplingParams(temperature=1.0, top_k=TOP_K, seed=s, max_tokens=2, ignore_eos=True) for s in range(num_requests)
+    ]
     outs = llm.generate([PROMPT] * num_requests, params, use_tqdm=False)
     return [tuple(o.token_ids) for o in outs], llm.get_metrics()
 
@@ -122,8 +139,9 @@ def chi2_against(pairs: list[tuple[int, int]], joint: dict[tuple[int, int], floa
     return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
 
 
-def check_spec_probs_keep_the_target_distribution(path: Path, joint: dict[tuple[int, int], float],
-                                                   num_requests: int = NUM_REQUESTS) -> None:
+def check_spec_probs_keep_the_target_distribution(
+    path: Path, joint: dict[tuple[int, int], float], num_requests: int = NUM_REQUESTS
+) -> None:
     pairs, metrics = sample_pairs(path, speculative=True, num_requests=num_requests)
     outside = [pair for pair in pairs if pair not in joint]
     assert not outside, f"{len(outside)} pairs the target never produces (top-k {TOP_K}), e.g. {outside[:3]}"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from framework.config import SchedulerConfig
-from framework.kv_cache_manager import KVCacheManager
-from framework.request import Request, RequestStatus
-from framework.sampling_params import SamplingParams
-from framework.scheduler import Scheduler
+from framework.config.schema import SchedulerConfig
+from framework.engine.request import Request, RequestStatus
+from framework.engine.scheduler.kv_cache_manager import KVCacheManager
+from framework.engine.scheduler.scheduler import Scheduler
+from framework.params.sampling_params import SamplingParams
 from speculators.metrics import SpecDecodeMetrics
 from speculators.policy import FixedK
 
@@ -101,8 +101,9 @@ def test_prefill_chunks_and_preemption_forget_drafts():
     assert out.num_draft_tokens == [0] and out.num_scheduled_tokens == [6]
 
 
-@pytest.mark.parametrize("penalty", [dict(repetition_penalty=1.2), dict(frequency_penalty=0.5),
-                                     dict(presence_penalty=-0.5)])
+@pytest.mark.parametrize(
+    "penalty", [dict(repetition_penalty=1.2), dict(frequency_penalty=0.5), dict(presence_penalty=-0.5)]
+)
 def test_penalised_requests_speculate(penalty):
     """Verification rows count the drafts before them (samplers.penalties): no fallback to k = 0."""
     s, _, _ = _sched(k=2)

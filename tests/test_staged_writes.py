@@ -1,4 +1,4 @@
-"""StagedWrites (framework/staged_writes.py): runs of staged values land where a plain Python loop of
+"""StagedWrites (framework/batch/staged_writes.py): runs of staged values land where a plain Python loop of
 element writes would put them, the last write of a position winning, for every target kind the states use."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from framework.staged_writes import StagedWrites
+from framework.batch.staged_writes import StagedWrites
 
 
 def _reference(target: torch.Tensor, writes: list[tuple[int, list, int]]) -> torch.Tensor:
@@ -28,17 +28,24 @@ def _scatter_in_reverse(target: torch.Tensor, index: torch.Tensor, values: torch
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.bool])
 @pytest.mark.parametrize("seed", range(4))
-def test_random_runs_equal_element_writes_with_the_last_one_winning(dtype: torch.dtype, seed: int,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("framework.staged_writes.scatter_reference", _scatter_in_reverse)
+def test_random_runs_equal_element_writes_with_the_last_one_winning(
+    dtype: torch.dtype, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("framework.batch.staged_writes.scatter_reference", _scatter_in_reverse)
     rng = random.Random(seed)
     target = torch.zeros(8, 12, dtype=dtype)
     writes = []
     for _ in range(rng.randrange(1, 20)):  # overlapping runs on the same slots are likely
         column = rng.randrange(12)
         n = rng.randrange(0, 12 - column + 1)
-        values = [rng.random() < 0.5 if dtype == torch.bool else
-                  rng.uniform(-5, 5) if dtype.is_floating_point else rng.randrange(-10**6, 10**6) for _ in range(n)]
+        values = [
+            rng.random() < 0.5
+            if dtype == torch.bool
+            else rng.uniform(-5, 5)
+            if dtype.is_floating_point
+            else rng.randrange(-(10**6), 10**6)
+            for _ in range(n)
+        ]
         writes.append((rng.randrange(8), values, column))
     staged = StagedWrites(target)
     for slot, values, column in writes:

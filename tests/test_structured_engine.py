@@ -16,28 +16,62 @@ import pytest
 import torch
 
 from framework import InvalidRequestError, SamplingParams, StructuredOutputsParams
-from framework.llm import LLM
+from framework.entrypoints.llm import LLM
 from framework.models.embedded import shipped_draft_head_dir, shipped_model_dir
 from samplers.structured.bitmask import apply_token_bitmask
 from samplers.structured.state import StructuredOutputsState
 
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "nested": {"type": "object", "properties": {
-        "user": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 999},
-                                                  "name": {"type": "string", "maxLength": 6}},
-                 "required": ["id", "name"], "additionalProperties": False},
-        "active": {"type": "boolean"}}, "required": ["user", "active"], "additionalProperties": False},
-    "enums": {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
-                                               "size": {"type": "string", "enum": ["S", "M", "XL"]}},
-              "required": ["color", "size"], "additionalProperties": False},
-    "int_bounds": {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 37},
-                   "minItems": 1, "maxItems": 4},
-    "patterns": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
-                                                  "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-                 "required": ["code", "zip"], "additionalProperties": False},
-    "array_bounds": {"type": "object", "properties": {
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 2, "maxItems": 3},
-        "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["tags", "n"], "additionalProperties": False},
+    "nested": {
+        "type": "object",
+        "properties": {
+            "user": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer", "minimum": 1, "maximum": 999},
+                    "name": {"type": "string", "maxLength": 6},
+                },
+                "required": ["id", "name"],
+                "additionalProperties": False,
+            },
+            "active": {"type": "boolean"},
+        },
+        "required": ["user", "active"],
+        "additionalProperties": False,
+    },
+    "enums": {
+        "type": "object",
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "size": {"type": "string", "enum": ["S", "M", "XL"]},
+        },
+        "required": ["color", "size"],
+        "additionalProperties": False,
+    },
+    "int_bounds": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": -5, "maximum": 37},
+        "minItems": 1,
+        "maxItems": 4,
+    },
+    "patterns": {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+            "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+        },
+        "required": ["code", "zip"],
+        "additionalProperties": False,
+    },
+    "array_bounds": {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 2, "maxItems": 3},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["tags", "n"],
+        "additionalProperties": False,
+    },
 }
 REGEXES = [r"[a-z]{2,5}-[0-9]{1,3}", r"(yes|no|maybe)!+", r"0x[0-9a-f]{4}"]
 CHOICES = ["alpha", "beta", "gamma delta", 'quo"te']
@@ -49,8 +83,14 @@ term: NUMBER | "(" expr ")"
 NUMBER: /[1-9][0-9]{0,2}/
 """
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-DYNAMIC = {"method": "ngram", "dynamic_k": True, "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-           "prompt_lookup_max": 3, "dynamic": {"explore_every": 2}}
+DYNAMIC = {
+    "method": "ngram",
+    "dynamic_k": True,
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+    "dynamic": {"explore_every": 2},
+}
 SCENARIOS: dict[str, dict[str, Any]] = {
     "plain": {},
     # 16 blocks of 8 tokens for 8-12 requests of ~60 tokens: preemption; 24 tokens per step: chunked prefills.
@@ -80,16 +120,20 @@ def _count_preemptions(llm: LLM) -> dict[str, int]:
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(32, 127, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(32, 127, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
-def _run(llm: LLM, structured: list[StructuredOutputsParams], seeds: range, temperature: float = 0.9,
-         max_tokens: int = 64) -> list[tuple[StructuredOutputsParams, Any]]:
+def _run(
+    llm: LLM, structured: list[StructuredOutputsParams], seeds: range, temperature: float = 0.9, max_tokens: int = 64
+) -> list[tuple[StructuredOutputsParams, Any]]:
     """Every constraint with every seed, all in one batch; (constraint, output) pairs."""
     jobs = [(so, seed) for so in structured for seed in seeds]
-    params = [SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens, structured_outputs=so)
-              for so, seed in jobs]
+    params = [
+        SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens, structured_outputs=so)
+        for so, seed in jobs
+    ]
     outs = llm.generate(_prompts(len(jobs), seed=len(jobs)), params, use_tqdm=False)
     return [(so, out) for (so, _), out in zip(jobs, outs)]
 
@@ -122,9 +166,11 @@ def _check_sum(node: ast.AST) -> None:
 
 
 def _all_kinds() -> list[StructuredOutputsParams]:
-    return ([StructuredOutputsParams(json=s, disable_any_whitespace=True) for s in SCHEMAS.values()]
-            + [StructuredOutputsParams(regex=r) for r in REGEXES]
-            + [StructuredOutputsParams(choice=CHOICES), StructuredOutputsParams(grammar=GRAMMAR)])
+    return (
+        [StructuredOutputsParams(json=s, disable_any_whitespace=True) for s in SCHEMAS.values()]
+        + [StructuredOutputsParams(regex=r) for r in REGEXES]
+        + [StructuredOutputsParams(choice=CHOICES), StructuredOutputsParams(grammar=GRAMMAR)]
+    )
 
 
 def test_every_kind_validates_with_many_seeds() -> None:
@@ -141,8 +187,12 @@ def test_json_object_and_default_whitespace() -> None:
     On the trained tiny model: the context-dependent random_tiny almost always loops on whitespace under this
     grammar until max_tokens, so with it no output would stop and the check would be vacuous."""
     llm = LLM("tiny", device="cpu")
-    pairs = _run(llm, [StructuredOutputsParams(json_object=True),
-                       StructuredOutputsParams(json=SCHEMAS["enums"])], range(8), max_tokens=96)
+    pairs = _run(
+        llm,
+        [StructuredOutputsParams(json_object=True), StructuredOutputsParams(json=SCHEMAS["enums"])],
+        range(8),
+        max_tokens=96,
+    )
     # Any whitespace allowed: samples may loop on whitespace until max_tokens, so the check asks only that some
     # outputs stop (and that every one that stops validates).
     _check([p for p in pairs if p[0].json is not None], min_stopped=0.25)
@@ -171,8 +221,11 @@ def test_speculation_chunking_preemption(speculator: Optional[dict], scenario: s
 def test_greedy_speculation_changes_nothing(speculator: dict) -> None:
     """Greedy constrained output with drafts equals it without: draft rows are masked by the matcher after the
     drafts before them, and rejected drafts leave no trace in the matcher."""
-    kinds = [StructuredOutputsParams(json=SCHEMAS["array_bounds"], disable_any_whitespace=True),
-             StructuredOutputsParams(grammar=GRAMMAR), StructuredOutputsParams(regex=REGEXES[1])]
+    kinds = [
+        StructuredOutputsParams(json=SCHEMAS["array_bounds"], disable_any_whitespace=True),
+        StructuredOutputsParams(grammar=GRAMMAR),
+        StructuredOutputsParams(regex=REGEXES[1]),
+    ]
 
     def greedy(llm: LLM) -> list[list[int]]:
         return [o.token_ids for _, o in _run(llm, kinds, range(2), temperature=0.0, max_tokens=48)]
@@ -198,6 +251,7 @@ def test_unconstrained_neighbours_unchanged() -> None:
 
 def test_negative_control_masks_on_the_wrong_rows(monkeypatch) -> None:
     """Plant the bug the neighbour test guards against (masks one logits row off): it must show."""
+
     def shifted(self, logits):  # type: ignore[no-untyped-def]
         step = self.step_masks()
         self._step_rows = 0
@@ -213,9 +267,16 @@ def test_negative_control_masks_on_the_wrong_rows(monkeypatch) -> None:
 
 def test_grammar_end_stops_even_with_ignore_eos() -> None:
     llm = _llm()
-    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, ignore_eos=True,
-                             structured_outputs=StructuredOutputsParams(choice=["done", "finished"]))
-              for s in range(6)]
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            seed=s,
+            max_tokens=40,
+            ignore_eos=True,
+            structured_outputs=StructuredOutputsParams(choice=["done", "finished"]),
+        )
+        for s in range(6)
+    ]
     outs = llm.generate(_prompts(6, seed=3), params, use_tqdm=False)
     assert all(o.finish_reason == "stop" and o.text in ("done", "finished") for o in outs)
     assert all(o.token_ids[-1] == llm.engine.loaded.eos_token_id for o in outs)
@@ -234,19 +295,27 @@ def test_min_tokens_past_the_grammar_end_is_an_error_that_says_so() -> None:
 def test_grammars_are_compiled_once_per_text() -> None:
     llm = _llm()
     backend = llm.engine.runner.grammar_backend
-    so = [StructuredOutputsParams(json=SCHEMAS["enums"]),
-          StructuredOutputsParams(json=json.dumps(SCHEMAS["enums"]))]  # the same schema as text
-    llm.generate(_prompts(6, seed=4), [SamplingParams(max_tokens=8, structured_outputs=so[i % 2]) for i in range(6)],
-                 use_tqdm=False)
+    so = [
+        StructuredOutputsParams(json=SCHEMAS["enums"]),
+        StructuredOutputsParams(json=json.dumps(SCHEMAS["enums"])),
+    ]  # the same schema as text
+    llm.generate(
+        _prompts(6, seed=4),
+        [SamplingParams(max_tokens=8, structured_outputs=so[i % 2]) for i in range(6)],
+        use_tqdm=False,
+    )
     assert backend.num_compiled == 1
 
 
-@pytest.mark.parametrize("so, message", [
-    (StructuredOutputsParams(regex="[a-"), "structured_outputs.regex is invalid: .*unclosed character class"),
-    (StructuredOutputsParams(grammar="start: foo"), "structured_outputs.grammar is invalid: .*unknown name"),
-    (StructuredOutputsParams(json={"type": "strin"}), "structured_outputs.json is invalid: .*strin"),
-    (StructuredOutputsParams(json={"type": "object", "properties": 3}), "structured_outputs.json is invalid"),
-])
+@pytest.mark.parametrize(
+    "so, message",
+    [
+        (StructuredOutputsParams(regex="[a-"), "structured_outputs.regex is invalid: .*unclosed character class"),
+        (StructuredOutputsParams(grammar="start: foo"), "structured_outputs.grammar is invalid: .*unknown name"),
+        (StructuredOutputsParams(json={"type": "strin"}), "structured_outputs.json is invalid: .*strin"),
+        (StructuredOutputsParams(json={"type": "object", "properties": 3}), "structured_outputs.json is invalid"),
+    ],
+)
 def test_malformed_constraints_are_refused_by_name(so, message) -> None:
     llm = _llm()
     with pytest.raises(InvalidRequestError, match="request 'gen-0': SamplingParams." + message):
@@ -263,10 +332,16 @@ def test_v1_refuses_by_name() -> None:
 # ---- the trained embedded model: HF reference loop, EAGLE and MTP ------------------------------------------
 TINY = shipped_model_dir("tiny")
 needs_tiny = pytest.mark.skipif(TINY is None, reason="the trained embedded model is not in the package")
-CODE_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                                "count": {"type": "integer", "minimum": 0, "maximum": 99},
-                                                "kind": {"enum": ["function", "class", "module"]}},
-               "required": ["name", "count", "kind"], "additionalProperties": False}
+CODE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+        "kind": {"enum": ["function", "class", "module"]},
+    },
+    "required": ["name", "count", "kind"],
+    "additionalProperties": False,
+}
 CODE_PROMPTS = ["config = ", "def parse(data):\n    return ", "settings = dict(", "# JSON record\nrecord = "]
 
 
@@ -284,12 +359,14 @@ def test_greedy_is_argmax_over_allowed_tokens_of_hf_logits() -> None:
 
     llm = _tiny()
     so = StructuredOutputsParams(json=CODE_SCHEMA, disable_any_whitespace=True)
-    outs = llm.generate(CODE_PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=so),
-                        use_tqdm=False)
+    outs = llm.generate(
+        CODE_PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=so), use_tqdm=False
+    )
     hf = AutoModelForCausalLM.from_pretrained(str(TINY), dtype=torch.float32).eval()
     vocab = hf.config.vocab_size
-    lltok = llguidance.LLTokenizer((TINY / "tokenizer.json").read_text(), n_vocab=vocab,
-                                   eos_token=llm.engine.loaded.eos_token_id)
+    lltok = llguidance.LLTokenizer(
+        (TINY / "tokenizer.json").read_text(), n_vocab=vocab, eos_token=llm.engine.loaded.eos_token_id
+    )
     grammar = llguidance.LLMatcher.grammar_from_json_schema(CODE_SCHEMA, defaults={"whitespace_flexible": False})
     for out in outs:
         matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
@@ -336,7 +413,7 @@ def test_negative_control_resume_without_replay(monkeypatch) -> None:
     add = StructuredOutputsState.add_request
 
     def forgetful(self, req_slot, new):  # type: ignore[no-untyped-def]
-        add(self, req_slot, dataclasses.replace(new, prefill_token_ids=new.prefill_token_ids[:new.prompt_len]))
+        add(self, req_slot, dataclasses.replace(new, prefill_token_ids=new.prefill_token_ids[: new.prompt_len]))
 
     monkeypatch.setattr(StructuredOutputsState, "add_request", forgetful)
     with pytest.raises((AssertionError, ValueError, jsonschema.ValidationError)):

@@ -9,19 +9,28 @@ import pytest
 import torch
 
 from framework import SamplingParams, StructuredOutputsParams
-from framework.config import load_config
-from framework.llm import LLM
-from framework.scheduler_output import NewRequestData
-from framework.tokenizer import ByteTokenizer
+from framework.config.schema import load_config
+from framework.entrypoints.llm import LLM
+from framework.models.tokenizer import ByteTokenizer
+from framework.params.scheduler_output import NewRequestData
 from samplers.structured.backend import GuidanceBackend
 from samplers.structured.bitmask import bitmask_words
 from samplers.structured.fill import BitmaskFiller, FillJob
 from samplers.structured.state import StructuredOutputsState
 
 VOCAB, EOS = 300, 256
-SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
-    "id": {"type": "integer", "minimum": 0, "maximum": 999}, "name": {"type": "string", "maxLength": 5}},
-    "required": ["id", "name"], "additionalProperties": False}}
+SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 999},
+            "name": {"type": "string", "maxLength": 5},
+        },
+        "required": ["id", "name"],
+        "additionalProperties": False,
+    },
+}
 TEXT = b'[{"id":12,"name":"abc"},{"id":7,"name":"xy"}]'
 
 
@@ -33,7 +42,7 @@ def _matchers(n: int) -> tuple[GuidanceBackend, str, list[llguidance.LLMatcher],
     for i in range(n):
         m = llguidance.LLMatcher(backend.lltokenizer, grammar, log_level=0)
         offsets.append((3 * i) % (len(TEXT) - 4))
-        assert all(m.consume_token(b) for b in TEXT[:offsets[-1]])
+        assert all(m.consume_token(b) for b in TEXT[: offsets[-1]])
         matchers.append(m)
     return backend, grammar, matchers, offsets
 
@@ -51,9 +60,9 @@ def test_threaded_fill_matches_one_matcher_at_a_time(num_threads: int) -> None:
     words = bitmask_words(VOCAB)
     jobs, expected, row = [], [], 0
     for i, (m, off) in enumerate(zip(matchers, offsets)):
-        drafts = list(TEXT[off:off + i % 3])  # 0, 1 or 2 drafts, all valid (the walk's next bytes)
+        drafts = list(TEXT[off : off + i % 3])  # 0, 1 or 2 drafts, all valid (the walk's next bytes)
         jobs.append(FillJob(m, row, drafts))
-        expected += [_reference(backend, grammar, TEXT[:off + j]) for j in range(len(drafts) + 1)]
+        expected += [_reference(backend, grammar, TEXT[: off + j]) for j in range(len(drafts) + 1)]
         row += len(drafts) + 1
     mask = torch.zeros(row + 2, words, dtype=torch.int32)  # two spare rows: nothing writes them
     filler = BitmaskFiller(num_threads, workers_from_mask_s=0)  # the workers fill, however cheap the masks
@@ -107,8 +116,7 @@ def test_negative_fill_threads_refused() -> None:
 
 def test_unconstrained_rows_start_no_fill() -> None:
     backend = GuidanceBackend(ByteTokenizer(), VOCAB, EOS)
-    state = StructuredOutputsState(3, 3, VOCAB, backend, torch.device("cpu"), next_output=lambda: 0,
-                                   fill_threads=2)
+    state = StructuredOutputsState(3, 3, VOCAB, backend, torch.device("cpu"), next_output=lambda: 0, fill_threads=2)
     free = NewRequestData("free", [1], 1, SamplingParams(), 0, [], 0)
     state.add_request(0, free)
     assert state._filler is None  # no constrained request yet: no threads, no buffers
@@ -125,8 +133,9 @@ def test_unconstrained_rows_start_no_fill() -> None:
 
 
 def test_engine_unconstrained_batches_fill_nothing() -> None:
-    config = load_config({"model": {"preset": "random_tiny"}, "device": "cpu",
-                          "sampler": {"structured_outputs_fill_threads": 1}})
+    config = load_config(
+        {"model": {"preset": "random_tiny"}, "device": "cpu", "sampler": {"structured_outputs_fill_threads": 1}}
+    )
     llm = LLM(config=config)
     state = llm.engine.runner.sampling_states.structured
     assert state.fill_threads == 1
@@ -135,6 +144,7 @@ def test_engine_unconstrained_batches_fill_nothing() -> None:
     llm.generate([[1, 2, 3]] * 3, free, use_tqdm=False)
     assert state.fill_timings == [] and state._filler is None
     so = StructuredOutputsParams(choice=["yes", "no"])  # control: the same run with one constrained request
-    out = llm.generate([[1, 2, 3]] * 3, free[:2] + [SamplingParams(max_tokens=6, structured_outputs=so)],
-                       use_tqdm=False)
+    out = llm.generate(
+        [[1, 2, 3]] * 3, free[:2] + [SamplingParams(max_tokens=6, structured_outputs=so)], use_tqdm=False
+    )
     assert out[2].text in ("yes", "no") and len(state.fill_timings) >= 2

@@ -3,15 +3,16 @@ its masks, drafts included, against an independent llguidance matcher walked tok
 
 from __future__ import annotations
 
-import llguidance
 from types import SimpleNamespace
+
+import llguidance
 import numpy as np
 import pytest
 import torch
 
 from framework import SamplingParams, StructuredOutputsParams
-from framework.scheduler_output import NewRequestData
-from framework.tokenizer import ByteTokenizer
+from framework.models.tokenizer import ByteTokenizer
+from framework.params.scheduler_output import NewRequestData
 from samplers.structured.backend import GuidanceBackend
 from samplers.structured.bitmask import (
     apply_token_bitmask_reference,
@@ -25,8 +26,9 @@ VOCAB, EOS = 320, 256
 
 def _random_masks(rows: int, vocab: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(-(2 ** 31), 2 ** 31 - 1, (rows, bitmask_words(vocab)), generator=g,
-                         dtype=torch.int64).to(torch.int32)
+    return torch.randint(-(2**31), 2**31 - 1, (rows, bitmask_words(vocab)), generator=g, dtype=torch.int64).to(
+        torch.int32
+    )
 
 
 @pytest.mark.parametrize("vocab", [7, 32, 100, 1100, 2049])
@@ -61,8 +63,9 @@ def test_bitmask_kernel_no_rows_and_bad_shapes() -> None:
 
 
 # ---- per-slot matcher state ----------------------------------------------------------------------------
-def _new(request_id: str, structured: StructuredOutputsParams | None, prefill: list[int],
-         prompt_len: int) -> NewRequestData:
+def _new(
+    request_id: str, structured: StructuredOutputsParams | None, prefill: list[int], prompt_len: int
+) -> NewRequestData:
     return NewRequestData(request_id, prefill, prompt_len, SamplingParams(structured_outputs=structured), 0, [], 0)
 
 
@@ -83,9 +86,15 @@ def _allowed(mask_row: torch.Tensor) -> set[int]:
 def test_state_masks_drafts_and_rolls_back() -> None:
     backend = GuidanceBackend(ByteTokenizer(), VOCAB, EOS)
     regex = StructuredOutputsParams(regex="ab(c|d)+e")
-    schema = StructuredOutputsParams(json={"type": "object", "properties": {"k": {"enum": ["xy", "z"]}},
-                                           "required": ["k"], "additionalProperties": False},
-                                     disable_any_whitespace=True)
+    schema = StructuredOutputsParams(
+        json={
+            "type": "object",
+            "properties": {"k": {"enum": ["xy", "z"]}},
+            "required": ["k"],
+            "additionalProperties": False,
+        },
+        disable_any_whitespace=True,
+    )
     state = StructuredOutputsState(4, 4 * 4, VOCAB, backend, torch.device("cpu"), next_output=lambda: 0)
     state.add_request(0, _new("r", regex, [1, 2, ord("a")], prompt_len=2))  # resumed: replays "a"
     state.add_request(1, _new("free", None, [1, 2], prompt_len=2))
@@ -99,17 +108,23 @@ def test_state_masks_drafts_and_rolls_back() -> None:
     # slot 3: rows 0 and 1 ("{" is valid, "x" is not); slot 0: rows 6, 7, 8. Nothing for slot 1.
     assert rows.tolist() == [0, 1, 6, 7, 8]
     g_json, g_regex = backend.check(schema), backend.check(regex)
-    expected = [_reference_allowed(g_json, []), _reference_allowed(g_json, [ord("{")]),
-                _reference_allowed(g_regex, [ord("a")]), _reference_allowed(g_regex, [ord("a"), ord("b")]),
-                _reference_allowed(g_regex, [ord("a"), ord("b"), ord("c")])]
+    expected = [
+        _reference_allowed(g_json, []),
+        _reference_allowed(g_json, [ord("{")]),
+        _reference_allowed(g_regex, [ord("a")]),
+        _reference_allowed(g_regex, [ord("a"), ord("b")]),
+        _reference_allowed(g_regex, [ord("a"), ord("b"), ord("c")]),
+    ]
     assert [_allowed(m) for m in masks] == expected
     assert ord("x") not in expected[1]  # the refused draft is forbidden on the row before it
     # The drafts were rolled back: the step's accepted tokens ("b" only) advance from "a".
     state.advance(0, ["r", "free", "j"], [[ord("b")], [9], [ord("{")]], {"r": 0, "free": 1, "j": 3})
     state.prepare(np.array([0, 3]), np.array([0, 1]), [[], []])
     masks, rows = state.step_masks()  # type: ignore[misc]
-    assert [_allowed(m) for m in masks] == [_reference_allowed(g_regex, [ord("a"), ord("b")]),
-                                            _reference_allowed(g_json, [ord("{")])]
+    assert [_allowed(m) for m in masks] == [
+        _reference_allowed(g_regex, [ord("a"), ord("b")]),
+        _reference_allowed(g_json, [ord("{")]),
+    ]
     assert state.num_refused == 0
 
 
@@ -134,9 +149,13 @@ def test_sampler_applies_the_mask_first_fused_and_unfused(logprobs) -> None:
     from samplers.sampler import Sampler
     from samplers.states import SamplingStates
 
-    history = SimpleNamespace(all_token_ids=torch.zeros(3, 16, dtype=torch.int32), prompt_len=torch.zeros(3),
-                              prefill_len=torch.zeros(3), total_len=torch.zeros(3),
-                              draft_tokens=torch.zeros(3, 0, dtype=torch.int32))
+    history = SimpleNamespace(
+        all_token_ids=torch.zeros(3, 16, dtype=torch.int32),
+        prompt_len=torch.zeros(3),
+        prefill_len=torch.zeros(3),
+        total_len=torch.zeros(3),
+        draft_tokens=torch.zeros(3, 0, dtype=torch.int32),
+    )
     regex = StructuredOutputsParams(regex="[x-z]{3}")
     logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(0)) * 4
     idx = torch.tensor([0, 0, 1, 2], dtype=torch.int32)  # slot 0 verifies one draft: logits rows 0 and 1
@@ -145,11 +164,18 @@ def test_sampler_applies_the_mask_first_fused_and_unfused(logprobs) -> None:
     for fused in (False, True):
         backend = GuidanceBackend(ByteTokenizer(), VOCAB, EOS)
         structured = StructuredOutputsState(3, 4, VOCAB, backend, torch.device("cpu"), next_output=lambda: 0)
-        states = SamplingStates(3, torch.device("cpu"), vocab_size=VOCAB, history=history,  # type: ignore[arg-type]
-                                num_computed_host=lambda: np.zeros(3, dtype=np.int64), structured=structured)
+        states = SamplingStates(
+            3,
+            torch.device("cpu"),
+            vocab_size=VOCAB,
+            history=history,  # type: ignore[arg-type]
+            num_computed_host=lambda: np.zeros(3, dtype=np.int64),
+            structured=structured,
+        )
         for slot, so in enumerate([regex, None, regex]):
-            params = SamplingParams(temperature=1.0 if slot else 0.0, seed=slot, logprobs=logprobs,
-                                    structured_outputs=so)
+            params = SamplingParams(
+                temperature=1.0 if slot else 0.0, seed=slot, logprobs=logprobs, structured_outputs=so
+            )
             states.add_request(slot, NewRequestData(f"r{slot}", [1], 1, params, slot, [], 1))
         states.apply_staged_writes()
         # Batch rows: slot 0 (one draft, "y"), slot 1 (unconstrained), slot 2.

@@ -4,6 +4,7 @@ the held-out split, the tokenizer files, the draft heads' shift convention and t
 from __future__ import annotations
 
 import json
+
 import numpy as np
 import pytest
 import torch
@@ -32,7 +33,7 @@ def test_held_out_split_is_deterministic_and_about_the_asked_fraction():
 def test_tokenizer_files_load_in_transformers_and_mrv2_alike(tmp_path):
     from transformers import AutoTokenizer
 
-    from framework.tokenizer import load_tokenizer
+    from framework.models.tokenizer import load_tokenizer
 
     tok = train_tokenizer(CODE, vocab_size=300)
     save_tokenizer(tok, tmp_path, model_max_length=128)

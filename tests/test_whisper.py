@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from framework.engine import EngineCore
-from framework.llm import LLM
-from framework.request import RequestOutput
-from framework.sampling_params import InvalidRequestError, SamplingParams
+from framework.engine.core import EngineCore
+from framework.engine.request import RequestOutput
+from framework.entrypoints.llm import LLM
+from framework.params.sampling_params import InvalidRequestError, SamplingParams
 
 try:
     import whisper_models as wm
@@ -101,8 +101,12 @@ def _hf_decoder_logits(ckpt: Checkpoint, i: int, decoder_ids: list[int], fp8: bo
     enc = ckpt.hf.model.encoder(ckpt.features[i]).last_hidden_state
     self_cache = fp8_rounding_cache(ckpt.hf.config.decoder_layers) if fp8 else DynamicCache()
     cache = EncoderDecoderCache(self_cache, DynamicCache())
-    return ckpt.hf(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([decoder_ids]), use_cache=True,
-                   **{cache_kwarg(ckpt.hf): cache}).logits[0]
+    return ckpt.hf(
+        encoder_outputs=(enc,),
+        decoder_input_ids=torch.tensor([decoder_ids]),
+        use_cache=True,
+        **{cache_kwarg(ckpt.hf): cache},
+    ).logits[0]
 
 
 def test_fp8_self_attention_cache_against_hf(ckpt: Checkpoint) -> None:
@@ -141,8 +145,9 @@ def test_staggered_arrivals_through_the_engine(ckpt: Checkpoint) -> None:
     while step <= max(arrivals) or engine.has_unfinished_requests():
         for i in arrivals.get(step, []):
             ids, encoder_input = engine.audio.process({"audio": (ckpt.audio[i], wm.SAMPLING_RATE)})
-            engine.add_request(f"r{i}", ids, SamplingParams(temperature=0.0, max_tokens=max_tokens[i]),
-                               encoder_input=encoder_input)
+            engine.add_request(
+                f"r{i}", ids, SamplingParams(temperature=0.0, max_tokens=max_tokens[i]), encoder_input=encoder_input
+            )
         done.update({o.request_id: o for o in engine.step() if o.finished})
         step += 1
     for i in range(len(AUDIO_SECONDS)):
@@ -153,11 +158,15 @@ def test_staggered_arrivals_through_the_engine(ckpt: Checkpoint) -> None:
 def test_language_task_and_features_given_directly(ckpt: Checkpoint) -> None:
     llm = _llm(ckpt)
     feats = ckpt.features[1][0]
-    outs = llm.generate([
-        {"audio": (ckpt.audio[1], wm.SAMPLING_RATE), "language": "fr", "task": "translate"},
-        {"input_features": feats},
-        {"input_features": feats.numpy(), "decoder_prompt": [wm.START_ID, wm.EN_ID]},
-    ], GREEDY, use_tqdm=False)
+    outs = llm.generate(
+        [
+            {"audio": (ckpt.audio[1], wm.SAMPLING_RATE), "language": "fr", "task": "translate"},
+            {"input_features": feats},
+            {"input_features": feats.numpy(), "decoder_prompt": [wm.START_ID, wm.EN_ID]},
+        ],
+        GREEDY,
+        use_tqdm=False,
+    )
     assert outs[0].prompt_token_ids == [wm.START_ID, wm.FR_ID, wm.TRANSLATE_ID, wm.NO_TIMESTAMPS_ID]
     assert _tokens(outs[0]) == wm.hf_transcribe(ckpt.hf, ckpt.features[1], MAX_TOKENS, language="fr", task="translate")
     assert _tokens(outs[1]) == ckpt.expected[1]
@@ -174,7 +183,7 @@ def test_reused_slot_holds_only_the_new_owner(ckpt: Checkpoint) -> None:
     fresh = runner.model.encode(ckpt.features[0])
     torch.testing.assert_close(runner.model_state.slot_cross_kv(0), fresh[0], rtol=0, atol=0)
     # A request without encoder input (as in the profiling run) gets a zeroed row, not the previous owner's.
-    from framework.scheduler_output import NewRequestData
+    from framework.params.scheduler_output import NewRequestData
 
     runner.model_state.add_request(0, NewRequestData("x", [wm.START_ID], 1, GREEDY, 0, [0], 0))
     runner.model_state._encode_staged()
@@ -245,9 +254,18 @@ def test_malformed_audio_prompts_are_refused_by_name(ckpt: Checkpoint) -> None:
         ({"input_features": None}, "'input_features' must be a float tensor of shape [16, 100]"),
         ({"audio": (audio, wm.SAMPLING_RATE), "language": 5}, "'language' must be a string, got 5"),
         ({"audio": (audio, wm.SAMPLING_RATE), "task": ["translate"]}, "'task' must be a string, got ['translate']"),
-        ({"audio": (audio, wm.SAMPLING_RATE), "decoder_prompt": "hello"}, "'decoder_prompt' must be a list of token ids"),
-        ({"audio": (audio, wm.SAMPLING_RATE), "decoder_prompt": [wm.START_ID, 90.7]}, "'decoder_prompt' must be a list"),
-        ({"audio": (audio, wm.SAMPLING_RATE), "decoder_prompt": [True]}, "'decoder_prompt' must be a list of token ids"),
+        (
+            {"audio": (audio, wm.SAMPLING_RATE), "decoder_prompt": "hello"},
+            "'decoder_prompt' must be a list of token ids",
+        ),
+        (
+            {"audio": (audio, wm.SAMPLING_RATE), "decoder_prompt": [wm.START_ID, 90.7]},
+            "'decoder_prompt' must be a list",
+        ),
+        (
+            {"audio": (audio, wm.SAMPLING_RATE), "decoder_prompt": [True]},
+            "'decoder_prompt' must be a list of token ids",
+        ),
     ]
     for prompt, message in cases:
         with pytest.raises(InvalidRequestError, match=re.escape(message)):
@@ -255,24 +273,30 @@ def test_malformed_audio_prompts_are_refused_by_name(ckpt: Checkpoint) -> None:
     assert llm.engine.is_idle()
     # What is well-formed still passes: ids as an array or tensor, and a None language beside a decoder prompt.
     ids = [wm.START_ID, wm.EN_ID]
-    outs = llm.generate([{"input_features": ckpt.features[1][0], "decoder_prompt": np.array(ids)},
-                         {"input_features": ckpt.features[1][0], "decoder_prompt": torch.tensor(ids), "language": None}],
-                        GREEDY, use_tqdm=False)
+    outs = llm.generate(
+        [
+            {"input_features": ckpt.features[1][0], "decoder_prompt": np.array(ids)},
+            {"input_features": ckpt.features[1][0], "decoder_prompt": torch.tensor(ids), "language": None},
+        ],
+        GREEDY,
+        use_tqdm=False,
+    )
     want = wm.hf_greedy_after(ckpt.hf, ckpt.features[1], ids, MAX_TOKENS)
     assert [o.prompt_token_ids for o in outs] == [ids, ids] and [list(o.token_ids) for o in outs] == [want, want]
 
 
 def test_model_state_selection_and_preset() -> None:
-    from framework.compat import configured_model_state
-    from framework.config import load_config
+    from framework.config.schema import load_config
+    from framework.engine.runner_selection import configured_model_state
     from model_states.encoder_decoder import EncoderDecoderModelState
 
     config = load_config({"model": {"preset": "whisper-tiny"}, "device": "cpu"})
     assert configured_model_state(config) is EncoderDecoderModelState
     llm = LLM("whisper-tiny", device="cpu", max_num_seqs=1, max_model_len=16)
     feats = torch.randn(80, 3000, generator=torch.Generator().manual_seed(0))
-    (out,) = llm.generate([{"input_features": feats}], SamplingParams(temperature=0.0, max_tokens=3,
-                                                                      ignore_eos=True), use_tqdm=False)
+    (out,) = llm.generate(
+        [{"input_features": feats}], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), use_tqdm=False
+    )
     assert out.prompt_token_ids == [50258, 50259, 50359, 50363] and len(out.token_ids) == 3
 
 
@@ -281,8 +305,8 @@ def test_cross_attention_on_paged_kernels_equals_dense(ckpt: Checkpoint, backend
     """Each token's row over its slot's cross blocks equals dense attention over that request's encoder K/V."""
     from types import SimpleNamespace
 
-    from framework.attention.paged import paged_attention_reference
-    from framework.scheduler_output import NewRequestData
+    from framework.layers.attention.paged import paged_attention_reference
+    from framework.params.scheduler_output import NewRequestData
     from model_states.encoder_decoder import EncoderDecoderModelState
 
     llm = _llm(ckpt, max_num_seqs=3)
@@ -292,20 +316,22 @@ def test_cross_attention_on_paged_kernels_equals_dense(ckpt: Checkpoint, backend
         _, enc = llm.engine.audio.process({"audio": (ckpt.audio[i], wm.SAMPLING_RATE)})  # type: ignore[union-attr]
         state.add_request(slot, NewRequestData(f"r{slot}", [1], 1, GREEDY, 0, [0], 0, encoder_input=enc))
     state._encode_staged()
-    batch = SimpleNamespace(num_tokens=4, idx_mapping=torch.tensor([2, 0], dtype=torch.int32),
-                            token_rows=torch.tensor([0, 0, 0, 1]))  # row 0 (slot 2) has 3 tokens, row 1 one
+    batch = SimpleNamespace(
+        num_tokens=4, idx_mapping=torch.tensor([2, 0], dtype=torch.int32), token_rows=torch.tensor([0, 0, 0, 1])
+    )  # row 0 (slot 2) has 3 tokens, row 1 one
     meta = state._cross_metadata(batch.idx_mapping, batch.token_rows)
     query = torch.randn(4, 4, 16, generator=torch.Generator().manual_seed(0))
     layer = 1
     if backend == "triton":
-        from framework.attention.triton_paged_attention import paged_attention as attention
+        from framework.layers.attention.triton_paged_attention import paged_attention as attention
     else:
         attention = paged_attention_reference
     got = attention(query, state.cross_kv[layer], meta, 1.0)
     for token, slot in enumerate([2, 2, 2, 0]):
         k, v = state.slot_cross_kv(slot)[layer]  # [L, H, D] each
         want = torch.nn.functional.scaled_dot_product_attention(
-            query[token].unsqueeze(1), k.transpose(0, 1), v.transpose(0, 1), scale=1.0).squeeze(1)
+            query[token].unsqueeze(1), k.transpose(0, 1), v.transpose(0, 1), scale=1.0
+        ).squeeze(1)
         torch.testing.assert_close(got[token], want, rtol=1e-4, atol=1e-5)
 
 
@@ -313,7 +339,10 @@ def test_encode_on_whisper_says_embeddings_need_a_text_model(ckpt: Checkpoint) -
     """Whisper embeds nothing: `encode` says so (it told the caller to pass audio, which `encode` refuses too)."""
     llm = _llm(ckpt)
     for prompt in ([wm.START_ID, wm.EN_ID], {"audio": (ckpt.audio[0], wm.SAMPLING_RATE)}):
-        with pytest.raises(InvalidRequestError, match="embeddings need a decoder-only text model; this model "
-                                                      r"\(WhisperForConditionalGeneration\) is an encoder-decoder"):
+        with pytest.raises(
+            InvalidRequestError,
+            match="embeddings need a decoder-only text model; this model "
+            r"\(WhisperForConditionalGeneration\) is an encoder-decoder",
+        ):
             llm.encode([prompt], use_tqdm=False)
     assert llm.engine.is_idle()

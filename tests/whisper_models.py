@@ -28,11 +28,24 @@ def build_hf_whisper(seed: int = 0):  # type: ignore[no-untyped-def]
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     config = WhisperConfig(
-        vocab_size=VOCAB_SIZE, num_mel_bins=NUM_MEL_BINS, d_model=64, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-        max_source_positions=CHUNK_SECONDS * SAMPLING_RATE // 160 // 2, max_target_positions=64,
-        decoder_start_token_id=START_ID, eos_token_id=EOS_ID, pad_token_id=EOS_ID, bos_token_id=EOS_ID,
-        begin_suppress_tokens=None, suppress_tokens=None, init_std=0.5,  # 0.02 repeats one token forever
+        vocab_size=VOCAB_SIZE,
+        num_mel_bins=NUM_MEL_BINS,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=CHUNK_SECONDS * SAMPLING_RATE // 160 // 2,
+        max_target_positions=64,
+        decoder_start_token_id=START_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=EOS_ID,
+        bos_token_id=EOS_ID,
+        begin_suppress_tokens=None,
+        suppress_tokens=None,
+        init_std=0.5,  # 0.02 repeats one token forever
     )
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -82,11 +95,22 @@ def hf_features(audio: np.ndarray) -> torch.Tensor:
 
 
 @torch.no_grad()
-def hf_transcribe(model, features: torch.Tensor, max_new_tokens: int, language: str = "en",  # type: ignore[no-untyped-def]
-                  task: str = "transcribe") -> list[int]:
+def hf_transcribe(
+    model,
+    features: torch.Tensor,
+    max_new_tokens: int,
+    language: str = "en",  # type: ignore[no-untyped-def]
+    task: str = "transcribe",
+) -> list[int]:
     """HF greedy `generate` of one request: the generated tokens after the decoder prompt (eos included)."""
-    out = model.generate(features, language=language, task=task, do_sample=False, max_new_tokens=max_new_tokens,
-                         return_dict_in_generate=False)
+    out = model.generate(
+        features,
+        language=language,
+        task=task,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        return_dict_in_generate=False,
+    )
     tokens = out[0].tolist()
     return tokens  # transformers 5 returns the generated tokens only, without a final eos
 

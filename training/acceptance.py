@@ -52,8 +52,9 @@ class AcceptanceStats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "mean_acceptance_length": round(self.mean_acceptance_length, 4),
-            "per_position_acceptance": [round(a / d, 4) if d else 0.0
-                                        for a, d in zip(self.accepted_per_position, self.drafted_per_position)],
+            "per_position_acceptance": [
+                round(a / d, 4) if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)
+            ],
         }
 
 
@@ -91,8 +92,8 @@ def ngram_drafter(prompt_lookup_min: int = 2, prompt_lookup_max: int = 5) -> Dra
         for n in range(min(prompt_lookup_max, len(tokens) - 1), prompt_lookup_min - 1, -1):
             suffix = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):  # match ends at start + n - 1 <= len - 2
-                if tokens[start:start + n] == suffix:
-                    follow = tokens[start + n:start + n + k]
+                if tokens[start : start + n] == suffix:
+                    follow = tokens[start + n : start + n + k]
                     return follow + [last] * (k - len(follow))
         return [last] * k
 
@@ -135,8 +136,15 @@ def greedy_sequence(hf_model, prompt_ids: Sequence[int], max_tokens: int) -> tor
     """[len(prompt) + max_tokens] the prompt and the HF model's greedy continuation (end of text ignored)."""
     device = next(hf_model.parameters()).device
     ids = torch.tensor([list(prompt_ids)], device=device)
-    out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens,
-                            min_new_tokens=max_tokens, eos_token_id=None, pad_token_id=0)
+    out = hf_model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     return out[0].cpu()
 
 

@@ -150,7 +150,7 @@ def held_out_loss(model, windows: torch.Tensor, batch_size: int, device: torch.d
     model.eval()
     total, count = 0.0, 0
     for i in range(0, len(windows), batch_size):
-        batch = windows[i:i + batch_size].to(device)
+        batch = windows[i : i + batch_size].to(device)
         with autocast(device):
             logits = model(input_ids=batch[:, :-1]).logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="sum")
@@ -174,8 +174,7 @@ def _optimizer(model, settings: TrainSettings, device: torch.device) -> torch.op
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "embed" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=settings.peak_lr, betas=(0.9, 0.95), eps=1e-8,
-                             fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=settings.peak_lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
 
 
 def train_base_model(
@@ -222,12 +221,19 @@ def train_base_model(
         if step % settings.log_every_steps == 0:
             mean = float(running) / settings.log_every_steps  # syncs once per log line, not per step
             running.zero_()
-            point = {"step": step, "tokens": step * tokens_per_step, "seconds": round(time.time() - start, 2),
-                     "loss": round(mean, 4), "lr": lr}
+            point = {
+                "step": step,
+                "tokens": step * tokens_per_step,
+                "seconds": round(time.time() - start, 2),
+                "loss": round(mean, 4),
+                "lr": lr,
+            }
             result.curve.append(point)
             if step % (settings.log_every_steps * 8) == 0:
-                log(f"step {step} loss {mean:.4f} lr {lr:.2e} {point['seconds']:.0f}s "
-                    f"{step * tokens_per_step / max(point['seconds'], 1e-9) / 1e6:.2f}M tok/s")
+                log(
+                    f"step {step} loss {mean:.4f} lr {lr:.2e} {point['seconds']:.0f}s "
+                    f"{step * tokens_per_step / max(point['seconds'], 1e-9) / 1e6:.2f}M tok/s"
+                )
         if time.time() - start >= next_eval:
             next_eval += settings.eval_every_seconds
             best_state = _evaluate(model, windows, settings, device, step, start, result, best_state, log)
@@ -243,8 +249,14 @@ def train_base_model(
 def _evaluate(model, windows, settings, device, step, start, result, best_state, log):  # type: ignore[no-untyped-def]
     """Held-out loss now; a copy of the weights when it is the best so far."""
     val = held_out_loss(model, windows, settings.batch_size, device)
-    result.val_curve.append({"step": step, "tokens": step * settings.batch_size * settings.seq_len,
-                             "seconds": round(time.time() - start, 2), "val_loss": round(val, 4)})
+    result.val_curve.append(
+        {
+            "step": step,
+            "tokens": step * settings.batch_size * settings.seq_len,
+            "seconds": round(time.time() - start, 2),
+            "val_loss": round(val, 4),
+        }
+    )
     log(f"held-out loss {val:.4f} at step {step}")
     if val < result.best_val_loss:
         result.best_val_loss, result.best_step = round(val, 4), step
@@ -259,8 +271,9 @@ def save_hf_model(model, out_dir: Path, eos_token_id: int, pad_token_id: int) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     model = model.to(torch.bfloat16)
     model.config.dtype = "bfloat16"
-    model.generation_config = GenerationConfig(eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                                               bos_token_id=None, do_sample=False)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=None, do_sample=False
+    )
     model.save_pretrained(out_dir)  # safetensors: the only format transformers 5 writes
     if not (out_dir / "model.safetensors").is_file():
         raise RuntimeError(f"save_pretrained wrote no model.safetensors in {out_dir}")

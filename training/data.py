@@ -112,8 +112,14 @@ def save_tokenizer(tok, out_dir: Path, model_max_length: int) -> None:  # type: 
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     added = {
-        str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                                  "single_word": False, "special": True}
+        str(tok.token_to_id(t)): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
         for t in SPECIAL_TOKENS
     }
     config = {
@@ -161,7 +167,7 @@ def held_out_prompts(files: Sequence[SourceFile], num: int, prompt_chars: int, s
         end = text.find("\n", int(rng.integers(prompt_chars, len(text) - prompt_chars)))
         if end < 0:
             continue
-        prompt = text[max(0, end + 1 - prompt_chars):end + 1]
+        prompt = text[max(0, end + 1 - prompt_chars) : end + 1]
         start = prompt.find("\n") + 1  # start at a line start too
         if 0 < start < len(prompt) // 2:
             prompt = prompt[start:]

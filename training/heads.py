@@ -85,8 +85,15 @@ def init_from_target_layer(head_layer: torch.nn.Module, target_layer: torch.nn.M
                 own[name].copy_(p.float())
 
 
-def _unrolled_losses(head, kind: str, lm_head: torch.Tensor, window: torch.Tensor,  # type: ignore[no-untyped-def]
-                     feats: torch.Tensor, settings: HeadSettings, training: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _unrolled_losses(
+    head,
+    kind: str,
+    lm_head: torch.Tensor,
+    window: torch.Tensor,  # type: ignore[no-untyped-def]
+    feats: torch.Tensor,
+    settings: HeadSettings,
+    training: bool,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Weighted loss over `unroll_steps` draft steps, and per step the [B, M] agreement with the target's argmax.
 
     window [B, S+1] tokens; feats [B, S, H] target features of positions 0..S-1. Draft step s runs at
@@ -103,9 +110,9 @@ def _unrolled_losses(head, kind: str, lm_head: torch.Tensor, window: torch.Tenso
     positions = torch.arange(s_len - 1, device=feats.device).expand(b, -1)
     for step in range(settings.unroll_steps):
         m = s_len - 1 - step  # rows this step still has a target for
-        ids = window[:, step + 1: step + 1 + m]
+        ids = window[:, step + 1 : step + 1 + m]
         out = head(ids, hidden[:, :m], positions=positions[:, :m] + step, step=step)  # [B, m, H]
-        next_feats = feats[:, step + 1: step + 1 + m]
+        next_feats = feats[:, step + 1 : step + 1 + m]
         with torch.no_grad():
             target_logits = F.linear(next_feats, lm_head).float()
             target_probs = target_logits.softmax(-1)
@@ -115,7 +122,7 @@ def _unrolled_losses(head, kind: str, lm_head: torch.Tensor, window: torch.Tenso
             loss = settings.feature_weight * F.smooth_l1_loss(out, next_feats) + settings.token_weight * token_loss
         else:
             loss = token_loss
-        total = total + (settings.unroll_decay ** step) * loss
+        total = total + (settings.unroll_decay**step) * loss
         agreements.append((logits.argmax(-1) == target_logits.argmax(-1)).float())
         hidden = out[:, : m - 1]  # step s+1 reads this step's output at the same row
     return total, agreements
@@ -161,8 +168,11 @@ def train_head(
     running = torch.zeros((), device=device)
     while time.time() - start < settings.train_seconds:
         frac = (time.time() - start) / settings.train_seconds
-        lr = settings.peak_lr * min(1.0, (step + 1) / settings.warmup_steps) * (
-            settings.min_lr_ratio + (1 - settings.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+        lr = (
+            settings.peak_lr
+            * min(1.0, (step + 1) / settings.warmup_steps)
+            * (settings.min_lr_ratio + (1 - settings.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+        )
         for g in opt.param_groups:
             g["lr"] = lr
         inputs, targets = sampler.next()
@@ -190,19 +200,24 @@ def train_head(
 
 
 @torch.no_grad()
-def held_out_agreement(head, kind: str, target, val_stream: np.ndarray, settings: HeadSettings,  # type: ignore[no-untyped-def]
-                       device: torch.device) -> list[float]:
+def held_out_agreement(
+    head,
+    kind: str,
+    target,
+    val_stream: np.ndarray,
+    settings: HeadSettings,  # type: ignore[no-untyped-def]
+    device: torch.device,
+) -> list[float]:
     """Per draft step, the fraction of held-out positions where the head's argmax equals the target's."""
     head.eval()
     windows = val_windows(val_stream, settings.seq_len, settings.max_val_windows)
     sums = [0.0] * settings.unroll_steps
     counts = [0] * settings.unroll_steps
     for i in range(0, len(windows), settings.batch_size):
-        window = windows[i:i + settings.batch_size].to(device)
+        window = windows[i : i + settings.batch_size].to(device)
         feats = target_features(target, window[:, :-1], device)
         with autocast(device):
-            _, agreements = _unrolled_losses(head, kind, target.lm_head.weight, window, feats, settings,
-                                             training=False)
+            _, agreements = _unrolled_losses(head, kind, target.lm_head.weight, window, feats, settings, training=False)
         for s, a in enumerate(agreements):
             sums[s] += float(a.sum())
             counts[s] += a.numel()

@@ -1,7 +1,7 @@
 """Import mrv2's draft-head modules on a machine that has only torch, transformers and tokenizers.
 
 `framework/__init__.py` imports the config schema (pydantic) and the public API; the draft heads need only
-`framework.attention` and `framework.models`, which do not. Where pydantic is missing, `framework` is
+`framework.layers.attention` and `framework.models`, which do not. Where pydantic is missing, `framework` is
 registered as a bare package (its directory, without running its `__init__`), so those submodules import.
 Where pydantic is present, or `framework` is already imported, nothing changes.
 """

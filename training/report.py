@@ -54,18 +54,28 @@ def markdown_summary(log: dict[str, Any]) -> str:
     base, corpus, heads = log["base_model"], log["corpus"], log.get("heads", {})
     rows = [
         ("device", str(log["device"])),
-        ("corpus", f"{corpus['train_files']} files, {corpus['train_tokens'] / 1e6:.2f}M training tokens, "
-                   f"{corpus['val_tokens'] / 1e6:.3f}M held-out tokens ({corpus['val_files']} files)"),
+        (
+            "corpus",
+            f"{corpus['train_files']} files, {corpus['train_tokens'] / 1e6:.2f}M training tokens, "
+            f"{corpus['val_tokens'] / 1e6:.3f}M held-out tokens ({corpus['val_files']} files)",
+        ),
         ("training time, base model", f"{base['train_seconds']:.0f} s, {base['steps']} steps"),
         ("tokens seen", f"{base['tokens_seen'] / 1e6:.0f}M"),
-        ("held-out loss (nats/token)", f"{base['best_val_loss']:.3f} at step {base['best_step']}; last: "
-                                       f"{base['final_val_loss']:.3f}"),
+        (
+            "held-out loss (nats/token)",
+            f"{base['best_val_loss']:.3f} at step {base['best_step']}; last: {base['final_val_loss']:.3f}",
+        ),
     ]
     for kind, label in (("eagle", "EAGLE head"), ("mtp", "MTP head")):
         if kind in heads:
             h = heads[kind]
-            rows.append((label, f"{h['train_seconds']:.0f} s, {h['steps']} steps; held-out top-1 agreement with "
-                                f"the target, draft steps 1..{len(h['val_top1_agreement'])}: "
-                                + ", ".join(f"{a:.3f}" for a in h["val_top1_agreement"])))
+            rows.append(
+                (
+                    label,
+                    f"{h['train_seconds']:.0f} s, {h['steps']} steps; held-out top-1 agreement with "
+                    f"the target, draft steps 1..{len(h['val_top1_agreement'])}: "
+                    + ", ".join(f"{a:.3f}" for a in h["val_top1_agreement"]),
+                )
+            )
     rows.append(("whole run", f"{log['wall_seconds']:.0f} s"))
     return "\n".join(["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows])

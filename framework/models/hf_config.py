@@ -59,7 +59,9 @@ class DecoderConfig:
         heads = cfg["num_attention_heads"]
         kv_heads = cfg.get("num_key_value_heads") or heads
         if heads % kv_heads:
-            raise UnsupportedModelError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+            raise UnsupportedModelError(
+                f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
+            )
         is_qwen2 = arch.startswith("Qwen2")
         attention_bias = bool(cfg.get("attention_bias") or False)
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
@@ -122,6 +124,7 @@ class DecoderConfig:
             mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
             inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
         else:
-            raise UnsupportedModelError(f"rope_scaling / rope_parameters: rope_type={kind!r} is not supported "
-                                        "(default, linear, llama3)")
+            raise UnsupportedModelError(
+                f"rope_scaling / rope_parameters: rope_type={kind!r} is not supported (default, linear, llama3)"
+            )
         return inv.float()

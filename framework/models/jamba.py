@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from framework.attention import AttentionMetadata
-from framework.attention.backend import paged_attention, store_kv
+from framework.layers.attention import AttentionMetadata
+from framework.layers.attention.backend import paged_attention, store_kv
 from framework.models.hf_config import UnsupportedModelError
 from framework.models.llama import RMSNorm
 from framework.models.mamba_layer import MambaMixer, MambaStepInputs
@@ -52,15 +52,19 @@ class JambaConfig:
             raise UnsupportedModelError(f"hidden_act={cfg.get('hidden_act')!r} is not supported (only 'silu')")
         num_experts = int(cfg.get("num_experts", cfg.get("num_local_experts", 16)))
         if num_experts != 1:
-            raise UnsupportedModelError(f"Jamba with num_experts={num_experts} is not supported: mrv2 runs the "
-                                        "single-expert (dense MLP) variant only")
+            raise UnsupportedModelError(
+                f"Jamba with num_experts={num_experts} is not supported: mrv2 runs the "
+                "single-expert (dense MLP) variant only"
+            )
         period, offset = int(cfg.get("attn_layer_period", 8)), int(cfg.get("attn_layer_offset", 4))
         if not 0 <= offset < period:
             raise UnsupportedModelError(f"attn_layer_offset={offset} must be in [0, attn_layer_period={period})")
         hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
         kv_heads = cfg.get("num_key_value_heads") or heads
         if heads % kv_heads:
-            raise UnsupportedModelError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+            raise UnsupportedModelError(
+                f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
+            )
         dt_rank = cfg.get("mamba_dt_rank", "auto")
         return cls(
             vocab_size=cfg["vocab_size"],
@@ -130,8 +134,16 @@ class JambaLayer(nn.Module):
         if attention:
             self.self_attn = JambaAttention(cfg)
         else:
-            self.mamba = MambaMixer(cfg.hidden_size, cfg.d_inner, cfg.d_state, cfg.d_conv, cfg.dt_rank,
-                                    cfg.rms_norm_eps, cfg.conv_bias, cfg.proj_bias)
+            self.mamba = MambaMixer(
+                cfg.hidden_size,
+                cfg.d_inner,
+                cfg.d_state,
+                cfg.d_conv,
+                cfg.dt_rank,
+                cfg.rms_norm_eps,
+                cfg.conv_bias,
+                cfg.proj_bias,
+            )
         self.pre_ff_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.feed_forward = JambaMLP(cfg)
 

@@ -13,15 +13,21 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from framework.attention import AttentionMetadata
-from framework.attention.backend import SplitCounters, order_rows_longest_first, paged_attention
-from framework.parallel_context import ParallelContext, stage_layers
-from framework.kernels.layer_ops import qk_norm_rope_store, rms_norm, silu_and_mul
+from framework.layers.attention import AttentionMetadata
+from framework.layers.attention.backend import SplitCounters, order_rows_longest_first, paged_attention
+from framework.layers.attention.qk_norm_rope import qk_norm_rope_store
+from framework.layers.kernels.layer_ops import rms_norm, silu_and_mul
+from framework.layers.parallel.context import ParallelContext, stage_layers
+from framework.layers.parallel.linear import (
+    SINGLE,
+    ColumnParallelLinear,
+    MissingLayer,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 from framework.models.hf_config import DecoderConfig
 from framework.models.small_batch import small_batch_layer, small_batch_logits
-from framework.models.parallel_layers import (
-    SINGLE, ColumnParallelLinear, MissingLayer, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
-)
 
 # (query, kv_cache, meta, scale) -> output; the small-batch path also passes `pdl=True` when programmatic
 # dependent launch is on (`backend.paged_attention` takes it).
@@ -39,10 +45,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
         return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps)[0].view(x.shape)
 
-    def add_and_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor],
-                     pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_and_norm(
+        self, x: torch.Tensor, residual: Optional[torch.Tensor], pdl: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual) in one pass; `residual` None (the first layer) means x alone.
-        `pdl`: the kernel with programmatic dependent launch (framework/kernels/pdl.py)."""
+        `pdl`: the kernel with programmatic dependent launch (framework/layers/kernels/pdl.py)."""
         if residual is None:
             return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps, pdl=pdl)[0].view(x.shape), x
         out, summed = rms_norm(x, self.weight, self.eps, residual, pdl=pdl)
@@ -92,20 +99,37 @@ class Attention(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         attention: AttentionFn,
-        pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, framework/kernels/pdl.py)
+        pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, framework/layers/kernels/pdl.py)
     ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
         """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
         q = self.rope_store(qkv, cos, sin, kv_cache, meta.kv_slot_mapping, pdl)
         out = attention(q, kv_cache, meta, self.scale, pdl=True) if pdl else attention(q, kv_cache, meta, self.scale)
         return out.reshape(qkv.shape[0], self.num_heads * self.head_dim)
 
-    def rope_store(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                   kv_slot_mapping: torch.Tensor, pdl: bool = False) -> torch.Tensor:  # [T, H, head_dim]
+    def rope_store(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        kv_slot_mapping: torch.Tensor,
+        pdl: bool = False,
+    ) -> torch.Tensor:  # [T, H, head_dim]
         """q normed + roped; k normed + roped and v stored at `kv_slot_mapping` (negative: skipped)."""
         return qk_norm_rope_store(
-            qkv, cos, sin, self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
-            self.q_norm.eps if self.qk_norm else 0.0, self.num_heads, self.num_kv_heads, self.head_dim,
-            kv_cache, kv_slot_mapping, pdl)
+            qkv,
+            cos,
+            sin,
+            self.q_norm.weight if self.qk_norm else None,
+            self.k_norm.weight if self.qk_norm else None,
+            self.q_norm.eps if self.qk_norm else 0.0,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            kv_cache,
+            kv_slot_mapping,
+            pdl,
+        )
 
     def fuse_projections(self) -> None:
         """Serve q/k/v from one [q + k + v, hidden] weight (one GEMM); the three weights become views of it."""
@@ -140,9 +164,9 @@ def _merge_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.
     start = 0
     for lin in linears:
         rows = lin.weight.shape[0]
-        lin.weight.data = weight[start:start + rows]
+        lin.weight.data = weight[start : start + rows]
         if bias is not None:
-            lin.bias.data = bias[start:start + rows]  # type: ignore[union-attr]
+            lin.bias.data = bias[start : start + rows]  # type: ignore[union-attr]
         start += rows
     return weight, bias
 
@@ -178,15 +202,21 @@ class DecoderLayer(nn.Module):
 
     def before_attention(self, x, residual, cos, sin, kv_cache, kv_slot_mapping):  # type: ignore[no-untyped-def]
         """(q [T, H, head_dim], the residual stream): the norm, the q/k/v projection, q/k norm + RoPE and the KV
-        store of this layer (`forward`'s part before attention; framework/prefill_graphs.py captures it)."""
+        store of this layer (`forward`'s part before attention; framework/runner/graphs/prefill_graphs.py captures it)."""
         h, residual = self.input_layernorm.add_and_norm(x, residual)
         attn = self.self_attn
-        qkv = F.linear(h, attn.qkv_weight, attn.qkv_bias) if attn.qkv_weight is not None else \
-            torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
+        qkv = (
+            F.linear(h, attn.qkv_weight, attn.qkv_bias)
+            if attn.qkv_weight is not None
+            else torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
+        )
         return attn.rope_store(qkv, cos, sin, kv_cache, kv_slot_mapping), residual
 
-    def after_attention(self, attn_out: torch.Tensor,  # [T, H, head_dim]
-                        residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def after_attention(
+        self,
+        attn_out: torch.Tensor,  # [T, H, head_dim]
+        residual: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(MLP output, residual stream): o_proj, the residual add + norm and the MLP (`forward`'s part after
         attention)."""
         h = self.self_attn.o_proj(attn_out.reshape(attn_out.shape[0], -1))
@@ -203,15 +233,17 @@ class DecoderModel(nn.Module):
     stage, the norm on the last), the others are `MissingLayer`s so that names keep their indices. `make_layer`
     builds layer i (default: a dense `DecoderLayer`)."""
 
-    def __init__(self, cfg: DecoderConfig, ctx: ParallelContext = SINGLE,
-                 make_layer: Optional[LayerFactory] = None) -> None:
+    def __init__(
+        self, cfg: DecoderConfig, ctx: ParallelContext = SINGLE, make_layer: Optional[LayerFactory] = None
+    ) -> None:
         super().__init__()
         self.stage_layers = stage_layers(cfg.num_layers, ctx.pp_rank, ctx.pp_size)
         if ctx.is_first_stage:
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
         make = make_layer or (lambda c, x, _i: DecoderLayer(c, x))
-        self.layers = nn.ModuleList(make(cfg, ctx, i) if i in self.stage_layers else MissingLayer()
-                                    for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            make(cfg, ctx, i) if i in self.stage_layers else MissingLayer() for i in range(cfg.num_layers)
+        )
         if ctx.is_last_stage:
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -318,8 +350,11 @@ class LlamaForCausalLM(nn.Module):
             x = x + residual  # the next stage starts from the stream
         return x, tuple(entering[i] for i in aux_layer_ids)
 
-    def rope_cos_sin(self, positions: torch.Tensor,  # [T] int64
-                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # [T, head_dim] each
+    def rope_cos_sin(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [T, head_dim] each
         """RoPE's cos and sin of each position, in `dtype` (HF's order: cat([freqs, freqs]))."""
         freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # [T, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)
@@ -333,4 +368,3 @@ class LlamaForCausalLM(nn.Module):
         if 0 < hidden.shape[0] <= self.small_batch_max_tokens:
             return small_batch_logits(self.lm_head, hidden, self.programmatic_launch)
         return self.lm_head(hidden)
-

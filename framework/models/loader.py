@@ -11,21 +11,34 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from framework.parallel_context import ParallelContext
-from framework.models.parallel_layers import SINGLE, StackedPart, read_shard, shard_spec
+from framework.config.registry import MODELS
+from framework.layers.parallel.context import ParallelContext
+from framework.layers.parallel.linear import SINGLE, StackedPart, read_shard, shard_spec
 from framework.models.materialise import build_materialised
 from framework.models.random_weights import normal_weights
-from framework.registry import MODELS
 
 logger = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some exporters save; recomputed from config
 # Last name parts of tensors only quantized checkpoints carry (FP8 / INT8 scales, GPTQ / AWQ packing).
-QUANTIZATION_TENSOR_NAMES = ("k_scale", "v_scale", "kv_scale", "weight_scale", "weight_scale_inv", "input_scale",
-                             "output_scale", "qweight", "qzeros", "scales", "g_idx")
-UNQUANTIZED = ("mrv2 loads unquantized checkpoints (float32 / float16 / bfloat16 weights) only; "
-               "`cache.kv_cache_dtype=fp8` stores the KV cache in FP8 without checkpoint scales")
+QUANTIZATION_TENSOR_NAMES = (
+    "k_scale",
+    "v_scale",
+    "kv_scale",
+    "weight_scale",
+    "weight_scale_inv",
+    "input_scale",
+    "output_scale",
+    "qweight",
+    "qzeros",
+    "scales",
+    "g_idx",
+)
+UNQUANTIZED = (
+    "mrv2 loads unquantized checkpoints (float32 / float16 / bfloat16 weights) only; "
+    "`cache.kv_cache_dtype=fp8` stores the KV cache in FP8 without checkpoint scales"
+)
 
 
 class CheckpointError(ValueError):
@@ -84,8 +97,9 @@ def _refuse_quantized_tensor(where: str, name: str, dtype: torch.dtype) -> None:
     raise CheckpointError(f"{where}: tensor '{name}' is {str(dtype).removeprefix('torch.')}: {UNQUANTIZED}")
 
 
-def build_model(hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device,
-                ctx: ParallelContext = SINGLE) -> nn.Module:
+def build_model(
+    hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device, ctx: ParallelContext = SINGLE
+) -> nn.Module:
     """Instantiate the registered model class for the config's architecture (weights uninitialised).
 
     The weights are allocated once, in `dtype` on `device` (`build_materialised`): peak memory ~1x the weights.
@@ -101,6 +115,7 @@ def build_model(hf_config: dict[str, Any], dtype: torch.dtype, device: torch.dev
     cls = MODELS.get(archs[0])
     if ctx.world_size > 1 and not getattr(cls, "supports_parallel", False):
         raise CheckpointError(f"architecture '{archs[0]}' does not support tensor or pipeline parallelism")
+
     def construct() -> nn.Module:
         return cls.from_hf_config(hf_config, ctx) if ctx.world_size > 1 else cls.from_hf_config(hf_config)
 
@@ -123,8 +138,15 @@ def _targets(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, list[
     return params, targets
 
 
-def _copy_into(model: nn.Module, params: dict[str, nn.Parameter], names: list[str], source: Any,
-               where: str, ckpt_name: str, filled_by: Optional[dict[int, str]] = None) -> None:
+def _copy_into(
+    model: nn.Module,
+    params: dict[str, nn.Parameter],
+    names: list[str],
+    source: Any,
+    where: str,
+    ckpt_name: str,
+    filled_by: Optional[dict[int, str]] = None,
+) -> None:
     """Copy this rank's shard of `source` (safetensors slice or tensor) into each parameter of `names`.
 
     `filled_by` (id of a parameter -> the checkpoint tensor that filled it) catches a tied parameter (the
@@ -134,15 +156,18 @@ def _copy_into(model: nn.Module, params: dict[str, nn.Parameter], names: list[st
         tensor = read_shard(source, shard_spec(model, name))
         _refuse_quantized_tensor(where, ckpt_name, tensor.dtype)
         if tensor.shape != params[name].shape:
-            raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, model expects "
-                                  f"{tuple(params[name].shape)}" + ("" if tensor is source else " (this rank's part)"))
+            raise CheckpointError(
+                f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, model expects "
+                f"{tuple(params[name].shape)}" + ("" if tensor is source else " (this rank's part)")
+            )
         first = None if filled_by is None else filled_by.setdefault(id(params[name]), ckpt_name)
         if first is not None and first != ckpt_name:
             if not torch.equal(params[name].detach(), tensor.to(params[name].device, params[name].dtype)):
                 raise CheckpointError(
                     f"{where}: '{ckpt_name}' and '{first}' fill the same tied parameter but differ: config.json "
                     "says tie_word_embeddings=true while the checkpoint holds a separate LM head; set "
-                    "tie_word_embeddings to false in config.json to use it (transformers 5 does not tie them)")
+                    "tie_word_embeddings to false in config.json to use it (transformers 5 does not tie them)"
+                )
             continue
         with torch.no_grad():
             params[name].copy_(tensor)
@@ -153,15 +178,19 @@ def _copy_part(param: nn.Parameter, part: StackedPart, source: Any, where: str, 
     if part.source_shape is not None:
         whole = source[:]
         if whole.numel() != math.prod(part.source_shape):
-            raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(whole.shape)}, the model expects "
-                                  f"{math.prod(part.source_shape)} elements (viewed as {part.source_shape})")
+            raise CheckpointError(
+                f"{where}: '{ckpt_name}' has shape {tuple(whole.shape)}, the model expects "
+                f"{math.prod(part.source_shape)} elements (viewed as {part.source_shape})"
+            )
         source = whole.reshape(part.source_shape)
     tensor = read_shard(source, part.shard)
     _refuse_quantized_tensor(where, ckpt_name, tensor.dtype)
     dest = param.data[part.index]
     if tensor.shape != dest.shape:
-        raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, the model expects "
-                              f"{tuple(dest.shape)}" + ("" if part.shard is None else " (this rank's part)"))
+        raise CheckpointError(
+            f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, the model expects "
+            f"{tuple(dest.shape)}" + ("" if part.shard is None else " (this rank's part)")
+        )
     with torch.no_grad():
         dest.copy_(tensor)
 
@@ -204,7 +233,9 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
                         if name.endswith(IGNORED_TENSOR_SUFFIXES) or (owns is not None and not owns(name)):
                             continue
                         if name.rsplit(".", 1)[-1] in QUANTIZATION_TENSOR_NAMES:
-                            raise CheckpointError(f"{file.name}: tensor '{name}' is a quantization tensor: {UNQUANTIZED}")
+                            raise CheckpointError(
+                                f"{file.name}: tensor '{name}' is a quantization tensor: {UNQUANTIZED}"
+                            )
                         raise CheckpointError(
                             f"{file.name}: tensor '{name}' matches no parameter of the model; the checkpoint "
                             "does not fit its config.json"
@@ -216,8 +247,10 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
     loaded_params = [params[n] for n in loaded]
     missing = sorted(n for n, p in params.items() if n not in loaded and not any(p is q for q in loaded_params))
     if missing:
-        raise CheckpointError(f"checkpoint '{path}' lacks weights: {', '.join(missing[:5])}"
-                              + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+        raise CheckpointError(
+            f"checkpoint '{path}' lacks weights: {', '.join(missing[:5])}"
+            + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        )
 
 
 def init_random_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:

@@ -12,9 +12,14 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
-from framework.kernels.causal_conv1d import causal_conv1d_varlen
-from framework.kernels.selective_scan import ScanInputs, ScanWeights, selective_scan_varlen, selective_state_update
-from framework.kernels.state_snapshots import SnapshotTargets
+from framework.layers.kernels.causal_conv1d import causal_conv1d_varlen
+from framework.layers.kernels.selective_scan import (
+    ScanInputs,
+    ScanWeights,
+    selective_scan_varlen,
+    selective_state_update,
+)
+from framework.layers.kernels.state_snapshots import SnapshotTargets
 from framework.models.llama import RMSNorm
 
 
@@ -42,8 +47,17 @@ class MambaStepInputs(NamedTuple):
 class MambaMixer(nn.Module):
     """in_proj -> causal conv (+silu) -> x_proj -> RMS-normed dt, B, C -> selective scan -> gate -> out_proj."""
 
-    def __init__(self, hidden_size: int, d_inner: int, d_state: int, d_conv: int, dt_rank: int, eps: float,
-                 conv_bias: bool, proj_bias: bool) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        d_inner: int,
+        d_state: int,
+        d_conv: int,
+        dt_rank: int,
+        eps: float,
+        conv_bias: bool,
+        proj_bias: bool,
+    ) -> None:
         super().__init__()
         self.d_inner, self.d_state, self.d_conv, self.dt_rank = d_inner, d_state, d_conv, dt_rank
         self.in_proj = nn.Linear(hidden_size, 2 * d_inner, bias=proj_bias)
@@ -60,9 +74,17 @@ class MambaMixer(nn.Module):
     def forward(self, hidden: torch.Tensor, state: MambaLayerState, step: MambaStepInputs) -> torch.Tensor:
         """[T, hidden] -> [T, hidden]; the slots' conv and SSM state advance by each row's tokens."""
         x, z = self.in_proj(hidden).chunk(2, dim=-1)  # [T, d_inner] each
-        x = causal_conv1d_varlen(x.contiguous(), self.conv1d.weight[:, 0, :], self.conv1d.bias, state.conv,
-                                 step.idx_mapping, step.query_start_loc, state.conv_tail, step.snapshots,
-                                 state.conv_snapshots)
+        x = causal_conv1d_varlen(
+            x.contiguous(),
+            self.conv1d.weight[:, 0, :],
+            self.conv1d.bias,
+            state.conv,
+            step.idx_mapping,
+            step.query_start_loc,
+            state.conv_tail,
+            step.snapshots,
+            state.conv_snapshots,
+        )
         dt, B, C = torch.split(self.x_proj(x), [self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = self.dt_layernorm(dt) @ self.dt_proj.weight.t()  # bias is added inside the scan, in float32
         inputs = ScanInputs(x=x, dt=dt, B=self.b_layernorm(B), C=self.c_layernorm(C), z=z)
@@ -70,6 +92,14 @@ class MambaMixer(nn.Module):
         if step.pure_decode and state.ssm_tail is None:
             y = selective_state_update(inputs, weights, state.ssm, step.idx_mapping)
         else:
-            y = selective_scan_varlen(inputs, weights, state.ssm, step.idx_mapping, step.query_start_loc,
-                                      state.ssm_tail, step.snapshots, state.ssm_snapshots)
+            y = selective_scan_varlen(
+                inputs,
+                weights,
+                state.ssm,
+                step.idx_mapping,
+                step.query_start_loc,
+                state.ssm_tail,
+                step.snapshots,
+                state.ssm_snapshots,
+            )
         return self.out_proj(y)

@@ -65,8 +65,12 @@ def build_materialised(construct: Callable[[], nn.Module], dtype: torch.dtype, d
     has_buffers = any(True for _ in model.buffers())
     init_buffers = getattr(model, "init_buffers", None)
     if has_buffers and init_buffers is None:
-        logger.warning("%s has buffers but no init_buffers(): building it in float32 on %s and casting "
-                       "(peak memory ~2x the weights)", type(model).__name__, device)
+        logger.warning(
+            "%s has buffers but no init_buffers(): building it in float32 on %s and casting "
+            "(peak memory ~2x the weights)",
+            type(model).__name__,
+            device,
+        )
         with torch.device(device):
             return construct().to(dtype=dtype)
     _allocate_parameters(model, dtype, device)

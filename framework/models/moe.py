@@ -2,8 +2,8 @@
 
 The attention, norms, embedding and LM head are the dense decoder's (`framework.models.llama`); each sparse
 layer's MLP is a `SparseMoeBlock`: a router (softmax over the experts, top-k, renormalised when the config says
-`norm_topk_prob`: `framework.kernels.moe_route`), and the experts in one fused kernel
-(`framework.kernels.fused_moe`).
+`norm_topk_prob`: `framework.layers.kernels.moe_route`), and the experts in one fused kernel
+(`framework.layers.kernels.fused_moe`).
 
 Expert weights are stacked at load time into one tensor per projection, `mlp.experts.gate_up_proj [E, 2, I, H]`
 and `mlp.experts.down_proj [E, H, I]`, from the checkpoint's per-expert tensors (`experts.{e}.gate_proj.weight`,
@@ -22,12 +22,12 @@ from typing import Optional
 import torch
 from torch import nn
 
-from framework.parallel_context import ParallelContext
-from framework.kernels.fused_moe import fused_moe
-from framework.kernels.moe_route import moe_route
+from framework.layers.kernels.fused_moe import fused_moe
+from framework.layers.kernels.moe_route import moe_route
+from framework.layers.parallel.context import ParallelContext
+from framework.layers.parallel.linear import SINGLE, ShardSpec, StackedPart, _divide
 from framework.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
 from framework.models.moe_config import MoeConfig
-from framework.models.parallel_layers import SINGLE, ShardSpec, StackedPart, _divide
 
 
 class StackedExperts(nn.Module):
@@ -103,9 +103,14 @@ _EXPERT_TENSOR = re.compile(r"^(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.e
 _FUSED_GATE_UP = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.gate_up_proj$")
 _MIXTRAL_ROUTER = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.gate\.weight$")
 # projection -> (stacked parameter, index after the expert's, dim of the checkpoint tensor that tp splits)
-_PROJECTIONS = {"gate_proj": ("gate_up_proj", (0,), 0), "w1": ("gate_up_proj", (0,), 0),
-                "up_proj": ("gate_up_proj", (1,), 0), "w3": ("gate_up_proj", (1,), 0),
-                "down_proj": ("down_proj", (), 1), "w2": ("down_proj", (), 1)}
+_PROJECTIONS = {
+    "gate_proj": ("gate_up_proj", (0,), 0),
+    "w1": ("gate_up_proj", (0,), 0),
+    "up_proj": ("gate_up_proj", (1,), 0),
+    "w3": ("gate_up_proj", (1,), 0),
+    "down_proj": ("down_proj", (), 1),
+    "w2": ("down_proj", (), 1),
+}
 
 
 class MoeForCausalLM(LlamaForCausalLM):

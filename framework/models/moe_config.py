@@ -34,15 +34,17 @@ class MoeConfig(DecoderConfig):
         base = super().from_hf(cfg)
         arch = base.architecture
         if arch not in MOE_ARCHITECTURES:
-            raise UnsupportedModelError(f"architecture {arch!r} is not a MoE family mrv2 knows "
-                                        f"({', '.join(MOE_ARCHITECTURES)})")
+            raise UnsupportedModelError(
+                f"architecture {arch!r} is not a MoE family mrv2 knows ({', '.join(MOE_ARCHITECTURES)})"
+            )
         mixtral = arch == "MixtralForCausalLM"
         # Mixtral says num_local_experts; Qwen says num_experts (transformers 5.24 writes either name for Qwen3).
         num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         top_k = int(cfg.get("num_experts_per_tok") or (2 if mixtral else 1))
         if num_experts > 0 and not 1 <= top_k <= num_experts:
-            raise UnsupportedModelError(f"num_experts_per_tok={top_k} must be between 1 and the number of experts "
-                                        f"({num_experts})")
+            raise UnsupportedModelError(
+                f"num_experts_per_tok={top_k} must be between 1 and the number of experts ({num_experts})"
+            )
         step = int(1 if cfg.get("decoder_sparse_step") is None else cfg["decoder_sparse_step"])
         if step < 1:
             raise UnsupportedModelError(f"decoder_sparse_step={step} must be >= 1")
@@ -60,7 +62,8 @@ class MoeConfig(DecoderConfig):
             norm_topk_prob=True if mixtral else bool(cfg.get("norm_topk_prob", False)),
             round_router_weights=not mixtral,
             shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
-            if arch == "Qwen2MoeForCausalLM" else 0,
+            if arch == "Qwen2MoeForCausalLM"
+            else 0,
             decoder_sparse_step=1 if mixtral else step,
             mlp_only_layers=() if mixtral else tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
             **extra,
@@ -68,5 +71,6 @@ class MoeConfig(DecoderConfig):
 
     def is_sparse_layer(self, layer: int) -> bool:
         """Whether layer `layer` has a MoE block (HF's rule: not MLP-only, and on the sparse-step grid)."""
-        return (self.num_experts > 0 and layer not in self.mlp_only_layers
-                and (layer + 1) % self.decoder_sparse_step == 0)
+        return (
+            self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        )

@@ -17,28 +17,43 @@ geometry: Qwen3-30B-A3B's shapes (48 layers, hidden 2048, 128 experts of interme
 from __future__ import annotations
 
 import copy
-
 from typing import Any
 
-from framework.config import ConfigError
+from framework.config.schema import ConfigError
 
 BYTE_EOS_ID = 256
 
 # name -> (d_model, layers of encoder and of decoder, heads, ffn dim), as the OpenAI checkpoints.
-_WHISPER_GEOMETRIES = {"whisper-tiny": (384, 4, 6, 1536), "whisper-base": (512, 6, 8, 2048),
-                       "whisper-small": (768, 12, 12, 3072)}
+_WHISPER_GEOMETRIES = {
+    "whisper-tiny": (384, 4, 6, 1536),
+    "whisper-base": (512, 6, 8, 2048),
+    "whisper-small": (768, 12, 12, 3072),
+}
 
 
 def _whisper_preset(d_model: int, layers: int, heads: int, ffn: int) -> dict[str, Any]:
     """A multilingual Whisper config.json plus the generation fields the decoder prompt needs."""
     return {
-        "architectures": ["WhisperForConditionalGeneration"], "is_encoder_decoder": True,
-        "vocab_size": 51865, "num_mel_bins": 80, "d_model": d_model, "encoder_layers": layers,
-        "decoder_layers": layers, "encoder_attention_heads": heads, "decoder_attention_heads": heads,
-        "encoder_ffn_dim": ffn, "decoder_ffn_dim": ffn, "max_source_positions": 1500, "max_target_positions": 448,
-        "activation_function": "gelu", "tie_word_embeddings": True,
-        "eos_token_id": 50257, "decoder_start_token_id": 50258, "no_timestamps_token_id": 50363,
-        "lang_to_id": {"<|en|>": 50259, "<|fr|>": 50265}, "task_to_id": {"transcribe": 50359, "translate": 50358},
+        "architectures": ["WhisperForConditionalGeneration"],
+        "is_encoder_decoder": True,
+        "vocab_size": 51865,
+        "num_mel_bins": 80,
+        "d_model": d_model,
+        "encoder_layers": layers,
+        "decoder_layers": layers,
+        "encoder_attention_heads": heads,
+        "decoder_attention_heads": heads,
+        "encoder_ffn_dim": ffn,
+        "decoder_ffn_dim": ffn,
+        "max_source_positions": 1500,
+        "max_target_positions": 448,
+        "activation_function": "gelu",
+        "tie_word_embeddings": True,
+        "eos_token_id": 50257,
+        "decoder_start_token_id": 50258,
+        "no_timestamps_token_id": 50363,
+        "lang_to_id": {"<|en|>": 50259, "<|fr|>": 50265},
+        "task_to_id": {"transcribe": 50359, "translate": 50358},
     }
 
 

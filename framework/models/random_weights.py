@@ -5,12 +5,12 @@ Twister) and on CUDA (Philox), so a preset's random weights used to depend on th
 GPU run of `random_tiny` compared two different models. Here element `i` of parameter stream `s` is a pure
 function of `(seed, s, i)`:
 
-    key      = mix(mix(seed_lo + mix(seed_hi + 0x632BE5AB)) ^ s * 0x9E3779B9)    (`samplers.gumbel.row_keys`)
+    key      = mix(mix(seed_lo + mix(seed_hi + 0x632BE5AB)) ^ s * 0x9E3779B9)    (`framework.layers.kernels.counter_hash.row_keys`)
     bits_j   = mix(mix(key ^ j) ^ i * 0x85EBCA6B)                                j = 1, 2: two 32-bit draws
     u_j      = (bits_j + 0.5) / 2**32                                            in (0, 1), float64
     weight   = std * sqrt(-2 ln u_1) * cos(2 pi u_2)                             (Box-Muller), to float32
 
-`mix` is the lowbias32 hash of `samplers.gumbel`. The hashing is exact uint32 arithmetic: numpy on the CPU
+`mix` is the lowbias32 hash of `framework/layers/kernels/counter_hash.py`. The hashing is exact uint32 arithmetic: numpy on the CPU
 (native wrapping multiplication), int64 torch ops with explicit masking on other devices (`mix32`). Both give
 the same bits; the float64 Box-Muller step may differ by an ulp between libraries, which the rounding to
 float32 almost always absorbs (a few elements in a billion may differ in their last bit). Values are drawn
@@ -24,7 +24,7 @@ import math
 import numpy as np
 import torch
 
-from samplers.gumbel import _mul32, mix32, row_keys
+from framework.layers.kernels.counter_hash import mix32, mul32, row_keys
 
 CHUNK = 1 << 24  # elements per pass: at most ~1 GiB of int64 / float64 scratch
 MAX_NUMEL = 1 << 32  # the element counter is 32-bit
@@ -56,7 +56,7 @@ def _chunk_numpy(keys: tuple[int, int], start: int, end: int, std: float) -> np.
 
 def _chunk_torch(keys: tuple[int, int], start: int, end: int, std: float, device: torch.device) -> torch.Tensor:
     """[end - start] float32 weights, int64 torch hashing on `device` (the GPU path; any device)."""
-    index = _mul32(torch.arange(start, end, dtype=torch.int64, device=device), INDEX_MULTIPLIER)
+    index = mul32(torch.arange(start, end, dtype=torch.int64, device=device), INDEX_MULTIPLIER)
     u1 = (mix32(index ^ keys[0]).double() + 0.5) * 2.0**-32  # never 0: the log is finite
     u2 = (mix32(index ^ keys[1]).double() + 0.5) * 2.0**-32
     return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2) * std).float()

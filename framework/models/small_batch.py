@@ -25,8 +25,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from framework.attention import AttentionMetadata
-from framework.kernels.small_batch_ops import fused_linear
+from framework.layers.attention import AttentionMetadata
+from framework.layers.kernels.small_batch_ops import fused_linear
 
 
 def _row_parallel(linear: Any, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:  # [M, K / tp] -> [M, N]
@@ -48,21 +48,25 @@ def small_batch_layer(
     attention: Any,  # AttentionFn
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(MLP output [M, hidden], residual stream [M, hidden]): `DecoderLayer.forward`'s contract. With
-    `layer.programmatic_launch` every kernel here launches with PDL (framework/kernels/pdl.py)."""
+    `layer.programmatic_launch` every kernel here launches with PDL (framework/layers/kernels/pdl.py)."""
     attn, mlp = layer.self_attn, layer.mlp
     norm, post = layer.input_layernorm, layer.post_attention_layernorm
     pdl = layer.programmatic_launch
     qkv, summed = fused_linear(x, attn.qkv_weight, attn.qkv_bias, norm.weight, norm.eps, residual, pdl=pdl)
     residual = x if summed is None else summed
     h = _row_parallel(attn.o_proj, attn.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention, pdl), pdl)
-    act, summed = fused_linear(h, mlp.gate_up_weight, mlp.gate_up_bias, post.weight, post.eps, residual,
-                               silu_mul=True, pdl=pdl)
+    act, summed = fused_linear(
+        h, mlp.gate_up_weight, mlp.gate_up_bias, post.weight, post.eps, residual, silu_mul=True, pdl=pdl
+    )
     assert summed is not None
     return _row_parallel(mlp.down_proj, act, pdl), summed
 
 
-def small_batch_logits(lm_head: nn.Module, hidden: torch.Tensor,  # [L, hidden] -> [L, vocab]
-                       pdl: bool = False) -> torch.Tensor:
+def small_batch_logits(
+    lm_head: nn.Module,
+    hidden: torch.Tensor,  # [L, hidden] -> [L, vocab]
+    pdl: bool = False,
+) -> torch.Tensor:
     """`ParallelLMHead.forward` with the GEMV; a single rank writes float32 logits straight from the kernel (values
     rounded to the model dtype first, so the same as the model dtype's), tensor ranks gather the model dtype.
     `pdl`: launched with programmatic dependent launch."""
@@ -80,7 +84,7 @@ def enable_small_batch(model: nn.Module, max_tokens: int, programmatic_launch: b
     and the LM head of `model` (both carry a `small_batch_max_tokens` attribute; MoE, Mamba and Whisper layers
     do not, and keep their path). Call after `fuse_projections`: the path reads the merged weights. Returns how
     many layers take it. `programmatic_launch`: that path's kernels (and the final norm before the LM head)
-    launch with PDL; only where `framework.kernels.pdl.pdl_supported` says they can."""
+    launch with PDL; only where `framework.layers.kernels.pdl.pdl_supported` says they can."""
     layers = 0
     for module in model.modules():
         if not hasattr(module, "small_batch_max_tokens"):

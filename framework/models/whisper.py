@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framework.attention import AttentionMetadata
-from framework.attention.backend import paged_attention, store_kv
+from framework.layers.attention import AttentionMetadata
+from framework.layers.attention.backend import paged_attention, store_kv
 from framework.models.hf_config import UnsupportedModelError
 
 
@@ -67,7 +67,9 @@ class WhisperGeometry:
         )
         for name, heads in (("encoder", geometry.encoder_heads), ("decoder", geometry.decoder_heads)):
             if geometry.d_model % heads:
-                raise UnsupportedModelError(f"d_model={geometry.d_model} is not a multiple of {name}_attention_heads={heads}")
+                raise UnsupportedModelError(
+                    f"d_model={geometry.d_model} is not a multiple of {name}_attention_heads={heads}"
+                )
         return geometry
 
     @property

@@ -13,8 +13,8 @@ from typing import Any, Optional
 
 import llguidance
 
-from framework.request_errors import InvalidRequestError
-from framework.structured_outputs import StructuredOutputsParams
+from framework.params.request_errors import InvalidRequestError
+from framework.params.structured_outputs import StructuredOutputsParams
 
 GRAMMAR_CACHE_SIZE = 1024  # distinct grammars kept compiled (least recently used dropped first)
 WHERE = "SamplingParams.structured_outputs"
@@ -40,7 +40,7 @@ class GuidanceBackend:
     name = "guidance"
 
     def __init__(self, tokenizer: Optional[object], vocab_size: int, eos_token_id: Optional[int]) -> None:
-        """`tokenizer`: any of the engine's tokenizers (`framework.tokenizer`), told apart by what they offer."""
+        """`tokenizer`: any of the engine's tokenizers (`framework.models.tokenizer`), told apart by what they offer."""
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
@@ -57,16 +57,21 @@ class GuidanceBackend:
     def _build_tokenizer(self) -> llguidance.LLTokenizer:
         tok, eos = self._tokenizer, self.eos_token_id
         if eos is None:
-            raise InvalidRequestError(f"{WHERE} needs the model's end-of-sequence token, and this model has none "
-                                      "(a grammar ends by sampling it)")
-        # Told apart by what they offer: framework.tokenizer sits above the samplers (it imports the models).
+            raise InvalidRequestError(
+                f"{WHERE} needs the model's end-of-sequence token, and this model has none "
+                "(a grammar ends by sampling it)"
+            )
+        # Told apart by what they offer: framework.models.tokenizer sits above the samplers (it imports the models).
         if getattr(tok, "byte_level", False):
-            return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary(self.vocab_size, eos)),
-                                          n_vocab=self.vocab_size)
+            return llguidance.LLTokenizer(
+                llguidance.TokenizerWrapper(_ByteVocabulary(self.vocab_size, eos)), n_vocab=self.vocab_size
+            )
         if hasattr(tok, "to_json"):  # HFTokenizer: its tokenizer.json
             return llguidance.LLTokenizer(tok.to_json(), n_vocab=self.vocab_size, eos_token=eos)  # type: ignore[union-attr]
-        raise InvalidRequestError(f"{WHERE} needs the model's tokenizer (tokenizer.json); this model has "
-                                  f"{'none' if tok is None else type(tok).__name__}")
+        raise InvalidRequestError(
+            f"{WHERE} needs the model's tokenizer (tokenizer.json); this model has "
+            f"{'none' if tok is None else type(tok).__name__}"
+        )
 
     def check(self, params: StructuredOutputsParams) -> str:
         """The compiled grammar (cached); raises `InvalidRequestError` naming a malformed schema, regex or grammar."""
@@ -118,8 +123,9 @@ def _first_lines(message: str, limit: int = 4) -> str:
 BACKENDS = {"guidance": GuidanceBackend}
 
 
-def build_grammar_backend(name: str, tokenizer: Optional[object], vocab_size: int,
-                          eos_token_id: Optional[int]) -> GuidanceBackend:
+def build_grammar_backend(
+    name: str, tokenizer: Optional[object], vocab_size: int, eos_token_id: Optional[int]
+) -> GuidanceBackend:
     """The backend `sampler.structured_outputs_backend` names ("auto" = guidance)."""
     cls = BACKENDS["guidance" if name == "auto" else name]
     return cls(tokenizer, vocab_size, eos_token_id)

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.kernels.launch_math import cdiv
+from framework.layers.kernels.launch_math import cdiv
 from samplers.triton_utils import use_triton
 
 WORDS_PER_PROGRAM = 32  # 1024 tokens per program: one 4 KB logits strip
@@ -25,8 +25,10 @@ def bitmask_words(vocab_size: int) -> int:
 def _check(logits: torch.Tensor, bitmask: torch.Tensor, logits_rows: torch.Tensor) -> None:
     num_words = bitmask_words(logits.shape[1])
     if bitmask.dim() != 2 or bitmask.shape[1] != num_words or bitmask.dtype != torch.int32:
-        raise ValueError(f"grammar bitmask must be int32 [N, {num_words}] for vocabulary {logits.shape[1]}, got "
-                         f"{bitmask.dtype} {list(bitmask.shape)}")
+        raise ValueError(
+            f"grammar bitmask must be int32 [N, {num_words}] for vocabulary {logits.shape[1]}, got "
+            f"{bitmask.dtype} {list(bitmask.shape)}"
+        )
     if logits_rows.shape != (bitmask.shape[0],):
         raise ValueError(f"logits_rows must be [{bitmask.shape[0]}] (one per mask row), got {list(logits_rows.shape)}")
 
@@ -41,15 +43,16 @@ def apply_token_bitmask_reference(
     if bitmask.shape[0] == 0:
         return logits
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :logits.shape[1]]  # [N, V]
+    bits = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, : logits.shape[1]]  # [N, V]
     rows = logits_rows.long()
     logits[rows] = logits[rows].masked_fill(bits == 0, float("-inf"))
     return logits
 
 
 @triton.jit
-def _apply_token_bitmask_kernel(logits_ptr, logits_stride, mask_ptr, mask_stride, rows_ptr, vocab_size, num_words,
-                                WORDS: tl.constexpr):
+def _apply_token_bitmask_kernel(
+    logits_ptr, logits_stride, mask_ptr, mask_stride, rows_ptr, vocab_size, num_words, WORDS: tl.constexpr
+):
     mask_row = tl.program_id(0).to(tl.int64)
     logits_row = tl.load(rows_ptr + mask_row).to(tl.int64)
     word = tl.program_id(1) * WORDS + tl.arange(0, WORDS)  # [WORDS]
@@ -58,8 +61,7 @@ def _apply_token_bitmask_kernel(logits_ptr, logits_stride, mask_ptr, mask_stride
     forbidden = ((words[:, None] >> bit[None, :]) & 1) == 0  # [WORDS, 32]
     token = word[:, None] * 32 + bit[None, :]
     # Only forbidden entries are written: allowed logits are never read or rewritten.
-    tl.store(logits_ptr + logits_row * logits_stride + token, float("-inf"),
-             mask=forbidden & (token < vocab_size))
+    tl.store(logits_ptr + logits_row * logits_stride + token, float("-inf"), mask=forbidden & (token < vocab_size))
 
 
 def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, logits_rows: torch.Tensor) -> torch.Tensor:
@@ -68,8 +70,16 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, logi
     num_rows, num_words = bitmask.shape
     if num_rows:
         grid = (num_rows, cdiv(num_words, WORDS_PER_PROGRAM))
-        _apply_token_bitmask_kernel[grid](logits, logits.stride(0), bitmask, bitmask.stride(0), logits_rows,
-                                          logits.shape[1], num_words, WORDS=WORDS_PER_PROGRAM)
+        _apply_token_bitmask_kernel[grid](
+            logits,
+            logits.stride(0),
+            bitmask,
+            bitmask.stride(0),
+            logits_rows,
+            logits.shape[1],
+            num_words,
+            WORDS=WORDS_PER_PROGRAM,
+        )
     return logits
 
 

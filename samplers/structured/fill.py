@@ -77,7 +77,7 @@ class _Task:
             for first in self.chunks:
                 if not self.first_take:  # the first thread here (a benign race: any of them is close enough)
                     self.first_take = clock()
-                for job in jobs[first:first + ROWS_PER_CHUNK]:
+                for job in jobs[first : first + ROWS_PER_CHUNK]:
                     ptr = base + job.mask_row * nbytes
                     if job.drafts:
                         job.matcher.unsafe_compute_mask_ptr_with_draft_token(ptr, nbytes, job.drafts)

@@ -20,7 +20,7 @@ import llguidance
 import numpy as np
 import torch
 
-from framework.scheduler_output import NewRequestData
+from framework.params.scheduler_output import NewRequestData
 from samplers.structured.backend import GuidanceBackend
 from samplers.structured.bitmask import apply_token_bitmask, bitmask_words
 from samplers.structured.fill import BitmaskFiller, FillJob, FillTiming, default_fill_threads
@@ -32,8 +32,16 @@ class StructuredOutputsState:
     """One llguidance matcher per constrained req_slot; `prepare` starts the step's compact bitmask, `apply`
     waits for it and masks the logits."""
 
-    def __init__(self, max_num_reqs: int, max_logits_rows: int, vocab_size: int, backend: GuidanceBackend,
-                 device: torch.device, next_output: Callable[[], int], fill_threads: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_logits_rows: int,
+        vocab_size: int,
+        backend: GuidanceBackend,
+        device: torch.device,
+        next_output: Callable[[], int],
+        fill_threads: Optional[int] = None,
+    ) -> None:
         self.backend = backend
         self.device = device
         self.vocab_size = vocab_size
@@ -74,11 +82,14 @@ class StructuredOutputsState:
         if params is None:
             return
         matcher = self.backend.new_matcher(params)
-        replay = list(new.prefill_token_ids[new.prompt_len:])
+        replay = list(new.prefill_token_ids[new.prompt_len :])
         if replay and not _consume(matcher, replay):
             self.num_refused += 1
-            logger.warning("mrv2: request %s: its grammar refuses its own earlier output on resume: %s",
-                           new.request_id, matcher.get_error()[:200])
+            logger.warning(
+                "mrv2: request %s: its grammar refuses its own earlier output on resume: %s",
+                new.request_id,
+                matcher.get_error()[:200],
+            )
         self.matchers[req_slot] = matcher
         self.first_output[req_slot] = self._next_output()
         if self._filler is None:
@@ -112,8 +123,13 @@ class StructuredOutputsState:
         return bool(self.host_enabled.any())
 
     # ---- the step ---------------------------------------------------------------------------------------
-    def advance(self, output_seq: int, request_ids: Sequence[str], tokens: Sequence[Sequence[int]],
-                req_id_to_slot: dict[str, int]) -> None:
+    def advance(
+        self,
+        output_seq: int,
+        request_ids: Sequence[str],
+        tokens: Sequence[Sequence[int]],
+        req_id_to_slot: dict[str, int],
+    ) -> None:
         """Feed one step's accepted tokens (per batch row of output `output_seq`) to the matchers."""
         self._finish_fill()  # a step that failed before its sampler ran: its matchers are still being read
         for request_id, row_tokens in zip(request_ids, tokens):
@@ -126,12 +142,13 @@ class StructuredOutputsState:
             row_tokens = list(row_tokens)
             eos = self.backend.eos_token_id
             if eos in row_tokens:  # the scheduler drops what follows end of sequence
-                row_tokens = row_tokens[:row_tokens.index(eos) + 1]
+                row_tokens = row_tokens[: row_tokens.index(eos) + 1]
                 self.ended[slot] = True
             if not _consume(matcher, row_tokens):
                 self.num_refused += 1
-                logger.warning("mrv2: request %s: its grammar refused a sampled token: %s", request_id,
-                               matcher.get_error()[:200])
+                logger.warning(
+                    "mrv2: request %s: its grammar refused a sampled token: %s", request_id, matcher.get_error()[:200]
+                )
 
     def prepare(
         self,

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch import nn
 
-from framework.attention import AttentionMetadata
+from framework.layers.attention import AttentionMetadata
 from framework.models.hf_config import DecoderConfig
 from speculators.draft_heads.layers import Attend, causal_attend, paged_attend, rope_cos_sin
 
@@ -55,8 +55,10 @@ class DraftHead(nn.Module):
             if weight is None:
                 continue
             if tuple(weight.shape) != (self.vocab_size, self.hidden_size):
-                raise ValueError(f"target {name} has shape {tuple(weight.shape)}, the {self.kind} head needs "
-                                 f"({self.vocab_size}, {self.hidden_size})")
+                raise ValueError(
+                    f"target {name} has shape {tuple(weight.shape)}, the {self.kind} head needs "
+                    f"({self.vocab_size}, {self.hidden_size})"
+                )
             self._shared[name] = weight
 
     def _weight(self, own: Optional[nn.Module], name: str) -> torch.Tensor:
@@ -67,21 +69,37 @@ class DraftHead(nn.Module):
         return self._shared[name]
 
     # ---- forwards ---------------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                step: int = 0) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: Optional[torch.Tensor] = None, step: int = 0
+    ) -> torch.Tensor:
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
         cos, sin = rope_cos_sin(positions, self.inv_freq, hidden.dtype)
         return self._run(input_ids, hidden, cos, sin, causal_attend(self.layer_config.head_dim**-0.5), step)
 
-    def forward_paged(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                      kv_cache: torch.Tensor, meta: AttentionMetadata, step: int = 0) -> torch.Tensor:
+    def forward_paged(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        step: int = 0,
+    ) -> torch.Tensor:
         cos, sin = rope_cos_sin(positions, self.inv_freq, hidden.dtype)
-        return self._run(input_ids, hidden, cos, sin, paged_attend(kv_cache, meta, self.layer_config.head_dim**-0.5),
-                         step)
+        return self._run(
+            input_ids, hidden, cos, sin, paged_attend(kv_cache, meta, self.layer_config.head_dim**-0.5), step
+        )
 
-    def _run(self, input_ids: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             attend: Attend, step: int) -> torch.Tensor:
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+        step: int,
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:

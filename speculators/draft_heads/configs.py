@@ -7,9 +7,14 @@ from typing import Any, Optional, Sequence
 from speculators.draft_heads.layers import family_of
 
 
-def head_config(kind: str, target_config: dict[str, Any], *, num_mtp_layers: int = 1,
-                draft_vocab_size: Optional[int] = None,
-                aux_layer_ids: Optional[Sequence[int]] = None) -> dict[str, Any]:
+def head_config(
+    kind: str,
+    target_config: dict[str, Any],
+    *,
+    num_mtp_layers: int = 1,
+    draft_vocab_size: Optional[int] = None,
+    aux_layer_ids: Optional[Sequence[int]] = None,
+) -> dict[str, Any]:
     """The config.json of a `kind` ('eagle', 'eagle3', 'mtp') head for the target whose config is given.
 
     EAGLE: the target's config with `num_hidden_layers: 1` and architectures `Eagle<Family>ForCausalLM`.
@@ -28,9 +33,14 @@ def head_config(kind: str, target_config: dict[str, Any], *, num_mtp_layers: int
     if kind == "eagle3":
         n = int(target_config["num_hidden_layers"])
         ids = list(aux_layer_ids) if aux_layer_ids is not None else [2, n // 2, n - 3]
-        return {**cfg, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
-                "target_num_hidden_layers": n, "draft_vocab_size": draft_vocab_size or cfg["vocab_size"],
-                "eagle_aux_hidden_state_layer_ids": ids}
+        return {
+            **cfg,
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "num_hidden_layers": 1,
+            "target_num_hidden_layers": n,
+            "draft_vocab_size": draft_vocab_size or cfg["vocab_size"],
+            "eagle_aux_hidden_state_layer_ids": ids,
+        }
     if kind == "mtp":
         return {**cfg, "num_nextn_predict_layers": num_mtp_layers}
     raise ValueError(f"unknown draft head kind '{kind}' (eagle, eagle3, mtp)")

@@ -33,12 +33,21 @@ class EagleHead(DraftHead):
 
     kind = "eagle"
 
-    def __init__(self, config: dict[str, Any], *, fc_bias: bool = False, input_norm: bool = False,
-                 own_embed: bool = False, own_lm_head: bool = False) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        fc_bias: bool = False,
+        input_norm: bool = False,
+        own_embed: bool = False,
+        own_lm_head: bool = False,
+    ) -> None:
         family = family_of((config.get("architectures") or [""])[0])
         if family is None:
-            raise ValueError(f"EAGLE config architectures={config.get('architectures')!r} names no supported family "
-                             "(Llama, Mistral, Qwen2, Qwen3), e.g. 'EagleQwen3ForCausalLM'")
+            raise ValueError(
+                f"EAGLE config architectures={config.get('architectures')!r} names no supported family "
+                "(Llama, Mistral, Qwen2, Qwen3), e.g. 'EagleQwen3ForCausalLM'"
+            )
         cfg = decoder_config({**config, "num_hidden_layers": 1}, family)
         super().__init__(config, cfg)
         h = cfg.hidden_size
@@ -50,11 +59,23 @@ class EagleHead(DraftHead):
     @classmethod
     def from_tensor_names(cls, config: dict[str, Any], names: set[str]) -> "EagleHead":
         """The head whose optional tensors are those present in `names`."""
-        return cls(config, fc_bias="fc.bias" in names, input_norm="layers.0.input_layernorm.weight" in names,
-                   own_embed="embed_tokens.weight" in names, own_lm_head="lm_head.weight" in names)
+        return cls(
+            config,
+            fc_bias="fc.bias" in names,
+            input_norm="layers.0.input_layernorm.weight" in names,
+            own_embed="embed_tokens.weight" in names,
+            own_lm_head="lm_head.weight" in names,
+        )
 
-    def _run(self, input_ids: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             attend: Attend, step: int) -> torch.Tensor:
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+        step: int,
+    ) -> torch.Tensor:
         embeds = nn.functional.embedding(input_ids, self._weight(self.embed_tokens, "embed_tokens")).to(hidden.dtype)
         x = self.fc(torch.cat([embeds, hidden], dim=-1))
         return self.layers[0](x, cos, sin, attend)

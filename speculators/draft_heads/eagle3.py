@@ -47,8 +47,9 @@ class Eagle3MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attend: Attend) -> torch.Tensor:
+    def forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
         both = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         x = hidden + self.self_attn(both, cos, sin, attend)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -74,8 +75,9 @@ class Eagle3Head(DraftHead):
         h = cfg.hidden_size
         self.draft_vocab_size = int(config.get("draft_vocab_size") or cfg.vocab_size)
         if not 1 <= self.draft_vocab_size <= cfg.vocab_size:
-            raise ValueError(f"EAGLE-3 draft_vocab_size={self.draft_vocab_size} must be in [1, vocab_size="
-                             f"{cfg.vocab_size}]")
+            raise ValueError(
+                f"EAGLE-3 draft_vocab_size={self.draft_vocab_size} must be in [1, vocab_size={cfg.vocab_size}]"
+            )
         self.fc = nn.Linear(3 * h, h, bias=False)
         self.midlayer = Eagle3MidLayer(cfg)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
@@ -105,8 +107,10 @@ class Eagle3Head(DraftHead):
         if ids is None:
             ids = (2, target_num_layers // 2, target_num_layers - 3)
         if len(ids) != 3 or any(not 0 <= i < target_num_layers for i in ids):
-            raise ValueError(f"EAGLE-3 needs 3 aux layer ids in [0, {target_num_layers}) of the target, got {ids}: "
-                             "set eagle_aux_hidden_state_layer_ids in the head's config.json")
+            raise ValueError(
+                f"EAGLE-3 needs 3 aux layer ids in [0, {target_num_layers}) of the target, got {ids}: "
+                "set eagle_aux_hidden_state_layer_ids in the head's config.json"
+            )
         return ids
 
     def set_draft_vocab(self, d2t: torch.Tensor) -> None:
@@ -118,8 +122,15 @@ class Eagle3Head(DraftHead):
         self.t2d.zero_()
         self.t2d[target_ids.to(self.t2d.device)] = True
 
-    def _run(self, input_ids: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             attend: Attend, step: int) -> torch.Tensor:
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+        step: int,
+    ) -> torch.Tensor:
         if hidden.shape[-1] != self.hidden_size:  # the target's 3 aux layers: project to H
             hidden = self.fc(hidden)
         embeds = nn.functional.embedding(input_ids, self._weight(self.embed_tokens, "embed_tokens")).to(hidden.dtype)

@@ -50,19 +50,27 @@ def _check_geometry(kind: str, config: dict[str, Any], target: Optional[dict[str
         if key not in config:
             raise CheckpointError(f"{kind} head '{path}': config.json lacks '{key}'")
         if target is not None and config[key] != target.get(key):
-            raise CheckpointError(f"{kind} head '{path}': {key}={config[key]} does not match the target model's "
-                                  f"{key}={target.get(key)}")
+            raise CheckpointError(
+                f"{kind} head '{path}': {key}={config[key]} does not match the target model's {key}={target.get(key)}"
+            )
     if kind == "mtp":
         if num_mtp_layers(config) < 1:
             raise CheckpointError(f"mtp head '{path}': config.json has no num_nextn_predict_layers >= 1")
         if target is not None and config.get("num_hidden_layers") != target.get("num_hidden_layers"):
-            raise CheckpointError(f"mtp head '{path}': num_hidden_layers={config.get('num_hidden_layers')} does not "
-                                  f"match the target's {target.get('num_hidden_layers')} (MTP keys are "
-                                  "model.layers.{num_hidden_layers + i})")
+            raise CheckpointError(
+                f"mtp head '{path}': num_hidden_layers={config.get('num_hidden_layers')} does not "
+                f"match the target's {target.get('num_hidden_layers')} (MTP keys are "
+                "model.layers.{num_hidden_layers + i})"
+            )
 
 
-def load_draft_head(path: str | Path, kind: str, target_config: Optional[dict[str, Any]] = None,
-                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DraftHead:
+def load_draft_head(
+    path: str | Path,
+    kind: str,
+    target_config: Optional[dict[str, Any]] = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> DraftHead:
     """The `kind` ('eagle', 'eagle3', 'mtp') head saved in directory `path`, checked against `target_config`.
 
     Checked on the meta device first (no storage), then built with each weight allocated once in `dtype` on
@@ -87,19 +95,28 @@ def load_draft_head(path: str | Path, kind: str, target_config: Optional[dict[st
         raise CheckpointError(f"{kind} head '{root}': {err}") from None
     unmatched = sorted(set(tensors) - set(expected))
     if unmatched:
-        hint = " (an EAGLE-3 checkpoint? use speculator.method=eagle3)" if any(
-            n.startswith("midlayer.") for n in unmatched) else ""
-        raise CheckpointError(f"{kind} head '{root}': tensors matching no parameter of the head: "
-                              f"{', '.join(unmatched[:8])}{' ...' if len(unmatched) > 8 else ''}{hint}")
+        hint = (
+            " (an EAGLE-3 checkpoint? use speculator.method=eagle3)"
+            if any(n.startswith("midlayer.") for n in unmatched)
+            else ""
+        )
+        raise CheckpointError(
+            f"{kind} head '{root}': tensors matching no parameter of the head: "
+            f"{', '.join(unmatched[:8])}{' ...' if len(unmatched) > 8 else ''}{hint}"
+        )
     optional = {"d2t", "t2d"} if kind == "eagle3" else set()
     missing = sorted(set(expected) - set(tensors) - optional)
     if missing:
-        raise CheckpointError(f"{kind} head '{root}': checkpoint lacks tensors: {', '.join(missing[:8])}"
-                              f"{' ...' if len(missing) > 8 else ''}")
+        raise CheckpointError(
+            f"{kind} head '{root}': checkpoint lacks tensors: {', '.join(missing[:8])}"
+            f"{' ...' if len(missing) > 8 else ''}"
+        )
     for name, (file, shape) in tensors.items():
         if tuple(shape) != tuple(expected[name].shape):
-            raise CheckpointError(f"{kind} head '{root}': {file.name}: '{name}' has shape {tuple(shape)}, the head "
-                                  f"expects {tuple(expected[name].shape)} from config.json")
+            raise CheckpointError(
+                f"{kind} head '{root}': {file.name}: '{name}' has shape {tuple(shape)}, the head "
+                f"expects {tuple(expected[name].shape)} from config.json"
+            )
     # Each weight allocated once, in `dtype` on `device`, then filled from the checkpoint: peak ~1x the head.
     head = build_materialised(construct, dtype, torch.device(device))
     _copy_tensors(head, tensors)
@@ -125,13 +142,16 @@ def _copy_tensors(head: DraftHead, tensors: dict[str, tuple[Path, Any]]) -> None
 def _check_draft_vocab(head: Eagle3Head, tensors: dict[str, Any], root: Path) -> None:
     if "d2t" not in tensors:
         if head.draft_vocab_size != head.vocab_size:
-            raise CheckpointError(f"eagle3 head '{root}': draft_vocab_size={head.draft_vocab_size} < vocab_size="
-                                  f"{head.vocab_size} but the checkpoint has no 'd2t' draft-to-target id map")
+            raise CheckpointError(
+                f"eagle3 head '{root}': draft_vocab_size={head.draft_vocab_size} < vocab_size="
+                f"{head.vocab_size} but the checkpoint has no 'd2t' draft-to-target id map"
+            )
         return
     target_ids = torch.arange(head.draft_vocab_size, device=head.d2t.device) + head.d2t  # on the head's device
     if target_ids.min() < 0 or target_ids.max() >= head.vocab_size:
-        raise CheckpointError(f"eagle3 head '{root}': 'd2t' maps draft ids outside the target vocabulary "
-                              f"[0, {head.vocab_size})")
+        raise CheckpointError(
+            f"eagle3 head '{root}': 'd2t' maps draft ids outside the target vocabulary [0, {head.vocab_size})"
+        )
     if "t2d" in tensors and (int(head.t2d.sum()) != head.draft_vocab_size or not bool(head.t2d[target_ids].all())):
         raise CheckpointError(f"eagle3 head '{root}': 't2d' does not mark exactly the target ids that 'd2t' maps to")
     if "t2d" not in tensors:

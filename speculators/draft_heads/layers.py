@@ -14,8 +14,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from framework.attention import AttentionMetadata
-from framework.attention.backend import paged_attention, store_kv
+from framework.layers.attention import AttentionMetadata
+from framework.layers.attention.backend import paged_attention, store_kv
 from framework.models.hf_config import DecoderConfig
 from framework.models.llama import MLP, RMSNorm
 
@@ -49,7 +49,9 @@ def paged_attend(kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) 
     return attend
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [..., N] -> cos, sin [..., N, D] (half-split RoPE, as the target model computes it)."""
     freqs = positions.float().unsqueeze(-1) * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)

@@ -69,12 +69,15 @@ class MTPHead(DraftHead):
 
     kind = "mtp"
 
-    def __init__(self, config: dict[str, Any], *, own_embed: Optional[list[bool]] = None,
-                 own_head: Optional[list[bool]] = None) -> None:
+    def __init__(
+        self, config: dict[str, Any], *, own_embed: Optional[list[bool]] = None, own_head: Optional[list[bool]] = None
+    ) -> None:
         family = family_of((config.get("architectures") or [""])[0])
         if family is None:
-            raise ValueError(f"MTP config architectures={config.get('architectures')!r} names no supported family "
-                             "(Llama, Mistral, Qwen2, Qwen3)")
+            raise ValueError(
+                f"MTP config architectures={config.get('architectures')!r} names no supported family "
+                "(Llama, Mistral, Qwen2, Qwen3)"
+            )
         n = num_mtp_layers(config)
         if n < 1:
             raise ValueError("MTP config.json needs num_nextn_predict_layers >= 1")
@@ -90,14 +93,24 @@ class MTPHead(DraftHead):
     def from_tensor_names(cls, config: dict[str, Any], names: set[str]) -> "MTPHead":
         first, n = int(config["num_hidden_layers"]), num_mtp_layers(config)
         prefix = [f"model.layers.{first + i}." for i in range(n)]
-        return cls(config, own_embed=[p + "embed_tokens.weight" in names for p in prefix],
-                   own_head=[p + "shared_head.head.weight" in names for p in prefix])
+        return cls(
+            config,
+            own_embed=[p + "embed_tokens.weight" in names for p in prefix],
+            own_head=[p + "shared_head.head.weight" in names for p in prefix],
+        )
 
     def layer(self, step: int) -> MTPLayer:
         return self.model.layers[str(self.first_layer_index + step % self.num_layers)]  # type: ignore[return-value]
 
-    def _run(self, input_ids: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             attend: Attend, step: int) -> torch.Tensor:
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+        step: int,
+    ) -> torch.Tensor:
         layer = self.layer(step)
         embeds = nn.functional.embedding(input_ids, self._weight(layer.embed_tokens, "embed_tokens")).to(hidden.dtype)
         x = layer.eh_proj(torch.cat([layer.enorm(embeds), layer.hnorm(hidden)], dim=-1))

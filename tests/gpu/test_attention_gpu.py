@@ -26,10 +26,11 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
-from framework.attention.paged import paged_attention_reference, store_kv_reference  # noqa: E402
-from framework.attention.triton_paged_attention import decode_tiles, num_kv_splits, paged_attention  # noqa: E402
-from framework.attention.triton_store_kv import store_kv  # noqa: E402
-from framework.cuda_graphs import CudaGraphCapturer  # noqa: E402
+from framework.layers.attention.paged import paged_attention_reference, store_kv_reference  # noqa: E402
+from framework.layers.attention.triton_paged_attention import decode_tiles, num_kv_splits, paged_attention  # noqa: E402
+from framework.layers.attention.triton_store_kv import store_kv  # noqa: E402
+from framework.runner.graphs.cuda_graphs import CudaGraphCapturer  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared case builder
 from attention_cases import make_paged_case  # noqa: E402
 
@@ -52,8 +53,17 @@ def _rows(kind: str, batch: int, max_seq: int, seed: int) -> list[tuple[int, int
 
 def _check(rows, *, dtype=torch.bfloat16, block_size=16, num_pad_tokens=0, seed=0, cache_dtype=None, **shape):
     shape = {**QWEN3, **shape}
-    case = make_paged_case(rows, block_size=block_size, dtype=dtype, device=DEVICE, num_pad_tokens=num_pad_tokens,
-                           seed=seed, poison=True, cache_dtype=cache_dtype, **shape)
+    case = make_paged_case(
+        rows,
+        block_size=block_size,
+        dtype=dtype,
+        device=DEVICE,
+        num_pad_tokens=num_pad_tokens,
+        seed=seed,
+        poison=True,
+        cache_dtype=cache_dtype,
+        **shape,
+    )
     triton_cache = case.kv_cache.clone()
     store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
     store_kv(case.key, case.value, triton_cache, case.meta.kv_slot_mapping)
@@ -84,8 +94,15 @@ def test_decode_qwen3(batch, kind):
 def test_decode_tiles_of_each_regime(batch, block_n, num_warps):
     """Short contexts (<= 2,048 keys, nano's): the tile rule's three decode configs, each against the reference."""
     rows = _rows("decode", batch, 2048, seed=batch)
-    tiles = decode_tiles(128, 2, True, 2, num_programs=batch * 8, max_seq_len=max(c + q for c, q in rows),
-                         num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    tiles = decode_tiles(
+        128,
+        2,
+        True,
+        2,
+        num_programs=batch * 8,
+        max_seq_len=max(c + q for c, q in rows),
+        num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
+    )
     assert (tiles.block_n, tiles.num_warps) == (block_n, num_warps)
     _check(rows)
 
@@ -95,12 +112,16 @@ def test_draft_verify_rows(batch):
     _check(_rows("verify", batch, 4096, seed=batch))
 
 
-@pytest.mark.parametrize("rows", [
-    [(0, 2048)],  # a fresh prompt chunk
-    [(2048, 2048)],  # second chunk of a long prompt: cached prefix + new tokens
-    [(1000, 2048), (0, 333), (3000, 1)],  # unaligned prefix, short prompt, a decode row
-    [(4000, 1)] * 100 + [(1500, 2048)],  # continuous batching: many decodes + one chunk
-], ids=["fresh", "prefix", "mixed", "decodes_plus_chunk"])
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(0, 2048)],  # a fresh prompt chunk
+        [(2048, 2048)],  # second chunk of a long prompt: cached prefix + new tokens
+        [(1000, 2048), (0, 333), (3000, 1)],  # unaligned prefix, short prompt, a decode row
+        [(4000, 1)] * 100 + [(1500, 2048)],  # continuous batching: many decodes + one chunk
+    ],
+    ids=["fresh", "prefix", "mixed", "decodes_plus_chunk"],
+)
 def test_prefill_qwen3(rows):
     _check(rows, num_pad_tokens=5)
 
@@ -136,7 +157,7 @@ def test_store_kv_fp8_saturates_and_rounds_like_torch():
         store_kv(key, value, actual, kv_slots)
         assert torch.equal(actual.view(torch.uint8), expected.view(torch.uint8)), cache_dtype
         assert torch.isfinite(actual.float()).all()
-    assert (key.abs() > 448).any() and (value.abs() < 2 ** -6).any()
+    assert (key.abs() > 448).any() and (value.abs() < 2**-6).any()
 
 
 @pytest.mark.parametrize("block_size", [1, 64])
@@ -145,11 +166,14 @@ def test_block_sizes(block_size):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", [
-    dict(num_heads=8, num_kv_heads=8, head_dim=64),  # MHA, head_dim 64
-    dict(num_heads=28, num_kv_heads=4, head_dim=128),  # group of 7 (Qwen2-7B)
-    dict(num_heads=32, num_kv_heads=8, head_dim=128),  # group of 4 (Llama-3-8B)
-])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(num_heads=8, num_kv_heads=8, head_dim=64),  # MHA, head_dim 64
+        dict(num_heads=28, num_kv_heads=4, head_dim=128),  # group of 7 (Qwen2-7B)
+        dict(num_heads=32, num_kv_heads=8, head_dim=128),  # group of 4 (Llama-3-8B)
+    ],
+)
 def test_other_geometries(dtype, shape):
     _check([(2000, 1), (10, 1), (500, 300), (0, 64)], dtype=dtype, **shape)
 
@@ -217,8 +241,8 @@ def test_longest_rows_first_same_bits_in_a_graph(batch):
     """Large mixed-length decode batches launched longest rows first (the model's row order, computed inside
     the captured forward) give the batch-order launch's output bit for bit, replay after replay as the lengths
     change; the order (the rank kernel, inside the graph) is the stable descending argsort of the lengths."""
-    from framework.attention.backend import order_rows_longest_first
-    from framework.attention.row_order import rows_longest_first_reference
+    from framework.layers.attention.backend import order_rows_longest_first
+    from framework.layers.attention.row_order import rows_longest_first_reference
 
     rows = _rows("decode", batch, 2048, seed=batch + 1)
     case = make_paged_case(rows, block_size=16, dtype=torch.bfloat16, device=DEVICE, poison=False, **QWEN3)
@@ -253,23 +277,26 @@ def _decode_case(rows, seed=0):
 def _references(case) -> tuple[torch.Tensor, torch.Tensor]:
     """The bf16 and float32 PyTorch references of a case (real tokens only, as float32)."""
     n = case.num_real_tokens
-    return (paged_attention_reference(case.query, case.kv_cache, case.meta, 0.088)[:n].float(),
-            paged_attention_reference(case.query.float(), case.kv_cache.float(), case.meta, 0.088)[:n])
+    return (
+        paged_attention_reference(case.query, case.kv_cache, case.meta, 0.088)[:n].float(),
+        paged_attention_reference(case.query.float(), case.kv_cache.float(), case.meta, 0.088)[:n],
+    )
 
 
 def _assert_matches_reference(out: torch.Tensor, case, refs=None) -> None:
     """The `_check` criteria: within bf16 tolerance of a float32 reference, mean error no worse than twice
     that of the bf16 PyTorch reference."""
     ref, ref32 = refs or _references(case)
-    out = out[:case.num_real_tokens].float()
+    out = out[: case.num_real_tokens].float()
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref32, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
     err, ref_err = (out - ref32).abs().mean().item(), (ref - ref32).abs().mean().item()
     assert err <= 2 * ref_err + 1e-4, (err, ref_err)
 
 
-@pytest.mark.parametrize("batch, max_seq", [(1, 4096), (1, 600), (4, 4096), (16, 2048), (16, 4096), (64, 4096),
-                                            (64, 2048), (256, 1024)])  # the last two: 64-key decode tiles
+@pytest.mark.parametrize(
+    "batch, max_seq", [(1, 4096), (1, 600), (4, 4096), (16, 2048), (16, 4096), (64, 4096), (64, 2048), (256, 1024)]
+)  # the last two: 64-key decode tiles
 def test_fused_reduce_qwen3(batch, max_seq):
     """Rows of random lengths 1..max_seq (short rows leave splits empty), at the rule's split count and at 16
     splits: equal to the reference and to the two-launch reduce; the counters are zero afterwards."""
@@ -278,10 +305,8 @@ def test_fused_reduce_qwen3(batch, max_seq):
     counters = torch.zeros(rows * QWEN3["num_kv_heads"] + 8, dtype=torch.int32, device=DEVICE)
     refs = _references(case)
     for splits in (None, 16):
-        fused = paged_attention(case.query, case.kv_cache, case.meta, 0.088, num_splits=splits,
-                                split_counters=counters)
-        unfused = paged_attention(case.query, case.kv_cache, case.meta, 0.088, num_splits=splits,
-                                  fused_reduce=False)
+        fused = paged_attention(case.query, case.kv_cache, case.meta, 0.088, num_splits=splits, split_counters=counters)
+        unfused = paged_attention(case.query, case.kv_cache, case.meta, 0.088, num_splits=splits, fused_reduce=False)
         torch.cuda.synchronize()
         assert not counters.any()
         _assert_matches_reference(fused, case, refs)
@@ -311,8 +336,7 @@ def test_fused_reduce_cuda_graph_changing_seq_lens(batch):
     meta = dataclasses.replace(case.meta, max_seq_len=4096)
     counters = torch.zeros(batch * QWEN3["num_kv_heads"], dtype=torch.int32, device=DEVICE)
     tiles = decode_tiles(128, 2, True)
-    assert num_kv_splits(batch, 8, 4096, torch.cuda.get_device_properties(0).multi_processor_count,
-                         tiles.block_n) > 1
+    assert num_kv_splits(batch, 8, 4096, torch.cuda.get_device_properties(0).multi_processor_count, tiles.block_n) > 1
     step = lambda: paged_attention(case.query, case.kv_cache, meta, 0.088, split_counters=counters)  # noqa: E731
     graph, out = _captured(step)
     g = torch.Generator().manual_seed(batch)

@@ -58,14 +58,19 @@ def _target_and_heads(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
     return target, heads
 
 
-def _generate(target: Path, head: Path | None, kind: str, prompts: list[list[int]], drafts: list | None = None,
-              **overrides) -> list[list[int]]:
+def _generate(
+    target: Path, head: Path | None, kind: str, prompts: list[list[int]], drafts: list | None = None, **overrides
+) -> list[list[int]]:
     """Greedy outputs; `drafts` collects (request id, history length, drafts) of every row that sampled."""
     from framework import LLM, SamplingParams
-    from framework.config import load_config
+    from framework.config.schema import load_config
 
-    data = {"model": {"path": str(target), "preset": None, "dtype": "float32", "max_model_len": 256},
-            "device": "cuda", "scheduler": {"max_num_batched_tokens": 64}, "cache": {"gpu_memory_utilization": 0.25}}
+    data = {
+        "model": {"path": str(target), "preset": None, "dtype": "float32", "max_model_len": 256},
+        "device": "cuda",
+        "scheduler": {"max_num_batched_tokens": 64},
+        "cache": {"gpu_memory_utilization": 0.25},
+    }
     if head is not None:
         data["speculator"] = {"method": kind, "num_speculative_tokens": 3, "model": str(head)}
     for key, value in overrides.items():
@@ -109,8 +114,10 @@ def test_greedy_output_equals_no_speculation_graphs_and_eager(tmp_path, kind):
     with_graphs: list = []
     assert _generate(target, heads[kind], kind, prompts, with_graphs) == plain
     draft_steps_eager: list = []
-    assert _generate(target, heads[kind], kind, prompts, draft_steps_eager,
-                     **{"speculator.draft_cuda_graphs": False}) == plain
+    assert (
+        _generate(target, heads[kind], kind, prompts, draft_steps_eager, **{"speculator.draft_cuda_graphs": False})
+        == plain
+    )
     assert _generate(target, heads[kind], kind, prompts, **{"runner.cuda_graphs": False}) == plain
     assert len(with_graphs) > 50 and with_graphs == draft_steps_eager  # draft-step graphs draft what eager does
 
@@ -121,12 +128,15 @@ def test_drafting_never_syncs(tmp_path, kind):
     from hf_models import random_prompts
 
     from framework import LLM, SamplingParams
-    from framework.config import load_config
+    from framework.config.schema import load_config
 
     target, heads = _target_and_heads(tmp_path)
-    data = {"model": {"path": str(target), "preset": None, "max_model_len": 256}, "device": "cuda",
-            "cache": {"gpu_memory_utilization": 0.25},
-            "speculator": {"method": kind, "num_speculative_tokens": 3, "model": str(heads[kind])}}
+    data = {
+        "model": {"path": str(target), "preset": None, "max_model_len": 256},
+        "device": "cuda",
+        "cache": {"gpu_memory_utilization": 0.25},
+        "speculator": {"method": kind, "num_speculative_tokens": 3, "model": str(heads[kind])},
+    }
     llm = LLM(config=load_config(data))
     spec = llm.engine.runner.speculator
     calls = []

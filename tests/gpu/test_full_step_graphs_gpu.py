@@ -16,32 +16,51 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 STOP = 1234  # biased up: without min_tokens the row would stop at once
 ALLOWED = [11, 222, 3333, 44_444, 100_000]
-ENGINE = {"device": "cuda", "dtype": "float32", "max_model_len": 512, "max_num_seqs": 48, "seed": 0,
-          "gpu_memory_utilization": 0.3}
+ENGINE = {
+    "device": "cuda",
+    "dtype": "float32",
+    "max_model_len": 512,
+    "max_num_seqs": 48,
+    "seed": 0,
+    "gpu_memory_utilization": 0.3,
+}
 
 
 def _params() -> list:
     from framework import SamplingParams
 
-    mixes = [dict(temperature=0.0), dict(temperature=0.8, seed=1), dict(temperature=1.0, top_k=20, seed=2),
-             dict(temperature=0.7, top_p=0.8, seed=3), dict(temperature=1.1, min_p=0.1, seed=4),
-             dict(temperature=0.9, top_k=50, top_p=0.95, min_p=0.02, seed=5)]
+    mixes = [
+        dict(temperature=0.0),
+        dict(temperature=0.8, seed=1),
+        dict(temperature=1.0, top_k=20, seed=2),
+        dict(temperature=0.7, top_p=0.8, seed=3),
+        dict(temperature=1.1, min_p=0.1, seed=4),
+        dict(temperature=0.9, top_k=50, top_p=0.95, min_p=0.02, seed=5),
+    ]
     out = [SamplingParams(**mixes[i % len(mixes)], max_tokens=8 + 3 * i, ignore_eos=True) for i in range(30)]
-    out += [SamplingParams(temperature=0.0, logprobs=3, max_tokens=12, ignore_eos=True),
-            SamplingParams(temperature=0.8, seed=9, repetition_penalty=1.2, max_tokens=20, ignore_eos=True),
-            SamplingParams(temperature=0.9, seed=10, top_k=40, logprobs=5, max_tokens=16, ignore_eos=True),
-            SamplingParams(temperature=0.0, min_tokens=6, stop_token_ids=[STOP], logit_bias={STOP: 60.0},
-                           max_tokens=14, ignore_eos=True),
-            SamplingParams(temperature=0.7, seed=11, logit_bias={5: 8.0, 77: -100.0}, logprobs=1, max_tokens=18,
-                           ignore_eos=True),
-            SamplingParams(temperature=1.0, seed=12, allowed_token_ids=ALLOWED, max_tokens=15, ignore_eos=True)]
+    out += [
+        SamplingParams(temperature=0.0, logprobs=3, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=9, repetition_penalty=1.2, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=0.9, seed=10, top_k=40, logprobs=5, max_tokens=16, ignore_eos=True),
+        SamplingParams(
+            temperature=0.0,
+            min_tokens=6,
+            stop_token_ids=[STOP],
+            logit_bias={STOP: 60.0},
+            max_tokens=14,
+            ignore_eos=True,
+        ),
+        SamplingParams(
+            temperature=0.7, seed=11, logit_bias={5: 8.0, 77: -100.0}, logprobs=1, max_tokens=18, ignore_eos=True
+        ),
+        SamplingParams(temperature=1.0, seed=12, allowed_token_ids=ALLOWED, max_tokens=15, ignore_eos=True),
+    ]
     return out
 
 
@@ -108,8 +127,11 @@ def test_full_step_decode_queues_without_host_sync() -> None:
     llm = LLM("qwen3-0.6b", **ENGINE, full_step_cuda_graphs=True, async_scheduling=False)
     engine = llm.engine
     for i in range(5):  # 5 rows: padded to the graph of 8
-        engine.add_request(f"r{i}", [(31 * i + j) % 1000 for j in range(40)],
-                           SamplingParams(temperature=0.7, top_k=40, seed=i, max_tokens=64, ignore_eos=True))
+        engine.add_request(
+            f"r{i}",
+            [(31 * i + j) % 1000 for j in range(40)],
+            SamplingParams(temperature=0.7, top_k=40, seed=i, max_tokens=64, ignore_eos=True),
+        )
     for _ in range(4):  # prefill, then decode steps: every Triton variant compiled
         engine.step()
     before = engine.runner.full_step_replays
@@ -117,9 +139,19 @@ def test_full_step_decode_queues_without_host_sync() -> None:
         step_without_host_sync(engine)
     assert engine.runner.full_step_replays == before + 3
     graphs = engine.runner.step_graphs
-    engine.add_request("g", [(17 * j) % 1000 for j in range(30)],  # the general variant from its first decode step
-                       SamplingParams(temperature=0.0, logprobs=4, min_tokens=8, stop_token_ids=[STOP],
-                                      logit_bias={STOP: 60.0, 9: 2.0}, max_tokens=64, ignore_eos=True))
+    engine.add_request(
+        "g",
+        [(17 * j) % 1000 for j in range(30)],  # the general variant from its first decode step
+        SamplingParams(
+            temperature=0.0,
+            logprobs=4,
+            min_tokens=8,
+            stop_token_ids=[STOP],
+            logit_bias={STOP: 60.0, 9: 2.0},
+            max_tokens=64,
+            ignore_eos=True,
+        ),
+    )
     for _ in range(2):  # its prefill (eager sampler), then one general replay: the copy-out path warms up
         engine.step()
     general = sum(g.num_replays for (_, v), g in graphs.graphs.items() if v == graphs.general)

@@ -23,12 +23,15 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
-from framework.kernels.fused_moe import (  # noqa: E402
-    fused_moe, fused_moe_reference, fused_moe_triton, moe_launch_config,
+from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants  # noqa: E402
+from framework.layers.kernels.fused_moe import (  # noqa: E402
+    fused_moe,
+    fused_moe_reference,
+    fused_moe_triton,
+    moe_launch_config,
 )
-from framework.kernels.moe_align import ALIGN_KERNEL_MAX_ROWS, moe_align_reference, moe_align_triton  # noqa: E402
-from framework.kernels.moe_route import moe_route_reference, moe_route_triton  # noqa: E402
-from framework.triton_compiles import compiled_variants, new_variants  # noqa: E402
+from framework.layers.kernels.moe_align import ALIGN_KERNEL_MAX_ROWS, moe_align_reference, moe_align_triton  # noqa: E402
+from framework.layers.kernels.moe_route import moe_route_reference, moe_route_triton  # noqa: E402
 
 DEVICE = "cuda"
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
@@ -52,7 +55,7 @@ def _assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
     if ref.dtype == torch.float32:
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
         return
-    diff = (out.float() - ref.float())
+    diff = out.float() - ref.float()
     rms = ref.float().pow(2).mean().sqrt().item()
     assert diff.pow(2).mean().sqrt().item() < 1e-2 * rms, "relative RMS error over 1%"
     assert diff.abs().max().item() < rms / 8, "an element is off by more than 1/8 of the RMS"
@@ -143,14 +146,22 @@ def test_moe_greedy_parity_with_hf_on_gpu(tmp_path, graphs: bool) -> None:
 
     hf = save_tiny_checkpoint(MOE_SPEC_BY_NAME["qwen2moe-e6k3-shared"], tmp_path)
     prompts = random_prompts(6, 5, 60, seed=3)
-    llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=128, gpu_memory_utilization=0.3,
-              cuda_graphs=graphs)
+    llm = LLM(
+        str(tmp_path), device="cuda", dtype="float32", max_model_len=128, gpu_memory_utilization=0.3, cuda_graphs=graphs
+    )
     assert (llm.engine.runner.cuda_graphs is not None) == graphs
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 24) for p in prompts]
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     del llm
-    llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=128, gpu_memory_utilization=0.3,
-              cuda_graphs=graphs, speculative_config=spec)
+    llm = LLM(
+        str(tmp_path),
+        device="cuda",
+        dtype="float32",
+        max_model_len=128,
+        gpu_memory_utilization=0.3,
+        cuda_graphs=graphs,
+        speculative_config=spec,
+    )
     again = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in again] == [o.token_ids for o in outs]

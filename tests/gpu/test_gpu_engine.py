@@ -5,10 +5,8 @@ Run on the GPU machine: `python -m pytest -q tests/gpu`.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-
 from sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -17,7 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_input_prep_kernels_at_real_shapes():
     from test_kernels_triton import random_step  # noqa: E402
 
-    from framework.kernels.input_prep import prepare_inputs_reference, prepare_inputs_triton
+    from framework.layers.kernels.input_prep import prepare_inputs_reference, prepare_inputs_triton
 
     state, step, n_draft = random_step(seed=11, num_slots=512, num_rows=256, max_len=4096, k=4)
     ref = prepare_inputs_reference(**step, **state)
@@ -30,7 +28,7 @@ def test_prepare_inputs_reads_pinned_host_history():
     """The token history may live in pinned host memory: the kernel must read it through unified addressing."""
     from test_kernels_triton import random_step  # noqa: E402
 
-    from framework.kernels.input_prep import prepare_inputs_reference, prepare_inputs_triton
+    from framework.layers.kernels.input_prep import prepare_inputs_reference, prepare_inputs_triton
 
     state, step, n_draft = random_step(seed=12, num_slots=64, num_rows=32, max_len=1024, k=0, prefill_only=True)
     ref = prepare_inputs_reference(**step, **state)
@@ -52,8 +50,14 @@ def test_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
     matches = 0
     for prompt, out in zip(prompts, outs):
         ids = torch.tensor([prompt], device="cuda")
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
-                          eos_token_id=None, pad_token_id=None)[0, len(prompt):].tolist()
+        ref = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=24,
+            eos_token_id=None,
+            pad_token_id=None,
+        )[0, len(prompt) :].tolist()
         matches += out.token_ids == ref
     # fp32: exact. bf16: different kernels round differently, so a near-tie may flip late in a sequence.
     assert matches == len(prompts) if dtype == "float32" else matches >= len(prompts) - 1
@@ -72,8 +76,9 @@ def test_fp8_kv_cache_against_hf_with_a_rounding_cache_on_gpu(tmp_path):
 
     hf = save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], tmp_path).to("cuda", getattr(torch, dtype))
     prompts = random_prompts(4, 20, 60, seed=5)
-    llm = LLM(str(tmp_path), device="cuda", dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3,
-              kv_cache_dtype="fp8")
+    llm = LLM(
+        str(tmp_path), device="cuda", dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3, kv_cache_dtype="fp8"
+    )
     assert {c.dtype for c in llm.engine.runner.kv_caches} == {torch.float8_e4m3fn}
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, prompt_logprobs=0)
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -81,13 +86,20 @@ def test_fp8_kv_cache_against_hf_with_a_rounding_cache_on_gpu(tmp_path):
     for prompt, out in zip(prompts, outs):
         seq = prompt + list(out.token_ids)
         with torch.no_grad():
-            logits = hf(torch.tensor([seq[:-1]], device="cuda"), use_cache=True,
-                        **{cache_kwarg(hf): fp8_rounding_cache(hf.config.num_hidden_layers)}).logits[0].float()
+            logits = (
+                hf(
+                    torch.tensor([seq[:-1]], device="cuda"),
+                    use_cache=True,
+                    **{cache_kwarg(hf): fp8_rounding_cache(hf.config.num_hidden_layers)},
+                )
+                .logits[0]
+                .float()
+            )
         ref = torch.log_softmax(logits, dim=-1)
         for pos in range(1, len(prompt)):  # prompt token pos, predicted by row pos - 1
             got = out.prompt_logprobs[pos][prompt[pos]].logprob
             diffs.append(abs(got - ref[pos - 1, prompt[pos]].item()))
-        top2 = logits[len(prompt) - 1:].topk(2, dim=-1).values
+        top2 = logits[len(prompt) - 1 :].topk(2, dim=-1).values
         for j, token in enumerate(out.token_ids):
             tokens += 1
             if top2[j, 0] - top2[j, 1] > 0.25:
@@ -104,8 +116,11 @@ def test_step_path_has_no_host_sync():
     llm = LLM("random_tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False)
     engine = llm.engine
     for i in range(8):
-        engine.add_request(f"r{i}", list(range(10 + 3 * i)),
-                           SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, ignore_eos=True))
+        engine.add_request(
+            f"r{i}",
+            list(range(10 + 3 * i)),
+            SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, ignore_eos=True),
+        )
     engine.step()  # warm-up: compilation and first allocations may sync
     for _ in range(5):
         step_without_host_sync(engine)
@@ -116,15 +131,22 @@ def test_longest_rows_first_same_tokens_and_no_host_sync():
     kernel in eager prefills, decode graphs and full-step graphs alike): the same greedy tokens as batch order,
     and a decode step at 72 rows queues without a host sync."""
     from framework import LLM, SamplingParams
-    from framework.attention.backend import LONGEST_FIRST_MIN_ROWS
+    from framework.layers.attention.backend import LONGEST_FIRST_MIN_ROWS
 
     prompts = [[(11 * i + j) % 250 for j in range(3 + (37 * i) % 90)] for i in range(72)]
     assert len(prompts) >= LONGEST_FIRST_MIN_ROWS
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outs = {}
     for order in (True, False):
-        llm = LLM("random_tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, max_num_seqs=96,
-                  full_step_cuda_graphs=True, longest_rows_first=order)
+        llm = LLM(
+            "random_tiny",
+            device="cuda",
+            dtype="bfloat16",
+            gpu_memory_utilization=0.3,
+            max_num_seqs=96,
+            full_step_cuda_graphs=True,
+            longest_rows_first=order,
+        )
         outs[order] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         if order:
             engine = llm.engine
@@ -160,8 +182,9 @@ def test_v1_cuda_graph_replay_equals_eager():
     params = SamplingParams(temperature=0.7, seed=3, max_tokens=40, ignore_eos=True)
     outs = {}
     for graphs in (False, True):
-        llm = LLM("random_tiny", device="cuda", dtype="float32", gpu_memory_utilization=0.3, cuda_graphs=graphs,
-                  runner="v1")
+        llm = LLM(
+            "random_tiny", device="cuda", dtype="float32", gpu_memory_utilization=0.3, cuda_graphs=graphs, runner="v1"
+        )
         runner = llm.engine.runner
         assert runner.name == "v1" and (runner.cuda_graphs is not None) == graphs
         outs[graphs] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -181,8 +204,11 @@ def test_v1_step_waits_for_the_device_once():
     llm = LLM("random_tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, runner="v1")
     engine = llm.engine
     for i in range(8):
-        engine.add_request(f"r{i}", list(range(10 + 3 * i)),
-                           SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, ignore_eos=True))
+        engine.add_request(
+            f"r{i}",
+            list(range(10 + 3 * i)),
+            SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, ignore_eos=True),
+        )
     engine.step()  # warm-up: compilation and first allocations may sync
 
     def syncs(fn) -> int:  # type: ignore[no-untyped-def]
@@ -209,10 +235,10 @@ def test_input_batch_is_one_pinned_host_to_device_copy():
     count), and they arrive right, also after the buffers went round the ring."""
     from torch.profiler import ProfilerActivity, profile
 
-    from framework.input_batch import build_input_batch, input_staging
-    from framework.request_state import RequestState
-    from framework.sampling_params import SamplingParams
-    from framework.scheduler_output import NewRequestData, SchedulerOutput
+    from framework.batch.input_batch import build_input_batch, input_staging
+    from framework.batch.request_state import RequestState
+    from framework.params.sampling_params import SamplingParams
+    from framework.params.scheduler_output import NewRequestData, SchedulerOutput
 
     dev = torch.device("cuda")
     state = RequestState(256, 512, 2, dev, history_on_host=True)
@@ -223,8 +249,9 @@ def test_input_batch_is_one_pinned_host_to_device_copy():
     assert all(b.is_pinned() for b in staging.ring.buffers)
     for step in range(5):  # past the ring of 3
         ids = [f"r{i}" for i in range(step, 200, 1 + step % 2)]
-        out = SchedulerOutput(ids, [1 + j % 3 for j in range(len(ids))], [0] * len(ids), [], [],
-                              num_computed_tokens=[0] * len(ids))
+        out = SchedulerOutput(
+            ids, [1 + j % 3 for j in range(len(ids))], [0] * len(ids), [], [], num_computed_tokens=[0] * len(ids)
+        )
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             batch = build_input_batch(out, state, dev, staging)
             torch.cuda.synchronize()

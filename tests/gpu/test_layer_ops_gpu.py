@@ -21,17 +21,16 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
-from framework.kernels.layer_ops import (  # noqa: E402
-    qk_norm_rope_store,
-    qk_norm_rope_store_reference,
+from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants  # noqa: E402
+from framework.layers.attention.qk_norm_rope import qk_norm_rope_store, qk_norm_rope_store_reference  # noqa: E402
+from framework.layers.kernels.layer_ops import (  # noqa: E402
     rms_norm,
     rms_norm_reference,
     silu_and_mul,
     silu_and_mul_reference,
 )
-from framework.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton  # noqa: E402
-from framework.kernels.triton_qk_norm_rope import ONE_HEAD_TOKENS, qk_norm_rope_store_triton  # noqa: E402
-from framework.triton_compiles import compiled_variants, new_variants  # noqa: E402
+from framework.layers.kernels.triton_norm_silu import rms_norm_triton, silu_and_mul_triton  # noqa: E402
+from framework.layers.kernels.triton_qk_norm_rope import ONE_HEAD_TOKENS, qk_norm_rope_store_triton  # noqa: E402
 
 DEVICE = "cuda"
 DTYPE = torch.bfloat16
@@ -73,8 +72,9 @@ class QKInputs:
         slots = torch.randperm(NUM_BLOCKS * BLOCK_SIZE, generator=g)[:num_kv_tokens]
         slots[3::7] = -1  # padding tokens
         self.kv_slots = slots.to(DEVICE)
-        self.cache = torch.full((2, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM), float("nan"), dtype=DTYPE,
-                                device=DEVICE)
+        self.cache = torch.full(
+            (2, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM), float("nan"), dtype=DTYPE, device=DEVICE
+        )
 
     def args(self, with_norm: bool) -> tuple:
         weights = (self.q_weight, self.k_weight) if with_norm else (None, None)
@@ -93,8 +93,9 @@ def test_rms_norm(num_rows, with_residual):
     if with_residual:
         assert summed is not None and torch.equal(summed, ref_summed)
     q_heads = _randn(num_rows * HEADS, HEAD_DIM, seed=3)  # the per-head q norm of the unmerged path
-    _assert_ulp_close(rms_norm_triton(q_heads, weight[:HEAD_DIM], EPS)[0],
-                      rms_norm_reference(q_heads, weight[:HEAD_DIM], EPS)[0])
+    _assert_ulp_close(
+        rms_norm_triton(q_heads, weight[:HEAD_DIM], EPS)[0], rms_norm_reference(q_heads, weight[:HEAD_DIM], EPS)[0]
+    )
 
 
 @pytest.mark.parametrize("num_rows", [1, 256])
@@ -147,8 +148,14 @@ def test_one_compiled_variant_across_batch_sizes():
     run(1)
     run(ONE_HEAD_TOKENS + 1)
     before = compiled_variants()
-    assert all(before.get(f"framework.kernels.{m}.{k}", 0) >= 1 for m, k in (
-        ("triton_norm_silu", KERNELS[0]), ("triton_norm_silu", KERNELS[1]), ("triton_qk_norm_rope", KERNELS[2])))
+    assert all(
+        before.get(f"framework.layers.kernels.{m}.{k}", 0) >= 1
+        for m, k in (
+            ("triton_norm_silu", KERNELS[0]),
+            ("triton_norm_silu", KERNELS[1]),
+            ("triton_qk_norm_rope", KERNELS[2]),
+        )
+    )
     for num_tokens in (2, 3, 16, 17, 64, 255, 256, 512):
         run(num_tokens)
     torch.cuda.synchronize()

@@ -5,20 +5,22 @@ Run on the GPU machine: `python -m pytest -q tests/gpu/test_mamba_gpu.py`.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-
 from sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def test_scan_and_conv_kernels_at_real_shapes():
-    from framework.kernels.causal_conv1d import causal_conv1d_varlen_reference, causal_conv1d_varlen_triton
-    from framework.kernels.selective_scan import (
-        ScanInputs, ScanWeights, selective_scan_varlen_reference, selective_scan_varlen_triton,
-        selective_state_update_reference, selective_state_update_triton,
+    from framework.layers.kernels.causal_conv1d import causal_conv1d_varlen_reference, causal_conv1d_varlen_triton
+    from framework.layers.kernels.selective_scan import (
+        ScanInputs,
+        ScanWeights,
+        selective_scan_varlen_reference,
+        selective_scan_varlen_triton,
+        selective_state_update_reference,
+        selective_state_update_triton,
     )
 
     dim, nstate, k = 2048, 16, 4
@@ -39,15 +41,23 @@ def test_scan_and_conv_kernels_at_real_shapes():
     torch.testing.assert_close(s_tri, s_ref, atol=2e-3, rtol=2e-3)
     one = ScanInputs(*(v[:rows] for v in inp))
     s_ref, s_tri = s0.clone(), s0.clone()
-    torch.testing.assert_close(selective_state_update_triton(one, w, s_tri, idx),
-                               selective_state_update_reference(one, w, s_ref, idx), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        selective_state_update_triton(one, w, s_tri, idx),
+        selective_state_update_reference(one, w, s_ref, idx),
+        atol=1e-4,
+        rtol=1e-4,
+    )
     torch.testing.assert_close(s_tri, s_ref, atol=1e-4, rtol=1e-4)
     x = r(t, dim).bfloat16()
     weight, bias = r(dim, k), r(dim)
     c0 = r(12, dim, k - 1).bfloat16()
     c_ref, c_tri = c0.clone(), c0.clone()
-    torch.testing.assert_close(causal_conv1d_varlen_triton(x, weight, bias, c_tri, idx, qsl),
-                               causal_conv1d_varlen_reference(x, weight, bias, c_ref, idx, qsl), atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        causal_conv1d_varlen_triton(x, weight, bias, c_tri, idx, qsl),
+        causal_conv1d_varlen_reference(x, weight, bias, c_ref, idx, qsl),
+        atol=3e-2,
+        rtol=2e-2,
+    )
     assert torch.equal(c_tri, c_ref)
 
 
@@ -66,18 +76,30 @@ def test_hybrid_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
     hf.save_pretrained(tmp_path, safe_serialization=True)
     hf = hf.to("cuda", torch.float32).eval()
     prompts = random_prompts(6, 5, 60, seed=3)
-    llm = LLM(str(tmp_path), device="cuda", dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3,
-              max_num_batched_tokens=48)  # chunked prefill too
+    llm = LLM(
+        str(tmp_path),
+        device="cuda",
+        dtype=dtype,
+        max_model_len=128,
+        gpu_memory_utilization=0.3,
+        max_num_batched_tokens=48,
+    )  # chunked prefill too
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         ids = torch.tensor([prompt], device="cuda")
         if dtype == "float32":
-            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
-                              eos_token_id=None, pad_token_id=None)[0, len(prompt):].tolist()
+            ref = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=24,
+                eos_token_id=None,
+                pad_token_id=None,
+            )[0, len(prompt) :].tolist()
             assert out.token_ids == ref
             continue
         with torch.no_grad():
-            logits = hf(torch.tensor([prompt + out.token_ids], device="cuda")).logits[0, len(prompt) - 1:-1].float()
+            logits = hf(torch.tensor([prompt + out.token_ids], device="cuda")).logits[0, len(prompt) - 1 : -1].float()
         chosen = logits.gather(1, torch.tensor(out.token_ids, device="cuda")[:, None])[:, 0]
         assert (logits.max(1).values - chosen).max().item() < 0.3
 
@@ -88,8 +110,11 @@ def test_hybrid_step_path_has_no_host_sync():
     llm = LLM("jamba-tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False)
     engine = llm.engine
     for i in range(8):
-        engine.add_request(f"r{i}", list(range(10 + 3 * i)),
-                           SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, ignore_eos=True))
+        engine.add_request(
+            f"r{i}",
+            list(range(10 + 3 * i)),
+            SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, ignore_eos=True),
+        )
     for _ in range(2):  # warm-up (a prefill step, then a decode step): compilation and first allocations may sync
         engine.step()
     for _ in range(5):
@@ -98,11 +123,14 @@ def test_hybrid_step_path_has_no_host_sync():
 
 def test_snapshot_kernels_at_real_shapes():
     """Snapshots inside long rows (prefix caching): Triton stores the same states as the references."""
-    from framework.kernels.causal_conv1d import causal_conv1d_varlen_reference, causal_conv1d_varlen_triton
-    from framework.kernels.selective_scan import (
-        ScanInputs, ScanWeights, selective_scan_varlen_reference, selective_scan_varlen_triton,
+    from framework.layers.kernels.causal_conv1d import causal_conv1d_varlen_reference, causal_conv1d_varlen_triton
+    from framework.layers.kernels.selective_scan import (
+        ScanInputs,
+        ScanWeights,
+        selective_scan_varlen_reference,
+        selective_scan_varlen_triton,
     )
-    from framework.kernels.state_snapshots import build_snapshot_targets
+    from framework.layers.kernels.state_snapshots import build_snapshot_targets
 
     dim, nstate, k, bs = 2048, 16, 4, 16
     lens = [300, 1, 77, 513]
@@ -113,10 +141,14 @@ def test_snapshot_kernels_at_real_shapes():
     qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
     idx = torch.tensor([5, 0, 9, 3], dtype=torch.int32, device=dev)
     computed = [7, 15, 0, 32]  # tokens each row computed before: snapshots at every block end it reaches
-    entries = [(row, end - computed[row]) for row, q in enumerate(lens)
-               for end in range(bs * (computed[row] // bs + (computed[row] % bs > 0)), computed[row] + q + 1, bs)]
-    targets = build_snapshot_targets([e[0] for e in entries], [e[1] for e in entries], list(range(len(entries))),
-                                     len(lens), torch.device(dev))
+    entries = [
+        (row, end - computed[row])
+        for row, q in enumerate(lens)
+        for end in range(bs * (computed[row] // bs + (computed[row] % bs > 0)), computed[row] + q + 1, bs)
+    ]
+    targets = build_snapshot_targets(
+        [e[0] for e in entries], [e[1] for e in entries], list(range(len(entries))), len(lens), torch.device(dev)
+    )
     assert any(e[1] == 0 for e in entries) and len(entries) > 40
     inp = ScanInputs(x=r(t, dim), dt=r(t, dim), B=r(t, nstate), C=r(t, nstate), z=r(t, dim))
     w = ScanWeights(A=-torch.rand(dim, nstate, device=dev, generator=g), D=r(dim), dt_bias=r(dim))
@@ -146,14 +178,28 @@ def test_hybrid_prefix_caching_same_tokens_on_gpu(tmp_path, runner):
     build_hf_model(JAMBA).save_pretrained(tmp_path, safe_serialization=True)
     rng = random.Random(0)
     system = [rng.randrange(250) for _ in range(200)]  # + suffix + output < 256 positions
-    prompts = [system[:cut] + [rng.randrange(250) for _ in range(rng.randint(0, 20))]
-               for cut in (5, 16, 49, 200, 200) for _ in range(3)]
-    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=32, ignore_eos=True)
-              for i in range(len(prompts))]
+    prompts = [
+        system[:cut] + [rng.randrange(250) for _ in range(rng.randint(0, 20))]
+        for cut in (5, 16, 49, 200, 200)
+        for _ in range(3)
+    ]
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=32, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     outs, cached = {}, {}
     for caching in (False, True):
-        llm = LLM(str(tmp_path), device="cuda", dtype="float32", runner=runner, block_size=16, max_model_len=256,
-                  gpu_memory_utilization=0.3, enable_prefix_caching=caching, max_num_batched_tokens=256)
+        llm = LLM(
+            str(tmp_path),
+            device="cuda",
+            dtype="float32",
+            runner=runner,
+            block_size=16,
+            max_model_len=256,
+            gpu_memory_utilization=0.3,
+            enable_prefix_caching=caching,
+            max_num_batched_tokens=256,
+        )
         first = llm.generate(prompts, params, use_tqdm=False)
         second = llm.generate(prompts, params, use_tqdm=False)
         outs[caching] = [o.token_ids for o in first + second]
@@ -167,8 +213,9 @@ def test_hybrid_prefix_caching_same_tokens_on_gpu(tmp_path, runner):
 def test_hybrid_step_path_with_snapshots_and_hits_has_no_host_sync():
     from framework import LLM, SamplingParams
 
-    llm = LLM("jamba-tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False,
-              block_size=16)
+    llm = LLM(
+        "jamba-tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False, block_size=16
+    )
     engine = llm.engine
     params = SamplingParams(temperature=0.8, max_tokens=40, ignore_eos=True)
     # Round 0 runs the same steps unchecked: the first restore from a snapshot, the first snapshot copy and the
@@ -197,17 +244,33 @@ def test_hybrid_graph_replay_equals_eager_on_gpu(scenario):
     tokens, every real slot's conv and SSM state and the snapshot pools close after every step, with requests
     joining and leaving, padding rows, and either preemption (with snapshots copied from the slots around
     replays) or ngram drafts with prefix-cache hits."""
-    from graph_lockstep import (check_exercised, hybrid_scenarios, lockstep, record_preemptions, record_replays,
-                                record_snapshot_copies, workload)
+    from graph_lockstep import (
+        check_exercised,
+        hybrid_scenarios,
+        lockstep,
+        record_preemptions,
+        record_replays,
+        record_snapshot_copies,
+        workload,
+    )
 
     from framework import LLM
 
-    kwargs = {"dtype": "float32", "seed": 0, "max_num_seqs": 6, "max_model_len": 64, "gpu_memory_utilization": 0.3,
-              **hybrid_scenarios(16)[scenario]}
+    kwargs = {
+        "dtype": "float32",
+        "seed": 0,
+        "max_num_seqs": 6,
+        "max_model_len": 64,
+        "gpu_memory_utilization": 0.3,
+        **hybrid_scenarios(16)[scenario],
+    }
     eager = LLM("jamba-tiny", device="cuda", cuda_graphs=False, **kwargs)
     graphed = LLM("jamba-tiny", device="cuda", cuda_graphs=True, **kwargs)
-    replays, snapshots, preempted = (record_replays(graphed), record_snapshot_copies(graphed),
-                                     record_preemptions(graphed))
+    replays, snapshots, preempted = (
+        record_replays(graphed),
+        record_snapshot_copies(graphed),
+        record_preemptions(graphed),
+    )
     tokens = lockstep(eager, graphed, workload(scenario, block_size=16), rtol=1e-4, atol=1e-5)
     check_exercised(scenario, eager, graphed, tokens, replays, snapshots, preempted, tail_snapshots=False)
     if scenario == "preempt":  # prefix caching is on by default: blocks published a step late, copied from slots
@@ -220,14 +283,26 @@ def test_hybrid_graph_steps_with_drafts_have_no_host_sync():
 
     from framework import LLM, SamplingParams
 
-    llm = LLM("jamba-tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False,
-              max_num_seqs=8, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                                  "prompt_lookup_min": 1, "prompt_lookup_max": 2})
+    llm = LLM(
+        "jamba-tiny",
+        device="cuda",
+        dtype="bfloat16",
+        gpu_memory_utilization=0.3,
+        async_scheduling=False,
+        max_num_seqs=8,
+        speculative_config={
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 2,
+        },
+    )
     engine = llm.engine
     replays = record_replays(llm)
     for i in range(5):  # 5 rows: padded to the graph of 8
-        engine.add_request(f"r{i}", [7, 8, 9, 10] * 4 + [i], SamplingParams(temperature=0.8, max_tokens=64,
-                                                                          ignore_eos=True))
+        engine.add_request(
+            f"r{i}", [7, 8, 9, 10] * 4 + [i], SamplingParams(temperature=0.8, max_tokens=64, ignore_eos=True)
+        )
     for _ in range(4):  # warm-up: prefill, then decode and verification steps (first kernel loads may sync)
         engine.step()
     checked = len(replays)

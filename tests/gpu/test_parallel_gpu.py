@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from sync_check import step_without_host_sync
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                reason="needs 2 CUDA devices")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
+)
 
 
 ENGINE = dict(device="cuda", dtype="float32", max_model_len=128, gpu_memory_utilization=0.3)
@@ -38,8 +38,11 @@ def _generate(path: Path, **kwargs) -> tuple[list[list[int]], bool]:  # type: ig
     llm = LLM(str(path), **ENGINE, **kwargs)
     try:
         graphs = llm.engine.runner.cuda_graphs is not None
-        outs = llm.generate(random_prompts(12, 5, 60, seed=3),
-                            SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+        outs = llm.generate(
+            random_prompts(12, 5, 60, seed=3),
+            SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+            use_tqdm=False,
+        )
         return [o.token_ids for o in outs], graphs
     finally:
         llm.shutdown()
@@ -69,13 +72,22 @@ def test_pipeline_parallel_2_matches_one_gpu(qwen3: Path, one_gpu: list[list[int
 def test_tensor_parallel_step_path_has_no_host_sync() -> None:
     from framework import LLM, SamplingParams
 
-    llm = LLM("tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False,
-              tensor_parallel_size=2)
+    llm = LLM(
+        "tiny",
+        device="cuda",
+        dtype="bfloat16",
+        gpu_memory_utilization=0.3,
+        async_scheduling=False,
+        tensor_parallel_size=2,
+    )
     try:
         engine = llm.engine
         for i in range(8):
-            engine.add_request(f"r{i}", list(range(10 + 3 * i)),
-                               SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, ignore_eos=True))
+            engine.add_request(
+                f"r{i}",
+                list(range(10 + 3 * i)),
+                SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=16, ignore_eos=True),
+            )
         engine.step()  # warm-up: compilation and first allocations may sync
         for _ in range(5):
             step_without_host_sync(engine)

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (framework/kernels/pdl.py) on a Hopper GPU, at the Qwen3-0.6B geometry in bf16.
+"""Programmatic dependent launch (framework/layers/kernels/pdl.py) on a Hopper GPU, at the Qwen3-0.6B geometry in bf16.
 
 Claims:
 - each PDL kernel (the GEMV of every projection and the LM head, the dot kernel at 4 rows, q/k norm + RoPE + KV
@@ -26,12 +26,12 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
-from framework.attention.metadata import AttentionMetadata  # noqa: E402
-from framework.attention.triton_paged_attention import paged_attention  # noqa: E402
-from framework.kernels.pdl import pdl_supported, pdl_unsupported_reason  # noqa: E402
-from framework.kernels.triton_gemv import gemv_tiles, gemv_triton  # noqa: E402
-from framework.kernels.triton_norm_silu import rms_norm_triton  # noqa: E402
-from framework.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton  # noqa: E402
+from framework.layers.attention.metadata import AttentionMetadata  # noqa: E402
+from framework.layers.attention.triton_paged_attention import paged_attention  # noqa: E402
+from framework.layers.kernels.pdl import pdl_supported, pdl_unsupported_reason  # noqa: E402
+from framework.layers.kernels.triton_gemv import gemv_tiles, gemv_triton  # noqa: E402
+from framework.layers.kernels.triton_norm_silu import rms_norm_triton  # noqa: E402
+from framework.layers.kernels.triton_qk_norm_rope import qk_norm_rope_store_triton  # noqa: E402
 
 DEVICE, DTYPE, EPS = torch.device("cuda"), torch.bfloat16, 1e-6
 if not pdl_supported(DEVICE):
@@ -51,11 +51,16 @@ def _meta(rows: int = 1) -> AttentionMetadata:
     blocks = -(-SEQ_LEN // PAGE)
     perm = torch.randperm(NUM_BLOCKS, generator=torch.Generator().manual_seed(0))[: rows * blocks]
     return AttentionMetadata(
-        num_tokens=rows, num_rows=rows, query_start_loc=torch.arange(rows + 1, dtype=torch.int32, device=DEVICE),
+        num_tokens=rows,
+        num_rows=rows,
+        query_start_loc=torch.arange(rows + 1, dtype=torch.int32, device=DEVICE),
         seq_lens=torch.full((rows,), SEQ_LEN, dtype=torch.int32, device=DEVICE),
         block_tables=perm.view(rows, blocks).to(DEVICE, torch.int32),
         kv_slot_mapping=(perm.view(rows, blocks)[:, -1] * PAGE + (SEQ_LEN - 1) % PAGE).to(DEVICE),
-        block_size=PAGE, max_query_len=1, max_seq_len=SEQ_LEN)
+        block_size=PAGE,
+        max_query_len=1,
+        max_seq_len=SEQ_LEN,
+    )
 
 
 def _same_both_ways(run: Callable[[bool], Any]) -> None:
@@ -67,17 +72,25 @@ def _same_both_ways(run: Callable[[bool], Any]) -> None:
         assert (a is None and b is None) or torch.equal(a, b)
 
 
-@pytest.mark.parametrize("projection,n,k,variant", [
-    ("qkv", QKV, HIDDEN, "add_norm"), ("o_proj", HIDDEN, HEADS * HEAD_DIM, "plain"),
-    ("gate_up", INTER, HIDDEN, "silu"), ("down", HIDDEN, INTER, "plain"), ("lm_head", VOCAB, HIDDEN, "logits")])
+@pytest.mark.parametrize(
+    "projection,n,k,variant",
+    [
+        ("qkv", QKV, HIDDEN, "add_norm"),
+        ("o_proj", HIDDEN, HEADS * HEAD_DIM, "plain"),
+        ("gate_up", INTER, HIDDEN, "silu"),
+        ("down", HIDDEN, INTER, "plain"),
+        ("lm_head", VOCAB, HIDDEN, "logits"),
+    ],
+)
 @pytest.mark.parametrize("m", [1, 4])  # 1: the GEMV (its weight tile before the wait); 4: the dot kernel
 def test_gemv_with_pdl_equals_without(projection: str, n: int, k: int, variant: str, m: int) -> None:
     silu = variant == "silu"
     x, weight = _randn(m, k, seed=1, std=2.0), _randn(2 * n if silu else n, k, seed=2, std=k**-0.5)
     kwargs: dict[str, Any] = {"out_dtype": torch.float32} if variant == "logits" else {}
     if variant in ("add_norm", "silu"):
-        kwargs.update(norm_weight=_randn(k, seed=3, std=0.2, shift=1.0), eps=EPS, residual=_randn(m, k, seed=4),
-                      silu_mul=silu)
+        kwargs.update(
+            norm_weight=_randn(k, seed=3, std=0.2, shift=1.0), eps=EPS, residual=_randn(m, k, seed=4), silu_mul=silu
+        )
     assert gemv_tiles(m, n, k, 2, silu_mul=silu).dot == (m > 1)
     _same_both_ways(lambda pdl: gemv_triton(x, weight, **kwargs, pdl=pdl))
 
@@ -89,8 +102,9 @@ def test_qk_norm_rope_store_attention_and_norm_with_pdl_equal_without() -> None:
 
     def rope(pdl: bool):  # type: ignore[no-untyped-def]
         own = cache.clone()
-        q = qk_norm_rope_store_triton(qkv, cos, sin, qn, kn, EPS, HEADS, KV_HEADS, HEAD_DIM, own,
-                                      meta.kv_slot_mapping, pdl=pdl)
+        q = qk_norm_rope_store_triton(
+            qkv, cos, sin, qn, kn, EPS, HEADS, KV_HEADS, HEAD_DIM, own, meta.kv_slot_mapping, pdl=pdl
+        )
         return q, own
 
     _same_both_ways(rope)
@@ -109,13 +123,17 @@ class _Chain:
     def __init__(self, layers: int) -> None:
         def layer(seed: int) -> dict[str, torch.Tensor]:
             gain = dict(std=0.2, shift=1.0)
-            return dict(qkv=_randn(QKV, HIDDEN, seed=seed, std=HIDDEN**-0.5),
-                        o=_randn(HIDDEN, HEADS * HEAD_DIM, seed=seed + 1, std=(HEADS * HEAD_DIM)**-0.5),
-                        gate_up=_randn(2 * INTER, HIDDEN, seed=seed + 2, std=HIDDEN**-0.5),
-                        down=_randn(HIDDEN, INTER, seed=seed + 3, std=INTER**-0.5),
-                        g1=_randn(HIDDEN, seed=seed + 4, **gain), g2=_randn(HIDDEN, seed=seed + 5, **gain),
-                        qn=_randn(HEAD_DIM, seed=seed + 6, **gain), kn=_randn(HEAD_DIM, seed=seed + 7, **gain),
-                        cache=_randn(2, NUM_BLOCKS, PAGE, KV_HEADS, HEAD_DIM, seed=seed + 8))
+            return dict(
+                qkv=_randn(QKV, HIDDEN, seed=seed, std=HIDDEN**-0.5),
+                o=_randn(HIDDEN, HEADS * HEAD_DIM, seed=seed + 1, std=(HEADS * HEAD_DIM) ** -0.5),
+                gate_up=_randn(2 * INTER, HIDDEN, seed=seed + 2, std=HIDDEN**-0.5),
+                down=_randn(HIDDEN, INTER, seed=seed + 3, std=INTER**-0.5),
+                g1=_randn(HIDDEN, seed=seed + 4, **gain),
+                g2=_randn(HIDDEN, seed=seed + 5, **gain),
+                qn=_randn(HEAD_DIM, seed=seed + 6, **gain),
+                kn=_randn(HEAD_DIM, seed=seed + 7, **gain),
+                cache=_randn(2, NUM_BLOCKS, PAGE, KV_HEADS, HEAD_DIM, seed=seed + 8),
+            )
 
         self.layers = [layer(100 + 10 * i) for i in range(layers)]
         self.norm, self.lm_head = _randn(HIDDEN, seed=7, shift=1.0), _randn(VOCAB, HIDDEN, seed=8, std=HIDDEN**-0.5)
@@ -132,12 +150,25 @@ class _Chain:
         x, residual = self.x, self.residual
         for w in self.layers:  # small_batch_layer's kernels, in its order
             qkv, residual = gemv_triton(x, w["qkv"], norm_weight=w["g1"], eps=EPS, residual=residual, pdl=pdl)
-            q = qk_norm_rope_store_triton(qkv, self.cos, self.sin, w["qn"], w["kn"], EPS, HEADS, KV_HEADS, HEAD_DIM,
-                                          w["cache"], self.meta.kv_slot_mapping, pdl=pdl)
+            q = qk_norm_rope_store_triton(
+                qkv,
+                self.cos,
+                self.sin,
+                w["qn"],
+                w["kn"],
+                EPS,
+                HEADS,
+                KV_HEADS,
+                HEAD_DIM,
+                w["cache"],
+                self.meta.kv_slot_mapping,
+                pdl=pdl,
+            )
             attn = paged_attention(q, w["cache"], self.meta, HEAD_DIM**-0.5, num_splits=4, pdl=pdl)
             h = gemv_triton(attn.view(1, HEADS * HEAD_DIM), w["o"], pdl=pdl)[0]
-            act, residual = gemv_triton(h, w["gate_up"], norm_weight=w["g2"], eps=EPS, residual=residual,
-                                        silu_mul=True, pdl=pdl)
+            act, residual = gemv_triton(
+                h, w["gate_up"], norm_weight=w["g2"], eps=EPS, residual=residual, silu_mul=True, pdl=pdl
+            )
             x = gemv_triton(act, w["down"], pdl=pdl)[0]
         hidden, stream = rms_norm_triton(x, self.norm, EPS, residual, pdl=pdl)
         return gemv_triton(hidden, self.lm_head, out_dtype=torch.float32, pdl=pdl)[0], stream
@@ -176,9 +207,19 @@ def test_engine_tokens_are_the_same_with_programmatic_launch_on_and_off() -> Non
     params = [SamplingParams(temperature=0.0, max_tokens=12 + 6 * i, ignore_eos=True) for i in range(3)]
     tokens = {}
     for mode in ("off", "on"):
-        llm = LLM("qwen3-0.6b", device="cuda", dtype="bfloat16", max_model_len=256, max_num_seqs=4, seed=0,
-                  gpu_memory_utilization=0.3, small_batch_kernels="on", small_batch_max_tokens=4,
-                  programmatic_launch=mode, full_step_cuda_graphs=True)
+        llm = LLM(
+            "qwen3-0.6b",
+            device="cuda",
+            dtype="bfloat16",
+            max_model_len=256,
+            max_num_seqs=4,
+            seed=0,
+            gpu_memory_utilization=0.3,
+            small_batch_kernels="on",
+            small_batch_max_tokens=4,
+            programmatic_launch=mode,
+            full_step_cuda_graphs=True,
+        )
         model = llm.engine.runner.model
         assert model.model.layers[0].programmatic_launch == (mode == "on") == model.programmatic_launch
         tokens[mode] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]

@@ -1,4 +1,4 @@
-"""The prefill attention kernel (framework/attention/triton_prefill_attention.py) at real shapes, on a CUDA GPU.
+"""The prefill attention kernel (framework/layers/attention/triton_prefill_attention.py) at real shapes, on a CUDA GPU.
 
 Qwen3-0.6B geometry (16 query heads, 8 KV heads, head_dim 128, bfloat16, 16-token pages): the prefix_bench
 prefill batches (four ~2,040-token prompts, a prompt continued after a 32-token chunk, decode rows beside),
@@ -24,9 +24,9 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
-from framework.attention import triton_paged_attention as tpa  # noqa: E402
-from framework.attention import triton_prefill_attention as tfa  # noqa: E402
-from framework.attention.paged import paged_attention_reference, store_kv_reference  # noqa: E402
+from framework.layers.attention import triton_paged_attention as tpa  # noqa: E402
+from framework.layers.attention import triton_prefill_attention as tfa  # noqa: E402
+from framework.layers.attention.paged import paged_attention_reference, store_kv_reference  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared case builder
 from attention_cases import make_paged_case  # noqa: E402
@@ -54,8 +54,9 @@ ROWS = {
 
 def _check(rows, variant=None, *, dtype=torch.bfloat16, block_size=16, switch=False, seed=0, **shape):
     shape = {**QWEN3, **shape}
-    case = make_paged_case(rows, block_size=block_size, dtype=dtype, device="cuda", num_pad_tokens=5, seed=seed,
-                           poison=True, **shape)
+    case = make_paged_case(
+        rows, block_size=block_size, dtype=dtype, device="cuda", num_pad_tokens=5, seed=seed, poison=True, **shape
+    )
     store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
     scale = 1 / math.sqrt(shape["head_dim"])
     n = case.num_real_tokens
@@ -78,9 +79,17 @@ def test_variants_at_prefix_bench_shapes(rows, variant):
     _check(ROWS[rows], VARIANTS[variant], seed=len(rows))
 
 
-@pytest.mark.parametrize("tiles", ["block_n=64", "block_n=64,num_stages=4", "block_m=64,num_warps=4",
-                                   "block_m=64,block_n=64,num_warps=4,num_stages=4", "num_stages=2",
-                                   "block_n=64,loop_stages=5"])
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        "block_n=64",
+        "block_n=64,num_stages=4",
+        "block_m=64,num_warps=4",
+        "block_m=64,block_n=64,num_warps=4,num_stages=4",
+        "num_stages=2",
+        "block_n=64,loop_stages=5",
+    ],
+)
 def test_tiles(tiles):
     _check(ROWS["prefix_bench_continued"], tfa.PrefillVariant.parse(tiles))
 
@@ -95,11 +104,14 @@ def test_paged_attention_routes_large_rows_here():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", [
-    dict(num_heads=8, num_kv_heads=8, head_dim=64),  # MHA, head_dim 64
-    dict(num_heads=28, num_kv_heads=4, head_dim=128),  # group of 7 (Qwen2-7B)
-    dict(num_heads=32, num_kv_heads=8, head_dim=128),  # group of 4 (Llama-3-8B)
-])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(num_heads=8, num_kv_heads=8, head_dim=64),  # MHA, head_dim 64
+        dict(num_heads=28, num_kv_heads=4, head_dim=128),  # group of 7 (Qwen2-7B)
+        dict(num_heads=32, num_kv_heads=8, head_dim=128),  # group of 4 (Llama-3-8B)
+    ],
+)
 def test_other_geometries(dtype, shape):
     _check([(2000, 1), (10, 40), (500, 300), (0, 640)], dtype=dtype, **shape)
 
@@ -111,8 +123,9 @@ def test_block_sizes(block_size):
 
 def test_cuda_graph_replay():
     """Captured once, replayed on new query values: same output as an eager call (the engine's graphs)."""
-    case = make_paged_case(ROWS["unaligned_mixed"], block_size=16, dtype=torch.bfloat16, device="cuda",
-                           poison=False, **QWEN3)
+    case = make_paged_case(
+        ROWS["unaligned_mixed"], block_size=16, dtype=torch.bfloat16, device="cuda", poison=False, **QWEN3
+    )
     out = torch.zeros_like(case.query)
     run = lambda: tfa.prefill_attention(case.query, case.kv_cache, case.meta, 0.088, out)  # noqa: E731
     run()

@@ -1,4 +1,4 @@
-"""Prefill graph pieces (runner.prefill_cuda_graphs, framework/prefill_graphs.py) on a GPU, real CUDA graphs.
+"""Prefill graph pieces (runner.prefill_cuda_graphs, framework/runner/graphs/prefill_graphs.py) on a GPU, real CUDA graphs.
 
 - on == off at the Qwen3-0.6B geometry (random weights, float32 so that the padded GEMMs' other shapes cannot
   flip a near-tie): prompts of 20-900 tokens, chunked by a 1,024-token budget, so prompt steps mix chunks with
@@ -14,22 +14,38 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-ENGINE = {"device": "cuda", "dtype": "float32", "max_model_len": 1024, "max_num_seqs": 32, "seed": 0,
-          "max_num_batched_tokens": 1024, "gpu_memory_utilization": 0.3}
+ENGINE = {
+    "device": "cuda",
+    "dtype": "float32",
+    "max_model_len": 1024,
+    "max_num_seqs": 32,
+    "seed": 0,
+    "max_num_batched_tokens": 1024,
+    "gpu_memory_utilization": 0.3,
+}
 
 
 def test_prefill_pieces_equal_eager_at_real_shapes() -> None:
     from framework import LLM, SamplingParams
 
     prompts = [[(7 * i + 13 * j) % 151_000 for j in range(20 + 29 * i)] for i in range(30)]
-    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=6 + i % 7, ignore_eos=True,
-                             logprobs=2 if i % 3 == 0 else None) for i in range(30)]
+    params = [
+        SamplingParams(
+            temperature=0.0 if i % 2 else 0.8,
+            seed=i,
+            max_tokens=6 + i % 7,
+            ignore_eos=True,
+            logprobs=2 if i % 3 == 0 else None,
+        )
+        for i in range(30)
+    ]
     results = {}
     for on in (False, True):
         llm = LLM("qwen3-0.6b", **ENGINE, prefill_cuda_graphs=on)
         outs = llm.generate(prompts, params, use_tqdm=False)
-        results[on] = [(o.token_ids, [{t: (e.logprob, e.rank) for t, e in d.items()} for d in (o.logprobs or [])])
-                       for o in outs]
+        results[on] = [
+            (o.token_ids, [{t: (e.logprob, e.rank) for t, e in d.items()} for d in (o.logprobs or [])]) for o in outs
+        ]
         graphs = llm.engine.runner.graphs.prefill_graphs
         if on:
             assert graphs is not None and graphs.sizes == [512, 1024]
@@ -48,11 +64,12 @@ def test_prefill_pieces_equal_eager_at_real_shapes() -> None:
 @torch.inference_mode()
 def test_bf16_pieces_at_nano_step_size_match_the_eager_forward() -> None:
     from framework import LLM
-    from framework.attention import AttentionMetadata
-    from framework.prefill_graphs import PrefillPieceGraphs
+    from framework.layers.attention import AttentionMetadata
+    from framework.runner.graphs.prefill_graphs import PrefillPieceGraphs
 
-    llm = LLM("qwen3-0.6b", device="cuda", dtype="bfloat16", max_model_len=2048, max_num_seqs=8, seed=0,
-              num_kv_blocks=1024)  # 16K tokens: room for the 8,000 and two copies of the cache
+    llm = LLM(
+        "qwen3-0.6b", device="cuda", dtype="bfloat16", max_model_len=2048, max_num_seqs=8, seed=0, num_kv_blocks=1024
+    )  # 16K tokens: room for the 8,000 and two copies of the cache
     runner = llm.engine.runner
     model, block = runner.model, runner.block_tables.block_size
     lengths = [2000, 2000, 2000, 1000, 1000]  # 8,000 tokens in five rows
@@ -66,11 +83,16 @@ def test_bf16_pieces_at_nano_step_size_match_the_eager_forward() -> None:
         starts.append(starts[-1] + n)
     dev = torch.device("cuda")
     meta = AttentionMetadata(
-        num_tokens=starts[-1], num_rows=len(lengths), query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+        num_tokens=starts[-1],
+        num_rows=len(lengths),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
         seq_lens=torch.tensor(lengths, dtype=torch.int32, device=dev),
         block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-        kv_slot_mapping=torch.tensor(slots, device=dev), block_size=block, max_query_len=max(lengths),
-        max_seq_len=max(lengths))
+        kv_slot_mapping=torch.tensor(slots, device=dev),
+        block_size=block,
+        max_query_len=max(lengths),
+        max_seq_len=max(lengths),
+    )
     ids = torch.randint(0, 151_000, (starts[-1],), generator=torch.Generator().manual_seed(0)).to(dev)
     pos = torch.tensor(positions, device=dev)
     eager_caches = [torch.zeros_like(c) for c in runner.kv_caches]
@@ -87,5 +109,5 @@ def test_bf16_pieces_at_nano_step_size_match_the_eager_forward() -> None:
         a = piece.flatten(1, 2)[:, stored].float()
         b = eager.flatten(1, 2)[:, stored].float()
         assert ((a - b).norm() / b.norm()).item() < 2e-2
-        assert piece.flatten(1, 2)[:, first * block:].abs().sum().item() == 0  # padding stored nothing
+        assert piece.flatten(1, 2)[:, first * block :].abs().sum().item() == 0  # padding stored nothing
     llm.shutdown()

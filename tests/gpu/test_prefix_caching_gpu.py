@@ -11,7 +11,6 @@ import random
 
 import pytest
 import torch
-
 from sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -30,13 +29,23 @@ def test_same_tokens_with_and_without_prefix_caching_on_gpu(runner, block_size):
     from framework import LLM, SamplingParams
 
     prompts = _prompts(block_size)
-    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=32, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=32, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     outs, cached = {}, {}
     for caching in (False, True):
         # fp32: the cached prefix's KV was computed in another batch; fp32 keeps near-ties from flipping.
-        llm = LLM("tiny", device="cuda", dtype="float32", runner=runner, block_size=block_size, max_model_len=512,
-                  gpu_memory_utilization=0.3, enable_prefix_caching=caching)
+        llm = LLM(
+            "tiny",
+            device="cuda",
+            dtype="float32",
+            runner=runner,
+            block_size=block_size,
+            max_model_len=512,
+            gpu_memory_utilization=0.3,
+            enable_prefix_caching=caching,
+        )
         first = llm.generate(prompts, params, use_tqdm=False)  # same-step hits: one batch
         second = llm.generate(prompts, params, use_tqdm=False)  # hits on freed cached blocks
         outs[caching] = [o.token_ids for o in first + second]

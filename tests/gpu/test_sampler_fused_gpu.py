@@ -65,8 +65,8 @@ def _params(seed: int):
 @pytest.mark.parametrize("kind", ["flat", "peaked"])
 def test_fused_matches_the_reference_and_the_unfused_kernels(kind):
     from samplers.fused_sampling import sample_fused_triton
-    from samplers.reference import sample_reference
     from samplers.gumbel import gumbel_sample_triton
+    from samplers.reference import sample_reference
     from samplers.sanitize import sanitize_logits_triton
     from samplers.top_k_top_p import apply_min_p_triton, apply_top_k_top_p_triton
 
@@ -85,8 +85,9 @@ def test_fused_matches_the_reference_and_the_unfused_kernels(kind):
     t = params.temperature[slots]
     greedy = t == 0
     y = x / torch.where(greedy, 1.0, t).unsqueeze(1)
-    y = apply_top_k_top_p_triton(y, torch.where(greedy, 0, params.top_k[slots]),
-                                 torch.where(greedy, 1.0, params.top_p[slots]))
+    y = apply_top_k_top_p_triton(
+        y, torch.where(greedy, 0, params.top_k[slots]), torch.where(greedy, 1.0, params.top_p[slots])
+    )
     y = apply_min_p_triton(y, torch.where(greedy, 0.0, params.min_p[slots]))
     unfused = torch.where(greedy, x.argmax(-1), gumbel_sample_triton(y, params.seed[slots], positions))
     assert int((got.sampled != unfused).sum()) <= 2
@@ -103,8 +104,11 @@ def test_all_gather_rows_match_the_reference(kind):
 
     logits = _logits(kind, 1)
     params = _params(2)
-    gather = ((params.temperature > 0) & (((params.top_k > 0) & (params.top_k < logits.shape[1]))
-                                          | (params.top_p < 1))).nonzero().flatten()
+    gather = (
+        ((params.temperature > 0) & (((params.top_k > 0) & (params.top_k < logits.shape[1])) | (params.top_p < 1)))
+        .nonzero()
+        .flatten()
+    )
     idx = gather[torch.randint(0, len(gather), (ROWS,), device="cuda")].int()
     positions = torch.randint(0, 1 << 20, (ROWS,), device="cuda")
     got = sample_fused_triton(logits, idx, positions, params, all_gather=True)
@@ -117,8 +121,9 @@ def test_all_gather_rows_match_the_reference(kind):
 PLAN_CONFIGS = {
     "g32 nreg64": dict(GROUP=32, CAP=2048, PLAN_MAXNREG=64),
     "g16 resolve w8 tile32": dict(GROUP=16, CAP=1024, RESOLVE_WARPS=8, RESOLVE_TILE=32),
-    "w16 r4 s4 p2048 tile64": dict(PLAN_WARPS=16, PLAN_MAXNREG=None, RESOLVE_WARPS=4, STATS_WARPS=4,
-                                   TARGET_PROGRAMS=2048, RESOLVE_TILE=64),
+    "w16 r4 s4 p2048 tile64": dict(
+        PLAN_WARPS=16, PLAN_MAXNREG=None, RESOLVE_WARPS=4, STATS_WARPS=4, TARGET_PROGRAMS=2048, RESOLVE_TILE=64
+    ),
     "g64": dict(GROUP=64, CAP=4096),
 }
 
@@ -145,13 +150,17 @@ def test_plan_configurations_sample_the_default_tokens(monkeypatch, plan):
 
 
 def test_fused_sampler_does_not_sync_and_is_deterministic():
-    from framework import SamplingParams
     from sampler_cases import Slot, make_sampler
 
-    slots = [Slot(SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i), prompt=[1, 2], seed=i)
-             for i in range(8)]
-    slots += [Slot(SamplingParams(temperature=1.0, top_p=0.95, min_p=0.02, seed=9), prompt=[3], seed=9),
-              Slot(SamplingParams(temperature=0.0), prompt=[4])]
+    from framework import SamplingParams
+
+    slots = [
+        Slot(SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i), prompt=[1, 2], seed=i) for i in range(8)
+    ]
+    slots += [
+        Slot(SamplingParams(temperature=1.0, top_p=0.95, min_p=0.02, seed=9), prompt=[3], seed=9),
+        Slot(SamplingParams(temperature=0.0), prompt=[4]),
+    ]
     sampler, _ = make_sampler(slots, VOCAB, device="cuda")
     logits = _logits("peaked", 3)
     idx = (torch.arange(ROWS, device="cuda") % len(slots)).int()
@@ -180,15 +189,30 @@ def test_chi_square_through_the_fused_path():
 def test_penalties_before_the_fused_passes_equal_the_reference():
     """The Sampler penalises the listed tokens in place (the list-walking kernel), then samples with the fused
     passes: the logits it leaves are the reference's penalised logits, and the tokens are sampled from them."""
-    from framework import SamplingParams
     from sampler_cases import Slot, make_sampler
-    from samplers.fused_sampling import sample_fused_triton
-    from samplers.reference import SlotSamplingParams
-    from samplers.penalties import apply_penalties_reference
 
-    slots = [Slot(SamplingParams(temperature=0.8, top_k=50, top_p=0.9, repetition_penalty=1.2, frequency_penalty=0.3,
-                                 presence_penalty=0.2, seed=i), prompt=list(range(7 * i, 7 * i + 40)), output=[5, 5, 9],
-                  seed=i) for i in range(6)]
+    from framework import SamplingParams
+    from samplers.fused_sampling import sample_fused_triton
+    from samplers.penalties import apply_penalties_reference
+    from samplers.reference import SlotSamplingParams
+
+    slots = [
+        Slot(
+            SamplingParams(
+                temperature=0.8,
+                top_k=50,
+                top_p=0.9,
+                repetition_penalty=1.2,
+                frequency_penalty=0.3,
+                presence_penalty=0.2,
+                seed=i,
+            ),
+            prompt=list(range(7 * i, 7 * i + 40)),
+            output=[5, 5, 9],
+            seed=i,
+        )
+        for i in range(6)
+    ]
     slots += [Slot(SamplingParams(temperature=1.0, top_p=0.95, seed=9), prompt=[3], seed=9)]  # no penalties
     sampler, _ = make_sampler(slots, VOCAB, device="cuda")
     logits = _logits("peaked", 5)
@@ -199,8 +223,9 @@ def test_penalties_before_the_fused_passes_equal_the_reference():
     fused_logits = logits.clone()
     got = sampler(fused_logits, idx, positions, stages)
     pen = sampler.states.penalties
-    want = apply_penalties_reference(logits, idx, pen.repetition, pen.frequency, pen.presence,
-                                     pen.counts.output_counts, pen.counts.prompt_mask)
+    want = apply_penalties_reference(
+        logits, idx, pen.repetition, pen.frequency, pen.presence, pen.counts.output_counts, pen.counts.prompt_mask
+    )
     torch.testing.assert_close(fused_logits.nan_to_num(), want.nan_to_num())
     assert not torch.equal(want.nan_to_num(), logits.nan_to_num())
     t = sampler.states.params.tensors
@@ -219,8 +244,9 @@ def test_bf16_logits_sample_the_tokens_of_their_float32_copy(kind):
     bit for bit the tokens and errors of their `.float()` copy (the same kernels on the same values: no
     tolerance), on every path (default, every row gathering, no plan). Through the Sampler, plain rows (which get
     the bf16 logits) and rows with logprobs (a float32 copy): the same tokens, errors and logprobs."""
-    from framework import SamplingParams
     from sampler_cases import Slot, make_sampler
+
+    from framework import SamplingParams
     from samplers.fused_sampling import sample_fused_triton
 
     logits = _logits(kind, 4).bfloat16()
@@ -234,21 +260,30 @@ def test_bf16_logits_sample_the_tokens_of_their_float32_copy(kind):
     def rows_of(slots: torch.Tensor) -> torch.Tensor:
         return slots[torch.randint(0, len(slots), (ROWS,), device="cuda", generator=g)].int()
 
-    cases = [(rows_of(torch.arange(len(params.seed), device="cuda")), {}),
-             (rows_of(gather), dict(all_gather=True)), (rows_of(direct), dict(need_plan=False))]
+    cases = [
+        (rows_of(torch.arange(len(params.seed), device="cuda")), {}),
+        (rows_of(gather), dict(all_gather=True)),
+        (rows_of(direct), dict(need_plan=False)),
+    ]
     for idx, kwargs in cases:
         got = sample_fused_triton(logits, idx, positions, params, **kwargs)
         want = sample_fused_triton(logits.float(), idx, positions, params, **kwargs)
         assert torch.equal(got.sampled, want.sampled), kwargs
         assert torch.equal(got.errors, want.errors), kwargs
 
-    mixes = [dict(temperature=0.0), dict(temperature=0.8), dict(temperature=1.0, top_k=50),
-             dict(temperature=0.7, top_p=0.9), dict(temperature=1.2, min_p=0.05),
-             dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02)]
+    mixes = [
+        dict(temperature=0.0),
+        dict(temperature=0.8),
+        dict(temperature=1.0, top_k=50),
+        dict(temperature=0.7, top_p=0.9),
+        dict(temperature=1.2, min_p=0.05),
+        dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02),
+    ]
     idx = (torch.arange(ROWS, device="cuda") % len(mixes)).int()
     for logprobs in (None, 5):
-        slots = [Slot(SamplingParams(**mix, seed=i, logprobs=logprobs), prompt=[1, 2], seed=i)
-                 for i, mix in enumerate(mixes)]
+        slots = [
+            Slot(SamplingParams(**mix, seed=i, logprobs=logprobs), prompt=[1, 2], seed=i) for i, mix in enumerate(mixes)
+        ]
         sampler, _ = make_sampler(slots, VOCAB, device="cuda")
         stages = sampler.states.stages_for(np.arange(len(slots)))
         got = sampler(logits.clone(), idx, positions, stages)

@@ -25,18 +25,28 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
-import framework.kernels.small_batch_ops as small_batch_ops  # noqa: E402
-from framework.kernels.small_batch_ops import fused_linear_reference  # noqa: E402
-from framework.kernels.triton_gemv import gemv_triton  # noqa: E402
-from framework.triton_compiles import compiled_variants, new_variants  # noqa: E402
+import framework.layers.kernels.small_batch_ops as small_batch_ops  # noqa: E402
+from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants  # noqa: E402
+from framework.layers.kernels.small_batch_ops import fused_linear_reference  # noqa: E402
+from framework.layers.kernels.triton_gemv import gemv_triton  # noqa: E402
 
 DEVICE, DTYPE, EPS = "cuda", torch.bfloat16, 1e-6
 # geometry -> projection -> (N, K, variant); variant as in tests/test_small_batch_kernels.py
 PROJECTIONS = {
-    "0.6b": {"qkv": (4096, 1024, "add_norm"), "o_proj": (1024, 2048, "plain"), "gate_up": (3072, 1024, "silu"),
-             "down": (1024, 3072, "plain"), "lm_head": (151936, 1024, "logits")},
-    "8b": {"qkv": (6144, 4096, "add_norm"), "o_proj": (4096, 4096, "plain"), "gate_up": (12288, 4096, "silu"),
-           "down": (4096, 12288, "plain"), "lm_head": (151936, 4096, "logits")},
+    "0.6b": {
+        "qkv": (4096, 1024, "add_norm"),
+        "o_proj": (1024, 2048, "plain"),
+        "gate_up": (3072, 1024, "silu"),
+        "down": (1024, 3072, "plain"),
+        "lm_head": (151936, 1024, "logits"),
+    },
+    "8b": {
+        "qkv": (6144, 4096, "add_norm"),
+        "o_proj": (4096, 4096, "plain"),
+        "gate_up": (12288, 4096, "silu"),
+        "down": (4096, 12288, "plain"),
+        "lm_head": (151936, 4096, "logits"),
+    },
 }
 CASES = [(g, p) for g, projections in PROJECTIONS.items() for p in projections]
 
@@ -52,8 +62,12 @@ def _inputs(n: int, k: int, variant: str, m: int) -> tuple[torch.Tensor, torch.T
     weight = _randn(2 * n if silu else n, k, seed=m + 1, std=k**-0.5)
     kwargs: dict[str, Any] = {"out_dtype": torch.float32} if variant == "logits" else {}
     if variant in ("add_norm", "silu"):
-        kwargs.update(norm_weight=_randn(k, seed=m + 2, std=0.2, shift=1.0), eps=EPS,
-                      residual=_randn(m, k, seed=m + 3, std=4.0), silu_mul=silu)
+        kwargs.update(
+            norm_weight=_randn(k, seed=m + 2, std=0.2, shift=1.0),
+            eps=EPS,
+            residual=_randn(m, k, seed=m + 3, std=4.0),
+            silu_mul=silu,
+        )
     return x, weight, kwargs
 
 
@@ -86,8 +100,10 @@ def test_one_compiled_variant_per_row_block() -> None:
     before = compiled_variants()
     for m in range(1, 9):
         gemv_triton(x[:m], weight, **{**kwargs, "residual": kwargs["residual"][:m]})
-    assert new_variants(before, compiled_variants()) == {"framework.kernels.triton_gemv._gemv_kernel": 1,
-                                                         "framework.kernels.triton_gemv_dot._gemv_dot_kernel": 1}
+    assert new_variants(before, compiled_variants()) == {
+        "framework.layers.kernels.triton_gemv._gemv_kernel": 1,
+        "framework.layers.kernels.triton_gemv_dot._gemv_dot_kernel": 1,
+    }
     again = compiled_variants()
     for m in range(1, 9):
         gemv_triton(x[:m], weight, **{**kwargs, "residual": kwargs["residual"][:m]})
@@ -113,13 +129,28 @@ def test_engine_with_small_batch_kernels_matches_hf(tmp_path, monkeypatch: pytes
     refs = []
     for prompt, n in zip(prompts, max_tokens):
         ids = torch.tensor([prompt], device=DEVICE)
-        refs.append(hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                                eos_token_id=None, pad_token_id=None)[0, len(prompt):].tolist())
+        refs.append(
+            hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=n,
+                eos_token_id=None,
+                pad_token_id=None,
+            )[0, len(prompt) :].tolist()
+        )
     matches = {}
     for mode in ("off", "on"):
         rows.clear()
-        llm = LLM(str(tmp_path), device=DEVICE, dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3,
-                  small_batch_kernels=mode, small_batch_max_tokens=8)  # the default is 1: every row count here
+        llm = LLM(
+            str(tmp_path),
+            device=DEVICE,
+            dtype=dtype,
+            max_model_len=128,
+            gpu_memory_utilization=0.3,
+            small_batch_kernels=mode,
+            small_batch_max_tokens=8,
+        )  # the default is 1: every row count here
         assert llm.engine.runner.cuda_graphs is not None
         # the decode graphs at 1, 2, 4 and 8 rows were captured with the GEMVs (and only with the key on)
         assert ({1, 2, 4, 8} <= set(rows)) if mode == "on" else not rows

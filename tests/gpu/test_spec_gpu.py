@@ -6,12 +6,11 @@ Run on the GPU machine: `python -m pytest -q tests/gpu/test_spec_gpu.py`.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
+from sync_check import step_without_host_sync
 
 from speculators.policy import FixedK
-from sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -21,12 +20,16 @@ SEGMENT = [11, 200, 37, 5, 90, 141, 66, 17, 3]
 
 
 def _repetitive_prompts(n: int) -> list[list[int]]:
-    return [(SEGMENT[i % 5:] + SEGMENT) * (2 + i % 3) for i in range(n)]
+    return [(SEGMENT[i % 5 :] + SEGMENT) * (2 + i % 3) for i in range(n)]
 
 
 def test_rejection_kernels_at_real_shapes():
     from speculators.rejection_sampler import (
-        combine_reference, combine_triton, draft_columns, verify_probs_reference, verify_probs_triton,
+        combine_reference,
+        combine_triton,
+        draft_columns,
+        verify_probs_reference,
+        verify_probs_triton,
     )
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -51,8 +54,17 @@ def test_rejection_kernels_at_real_shapes():
     cu_small = torch.arange(9, device="cuda", dtype=torch.int32) * 3
     cols = draft_columns(cu_small, few)
     sampled = torch.randint(0, vocab, (few,), device="cuda", generator=g)
-    args = (logits, sampled, drafts[:8] * 1000, q, exp, cols, torch.ones(few, dtype=torch.bool, device="cuda"),
-            torch.full((few,), 5, device="cuda"), torch.arange(few, device="cuda") + 100)
+    args = (
+        logits,
+        sampled,
+        drafts[:8] * 1000,
+        q,
+        exp,
+        cols,
+        torch.ones(few, dtype=torch.bool, device="cuda"),
+        torch.full((few,), 5, device="cuda"),
+        torch.arange(few, device="cuda") + 100,
+    )
     want_acc, want_cand = verify_probs_reference(*args)
     got_acc, got_cand = verify_probs_triton(*args)
     assert torch.equal(got_acc, want_acc)
@@ -76,17 +88,27 @@ def test_penalty_kernel_counts_drafts_at_real_shapes():
     positions = total_len.long()[expanded.long()] + offset
     drafts = torch.randint(0, vocab, (slots, k), device="cuda", generator=g, dtype=torch.int32)
     drafts[:, 2] = drafts[:, 0]  # repeated tokens among the drafts
-    counts = (torch.randint(0, 3, (slots, vocab), device="cuda", generator=g, dtype=torch.int32)
-              * (torch.rand(slots, vocab, device="cuda", generator=g) < 0.002)).int()
+    counts = (
+        torch.randint(0, 3, (slots, vocab), device="cuda", generator=g, dtype=torch.int32)
+        * (torch.rand(slots, vocab, device="cuda", generator=g) < 0.002)
+    ).int()
     prompt = torch.rand(slots, vocab, device="cuda", generator=g) < 0.002
-    rep, freq, pres = (torch.rand(slots, device="cuda") + 0.5, torch.rand(slots, device="cuda"),
-                       torch.rand(slots, device="cuda") - 0.5)
+    rep, freq, pres = (
+        torch.rand(slots, device="cuda") + 0.5,
+        torch.rand(slots, device="cuda"),
+        torch.rand(slots, device="cuda") - 0.5,
+    )
     logits = torch.randn(len(expanded), vocab, device="cuda", generator=g) * 3
     context = DraftContext(positions, total_len, drafts)
     args = (expanded, rep, freq, pres, counts, prompt)
     want = apply_penalties_reference(logits, *args, context)
-    tables = PenaltyTables(rep, freq, pres, PenaltyCounts(counts, prompt, seen_bits_reference(prompt, counts),
-                                                          *seen_list_reference(prompt, counts, 2048)), context)
+    tables = PenaltyTables(
+        rep,
+        freq,
+        pres,
+        PenaltyCounts(counts, prompt, seen_bits_reference(prompt, counts), *seen_list_reference(prompt, counts, 2048)),
+        context,
+    )
     torch.testing.assert_close(apply_penalties_triton(logits.clone(), expanded, tables), want)
     assert not torch.equal(want, apply_penalties_reference(logits, *args))  # the drafts changed something
 
@@ -108,13 +130,20 @@ def test_ngram_kernel_reads_pinned_host_history():
 def test_decode_step_with_drafts_has_no_host_sync(penalties):
     from framework import LLM, SamplingParams
 
-    llm = LLM("tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False,
-              speculative_config=NGRAM)
+    llm = LLM(
+        "tiny",
+        device="cuda",
+        dtype="bfloat16",
+        gpu_memory_utilization=0.3,
+        async_scheduling=False,
+        speculative_config=NGRAM,
+    )
     engine = llm.engine
     for i, prompt in enumerate(_repetitive_prompts(8)):
         extra = dict(repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1) if penalties and i % 4 else {}
-        params = SamplingParams(temperature=0.8 if i % 2 else 0.0, top_p=0.9, top_k=20, max_tokens=32, ignore_eos=True,
-                                **extra)
+        params = SamplingParams(
+            temperature=0.8 if i % 2 else 0.0, top_p=0.9, top_k=20, max_tokens=32, ignore_eos=True, **extra
+        )
         engine.add_request(f"r{i}", prompt, params)
     engine.step()  # prefill; warm-up: compilation and first allocations may sync
     engine.step()  # first verification step (compiles the rejection kernels)
@@ -140,12 +169,20 @@ def test_cuda_graph_replay_with_drafts_equals_eager(method):
     params = SamplingParams(temperature=0.7, seed=3, max_tokens=40, ignore_eos=True)
     outs, replays = {}, []
     for graphs in (False, True):
-        llm = LLM("tiny", device="cuda", dtype="float32", gpu_memory_utilization=0.3, cuda_graphs=graphs,
-                  speculative_config=spec)
+        llm = LLM(
+            "tiny",
+            device="cuda",
+            dtype="float32",
+            gpu_memory_utilization=0.3,
+            cuda_graphs=graphs,
+            speculative_config=spec,
+        )
         if graphs:
             run = llm.engine.runner.cuda_graphs.run
             llm.engine.runner.cuda_graphs.run = lambda size, ids, pos, meta, **kw: (  # type: ignore[method-assign]
-                replays.append(meta.num_tokens // meta.num_rows), run(size, ids, pos, meta, **kw))[1]
+                replays.append(meta.num_tokens // meta.num_rows),
+                run(size, ids, pos, meta, **kw),
+            )[1]
         outs[graphs] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
     assert outs[True] == outs[False]
@@ -165,8 +202,9 @@ def test_greedy_ngram_equals_no_speculation_on_gpu(tmp_path, penalties):
     outs = {}
     for spec in (None, NGRAM):
         kwargs = {"speculative_config": spec} if spec else {}
-        llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=128, gpu_memory_utilization=0.3,
-                  **kwargs)
+        llm = LLM(
+            str(tmp_path), device="cuda", dtype="float32", max_model_len=128, gpu_memory_utilization=0.3, **kwargs
+        )
         outs[spec is None] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
     assert outs[True] == outs[False]

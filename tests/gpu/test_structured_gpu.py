@@ -23,8 +23,9 @@ def test_bitmask_kernel_at_real_shapes(num_logits: int, num_masked: int) -> None
 
     g = torch.Generator(device="cuda").manual_seed(num_logits)
     logits = torch.randn(num_logits, VOCAB, device="cuda", generator=g)
-    masks = torch.randint(-(2 ** 31), 2 ** 31 - 1, (num_masked, bitmask_words(VOCAB)), device="cuda",
-                          generator=g, dtype=torch.int64).to(torch.int32)
+    masks = torch.randint(
+        -(2**31), 2**31 - 1, (num_masked, bitmask_words(VOCAB)), device="cuda", generator=g, dtype=torch.int64
+    ).to(torch.int32)
     masks[0] = 0
     masks[0, 3] = 1 << 5  # one allowed token: 3 * 32 + 5
     rows = torch.randperm(num_logits, device="cuda", generator=g)[:num_masked].to(torch.int32)
@@ -34,23 +35,35 @@ def test_bitmask_kernel_at_real_shapes(num_logits: int, num_masked: int) -> None
     assert int(torch.isfinite(got[rows[0]]).sum()) == 1 and torch.isfinite(got[rows[0], 101])
 
 
-SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99},
-                                           "tag": {"enum": ["a", "bb", "ccc"]},
-                                           "name": {"type": "string", "maxLength": 6}},
-          "required": ["id", "tag", "name"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tag": {"enum": ["a", "bb", "ccc"]},
+        "name": {"type": "string", "maxLength": 6},
+    },
+    "required": ["id", "tag", "name"],
+    "additionalProperties": False,
+}
 
 
-@pytest.mark.parametrize("speculator", [None, {"method": "ngram", "num_speculative_tokens": 3,
-                                               "prompt_lookup_min": 1, "prompt_lookup_max": 3}],
-                         ids=["none", "ngram"])
+@pytest.mark.parametrize(
+    "speculator",
+    [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}],
+    ids=["none", "ngram"],
+)
 def test_engine_on_the_device(speculator) -> None:
     from framework import LLM, SamplingParams, StructuredOutputsParams
 
     kwargs = {"speculative_config": speculator} if speculator else {}
     llm = LLM("random_tiny", device="cuda", max_num_seqs=64, **kwargs)
     so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
-    params = [SamplingParams(temperature=0.9, seed=s, max_tokens=64, structured_outputs=so if s % 2 else None,
-                             ignore_eos=not s % 2) for s in range(48)]
+    params = [
+        SamplingParams(
+            temperature=0.9, seed=s, max_tokens=64, structured_outputs=so if s % 2 else None, ignore_eos=not s % 2
+        )
+        for s in range(48)
+    ]
     outs = llm.generate([[65 + s % 26, 66, 67] for s in range(48)], params, use_tqdm=False)
     stopped = [o for o, p in zip(outs, params) if p.structured_outputs is not None and o.finish_reason == "stop"]
     assert len(stopped) >= 18
@@ -60,13 +73,16 @@ def test_engine_on_the_device(speculator) -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=48, structured_outputs=so)
     plain = LLM("random_tiny", device="cuda")
     prompts = [[70 + s, 66] for s in range(8)]
-    assert ([o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
-            == [o.token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)])
+    assert [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == [
+        o.token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)
+    ]
 
 
-@pytest.mark.parametrize("speculator", [None, {"method": "ngram", "num_speculative_tokens": 3,
-                                               "prompt_lookup_min": 1, "prompt_lookup_max": 3}],
-                         ids=["none", "ngram"])
+@pytest.mark.parametrize(
+    "speculator",
+    [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}],
+    ids=["none", "ngram"],
+)
 def test_grammar_fill_does_not_wait_for_the_forward(speculator) -> None:
     """Queueing a step with constrained rows (matcher advance, mask fill, drafts read, mask copy) never waits for
     the device work of that step: the previous step's tokens and drafts were copied before it started."""
@@ -75,14 +91,17 @@ def test_grammar_fill_does_not_wait_for_the_forward(speculator) -> None:
     from framework import LLM, SamplingParams, StructuredOutputsParams
 
     kwargs = {"speculative_config": speculator} if speculator else {}
-    llm = LLM("random_tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False,
-              **kwargs)
+    llm = LLM(
+        "random_tiny", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3, async_scheduling=False, **kwargs
+    )
     engine = llm.engine
     so = StructuredOutputsParams(regex="(ab|cd|[0-9]){40}")
     for i in range(8):
-        engine.add_request(f"r{i}", [97, 98, 99, 100] * 3 + [48 + i],
-                           SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True,
-                                          structured_outputs=so if i % 2 else None))
+        engine.add_request(
+            f"r{i}",
+            [97, 98, 99, 100] * 3 + [48 + i],
+            SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, structured_outputs=so if i % 2 else None),
+        )
     engine.step()  # warm-up: compilation and first allocations may sync
     engine.step()
     for _ in range(5):

@@ -6,10 +6,8 @@ Run on the GPU machine: `python -m pytest -q tests/gpu/test_whisper_gpu.py`.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-
 from sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -32,8 +30,17 @@ def test_whisper_greedy_parity_with_hf_eager_and_with_graphs(tmp_path):
     prompts = [{"audio": (a, wm.SAMPLING_RATE)} for a in audio]
     outs, runs = {}, {}
     for graphs in (False, True):
-        llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=40, max_num_seqs=4, block_size=16,
-                  num_kv_blocks=5, cuda_graphs=graphs, gpu_memory_utilization=0.3)
+        llm = LLM(
+            str(tmp_path),
+            device="cuda",
+            dtype="float32",
+            max_model_len=40,
+            max_num_seqs=4,
+            block_size=16,
+            num_kv_blocks=5,
+            cuda_graphs=graphs,
+            gpu_memory_utilization=0.3,
+        )
         if graphs:
             replays, preempted = record_replays(llm), record_preemptions(llm)
         outs[graphs] = [list(o.token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -50,14 +57,23 @@ def test_whisper_greedy_parity_with_hf_eager_and_with_graphs(tmp_path):
 def test_whisper_decode_steps_have_no_host_sync():
     from framework import LLM, SamplingParams
 
-    llm = LLM("whisper-tiny", device="cuda", dtype="bfloat16", max_num_seqs=8, max_model_len=64,
-              max_num_encoder_tokens=8 * 1500, gpu_memory_utilization=0.3, async_scheduling=False)
+    llm = LLM(
+        "whisper-tiny",
+        device="cuda",
+        dtype="bfloat16",
+        max_num_seqs=8,
+        max_model_len=64,
+        max_num_encoder_tokens=8 * 1500,
+        gpu_memory_utilization=0.3,
+        async_scheduling=False,
+    )
     engine = llm.engine
     gen = torch.Generator().manual_seed(0)
     for i in range(8):
         ids, enc = engine.audio.process({"input_features": torch.randn(80, 3000, generator=gen)})
-        engine.add_request(f"r{i}", ids, SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, ignore_eos=True),
-                           encoder_input=enc)
+        engine.add_request(
+            f"r{i}", ids, SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, ignore_eos=True), encoder_input=enc
+        )
     engine.step()  # admission step: the encoder runs and copies the features to the device
     engine.step()
     for _ in range(5):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from framework.staged_writes import StagedWrites
+from framework.batch.staged_writes import StagedWrites
 from model_states.default import DefaultModelState
 
 
@@ -35,8 +35,9 @@ class SteeringModelState(DefaultModelState):
         steering = (request.sampling_params.extra_args or {}).get("steering") or {}
         token_id, scale = steering.get("token_id", 0), float(steering.get("scale", 0.0))
         if not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size:
-            raise ValueError(f"extra_args['steering']['token_id'] must be a token id in [0, {self.vocab_size}), "
-                             f"got {token_id!r}")
+            raise ValueError(
+                f"extra_args['steering']['token_id'] must be a token id in [0, {self.vocab_size}), got {token_id!r}"
+            )
         self.num_steered_requests += scale != 0.0
         # Every field of the slot is written, so a reused slot keeps nothing of its previous owner.
         self._staged[0].stage(req_slot, token_id)

@@ -1,0 +1,472 @@
+"""EngineCore: one step is schedule -> execute_model -> sample_tokens -> update from output."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import traceback
+from typing import Optional
+
+import torch
+
+from framework.config.schema import ConfigError, Mrv2Config
+from framework.engine.audio_inputs import WhisperPromptProcessor, audio_prompt_help
+from framework.engine.output_processor import OutputProcessor
+from framework.engine.parallel_sampling import ParallelSamplingTable, fan_out
+from framework.engine.request import Request, RequestOutput, RequestStatus
+from framework.engine.runner_selection import select_runner
+from framework.engine.scheduler.kv_cache_manager import KVCacheManager
+from framework.engine.scheduler.scheduler import Scheduler
+from framework.models.setup import kv_bytes_per_block, load_model, resolve_device
+from framework.params.encoder_input import EncoderInput
+from framework.params.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
+from framework.params.prefix_cache import PrefixCacheStats
+from framework.params.sampling_params import (
+    InvalidRequestError,
+    SamplingParams,
+    first_invalid_token_index,
+    first_out_of_vocab,
+)
+from framework.params.scheduler_output import SchedulerOutput
+from framework.runner.async_output import ModelRunnerOutput
+from framework.runner.interface import ModelRunner
+from framework.runner.logits_processors import logits_processor_classes
+from framework.runner.model_runner import ModelRunnerV2
+from framework.runner.plugins import SpecDecodeMetrics, build_draft_policy
+from framework.runner.pooling import hidden_size_of
+from framework.runner.v1 import ModelRunnerV1
+from samplers.sampler import ROW_ERROR_MESSAGES
+
+logger = logging.getLogger(__name__)
+
+# A runner failing this many steps in a row is not transient: the engine stops (`EngineDeadError`).
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+
+
+class EngineDeadError(RuntimeError):
+    """The engine stopped after repeated runner failures; every later call raises this. Build a new engine."""
+
+
+class EngineCore:
+    """Owns the scheduler, the KV block pool and the runner; validates requests on the way in."""
+
+    def __init__(self, config: Mrv2Config) -> None:
+        try:
+            self._start(config)
+        except BaseException as err:
+            self.shutdown()  # stop the other ranks of a parallel run
+            # Free what start-up allocated (weights, KV cache) now, even while the caller keeps the exception:
+            # its traceback's frames would otherwise hold them.
+            self.__dict__.clear()
+            traceback.clear_frames(err.__traceback__)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            raise
+
+    def _start(self, config: Mrv2Config) -> None:
+        self.config = config
+        runner_kind = select_runner(config)
+        self.runner: ModelRunner
+        if config.parallel.world_size > 1:  # spawns (or joins under torchrun) the other ranks
+            if runner_kind != "v2":
+                raise ConfigError(
+                    "parallel: tensor/pipeline parallelism needs the V2 runner, but the config selects V1"
+                )
+            from framework.executor.driver import start_parallel
+
+            self.loaded, self.runner = start_parallel(config)
+        else:
+            self.loaded = load_model(config, resolve_device(config.device))
+            runner_cls = ModelRunnerV1 if runner_kind == "v1" else ModelRunnerV2
+            self.runner = runner_cls(config, self.loaded)
+        self.max_model_len = self.loaded.max_model_len
+        # Encoder-decoder (Whisper) models take audio prompts: this turns them into decoder ids + encoder input.
+        self.audio: Optional[WhisperPromptProcessor] = (
+            WhisperPromptProcessor(self.loaded.hf_config, config.model.path)
+            if getattr(self.loaded.model, "is_encoder_decoder", False)
+            else None
+        )
+        blocks = self.runner.determine_num_kv_blocks()  # profiled on a GPU; the minimum over ranks
+        self.runner.initialize_kv_cache(blocks)
+        self.runner.capture_cuda_graphs()
+        self.kv_cache = KVCacheManager(
+            blocks,
+            config.cache.block_size,
+            enable_prefix_caching=self._prefix_caching(config),
+            hooks=getattr(self.runner, "prefix_cache_hooks", None),
+        )
+        self.spec_metrics = SpecDecodeMetrics()
+        self.draft_policy = build_draft_policy(config.speculator)
+        lookahead = max(config.speculator.num_speculative_tokens - 1, 0) if self.runner.num_draft_kv_layers else 0
+        self.scheduler = Scheduler(
+            config.scheduler,
+            self.kv_cache,
+            self.max_model_len,
+            self.draft_policy,
+            self.spec_metrics,
+            draft_kv_lookahead=lookahead,
+        )
+        self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
+        self.parallel_sampling = ParallelSamplingTable()  # n > 1 requests: parent id <-> child requests
+        self._processor_classes = logits_processor_classes(config.sampler.logits_processors)
+        self._full_sampler = self.runner.name == "v2"  # the V2 runner, local or behind a parallel driver
+        if not self._full_sampler and config.sampler.logits_processors:
+            raise ConfigError(
+                "sampler.logits_processors: the V1 runner does not run custom logits processors; "
+                "use runner=v2 or runner=auto"
+            )
+        self._seed_rng = random.Random(config.seed)
+        self._in_flight: Optional[tuple] = None  # (SchedulerOutput, AsyncOutput) of the step not yet read back
+        self._arrivals = 0
+        self._check_invariants = config.scheduler.check_invariants
+        self._consecutive_failures = 0
+        self._dead: Optional[str] = None  # why the engine stopped, once it has
+        # Set to a list to keep every executed step's SchedulerOutput (framework/entrypoints/bench/timeline.py); None: off.
+        self.step_log: Optional[list[SchedulerOutput]] = None
+        block_bytes = kv_bytes_per_block(self.loaded, config.cache.block_size, self.runner.num_draft_kv_layers)
+        kv_gib = blocks * block_bytes / 2**30
+        logger.info(
+            "mrv2: runner %s on %s, %d KV blocks of %d tokens (%d tokens, %s, %.2f GiB), prefix caching %s",
+            runner_kind,
+            self.loaded.device,
+            blocks,
+            config.cache.block_size,
+            blocks * config.cache.block_size,
+            str(self.loaded.kv_dtype).removeprefix("torch."),
+            kv_gib,
+            "on" if self.kv_cache.enable_prefix_caching else "off",
+        )
+
+    def _prefix_caching(self, config: Mrv2Config) -> bool:
+        """`cache.enable_prefix_caching` resolved: null = on where the ModelState supports it."""
+        wanted = config.cache.enable_prefix_caching
+        state_cls = type(self.runner.model_state)
+        if wanted is False:
+            return False
+        if getattr(state_cls, "supports_prefix_caching", False):
+            return True
+        reason = (
+            f"model state '{state_cls.name}' ({state_cls.__module__}.{state_cls.__qualname__}) does not "
+            "declare supports_prefix_caching"
+        )
+        if wanted:
+            raise ConfigError(
+                f"cache.enable_prefix_caching=true cannot be served: {reason} "
+                "(set cache.enable_prefix_caching=false or null)"
+            )
+        logger.info("mrv2: prefix caching off: %s", reason)
+        return False
+
+    def shutdown(self) -> None:
+        """Free the runner's KV caches and CUDA graphs and stop the other ranks of a parallel run; the engine is
+        unusable after (the weights stay loaded)."""
+        if getattr(self, "_dead", None) is None:
+            self._dead = "the engine was shut down (LLM.shutdown); build a new one"
+        shutdown = getattr(self.__dict__.get("runner"), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.loaded.tokenizer
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: Optional[SamplingParams],
+        prompt: Optional[str] = None,
+        pooling_params: Optional[PoolingParams] = None,
+        encoder_input: Optional[EncoderInput] = None,
+    ) -> None:
+        """Queue a request; raises `InvalidRequestError` (and changes nothing) if it cannot be served.
+
+        The request keeps its own copy of `params`, with string `bad_words` tokenised. With `pooling_params`
+        it is an embedding request: its prompt is computed and pooled, nothing is sampled (`params` is ignored).
+        An encoder-decoder (Whisper) model needs `encoder_input` (see `WhisperPromptProcessor.process`), and
+        `prompt_token_ids` is then the decoder prompt; other models refuse it.
+        """
+        self._raise_if_dead()
+        if pooling_params is not None:
+            pooling_params = self.validate_pooling(request_id, pooling_params)
+            params = POOLING_SAMPLING_PARAMS
+        assert params is not None, "a generation request needs SamplingParams"
+        params = self._validate(request_id, prompt_token_ids, params, encoder_input, pooling_params is not None)
+        extra_eos = [t for t in self.loaded.extra_eos_token_ids if t not in params.stop_token_ids]
+        if extra_eos and not params.ignore_eos:  # the checkpoint's other eos ids end it too (vLLM does the same)
+            params = dataclasses.replace(params, stop_token_ids=[*params.stop_token_ids, *extra_eos])
+        children = fan_out(request_id, params)  # n > 1: one child request per sequence
+        for child_id, child_params in children:
+            seed = child_params.seed if child_params.seed is not None else self._seed_rng.randrange(1 << 63)
+            request = Request(
+                request_id=child_id,
+                prompt_token_ids=list(prompt_token_ids),
+                sampling_params=child_params,
+                eos_token_id=self.loaded.eos_token_id,
+                sampling_seed=seed,
+                prompt=prompt,
+                arrival_index=self._arrivals,
+                pooling_params=pooling_params,
+                encoder_input=encoder_input,
+            )
+            self.scheduler.add_request(request)
+            self.output_processor.add_request(request)
+            self._arrivals += 1
+        self.parallel_sampling.add(request_id, [child_id for child_id, _ in children])
+
+    def _validate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        encoder_input: Optional[EncoderInput] = None,
+        pooling: bool = False,
+    ) -> SamplingParams:
+        """Check the request against the engine (vocabulary, limits, tokenizer); returns the prepared params."""
+        params.validate()
+        if request_id in self.scheduler.requests or request_id in self.parallel_sampling:
+            raise InvalidRequestError(f"request id '{request_id}' is already in use")
+        self._check_encoder_input(request_id, encoder_input)
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidRequestError(f"request '{request_id}': the prompt is empty")
+        # An embedding (pooling) request generates nothing: its prompt may fill max_model_len.
+        if n > self.max_model_len or (n == self.max_model_len and not pooling):
+            raise InvalidRequestError(
+                f"request '{request_id}': the prompt has {n} tokens but max_model_len is {self.max_model_len} "
+                + ("(an embedding prompt must fit)" if pooling else "(prompt plus at least one output token must fit)")
+            )
+        vocab = self.loaded.vocab_size
+        # bool is an int subclass, but a prompt of True/False is a caller's bug, not token ids 1 and 0.
+        bad = first_invalid_token_index(prompt_token_ids, vocab)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"request '{request_id}': token id {prompt_token_ids[bad]!r} is outside the vocabulary [0, {vocab})"
+            )
+        max_logprobs = self.config.sampler.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > max_logprobs:
+                raise InvalidRequestError(
+                    f"request '{request_id}': {name}={value} exceeds sampler.max_logprobs={max_logprobs}"
+                )
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError(
+                f"request '{request_id}': SamplingParams.stop needs a tokenizer (this model has no tokenizer.json)"
+            )
+        prepared = params.clone()
+        prepared.resolve_bad_words(self.tokenizer.encode if self.tokenizer is not None else None)
+        id_lists = (
+            ("stop_token_ids", prepared.stop_token_ids),
+            ("logit_bias", list(prepared.logit_bias or ())),
+            ("allowed_token_ids", prepared.allowed_token_ids or ()),
+            ("bad_words", [t for word in prepared.bad_words_token_ids for t in word]),
+        )
+        for name, ids in id_lists:
+            bad = first_out_of_vocab(ids, vocab) if ids else None
+            if bad is not None:
+                raise InvalidRequestError(
+                    f"request '{request_id}': SamplingParams.{name} has token id {bad}, outside the vocabulary "
+                    f"[0, {vocab})"
+                )
+        for cls in self._processor_classes:
+            cls.validate_params(prepared, vocab)
+        self._check_runner_supports(request_id, prepared)
+        if prepared.structured_outputs is not None:
+            self._check_structured_outputs(request_id, prepared)
+        return prepared
+
+    def _check_structured_outputs(self, request_id: str, params: SamplingParams) -> None:
+        """Compile the grammar now (cached), so a malformed schema, regex or grammar is refused by name."""
+        if self.config.parallel.world_size > 1:
+            raise InvalidRequestError(
+                f"request '{request_id}': SamplingParams.structured_outputs is not supported "
+                "under tensor/pipeline parallelism yet"
+            )
+        backend = self.runner.grammar_backend  # type: ignore[attr-defined]
+        try:
+            backend.check(params.structured_outputs)
+        except InvalidRequestError as err:
+            raise InvalidRequestError(f"request '{request_id}': {err}") from None
+
+    def _check_encoder_input(self, request_id: str, encoder_input: Optional[EncoderInput]) -> None:
+        """Audio goes to encoder-decoder models only, and they need it."""
+        arch = type(self.loaded.model).__name__
+        where = f"request '{request_id}': " if request_id else ""
+        if self.audio is None:
+            if encoder_input is not None:
+                raise InvalidRequestError(
+                    f"{where}audio / encoder input needs an encoder-decoder model such as "
+                    f"Whisper; this model ({arch}) takes text or token ids"
+                )
+            return
+        if encoder_input is None:
+            g = self.audio.geometry
+            raise InvalidRequestError(
+                f"{where}this model ({arch}) is an encoder-decoder speech model: "
+                f"{audio_prompt_help(g.num_mel_bins, g.num_mel_frames)}"
+            )
+        try:
+            self.audio.check_features(encoder_input.features)
+        except InvalidRequestError as err:
+            raise InvalidRequestError(f"{where}{err}") from None
+
+    def validate_pooling(self, request_id: str, params: PoolingParams) -> PoolingParams:
+        """Check an embedding request's parameters; returns a copy with the pooling type resolved."""
+        if self.audio is not None:
+            raise InvalidRequestError(
+                f"request '{request_id}': embeddings need a decoder-only text model; this model "
+                f"({type(self.loaded.model).__name__}) is an encoder-decoder speech model: "
+                "transcribe with LLM.generate"
+            )
+        try:
+            params.validate(hidden_size_of(self.loaded))
+        except InvalidRequestError as err:
+            raise InvalidRequestError(f"request '{request_id}': {err}") from None
+        return dataclasses.replace(params, pooling_type=params.pooling_type or self.config.model.pooling)
+
+    def _check_runner_supports(self, request_id: str, params: SamplingParams) -> None:
+        """The V1 runner samples with temperature, top-k/top-p, min-p and seed only: refuse what it would ignore."""
+        if self._full_sampler:
+            return
+        used = [
+            name
+            for name, on in (
+                ("presence_penalty", params.presence_penalty != 0.0),
+                ("frequency_penalty", params.frequency_penalty != 0.0),
+                ("repetition_penalty", params.repetition_penalty != 1.0),
+                ("logit_bias", bool(params.logit_bias)),
+                ("allowed_token_ids", params.allowed_token_ids is not None),
+                ("bad_words", bool(params.bad_words)),
+                ("min_tokens", params.min_tokens > 0),
+                ("logprobs", params.logprobs is not None),
+                ("prompt_logprobs", params.prompt_logprobs is not None),
+                ("structured_outputs", params.structured_outputs is not None),
+            )
+            if on
+        ]
+        if used:
+            raise InvalidRequestError(
+                f"request '{request_id}': the V1 runner does not apply SamplingParams "
+                f"{', '.join(used)}; use runner=v2 or runner=auto"
+            )
+
+    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
+        """Abort a request (every sequence of an n > 1 request); its output (finish_reason "abort"; for n > 1 the
+        first sequence still in flight), or None if the id is not in flight.
+
+        Aborting an unknown or already finished id is not an error: it returns None and changes nothing.
+        """
+        outputs = []
+        for child_id in self.parallel_sampling.children(request_id):
+            request = self.scheduler.abort_request(child_id)
+            if request is not None:
+                outputs.append(self.output_processor.abort(request))
+        return self.parallel_sampling.relabel(outputs)[0] if outputs else None
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0 or self._in_flight is not None
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; returns the requests that finished (with async scheduling: in the previous step),
+        plus the progress of streaming requests (`SamplingParams.output_kind` "delta" or "cumulative").
+
+        With `scheduler.async_scheduling`, step N+1 is scheduled and queued on the device before the host
+        waits for step N's tokens, so the device never idles while the host does its bookkeeping.
+
+        An exception from the runner ends every running request with finish_reason "error" (the message names
+        the exception), frees their blocks and slots, and the engine serves the waiting requests next step.
+        After `MAX_CONSECUTIVE_STEP_FAILURES` failing steps in a row it ends every request that way and is
+        dead: later calls raise `EngineDeadError`.
+        """
+        self._raise_if_dead()
+        scheduler_output = self.scheduler.schedule()  # 1. what runs this step
+        future = None
+        if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
+            try:
+                self.runner.execute_model(scheduler_output)  # 2. state updates, inputs, forward (queued)
+                if self.step_log is not None:  # off by default: the step path pays one attribute test
+                    self.step_log.append(scheduler_output)
+                future = self.runner.sample_tokens()  # 3. sampling and post-update (queued)
+            except Exception as err:
+                return self._fail_step(err, scheduler_output)
+        if scheduler_output.is_empty and self._in_flight is None and self.scheduler.num_unfinished:
+            raise RuntimeError("the scheduler could not schedule any waiting request (KV cache too small?)")
+        current = (scheduler_output, future) if future is not None and not scheduler_output.is_empty else None
+        if self.config.scheduler.async_scheduling:
+            done, self._in_flight = self._in_flight, current
+        else:
+            done = current
+        if done is None:
+            if self.draft_policy is not None:
+                self.draft_policy.device_idled()  # the next interval between outputs is no step's cost
+            return self._checked([])
+        try:
+            runner_output = done[1].get()  # 4. the only place the host waits for the device
+        except Exception as err:
+            return self._fail_step(err, done[0])
+        if self.draft_policy is not None:
+            self.draft_policy.observe_output(done[0])  # dynamic-k times the steps here
+        self._consecutive_failures = 0
+        codes = runner_output.errors  # per row, 0 almost always: one C-level scan instead of a message per row
+        errors = [ROW_ERROR_MESSAGES.get(code) for code in codes] if codes and any(codes) else None
+        finished = self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stops
+        outputs = self.output_processor.process(runner_output, finished)  # 6. logprobs, text, stop strings, deltas
+        return self._checked(self.parallel_sampling.relabel(outputs))  # 7. n > 1: children as sequences
+
+    def _checked(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        if self._check_invariants:  # off by default: the step path pays one attribute test
+            self.scheduler.check_invariants()
+        return outputs
+
+    def _fail_step(self, err: Exception, failed: SchedulerOutput) -> list[RequestOutput]:
+        """The runner raised: end the running requests (all requests, once the engine gives up) with an error."""
+        self._consecutive_failures += 1
+        # The runner may have raised before freeing the slots this step released: it frees them next step.
+        self.scheduler.release_again(failed.finished_request_ids)
+        message = f"the engine step failed: {type(err).__name__}: {err}"
+        logger.error("mrv2: %s", message, exc_info=err)
+        self._in_flight = None  # its requests are running: they end below, their tokens are dropped
+        victims = list(self.scheduler.running)
+        if self._consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+            self._dead = (
+                f"the engine stopped after {self._consecutive_failures} failing steps in a row; "
+                f"last: {type(err).__name__}: {err}"
+            )
+            victims += list(self.scheduler.waiting)
+        for request in victims:
+            request.error = message
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ERROR)
+        # Blocks published for the failed step may never have been computed: no later request may hit them.
+        self.kv_cache.reset_prefix_cache()
+        ids = [r.request_id for r in victims]
+        outputs = self.parallel_sampling.relabel(
+            self.output_processor.process(ModelRunnerOutput(ids, [[] for _ in ids]))
+        )
+        return outputs if self._dead else self._checked(outputs)
+
+    def _raise_if_dead(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prefix-cache counters since start-up: tokens looked up (`queries`), served from the cache (`hits`)."""
+        return dataclasses.replace(self.kv_cache.stats)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (e.g. between benchmark runs); running requests keep their blocks."""
+        self.kv_cache.reset_prefix_cache()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv_cache.num_free_blocks
+
+    def is_idle(self) -> bool:
+        """No request holds a slot or a block (used by leak checks)."""
+        return (
+            not self.scheduler.requests
+            and self.kv_cache.num_free_blocks == self.kv_cache.num_blocks
+            and all(r.status != RequestStatus.RUNNING for r in self.scheduler.running)
+        )

@@ -1,0 +1,195 @@
+"""One HTTP generation request in flight: its prompts' engine requests, their sequences' text, its events.
+
+A completion with several prompts and `n` sequences each is `len(prompts)` engine requests sharing one queue;
+choice `p * n + i` is sequence i of prompt p. Whoever consumes `events()` and stops early (a client that
+disconnected, a stream cancelled) leaves through its `finally`, which aborts everything still running, so no
+slot or block outlives its client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional
+
+from framework.engine.parallel_sampling import child_request_id
+from framework.entrypoints.serve.engine_client import EngineClient, RequestFailed, StreamItem
+from framework.entrypoints.serve.errors import ApiError
+from framework.entrypoints.serve.metrics import ServerMetrics
+from framework.entrypoints.serve.protocol import TokenLogprobs
+from framework.entrypoints.serve.sequence_text import SequenceText
+from framework.params.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
+
+
+class SequenceEvent(NamedTuple):
+    """What one choice gained: text and tokens (and their logprobs) since its previous event."""
+
+    choice: int
+    text: str
+    token_ids: list[int]
+    logprobs: Optional[list[TokenLogprobs]]
+    finish_reason: Optional[str]  # "stop" | "length" | None while running
+    stop_reason: Any = None
+
+
+@dataclass
+class _Sequence:
+    text: SequenceText
+    finish_reason: Optional[str] = None
+    stop_reason: Any = None
+    num_sent_tokens: int = 0
+
+
+class Generation:
+    """The engine requests of one HTTP request and the text of each of their sequences."""
+
+    def __init__(
+        self,
+        client: EngineClient,
+        tokenizer: Any,
+        metrics: ServerMetrics,
+        request_id: str,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        stream: bool,
+        log_requests: bool = False,
+        field_names: Optional[dict[str, str]] = None,
+    ) -> None:
+        """`field_names`: the engine's name of a field -> the request's (`params.engine_field_names`), so that an
+        engine refusal names what the client sent."""
+        self.client = client
+        self.field_names = field_names or {}
+        self.metrics = metrics
+        self.request_id = request_id
+        self.log_requests = log_requests
+        self.params = params
+        self.prompts = prompts
+        self.arrival = time.perf_counter()
+        self.first_token_time: Optional[float] = None
+        self._disconnect_check = self.arrival + DISCONNECT_POLL_S  # when `_next` next asks the client
+        self.num_cached_tokens = 0
+        self.prompt_logprobs: dict[int, list[Optional[TokenLogprobs]]] = {}  # prompt index -> its logprobs
+        self._engine_ids = [f"{request_id}-{p}" for p in range(len(prompts))]
+        self._prompt_of = {engine_id: p for p, engine_id in enumerate(self._engine_ids)}
+        self._sequences = [_Sequence(SequenceText(tokenizer, params, stream)) for _ in range(len(prompts) * params.n)]
+        self._running = len(self._sequences)
+        self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        for engine_id, ids in zip(self._engine_ids, prompts):
+            client.add(engine_id, ids, self._queue, sampling_params=params)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(len(s.text.token_ids) for s in self._sequences)
+
+    def sequence(self, choice: int) -> SequenceText:
+        return self._sequences[choice].text
+
+    async def _next(self, is_disconnected: Optional[Callable[[], Awaitable[bool]]]) -> StreamItem:
+        """The next engine item. With `is_disconnected`, the client is checked every DISCONNECT_POLL_S whether or
+        not items come meanwhile: a client that left a busy request would otherwise hold its slot to the end."""
+        while True:
+            if is_disconnected is not None and time.perf_counter() >= self._disconnect_check:
+                self._disconnect_check = time.perf_counter() + DISCONNECT_POLL_S
+                if await is_disconnected():
+                    raise asyncio.CancelledError("the client disconnected")
+            if is_disconnected is None or not self._queue.empty():
+                return await self._queue.get()
+            try:
+                return await asyncio.wait_for(self._queue.get(), self._disconnect_check - time.perf_counter())
+            except asyncio.TimeoutError:
+                continue
+
+    async def events(
+        self, is_disconnected: Optional[Callable[[], Awaitable[bool]]] = None, watch_until_first: bool = False
+    ) -> AsyncIterator[list[SequenceEvent]]:
+        """Batches of events until every sequence ends; raises `ApiError` if the engine refuses or fails it.
+
+        Each wake-up takes every delta already queued: a consumer that fell behind the engine catches up with
+        one event per sequence (several tokens at once) instead of one per engine step. `is_disconnected` is
+        polled while waiting (only until the first batch with `watch_until_first`: a started stream learns of a
+        disconnect from its HTTP response, which closes this generator)."""
+        try:
+            while self._running:
+                items = [await self._next(is_disconnected)]
+                if watch_until_first:
+                    is_disconnected = None
+                while not self._queue.empty():
+                    items.append(self._queue.get_nowait())
+                touched: dict[int, _Sequence] = {}
+                for item in items:
+                    self._apply(item, touched)
+                yield [self._event(choice, seq) for choice, seq in touched.items()]
+        finally:
+            self._close()
+
+    def _apply(self, item: StreamItem, touched: dict[int, _Sequence]) -> None:
+        """One engine delta into its sequence's text; `touched` collects the sequences that changed."""
+        if isinstance(item, RequestFailed):
+            if item.kind != "invalid":
+                raise ApiError(503, item.message)
+            message = item.message
+            for engine_name, request_name in self.field_names.items():
+                message = message.replace(engine_name, request_name)
+            raise ApiError.invalid(message)
+        n = self.params.n
+        prompt = self._prompt_of[item.request_id]
+        choice = prompt * n + item.index
+        seq = self._sequences[choice]
+        if seq.finish_reason is not None:
+            return  # tokens of a sequence its stop string already ended
+        if item.finish_reason == "error":
+            raise ApiError(500, item.error or "the engine failed this request")
+        if item.prompt_logprobs is not None:
+            self.prompt_logprobs[prompt] = item.prompt_logprobs
+        self.num_cached_tokens = max(self.num_cached_tokens, item.num_cached_tokens)
+        if item.token_ids and self.first_token_time is None:
+            self.first_token_time = time.perf_counter()
+        # The engine core ends a sequence with "stop" only on a stop token (stop strings are matched here).
+        if seq.text.add(item.token_ids, item.logprobs, stopped_by_token=item.finish_reason == "stop"):
+            seq.finish_reason, seq.stop_reason = "stop", seq.text.stop_string
+            self.client.abort([child_request_id(item.request_id, item.index, n)])
+        elif item.finish_reason is not None:
+            seq.text.finish()
+            seq.finish_reason, seq.stop_reason = item.finish_reason, item.stop_reason
+        if seq.finish_reason is not None:
+            self._running -= 1
+        touched[choice] = seq
+
+    def _event(self, choice: int, seq: _Sequence) -> SequenceEvent:
+        tokens = seq.text.token_ids[seq.num_sent_tokens :]
+        logprobs = seq.text.logprobs[seq.num_sent_tokens :] if seq.text.logprobs is not None else None
+        seq.num_sent_tokens = len(seq.text.token_ids)
+        final = seq.finish_reason is not None
+        return SequenceEvent(choice, seq.text.release(final), tokens, logprobs, seq.finish_reason, seq.stop_reason)
+
+    def _close(self) -> None:
+        """Abort what still runs in the engine, stop routing its outputs, record the request's metrics."""
+        if self._running:
+            self.client.abort(list(self._engine_ids))
+        for engine_id in self._engine_ids:
+            self.client.release(engine_id)
+        reasons = [s.finish_reason or "abort" for s in self._sequences]
+        end = time.perf_counter()
+        self.metrics.observe_request(
+            self.arrival, self.first_token_time, end, self.num_prompt_tokens, self.num_output_tokens, reasons[0]
+        )
+        if self.log_requests:
+            logger.info(
+                "mrv2 serve: %s prompts=%d n=%d prompt_tokens=%d output_tokens=%d finish=%s %.3fs",
+                self.request_id,
+                len(self.prompts),
+                self.params.n,
+                self.num_prompt_tokens,
+                self.num_output_tokens,
+                ",".join(sorted(set(reasons))),
+                end - self.arrival,
+            )

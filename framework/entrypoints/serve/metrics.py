@@ -1,0 +1,137 @@
+"""`/metrics`: Prometheus text, every name prefixed `mrv2:`, in a registry of the server's own (no globals).
+
+Gauges and engine counters are read from the engine's latest `EngineStats` at scrape time; request latencies
+are observed by the API server (from the HTTP request's arrival).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from framework.entrypoints.serve.protocol import EngineStats
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+
+
+class _EngineCollector:
+    """Exports the engine's gauges and counters as of its latest step."""
+
+    def __init__(self, stats: Callable[[], Optional[EngineStats]], model: str) -> None:
+        self._stats = stats
+        self._model = model
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        if s is None:
+            return
+        used = s.num_blocks - s.num_free_blocks
+        for name, doc, value in (
+            ("mrv2:num_requests_running", "Requests holding a slot in the engine.", s.num_running),
+            ("mrv2:num_requests_waiting", "Requests queued in the engine.", s.num_waiting),
+            ("mrv2:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).", used / max(s.num_blocks, 1)),
+            ("mrv2:kv_cache_blocks_free", "KV blocks free (cached prefixes included).", s.num_free_blocks),
+            ("mrv2:kv_cache_blocks_total", "KV blocks in the pool.", s.num_blocks),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
+            gauge.add_metric([self._model], value)
+            yield gauge
+        for name, doc, value in (
+            ("mrv2:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
+            ("mrv2:prefix_cache_hits", "Prompt tokens served from the prefix cache.", s.prefix_cache_hits),
+            ("mrv2:spec_decode_num_drafts", "Speculative verification rows.", s.spec_num_drafts),
+            ("mrv2:spec_decode_num_draft_tokens", "Draft tokens verified.", s.spec_num_draft_tokens),
+            ("mrv2:spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_num_accepted_tokens),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric([self._model], value)
+            yield counter
+
+
+class ServerMetrics:
+    """The server's Prometheus registry: request counters and latency histograms, plus the engine's stats."""
+
+    def __init__(self, model: str, stats: Callable[[], Optional[EngineStats]]) -> None:
+        self.model = model
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model_name"]
+        self.prompt_tokens = Counter(
+            "mrv2:prompt_tokens", "Prompt tokens of finished requests.", labels, registry=self.registry
+        ).labels(model)
+        self.generation_tokens = Counter(
+            "mrv2:generation_tokens", "Generated tokens of finished requests.", labels, registry=self.registry
+        ).labels(model)
+        self.requests = Counter(
+            "mrv2:request_success",
+            "Finished requests by finish reason.",
+            labels + ["finished_reason"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "mrv2:time_to_first_token_seconds",
+            "Time from arrival to the first output token.",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        ).labels(model)
+        self.tpot = Histogram(
+            "mrv2:time_per_output_token_seconds",
+            "Mean time per output token after the first.",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        ).labels(model)
+        self.e2e = Histogram(
+            "mrv2:e2e_request_latency_seconds",
+            "Time from arrival to the last output token.",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        ).labels(model)
+        self.registry.register(_EngineCollector(stats, model))
+
+    def observe_request(
+        self,
+        arrival: float,
+        first_token: Optional[float],
+        end: float,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+        finish_reason: str,
+    ) -> None:
+        """Record one finished request (times from `time.perf_counter()`)."""
+        self.prompt_tokens.inc(num_prompt_tokens)
+        self.generation_tokens.inc(num_output_tokens)
+        self.requests.labels(self.model, finish_reason).inc()
+        self.e2e.observe(end - arrival)
+        if first_token is not None:
+            self.ttft.observe(first_token - arrival)
+            if num_output_tokens > 1:
+                self.tpot.observe((end - first_token) / (num_output_tokens - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

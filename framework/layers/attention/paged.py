@@ -1,0 +1,64 @@
+"""Paged KV-cache store and attention, reference implementations (plain PyTorch, any device).
+
+A layer's cache is one tensor `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V). Queries of
+row r are its `query_start_loc[r]:query_start_loc[r+1]` tokens at positions `seq_len - query_len ..
+seq_len - 1`; each attends causally to every cached position up to its own (a varlen prefill reading any
+cached prefix, or a decode step, are the same code).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from framework.layers.attention.metadata import AttentionMetadata
+from framework.layers.kernels.kv_cache_dtype import saturating_cast
+
+
+def store_kv_reference(
+    key: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], updated in place
+    kv_slot_mapping: torch.Tensor,  # [T] int64, negative = padding (skipped)
+) -> None:
+    """Write each token's K and V at its KV slot (cast to the cache's dtype, saturating when it is FP8)."""
+    keep = kv_slot_mapping >= 0
+    slots = kv_slot_mapping[keep]
+    flat = kv_cache.view(2, -1, kv_cache.shape[3], kv_cache.shape[4])
+    flat[0, slots] = saturating_cast(key[: kv_slot_mapping.numel()][keep], kv_cache.dtype)
+    flat[1, slots] = saturating_cast(value[: kv_slot_mapping.numel()][keep], kv_cache.dtype)
+
+
+def paged_attention_reference(
+    query: torch.Tensor,  # [T, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """[T, num_heads, head_dim]: causal attention of each row's queries over its cached keys (GQA aware).
+
+    Loops over batch rows on the host: this is the reference, not the fast path.
+    """
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = kv_cache.shape[3]
+    block_size = kv_cache.shape[2]
+    out = torch.empty_like(query)
+    starts = meta.query_start_loc.tolist()
+    seq_lens = meta.seq_lens.tolist()
+    for row in range(meta.num_rows):
+        q_start, q_end, seq_len = starts[row], starts[row + 1], seq_lens[row]
+        if q_end == q_start:
+            continue
+        pos = torch.arange(seq_len, device=query.device)
+        kv_slots = meta.block_tables[row, pos // block_size].long() * block_size + pos % block_size
+        k = kv_cache[0].view(-1, num_kv_heads, head_dim)[kv_slots]  # [S, kvH, D]
+        v = kv_cache[1].view(-1, num_kv_heads, head_dim)[kv_slots]
+        q = query[q_start:q_end]  # [Q, H, D]
+        q_pos = torch.arange(seq_len - (q_end - q_start), seq_len, device=query.device)
+        mask = pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [Q, S]
+        group = num_heads // num_kv_heads
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1).to(q.dtype)  # [H, S, D]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1).to(q.dtype)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
+        out[q_start:q_end] = o.transpose(0, 1)
+    return out

@@ -1,0 +1,298 @@
+"""Fused Mixture-of-Experts MLP: tokens grouped by expert, one grouped GEMM for gate/up, one for down.
+
+Semantics (`fused_moe_reference`): for token t and each of its top-k choices (expert e, weight w),
+
+    y[t, j] = w * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t]))        rounded to x.dtype
+    out[t]  = sum over j of y[t, j]                                          summed in float32, rounded once
+
+with gate/up products and the SiLU-and-mul product rounded to x.dtype as HF's eager expert loop does. The rows of
+the problem are the `M * K` (token, choice) pairs, `row = token * K + choice` (the flattened `topk_ids` index).
+
+The Triton path (`fused_moe_triton`):
+1. `moe_align` (`framework/layers/kernels/moe_align.py`; CUDA-graph safe) sorts the rows by expert and pads each
+   expert's run to a multiple of `BLOCK_M`, so that every block of `BLOCK_M` sorted rows belongs to one expert.
+   Its buffers are sized for the worst case; blocks past the padded total exit at once.
+2. `_moe_gate_up_kernel`: per (row block, intermediate tile) both the gate and the up accumulators over the
+   hidden dimension (the activations gathered by token), SiLU-and-mul in the epilogue -> `act [M * K, I]`.
+3. `_moe_down_kernel`: per (row block, hidden tile) `act @ down[e]^T`, scaled by the routing weight -> `[M * K, H]`.
+4. The K choices of each token are summed (float32).
+
+Expert weights are stacked per projection: `gate_up [E, 2, I, H]` (gate = [:, 0], up = [:, 1]) and
+`down [E, H, I]`, so a tensor-parallel rank holding a slice of I keeps both halves aligned (see models/moe.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch.nn import functional as F
+
+from framework.layers.kernels.backend import triton_enabled
+from framework.layers.kernels.launch_math import cdiv
+from framework.layers.kernels.moe_align import moe_align
+from framework.layers.kernels.triton_norm_silu import interpreter_upcast, round_to_dtype
+
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class MoeLaunchConfig(NamedTuple):
+    """Tile sizes of one launch; chosen from the row count alone (no autotuning on the step path)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def moe_launch_config(num_rows: int, num_experts: int) -> MoeLaunchConfig:
+    """Tiles for `num_rows = M * K` (token, choice) rows over `num_experts` experts.
+
+    Decode (few rows per expert) is bandwidth-bound: 16-row blocks waste the least padding, and 32-column tiles
+    give a batch of one token (8 experts) 8 x 24 programs to spread the weight reads over the SMs. Prefill has
+    hundreds of rows per expert: 64-row blocks keep Hopper's tensor cores fed. Only three variants exist, so a
+    warm-up compiles all of them before a timed run.
+    """
+    rows_per_expert = num_rows / max(num_experts, 1)
+    if rows_per_expert <= 8:
+        return MoeLaunchConfig(16, 32, 128, 4, 4)
+    if rows_per_expert <= 64:
+        return MoeLaunchConfig(32, 64, 64, 4, 4)
+    return MoeLaunchConfig(64, 128, 64, 8, 3)
+
+
+# The row count changes every step: not specialised, so CUDA-graph capture at many sizes compiles one variant.
+@triton.jit(do_not_specialize=["num_rows"])
+def _moe_gate_up_kernel(
+    x_ptr,  # [M, H] activations, row stride stride_xm, last dim contiguous
+    w_ptr,  # [E, 2, I, H] stacked gate/up weights, contiguous
+    act_ptr,  # [M * K, I] out: silu(gate) * up per (token, choice) row, contiguous
+    sorted_rows_ptr,  # [P] int32 rows grouped by expert; num_rows marks padding
+    block_expert_ptr,  # [P // BLOCK_M] int32
+    num_padded_ptr,  # [1] int32
+    num_rows,  # M * K
+    stride_xm,
+    H: tl.constexpr,
+    I: tl.constexpr,
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,  # "ieee": float32 inputs are not rounded to TF32
+    UPCAST: tl.constexpr,  # interpreter only: bfloat16 tiles go to tl.dot as float32 (see interpreter_upcast)
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return  # a block past the padded total (the grid is sized for the worst case)
+    dtype = act_ptr.dtype.element_ty
+    rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = rows < num_rows
+    tokens = tl.where(valid, rows // TOP_K, 0).to(tl.int64)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < I
+    gate_ptrs = w_ptr + expert * (2 * I * H) + cols[None, :] * H  # [1, BLOCK_N]; + k below: W^T tiles
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks < H
+        a = tl.load(x_ptr + tokens[:, None] * stride_xm + ks[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
+        w_mask = k_mask[:, None] & col_mask[None, :]
+        w_gate = tl.load(gate_ptrs + ks[:, None], mask=w_mask, other=0.0)  # [BLOCK_K, BLOCK_N]
+        w_up = tl.load(gate_ptrs + I * H + ks[:, None], mask=w_mask, other=0.0)
+        if UPCAST:
+            a, w_gate, w_up = a.to(tl.float32), w_gate.to(tl.float32), w_up.to(tl.float32)
+        acc_gate = tl.dot(a, w_gate, acc_gate, input_precision=PRECISION)
+        acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
+    # Round as the reference does: both projections, then silu(gate), then the product.
+    gate = round_to_dtype(acc_gate, dtype)
+    silu = round_to_dtype(gate / (1.0 + tl.exp(-gate)), dtype)
+    act = round_to_dtype(silu * round_to_dtype(acc_up, dtype), dtype)
+    out_ptrs = act_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :]
+    tl.store(out_ptrs, act.to(dtype), mask=valid[:, None] & col_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _moe_down_kernel(
+    act_ptr,  # [M * K, I] contiguous
+    w_ptr,  # [E, H, I] stacked down weights, contiguous
+    topk_weights_ptr,  # [M * K] routing weight of each row (any float dtype)
+    out_ptr,  # [M * K, H] out: weight * down(act), contiguous
+    sorted_rows_ptr,  # [P] int32
+    block_expert_ptr,  # [P // BLOCK_M] int32
+    num_padded_ptr,  # [1] int32
+    num_rows,  # M * K
+    H: tl.constexpr,
+    I: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    dtype = out_ptr.dtype.element_ty
+    rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = rows < num_rows
+    safe_rows = tl.where(valid, rows, 0).to(tl.int64)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < H
+    w_ptrs = w_ptr + expert * (H * I) + cols[None, :] * I
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks < I
+        a = tl.load(act_ptr + safe_rows[:, None] * I + ks[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(w_ptrs + ks[:, None], mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+        if UPCAST:
+            a, w = a.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    weight = tl.load(topk_weights_ptr + safe_rows, mask=valid, other=0.0).to(tl.float32)
+    y = round_to_dtype(round_to_dtype(acc, dtype) * weight[:, None], dtype)
+    tl.store(out_ptr + safe_rows[:, None] * H + cols[None, :], y.to(dtype), mask=valid[:, None] & col_mask[None, :])
+
+
+def check_moe_inputs(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> None:
+    """Raise `ValueError` naming the first argument whose shape or dtype does not fit the others."""
+    if x.dim() != 2:
+        raise ValueError(f"fused_moe: x must be [tokens, hidden], got shape {tuple(x.shape)}")
+    m, h = x.shape
+    if gate_up.dim() != 4 or gate_up.shape[1] != 2 or gate_up.shape[3] != h:
+        raise ValueError(
+            f"fused_moe: gate_up must be [experts, 2, intermediate, hidden={h}], got {tuple(gate_up.shape)}"
+        )
+    e, _, i, _ = gate_up.shape
+    if tuple(down.shape) != (e, h, i):
+        raise ValueError(
+            f"fused_moe: down must be [experts={e}, hidden={h}, intermediate={i}], got {tuple(down.shape)}"
+        )
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_ids.shape[1] > e:
+        raise ValueError(f"fused_moe: topk_ids must be [tokens={m}, k <= experts={e}], got {tuple(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(
+            f"fused_moe: topk_weights {tuple(topk_weights.shape)} must match topk_ids {tuple(topk_ids.shape)}"
+        )
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"fused_moe: topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if gate_up.dtype != x.dtype or down.dtype != x.dtype:
+        raise ValueError(f"fused_moe: weights ({gate_up.dtype}, {down.dtype}) must have x's dtype {x.dtype}")
+
+
+def fused_moe_reference(
+    x: torch.Tensor,  # [M, H]
+    gate_up: torch.Tensor,  # [E, 2, I, H]
+    down: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [M, K] routing weights (any float dtype; applied in float32)
+    topk_ids: torch.Tensor,  # [M, K] int expert ids
+) -> torch.Tensor:
+    """[M, H] the MoE MLP output (module docstring), one expert at a time over the tokens routed to it."""
+    check_moe_inputs(x, gate_up, down, topk_weights, topk_ids)
+    m, k = topk_ids.shape
+    per_choice = torch.zeros(m, k, x.shape[1], dtype=torch.float32, device=x.device)
+    for expert in range(gate_up.shape[0]):
+        tokens, choices = torch.where(topk_ids == expert)
+        if tokens.numel() == 0:
+            continue
+        h = x[tokens]
+        act = F.silu(F.linear(h, gate_up[expert, 0])) * F.linear(h, gate_up[expert, 1])
+        y = F.linear(act, down[expert])
+        weight = topk_weights[tokens, choices].float().unsqueeze(1)
+        per_choice[tokens, choices] = (y.float() * weight).to(x.dtype).float()
+    return per_choice.sum(1).to(x.dtype)
+
+
+def fused_moe_triton(
+    x: torch.Tensor,  # [M, H] bf16/fp16/fp32, last dim contiguous
+    gate_up: torch.Tensor,  # [E, 2, I, H] x.dtype, contiguous
+    down: torch.Tensor,  # [E, H, I] x.dtype, contiguous
+    topk_weights: torch.Tensor,  # [M, K] routing weights
+    topk_ids: torch.Tensor,  # [M, K] int32/int64 expert ids in [0, E)
+    config: MoeLaunchConfig | None = None,  # tiles; default `moe_launch_config(M * K, E)`
+) -> torch.Tensor:
+    """[M, H] the MoE MLP output computed by the two grouped-GEMM kernels (semantics: `fused_moe_reference`)."""
+    check_moe_inputs(x, gate_up, down, topk_weights, topk_ids)
+    if x.dtype not in TRITON_DTYPES:
+        raise ValueError(f"fused_moe_triton: dtype {x.dtype} is not supported (float32, float16, bfloat16)")
+    if x.stride(1) != 1 or not gate_up.is_contiguous() or not down.is_contiguous():
+        raise ValueError("fused_moe_triton: x's last dim and the weights must be contiguous")
+    m, h = x.shape
+    e, _, i, _ = gate_up.shape
+    k = topk_ids.shape[1]
+    num_rows = m * k
+    if num_rows == 0:
+        return x.new_zeros(m, h)
+    cfg = config or moe_launch_config(num_rows, e)
+    align = moe_align(topk_ids, e, cfg.block_m)
+    num_blocks = align.block_expert.shape[0]
+    tiles = dict(
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        PRECISION="ieee",
+        UPCAST=interpreter_upcast(x.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    act = torch.empty(num_rows, i, dtype=x.dtype, device=x.device)
+    _moe_gate_up_kernel[(num_blocks, cdiv(i, cfg.block_n))](
+        x,
+        gate_up,
+        act,
+        align.sorted_rows,
+        align.block_expert,
+        align.num_padded,
+        num_rows,
+        x.stride(0),
+        H=h,
+        I=i,
+        TOP_K=k,
+        **tiles,
+    )
+    per_choice = torch.empty(num_rows, h, dtype=x.dtype, device=x.device)
+    weights = topk_weights.reshape(-1)  # the kernel widens them to float32 (no extra launch)
+    _moe_down_kernel[(num_blocks, cdiv(h, cfg.block_n))](
+        act,
+        down,
+        weights,
+        per_choice,
+        align.sorted_rows,
+        align.block_expert,
+        align.num_padded,
+        num_rows,
+        H=h,
+        I=i,
+        **tiles,
+    )
+    return per_choice.view(m, k, h).sum(1)  # accumulates in float32, rounds once (as the reference)
+
+
+def fused_moe(
+    x: torch.Tensor,  # [M, H]
+    gate_up: torch.Tensor,  # [E, 2, I, H]
+    down: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [M, K]
+    topk_ids: torch.Tensor,  # [M, K] expert ids
+) -> torch.Tensor:
+    """[M, H] the MoE MLP output: the Triton kernels on CUDA (or when forced, as for the other layer ops), the
+    reference otherwise and for anything autograd must see. See `fused_moe_reference` for the semantics."""
+    kernel_takes = (
+        x.dim() == 2
+        and x.dtype in TRITON_DTYPES
+        and x.stride(-1) == 1
+        and gate_up.is_contiguous()
+        and down.is_contiguous()
+    )
+    if kernel_takes and triton_enabled(x.device, x, gate_up, down):
+        return fused_moe_triton(x, gate_up, down, topk_weights, topk_ids)
+    return fused_moe_reference(x, gate_up, down, topk_weights, topk_ids)

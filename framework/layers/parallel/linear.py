@@ -1,0 +1,148 @@
+"""Tensor-parallel building blocks: column/row-parallel linear layers, a vocabulary-parallel embedding and LM head.
+
+Each layer keeps the HF parameter names (`weight`, `bias`) with this rank's part of the full tensor, and says
+through `shard_dims` which dimension of which parameter is split, so the loader reads only this rank's slice of
+the checkpoint. With `tp_size == 1` every layer is the plain one: same shapes, no communication.
+
+- `ColumnParallelLinear`: output features split (q/k/v, gate/up); its output stays sharded.
+- `RowParallelLinear`: input features split (o_proj, down_proj); partial outputs are summed over the ranks
+  (all-reduce), then the bias (kept whole on every rank) is added once.
+- `VocabParallelEmbedding` / `ParallelLMHead`: vocabulary rows split in `ceil(vocab / tp)` blocks (the last one
+  padded with zero rows); the embedding sums the ranks' lookups, the LM head all-gathers the logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from framework.layers.parallel.context import ParallelContext
+
+SINGLE = ParallelContext()
+
+
+class ShardSpec(NamedTuple):
+    """This rank's part of a checkpoint tensor: block `rank` of `num_shards` equal blocks along `dim`."""
+
+    dim: int
+    rank: int
+    num_shards: int
+
+
+class StackedPart(NamedTuple):
+    """Where one checkpoint tensor goes inside a stacked parameter (an MoE layer's experts): `param[index]`,
+    which holds `shard` of the tensor (None: all of it); `param` is complete once `num_parts` parts arrived.
+    With `source_shape` the tensor is read whole and viewed as that shape before `shard` is taken."""
+
+    param: str
+    index: tuple[int, ...]
+    shard: Optional[ShardSpec]
+    num_parts: int
+    source_shape: Optional[tuple[int, ...]] = None
+
+
+def _divide(n: int, parts: int, what: str) -> int:
+    if n % parts:
+        raise ValueError(f"{what}={n} does not divide by parallel.tensor_parallel_size={parts}")
+    return n // parts
+
+
+class ColumnParallelLinear(nn.Linear):
+    """y[..., this rank's out features] = x @ W_shard^T + b_shard; W split along its output dimension."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__(in_features, _divide(out_features, ctx.tp_size, "output features"), bias=bias)
+        self.shard_dims = {"weight": 0, "bias": 0}
+        self.ctx = ctx
+
+
+class RowParallelLinear(nn.Linear):
+    """y = sum over ranks of x_shard @ W_shard^T, + b; W split along its input dimension, b whole."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__(_divide(in_features, ctx.tp_size, "input features"), out_features, bias=bias)
+        self.shard_dims = {"weight": 1}
+        self.ctx = ctx
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ctx.tp_size == 1:
+            return super().forward(x)
+        y = self.ctx.tp_all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding whose vocabulary rows are split over the tensor ranks; `weight` [ceil(V/tp), hidden]."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        self.vocab_size, self.ctx = vocab_size, ctx
+        self.rows_per_rank = -(-vocab_size // ctx.tp_size)
+        self.vocab_start = ctx.tp_rank * self.rows_per_rank
+        self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size))
+        self.shard_dims = {"weight": 0}
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        if self.ctx.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.rows_per_rank)
+        out = F.embedding(torch.where(mine, local, 0), self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
+        return self.ctx.tp_all_reduce(out)
+
+
+class ParallelLMHead(nn.Module):
+    """Logits over the vocabulary rows of this rank, all-gathered: [L, hidden] -> [L, vocab] in the model dtype
+    (rows strided when the vocabulary does not split evenly: the padding columns are sliced off, not copied)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        self.vocab_size, self.ctx = vocab_size, ctx
+        self.weight = nn.Parameter(torch.empty(-(-vocab_size // ctx.tp_size), hidden_size))
+        self.shard_dims = {"weight": 0}
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.ctx.tp_all_gather_last_dim(F.linear(hidden, self.weight))
+        return logits[..., : self.vocab_size]
+
+
+class MissingLayer(nn.Module):
+    """Stands where a layer of another pipeline stage would be, so parameter names keep their layer index."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a layer of another pipeline stage was called")
+
+
+def shard_spec(model: nn.Module, param_name: str) -> Optional[ShardSpec]:
+    """How `param_name` of `model` is split over the tensor ranks, or None when every rank holds it whole."""
+    module_name, _, leaf = param_name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    dims = getattr(module, "shard_dims", None)
+    ctx: Optional[ParallelContext] = getattr(module, "ctx", None)
+    if not dims or leaf not in dims or ctx is None or ctx.tp_size == 1:
+        return None
+    return ShardSpec(dims[leaf], ctx.tp_rank, ctx.tp_size)
+
+
+def read_shard(source: Any, spec: Optional[ShardSpec]) -> torch.Tensor:
+    """This rank's block of `source` (a safetensors slice from `get_slice`, or a tensor), zero-padded at the end.
+
+    Only the block is read: a safetensors slice reads just those bytes of the file.
+    """
+    if spec is None:
+        return source[:] if not isinstance(source, torch.Tensor) else source
+    shape = list(source.get_shape() if hasattr(source, "get_shape") else source.shape)
+    full = shape[spec.dim]
+    per_rank = -(-full // spec.num_shards)
+    start = min(spec.rank * per_rank, full)
+    stop = min(start + per_rank, full)
+    index = tuple(slice(start, stop) if d == spec.dim else slice(None) for d in range(len(shape)))
+    block = source[index]
+    if stop - start < per_rank:  # the last vocabulary block: pad with zero rows (their logits are cut off)
+        pad = list(block.shape)
+        pad[spec.dim] = per_rank - (stop - start)
+        block = torch.cat([block, torch.zeros(pad, dtype=block.dtype)], dim=spec.dim)
+    return block
