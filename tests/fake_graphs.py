@@ -69,7 +69,9 @@ _HOST_READS = {
     torch.Tensor.__index__,
 }
 # CPU references that loop over rows on the host by design; on a GPU the Triton kernel runs in their place.
-_CPU_ONLY_HOST_READERS = (str(Path(__file__).resolve().parent.parent / "framework" / "attention" / "paged.py"),)
+_CPU_ONLY_HOST_READERS = (
+    str(Path(__file__).resolve().parent.parent / "framework" / "layers" / "attention" / "paged.py"),
+)
 
 
 class _HostReads(TorchFunctionMode):

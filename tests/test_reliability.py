@@ -247,7 +247,7 @@ def test_startup_failure_is_clear_and_frees_the_model(where, monkeypatch):
     while tb is not None:
         frames.append(Path(tb.tb_frame.f_code.co_filename).name)
         tb = tb.tb_next
-    assert "engine.py" in frames and "engine_setup.py" in frames, frames
+    assert "core.py" in frames and "setup.py" in frames, frames
 
 
 # ---- NaN / inf logits: one request's error, nobody else's -------------------------------------------------
