@@ -1,7 +1,7 @@
 """Fixed launch configurations of the paged-attention kernels: tile shapes and the split-KV rule.
 
 Nothing here is measured at run time: the tiles are constants fitted once on an H200 (bf16, Qwen3-0.6B
-geometry; `scripts/bench_attention.py --sweep` reproduces the sweep), and the number of KV splits for a
+geometry; `benchmarks/bench_attention.py --sweep` reproduces the sweep), and the number of KV splits for a
 decode batch comes from a closed-form cost model (`num_kv_splits`), cached per batch shape.
 """
 
