@@ -176,7 +176,7 @@ def _merge_kv_splits(
     weight = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     # MERGE_UNROLL splits per iteration, unrolled, so their loads are in flight together (a rolled loop waited
-    # one L2 round trip per split: ~1-2 us of a batch-1 layer, scripts/bench_pdl.py --ablate). A split past
+    # one L2 round trip per split: ~1-2 us of a batch-1 layer, 1e476a2:scripts/bench_pdl.py --ablate). A split past
     # `used_splits` reads lse -inf and o 0, so alpha 1 and beta 0: an identity, the same result bit for bit.
     for split0 in range(0, used_splits, MERGE_UNROLL):
         for j in tl.static_range(MERGE_UNROLL):
