@@ -62,13 +62,14 @@ def test_a_config_named_with_a_tree_runs_that_trees_code(tmp_path: Path) -> None
     """NAME@DIR runs `framework.entrypoints.cli` from DIR: a stand-in tree whose CLI writes a fixed bench.json (from
     its own working directory, with the output path it was given) shows up as that configuration's result."""
     tree = tmp_path / "tree"
-    (tree / "framework").mkdir(parents=True)
+    (tree / "framework" / "entrypoints").mkdir(parents=True)
     (tree / "framework" / "__init__.py").write_text("")
-    (tree / "framework" / "cli.py").write_text(
+    (tree / "framework" / "entrypoints" / "__init__.py").write_text("")
+    (tree / "framework" / "entrypoints" / "cli.py").write_text(
         "import json, os, sys\n"
         "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('bench.output_dir=')][0]\n"
         "os.makedirs(out, exist_ok=True)\n"
-        "assert os.getcwd() == os.path.dirname(os.path.abspath(__file__))[:-len('/framework')]\n"
+        "assert os.getcwd() == os.path.dirname(os.path.abspath(__file__))[:-len('/framework/entrypoints')]\n"
         "json.dump({'results': [{'engine': 'mrv2 (stand-in)', 'output_tok_per_s': 1234.0}]},"
         " open(os.path.join(out, 'bench.json'), 'w'))\n"
     )
