@@ -1,4 +1,4 @@
-"""scripts/bench_step_bookkeeping.py on a tiny batch: both workloads run through `EngineCore.step` with the fake
+"""benchmarks/bench_step_bookkeeping.py on a tiny batch: both workloads run through `EngineCore.step` with the fake
 runner, the JSON has every phase, a baseline run is shown beside, and the plot is drawn."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def _bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
     res = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_step_bookkeeping.py"),
+            str(ROOT / "benchmarks" / "bench_step_bookkeeping.py"),
             "--sizes",
             "4",
             "--steps",

@@ -1,4 +1,4 @@
-"""scripts/bench_matrix.py: the paired summary on synthetic runs, and one real round on the CPU (the smoke
+"""benchmarks/bench_matrix.py: the paired summary on synthetic runs, and one real round on the CPU (the smoke
 experiment, two configurations: every run completes, the JSON and plot are written)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_matrix import summarise  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def test_one_round_on_the_cpu(tmp_path: Path) -> None:
     res = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_matrix.py"),
+            str(ROOT / "benchmarks" / "bench_matrix.py"),
             "--rounds",
             "1",
             "--config",
@@ -59,8 +59,8 @@ def test_one_round_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_a_config_named_with_a_tree_runs_that_trees_code(tmp_path: Path) -> None:
-    """NAME@DIR runs `framework.entrypoints.cli` from DIR: a stand-in tree whose CLI writes a fixed bench.json (from its own
-    working directory, with the output path it was given) shows up as that configuration's result."""
+    """NAME@DIR runs `framework.entrypoints.cli` from DIR: a stand-in tree whose CLI writes a fixed bench.json (from
+    its own working directory, with the output path it was given) shows up as that configuration's result."""
     tree = tmp_path / "tree"
     (tree / "framework" / "entrypoints").mkdir(parents=True)
     (tree / "framework" / "__init__.py").write_text("")
@@ -76,7 +76,7 @@ def test_a_config_named_with_a_tree_runs_that_trees_code(tmp_path: Path) -> None
     res = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_matrix.py"),
+            str(ROOT / "benchmarks" / "bench_matrix.py"),
             "--rounds",
             "1",
             "--config",

@@ -1,6 +1,6 @@
-"""scripts/bench_spec.py on the CPU (`--smoke`: tiny model, no timings worth reading): it runs every engine of a
-cell round-robin, writes its JSON (per-step times, eager flags, dynamic-k's decision log) and its plot; the
-host-speed comparisons; and the policy host-time benchmark runs end to end."""
+"""benchmarks/bench_spec.py on the CPU (`--smoke`: tiny model, no timings worth reading): it runs every engine of a
+cell round-robin, writes its JSON (per-step times, eager flags, dynamic-k's decision log) and its plot; and the
+host-speed comparisons."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_bench_spec_smoke_writes_every_engine_and_the_decision_log(tmp_path):
     res = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_spec.py"),
+            str(ROOT / "benchmarks" / "bench_spec.py"),
             "--smoke",
             "--out",
             str(out),
@@ -66,7 +66,7 @@ def test_bench_spec_smoke_writes_every_engine_and_the_decision_log(tmp_path):
 
 
 def test_paired_ratio_counts_only_rounds_where_both_runs_were_fast_host():
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     from host_speed import fastest_policy, paired_ratio
 
     dynamic = {"runs_tok_per_s": [100, 80, 110, 90], "runs_host_probe_us": [700, 1400, 700, 700]}
@@ -82,23 +82,8 @@ def test_paired_ratio_counts_only_rounds_where_both_runs_were_fast_host():
     assert fastest_policy(runs, 700) == "c"
 
 
-def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True, timeout=600, cwd=ROOT
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    return res
-
-
-def test_policy_host_bench_times_every_batch_size(tmp_path):
-    _script("bench_policy_host.py", "--batch", "4", "8", "--runs", "1", "--output-len", "16", "--out", str(tmp_path))
-    rows = json.loads((tmp_path / "policy_host.json").read_text())["rows"]
-    assert [r["batch"] for r in rows] == [4, 8]
-    assert all(r["us_per_step"] > 0 and r["steps_per_run"] >= 16 / 6 and r["decisions_per_run"] >= 1 for r in rows)
-
-
 def test_pair_rounds_share_the_time_left_after_the_fixed_rounds_of_later_cells(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from bench_spec import pair_deadline
 
     # 100 s left, 3 later cells needing 20 s each for their fixed rounds: 40 s shared by 4 cells' pair rounds.

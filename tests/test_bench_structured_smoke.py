@@ -1,4 +1,4 @@
-"""scripts/bench_structured.py on the CPU (`--quick`: random_tiny, a few short requests; no timings worth
+"""benchmarks/bench_structured.py on the CPU (`--quick`: random_tiny, a few short requests; no timings worth
 reading): both runs complete at full length, the grammar refuses nothing, the JSON report is written."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def test_bench_structured_quick(tmp_path: Path) -> None:
     res = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_structured.py"),
+            str(ROOT / "benchmarks" / "bench_structured.py"),
             "--quick",
             "--rounds",
             "1",

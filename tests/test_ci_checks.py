@@ -80,18 +80,20 @@ def test_ci_run_sets_the_strict_skip_check():
     assert re.search(r"^export .*\bMRV2_CI=1\b", (REPO / ".ci" / "run").read_text(), re.MULTILINE)
 
 
-def test_gpu_tests_all_runs_every_gpu_file_once_within_one_device_call():
-    script = (REPO / "scripts" / "gpu_batch.sh").read_text()
+def test_gpu_pieces_run_every_gpu_file_once_within_one_device_call_each():
+    script = (REPO / "tests" / "gpu" / "run_pieces.sh").read_text()
     files = []
-    for array in ("GPU_PIECES", "GPU_PIECES_MORE"):  # each run by one device call (gpu_tests_all, gpu_tests_more)
+    for array in ("GPU_PIECES", "GPU_PIECES_MORE"):  # each run by one device call (gpu_tests_first, gpu_tests_more)
         block = re.search(rf"^{array}=\((.*?)^\)", script, re.MULTILINE | re.DOTALL)
-        assert block, f"gpu_batch.sh defines {array}"
+        assert block, f"run_pieces.sh defines {array}"
         pieces = [line.strip().strip('"').split() for line in block.group(1).splitlines() if line.strip()]
         files += [f for piece in pieces for f in piece[2:]]
         assert sum(int(piece[1]) for piece in pieces) <= 580  # one device command may run 600 s
     assert sorted(files) == sorted(p.name for p in (REPO / "tests" / "gpu").glob("test_*.py"))
-    assert re.search(r"^\s*gpu_tests_all\) gpu_tests_all ;;", script, re.MULTILINE)
-    assert re.search(r"^\s*gpu_tests_more\) run_pieces gpu_tests_more GPU_PIECES_MORE ;;", script, re.MULTILINE)
+    assert re.search(r"^\s*gpu_tests_first\) test_groups gpu_tests_first GPU_PIECES ;;", script, re.MULTILINE)
+    assert re.search(r"^\s*gpu_tests_more\) test_groups gpu_tests_more GPU_PIECES_MORE ;;", script, re.MULTILINE)
+    assert re.search(r"^\s*gpu_tests_all\)\n.*pytest .* tests/gpu$", script, re.MULTILINE | re.DOTALL)
+    assert re.search(r"^\s*nano\) .*bench experiment=nano bench.output_dir=\"\$out/nano\"", script, re.MULTILINE)
 
 
 def test_the_test_command_takes_one_worker_on_a_gpu_machine(monkeypatch, pytestconfig):

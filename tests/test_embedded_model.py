@@ -1,7 +1,7 @@
 """The trained `tiny` model shipped in the package (framework/models/embedded/tiny-code/).
 
 The resolution tests always run. The tests of the shipped files skip, naming what to do, until the files
-produced by `scripts/train_tiny.py` are copied into the package (see docs/embedded-model.md).
+produced by `training/train_tiny.py` are copied into the package (see docs/embedded-model.md).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = shipped_model_dir("tiny")
 needs_shipped = pytest.mark.skipif(
     SHIPPED is None,
-    reason="the trained tiny model is not in the package yet: run scripts/train_tiny.py on a GPU and copy its "
+    reason="the trained tiny model is not in the package yet: run training/train_tiny.py on a GPU and copy its "
     "tiny-code* directories into framework/models/embedded/ (docs/embedded-model.md)",
 )
 # Python prompts in the style of the standard library (not copied from it).
@@ -98,7 +98,8 @@ def test_tiny_resolves_to_the_shipped_directory_when_present(tmp_path, monkeypat
 def test_unknown_preset_lists_the_shipped_names_too():
     with pytest.raises(
         ValueError,
-        match="embedded presets: jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-8b, qwen3-moe-tiny, random_tiny, tiny, whisper-base",
+        match="embedded presets: jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-8b, qwen3-moe-tiny, "
+        "random_tiny, tiny, whisper-base",
     ):
         LLM("nope", device="cpu")
 

@@ -4,7 +4,7 @@ Claims: `model.programmatic_launch` resolves as documented (off on a CPU and und
 faked sm_90 device, off for an older GPU or a Triton without `launch_pdl`, with a log line naming why); the
 small-batch path hands `pdl=True` to every kernel of a decode step when it is on, and `pdl=False` elsewhere; the
 GEMV's weight-first tile (`prefetch_k`, whole, part of K, none) gives the reference's results in the interpreter;
-compiled for sm_90 (scripts/pdl_ptx_check.py, a subprocess), each PDL variant's PTX holds one
+compiled for sm_90 (tests/gpu/pdl_ptx_check.py, a subprocess), each PDL variant's PTX holds one
 `griddepcontrol.wait` and one `.launch_dependents`, the others none, and the GEMV's weight loads come before the
 wait. Negative control: the ordering criterion rejects the kernels that wait first (nothing loaded before it).
 """
@@ -178,7 +178,7 @@ def test_prefetch_rule_at_real_shapes() -> None:
 def ptx_reports() -> list[dict]:
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
     run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "pdl_ptx_check.py")],
+        [sys.executable, str(REPO / "tests" / "gpu" / "pdl_ptx_check.py")],
         env=env,
         cwd=REPO,
         capture_output=True,

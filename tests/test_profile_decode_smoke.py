@@ -1,4 +1,4 @@
-"""scripts/profile_decode.py on the CPU (`--device cpu`, the tiny model: no timings worth reading): the decode
+"""benchmarks/profile_decode.py on the CPU (`--device cpu`, the tiny model: no timings worth reading): the decode
 phases, the kernel profile and, with `--profile-prefill`, the prefill phases and the prefill steps' device-busy
 figures all reach profile.json, both chrome traces are written, and the prefill steps' host functions are
 profiled."""
@@ -18,7 +18,7 @@ def test_profile_decode_smoke_with_prefill(tmp_path):
     res = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "profile_decode.py"),
+            str(ROOT / "benchmarks" / "profile_decode.py"),
             "--device",
             "cpu",
             "--preset",

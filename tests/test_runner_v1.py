@@ -296,28 +296,6 @@ def test_model_state_keeps_stable_slots_while_v1_rows_move(tiny_llm_factory, tal
         assert llm.engine.runner.batch.num_moves > 0
 
 
-# ---- the host-overhead benchmark runs -----------------------------------------------------------------
-def test_host_overhead_benchmark_writes_table_json_and_plot(tmp_path: Path, capsys) -> None:
-    import importlib.util
-    import json
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_host_overhead.py"
-    spec = importlib.util.spec_from_file_location("bench_host_overhead", script)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    threads = torch.get_num_threads()
-    try:
-        module.main(["--sizes", "4", "8", "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(tmp_path)])
-    finally:
-        torch.set_num_threads(threads)
-    table = capsys.readouterr().out
-    assert "execute ms" in table and table.count("\nv1 ") == 2 and table.count("\nv2 ") == 2
-    results = json.loads((tmp_path / "host_overhead.json").read_text())["results"]
-    assert [(r["runner"], r["num_requests"]) for r in results] == [("v2", 4), ("v1", 4), ("v2", 8), ("v1", 8)]
-    assert all(r["runner_cpu_ms"] > 0 for r in results)
-    assert (tmp_path / "host_overhead.png").stat().st_size > 0
-
-
 # ---- decode graphs, their replay stood in for on the CPU -----------------------------------------------
 def test_v1_decode_steps_replay_graphs_with_the_eager_tokens(tiny_llm_factory) -> None:
     """V1 routes pure decode batches (one token per row) that fit a captured size to `DecodeCudaGraphs.run`,

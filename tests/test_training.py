@@ -1,4 +1,4 @@
-"""The pieces of scripts/train_tiny.py and scripts/eval_tiny.py that can be wrong without crashing:
+"""The pieces of training/train_tiny.py and training/eval_tiny.py that can be wrong without crashing:
 the held-out split, the tokenizer files, the draft heads' shift convention and the acceptance simulation."""
 
 from __future__ import annotations

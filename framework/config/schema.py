@@ -59,7 +59,7 @@ class ModelConfig(_Strict):
         le=16,
         description="Largest token count of a forward (a padded graph batch) that takes the "
         "small-batch kernels when they are enabled. 1 by default: on the H200 the GEMV beats cuBLAS at one row "
-        "and loses at eight (scripts/bench_gemv_tiles.py).",
+        "and loses at eight (1e476a2:scripts/bench_gemv_tiles.py).",
     )
     longest_rows_first: bool = Field(
         True,
@@ -365,7 +365,8 @@ class BenchConfig(_Strict):
     step_timeline: bool = Field(
         False,
         description="GPU: record each timed step's rows and device time; print where the run's device time "
-        "went against a floor (its bytes or its FLOPs), write timeline.json and timeline.png (framework/entrypoints/bench/timeline.py).",
+        "went against a floor (its bytes or its FLOPs), write timeline.json and timeline.png "
+        "(framework/entrypoints/bench/timeline.py).",
     )
     shared_prefix_len: int = Field(
         0,

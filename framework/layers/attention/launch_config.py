@@ -1,7 +1,7 @@
 """Fixed launch configurations of the paged-attention kernels: tile shapes and the split-KV rule.
 
 Nothing here is measured at run time: the tiles are constants fitted once on an H200 (bf16, Qwen3-0.6B
-geometry; `scripts/bench_attention.py --sweep` reproduces the sweep), and the number of KV splits for a
+geometry; `benchmarks/bench_attention.py --sweep` reproduces the sweep), and the number of KV splits for a
 decode batch comes from a closed-form cost model (`num_kv_splits`), cached per batch shape.
 """
 
@@ -16,7 +16,7 @@ from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 
 # A KV split reads at least this many keys (one 128-key tile). Was 256 (two tiles) while the merge of the splits
 # waited one L2 round trip per split; with the merge unrolled (triton_tiles._merge_kv_splits), one-tile splits
-# ran a batch-1 layer ~1.1 us faster at 1,400 keys on an H200 (scripts/bench_pdl.py --ablate, 2026-12-02).
+# ran a batch-1 layer ~1.1 us faster at 1,400 keys on an H200 (1e476a2:scripts/bench_pdl.py --ablate, 2026-12-02).
 MIN_SPLIT_TOKENS = 128
 MERGE_UNROLL = 8  # KV splits the merge of a split launch takes per unrolled step (triton_tiles._merge_kv_splits)
 MAX_KV_SPLITS = 32

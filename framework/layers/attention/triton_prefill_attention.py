@@ -9,7 +9,7 @@ A program owns one query tile (`BLOCK_Q` tokens of one row x `HEADS` query heads
 into `BLOCK_M` matrix rows) and walks its keys in `BLOCK_N` tiles gathered through the block table; fully
 visible tiles run unmasked, the causal diagonal masked. Against the older launch it differs in the ways FA2/3
 kernels on Hopper do, each behind a `PrefillVariant` field so an H200 sweep can pick
-(`scripts/bench_prefill_attention.py`):
+(`1e476a2:scripts/bench_prefill_attention.py`):
 
 * `prefetch_pages`: the next tile's block ids are loaded a tile ahead, so Triton's pipeliner keeps a K/V
   tile in flight during a tile's MMAs (with the id lookup inside the tile it gives K/V 2 buffers and waits
@@ -96,7 +96,7 @@ class PrefillVariant:
 def default_variant(head_dim: int, on_gpu: bool, elem_size: int = 2) -> PrefillVariant:
     """The variant `prefill_attention` runs unless given one (`PrefillVariant.parse` edits it for sweeps).
 
-    Head_dim 128, from the H200 sweep of 2026-12-02 (`scripts/bench_prefill_attention.py`, docs/benchmarks.md):
+    Head_dim 128, from the H200 sweep of 2026-12-02 (`1e476a2:scripts/bench_prefill_attention.py`, docs/benchmarks.md):
     128x128 tiles, 8 warps, 3 stages, reversed order, block ids a tile ahead, K gathered as rows then
     `tl.trans` (`k_trans=False`): the best of 15 variants at all four shapes swept, 1.21-1.71x the older launch
     (causal 8,192 tokens: 459 against 317 TFLOP/s). Other head dims keep the older launch's tiles (unmeasured).

@@ -50,7 +50,7 @@ def products_in_f16(cache_dtype: torch.dtype, query_dtype: torch.dtype) -> bool:
     """Whether attention of a bfloat16 query over a cache of `cache_dtype` multiplies in float16 (`DOT_F16`): for
     FP8 caches. Two FP8 elements become float16 in one instruction (`cvt.rn.f16x2.e4m3x2`), bfloat16 only through
     float16, one more per element (Triton's PTX for sm_90); decode attention measured 1.2-1.3x faster at 16-256
-    rows with float16 products (scripts/bench_attention.py --sweep-kv-dtype), and float16 holds FP8 exactly;
+    rows with float16 products (benchmarks/bench_attention.py --sweep-kv-dtype), and float16 holds FP8 exactly;
     q keeps more mantissa in float16 than in bfloat16, and so does P (in [0, 1]). Only a |q| past float16's
     65,504 changes (saturated). float16 queries multiply in float16 anyway, float32 ones stay float32."""
     return is_fp8(cache_dtype) and query_dtype == torch.bfloat16
@@ -176,7 +176,7 @@ def _merge_kv_splits(
     weight = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     # MERGE_UNROLL splits per iteration, unrolled, so their loads are in flight together (a rolled loop waited
-    # one L2 round trip per split: ~1-2 us of a batch-1 layer, scripts/bench_pdl.py --ablate). A split past
+    # one L2 round trip per split: ~1-2 us of a batch-1 layer, 1e476a2:scripts/bench_pdl.py --ablate). A split past
     # `used_splits` reads lse -inf and o 0, so alpha 1 and beta 0: an identity, the same result bit for bit.
     for split0 in range(0, used_splits, MERGE_UNROLL):
         for j in tl.static_range(MERGE_UNROLL):

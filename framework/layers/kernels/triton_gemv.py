@@ -215,7 +215,7 @@ def gemv_tiles(
 ) -> GemvTiles:
     """The launch shape for an [m, k] x [n, k]^T product (`silu_mul`: gate and up, [2n, k]); a nonzero `block_n`
     / `block_k` / `num_warps` / `num_stages` or a given `dot` / `prefetch_k` (0: none, else a power of two)
-    fixes that choice (scripts/bench_gemv_tiles.py sweeps them).
+    fixes that choice (1e476a2:scripts/bench_gemv_tiles.py, removed, swept them).
 
     The kernel: the GEMV at one row, the tensor-core dot kernel from two rows (the GEMV's cost grows with each
     row; the dot's shape rules, `dot_tile_shape`, are unmeasured guesses). GEMV defaults, the sweep's best or
@@ -223,7 +223,7 @@ def gemv_tiles(
     rows and 8 warps a program (a warp per row), K in chunks of 2 KB of weight row (1,024 bf16). Fixed rules,
     nothing tuned at run time. The GEMV's first tile: the first `PREFETCH_BYTES` of the program's weight rows
     (a power of two of columns, at most K rounded up), so that under programmatic dependent launch the weight
-    streams while the previous kernel ends (unmeasured: scripts/bench_pdl.py compares 0 with this)."""
+    streams while the previous kernel ends (unmeasured: 1e476a2:scripts/bench_pdl.py, removed, compared 0 with this)."""
     use_dot = m >= 2 if dot is None else dot
     if use_dot:
         block_n, block_k, num_warps, num_stages = dot_tile_shape(

@@ -15,7 +15,8 @@ dtype, SiLU(gate) * up from two accumulators (gate rows n, up rows N + n), the r
 then cast to the output dtype. Only geometry is `constexpr`; M is a runtime argument, not specialised, so every
 M in 2..16 runs one compiled variant per projection.
 
-The launch rules (`dot_tile_shape`) are unmeasured; `scripts/bench_gemv_tiles.py` sweeps them.
+The launch rules (`dot_tile_shape`) are unmeasured; the sweep script `1e476a2:scripts/bench_gemv_tiles.py` (removed)
+times other shapes.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def _gemv_dot_kernel(
     BLOCK_N: tl.constexpr,  # weight rows per program: the MMA's m dimension
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,  # weight chunks in flight (software pipelining of the K loop)
-    UPCAST: tl.constexpr,  # interpreter only: bfloat16 tiles go to tl.dot as float32 (triton_norm_silu.interpreter_upcast)
+    # interpreter only: bfloat16 tiles go to tl.dot as float32 (triton_norm_silu.interpreter_upcast)
+    UPCAST: tl.constexpr,
     HAS_NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -146,7 +148,7 @@ def dot_tile_shape(
     are always capped to what fits SMEM_BUDGET (a launch over the limit fails: 128 x 128 bf16 gate/up tiles at 4
     stages need 260 KB of the H200's 227).
 
-    UNMEASURED GUESSES, for the next GPU sweep (scripts/bench_gemv_tiles.py) to replace: 64 weight rows a
+    UNMEASURED GUESSES, for a GPU sweep (as 1e476a2:scripts/bench_gemv_tiles.py did) to replace: 64 weight rows a
     program (one Hopper warpgroup MMA, m64n16), 128 once N gives more than two programs per SM of an H200 at
     that size (the LM head), 4 warps; K in chunks of 256 bytes of each weight row (128 bf16) with 4 stages in
     flight (64 rows: 64 KB a program, above the ~36 KB per SM that HBM latency times bandwidth asks for).

@@ -1,7 +1,7 @@
 """Models shipped inside the package as HF-format directories, loaded exactly like a `model.path`.
 
 `model.preset=tiny` names the trained tiny code model in `tiny-code/` (config.json, model.safetensors,
-tokenizer.json, ...), written by `scripts/train_tiny.py`. Until those files are in the package, `tiny`
+tokenizer.json, ...), written by `training/train_tiny.py`. Until those files are in the package, `tiny`
 falls back to the random-weight geometry `random_tiny` (see `FALLBACK_PRESETS`), so `mrv2 run` keeps
 working. The draft heads trained for it (`tiny-code-eagle/`, `tiny-code-mtp/`) ship beside it.
 """

@@ -1,8 +1,8 @@
 """Evaluate the trained tiny model's speculators: acceptance length of ngram, EAGLE and MTP for k = 1..5 on
 held-out code prompts, and output tokens/s with and without each speculator in the mrv2 engine.
 
-    PYTHONPATH=$PWD python3 scripts/eval_tiny.py --run-dir OUT_DIR --out EVAL_DIR      # after train_tiny.py
-    PYTHONPATH=$PWD python3 scripts/eval_tiny.py --out EVAL_DIR                         # the shipped model
+    PYTHONPATH=$PWD python3 training/eval_tiny.py --run-dir OUT_DIR --out EVAL_DIR      # after train_tiny.py
+    PYTHONPATH=$PWD python3 training/eval_tiny.py --out EVAL_DIR                         # the shipped model
 
 Two parts, each recorded in EVAL_DIR/eval_tiny.json and printed as markdown tables on stdout:
 - "simulated": greedy acceptance computed offline (training/acceptance.py) from the target's own greedy

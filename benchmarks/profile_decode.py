@@ -16,7 +16,7 @@ busy fraction: well below 1 when the host queues prefill steps slower than the d
 
 Writes `profile.txt` (everything printed) and `profile.json` (the numbers) into `--out`.
 
-    python scripts/profile_decode.py --batch 256 --steps 100 --out /tmp/profile_decode
+    python benchmarks/profile_decode.py --batch 256 --steps 100 --out /tmp/profile_decode
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         }
     )
     engine = LLM(config=config).engine
-    if args.spec_k is not None:  # held at a fixed draft length (as scripts/bench_spec.py does)
+    if args.spec_k is not None:  # held at a fixed draft length (as benchmarks/bench_spec.py does)
         from speculators.policy import FixedK
 
         ks = [int(k) for k in args.spec_k.split(",")]

@@ -1,12 +1,12 @@
 """Compile the decode step's PDL kernels for sm_90 without a GPU and read their PTX: where `griddepcontrol` is.
 
-Uses `triton_cuda_compile_check.py`'s stand-in driver (real NVIDIA backend, launches do nothing). Each wrapper runs
+Uses `compile_check.py`'s stand-in driver (real NVIDIA backend, launches do nothing). Each wrapper runs
 once with `pdl=False` and once with `pdl=True` (GEMV: qkv-style add + norm, a K longer than its first tile, the
 SiLU gate/up; q/k norm + RoPE + store; split-KV attention and its reduce; RMSNorm); for every compiled variant it
 reports USE_PDL, the `launch_pdl` option, how many `griddepcontrol.wait` / `.launch_dependents` the PTX holds, and
 how many `ld.global` come before the first wait (in the GEMV: its weight tile). One JSON line per variant.
 
-    python3 scripts/pdl_ptx_check.py [--geometry small|0.6b] [--dump DIR]
+    python3 tests/gpu/pdl_ptx_check.py [--geometry small|0.6b] [--dump DIR]
 
 `--geometry 0.6b`: the GEMV at the Qwen3-0.6B shapes (qkv, o_proj, gate_up, down, LM head; slower to compile).
 tests/test_pdl.py runs the small one in a subprocess.
@@ -22,9 +22,9 @@ import runpy
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-runpy.run_path(str(REPO / "scripts" / "triton_cuda_compile_check.py"), run_name="compile_check")  # the fake driver
+runpy.run_path(str(REPO / "tests" / "gpu" / "compile_check.py"), run_name="compile_check")  # the fake driver
 
 import torch  # noqa: E402
 

@@ -30,7 +30,7 @@ over fast-host runs. The JSON keeps every run's host probes, every step's time, 
 ran eagerly, and dynamic-k's decision log. Writes `bench_spec.json` and `bench_spec.png` into `--out`;
 prints a table. About 3 minutes on one H200 with the defaults, 5 with `--pairs 24 --fast-pairs 8`.
 
-    python scripts/bench_spec.py --repeats 3 --pairs 24 --fast-pairs 8 --out bench_results/spec
+    python benchmarks/bench_spec.py --repeats 3 --pairs 24 --fast-pairs 8 --out bench_results/spec
 """
 
 from __future__ import annotations

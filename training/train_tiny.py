@@ -1,8 +1,8 @@
 """Train mrv2's embedded `tiny` model: a byte-level BPE tokenizer and a small Qwen3-architecture model on the
 Python standard library's sources, then an EAGLE head and an MTP head for it. Seeded; time-budgeted.
 
-    python3 scripts/train_tiny.py --out OUT_DIR            # the GPU run (~8.5 minutes on one H200)
-    python3 scripts/train_tiny.py --out /tmp/t --smoke     # the whole pipeline in ~20 s on a CPU
+    python3 training/train_tiny.py --out OUT_DIR            # the GPU run (~8.5 minutes on one H200)
+    python3 training/train_tiny.py --out /tmp/t --smoke     # the whole pipeline in ~20 s on a CPU
 
 Needs torch, transformers, tokenizers, safetensors and numpy (matplotlib for the plot, optional); no network.
 Writes, under OUT_DIR:
@@ -12,7 +12,7 @@ Writes, under OUT_DIR:
     tiny-code-mtp/      config.json, model.safetensors (MTP head)           -> framework/models/embedded/
     train_log.json      settings, corpus, loss curves, held-out loss, head agreement, wall times, tokens seen
     loss.png            training and held-out loss (and head losses), if matplotlib is installed
-    heldout_prompts.json  code prompts cut from held-out files (for scripts/eval_tiny.py)
+    heldout_prompts.json  code prompts cut from held-out files (for training/eval_tiny.py)
 and prints on stdout the report rows of docs/embedded-model.md, filled from train_log.json.
 """
 

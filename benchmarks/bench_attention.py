@@ -19,11 +19,11 @@ Achieved bandwidth = bytes of K and V that must be read (2 x sum(seq_lens) x kv_
 time. Prefill cases report TFLOP/s (4 x heads x head_dim x visible query-key pairs / time).
 Prints a table; writes `attention_bench.json` and `attention_bench.png` into the directory given.
 
-    PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR [--batches 1 16 64 256 512]
+    PYTHONPATH=$PWD python benchmarks/bench_attention.py OUT_DIR [--batches 1 16 64 256 512]
         [--seq-lens 512 1024 2048 4096]
-    PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR --compare-reduce
-    PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR --sweep-mixed   # tiles at nano's draining batches
-    PYTHONPATH=$PWD python scripts/bench_attention.py OUT_DIR --sweep-kv-dtype   # bf16 vs FP8 caches
+    PYTHONPATH=$PWD python benchmarks/bench_attention.py OUT_DIR --compare-reduce
+    PYTHONPATH=$PWD python benchmarks/bench_attention.py OUT_DIR --sweep-mixed   # tiles at nano's draining batches
+    PYTHONPATH=$PWD python benchmarks/bench_attention.py OUT_DIR --sweep-kv-dtype   # bf16 vs FP8 caches
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def bench_decode(batch: int, seq_len: int, dtype: torch.dtype, with_baseline: bo
     for key in ("triton", "triton_1split", "baseline"):
         if f"{key}_ms" in result:
             result[f"{key}_tbps"] = kv_bytes / (result[f"{key}_ms"] * 1e-3) / 1e12
-    del query, cache, meta
+    query = cache = meta = None  # frees the GPU memory (rebound, not deleted: the lambdas above read these names)
     torch.cuda.empty_cache()
     return result
 
@@ -299,7 +299,7 @@ def sweep(
             ):
                 print(f"host {name}: {_host_us(fn):.1f} us/call", flush=True)
                 out.append(dict(kind="host", name=name, us=_host_us(fn)))
-        del query, cache, meta
+        query = cache = meta = None
         torch.cuda.empty_cache()
     if not with_prefill:
         return out
@@ -339,7 +339,7 @@ def sweep(
                 f"{r['us']:8.1f} us {r['tflops']:6.1f} TFLOP/s",
                 flush=True,
             )
-        del query, cache, meta
+        query = cache = meta = None
         torch.cuda.empty_cache()
     return out
 
@@ -383,7 +383,7 @@ def bench_reduce(batch: int, seq_len: int, dtype: torch.dtype) -> dict:
         max_abs_diff=float((ours - two_launch).abs().max()),
         counters_zero=not bool(counters.any()),
     )
-    del query, cache, meta
+    query = cache = meta = None
     torch.cuda.empty_cache()
     return result
 
@@ -411,7 +411,7 @@ def bench_tiles(batch: int, seq_len: int, dtype: torch.dtype) -> dict:
     for name, tiles in (("rule", rule), ("fixed_128_4_2", fixed)):
         ms = _time_graph_ms(lambda: paged_attention(query, cache, meta, scale, small_tiles=tiles))
         result[f"{name}_us"], result[f"{name}_tbps"] = ms * 1e3, kv_bytes / (ms * 1e-3) / 1e12
-    del query, cache, meta
+    query = cache = meta = None
     torch.cuda.empty_cache()
     return result
 
@@ -681,7 +681,7 @@ def sweep_mixed(
             )
             cells.append(f"{us:>8.1f} ({splits:>2})")
         print(f"{batch:>5} {f'{lo}-{hi}':>10} " + " ".join(f"{c:>14}" for c in cells), flush=True)
-        del query, cache, meta
+        query = cache = meta = None
         torch.cuda.empty_cache()
     (out_dir / "attention_mixed.json").write_text(json.dumps(dict(env=env, results=rows_out), indent=1))
     series = [
@@ -802,8 +802,8 @@ def sweep_kv_dtype(out_dir: Path, env: dict, max_seq_len: int = 2048) -> None:
                 )
                 cells.append(f"{us:>8.1f}")
             print(f"{batch:>5} {f'{lo}-{hi}':>10} {mode:>14} " + " ".join(cells), flush=True)
-            del cache
-        del query, cache16, meta
+            cache = None
+        query = cache16 = meta = None
         torch.cuda.empty_cache()
     (out_dir / "attention_kv_dtype.json").write_text(json.dumps(dict(env=env, results=rows_out), indent=1))
     batches = [b for b, _, _ in KV_DTYPE_SHAPES]

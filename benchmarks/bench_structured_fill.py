@@ -14,7 +14,7 @@ tokens (the 256 bytes plus random printable strings of 2-8 characters), closer t
 strings cost far more there. The grammar's lexer caches are warmed by one matcher walking the text first (a
 server's steady state: the records of an array repeat).
 
-    PYTHONPATH=$PWD python3 scripts/bench_structured_fill.py [--vocab nano synthetic] [--threads 0 1 2 4 8]
+    PYTHONPATH=$PWD python3 benchmarks/bench_structured_fill.py [--vocab nano synthetic] [--threads 0 1 2 4 8]
 """
 
 from __future__ import annotations

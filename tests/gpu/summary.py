@@ -1,12 +1,12 @@
-"""Pass/fail summary of a full tests/gpu run made in pieces (`scripts/gpu_batch.sh OUT gpu_tests_all`).
+"""Pass/fail summary of a tests/gpu run made in pieces (`tests/gpu/run_pieces.sh OUT gpu_tests_first`).
 
 Reads the JUnit XML report of every piece (`--junitxml`), prints one line per piece (passed / failed / errors /
 skipped, seconds) and the totals, names every failed or skipped test with its message, and lists the GPU test
 files that no piece ran (a new file must be added to a piece, not silently left out). Exit status 1 when anything
 failed, errored, skipped or was left out. The lead copies the totals, commit and date into docs/benchmarks.md.
 
-    python3 scripts/gpu_tests_summary.py RESULTS_DIR     # RESULTS_DIR/<piece>.xml, one per piece
-    python3 scripts/gpu_tests_summary.py RESULTS_DIR --expect test_a_gpu.py ...   # only these files are due
+    python3 tests/gpu/summary.py RESULTS_DIR     # RESULTS_DIR/<piece>.xml, one per piece
+    python3 tests/gpu/summary.py RESULTS_DIR --expect test_a_gpu.py ...   # only these files are due
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _git(*args: str, env: dict[str, str] | None = None) -> str:
@@ -46,7 +46,7 @@ def _commit() -> str:
 
 def summarise(results: Path, expected_files: Optional[list[str]] = None) -> tuple[list[str], bool]:
     """(report lines, all passed) for the piece reports in `results`; `expected_files` (names of tests/gpu files)
-    are those the pieces must have run, default every tests/gpu file (`gpu_batch.sh` passes its list's)."""
+    are those the pieces must have run, default every tests/gpu file (`run_pieces.sh` passes its list's)."""
     lines, totals, problems, files_run = [], {"passed": 0, "failed": 0, "error": 0, "skipped": 0}, [], set()
     reports = sorted(results.glob("*.xml"))
     for report in reports:
@@ -76,7 +76,7 @@ def summarise(results: Path, expected_files: Optional[list[str]] = None) -> tupl
     if missing:
         lines.append(f"  not run by any piece (or collected nothing): {', '.join(missing)}")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines.append(f"gpu_tests_all: {'PASS' if ok else 'FAIL'} at commit {_commit()}, {date}")
+    lines.append(f"tests/gpu: {'PASS' if ok else 'FAIL'} at commit {_commit()}, {date}")
     return lines, ok
 
 

@@ -4,9 +4,9 @@ Each case is one `mrv2 bench experiment=nano ...` in its own process (fresh GPUs
 script collects their `bench.json`, prints a table of output / total tokens per second with the scaling against
 TP=1 of the same model, and writes `parallel.json` and `parallel.png` into `--out`.
 
-    python3 scripts/bench_parallel.py --out bench_results/parallel            # needs 2 GPUs, 5-7 minutes
-    python3 scripts/bench_parallel.py --out /tmp/pp --cases 0.6b-pp2 8b-pp2 --num-requests-pp 64
-    python3 scripts/bench_parallel.py --out /tmp/p --cases 0.6b-tp1 --num-requests 8 --device cpu  # smoke
+    python3 benchmarks/bench_parallel.py --out bench_results/parallel            # needs 2 GPUs, 5-7 minutes
+    python3 benchmarks/bench_parallel.py --out /tmp/pp --cases 0.6b-pp2 8b-pp2 --num-requests-pp 64
+    python3 benchmarks/bench_parallel.py --out /tmp/p --cases 0.6b-tp1 --num-requests 8 --device cpu  # smoke
 
 Random bf16 weights (model presets `qwen3-0.6b`, `qwen3-8b`); no HF baseline, no idle probe.
 """

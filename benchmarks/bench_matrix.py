@@ -2,11 +2,11 @@
 
 Each round runs every (workload, configuration) once, one process per run, in an order rotated from round to
 round (so no configuration always runs first or last), each run bracketed by the host-speed probe
-(`scripts/host_speed.py`: the H200 machine's host switches between a fast and a half-speed state). The table
+(`benchmarks/host_speed.py`: the H200 machine's host switches between a fast and a half-speed state). The table
 gives every run's output tok/s with its probe, the median over rounds, and each configuration's median ratio to
 the first one *within* a round (the runs of a round are back to back: the paired comparison).
 
-    python3 scripts/bench_matrix.py --out $OUT/matrix --rounds 3 \\
+    python3 benchmarks/bench_matrix.py --out $OUT/matrix --rounds 3 \\
         --config default= --config full_step=runner.full_step_cuda_graphs=true \\
         --workload nano="experiment=nano bench.baselines=[] bench.decode_idle_batch=0"
 

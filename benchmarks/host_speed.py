@@ -1,13 +1,13 @@
 """The host's speed around each benchmark run, and comparisons that hold it equal.
 
 The H200 machine's host (a KVM guest) runs pure Python at one speed for a while and at half that speed for a
-while, on every core at once (a diagnostic since removed, `scripts/diag/diag_host_speed.py` in git at 8b42fb6: a fixed loop took 0.7 or 1.3-1.5 ms; steal time
-stayed ~0). Small-batch decode steps are bound by the host, so a run's tokens/s follow that state, by
-30-60 %, which swamps the few percent two draft-length policies differ by. Each run is therefore bracketed
-by a probe (`host_probe_us`, the slower of one before and one after it), and a run counts as *fast-host*
-when its probe took under `FAST_HOST` times the fastest probe of the benchmark. Runs are compared round by
-round (`paired_ratio`: both policies back to back), over every round and over the rounds where both runs
-were fast-host.
+while, on every core at once (a diagnostic since removed, at commit 8b42fb6:scripts/diag/diag_host_speed.py: a
+fixed loop took 0.7 or 1.3-1.5 ms; steal time stayed ~0). Small-batch decode steps are bound by the host, so a
+run's tokens/s follow that state, by 30-60 %, which swamps the few percent two draft-length policies differ by.
+Each run is therefore bracketed by a probe (`host_probe_us`, the slower of one before and one after it), and a
+run counts as *fast-host* when its probe took under `FAST_HOST` times the fastest probe of the benchmark. Runs
+are compared round by round (`paired_ratio`: both policies back to back), over every round and over the rounds
+where both runs were fast-host.
 """
 
 from __future__ import annotations
@@ -73,5 +73,5 @@ def paired_ratio(dynamic: dict[str, Any], fixed: dict[str, Any], fastest: float)
     }
 
 
-if __name__ == "__main__":  # one probe, for shell jobs (scripts/gpu_batch.sh): "host probe us N"
+if __name__ == "__main__":  # one probe, for shell jobs: "host probe us N"
     print(f"host probe us {host_probe_us():.1f}")

@@ -17,7 +17,7 @@ The presets use the byte tokenizer (257 live tokens of the 151,936). So the scri
 threads on that vocabulary and on a synthetic 151,936-token one (the 256 bytes plus random printable strings),
 where masks inside strings cost far more, as with a real tokenizer.
 
-    PYTHONPATH=$PWD python3 scripts/bench_structured.py --out OUT_DIR [--rounds 2] [--quick] [--fill-threads N ...]
+    PYTHONPATH=$PWD python3 benchmarks/bench_structured.py --out OUT_DIR [--rounds 2] [--quick] [--fill-threads N ...]
 
 `--quick` runs a CPU-sized version on random_tiny (the smoke test). Prints a table; writes
 `structured_bench.json` and, with matplotlib, `structured_bench.png` into OUT_DIR.

@@ -26,7 +26,7 @@ bisection top-k/top-p (includes a clone of the logits, timed too), min-p, Gumbel
 Prints tables; writes `sampler_bench.json` and, if matplotlib is installed, `sampler_bench.png` into OUT_DIR.
 Takes well under a minute on an H200 (mostly compiling).
 
-    PYTHONPATH=$PWD python3 scripts/bench_sampler.py OUT_DIR [--rows 256] [--vocab 151936] [--plan-warps 16]
+    PYTHONPATH=$PWD python3 benchmarks/bench_sampler.py OUT_DIR [--rows 256] [--vocab 151936] [--plan-warps 16]
         [--group 16 --cap 1024] [--maxnreg N] [--sample-warps 8] [--dtype bfloat16]
 """
 

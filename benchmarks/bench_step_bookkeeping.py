@@ -16,7 +16,7 @@ rows finish and a few prefill every step. CPU time of the calling thread, median
 then the median of `--repeats` runs. Prints a table, writes `step_bookkeeping.json` and
 `step_bookkeeping.png` into `--out`.
 
-    python scripts/bench_step_bookkeeping.py --sizes 64 256 --steps 200 --out bench_results/step_bookkeeping
+    python benchmarks/bench_step_bookkeeping.py --sizes 64 256 --steps 200 --out bench_results/step_bookkeeping
 
 `--baseline OLD/step_bookkeeping.json` (a run of an earlier checkout) puts that version's numbers beside these in
 the table and the plot.

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Named pieces of GPU work, run in turn on the GPU machine from the repository root, each under its own time limit:
+#   tests/gpu/run_pieces.sh OUT_DIR PIECE...
+# Pieces:
+#   gpu_tests_all    the whole tests/gpu suite in one pytest run (every file; needs 2 GPUs for the parallel tests)
+#   gpu_tests_first  GPU_PIECES below, one pytest run per group (fits one 600 s device call)
+#   gpu_tests_more   GPU_PIECES_MORE below, the same way (fits a second call); first + more = every tests/gpu file
+#   nano             `mrv2 bench experiment=nano` (V2, HF baseline, idle probe), bench.json under OUT_DIR/nano
+#   v1_nano          the same requests on the V1 runner, no HF baseline or idle probe, under OUT_DIR/v1_nano
+# Every test piece ends with tests/gpu/summary.py (totals, every failure and skip, GPU files no group ran, commit)
+# in OUT_DIR/<piece>_summary.txt; each piece's log is OUT_DIR/<name>/log.txt and OUT_DIR/summary.log has the tails.
+# .device-wheels/ (carried to the device, if present) holds Python 3.12 wheels of what the device lacks (pydantic,
+# hydra-core, omegaconf, antlr4, msgspec, llguidance, jsonschema and its dependencies).
+set -uo pipefail
+out=${1:?usage: tests/gpu/run_pieces.sh OUT_DIR PIECE...}
+shift
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+if compgen -G ".device-wheels/*.whl" >/dev/null && [ ! -d /tmp/site/pydantic ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .device-wheels/*.whl >/dev/null 2>&1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+
+step() { # name, limit (s), command...: the command's log in OUT/name/log.txt, GPU clocks and load in OUT/name/smi.csv
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS smi=""
+  mkdir -p "$out/$name"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+      --format=csv -lms 500 >"$out/$name/smi.csv" 2>/dev/null &
+    smi=$!
+  fi
+  timeout "$limit" "$@" >"$out/$name/log.txt" 2>&1
+  local rc=$?
+  [ -n "$smi" ] && kill "$smi" 2>/dev/null
+  echo "== $name rc=$rc $((SECONDS - t0))s" | tee -a "$out/summary.log"
+  grep -v -E "(it|req|batch|tok)/s\]|s/(it|req|batch)\]" "$out/$name/log.txt" | tail -25 >>"$out/summary.log"
+  return $rc
+}
+
+# Groups of tests/gpu files: "name limit_s files...". Each list's limits sum to <= 580 s (one device call may run
+# 600 s); every tests/gpu/test_*.py file is in exactly one of the two lists (tests/test_ci_checks.py checks both).
+GPU_PIECES=(
+  "kernels 30 test_layer_ops_gpu.py test_random_weights_gpu.py"
+  "sampler 70 test_sampler_fused_gpu.py test_sampler_gpu.py"
+  "spec 120 test_spec_gpu.py test_draft_heads_gpu.py"
+  "engine 95 test_gpu_engine.py test_prefix_caching_gpu.py"
+  "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py"
+  "parallel 50 test_parallel_gpu.py"
+  "structured 35 test_structured_gpu.py"
+  "moe 90 test_fused_moe_gpu.py"
+)
+GPU_PIECES_MORE=(
+  "smallbatch 160 test_small_batch_gpu.py"
+  "fullgraph 120 test_full_step_graphs_gpu.py"
+  "pdl 70 test_pdl_gpu.py"
+  "prefill 90 test_prefill_attention_gpu.py"
+  "prefillgraphs 80 test_prefill_graphs_gpu.py"
+  "attention 60 test_attention_gpu.py"
+)
+
+test_groups() { # piece, name of a groups array: one pytest run per group, then the summary of exactly those files
+  local piece=$1
+  local -n groups=$2
+  local xml="$out/$piece/junit" expect="" group name limit files
+  mkdir -p "$xml"
+  rm -f "$xml"/*.xml
+  for group in "${groups[@]}"; do
+    read -r name limit files <<<"$group"
+    expect="$expect $files"
+    # shellcheck disable=SC2046  # one word per file
+    step "$piece-$name" "$limit" python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$xml/$name.xml" \
+      $(printf 'tests/gpu/%s ' $files)
+  done
+  # shellcheck disable=SC2086
+  step "$piece-summary" 30 python3 tests/gpu/summary.py "$xml" --expect $expect
+  cp "$out/$piece-summary/log.txt" "$out/${piece}_summary.txt"
+}
+
+for piece in "$@"; do
+  case $piece in
+    gpu_tests_all)
+      mkdir -p "$out/gpu_tests_all/junit"
+      step gpu_tests_all 1800 python3 -m pytest -q -rs -p no:cacheprovider \
+        --junitxml="$out/gpu_tests_all/junit/all.xml" tests/gpu
+      step gpu_tests_all-summary 30 python3 tests/gpu/summary.py "$out/gpu_tests_all/junit"
+      cp "$out/gpu_tests_all-summary/log.txt" "$out/gpu_tests_all_summary.txt"
+      ;;
+    gpu_tests_first) test_groups gpu_tests_first GPU_PIECES ;;
+    gpu_tests_more) test_groups gpu_tests_more GPU_PIECES_MORE ;;
+    nano) step nano 330 python3 -m framework.entrypoints.cli bench experiment=nano bench.output_dir="$out/nano" ;;
+    v1_nano)
+      step v1_nano 300 python3 -m framework.entrypoints.cli bench experiment=nano runner=v1 bench.baselines=[] \
+        bench.decode_idle_batch=0 bench.output_dir="$out/v1_nano"
+      ;;
+    *) echo "unknown piece $piece (see the head of tests/gpu/run_pieces.sh)" | tee -a "$out/summary.log" ;;
+  esac
+done
