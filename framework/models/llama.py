@@ -99,7 +99,7 @@ class Attention(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         attention: AttentionFn,
-        pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, framework/layers/kernels/pdl.py)
+        pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, layers/kernels/pdl.py)
     ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
         """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
         q = self.rope_store(qkv, cos, sin, kv_cache, meta.kv_slot_mapping, pdl)
@@ -202,7 +202,7 @@ class DecoderLayer(nn.Module):
 
     def before_attention(self, x, residual, cos, sin, kv_cache, kv_slot_mapping):  # type: ignore[no-untyped-def]
         """(q [T, H, head_dim], the residual stream): the norm, the q/k/v projection, q/k norm + RoPE and the KV
-        store of this layer (`forward`'s part before attention; framework/runner/graphs/prefill_graphs.py captures it)."""
+        store of this layer (`forward`'s part before attention; runner/graphs/prefill_graphs.py captures it)."""
         h, residual = self.input_layernorm.add_and_norm(x, residual)
         attn = self.self_attn
         qkv = (
@@ -277,7 +277,7 @@ class LlamaForCausalLM(nn.Module):
         self.attention: AttentionFn = functools.partial(paged_attention, split_counters=self.split_counters)
         self.small_batch_max_tokens = 0  # logits of <= this many rows take the GEMV LM head (enable_small_batch)
         self.programmatic_launch = False  # that LM head and the final norm before it launch with PDL (same)
-        self.longest_rows_first = True  # large decode batches: attention starts with the longest rows (ModelConfig)
+        self.longest_rows_first = True  # large decode batches: attention starts with the longest rows (kernels.*)
 
     def init_buffers(self) -> None:
         """Recompute the buffers from the config (after a build on the meta device, which has no values)."""

@@ -25,7 +25,7 @@ from framework.models.loader import (
     read_hf_config,
 )
 from framework.models.presets import preset_config
-from framework.models.small_batch import enable_small_batch
+from framework.models.small_batch import SMALL_BATCH_MAX_TOKENS, enable_small_batch
 from framework.models.tokenizer import Tokenizer, checkpoint_eos_token_ids, eos_ids_of, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -70,12 +70,12 @@ def read_model_config(config: Mrv2Config) -> dict[str, Any]:
 
 def small_batch_max_tokens(config: Mrv2Config, device: torch.device) -> int:
     """Token count up to which forwards take the small-batch GEMV kernels (0: never); see
-    `model.small_batch_kernels`. `auto` means Hopper or newer, the GPUs the kernels were written for."""
-    mode = config.model.small_batch_kernels
+    `kernels.small_batch`. `auto` means Hopper or newer, the GPUs the kernels were written for."""
+    mode = config.kernels.small_batch
     hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
     if mode == "off" or (mode == "auto" and not hopper):
         return 0
-    return config.model.small_batch_max_tokens
+    return SMALL_BATCH_MAX_TOKENS
 
 
 def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelContext = ParallelContext()) -> LoadedModel:
@@ -105,9 +105,9 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     model.eval()
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
     if isinstance(model, LlamaForCausalLM):  # dense and MoE decoders: the launch order of large decode batches
-        model.longest_rows_first = mc.longest_rows_first
+        model.longest_rows_first = config.kernels.longest_rows_first
     small_tokens = small_batch_max_tokens(config, device)
-    pdl = resolve_programmatic_launch(mc.programmatic_launch, device) if small_tokens else False
+    pdl = resolve_programmatic_launch(config.kernels.programmatic_launch, device) if small_tokens else False
     if enable_small_batch(model, small_tokens, pdl):
         logger.info(
             "small-batch GEMV kernels for forwards of <= %d tokens%s",

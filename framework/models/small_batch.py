@@ -1,6 +1,6 @@
 """The small-batch path of a dense decoder layer and the LM head: the projections as fused GEMVs.
 
-Per layer at M <= `model.small_batch_max_tokens` tokens (the default path's kernels in brackets):
+Per layer at M <= `SMALL_BATCH_MAX_TOKENS` (one) token (the default path's kernels in brackets):
 
     1. add + RMSNorm + qkv GEMV                 (add + RMSNorm, qkv GEMM)
     2. q/k norm + RoPE + KV store               (same kernel)
@@ -27,6 +27,11 @@ from torch import nn
 
 from framework.layers.attention import AttentionMetadata
 from framework.layers.kernels.small_batch_ops import fused_linear
+
+# Forwards of at most this many tokens take the GEMVs when `kernels.small_batch` enables them. One: on the H200 the
+# GEMV beats cuBLAS at one row and loses at eight (scripts/bench_gemv_tiles.py); the tensor-core kernel for 2-16
+# rows lost too and is gone, and with it the `model.small_batch_max_tokens` key.
+SMALL_BATCH_MAX_TOKENS = 1
 
 
 def _row_parallel(linear: Any, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:  # [M, K / tp] -> [M, N]
