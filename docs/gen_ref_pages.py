@@ -284,7 +284,7 @@ def config_reference() -> str:
         lines += [
             f"## `{name}`",
             "",
-            f"Schema: [`{group.__name__}`][framework.config.schema.{group.__name__}]. {_cell(inspect.getdoc(group) or '')}",
+            f"Schema: [`{group.__name__}`][{group.__module__}.{group.__name__}]. {_cell(inspect.getdoc(group) or '')}",
             "",
             *_field_table(group, f"{name}.", composed.get(name, {}), skip_groups=False),
             "",

@@ -27,6 +27,7 @@ over the time. Each pair is checked against each other first (max |diff|). Print
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -39,8 +40,7 @@ T = TypeVar("T")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from framework.layers.kernels.layer_ops import rms_norm, silu_and_mul  # noqa: E402
-from framework.layers.kernels.small_batch_ops import fused_linear  # noqa: E402
+from framework.layers.kernels import layer_ops, small_batch_ops  # noqa: E402
 
 # name -> (hidden, q + k + v rows, intermediate, vocab)
 GEOMETRIES = {"qwen3-0.6b": (1024, 4096, 3072, 151936), "qwen3-8b": (4096, 6144, 12288, 151936)}
@@ -55,7 +55,11 @@ class Pair(NamedTuple):
     norm_apart: Optional[Callable[[], torch.Tensor]] = None  # the GEMV after a separate RMSNorm launch
 
 
-def build_pairs(geometry: str, tokens: int, device: str, scale: int) -> list[Pair]:
+def build_pairs(geometry: str, tokens: int, device: str, scale: int, backend: str = "auto") -> list[Pair]:
+    # every op with the chosen kernels.backend (auto: Triton on CUDA; --backend triton under the interpreter)
+    fused_linear = functools.partial(small_batch_ops.fused_linear, backend=backend)
+    rms_norm = functools.partial(layer_ops.rms_norm, backend=backend)
+    silu_and_mul = functools.partial(layer_ops.silu_and_mul, backend=backend)
     hidden, qkv_rows, inter, vocab = (d // scale for d in GEOMETRIES[geometry])
     attn_width = qkv_rows - 2 * (1024 // scale)  # q heads * head_dim (2 KV heads of 512 columns each, both models)
     g = torch.Generator(device=device).manual_seed(tokens)
@@ -180,6 +184,9 @@ def main() -> int:
     parser.add_argument("--geometries", nargs="+", default=list(GEOMETRIES), choices=list(GEOMETRIES))
     parser.add_argument("--check-only", action="store_true", help="compare the paths once, no timing")
     parser.add_argument("--scale", type=int, default=1, help="divide every dimension (CPU smoke runs)")
+    parser.add_argument(
+        "--backend", default="auto", choices=["auto", "triton", "reference"], help="kernels.backend of every op"
+    )
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.check_only:
@@ -191,7 +198,7 @@ def main() -> int:
     )
     for geometry in args.geometries:
         for tokens in args.tokens:
-            for pair in build_pairs(geometry, tokens, device, args.scale):
+            for pair in build_pairs(geometry, tokens, device, args.scale, args.backend):
                 reference = pair.default().float()
                 diff = max(
                     (fn().float() - reference).abs().max().item()

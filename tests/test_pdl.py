@@ -110,15 +110,15 @@ def test_the_small_batch_path_passes_pdl_to_every_kernel(
     assert enable_small_batch(model, 1, programmatic_launch=True) > 0
     calls: list[tuple[str, int, bool]] = []  # (op, tokens, pdl)
 
-    def linear(x: torch.Tensor, *args: Any, pdl: bool = False, **kwargs: Any):  # type: ignore[no-untyped-def]
+    def linear(x: torch.Tensor, *args: Any, pdl: bool = False, backend: str = "auto", **kwargs: Any):  # type: ignore[no-untyped-def]
         calls.append(("linear", x.shape[0], pdl))
         return fused_linear_reference(x, *args, **kwargs)
 
     def rope(qkv: torch.Tensor, *args: Any):  # type: ignore[no-untyped-def]
-        calls.append(("rope", qkv.shape[0], bool(args[-1]) if len(args) == 11 else False))
+        calls.append(("rope", qkv.shape[0], bool(args[10]) if len(args) >= 11 else False))  # then the backend
         return qk_norm_rope_store_reference(qkv, *args[:10])
 
-    def norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual=None, pdl: bool = False):  # type: ignore
+    def norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual=None, pdl: bool = False, backend="auto"):  # type: ignore
         calls.append(("norm", x.shape[0], pdl))
         return rms_norm_reference(x, weight, eps, residual)
 

@@ -49,7 +49,7 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.fixture
 def gemv_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The GEMV in Triton (the interpreter), as on CUDA; records the row count of every GEMV launch."""
-    monkeypatch.setattr(small_batch_ops.backend, "triton_enabled", lambda *tensors: True)
+    monkeypatch.setattr(small_batch_ops, "triton_enabled", lambda *tensors, backend="auto": True)
     rows: list[int] = []
 
     def spy(x: torch.Tensor, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
@@ -144,7 +144,7 @@ def test_a_gemv_that_loses_the_residual_stream_is_caught(
 ) -> None:
     """Negative control: the prologue's `x + residual` output replaced by `x` (the stream drops the residual)."""
     path, hf_model = qwen3_checkpoint
-    monkeypatch.setattr(small_batch_ops.backend, "triton_enabled", lambda *tensors: True)
+    monkeypatch.setattr(small_batch_ops, "triton_enabled", lambda *tensors, backend="auto": True)
 
     def lossy(x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         out, summed = gemv_triton(x, *args, **kwargs)

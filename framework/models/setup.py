@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from framework.config.schema import ConfigError, Mrv2Config
+from framework.layers.kernels.backend import set_kernel_backend
 from framework.layers.kernels.kv_cache_dtype import kv_cache_torch_dtype
 from framework.layers.kernels.pdl import resolve_programmatic_launch
 from framework.layers.parallel.context import ParallelContext
@@ -32,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_KV_CACHE_BYTES = 4 << 30  # default CPU KV budget when cache.num_blocks is not set
+RETIRED_BACKEND_ENV = "MRV2_ATTENTION_BACKEND"  # became the config key kernels.backend
 
 
 @dataclass
@@ -47,6 +50,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     kv_dtype: torch.dtype  # the attention KV cache's element type (`cache.kv_cache_dtype`: dtype, or an FP8 type)
+    kernel_backend: str = "auto"  # `kernels.backend`, handed to the model's layers (and a draft head's)
     parallel: ParallelContext = field(default_factory=ParallelContext)  # this rank's place (single process: 1 x 1)
     path: Optional[str] = None  # the HF directory the weights came from (a shipped one for `tiny`); None: random
     # The checkpoint's other end-of-sequence ids (a list's after the first): every request's stop tokens unless
@@ -104,6 +108,13 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         eos_ids = eos_ids_of(hf_config.get("eos_token_id"))
     model.eval()
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
+    set_kernel_backend(model, config.kernels.backend)  # the model's layers hand it to every kernel dispatcher
+    if RETIRED_BACKEND_ENV in os.environ:
+        logger.warning(
+            "%s is no longer read: set the config key kernels.backend=%s (LLM(kernel_backend=...)) instead",
+            RETIRED_BACKEND_ENV,
+            os.environ[RETIRED_BACKEND_ENV],
+        )
     if isinstance(model, LlamaForCausalLM):  # dense and MoE decoders: the launch order of large decode batches
         model.longest_rows_first = config.kernels.longest_rows_first
     small_tokens = small_batch_max_tokens(config, device)
@@ -131,6 +142,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         device=device,
         dtype=dtype,
         kv_dtype=resolve_kv_cache_dtype(config.cache.kv_cache_dtype, dtype, device),
+        kernel_backend=config.kernels.backend,
         parallel=parallel,
         path=source.path,
         extra_eos_token_ids=eos_ids[1:],
