@@ -281,11 +281,10 @@ def config_reference() -> str:
         group = _group_model(field)
         if group is None:
             continue
-        schema_link = f"[`{group.__name__}`][framework.config.schema.{group.__name__}]"
         lines += [
             f"## `{name}`",
             "",
-            f"Schema: {schema_link}. {_cell(inspect.getdoc(group) or '')}",
+            f"Schema: [`{group.__name__}`][{group.__module__}.{group.__name__}]. {_cell(inspect.getdoc(group) or '')}",
             "",
             *_field_table(group, f"{name}.", composed.get(name, {}), skip_groups=False),
             "",

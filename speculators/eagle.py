@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 
 import torch
 
+from framework.layers.kernels.backend import set_kernel_backend
 from framework.models.loader import CheckpointError
 from speculators.draft_heads import DraftHead, MTPHead, load_draft_head
 from speculators.head_drafter import HeadDrafter
@@ -34,6 +35,7 @@ class DraftHeadSpeculator(Speculator):
     ) -> None:
         super().__init__(config, loaded, max_num_reqs, device)
         self.head = self._load_head(config, loaded, device)
+        set_kernel_backend(self.head, loaded.kernel_backend)  # the target's kernels.backend
         target = loaded.model
         embed = target.model.embed_tokens.weight if hasattr(target, "model") else None
         lm_head = target.lm_head.weight if hasattr(target, "lm_head") else None

@@ -155,11 +155,10 @@ def test_split_counters_owner(monkeypatch):
     assert bigger is not None and bigger.numel() > first.numel() and owner.get(cpu, 5) is bigger
     assert any(b is first for b in owner._outgrown)
 
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
     rows = [(600, 1), (3, 1)]
     case = _case(rows, num_heads=4, num_kv_heads=2, block_size=16)
     assert lc.num_kv_splits(len(rows), 2, case.meta.max_seq_len, tpa.num_sms(cpu), BLOCK_N) > 1  # split by rule
-    out = paged_attention(case.query, case.kv_cache, case.meta, 0.2, split_counters=owner)
+    out = paged_attention(case.query, case.kv_cache, case.meta, 0.2, split_counters=owner, backend="triton")
     torch.testing.assert_close(
         out, paged_attention_reference(case.query, case.kv_cache, case.meta, 0.2), **tat.TOL[torch.float32]
     )

@@ -373,23 +373,19 @@ def test_rejects_unsupported_shapes():
         tpa.paged_attention(case.query, bad_pages, case.meta, 1.0)
 
 
-def test_dispatcher_choice_and_override(monkeypatch):
-    monkeypatch.delenv("MRV2_ATTENTION_BACKEND", raising=False)
+def test_dispatcher_choice_and_override():
     assert attention_backend(torch.device("cpu"), 64) == "reference"
     assert attention_backend(torch.device("cuda"), 128) == "triton"
     assert attention_backend(torch.device("cuda"), 96) == "reference"  # no kernel for that head_dim
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "reference")
-    assert attention_backend(torch.device("cuda"), 128) == "reference"
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "bogus")
-    with pytest.raises(ValueError, match="MRV2_ATTENTION_BACKEND"):
-        attention_backend(torch.device("cpu"), 64)
+    assert attention_backend(torch.device("cuda"), 128, "reference") == "reference"  # kernels.backend=reference
+    with pytest.raises(ValueError, match="kernels.backend"):
+        attention_backend(torch.device("cpu"), 64, "bogus")
     # Forced Triton on the CPU runs the interpreted kernels through the same entry point as the model.
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
     case = make_paged_case(
         [(9, 1), (0, 5)], num_heads=2, num_kv_heads=1, head_dim=64, block_size=4, dtype=torch.float32, poison=False
     )
     torch.testing.assert_close(
-        dispatched_attention(case.query, case.kv_cache, case.meta, 0.1),
+        dispatched_attention(case.query, case.kv_cache, case.meta, 0.1, backend="triton"),
         paged_attention_reference(case.query, case.kv_cache, case.meta, 0.1),
         **TOL[torch.float32],
     )
@@ -404,15 +400,15 @@ def test_many_prefill_rows_shorter_than_a_query_tile():
 
 
 def test_tiny_model_generates_the_same_tokens_with_triton(tiny_llm_factory, monkeypatch):
-    """End to end through the model's two call sites: chunked prefill (mixed batches) and decode."""
+    """End to end through the model's two call sites: chunked prefill (mixed batches) and decode; the
+    `kernels.backend` key reaches them through the loader, the model and its layers."""
     from framework import SamplingParams
 
     prompts = [[5, 17, 99, 3, 250, 8, 61, 42, 7, 13, 200], [77, 1, 2, 150, 33, 9]]
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     settings = dict(block_size=4, max_num_batched_tokens=8)
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "reference")
-    expected = [o.token_ids for o in tiny_llm_factory(**settings).generate(prompts, params, use_tqdm=False)]
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
+    reference = tiny_llm_factory(**settings, kernel_backend="reference")
+    expected = [o.token_ids for o in reference.generate(prompts, params, use_tqdm=False)]
     calls = []
     kernel_entry = tpa.paged_attention
 
@@ -421,7 +417,8 @@ def test_tiny_model_generates_the_same_tokens_with_triton(tiny_llm_factory, monk
         return kernel_entry(*args, **kwargs)
 
     monkeypatch.setattr(tpa, "paged_attention", counted)
-    actual = [o.token_ids for o in tiny_llm_factory(**settings).generate(prompts, params, use_tqdm=False)]
+    triton = tiny_llm_factory(**settings, kernel_backend="triton")
+    actual = [o.token_ids for o in triton.generate(prompts, params, use_tqdm=False)]
     assert actual == expected
     assert max(calls) > 1 and min(calls) == 1  # prefill chunks and decode steps both ran in Triton
 

@@ -61,7 +61,8 @@ def test_bench_ranges_checked():
         ("sampler.temprature=1", "did you mean 'temperature'"),
         (
             "model=nope",
-            "available model options: hf, jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, random_tiny, tiny, whisper-tiny",
+            "available model options: hf, jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, "
+            "random_tiny, tiny, whisper-tiny",
         ),
         ("runner=v9", "available runner options: auto, v1, v2"),
         ("scheduler.max_num_seqs.x=1", "has no sub-keys"),
@@ -194,3 +195,35 @@ def test_draft_head_directory_is_checked(tmp_path):
         load_config({"speculator": {"method": "mtp", "num_speculative_tokens": 1, "model": str(tmp_path)}})
     (tmp_path / "config.json").write_text("{}")
     assert load_config({"speculator": {"method": "mtp", "num_speculative_tokens": 1, "model": str(tmp_path)}})
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ({"model": {"small_batch_kernels": "on"}}, r"model.small_batch_kernels: moved to kernels.small_batch"),
+        ({"model": {"programmatic_launch": "off"}}, r"moved to kernels.programmatic_launch"),
+        ({"model": {"longest_rows_first": False}}, r"moved to kernels.longest_rows_first"),
+        ({"model": {"small_batch_max_tokens": 8}}, r"model.small_batch_max_tokens: removed"),
+        ({"sampler": {"structured_outputs_backend": "auto"}}, r"structured_outputs_backend: removed"),
+    ],
+)
+def test_retired_keys_say_where_they_went(data, expected):
+    with pytest.raises(ConfigError, match=expected) as err:
+        load_config(data)
+    assert "Extra inputs" not in str(err.value)
+
+
+def test_retired_keys_on_the_command_line():
+    with pytest.raises(ConfigError, match="moved to kernels.small_batch"):
+        check_overrides(["model.small_batch_kernels=on"], conf_dir())
+    check_overrides(["kernels.backend=reference"], conf_dir())
+
+
+def test_retired_keys_name_real_schema_keys():
+    from framework.config.retired import RETIRED_KEYS
+
+    for old, new in RETIRED_KEYS.items():
+        assert new.startswith("removed:") or new.split(".")[0] in Mrv2Config.model_fields, (old, new)
+        if not new.startswith("removed:"):
+            section, key = new.split(".")
+            assert key in Mrv2Config.model_fields[section].annotation.model_fields, (old, new)

@@ -185,15 +185,17 @@ def test_reference_matches_hf_expert_loop() -> None:
 
 
 def test_dispatcher_uses_the_kernel_when_forced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`MRV2_ATTENTION_BACKEND=triton` (the layer ops' switch) runs the kernels; the result is the reference's."""
+    """`backend="triton"` (`kernels.backend`, the layer ops' setting) runs the kernels; the result is the
+    reference's."""
     import framework.layers.kernels.fused_moe as module
 
     calls: list[int] = []
     kernel = module.fused_moe_triton
     monkeypatch.setattr(module, "fused_moe_triton", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
     x, gate_up, down, weights, ids = _problem(4, 32, 16, 4, 2, torch.float32, seed=2)
-    _assert_close(fused_moe(x, gate_up, down, weights, ids), fused_moe_reference(x, gate_up, down, weights, ids))
+    _assert_close(
+        fused_moe(x, gate_up, down, weights, ids, "triton"), fused_moe_reference(x, gate_up, down, weights, ids)
+    )
     assert calls == [1]
 
 

@@ -210,10 +210,13 @@ def test_qk_norm_rope_store_rejects_bad_shapes():
 # ---- dispatch ------------------------------------------------------------------------------------------
 
 
+T = "triton"  # `backend=T`: the Triton path forced, as `kernels.backend=triton` does
+
+
 @pytest.fixture
 def triton_spies(monkeypatch):
-    """Force the Triton path (as on CUDA) and record which Triton wrappers the dispatchers call."""
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
+    """Record which Triton wrappers the dispatchers call (the tests force the Triton path with `backend=T`, as
+    `kernels.backend=triton` does, and as CUDA's `auto` does)."""
     calls: list[str] = []
     for module, name in (
         (layer_ops, "rms_norm_triton"),
@@ -228,14 +231,14 @@ def triton_spies(monkeypatch):
 def test_dispatch_takes_triton_for_supported_inputs(triton_spies):
     x = _randn((3, 64), torch.bfloat16, 1)
     w = _randn((64,), torch.bfloat16, 2, 0.2, 1.0)
-    _assert_matches(layer_ops.rms_norm(x, w, EPS, x)[0], rms_norm_reference(x, w, EPS, x)[0])
-    _assert_matches(layer_ops.silu_and_mul(x), silu_and_mul_reference(x))
+    _assert_matches(layer_ops.rms_norm(x, w, EPS, x, backend=T)[0], rms_norm_reference(x, w, EPS, x)[0])
+    _assert_matches(layer_ops.silu_and_mul(x, T), silu_and_mul_reference(x))
     qkv = _randn((2, 4 * 32), torch.bfloat16, 3)
     cos, sin = _rope_tables(2, 32, torch.bfloat16, 0)
     cache = torch.zeros(2, 2, 4, 1, 32, dtype=torch.bfloat16, device=DEVICE)
     ref_cache = cache.clone()
     slots = torch.tensor([5, 2], device=DEVICE)
-    q = qk_norm_rope.qk_norm_rope_store(qkv, cos, sin, w[:32], w[32:], EPS, 2, 1, 32, cache, slots)
+    q = qk_norm_rope.qk_norm_rope_store(qkv, cos, sin, w[:32], w[32:], EPS, 2, 1, 32, cache, slots, backend=T)
     _assert_matches(q, qk_norm_rope_store_reference(qkv, cos, sin, w[:32], w[32:], EPS, 2, 1, 32, ref_cache, slots))
     _assert_matches(cache, ref_cache)
     assert triton_spies == ["rms_norm_triton", "silu_and_mul_triton", "qk_norm_rope_store_triton"]
@@ -244,32 +247,30 @@ def test_dispatch_takes_triton_for_supported_inputs(triton_spies):
 def test_dispatch_falls_back_to_the_reference_for_unsupported_inputs(triton_spies):
     wide = _randn((2, 8200), torch.float32, 1)  # a row longer than one program holds
     w = _randn((8200,), torch.float32, 2)
-    out, _ = layer_ops.rms_norm(wide, w, EPS)
+    out, _ = layer_ops.rms_norm(wide, w, EPS, backend=T)
     torch.testing.assert_close(out, rms_norm_reference(wide, w, EPS)[0], rtol=0, atol=0)
     x = _randn((3, 64), torch.bfloat16, 3)
     w32 = _randn((64,), torch.float32, 4)  # weight in another dtype: the reference promotes to float32
-    assert layer_ops.rms_norm(x, w32, EPS)[0].dtype == torch.float32
+    assert layer_ops.rms_norm(x, w32, EPS, backend=T)[0].dtype == torch.float32
     x_cols = _randn((64, 3), torch.bfloat16, 5).t()  # last dim not contiguous
-    layer_ops.rms_norm(x_cols, x_cols[0].contiguous(), EPS)
-    layer_ops.silu_and_mul(x_cols[:, :64])
-    layer_ops.silu_and_mul(x.double())
+    layer_ops.rms_norm(x_cols, x_cols[0].contiguous(), EPS, backend=T)
+    layer_ops.silu_and_mul(x_cols[:, :64], T)
+    layer_ops.silu_and_mul(x.double(), T)
     qkv = _randn((2, 4 * 30), torch.bfloat16, 6)  # head_dim 30 is fine for the kernel; cos in float32 is not
     cos32, sin32 = _rope_tables(2, 30, torch.float32, 0)
     cache = torch.zeros(2, 2, 4, 1, 30, dtype=torch.bfloat16, device=DEVICE)
     q = qk_norm_rope.qk_norm_rope_store(
-        qkv, cos32, sin32, None, None, EPS, 2, 1, 30, cache, torch.tensor([1, 0], device=DEVICE)
+        qkv, cos32, sin32, None, None, EPS, 2, 1, 30, cache, torch.tensor([1, 0], device=DEVICE), backend=T
     )
     assert q.dtype == torch.float32  # the reference's type promotion
     assert triton_spies == []
 
 
-def test_reference_switch_and_cpu_default_skip_triton(triton_spies, monkeypatch):
+def test_reference_switch_and_cpu_default_skip_triton(triton_spies):
     x = _randn((3, 64), torch.float32, 1)
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "reference")  # the same switch as attention
-    layer_ops.rms_norm(x, x[0], EPS, x)
-    layer_ops.silu_and_mul(x)
-    if DEVICE == "cpu":
-        monkeypatch.delenv("MRV2_ATTENTION_BACKEND")  # auto: the reference on a CPU
+    layer_ops.rms_norm(x, x[0], EPS, x, backend="reference")  # kernels.backend: the same setting as attention
+    layer_ops.silu_and_mul(x, "reference")
+    if DEVICE == "cpu":  # auto: the reference on a CPU
         layer_ops.rms_norm(x, x[0], EPS)
         layer_ops.silu_and_mul(x)
     assert triton_spies == []
@@ -279,10 +280,10 @@ def test_autograd_takes_the_reference(triton_spies):
     """Training needs gradients through the norms and the MLP; the kernels have none, so the reference runs."""
     x = _randn((3, 64), torch.float32, 1).requires_grad_()
     w = _randn((64,), torch.float32, 2, 0.2, 1.0).requires_grad_()
-    out, _ = layer_ops.rms_norm(x, w, EPS)
-    (out.sum() + layer_ops.silu_and_mul(x).sum()).backward()
+    out, _ = layer_ops.rms_norm(x, w, EPS, backend=T)
+    (out.sum() + layer_ops.silu_and_mul(x, T).sum()).backward()
     assert x.grad is not None and w.grad is not None
     assert triton_spies == []
     with torch.no_grad():  # inference: the same tensors take the kernels
-        layer_ops.rms_norm(x, w, EPS)
+        layer_ops.rms_norm(x, w, EPS, backend=T)
     assert triton_spies == ["rms_norm_triton"]

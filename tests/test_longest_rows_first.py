@@ -1,4 +1,4 @@
-"""`model.longest_rows_first`: the model hands attention its large batches' rows by descending KV length.
+"""`kernels.longest_rows_first`: the model hands attention its large batches' rows by descending KV length.
 
 The kernel side (same bits in any launch order, the rank kernel against a stable argsort) is tested in
 tests/test_attention_triton.py and, at real shapes inside a CUDA graph, tests/gpu/test_attention_gpu.py.

@@ -85,10 +85,10 @@ def test_engine_with_the_triton_kernels_matches_hf(tmp_path: Path, monkeypatch: 
     calls: list[int] = []
     kernel = fused_moe_module.fused_moe_triton
     monkeypatch.setattr(fused_moe_module, "fused_moe_triton", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
     prompts = random_prompts(2, 5, 12, seed=2)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    outs = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64).generate(prompts, params, use_tqdm=False)
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64, kernel_backend="triton")
+    outs = llm.generate(prompts, params, use_tqdm=False)
     assert calls, "the MoE layers did not run the Triton kernels"
     assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 6) for p in prompts]
 

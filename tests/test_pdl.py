@@ -1,6 +1,6 @@
 """Programmatic dependent launch (framework/layers/kernels/pdl.py) without a GPU.
 
-Claims: `model.programmatic_launch` resolves as documented (off on a CPU and under the interpreter, on for a
+Claims: `kernels.programmatic_launch` resolves as documented (off on a CPU and under the interpreter, on for a
 faked sm_90 device, off for an older GPU or a Triton without `launch_pdl`, with a log line naming why); the
 small-batch path hands `pdl=True` to every kernel of a decode step when it is on, and `pdl=False` elsewhere; the
 GEMV's weight-first tile (`prefetch_k`, whole, part of K, none) gives the reference's results in the interpreter;
@@ -88,9 +88,9 @@ def test_on_for_a_faked_sm90_off_for_older_gpus_and_old_tritons(
 def test_launch_kwargs_and_config_default() -> None:
     assert pdl_launch_kwargs(False) == {}  # the kernels' defaults; no launch option the interpreter may refuse
     assert pdl_launch_kwargs(True) == {"USE_PDL": True, "launch_pdl": True}
-    assert Mrv2Config().model.programmatic_launch == "auto"
+    assert Mrv2Config().kernels.programmatic_launch == "auto"
     with pytest.raises(ValueError):
-        Mrv2Config.model_validate({"model": {"programmatic_launch": "always"}})
+        Mrv2Config.model_validate({"kernels": {"programmatic_launch": "always"}})
 
 
 def test_an_engine_on_the_cpu_resolves_it_off(tiny_llm_factory: Any) -> None:
@@ -110,15 +110,15 @@ def test_the_small_batch_path_passes_pdl_to_every_kernel(
     assert enable_small_batch(model, 1, programmatic_launch=True) > 0
     calls: list[tuple[str, int, bool]] = []  # (op, tokens, pdl)
 
-    def linear(x: torch.Tensor, *args: Any, pdl: bool = False, **kwargs: Any):  # type: ignore[no-untyped-def]
+    def linear(x: torch.Tensor, *args: Any, pdl: bool = False, backend: str = "auto", **kwargs: Any):  # type: ignore[no-untyped-def]
         calls.append(("linear", x.shape[0], pdl))
         return fused_linear_reference(x, *args, **kwargs)
 
     def rope(qkv: torch.Tensor, *args: Any):  # type: ignore[no-untyped-def]
-        calls.append(("rope", qkv.shape[0], bool(args[-1]) if len(args) == 11 else False))
+        calls.append(("rope", qkv.shape[0], bool(args[10]) if len(args) >= 11 else False))  # then the backend
         return qk_norm_rope_store_reference(qkv, *args[:10])
 
-    def norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual=None, pdl: bool = False):  # type: ignore
+    def norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual=None, pdl: bool = False, backend="auto"):  # type: ignore
         calls.append(("norm", x.shape[0], pdl))
         return rms_norm_reference(x, weight, eps, residual)
 

@@ -133,10 +133,12 @@ def test_tiles_cover_the_output_and_fill_an_h200_at_real_shapes() -> None:
 # ---- dispatch ------------------------------------------------------------------------------------------
 
 
+T = "triton"  # `backend=T`: the Triton path forced, as `kernels.backend=triton` does
+
+
 @pytest.fixture
 def gemv_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Force the Triton path (as on CUDA) and record the row count of every GEMV launch."""
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "triton")
+    """Record the row count of every GEMV launch (the tests force the Triton path with `backend=T`)."""
     calls: list[int] = []
 
     def spy(x: torch.Tensor, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -149,8 +151,8 @@ def gemv_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_dispatch_takes_the_kernel_for_supported_inputs(gemv_calls: list[int]) -> None:
     x, weight, bias, norm_weight, residual = _case(4, 16, 64, torch.bfloat16, seed=8)
-    fused_linear(x, weight, bias, norm_weight, EPS, residual)
-    fused_linear(x, weight, out_dtype=torch.float32)
+    fused_linear(x, weight, bias, norm_weight, EPS, residual, backend=T)
+    fused_linear(x, weight, out_dtype=torch.float32, backend=T)
     assert gemv_calls == [4, 4]
 
 
@@ -163,7 +165,7 @@ def test_dispatch_falls_back_to_the_reference_for_unsupported_inputs(gemv_calls:
         (x[:2], weight, norm_weight.half()),  # a norm weight of another dtype
     ]
     for xs, w, nw in cases:
-        out, _ = fused_linear(xs, w, norm_weight=nw, eps=EPS)
+        out, _ = fused_linear(xs, w, norm_weight=nw, eps=EPS, backend=T)
         ref, _ = fused_linear_reference(xs, w, norm_weight=nw, eps=EPS)
         torch.testing.assert_close(out, ref, rtol=0, atol=0)
     assert gemv_calls == []
@@ -177,10 +179,9 @@ def test_bad_shapes_are_refused_with_a_clear_error() -> None:
         fused_linear(x[:, :32], weight)
 
 
-def test_reference_mode_and_cpu_default_take_the_reference(
-    gemv_calls: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("MRV2_ATTENTION_BACKEND", "reference")  # the same switch as attention and the layer ops
+def test_reference_mode_and_cpu_default_take_the_reference(gemv_calls: list[int]) -> None:
     x, weight, *_ = _case(2, 16, 64, torch.float32, seed=11)
-    fused_linear(x, weight)
+    fused_linear(x, weight, backend="reference")  # kernels.backend: the same setting as attention and the layer ops
+    if DEVICE == "cpu":
+        fused_linear(x, weight)  # auto: the reference on a CPU
     assert gemv_calls == []

@@ -22,6 +22,7 @@ from framework.config.schema import Mrv2Config
 from framework.entrypoints.llm import LLM
 from framework.layers.kernels.triton_gemv import gemv_triton
 from framework.models.setup import small_batch_max_tokens
+from framework.models.small_batch import SMALL_BATCH_MAX_TOKENS, enable_small_batch
 from framework.params.sampling_params import SamplingParams
 
 try:
@@ -48,7 +49,7 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.fixture
 def gemv_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The GEMV in Triton (the interpreter), as on CUDA; records the row count of every GEMV launch."""
-    monkeypatch.setattr(small_batch_ops.backend, "triton_enabled", lambda *tensors: True)
+    monkeypatch.setattr(small_batch_ops, "triton_enabled", lambda *tensors, backend="auto": True)
     rows: list[int] = []
 
     def spy(x: torch.Tensor, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
@@ -75,9 +76,10 @@ def _generate(
         max_num_seqs=8,
         seed=0,
         small_batch_kernels=small_batch,
-        small_batch_max_tokens=8,  # every graph size (the default is 1)
         full_step_cuda_graphs=False,
     )  # the forward-only graphs call the patched compute_logits
+    if small_batch == "on":  # every graph size, not just one row (SMALL_BATCH_MAX_TOKENS): the GEMV takes 16
+        enable_small_batch(llm.engine.runner.model, 8)
     if graphs:
         llm.engine.runner.capture_cuda_graphs(EagerReplayCapturer())
         assert sorted(llm.engine.runner.cuda_graphs.graphs) == [(1, 1), (2, 1), (4, 1), (8, 1)]
@@ -142,7 +144,7 @@ def test_a_gemv_that_loses_the_residual_stream_is_caught(
 ) -> None:
     """Negative control: the prologue's `x + residual` output replaced by `x` (the stream drops the residual)."""
     path, hf_model = qwen3_checkpoint
-    monkeypatch.setattr(small_batch_ops.backend, "triton_enabled", lambda *tensors: True)
+    monkeypatch.setattr(small_batch_ops, "triton_enabled", lambda *tensors, backend="auto": True)
 
     def lossy(x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         out, summed = gemv_triton(x, *args, **kwargs)
@@ -156,16 +158,17 @@ def test_a_gemv_that_loses_the_residual_stream_is_caught(
 
 
 def test_config_key_resolves_to_a_token_threshold() -> None:
-    def tokens(mode: str, device: str, max_tokens: int = 8) -> int:
-        cfg = Mrv2Config.model_validate({"model": {"small_batch_kernels": mode, "small_batch_max_tokens": max_tokens}})
+    def tokens(mode: str, device: str) -> int:
+        cfg = Mrv2Config.model_validate({"kernels": {"small_batch": mode}})
         return small_batch_max_tokens(cfg, torch.device(device))
 
-    default = Mrv2Config().model
-    assert (default.small_batch_kernels, default.small_batch_max_tokens) == ("auto", 1)  # measured on the H200
+    assert Mrv2Config().kernels.small_batch == "auto"
     assert tokens("off", "cpu") == 0 and tokens("auto", "cpu") == 0  # auto: Hopper GPUs only
-    assert tokens("on", "cpu") == 8 and tokens("on", "cpu", 4) == 4
-    with pytest.raises(ValueError, match="small_batch_max_tokens"):
-        tokens("on", "cpu", 17)  # beyond the kernel's 16 rows
+    assert tokens("on", "cpu") == SMALL_BATCH_MAX_TOKENS == 1  # measured on the H200
+    with pytest.raises(ValueError, match="kernels.small_batch"):  # the retired key names where it went
+        Mrv2Config.model_validate({"model": {"small_batch_kernels": "on"}})
+    with pytest.raises(ValueError, match="small_batch_max_tokens: removed"):
+        Mrv2Config.model_validate({"model": {"small_batch_max_tokens": 8}})
 
 
 # ---- tensor parallelism --------------------------------------------------------------------------------
@@ -216,9 +219,9 @@ def test_tensor_parallel_2_with_small_batch_kernels_matches_one_process(checkpoi
     kwargs = dict(device="cpu", dtype="float32", max_model_len=32, max_num_seqs=8, seed=0)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     single = [o.token_ids for o in LLM(str(path), **kwargs).generate(PROMPTS, params, use_tqdm=False)]
-    llm = LLM(str(path), **kwargs, small_batch_kernels="on", small_batch_max_tokens=8, tensor_parallel_size=2)
+    llm = LLM(str(path), **kwargs, small_batch_kernels="on", tensor_parallel_size=2)
     try:
-        assert llm.engine.runner.model.model.layers[0].small_batch_max_tokens == 8
+        assert llm.engine.runner.model.model.layers[0].small_batch_max_tokens == SMALL_BATCH_MAX_TOKENS
         assert [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)] == single
     finally:
         llm.shutdown()

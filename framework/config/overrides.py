@@ -11,7 +11,9 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel
 
-from framework.config.schema import ConfigError, Mrv2Config
+from framework.config.base import ConfigError
+from framework.config.retired import retired_message
+from framework.config.schema import Mrv2Config
 
 
 def group_options(conf_dir: Path, group: str) -> list[str]:
@@ -25,6 +27,9 @@ def _close(word: str, options: Iterable[str]) -> str:
 
 
 def _check_key(dotted: str) -> None:
+    retired = retired_message(dotted)
+    if retired is not None:
+        raise ConfigError(f"invalid config:\n  {retired}")
     model: type[BaseModel] = Mrv2Config
     parts = dotted.split(".")
     for i, part in enumerate(parts):

@@ -7,21 +7,36 @@ fails before any work with a message that names the key and the allowed ones.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
+
+from framework.config.app import BenchConfig, RunConfig, ServeConfig
+from framework.config.base import ConfigError, StrictModel, format_validation_error
+from framework.config.kernels import KernelsConfig
+from framework.config.retired import check_retired
+
+__all__ = [  # the sections of the other modules, re-exported: `from framework.config.schema import ...` has them all
+    "BenchConfig",
+    "CacheConfig",
+    "ConfigError",
+    "DynamicKConfig",
+    "KernelsConfig",
+    "ModelConfig",
+    "Mrv2Config",
+    "ParallelConfig",
+    "RunConfig",
+    "RunnerConfig",
+    "SamplerConfig",
+    "SchedulerConfig",
+    "ServeConfig",
+    "SpeculatorConfig",
+    "format_validation_error",
+    "load_config",
+]
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names the offending key and what is allowed."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
-
-
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     """Which weights to run and how."""
 
     preset: Optional[str] = Field(
@@ -46,35 +61,6 @@ class ModelConfig(_Strict):
         description="How embedding requests pool prompt hidden states unless `PoolingParams.pooling_type` "
         "says: the last token, the mean over tokens, or the first (CLS) token.",
     )
-    small_batch_kernels: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="Decode batches of at most `small_batch_max_tokens` tokens (and LM heads of that many "
-        "rows) run fused GEMV kernels (add + RMSNorm + GEMV, GEMV + SiLU*up; docs/kernels.md): `on` wherever "
-        "Triton runs, `auto` on CUDA GPUs of compute capability 9.0 or newer, `off` never. On the H200 they "
-        "took batch-1 decode from 650 to 859 out tok/s (docs/benchmarks.md).",
-    )
-    small_batch_max_tokens: int = Field(
-        1,
-        ge=1,
-        le=16,
-        description="Largest token count of a forward (a padded graph batch) that takes the "
-        "small-batch kernels when they are enabled. 1 by default: on the H200 the GEMV beats cuBLAS at one row "
-        "and loses at eight (1e476a2:scripts/bench_gemv_tiles.py).",
-    )
-    longest_rows_first: bool = Field(
-        True,
-        description="Decode attention of a batch of >= 64 rows starts its programs with the longest rows "
-        "and ends with the shortest (one small kernel per forward; the result is the same), so that a batch of mixed "
-        "lengths does not end on a few long rows (docs/kernels.md). False: batch order.",
-    )
-    programmatic_launch: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="Programmatic dependent launch for the small-batch path's Triton kernels (GEMVs, "
-        "q/k norm + RoPE, attention, the final norm): each may start while the previous one ends, loading its "
-        "weights before it waits (docs/kernels.md). `auto` wherever it is supported (CUDA compute capability "
-        ">= 9.0 and a Triton with `launch_pdl`; never under the interpreter), `on` the same but says why when it "
-        "is not, `off` never.",
-    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":
@@ -83,7 +69,7 @@ class ModelConfig(_Strict):
         return self
 
 
-class RunnerConfig(_Strict):
+class RunnerConfig(StrictModel):
     """Which model runner executes the steps (see "Runner selection" in the architecture page)."""
 
     kind: Literal["auto", "v2", "v1"] = Field("auto", description="auto picks V2 unless the config needs V1.")
@@ -123,7 +109,7 @@ class RunnerConfig(_Strict):
         return self
 
 
-class SamplerConfig(_Strict):
+class SamplerConfig(StrictModel):
     """Default sampling parameters of `mrv2 run` (the API takes a `SamplingParams` per request)."""
 
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
@@ -144,11 +130,6 @@ class SamplerConfig(_Strict):
         description="Registered custom logits processors to enable (registry `LOGITS_PROCESSORS`, entry-point "
         "group `mrv2.logits_processors`); requests pass them arguments in `SamplingParams.extra_args`.",
     )
-    structured_outputs_backend: Literal["auto", "guidance"] = Field(
-        "auto",
-        description="Grammar library of structured outputs (`SamplingParams.structured_outputs`): guidance = "
-        "llguidance; auto = guidance.",
-    )
     structured_outputs_fill_threads: Optional[int] = Field(
         None,
         ge=0,
@@ -157,7 +138,7 @@ class SamplerConfig(_Strict):
     )
 
 
-class DynamicKConfig(_Strict):
+class DynamicKConfig(StrictModel):
     """Tuning of the dynamic-k policy (`speculator.dynamic_k: true`), which picks k every step."""
 
     acceptance_decay: float = Field(
@@ -179,7 +160,7 @@ class DynamicKConfig(_Strict):
     )
 
 
-class SpeculatorConfig(_Strict):
+class SpeculatorConfig(StrictModel):
     """Speculative decoding; `method: none` disables it."""
 
     method: str = Field("none", description="Registry name of the speculator (ngram, eagle, ...), or none.")
@@ -250,7 +231,7 @@ class SpeculatorConfig(_Strict):
         return self
 
 
-class SchedulerConfig(_Strict):
+class SchedulerConfig(StrictModel):
     """Continuous batching limits."""
 
     max_num_seqs: int = Field(64, ge=1, description="Most requests running at once (= request slots).")
@@ -274,7 +255,7 @@ class SchedulerConfig(_Strict):
     )
 
 
-class CacheConfig(_Strict):
+class CacheConfig(StrictModel):
     """Paged KV cache."""
 
     block_size: int = Field(16, ge=1, le=1024)
@@ -307,7 +288,7 @@ class CacheConfig(_Strict):
     )
 
 
-class ParallelConfig(_Strict):
+class ParallelConfig(StrictModel):
     """Tensor and pipeline parallelism over torch.distributed (see the Parallelism page)."""
 
     tensor_parallel_size: int = Field(
@@ -337,93 +318,7 @@ class ParallelConfig(_Strict):
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
-class RunConfig(_Strict):
-    """What `mrv2 run` generates."""
-
-    prompts: list[str] = Field(default_factory=lambda: ["def fibonacci(n):", "The quick brown fox"])
-    show_progress: bool = True
-
-
-class BenchConfig(_Strict):
-    """The workload of `mrv2 bench`: random prompt ids, lengths uniform in the given ranges."""
-
-    name: str = "bench"
-    num_requests: int = Field(16, ge=1)
-    input_len: tuple[int, int] = (16, 64)
-    output_len: tuple[int, int] = (16, 64)
-    temperature: float = Field(0.6, ge=0.0)
-    seed: int = 0
-    baselines: list[Literal["hf"]] = Field(default_factory=list, description="Also run these on the same requests.")
-    hf_batch_size: int = Field(256, ge=1, description="Batch size of the HF transformers baseline.")
-    warmup_requests: int = Field(
-        16,
-        ge=0,
-        description="Untimed requests (other prompts, at most 16 output tokens) run before the timed "
-        "workload, so that first-use costs (Triton compiles, allocator growth) are not counted.",
-    )
-    decode_idle_batch: int = Field(0, ge=0, description="If > 0 (GPU): measure GPU idle time of decode at this batch.")
-    step_timeline: bool = Field(
-        False,
-        description="GPU: record each timed step's rows and device time; print where the run's device time "
-        "went against a floor (its bytes or its FLOPs), write timeline.json and timeline.png "
-        "(framework/entrypoints/bench/timeline.py).",
-    )
-    shared_prefix_len: int = Field(
-        0,
-        ge=0,
-        description="If > 0: every prompt starts with one shared random prefix of this many tokens "
-        "(then `input_len` unique tokens), and the workload runs with prefix caching off, then on "
-        "(framework/entrypoints/bench/prefix.py).",
-    )
-    output_dir: Optional[str] = Field(None, description="Where JSON and plot go; null = Hydra's run directory.")
-    serve: bool = Field(
-        False,
-        description="Also send the workload through `mrv2 serve` (streaming completions over HTTP) and "
-        "compare with offline (framework/entrypoints/bench/serve.py).",
-    )
-    request_rates: list[float] = Field(
-        default_factory=list,
-        description="With `serve`: Poisson request rates (req/s) to run after the all-at-once run.",
-    )
-
-    @model_validator(mode="after")
-    def _ranges(self) -> "BenchConfig":
-        for key in ("input_len", "output_len"):
-            lo, hi = getattr(self, key)
-            if not 1 <= lo <= hi:
-                raise ValueError(f"bench.{key} must be [lo, hi] with 1 <= lo <= hi, got [{lo}, {hi}]")
-        return self
-
-
-class ServeConfig(_Strict):
-    """The HTTP server of `mrv2 serve` (docs/serving.md)."""
-
-    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 exposes the server to the network.")
-    port: int = Field(8000, ge=0, le=65535, description="TCP port; 0 = any free port (the start-up line names it).")
-    served_model_name: Optional[str] = Field(
-        None,
-        description="The model name clients send and /v1/models lists; null = the preset name, or the "
-        "checkpoint directory's name.",
-    )
-    api_key: Optional[str] = Field(
-        None, description="If set, every /v1 request needs the header `Authorization: Bearer <api_key>` (else 401)."
-    )
-    max_queued_requests: int = Field(
-        1024,
-        ge=0,
-        description="Requests that may wait beyond the `scheduler.max_num_seqs` running ones; more get "
-        "HTTP 503 with a Retry-After header.",
-    )
-    max_request_bytes: int = Field(
-        32 << 20, ge=1024, description="Largest request body accepted; larger ones get HTTP 413."
-    )
-    log_requests: bool = Field(False, description="Log one line per request (id, endpoint, tokens, finish reason).")
-    engine_start_timeout_s: float = Field(
-        600.0, gt=0.0, description="How long start-up waits for the engine process to load the model."
-    )
-
-
-class Mrv2Config(_Strict):
+class Mrv2Config(StrictModel):
     """The whole run: one field per Hydra config group, plus device and seed."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -433,6 +328,7 @@ class Mrv2Config(_Strict):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    kernels: KernelsConfig = Field(default_factory=KernelsConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
@@ -443,6 +339,14 @@ class Mrv2Config(_Strict):
         "The engine serves both kinds of request either way.",
     )
     seed: int = Field(0, description="Run seed: per-request sampling seeds are drawn from it.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_retired_keys(cls, data: Any) -> Any:
+        """An old key names where its setting went (framework/config/retired.py), not just "extra input"."""
+        if isinstance(data, dict):
+            check_retired(data)
+        return data
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Mrv2Config":
@@ -469,35 +373,6 @@ class Mrv2Config(_Strict):
         return self
 
 
-def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the sub-model at `loc` (the parent of the offending key)."""
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return []
-        model = annotation
-    return sorted(model.model_fields)
-
-
-def format_validation_error(err: ValidationError, schema: type[BaseModel] = Mrv2Config) -> str:
-    """One readable line per problem: the dotted key, what is wrong, and what is allowed."""
-    lines = []
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        key = ".".join(str(p) for p in loc) or "<config>"
-        if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(schema, loc)
-            close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            lines.append(f"{key}: unknown key{hint}; allowed keys: {', '.join(allowed)}")
-        else:
-            value = e.get("input")
-            got = "" if isinstance(value, (dict, list)) else f" (got {value!r})"  # a whole section is noise
-            lines.append(f"{key}: {e['msg']}{got}")
-    return "invalid config:\n  " + "\n  ".join(lines)
-
-
 def load_config(data: Any) -> Mrv2Config:
     """Validate a composed config (a dict or an OmegaConf node); raise `ConfigError` on any problem."""
     if not isinstance(data, dict):
@@ -509,7 +384,9 @@ def load_config(data: Any) -> Mrv2Config:
         except MissingMandatoryValue as err:
             key = getattr(err, "full_key", None) or "a key"
             raise ConfigError(f"invalid config:\n  {key}: required, but no value was given (set {key}=...)") from None
+    if isinstance(data, dict):
+        check_retired(data)
     try:
         return Mrv2Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err)) from None
+        raise ConfigError(format_validation_error(err, Mrv2Config)) from None

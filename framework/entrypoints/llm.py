@@ -54,10 +54,11 @@ _KWARGS = {
     "mamba_snapshot_slots": "cache.mamba_snapshot_slots",
     "task": "task",
     "pooling": "model.pooling",
-    "small_batch_kernels": "model.small_batch_kernels",
-    "small_batch_max_tokens": "model.small_batch_max_tokens",
-    "longest_rows_first": "model.longest_rows_first",
-    "programmatic_launch": "model.programmatic_launch",
+    "kernel_backend": "kernels.backend",
+    "small_batch_kernels": "kernels.small_batch",
+    "longest_rows_first": "kernels.longest_rows_first",
+    "programmatic_launch": "kernels.programmatic_launch",
+    "small_batch_max_tokens": "model.small_batch_max_tokens",  # retired: load_config says why (RETIRED_KEYS)
     "tensor_parallel_size": "parallel.tensor_parallel_size",
     "pipeline_parallel_size": "parallel.pipeline_parallel_size",
     "speculative_config": "speculator",  # a dict of SpeculatorConfig fields, e.g. {"method": "ngram", ...}

@@ -101,14 +101,15 @@ class JambaAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.scale = cfg.head_dim**-0.5
+        self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
 
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        store_kv(k, v, kv_cache, meta.kv_slot_mapping)
-        out = paged_attention(q, kv_cache, meta, self.scale)
+        store_kv(k, v, kv_cache, meta.kv_slot_mapping, backend=self.kernel_backend)
+        out = paged_attention(q, kv_cache, meta, self.scale, backend=self.kernel_backend)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 

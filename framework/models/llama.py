@@ -6,8 +6,7 @@ by name. Tokens of all requests are flattened into one `[T]` batch; attention re
 
 from __future__ import annotations
 
-import functools
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -41,9 +40,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
-        return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps)[0].view(x.shape)
+        return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps, backend=self.kernel_backend)[0].view(x.shape)
 
     def add_and_norm(
         self, x: torch.Tensor, residual: Optional[torch.Tensor], pdl: bool = False
@@ -51,8 +51,9 @@ class RMSNorm(nn.Module):
         """(norm(x + residual), x + residual) in one pass; `residual` None (the first layer) means x alone.
         `pdl`: the kernel with programmatic dependent launch (framework/layers/kernels/pdl.py)."""
         if residual is None:
-            return rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps, pdl=pdl)[0].view(x.shape), x
-        out, summed = rms_norm(x, self.weight, self.eps, residual, pdl=pdl)
+            flat = x.reshape(-1, x.shape[-1])
+            return rms_norm(flat, self.weight, self.eps, pdl=pdl, backend=self.kernel_backend)[0].view(x.shape), x
+        out, summed = rms_norm(x, self.weight, self.eps, residual, pdl=pdl, backend=self.kernel_backend)
         assert summed is not None
         return out, summed
 
@@ -75,6 +76,7 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.qkv_weight: Optional[torch.Tensor] = None  # set by fuse_projections (after the weights are loaded)
         self.qkv_bias: Optional[torch.Tensor] = None
+        self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
 
     def forward(
         self,
@@ -99,7 +101,7 @@ class Attention(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         attention: AttentionFn,
-        pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, framework/layers/kernels/pdl.py)
+        pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, layers/kernels/pdl.py)
     ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
         """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
         q = self.rope_store(qkv, cos, sin, kv_cache, meta.kv_slot_mapping, pdl)
@@ -129,6 +131,7 @@ class Attention(nn.Module):
             kv_cache,
             kv_slot_mapping,
             pdl,
+            self.kernel_backend,
         )
 
     def fuse_projections(self) -> None:
@@ -144,10 +147,12 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, ctx)
         self.gate_up_weight: Optional[torch.Tensor] = None  # set by fuse_projections
         self.gate_up_bias: Optional[torch.Tensor] = None
+        self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
-            return self.down_proj(silu_and_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
+            gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
+            return self.down_proj(silu_and_mul(gate_up, self.kernel_backend))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     def fuse_projections(self) -> None:
@@ -188,6 +193,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, ctx)
         self.small_batch_max_tokens = 0  # forwards of <= this many tokens take the GEMVs (enable_small_batch)
         self.programmatic_launch = False  # the small-batch path's kernels launch with PDL (enable_small_batch)
+        self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
 
     def forward(self, x, residual, cos, sin, kv_cache, meta, attention):  # type: ignore[no-untyped-def]
         """(this layer's MLP output, the residual stream before it is added): the next norm adds the two, so
@@ -202,7 +208,7 @@ class DecoderLayer(nn.Module):
 
     def before_attention(self, x, residual, cos, sin, kv_cache, kv_slot_mapping):  # type: ignore[no-untyped-def]
         """(q [T, H, head_dim], the residual stream): the norm, the q/k/v projection, q/k norm + RoPE and the KV
-        store of this layer (`forward`'s part before attention; framework/runner/graphs/prefill_graphs.py captures it)."""
+        store of this layer (`forward`'s part before attention; runner/graphs/prefill_graphs.py captures it)."""
         h, residual = self.input_layernorm.add_and_norm(x, residual)
         attn = self.self_attn
         qkv = (
@@ -274,10 +280,23 @@ class LlamaForCausalLM(nn.Module):
                 self.checkpoint_aliases["lm_head.weight"] = "model.embed_tokens.weight"
         self.register_buffer("inv_freq", cfg.rope_inv_freq(), persistent=False)
         self.split_counters = SplitCounters()  # reused by every layer, step and graph replay of this model
-        self.attention: AttentionFn = functools.partial(paged_attention, split_counters=self.split_counters)
         self.small_batch_max_tokens = 0  # logits of <= this many rows take the GEMV LM head (enable_small_batch)
         self.programmatic_launch = False  # that LM head and the final norm before it launch with PDL (same)
-        self.longest_rows_first = True  # large decode batches: attention starts with the longest rows (ModelConfig)
+        self.longest_rows_first = True  # large decode batches: attention starts with the longest rows (kernels.*)
+        self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
+
+    def attention(
+        self,
+        query: torch.Tensor,  # [T, num_heads, head_dim]
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        **kwargs: Any,  # pdl, out (backend.paged_attention)
+    ) -> torch.Tensor:
+        """Paged attention with this model's split counters and kernel backend (every layer calls this)."""
+        return paged_attention(
+            query, kv_cache, meta, scale, split_counters=self.split_counters, backend=self.kernel_backend, **kwargs
+        )
 
     def init_buffers(self) -> None:
         """Recompute the buffers from the config (after a build on the meta device, which has no values)."""
@@ -366,5 +385,5 @@ class LlamaForCausalLM(nn.Module):
         0.12 ms of a 7 ms H200 decode step, and the fused sampler reads bf16 itself; the sampler's stages that
         need float32 cast there (`samplers.sampler`)."""
         if 0 < hidden.shape[0] <= self.small_batch_max_tokens:
-            return small_batch_logits(self.lm_head, hidden, self.programmatic_launch)
+            return small_batch_logits(self.lm_head, hidden, self.programmatic_launch, self.kernel_backend)
         return self.lm_head(hidden)

@@ -53,6 +53,7 @@ class SparseMoeBlock(nn.Module):
         self.ctx = ctx
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router, whole on every rank
         self.experts = StackedExperts(cfg, ctx)
+        self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
         if cfg.shared_expert_intermediate_size:
             shared = dataclasses.replace(cfg, intermediate_size=cfg.shared_expert_intermediate_size, mlp_bias=False)
             self.shared_expert: Optional[MLP] = MLP(shared, ctx)
@@ -63,8 +64,8 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         # Qwen applies the routing weights in the model dtype, Mixtral in float32.
         weight_dtype = x.dtype if self.round_weights else torch.float32
-        weights, ids = moe_route(self.gate(x), self.top_k, self.normalize, weight_dtype)
-        out = fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        weights, ids = moe_route(self.gate(x), self.top_k, self.normalize, weight_dtype, self.kernel_backend)
+        out = fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, self.kernel_backend)
         if self.ctx.tp_size > 1:
             out = self.ctx.tp_all_reduce(out)  # each rank summed its slice of every expert's intermediate dim
         if self.shared_expert is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from framework.config.schema import ConfigError, Mrv2Config
+from framework.layers.kernels.backend import set_kernel_backend
 from framework.layers.kernels.kv_cache_dtype import kv_cache_torch_dtype
 from framework.layers.kernels.pdl import resolve_programmatic_launch
 from framework.layers.parallel.context import ParallelContext
@@ -25,13 +27,14 @@ from framework.models.loader import (
     read_hf_config,
 )
 from framework.models.presets import preset_config
-from framework.models.small_batch import enable_small_batch
+from framework.models.small_batch import SMALL_BATCH_MAX_TOKENS, enable_small_batch
 from framework.models.tokenizer import Tokenizer, checkpoint_eos_token_ids, eos_ids_of, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_KV_CACHE_BYTES = 4 << 30  # default CPU KV budget when cache.num_blocks is not set
+RETIRED_BACKEND_ENV = "MRV2_ATTENTION_BACKEND"  # became the config key kernels.backend
 
 
 @dataclass
@@ -47,6 +50,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     kv_dtype: torch.dtype  # the attention KV cache's element type (`cache.kv_cache_dtype`: dtype, or an FP8 type)
+    kernel_backend: str = "auto"  # `kernels.backend`, handed to the model's layers (and a draft head's)
     parallel: ParallelContext = field(default_factory=ParallelContext)  # this rank's place (single process: 1 x 1)
     path: Optional[str] = None  # the HF directory the weights came from (a shipped one for `tiny`); None: random
     # The checkpoint's other end-of-sequence ids (a list's after the first): every request's stop tokens unless
@@ -70,12 +74,12 @@ def read_model_config(config: Mrv2Config) -> dict[str, Any]:
 
 def small_batch_max_tokens(config: Mrv2Config, device: torch.device) -> int:
     """Token count up to which forwards take the small-batch GEMV kernels (0: never); see
-    `model.small_batch_kernels`. `auto` means Hopper or newer, the GPUs the kernels were written for."""
-    mode = config.model.small_batch_kernels
+    `kernels.small_batch`. `auto` means Hopper or newer, the GPUs the kernels were written for."""
+    mode = config.kernels.small_batch
     hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
     if mode == "off" or (mode == "auto" and not hopper):
         return 0
-    return config.model.small_batch_max_tokens
+    return SMALL_BATCH_MAX_TOKENS
 
 
 def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelContext = ParallelContext()) -> LoadedModel:
@@ -104,10 +108,17 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         eos_ids = eos_ids_of(hf_config.get("eos_token_id"))
     model.eval()
     fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
+    set_kernel_backend(model, config.kernels.backend)  # the model's layers hand it to every kernel dispatcher
+    if RETIRED_BACKEND_ENV in os.environ:
+        logger.warning(
+            "%s is no longer read: set the config key kernels.backend=%s (LLM(kernel_backend=...)) instead",
+            RETIRED_BACKEND_ENV,
+            os.environ[RETIRED_BACKEND_ENV],
+        )
     if isinstance(model, LlamaForCausalLM):  # dense and MoE decoders: the launch order of large decode batches
-        model.longest_rows_first = mc.longest_rows_first
+        model.longest_rows_first = config.kernels.longest_rows_first
     small_tokens = small_batch_max_tokens(config, device)
-    pdl = resolve_programmatic_launch(mc.programmatic_launch, device) if small_tokens else False
+    pdl = resolve_programmatic_launch(config.kernels.programmatic_launch, device) if small_tokens else False
     if enable_small_batch(model, small_tokens, pdl):
         logger.info(
             "small-batch GEMV kernels for forwards of <= %d tokens%s",
@@ -131,6 +142,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
         device=device,
         dtype=dtype,
         kv_dtype=resolve_kv_cache_dtype(config.cache.kv_cache_dtype, dtype, device),
+        kernel_backend=config.kernels.backend,
         parallel=parallel,
         path=source.path,
         extra_eos_token_ids=eos_ids[1:],

@@ -1,6 +1,6 @@
 """The small-batch path of a dense decoder layer and the LM head: the projections as fused GEMVs.
 
-Per layer at M <= `model.small_batch_max_tokens` tokens (the default path's kernels in brackets):
+Per layer at M <= `SMALL_BATCH_MAX_TOKENS` (one) token (the default path's kernels in brackets):
 
     1. add + RMSNorm + qkv GEMV                 (add + RMSNorm, qkv GEMM)
     2. q/k norm + RoPE + KV store               (same kernel)
@@ -28,12 +28,19 @@ from torch import nn
 from framework.layers.attention import AttentionMetadata
 from framework.layers.kernels.small_batch_ops import fused_linear
 
+# Forwards of at most this many tokens take the GEMVs when `kernels.small_batch` enables them. One: on the H200 the
+# GEMV beats cuBLAS at one row and loses at eight (scripts/bench_gemv_tiles.py); the tensor-core kernel for 2-16
+# rows lost too and is gone, and with it the `model.small_batch_max_tokens` key.
+SMALL_BATCH_MAX_TOKENS = 1
 
-def _row_parallel(linear: Any, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:  # [M, K / tp] -> [M, N]
+
+def _row_parallel(
+    linear: Any, x: torch.Tensor, pdl: bool = False, backend: str = "auto"
+) -> torch.Tensor:  # [M, K / tp] -> [M, N]
     """`RowParallelLinear.forward` with the GEMV: one rank's bias goes into the kernel, shards sum first."""
     if linear.ctx.tp_size == 1:
-        return fused_linear(x, linear.weight, linear.bias, pdl=pdl)[0]
-    y = linear.ctx.tp_all_reduce(fused_linear(x, linear.weight, pdl=pdl)[0])
+        return fused_linear(x, linear.weight, linear.bias, pdl=pdl, backend=backend)[0]
+    y = linear.ctx.tp_all_reduce(fused_linear(x, linear.weight, pdl=pdl, backend=backend)[0])
     return y if linear.bias is None else y + linear.bias
 
 
@@ -51,21 +58,33 @@ def small_batch_layer(
     `layer.programmatic_launch` every kernel here launches with PDL (framework/layers/kernels/pdl.py)."""
     attn, mlp = layer.self_attn, layer.mlp
     norm, post = layer.input_layernorm, layer.post_attention_layernorm
-    pdl = layer.programmatic_launch
-    qkv, summed = fused_linear(x, attn.qkv_weight, attn.qkv_bias, norm.weight, norm.eps, residual, pdl=pdl)
+    pdl, backend = layer.programmatic_launch, layer.kernel_backend
+    qkv, summed = fused_linear(
+        x, attn.qkv_weight, attn.qkv_bias, norm.weight, norm.eps, residual, pdl=pdl, backend=backend
+    )
     residual = x if summed is None else summed
-    h = _row_parallel(attn.o_proj, attn.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention, pdl), pdl)
+    attended = attn.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention, pdl)
+    h = _row_parallel(attn.o_proj, attended, pdl, backend)
     act, summed = fused_linear(
-        h, mlp.gate_up_weight, mlp.gate_up_bias, post.weight, post.eps, residual, silu_mul=True, pdl=pdl
+        h,
+        mlp.gate_up_weight,
+        mlp.gate_up_bias,
+        post.weight,
+        post.eps,
+        residual,
+        silu_mul=True,
+        pdl=pdl,
+        backend=backend,
     )
     assert summed is not None
-    return _row_parallel(mlp.down_proj, act, pdl), summed
+    return _row_parallel(mlp.down_proj, act, pdl, backend), summed
 
 
 def small_batch_logits(
     lm_head: nn.Module,
     hidden: torch.Tensor,  # [L, hidden] -> [L, vocab]
     pdl: bool = False,
+    backend: str = "auto",  # kernels.backend
 ) -> torch.Tensor:
     """`ParallelLMHead.forward` with the GEMV; a single rank writes float32 logits straight from the kernel (values
     rounded to the model dtype first, so the same as the model dtype's), tensor ranks gather the model dtype.
@@ -73,7 +92,7 @@ def small_batch_logits(
     ctx = lm_head.ctx
     single = ctx.tp_size == 1  # type: ignore[union-attr]
     weight: torch.Tensor = lm_head.weight  # type: ignore[assignment]
-    logits = fused_linear(hidden, weight, out_dtype=torch.float32 if single else None, pdl=pdl)[0]
+    logits = fused_linear(hidden, weight, out_dtype=torch.float32 if single else None, pdl=pdl, backend=backend)[0]
     if not single:
         logits = ctx.tp_all_gather_last_dim(logits)  # type: ignore[union-attr,operator]
     return logits[..., : lm_head.vocab_size]  # type: ignore[misc]

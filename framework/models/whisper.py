@@ -157,6 +157,7 @@ class WhisperDecoderLayer(nn.Module):
         self.fc1 = nn.Linear(g.d_model, g.decoder_ffn_dim)
         self.fc2 = nn.Linear(g.decoder_ffn_dim, g.d_model)
         self.final_layer_norm = nn.LayerNorm(g.d_model)
+        self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
 
     def forward(
         self,
@@ -170,10 +171,12 @@ class WhisperDecoderLayer(nn.Module):
         h = self.self_attn_layer_norm(x)
         q = self.self_attn.query(h)
         k, v = self.self_attn.key_value(h)
-        store_kv(k, v, kv_cache, meta.kv_slot_mapping)
-        x = x + self.self_attn.out_proj(paged_attention(q, kv_cache, meta, 1.0).reshape(t, -1))
+        backend = self.kernel_backend
+        store_kv(k, v, kv_cache, meta.kv_slot_mapping, backend=backend)
+        x = x + self.self_attn.out_proj(paged_attention(q, kv_cache, meta, 1.0, backend=backend).reshape(t, -1))
         q = self.encoder_attn.query(self.encoder_attn_layer_norm(x))
-        x = x + self.encoder_attn.out_proj(paged_attention(q, layer_kv, cross.meta, 1.0).reshape(t, -1))
+        cross_out = paged_attention(q, layer_kv, cross.meta, 1.0, backend=backend)
+        x = x + self.encoder_attn.out_proj(cross_out.reshape(t, -1))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
 

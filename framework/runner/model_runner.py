@@ -32,7 +32,7 @@ from framework.runner.pooling import PooledRows, PoolingState, hidden_size_of
 from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
-from samplers.structured.backend import GuidanceBackend, build_grammar_backend
+from samplers.structured.backend import GuidanceBackend
 from samplers.structured.state import StructuredOutputsState
 
 logger = logging.getLogger(__name__)
@@ -78,9 +78,7 @@ class ModelRunnerV2(ModelRunner):
         self.block_tables = BlockTables(max_reqs, -(-loaded.max_model_len // bs), bs, self.device)
         vocab_size = loaded.vocab_size
         k_max = config.speculator.num_speculative_tokens
-        self.grammar_backend: GuidanceBackend = build_grammar_backend(
-            config.sampler.structured_outputs_backend, loaded.tokenizer, vocab_size, loaded.eos_token_id
-        )
+        self.grammar_backend = GuidanceBackend(loaded.tokenizer, vocab_size, loaded.eos_token_id)
         self._num_outputs = 0
         structured = StructuredOutputsState(
             max_reqs,
@@ -113,7 +111,7 @@ class ModelRunnerV2(ModelRunner):
         self.speculator: Optional[Speculator] = build_speculator(config.speculator, loaded, max_reqs, self.device)
         self.num_draft_kv_layers = self.speculator.num_kv_layers if self.speculator is not None else 0
         self.aux_layer_ids = self.speculator.aux_hidden_layer_ids if self.speculator is not None else ()
-        self.config, self.loaded = config, loaded
+        self.loaded = loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
         self.graphs = RunnerGraphs(self)  # decode and full-step graphs: capture, replay decisions, counters
         # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.

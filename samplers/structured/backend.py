@@ -1,4 +1,4 @@
-"""The grammar library behind structured outputs: llguidance (`sampler.structured_outputs_backend: guidance`).
+"""The grammar library behind structured outputs: llguidance, the only one (there is no setting).
 
 It compiles a request's `StructuredOutputsParams` into a grammar over the model's token vocabulary and makes
 one matcher per request. Compiled grammars are cached by their text, so a thousand requests with one schema
@@ -118,14 +118,3 @@ class GuidanceBackend:
 
 def _first_lines(message: str, limit: int = 4) -> str:
     return " ".join(line.strip() for line in message.strip().splitlines()[:limit] if line.strip())
-
-
-BACKENDS = {"guidance": GuidanceBackend}
-
-
-def build_grammar_backend(
-    name: str, tokenizer: Optional[object], vocab_size: int, eos_token_id: Optional[int]
-) -> GuidanceBackend:
-    """The backend `sampler.structured_outputs_backend` names ("auto" = guidance)."""
-    cls = BACKENDS["guidance" if name == "auto" else name]
-    return cls(tokenizer, vocab_size, eos_token_id)

@@ -42,6 +42,7 @@ class DraftHead(nn.Module):
         self.vocab_size = layer_config.vocab_size
         self.register_buffer("inv_freq", layer_config.rope_inv_freq(), persistent=False)
         self._shared: dict[str, torch.Tensor] = {}
+        self.kernel_backend = "auto"  # kernels.backend, the target's (set_kernel_backend)
 
     def init_buffers(self) -> None:
         """Recompute the buffers from the config (after a build on the meta device, which holds no values;
@@ -88,7 +89,12 @@ class DraftHead(nn.Module):
     ) -> torch.Tensor:
         cos, sin = rope_cos_sin(positions, self.inv_freq, hidden.dtype)
         return self._run(
-            input_ids, hidden, cos, sin, paged_attend(kv_cache, meta, self.layer_config.head_dim**-0.5), step
+            input_ids,
+            hidden,
+            cos,
+            sin,
+            paged_attend(kv_cache, meta, self.layer_config.head_dim**-0.5, self.kernel_backend),
+            step,
         )
 
     def _run(

@@ -39,12 +39,12 @@ def causal_attend(scale: float) -> Attend:
     return attend
 
 
-def paged_attend(kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> Attend:
+def paged_attend(kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, backend: str = "auto") -> Attend:
     """Flattened tokens `[T, heads, D]`: store K/V at `meta.kv_slot_mapping`, attend over the paged cache."""
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        store_kv(k, v, kv_cache, meta.kv_slot_mapping)
-        return paged_attention(q, kv_cache, meta, scale)
+        store_kv(k, v, kv_cache, meta.kv_slot_mapping, backend=backend)
+        return paged_attention(q, kv_cache, meta, scale, backend=backend)
 
     return attend
 

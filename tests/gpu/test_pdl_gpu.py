@@ -8,7 +8,7 @@ Claims:
   reading an activation before its `gdc_wait` would read the previous replay's value there: the new inputs of
   each replay are what would show it (negative control: a replay that skips the input copy differs);
 - an engine (random-weight 0.6B, greedy, requests ending at different steps so that decode runs at 3, 2 and 1
-  rows through the GEMV and dot paths, full-step graphs) gives identical tokens with `model.programmatic_launch`
+  rows through the GEMV and dot paths, full-step graphs) gives identical tokens with `kernels.programmatic_launch`
   on and off, and on really is on.
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_pdl_gpu.py` (~1 min on an H200).
 """
@@ -216,7 +216,6 @@ def test_engine_tokens_are_the_same_with_programmatic_launch_on_and_off() -> Non
             seed=0,
             gpu_memory_utilization=0.3,
             small_batch_kernels="on",
-            small_batch_max_tokens=4,
             programmatic_launch=mode,
             full_step_cuda_graphs=True,
         )

@@ -7,7 +7,7 @@ GEMV kernel, the cuBLAS path (the default path's ops: RMSNorm, `F.linear`, silu_
 reference (the same ops in float32 from the same bf16 inputs). Claims: the kernel is as close to the float32
 reference as cuBLAS is (mean |error| within 1.25x of cuBLAS's + 1e-5), and within bf16 tolerance of cuBLAS
 elementwise (2 ulps of the value or the row rms); one compiled variant per kernel and padded row count; and an
-engine with `model.small_batch_kernels=on` captures its decode graphs with the GEMVs and gives HF's greedy tokens
+engine with `kernels.small_batch=on` captures its decode graphs with the GEMVs and gives HF's greedy tokens
 (float32 exactly; bfloat16 at most one sequence fewer than the default path).
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_small_batch_gpu.py` (~1 min on an H200).
 """
@@ -149,7 +149,6 @@ def test_engine_with_small_batch_kernels_matches_hf(tmp_path, monkeypatch: pytes
             max_model_len=128,
             gpu_memory_utilization=0.3,
             small_batch_kernels=mode,
-            small_batch_max_tokens=8,
         )  # the default is 1: every row count here
         assert llm.engine.runner.cuda_graphs is not None
         # the decode graphs at 1, 2, 4 and 8 rows were captured with the GEMVs (and only with the key on)

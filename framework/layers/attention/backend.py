@@ -1,9 +1,9 @@
 """Attention backend dispatch: Triton kernels on CUDA, the PyTorch references everywhere else.
 
-`MRV2_ATTENTION_BACKEND` overrides the choice: `reference` forces the PyTorch path (e.g. to bisect a
-numerical difference on a GPU), `triton` forces the kernels (on a CPU only under `TRITON_INTERPRET=1`),
-`auto` (default) picks by device. Head dims the kernels do not handle (not a power of two in 16..256) fall
-back to the reference with one warning.
+The config key `kernels.backend`, passed down as `backend=` (framework/layers/kernels/backend.py), overrides the
+choice: `reference` forces the PyTorch path (e.g. to bisect a numerical difference on a GPU), `triton` forces the
+kernels (on a CPU only under `TRITON_INTERPRET=1`), `auto` (default) picks by device. Head dims the kernels do
+not handle (not a power of two in 16..256) fall back to the reference with one warning.
 
 A model binds `paged_attention` to a `SplitCounters` of its own: the state the split-KV decode kernel keeps
 between calls.
@@ -19,7 +19,7 @@ import torch
 
 from framework.layers.attention.metadata import AttentionMetadata
 from framework.layers.attention.paged import paged_attention_reference, store_kv_reference
-from framework.layers.kernels.backend import BACKEND_ENV, kernel_backend  # noqa: F401 (BACKEND_ENV re-exported)
+from framework.layers.kernels.backend import kernel_backend
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +32,9 @@ LONGEST_FIRST_MIN_ROWS = 64
 _warned_head_dims: set[int] = set()
 
 
-def attention_backend(device: torch.device, head_dim: int) -> str:
-    """`"triton"` or `"reference"` for tensors on `device` with this head_dim."""
-    if kernel_backend(device) == "reference":
+def attention_backend(device: torch.device, head_dim: int, backend: str = "auto") -> str:
+    """`"triton"` or `"reference"` for tensors on `device` with this head_dim under `kernels.backend`."""
+    if kernel_backend(device, backend) == "reference":
         return "reference"
     if head_dim not in TRITON_HEAD_DIMS:
         if head_dim not in _warned_head_dims:
@@ -97,10 +97,11 @@ def paged_attention(
     split_counters: Optional[SplitCounters] = None,  # None: the kernel zeroes counters per call
     pdl: bool = False,  # the kernels with programmatic dependent launch (framework/layers/kernels/pdl.py)
     out: Optional[torch.Tensor] = None,  # [T, num_heads, head_dim] to write into (rows past T untouched)
+    backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal paged attention of this step's queries (see paged.py), in `out` when
     given (prefill graph pieces read it at a fixed address: framework/runner/graphs/prefill_graphs.py)."""
-    if attention_backend(query.device, query.shape[-1]) == "triton":
+    if attention_backend(query.device, query.shape[-1], backend) == "triton":
         from framework.layers.attention.triton_paged_attention import paged_attention as triton_paged_attention
 
         counters = None
@@ -118,9 +119,10 @@ def store_kv(
     value: torch.Tensor,  # [T, num_kv_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], updated in place
     kv_slot_mapping: torch.Tensor,  # [T] int64 KV slots, negative = padding (skipped)
+    backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
 ) -> None:
     """Write this step's K/V into the paged cache at their KV slots."""
-    if attention_backend(key.device, key.shape[-1]) == "triton":
+    if attention_backend(key.device, key.shape[-1], backend) == "triton":
         from framework.layers.attention.triton_store_kv import store_kv as triton_store_kv
 
         triton_store_kv(key, value, kv_cache, kv_slot_mapping)

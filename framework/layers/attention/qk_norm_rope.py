@@ -28,6 +28,7 @@ def qk_norm_rope_store_reference(
     head_dim: int,
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D], updated in place
     kv_slot_mapping: torch.Tensor,  # [T'] int64 KV slots of tokens 0..T'-1 (T' <= T), negative = padding
+    backend: str = "auto",  # kernels.backend, for the store's dispatcher
 ) -> torch.Tensor:
     """q [T, H, D] (per-head RMSNorm when a weight is given, then RoPE); k (same) and raw v of the first T'
     tokens are written at their KV slots (`store_kv_reference` semantics, through the `store_kv` dispatcher)."""
@@ -39,7 +40,9 @@ def qk_norm_rope_store_reference(
     if k_norm_weight is not None:
         k = rms_norm_reference(k, k_norm_weight, eps)[0]
     q, k = apply_rope_reference(q, cos, sin), apply_rope_reference(k, cos, sin)
-    store_kv(k, v, kv_cache, kv_slot_mapping)  # the store's own dispatcher: no host sync on CUDA (graph capture)
+    store_kv(
+        k, v, kv_cache, kv_slot_mapping, backend=backend
+    )  # the store's own dispatcher: no host sync on CUDA (graph capture)
     return q.contiguous()
 
 
@@ -56,6 +59,7 @@ def qk_norm_rope_store(
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D], updated in place
     kv_slot_mapping: torch.Tensor,  # [T'] int64 KV slots of tokens 0..T'-1 (T' <= T), negative = padding
     pdl: bool = False,  # the kernel with programmatic dependent launch (framework/layers/kernels/pdl.py)
+    backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
 ) -> torch.Tensor:
     """q [T, H, D] contiguous, normed + roped; normed + roped k and raw v of the first T' tokens go to the
     cache. See `qk_norm_rope_store_reference`."""
@@ -67,7 +71,7 @@ def qk_norm_rope_store(
         and kv_cache.stride(-1) == 1
         and kv_cache.stride(1) == kv_cache.shape[2] * kv_cache.stride(2)
     )
-    if kernel_takes and triton_enabled(qkv.device, qkv, q_norm_weight, k_norm_weight):
+    if kernel_takes and triton_enabled(qkv.device, qkv, q_norm_weight, k_norm_weight, backend=backend):
         return qk_norm_rope_store_triton(
             qkv,
             cos,
@@ -83,5 +87,16 @@ def qk_norm_rope_store(
             pdl,
         )
     return qk_norm_rope_store_reference(
-        qkv, cos, sin, q_norm_weight, k_norm_weight, eps, num_heads, num_kv_heads, head_dim, kv_cache, kv_slot_mapping
+        qkv,
+        cos,
+        sin,
+        q_norm_weight,
+        k_norm_weight,
+        eps,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        kv_cache,
+        kv_slot_mapping,
+        backend,
     )

@@ -283,6 +283,7 @@ def fused_moe(
     down: torch.Tensor,  # [E, H, I]
     topk_weights: torch.Tensor,  # [M, K]
     topk_ids: torch.Tensor,  # [M, K] expert ids
+    backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output: the Triton kernels on CUDA (or when forced, as for the other layer ops), the
     reference otherwise and for anything autograd must see. See `fused_moe_reference` for the semantics."""
@@ -293,6 +294,6 @@ def fused_moe(
         and gate_up.is_contiguous()
         and down.is_contiguous()
     )
-    if kernel_takes and triton_enabled(x.device, x, gate_up, down):
+    if kernel_takes and triton_enabled(x.device, x, gate_up, down, backend=backend):
         return fused_moe_triton(x, gate_up, down, topk_weights, topk_ids)
     return fused_moe_reference(x, gate_up, down, topk_weights, topk_ids)

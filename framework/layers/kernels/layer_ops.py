@@ -3,10 +3,10 @@
 Each op has a PyTorch reference (`*_reference`, the semantics, and what the model computed before the ops
 were fused: same ops, same roundings to the tensor dtype as HF) and a Triton kernel doing it in one launch
 (`framework/layers/kernels/triton_norm_silu.py`, `framework/layers/kernels/triton_qk_norm_rope.py`). The public functions
-dispatch: Triton for CUDA tensors, the reference otherwise. `MRV2_ATTENTION_BACKEND=reference` forces the
-references on CUDA too (the same switch as attention, so one variable bisects a numerical difference), and
-`=triton` forces the kernels (on a CPU only under `TRITON_INTERPRET=1`). Inputs the kernels do not take
-(another dtype, a weight of another dtype, a non-contiguous last dim, rows over 8192 elements, an odd
+dispatch: Triton for CUDA tensors, the reference otherwise. Their `backend="reference"` (config key
+`kernels.backend`, handed down by the layers) forces the references on CUDA too (the same setting as attention,
+so one switch bisects a numerical difference), and `"triton"` forces the kernels (on a CPU only under
+`TRITON_INTERPRET=1`). Inputs the kernels do not take (another dtype, a weight of another dtype, a non-contiguous last dim, rows over 8192 elements, an odd
 head_dim) silently take the reference, which handles everything; so does anything autograd must see
 (training), as the kernels have no backward.
 """
@@ -68,6 +68,7 @@ def rms_norm(
     eps: float,
     residual: Optional[torch.Tensor] = None,  # [T, D] x.dtype
     pdl: bool = False,  # the kernel with programmatic dependent launch (framework/layers/kernels/pdl.py)
+    backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weight * rmsnorm(x + residual) [T, D], x + residual [T, D] or None); see `rms_norm_reference`."""
     kernel_takes = (
@@ -78,14 +79,14 @@ def rms_norm(
         and weight.shape == x.shape[1:]
         and (residual is None or residual.shape == x.shape)
     )
-    if kernel_takes and triton_enabled(x.device, x, weight, residual):
+    if kernel_takes and triton_enabled(x.device, x, weight, residual, backend=backend):
         return rms_norm_triton(x, weight, eps, residual, pdl)
     return rms_norm_reference(x, weight, eps, residual)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 * I] -> [T, I]
+def silu_and_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:  # [T, 2 * I] -> [T, I]
     """silu(gate) * up of a merged gate/up projection; see `silu_and_mul_reference`."""
     kernel_takes = gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and kernel_fits(gate_up, gate_up.dtype)
-    if kernel_takes and gate_up.dtype in TRITON_DTYPES and triton_enabled(gate_up.device, gate_up):
+    if kernel_takes and gate_up.dtype in TRITON_DTYPES and triton_enabled(gate_up.device, gate_up, backend=backend):
         return silu_and_mul_triton(gate_up)
     return silu_and_mul_reference(gate_up)

@@ -70,6 +70,7 @@ def moe_route_reference(
     top_k: int,
     normalize: bool,
     weight_dtype: torch.dtype,
+    backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] weight_dtype, expert ids [T, k] int64): see the module docstring."""
     _check(router_logits, top_k)
@@ -114,6 +115,7 @@ def moe_route(
     top_k: int,
     normalize: bool,
     weight_dtype: torch.dtype,
+    backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] weight_dtype, expert ids [T, k] int64): the kernel on CUDA (or when forced, like the other
     layer ops), the reference otherwise and for anything autograd must see."""
@@ -123,6 +125,6 @@ def moe_route(
         and router_logits.shape[-1] <= MAX_ROUTE_EXPERTS
         and weight_dtype in (torch.float32, torch.float16, torch.bfloat16)
     )
-    if kernel_takes and triton_enabled(router_logits.device, router_logits):
+    if kernel_takes and triton_enabled(router_logits.device, router_logits, backend=backend):
         return moe_route_triton(router_logits, top_k, normalize, weight_dtype)
     return moe_route_reference(router_logits, top_k, normalize, weight_dtype)

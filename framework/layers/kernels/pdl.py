@@ -10,7 +10,7 @@ kernel's tail (docs/kernels.md, "Programmatic dependent launch").
 
 A kernel takes a `USE_PDL: tl.constexpr = False`; a wrapper given `pdl=True` launches it with
 `**pdl_launch_kwargs(True)`. Whether `pdl` may be true is decided once, at model load (`pdl_supported` /
-`resolve_programmatic_launch`, from `model.programmatic_launch`), and reaches the kernels as an attribute of the
+`resolve_programmatic_launch`, from `kernels.programmatic_launch`), and reaches the kernels as an attribute of the
 decoder layers and the model, set by `enable_small_batch` beside `small_batch_max_tokens`: never under Triton's
 interpreter (it has no `gdc_*`), never on a CPU or a GPU older than compute capability 9.0, never with a Triton
 that lacks the launch option.
@@ -61,7 +61,7 @@ def pdl_supported(device: torch.device) -> bool:
 
 
 def resolve_programmatic_launch(mode: ProgrammaticLaunch, device: torch.device) -> bool:
-    """`model.programmatic_launch` on `device`: `off` never; `auto` where supported; `on` the same, but an
+    """`kernels.programmatic_launch` on `device`: `off` never; `auto` where supported; `on` the same, but an
     unsupported device is logged as a warning (it was asked for). Unsupported always means off (a kernel with
     `gdc_wait` cannot run under the interpreter, and an old Triton cannot launch it)."""
     if mode == "off":
@@ -70,7 +70,7 @@ def resolve_programmatic_launch(mode: ProgrammaticLaunch, device: torch.device) 
     if reason:
         # Asked for, or a GPU where it was expected (an old Triton, an old GPU): say so; a CPU run stays quiet.
         log = logger.warning if mode == "on" else logger.info if device.type == "cuda" else logger.debug
-        log("programmatic dependent launch off: %s (model.programmatic_launch=%s)", reason, mode)
+        log("programmatic dependent launch off: %s (kernels.programmatic_launch=%s)", reason, mode)
         return False
     return True
 

@@ -11,8 +11,8 @@
 `F.linear`, `silu_and_mul_reference`), so the small-batch path is comparable with the default one and with HF.
 `fused_linear` dispatches like the other layer ops (`framework/layers/kernels/layer_ops.py`): the Triton GEMV
 (`framework/layers/kernels/triton_gemv.py`; from two rows its tensor-core dot kernel, `triton_gemv_dot.py`) for CUDA
-tensors, or on a CPU under `MRV2_ATTENTION_BACKEND=triton` with `TRITON_INTERPRET=1`; the reference otherwise
-(`MRV2_ATTENTION_BACKEND=reference`, float64, more than 16 rows, a non-contiguous weight, anything autograd must
+tensors, or on a CPU under `kernels.backend=triton` with `TRITON_INTERPRET=1`; the reference otherwise
+(`kernels.backend=reference`, float64, more than 16 rows, a non-contiguous weight, anything autograd must
 see).
 """
 
@@ -23,8 +23,7 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
-from framework.layers.kernels import backend
-from framework.layers.kernels.backend import kernel_fits
+from framework.layers.kernels.backend import kernel_fits, triton_enabled
 from framework.layers.kernels.layer_ops import TRITON_DTYPES, rms_norm_reference, silu_and_mul_reference
 from framework.layers.kernels.triton_gemv import MAX_GEMV_ROWS, gemv_triton
 
@@ -63,6 +62,7 @@ def fused_linear(
     silu_mul: bool = False,
     out_dtype: Optional[torch.dtype] = None,
     pdl: bool = False,  # the kernel with programmatic dependent launch (framework/layers/kernels/pdl.py)
+    backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out [M, N], x + residual [M, K] or None); see `fused_linear_reference`. `x + residual` is returned
     only when a residual is given (the first layer's stream is `x` itself)."""
@@ -77,6 +77,6 @@ def fused_linear(
         and all(kernel_fits(t, x.dtype) for t in (x, weight, bias, norm_weight, residual))
         and (residual is None or (norm_weight is not None and residual.shape == x.shape))
     )
-    if kernel_takes and backend.triton_enabled(x.device, x, weight, bias, norm_weight, residual):
+    if kernel_takes and triton_enabled(x.device, x, weight, bias, norm_weight, residual, backend=backend):
         return gemv_triton(x, weight, bias, norm_weight, eps, residual, silu_mul, out_dtype, pdl=pdl)
     return fused_linear_reference(x, weight, bias, norm_weight, eps, residual, silu_mul, out_dtype)

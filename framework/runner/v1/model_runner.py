@@ -78,7 +78,7 @@ class ModelRunnerV1(ModelRunner):
         # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.
         self.step_events: Optional[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = None
         self._free_state_slots = list(range(max_reqs - 1, -1, -1))  # pop() hands out slot 0 first
-        self.config, self.loaded = config, loaded
+        self.loaded = loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
         self._to_device = HostToDevice(self.device)
         self._pending: Optional[_ExecuteState] = None

@@ -1,0 +1,96 @@
+"""The sections of the commands on top of the engine: what `mrv2 run` generates, the workload of `mrv2 bench`
+and the HTTP server of `mrv2 serve`. The engine itself never reads them."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, model_validator
+
+from framework.config.base import StrictModel
+
+
+class RunConfig(StrictModel):
+    """What `mrv2 run` generates."""
+
+    prompts: list[str] = Field(default_factory=lambda: ["def fibonacci(n):", "The quick brown fox"])
+    show_progress: bool = True
+
+
+class BenchConfig(StrictModel):
+    """The workload of `mrv2 bench`: random prompt ids, lengths uniform in the given ranges."""
+
+    name: str = "bench"
+    num_requests: int = Field(16, ge=1)
+    input_len: tuple[int, int] = (16, 64)
+    output_len: tuple[int, int] = (16, 64)
+    temperature: float = Field(0.6, ge=0.0)
+    seed: int = 0
+    baselines: list[Literal["hf"]] = Field(default_factory=list, description="Also run these on the same requests.")
+    hf_batch_size: int = Field(256, ge=1, description="Batch size of the HF transformers baseline.")
+    warmup_requests: int = Field(
+        16,
+        ge=0,
+        description="Untimed requests (other prompts, at most 16 output tokens) run before the timed "
+        "workload, so that first-use costs (Triton compiles, allocator growth) are not counted.",
+    )
+    decode_idle_batch: int = Field(0, ge=0, description="If > 0 (GPU): measure GPU idle time of decode at this batch.")
+    step_timeline: bool = Field(
+        False,
+        description="GPU: record each timed step's rows and device time; print where the run's device time "
+        "went against a floor (its bytes or its FLOPs), write timeline.json and timeline.png "
+        "(framework/entrypoints/bench/timeline.py).",
+    )
+    shared_prefix_len: int = Field(
+        0,
+        ge=0,
+        description="If > 0: every prompt starts with one shared random prefix of this many tokens "
+        "(then `input_len` unique tokens), and the workload runs with prefix caching off, then on "
+        "(framework/entrypoints/bench/prefix.py).",
+    )
+    output_dir: Optional[str] = Field(None, description="Where JSON and plot go; null = Hydra's run directory.")
+    serve: bool = Field(
+        False,
+        description="Also send the workload through `mrv2 serve` (streaming completions over HTTP) and "
+        "compare with offline (framework/entrypoints/bench/serve.py).",
+    )
+    request_rates: list[float] = Field(
+        default_factory=list,
+        description="With `serve`: Poisson request rates (req/s) to run after the all-at-once run.",
+    )
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "BenchConfig":
+        for key in ("input_len", "output_len"):
+            lo, hi = getattr(self, key)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"bench.{key} must be [lo, hi] with 1 <= lo <= hi, got [{lo}, {hi}]")
+        return self
+
+
+class ServeConfig(StrictModel):
+    """The HTTP server of `mrv2 serve` (docs/serving.md)."""
+
+    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 exposes the server to the network.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port; 0 = any free port (the start-up line names it).")
+    served_model_name: Optional[str] = Field(
+        None,
+        description="The model name clients send and /v1/models lists; null = the preset name, or the "
+        "checkpoint directory's name.",
+    )
+    api_key: Optional[str] = Field(
+        None, description="If set, every /v1 request needs the header `Authorization: Bearer <api_key>` (else 401)."
+    )
+    max_queued_requests: int = Field(
+        1024,
+        ge=0,
+        description="Requests that may wait beyond the `scheduler.max_num_seqs` running ones; more get "
+        "HTTP 503 with a Retry-After header.",
+    )
+    max_request_bytes: int = Field(
+        32 << 20, ge=1024, description="Largest request body accepted; larger ones get HTTP 413."
+    )
+    log_requests: bool = Field(False, description="Log one line per request (id, endpoint, tokens, finish reason).")
+    engine_start_timeout_s: float = Field(
+        600.0, gt=0.0, description="How long start-up waits for the engine process to load the model."
+    )
