@@ -18,6 +18,7 @@ from framework.engine.request import Request, RequestOutput, RequestStatus
 from framework.engine.runner_selection import select_runner
 from framework.engine.scheduler.kv_cache_manager import KVCacheManager
 from framework.engine.scheduler.scheduler import Scheduler
+from framework.models.interface import EncoderDecoder
 from framework.models.setup import kv_bytes_per_block, load_model, resolve_device
 from framework.params.encoder_input import EncoderInput
 from framework.params.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
@@ -84,7 +85,7 @@ class EngineCore:
         # Encoder-decoder (Whisper) models take audio prompts: this turns them into decoder ids + encoder input.
         self.audio: Optional[WhisperPromptProcessor] = (
             WhisperPromptProcessor(self.loaded.hf_config, config.model.path)
-            if getattr(self.loaded.model, "is_encoder_decoder", False)
+            if isinstance(self.loaded.model, EncoderDecoder)
             else None
         )
         blocks = self.runner.determine_num_kv_blocks()  # profiled on a GPU; the minimum over ranks
