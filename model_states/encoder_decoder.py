@@ -27,6 +27,7 @@ from torch import nn
 from framework.batch.graph_batch import GraphBatch
 from framework.batch.input_batch import InputBatch
 from framework.layers.attention import AttentionMetadata
+from framework.models.interface import EncoderDecoder
 from framework.params.scheduler_output import NewRequestData
 from model_states.default import DefaultModelState
 
@@ -55,11 +56,11 @@ class EncoderDecoderModelState(DefaultModelState):
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
         super().__init__(model, hf_config, max_num_reqs, device)
-        for attr in ("cross_kv_shape", "encode"):
-            if not callable(getattr(model, attr, None)):
-                raise TypeError(
-                    f"model state 'encoder_decoder' needs a model with {attr}(); {type(model).__name__} has none"
-                )
+        if not isinstance(model, EncoderDecoder):
+            raise TypeError(
+                f"model state 'encoder_decoder' needs an EncoderDecoder model (cross_kv_shape(), encode()); "
+                f"{type(model).__name__} is none"
+            )
         layers, two, self.enc_len, heads, head_dim = model.cross_kv_shape()
         self.blocks_per_slot = -(-self.enc_len // CROSS_BLOCK_SIZE)
         dtype = next(model.parameters()).dtype

@@ -37,6 +37,7 @@ from torch import nn
 
 from framework.batch.graph_batch import GraphBatch
 from framework.layers.kernels.state_snapshots import SnapshotTargets, build_snapshot_targets
+from framework.models.interface import MambaHybrid
 from framework.models.mamba_layer import MambaLayerState, MambaStepInputs
 from framework.params.prefix_cache import PrefixCacheHooks
 from model_states.default import DefaultModelState
@@ -60,12 +61,12 @@ class MambaHybridModelState(DefaultModelState):
 
     def __init__(self, model: nn.Module, hf_config: dict[str, Any], max_num_reqs: int, device: torch.device) -> None:
         super().__init__(model, hf_config, max_num_reqs, device)
-        shapes = getattr(model, "mamba_state_shapes", None)
-        if shapes is None:
+        if not isinstance(model, MambaHybrid):
             raise TypeError(
-                f"model state 'mamba_hybrid' needs a model with mamba_state_shapes(); {type(model).__name__} has none"
+                f"model state 'mamba_hybrid' needs a MambaHybrid model (mamba_state_shapes()); "
+                f"{type(model).__name__} is none"
             )
-        num_layers, conv_shape, ssm_shape = shapes()
+        num_layers, conv_shape, ssm_shape = model.mamba_state_shapes()
         conv_dtype = next(model.parameters()).dtype
         # [L, S+1, d_inner, d_conv-1] and [L, S+1, d_inner, d_state]: one slab per kind, a layer's view is
         # [S+1, ...]; the last slot is the dummy that padding rows of decode graphs write.

@@ -7,12 +7,13 @@ from typing import Any, Optional
 from torch import nn
 
 from framework.config.registry import MODEL_STATES, RegistryError
+from framework.models.interface import Model
 from model_states.interface import ModelState
 
 
 def detect_model_state_name(model: nn.Module, hf_config: dict[str, Any]) -> str:
     """The model class's `model_state_name`, else cross-attention -> encoder_decoder, hybrid -> mamba_hybrid."""
-    named = getattr(type(model), "model_state_name", None)
+    named = model.model_state_name if isinstance(model, Model) else None
     if named:
         return named
     if hf_config.get("is_encoder_decoder"):

@@ -20,7 +20,7 @@ from speculators.interface import Proposal, ProposeInputs, Speculator
 
 if TYPE_CHECKING:
     from framework.config.schema import SpeculatorConfig
-    from framework.models.setup import LoadedModel
+    from framework.models.loaded import LoadedModel
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +37,7 @@ class DraftHeadSpeculator(Speculator):
         self.head = self._load_head(config, loaded, device)
         set_kernel_backend(self.head, loaded.kernel_backend)  # the target's kernels.backend
         target = loaded.model
-        embed = target.model.embed_tokens.weight if hasattr(target, "model") else None
-        lm_head = target.lm_head.weight if hasattr(target, "lm_head") else None
-        self.head.share_target_weights(embed, lm_head)
+        self.head.share_target_weights(*target.shareable_embeddings())
         head_kv, target_kv = self.head.kv_cache_shape(1, 1), target.kv_cache_shape(1, 1)
         if head_kv != target_kv:
             raise CheckpointError(

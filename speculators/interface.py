@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from framework.batch.request_state import RequestState
     from framework.config.schema import SpeculatorConfig
     from framework.layers.attention import AttentionMetadata
-    from framework.models.setup import LoadedModel
+    from framework.models.loaded import LoadedModel
     from framework.params.scheduler_output import NewRequestData
 
 

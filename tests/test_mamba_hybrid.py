@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from framework.entrypoints.llm import LLM
+from framework.models.interface import MambaHybrid
 from framework.models.mamba_layer import MambaMixer, MambaStepInputs
 from framework.params.sampling_params import SamplingParams
 from model_states.mamba_hybrid import MambaHybridModelState
@@ -115,7 +116,7 @@ def test_reused_slot_carries_no_state(checkpoint, hf_tokens) -> None:  # type: i
     state.apply_staged_writes = reset  # type: ignore[method-assign]
 
 
-class _OneMixer(torch.nn.Module):
+class _OneMixer(torch.nn.Module, MambaHybrid):
     """The smallest model MambaHybridModelState accepts: one Mamba mixer."""
 
     def __init__(self) -> None:

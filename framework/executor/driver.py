@@ -27,7 +27,8 @@ from framework.executor.launch import (
 from framework.executor.messages import Command, encode_command
 from framework.executor.worker import build_rank, leave_groups, serve, worker_main
 from framework.layers.parallel.context import ParallelContext
-from framework.models.setup import LoadedModel, read_model_config
+from framework.models.loaded import LoadedModel
+from framework.models.setup import read_model_config
 from framework.params.scheduler_output import SchedulerOutput
 from framework.runner.async_output import AsyncOutput
 from framework.runner.interface import ModelRunner

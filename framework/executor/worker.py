@@ -21,7 +21,8 @@ from framework.config.schema import ConfigError, Mrv2Config
 from framework.executor.launch import RankPlace, init_groups, rank_device
 from framework.executor.messages import decode_command
 from framework.layers.parallel.context import ParallelContext
-from framework.models.setup import LoadedModel, load_model
+from framework.models.loaded import LoadedModel
+from framework.models.setup import load_model
 from framework.runner.model_runner import ModelRunnerV2
 
 logger = logging.getLogger(__name__)

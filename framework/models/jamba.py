@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -19,6 +19,7 @@ from torch import nn
 from framework.layers.attention import AttentionMetadata
 from framework.layers.attention.backend import paged_attention, store_kv
 from framework.models.hf_config import UnsupportedModelError
+from framework.models.interface import MambaHybrid, Model
 from framework.models.llama import RMSNorm
 from framework.models.mamba_layer import MambaMixer, MambaStepInputs
 
@@ -159,7 +160,7 @@ class JambaModel(nn.Module):
         self.final_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class JambaForCausalLM(nn.Module):
+class JambaForCausalLM(Model, MambaHybrid):
     """Jamba causal LM: attention layers on the paged KV cache, Mamba layers on per-slot recurrent state."""
 
     model_state_name = "mamba_hybrid"
@@ -179,13 +180,20 @@ class JambaForCausalLM(nn.Module):
         """Build (uninitialised) from an HF config dict."""
         return cls(JambaConfig.from_hf(hf_config))
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        """Shape of one attention layer's paged KV cache."""
-        return (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
-
     @property
     def num_kv_layers(self) -> int:
         return len(self.attention_layers)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.config.num_kv_heads
+
+    @property
+    def kv_head_dim(self) -> int:
+        return self.config.head_dim
+
+    def shareable_embeddings(self) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        return self.model.embed_tokens.weight, self.lm_head.weight
 
     def mamba_state_shapes(self) -> tuple[int, tuple[int, int], tuple[int, int]]:
         """(number of Mamba layers, per-slot conv state shape, per-slot SSM state shape)."""
@@ -211,7 +219,3 @@ class JambaForCausalLM(nn.Module):
                 x = x + layer.mamba(h, next(state_iter), mamba)
             x = x + layer.feed_forward(layer.pre_ff_layernorm(x))
         return self.model.final_layernorm(x)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[L, hidden] -> [L, vocab] in the model dtype (as `LlamaForCausalLM.compute_logits`)."""
-        return self.lm_head(hidden)

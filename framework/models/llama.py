@@ -26,6 +26,7 @@ from framework.layers.parallel.linear import (
     VocabParallelEmbedding,
 )
 from framework.models.hf_config import DecoderConfig
+from framework.models.interface import Model
 from framework.models.small_batch import small_batch_layer, small_batch_logits
 
 # (query, kv_cache, meta, scale) -> output; the small-batch path also passes `pdl=True` when programmatic
@@ -254,7 +255,7 @@ class DecoderModel(nn.Module):
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(Model):
     """Llama / Mistral / Qwen2 / Qwen3 causal LM over the paged KV cache.
 
     `forward` returns hidden states `[T, hidden]`; `compute_logits` turns the rows that are sampled into
@@ -271,7 +272,6 @@ class LlamaForCausalLM(nn.Module):
         self.config, self.ctx = cfg, ctx
         self.model = DecoderModel(cfg, ctx, type(self).make_layer)
         # A stage without the embedding loads a tied LM head from the embedding's checkpoint tensor.
-        self.checkpoint_aliases: dict[str, str] = {}
         if ctx.is_last_stage:
             self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
             if cfg.tie_word_embeddings and ctx.is_first_stage:
@@ -317,13 +317,24 @@ class LlamaForCausalLM(nn.Module):
             return self.ctx.is_last_stage
         return True
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        """Shape of one layer's paged KV cache (this rank's KV heads)."""
-        return (2, num_blocks, block_size, self.config.num_kv_heads // self.ctx.tp_size, self.config.head_dim)
-
     @property
     def num_kv_layers(self) -> int:
         return len(self.model.stage_layers)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.config.num_kv_heads // self.ctx.tp_size
+
+    @property
+    def kv_head_dim(self) -> int:
+        return self.config.head_dim
+
+    def shareable_embeddings(self) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        embed = self.model.embed_tokens.weight if self.ctx.is_first_stage else None
+        return embed, self.lm_head.weight if self.ctx.is_last_stage else None
+
+    def check_max_model_len(self, max_model_len: int) -> None:
+        self.config.check_max_model_len(max_model_len)
 
     def forward(
         self,

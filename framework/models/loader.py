@@ -14,6 +14,7 @@ from torch import nn
 from framework.config.registry import MODELS
 from framework.layers.parallel.context import ParallelContext
 from framework.layers.parallel.linear import SINGLE, StackedPart, read_shard, shard_spec
+from framework.models.interface import Model
 from framework.models.materialise import build_materialised
 from framework.models.random_weights import normal_weights
 
@@ -99,7 +100,7 @@ def _refuse_quantized_tensor(where: str, name: str, dtype: torch.dtype) -> None:
 
 def build_model(
     hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device, ctx: ParallelContext = SINGLE
-) -> nn.Module:
+) -> Model:
     """Instantiate the registered model class for the config's architecture (weights uninitialised).
 
     The weights are allocated once, in `dtype` on `device` (`build_materialised`): peak memory ~1x the weights.
@@ -113,23 +114,25 @@ def build_model(
     if archs[0] not in MODELS:
         raise CheckpointError(f"architecture '{archs[0]}' is not supported; registered: {', '.join(MODELS.names())}")
     cls = MODELS.get(archs[0])
-    if ctx.world_size > 1 and not getattr(cls, "supports_parallel", False):
+    if not (isinstance(cls, type) and issubclass(cls, Model)):
+        raise CheckpointError(f"architecture '{archs[0]}' is registered as {cls!r}, not a framework Model subclass")
+    if ctx.world_size > 1 and not cls.supports_parallel:
         raise CheckpointError(f"architecture '{archs[0]}' does not support tensor or pipeline parallelism")
 
-    def construct() -> nn.Module:
+    def construct() -> Model:
         return cls.from_hf_config(hf_config, ctx) if ctx.world_size > 1 else cls.from_hf_config(hf_config)
 
     return build_materialised(construct, dtype, device)
 
 
-def _targets(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, list[str]]]:
+def _targets(model: Model) -> tuple[dict[str, nn.Parameter], dict[str, list[str]]]:
     """(parameters by name, checkpoint tensor name -> the parameter names it fills).
 
     Tied weights appear under both names; `model.checkpoint_aliases` (parameter -> checkpoint name) lets a
     parameter load from another tensor, e.g. a tied LM head on a pipeline stage without the embedding.
     """
     params = dict(model.named_parameters(remove_duplicate=False))
-    aliases: dict[str, str] = getattr(model, "checkpoint_aliases", {})
+    aliases = model.checkpoint_aliases
     targets: dict[str, list[str]] = {}
     for name in params:
         targets.setdefault(name, []).append(name)
@@ -201,7 +204,7 @@ def mtp_tensor_prefixes(hf_config: dict[str, Any]) -> tuple[str, ...]:
     return tuple(f"model.layers.{first + i}." for i in range(n))
 
 
-def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: tuple[str, ...] = ()) -> None:
+def load_safetensors_weights(model: Model, path: str | Path, skip_prefixes: tuple[str, ...] = ()) -> None:
     """Copy every tensor of the checkpoint into the parameter of the same name; names are checked both ways.
 
     Under parallelism each rank reads only its slices (`safe_open(...).get_slice`) and skips the tensors of other
@@ -211,8 +214,6 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
     from safetensors import SafetensorError, safe_open
 
     params, targets = _targets(model)
-    owns = getattr(model, "owns_checkpoint_tensor", None)
-    stacked_part = getattr(model, "stacked_tensor_part", None)  # tensors going elsewhere than their name (MoE experts)
     loaded: set[str] = set()
     filled_by: dict[int, str] = {}  # tied parameters: which checkpoint tensor filled them first
     parts_loaded: dict[str, set[tuple[int, ...]]] = {}
@@ -222,7 +223,7 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
                 for name in f.keys():
                     if skip_prefixes and name.startswith(skip_prefixes):
                         continue
-                    part = stacked_part(name) if stacked_part is not None else None
+                    part = model.stacked_tensor_part(name)  # a tensor going elsewhere than its name (MoE experts)
                     if part is not None:
                         _copy_part(params[part.param], part, f.get_slice(name), file.name, name)
                         parts_loaded.setdefault(part.param, set()).add(part.index)
@@ -230,7 +231,7 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
                             loaded.add(part.param)
                         continue
                     if name not in targets:
-                        if name.endswith(IGNORED_TENSOR_SUFFIXES) or (owns is not None and not owns(name)):
+                        if name.endswith(IGNORED_TENSOR_SUFFIXES) or not model.owns_checkpoint_tensor(name):
                             continue
                         if name.rsplit(".", 1)[-1] in QUANTIZATION_TENSOR_NAMES:
                             raise CheckpointError(
@@ -253,7 +254,7 @@ def load_safetensors_weights(model: nn.Module, path: str | Path, skip_prefixes: 
         )
 
 
-def init_random_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
+def init_random_weights(model: Model, seed: int, std: float = 0.02) -> None:
     """Deterministic random weights: N(0, std**2) for matrices and embeddings, 1 for norms, 0 for biases.
 
     `std` is the config's `initializer_range` (HF's name; 0.02 when absent). Parameter k (in `named_parameters`
@@ -266,7 +267,7 @@ def init_random_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
     device = next(model.parameters()).device
     params, targets = _targets(model)
     full = model
-    if getattr(model, "ctx", SINGLE).world_size > 1:
+    if model.ctx.world_size > 1:
         with torch.device("meta"):
             full = type(model)(model.config)  # type: ignore[call-arg]
     with torch.no_grad():

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
-from torch import nn
 
 from framework.config.schema import ConfigError, Mrv2Config
 from framework.layers.kernels.backend import set_kernel_backend
@@ -17,8 +15,8 @@ from framework.layers.kernels.kv_cache_dtype import kv_cache_torch_dtype
 from framework.layers.kernels.pdl import resolve_programmatic_launch
 from framework.layers.parallel.context import ParallelContext
 from framework.models.embedded import resolve_model_source
-from framework.models.hf_config import DecoderConfig
 from framework.models.llama import LlamaForCausalLM, fuse_projections
+from framework.models.loaded import LoadedModel
 from framework.models.loader import (
     build_model,
     init_random_weights,
@@ -28,34 +26,13 @@ from framework.models.loader import (
 )
 from framework.models.presets import preset_config
 from framework.models.small_batch import SMALL_BATCH_MAX_TOKENS, enable_small_batch
-from framework.models.tokenizer import Tokenizer, checkpoint_eos_token_ids, eos_ids_of, load_tokenizer
+from framework.models.tokenizer import checkpoint_eos_token_ids, eos_ids_of, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_KV_CACHE_BYTES = 4 << 30  # default CPU KV budget when cache.num_blocks is not set
 RETIRED_BACKEND_ENV = "MRV2_ATTENTION_BACKEND"  # became the config key kernels.backend
-
-
-@dataclass
-class LoadedModel:
-    """A model ready to run, with what the engine must know about it."""
-
-    model: nn.Module
-    hf_config: dict[str, Any]
-    tokenizer: Optional[Tokenizer]
-    eos_token_id: Optional[int]
-    vocab_size: int
-    max_model_len: int
-    device: torch.device
-    dtype: torch.dtype
-    kv_dtype: torch.dtype  # the attention KV cache's element type (`cache.kv_cache_dtype`: dtype, or an FP8 type)
-    kernel_backend: str = "auto"  # `kernels.backend`, handed to the model's layers (and a draft head's)
-    parallel: ParallelContext = field(default_factory=ParallelContext)  # this rank's place (single process: 1 x 1)
-    path: Optional[str] = None  # the HF directory the weights came from (a shipped one for `tiny`); None: random
-    # The checkpoint's other end-of-sequence ids (a list's after the first): every request's stop tokens unless
-    # ignore_eos, as vLLM adds them (`Engine.add_request`).
-    extra_eos_token_ids: tuple[int, ...] = ()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -130,8 +107,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelConte
     max_model_len = mc.max_model_len or limit
     if max_model_len > limit:
         raise ConfigError(f"model.max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}")
-    if isinstance(getattr(model, "config", None), DecoderConfig):
-        model.config.check_max_model_len(max_model_len)
+    model.check_max_model_len(max_model_len)
     return LoadedModel(
         model=model,
         hf_config=hf_config,

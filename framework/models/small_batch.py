@@ -29,7 +29,7 @@ from framework.layers.attention import AttentionMetadata
 from framework.layers.kernels.small_batch_ops import fused_linear
 
 # Forwards of at most this many tokens take the GEMVs when `kernels.small_batch` enables them. One: on the H200 the
-# GEMV beats cuBLAS at one row and loses at eight (scripts/bench_gemv_tiles.py); the tensor-core kernel for 2-16
+# GEMV beats cuBLAS at one row and loses at eight (1e476a2:scripts/bench_gemv_tiles.py); the tensor-core kernel for 2-16
 # rows lost too and is gone, and with it the `model.small_batch_max_tokens` key.
 SMALL_BATCH_MAX_TOKENS = 1
 

@@ -24,6 +24,7 @@ from torch import nn
 from framework.layers.attention import AttentionMetadata
 from framework.layers.attention.backend import paged_attention, store_kv
 from framework.models.hf_config import UnsupportedModelError
+from framework.models.interface import EncoderDecoder, Model
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class WhisperModel(nn.Module):
         self.decoder = WhisperDecoder(g)
 
 
-class WhisperForConditionalGeneration(nn.Module):
+class WhisperForConditionalGeneration(Model, EncoderDecoder):
     """Whisper speech-to-text: `encode` once per request, `forward` (decoder) every step.
 
     `forward` returns decoder hidden states `[T, d_model]`; `compute_logits` projects the sampled rows with
@@ -204,7 +205,6 @@ class WhisperForConditionalGeneration(nn.Module):
     """
 
     model_state_name = "encoder_decoder"  # the runner gives it an EncoderDecoderModelState
-    is_encoder_decoder = True
 
     def __init__(self, g: WhisperGeometry) -> None:
         super().__init__()
@@ -218,13 +218,18 @@ class WhisperForConditionalGeneration(nn.Module):
         """Build (uninitialised) from an HF config dict."""
         return cls(WhisperGeometry.from_hf(hf_config))
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        """Shape of one decoder layer's paged self-attention KV cache."""
-        return (2, num_blocks, block_size, self.geometry.decoder_heads, self.geometry.head_dim)
-
     @property
     def num_kv_layers(self) -> int:
+        """Decoder layers (self-attention on the paged KV cache)."""
         return self.geometry.decoder_layers
+
+    @property
+    def kv_heads(self) -> int:
+        return self.geometry.decoder_heads
+
+    @property
+    def kv_head_dim(self) -> int:
+        return self.geometry.head_dim
 
     def cross_kv_shape(self) -> tuple[int, ...]:
         """Shape of one request's cross-attention K/V: [decoder_layers, 2, enc_len, heads, head_dim]."""

@@ -14,7 +14,7 @@ from framework.runner.async_output import AsyncOutput
 
 if TYPE_CHECKING:
     from framework.config.schema import Mrv2Config
-    from framework.models.setup import LoadedModel
+    from framework.models.loaded import LoadedModel
     from framework.runner.graphs.cuda_graphs import DecodeCudaGraphs
     from framework.runner.plugins import ModelState
 

@@ -18,7 +18,7 @@ from framework.batch.request_state import RequestState
 from framework.config.schema import Mrv2Config
 from framework.layers.attention import AttentionMetadata
 from framework.layers.kernels.input_prep import compute_num_sampled, post_update, token_batch_rows
-from framework.models.setup import LoadedModel
+from framework.models.loaded import LoadedModel
 from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.runner.async_output import AsyncOutput
 from framework.runner.grammar import GrammarHandoff

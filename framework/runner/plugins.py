@@ -28,7 +28,7 @@ from speculators.rejection_sampler import rejection_sample
 
 if TYPE_CHECKING:
     from framework.config.schema import SpeculatorConfig
-    from framework.models.setup import LoadedModel
+    from framework.models.loaded import LoadedModel
 
 __all__ = [
     "DraftLengthPolicy",

@@ -17,7 +17,7 @@ from framework.batch.input_batch import InputBatch
 from framework.params.scheduler_output import NewRequestData
 
 if TYPE_CHECKING:
-    from framework.models.setup import LoadedModel
+    from framework.models.loaded import LoadedModel
 
 _KIND_CODES = {"last": 0, "mean": 1, "cls": 2}
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from framework.layers.attention import AttentionMetadata
 from framework.models.hf_config import DecoderConfig
+from framework.models.interface import paged_kv_shape
 from speculators.draft_heads.layers import Attend, causal_attend, paged_attend, rope_cos_sin
 
 
@@ -118,7 +119,8 @@ class DraftHead(nn.Module):
 
     # ---- geometry the engine asks for ------------------------------------------------------------------
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, self.layer_config.num_kv_heads, self.layer_config.head_dim)
+        """Shape of the head's paged KV cache layer (the target's block layout: the runner checks they match)."""
+        return paged_kv_shape(num_blocks, block_size, self.layer_config.num_kv_heads, self.layer_config.head_dim)
 
     def aux_layer_ids(self, target_num_layers: int) -> Optional[tuple[int, ...]]:
         """Target layers whose input hidden states the head reads (None: the target's final hidden state)."""

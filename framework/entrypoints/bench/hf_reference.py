@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from framework.models.setup import LoadedModel
+    from framework.models.loaded import LoadedModel
 
 
 def hf_model_from_mrv2(loaded: "LoadedModel") -> torch.nn.Module:

@@ -20,6 +20,7 @@ from framework.engine.request import RequestOutput
 from framework.entrypoints.bench.timeline import StepRecord, start_recording, stop_recording, write_timeline
 from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants
 from framework.entrypoints.llm import LLM
+from framework.models.interface import MambaHybrid
 from framework.params.sampling_params import SamplingParams
 
 
@@ -371,7 +372,7 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     if config.speculator.method != "none":
         extra["spec_decode"] = spec
         print(format_spec_metrics(spec))
-    if "hf" in config.bench.baselines and hasattr(llm.engine.runner.model, "mamba_state_shapes"):
+    if "hf" in config.bench.baselines and isinstance(llm.engine.runner.model, MambaHybrid):
         extra["hf_mamba_kernels"] = hf_mamba_kernels()
         if not all(extra["hf_mamba_kernels"].values()):
             print(

@@ -31,7 +31,7 @@ from framework.batch.request_state import RequestState
 from framework.config.schema import Mrv2Config
 from framework.layers.attention import AttentionMetadata
 from framework.layers.parallel.context import ParallelContext
-from framework.models.setup import LoadedModel
+from framework.models.loaded import LoadedModel
 from framework.params.scheduler_output import SchedulerOutput
 from framework.runner.graphs.cuda_graphs import CudaGraphCapturer, DecodeCudaGraphs, GraphCapturer, capture_sizes
 from framework.runner.graphs.prefill_graphs import PrefillPieceGraphs, prefill_graph_sizes, unsupported_reason

@@ -18,7 +18,7 @@ from framework.batch.input_batch import InputBatch
 from framework.config.schema import Mrv2Config
 from framework.layers.attention import AttentionMetadata
 from framework.layers.kernels.triton_support import triton_reasons
-from framework.models.setup import LoadedModel
+from framework.models.loaded import LoadedModel
 from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.runner.async_output import AsyncOutput
 from framework.runner.graphs.cuda_graphs import DecodeCudaGraphs, GraphCapturer, capture_sizes
