@@ -5,6 +5,9 @@ submodule) when it is imported. Only module-level imports count: imports inside 
 imports under `if TYPE_CHECKING:` never run. Importing `pkg.mod` also runs `pkg/__init__.py`; that implied edge is
 left out, as every import linter does, since a package's `__init__` importing its own submodules is normal.
 `deferred=True` adds the function-level and TYPE_CHECKING imports too.
+
+The layer rule (`upward_imports`): the folders of `LAYERS`, bottom to top; a module belongs to the longest
+folder of the list that contains it, and may import only modules of its own folder or of folders below it.
 """
 
 from __future__ import annotations
@@ -15,19 +18,24 @@ from typing import Iterator
 
 PACKAGES = ("framework", "model_states", "samplers", "speculators")
 
-# The bottom layer of `framework` that the samplers share with the runner: its kernels and the plain types the
-# sampler states read (request parameters and their checks, what a new request brings, staged per-slot writes,
-# request errors).
-# Each imports only this layer, so nothing above it comes in through them.
-KERNEL_PACKAGES = ("framework.layers.kernels",)
-SHARED_PLAIN_TYPES = (
-    "framework.params.encoder_input",
-    "framework.params.pooling_params",
-    "framework.params.request_errors",
-    "framework.params.sampling_params",
-    "framework.params.scheduler_output",
-    "framework.batch.staged_writes",
-    "framework.params.structured_outputs",
+# The layer folders, bottom to top. `framework` last: its loose modules and `__init__` (the public API) may import
+# anything, and nothing below may import them.
+LAYERS = (
+    "framework.params",
+    "framework.config",
+    "framework.layers.kernels",
+    "framework.layers.attention",
+    "framework.layers.parallel",
+    "framework.models",
+    "framework.batch",
+    "samplers",
+    "model_states",
+    "speculators",
+    "framework.runner",
+    "framework.executor",
+    "framework.engine",
+    "framework.entrypoints",
+    "framework",
 )
 
 
@@ -116,67 +124,21 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-def _in_package(module: str, package: str) -> bool:
-    return module == package or module.startswith(package + ".")
+def layer_of(module: str, layers: tuple[str, ...] = LAYERS) -> str | None:
+    """The folder of `layers` that `module` belongs to (the longest one containing it), or None."""
+    folders = [f for f in layers if module == f or module.startswith(f + ".")]
+    return max(folders, key=len) if folders else None
 
 
-def below_the_runner(module: str) -> bool:
-    """Whether `module` is a kernel module or one of the shared plain types."""
-    return module in SHARED_PLAIN_TYPES or any(_in_package(module, p) for p in KERNEL_PACKAGES)
-
-
-def layer_violations(graph: dict[str, set[str]], package: str = "samplers") -> list[tuple[str, str]]:
-    """Edges (a, b) that break "`package` imports nothing above the kernels and the shared plain types": a
-    module of `package` importing a project module outside `package` and that bottom layer, or a bottom-layer
-    module (one `package` may reach) importing something above the bottom layer."""
-    bad = [
-        (a, b)
-        for a in sorted(graph)
-        if _in_package(a, package)
-        for b in sorted(graph[a])
-        if not (_in_package(b, package) or below_the_runner(b))
-    ]
-    reached, todo = set(), [b for a in graph if _in_package(a, package) for b in graph[a] if below_the_runner(b)]
-    while todo:  # the bottom-layer modules the package reaches, through each other
-        module = todo.pop()
-        if module not in reached:
-            reached.add(module)
-            todo += [b for b in graph.get(module, ()) if below_the_runner(b)]
-    bad += [(a, b) for a in sorted(reached) for b in sorted(graph.get(a, ())) if not below_the_runner(b)]
-    return bad
-
-
-def is_under(module: str, packages: tuple[str, ...]) -> bool:
-    """Whether `module` is one of `packages` (dotted names) or inside one of them."""
-    return any(module == p or module.startswith(p + ".") for p in packages)
-
-
-def forbidden_imports(
-    graph: dict[str, set[str]], importers: tuple[str, ...], targets: tuple[str, ...], allowed: tuple[str, ...] = ()
-) -> list[tuple[str, str]]:
-    """Sorted (importer, imported) edges from a module under `importers` (not under `allowed`) to one under
-    `targets`."""
-    return sorted(
-        (m, t)
-        for m, imported in graph.items()
-        if is_under(m, importers) and not is_under(m, allowed)
-        for t in imported
-        if is_under(t, targets)
-    )
-
-
-def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
-    """Every module that importing `start` imports, directly or through others (`start` excluded)."""
-    seen: set[str] = set()
-    todo = [start]
-    while todo:
-        for nxt in graph[todo.pop()]:
-            if nxt not in seen and nxt != start:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
-
-
-def reached_upward(graph: dict[str, set[str]], lower: tuple[str, ...], upper: tuple[str, ...]) -> list[tuple[str, str]]:
-    """Sorted (module under `lower`, module under `upper` it reaches): a lower layer depending on a higher one."""
-    return sorted((m, t) for m in graph if is_under(m, lower) for t in reachable(graph, m) if is_under(t, upper))
+def upward_imports(graph: dict[str, set[str]], layers: tuple[str, ...] = LAYERS) -> list[tuple[str, str]]:
+    """Sorted (importer, imported) edges where the imported module's folder is above the importer's in `layers`
+    (or either module is in no folder of `layers`)."""
+    rank = {folder: i for i, folder in enumerate(layers)}
+    bad = []
+    for importer, imported in graph.items():
+        own = layer_of(importer, layers)
+        for target in imported:
+            theirs = layer_of(target, layers)
+            if own is None or theirs is None or rank[theirs] > rank[own]:
+                bad.append((importer, target))
+    return sorted(bad)

@@ -1,8 +1,10 @@
-"""Imports between mrv2's modules form a DAG (issue 28), and the public imports work in any order.
+"""mrv2's folders are its layers: a module imports only modules of its own folder or of folders below it (issue
+"The layers become folders"), the imports between modules form a DAG (issue 28), and the public imports work in
+any order.
 
-The graph comes from an AST walk over framework/, model_states/, samplers/ and speculators/ (`import_graph`):
-only module-level imports count, not imports inside functions (they run after every module has loaded) nor
-those under `if TYPE_CHECKING:` (they never run).
+The graph comes from an AST walk over framework/, model_states/, samplers/ and speculators/ (`import_graph`). The
+layer rule counts every import, in a function or under `if TYPE_CHECKING:` too; the cycle check counts the
+module-level ones (those that run when the module is imported).
 """
 
 from __future__ import annotations
@@ -13,154 +15,94 @@ import sys
 from pathlib import Path
 
 import pytest
-from import_graph import (
-    SHARED_PLAIN_TYPES,
-    find_cycle,
-    forbidden_imports,
-    import_graph,
-    layer_violations,
-    reached_upward,
-)
+from import_graph import LAYERS, find_cycle, import_graph, layer_of, upward_imports
 
 REPO = Path(__file__).resolve().parents[1]
 
-PLUGINS = ("model_states", "speculators")
-PLUGIN_DOOR = ("framework.runner.plugins",)  # the one framework module that imports the plugin packages
-# The model layers and what they stand on, and what stands on them: the runners, the engine, the parallel
-# driver and workers, the API, CLI and server.
-LOWER = (
-    "framework.models",
-    "framework.layers.attention",
-    "framework.layers.kernels",
-    "framework.layers.parallel.context",
-)
-UPPER = (
-    "framework.executor",
-    "framework.runner.model_runner",
-    "framework.runner.v1",
-    "framework.engine.core",
-    "framework.runner.plugins",
-    "framework.entrypoints.llm",
-    "framework.entrypoints.cli",
-    "framework.entrypoints.serve",
-)
+
+def test_every_module_is_in_a_layer_folder():
+    graph = import_graph(REPO, deferred=True)
+    assert len(graph) > 100 and graph["framework.engine.core"], "the walk found too few modules or no imports"
+    assert [m for m in graph if layer_of(m) is None] == []
+    assert {layer_of(m) for m in graph} == set(LAYERS), "a layer folder of LAYERS has no module: update the list"
+
+
+def test_no_module_imports_a_folder_above_its_own():
+    """The one layer rule, over function-level and TYPE_CHECKING imports too."""
+    violations = upward_imports(import_graph(REPO, deferred=True))
+    assert not violations, "upward imports: " + ", ".join(
+        f"{a} ({layer_of(a)}) -> {b} ({layer_of(b)})" for a, b in violations
+    )
 
 
 def test_no_import_cycle_between_the_projects_modules():
     graph = import_graph(REPO)
-    assert len(graph) > 100 and graph["framework.engine.core"], "the walk found too few modules or no imports"
     cycle = find_cycle(graph)
     assert not cycle, "import cycle: " + " -> ".join(cycle)
 
 
 def test_the_cycles_issue_28_named_stay_broken():
-    """Each pair the issue named (the first through `samplers/__init__`) has no edge back, not even through a
-    function-level or TYPE_CHECKING import (which is how they had been hidden)."""
+    """The pairs inside one folder that issue 28 named have no edge back, not even through a function-level or
+    TYPE_CHECKING import (which is how they had been hidden); the layer rule does not see inside a folder."""
     graph = import_graph(REPO, deferred=True)
-    assert "framework" not in graph["samplers"]
-    assert "samplers" not in graph["framework.runner.v1.model_runner"]
     assert "framework.executor.worker" not in graph["framework.executor.launch"]
     assert "speculators.head_drafter" not in graph["speculators.draft_graphs"]
     assert "speculators.dynamic" not in graph["speculators.policy"]
 
 
-def test_samplers_import_nothing_above_the_kernels_and_the_shared_plain_types():
-    """Issue 28: the samplers import only `framework.layers.kernels` and the plain types they share with the runner
-    (`import_graph.SHARED_PLAIN_TYPES`), function-level and TYPE_CHECKING imports included; those types
-    import nothing above themselves either."""
-    graph = import_graph(REPO, deferred=True)
-    assert all(name in graph for name in SHARED_PLAIN_TYPES), "a shared plain type was moved: update the list"
-    assert any(b == "framework.params.sampling_params" for a in graph if a.startswith("samplers.") for b in graph[a])
-    violations = layer_violations(graph, "samplers")
-    assert not violations, "layer violations: " + ", ".join(f"{a} -> {b}" for a, b in violations)
+PLANTED = {
+    "framework/__init__.py": "from framework.engine import core\n",
+    "framework/params/__init__.py": "",
+    "framework/params/sampling.py": "",
+    "framework/config/__init__.py": "",
+    "framework/config/schema.py": "from framework.params.sampling import S\n",
+    "framework/models/__init__.py": "",
+    "framework/models/llama.py": "from framework.config import schema\nfrom . import helpers\n",
+    "framework/models/helpers.py": "",
+    "framework/engine/__init__.py": "",
+    "framework/engine/core.py": "import samplers.k\nfrom framework.models.llama import Llama\n",
+    "samplers/__init__.py": "",
+    "samplers/k.py": "from framework.params.sampling import S\n",
+}
 
 
-def test_the_layer_check_finds_planted_violations(tmp_path):
-    """Negative control: a sampler module importing the engine (even inside a function), and a shared plain
-    type importing the config, are both reported; the kernels and the plain types are not."""
-    root = _tree(
-        tmp_path,
-        {
-            "framework/__init__.py": "",
-            "framework/engine/core.py": "",
-            "framework/config/schema.py": "",
-            "framework/layers/kernels/__init__.py": "",
-            "framework/layers/kernels/scatter.py": "",
-            "framework/batch/staged_writes.py": "from framework.layers.kernels.scatter import scatter\n",
-            "framework/params/sampling_params.py": "import framework.config.schema\n",
-            "samplers/__init__.py": "from samplers import k\n",
-            "samplers/k.py": "from framework.batch.staged_writes import StagedWrites\nfrom framework.params.sampling_params import S\n",
-            "samplers/late.py": "def f():\n    from framework.engine.core import EngineCore\n",
-        },
-    )
-    graph = import_graph(root, ("framework", "samplers"), deferred=True)
-    assert layer_violations(graph, "samplers") == [
-        ("samplers.late", "framework.engine.core"),
-        ("framework.params.sampling_params", "framework.config.schema"),
-    ]
-    (root / "framework/params/sampling_params.py").write_text("")
-    (root / "samplers/late.py").write_text("")
-    assert layer_violations(import_graph(root, ("framework", "samplers"), deferred=True), "samplers") == []
+def test_the_layer_rule_finds_planted_upward_imports(tmp_path):
+    """Negative control: an upward import at module level, under TYPE_CHECKING and inside a function are each
+    reported; imports down or within a folder (relative ones included) and the root's are not."""
+    packages = ("framework", "samplers")
+    root = _tree(tmp_path, PLANTED)
+    assert upward_imports(import_graph(root, packages, deferred=True)) == []
+    plants = {
+        "framework/params/sampling.py": (
+            "import framework.config.schema\n",
+            "framework.params.sampling",
+            "framework.config.schema",
+        ),
+        "samplers/k.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from framework.engine.core import E\n",
+            "samplers.k",
+            "framework.engine.core",
+        ),
+        "framework/models/helpers.py": (
+            "def f():\n    from framework import LLM\n",
+            "framework.models.helpers",
+            "framework",
+        ),
+    }
+    for name, (text, importer, imported) in plants.items():
+        (root / name).write_text(text)
+        assert upward_imports(import_graph(root, packages, deferred=True)) == [(importer, imported)], name
+        (root / name).write_text(PLANTED[name])
 
 
-def test_framework_reaches_the_plugin_packages_only_through_its_door():
-    """The runners and the engine build model states and speculators through `framework.runner.plugins` (registry
-    lookups); no other framework module imports `model_states` or `speculators`, not even in a function or for
-    type checking."""
-    graph = import_graph(REPO, deferred=True)
-    assert forbidden_imports(graph, ("framework",), PLUGINS, allowed=PLUGIN_DOOR) == []
-    assert {"model_states.selection", "speculators.interface"} <= graph["framework.runner.plugins"]  # the door is used
-    assert (
-        "framework.runner.plugins" in graph["framework.runner.model_runner"]
-        and "framework.runner.plugins" in graph["framework.engine.core"]
-    )
-
-
-def test_model_layers_never_reach_the_runner_or_the_parallel_driver():
-    """Models, attention, kernels and the parallel context sit below the runner: nothing they import, directly
-    or through other modules, in a function or not, is the runner, the engine or `framework.executor`."""
-    graph = import_graph(REPO, deferred=True)
-    assert reached_upward(graph, LOWER, UPPER) == []
-    assert "framework.layers.parallel.context" in graph["framework.layers.parallel.linear"]
-    assert "framework.runner.model_runner" in graph["framework.executor.driver"]  # the upper side is where it was
-
-
-def test_the_layer_checks_find_planted_violations(tmp_path):
-    """Negative control: a framework module importing a plugin package in a function or under TYPE_CHECKING, and
-    a model layer reaching the parallel worker through a helper's function-level import, are both reported; the
-    door's own imports are not."""
-    root = _tree(
-        tmp_path,
-        {
-            "framework/__init__.py": "",
-            "framework/runner/plugins.py": "from speculators.x import Spec\nimport model_states\n",
-            "framework/runner.py": "def build():\n    from speculators.x import Spec\n",
-            "framework/types.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from model_states import S\n",
-            "framework/models/__init__.py": "",
-            "framework/models/layer.py": "from framework import helpers\n",
-            "framework/helpers.py": "def rank():\n    from framework.executor.worker import serve\n",
-            "framework/executor/__init__.py": "",
-            "framework/executor/worker.py": "import framework.runner\n",
-            "model_states/__init__.py": "",
-            "speculators/__init__.py": "",
-            "speculators/x.py": "import framework.helpers\n",
-        },
-    )
-    packages = ("framework", "model_states", "speculators")
-    graph = import_graph(root, packages, deferred=True)
-    assert forbidden_imports(graph, ("framework",), PLUGINS, allowed=PLUGIN_DOOR) == [
-        ("framework.runner", "speculators.x"),
-        ("framework.types", "model_states"),
-    ]
-    assert reached_upward(graph, ("framework.models",), ("framework.executor",)) == [
-        ("framework.models.layer", "framework.executor.worker")
-    ]
-    (root / "framework/helpers.py").write_text("def rank():\n    return 0\n")
-    (root / "framework/runner.py").write_text("from framework import plugins\n")
-    (root / "framework/types.py").write_text("")
-    graph = import_graph(root, packages, deferred=True)
-    assert forbidden_imports(graph, ("framework",), PLUGINS, allowed=PLUGIN_DOOR) == []
-    assert reached_upward(graph, ("framework.models",), ("framework.executor",)) == []
+def test_the_cycle_check_finds_a_planted_cycle(tmp_path):
+    """Negative control: a cycle inside one folder (which the layer rule allows) is found."""
+    root = _tree(tmp_path, {**PLANTED, "framework/models/helpers.py": "from framework.models import llama\n"})
+    graph = import_graph(root, ("framework", "samplers"))
+    assert upward_imports(graph) == []
+    assert find_cycle(graph) == ["framework.models.llama", "framework.models.helpers", "framework.models.llama"]
+    (root / "framework/models/helpers.py").write_text("def f():\n    from framework.models import llama\n")
+    assert find_cycle(import_graph(root, ("framework", "samplers"))) == []
 
 
 ENGINE = (
