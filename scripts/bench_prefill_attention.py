@@ -92,7 +92,7 @@ def bench_shape(name: str, variants: list[str], with_sdpa: bool) -> list[dict]:
     from framework.layers.attention.paged import store_kv_reference
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from attention_cases import make_paged_case
+    from helpers.attention_cases import make_paged_case
 
     rows = SHAPES[name]
     case = make_paged_case(

@@ -40,7 +40,7 @@ GPU_PIECES=(
   "moe 90 test_fused_moe_gpu.py"
 )
 # Pieces that no longer fit GPU_PIECES' one device call: `gpu_tests_more` runs them the same way (its own call,
-# at most 580 s too). Every tests/gpu file is in exactly one of the two lists (tests/test_ci_checks.py).
+# at most 580 s too). Every tests/gpu file is in exactly one of the two lists (tests/project/test_ci_checks.py).
 GPU_PIECES_MORE=(
   "smallbatch 160 test_small_batch_gpu.py"
   "fullgraph 120 test_full_step_graphs_gpu.py"

@@ -19,12 +19,12 @@ LONG_FILES_FOR_NOW = (
     "framework/config/schema.py",
     "scripts/*",
     # split by the test-layout change itself
-    "tests/reliability_catalogue.py",
-    "tests/test_attention_triton.py",
-    "tests/test_dynamic_k.py",
-    "tests/test_sampler_engine.py",
-    "tests/test_serve.py",
-    "tests/test_structured_engine.py",
+    "tests/helpers/reliability_catalogue.py",
+    "tests/layers/test_attention_triton.py",
+    "tests/speculators/test_dynamic_k.py",
+    "tests/samplers/test_sampler_engine.py",
+    "tests/entrypoints/serve/test_serve.py",
+    "tests/samplers/test_structured_engine.py",
 )
 _SKIPPED_DIRS = {"build", "dist", "site", "__pycache__", "node_modules"}
 
@@ -88,3 +88,12 @@ def test_the_layout_checks_find_planted_violations(tmp_path):
     for i in range(MAX_LOOSE_MODULES):
         (tmp_path / f"framework/m{i}.py").write_text("")
     assert len(loose_modules(tmp_path)) == MAX_LOOSE_MODULES + 1
+
+
+def test_test_file_names_are_unique():
+    """Test folders have no `__init__.py`: pytest imports each file under its basename, so two files of one name
+    in different folders would clash (and `from test_x import ...` between files relies on it)."""
+    names = [p.name for p in (REPO / "tests").rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
+    packages = [p.relative_to(REPO).as_posix() for p in (REPO / "tests").rglob("__init__.py")]
+    assert packages == ["tests/helpers/__init__.py"], "only tests/helpers is a package"
