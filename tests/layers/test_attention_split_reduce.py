@@ -19,6 +19,7 @@ import test_attention_triton as tat
 import torch
 
 tpa, lc = tat.tpa, tat.lc
+from helpers.fresh_process import from_a_fresh_process  # noqa: E402
 from test_attention_triton import make_paged_case, paged_attention_reference, store_kv_reference  # noqa: E402
 
 HEAD_DIM = 32  # small heads: the interpreter's cost grows with the tile sizes
@@ -170,4 +171,4 @@ _fresh_outcomes: dict[str, str] = {}
 if tat.COMPILED_FIRST:  # a GPU module compiled the kernels first: report this module's run in a fresh process
     for _name, _test in list(globals().items()):
         if _name.startswith("test_") and callable(_test):
-            globals()[_name] = tat._from_a_fresh_process(_test, __file__, _fresh_outcomes)
+            globals()[_name] = from_a_fresh_process(_test, __file__, lambda: _fresh_outcomes)

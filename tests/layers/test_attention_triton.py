@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 
 import pytest
 import torch
@@ -40,6 +39,7 @@ finally:
         os.environ["TRITON_INTERPRET"] = _saved_interpret
 
 from helpers.attention_cases import make_paged_case  # noqa: E402
+from helpers.fresh_process import from_a_fresh_process  # noqa: E402
 
 COMPILED_FIRST = not isinstance(_store_kv_kernel, InterpretedFunction)  # a GPU test module imported them
 
@@ -292,75 +292,6 @@ def test_draft_verify_rows_split_causally():
     _check_attention([(60, 4), (1, 3), (17, 8)], num_splits=4, num_heads=4, num_kv_heads=2)
 
 
-def test_split_rule_has_no_batch_size_cliff():
-    """Modelled decode time with the chosen splits never grows faster than the batch.
-
-    The trap this guards against: a rule like "split while rows x heads < SMs, else not" makes decode
-    time nearly double at the batch size where splitting stops (shown below to fail the same check).
-    """
-    num_sms, num_kv_heads, block_n = 132, 8, 128
-
-    def worst_growth(rule, max_seq_len):
-        costs = [
-            lc.modelled_split_cost(r, num_kv_heads, max_seq_len, num_sms, block_n, rule(r, max_seq_len))
-            for r in range(1, 1025)
-        ]
-        assert all(a <= b for a, b in zip(costs, costs[1:]))  # more rows never get faster
-        return max(b / a * r / (r + 1) for r, (a, b) in enumerate(zip(costs, costs[1:]), 1))
-
-    def chosen(r, n):
-        return lc.num_kv_splits(r, num_kv_heads, n, num_sms, block_n)
-
-    def trap(r, n):
-        return 8 if r * num_kv_heads < num_sms else 1
-
-    for max_seq_len in (512, 1024, 4096, 32768):
-        assert worst_growth(chosen, max_seq_len) <= 1.05, max_seq_len
-        assert lc.num_kv_splits(1, num_kv_heads, max_seq_len, num_sms, block_n) > 1  # one long row is split
-    assert worst_growth(trap, 4096) >= 1.5
-    assert lc.num_kv_splits(1024, 8, 4096, 132, block_n) == 1  # a full batch is not
-    assert lc.num_kv_splits(1, 8, 128, 132, block_n) == 1  # nor a sequence of one tile (MIN_SPLIT_TOKENS)
-    # The rule's choices (bf16, 8 KV heads, 128-key tiles). On an H200 at 4,096 keys one row measured 16
-    # splits ~2 % faster than these 32 in the batch-1 chain (docs/benchmarks.md): the model has no merge term.
-    assert [lc.num_kv_splits(b, 8, 4096, 132, block_n) for b in (1, 16, 64, 256)] == [32, 2, 1, 1]
-    assert lc.num_kv_splits(1, 8, 2048, 132, block_n) == 16  # nano's max_model_len: one 128-key tile a split
-
-
-def test_decode_tiles_rule():
-    """By programs per SM, for batches of short rows (launch_config.decode_tiles, from the H200 sweep at
-    nano's draining batches): 64/2/3 from 7 a SM (128+ rows of 8 KV heads on 132 SMs), 64/4/2 from 5 (83-127
-    rows), 128/4/2 below and for long contexts."""
-
-    def tiles(batch, max_seq_len, num_kv_heads=8, group=2):
-        t = lc.decode_tiles(
-            128, group, True, 2, num_programs=batch * num_kv_heads, max_seq_len=max_seq_len, num_sms=132
-        )
-        return t.block_n, t.num_warps, t.num_stages
-
-    for batch, max_seq_len in ((256, 640), (256, 2048), (192, 1355), (128, 1200), (116, 1590)):
-        assert tiles(batch, max_seq_len) == (64, 2, 3), (batch, max_seq_len)
-        assert tiles(batch, max_seq_len, group=4) == (64, 2, 3), (batch, max_seq_len)  # the 8B's GQA group
-        assert lc.num_kv_splits(batch, 8, max_seq_len, 132, 64) == 1  # the rule's regime: one split
-    for batch, max_seq_len in ((115, 1700), (96, 1700), (83, 2048)):
-        assert tiles(batch, max_seq_len) == (64, 4, 2), (batch, max_seq_len)
-    for batch, max_seq_len in (
-        (82, 1820),
-        (64, 1500),
-        (48, 1870),
-        (33, 2048),
-        (32, 2048),
-        (16, 1800),
-        (4, 1900),
-        (1, 1900),
-        (256, 4096),
-        (64, 2049),
-        (128, 2049),
-    ):
-        assert tiles(batch, max_seq_len) == (128, 4, 2), (batch, max_seq_len)
-    assert tiles(256, 1024, group=32) == (128, 4, 2)  # 32-row query tiles: not measured
-    assert lc.decode_tiles(128, 2, True) == lc.AttentionTiles(16, 128, 4, 2)  # no shape given: as before
-
-
 def test_rejects_unsupported_shapes():
     case = make_paged_case([(3, 2)], num_heads=2, num_kv_heads=1, head_dim=64, block_size=16, dtype=torch.float32)
     with pytest.raises(AssertionError, match="head_dim"):
@@ -424,53 +355,8 @@ def test_tiny_model_generates_the_same_tokens_with_triton(tiny_llm_factory, monk
 
 
 # ------------------------------------------------------------- when a GPU module compiled the kernels first
-_fresh_outcomes: dict[str, str] = {}
-
-
-def _outcomes_of_a_fresh_run(path: str = __file__, outcomes: dict[str, str] | None = None) -> dict[str, str]:
-    """{test name with parameters: 'passed' | 'failed: ...' | 'skipped: ...'} of the module at `path` (this
-    one by default) run in a fresh process under the interpreter (once per session, kept in `outcomes`)."""
-    import subprocess
-    import tempfile
-    import xml.etree.ElementTree as ET
-
-    _fresh = _fresh_outcomes if outcomes is None else outcomes
-    if not _fresh:
-        with tempfile.TemporaryDirectory() as tmp:
-            report = os.path.join(tmp, "report.xml")
-            env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-            proc = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path, f"--junitxml={report}"],
-                cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."),
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            if not os.path.exists(report):
-                raise AssertionError(f"the fresh run of {path} wrote no report:\n{proc.stdout}{proc.stderr}")
-            for case in ET.parse(report).getroot().iter("testcase"):
-                problem = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
-                _fresh[case.get("name", "")] = (
-                    "passed" if problem is None else f"{problem.tag}: {problem.get('message', '')}"
-                )
-    return _fresh
-
-
-def _from_a_fresh_process(test, path: str = __file__, outcomes: dict[str, str] | None = None):  # type: ignore
-    """The test, reporting the outcome of its run in the fresh process (same name, same parameters)."""
-    import functools
-
-    @functools.wraps(test)
-    def delegated(*args, **kwargs):  # type: ignore[no-untyped-def]
-        name = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].rsplit(" ", 1)[0]
-        outcome = _outcomes_of_a_fresh_run(path, outcomes).get(name, "missing from the fresh run")
-        assert outcome == "passed", f"{name} in a fresh interpreter process: {outcome}"
-
-    return delegated
-
-
+_fresh_outcomes: dict[str, str] = {}  # read at call time: a negative control swaps in its own
 if COMPILED_FIRST:
     for _name, _test in list(globals().items()):
         if _name.startswith("test_") and callable(_test):
-            globals()[_name] = _from_a_fresh_process(_test)
+            globals()[_name] = from_a_fresh_process(_test, __file__, lambda: _fresh_outcomes)

@@ -18,13 +18,6 @@ LONG_FILES_FOR_NOW = (
     "framework/runner/model_runner.py",
     "framework/config/schema.py",
     "scripts/*",
-    # split by the test-layout change itself
-    "tests/helpers/reliability_catalogue.py",
-    "tests/layers/test_attention_triton.py",
-    "tests/speculators/test_dynamic_k.py",
-    "tests/samplers/test_sampler_engine.py",
-    "tests/entrypoints/serve/test_serve.py",
-    "tests/samplers/test_structured_engine.py",
 )
 _SKIPPED_DIRS = {"build", "dist", "site", "__pycache__", "node_modules"}
 
