@@ -69,7 +69,8 @@ def _use_this_checkouts_conf() -> None:
 
 
 _use_this_checkouts_conf()
-# CLI subprocesses (`python -m framework.entrypoints.cli`, `mrv2`) import this checkout too, not another installed copy (a
+# CLI subprocesses (`python -m framework.entrypoints.cli`, `mrv2`) import this checkout too, not another installed
+# copy (a
 # worktree beside an editable install of the main checkout would otherwise test the main checkout's code).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 

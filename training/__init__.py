@@ -1,1 +1,4 @@
-"""Training of the embedded tiny model and its draft heads (scripts/train_tiny.py, scripts/eval_tiny.py); not shipped."""
+"""Training of the embedded tiny model and its draft heads (scripts/train_tiny.py, scripts/eval_tiny.py).
+
+Not shipped.
+"""

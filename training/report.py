@@ -12,7 +12,10 @@ def write_log(path: Path, log: dict[str, Any]) -> None:
 
 
 def plot_losses(path: Path, log: dict[str, Any], warn: Callable[[str], None]) -> Optional[Path]:
-    """Training and held-out loss of the base model against tokens seen, plus the heads' losses; None if no matplotlib."""
+    """Training and held-out loss of the base model against tokens seen, plus the heads' losses.
+
+    None if no matplotlib.
+    """
     try:
         import matplotlib
 

@@ -365,7 +365,8 @@ class BenchConfig(_Strict):
     step_timeline: bool = Field(
         False,
         description="GPU: record each timed step's rows and device time; print where the run's device time "
-        "went against a floor (its bytes or its FLOPs), write timeline.json and timeline.png (framework/entrypoints/bench/timeline.py).",
+        "went against a floor (its bytes or its FLOPs), write timeline.json and timeline.png "
+        "(framework/entrypoints/bench/timeline.py).",
     )
     shared_prefix_len: int = Field(
         0,

@@ -99,7 +99,7 @@ class Attention(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         attention: AttentionFn,
-        pdl: bool = False,  # the kernels with programmatic dependent launch (small-batch path, framework/layers/kernels/pdl.py)
+        pdl: bool = False,  # kernels with programmatic dependent launch (small-batch path, layers/kernels/pdl.py)
     ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
         """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
         q = self.rope_store(qkv, cos, sin, kv_cache, meta.kv_slot_mapping, pdl)
@@ -202,7 +202,8 @@ class DecoderLayer(nn.Module):
 
     def before_attention(self, x, residual, cos, sin, kv_cache, kv_slot_mapping):  # type: ignore[no-untyped-def]
         """(q [T, H, head_dim], the residual stream): the norm, the q/k/v projection, q/k norm + RoPE and the KV
-        store of this layer (`forward`'s part before attention; framework/runner/graphs/prefill_graphs.py captures it)."""
+        store of this layer (`forward`'s part before attention; framework/runner/graphs/prefill_graphs.py captures
+        it)."""
         h, residual = self.input_layernorm.add_and_norm(x, residual)
         attn = self.self_attn
         qkv = (

@@ -59,7 +59,8 @@ def test_one_round_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_a_config_named_with_a_tree_runs_that_trees_code(tmp_path: Path) -> None:
-    """NAME@DIR runs `framework.entrypoints.cli` from DIR: a stand-in tree whose CLI writes a fixed bench.json (from its own
+    """NAME@DIR runs `framework.entrypoints.cli` from DIR: a stand-in tree whose CLI writes a fixed bench.json (from
+    its own
     working directory, with the output path it was given) shows up as that configuration's result."""
     tree = tmp_path / "tree"
     (tree / "framework").mkdir(parents=True)

@@ -3,7 +3,8 @@
 Qwen3-0.6B geometry (16 query heads, 8 KV heads, head_dim 128, bfloat16, 16-token pages): the prefix_bench
 prefill batches (four ~2,040-token prompts, a prompt continued after a 32-token chunk, decode rows beside),
 a causal 8,192-token prefill, 2,048 tokens after 2,048 cached, other geometries, every variant the sweep
-(`scripts/bench_prefill_attention.py`) times, `paged_attention`'s default route of large rows to it and CUDA-graph replay.
+(`scripts/bench_prefill_attention.py`) times, `paged_attention`'s default route of large rows to it and CUDA-graph
+replay.
 Tolerances as tests/gpu/test_attention_gpu.py: elementwise against a float32 reference (atol = rtol = 2e-2
 for bf16) and a mean error at most twice the bf16 reference's. Skipped without CUDA.
 """

@@ -1,4 +1,5 @@
-"""Prefill graph pieces (runner.prefill_cuda_graphs, framework/runner/graphs/prefill_graphs.py) on a GPU, real CUDA graphs.
+"""Prefill graph pieces (runner.prefill_cuda_graphs, framework/runner/graphs/prefill_graphs.py) on a GPU, real CUDA
+graphs.
 
 - on == off at the Qwen3-0.6B geometry (random weights, float32 so that the padded GEMMs' other shapes cannot
   flip a near-tie): prompts of 20-900 tokens, chunked by a 1,024-token budget, so prompt steps mix chunks with

@@ -3,7 +3,8 @@
 Small shapes on the CPU under TRITON_INTERPRET=1 (set before the kernels are imported): ragged fresh prompts,
 chunks after cached prefixes, page sizes smaller and larger than a KV tile, GQA groups (tile = whole group or
 one head), head_dim 64 (float32) and 128 (float16), every code variant of `PrefillVariant`, and
-`paged_attention`'s routing of large rows (`prefill_kernel`, `prefill_variant`). Negative controls plant the bugs the comparison
+`paged_attention`'s routing of large rows (`prefill_kernel`, `prefill_variant`). Negative controls plant the bugs the
+comparison
 guards against (a row reading another row's blocks, one key too many, rows skipped) and check it fails.
 tests/gpu/test_prefill_attention_gpu.py covers real shapes and bfloat16.
 """

@@ -4,7 +4,8 @@
   step being scheduled is not readable yet and its slot is not handed out again in that step; eviction of a
   block drops its snapshot; least recently used snapshots go first when slots run out;
 - the scheduler asks for snapshots at the right (batch row, tokens) and starts a hit from the right slot;
-- through the engine, on the tiny HF Jamba checkpoint of tests/model_states/test_mamba_hybrid.py: the same tokens with and
+- through the engine, on the tiny HF Jamba checkpoint of tests/model_states/test_mamba_hybrid.py: the same tokens with
+and
   without prefix caching (greedy and seeded sampling) for requests sharing prefixes shorter than a block, of
   exactly a block and of many blocks, and for a second wave that continues the first wave's conversations;
   both runners, both scheduling modes, chunked prefill, small KV pools that preempt and evict, few snapshot

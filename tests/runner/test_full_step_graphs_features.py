@@ -1,5 +1,6 @@
 """Full-step graphs' general variant on the CPU: logprobs, min_tokens, logit_bias and allowed_token_ids inside
-the replayed step (framework/runner/graphs/step_graphs.py), checked with `StaticInputsCapturer` (tests/helpers/fake_graphs.py).
+the replayed step (framework/runner/graphs/step_graphs.py), checked with `StaticInputsCapturer`
+(tests/helpers/fake_graphs.py).
 
 The claims:
 - with these features mixed into the sampling mixes (with plain, cutoff and penalised rows), full-step graphs on

@@ -1,8 +1,10 @@
-"""Fused per-layer ops of the decoder: RMSNorm (+ residual add), SiLU-and-mul, (q/k norm + RoPE + KV store: framework/layers/attention/qk_norm_rope.py).
+"""Fused per-layer ops of the decoder: RMSNorm (+ residual add), SiLU-and-mul, (q/k norm + RoPE + KV store:
+framework/layers/attention/qk_norm_rope.py).
 
 Each op has a PyTorch reference (`*_reference`, the semantics, and what the model computed before the ops
 were fused: same ops, same roundings to the tensor dtype as HF) and a Triton kernel doing it in one launch
-(`framework/layers/kernels/triton_norm_silu.py`, `framework/layers/kernels/triton_qk_norm_rope.py`). The public functions
+(`framework/layers/kernels/triton_norm_silu.py`, `framework/layers/kernels/triton_qk_norm_rope.py`). The public
+functions
 dispatch: Triton for CUDA tensors, the reference otherwise. `MRV2_ATTENTION_BACKEND=reference` forces the
 references on CUDA too (the same switch as attention, so one variable bisects a numerical difference), and
 `=triton` forces the kernels (on a CPU only under `TRITON_INTERPRET=1`). Inputs the kernels do not take

@@ -59,7 +59,7 @@ def _gemv_dot_kernel(
     BLOCK_N: tl.constexpr,  # weight rows per program: the MMA's m dimension
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,  # weight chunks in flight (software pipelining of the K loop)
-    UPCAST: tl.constexpr,  # interpreter only: bfloat16 tiles go to tl.dot as float32 (triton_norm_silu.interpreter_upcast)
+    UPCAST: tl.constexpr,  # interpreter only: bf16 tiles go to tl.dot as float32 (triton_norm_silu.interpreter_upcast)
     HAS_NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
