@@ -67,13 +67,13 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     # One API page per module of the four packages, rendered by mkdocstrings.
     for package in ("framework", "model_states", "samplers", "speculators"):
         assert (site / "reference" / package / "index.html").is_file(), package
-    runner_page = (site / "reference/framework/model_runner/index.html").read_text()
+    runner_page = (site / "reference/framework/runner/model_runner/index.html").read_text()
     assert 'id="framework.runner.model_runner.ModelRunnerV2"' in runner_page
     assert 'id="framework.runner.model_runner.ModelRunnerV2.execute_model"' in runner_page
     # Shape comments next to fields reach the reference (docs/griffe_comments.py).
-    batch_page = (site / "reference/framework/input_batch/index.html").read_text()
+    batch_page = (site / "reference/framework/batch/input_batch/index.html").read_text()
     assert "[R] int32: batch_row -&gt; req_slot" in batch_page
-    assert ":class:" not in (site / "reference/framework/config/index.html").read_text()  # Sphinx roles rendered
+    assert ":class:" not in (site / "reference/framework/config/schema/index.html").read_text()  # Sphinx roles rendered
 
     # The configuration reference is generated from the pydantic schema: every key of every group is there,
     # down to the keys of nested sections (speculator.dynamic.explore_every).
