@@ -48,7 +48,8 @@ class ModelState(ABC):
     # False: decode never replays a CUDA graph with this state (the runner logs `cuda_graph_unsupported_reason`).
     # A state with extra forward inputs opts in by implementing `prepare_graph_inputs` (see its docstring).
     decode_cuda_graphs: ClassVar[bool] = True
-    # True: a pure-decode step may run as one full-step graph (`framework.runner.graphs.step_graphs`, runner.full_step_cuda_graphs),
+    # True: a pure-decode step may run as one full-step graph (`framework.runner.graphs.step_graphs`,
+    # runner.full_step_cuda_graphs),
     # which builds the default paged self-attention metadata itself and calls none of the step hooks. Only a state
     # whose step hooks do nothing in a decode step sets it; a subclass that overrides one of them is out again
     # (`full_step_unsupported_reason`) unless it declares the flag itself.

@@ -89,7 +89,8 @@ class SlotLists:
 
     def reserve(self, width: int) -> None:
         """Widen the table to at least `width` entries per slot now (a captured full-step graph reads it at a
-        fixed address: a later widening would leave the graph on the old table, `framework.runner.graphs.step_graphs`)."""
+        fixed address: a later widening would leave the graph on the old table,
+        `framework.runner.graphs.step_graphs`)."""
         if width > self.width:
             wider = torch.zeros(self.values.shape[0], width, dtype=self.dtype, device=self.device)
             wider[:, : self.width] = self.values

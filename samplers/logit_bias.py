@@ -14,7 +14,8 @@ from samplers.triton_utils import small_block, use_triton
 
 class LogitBiasState:
     """Each req_slot's bias as two padded lists: token ids [S+1, W] int32 and values [S+1, W] float32. Row
-    `max_num_reqs` (empty: a no-op) serves the padding rows of full-step graphs (`framework.runner.graphs.step_graphs`)."""
+    `max_num_reqs` (empty: a no-op) serves the padding rows of full-step graphs
+    (`framework.runner.graphs.step_graphs`)."""
 
     def __init__(self, max_num_reqs: int, device: torch.device) -> None:
         self.tokens = SlotLists(max_num_reqs + 1, torch.int32, device)

@@ -67,7 +67,8 @@ class PenaltiesState:
     """repetition / frequency / presence penalty per req_slot, and the token counts they read.
 
     One row more than there are slots: row `max_num_reqs` (penalties off) serves the padding rows of full-step
-    graphs (`framework.runner.graphs.step_graphs`), which also allocate the counts before capture (`allocate_counts`)."""
+    graphs (`framework.runner.graphs.step_graphs`), which also allocate the counts before capture
+    (`allocate_counts`)."""
 
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, history: TokenHistory) -> None:
         self.max_num_reqs = max_num_reqs

@@ -41,7 +41,8 @@ class DraftHeadSpeculator(Speculator):
         head_kv, target_kv = self.head.kv_cache_shape(1, 1), target.kv_cache_shape(1, 1)
         if head_kv != target_kv:
             raise CheckpointError(
-                f"{self.head_kind} head: its KV heads x head_dim {head_kv[3:]} differ from the target's {target_kv[3:]}; "
+                f"{self.head_kind} head: its KV heads x head_dim {head_kv[3:]} differ from "
+                f"the target's {target_kv[3:]}; "
                 "the draft KV layer shares the target's block layout"
             )
         try:

@@ -17,7 +17,8 @@ must not flip the policy, and a k the policy rarely uses is measured rarely.
   verifying drafts only adds work, so a measurement saying otherwise is noise, and believing it would make
   the policy draft for nothing when acceptance is ~0. With k = 0 and a single k >= 1 measured, the table is
   the line through the two;
-* with a single k measured in every bucket that has any, the table is `prior_shape` scaled to the nearest: drafting at all costs 25 % of a step
+* with a single k measured in every bucket that has any, the table is `prior_shape` scaled to the nearest: drafting at
+all costs 25 % of a step
   and each draft 2 % more (what an H200 measured at batch 1-16; at 256, k = 1 and 5 cost 16 % and 36 %
   more). A large fixed cost is the cautious side: drafting must then earn it by measured acceptance;
 * a bucket without such a table borrows the *shape* t(k) / t(0) of the nearest bucket that has one (only

@@ -15,6 +15,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Test files live in folders that mirror the code's layers (tests/engine, tests/samplers, ...), without
+# `__init__.py`: pytest imports each under its own basename (basenames are unique, tests/project/test_layout.py).
+# `tests/` on sys.path makes the shared `helpers` package importable, and every test folder on it lets a test
+# import another's cases (`from test_hf_parity import PROMPTS`) whichever file pytest or an xdist worker loaded
+# first, and under the same module name pytest gives it (no second copy).
+_TESTS = Path(__file__).resolve().parent
+for _folder in [_TESTS, *sorted(p.parent for p in _TESTS.rglob("test_*.py") if "helpers" not in p.parts)]:
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
+
 # Without a GPU, Triton kernels run in Triton's interpreter. The flag is read when a kernel is decorated, i.e.
 # when framework modules are imported, so it must be set here, before any test module imports them.
 import torch  # noqa: E402
@@ -59,7 +69,8 @@ def _use_this_checkouts_conf() -> None:
 
 
 _use_this_checkouts_conf()
-# CLI subprocesses (`python -m framework.entrypoints.cli`, `mrv2`) import this checkout too, not another installed copy (a
+# CLI subprocesses (`python -m framework.entrypoints.cli`, `mrv2`) import this checkout too, not another installed
+# copy (a
 # worktree beside an editable install of the main checkout would otherwise test the main checkout's code).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 
@@ -90,7 +101,7 @@ def python_exe() -> str:
 @pytest.fixture
 def leak_check():
     """`leak_check(scheduler)` / `leak_check.engine(engine)`: assert nothing is queued and every block/slot is free."""
-    from leak_check import assert_engine_drained, assert_no_leaks
+    from helpers.leak_check import assert_engine_drained, assert_no_leaks
 
     assert_no_leaks.engine = assert_engine_drained  # type: ignore[attr-defined]
     return assert_no_leaks
@@ -113,7 +124,7 @@ def _planted_fault_for_a_mutation_run():
     if not name:
         yield
         return
-    from planted_faults import FAULTS
+    from helpers.planted_faults import FAULTS
 
     if name not in FAULTS:
         raise pytest.UsageError(f"MRV2_PLANTED_FAULT={name!r}: planted faults are {', '.join(sorted(FAULTS))}")
@@ -132,7 +143,7 @@ def _record_skip(report) -> None:  # type: ignore[no-untyped-def]
         return
     longrepr = report.longrepr
     reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-    from skip_policy import skip_is_allowed
+    from helpers.skip_policy import skip_is_allowed
 
     _skips.append((report.nodeid, reason, skip_is_allowed(report.nodeid, reason, torch.cuda.is_available())))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 from importlib.metadata import entry_points
-from typing import Callable, Generic, TypeVar, Union
+from typing import Any, Callable, Generic, TypeVar, Union
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +113,10 @@ class Registry(Generic[T]):
         return entry  # type: ignore[return-value]
 
 
-MODELS: Registry = Registry("model", "mrv2.models")
-MODEL_STATES: Registry = Registry("model state", "mrv2.model_states")
-SPECULATORS: Registry = Registry("speculator", "mrv2.speculators")
-LOGITS_PROCESSORS: Registry = Registry("logits processor", "mrv2.logits_processors")
+MODELS: Registry[Any] = Registry("model", "mrv2.models")
+MODEL_STATES: Registry[Any] = Registry("model state", "mrv2.model_states")
+SPECULATORS: Registry[Any] = Registry("speculator", "mrv2.speculators")
+LOGITS_PROCESSORS: Registry[Any] = Registry("logits processor", "mrv2.logits_processors")
 
 # Built-ins are lazy strings so that importing the registry imports no model code.
 for _arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):

@@ -128,7 +128,8 @@ class EngineCore:
         self._check_invariants = config.scheduler.check_invariants
         self._consecutive_failures = 0
         self._dead: Optional[str] = None  # why the engine stopped, once it has
-        # Set to a list to keep every executed step's SchedulerOutput (framework/entrypoints/bench/timeline.py); None: off.
+        # Set to a list to keep every executed step's SchedulerOutput (framework/entrypoints/bench/timeline.py); None:
+        # off.
         self.step_log: Optional[list[SchedulerOutput]] = None
         block_bytes = kv_bytes_per_block(self.loaded, config.cache.block_size, self.runner.num_draft_kv_layers)
         kv_gib = blocks * block_bytes / 2**30

@@ -5,12 +5,13 @@ Twister) and on CUDA (Philox), so a preset's random weights used to depend on th
 GPU run of `random_tiny` compared two different models. Here element `i` of parameter stream `s` is a pure
 function of `(seed, s, i)`:
 
-    key      = mix(mix(seed_lo + mix(seed_hi + 0x632BE5AB)) ^ s * 0x9E3779B9)    (`framework.layers.kernels.counter_hash.row_keys`)
+    key      = mix(mix(seed_lo + mix(seed_hi + 0x632BE5AB)) ^ s * 0x9E3779B9)    (`counter_hash.row_keys`)
     bits_j   = mix(mix(key ^ j) ^ i * 0x85EBCA6B)                                j = 1, 2: two 32-bit draws
     u_j      = (bits_j + 0.5) / 2**32                                            in (0, 1), float64
     weight   = std * sqrt(-2 ln u_1) * cos(2 pi u_2)                             (Box-Muller), to float32
 
-`mix` is the lowbias32 hash of `framework/layers/kernels/counter_hash.py`. The hashing is exact uint32 arithmetic: numpy on the CPU
+`mix` is the lowbias32 hash of `framework/layers/kernels/counter_hash.py`. The hashing is exact uint32 arithmetic:
+numpy on the CPU
 (native wrapping multiplication), int64 torch ops with explicit masking on other devices (`mix32`). Both give
 the same bits; the float64 Box-Muller step may differ by an ulp between libraries, which the rounding to
 float32 almost always absorbs (a few elements in a billion may differ in their last bit). Values are drawn

@@ -59,12 +59,13 @@ def small_batch_max_tokens(config: Mrv2Config, device: torch.device) -> int:
     return SMALL_BATCH_MAX_TOKENS
 
 
-def load_model(config: Mrv2Config, device: torch.device, parallel: ParallelContext = ParallelContext()) -> LoadedModel:
+def load_model(config: Mrv2Config, device: torch.device, parallel: Optional[ParallelContext] = None) -> LoadedModel:
     """Build the configured model: safetensors weights from `model.path` or a shipped directory (`tiny`),
     else a preset's random weights.
 
     Under parallelism (`parallel`) this rank builds and reads only its part of the model.
     """
+    parallel = ParallelContext() if parallel is None else parallel
     mc = config.model
     dtype = _DTYPES.get(mc.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     source = resolve_model_source(mc.path, mc.preset)

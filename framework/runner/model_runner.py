@@ -54,7 +54,8 @@ class ModelRunnerV2(ModelRunner):
     Speculator (if any); each has add_request / remove_request / apply_staged_writes."""
 
     name = "v2"
-    # Held by `self.graphs` (framework.runner.graphs.runner_graphs), read on the runner by the engine, tests and benchmarks.
+    # Held by `self.graphs` (framework.runner.graphs.runner_graphs), read on the runner by the engine, tests and
+    # benchmarks.
     cuda_graphs: HeldByGraphs[Optional[DecodeCudaGraphs]] = HeldByGraphs()
     step_graphs: HeldByGraphs[Optional[FullStepGraphs]] = HeldByGraphs()
     full_step_replays: HeldByGraphs[int] = HeldByGraphs()

@@ -4,7 +4,7 @@ the bundled ptxas), and launches do nothing. Catches what the interpreter accept
 (type changes across branches, unsupported ops) before GPU time is spent. Results of the tests are meaningless
 (kernels do not run), only compile errors count.
 
-    python3 tests/gpu/compile_check.py tests/test_sampler_fused.py [more pytest args]
+    python3 tests/gpu/compile_check.py tests/samplers/test_sampler_fused.py [more pytest args]
 """
 
 from __future__ import annotations

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import gc
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-# The helpers beside the CPU tests (hf_models, whisper_models, ...) import as top-level modules.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture(autouse=True)

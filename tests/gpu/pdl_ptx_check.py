@@ -9,7 +9,7 @@ how many `ld.global` come before the first wait (in the GEMV: its weight tile). 
     python3 tests/gpu/pdl_ptx_check.py [--geometry small|0.6b] [--dump DIR]
 
 `--geometry 0.6b`: the GEMV at the Qwen3-0.6B shapes (qkv, o_proj, gate_up, down, LM head; slower to compile).
-tests/test_pdl.py runs the small one in a subprocess.
+tests/layers/test_pdl.py runs the small one in a subprocess.
 """
 
 from __future__ import annotations

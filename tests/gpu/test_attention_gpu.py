@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,13 +24,12 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
+from helpers.attention_cases import make_paged_case  # noqa: E402
+
 from framework.layers.attention.paged import paged_attention_reference, store_kv_reference  # noqa: E402
 from framework.layers.attention.triton_paged_attention import decode_tiles, num_kv_splits, paged_attention  # noqa: E402
 from framework.layers.attention.triton_store_kv import store_kv  # noqa: E402
 from framework.runner.graphs.cuda_graphs import CudaGraphCapturer  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared case builder
-from attention_cases import make_paged_case  # noqa: E402
 
 DEVICE = "cuda"
 QWEN3 = dict(num_heads=16, num_kv_heads=8, head_dim=128)

@@ -43,7 +43,7 @@ def test_prepare_draft_inputs_at_real_shapes_with_pinned_history():
 
 
 def _target_and_heads(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
-    from hf_models import SPEC_BY_NAME, save_tiny_checkpoint
+    from helpers.hf_models import SPEC_BY_NAME, save_tiny_checkpoint
     from test_draft_heads import random_head
 
     from framework.models.loader import read_hf_config
@@ -106,7 +106,7 @@ def _free() -> None:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_greedy_output_equals_no_speculation_graphs_and_eager(tmp_path, kind):
-    from hf_models import random_prompts
+    from helpers.hf_models import random_prompts
 
     target, heads = _target_and_heads(tmp_path)
     prompts = random_prompts(12, 5, 90, seed=3)
@@ -125,7 +125,7 @@ def test_greedy_output_equals_no_speculation_graphs_and_eager(tmp_path, kind):
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_drafting_never_syncs(tmp_path, kind):
     """Every propose call of a real run executes under torch.cuda.set_sync_debug_mode('error')."""
-    from hf_models import random_prompts
+    from helpers.hf_models import random_prompts
 
     from framework import LLM, SamplingParams
     from framework.config.schema import load_config

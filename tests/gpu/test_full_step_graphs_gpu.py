@@ -8,7 +8,7 @@
   within 1e-3 (the LM head's GEMM shapes differ), chosen ranks and top-k id sets equal;
 - a bf16 engine, whose plain and cutoff variants give the sampler the bf16 logits, equals the same engine with
   float32 logits exactly (tokens, logprobs);
-- a full-step decode step queues without a host sync (tests/sync_check.py) and really replays whole: the cutoff
+- a full-step decode step queues without a host sync (tests/helpers/sync_check.py) and really replays whole: the cutoff
   variant, then the general variant (a row with logprobs, a bias and min_tokens joins).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sync_check import step_without_host_sync
+from helpers.sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

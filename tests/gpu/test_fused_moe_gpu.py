@@ -139,8 +139,8 @@ def test_cuda_graph_replay_equals_eager() -> None:
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 def test_moe_greedy_parity_with_hf_on_gpu(tmp_path, graphs: bool) -> None:
-    from hf_models import hf_greedy, random_prompts, save_tiny_checkpoint
-    from hf_moe_models import MOE_SPEC_BY_NAME
+    from helpers.hf_models import hf_greedy, random_prompts, save_tiny_checkpoint
+    from helpers.hf_moe_models import MOE_SPEC_BY_NAME
 
     from framework import LLM, SamplingParams
 

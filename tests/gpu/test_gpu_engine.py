@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sync_check import step_without_host_sync
+from helpers.sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -39,7 +39,7 @@ def test_prepare_inputs_reads_pinned_host_history():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
-    from hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
+    from helpers.hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
 
     from framework import LLM, SamplingParams
 
@@ -68,9 +68,9 @@ def test_fp8_kv_cache_against_hf_with_a_rounding_cache_on_gpu(tmp_path):
     products, CUDA graphs, the small-batch kernels) against HF's forward with K / V rounded to FP8
     (`hf_models.Fp8RoundingLayer`): the prompt's logprobs within 0.5, and 0.05 on average, and each greedy token
     HF's argmax wherever HF's top two are more than 0.25 apart. (float32 is compared within 1e-2 on the CPU:
-    tests/test_kv_cache_fp8.py.)"""
+    tests/models/test_kv_cache_fp8.py.)"""
     dtype = "bfloat16"
-    from hf_models import SPEC_BY_NAME, cache_kwarg, fp8_rounding_cache, random_prompts, save_tiny_checkpoint
+    from helpers.hf_models import SPEC_BY_NAME, cache_kwarg, fp8_rounding_cache, random_prompts, save_tiny_checkpoint
 
     from framework import LLM, SamplingParams
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sync_check import step_without_host_sync
+from helpers.sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -67,7 +67,7 @@ def test_hybrid_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
     checked against the fp32 HF model, teacher-forced on mrv2's own output: its logit must be within 0.3 of the
     best (logits here have std ~1.6; bf16 rounding moved picks by <= 0.15 in a CPU calibration, a wrong state
     by far more)."""
-    from hf_models import random_prompts
+    from helpers.hf_models import random_prompts
     from test_mamba_hybrid import JAMBA, build_hf_model
 
     from framework import LLM, SamplingParams
@@ -240,11 +240,11 @@ def test_hybrid_step_path_with_snapshots_and_hits_has_no_host_sync():
 
 @pytest.mark.parametrize("scenario", ["preempt", "prefix_ngram"])
 def test_hybrid_graph_replay_equals_eager_on_gpu(scenario):
-    """Decode CUDA graphs against eager on the same requests, step by step (tests/graph_lockstep.py): equal
+    """Decode CUDA graphs against eager on the same requests, step by step (tests/helpers/graph_lockstep.py): equal
     tokens, every real slot's conv and SSM state and the snapshot pools close after every step, with requests
     joining and leaving, padding rows, and either preemption (with snapshots copied from the slots around
     replays) or ngram drafts with prefix-cache hits."""
-    from graph_lockstep import (
+    from helpers.graph_lockstep import (
         check_exercised,
         hybrid_scenarios,
         lockstep,
@@ -279,7 +279,7 @@ def test_hybrid_graph_replay_equals_eager_on_gpu(scenario):
 
 def test_hybrid_graph_steps_with_drafts_have_no_host_sync():
     """Replayed decode steps verifying ngram drafts (tails kept per graph, state advanced in postprocess)."""
-    from graph_lockstep import record_replays
+    from helpers.graph_lockstep import record_replays
 
     from framework import LLM, SamplingParams
 

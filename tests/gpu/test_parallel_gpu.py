@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sync_check import step_without_host_sync
+from helpers.sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
@@ -23,7 +23,7 @@ ENGINE = dict(device="cuda", dtype="float32", max_model_len=128, gpu_memory_util
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hf_models import SPEC_BY_NAME, save_tiny_checkpoint
+    from helpers.hf_models import SPEC_BY_NAME, save_tiny_checkpoint
 
     path = tmp_path_factory.mktemp("qwen3-gpu-parallel")
     save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], path)
@@ -31,7 +31,7 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _generate(path: Path, **kwargs) -> tuple[list[list[int]], bool]:  # type: ignore[no-untyped-def]
-    from hf_models import random_prompts
+    from helpers.hf_models import random_prompts
 
     from framework import LLM, SamplingParams
 

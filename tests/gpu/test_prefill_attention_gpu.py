@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,12 +23,11 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
+from helpers.attention_cases import make_paged_case  # noqa: E402
+
 from framework.layers.attention import triton_paged_attention as tpa  # noqa: E402
 from framework.layers.attention import triton_prefill_attention as tfa  # noqa: E402
 from framework.layers.attention.paged import paged_attention_reference, store_kv_reference  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared case builder
-from attention_cases import make_paged_case  # noqa: E402
 
 QWEN3 = dict(num_heads=16, num_kv_heads=8, head_dim=128)
 TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}

@@ -10,16 +10,12 @@ such rows and require everything else to be identical.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared cases
 
 VOCAB = 151936  # Qwen3's
 ROWS = 256
@@ -150,7 +146,7 @@ def test_plan_configurations_sample_the_default_tokens(monkeypatch, plan):
 
 
 def test_fused_sampler_does_not_sync_and_is_deterministic():
-    from sampler_cases import Slot, make_sampler
+    from helpers.sampler_cases import Slot, make_sampler
 
     from framework import SamplingParams
 
@@ -189,7 +185,7 @@ def test_chi_square_through_the_fused_path():
 def test_penalties_before_the_fused_passes_equal_the_reference():
     """The Sampler penalises the listed tokens in place (the list-walking kernel), then samples with the fused
     passes: the logits it leaves are the reference's penalised logits, and the tokens are sampled from them."""
-    from sampler_cases import Slot, make_sampler
+    from helpers.sampler_cases import Slot, make_sampler
 
     from framework import SamplingParams
     from samplers.fused_sampling import sample_fused_triton
@@ -244,7 +240,7 @@ def test_bf16_logits_sample_the_tokens_of_their_float32_copy(kind):
     bit for bit the tokens and errors of their `.float()` copy (the same kernels on the same values: no
     tolerance), on every path (default, every row gathering, no plan). Through the Sampler, plain rows (which get
     the bf16 logits) and rows with logprobs (a float32 copy): the same tokens, errors and logprobs."""
-    from sampler_cases import Slot, make_sampler
+    from helpers.sampler_cases import Slot, make_sampler
 
     from framework import SamplingParams
     from samplers.fused_sampling import sample_fused_triton

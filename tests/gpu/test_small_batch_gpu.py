@@ -31,7 +31,7 @@ from framework.layers.kernels.small_batch_ops import fused_linear_reference  # n
 from framework.layers.kernels.triton_gemv import gemv_triton  # noqa: E402
 
 DEVICE, DTYPE, EPS = "cuda", torch.bfloat16, 1e-6
-# geometry -> projection -> (N, K, variant); variant as in tests/test_small_batch_kernels.py
+# geometry -> projection -> (N, K, variant); variant as in tests/layers/test_small_batch_kernels.py
 PROJECTIONS = {
     "0.6b": {
         "qkv": (4096, 1024, "add_norm"),
@@ -112,7 +112,7 @@ def test_one_compiled_variant_per_row_block() -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engine_with_small_batch_kernels_matches_hf(tmp_path, monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
-    from hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
+    from helpers.hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
 
     from framework import LLM, SamplingParams
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sync_check import step_without_host_sync
+from helpers.sync_check import step_without_host_sync
 
 from speculators.policy import FixedK
 
@@ -191,7 +191,7 @@ def test_cuda_graph_replay_with_drafts_equals_eager(method):
 
 @pytest.mark.parametrize("penalties", [False, True], ids=["plain", "penalties"])
 def test_greedy_ngram_equals_no_speculation_on_gpu(tmp_path, penalties):
-    from hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
+    from helpers.hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
 
     from framework import LLM, SamplingParams
 

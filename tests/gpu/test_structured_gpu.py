@@ -86,7 +86,7 @@ def test_engine_on_the_device(speculator) -> None:
 def test_grammar_fill_does_not_wait_for_the_forward(speculator) -> None:
     """Queueing a step with constrained rows (matcher advance, mask fill, drafts read, mask copy) never waits for
     the device work of that step: the previous step's tokens and drafts were copied before it started."""
-    from sync_check import step_without_host_sync
+    from helpers.sync_check import step_without_host_sync
 
     from framework import LLM, SamplingParams, StructuredOutputsParams
 

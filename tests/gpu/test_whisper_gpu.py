@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sync_check import step_without_host_sync
+from helpers.sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -18,8 +18,8 @@ def test_whisper_greedy_parity_with_hf_eager_and_with_graphs(tmp_path):
     encoder eager, cross K/V read inside the graph), which also equal each other: requests joining and leaving
     (4 slots, 6 requests of different lengths), padding rows, and a preemption (5 KV blocks; the resumed request
     is encoded again)."""
-    import whisper_models as wm
-    from graph_lockstep import record_preemptions, record_replays
+    import helpers.whisper_models as wm
+    from helpers.graph_lockstep import record_preemptions, record_replays
 
     from framework import LLM, SamplingParams
 

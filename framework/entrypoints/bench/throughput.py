@@ -281,7 +281,8 @@ def format_table(results: list[BenchResult]) -> str:
     rows = [
         f"{r.engine:<{width}}{r.num_requests:>9}{r.input_tokens:>10}{r.output_tokens:>10}{r.seconds:>10.2f}"
         f"{r.output_tok_per_s:>12.1f}{r.total_tok_per_s:>13.1f}{opt(r.ttft_p50_s, 1e3, '.1f'):>13}"
-        f"{opt(r.ttft_p90_s, 1e3, '.1f'):>13}{opt(r.prefix_cache_hit_rate, 100, '.1f') + ('%' if r.prefix_cache_hit_rate is not None else ''):>11}"
+        f"{opt(r.ttft_p90_s, 1e3, '.1f'):>13}"
+        f"{opt(r.prefix_cache_hit_rate, 100, '.1f') + ('%' if r.prefix_cache_hit_rate is not None else ''):>11}"
         for r in results
     ]
     return "\n".join([head, "-" * len(head), *rows])

@@ -3,7 +3,8 @@
 It reads typed requests from one ZMQ socket and writes one message per engine step to another: no HTTP, no
 text. Requests run with `output_kind="delta"` and without detokenization or stop strings (the API server
 does text), so each step's output is a list of token-id deltas. Started by `EngineProcess` in the API server
-as `python -m framework.entrypoints.serve.engine_core CONFIG_JSON INPUT_ADDR OUTPUT_ADDR`; it exits when told to, when its
+as `python -m framework.entrypoints.serve.engine_core CONFIG_JSON INPUT_ADDR OUTPUT_ADDR`; it exits when told to, when
+its
 parent goes away, or when the engine dies (after sending `EngineDead`).
 """
 

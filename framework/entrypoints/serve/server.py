@@ -125,7 +125,7 @@ def serve_command(config: Mrv2Config) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """`python -m framework.entrypoints.serve.server CONFIG_JSON`: serve a config written as JSON (the serving bench)."""
+    """`python -m framework.entrypoints.serve.server CONFIG_JSON`: serve a config written as JSON (serving bench)."""
     import json
     import sys
 

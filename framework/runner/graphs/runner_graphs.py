@@ -5,10 +5,12 @@ Two kinds, sharing one capturer (one memory pool, as their replays never overlap
 - `cuda_graphs` ([`DecodeCudaGraphs`][framework.runner.graphs.cuda_graphs.DecodeCudaGraphs], `runner.cuda_graphs`): the
   forward of a pure-decode batch, per (padded batch size, tokens per row); input preparation and sampling run
   eagerly around the replay.
-- `step_graphs` ([`FullStepGraphs`][framework.runner.graphs.step_graphs.FullStepGraphs], `runner.full_step_cuda_graphs`):
+- `step_graphs` ([`FullStepGraphs`][framework.runner.graphs.step_graphs.FullStepGraphs],
+`runner.full_step_cuda_graphs`):
   the whole graph-safe pure-decode step, inputs to post-update, as one replay.
 
-And, in a memory pool of their own, `prefill_graphs` ([`PrefillPieceGraphs`][framework.runner.graphs.prefill_graphs.PrefillPieceGraphs],
+And, in a memory pool of their own, `prefill_graphs`
+([`PrefillPieceGraphs`][framework.runner.graphs.prefill_graphs.PrefillPieceGraphs],
 `runner.prefill_cuda_graphs`): the forward of a step with prompt tokens as pieces between eager attentions.
 
 `ModelRunnerV2` holds one `RunnerGraphs` and exposes its attributes and counters under the same names
@@ -178,7 +180,7 @@ class RunnerGraphs:
         self.prefill_graphs = None
 
     def _full_step_unsupported_reason(self) -> Optional[str]:
-        """None when pure-decode steps may run as full-step graphs (framework.runner.graphs.step_graphs); otherwise why not."""
+        """None when pure-decode steps may run as full-step graphs (`step_graphs`); otherwise why not."""
         r = self.runner
         if not r.config.runner.full_step_cuda_graphs:
             return "runner.full_step_cuda_graphs is off"
