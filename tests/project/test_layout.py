@@ -14,10 +14,9 @@ MAX_LINES = 400
 MAX_LOOSE_MODULES = 8
 # Files other branches are shrinking now; remove an entry once its file is short (the test says when).
 LONG_FILES_FOR_NOW = (
-    "framework/engine/core.py",
     "framework/runner/model_runner.py",
-    "framework/config/schema.py",
-    "scripts/*",
+    "benchmarks/bench_attention.py",
+    "benchmarks/bench_spec.py",
 )
 _SKIPPED_DIRS = {"build", "dist", "site", "__pycache__", "node_modules"}
 

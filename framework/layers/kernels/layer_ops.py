@@ -1,14 +1,15 @@
-"""Fused per-layer ops of the decoder: RMSNorm (+ residual add), SiLU-and-mul, (q/k norm + RoPE + KV store: framework/layers/attention/qk_norm_rope.py).
+"""Fused per-layer ops of the decoder: RMSNorm (+ residual add) and SiLU-and-mul (the fused q/k norm + RoPE +
+KV store is attention's: framework/layers/attention/qk_norm_rope.py).
 
 Each op has a PyTorch reference (`*_reference`, the semantics, and what the model computed before the ops
 were fused: same ops, same roundings to the tensor dtype as HF) and a Triton kernel doing it in one launch
-(`framework/layers/kernels/triton_norm_silu.py`, `framework/layers/kernels/triton_qk_norm_rope.py`). The public functions
-dispatch: Triton for CUDA tensors, the reference otherwise. Their `backend="reference"` (config key
-`kernels.backend`, handed down by the layers) forces the references on CUDA too (the same setting as attention,
-so one switch bisects a numerical difference), and `"triton"` forces the kernels (on a CPU only under
-`TRITON_INTERPRET=1`). Inputs the kernels do not take (another dtype, a weight of another dtype, a non-contiguous last dim, rows over 8192 elements, an odd
-head_dim) silently take the reference, which handles everything; so does anything autograd must see
-(training), as the kernels have no backward.
+(`framework/layers/kernels/triton_norm_silu.py`, `framework/layers/kernels/triton_qk_norm_rope.py`). The
+public functions dispatch: Triton for CUDA tensors, the reference otherwise. Their `backend="reference"`
+(config key `kernels.backend`, handed down by the layers) forces the references on CUDA too (the same setting
+as attention, so one switch bisects a numerical difference), and `"triton"` forces the kernels (on a CPU only
+under `TRITON_INTERPRET=1`). Inputs the kernels do not take (another dtype, a weight of another dtype, a
+non-contiguous last dim, rows over 8192 elements, an odd head_dim) silently take the reference, which handles
+everything; so does anything autograd must see (training), as the kernels have no backward.
 """
 
 from __future__ import annotations
