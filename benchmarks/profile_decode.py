@@ -51,9 +51,8 @@ def build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             "model": {
                 "preset": args.preset,
                 "max_model_len": args.max_model_len,
-                "small_batch_kernels": args.small_batch_kernels,
-                "programmatic_launch": args.programmatic_launch,
             },
+            "kernels": {"small_batch": args.small_batch_kernels, "programmatic_launch": args.programmatic_launch},
             "scheduler": {"max_num_seqs": max(args.batch, 1), "max_num_batched_tokens": 8192},
             # dynamic_k: decode graphs for every k in 0..5 (a fixed-k engine captures 0 and 5 only)
             "speculator": (
@@ -277,13 +276,13 @@ def main(argv: list[str] | None = None) -> dict:
         "--small-batch-kernels",
         default="off",
         choices=["auto", "on", "off"],
-        help="model.small_batch_kernels: the fused GEMV path at <= 8 tokens (docs/kernels.md)",
+        help="kernels.small_batch: the fused GEMV path at <= 8 tokens (docs/kernels.md)",
     )
     parser.add_argument(
         "--programmatic-launch",
         default="auto",
         choices=["auto", "on", "off"],
-        help="model.programmatic_launch: PDL for the small-batch path's kernels (docs/kernels.md)",
+        help="kernels.programmatic_launch: PDL for the small-batch path's kernels (docs/kernels.md)",
     )
     parser.add_argument(
         "--full-step-graphs",

@@ -110,7 +110,11 @@ ENGINE = (
     "framework.runner.model_runner",
     "framework.runner.v1",
     "framework.runner.plugins",
-    "framework.models",
+    # The model families, the loader and start-up; `framework.models.interface` (the `Model` ABC the plugins
+    # check against) is light and may load.
+    "framework.models.loader",
+    "framework.models.llama",
+    "framework.models.setup",
     "framework.executor.driver",
     "framework.executor.worker",
 )
