@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import torch
 
+from framework.entrypoints.bench.counters import BenchCounters
 from speculators.policy import DraftLengthPolicy
 
 
@@ -305,6 +306,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     engine = build_engine(args)
+    counters = BenchCounters()  # full-step replays and fallbacks over the whole run
+    engine.set_observer(counters)
     report: list[str] = []
 
     def say(line: str) -> None:
@@ -365,11 +368,7 @@ def main(argv: list[str] | None = None) -> dict:
     say("profiler: " + "  ".join(f"{k}={v:.3f}" for k, v in kernels.items()))
     say(table)
     say(python_profile(lambda: [engine.step() for _ in range(args.steps)]))
-    runner = engine.runner
-    full_step = {
-        "replays": getattr(runner, "full_step_replays", 0),
-        "fallbacks": dict(getattr(runner, "full_step_fallbacks", {})),
-    }
+    full_step = {"replays": counters.full_step_replays, "fallbacks": dict(counters.full_step_fallbacks)}
     say(f"full-step graphs: {full_step['replays']} steps replayed whole; fallbacks by reason: {full_step['fallbacks']}")
     (args.out / "profile.txt").write_text("\n".join(report))
     result = {

@@ -18,7 +18,8 @@ from framework.params.sampling_params import InvalidRequestError, SamplingParams
 from framework.params.structured_outputs import StructuredOutputsParams, structured_outputs_from_openai
 
 if TYPE_CHECKING:
-    from framework.engine.core import EngineCore, EngineDeadError
+    from framework.engine.core import EngineCore
+    from framework.engine.failure import EngineDeadError
     from framework.entrypoints.llm import LLM
 
 # `import framework` loads the config schema, the registries and plain types, not the engine: the engine (runners,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 # would import that plugin back, whichever package is imported first.
 _LAZY = {
     "EngineCore": "framework.engine.core",
-    "EngineDeadError": "framework.engine.core",
+    "EngineDeadError": "framework.engine.failure",
     "LLM": "framework.entrypoints.llm",
 }
 

@@ -1,4 +1,8 @@
-"""EngineCore: one step is schedule -> execute_model -> sample_tokens -> update from output."""
+"""EngineCore: one step is schedule -> execute_model -> sample_tokens -> update from output.
+
+What a failing step does is `framework.engine.failure`'s (`StepFailurePolicy`); the core starts the engine up
+and runs steps.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import torch
 
 from framework.config.schema import ConfigError, Mrv2Config
 from framework.engine.audio_inputs import WhisperPromptProcessor
+from framework.engine.failure import StepFailurePolicy
 from framework.engine.output_processor import OutputProcessor
 from framework.engine.parallel_sampling import ParallelSamplingTable, fan_out
 from framework.engine.request import Request, RequestOutput, RequestStatus
@@ -27,23 +32,15 @@ from framework.params.prefix_cache import PrefixCacheStats
 from framework.params.sampling_params import (
     SamplingParams,
 )
-from framework.params.scheduler_output import SchedulerOutput
-from framework.runner.async_output import ModelRunnerOutput
 from framework.runner.interface import ModelRunner
 from framework.runner.logits_processors import logits_processor_classes
 from framework.runner.model_runner import ModelRunnerV2
+from framework.runner.observer import NO_OBSERVER, StepObserver
 from framework.runner.plugins import SpecDecodeMetrics, build_draft_policy
 from framework.runner.v1 import ModelRunnerV1
 from samplers.sampler import ROW_ERROR_MESSAGES
 
 logger = logging.getLogger(__name__)
-
-# A runner failing this many steps in a row is not transient: the engine stops (`EngineDeadError`).
-MAX_CONSECUTIVE_STEP_FAILURES = 3
-
-
-class EngineDeadError(RuntimeError):
-    """The engine stopped after repeated runner failures; every later call raises this. Build a new engine."""
 
 
 class EngineCore:
@@ -125,12 +122,14 @@ class EngineCore:
         self._seed_rng = random.Random(config.seed)
         self._in_flight: Optional[tuple] = None  # (SchedulerOutput, AsyncOutput) of the step not yet read back
         self._arrivals = 0
-        self._check_invariants = config.scheduler.check_invariants
-        self._consecutive_failures = 0
-        self._dead: Optional[str] = None  # why the engine stopped, once it has
-        # Set to a list to keep every executed step's SchedulerOutput (framework/entrypoints/bench/timeline.py); None:
-        # off.
-        self.step_log: Optional[list[SchedulerOutput]] = None
+        self.failures = StepFailurePolicy(
+            self.scheduler,
+            self.kv_cache,
+            self.output_processor,
+            self.parallel_sampling,
+            config.scheduler.check_invariants,
+        )
+        self.observer: StepObserver = NO_OBSERVER  # a benchmark's hooks (`set_observer`)
         block_bytes = kv_bytes_per_block(self.loaded, config.cache.block_size, self.runner.num_draft_kv_layers)
         kv_gib = blocks * block_bytes / 2**30
         logger.info(
@@ -168,11 +167,18 @@ class EngineCore:
     def shutdown(self) -> None:
         """Free the runner's KV caches and CUDA graphs and stop the other ranks of a parallel run; the engine is
         unusable after (the weights stay loaded)."""
-        if getattr(self, "_dead", None) is None:
-            self._dead = "the engine was shut down (LLM.shutdown); build a new one"
+        failures = self.__dict__.get("failures")  # absent when start-up failed before it was built
+        if failures is not None:
+            failures.shut_down()
         shutdown = getattr(self.__dict__.get("runner"), "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+    def set_observer(self, observer: Optional[StepObserver]) -> None:
+        """Call `observer`'s hooks from the next step on: the engine's `on_step`, the runner's graph hooks. None
+        detaches it (the no-op `NO_OBSERVER` again)."""
+        self.observer = observer if observer is not None else NO_OBSERVER
+        self.runner.set_observer(self.observer)
 
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]
@@ -194,7 +200,7 @@ class EngineCore:
         An encoder-decoder (Whisper) model needs `encoder_input` (see `WhisperPromptProcessor.process`), and
         `prompt_token_ids` is then the decoder prompt; other models refuse it.
         """
-        self._raise_if_dead()
+        self.failures.raise_if_dead()
         if pooling_params is not None:
             pooling_params = self.validate_pooling(request_id, pooling_params)
             params = POOLING_SAMPLING_PARAMS
@@ -267,17 +273,17 @@ class EngineCore:
         After `MAX_CONSECUTIVE_STEP_FAILURES` failing steps in a row it ends every request that way and is
         dead: later calls raise `EngineDeadError`.
         """
-        self._raise_if_dead()
+        self.failures.raise_if_dead()
         scheduler_output = self.scheduler.schedule()  # 1. what runs this step
         future = None
         if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
             try:
                 self.runner.execute_model(scheduler_output)  # 2. state updates, inputs, forward (queued)
-                if self.step_log is not None:  # off by default: the step path pays one attribute test
-                    self.step_log.append(scheduler_output)
+                self.observer.on_step(scheduler_output)  # a no-op unless a benchmark observes
                 future = self.runner.sample_tokens()  # 3. sampling and post-update (queued)
             except Exception as err:
-                return self._fail_step(err, scheduler_output)
+                self._in_flight = None  # its requests are running: they end with the error, their tokens dropped
+                return self.failures.fail_step(err, scheduler_output)
         if scheduler_output.is_empty and self._in_flight is None and self.scheduler.num_unfinished:
             raise RuntimeError("the scheduler could not schedule any waiting request (KV cache too small?)")
         current = (scheduler_output, future) if future is not None and not scheduler_output.is_empty else None
@@ -288,54 +294,20 @@ class EngineCore:
         if done is None:
             if self.draft_policy is not None:
                 self.draft_policy.device_idled()  # the next interval between outputs is no step's cost
-            return self._checked([])
+            return self.failures.checked([])
         try:
             runner_output = done[1].get()  # 4. the only place the host waits for the device
         except Exception as err:
-            return self._fail_step(err, done[0])
+            self._in_flight = None
+            return self.failures.fail_step(err, done[0])
         if self.draft_policy is not None:
             self.draft_policy.observe_output(done[0])  # dynamic-k times the steps here
-        self._consecutive_failures = 0
+        self.failures.step_succeeded()
         codes = runner_output.errors  # per row, 0 almost always: one C-level scan instead of a message per row
         errors = [ROW_ERROR_MESSAGES.get(code) for code in codes] if codes and any(codes) else None
         finished = self.scheduler.update_from_output(done[0], runner_output.sampled_token_ids, errors)  # 5. stops
         outputs = self.output_processor.process(runner_output, finished)  # 6. logprobs, text, stop strings, deltas
-        return self._checked(self.parallel_sampling.relabel(outputs))  # 7. n > 1: children as sequences
-
-    def _checked(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        if self._check_invariants:  # off by default: the step path pays one attribute test
-            self.scheduler.check_invariants()
-        return outputs
-
-    def _fail_step(self, err: Exception, failed: SchedulerOutput) -> list[RequestOutput]:
-        """The runner raised: end the running requests (all requests, once the engine gives up) with an error."""
-        self._consecutive_failures += 1
-        # The runner may have raised before freeing the slots this step released: it frees them next step.
-        self.scheduler.release_again(failed.finished_request_ids)
-        message = f"the engine step failed: {type(err).__name__}: {err}"
-        logger.error("mrv2: %s", message, exc_info=err)
-        self._in_flight = None  # its requests are running: they end below, their tokens are dropped
-        victims = list(self.scheduler.running)
-        if self._consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
-            self._dead = (
-                f"the engine stopped after {self._consecutive_failures} failing steps in a row; "
-                f"last: {type(err).__name__}: {err}"
-            )
-            victims += list(self.scheduler.waiting)
-        for request in victims:
-            request.error = message
-            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ERROR)
-        # Blocks published for the failed step may never have been computed: no later request may hit them.
-        self.kv_cache.reset_prefix_cache()
-        ids = [r.request_id for r in victims]
-        outputs = self.parallel_sampling.relabel(
-            self.output_processor.process(ModelRunnerOutput(ids, [[] for _ in ids]))
-        )
-        return outputs if self._dead else self._checked(outputs)
-
-    def _raise_if_dead(self) -> None:
-        if self._dead is not None:
-            raise EngineDeadError(self._dead)
+        return self.failures.checked(self.parallel_sampling.relabel(outputs))  # 7. n > 1: children as sequences
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:

@@ -33,6 +33,7 @@ from framework.params.scheduler_output import SchedulerOutput
 from framework.runner.async_output import AsyncOutput
 from framework.runner.interface import ModelRunner
 from framework.runner.model_runner import ModelRunnerV2
+from framework.runner.observer import StepObserver
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,11 @@ class DriverRunner(ModelRunner):
     @step_events.setter
     def step_events(self, value: Optional[list]) -> None:
         self.local.step_events = value
+
+    def set_observer(self, observer: StepObserver) -> None:
+        """The local runner's graphs call the hooks (the driver's counts stand for every rank: they run the same
+        steps)."""
+        self.local.set_observer(observer)
 
     def _send(self, command: Command) -> None:
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,11 +11,11 @@ from framework.params.prefix_cache import PrefixCacheHooks
 from framework.params.sampling_params import SamplingParams
 from framework.params.scheduler_output import NewRequestData, SchedulerOutput
 from framework.runner.async_output import AsyncOutput
+from framework.runner.observer import NO_OBSERVER, StepObserver
 
 if TYPE_CHECKING:
     from framework.config.schema import Mrv2Config
     from framework.models.loaded import LoadedModel
-    from framework.runner.graphs.cuda_graphs import DecodeCudaGraphs
     from framework.runner.plugins import ModelState
 
 
@@ -32,11 +32,15 @@ class ModelRunner(ABC):
     loaded: "LoadedModel"
     device: torch.device
     kv_caches: list[torch.Tensor]
-    cuda_graphs: "Optional[DecodeCudaGraphs]"  # the captured decode graphs, None until (or without) capture
+    observer: StepObserver = NO_OBSERVER  # a benchmark's hooks (`set_observer`); no-ops by default
     num_draft_kv_layers: int = 0  # paged KV layers a speculator's draft model adds to the target's
     # What the model state keeps for cached blocks (state snapshots), for the engine's KV cache manager. Set by
     # the runner (no class default, so a parallel driver's lookup reaches its local runner's).
     prefix_cache_hooks: PrefixCacheHooks
+
+    def set_observer(self, observer: StepObserver) -> None:
+        """Call `observer`'s runner hooks from the next step on (`NO_OBSERVER` stops)."""
+        self.observer = observer
 
     def _prefix_cache_hooks_of(self, model_state: "ModelState") -> PrefixCacheHooks:
         """Let the model state allocate what it keeps for cached blocks, before the KV cache is sized, when
@@ -107,9 +111,9 @@ class ModelRunner(ABC):
         """Capture CUDA graphs once the KV cache exists (runners without graphs do nothing)."""
 
     def release_cuda_graphs(self) -> None:
-        """Drop the decode graphs (`self.cuda_graphs`) and wait for the device: under tensor parallelism they hold
-        captured NCCL collectives, and a communicator is only torn down once no graph refers to it."""
-        self.cuda_graphs = None
+        """Drop the CUDA graphs (runners override this to drop theirs, then call it) and wait for the device: under
+        tensor parallelism they hold captured NCCL collectives, and a communicator is only torn down once no graph
+        refers to it."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 

@@ -6,7 +6,6 @@ Read `execute_model` and `sample_tokens` top to bottom: each is a numbered list 
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from typing import NamedTuple, Optional, Union
 
 import numpy as np
@@ -17,19 +16,20 @@ from framework.batch.input_batch import InputBatch, batch_req_slots, build_input
 from framework.batch.request_state import RequestState
 from framework.config.schema import Mrv2Config
 from framework.layers.attention import AttentionMetadata
-from framework.layers.kernels.input_prep import compute_num_sampled, post_update, token_batch_rows
+from framework.layers.kernels.input_prep import compute_num_sampled, post_update
 from framework.models.loaded import LoadedModel
 from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.runner.async_output import AsyncOutput
+from framework.runner.draft_verify import DraftVerifier
 from framework.runner.grammar import GrammarHandoff
-from framework.runner.graphs.cuda_graphs import DecodeCudaGraphs, GraphCapturer
-from framework.runner.graphs.runner_graphs import HeldByGraphs, RunnerGraphs
-from framework.runner.graphs.step_graphs import FullStepGraphs, FullStepResult
+from framework.runner.graphs.cuda_graphs import GraphCapturer
+from framework.runner.graphs.runner_graphs import RunnerGraphs
+from framework.runner.graphs.step_graphs import FullStepResult
 from framework.runner.interface import ModelRunner
 from framework.runner.logits_processors import build_logits_processors
-from framework.runner.plugins import ProposeInputs, Speculator, build_model_state, build_speculator, rejection_sample
+from framework.runner.output_copy import OutputCopies, logits_row_starts
+from framework.runner.plugins import ProposeInputs, Speculator, build_model_state, build_speculator
 from framework.runner.pooling import PooledRows, PoolingState, hidden_size_of
-from samplers.prompt_logprobs import PromptLogprobsPiece
 from samplers.sampler import Sampler, SamplerOutput
 from samplers.states import SamplingStates
 from samplers.structured.backend import GuidanceBackend
@@ -54,13 +54,6 @@ class ModelRunnerV2(ModelRunner):
     Speculator (if any); each has add_request / remove_request / apply_staged_writes."""
 
     name = "v2"
-    # Held by `self.graphs` (framework.runner.graphs.runner_graphs), read on the runner by the engine, tests and
-    # benchmarks.
-    cuda_graphs: HeldByGraphs[Optional[DecodeCudaGraphs]] = HeldByGraphs()
-    step_graphs: HeldByGraphs[Optional[FullStepGraphs]] = HeldByGraphs()
-    full_step_replays: HeldByGraphs[int] = HeldByGraphs()
-    full_step_fallbacks: HeldByGraphs[Counter[str]] = HeldByGraphs()
-    prefill_piece_steps: HeldByGraphs[int] = HeldByGraphs()
 
     def __init__(self, config: Mrv2Config, loaded: LoadedModel) -> None:
         self.device = loaded.device
@@ -80,14 +73,14 @@ class ModelRunnerV2(ModelRunner):
         vocab_size = loaded.vocab_size
         k_max = config.speculator.num_speculative_tokens
         self.grammar_backend = GuidanceBackend(loaded.tokenizer, vocab_size, loaded.eos_token_id)
-        self._num_outputs = 0
+        self.outputs = OutputCopies(max_reqs, k_max, self.device)  # the D2H copy of each step's results
         structured = StructuredOutputsState(
             max_reqs,
             max_reqs * (k_max + 1),
             vocab_size,
             self.grammar_backend,
             self.device,
-            next_output=lambda: self._num_outputs,
+            next_output=lambda: self.outputs.num_outputs,
             fill_threads=config.sampler.structured_outputs_fill_threads,
         )
         self.sampling_states = SamplingStates(
@@ -114,32 +107,15 @@ class ModelRunnerV2(ModelRunner):
         self.aux_layer_ids = self.speculator.aux_hidden_layer_ids if self.speculator is not None else ()
         self.loaded = loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
-        self.graphs = RunnerGraphs(self)  # decode and full-step graphs: capture, replay decisions, counters
+        self.graphs = RunnerGraphs(self)  # decode, full-step and prefill graphs: capture and replay decisions
         # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.
         self.step_events: Optional[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = None
         self.eager_forwards = 0  # forwards that ran eagerly (no captured graph fits): benchmarks report them
-        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.input_staging = input_staging(max_reqs, self.device)  # a step's per-row arrays: one H2D copy
-        # Pinned landing buffers for the async copy, used in turn: at most two outputs are in flight. Flat, so
-        # that the [R, k+1] landing view of any step is contiguous (`landing_view`).
-        self._host_buffers = (
-            [
-                (
-                    torch.empty(
-                        max_reqs * (config.speculator.num_speculative_tokens + 1), dtype=torch.int64, pin_memory=True
-                    ),
-                    torch.empty(max_reqs, dtype=torch.int32, pin_memory=True),
-                )
-                for _ in range(3)
-            ]
-            if self.copy_stream is not None
-            else []
-        )
         self._pending: Optional[Union[_ExecuteState, FullStepResult]] = None
-        # [S, K, V] float32 q of the drafts in each slot, allocated when a speculator first returns probabilities.
-        self._draft_probs: Optional[torch.Tensor] = None
+        self.drafts = DraftVerifier(self.request_state, self.sampling_states, self.device)
         # Structured outputs: the last output the grammar matchers have not consumed, and the drafts proposed with it.
-        self.grammar = GrammarHandoff(self.sampling_states, self.request_state, self.copy_stream)
+        self.grammar = GrammarHandoff(self.sampling_states, self.request_state, self.outputs.copy_stream)
 
     # ---- start-up ----------------------------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -158,8 +134,8 @@ class ModelRunnerV2(ModelRunner):
 
     def capture_cuda_graphs(self, capturer: Optional[GraphCapturer] = None) -> None:
         """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`) and, when on, full-step graphs
-        (`runner.step_graphs`); call after the KV cache exists. `capturer` replaces CUDA graph capture (CPU tests
-        replay by running the captured step again)."""
+        (`runner.full_step_cuda_graphs`) and prefill pieces, all held by `self.graphs`; call after the KV cache
+        exists. `capturer` replaces CUDA graph capture (CPU tests replay by running the captured step again)."""
         not_captured = self.graphs.capture(self._forward_with_aux, capturer)
         if not_captured is not None:
             logger.info(not_captured)
@@ -183,7 +159,7 @@ class ModelRunnerV2(ModelRunner):
             return
         slots = batch_req_slots(output, self.request_state)  # 4a. batch_row -> req_slot (host)
         # 4b. a graph-safe pure-decode step: steps 5-8 and sampling as one replay
-        self._pending = self.graphs.replay_full_step(output, slots, self.copy_stream)
+        self._pending = self.graphs.replay_full_step(output, slots, self.outputs.copy_stream)
         if self._pending is not None:
             return
         batch = build_input_batch(
@@ -294,7 +270,7 @@ class ModelRunnerV2(ModelRunner):
         pending, self._pending = self._pending, None
         self.grammar.advance_matchers()  # 0. the last step's tokens advance the matchers (if one is constrained)
         if isinstance(pending, FullStepResult):  # 1-8 ran inside the replay: only the copy-out is left
-            return self._full_step_output(pending)
+            return self._step_done(self.outputs.start_full_step(pending))
         batch, hidden, pooled, num_propose, aux_hidden, attn_metadata = pending
         if not self.parallel.is_last_stage:  # 1-3. an earlier pipeline stage: the driver's tokens arrive below
             sampled = SamplerOutput(torch.zeros(batch.num_logits, dtype=torch.int64, device=self.device))
@@ -303,9 +279,9 @@ class ModelRunnerV2(ModelRunner):
         else:
             stages = self.sampling_states.stages_for(batch.idx_mapping_host)
             if stages.any_structured:  # 1. grammar bitmasks: host threads start filling them (the sampler joins)
-                self.grammar.fill_bitmask(batch, self._logits_row_starts(batch))
+                self.grammar.fill_bitmask(batch, logits_row_starts(batch))
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # 1b. [L, vocab] model dtype
-            keep = self._draft_probs is not None and stages.any_random and batch.num_logits > batch.num_rows
+            keep = self.drafts.has_probs and stages.any_random and batch.num_logits > batch.num_rows
             sampled = self.sampler(
                 logits,
                 batch.expanded_idx_mapping,
@@ -313,7 +289,7 @@ class ModelRunnerV2(ModelRunner):
                 stages,  # 2.
                 keep_processed=keep,
             )
-        tokens, num_accepted = self._verify_drafts(batch, sampled)  # 3. [R, K+1], [R]
+        tokens, num_accepted = self.drafts.verify(batch, sampled)  # 3. [R, K+1], [R]
         tokens, num_accepted = self.parallel.broadcast_sampled(tokens, num_accepted)  # 3b. every rank: the driver's
         rs = self.request_state
         num_sampled, num_rejected = compute_num_sampled(
@@ -324,7 +300,7 @@ class ModelRunnerV2(ModelRunner):
             # 4. in chunks of 1024 positions
             prompt_logprobs = self.sampling_states.prompt_logprobs.compute(batch, hidden, self.model.compute_logits)
         output = (
-            self._start_output_copy(batch, tokens, num_sampled, sampled, prompt_logprobs, pooled)
+            self.outputs.start(batch, tokens, num_sampled, sampled, prompt_logprobs, pooled)
             if self.parallel.is_driver
             else AsyncOutput.empty()
         )  # 5. D2H, side stream; the driver reports
@@ -360,26 +336,13 @@ class ModelRunnerV2(ModelRunner):
             rows = batch.idx_mapping.long()
             rs.draft_tokens[rows, :num_propose] = proposal.draft_token_ids.to(rs.draft_tokens.dtype)
             if proposal.draft_probs is not None:
-                self._store_draft_probs(rows, proposal.draft_probs)
+                self.drafts.store_probs(rows, proposal.draft_probs)
             self.grammar.drafts_proposed(batch, num_propose)  # 9b. the next step's masks walk them
-        self.grammar.output_started(self._num_outputs - 1, output)
-        if self.step_events is not None and self.device.type == "cuda":
-            self.step_events[-1][1].record()
-        return output
+        return self._step_done(output)
 
-    def _full_step_output(self, step: FullStepResult) -> AsyncOutput:
-        """Start the D2H copy of a replayed full step's tokens and logprobs (the replay advanced the penalty counts;
-        its rows have no grammars or pooling, and the state's postprocess has nothing to do)."""
-        output = AsyncOutput(
-            step.request_ids,
-            step.tokens,
-            step.num_sampled,
-            self.copy_stream,
-            self._next_host_buffers(),
-            logprobs=step.logprobs,
-            errors=step.errors,
-        )
-        self.grammar.output_started(self._num_outputs - 1, output)
+    def _step_done(self, output: AsyncOutput) -> AsyncOutput:
+        """The step's output copy has started: the grammar hand-off keeps it, the step's device-time event ends."""
+        self.grammar.output_started(self.outputs.num_outputs - 1, output)
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output
@@ -388,81 +351,3 @@ class ModelRunnerV2(ModelRunner):
         """[R] int32: KV positions the blocks of each row hold now (host counts, copied without a sync)."""
         capacity = self.block_tables.num_blocks[batch.idx_mapping_host] * self.block_tables.block_size
         return torch.from_numpy(capacity.astype(np.int32)).to(self.device, non_blocking=True)
-
-    def _start_output_copy(
-        self,
-        batch: InputBatch,
-        tokens: torch.Tensor,
-        num_sampled: torch.Tensor,
-        sampled: SamplerOutput,
-        prompt_logprobs: Optional[PromptLogprobsPiece],
-        pooled: Optional[PooledRows],
-    ) -> AsyncOutput:
-        return AsyncOutput(
-            batch.request_ids,
-            tokens,
-            num_sampled,
-            self.copy_stream,
-            self._next_host_buffers(),
-            logprobs=sampled.logprobs,
-            logits_row_starts=self._logits_row_starts(batch),
-            errors=self._row_errors(batch, sampled.errors),
-            prompt_logprobs=prompt_logprobs,
-            pooled=pooled,
-        )
-
-    def _next_host_buffers(self) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-        """The pinned landing buffers of the next output (in turn; None on the CPU); counts the output."""
-        buffers = self._host_buffers[self._num_outputs % len(self._host_buffers)] if self._host_buffers else None
-        self._num_outputs += 1
-        return buffers
-
-    @staticmethod
-    def _logits_row_starts(batch: InputBatch) -> np.ndarray:
-        """[R] first logits_row of each batch row (host prefix sum of 1 + drafts)."""
-        return np.cumsum(1 + batch.num_draft_host) - (1 + batch.num_draft_host)
-
-    @staticmethod
-    def _row_errors(batch: InputBatch, errors: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """[R] int32: the worst error code of each batch row's logits rows."""
-        if errors is None or batch.num_logits == batch.num_rows:
-            return errors
-        rows = token_batch_rows(batch.cu_num_logits, batch.num_logits)
-        return torch.zeros(batch.num_rows, dtype=errors.dtype, device=errors.device).scatter_reduce_(
-            0, rows, errors, "amax"
-        )
-
-    def _verify_drafts(self, batch: InputBatch, sampled: SamplerOutput) -> tuple[torch.Tensor, torch.Tensor]:
-        """([R, K'+1] tokens per row, [R] accepted drafts), K' = most drafts of a row this step; on the device."""
-        tokens = sampled.sampled_token_ids
-        if batch.num_logits == batch.num_rows:  # no drafts: every row has one logits row
-            return tokens.view(batch.num_rows, 1), torch.zeros_like(batch.num_draft)
-        rs = self.request_state
-        max_draft = int(batch.num_draft_host.max())
-        if sampled.processed_logits is None:  # drafts without probabilities, or only greedy rows
-            out = rejection_sample(tokens, batch.idx_mapping, batch.cu_num_logits, rs.draft_tokens, max_draft)
-        else:
-            row = self.sampling_states.params.gather(batch.expanded_idx_mapping)
-            out = rejection_sample(
-                tokens,
-                batch.idx_mapping,
-                batch.cu_num_logits,
-                rs.draft_tokens,
-                max_draft,
-                processed_logits=sampled.processed_logits,
-                draft_probs=self._draft_probs,
-                expanded_idx_mapping=batch.expanded_idx_mapping,
-                use_q=~row.is_greedy,
-                seeds=row.seed,
-                positions=batch.sample_positions,
-            )
-        return out.tokens, out.num_accepted
-
-    def _store_draft_probs(self, rows: torch.Tensor, probs: torch.Tensor) -> None:
-        """Keep the proposal's q [R, k, V] in its slots until the next step verifies it."""
-        if self._draft_probs is None:
-            k_max = self.request_state.draft_tokens.shape[1]
-            self._draft_probs = torch.zeros(
-                self.request_state.max_num_reqs, k_max, probs.shape[-1], dtype=torch.float32, device=self.device
-            )
-        self._draft_probs[rows, : probs.shape[1]] = probs.float()

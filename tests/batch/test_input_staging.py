@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.fake_graphs import StaticInputsCapturer
+from helpers.observed import counted
 
 from framework.batch import input_batch
 from framework.batch.host_staging import HostRing, InputStaging
@@ -171,7 +172,8 @@ def test_engine_steps_look_up_slots_once_and_send_one_staged_copy(monkeypatch: p
     )
     runner = llm.engine.runner
     runner.capture_cuda_graphs(StaticInputsCapturer())
-    assert runner.step_graphs is not None
+    assert runner.graphs.step_graphs is not None
+    counts = counted(llm)
     from framework.runner import model_runner
 
     lookups = []
@@ -191,7 +193,7 @@ def test_engine_steps_look_up_slots_once_and_send_one_staged_copy(monkeypatch: p
     while engine.has_unfinished_requests() and steps < 50:
         engine.step()
         steps += 1
-    eager = len(lookups) - runner.full_step_replays
-    assert runner.full_step_replays > 0 and runner.full_step_fallbacks["bad_words"] > 0
+    eager = len(lookups) - counts.full_step_replays
+    assert counts.full_step_replays > 0 and counts.full_step_fallbacks["bad_words"] > 0
     assert runner.input_staging.copies == eager > 0  # one staged copy per step that built an InputBatch
-    assert runner.step_graphs._host_idx.turn == runner.full_step_replays  # one idx_mapping copy per replay
+    assert runner.graphs.step_graphs._host_idx.turn == counts.full_step_replays  # one idx_mapping copy per replay

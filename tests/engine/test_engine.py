@@ -206,14 +206,14 @@ def test_async_scheduling_gives_the_same_outputs(tiny_llm_factory, small_cache):
 
 
 def test_shutdown_frees_the_kv_cache_and_refuses_new_requests() -> None:
-    from framework.engine.core import EngineDeadError
+    from framework.engine.failure import EngineDeadError
     from framework.entrypoints.llm import LLM
     from framework.params.sampling_params import SamplingParams
 
     llm = LLM("random_tiny", device="cpu")
     assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)[0].token_ids
     llm.shutdown()
-    assert llm.engine.runner.kv_caches == [] and llm.engine.runner.cuda_graphs is None
+    assert llm.engine.runner.kv_caches == [] and llm.engine.runner.graphs.cuda_graphs is None
     with pytest.raises(EngineDeadError, match="shut down"):
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
 

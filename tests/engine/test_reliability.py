@@ -15,7 +15,7 @@ from helpers.leak_check import assert_engine_drained
 from helpers.reliability_catalogue import CASES, markdown_table
 
 from framework import LLM, EngineDeadError, SamplingParams
-from framework.engine.core import MAX_CONSECUTIVE_STEP_FAILURES
+from framework.engine.failure import MAX_CONSECUTIVE_STEP_FAILURES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)

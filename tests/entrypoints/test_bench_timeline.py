@@ -1,10 +1,12 @@
-"""`bench.step_timeline`: the engine's step log, the per-step records built from it, and their grouping."""
+"""`bench.step_timeline`: the steps the bench's observer keeps, the per-step records built from them, and their
+grouping."""
 
 from types import SimpleNamespace
 
 import pytest
 
 from framework import SamplingParams
+from framework.entrypoints.bench.counters import BenchCounters
 from framework.entrypoints.bench.timeline import (
     DENSE_FLOPS,
     HBM_BYTES_PER_S,
@@ -16,15 +18,21 @@ from framework.entrypoints.bench.timeline import (
 from framework.params.scheduler_output import SchedulerOutput
 
 
-def test_step_log_keeps_every_executed_step(tiny_llm_factory):
+def test_the_observer_keeps_every_executed_step(tiny_llm_factory):
     llm = tiny_llm_factory()
     prompts = [[5, 6, 7], [8] * 11, [9, 10]]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (4, 6, 1)]
+    counting = BenchCounters()  # counts, keeps no steps
+    llm.engine.set_observer(counting)
     llm.generate(prompts, params, use_tqdm=False)
-    assert llm.engine.step_log is None  # off unless a recorder sets it
-    llm.engine.step_log = []
+    assert counting.steps is None and counting.steps_run > 0
+    kept = BenchCounters(keep_steps=True)
+    llm.engine.set_observer(kept)
     llm.generate(prompts, params, use_tqdm=False)
-    log = llm.engine.step_log
+    llm.engine.set_observer(None)
+    llm.generate(prompts, params, use_tqdm=False)  # detached: seen by no one
+    log = kept.steps
+    assert log is not None and len(log) == kept.steps_run
     scheduled = sum(sum(out.num_scheduled_tokens) for out in log)
     # Every prompt token and every output token but the last of each request is fed to a forward exactly once.
     assert scheduled == sum(map(len, prompts)) + sum(p.max_tokens - 1 for p in params)
@@ -49,14 +57,16 @@ def _output(rows: dict[str, int]) -> SchedulerOutput:
 def test_records_count_each_rows_context_and_the_device_time():
     outputs = [_output({"a": 10}), _output({"a": 1, "b": 7}), _output({"a": 1, "b": 1})]
     events = [(_Event(0.0), _Event(2.5)), (_Event(3.0), _Event(4.0)), (_Event(4.0), _Event(4.25))]
-    llm = SimpleNamespace(engine=SimpleNamespace(step_log=outputs, runner=SimpleNamespace(step_events=events)))
-    records = stop_recording(llm)
+    counters = BenchCounters(keep_steps=True)
+    counters.steps = outputs
+    llm = SimpleNamespace(engine=SimpleNamespace(runner=SimpleNamespace(step_events=events)))
+    records = stop_recording(llm, counters)
     assert records == [
         StepRecord(rows=1, decode_rows=0, prompt_tokens=10, keys_read=10, device_ms=2.5),
         StepRecord(rows=2, decode_rows=1, prompt_tokens=7, keys_read=11 + 7, device_ms=1.0),
         StepRecord(rows=2, decode_rows=2, prompt_tokens=0, keys_read=12 + 8, device_ms=0.25),
     ]
-    assert llm.engine.step_log is None and llm.engine.runner.step_events is None  # recording stopped
+    assert counters.steps is None and llm.engine.runner.step_events is None  # recording stopped
 
 
 def test_groups_sum_device_time_and_the_bytes_floor_by_kind_of_step():

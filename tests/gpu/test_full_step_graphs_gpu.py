@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.observed import counted
 from helpers.sync_check import step_without_host_sync
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -75,15 +76,16 @@ def test_full_step_graphs_equal_eager_sampler_at_real_shapes() -> None:
     results, logprobs = {}, {}
     for on in (False, True):
         llm = LLM("qwen3-0.6b", **ENGINE, full_step_cuda_graphs=on)
+        counts = counted(llm)
         outs = llm.generate(prompts, _params(), use_tqdm=False)
         results[on] = [o.token_ids for o in outs]
         logprobs[on] = [_logprobs(o) for o in outs]
         runner = llm.engine.runner
         if on:
-            graphs = runner.step_graphs
+            graphs = runner.graphs.step_graphs
             assert graphs is not None
-            assert runner.full_step_replays > 20, runner.full_step_fallbacks
-            assert set(runner.full_step_fallbacks) <= {"not pure decode"}, runner.full_step_fallbacks
+            assert counts.full_step_replays > 20, counts.full_step_fallbacks
+            assert set(counts.full_step_fallbacks) <= {"not pure decode"}, counts.full_step_fallbacks
             assert sum(g.num_replays for (_, v), g in graphs.graphs.items() if v == graphs.general) > 5
         llm.shutdown()
     assert results[True] == results[False]
@@ -113,9 +115,10 @@ def test_bf16_logits_equal_float32_logits_with_full_step_graphs(monkeypatch) -> 
         if forced:
             monkeypatch.setattr(LlamaForCausalLM, "compute_logits", lambda self, h: compute_logits(self, h).float())
         llm = LLM("qwen3-0.6b", **engine, full_step_cuda_graphs=True)
+        counts = counted(llm)
         outs = llm.generate(prompts, _params(), use_tqdm=False)
         results[forced] = [(o.token_ids, _logprobs(o)) for o in outs]
-        assert llm.engine.runner.full_step_replays > 20
+        assert counts.full_step_replays > 20
         llm.shutdown()
     assert results[False] == results[True]
 
@@ -126,6 +129,7 @@ def test_full_step_decode_queues_without_host_sync() -> None:
     # float32 as above: the kernels compiled there serve here (the piece has 120 s).
     llm = LLM("qwen3-0.6b", **ENGINE, full_step_cuda_graphs=True, async_scheduling=False)
     engine = llm.engine
+    counts = counted(llm)
     for i in range(5):  # 5 rows: padded to the graph of 8
         engine.add_request(
             f"r{i}",
@@ -134,11 +138,11 @@ def test_full_step_decode_queues_without_host_sync() -> None:
         )
     for _ in range(4):  # prefill, then decode steps: every Triton variant compiled
         engine.step()
-    before = engine.runner.full_step_replays
+    before = counts.full_step_replays
     for _ in range(3):
         step_without_host_sync(engine)
-    assert engine.runner.full_step_replays == before + 3
-    graphs = engine.runner.step_graphs
+    assert counts.full_step_replays == before + 3
+    graphs = engine.runner.graphs.step_graphs
     engine.add_request(
         "g",
         [(17 * j) % 1000 for j in range(30)],  # the general variant from its first decode step

@@ -149,7 +149,7 @@ def test_moe_greedy_parity_with_hf_on_gpu(tmp_path, graphs: bool) -> None:
     llm = LLM(
         str(tmp_path), device="cuda", dtype="float32", max_model_len=128, gpu_memory_utilization=0.3, cuda_graphs=graphs
     )
-    assert (llm.engine.runner.cuda_graphs is not None) == graphs
+    assert (llm.engine.runner.graphs.cuda_graphs is not None) == graphs
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 24) for p in prompts]
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}

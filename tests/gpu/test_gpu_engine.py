@@ -167,7 +167,7 @@ def test_cuda_graph_replay_equals_eager():
     outs = {}
     for graphs in (False, True):
         llm = LLM("random_tiny", device="cuda", dtype="float32", gpu_memory_utilization=0.3, cuda_graphs=graphs)
-        assert (llm.engine.runner.cuda_graphs is not None) == graphs
+        assert (llm.engine.runner.graphs.cuda_graphs is not None) == graphs
         outs[graphs] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
     assert outs[True] == outs[False]

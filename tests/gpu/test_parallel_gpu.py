@@ -37,7 +37,7 @@ def _generate(path: Path, **kwargs) -> tuple[list[list[int]], bool]:  # type: ig
 
     llm = LLM(str(path), **ENGINE, **kwargs)
     try:
-        graphs = llm.engine.runner.cuda_graphs is not None
+        graphs = llm.engine.runner.graphs.cuda_graphs is not None
         outs = llm.generate(
             random_prompts(12, 5, 60, seed=3),
             SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),

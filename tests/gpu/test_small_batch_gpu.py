@@ -150,7 +150,7 @@ def test_engine_with_small_batch_kernels_matches_hf(tmp_path, monkeypatch: pytes
             gpu_memory_utilization=0.3,
             small_batch_kernels=mode,
         )  # the default is 1: every row count here
-        assert llm.engine.runner.cuda_graphs is not None
+        assert llm.engine.runner.graphs.cuda_graphs is not None
         # the decode graphs at 1, 2, 4 and 8 rows were captured with the GEMVs (and only with the key on)
         assert ({1, 2, 4, 8} <= set(rows)) if mode == "on" else not rows
         outs = llm.generate(prompts, params, use_tqdm=False)

@@ -178,8 +178,8 @@ def test_cuda_graph_replay_with_drafts_equals_eager(method):
             speculative_config=spec,
         )
         if graphs:
-            run = llm.engine.runner.cuda_graphs.run
-            llm.engine.runner.cuda_graphs.run = lambda size, ids, pos, meta, **kw: (  # type: ignore[method-assign]
+            run = llm.engine.runner.graphs.cuda_graphs.run
+            llm.engine.runner.graphs.cuda_graphs.run = lambda size, ids, pos, meta, **kw: (  # type: ignore[method-assign]
                 replays.append(meta.num_tokens // meta.num_rows),
                 run(size, ids, pos, meta, **kw),
             )[1]

@@ -62,7 +62,7 @@ def workload(scenario: str, block_size: int = 4, max_tokens: tuple[int, int] = (
 
 def record_replays(llm: LLM) -> list[tuple[int, int, int]]:
     """(real rows, padded rows, tokens per row) of every replay from now on."""
-    graphs = llm.engine.runner.cuda_graphs
+    graphs = llm.engine.runner.graphs.cuda_graphs
     assert graphs is not None, "no decode graphs were captured"
     log: list[tuple[int, int, int]] = []
     run = graphs.run

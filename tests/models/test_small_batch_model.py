@@ -77,7 +77,7 @@ def _generate(
         enable_small_batch(llm.engine.runner.model, 8)
     if graphs:
         llm.engine.runner.capture_cuda_graphs(EagerReplayCapturer())
-        assert sorted(llm.engine.runner.cuda_graphs.graphs) == [(1, 1), (2, 1), (4, 1), (8, 1)]
+        assert sorted(llm.engine.runner.graphs.cuda_graphs.graphs) == [(1, 1), (2, 1), (4, 1), (8, 1)]
     model, scheduler = llm.engine.runner.model, llm.engine.scheduler
     step_ids: list[str] = []
     records: list[tuple[str, torch.Tensor]] = []

@@ -154,7 +154,7 @@ def test_hybrid_graph_replay_equals_eager(scenario: str) -> None:
 def test_padding_rows_on_a_real_slot_are_caught() -> None:
     """Negative control: padding rows that write slot 0 (a live request's) instead of the dummy slot."""
     eager, graphed = _hybrid(False), _hybrid(True)
-    graphed.engine.runner.cuda_graphs.dummy_slot = 0
+    graphed.engine.runner.graphs.cuda_graphs.dummy_slot = 0
     with pytest.raises(AssertionError, match="Tensor-likes are not close|tokens differ"):
         lockstep(eager, graphed, workload("join_leave"))
 
@@ -231,7 +231,7 @@ def test_states_say_why_they_cannot_be_captured_and_the_runner_logs_it(caplog: p
     runner.model_state = _OptedOutState(runner.model, {}, 2, cpu)
     with caplog.at_level(logging.INFO, logger="framework.runner.model_runner"):
         runner.capture_cuda_graphs(EagerReplayCapturer())
-    assert runner.cuda_graphs is None
+    assert runner.graphs.cuda_graphs is None
     assert (
         "decode runs without CUDA graphs: model state 'opted-out-test' sets decode_cuda_graphs = False" in caplog.text
     )

@@ -25,6 +25,7 @@ import pytest
 import torch
 from helpers.fake_graphs import EagerReplayCapturer, StaticInputsCapturer, StaticInputsViolation
 from helpers.graph_lockstep import record_preemptions, run_in_lockstep
+from helpers.observed import counted
 
 from framework.entrypoints.llm import LLM
 from framework.params.sampling_params import SamplingParams
@@ -72,6 +73,7 @@ UNSAFE = [  # each makes its step fall back to the eager sampler
 def _llm(full_step: bool, model: str = "tiny", **kwargs: Any) -> LLM:
     llm = LLM(model, **{**BASE, "full_step_cuda_graphs": full_step, **kwargs})
     llm.engine.runner.capture_cuda_graphs(StaticInputsCapturer())
+    counted(llm)  # the observer counts the replays from the first step on
     return llm
 
 
@@ -113,7 +115,7 @@ def _with(p: SamplingParams, **changes: Any) -> SamplingParams:
 
 def _record_runs(llm: LLM) -> list[tuple[int, int]]:
     """(real rows, padded rows) of every full-step replay from now on."""
-    graphs = llm.engine.runner.step_graphs
+    graphs = llm.engine.runner.graphs.step_graphs
     assert graphs is not None, "no full-step graphs were captured"
     log: list[tuple[int, int]] = []
     run = graphs.run
@@ -157,13 +159,13 @@ def test_graph_safe_mixes_equal_eager_with_padding() -> None:
     runs = _record_runs(on)
     tokens = _lockstep(off, on, _work(SAFE))
     assert len(tokens) == 9 and all(tokens.values())
-    r = on.engine.runner
+    r, counts = on.engine.runner, counted(on)
     assert any(rows < size for rows, size in runs), "no replay had padding rows"
     assert len({rows for rows, _ in runs}) >= 3, "too few batch sizes replayed"
-    assert set(r.full_step_fallbacks) == {"not pure decode"}  # unconstrained rows: every decode step replays
-    assert r.full_step_replays == len(runs) > 10
+    assert set(counts.full_step_fallbacks) == {"not pure decode"}  # unconstrained rows: every decode step replays
+    assert counts.full_step_replays == len(runs) > 10
     assert r.eager_forwards == off.engine.runner.eager_forwards  # prefill steps only, as with graphs off
-    replayed = {key[1] for key, graph in r.step_graphs.graphs.items() if graph.num_replays}
+    replayed = {key[1] for key, graph in r.graphs.step_graphs.graphs.items() if graph.num_replays}
     assert replayed == set(VARIANTS), "every sampling variant but the general one must have served steps"
 
 
@@ -174,16 +176,16 @@ def test_preemption_equals_eager() -> None:
     work = [(i, [3 + i, 7, 9, 11 + i], _with(SAFE[i % len(SAFE)], max_tokens=14, ignore_eos=True)) for i in range(5)]
     _lockstep(off, on, work)
     assert preempted, "nothing was preempted"
-    assert on.engine.runner.full_step_replays > 5
+    assert counted(on).full_step_replays > 5
 
 
 def test_mixed_safe_and_unsafe_rows_fall_back_with_reasons() -> None:
     off, on = _llm(False), _llm(True)
     _lockstep(off, on, _work(SAFE[:3] + UNSAFE, n=9))
-    r = on.engine.runner
-    reasons = set(r.full_step_fallbacks)
+    counts = counted(on)
+    reasons = set(counts.full_step_fallbacks)
     assert {"bad_words", "prompt logprobs"} & reasons, reasons
-    assert r.full_step_replays > 0, "no step ran as one graph (the last rows are graph-safe)"
+    assert counts.full_step_replays > 0, "no step ran as one graph (the last rows are graph-safe)"
 
 
 def test_blocker_names_each_reason() -> None:
@@ -288,15 +290,15 @@ def test_on_by_default_and_unsupported_configs_say_why(caplog: pytest.LogCapture
         spec = _llm(True, speculative_config=ngram)
         hybrid = LLM("jamba-tiny", **{**BASE, "full_step_cuda_graphs": True})
         hybrid.engine.runner.capture_cuda_graphs(EagerReplayCapturer())  # its CPU conv reference reads the host
-    assert spec.engine.runner.step_graphs is None and hybrid.engine.runner.step_graphs is None
-    assert spec.engine.runner.cuda_graphs is not None  # the forward graphs stay
+    assert spec.engine.runner.graphs.step_graphs is None and hybrid.engine.runner.graphs.step_graphs is None
+    assert spec.engine.runner.graphs.cuda_graphs is not None  # the forward graphs stay
     text = caplog.text
     assert "no full-step CUDA graphs: speculative decoding" in text
     assert "overrides" in text and "mamba" in text.lower()
 
 
 def test_full_step_graphs_capture_both_variants_per_size() -> None:
-    graphs: FullStepGraphs = _llm(True).engine.runner.step_graphs
+    graphs: FullStepGraphs = _llm(True).engine.runner.graphs.step_graphs
     assert set(graphs.graphs) == {(s, v) for s in (1, 2, 4, 6) for v in VARIANTS + (general_stages(20),)}
     assert graphs.general == general_stages(20)  # sampler.max_logprobs
 
@@ -313,7 +315,7 @@ def test_penalty_counts_advance_inside_the_graph() -> None:
     off, on = _llm(False), _llm(True)
     work = [(i, [3 + i, 3 + i, 8, 9], _with(PENALISED[i % 3], max_tokens=24, ignore_eos=True)) for i in range(4)]
     _lockstep(off, on, list(work))
-    graphs = on.engine.runner.step_graphs
+    graphs = on.engine.runner.graphs.step_graphs
     assert any(g.num_replays for (_, v), g in graphs.graphs.items() if v is PENALTY_STAGES)
     off, on = _llm(False), _llm(True)
     on.engine.runner.sampling_states.record_sampled = lambda *args: None  # planted: counts never advance
@@ -356,7 +358,7 @@ def test_the_triton_kernels_of_the_step_read_only_static_inputs(monkeypatch: pyt
     params = [SAFE[0], SAFE[2], PENALISED[1]]
     work = [(i, [5 + i, 9, 2 + i], _with(params[i], max_tokens=5, ignore_eos=True)) for i in range(3)]
     _lockstep(off, on, work)
-    assert on.engine.runner.full_step_replays >= 3
+    assert counted(on).full_step_replays >= 3
     assert {"sample_fused_triton", "post_update_triton", "apply_penalties_triton"} <= set(calls)
     assert set(fed) == ({torch.bfloat16, torch.float32} if dtype == "bfloat16" else {torch.float32})
 
@@ -374,8 +376,8 @@ def test_structured_rows_fall_back_and_the_rest_replay() -> None:
         (4, [3, 4, 5], SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=regex)),
     ]
     tokens = _lockstep(off, on, work)
-    r = on.engine.runner
-    assert r.full_step_fallbacks["structured outputs"] > 0 and r.full_step_replays > 5
+    counts = counted(on)
+    assert counts.full_step_fallbacks["structured outputs"] > 0 and counts.full_step_replays > 5
     text = on.engine.tokenizer.decode(tokens["r4"])
     assert re.fullmatch(r"[a-z]{3,6}-[0-9]{2}", text), text
 
@@ -385,4 +387,4 @@ def test_full_step_graphs_with_the_small_batch_kernels_equal_the_default_path() 
     off, on = _llm(False), _llm(True, small_batch_kernels="on")
     assert on.engine.runner.model.model.layers[0].small_batch_max_tokens > 0, "the GEMV path is not enabled"
     _lockstep(off, on, _work(SAFE[:4], n=6))
-    assert on.engine.runner.full_step_replays > 5
+    assert counted(on).full_step_replays > 5

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from helpers.graph_lockstep import record_preemptions
+from helpers.observed import counted
 from test_full_step_graphs import SAFE, _drive, _llm, _lockstep, _record_runs, _with, _work
 
 from framework.params.sampling_params import SamplingParams
@@ -56,11 +57,13 @@ def test_general_variant_mixes_equal_eager_with_padding() -> None:
     work = _work(FEATURES, n=10)
     tokens = _lockstep(off, on, list(work))
     _check_features_acted(tokens, work)
-    r = on.engine.runner
+    r, counts = on.engine.runner, counted(on)
     assert any(rows < size for rows, size in runs), "no replay had padding rows"
-    assert set(r.full_step_fallbacks) == {"not pure decode"}, r.full_step_fallbacks  # every decode step replays
+    assert set(counts.full_step_fallbacks) == {"not pure decode"}, counted(
+        on
+    ).full_step_fallbacks  # every decode step replays
     assert r.eager_forwards == off.engine.runner.eager_forwards
-    graphs = r.step_graphs
+    graphs = r.graphs.step_graphs
     assert sum(g.num_replays for (_, v), g in graphs.graphs.items() if v == graphs.general) > 10
 
 
@@ -77,7 +80,7 @@ def test_rows_without_logprobs_get_none() -> None:
     assert final["no"].logprobs is None
     entries = final["lp"].logprobs
     assert len(entries) == 5 and all(1 <= len(d) <= 3 for d in entries)
-    assert on.engine.runner.full_step_replays >= 3
+    assert counted(on).full_step_replays >= 3
 
 
 def test_general_variant_with_preemption_equals_eager() -> None:
@@ -90,7 +93,7 @@ def test_general_variant_with_preemption_equals_eager() -> None:
     tokens = _lockstep(off, on, list(work))
     _check_features_acted(tokens, work)
     assert preempted, "nothing was preempted"
-    assert on.engine.runner.full_step_replays > 5
+    assert counted(on).full_step_replays > 5
 
 
 # ---- negative controls ---------------------------------------------------------------------------------------
@@ -111,10 +114,10 @@ def test_a_bias_table_widened_after_capture_falls_back_named(monkeypatch: pytest
         (6, [9, 10, 11], SamplingParams(temperature=0.0, logit_bias=wide, max_tokens=6, ignore_eos=True)),
     ]
     _lockstep(off, on, work)
-    r = on.engine.runner
+    r, counts = on.engine.runner, counted(on)
     assert r.sampling_states.logit_bias.tokens.width == 16
-    assert r.full_step_fallbacks["sampling tables reallocated"] > 0, r.full_step_fallbacks
-    assert r.full_step_replays > 3  # the general variant's steps before the widening, the plain rows' after
+    assert counts.full_step_fallbacks["sampling tables reallocated"] > 0, counts.full_step_fallbacks
+    assert counts.full_step_replays > 3  # the general variant's steps before the widening, the plain rows' after
 
 
 def test_a_bias_table_reallocated_behind_the_guard_is_caught(
@@ -192,7 +195,7 @@ def test_the_general_variant_triton_kernels_read_only_static_inputs(monkeypatch:
     ]
     work = [(i, [5 + i, 9, 2 + i], _with(params[i], max_tokens=5, ignore_eos=True)) for i in range(3)]
     _lockstep(off, on, work)
-    assert on.engine.runner.full_step_replays >= 3
+    assert counted(on).full_step_replays >= 3
     assert {name for _, name in kernels} <= set(calls)
 
 
@@ -200,12 +203,14 @@ def test_processed_logprobs_fall_back_named() -> None:
     """Processed logprobs keep the separate sampler stages: their steps fall back; the other features replay."""
     off = _llm(False, logprobs_mode="processed_logprobs")
     on = _llm(True, logprobs_mode="processed_logprobs")
-    assert on.engine.runner.step_graphs.general.num_logprobs == -1
+    assert on.engine.runner.graphs.step_graphs.general.num_logprobs == -1
     work = [
         (0, [4, 5, 6], _with(FEATURES[2], max_tokens=12, ignore_eos=True)),
         (1, [7, 8], _with(FEATURES[4], logprobs=None, max_tokens=14, ignore_eos=True)),
         (7, [9, 10], _with(FEATURES[0], max_tokens=5, ignore_eos=True)),
     ]
     _lockstep(off, on, work)
-    r = on.engine.runner
-    assert r.full_step_fallbacks["processed logprobs"] > 0 and r.full_step_replays > 5, r.full_step_fallbacks
+    counts = counted(on)
+    assert counts.full_step_fallbacks["processed logprobs"] > 0 and counts.full_step_replays > 5, counted(
+        on
+    ).full_step_fallbacks

@@ -24,6 +24,7 @@ import pytest
 import torch
 from helpers.fake_graphs import StaticInputsCapturer
 from helpers.graph_lockstep import run_in_lockstep
+from helpers.observed import counted
 
 from framework.config.schema import load_config
 from framework.entrypoints.llm import LLM
@@ -48,6 +49,7 @@ SIZES = [4, 8, 16]  # + max_num_batched_tokens (24)
 def _llm(prefill_graphs: bool, model: str = "tiny", **kwargs: Any) -> LLM:
     llm = LLM(model, **{**BASE, "prefill_cuda_graphs": prefill_graphs, "prefill_cuda_graph_sizes": SIZES, **kwargs})
     llm.engine.runner.capture_cuda_graphs(StaticInputsCapturer())
+    counted(llm)  # the observer counts the replayed steps from the first step on
     return llm
 
 
@@ -164,7 +166,7 @@ def test_engine_with_pieces_equals_eager_step_by_step() -> None:
     tokens = run_in_lockstep(off, on, _work(), check)
     assert len(tokens) == 8 and len(with_prompt_logprobs) == 2  # requests 1 and 5
     assert len(padded) >= 4, "the prompt steps did not replay the pieces"
-    assert on.engine.runner.prefill_piece_steps == len(padded) and off.engine.runner.prefill_piece_steps == 0
+    assert counted(on).prefill_piece_steps == len(padded) and counted(off).prefill_piece_steps == 0
     assert any(t < size for t, size in padded), "no step needed padding"
     assert any(t > 16 for t, _ in padded), "no step filled the budget"
 
@@ -196,7 +198,7 @@ def test_ngram_drafting_with_pieces_equals_eager() -> None:
         for i in range(5)
     ]  # repeating prompts: ngram proposes drafts
     run_in_lockstep(off, on, repeats, check)
-    assert on.engine.runner.prefill_piece_steps > 0
+    assert counted(on).prefill_piece_steps > 0
     assert on.get_metrics()["spec_decode"]["num_drafts"] > 0
 
 
@@ -229,10 +231,11 @@ def test_out_of_memory_while_capturing_leaves_prompt_steps_eager(caplog: pytest.
     llm = LLM("tiny", **{**BASE, "prefill_cuda_graphs": True, "prefill_cuda_graph_sizes": SIZES})
     with caplog.at_level(logging.INFO):
         llm.engine.runner.capture_cuda_graphs(OutOfMemoryAtTheLargestSize())
+    counted(llm)
     assert llm.engine.runner.graphs.prefill_graphs is None
     assert "no prefill graph pieces: out of device memory capturing them at up to 24 tokens" in caplog.text
     out = llm.generate([[1, 2, 3, 4, 5, 6]], SamplingParams(max_tokens=3, ignore_eos=True))
-    assert len(out[0].outputs[0].token_ids) == 3 and llm.engine.runner.prefill_piece_steps == 0
+    assert len(out[0].outputs[0].token_ids) == 3 and counted(llm).prefill_piece_steps == 0
 
 
 def test_embeddings_pooled_from_the_pieces_equal_eager() -> None:
@@ -248,6 +251,7 @@ def test_embeddings_pooled_from_the_pieces_equal_eager() -> None:
             **{**BASE, "prefill_cuda_graphs": on, "prefill_cuda_graph_sizes": SIZES},
         )
         llm.engine.runner.capture_cuda_graphs(StaticInputsCapturer())
+        counted(llm)
         vectors[on] = torch.stack([torch.as_tensor(o.embedding) for o in llm.encode(prompts, use_tqdm=False)])
-        assert (llm.engine.runner.prefill_piece_steps > 0) == on
+        assert (counted(llm).prefill_piece_steps > 0) == on
     torch.testing.assert_close(vectors[True], vectors[False], rtol=1e-5, atol=1e-6)

@@ -17,6 +17,7 @@ import torch
 
 from framework.config.schema import BenchConfig, Mrv2Config
 from framework.engine.request import RequestOutput
+from framework.entrypoints.bench.counters import BenchCounters
 from framework.entrypoints.bench.timeline import StepRecord, start_recording, stop_recording, write_timeline
 from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants
 from framework.entrypoints.llm import LLM
@@ -142,20 +143,20 @@ def bench_mrv2(
     stats_before = llm.prefix_cache_stats
     compiled_before = compiled_variants()
     eager_before = getattr(llm.engine.runner, "eager_forwards", 0)
-    full_before = getattr(llm.engine.runner, "full_step_replays", 0)
-    pieces_before = getattr(llm.engine.runner, "prefill_piece_steps", 0)
+    counters = BenchCounters()  # the timed run's graph replays (and its steps, for the timeline)
+    llm.engine.set_observer(counters)
     _sync(device)
     if timeline is not None:
-        start_recording(llm)
+        start_recording(llm, counters)
     start = time.perf_counter()
     outputs = llm.generate(workload.prompts, params, use_tqdm=True)
     _sync(device)
     seconds = time.perf_counter() - start
     if timeline is not None:
-        timeline.extend(stop_recording(llm))
+        timeline.extend(stop_recording(llm, counters))
+    llm.engine.set_observer(None)
     eager = getattr(llm.engine.runner, "eager_forwards", None)
-    full = getattr(llm.engine.runner, "full_step_replays", None)
-    pieces = getattr(llm.engine.runner, "prefill_piece_steps", None)
+    graphs_counted = llm.engine.runner.name == "v2"  # V1 has no full-step graphs or prefill pieces: null fields
     stats = llm.prefix_cache_stats
     caching = llm.engine.kv_cache.enable_prefix_caching
     return BenchResult(
@@ -168,8 +169,8 @@ def bench_mrv2(
         prefix_cache_hits=stats.hits - stats_before.hits,
         compiles_during_run=new_variants(compiled_before, compiled_variants()),
         eager_forwards=eager - eager_before if eager is not None else None,
-        full_step_replays=full - full_before if full is not None else None,
-        prefill_piece_steps=pieces - pieces_before if pieces is not None else None,
+        full_step_replays=counters.full_step_replays if graphs_counted else None,
+        prefill_piece_steps=counters.prefill_piece_steps if graphs_counted else None,
         **ttft_summary(outputs),
     )
 

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
+from framework.entrypoints.bench.counters import BenchCounters
 from framework.entrypoints.llm import LLM
 from framework.models.setup import kv_bytes_per_block
 from framework.params.scheduler_output import SchedulerOutput
@@ -50,17 +51,18 @@ class StepGroup(NamedTuple):
     floor_s: float  # per step the longer of weights + KV bytes at HBM_BYTES_PER_S and weight FLOPs at DENSE_FLOPS
 
 
-def start_recording(llm: LLM) -> None:
-    """From the next step on, keep each step's scheduler output and device-time events."""
-    llm.engine.step_log = []
+def start_recording(llm: LLM, counters: BenchCounters) -> None:
+    """From the next step on, keep each step's scheduler output (in `counters`, the observer the caller attached
+    to `llm.engine`) and the runner's device-time events."""
+    counters.steps = []
     llm.engine.runner.step_events = []
 
 
-def stop_recording(llm: LLM) -> list[StepRecord]:
+def stop_recording(llm: LLM, counters: BenchCounters) -> list[StepRecord]:
     """The steps since `start_recording` (waits for the device), and stop recording."""
-    engine = llm.engine
-    outputs, events = engine.step_log, engine.runner.step_events
-    engine.step_log, engine.runner.step_events = None, None
+    runner = llm.engine.runner
+    outputs, events = counters.steps or [], runner.step_events
+    counters.steps, runner.step_events = None, None
     if not events:
         return []
     events[-1][1].synchronize()

@@ -21,7 +21,8 @@ from typing import Optional
 import zmq
 
 from framework.config.schema import load_config
-from framework.engine.core import EngineCore, EngineDeadError
+from framework.engine.core import EngineCore
+from framework.engine.failure import EngineDeadError
 from framework.engine.request import Logprob, RequestOutput
 from framework.entrypoints.serve.protocol import (
     AbortRequests,

@@ -13,16 +13,16 @@ And, in a memory pool of their own, `prefill_graphs`
 ([`PrefillPieceGraphs`][framework.runner.graphs.prefill_graphs.PrefillPieceGraphs],
 `runner.prefill_cuda_graphs`): the forward of a step with prompt tokens as pieces between eager attentions.
 
-`ModelRunnerV2` holds one `RunnerGraphs` and exposes its attributes and counters under the same names
-(`runner.cuda_graphs`, `runner.step_graphs`, `runner.full_step_replays`, `runner.full_step_fallbacks`,
-`runner.prefill_piece_steps`).
+`ModelRunnerV2` holds one `RunnerGraphs` as `runner.graphs` (read `runner.graphs.cuda_graphs`,
+`runner.graphs.step_graphs`). Which steps replayed and why the others did not go to the runner's observer
+([`StepObserver`][framework.runner.observer.StepObserver]): `on_full_step_replay`, `on_full_step_fallback(reason)`,
+`on_prefill_pieces`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections import Counter
-from typing import Any, Callable, Generic, Optional, Protocol, TypeVar
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ from framework.params.scheduler_output import SchedulerOutput
 from framework.runner.graphs.cuda_graphs import CudaGraphCapturer, DecodeCudaGraphs, GraphCapturer, capture_sizes
 from framework.runner.graphs.prefill_graphs import PrefillPieceGraphs, prefill_graph_sizes, unsupported_reason
 from framework.runner.graphs.step_graphs import FullStepGraphs, FullStepResult, RowNeeds
+from framework.runner.observer import StepObserver
 from framework.runner.plugins import ModelState, Speculator
 from framework.runner.pooling import PoolingState
 from samplers.sampler import Sampler
@@ -45,7 +46,6 @@ from samplers.states import SamplingStates
 
 # (input_ids [T], positions [T], kv_caches, metadata, **extra inputs) -> (hidden [T, hidden], aux hidden states)
 ForwardWithAux = Callable[..., tuple[torch.Tensor, tuple[torch.Tensor, ...]]]
-T = TypeVar("T")
 
 
 class GraphedRunner(Protocol):
@@ -65,25 +65,18 @@ class GraphedRunner(Protocol):
     sampler: Sampler
     pooling_state: PoolingState
     kv_caches: list[torch.Tensor]
+    observer: StepObserver
 
 
 class RunnerGraphs:
-    """The runner's decode graphs, full-step graphs and prefill pieces (None until captured, or when not captured)
-    and the counters benchmarks read: `full_step_replays` (steps run as one replay), `full_step_fallbacks` (why
-    the other steps were not, by reason) and `prefill_piece_steps` (steps whose forward replayed the pieces)."""
+    """The runner's decode graphs, full-step graphs and prefill pieces (None until captured, or when not
+    captured), and per step which of them replays; the runner's observer hears of each decision."""
 
     def __init__(self, runner: GraphedRunner) -> None:
         self.runner = runner
         self.cuda_graphs: Optional[DecodeCudaGraphs] = None
         self.step_graphs: Optional[FullStepGraphs] = None
         self.prefill_graphs: Optional[PrefillPieceGraphs] = None
-        self.full_step_replays = 0
-        self.full_step_fallbacks: Counter[str] = Counter()
-
-    @property
-    def prefill_piece_steps(self) -> int:
-        """Steps whose forward replayed the prefill pieces (0 without them)."""
-        return self.prefill_graphs.num_replayed_steps if self.prefill_graphs is not None else 0
 
     # ---- capture / release ----------------------------------------------------------------------------
     def capture(self, forward: ForwardWithAux, capturer: Optional[GraphCapturer] = None) -> Optional[str]:
@@ -202,7 +195,7 @@ class RunnerGraphs:
         self, output: SchedulerOutput, slots: np.ndarray, copy_stream: Optional[torch.cuda.Stream]
     ) -> Optional[FullStepResult]:
         """A graph-safe pure-decode step (`slots` [R] its req_slots) runs whole as one replay
-        (framework.runner.graphs.step_graphs); else None and the reason counts in `full_step_fallbacks`."""
+        (framework.runner.graphs.step_graphs); else None and the observer hears the reason."""
         graphs = self.step_graphs
         if graphs is None:
             return None
@@ -215,11 +208,11 @@ class RunnerGraphs:
         )
         reason = graphs.blocker(output, needs)
         if reason is not None:
-            self.full_step_fallbacks[reason] += 1
+            r.observer.on_full_step_fallback(reason)
             return None
         stages = needs().stages
         advance_num_computed_host(output, r.request_state, slots, np.ones(len(slots), np.int64))
-        self.full_step_replays += 1
+        r.observer.on_full_step_replay()
         return graphs.run(output, slots, stages, copy_stream)
 
     def replay_forward(
@@ -249,20 +242,6 @@ class RunnerGraphs:
         size = graphs.padded_size(batch.num_tokens) if graphs is not None else None
         if size is None:
             return None
-        return graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
-
-
-class HeldByGraphs(Generic[T]):
-    """A runner attribute that lives on the runner's `graphs` (a `RunnerGraphs`) under the same name: what
-    `runner.cuda_graphs` and the full-step counters were before the graphs got their own class."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, runner: Any, owner: Optional[type] = None) -> T:
-        if runner is None:
-            return self  # type: ignore[return-value]  # the class attribute itself (documentation tools read it)
-        return getattr(runner.graphs, self.name)
-
-    def __set__(self, runner: Any, value: T) -> None:
-        setattr(runner.graphs, self.name, value)
+        hidden = graphs.run(size, batch.input_ids, batch.positions, attn_metadata)  # type: ignore[union-attr]
+        self.runner.observer.on_prefill_pieces()
+        return hidden

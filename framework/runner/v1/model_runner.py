@@ -117,6 +117,10 @@ class ModelRunnerV1(ModelRunner):
         )
         self.cuda_graphs.capture()
 
+    def release_cuda_graphs(self) -> None:
+        self.cuda_graphs = None
+        super().release_cuda_graphs()
+
     # ---- execute_model ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, output: SchedulerOutput) -> None:
