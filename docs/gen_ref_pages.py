@@ -246,6 +246,9 @@ def composed_defaults(load_config: Any) -> dict[str, Any]:
     """The config `mrv2 run` gets without overrides: Hydra composes `conf/run.yaml`, pydantic validates it."""
     from hydra import compose, initialize_config_dir
 
+    from framework.config.hydra_defaults import register_schema_defaults
+
+    register_schema_defaults()  # `conf/base.yaml` composes the schema's defaults first
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = compose(config_name="run")
     return load_config(cfg).model_dump(mode="json")
