@@ -128,7 +128,7 @@ def test_composed_option_equals_schema_defaults_updated_with_its_file(primary, g
         overrides = [f"{section}.{k}={v}" for section, keys in extra.items() for k, v in keys.items()]
         got = _outcome(_compose(primary, [f"{group}={option}", *overrides]))
         assert got == _outcome(expected_config(group, option, extra)), (primary, group, option, extra)
-    assert isinstance(_outcome(_compose(primary, [f"{group}={option}", *overrides])), Mrv2Config)
+    assert isinstance(got, Mrv2Config), got  # with what it needs, every option runs
 
 
 def test_a_drifting_schema_node_fails_the_equality(draft_head):
