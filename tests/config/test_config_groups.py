@@ -79,9 +79,8 @@ def _experiment_layers(name: str, choices: dict[str, str]) -> list[dict[str, Any
 def expected_config(group: str, option: str, extra: dict[str, Any]) -> dict[str, Any]:
     """What `group=option` means read plainly: the schema's defaults, each group's selected file over its
     section, `conf/base.yaml`'s keys, the experiment's keys, then `extra` (the command line)."""
-    choices = {
-        str(g): str(o) for entry in _defaults_list(CONF / "base.yaml") if isinstance(entry, dict) for g, o in entry.items()
-    }
+    base_entries = [entry for entry in _defaults_list(CONF / "base.yaml") if isinstance(entry, dict)]
+    choices = {str(g): str(o) for entry in base_entries for g, o in entry.items()}
     layers = _experiment_layers(option, choices) if group == "experiment" else []
     if group != "experiment":
         choices[group] = option
