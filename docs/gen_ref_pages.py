@@ -234,8 +234,9 @@ def config_groups() -> list[str]:
     return [
         "## Config groups",
         "",
-        "The options of each group under `conf/`; select one with `group=option`. A group without a "
-        "default option adds nothing unless one is selected.",
+        "The options of each group under `conf/`; select one with `group=option`. An option's file holds only "
+        "the keys where it differs from the schema's defaults. A group without a default option adds nothing "
+        "unless one is selected.",
         "",
         *rows,
         "",
@@ -269,8 +270,9 @@ def config_reference() -> str:
         "overrides and errors work.",
         "",
         "In the tables, *default* is the schema's default, used by `load_config` and the `LLM` API for a key "
-        "that is not given; *`mrv2 run`* is the value the command composes from `conf/` without overrides "
-        "(*same* when they agree).",
+        "that is not given, and the value Hydra starts from: `conf/` composes these defaults first and its group "
+        "files set only the keys where an option differs (see [Configuration](../configuration.md#the-config-tree)). "
+        "*`mrv2 run`* is the value the command composes from `conf/` without overrides (*same* when they agree).",
         "",
         *config_groups(),
         "## Top-level keys",
