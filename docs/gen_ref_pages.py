@@ -234,8 +234,9 @@ def config_groups() -> list[str]:
     return [
         "## Config groups",
         "",
-        "The options of each group under `conf/`; select one with `group=option`. A group without a "
-        "default option adds nothing unless one is selected.",
+        "The options of each group under `conf/`; select one with `group=option`. An option's file holds only "
+        "the keys where it differs from the schema's defaults. A group without a default option adds nothing "
+        "unless one is selected.",
         "",
         *rows,
         "",
@@ -246,6 +247,9 @@ def composed_defaults(load_config: Any) -> dict[str, Any]:
     """The config `mrv2 run` gets without overrides: Hydra composes `conf/run.yaml`, pydantic validates it."""
     from hydra import compose, initialize_config_dir
 
+    from framework.config.hydra_defaults import register_schema_defaults
+
+    register_schema_defaults()  # `conf/base.yaml` composes the schema's defaults first
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = compose(config_name="run")
     return load_config(cfg).model_dump(mode="json")
@@ -266,8 +270,9 @@ def config_reference() -> str:
         "overrides and errors work.",
         "",
         "In the tables, *default* is the schema's default, used by `load_config` and the `LLM` API for a key "
-        "that is not given; *`mrv2 run`* is the value the command composes from `conf/` without overrides "
-        "(*same* when they agree).",
+        "that is not given, and the value Hydra starts from: `conf/` composes these defaults first and its group "
+        "files set only the keys where an option differs (see [Configuration](../configuration.md#the-config-tree)). "
+        "*`mrv2 run`* is the value the command composes from `conf/` without overrides (*same* when they agree).",
         "",
         *config_groups(),
         "## Top-level keys",

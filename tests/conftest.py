@@ -69,6 +69,12 @@ def _use_this_checkouts_conf() -> None:
 
 
 _use_this_checkouts_conf()
+
+# `conf/base.yaml` composes the schema's defaults (a ConfigStore entry) first: tests that compose with Hydra's
+# compose API need it registered, as the CLI does before it composes.
+from framework.config.hydra_defaults import register_schema_defaults  # noqa: E402
+
+register_schema_defaults()
 # CLI subprocesses (`python -m framework.entrypoints.cli`, `mrv2`) import this checkout too, not another installed
 # copy (a
 # worktree beside an editable install of the main checkout would otherwise test the main checkout's code).

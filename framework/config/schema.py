@@ -65,7 +65,10 @@ class ModelConfig(StrictModel):
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":
         if self.path is None and self.preset is None:
-            raise ValueError("set model.path (an HF directory) or model.preset (an embedded model)")
+            raise ValueError(
+                "model.path is required when model.preset is null (model=hf): set model.path=/path/to/hf-dir, "
+                "or model.preset to an embedded model"
+            )
         return self
 
 

@@ -75,6 +75,10 @@ def _hydra_app(config_name: str, task: Callable[[object], None], started: list[b
     import hydra
     from omegaconf.errors import OmegaConfBaseException
 
+    from framework.config.hydra_defaults import register_schema_defaults
+
+    register_schema_defaults()  # `conf/base.yaml` composes the schema's defaults first
+
     def guarded(cfg: object) -> None:
         started.append(True)
         try:

@@ -1,5 +1,6 @@
 """Every key of the pydantic schema can be overridden from the command line under every group option (issue 28):
-the YAML tree under conf/ and `framework.config.schema.Mrv2Config` agree, and a Hydra error is one line, exit 2."""
+the schema's defaults, composed first (`framework/config/hydra_defaults.py`), put every key in the tree whatever
+the group files say, and a Hydra error is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -59,8 +60,9 @@ def test_the_schema_walk_sees_nested_keys():
 
 @pytest.mark.parametrize("primary, group, option", list(_group_choices()))
 def test_every_schema_key_composes_as_an_override(primary, group, option):
-    """All schema keys at once, each set to its schema default, compose under this group option (a key missing
-    from the YAML tree would be Hydra's "Key ... is not in struct")."""
+    """The rule: every schema key is overridable from the command line, without `+`. All schema keys at once, each
+    set to its schema default, compose under this group option (a key missing from the composed tree would be
+    Hydra's "Key ... is not in struct")."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -68,7 +70,7 @@ def test_every_schema_key_composes_as_an_override(primary, group, option):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         plain = compose(config_name=primary, overrides=[f"{group}={option}"])
         missing = [key for key, _ in leaves if not _has_key(plain, key)]
-        assert not missing, f"{primary} {group}={option}: keys of the schema missing from conf/: {missing}"
+        assert not missing, f"{primary} {group}={option}: keys of the schema missing from the composed tree: {missing}"
         cfg = compose(
             config_name=primary, overrides=[f"{group}={option}"] + [f"{k}={_override_value(v)}" for k, v in leaves]
         )
