@@ -209,9 +209,10 @@ def gemv_tiles(
 
     Defaults, the sweep's best or within 3 % of it at one row on every H200 shape of the 0.6B and 8B geometries
     (docs/benchmarks.md): 8 weight rows and 8 warps a program (a warp per row), K in chunks of 2 KB of weight row
-    (1,024 bf16). Fixed rules, nothing tuned at run time. The GEMV's first tile: the first `PREFETCH_BYTES` of the program's weight rows
-    (a power of two of columns, at most K rounded up), so that under programmatic dependent launch the weight
-    streams while the previous kernel ends (unmeasured: 1e476a2:scripts/bench_pdl.py, removed, compared 0 with this)."""
+    (1,024 bf16). Fixed rules, nothing tuned at run time. The first tile: the first `PREFETCH_BYTES` of the
+    program's weight rows (a power of two of columns, at most K rounded up), so that under programmatic dependent
+    launch the weight streams while the previous kernel ends (unmeasured: 1e476a2:scripts/bench_pdl.py, removed,
+    compared 0 with this)."""
     block_m = next_power_of_2(max(m, 1))
     block_n = block_n or 8
     num_warps = num_warps or min(block_n, 8)
