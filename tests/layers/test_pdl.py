@@ -150,7 +150,7 @@ def test_gemv_weight_first_tile_matches_the_reference(prefetch_k: int | None, va
             silu_mul=silu_mul,
             out_dtype=torch.float32 if fp32_out else None,
         )
-        tiles = gemv_tiles(m, 12, 300, 2, block_k=64, dot=False, silu_mul=silu_mul, prefetch_k=prefetch_k)
+        tiles = gemv_tiles(m, 12, 300, 2, block_k=64, silu_mul=silu_mul, prefetch_k=prefetch_k)
         assert tiles.prefetch_k == (512 if prefetch_k is None else prefetch_k)
         out, summed = gemv_triton(x, weight, **kwargs, tiles=tiles)  # type: ignore[arg-type]
         ref, ref_summed = fused_linear_reference(x, weight, **kwargs)  # type: ignore[arg-type]

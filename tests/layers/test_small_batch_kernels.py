@@ -76,7 +76,7 @@ def _run(variant: str, m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0
         out_dtype=torch.float32 if fp32_out else None,
     )
     x_before = x.clone()
-    tiles = tiles or gemv_tiles(m, n, k, weight.element_size(), dot=False)
+    tiles = tiles or gemv_tiles(m, n, k, weight.element_size())
     out, summed = gemv_triton(x, weight, **kwargs, tiles=tiles)  # type: ignore[arg-type]
     ref_out, ref_summed = fused_linear_reference(x, weight, **kwargs)  # type: ignore[arg-type]
     assert torch.equal(x, x_before)  # inputs are not written
@@ -120,14 +120,14 @@ def test_a_swapped_gate_and_up_fails_the_comparison() -> None:
 
 def test_tiles_cover_the_output_and_fill_an_h200_at_real_shapes() -> None:
     for n, k in ((4096, 1024), (1024, 2048), (3072, 1024), (1024, 3072), (151936, 1024), (6144, 4096)):
-        tiles = gemv_tiles(8, n, k, 2, dot=False)
+        tiles = gemv_tiles(8, n, k, 2)
         assert tiles.grid * tiles.block_n >= n > (tiles.grid - 1) * tiles.block_n
         assert tiles.grid >= 128 and tiles.block_m == 8  # about a program per SM of an H200 (132) at least
         assert tiles.num_warps == tiles.block_n  # a warp per weight row: the K reduction needs no barrier
         assert tiles.block_k == 1024  # 2 KB of each weight row per chunk
     assert gemv_tiles(1, 151936, 1024, 2).grid == 18992
-    assert gemv_tiles(3, 40, 96, 4, dot=False) == (4, 8, 128, 5, 8, False, 1, 128)
-    assert gemv_tiles(3, 40, 96, 4, block_n=2, block_k=32, num_warps=1, dot=False) == (4, 2, 32, 20, 1, False, 1, 128)
+    assert gemv_tiles(3, 40, 96, 4) == (4, 8, 128, 5, 8, 128)
+    assert gemv_tiles(3, 40, 96, 4, block_n=2, block_k=32, num_warps=1) == (4, 2, 32, 20, 1, 128)
 
 
 # ---- dispatch ------------------------------------------------------------------------------------------

@@ -10,10 +10,9 @@
 `fused_linear_reference` is the semantics: exactly the ops the default path runs (`rms_norm_reference`,
 `F.linear`, `silu_and_mul_reference`), so the small-batch path is comparable with the default one and with HF.
 `fused_linear` dispatches like the other layer ops (`framework/layers/kernels/layer_ops.py`): the Triton GEMV
-(`framework/layers/kernels/triton_gemv.py`; from two rows its tensor-core dot kernel, `triton_gemv_dot.py`) for CUDA
-tensors, or on a CPU under `kernels.backend=triton` with `TRITON_INTERPRET=1`; the reference otherwise
-(`kernels.backend=reference`, float64, more than 16 rows, a non-contiguous weight, anything autograd must
-see).
+(`framework/layers/kernels/triton_gemv.py`) for CUDA tensors, or on a CPU under `kernels.backend=triton` with
+`TRITON_INTERPRET=1`; the reference otherwise (`kernels.backend=reference`, float64, more than 16 rows, a
+non-contiguous weight, anything autograd must see).
 """
 
 from __future__ import annotations

@@ -25,9 +25,6 @@ the float32 summation order of the dot products differs from cuBLAS.
 
 Only geometry (N, K, dtype, flags, BLOCK_M) is `constexpr`; M is an argument (BLOCK_M = next power of two >= M,
 so graphs at M = 1, 2, 4, 8 compile four variants per projection, M = 3 reuses M = 4's).
-
-From two rows on, `gemv_triton` runs the tensor-core kernel of `triton_gemv_dot` instead (same arguments and
-semantics; `gemv_tiles` picks, `GemvTiles.dot` says which); the GEMV stays the one-row kernel.
 """
 
 from __future__ import annotations
@@ -40,9 +37,7 @@ import triton.language as tl
 
 from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 from framework.layers.kernels.pdl import pdl_launch_kwargs
-from framework.layers.kernels.triton_gemv_dot import MMA_MIN, _gemv_dot_kernel, dot_tile_shape
 from framework.layers.kernels.triton_norm_silu import (
-    interpreter_upcast,
     prologue_input,
     prologue_rstd,
     round_to_dtype,
@@ -185,18 +180,15 @@ def _gemv_kernel(
 
 class GemvTiles(NamedTuple):
     """Launch shape of one small-batch projection: `grid` programs of `block_n` weight rows and `num_warps` warps,
-    K walked in `block_k` chunks. `dot`: the tensor-core kernel (`triton_gemv_dot`), its K loop pipelined
-    `num_stages` deep, `block_m` the token count padded to the MMA's n (>= 16); else the GEMV, `block_m` the
-    next power of two >= M, its first `prefetch_k` weight columns loaded as one tile before any activation
-    (before `gdc_wait` under programmatic dependent launch), the rest in `block_k` chunks after."""
+    `block_m` the next power of two >= M; a program loads its first `prefetch_k` weight columns as one tile
+    before any activation (before `gdc_wait` under programmatic dependent launch), the rest in `block_k` chunks
+    after."""
 
     block_m: int
     block_n: int
     block_k: int
     grid: int
     num_warps: int = 4
-    dot: bool = False
-    num_stages: int = 1
     prefetch_k: int = 0
 
 
@@ -208,29 +200,19 @@ def gemv_tiles(
     block_n: int = 0,
     block_k: int = 0,
     num_warps: int = 0,
-    dot: Optional[bool] = None,
-    num_stages: int = 0,
     silu_mul: bool = False,
     prefetch_k: Optional[int] = None,
 ) -> GemvTiles:
     """The launch shape for an [m, k] x [n, k]^T product (`silu_mul`: gate and up, [2n, k]); a nonzero `block_n`
-    / `block_k` / `num_warps` / `num_stages` or a given `dot` / `prefetch_k` (0: none, else a power of two)
-    fixes that choice (1e476a2:scripts/bench_gemv_tiles.py, removed, swept them).
+    / `block_k` / `num_warps` or a given `prefetch_k` (0: none, else a power of two) fixes that choice
+    (1e476a2:scripts/bench_gemv_tiles.py, removed, swept them).
 
-    The kernel: the GEMV at one row, the tensor-core dot kernel from two rows (the GEMV's cost grows with each
-    row; the dot's shape rules, `dot_tile_shape`, are unmeasured guesses). GEMV defaults, the sweep's best or
-    within 3 % of it at one row on every H200 shape of the 0.6B and 8B geometries (docs/benchmarks.md): 8 weight
-    rows and 8 warps a program (a warp per row), K in chunks of 2 KB of weight row (1,024 bf16). Fixed rules,
-    nothing tuned at run time. The GEMV's first tile: the first `PREFETCH_BYTES` of the program's weight rows
-    (a power of two of columns, at most K rounded up), so that under programmatic dependent launch the weight
-    streams while the previous kernel ends (unmeasured: 1e476a2:scripts/bench_pdl.py, removed, compared 0 with this)."""
-    use_dot = m >= 2 if dot is None else dot
-    if use_dot:
-        block_n, block_k, num_warps, num_stages = dot_tile_shape(
-            n, k, element_size, silu_mul, block_n, block_k, num_warps, num_stages
-        )
-        block_m = max(MMA_MIN, next_power_of_2(max(m, 1)))
-        return GemvTiles(block_m, block_n, block_k, cdiv(n, block_n), num_warps, True, num_stages)
+    Defaults, the sweep's best or within 3 % of it at one row on every H200 shape of the 0.6B and 8B geometries
+    (docs/benchmarks.md): 8 weight rows and 8 warps a program (a warp per row), K in chunks of 2 KB of weight row
+    (1,024 bf16). Fixed rules, nothing tuned at run time. The first tile: the first `PREFETCH_BYTES` of the
+    program's weight rows (a power of two of columns, at most K rounded up), so that under programmatic dependent
+    launch the weight streams while the previous kernel ends (unmeasured: 1e476a2:scripts/bench_pdl.py, removed,
+    compared 0 with this)."""
     block_m = next_power_of_2(max(m, 1))
     block_n = block_n or 8
     num_warps = num_warps or min(block_n, 8)
@@ -272,15 +254,7 @@ def gemv_triton(
         return out, summed
     tiles = tiles or gemv_tiles(m, n, k, weight.element_size(), silu_mul=silu_mul)
     assert tiles.block_m >= m and tiles.grid * tiles.block_n >= n, f"{tiles} does not cover [{m}, {n}]"
-    assert not tiles.dot or min(tiles.block_m, tiles.block_n, tiles.block_k) >= MMA_MIN, f"{tiles}: tl.dot tiles"
-    if tiles.dot:  # same arguments and flags; the dot kernel pads the tokens to BLOCK_MP and pipelines K
-        kernel, shape = (
-            _gemv_dot_kernel,
-            {"BLOCK_MP": tiles.block_m, "NUM_STAGES": tiles.num_stages, "UPCAST": interpreter_upcast(weight.dtype)},
-        )
-    else:
-        kernel, shape = _gemv_kernel, {"BLOCK_M": tiles.block_m, "PRE_K": tiles.prefetch_k}
-    kernel[(tiles.grid,)](
+    _gemv_kernel[(tiles.grid,)](
         x,
         residual if residual is not None else x,
         norm_weight if norm_weight is not None else x,
@@ -300,8 +274,9 @@ def gemv_triton(
         HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None,
         SILU_MUL=silu_mul,
+        BLOCK_M=tiles.block_m,
+        PRE_K=tiles.prefetch_k,
         num_warps=tiles.num_warps,
-        **shape,
         **pdl_launch_kwargs(pdl),
     )
     return out, summed

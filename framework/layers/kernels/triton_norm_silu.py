@@ -70,7 +70,7 @@ def prologue_input(
     """A chunk of a GEMV's input as the unfused ops round it, float32: `x`, `x + residual` (rounded to dtype),
     and with HAS_NORM `g * rmsnorm(...)` given the rows' `rstd` (normed row rounded, then its product with the
     norm weight `g`, as `_rms_norm_kernel`). Offsets, masks and `rstd` arrive broadcast to the chunk's layout
-    (a row [BLOCK_K] in the GEMV, x^T [BLOCK_K, BLOCK_MP] in the dot kernel); masked elements are 0."""
+    (a row [BLOCK_K] in the GEMV); masked elements are 0."""
     x = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + r_offs, mask=mask, other=0.0)
