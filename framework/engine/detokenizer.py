@@ -91,6 +91,20 @@ def find_stop_string(text: str, stops: Sequence[str], num_new_chars: int) -> Opt
     return best
 
 
+def stop_string_hit(
+    text: str, stops: Sequence[str], num_new_chars: int, num_output: int, min_tokens: int
+) -> Optional[tuple[str, int]]:
+    """`find_stop_string` once `min_tokens` output tokens are out: the token that completes a stop string counts,
+    so a stop string completed by exactly the `min_tokens`-th token ends the sequence there (vLLM's rule).
+
+    `num_output` counts the output tokens up to and including the one whose text ends `text`. The offline
+    OutputProcessor and the API server's SequenceText both decide through this one function.
+    """
+    if not stops or num_new_chars == 0 or num_output < min_tokens:
+        return None
+    return find_stop_string(text, stops, num_new_chars)
+
+
 def untold_stop_tokens(stopped_by_token: bool, include_stop_str_in_output: bool) -> int:
     """How many of a step's last tokens get no text: 1 when a stop token (eos or a `stop_token_ids` entry) ended
     the sequence and `include_stop_str_in_output` is off (vLLM's rule; the token stays in the ids), else 0. The

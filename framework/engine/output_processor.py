@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from framework.engine.detokenizer import IncrementalDetokenizer, find_stop_string, make_decode, untold_stop_tokens
+from framework.engine.detokenizer import IncrementalDetokenizer, make_decode, stop_string_hit, untold_stop_tokens
 from framework.engine.request import (
     Logprob,
     PromptLogprobs,
@@ -186,11 +186,10 @@ class OutputProcessor:
             num_output = state.num_tokens_seen + i + 1
             # Also in a step a stop token ended: a stop string completed by an earlier token of it (several tokens
             # a step under speculative decoding) ends the request there, as in vLLM.
-            if params.stop and delta and num_output >= params.min_tokens:
-                hit = find_stop_string(state.detokenizer.text, params.stop, len(delta))
-                if hit is not None:
-                    self._stop_at_string(state, hit, num_output)
-                    break
+            hit = stop_string_hit(state.detokenizer.text, params.stop, len(delta), num_output, params.min_tokens)
+            if hit is not None:
+                self._stop_at_string(state, hit, num_output)
+                break
         state.num_tokens_seen = len(request.output_token_ids)
         if request.status.is_finished and state.detokenizer is not None and request.stop_string is None:
             if incremental:

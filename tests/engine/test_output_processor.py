@@ -111,3 +111,22 @@ def test_a_stop_token_alone_keeps_its_stop_reason():
     request.stop_token_id = ord("!")
     (final,) = op.process(ModelRunnerOutput(["r"], [tokens]), [request])
     assert final.text == "abc" and final.token_ids == tokens and final.stop_reason == ord("!")
+
+
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_a_stop_string_completed_by_the_min_tokens_th_token_ends_there(tiny_llm_factory, offset):
+    """`min_tokens` counts the token that completes a stop string: with min_tokens <= k a stop string completed
+    by token k ends the sequence at k tokens; with min_tokens = k + 1 it is passed over."""
+    from helpers.stop_cases import stop_completed_by_token
+
+    llm = tiny_llm_factory()
+    prompt = [11, 27, 140, 9, 33]
+    free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    k, stop = stop_completed_by_token(llm.tokenizer, free[0].token_ids)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop], min_tokens=k + offset)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    if offset <= 0:
+        assert (out.finish_reason, out.stop_reason, len(out.token_ids)) == ("stop", stop, k)
+        assert out.text == llm.tokenizer.decode(free[0].token_ids[:k])[: -len(stop)]
+    else:
+        assert out.finish_reason == "length" and out.token_ids == free[0].token_ids

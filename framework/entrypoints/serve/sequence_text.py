@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from framework.engine.detokenizer import IncrementalDetokenizer, find_stop_string, untold_stop_tokens
+from framework.engine.detokenizer import IncrementalDetokenizer, stop_string_hit, untold_stop_tokens
 from framework.entrypoints.serve.protocol import TokenLogprobs
 from framework.params.sampling_params import SamplingParams
 
@@ -50,14 +50,15 @@ class SequenceText:
             if self._detok is None or not self._incremental or i >= len(token_ids) - self._untold:
                 continue
             delta = self._detok.append(token)
-            if self.params.stop and delta and len(self.token_ids) >= self.params.min_tokens:
-                hit = find_stop_string(self._detok.text, self.params.stop, len(delta))
-                if hit is not None:
-                    stop, index = hit
-                    keep = index + len(stop) if self.params.include_stop_str_in_output else index
-                    self._detok.text = self._detok.text[:keep]
-                    self.stop_string = stop
-                    return True
+            hit = stop_string_hit(
+                self._detok.text, self.params.stop or [], len(delta), len(self.token_ids), self.params.min_tokens
+            )
+            if hit is not None:
+                stop, index = hit
+                keep = index + len(stop) if self.params.include_stop_str_in_output else index
+                self._detok.text = self._detok.text[:keep]
+                self.stop_string = stop
+                return True
         return False
 
     def finish(self) -> None:

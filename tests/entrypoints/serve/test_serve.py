@@ -331,3 +331,28 @@ def test_structured_outputs_json_schema_choice_regex(client):
             model="tiny", prompt="x", max_tokens=4, extra_body={"response_format": {"type": "json_schema"}}
         )
     assert "response_format" in str(missing.value)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_min_tokens_stop_string_boundary_agrees_with_offline(client, offline, stream):
+    """A stop string completed by exactly the `min_tokens`-th token: the server's own text path (SequenceText)
+    ends the sequence where offline does, for min_tokens on both sides of that token."""
+    from helpers.stop_cases import stop_completed_by_token
+
+    free = offline.generate([PROMPT], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    k, stop = stop_completed_by_token(offline.tokenizer, free[0].token_ids)
+    for min_tokens in (k - 1, k, k + 1):
+        params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[stop], min_tokens=min_tokens)
+        want = offline.generate([PROMPT], params, use_tqdm=False)[0]
+        assert (want.finish_reason == "stop") == (min_tokens <= k), (min_tokens, k, want.finish_reason)
+        extra = dict(min_tokens=min_tokens, ignore_eos=True)
+        got = client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop], extra_body=extra, stream=stream
+        )
+        if stream:
+            chunks = list(got)
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        else:
+            text, reason = got.choices[0].text, got.choices[0].finish_reason
+        assert (text, reason) == (want.text, want.finish_reason), (min_tokens, k)
