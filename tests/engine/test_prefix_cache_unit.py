@@ -66,6 +66,31 @@ def test_block_hashes_extend_incrementally_across_prompt_and_output():
     assert extend_block_hashes(other, 10, 4)[0] != request.block_hashes[0]
 
 
+def _sha256_block(parent: bytes, tokens: list[int], extra: tuple = ()) -> bytes:
+    """The documented block hash, written out here: sha256(parent, token count, tokens, then each extra key)."""
+    data = parent + len(tokens).to_bytes(8, "little") + b"".join(t.to_bytes(8, "little") for t in tokens)
+    for key in extra:
+        raw = key.encode() if isinstance(key, str) else key
+        data += b"s" + len(raw).to_bytes(8, "little") + raw
+    return hashlib.sha256(data).digest()
+
+
+@pytest.mark.parametrize("extra", [(), ("lora",)])
+def test_each_block_hash_is_the_hash_of_its_parent_and_its_tokens(extra):
+    """Every link of the chain, prompt and output blocks alike, against hashlib directly: a chain that drops
+    its parent or slices the wrong tokens fails here even when two chains built the same way agree."""
+    request = _req("a", [5, 900, 7, 31, 2, 77, 8, 150000, 3, 4])
+    request.cache_extra_keys = extra
+    request.output_token_ids += [61, 62, 63, 64, 65]
+    hashes = extend_block_hashes(request, 15, 4)
+    tokens = request.prompt_token_ids + request.output_token_ids
+    assert len(hashes) == 3
+    parent = ROOT_HASH
+    for index, block_hash in enumerate(hashes):
+        assert block_hash == _sha256_block(parent, tokens[index * 4 : (index + 1) * 4], extra), index
+        parent = block_hash
+
+
 # ---- the block pool --------------------------------------------------------------------------------------
 def test_blocks_are_shared_by_reference_and_stay_cached_after_free():
     kv = KVCacheManager(6, 4, enable_prefix_caching=True)
