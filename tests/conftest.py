@@ -100,6 +100,15 @@ def tiny_llm():
     return LLM("random_tiny", device="cpu")
 
 
+@pytest.fixture(scope="session")
+def hf_greedy_reference():
+    """`reference(prompts, max_tokens)`: HF transformers' greedy tokens of `random_tiny` (the weights of
+    `LLM("random_tiny", device="cpu")`), built once per test run (see `helpers/hf_reference.py`)."""
+    from helpers.hf_reference import HFGreedyReference
+
+    return HFGreedyReference()
+
+
 def python_exe() -> str:
     return sys.executable
 

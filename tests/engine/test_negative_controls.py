@@ -142,6 +142,22 @@ def test_zeroed_attention_fails_the_context_checks():
     )
 
 
+def test_zeroed_attention_fails_the_engine_tests_themselves(tiny_llm_factory, hf_greedy_reference):
+    """The engine tests compare with HF's greedy tokens too, so they see what batched == alone cannot."""
+    _fails_with(
+        faults.plant_zero_attention,
+        lambda: test_engine.test_batched_greedy_equals_alone(tiny_llm_factory, hf_greedy_reference),
+        "test_engine.py",
+    )
+    _fails_with(
+        faults.plant_rows_read_row0_kv,
+        lambda: test_engine.test_greedy_under_preemption_and_chunked_prefill_equals_hf(
+            tiny_llm_factory, hf_greedy_reference
+        ),
+        "test_engine.py",
+    )
+
+
 def test_zeroed_triton_attention_fails_the_triton_end_to_end_test(tiny_llm_factory, monkeypatch):
     if test_attention_triton.COMPILED_FIRST:  # its tests report a fresh process's outcome: plant there instead
         monkeypatch.setenv("MRV2_PLANTED_FAULT", "zero_triton_attention")
