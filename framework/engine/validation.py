@@ -89,12 +89,37 @@ class RequestValidator:
                     f"request '{request_id}': SamplingParams.{name} has token id {bad}, outside the vocabulary "
                     f"[0, {vocab})"
                 )
+        self._check_allowed_tokens_can_be_sampled(request_id, prepared)
         for cls in self.processor_classes:
             cls.validate_params(prepared, vocab)
         self._check_runner_supports(request_id, prepared)
         if prepared.structured_outputs is not None:
             self._check_structured_outputs(request_id, prepared)
         return prepared
+
+    def _check_allowed_tokens_can_be_sampled(self, request_id: str, params: SamplingParams) -> None:
+        """`allowed_token_ids` that other fields exclude entirely would leave nothing to sample at the first
+        step: refuse them here, naming both fields, instead of failing the request mid-run."""
+        if not params.allowed_token_ids:
+            return
+        allowed = set(params.allowed_token_ids)
+        banned = {word[0] for word in params.bad_words_token_ids if len(word) == 1}
+        if allowed <= banned:
+            raise InvalidRequestError(
+                f"request '{request_id}': SamplingParams.allowed_token_ids {sorted(allowed)} are all banned by "
+                "SamplingParams.bad_words: no token could be sampled"
+            )
+        if params.min_tokens > 0:
+            stops = set(params.stop_token_ids)
+            if not params.ignore_eos and self.loaded.eos_token_id is not None:
+                stops |= {self.loaded.eos_token_id, *self.loaded.extra_eos_token_ids}
+            if allowed <= stops | banned:
+                raise InvalidRequestError(
+                    f"request '{request_id}': SamplingParams.allowed_token_ids {sorted(allowed)} are all stop "
+                    f"tokens (SamplingParams.stop_token_ids or eos) or bad_words, which "
+                    f"SamplingParams.min_tokens={params.min_tokens} forbids before that many tokens: no token "
+                    "could be sampled"
+                )
 
     def _check_structured_outputs(self, request_id: str, params: SamplingParams) -> None:
         """Compile the grammar now (cached), so a malformed schema, regex or grammar is refused by name."""

@@ -143,6 +143,17 @@ def test_stop_conditions(tiny_llm_factory):
         ([True, False], SamplingParams(), r"token id True is outside the vocabulary \[0, 320\)"),
         (list(range(200)) * 6, SamplingParams(), "the prompt has 1200 tokens but max_model_len is 1024"),
         ([1, 2], SamplingParams(logprobs=50), "logprobs=50 exceeds sampler.max_logprobs=20"),
+        (
+            [1, 2],
+            SamplingParams(allowed_token_ids=[256], min_tokens=2),  # 256: the byte tokenizer's eos
+            r"allowed_token_ids \[256\] are all stop tokens .*min_tokens=2",
+        ),
+        (
+            [1, 2],
+            SamplingParams(allowed_token_ids=[7, 9], stop_token_ids=[7, 9], min_tokens=1, ignore_eos=True),
+            r"allowed_token_ids \[7, 9\] are all stop tokens \(SamplingParams.stop_token_ids.*min_tokens=1",
+        ),
+        ([1, 2], SamplingParams(allowed_token_ids=[7], bad_words=[[7]]), "allowed_token_ids .*bad_words"),
     ],
 )
 def test_bad_requests_are_refused_and_nothing_else_breaks(tiny_llm, prompt, params, message):
@@ -150,6 +161,24 @@ def test_bad_requests_are_refused_and_nothing_else_breaks(tiny_llm, prompt, para
         tiny_llm.generate([[3, 4, 5], prompt], params, use_tqdm=False)
     assert not tiny_llm.engine.has_unfinished_requests()  # the good prompt was not queued either
     assert tiny_llm.generate([[3, 4, 5]], GREEDY, use_tqdm=False)[0].finish_reason == "length"
+
+
+def test_a_request_that_fails_mid_run_ends_alone(tiny_llm_factory, leak_check):
+    """Constraints validation cannot see through (a grammar that has ended before `min_tokens`) end that
+    request with an error at the step where nothing is left to sample; the request beside it completes."""
+    from framework.params.structured_outputs import StructuredOutputsParams
+
+    engine = tiny_llm_factory().engine
+    stuck = SamplingParams(structured_outputs=StructuredOutputsParams(choice=["a"]), min_tokens=4, max_tokens=8)
+    engine.add_request("stuck", [1, 2, 3], stuck)
+    engine.add_request("fine", [1, 2, 3], GREEDY)
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finished["stuck"].finish_reason == "error" and "no token can be sampled" in finished["stuck"].error
+    assert finished["fine"].finish_reason == "length" and len(finished["fine"].token_ids) == GREEDY.max_tokens
+    assert finished["fine"].error is None
+    leak_check.engine(engine)
 
 
 @pytest.mark.parametrize(

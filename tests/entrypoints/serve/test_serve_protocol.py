@@ -188,3 +188,17 @@ def test_auth_queue_limit_and_sigterm():
             assert "shutting down" in json.loads(rest[-2][6:])["error"]["message"]
         code = s.stop(timeout=30)
         assert code == 0
+
+
+def test_contradictory_constraints_are_a_400_naming_both_fields(server):
+    """`allowed_token_ids` that `min_tokens` excludes entirely (stop tokens only) is refused at validation with
+    a 400, not failed mid-run as a 500 that clients retry."""
+    for extra in (
+        {"allowed_token_ids": [7, 9], "stop_token_ids": [9, 7], "min_tokens": 2},
+        {"allowed_token_ids": [7], "stop_token_ids": [7], "min_tokens": 1, "ignore_eos": True},
+    ):
+        r = server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, **extra})
+        assert r.status_code == 400, r.text
+        message = r.json()["error"]["message"]
+        assert "allowed_token_ids" in message and "min_tokens" in message, message
+    assert server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200
