@@ -86,7 +86,7 @@ class StructuredOutputsState:
         if replay and not _consume(matcher, replay):
             self.num_refused += 1
             logger.warning(
-                "mrv2: request %s: its grammar refuses its own earlier output on resume: %s",
+                "mrv2: request %r: its grammar refuses its own earlier output on resume: %r",
                 new.request_id,
                 matcher.get_error()[:200],
             )
@@ -147,7 +147,7 @@ class StructuredOutputsState:
             if not _consume(matcher, row_tokens):
                 self.num_refused += 1
                 logger.warning(
-                    "mrv2: request %s: its grammar refused a sampled token: %s", request_id, matcher.get_error()[:200]
+                    "mrv2: request %r: its grammar refused a sampled token: %r", request_id, matcher.get_error()[:200]
                 )
 
     def prepare(

@@ -6,6 +6,7 @@ The generation and embedding endpoints live in `framework.entrypoints.serve.open
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
@@ -13,13 +14,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from framework.entrypoints.serve.errors import ApiError, error_body
+from framework.entrypoints.serve.errors import ApiError, ClientDisconnected, error_body, loggable
 from framework.entrypoints.serve.openai_routes import router
 from framework.entrypoints.serve.state import VERSION, ServerState
 
+logger = logging.getLogger(__name__)
+
 
 class GuardMiddleware:
-    """Pure ASGI: 413 for bodies over the limit, 401 for /v1 requests without the API key (when one is set)."""
+    """Pure ASGI: 413 for bodies over the limit, 401 for /v1 requests without the API key (when one is set), and
+    one log line for a client that left before its response (`ClientDisconnected`)."""
 
     def __init__(self, app: Any, api_key: Optional[str], max_body_bytes: int) -> None:
         self.app = app
@@ -56,7 +60,14 @@ class GuardMiddleware:
                 return await self._reject(
                     send, 413, f"the request body exceeds {self.max_body_bytes} bytes (serve.max_request_bytes)"
                 )
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        except ClientDisconnected:  # nobody is left to answer: one log line, not an ASGI traceback
+            logger.info(
+                "mrv2 serve: %s %s: the client disconnected before its response; its request was aborted",
+                scope.get("method"),
+                loggable(scope.get("path", "")),
+            )
 
     async def _bounded_body(self, receive: Any) -> Any:
         """Read a body of unknown length up to the limit; a receive that replays it (None when over the limit)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any, Optional
 
@@ -17,6 +18,18 @@ _TYPES = {
     500: "InternalServerError",
 }
 _FIELD = re.compile(r"(?:SamplingParams|PoolingParams)\.(\w+)|\b(response_format|structured_outputs)\b")
+
+
+class ClientDisconnected(asyncio.CancelledError):
+    """The client left before its response: the handler stops (its `finally` aborts the request in the engine)
+    and the server logs one line for it (`GuardMiddleware`), not a traceback."""
+
+
+def loggable(text: object, limit: int = 200) -> str:
+    """Client-supplied text as it may appear in a log: quoted, with newlines, control and non-ASCII characters
+    escaped (a client cannot forge a log line), and at most `limit` characters of it."""
+    value = str(text)
+    return ascii(value[:limit]) + ("..." if len(value) > limit else "")
 
 
 class ApiError(Exception):

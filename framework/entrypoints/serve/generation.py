@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional
 
 from framework.engine.parallel_sampling import child_request_id
 from framework.entrypoints.serve.engine_client import EngineClient, RequestFailed, StreamItem
-from framework.entrypoints.serve.errors import ApiError
+from framework.entrypoints.serve.errors import ApiError, ClientDisconnected
 from framework.entrypoints.serve.metrics import ServerMetrics
 from framework.entrypoints.serve.protocol import TokenLogprobs
 from framework.entrypoints.serve.sequence_text import SequenceText
@@ -100,7 +100,7 @@ class Generation:
             if is_disconnected is not None and time.perf_counter() >= self._disconnect_check:
                 self._disconnect_check = time.perf_counter() + DISCONNECT_POLL_S
                 if await is_disconnected():
-                    raise asyncio.CancelledError("the client disconnected")
+                    raise ClientDisconnected("the client disconnected")
             if is_disconnected is None or not self._queue.empty():
                 return await self._queue.get()
             try:

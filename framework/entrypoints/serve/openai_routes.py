@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from framework.entrypoints.chat_template import RENDER_ARGUMENTS
 from framework.entrypoints.serve.engine_client import RequestFailed
-from framework.entrypoints.serve.errors import ApiError
+from framework.entrypoints.serve.errors import ApiError, ClientDisconnected, loggable
 from framework.entrypoints.serve.generation import Generation, SequenceEvent
 from framework.entrypoints.serve.openai_models import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from framework.entrypoints.serve.params import (
@@ -48,7 +48,8 @@ def _state(request: Request) -> ServerState:
 def _warn_ignored(body: BaseModel, endpoint: str) -> None:
     """Name the body's fields this server does not read in a warning (as vLLM does), then go on without them."""
     if body.model_extra:
-        logger.warning("%s: ignored fields not read by this server: %s", endpoint, ", ".join(sorted(body.model_extra)))
+        names = ", ".join(loggable(name) for name in sorted(body.model_extra))
+        logger.warning("%s: ignored fields not read by this server: %s", endpoint, names)
 
 
 def _token_text(state: ServerState):  # type: ignore[no-untyped-def]
@@ -352,7 +353,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
                 item = await asyncio.wait_for(queue.get(), 0.5)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
-                    raise asyncio.CancelledError("the client disconnected") from None
+                    raise ClientDisconnected("the client disconnected") from None
                 continue
             if isinstance(item, RequestFailed):
                 raise ApiError.invalid(item.message) if item.kind == "invalid" else ApiError(503, item.message)

@@ -116,3 +116,7 @@ def test_a_non_streaming_client_that_leaves_mid_generation_is_aborted(server):
     generated = after["mrv2:generation_tokens_total"] - before["mrv2:generation_tokens_total"]
     assert aborted == 1 and generated < 2 * 1000, (aborted, generated)
     _full_capacity_works(server)
+    # The server's log says so in one line, not an ASGI traceback.
+    log = server.stderr_tail()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+    assert sum("client disconnected" in line for line in log.splitlines()) == 1, log

@@ -202,3 +202,13 @@ def test_contradictory_constraints_are_a_400_naming_both_fields(server):
         message = r.json()["error"]["message"]
         assert "allowed_token_ids" in message and "min_tokens" in message, message
     assert server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+
+
+def test_client_field_names_reach_the_log_escaped(server):
+    """An ignored field's name is client text: a newline in it cannot start a forged log line."""
+    forged = "max_tokenz\n[ERROR] forged line"
+    r = server.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, forged: 1})
+    assert r.status_code == 200
+    log = server.stderr_tail()
+    assert "ignored fields not read by this server: 'max_tokenz\\n[ERROR] forged line'" in log, log
+    assert not any(line.startswith("[ERROR] forged line") for line in log.splitlines()), log

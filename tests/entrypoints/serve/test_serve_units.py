@@ -183,3 +183,10 @@ def test_an_unexpected_error_is_an_openai_shaped_500():
         assert r.status_code == 500 and r.json()["error"]["code"] == 500
         assert r.json()["error"]["message"] == "internal error (RuntimeError): kaput"
         assert http.get("/version").status_code == 200
+
+
+def test_loggable_escapes_client_text():
+    from framework.entrypoints.serve.errors import loggable
+
+    assert loggable("a\nb\x1b[31m\u2028é") == "'a\\nb\\x1b[31m\\u2028\\xe9'"
+    assert loggable("x" * 300, limit=5) == "'xxxxx'..."
