@@ -17,6 +17,7 @@ geometry: Qwen3-30B-A3B's shapes (48 layers, hidden 2048, 128 experts of interme
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from framework.config.schema import ConfigError
@@ -193,5 +194,22 @@ def preset_config(name: str) -> dict[str, Any]:
         from framework.models.embedded import SHIPPED_MODELS
 
         known = sorted(set(PRESETS) | set(SHIPPED_MODELS))
-        raise ConfigError(f"unknown model.preset '{name}'; embedded presets: {', '.join(known)}")
+        raise ConfigError(not_a_preset_message(name, known))
     return copy.deepcopy(PRESETS[name])  # callers may edit it (nested dicts are shared between presets)
+
+
+OFFLINE_RECIPE = "docs/getting-started.md, 'Models from the Hugging Face Hub'"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # "org/name", as the Hub spells repository ids
+
+
+def not_a_preset_message(name: str, known: list[str]) -> str:
+    """Why `name` names no model: a directory that does not exist, a Hub id (never downloaded), or a typo."""
+    if _HUB_ID.match(name):
+        return (
+            f"'{name}' is neither a local directory nor an embedded model. It looks like a Hugging Face Hub id: "
+            f"mrv2 never downloads models; download it once (`hf download {name} --local-dir /models/"
+            f"{name.split('/')[-1]}`) and pass that directory (see {OFFLINE_RECIPE})"
+        )
+    if "/" in name or "\\" in name or name.startswith(("~", ".")):
+        return f"the model directory '{name}' does not exist (a model is a local HF directory or an embedded name)"
+    return f"unknown model.preset '{name}'; embedded presets: {', '.join(known)}"

@@ -109,3 +109,28 @@ def test_token_ids_as_numpy_arrays_and_torch_tensors(tiny_llm_factory):
     assert llm.generate(np.array(rows[0], dtype=np.int32), GREEDY, use_tqdm=False)[0].token_ids == want[0]
     with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
         llm.generate([np.array([1.5, 2.0])], GREEDY, use_tqdm=False)  # float ids stay refused
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("/missing/dir", "the model directory '/missing/dir' does not exist"),
+        ("./not-here", "the model directory './not-here' does not exist"),
+        ("Qwen/Qwen3-0.6B", "looks like a Hugging Face Hub id: mrv2 never downloads models"),
+        ("tinyy", "unknown model.preset 'tinyy'; embedded presets: .*random_tiny"),
+    ],
+)
+def test_a_model_that_is_not_there_is_named_for_what_it_looks_like(model, message):
+    from pathlib import Path
+
+    from framework import LLM
+    from framework.config.schema import ConfigError
+    from framework.models.presets import OFFLINE_RECIPE
+
+    with pytest.raises(ConfigError, match=message) as refused:
+        LLM(model, device="cpu")
+    if "/" in model and not model.startswith((".", "/")):  # the Hub-id message points to a recipe that exists
+        page, heading = OFFLINE_RECIPE.split(", ")
+        assert OFFLINE_RECIPE in str(refused.value)
+        docs = Path(__file__).resolve().parents[2] / page
+        assert f"## {heading.strip(chr(39))}" in docs.read_text()
