@@ -206,3 +206,11 @@ def test_wheel_installs_in_fresh_venv_and_runs(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("--- completion") == 3
     shutil.rmtree(env_dir)
+
+
+def test_help_speaks_of_mrv2_not_hydra(tmp_path):
+    shown = _mrv2("serve", "--help", cwd=tmp_path, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "powered by Hydra" not in shown.stdout
+    assert shown.stdout.startswith("mrv2 run | serve | bench") and "docs/configuration.md" in shown.stdout
+    assert "speculator: " in shown.stdout and "serve:\n  host: 127.0.0.1" in shown.stdout
