@@ -171,7 +171,34 @@ def pytest_collectreport(report) -> None:  # type: ignore[no-untyped-def]
     _record_skip(report)  # module-level skips (pytest.skip(allow_module_level=True), importorskip)
 
 
-def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+def _is_gpu_only_skip(report) -> bool:  # type: ignore[no-untyped-def]
+    from helpers.skip_policy import skip_is_allowed
+
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return skip_is_allowed(report.nodeid, reason, torch.cuda.is_available())
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
+    """Without a GPU, the GPU suite's skips are one line, not one line each in `-ra`'s short summary: they are
+    taken out of the reporter's stats while it writes that summary, then put back for the final counts."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    gpu = [r for r in skipped if _is_gpu_only_skip(r)]
+    if gpu:
+        terminalreporter.stats["skipped"] = [r for r in skipped if r not in gpu]
+    try:
+        return (yield)
+    finally:
+        if gpu:
+            terminalreporter.stats["skipped"] = skipped
+            terminalreporter.write_line(
+                f"{len(gpu)} GPU tests skipped: no CUDA device here (tests/gpu/ runs on a GPU machine)"
+            )
+        _strict_skips_summary(terminalreporter)
+
+
+def _strict_skips_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
     if not os.environ.get(STRICT_SKIPS_ENV):
         return
     bad = [(nodeid, reason) for nodeid, reason, allowed in _skips if not allowed]
