@@ -140,6 +140,23 @@ def test_bench_writes_table_json_and_plot(tmp_path):
     data = json.loads((out / "bench.json").read_text())
     assert data["results"][0]["num_requests"] == 8 and data["results"][0]["output_tokens"] > 0
     assert (out / "bench.png").stat().st_size > 0
+    ttft = data["results"][0]["ttft_s"]  # the plot's per-request latency distribution
+    assert len(ttft) == 8 and ttft == sorted(ttft)
+    assert "forwards run eagerly" not in res.stdout  # on a CPU every forward is eager: no line about graphs
+
+
+def test_bench_plot_draws_throughput_against_baselines_and_latency_distribution():
+    from framework.entrypoints.bench.plot import plot_results
+    from framework.entrypoints.bench.throughput import BenchResult
+
+    mrv2 = BenchResult("mrv2 v2", 4, 100, 80, 2.0, ttft_s=[0.01, 0.02, 0.05, 0.2])
+    hf = BenchResult("hf generate", 4, 100, 80, 8.0)
+    fig = plot_results([mrv2, hf], "t")
+    bars, cdf = fig.axes
+    assert [t.get_text() for t in bars.get_xticklabels()] == ["mrv2 v2", "hf generate"]
+    assert [p.get_height() for p in bars.patches] == [40.0, 10.0]
+    assert "per-request" in cdf.get_title() and len(cdf.lines) == 1
+    assert list(cdf.lines[0].get_xdata()) == [10.0, 20.0, 50.0, 200.0]
 
 
 @pytest.mark.slow

@@ -19,7 +19,14 @@ from pathlib import Path
 import torch
 
 from framework.config.schema import BenchConfig, Mrv2Config
-from framework.entrypoints.bench.throughput import BenchResult, Workload, bench_mrv2, format_table, result_dict
+from framework.entrypoints.bench.throughput import (
+    BenchResult,
+    Workload,
+    bench_mrv2,
+    format_table,
+    graphs_expected,
+    result_dict,
+)
 from framework.entrypoints.llm import LLM
 
 
@@ -39,9 +46,11 @@ def run_prefix_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
     """Run the shared-prefix workload without and with prefix caching; print the table; write JSON and plot."""
     results = []
     workload = None
+    on_gpu = False
     for enabled in (False, True):
         cache = config.cache.model_copy(update={"enable_prefix_caching": enabled})
         llm = LLM(config=config.model_copy(update={"cache": cache}))
+        on_gpu = llm.engine.loaded.device.type == "cuda"
         workload = workload or make_prefix_workload(config.bench, llm.engine.loaded.vocab_size)
         results.append(bench_mrv2(llm, workload, config.bench))
         del llm
@@ -49,10 +58,11 @@ def run_prefix_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     print(format_table(results))
-    print(
-        "forwards run eagerly during the timed runs (no decode graph): "
-        + ", ".join(f"{r.engine} {r.eager_forwards}" for r in results)
-    )
+    if graphs_expected(config, on_gpu):
+        print(
+            "forwards run eagerly during the timed runs (no decode graph): "
+            + ", ".join(f"{r.engine} {r.eager_forwards}" for r in results)
+        )
     off, on = results
     if off.ttft_p50_s and on.ttft_p50_s:
         print(

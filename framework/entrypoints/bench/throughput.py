@@ -5,19 +5,19 @@ Prints a table on stdout, writes `bench.json` and `bench.png` into the output di
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from framework.config.schema import BenchConfig, Mrv2Config
 from framework.engine.request import RequestOutput
 from framework.entrypoints.bench.counters import BenchCounters
+from framework.entrypoints.bench.plot import write_results
 from framework.entrypoints.bench.timeline import StepRecord, start_recording, stop_recording, write_timeline
 from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants
 from framework.entrypoints.llm import LLM
@@ -55,6 +55,7 @@ class BenchResult:
     full_step_replays: Optional[int] = None
     # Steps of the timed run whose forward replayed the prefill graph pieces (runner.prefill_cuda_graphs), V2 only.
     prefill_piece_steps: Optional[int] = None
+    ttft_s: Optional[list[float]] = None  # per request, sorted (the plot's latency distribution), mrv2 only
 
     @property
     def output_tok_per_s(self) -> float:
@@ -71,8 +72,9 @@ class BenchResult:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
 
-def ttft_summary(outputs: list[RequestOutput]) -> dict[str, float]:
-    """Mean, median, p90 and max time to first token (seconds) over the outputs that produced a token."""
+def ttft_summary(outputs: list[RequestOutput]) -> dict[str, Any]:
+    """Mean, median, p90 and max time to first token (seconds) over the outputs that produced a token, and every
+    request's (sorted)."""
     ttfts = sorted(
         t for o in outputs if o.metrics is not None for t in [o.metrics.time_to_first_token] if t is not None
     )
@@ -87,6 +89,7 @@ def ttft_summary(outputs: list[RequestOutput]) -> dict[str, float]:
         "ttft_p50_s": quantile(0.5),
         "ttft_p90_s": quantile(0.9),
         "ttft_max_s": ttfts[-1],
+        "ttft_s": ttfts,
     }
 
 
@@ -308,29 +311,10 @@ def result_dict(r: BenchResult) -> dict:
     }
 
 
-def write_results(results: list[BenchResult], config: Mrv2Config, out_dir: Path, extra: dict | None = None) -> None:
-    """bench.json (config + results) and bench.png (throughput bars) in `out_dir`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "config": config.model_dump(),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "results": [result_dict(r) for r in results],
-        **(extra or {}),
-    }
-    (out_dir / "bench.json").write_text(json.dumps(payload, indent=2))
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = [r.engine for r in results]
-    ax.bar(names, [r.output_tok_per_s for r in results], label="output tok/s")
-    ax.set_ylabel("output tokens / s")
-    ax.set_title(f"mrv2 bench '{config.bench.name}' ({config.bench.num_requests} requests)")
-    fig.tight_layout()
-    fig.savefig(out_dir / "bench.png", dpi=120)
-    plt.close(fig)
+def graphs_expected(config: Mrv2Config, on_gpu: bool) -> bool:
+    """Whether forwards should replay CUDA graphs: only then is a count of eager forwards worth a line (on a CPU
+    every forward is eager, by design)."""
+    return on_gpu and config.runner.cuda_graphs
 
 
 def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
@@ -347,7 +331,7 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
         print("where the timed run's device time went:\n" + write_timeline(llm, timeline, results[0].seconds, out_dir))
     if results[0].compiles_during_run:
         print(f"note: Triton compiled kernels during the timed run: {results[0].compiles_during_run}")
-    if results[0].eager_forwards is not None:
+    if results[0].eager_forwards is not None and graphs_expected(config, on_gpu):
         print(
             f"forwards run eagerly during the timed run (no decode graph or prefill pieces): "
             f"{results[0].eager_forwards}"
