@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+
 from framework.config.schema import Mrv2Config
 from framework.entrypoints.llm import LLM
 from framework.params.sampling_params import SamplingParams
@@ -32,12 +39,31 @@ def format_embedding(index: int, embedding: list[float], num_values: int = 4) ->
     return f"embedding {index}: dim={len(embedding)} norm={norm:.4f} [{head} ...]"
 
 
+def triton_cache_dir() -> Path:
+    """Where Triton keeps compiled kernels (its own default unless TRITON_CACHE_DIR says otherwise)."""
+    return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+def first_compile_notice(on_cuda: bool, cache_dir: Path) -> Optional[str]:
+    """A stderr line for a first run on a GPU: Triton compiles every kernel once (tens of seconds, with the
+    progress bar still at 0%), then loads them from `cache_dir`. None on a CPU or with kernels already cached."""
+    if not on_cuda or (cache_dir.is_dir() and any(cache_dir.iterdir())):
+        return None
+    return (
+        "mrv2: first run on this machine: compiling the Triton kernels for this GPU (about half a minute, once; "
+        f"cached in {cache_dir})"
+    )
+
+
 def run_command(config: Mrv2Config) -> list[str]:
     """Generate for `config.run.prompts` and print one block per prompt (`task=embed`: one line per prompt).
 
     Returns what went wrong with the requests that ended in an error ("completion 1: ..."), so that the
     command can exit nonzero; empty when every request finished.
     """
+    notice = first_compile_notice(config.device != "cpu" and torch.cuda.is_available(), triton_cache_dir())
+    if notice is not None:
+        print(notice, file=sys.stderr, flush=True)
     llm = LLM(config=config)
     if config.task == "embed":
         pooled = llm.encode(config.run.prompts, use_tqdm=config.run.show_progress)

@@ -231,3 +231,14 @@ def test_help_speaks_of_mrv2_not_hydra(tmp_path):
     assert "powered by Hydra" not in shown.stdout
     assert shown.stdout.startswith("mrv2 run | serve | bench") and "docs/configuration.md" in shown.stdout
     assert "speculator: " in shown.stdout and "serve:\n  host: 127.0.0.1" in shown.stdout
+
+
+def test_a_first_gpu_run_says_it_is_compiling(tmp_path):
+    from framework.entrypoints.run_command import first_compile_notice
+
+    assert first_compile_notice(False, tmp_path / "none") is None  # a CPU compiles nothing
+    notice = first_compile_notice(True, tmp_path / "none")
+    assert notice is not None and "compiling the Triton kernels" in notice and str(tmp_path / "none") in notice
+    (tmp_path / "warm").mkdir()
+    (tmp_path / "warm" / "kernel").write_text("")
+    assert first_compile_notice(True, tmp_path / "warm") is None  # cached: a later run starts at once
