@@ -111,3 +111,22 @@ def test_guide_code_runs(page: str, tmp_path: Path) -> None:
         [sys.executable, str(script)], cwd=tmp_path, env=_quiet_env(), capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, f"code of docs/{page} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+def test_the_home_page_fits_its_code_boxes_and_leads_to_serving():
+    """A new user's first page: its commands fit a code box without scrolling, and Serving is one click away
+    (second after Getting started, in the nav and in "Where to go next")."""
+    import yaml
+
+    home = (REPO / "docs" / "index.md").read_text()
+    code = [ln for block in home.split("```")[1::2] for ln in block.splitlines()[1:]]
+    assert code and max(len(ln) for ln in code) <= 90, max(code, key=len)
+    rows = [ln for ln in home.split("## Where to go next", 1)[1].splitlines() if ln.startswith("| [")]
+    assert "(serving.md)" in rows[1], rows[:2]
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    _Loader.add_multi_constructor("", lambda loader, suffix, node: None)  # mkdocs' !!python tags
+    nav = yaml.load((REPO / "mkdocs.yml").read_text(), Loader=_Loader)["nav"]
+    assert [next(iter(entry.values())) for entry in nav[:3]] == ["index.md", "getting-started.md", "serving.md"]
