@@ -14,11 +14,12 @@ from framework.layers.kernels.backend import set_kernel_backend
 from framework.layers.kernels.kv_cache_dtype import kv_cache_torch_dtype
 from framework.layers.kernels.pdl import resolve_programmatic_launch
 from framework.layers.parallel.context import ParallelContext
-from framework.layers.quantization import finish_quantization, is_quantized
+from framework.layers.quantization import QuantizationError, finish_quantization, is_quantized
 from framework.models.embedded import resolve_model_source
 from framework.models.llama import LlamaForCausalLM, fuse_projections
 from framework.models.loaded import LoadedModel
 from framework.models.loader import (
+    CheckpointError,
     build_model,
     init_random_weights,
     load_safetensors_weights,
@@ -85,7 +86,10 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: Optional[Para
     else:
         init_random_weights(model, mc.seed, float(hf_config.get("initializer_range", 0.02)))
         eos_ids = eos_ids_of(hf_config.get("eos_token_id"))
-    finish_quantization(model)  # quantized layers: checks, and online FP8 quantizes the loaded weights
+    try:  # quantized layers: checks, and online FP8 quantizes the loaded weights
+        finish_quantization(model)
+    except QuantizationError as err:
+        raise CheckpointError(str(err)) from None
     model.eval()
     if not any(is_quantized(m) for m in model.modules()):  # quantized projections: merged layouts not built yet
         fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
