@@ -44,6 +44,7 @@ def _w8a16_gemm_kernel(
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    DOT_IEEE: tl.constexpr,  # float32 activations: exact float32 products, not TF32
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -65,7 +66,10 @@ def _w8a16_gemm_kernel(
         x = tl.load(x_rows + ks[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         w = tl.load(w_rows + ks[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
         scale = tl.load(s_rows + k0 // GROUP_K, mask=mask_n, other=0.0)  # one group per chunk
-        partial = tl.dot(x, tl.trans(w.to(x.dtype)))
+        if DOT_IEEE:
+            partial = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision="ieee")
+        else:
+            partial = tl.dot(x, tl.trans(w.to(x.dtype)))
         acc += partial * scale[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -147,6 +151,7 @@ def w8a16_linear_triton(
         GROUP_N=group_n,
         GROUP_K=group_k,
         HAS_BIAS=bias is not None,
+        DOT_IEEE=x.dtype == torch.float32,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
