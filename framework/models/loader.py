@@ -44,7 +44,7 @@ QUANTIZATION_TENSOR_NAMES = (
     "g_idx",
 )
 UNQUANTIZED = (
-    "config.json declares no quantization, so mrv2 loads float32 / float16 / bfloat16 weights only; "
+    "config.json declares no quantization for this layer, so mrv2 reads float32 / float16 / bfloat16 there; "
     "`cache.kv_cache_dtype=fp8` stores the KV cache in FP8 without checkpoint scales"
 )
 QUANT_TENSOR_UNEXPECTED = (

@@ -128,3 +128,25 @@ def test_online_fp8_differs_from_16_bit(tmp_path: Path) -> None:
     _, quantized, _ = _mrv2_run(tmp_path / "bf16", quantization="fp8")
     _, full, _ = _mrv2_run(tmp_path / "bf16")
     assert not torch.allclose(quantized[0][0], full[0][0], atol=LOGITS_ATOL, rtol=LOGITS_RTOL)
+
+
+def test_preemption_and_chunked_prefill_keep_hf_tokens(tmp_path: Path) -> None:
+    """All prompts at once with a KV cache too small for them (preemption, recomputed prefills) and an 8-token step
+    budget (chunked prefills mixed with decodes): the FP8 model still gives HF's greedy tokens."""
+    hf_model = write_quantized("fp8-block", tmp_path / "quant")
+    ref = _hf_from_plain(hf_model, tmp_path / "plain")
+    prompts = random_prompts(4, 6, 20, seed=3)
+    llm = LLM(
+        str(tmp_path / "quant"),
+        device="cpu",
+        dtype="float32",
+        max_model_len=32,
+        seed=0,
+        block_size=4,
+        num_kv_blocks=10,
+        max_num_batched_tokens=8,
+    )
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert sum(out.num_preemptions for out in outs) > 0
+    for prompt, out in zip(prompts, outs):
+        assert list(out.token_ids) == hf_greedy(ref, prompt, MAX_TOKENS)
