@@ -105,8 +105,8 @@ def checkpoint_quantization(hf_config: dict[str, Any], online: Optional[str] = N
 
 def _refuse_quantized_tensor(where: str, name: str, dtype: torch.dtype, expected: Optional[torch.dtype] = None) -> None:
     """A tensor of a quantized checkpoint whose config did not say so: named, never cast silently. `expected`: the
-    dtype of the parameter it fills, when that is a quantized one (FP8): the tensor must have exactly it."""
-    if expected is not None and expected.itemsize == 1:
+    dtype of the parameter it fills, when that is a quantized one (FP8, packed int32): the tensor must have it."""
+    if expected is not None and (expected.itemsize == 1 or not expected.is_floating_point):
         if dtype != expected:
             raise CheckpointError(
                 f"{where}: tensor '{name}' is {str(dtype).removeprefix('torch.')}, the checkpoint's quantization "

@@ -12,6 +12,14 @@ have them:
   targeting `Linear` (channel weights, dynamic token activations), `ignore: ["lm_head"]`;
 - `ct-tensor` (llm-compressor FP8, static): `weight_scale` [1] and `input_scale` [1] per layer.
 
+- `gptq` / `gptq-act-asym` (AutoGPTQ v1, 4-bit, group 64): `qweight` int32 [K/8, N] (eight input rows per int32,
+  low nibble first), `qzeros` int32 [K/G, N/8] (zero - 1, eight output columns per int32), `scales` float16
+  [K/G, N], `g_idx` int32 [K]; symmetric, or asymmetric with act-order (`desc_act`: groups over a permutation);
+- `awq` (AutoAWQ GEMM, 4-bit, group 64): `qweight` int32 [K, N/8] and `qzeros` [K/G, N/8] packed along the output
+  columns in the order (0, 2, 4, 6, 1, 3, 5, 7), `scales` float16 [K/G, N];
+- `ct-w4a16` (llm-compressor W4A16, group 64): `weight_packed` int32 [N, K/8] (signed values + 8, low nibble
+  first), `weight_scale` [N, K/G] in the model dtype, `weight_shape` int64 [2].
+
 Norms, embeddings and the LM head stay float32. The HF model returned has every quantized weight replaced by its
 dequantized value (what the checkpoint means), so it is the reference the quantized run must match.
 """
@@ -75,7 +83,127 @@ def quantize_tensor(w: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Te
     return (w.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
+INT4_GROUP = 64
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _to_int32(x: torch.Tensor) -> torch.Tensor:
+    """int64 holding 32-bit patterns -> int32 with the same bits."""
+    return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
+
+
+def pack_along_rows(q: torch.Tensor) -> torch.Tensor:
+    """[R, C] values 0..15 -> int32 [R/8, C]: out[r, c] holds q[8r + j, c] in bits 4j..4j+3."""
+    r, c = q.shape
+    out = torch.zeros((r // 8, c), dtype=torch.int64)
+    for j in range(8):
+        out |= q[j::8].long() << (4 * j)
+    return _to_int32(out)
+
+
+def pack_along_cols(q: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
+    """[R, C] values 0..15 -> int32 [R, C/8]: nibble i of out[r, c] holds q[r, 8c + order[i]]."""
+    r, c = q.shape
+    out = torch.zeros((r, c // 8), dtype=torch.int64)
+    for i in range(8):
+        out |= q[:, order[i] :: 8].long() << (4 * i)
+    return _to_int32(out)
+
+
+def quantize_int4(
+    w: torch.Tensor, col_group: torch.Tensor, sym: bool, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, K] -> (q [N, K] 0..15, scales [N, groups] rounded to `scale_dtype`, zeros [N, groups] 0..15), groups of
+    input columns given by `col_group`; w ~ scales * (q - zeros)."""
+    n, _ = w.shape
+    groups = int(col_group.max()) + 1
+    scales, zeros = torch.empty(n, groups), torch.empty(n, groups)
+    for g in range(groups):
+        cols = w[:, col_group == g].float()
+        if sym:
+            scale = cols.abs().amax(dim=1) / 7.5
+            zero = torch.full((n,), 8.0)
+        else:
+            lo, hi = cols.amin(dim=1).clamp(max=0), cols.amax(dim=1).clamp(min=0)
+            scale = (hi - lo) / 15
+            zero = (-lo / scale).round().clamp(0, 15)
+        scales[:, g] = scale.to(scale_dtype).float()
+        zeros[:, g] = zero
+    q = (w.float() / scales[:, col_group] + zeros[:, col_group]).round().clamp(0, 15)
+    return q.to(torch.uint8), scales.to(scale_dtype), zeros.to(torch.uint8)
+
+
+def _int4_tensors(fmt: str, layer: str, w: torch.Tensor, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The checkpoint tensors of one INT4 layer and its dequantized weight."""
+    n, k = w.shape
+    col_group = torch.arange(k) // INT4_GROUP
+    if fmt == "gptq-act-asym":  # act-order: groups are formed over a permutation of the input columns
+        perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed))
+        col_group = torch.argsort(perm) // INT4_GROUP
+    sym = fmt in ("gptq", "ct-w4a16")
+    q, scales, zeros = quantize_int4(w, col_group, sym, torch.float32 if fmt == "ct-w4a16" else torch.float16)
+    dequant = scales.float()[:, col_group] * (q.float() - zeros.float()[:, col_group])
+    if fmt.startswith("gptq"):
+        tensors = {
+            "qweight": pack_along_rows(q.t()),
+            "qzeros": pack_along_cols(zeros.t().long() - 1),
+            "scales": scales.t().contiguous(),
+            "g_idx": col_group.to(torch.int32),
+        }
+    elif fmt == "awq":
+        tensors = {
+            "qweight": pack_along_cols(q.t(), AWQ_ORDER),
+            "qzeros": pack_along_cols(zeros.t(), AWQ_ORDER),
+            "scales": scales.t().contiguous(),
+        }
+    else:
+        tensors = {
+            "weight_packed": pack_along_cols(q),
+            "weight_scale": scales.contiguous(),
+            "weight_shape": torch.tensor([n, k], dtype=torch.int64),
+        }
+    return {f"{layer}.{name}": t for name, t in tensors.items()}, dequant
+
+
 def _config(fmt: str) -> dict[str, Any]:
+    if fmt.startswith("gptq"):
+        return {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": INT4_GROUP,
+            "desc_act": fmt == "gptq-act-asym",
+            "sym": fmt == "gptq",
+            "checkpoint_format": "gptq",
+            "damp_percent": 0.01,
+            "true_sequential": True,
+        }
+    if fmt == "awq":
+        return {"quant_method": "awq", "bits": 4, "group_size": INT4_GROUP, "version": "gemm", "zero_point": True}
+    if fmt == "ct-w4a16":
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "quantization_status": "compressed",
+            "ignore": ["lm_head"],
+            "kv_cache_scheme": None,
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {
+                        "num_bits": 4,
+                        "type": "int",
+                        "symmetric": True,
+                        "dynamic": False,
+                        "strategy": "group",
+                        "group_size": INT4_GROUP,
+                        "actorder": None,
+                        "observer": "minmax",
+                    },
+                    "input_activations": None,
+                    "output_activations": None,
+                }
+            },
+        }
     if fmt == "fp8-block":
         return {
             "quant_method": "fp8",
@@ -129,6 +257,12 @@ def write_quantized(fmt: str, path: Path, spec: TinySpec = QUANT_SPEC, keep: tup
         if not quantize:
             tensors[name] = value.contiguous()
             continue
+        if fmt in ("gptq", "gptq-act-asym", "awq", "ct-w4a16"):
+            int4, dequant = _int4_tensors(fmt, layer, value, seed=len(tensors))
+            tensors.update(int4)
+            with torch.no_grad():
+                model.get_parameter(name).copy_(dequant)
+            continue
         if fmt == "fp8-block":
             weight, scale = quantize_block(value)
             tensors[f"{layer}.weight_scale_inv"] = scale
@@ -156,7 +290,8 @@ def write_quantized(fmt: str, path: Path, spec: TinySpec = QUANT_SPEC, keep: tup
     config["architectures"] = [spec.architecture]
     quant = _config(fmt)
     if keep:
-        quant["modules_to_not_convert" if fmt == "fp8-block" else "ignore"] += list(keep)
+        key = "ignore" if quant["quant_method"] == "compressed-tensors" else "modules_to_not_convert"
+        quant[key] = list(quant.get(key) or []) + list(keep)
     config["quantization_config"] = quant
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return model

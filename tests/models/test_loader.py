@@ -130,7 +130,7 @@ def _copy_checkpoint(src, dst, config_edit=None):
     "key, value, method",
     [
         ("quantization_config", {"quant_method": "fp8", "activation_scheme": "dynamic"}, "'fp8' without a [n, k]"),
-        ("quantization_config", {"quant_method": "gptq", "bits": 4}, "'gptq' (4-bit)"),
+        ("quantization_config", {"quant_method": "gptq", "bits": 8}, "'gptq' (8-bit)"),
         ("compression_config", {"format": "pack-quantized"}, "'pack-quantized'"),
     ],
 )

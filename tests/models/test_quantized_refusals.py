@@ -27,7 +27,10 @@ from framework.layers.parallel.context import ParallelContext
 from framework.models.loader import CheckpointError, build_model, load_safetensors_weights, read_hf_config
 
 CPU = torch.device("cpu")
-CT_GROUP = {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}
+CT_GROUP: dict = {
+    "targets": ["Linear"],
+    "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +59,23 @@ def _copy(src: Path, dst: Path, quant: dict | None = None, corrupt_weights: bool
             "'compressed-tensors' (format nvfp4-pack-quantized)",
         ),
         (
-            {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": CT_GROUP}},
-            "'compressed-tensors' (format pack-quantized)",
+            {
+                "quant_method": "compressed-tensors",
+                "format": "pack-quantized",
+                "config_groups": {"g": {**CT_GROUP, "weights": {**CT_GROUP["weights"], "symmetric": False}}},
+            },
+            "'compressed-tensors' group 'g' (asymmetric or group act-order 4-bit weights)",
+        ),
+        (
+            {"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": CT_GROUP}},
+            "'compressed-tensors' (format int-quantized)",
         ),
         ({"quant_method": "mxfp4"}, "'mxfp4'"),
         ({"quant_method": "gguf"}, "'gguf'"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes'"),
         ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "'gptq' (8-bit)"),
-        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}, "'gptq' (4-bit)"),
-        ({"quant_method": "awq", "bits": 4, "version": "gemm"}, "'awq' (4-bit)"),
+        ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "gptq_v2"}, "'gptq' (4-bit) (checkpoint_format"),
+        ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "'awq' (4-bit) (version gemv)"),
         ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "'modelopt' (quant_algo NVFP4)"),
         ({"quant_method": "some-new-method"}, "'some-new-method'"),
         ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "'fp8' without a [n, k] weight_block_size"),
@@ -87,6 +98,7 @@ def test_unsupported_formats_are_refused_before_reading_weights(fp8_dir, tmp_pat
     message = str(err.value)
     assert f"quantization format {named}" in message
     assert "mrv2 reads 'fp8'" in message and "'compressed-tensors' format 'float-quantized'" in message
+    assert "'gptq' (4-bit, v1 checkpoints), 'awq' (4-bit, GEMM packing)" in message
 
 
 def test_online_fp8_of_a_quantized_checkpoint_is_refused(fp8_dir) -> None:  # type: ignore[no-untyped-def]
@@ -200,3 +212,21 @@ def test_tensor_parallel_block_split_must_follow_the_blocks(tmp_path: Path) -> N
         CheckpointError, match=r"k_proj: 64 output features per rank is not a multiple of the fp8-block"
     ):
         build_model(read_hf_config(tmp_path), torch.float32, CPU, ParallelContext(tp_size=2, rank=0))
+
+
+def test_int4_group_size_must_divide_the_input_dimension(tmp_path: Path) -> None:
+    write_quantized("gptq", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"]["group_size"] = 128  # the tiny model's hidden size is 192
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"q_proj: group size 128 does not divide the input dimension 192"):
+        LLM(str(tmp_path), device="cpu")
+
+
+def test_int4_packed_tensor_of_the_wrong_shape_is_refused_by_name(tmp_path: Path) -> None:
+    write_quantized("awq", tmp_path)
+    edit_checkpoint(tmp_path, **{L0 + "mlp__up_proj__qzeros": torch.zeros(2, 40, dtype=torch.int32)})
+    with pytest.raises(
+        CheckpointError, match=rf"'{L0}mlp.up_proj.qzeros' has shape \(2, 40\), model expects \(3, 40\)"
+    ):
+        LLM(str(tmp_path), device="cpu")

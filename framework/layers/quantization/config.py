@@ -16,11 +16,13 @@ from typing import Any, Callable, Optional
 from framework.config.registry import Registry
 from framework.layers.quantization.base import QuantizationError, QuantMethod
 from framework.layers.quantization.fp8 import Fp8LinearMethod, OnlineFp8Method
+from framework.layers.quantization.int4 import Int4Method
 
 SUPPORTED = (
     "'fp8' (HF block FP8: float8_e4m3fn weights, weight_block_size [128, 128], weight_scale_inv), "
-    "'compressed-tensors' format 'float-quantized' (8-bit float weights, per-channel, per-tensor or block scales), "
-    "and model.quantization=fp8 (online FP8 of a 16-bit checkpoint)"
+    "'compressed-tensors' format 'float-quantized' (8-bit float weights, per-channel, per-tensor or block scales) "
+    "and format 'pack-quantized' (symmetric 4-bit int weights, W4A16), 'gptq' (4-bit, v1 checkpoints), "
+    "'awq' (4-bit, GEMM packing), and model.quantization=fp8 (online FP8 of a 16-bit checkpoint)"
 )
 
 
@@ -120,10 +122,24 @@ def _hf_fp8(quant: dict[str, Any]) -> QuantScheme:
     return QuantScheme("fp8", [(_every_layer, method)], _names_matcher(keep, substring=True))
 
 
-def _ct_method(group_name: str, scheme: dict[str, Any]) -> QuantMethod:
-    """One compressed-tensors config group's method (8-bit float weights only)."""
+def _ct_int4(what: str, weights: dict[str, Any]) -> QuantMethod:
+    """A compressed-tensors `pack-quantized` group: symmetric 4-bit int weights, group or channel scales."""
+    if weights.get("type") != "int" or weights.get("num_bits") != 4:
+        raise _refuse(f"{what} ({weights.get('num_bits')}-bit {weights.get('type')} packed weights)")
+    if not weights.get("symmetric", True) or weights.get("actorder") == "group":
+        raise _refuse(f"{what} (asymmetric or group act-order 4-bit weights)")
+    strategy = weights.get("strategy")
+    if strategy not in ("group", "channel"):
+        raise _refuse(f"{what} (4-bit weight strategy {strategy!r})")
+    return Int4Method("ct", int(weights.get("group_size") or -1) if strategy == "group" else -1)
+
+
+def _ct_method(group_name: str, scheme: dict[str, Any], fmt: str) -> QuantMethod:
+    """One compressed-tensors config group's method (8-bit float weights, or packed 4-bit ints)."""
     weights = scheme.get("weights") or {}
     what = f"'compressed-tensors' group '{group_name}'"
+    if fmt == "pack-quantized":
+        return _ct_int4(what, weights)
     if weights.get("type") != "float" or weights.get("num_bits") != 8:
         raise _refuse(f"{what} ({weights.get('num_bits')}-bit {weights.get('type')} weights)")
     if weights.get("dynamic") or not weights.get("symmetric", True):
@@ -153,13 +169,41 @@ def _compressed_tensors(quant: dict[str, Any]) -> QuantScheme:
     targets = []
     for group_name, scheme in groups.items():
         fmt = scheme.get("format") or quant.get("format")
-        if fmt != "float-quantized":
+        if fmt not in ("float-quantized", "pack-quantized"):
             raise _refuse(f"'compressed-tensors' (format {fmt})")
         names = [t for t in scheme.get("targets") or [] if t != "Linear"]
         matches = _every_layer if "Linear" in (scheme.get("targets") or []) else _names_matcher(names, False)
-        targets.append((matches, _ct_method(group_name, scheme)))
+        targets.append((matches, _ct_method(group_name, scheme, fmt)))
     return QuantScheme("compressed-tensors", targets, _names_matcher(list(quant.get("ignore") or []), False))
 
 
+def _gptq(quant: dict[str, Any]) -> QuantScheme:
+    """AutoGPTQ / GPTQModel checkpoints (v1 format): 4 bits, any group size, symmetric or not, act-order."""
+    if quant.get("bits") != 4:
+        raise _refuse(_describe(quant))
+    if quant.get("checkpoint_format", "gptq") != "gptq" or quant.get("lm_head"):
+        raise _refuse(
+            f"{_describe(quant)} (checkpoint_format {quant.get('checkpoint_format')}, or a quantized lm_head)"
+        )
+    method = Int4Method("gptq", int(quant.get("group_size", 128)), bool(quant.get("sym", True)))
+    return QuantScheme(
+        "gptq", [(_every_layer, method)], _names_matcher(quant.get("modules_to_not_convert") or [], True)
+    )
+
+
+def _awq(quant: dict[str, Any]) -> QuantScheme:
+    """AutoAWQ checkpoints with GEMM packing: 4 bits, zero points, group size from the config."""
+    if quant.get("bits", quant.get("w_bit")) != 4 or str(quant.get("version", "gemm")).lower() != "gemm":
+        raise _refuse(f"{_describe(quant)} (version {quant.get('version')})")
+    if not quant.get("zero_point", True):
+        raise _refuse(f"{_describe(quant)} without zero points")
+    group = int(quant.get("group_size", quant.get("q_group_size", 128)))
+    method = Int4Method("awq", group, sym=False, zero_offset=0)
+    keep = _names_matcher(quant.get("modules_to_not_convert") or [], True)
+    return QuantScheme("awq", [(_every_layer, method)], keep)
+
+
+QUANT_FORMATS.register("gptq", _gptq, source="mrv2")
+QUANT_FORMATS.register("awq", _awq, source="mrv2")
 QUANT_FORMATS.register("fp8", _hf_fp8, source="mrv2")
 QUANT_FORMATS.register("compressed-tensors", _compressed_tensors, source="mrv2")
