@@ -4,7 +4,9 @@ engine (Triton kernels, CUDA graphs) against HF transformers on the dequantized 
 Kernel claim: bf16 activations times FP8 weights widened to bf16 are exact products in float32, so the kernel and
 the reference (dequantize in float32, matmul, round once) differ by summation order only: within one bf16 rounding
 step of each value (or of the mean magnitude), at M = 1 (decode) to 2048 (prefill), block and per-channel scales.
-Engine claim: a tiny quantized checkpoint in float32 on the GPU gives HF's greedy tokens on the dequantized model.
+W4A16 likewise (the zero-shifted 4-bit values are exact in bf16). Engine claim: a tiny quantized
+checkpoint (FP8 block, per-channel, GPTQ act-order, AWQ) in float32 on the GPU gives HF's greedy tokens on the
+dequantized model.
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_quantization_gpu.py` (well under a minute on an H100).
 """
 
@@ -26,6 +28,11 @@ from helpers.quant_checkpoints import write_quantized  # noqa: E402
 
 from framework.entrypoints.llm import LLM  # noqa: E402
 from framework.layers.quantization.fp8 import quantize_fp8_per_channel  # noqa: E402
+from framework.layers.quantization.triton_w4a16 import (  # noqa: E402
+    pack_rows,
+    w4a16_linear_reference,
+    w4a16_linear_triton,
+)
 from framework.layers.quantization.triton_w8a16 import w8a16_linear_reference, w8a16_linear_triton  # noqa: E402
 from framework.params.sampling_params import SamplingParams  # noqa: E402
 
@@ -61,7 +68,22 @@ def test_kernel_matches_reference_at_8b_shapes(layout: str, proj: str, m: int) -
     torch.testing.assert_close(out, ref, rtol=ulp, atol=ulp * ref.float().abs().mean().item())
 
 
-@pytest.mark.parametrize("fmt", ["fp8-block", "ct-channel"])
+@pytest.mark.parametrize("proj", list(SHAPES))
+@pytest.mark.parametrize("m", [1, 8, 64, 2048])
+def test_w4a16_kernel_matches_reference_at_8b_shapes(proj: str, m: int) -> None:
+    n, k = SHAPES[proj]
+    g = torch.Generator(device="cuda").manual_seed(n + k + m)
+    q = torch.randint(0, 16, (n, k), device="cuda", generator=g, dtype=torch.uint8)
+    scales = torch.rand((n, k // 128), device="cuda", generator=g) * 0.01 + 0.001
+    zeros = torch.randint(0, 16, (n, k // 128), device="cuda", generator=g).float()
+    x = torch.randn((m, k), device="cuda", generator=g).bfloat16()
+    out = w4a16_linear_triton(x, pack_rows(q), scales, zeros, 128)
+    ref = w4a16_linear_reference(x, pack_rows(q), scales, zeros, 128)
+    ulp = 2**-7
+    torch.testing.assert_close(out, ref, rtol=ulp, atol=ulp * ref.float().abs().mean().item())
+
+
+@pytest.mark.parametrize("fmt", ["fp8-block", "ct-channel", "gptq-act-asym", "awq"])
 def test_engine_matches_hf_on_the_gpu(fmt: str, tmp_path: Path) -> None:
     ref = write_quantized(fmt, tmp_path)
     llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=64, seed=0)

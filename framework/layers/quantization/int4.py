@@ -12,11 +12,11 @@ dimension; the layouts differ in what is packed along which dimension:
     c-t W4A16     weight_packed [N, K/8] (8 input columns per int32), weight_scale [N, K/G],  s * (q - 8)
                   weight_shape [2]; symmetric (signed values stored with +8)
 
-Nibble i of an int32 is bits 4i..4i+3. After loading, every format becomes one layout (`process_after_loading`):
-the unsigned values `q [N, K]` (uint8), float32 `scales` and `zeros [N, K/G]` and each input column's group
-`col_group [K]`, so that w[n, k] = scales[n, g] * (q[n, k] - zeros[n, g]) with g = col_group[k]. `apply` runs the
-PyTorch reference (dequantize, matmul): a Triton W4A16 kernel is not built yet, so INT4 saves memory but is not
-faster. Tensor parallelism is refused for INT4 layers (their group and act-order splits are not built).
+Nibble i of an int32 is bits 4i..4i+3. After loading, every format becomes the layout of `triton_w4a16`: `qweight`
+int32 `[N, K / 8]` (eight consecutive input columns per int32), float32 `scales` and `zeros` `[N, K / G]`. GPTQ's
+act-order (`g_idx` not `k // G`) is undone at load by sorting the input columns by group (`perm`, applied to the
+activations each call), so groups are contiguous for the kernel. Small M and large M both run the Triton kernel
+(CPU: its PyTorch reference). Tensor parallelism is refused for INT4 layers (group and act-order splits not built).
 """
 
 from __future__ import annotations
@@ -25,9 +25,15 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from framework.layers.kernels.backend import triton_enabled
 from framework.layers.quantization.base import QuantizationError, QuantMethod, replace_parameter
+from framework.layers.quantization.triton_w4a16 import (
+    pack_rows,
+    unpack_rows,
+    w4a16_linear_reference,
+    w4a16_linear_triton,
+)
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ int32 holds column 8c + AWQ_ORDER[i]
 
@@ -40,28 +46,6 @@ def unpack_int4(packed: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(r
     shape = list(packed.shape)
     shape[dim] *= 8
     return stacked.reshape(shape)
-
-
-def dequantize_int4(
-    q: torch.Tensor,  # [N, K] uint8 values 0..15
-    scales: torch.Tensor,  # [N, num_groups] float32
-    zeros: torch.Tensor,  # [N, num_groups] float32
-    col_group: torch.Tensor,  # [K] int64: the group of each input column
-) -> torch.Tensor:  # [N, K] float32
-    return scales[:, col_group] * (q.float() - zeros[:, col_group])
-
-
-def w4a16_linear_reference(
-    x: torch.Tensor,  # [M, K]
-    q: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor,
-    col_group: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
-) -> torch.Tensor:  # [M, N] in x's dtype
-    """x @ dequantize_int4(...)^T + bias in float32, rounded once to x's dtype."""
-    y = F.linear(x.float(), dequantize_int4(q, scales, zeros, col_group))
-    return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
 class Int4Method(QuantMethod):
@@ -113,37 +97,52 @@ class Int4Method(QuantMethod):
         n, k = layer.out_features, layer.in_features
         g = k if self.group_size == -1 else self.group_size
         p = layer._parameters
+        perm: Optional[torch.Tensor] = None
         if self.layout == "gptq":
             q = unpack_int4(p["qweight"].data, 0).t()  # [N, K]
             zeros = unpack_int4(p["qzeros"].data, 1).t().float() + self.zero_offset  # [N, groups]
             scales = p["scales"].data.t().float()
-            col_group = p["g_idx"].data.long()
-            if col_group.min() < 0 or col_group.max() >= k // g:
-                raise QuantizationError(f"{prefix}.g_idx: group indices outside 0..{k // g - 1}")
+            g_idx = p["g_idx"].data.long()
+            if g_idx.min() < 0 or g_idx.max() >= k // g or bool((torch.bincount(g_idx, minlength=k // g) != g).any()):
+                raise QuantizationError(f"{prefix}.g_idx: each of the {k // g} groups must hold {g} input columns")
+            if not torch.equal(g_idx, torch.arange(k, device=g_idx.device) // g):  # act-order: sort by group
+                perm = torch.argsort(g_idx, stable=True)
+                q = q[:, perm]
         elif self.layout == "awq":
             q = unpack_int4(p["qweight"].data, 1, AWQ_ORDER).t()
             zeros = unpack_int4(p["qzeros"].data, 1, AWQ_ORDER).t().float()
             scales = p["scales"].data.t().float()
-            col_group = torch.arange(k, device=q.device) // g
         else:
             if tuple(p["weight_shape"].data.tolist()) != (n, k):
                 raise QuantizationError(f"{prefix}.weight_shape: {p['weight_shape'].data.tolist()}, expected {[n, k]}")
             q = unpack_int4(p["weight_packed"].data, 1)
             scales = p["weight_scale"].data.float()
             zeros = torch.full_like(scales, 8.0)
-            col_group = torch.arange(k, device=q.device) // g
         for name in list(p):
             if name != "bias":
                 del p[name]
-        replace_parameter(layer, "q", q.contiguous())
+        replace_parameter(layer, "qweight", pack_rows(q.contiguous()))
         replace_parameter(layer, "scales", scales.contiguous())
         replace_parameter(layer, "zeros", zeros.contiguous())
-        layer.register_buffer("col_group", col_group, persistent=False)
+        layer.register_buffer("perm", perm, persistent=False)
+        layer.int4_group = g  # type: ignore[assignment]
 
     def apply(self, layer: nn.Linear, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        y = w4a16_linear_reference(flat, layer.q, layer.scales, layer.zeros, layer.col_group, bias)  # type: ignore[arg-type]
+        if layer.perm is not None:  # act-order: the activations follow the sorted weight columns
+            flat = flat[:, layer.perm]
+        args = (layer.qweight, layer.scales, layer.zeros, layer.int4_group)
+        use_kernel = layer.int4_group % 16 == 0 and flat.stride(-1) == 1  # type: ignore[operator]
+        if use_kernel and triton_enabled(x.device, x, backend=getattr(layer, "kernel_backend", "auto")):
+            y = w4a16_linear_triton(flat, *args, bias)  # type: ignore[arg-type]
+        else:
+            y = w4a16_linear_reference(flat, *args, bias)  # type: ignore[arg-type]
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def dequantized_weight(self, layer: nn.Linear) -> torch.Tensor:
-        return dequantize_int4(layer.q, layer.scales, layer.zeros, layer.col_group)  # type: ignore[arg-type]
+        g: int = layer.int4_group  # type: ignore[assignment]
+        q = unpack_rows(layer.qweight).float()  # type: ignore[arg-type]
+        weight = layer.scales.repeat_interleave(g, 1) * (q - layer.zeros.repeat_interleave(g, 1))  # type: ignore[operator]
+        if layer.perm is not None:
+            weight = weight[:, torch.argsort(layer.perm)]  # type: ignore[arg-type]
+        return weight
