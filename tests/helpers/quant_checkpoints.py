@@ -55,6 +55,13 @@ QUANT_SPEC = TinySpec(
     },
     seed=7,
 )
+TP_SPEC = TinySpec(  # every projection's rows and columns per rank a multiple of 128 under tp=2
+    "qwen3-quant-tp",
+    "Qwen3ForCausalLM",
+    "Qwen3Config",
+    {**QUANT_SPEC.config_kwargs, "hidden_size": 256, "intermediate_size": 512, "num_key_value_heads": 4},
+    seed=8,
+)
 LINEAR_SUFFIXES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

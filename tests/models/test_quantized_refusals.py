@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.hf_models import TinySpec
-from helpers.quant_checkpoints import QUANT_SPEC, edit_checkpoint, write_quantized
+from helpers.quant_checkpoints import TP_SPEC, edit_checkpoint, write_quantized
 
 from framework.entrypoints.llm import LLM
 from framework.layers.parallel.context import ParallelContext
@@ -170,15 +169,6 @@ def test_a_refused_load_keeps_nothing(fp8_dir, tmp_path) -> None:  # type: ignor
         LLM(str(path), device="cpu")
     gc.collect()
     assert _fp8_tensors() == before
-
-
-TP_SPEC = TinySpec(  # every projection's rows and columns per rank a multiple of 128 under tp=2
-    "qwen3-quant-tp",
-    "Qwen3ForCausalLM",
-    "Qwen3Config",
-    {**QUANT_SPEC.config_kwargs, "hidden_size": 256, "intermediate_size": 512, "num_key_value_heads": 4},
-    seed=8,
-)
 
 
 @pytest.mark.parametrize("fmt", ["fp8-block", "ct-channel"])
