@@ -53,6 +53,11 @@ class ModelConfig(StrictModel):
         None, ge=2, description="Longest sequence (prompt + output); null = the model's own limit."
     )
     seed: int = Field(0, description="Seed of the random weights of an embedded preset.")
+    quantization: Optional[Literal["fp8"]] = Field(
+        None,
+        description="Quantize a 16-bit model's linear weights at load: `fp8` = FP8 e4m3, one scale per output "
+        "channel (half the weight bytes); null: the checkpoint's own format (docs/quantization.md).",
+    )
     model_state: Optional[str] = Field(
         None, description="Registry name of the ModelState to use; null = chosen from the model."
     )

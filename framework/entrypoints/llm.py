@@ -31,6 +31,7 @@ _KWARGS = {
     "dtype": "model.dtype",
     "max_model_len": "model.max_model_len",
     "model_state": "model.model_state",
+    "quantization": "model.quantization",
     "seed": "seed",
     "device": "device",
     "runner": "runner.kind",

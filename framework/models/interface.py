@@ -35,6 +35,9 @@ class Model(nn.Module, ABC):
     # Registry name of the ModelState this family needs (None: chosen from the config's shape).
     model_state_name: ClassVar[Optional[str]] = None
     supports_parallel: ClassVar[bool] = False  # the class can hold one rank's part (tensor / pipeline parallel)
+    # Every weight a quantized checkpoint may quantize sits in a column- / row-parallel linear layer
+    # (framework/layers/quantization gives those their method).
+    supports_quantization: ClassVar[bool] = False
     ctx: ParallelContext = SINGLE  # this rank's place (a parallel family sets its own)
 
     def __init__(self) -> None:

@@ -263,7 +263,7 @@ class LlamaForCausalLM(Model):
     (`ctx`) this rank holds its heads, its MLP columns and its vocabulary rows of its pipeline stage's layers only.
     """
 
-    supports_parallel = True
+    supports_parallel = supports_quantization = True
     config_cls: type[DecoderConfig] = DecoderConfig  # reads config.json (a subclass adds its family's fields)
     make_layer: Optional[LayerFactory] = None  # layer builder of a subclass (None: dense DecoderLayer)
 

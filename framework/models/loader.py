@@ -14,6 +14,13 @@ from torch import nn
 from framework.config.registry import MODELS
 from framework.layers.parallel.context import ParallelContext
 from framework.layers.parallel.linear import SINGLE, StackedPart, read_shard, shard_spec
+from framework.layers.quantization import (
+    QuantizationError,
+    QuantScheme,
+    is_quantized,
+    quant_scheme,
+    quantize_linears,
+)
 from framework.models.interface import Model
 from framework.models.materialise import build_materialised
 from framework.models.random_weights import normal_weights
@@ -37,8 +44,12 @@ QUANTIZATION_TENSOR_NAMES = (
     "g_idx",
 )
 UNQUANTIZED = (
-    "mrv2 loads unquantized checkpoints (float32 / float16 / bfloat16 weights) only; "
+    "config.json declares no quantization for this layer, so mrv2 reads float32 / float16 / bfloat16 there; "
     "`cache.kv_cache_dtype=fp8` stores the KV cache in FP8 without checkpoint scales"
+)
+QUANT_TENSOR_UNEXPECTED = (
+    "the quantization config gives this layer no such tensor (a layer it keeps in 16 bits, or a scale of a "
+    "scheme mrv2 does not read, such as checkpoint KV-cache scales)"
 )
 
 
@@ -82,32 +93,47 @@ def safetensors_files(path: str | Path) -> list[Path]:
     raise CheckpointError(f"'{root}' has no *.safetensors weights")
 
 
-def refuse_quantized(hf_config: dict[str, Any]) -> None:
-    """Raise `CheckpointError` for a config.json that declares a quantized checkpoint (`quantization_config`, or
-    `compression_config` of older compressed-tensors exports), naming its method, before any weight is read."""
-    quant = hf_config.get("quantization_config") or hf_config.get("compression_config")
-    if quant:
-        method = (quant.get("quant_method") or quant.get("format") or "unnamed") if isinstance(quant, dict) else quant
-        raise CheckpointError(f"config.json declares a quantized checkpoint (quant_method '{method}'): {UNQUANTIZED}")
+def checkpoint_quantization(hf_config: dict[str, Any], online: Optional[str] = None) -> Optional[QuantScheme]:
+    """The checkpoint's quantization scheme (config.json's `quantization_config`, or compressed-tensors'
+    `compression_config`; `online`: `model.quantization`), None for a 16-bit model; a format mrv2 does not read
+    raises `CheckpointError` naming it and the supported ones, before any weight is read."""
+    try:
+        return quant_scheme(hf_config, online)
+    except QuantizationError as err:
+        raise CheckpointError(f"config.json: {err}") from None
 
 
-def _refuse_quantized_tensor(where: str, name: str, dtype: torch.dtype) -> None:
-    """A tensor of a quantized checkpoint whose config did not say so: named, never cast silently."""
+def _refuse_quantized_tensor(where: str, name: str, dtype: torch.dtype, expected: Optional[torch.dtype] = None) -> None:
+    """A tensor of a quantized checkpoint whose config did not say so: named, never cast silently. `expected`: the
+    dtype of the parameter it fills, when that is a quantized one (FP8, packed int32): the tensor must have it."""
+    if expected is not None and (expected.itemsize == 1 or not expected.is_floating_point):
+        if dtype != expected:
+            raise CheckpointError(
+                f"{where}: tensor '{name}' is {str(dtype).removeprefix('torch.')}, the checkpoint's quantization "
+                f"format stores it as {str(expected).removeprefix('torch.')}"
+            )
+        return
     if dtype.is_floating_point and dtype.itemsize >= 2:
         return
     raise CheckpointError(f"{where}: tensor '{name}' is {str(dtype).removeprefix('torch.')}: {UNQUANTIZED}")
 
 
 def build_model(
-    hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device, ctx: ParallelContext = SINGLE
+    hf_config: dict[str, Any],
+    dtype: torch.dtype,
+    device: torch.device,
+    ctx: ParallelContext = SINGLE,
+    quantization: Optional[str] = None,
 ) -> Model:
     """Instantiate the registered model class for the config's architecture (weights uninitialised).
 
     The weights are allocated once, in `dtype` on `device` (`build_materialised`): peak memory ~1x the weights.
     Under parallelism (`ctx`) the model holds this rank's part only; a class must say `supports_parallel`.
-    Quantized checkpoints are refused (`refuse_quantized`).
+    A quantized checkpoint (or `quantization`, `model.quantization`'s online format) gives each quantized linear
+    layer its method and the checkpoint's tensor layout (`framework.layers.quantization`); formats and model
+    classes without support are refused here, before any weight is read.
     """
-    refuse_quantized(hf_config)
+    scheme = checkpoint_quantization(hf_config, quantization)
     archs = hf_config.get("architectures") or []
     if not archs:
         raise CheckpointError("config.json has no 'architectures' entry")
@@ -118,9 +144,20 @@ def build_model(
         raise CheckpointError(f"architecture '{archs[0]}' is registered as {cls!r}, not a framework Model subclass")
     if ctx.world_size > 1 and not cls.supports_parallel:
         raise CheckpointError(f"architecture '{archs[0]}' does not support tensor or pipeline parallelism")
+    if scheme is not None and not cls.supports_quantization:
+        raise CheckpointError(
+            f"config.json: architecture '{archs[0]}' does not support quantized weights ({scheme.format}) yet; "
+            "dense Llama / Mistral / Qwen2 / Qwen3 decoders do"
+        )
 
     def construct() -> Model:
-        return cls.from_hf_config(hf_config, ctx) if ctx.world_size > 1 else cls.from_hf_config(hf_config)
+        model = cls.from_hf_config(hf_config, ctx) if ctx.world_size > 1 else cls.from_hf_config(hf_config)
+        if scheme is not None:
+            try:
+                quantize_linears(model, scheme)
+            except QuantizationError as err:
+                raise CheckpointError(f"config.json: {err}") from None
+        return model
 
     return build_materialised(construct, dtype, device)
 
@@ -157,7 +194,9 @@ def _copy_into(
     copying the second over the first would silently change the other use of the weight."""
     for name in names:
         tensor = read_shard(source, shard_spec(model, name))
-        _refuse_quantized_tensor(where, ckpt_name, tensor.dtype)
+        _refuse_quantized_tensor(where, ckpt_name, tensor.dtype, params[name].dtype)
+        if tensor.numel() == 1 and params[name].numel() == 1:  # a per-tensor scale, stored as [] or [1]
+            tensor = tensor.reshape(params[name].shape)
         if tensor.shape != params[name].shape:
             raise CheckpointError(
                 f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, model expects "
@@ -214,6 +253,7 @@ def load_safetensors_weights(model: Model, path: str | Path, skip_prefixes: tupl
     from safetensors import SafetensorError, safe_open
 
     params, targets = _targets(model)
+    quantized = any(is_quantized(m) for m in model.modules())
     loaded: set[str] = set()
     filled_by: dict[int, str] = {}  # tied parameters: which checkpoint tensor filled them first
     parts_loaded: dict[str, set[tuple[int, ...]]] = {}
@@ -235,7 +275,8 @@ def load_safetensors_weights(model: Model, path: str | Path, skip_prefixes: tupl
                             continue
                         if name.rsplit(".", 1)[-1] in QUANTIZATION_TENSOR_NAMES:
                             raise CheckpointError(
-                                f"{file.name}: tensor '{name}' is a quantization tensor: {UNQUANTIZED}"
+                                f"{file.name}: tensor '{name}' is a quantization tensor: "
+                                + (QUANT_TENSOR_UNEXPECTED if quantized else UNQUANTIZED)
                             )
                         raise CheckpointError(
                             f"{file.name}: tensor '{name}' matches no parameter of the model; the checkpoint "

@@ -27,14 +27,17 @@ def _serving_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
 
 def _allocate_parameters(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
     """Replace every meta parameter by an uninitialised one of the serving dtype on `device`; tied parameters
-    (one `nn.Parameter` under two names) stay one parameter."""
+    (one `nn.Parameter` under two names) stay one parameter. The parameters a module names in `keep_dtype` (a
+    quantized layer's FP8 weight and float32 scales) keep their own dtype."""
     replaced: dict[int, nn.Parameter] = {}  # id(meta parameter) -> its allocated replacement
     for module in model.modules():
+        keep = getattr(module, "keep_dtype", ())
         for name, param in list(module._parameters.items()):
             if param is None:
                 continue
             if id(param) not in replaced:
-                storage = torch.empty(param.shape, dtype=_serving_dtype(param, dtype), device=device)
+                serving = param.dtype if name in keep else _serving_dtype(param, dtype)
+                storage = torch.empty(param.shape, dtype=serving, device=device)
                 replaced[id(param)] = nn.Parameter(storage, requires_grad=param.requires_grad)
             module._parameters[name] = replaced[id(param)]
 

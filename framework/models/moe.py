@@ -118,6 +118,7 @@ class MoeForCausalLM(LlamaForCausalLM):
     """Qwen3-MoE / Qwen2-MoE / Mixtral causal LM over the paged KV cache (interface of `LlamaForCausalLM`)."""
 
     config_cls = MoeConfig
+    supports_quantization = False  # the stacked experts have no quantized layout yet
     make_layer = staticmethod(_make_moe_layer)
 
     def _stacked(self, name: str) -> Optional[nn.Parameter]:

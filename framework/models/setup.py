@@ -14,10 +14,12 @@ from framework.layers.kernels.backend import set_kernel_backend
 from framework.layers.kernels.kv_cache_dtype import kv_cache_torch_dtype
 from framework.layers.kernels.pdl import resolve_programmatic_launch
 from framework.layers.parallel.context import ParallelContext
+from framework.layers.quantization import QuantizationError, finish_quantization, is_quantized
 from framework.models.embedded import resolve_model_source
 from framework.models.llama import LlamaForCausalLM, fuse_projections
 from framework.models.loaded import LoadedModel
 from framework.models.loader import (
+    CheckpointError,
     build_model,
     init_random_weights,
     load_safetensors_weights,
@@ -77,15 +79,20 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: Optional[Para
             source.preset,
         )
     hf_config = read_hf_config(source.path) if source.path else preset_config(source.preset or "")
-    model = build_model(hf_config, dtype, device, parallel)
+    model = build_model(hf_config, dtype, device, parallel, mc.quantization)
     if source.path:
         load_safetensors_weights(model, source.path, mtp_tensor_prefixes(hf_config))  # MTP layers: the speculator's
         eos_ids = checkpoint_eos_token_ids(Path(source.path), hf_config)
     else:
         init_random_weights(model, mc.seed, float(hf_config.get("initializer_range", 0.02)))
         eos_ids = eos_ids_of(hf_config.get("eos_token_id"))
+    try:  # quantized layers: checks, and online FP8 quantizes the loaded weights
+        finish_quantization(model)
+    except QuantizationError as err:
+        raise CheckpointError(str(err)) from None
     model.eval()
-    fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
+    if not any(is_quantized(m) for m in model.modules()):  # quantized projections: merged layouts not built yet
+        fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
     set_kernel_backend(model, config.kernels.backend)  # the model's layers hand it to every kernel dispatcher
     if RETIRED_BACKEND_ENV in os.environ:
         logger.warning(

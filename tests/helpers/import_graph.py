@@ -26,6 +26,7 @@ LAYERS = (
     "framework.layers.kernels",
     "framework.layers.attention",
     "framework.layers.parallel",
+    "framework.layers.quantization",
     "framework.models",
     "framework.batch",
     "samplers",

@@ -238,10 +238,10 @@ CASES = [
     Case(
         "quantized-checkpoint",
         "checkpoint",
-        "config.json with `quantization_config` (an FP8 checkpoint)",
+        "config.json with a `quantization_config` mrv2 does not read (8-bit GPTQ)",
         CheckpointError,
-        "declares a quantized checkpoint (quant_method 'fp8'): mrv2 loads unquantized checkpoints",
-        lambda ctx: LLM(str(_with_config(ctx, quantization_config={"quant_method": "fp8"})), device="cpu"),
+        "quantization format 'gptq' (8-bit) is not supported; mrv2 reads 'fp8'",
+        lambda ctx: LLM(str(_with_config(ctx, quantization_config={"quant_method": "gptq", "bits": 8})), device="cpu"),
     ),
 ] + REQUEST_CASES
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -128,19 +129,16 @@ def _copy_checkpoint(src, dst, config_edit=None):
 @pytest.mark.parametrize(
     "key, value, method",
     [
-        ("quantization_config", {"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
-        ("quantization_config", {"quant_method": "gptq", "bits": 4}, "gptq"),
-        ("compression_config", {"format": "float-quantized"}, "float-quantized"),
+        ("quantization_config", {"quant_method": "fp8", "activation_scheme": "dynamic"}, "'fp8' without a [n, k]"),
+        ("quantization_config", {"quant_method": "gptq", "bits": 8}, "'gptq' (8-bit)"),
+        ("compression_config", {"format": "pack-quantized"}, "'pack-quantized'"),
     ],
 )
-def test_quantized_config_is_refused_by_name(qwen3_dir, tmp_path, key, value, method):
-    """A config.json declaring a quantized checkpoint is refused before any weight is read, naming its method."""
+def test_unsupported_quantized_config_is_refused_by_name(qwen3_dir, tmp_path, key, value, method):
+    """A config.json declaring a quantization mrv2 does not read is refused before any weight is read, naming
+    its format and the supported ones (tests/models/test_quantized_refusals.py has the full list)."""
     _copy_checkpoint(qwen3_dir, tmp_path, lambda cfg: {**cfg, key: value})
-    with pytest.raises(
-        CheckpointError,
-        match=rf"quantized checkpoint \(quant_method '{method}'\): mrv2 loads "
-        r"unquantized checkpoints",
-    ):
+    with pytest.raises(CheckpointError, match=rf"quantization format {re.escape(method)}.* mrv2 reads 'fp8'"):
         LLM(str(tmp_path), device="cpu")
 
 
@@ -157,13 +155,15 @@ def test_quantized_tensors_are_refused_by_name(qwen3_dir, tmp_path):
     original = dict(tensors)
     tensors[name] = tensors[name].to(torch.float8_e4m3fn)
     save_file(tensors, str(shard), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=rf"tensor '{name}' is float8_e4m3fn: mrv2 loads unquantized"):
+    with pytest.raises(
+        CheckpointError, match=rf"tensor '{name}' is float8_e4m3fn: config.json declares no quantization"
+    ):
         LLM(str(tmp_path), device="cpu")
     scale = "model.layers.0.self_attn.k_scale"
     save_file({**original, scale: torch.ones(())}, str(shard), metadata={"format": "pt"})
     index["weight_map"][scale] = shard.name
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match=rf"tensor '{scale}' is a quantization tensor: mrv2 loads unquantized"):
+    with pytest.raises(CheckpointError, match=rf"tensor '{scale}' is a quantization tensor: config.json declares no"):
         LLM(str(tmp_path), device="cpu")
 
 

@@ -51,16 +51,29 @@ def _divide(n: int, parts: int, what: str) -> int:
 
 
 class ColumnParallelLinear(nn.Linear):
-    """y[..., this rank's out features] = x @ W_shard^T + b_shard; W split along its output dimension."""
+    """y[..., this rank's out features] = x @ W_shard^T + b_shard; W split along its output dimension.
+
+    `quant_method` (set by `framework.layers.quantization.quantize_linears`): the layer's weight is quantized and
+    that method computes the product from the checkpoint's tensors."""
+
+    quant_method: Any = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ParallelContext = SINGLE) -> None:
         super().__init__(in_features, _divide(out_features, ctx.tp_size, "output features"), bias=bias)
         self.shard_dims = {"weight": 0, "bias": 0}
         self.ctx = ctx
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, self.bias)
+        return super().forward(x)
+
 
 class RowParallelLinear(nn.Linear):
-    """y = sum over ranks of x_shard @ W_shard^T, + b; W split along its input dimension, b whole."""
+    """y = sum over ranks of x_shard @ W_shard^T, + b; W split along its input dimension, b whole (`quant_method`:
+    as `ColumnParallelLinear`'s)."""
+
+    quant_method: Any = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ParallelContext = SINGLE) -> None:
         super().__init__(_divide(in_features, ctx.tp_size, "input features"), out_features, bias=bias)
@@ -69,8 +82,9 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ctx.tp_size == 1:
-            return super().forward(x)
-        y = self.ctx.tp_all_reduce(F.linear(x, self.weight))
+            return super().forward(x) if self.quant_method is None else self.quant_method.apply(self, x, self.bias)
+        partial = F.linear(x, self.weight) if self.quant_method is None else self.quant_method.apply(self, x, None)
+        y = self.ctx.tp_all_reduce(partial)
         return y if self.bias is None else y + self.bias
 
 

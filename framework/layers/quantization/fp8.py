@@ -1,0 +1,135 @@
+"""FP8 weights: the block-scaled, per-channel and per-tensor layouts, and online FP8 of a 16-bit checkpoint.
+
+Every layout is an FP8 e4m3 weight `[N, K]` with a grid of float32 scales, one per `group_n x group_k` tile
+(`triton_w8a16`'s module docstring lists the groups), so one method class and one kernel serve them all; the
+layouts differ only in the scale tensor's checkpoint name and shape, and in how tensor parallelism splits it:
+
+    layout             checkpoint tensors (per linear layer)                    column split      row split
+    block (HF "fp8")   weight [N, K] e4m3, weight_scale_inv [N/bn, K/bk] f32     scale dim 0       scale dim 1
+    block (c-t)        weight, weight_scale [N/bn, K/bk]                        scale dim 0       scale dim 1
+    channel (c-t)      weight, weight_scale [N, 1]                              scale dim 0       whole
+    tensor (c-t)       weight, weight_scale [1] (+ input_scale [1])             whole             whole
+
+("c-t": compressed-tensors; `/` rounds up.) Activations stay in the model dtype (W8A16): a checkpoint's dynamic
+per-token activation quantization and a static `input_scale` are not applied, which keeps the result that of the
+dequantized weights; the FP8 x FP8 tensor-core path for prefill is not built yet.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from framework.layers.kernels.backend import triton_enabled
+from framework.layers.kernels.launch_math import cdiv
+from framework.layers.quantization.base import FP8_DTYPE, FP8_MAX, QuantizationError, QuantMethod, replace_parameter
+from framework.layers.quantization.triton_w8a16 import (
+    dequantize_fp8,
+    w8a16_linear_reference,
+    w8a16_linear_triton,
+)
+
+
+def _split_dims(layer: nn.Module) -> tuple[int, int]:
+    """(tensor-parallel ranks, 0 for a column-parallel layer / 1 for a row-parallel one)."""
+    ctx = getattr(layer, "ctx", None)
+    tp = ctx.tp_size if ctx is not None else 1
+    return tp, int(getattr(layer, "shard_dims", {}).get("weight", 0))
+
+
+class Fp8LinearMethod(QuantMethod):
+    """An FP8 e4m3 weight with group scales named `scale_name`; `group` = (group_n, group_k), None meaning the
+    whole dimension (per-channel: (1, None); per-tensor: (None, None); block: (128, 128))."""
+
+    def __init__(
+        self, name: str, scale_name: str, group: tuple[Optional[int], Optional[int]], input_scale: bool = False
+    ) -> None:
+        self.name = name  # type: ignore[misc]
+        self.scale_name = scale_name
+        self.group = group
+        self.input_scale = input_scale
+
+    def groups(self, layer: nn.Linear) -> tuple[int, int]:
+        """(group_n, group_k) of this rank's weight."""
+        n, k = layer.out_features, layer.in_features
+        return self.group[0] or n, self.group[1] or k
+
+    def scale_shape(self, layer: nn.Linear) -> tuple[int, ...]:
+        """The scale tensor's shape as the checkpoint stores it (this rank's part)."""
+        if self.group == (None, None):
+            return (1,)
+        group_n, group_k = self.groups(layer)
+        return (cdiv(layer.out_features, group_n), cdiv(layer.in_features, group_k))
+
+    def create_weights(self, layer: nn.Linear, prefix: str) -> None:
+        tp, split = _split_dims(layer)
+        n, k = layer.out_features, layer.in_features
+        if tp > 1 and split == 0 and self.group[0] is not None and n % self.group[0]:
+            raise QuantizationError(
+                f"{prefix}: {n} output features per rank is not a multiple of the {self.name} block "
+                f"{self.group[0]}: the scales cannot be split over {tp} tensor-parallel ranks"
+            )
+        if tp > 1 and split == 1 and self.group[1] is not None and k % self.group[1]:
+            raise QuantizationError(
+                f"{prefix}: {k} input features per rank is not a multiple of the {self.name} block "
+                f"{self.group[1]}: the scales cannot be split over {tp} tensor-parallel ranks"
+            )
+        replace_parameter(layer, "weight", torch.empty((n, k), dtype=FP8_DTYPE))
+        replace_parameter(layer, self.scale_name, torch.empty(self.scale_shape(layer), dtype=torch.float32))
+        if self.input_scale:
+            replace_parameter(layer, "input_scale", torch.empty((1,), dtype=torch.float32))
+        dims = dict(getattr(layer, "shard_dims", {}))
+        if self.group[0] is not None and split == 0:  # per-channel or block scales follow the output rows
+            dims[self.scale_name] = 0
+        if self.group[1] is not None and split == 1:  # block scales follow the input columns
+            dims[self.scale_name] = 1
+        layer.shard_dims = dims  # type: ignore[assignment]
+
+    def scale_grid(self, layer: nn.Linear) -> torch.Tensor:
+        """The scales as the [ceil(N / group_n), ceil(K / group_k)] float32 grid the kernel reads."""
+        scale: torch.Tensor = getattr(layer, self.scale_name)
+        return scale.view(1, 1) if scale.dim() == 1 else scale
+
+    def process_after_loading(self, layer: nn.Linear, prefix: str) -> None:
+        scale = self.scale_grid(layer)
+        if not bool(torch.isfinite(scale).all()) or bool((scale <= 0).any()):
+            raise QuantizationError(f"{prefix}.{self.scale_name}: scales must be finite and positive")
+
+    def apply(self, layer: nn.Linear, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        group_n, group_k = self.groups(layer)
+        flat = x.reshape(-1, x.shape[-1])
+        if triton_enabled(x.device, x, backend=getattr(layer, "kernel_backend", "auto")) and flat.stride(-1) == 1:
+            y = w8a16_linear_triton(flat, layer.weight, self.scale_grid(layer), group_n, group_k, bias)
+        else:
+            y = w8a16_linear_reference(flat, layer.weight, self.scale_grid(layer), group_n, group_k, bias)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    def dequantized_weight(self, layer: nn.Linear) -> torch.Tensor:
+        return dequantize_fp8(layer.weight, self.scale_grid(layer), *self.groups(layer))
+
+
+def quantize_fp8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """16/32-bit weight [N, K] -> (e4m3 weight [N, K], float32 scales [N, 1]): each row's largest magnitude maps to
+    448, the largest e4m3 value (an all-zero row gets scale 1)."""
+    w = weight.float()
+    amax = w.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+class OnlineFp8Method(Fp8LinearMethod):
+    """`model.quantization=fp8`: the checkpoint's 16-bit weight loads as usual, then becomes FP8 with one scale per
+    output channel (under tensor parallelism: per channel of this rank's part)."""
+
+    def __init__(self) -> None:
+        super().__init__("online-fp8", "weight_scale", (1, None))
+
+    def create_weights(self, layer: nn.Linear, prefix: str) -> None:
+        """Nothing: the layer keeps its 16-bit weight until `process_after_loading`."""
+
+    def process_after_loading(self, layer: nn.Linear, prefix: str) -> None:
+        weight, scale = quantize_fp8_per_channel(layer.weight.data)
+        replace_parameter(layer, "weight", weight)
+        replace_parameter(layer, "weight_scale", scale)

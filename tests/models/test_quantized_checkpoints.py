@@ -1,0 +1,165 @@
+"""Quantized checkpoints against HF transformers running the same model with the weights dequantized.
+
+Each format's tiny checkpoint (tests/helpers/quant_checkpoints.py: the tensor names, dtypes, shapes and config keys
+of public releases) runs in mrv2 on the CPU in float32; the reference is HF's `Qwen3ForCausalLM` loaded from a
+plain checkpoint holding the dequantized weights. mrv2's CPU path multiplies by the same dequantized weights, so
+greedy tokens are equal and logits agree to float32 summation order (the parity tests' tolerance). Online FP8
+(`model.quantization=fp8`) is compared the same way against a per-channel quantize-dequantize of the weights done
+here, independently of mrv2's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.hf_models import hf_greedy, hf_logits, random_prompts
+from helpers.quant_checkpoints import FP8_MAX, QUANT_SPEC, write_plain, write_quantized
+
+from framework.entrypoints.llm import LLM
+from framework.layers.quantization import is_quantized
+from framework.params.sampling_params import SamplingParams
+
+MAX_TOKENS = 8
+PROMPTS = random_prompts(2, 4, 16, seed=99)
+LOGITS_ATOL = 1e-4
+LOGITS_RTOL = 1e-5
+
+
+def _hf_from_plain(model: torch.nn.Module, path: Path) -> torch.nn.Module:
+    """HF's Qwen3ForCausalLM read back from a plain checkpoint of `model`'s (dequantized) weights."""
+    import transformers
+
+    write_plain(model, path)
+    ref = transformers.Qwen3ForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    ref.config._attn_implementation = "eager"
+    ref.generation_config.eos_token_id = None
+    ref.generation_config.pad_token_id = None
+    return ref
+
+
+def _mrv2_run(path: Path, **kwargs) -> tuple[list[list[int]], list[list[torch.Tensor]], LLM]:  # type: ignore[no-untyped-def]
+    """Greedy tokens and the logits rows of each prompt (run one prompt at a time: row j predicts token j)."""
+    llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=64, seed=0, **kwargs)
+    model = llm.engine.runner.model
+    rows: list[torch.Tensor] = []
+    compute_logits = model.compute_logits
+
+    def recording(hidden: torch.Tensor) -> torch.Tensor:
+        logits = compute_logits(hidden)
+        rows.extend(r.detach().clone() for r in logits)
+        return logits
+
+    model.compute_logits = recording  # type: ignore[method-assign]
+    tokens, logits = [], []
+    for prompt in PROMPTS:
+        rows.clear()
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))[0]
+        tokens.append(list(out.token_ids))
+        logits.append(list(rows))
+    return tokens, logits, llm
+
+
+def _assert_matches_hf(path: Path, ref: torch.nn.Module, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
+    tokens, logits, llm = _mrv2_run(path, **kwargs)
+    for prompt, got, rows in zip(PROMPTS, tokens, logits):
+        expected = hf_greedy(ref, prompt, MAX_TOKENS)
+        assert got == expected
+        full = hf_logits(ref, prompt + got)
+        assert len(rows) == MAX_TOKENS
+        for j, row in enumerate(rows):
+            torch.testing.assert_close(row.float(), full[len(prompt) - 1 + j], atol=LOGITS_ATOL, rtol=LOGITS_RTOL)
+    return llm
+
+
+@pytest.mark.parametrize("fmt", ["fp8-block", "ct-channel", "ct-tensor", "gptq", "gptq-act-asym", "awq", "ct-w4a16"])
+def test_quantized_checkpoint_matches_hf_dequantized(fmt: str, tmp_path: Path) -> None:
+    hf_model = write_quantized(fmt, tmp_path / "quant")
+    ref = _hf_from_plain(hf_model, tmp_path / "plain")
+    llm = _assert_matches_hf(tmp_path / "quant", ref)
+    model = llm.engine.runner.model
+    q_proj = model.model.layers[0].self_attn.q_proj
+    assert is_quantized(q_proj)
+    fp8 = "weight" in q_proj._parameters
+    assert q_proj.weight.dtype == torch.float8_e4m3fn if fp8 else q_proj.qweight.dtype == torch.int32
+    assert not is_quantized(model.model.layers[0].mlp) and model.lm_head.weight.dtype == torch.float32
+
+
+def test_modules_to_not_convert_stay_16_bit(tmp_path: Path) -> None:
+    """Layers the config keeps unquantized (here every o_proj) load their plain weights and run unquantized."""
+    hf_model = write_quantized("fp8-block", tmp_path / "quant", keep=("o_proj",))
+    ref = _hf_from_plain(hf_model, tmp_path / "plain")
+    llm = _assert_matches_hf(tmp_path / "quant", ref)
+    attn = llm.engine.runner.model.model.layers[1].self_attn
+    assert not is_quantized(attn.o_proj) and attn.o_proj.weight.dtype == torch.float32
+    assert is_quantized(attn.k_proj)
+
+
+def _quant_dequant_rows(w: torch.Tensor) -> torch.Tensor:
+    """Per-output-channel FP8 e4m3 round trip (the reference for online FP8), written independently of mrv2's."""
+    scale = w.abs().amax(dim=1, keepdim=True) / FP8_MAX
+    return (w / scale).to(torch.float8_e4m3fn).float() * scale
+
+
+def test_online_fp8_matches_hf_on_quantized_weights(tmp_path: Path) -> None:
+    from helpers.hf_models import build_hf_model
+
+    plain = build_hf_model(QUANT_SPEC)
+    write_plain(plain, tmp_path / "bf16")
+    with torch.no_grad():
+        for name, param in plain.named_parameters():
+            if name.endswith("proj.weight"):
+                param.copy_(_quant_dequant_rows(param.float()))
+    ref = _hf_from_plain(plain, tmp_path / "ref")
+    llm = _assert_matches_hf(tmp_path / "bf16", ref, quantization="fp8")
+    down = llm.engine.runner.model.model.layers[0].mlp.down_proj
+    assert down.weight.dtype == torch.float8_e4m3fn and down.weight_scale.shape == (
+        QUANT_SPEC.config_kwargs["hidden_size"],
+        1,
+    )
+
+
+def test_online_fp8_differs_from_16_bit(tmp_path: Path) -> None:
+    """Negative control for the test above: the FP8 round trip changes the logits by more than the tolerance, so
+    a run that silently skipped quantization (or a reference that did) would fail it."""
+    from helpers.hf_models import build_hf_model
+
+    plain = build_hf_model(QUANT_SPEC)
+    write_plain(plain, tmp_path / "bf16")
+    _, quantized, _ = _mrv2_run(tmp_path / "bf16", quantization="fp8")
+    _, full, _ = _mrv2_run(tmp_path / "bf16")
+    assert not torch.allclose(quantized[0][0], full[0][0], atol=LOGITS_ATOL, rtol=LOGITS_RTOL)
+
+
+def test_preemption_and_chunked_prefill_keep_hf_tokens(tmp_path: Path) -> None:
+    """All prompts at once with a KV cache too small for them (preemption, recomputed prefills) and an 8-token step
+    budget (chunked prefills mixed with decodes): the FP8 model still gives HF's greedy tokens."""
+    hf_model = write_quantized("fp8-block", tmp_path / "quant")
+    ref = _hf_from_plain(hf_model, tmp_path / "plain")
+    prompts = random_prompts(4, 6, 20, seed=3)
+    llm = LLM(
+        str(tmp_path / "quant"),
+        device="cpu",
+        dtype="float32",
+        max_model_len=32,
+        seed=0,
+        block_size=4,
+        num_kv_blocks=10,
+        max_num_batched_tokens=8,
+    )
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert sum(out.num_preemptions for out in outs) > 0
+    for prompt, out in zip(prompts, outs):
+        assert list(out.token_ids) == hf_greedy(ref, prompt, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("fmt", ["fp8-block", "gptq-act-asym"])
+def test_engine_with_the_triton_kernels_gives_hf_tokens(fmt: str, tmp_path: Path) -> None:
+    """`kernels.backend=triton` (the interpreter here): the W8A16 / W4A16 kernels inside the engine, act-order
+    permutation included, give HF's greedy tokens on the dequantized model."""
+    ref = write_quantized(fmt, tmp_path)
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64, kernel_backend="triton")
+    prompt = PROMPTS[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
+    assert list(out.token_ids) == hf_greedy(ref, prompt, 6)
