@@ -1,0 +1,184 @@
+"""Qwen3.5 / Qwen3-Next (Gated DeltaNet hybrids) against HF transformers, on the hybrid recurrent state.
+
+- per class (Qwen3.5 dense, Qwen3-Next with MoE, Qwen3.5-MoE) on a tiny random HF checkpoint: prompt logprobs
+  within tolerance of HF's forward, and greedy tokens equal to HF `generate` (its PyTorch delta-rule fallbacks);
+- greedy tokens equal HF plainly, with chunked prefill (7 tokens a step: chunk ends inside and across the delta
+  rule's chunks), with preemption (state recomputed), with prefix-cache hits (state restored from snapshots,
+  second wave continuing the first), under ngram speculation (state advanced by the accepted tokens only);
+- a reused slot carries nothing of its previous owner, and the check fails when the reset is skipped;
+- a checkpoint with vision-tower and MTP tensors loads its text model (the others are skipped).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.hf_models import TinySpec, build_hf_model, hf_greedy, hf_logits, random_prompts
+
+from framework.entrypoints.llm import LLM
+from framework.params.sampling_params import SamplingParams
+from model_states.hybrid_recurrent import HybridRecurrentModelState
+
+MAX_TOKENS = 12
+MAX_MODEL_LEN = 64
+PROMPTS = random_prompts(3, 6, 30, seed=5)
+_GEOMETRY = {
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    "tie_word_embeddings": False,
+}
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
+QWEN3_5 = TinySpec("qwen3_5", "Qwen3_5ForCausalLM", "Qwen3_5TextConfig", {**_GEOMETRY, "full_attention_interval": 2})
+QWEN3_NEXT = TinySpec(
+    "qwen3_next",
+    "Qwen3NextForCausalLM",
+    "Qwen3NextConfig",
+    {
+        **_GEOMETRY,
+        **_MOE,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        "mlp_only_layers": [2],
+        "norm_topk_prob": True,
+    },
+    seed=2,
+)
+QWEN3_5_MOE = TinySpec(
+    "qwen3_5_moe",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeTextConfig",
+    {**_GEOMETRY, **_MOE, "full_attention_interval": 2},
+    seed=3,
+)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _checkpoint(spec: TinySpec, path: Path) -> torch.nn.Module:
+    """The HF model of `spec` saved under `path`. Its decay rates are made slow (HF's init decays the state by
+    e^-5 or more per token, so a wrong or lost state would hardly show in the outputs)."""
+    model = build_hf_model(spec)
+    gen = torch.Generator().manual_seed(spec.seed + 7)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("A_log"):
+                param.copy_((0.02 + 0.2 * torch.rand(param.shape, generator=gen)).log())
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def qwen3_5(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int]]]:
+    path = tmp_path_factory.mktemp("hf-qwen3_5")
+    model = _checkpoint(QWEN3_5, path)
+    tokens = [hf_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    assert min(len(set(t)) for t in tokens) >= 4, "degenerate reference continuations"
+    return path, tokens
+
+
+def _llm(path: Path, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
+    return LLM(str(path), device="cpu", dtype="float32", max_model_len=MAX_MODEL_LEN, seed=0, **kwargs)
+
+
+@pytest.mark.parametrize("spec", [QWEN3_5, QWEN3_NEXT, QWEN3_5_MOE], ids=lambda s: s.name)
+def test_prompt_logprobs_and_greedy_match_hf(spec: TinySpec, tmp_path: Path) -> None:
+    model = _checkpoint(spec, tmp_path)
+    prompt = PROMPTS[2]
+    llm = _llm(tmp_path, max_num_batched_tokens=11)  # the prompt's prefill is cut into chunks
+    assert isinstance(llm.engine.runner.model_state, HybridRecurrentModelState)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, prompt_logprobs=0)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    ours = torch.tensor([out.prompt_logprobs[i][t].logprob for i, t in enumerate(prompt) if i > 0])
+    ref = torch.log_softmax(hf_logits(model, prompt), dim=-1)[torch.arange(len(prompt) - 1), prompt[1:]]
+    torch.testing.assert_close(ours, ref, atol=2e-3, rtol=2e-3)
+    assert out.token_ids == hf_greedy(model, prompt, MAX_TOKENS)
+
+
+SCENARIOS: dict[str, dict] = {
+    "plain": {},
+    "chunked": {"max_num_batched_tokens": 7},
+    # 16 blocks of 4 tokens hold one request of max_model_len: three requests must preempt.
+    "chunked_preempt": {"block_size": 4, "num_kv_blocks": 16, "max_num_batched_tokens": 7},
+    "v1_chunked": {"max_num_batched_tokens": 7, "runner": "v1"},
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_greedy_tokens_match_hf(qwen3_5, scenario: str) -> None:  # type: ignore[no-untyped-def]
+    outputs = _llm(qwen3_5[0], **SCENARIOS[scenario]).generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == qwen3_5[1]
+    assert (sum(o.num_preemptions for o in outputs) > 0) == ("preempt" in scenario)
+
+
+def test_prefix_cache_hits_restore_the_state(qwen3_5) -> None:  # type: ignore[no-untyped-def]
+    """Second wave: each first-wave prompt plus its continuation plus new tokens; the hits start from snapshots
+    and the tokens equal a run without caching."""
+    path, tokens = qwen3_5
+    second = [p + t + [7, 8, 9] for p, t in zip(PROMPTS, tokens)]
+    want = [o.token_ids for o in _llm(path, enable_prefix_caching=False).generate(second, GREEDY, use_tqdm=False)]
+    llm = _llm(path, enable_prefix_caching=True, block_size=4, max_num_batched_tokens=7)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == tokens
+    outs = llm.generate(second, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == want
+    assert sum(o.num_cached_tokens or 0 for o in outs) > 0, "no prefix-cache hit"
+
+
+def test_speculative_decoding_keeps_greedy_tokens(qwen3_5) -> None:  # type: ignore[no-untyped-def]
+    path, tokens = qwen3_5
+    prompts = [p + p for p in PROMPTS]  # repetitive: ngram proposes drafts
+    want = [o.token_ids for o in _llm(path).generate(prompts, GREEDY, use_tqdm=False)]
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    llm = _llm(path, speculative_config=ngram)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == want
+    assert llm.engine.spec_metrics.num_drafts > 0
+
+
+def test_reused_slot_carries_no_state(qwen3_5) -> None:  # type: ignore[no-untyped-def]
+    """One slot, two requests in turn; before the second, every slot's state is garbage."""
+    path, tokens = qwen3_5
+    llm = _llm(path, max_num_seqs=1, enable_prefix_caching=False)
+    state = llm.engine.runner.model_state
+    assert llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False)[0].token_ids == tokens[0]
+    for slab in state.slabs:
+        slab.fill_(30.0)
+    assert llm.generate([PROMPTS[1]], GREEDY, use_tqdm=False)[0].token_ids == tokens[1]
+
+    # The same check fails when taking a slot does not reset it (so the test above can fail).
+    reset = state.apply_staged_writes
+    state.apply_staged_writes = lambda: state._starts.clear()  # type: ignore[method-assign]
+    for slab in state.slabs:
+        slab.fill_(30.0)
+    assert llm.generate([PROMPTS[1]], GREEDY, use_tqdm=False)[0].token_ids != tokens[1]
+    state.apply_staged_writes = reset  # type: ignore[method-assign]
+
+
+def test_multimodal_checkpoint_loads_its_text_model(qwen3_5, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A Qwen3.5 checkpoint laid out as the multimodal class saves it (text under `model.language_model.`,
+    vision tower under `model.visual.`, MTP heads under `mtp.`) gives the same tokens as the text-only one."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    src, tokens = qwen3_5
+    weights = load_file(str(next(src.glob("*.safetensors"))))
+    renamed = {
+        k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v for k, v in weights.items()
+    }
+    renamed["model.visual.blocks.0.attn.qkv.weight"] = torch.zeros(3, 3)
+    renamed["mtp.fc.weight"] = torch.zeros(2, 2)
+    save_file(renamed, str(tmp_path / "model.safetensors"))
+    text = json.loads((src / "config.json").read_text())
+    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    outs = _llm(tmp_path).generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+    assert outs[0].token_ids == tokens[0]
