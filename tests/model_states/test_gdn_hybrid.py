@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.fake_graphs import EagerReplayCapturer
+from helpers.gdn_models import QWEN3_5, QWEN3_5_MOE, QWEN3_NEXT, slow_decay_checkpoint
 from helpers.graph_lockstep import (
     check_exercised,
     hybrid_scenarios,
@@ -27,7 +28,7 @@ from helpers.graph_lockstep import (
     record_snapshot_copies,
     workload,
 )
-from helpers.hf_models import TinySpec, build_hf_model, hf_greedy, hf_logits, random_prompts
+from helpers.hf_models import TinySpec, hf_greedy, hf_logits, random_prompts
 
 from framework.entrypoints.llm import LLM
 from framework.params.sampling_params import SamplingParams
@@ -36,62 +37,15 @@ from model_states.hybrid_recurrent import HybridRecurrentModelState
 MAX_TOKENS = 12
 MAX_MODEL_LEN = 64
 PROMPTS = random_prompts(3, 6, 30, seed=5)
-_GEOMETRY = {
-    "num_hidden_layers": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 8,
-    "linear_value_head_dim": 8,
-    "linear_conv_kernel_dim": 4,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-    "tie_word_embeddings": False,
-}
-_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
-QWEN3_5 = TinySpec("qwen3_5", "Qwen3_5ForCausalLM", "Qwen3_5TextConfig", {**_GEOMETRY, "full_attention_interval": 2})
-QWEN3_NEXT = TinySpec(
-    "qwen3_next",
-    "Qwen3NextForCausalLM",
-    "Qwen3NextConfig",
-    {
-        **_GEOMETRY,
-        **_MOE,
-        "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"],
-        "mlp_only_layers": [2],
-        "norm_topk_prob": True,
-    },
-    seed=2,
-)
-QWEN3_5_MOE = TinySpec(
-    "qwen3_5_moe",
-    "Qwen3_5MoeForCausalLM",
-    "Qwen3_5MoeTextConfig",
-    {**_GEOMETRY, **_MOE, "full_attention_interval": 2},
-    seed=3,
-)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _checkpoint(spec: TinySpec, path: Path) -> torch.nn.Module:
-    """The HF model of `spec` saved under `path`. Its decay rates are made slow (HF's init decays the state by
-    e^-5 or more per token, so a wrong or lost state would hardly show in the outputs)."""
-    model = build_hf_model(spec)
-    gen = torch.Generator().manual_seed(spec.seed + 7)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("A_log"):
-                param.copy_((0.02 + 0.2 * torch.rand(param.shape, generator=gen)).log())
-    model.save_pretrained(path, safe_serialization=True)
-    return model
-
-
 @pytest.fixture(scope="module")
 def qwen3_5(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int]]]:
     path = tmp_path_factory.mktemp("hf-qwen3_5")
-    model = _checkpoint(QWEN3_5, path)
+    model = slow_decay_checkpoint(QWEN3_5, path)
     tokens = [hf_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
     assert min(len(set(t)) for t in tokens) >= 4, "degenerate reference continuations"
     return path, tokens
@@ -103,7 +57,7 @@ def _llm(path: Path, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("spec", [QWEN3_5, QWEN3_NEXT, QWEN3_5_MOE], ids=lambda s: s.name)
 def test_prompt_logprobs_and_greedy_match_hf(spec: TinySpec, tmp_path: Path) -> None:
-    model = _checkpoint(spec, tmp_path)
+    model = slow_decay_checkpoint(spec, tmp_path)
     prompt = PROMPTS[2]
     llm = _llm(tmp_path, max_num_batched_tokens=11)  # the prompt's prefill is cut into chunks
     assert isinstance(llm.engine.runner.model_state, HybridRecurrentModelState)
