@@ -92,6 +92,7 @@ class Qwen3NextConfig:
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
         partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
         num_experts = int(cfg.get("num_experts") or 0)
+        every_layer_sparse = arch.startswith("Qwen3_5Moe")  # HF: a MoE block in every layer, top-k renormalised
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -120,9 +121,9 @@ class Qwen3NextConfig:
             num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 1),
             moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
             shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
-            decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
-            mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
+            norm_topk_prob=every_layer_sparse or bool(cfg.get("norm_topk_prob", True)),
+            decoder_sparse_step=1 if every_layer_sparse else int(cfg.get("decoder_sparse_step") or 1),
+            mlp_only_layers=() if every_layer_sparse else tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
         )
 
     def is_sparse(self, layer: int) -> bool:

@@ -174,3 +174,25 @@ def test_graph_padding_rows_on_a_real_slot_are_caught() -> None:
     graphed.engine.runner.graphs.cuda_graphs.dummy_slot = 0
     with pytest.raises(AssertionError, match="Tensor-likes are not close|tokens differ"):
         lockstep(eager, graphed, workload("join_leave"), rtol=1e-4, atol=2e-5)
+
+
+def test_config_reading_and_refusals() -> None:
+    """Layer types from `full_attention_interval` or `layer_types`; options mrv2 cannot run are refused by name."""
+    from framework.models.hf_config import UnsupportedModelError
+    from framework.models.presets import preset_config
+    from framework.models.qwen3_next import Qwen3NextConfig
+
+    base = preset_config("qwen3_5-tiny")
+    cfg = Qwen3NextConfig.from_hf(base)
+    assert cfg.layer_types == ("linear_attention", "full_attention") * 2
+    assert (cfg.rotary_dim, cfg.gdn.conv_dim, cfg.gdn.fused_projections) == (4, 2 * 2 * 16 + 4 * 16, False)
+    moe = Qwen3NextConfig.from_hf(
+        {**base, "architectures": ["Qwen3_5MoeForCausalLM"], "num_experts": 4, "norm_topk_prob": False}
+    )
+    assert moe.norm_topk_prob and all(moe.is_sparse(i) for i in range(4))  # HF: every layer, renormalised
+    with pytest.raises(UnsupportedModelError, match="rope_type='yarn'"):
+        Qwen3NextConfig.from_hf({**base, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(UnsupportedModelError, match="layer_types"):
+        Qwen3NextConfig.from_hf({**base, "layer_types": ["linear_attention", "sliding_attention"] * 2})
+    with pytest.raises(UnsupportedModelError, match="linear_num_value_heads=3"):
+        Qwen3NextConfig.from_hf({**base, "linear_num_value_heads": 3})
