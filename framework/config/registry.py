@@ -133,3 +133,6 @@ MODELS.register("JambaForCausalLM", "framework.models.jamba:JambaForCausalLM", s
 for _arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM"):
     MODELS.register(_arch, "framework.models.moe:MoeForCausalLM", source="mrv2")
 MODEL_STATES.register("mamba_hybrid", "model_states.mamba_hybrid:MambaHybridModelState", source="mrv2")
+MODEL_STATES.register("hybrid_recurrent", "model_states.hybrid_recurrent:HybridRecurrentModelState", source="mrv2")
+for _arch in ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"):
+    MODELS.register(_arch, "framework.models.qwen3_next:Qwen3NextForCausalLM", source="mrv2")

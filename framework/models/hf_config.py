@@ -128,3 +128,20 @@ class DecoderConfig:
                 f"rope_scaling / rope_parameters: rope_type={kind!r} is not supported (default, linear, llama3)"
             )
         return inv.float()
+
+
+# Multimodal checkpoints whose text model mrv2 runs: architecture -> the text-only architecture it loads as.
+TEXT_MODEL_OF = {
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM",
+}
+
+
+def text_model_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal config (`TEXT_MODEL_OF`) as its text model's: `text_config`'s keys on top, the text-only
+    architecture, and `text_weights_prefix` (where the checkpoint keeps the text weights); others unchanged."""
+    arch = (cfg.get("architectures") or [None])[0]
+    text = cfg.get("text_config")
+    if arch not in TEXT_MODEL_OF or not isinstance(text, dict):
+        return cfg
+    return {**cfg, **text, "architectures": [TEXT_MODEL_OF[arch]], "text_weights_prefix": "model.language_model."}

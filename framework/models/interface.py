@@ -3,7 +3,8 @@
 A family (`LlamaForCausalLM`, `JambaForCausalLM`, `WhisperForConditionalGeneration`, ...) subclasses `Model` and
 declares its KV geometry (`num_kv_layers`, `kv_heads`, `kv_head_dim`) and its forward; the paged KV cache's
 shape, the LM head and the loader's hooks are written once here. Capabilities that only some families have
-are their own small interfaces: `EncoderDecoder` (Whisper) and `MambaHybrid` (Jamba), which the matching
+are their own small interfaces: `EncoderDecoder` (Whisper) and `RecurrentHybrid` (Jamba's `MambaHybrid`, Qwen3.5 /
+Qwen3-Next), which the matching
 model states require.
 """
 
@@ -17,6 +18,7 @@ from torch import nn
 
 from framework.layers.parallel.context import ParallelContext
 from framework.layers.parallel.linear import SINGLE, StackedPart
+from framework.models.recurrent import RecurrentStateSpec, StateTensor
 
 
 def paged_kv_shape(num_blocks: int, block_size: int, kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -106,9 +108,24 @@ class EncoderDecoder(ABC):
         """Encoder input [B, ...] -> cross-attention K/V [B, *cross_kv_shape()]."""
 
 
-class MambaHybrid(ABC):
-    """A model with Mamba layers keeping per-slot conv and SSM state (`MambaHybridModelState`)."""
+class RecurrentHybrid(ABC):
+    """A model with recurrent layers keeping per-slot state (`HybridRecurrentModelState`): it declares the state of
+    each recurrent layer kind it has (`framework.models.recurrent`), and its forward takes each kind's
+    `RecurrentStepInputs` under the kind's `forward_arg`."""
+
+    @abstractmethod
+    def recurrent_state_specs(self) -> list[RecurrentStateSpec]:
+        """One spec per recurrent layer kind of the model."""
+
+
+class MambaHybrid(RecurrentHybrid):
+    """A model with Mamba layers keeping per-slot conv and SSM state (kind `mamba`, forward input `mamba`)."""
 
     @abstractmethod
     def mamba_state_shapes(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
         """(number of Mamba layers, per-slot conv state shape, per-slot SSM state shape)."""
+
+    def recurrent_state_specs(self) -> list[RecurrentStateSpec]:
+        """The Mamba layers' conv state (model dtype) and SSM state (float32)."""
+        num_layers, conv, ssm = self.mamba_state_shapes()
+        return [RecurrentStateSpec("mamba", num_layers, (StateTensor(conv, None), StateTensor(ssm, torch.float32)))]

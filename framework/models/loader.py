@@ -21,6 +21,7 @@ from framework.layers.quantization import (
     quant_scheme,
     quantize_linears,
 )
+from framework.models.hf_config import text_model_config
 from framework.models.interface import Model
 from framework.models.materialise import build_materialised
 from framework.models.random_weights import normal_weights
@@ -66,7 +67,7 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     if not cfg_file.is_file():
         raise CheckpointError(f"'{root}' has no config.json")
     try:
-        return json.loads(cfg_file.read_text())
+        return text_model_config(json.loads(cfg_file.read_text()))  # a multimodal checkpoint's text model
     except json.JSONDecodeError as err:
         raise CheckpointError(f"'{cfg_file}' is not valid JSON: {err}") from None
 

@@ -7,7 +7,7 @@ prefill chunks, decode steps and draft verification. Parameter names follow HF J
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
@@ -19,8 +19,8 @@ from framework.layers.kernels.selective_scan import (
     selective_scan_varlen,
     selective_state_update,
 )
-from framework.layers.kernels.state_snapshots import SnapshotTargets
 from framework.models.llama import RMSNorm
+from framework.models.recurrent import RecurrentKind, RecurrentStepInputs, register_recurrent_kind
 
 
 class MambaLayerState(NamedTuple):
@@ -34,14 +34,24 @@ class MambaLayerState(NamedTuple):
     ssm_snapshots: Optional[torch.Tensor] = None  # [P, d_inner, d_state] float32
 
 
-class MambaStepInputs(NamedTuple):
-    """What every Mamba layer needs about this step, built by the ModelState's `prepare_inputs`."""
+# What every Mamba layer needs about this step (`layers`: one `MambaLayerState` per Mamba layer).
+MambaStepInputs = RecurrentStepInputs
 
-    layers: list[MambaLayerState]  # one per Mamba layer, in layer order
-    idx_mapping: torch.Tensor  # [R] int32: batch_row -> req_slot
-    query_start_loc: torch.Tensor  # [R+1] int32: first token of each row
-    pure_decode: bool  # every row computes exactly one token (host-known) and no snapshot: the one-step update
-    snapshots: Optional[SnapshotTargets] = None  # states to store into the layers' snapshot pools this step
+
+def _mamba_layer_state(
+    slots: Sequence[torch.Tensor], tails: Optional[Sequence[torch.Tensor]], pools: Optional[Sequence[torch.Tensor]]
+) -> MambaLayerState:
+    return MambaLayerState(
+        slots[0],
+        slots[1],
+        tails[0] if tails else None,
+        tails[1] if tails else None,
+        pools[0] if pools else None,
+        pools[1] if pools else None,
+    )
+
+
+register_recurrent_kind(RecurrentKind("mamba", "mamba", _mamba_layer_state))
 
 
 class MambaMixer(nn.Module):

@@ -7,7 +7,9 @@ absent it falls back to `random_tiny`. `qwen3-0.6b` is the geometry of the "nano
 `qwen3-8b` the larger geometry of the parallel benchmark. `jamba-tiny` is a small Mamba-hybrid (Jamba, one
 expert) for CPU runs, and `jamba-1024` the hybrid benchmark geometry: Jamba's block structure (one attention
 layer in eight, at offset 4; Mamba d_state 16, d_conv 4, expand 2; vocabulary 65536) at hidden size 1024 and 16
-layers, a dense MLP in every layer. All use the byte-level tokenizer (token = UTF-8 byte, 256 = end of text).
+layers, a dense MLP in every layer. `qwen3_5-tiny` is a small Gated DeltaNet hybrid (Qwen3.5 text: linear and
+full attention alternating, 4 layers, hidden 64) for CPU runs. All use the byte-level tokenizer (token = UTF-8
+byte, 256 = end of text).
 `whisper-tiny`, `whisper-base` and `whisper-small` are Whisper geometries (encoder-decoder, audio prompts).
 `qwen3-moe-tiny` is a small Qwen3-MoE (8 experts, top-2) for CPU runs, and `qwen3-30b-a3b` the MoE benchmark
 geometry: Qwen3-30B-A3B's shapes (48 layers, hidden 2048, 128 experts of intermediate 768, top-8, 32/4 heads;
@@ -154,6 +156,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 8192,
         "tie_word_embeddings": False,
+        "eos_token_id": BYTE_EOS_ID,
+    },
+    "qwen3_5-tiny": {
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "vocab_size": 320,
+        "hidden_size": 64,
+        "intermediate_size": 176,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "full_attention_interval": 2,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": True,
         "eos_token_id": BYTE_EOS_ID,
     },
     "qwen3-moe-tiny": {

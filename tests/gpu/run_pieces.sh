@@ -46,7 +46,7 @@ GPU_PIECES=(
   "sampler 70 test_sampler_fused_gpu.py test_sampler_gpu.py"
   "spec 120 test_spec_gpu.py test_draft_heads_gpu.py"
   "engine 95 test_gpu_engine.py test_prefix_caching_gpu.py"
-  "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py"
+  "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py test_gdn_gpu.py"
   "parallel 50 test_parallel_gpu.py"
   "structured 35 test_structured_gpu.py"
   "moe 90 test_fused_moe_gpu.py"

@@ -122,7 +122,7 @@ def run_in_lockstep(eager: LLM, graphed: LLM, work: list[Arrival], check: StepCh
 def lockstep(
     eager: LLM, graphed: LLM, work: list[Arrival], rtol: float = 1e-5, atol: float = 1e-6
 ) -> dict[str, list[int]]:
-    """Run both engines through `work`: equal tokens and close Mamba state after every step; returns the tokens."""
+    """Run both engines through `work`: equal tokens and close recurrent state after every step; returns the tokens."""
     sa, sb = eager.engine.runner.model_state, graphed.engine.runner.model_state
     real = slice(0, sa.max_num_reqs)  # the dummy slot is nobody's: it may differ
     close = dict(rtol=rtol, atol=atol)
@@ -130,11 +130,10 @@ def lockstep(
     def check(step: int, outs_a: list, outs_b: list) -> None:
         tokens = [{o.request_id: list(o.token_ids) for o in outs} for outs in (outs_a, outs_b)]
         assert tokens[0] == tokens[1], f"step {step}: tokens differ"
-        torch.testing.assert_close(sb.conv_state[:, real], sa.conv_state[:, real], **close)
-        torch.testing.assert_close(sb.ssm_state[:, real], sa.ssm_state[:, real], **close)
-        if sa.ssm_snapshots is not None:
-            torch.testing.assert_close(sb.ssm_snapshots, sa.ssm_snapshots, **close)
-            torch.testing.assert_close(sb.conv_snapshots, sa.conv_snapshots, **close)
+        for slab_b, slab_a in zip(sb.slabs, sa.slabs):
+            torch.testing.assert_close(slab_b[:, real], slab_a[:, real], **close)
+        for pool_b, pool_a in zip(sb.snapshot_pools or [], sa.snapshot_pools or []):
+            torch.testing.assert_close(pool_b, pool_a, **close)
 
     return run_in_lockstep(eager, graphed, work, check)
 

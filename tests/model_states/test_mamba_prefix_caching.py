@@ -144,7 +144,7 @@ def test_a_request_started_from_a_snapshot_ends_where_a_full_run_ends():
     state.apply_staged_writes()
     state.save_snapshots([StateSnapshot(0, 0, 1), StateSnapshot(0, 5, 2), StateSnapshot(0, 8, 0)])
     y_full = _run(state, model, x, _batch([0], [8], [0]))
-    assert not torch.any(state.ssm_snapshots[:, 1])  # the state before the step: zeros
+    assert not torch.any(state.snapshot_pools[1][:, 1])  # the state before the step: zeros
     state.add_request(1, SimpleNamespace(num_computed_tokens=5, request_id="b", snapshot_slot=2))
     state.ssm_state[:, 1].fill_(9.0)  # garbage the restore must overwrite
     state.apply_staged_writes()
@@ -152,7 +152,7 @@ def test_a_request_started_from_a_snapshot_ends_where_a_full_run_ends():
     torch.testing.assert_close(y_tail, y_full[5:], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(state.ssm_state[:, 1], state.ssm_state[:, 0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(state.conv_state[:, 1], state.conv_state[:, 0])
-    torch.testing.assert_close(state.ssm_snapshots[:, 0], state.ssm_state[:, 0])
+    torch.testing.assert_close(state.snapshot_pools[1][:, 0], state.ssm_state[:, 0])
     assert state.snapshot_bytes == 24 * 3 * 4 + 24 * 6 * 4
 
 
@@ -254,12 +254,12 @@ def test_hybrid_prefix_caching_is_on_by_default_and_can_be_required(checkpoint):
     llm = LLM(str(checkpoint), device="cpu", max_model_len=MAX_MODEL_LEN)
     assert llm.engine.kv_cache.enable_prefix_caching
     state = llm.engine.runner.model_state
-    assert state.ssm_snapshots.shape[1] == 2 * llm.engine.config.scheduler.max_num_seqs
+    assert state.snapshot_pools[1].shape[1] == 2 * llm.engine.config.scheduler.max_num_seqs
     assert LLM(
         str(checkpoint), device="cpu", max_model_len=MAX_MODEL_LEN, enable_prefix_caching=True
     ).engine.kv_cache.enable_prefix_caching
     off = LLM(str(checkpoint), device="cpu", max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False)
-    assert not off.engine.kv_cache.enable_prefix_caching and off.engine.runner.model_state.ssm_snapshots is None
+    assert not off.engine.kv_cache.enable_prefix_caching and off.engine.runner.model_state.snapshot_pools is None
 
 
 def test_same_tokens_with_speculative_decoding(one_thread):

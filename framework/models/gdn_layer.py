@@ -1,0 +1,166 @@
+"""A Gated DeltaNet mixer (Qwen3-Next, Qwen3.5) over a varlen batch whose recurrent state lives in request slots.
+
+Per layer and request slot the state is the causal conv's last `kernel - 1` inputs (`[conv_dim, kernel-1]`, model
+dtype) and one `[Dk, Dv]` float32 matrix per value head. `HybridRecurrentModelState` owns them (kind
+`gated_deltanet`, forward input `gdn`); a layer receives, per step, its views (`GDNLayerState`) and the batch's
+row-to-slot mapping (`RecurrentStepInputs`). Parameter names follow HF: Qwen3-Next's fused `in_proj_qkvz` /
+`in_proj_ba` (grouped per key head) or Qwen3.5's separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from framework.layers.kernels.causal_conv1d import causal_conv1d_varlen
+from framework.layers.kernels.gated_delta_rule import DeltaRuleInputs, gated_delta_rule_varlen
+from framework.layers.kernels.gated_rms_norm import gated_rms_norm
+from framework.models.recurrent import (
+    RecurrentKind,
+    RecurrentStateSpec,
+    RecurrentStepInputs,
+    StateTensor,
+    register_recurrent_kind,
+)
+
+
+@dataclass(frozen=True)
+class GDNGeometry:
+    """The linear-attention geometry of a config (`linear_*` keys)."""
+
+    hidden_size: int
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    eps: float
+    fused_projections: bool  # Qwen3-Next's in_proj_qkvz / in_proj_ba
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    def state_spec(self, num_layers: int) -> RecurrentStateSpec:
+        """Per slot: conv state [conv_dim, kernel-1] (model dtype), recurrent state [H, Dk, Dv] float32."""
+        return RecurrentStateSpec(
+            "gated_deltanet",
+            num_layers,
+            (
+                StateTensor((self.conv_dim, self.conv_kernel - 1), None),
+                StateTensor((self.num_v_heads, self.head_k_dim, self.head_v_dim), torch.float32),
+            ),
+        )
+
+
+class GDNLayerState(NamedTuple):
+    """One Gated DeltaNet layer's views of the per-slot state tables (and, with drafts, this step's tails)."""
+
+    conv: torch.Tensor  # [S, conv_dim, kernel-1] model dtype, by req_slot
+    recurrent: torch.Tensor  # [S, H, Dk, Dv] float32, by req_slot
+    conv_tail: Optional[torch.Tensor]  # [R, K+1, conv_dim, kernel-1]
+    recurrent_tail: Optional[torch.Tensor]  # [R, K+1, H, Dk, Dv]
+    conv_snapshots: Optional[torch.Tensor] = None  # [P, conv_dim, kernel-1] by snapshot slot
+    recurrent_snapshots: Optional[torch.Tensor] = None  # [P, H, Dk, Dv]
+
+
+def _gdn_layer_state(
+    slots: Sequence[torch.Tensor], tails: Optional[Sequence[torch.Tensor]], pools: Optional[Sequence[torch.Tensor]]
+) -> GDNLayerState:
+    return GDNLayerState(
+        slots[0],
+        slots[1],
+        tails[0] if tails else None,
+        tails[1] if tails else None,
+        pools[0] if pools else None,
+        pools[1] if pools else None,
+    )
+
+
+register_recurrent_kind(RecurrentKind("gated_deltanet", "gdn", _gdn_layer_state))
+
+
+class GatedDeltaNet(nn.Module):
+    """projections -> causal conv (+silu) over q,k,v -> gated delta rule -> gated RMSNorm (z) -> out_proj."""
+
+    def __init__(self, geo: GDNGeometry) -> None:
+        super().__init__()
+        self.geo = geo
+        key_dim, value_dim = geo.num_k_heads * geo.head_k_dim, geo.num_v_heads * geo.head_v_dim
+        if geo.fused_projections:
+            self.in_proj_qkvz = nn.Linear(geo.hidden_size, 2 * key_dim + 2 * value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(geo.hidden_size, 2 * geo.num_v_heads, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(geo.hidden_size, 2 * key_dim + value_dim, bias=False)
+            self.in_proj_z = nn.Linear(geo.hidden_size, value_dim, bias=False)
+            self.in_proj_b = nn.Linear(geo.hidden_size, geo.num_v_heads, bias=False)
+            self.in_proj_a = nn.Linear(geo.hidden_size, geo.num_v_heads, bias=False)
+        self.conv1d = nn.Conv1d(geo.conv_dim, geo.conv_dim, geo.conv_kernel, groups=geo.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(geo.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(geo.num_v_heads))
+        self.norm = GatedNormWeight(geo.head_v_dim)
+        self.out_proj = nn.Linear(value_dim, geo.hidden_size, bias=False)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(qkv [T, conv_dim] in conv channel order, z [T, H, Dv], b [T, H], a [T, H])."""
+        geo, t = self.geo, x.shape[0]
+        if not geo.fused_projections:
+            z = self.in_proj_z(x).view(t, geo.num_v_heads, geo.head_v_dim)
+            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+        # Qwen3-Next groups the outputs per key head: [q, k, v of its value heads, z of its value heads].
+        r = geo.num_v_heads // geo.num_k_heads
+        qkvz = self.in_proj_qkvz(x).view(t, geo.num_k_heads, -1)
+        q, k, v, z = torch.split(qkvz, [geo.head_k_dim, geo.head_k_dim, r * geo.head_v_dim, r * geo.head_v_dim], -1)
+        b, a = torch.split(self.in_proj_ba(x).view(t, geo.num_k_heads, 2 * r), [r, r], dim=-1)
+        qkv = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        z = z.reshape(t, geo.num_v_heads, geo.head_v_dim)
+        return qkv, z, b.reshape(t, geo.num_v_heads), a.reshape(t, geo.num_v_heads)
+
+    def forward(self, hidden: torch.Tensor, state: GDNLayerState, step: RecurrentStepInputs) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden]; the slots' conv and recurrent state advance by each row's tokens."""
+        geo, t = self.geo, hidden.shape[0]
+        qkv, z, b, a = self._project(hidden)
+        qkv = causal_conv1d_varlen(
+            qkv.contiguous(),
+            self.conv1d.weight[:, 0, :],
+            None,
+            state.conv,
+            step.idx_mapping,
+            step.query_start_loc,
+            state.conv_tail,
+            step.snapshots,
+            state.conv_snapshots,
+        )
+        key_dim = geo.num_k_heads * geo.head_k_dim
+        q, k, v = torch.split(qkv, [key_dim, key_dim, geo.num_v_heads * geo.head_v_dim], dim=-1)
+        inputs = DeltaRuleInputs(
+            q=q.reshape(t, geo.num_k_heads, geo.head_k_dim),
+            k=k.reshape(t, geo.num_k_heads, geo.head_k_dim),
+            v=v.reshape(t, geo.num_v_heads, geo.head_v_dim),
+            g=-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float()),
+            beta=torch.sigmoid(b).float(),
+        )
+        out = gated_delta_rule_varlen(
+            inputs,
+            state.recurrent,
+            step.idx_mapping,
+            step.query_start_loc,
+            state.recurrent_tail,
+            step.snapshots,
+            state.recurrent_snapshots,
+            pure_decode=step.pure_decode,
+        )
+        out = gated_rms_norm(out.reshape(-1, geo.head_v_dim), z.reshape(-1, geo.head_v_dim), self.norm.weight, geo.eps)
+        return self.out_proj(out.view(t, -1))
+
+
+class GatedNormWeight(nn.Module):
+    """The gated RMSNorm's weight (`linear_attn.norm.weight`); the norm itself is `gated_rms_norm`."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
