@@ -206,3 +206,16 @@ def test_wheel_installs_in_fresh_venv_and_runs(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("--- completion") == 3
     shutil.rmtree(env_dir)
+
+
+def test_conf_dir_falls_back_to_the_source_tree_when_mrv2_conf_is_not_installed(monkeypatch):
+    """A bare interpreter with the checkout on PYTHONPATH (no `pip install`) composes from the repo's `conf/`."""
+    from importlib import resources
+
+    from framework.entrypoints import cli
+
+    def not_installed(name: str) -> Path:
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(resources, "files", not_installed)
+    assert (cli.conf_dir() / "base.yaml").is_file()
