@@ -38,7 +38,7 @@ def conf_dir() -> Path:
     try:
         return Path(str(resources.files("mrv2_conf")))
     except ModuleNotFoundError:  # running from a source checkout on PYTHONPATH, not installed
-        return Path(__file__).resolve().parents[1] / "conf"
+        return Path(__file__).resolve().parents[2] / "conf"
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -242,3 +242,16 @@ def test_a_first_gpu_run_says_it_is_compiling(tmp_path):
     (tmp_path / "warm").mkdir()
     (tmp_path / "warm" / "kernel").write_text("")
     assert first_compile_notice(True, tmp_path / "warm") is None  # cached: a later run starts at once
+
+
+def test_conf_dir_falls_back_to_the_source_tree_when_mrv2_conf_is_not_installed(monkeypatch):
+    """A bare interpreter with the checkout on PYTHONPATH (no `pip install`) composes from the repo's `conf/`."""
+    from importlib import resources
+
+    from framework.entrypoints import cli
+
+    def not_installed(name: str) -> Path:
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(resources, "files", not_installed)
+    assert (cli.conf_dir() / "base.yaml").is_file()
