@@ -11,6 +11,7 @@ from framework.entrypoints.chat_output import ChatOutputParser
 from framework.entrypoints.chat_template import ChatTemplate
 from framework.entrypoints.serve.errors import ApiError
 from framework.entrypoints.serve.openai_models import ChatCompletionRequest
+from framework.entrypoints.serve.params import engine_field_names
 from framework.entrypoints.tool_calls import ToolRequestError, ToolSetup, tool_sampling, tool_setup
 from framework.entrypoints.tool_parsers import detect_tool_parser
 from framework.params.request_errors import InvalidRequestError
@@ -30,6 +31,15 @@ class ChatPlan:
     def sampling(self, params: SamplingParams) -> SamplingParams:
         """`params` with the forced-call grammar, and special tokens kept when the parser's markers are some."""
         return tool_sampling(params, self.tools)
+
+    def field_names(self, body: ChatCompletionRequest) -> dict[str, str]:
+        """Engine field names -> the request's (`params.engine_field_names`): a forced call's grammar is the tools'."""
+        if self.tools.structured_outputs() is None:
+            return engine_field_names(body)
+        return {
+            "SamplingParams.structured_outputs.grammar is invalid": "tools: a function's parameters schema does not "
+            "compile (the forced call's grammar)"
+        }
 
     def parser(self) -> ChatOutputParser:
         """A fresh parser for one choice."""

@@ -277,7 +277,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         params,
         body.stream,
         state.config.serve.log_requests,
-        engine_field_names(body),
+        plan.field_names(body),
     )
     head = envelope("chat.completion.chunk", request_id, state.model_name)
     text_of = _token_text(state)

@@ -135,6 +135,15 @@ def test_auto_without_a_call_is_content_and_none_renders_no_tools(client, server
     assert with_tools.json()["usage"]["prompt_tokens"] > none.json()["usage"]["prompt_tokens"]  # tools rendered
 
 
+def test_a_schema_the_grammar_cannot_compile_is_a_400_naming_tools(server):  # type: ignore[no-untyped-def]
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "uniqueItems": True}}}]
+    r = server.post(
+        "/v1/chat/completions", json={"messages": ASK, "tools": bad, "tool_choice": "required", "max_tokens": 4}
+    )
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("request"), r.text
+    assert "tools: a function's parameters schema does not compile" in r.json()["error"]["message"]
+
+
 def test_two_turn_tool_loop(client):  # type: ignore[no-untyped-def]
     first = client.chat.completions.create(
         model="tiny",
