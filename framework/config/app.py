@@ -91,6 +91,17 @@ class ServeConfig(StrictModel):
         32 << 20, ge=1024, description="Largest request body accepted; larger ones get HTTP 413."
     )
     log_requests: bool = Field(False, description="Log one line per request (id, endpoint, tokens, finish reason).")
+    tool_call_parser: Optional[str] = Field(
+        None,
+        description="How chat replies' tool calls are parsed for tool_choice='auto': a registered tool parser "
+        "(hermes, qwen3_coder, llama3_json, mistral, or a plugin's); null = detected from the chat template "
+        "where it writes one known format (docs/tool_calling.md).",
+    )
+    reasoning_parser: Optional[str] = Field(
+        None,
+        description="Split chat replies' <think>...</think> section into reasoning_content: a registered "
+        "reasoning parser (think, qwen3, deepseek_r1, or a plugin's); null = no splitting.",
+    )
     engine_start_timeout_s: float = Field(
         600.0, gt=0.0, description="How long start-up waits for the engine process to load the model."
     )

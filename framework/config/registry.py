@@ -117,6 +117,8 @@ MODELS: Registry[Any] = Registry("model", "mrv2.models")
 MODEL_STATES: Registry[Any] = Registry("model state", "mrv2.model_states")
 SPECULATORS: Registry[Any] = Registry("speculator", "mrv2.speculators")
 LOGITS_PROCESSORS: Registry[Any] = Registry("logits processor", "mrv2.logits_processors")
+TOOL_PARSERS: Registry[Any] = Registry("tool parser", "mrv2.tool_parsers")
+REASONING_PARSERS: Registry[Any] = Registry("reasoning parser", "mrv2.reasoning_parsers")
 
 # Built-ins are lazy strings so that importing the registry imports no model code.
 for _arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
@@ -136,3 +138,13 @@ MODEL_STATES.register("mamba_hybrid", "model_states.mamba_hybrid:MambaHybridMode
 MODEL_STATES.register("hybrid_recurrent", "model_states.hybrid_recurrent:HybridRecurrentModelState", source="mrv2")
 for _arch in ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"):
     MODELS.register(_arch, "framework.models.qwen3_next:Qwen3NextForCausalLM", source="mrv2")
+_TOOLS = "framework.entrypoints.tool_parsers"
+for _name, _target in (
+    ("hermes", "hermes:HermesToolParser"),
+    ("qwen3_coder", "qwen3_coder:Qwen3CoderToolParser"),
+    ("llama3_json", "llama3_json:Llama3JsonToolParser"),
+    ("mistral", "mistral:MistralToolParser"),
+):
+    TOOL_PARSERS.register(_name, f"{_TOOLS}.{_target}", source="mrv2")
+for _name, _target in (("think", "Think"), ("qwen3", "Think"), ("deepseek_r1", "DeepSeekR1")):
+    REASONING_PARSERS.register(_name, f"framework.entrypoints.reasoning_parser:{_target}ReasoningParser", source="mrv2")

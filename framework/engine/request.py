@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from framework.params.encoder_input import EncoderInput
 from framework.params.pooling_params import PoolingParams
@@ -125,6 +125,10 @@ class CompletionOutput:
     stop_reason: Union[int, str, None] = None
     logprobs: Optional[SampleLogprobs] = None
     cumulative_logprob: Optional[float] = None
+    # `LLM.chat` with tools or a reasoning parser: OpenAI `tool_calls` parsed out of `text`, and the reasoning
+    # split from it (`text` is then the answer's content).
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    reasoning_content: Optional[str] = None
 
 
 @dataclass

@@ -70,7 +70,29 @@ def normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
             raise InvalidRequestError(f"{where}.role={role!r} is invalid: must be one of {', '.join(ROLES)}")
         clean = {k: v for k, v in message.items() if v is not None}
         clean["content"] = _content_text(message.get("content"), where)
+        if clean.get("tool_calls") is not None:
+            clean["tool_calls"] = _tool_calls(clean["tool_calls"], where)
         out.append(clean)
+    return out
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's OpenAI `tool_calls` with `arguments` decoded from their JSON text: templates (as
+    transformers feeds them) write the arguments as an object."""
+    if not isinstance(calls, Sequence) or isinstance(calls, str):
+        raise InvalidRequestError(f"{where}.tool_calls must be a list of tool calls")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise InvalidRequestError(f"{where}.tool_calls[{j}] must have a function with a name")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                raise InvalidRequestError(f"{where}.tool_calls[{j}].function.arguments is not JSON text") from None
+        out.append({**call, "function": {**function, "arguments": arguments}})
     return out
 
 

@@ -15,7 +15,10 @@ from framework.config.schema import Mrv2Config, load_config
 from framework.engine.core import EngineCore
 from framework.engine.parallel_sampling import merge_sequences
 from framework.engine.request import RequestOutput
+from framework.entrypoints.chat_output import parse_chat_outputs
 from framework.entrypoints.chat_template import ChatTemplate
+from framework.entrypoints.tool_calls import tool_sampling, tool_setup
+from framework.entrypoints.tool_parsers import detect_tool_parser
 from framework.params.encoder_input import EncoderInput
 from framework.params.pooling_params import PoolingParams, PoolingRequestOutput
 from framework.params.prefix_cache import PrefixCacheStats
@@ -258,6 +261,12 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template: Optional[str] = None,
+        chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+        tools: Optional[Sequence[Mapping[str, Any]]] = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: Optional[bool] = None,
+        tool_parser: Optional[str] = None,
+        reasoning_parser: Optional[str] = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of `{"role", "content"}` messages) or to several.
 
@@ -265,18 +274,31 @@ class LLM:
         `chat_template` of its `tokenizer_config.json`; `chat_template` overrides it) in a Jinja sandbox, then
         generated like a text prompt. `continue_final_message` continues the last (assistant) message instead
         of starting a new one. A model without a template raises `InvalidRequestError`.
+
+        `tools` / `tool_choice` / `parallel_tool_calls` are OpenAI's (docs/tool_calling.md): the template gets
+        the tools, `required` and named choices constrain the output to valid calls, and each sequence's
+        `tool_calls` holds the calls parsed from its text (`tool_parser`, default `serve.tool_call_parser` or the
+        format the template writes). `reasoning_parser` (default `serve.reasoning_parser`) moves a `<think>`
+        section into `reasoning_content`. `chat_template_kwargs` are extra template variables
+        (`enable_thinking`, ...).
         """
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         template = ChatTemplate.load(self.config, chat_template)
+        parser = tool_parser or self.config.serve.tool_call_parser or detect_tool_parser(template.source)
+        setup = tool_setup(tools, tool_choice, parallel_tool_calls=parallel_tool_calls, parser=parser)
+        reasoning = reasoning_parser or self.config.serve.reasoning_parser
         prompts = [
             template.render(
                 c,
                 add_generation_prompt=add_generation_prompt,  # type: ignore[arg-type]
                 continue_final_message=continue_final_message,
+                **{**(chat_template_kwargs or {}), **setup.template_kwargs()},
             )
             for c in conversations
         ]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        params = [tool_sampling(p, setup) for p in _params_list(sampling_params, len(prompts))]
+        outputs = self.generate(prompts, params, use_tqdm=use_tqdm)
+        return parse_chat_outputs(outputs, setup, reasoning)
 
     def encode(
         self,

@@ -27,9 +27,10 @@ class StructuredOutputsParams:
     - `grammar`: a Lark grammar (llguidance's dialect, `start:` rule first; EBNF in Lark syntax).
     - `json_object`: `True` = any JSON object (OpenAI's `{"type": "json_object"}`).
 
-    `disable_any_whitespace` (JSON only): no whitespace between JSON tokens. By default any JSON
-    whitespace is allowed there, as vLLM does; a model that has not learnt JSON may then spend its
-    tokens on whitespace, so compact output is often the better choice.
+    Whitespace between JSON tokens (JSON only): by default at most one space (`{"a": 1, "b": [2]}`), never a run
+    of spaces or newlines, so the output always closes: a model that has not learnt JSON (a small one at a high
+    temperature) would otherwise spend `max_tokens` on whitespace. `whitespace_flexible`: any JSON whitespace
+    (vLLM's default). `disable_any_whitespace`: none at all (`{"a":1}`).
     """
 
     json: Union[None, str, dict[str, Any]] = None
@@ -38,6 +39,7 @@ class StructuredOutputsParams:
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
     disable_any_whitespace: bool = False
+    whitespace_flexible: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -84,11 +86,19 @@ class StructuredOutputsParams:
             raise InvalidRequestError(f"{where}.grammar must be a non-empty grammar text")
         if self.json_object not in (None, True, False):
             raise InvalidRequestError(f"{where}.json_object must be true (or unset)")
-        if not isinstance(self.disable_any_whitespace, bool):
-            raise InvalidRequestError(f"{where}.disable_any_whitespace must be true or false")
+        for name in ("disable_any_whitespace", "whitespace_flexible"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{where}.{name} must be true or false")
+        if self.disable_any_whitespace and self.whitespace_flexible:
+            raise InvalidRequestError(f"{where}: disable_any_whitespace and whitespace_flexible exclude each other")
 
-    def cache_key(self) -> tuple[str, str, bool]:
-        """(kind, canonical text, disable_any_whitespace): equal keys compile to the same grammar."""
+    @property
+    def whitespace(self) -> Literal["none", "one", "any"]:
+        """Whitespace allowed between JSON tokens: none, at most one space (the default), or any."""
+        return "none" if self.disable_any_whitespace else "any" if self.whitespace_flexible else "one"
+
+    def cache_key(self) -> tuple[str, str, str]:
+        """(kind, canonical text, whitespace): equal keys compile to the same grammar."""
         kind = self.kind
         value: Any = getattr(self, kind)
         if kind == "json":
@@ -100,7 +110,7 @@ class StructuredOutputsParams:
             text = ""
         else:
             text = value
-        return kind, text, self.disable_any_whitespace
+        return kind, text, self.whitespace
 
 
 _EXTRA_BODY_KEYS = {f.name for f in fields(StructuredOutputsParams)}
@@ -114,7 +124,7 @@ def structured_outputs_from_openai(
     `response_format`: `{"type": "text"}`, `{"type": "json_object"}` or
     `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}`.
     `structured_outputs`: vLLM's extra body field, a dict with one of `json`, `regex`, `choice`, `grammar`,
-    `json_object` (and optionally `disable_any_whitespace`). Both at once are refused.
+    `json_object` (and optionally `disable_any_whitespace` or `whitespace_flexible`). Both at once are refused.
     Raises `InvalidRequestError` naming the request field that is wrong.
     """
     from_format = _from_response_format(response_format)

@@ -18,6 +18,12 @@ from framework.params.structured_outputs import StructuredOutputsParams
 
 GRAMMAR_CACHE_SIZE = 1024  # distinct grammars kept compiled (least recently used dropped first)
 WHERE = "SamplingParams.structured_outputs"
+# llguidance's JSON options per `StructuredOutputsParams.whitespace`: "one" is at most one space between tokens.
+JSON_WHITESPACE: dict[str, dict[str, Any]] = {
+    "none": {"whitespace_flexible": False},
+    "one": {"whitespace_flexible": False, "whitespace_pattern": " ?"},
+    "any": {"whitespace_flexible": True},
+}
 
 
 class _ByteVocabulary:
@@ -102,7 +108,7 @@ class GuidanceBackend:
         kind = params.kind
         if kind in ("json", "json_object"):
             schema: Any = params.json if kind == "json" else {"type": "object"}
-            options = {"whitespace_flexible": not params.disable_any_whitespace}
+            options = JSON_WHITESPACE[params.whitespace]
             try:
                 return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)  # type: ignore[arg-type]
             except (ValueError, TypeError) as err:

@@ -179,15 +179,19 @@ def test_every_kind_validates_with_many_seeds() -> None:
     assert state.num_refused == 0 and not state.active
 
 
-def test_json_object_and_default_whitespace() -> None:
-    """Any JSON object, and a schema with vLLM's default whitespace handling (any JSON whitespace allowed).
+def test_json_object_and_flexible_whitespace() -> None:
+    """Any JSON object, and a schema with vLLM's default whitespace handling (`whitespace_flexible`: any JSON
+    whitespace allowed; the default here is at most one space, tests/samplers/test_json_whitespace.py).
 
     On the trained tiny model: the context-dependent random_tiny almost always loops on whitespace under this
     grammar until max_tokens, so with it no output would stop and the check would be vacuous."""
     llm = LLM("tiny", device="cpu")
     pairs = _run(
         llm,
-        [StructuredOutputsParams(json_object=True), StructuredOutputsParams(json=SCHEMAS["enums"])],
+        [
+            StructuredOutputsParams(json_object=True, whitespace_flexible=True),
+            StructuredOutputsParams(json=SCHEMAS["enums"], whitespace_flexible=True),
+        ],
         range(8),
         max_tokens=96,
     )

@@ -81,7 +81,8 @@ class ChatMessage(_Body):
     role: str
     content: Union[str, list[dict[str, Any]], None] = None
     name: Optional[str] = None
-    tool_calls: Optional[list[Any]] = None  # read only to refuse (`params.refuse_tool_calling`), not to drop
+    tool_calls: Optional[list[Any]] = None
+    tool_call_id: Optional[str] = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -96,10 +97,10 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
-    # Tool calling is not implemented. These are read only to refuse them (`params.refuse_tool_calling`): ignored
-    # like other unknown fields, a request with tools would get a plain-text answer that never calls one.
+    # Tool calling (`framework.entrypoints.tool_calls`, docs/tool_calling.md).
     tools: Optional[list[Any]] = None
     tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
     functions: Optional[list[Any]] = None  # OpenAI's older form of tools
     function_call: Union[str, dict[str, Any], None] = None
 

@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from framework.entrypoints.chat_template import RENDER_ARGUMENTS
+from framework.entrypoints.serve.chat_tools import chat_plan, finished, streamed
 from framework.entrypoints.serve.engine_client import RequestFailed
 from framework.entrypoints.serve.errors import ApiError, ClientDisconnected, loggable
 from framework.entrypoints.serve.generation import Generation, SequenceEvent
@@ -30,7 +31,6 @@ from framework.entrypoints.serve.params import (
     max_tokens_for,
     pooling_params,
     prompt_list,
-    refuse_tool_calling,
     sampling_params,
     tokenize,
 )
@@ -235,8 +235,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     state = _state(request)
     check_model(body.model, [state.model_name])
     _warn_ignored(body, "/v1/chat/completions")
-    refuse_tool_calling(body)
     template = state.template(body.chat_template)
+    plan = chat_plan(state.config, body, template)
     clash = [k for k in RENDER_ARGUMENTS if k in (body.chat_template_kwargs or {})]
     if clash:
         raise ApiError.invalid(
@@ -249,7 +249,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             [m.model_dump() for m in body.messages],
             add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
             continue_final_message=body.continue_final_message,
-            **(body.chat_template_kwargs or {}),
+            **plan.template_kwargs(body),
         )
     except ApiError:
         raise
@@ -265,6 +265,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     params = sampling_params(
         body, max_tokens=_max_tokens(state, requested, [prompt], field), logprobs=top if body.logprobs else None
     )
+    params = plan.sampling(params)
+    parsers = [plan.parser() for _ in range(params.n)]
     state.check_capacity(1)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     gen = Generation(
@@ -276,7 +278,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         params,
         body.stream,
         state.config.serve.log_requests,
-        engine_field_names(body),
+        plan.field_names(body),
     )
     head = envelope("chat.completion.chunk", request_id, state.model_name)
     text_of = _token_text(state)
@@ -286,7 +288,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         return chat_logprobs(tokens, lps, top, text_of) if body.logprobs else None
 
     def chunk(e: SequenceEvent) -> dict[str, Any]:
-        delta: dict[str, Any] = {"content": e.text}
+        delta, finish_reason = streamed(parsers[e.choice], e.text, e.finish_reason)
         if e.choice not in started:
             started.add(e.choice)
             delta = {"role": "assistant", **delta}
@@ -297,7 +299,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                     "index": e.choice,
                     "delta": delta,
                     "logprobs": logprobs_of(e.token_ids, e.logprobs or []),
-                    "finish_reason": e.finish_reason,
+                    "finish_reason": finish_reason,
                     "stop_reason": e.stop_reason,
                 }
             ],
@@ -307,10 +309,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         choices = []
         for choice, events in enumerate(per_choice):
             text, tokens, lps, reason, stop_reason = _join(events)
+            message, reason = finished(parsers[choice], text, reason)
             choices.append(
                 {
                     "index": choice,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message,
                     "logprobs": logprobs_of(tokens, lps),
                     "finish_reason": reason,
                     "stop_reason": stop_reason,

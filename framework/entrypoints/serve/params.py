@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence, Union
 
 from framework.entrypoints.serve.errors import ApiError
-from framework.entrypoints.serve.openai_models import ChatCompletionRequest, PromptInput, SamplingFields
+from framework.entrypoints.serve.openai_models import PromptInput, SamplingFields
 from framework.params.pooling_params import PoolingParams
 from framework.params.sampling_params import InvalidRequestError, SamplingParams, first_invalid_token_index
 from framework.params.structured_outputs import structured_outputs_from_openai
@@ -140,30 +140,3 @@ def check_model(name: Optional[str], served: Sequence[str]) -> None:
     """404 for a model this server does not serve (a request without `model` gets the served one)."""
     if name is not None and name not in served:
         raise ApiError(404, f"the model '{name}' does not exist; this server serves: {', '.join(served)}", "model")
-
-
-def refuse_tool_calling(body: ChatCompletionRequest) -> None:
-    """400 for a chat request that asks for tool calls (`tools`, `tool_choice`, or the older `functions` /
-    `function_call`): this server has no tool-call parser, and answering in plain text would look like a model
-    that chose not to call. A message history holding tool calls is refused too (they would render as nothing).
-    `tool_choice="none"` without tools (what some clients always send) passes."""
-    for field in ("tools", "functions"):
-        if getattr(body, field):
-            raise ApiError.invalid(
-                f"{field}: tool calling is not supported by this server; send the request "
-                "without it (response_format or structured_outputs can constrain the reply to "
-                "a JSON schema)",
-                field,
-            )
-    for field in ("tool_choice", "function_call"):
-        if getattr(body, field) not in (None, "none"):
-            raise ApiError.invalid(
-                f"{field}={getattr(body, field)!r}: tool calling is not supported by this "
-                "server; only 'none' is accepted",
-                field,
-            )
-    for i, message in enumerate(body.messages):  # a history with calls would render without them
-        if message.tool_calls:
-            raise ApiError.invalid(
-                f"messages[{i}].tool_calls: tool calling is not supported by this server", "messages"
-            )

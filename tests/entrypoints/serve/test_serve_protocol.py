@@ -63,12 +63,19 @@ def test_errors_are_openai_shaped(server, client):
     assert r.status_code == 400 and "parse" in r.json()["error"]["message"]
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
     hi = [{"role": "user", "content": "hi"}]
-    with pytest.raises(openai.BadRequestError) as tools:  # refused, not answered as if no tools were sent
-        client.chat.completions.create(model="tiny", messages=hi, max_tokens=2, tools=[tool])
-    assert tools.value.body["param"] == "tools" and "tool calling is not supported" in tools.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as tools:  # a forced call of a function that is not there
+        client.chat.completions.create(
+            model="tiny",
+            messages=hi,
+            max_tokens=2,
+            tools=[tool],
+            tool_choice={"type": "function", "function": {"name": "x"}},
+        )
+    assert tools.value.body["param"] == "tool_choice" and "'x'" in tools.value.body["message"]
     for extra, param in (
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"functions": [tool["function"]]}, "functions"),
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
+        ({"tools": [{"type": "function", "function": {}}]}, "tools[0]"),
+        ({"functions": [tool["function"]], "tool_choice": "auto"}, "tool_choice"),
         ({"function_call": {"name": "add"}}, "function_call"),
     ):
         r = server.post("/v1/chat/completions", json={"messages": hi, "max_tokens": 2, **extra})
@@ -90,7 +97,7 @@ def test_errors_are_openai_shaped(server, client):
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add"}}],
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"arguments": "{}"}}],
         },
     ]
     r = server.post("/v1/chat/completions", json={"messages": called, "max_tokens": 2})

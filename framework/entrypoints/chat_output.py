@@ -1,0 +1,131 @@
+"""An assistant turn's text -> the parts an OpenAI chat message has: `reasoning_content`, `content` and
+`tool_calls`, for a finished output (`parse`) or as it streams (`feed`). Reasoning is split off first; tool calls
+are parsed from the answer only (a call the model only thought about is no call)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from framework.engine.request import RequestOutput
+from framework.entrypoints.reasoning_parser import ReasoningParser, make_reasoning_parser
+from framework.entrypoints.tool_calls import ToolSetup
+from framework.entrypoints.tool_parsers import ToolCall, ToolParser
+
+
+@dataclass
+class ChatParts:
+    """One assistant turn, parsed; `reasoning` is None when no reasoning parser is configured."""
+
+    content: Optional[str]
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning: Optional[str] = None
+
+
+@dataclass
+class ChatDelta:
+    """What a stream gained: reasoning text, answer text, OpenAI `tool_calls` deltas."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ChatOutputParser:
+    """The parsers of one generated sequence (make one per choice: streaming keeps state)."""
+
+    def __init__(self, tools: Optional[ToolSetup] = None, reasoning_parser: Optional[str] = None) -> None:
+        self.tools = tools or ToolSetup()
+        self._tool: Optional[ToolParser] = self.tools.new_parser()
+        self._reasoning: Optional[ReasoningParser] = (
+            make_reasoning_parser(reasoning_parser) if reasoning_parser else None
+        )
+
+    @property
+    def has_reasoning(self) -> bool:
+        return self._reasoning is not None
+
+    @property
+    def streamed_calls(self) -> list[ToolCall]:
+        return self._tool.calls if self._tool is not None else []
+
+    def parse(self, text: str) -> ChatParts:
+        """The parts of a finished output."""
+        reasoning: Optional[str] = None
+        answer = text
+        if self._reasoning is not None:
+            reasoning, answer = self._reasoning.extract(text)
+        calls: list[ToolCall] = []
+        if self._tool is not None:
+            answer, calls = self._tool.extract(answer)
+        content: Optional[str] = answer
+        if calls and not answer.strip():
+            content = None  # as OpenAI: a turn of only calls has no content
+        return ChatParts(content, calls, reasoning)
+
+    def feed(self, delta: str, final: bool) -> ChatDelta:
+        """The parts a stream may show after the output grew by `delta` (`final`: it ended)."""
+        reasoning, answer = "", delta
+        if self._reasoning is not None:
+            reasoning, answer = self._reasoning.extract_delta(delta, final)
+        if self._tool is None:
+            return ChatDelta(reasoning, answer)
+        content, calls = self._tool.extract_delta(answer, final)
+        return ChatDelta(reasoning, content, calls)
+
+    def finish_reason(self, reason: Optional[str], has_calls: bool) -> Optional[str]:
+        """A turn that ended on its own with calls finishes with "tool_calls" ("function_call" for `functions`)."""
+        if reason == "stop" and has_calls:
+            return "function_call" if self.tools.legacy else "tool_calls"
+        return reason
+
+    def message(self, parts: ChatParts) -> dict[str, Any]:
+        """The OpenAI `message` of a non-streaming choice."""
+        out: dict[str, Any] = {"role": "assistant", "content": parts.content}
+        if parts.tool_calls and self.tools.legacy:
+            out["function_call"] = {"name": parts.tool_calls[0].name, "arguments": parts.tool_calls[0].arguments}
+        elif parts.tool_calls:
+            out["tool_calls"] = [c.to_openai() for c in parts.tool_calls]
+        if self._reasoning is not None:
+            out["reasoning_content"] = parts.reasoning
+        return out
+
+    def delta(self, part: ChatDelta) -> dict[str, Any]:
+        """The OpenAI `delta` of a streamed chunk (the first chunk's `role` is the caller's)."""
+        out: dict[str, Any] = {"content": part.content}
+        if part.reasoning:
+            out["reasoning_content"] = part.reasoning
+        if part.tool_calls and self.tools.legacy:  # the first call, as `function_call` fragments
+            call: dict[str, str] = {}
+            for d in (d for d in part.tool_calls if d["index"] == 0):
+                call.update({k: call.get(k, "") + v for k, v in d["function"].items()})
+            out["function_call"] = call
+        elif part.tool_calls:
+            out["tool_calls"] = part.tool_calls
+        return out
+
+
+def parse_chat_outputs(
+    outputs: list[RequestOutput], tools: ToolSetup, reasoning_parser: Optional[str]
+) -> list[RequestOutput]:
+    """`LLM.chat`'s outputs with each sequence's text split into content, `tool_calls` and `reasoning_content`
+    (the finish reason "tool_calls" where a turn that ended on its own made calls)."""
+    if not tools.active and reasoning_parser is None:
+        return outputs
+    for out in outputs:
+        sequences = []
+        for seq in out.outputs:
+            parser = ChatOutputParser(tools, reasoning_parser)
+            parts = parser.parse(seq.text)
+            seq = dataclasses.replace(
+                seq,
+                text=parts.content or "",
+                tool_calls=[c.to_openai() for c in parts.tool_calls] if tools.active else None,
+                reasoning_content=parts.reasoning,
+                finish_reason=parser.finish_reason(seq.finish_reason, bool(parts.tool_calls)),
+            )
+            sequences.append(seq)
+        out.sequences = sequences
+        out.text, out.finish_reason = sequences[0].text, sequences[0].finish_reason
+    return outputs

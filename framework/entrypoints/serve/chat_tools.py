@@ -1,0 +1,84 @@
+"""Tools and reasoning for POST /v1/chat/completions: the request's tool fields checked against the server's
+parsers (`serve.tool_call_parser`, `serve.reasoning_parser`), and each choice's text turned into OpenAI message
+parts (`framework.entrypoints.chat_output`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from framework.entrypoints.chat_output import ChatOutputParser
+from framework.entrypoints.chat_template import ChatTemplate
+from framework.entrypoints.serve.errors import ApiError
+from framework.entrypoints.serve.openai_models import ChatCompletionRequest
+from framework.entrypoints.serve.params import engine_field_names
+from framework.entrypoints.tool_calls import ToolRequestError, ToolSetup, tool_sampling, tool_setup
+from framework.entrypoints.tool_parsers import detect_tool_parser
+from framework.params.request_errors import InvalidRequestError
+from framework.params.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    """What a chat request's tools and reasoning change: template variables, sampling, how the text is read."""
+
+    tools: ToolSetup
+    reasoning_parser: Optional[str]
+
+    def template_kwargs(self, body: ChatCompletionRequest) -> dict[str, Any]:
+        return {**(body.chat_template_kwargs or {}), **self.tools.template_kwargs()}
+
+    def sampling(self, params: SamplingParams) -> SamplingParams:
+        """`params` with the forced-call grammar, and special tokens kept when the parser's markers are some."""
+        return tool_sampling(params, self.tools)
+
+    def field_names(self, body: ChatCompletionRequest) -> dict[str, str]:
+        """Engine field names -> the request's (`params.engine_field_names`): a forced call's grammar is the tools'."""
+        if self.tools.structured_outputs() is None:
+            return engine_field_names(body)
+        return {
+            "SamplingParams.structured_outputs.grammar is invalid": "tools: a function's parameters schema does not "
+            "compile (the forced call's grammar)"
+        }
+
+    def parser(self) -> ChatOutputParser:
+        """A fresh parser for one choice."""
+        return ChatOutputParser(self.tools, self.reasoning_parser)
+
+
+def chat_plan(config: Any, body: ChatCompletionRequest, template: ChatTemplate) -> ChatPlan:
+    """Check the request's tool fields (400 naming the field) and pick the parsers."""
+    parser = config.serve.tool_call_parser or detect_tool_parser(template.source)
+    try:
+        tools = tool_setup(
+            body.tools,
+            body.tool_choice,
+            functions=body.functions,
+            function_call=body.function_call,
+            parallel_tool_calls=body.parallel_tool_calls,
+            parser=parser,
+        )
+    except ToolRequestError as err:
+        raise ApiError.invalid(str(err), err.param) from None
+    except InvalidRequestError as err:
+        raise ApiError.invalid(str(err), "tools") from None
+    if tools.structured_outputs() is not None and (body.response_format or body.structured_outputs):
+        field = "response_format" if body.response_format else "structured_outputs"
+        raise ApiError.invalid(
+            f"{field} cannot be combined with a forced tool call (tool_choice={body.tool_choice!r}): the call's "
+            "arguments already follow the function's schema",
+            field,
+        )
+    return ChatPlan(tools, config.serve.reasoning_parser)
+
+
+def streamed(parser: ChatOutputParser, text: str, finish_reason: Optional[str]) -> tuple[dict[str, Any], Any]:
+    """A stream chunk's `delta` and `finish_reason` for a choice that gained `text`."""
+    part = parser.feed(text, finish_reason is not None)
+    return parser.delta(part), parser.finish_reason(finish_reason, bool(parser.streamed_calls))
+
+
+def finished(parser: ChatOutputParser, text: str, finish_reason: Optional[str]) -> tuple[dict[str, Any], Any]:
+    """A non-streaming choice's `message` and `finish_reason`."""
+    parts = parser.parse(text)
+    return parser.message(parts), parser.finish_reason(finish_reason, bool(parts.tool_calls))
