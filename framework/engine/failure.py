@@ -14,6 +14,7 @@ from framework.engine.parallel_sampling import ParallelSamplingTable
 from framework.engine.request import RequestOutput, RequestStatus
 from framework.engine.scheduler.kv_cache_manager import KVCacheManager
 from framework.engine.scheduler.scheduler import Scheduler
+from framework.params.request_errors import RequestStepError
 from framework.params.scheduler_output import SchedulerOutput
 from framework.runner.async_output import ModelRunnerOutput
 
@@ -70,10 +71,16 @@ class StepFailurePolicy:
 
     def fail_step(self, err: Exception, failed: SchedulerOutput) -> list[RequestOutput]:
         """The runner raised on the step `failed`: end the running requests (all requests, once the engine gives
-        up) with an error; returns their outputs. The caller drops the step it had in flight."""
-        self.consecutive_failures += 1
+        up) with an error; returns their outputs. The caller drops the step it had in flight.
+
+        A `RequestStepError` names the one request whose values raised: that request alone ends, and the other
+        running requests are preempted (recomputed from their tokens so far: the step's work is lost, not them).
+        """
         # The runner may have raised before freeing the slots this step released: it frees them next step.
         self.scheduler.release_again(failed.finished_request_ids)
+        if isinstance(err, RequestStepError) and err.request_id in self.scheduler.requests:
+            return self._fail_one_request(err)
+        self.consecutive_failures += 1
         message = f"the engine step failed: {type(err).__name__}: {err}"
         logger.error("mrv2: %s", message, exc_info=err)
         victims = list(self.scheduler.running)
@@ -93,3 +100,15 @@ class StepFailurePolicy:
             self.output_processor.process(ModelRunnerOutput(ids, [[] for _ in ids]))
         )
         return outputs if self.dead else self.checked(outputs)
+
+    def _fail_one_request(self, err: RequestStepError) -> list[RequestOutput]:
+        logger.warning("mrv2: %s (that request ends; the others of the step are recomputed)", err)
+        culprit = self.scheduler.requests[err.request_id]
+        culprit.error = str(err)
+        self.scheduler.finish_request(err.request_id, RequestStatus.FINISHED_ERROR)
+        for request in list(self.scheduler.running):
+            self.scheduler.preempt(request)
+        # Blocks published for the failed step may never have been computed: no later request may hit them.
+        self.kv_cache.reset_prefix_cache()
+        outputs = self.output_processor.process(ModelRunnerOutput([err.request_id], [[]]))
+        return self.checked(self.parallel_sampling.relabel(outputs))

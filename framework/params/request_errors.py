@@ -3,3 +3,13 @@
 
 class InvalidRequestError(ValueError):
     """A request that cannot be served; the message names the offending field and its allowed range."""
+
+
+class RequestStepError(RuntimeError):
+    """An error raised inside a step by the host-side code of one request (a per-slot owner taking it on, such
+    as a custom logits processor's `add_request`): the engine ends that request alone with this message, and
+    recomputes the others of the step (`framework.engine.failure`)."""
+
+    def __init__(self, request_id: str, cause: BaseException) -> None:
+        super().__init__(f"request '{request_id}': {type(cause).__name__}: {cause}")
+        self.request_id = request_id

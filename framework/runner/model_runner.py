@@ -18,6 +18,7 @@ from framework.config.schema import Mrv2Config
 from framework.layers.attention import AttentionMetadata
 from framework.layers.kernels.input_prep import compute_num_sampled, post_update
 from framework.models.loaded import LoadedModel
+from framework.params.request_errors import RequestStepError
 from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.runner.async_output import AsyncOutput
 from framework.runner.draft_verify import DraftVerifier
@@ -246,12 +247,15 @@ class ModelRunnerV2(ModelRunner):
     def _add_requests(self, new_requests: list[NewRequestData]) -> None:
         for new in new_requests:
             slot = self.request_state.add_request(new)
-            self.block_tables.add_request(slot, new.block_ids)
-            self.sampling_states.add_request(slot, new)
-            self.model_state.add_request(slot, new)
-            self.pooling_state.add_request(slot, new)
-            if self.speculator is not None:
-                self.speculator.add_request(slot, new)
+            try:  # an owner refusing one request's values names that request (the engine ends it alone)
+                self.block_tables.add_request(slot, new.block_ids)
+                self.sampling_states.add_request(slot, new)
+                self.model_state.add_request(slot, new)
+                self.pooling_state.add_request(slot, new)
+                if self.speculator is not None:
+                    self.speculator.add_request(slot, new)
+            except Exception as err:
+                raise RequestStepError(new.request_id, err) from err
 
     def _update_requests(self, cached: list[CachedRequestData]) -> None:
         for data in cached:

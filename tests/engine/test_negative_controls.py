@@ -52,8 +52,12 @@ def _fails_with(plant: PlantFn, check: Callable[[], None], where: str) -> None:
 LEAK = faults.plant_rows_read_row0_kv
 
 
-def test_kv_leak_fails_batched_greedy_equals_alone(tiny_llm_factory):
-    _fails_with(LEAK, lambda: test_engine.test_batched_greedy_equals_alone(tiny_llm_factory), "test_engine.py")
+def test_kv_leak_fails_batched_greedy_equals_alone(tiny_llm_factory, hf_greedy_reference):
+    _fails_with(
+        LEAK,
+        lambda: test_engine.test_batched_greedy_equals_alone(tiny_llm_factory, hf_greedy_reference),
+        "test_engine.py",
+    )
 
 
 @pytest.mark.parametrize("runner", ["v2", "v1"])

@@ -67,3 +67,37 @@ def test_unknown_logits_processor_is_a_config_error(tiny_llm_factory):
 
     with pytest.raises(ConfigError, match="sampler.logits_processors: unknown logits processor 'nope'"):
         tiny_llm_factory(logits_processors=["nope"])
+
+
+class BreaksOnAdd(ForceToken):
+    """A processor whose own host-side code fails on one request's value (extra_args={"break": True}), past
+    what its `validate_params` checks: a bug of one request's values, raised inside a step."""
+
+    def add_request(self, req_slot, params):
+        if (params.extra_args or {}).get("break"):
+            raise ValueError("this processor cannot take that request")
+        super().add_request(req_slot, params)
+
+
+def test_an_error_raised_in_a_step_by_one_request_ends_that_request_only(tiny_llm_factory, leak_check):
+    LOGITS_PROCESSORS.register("test_breaks_on_add", BreaksOnAdd)
+    try:
+        llm = tiny_llm_factory(logits_processors=["test_breaks_on_add"])
+        good = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        bad = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, extra_args={"break": True})
+        engine = llm.engine
+        engine.add_request("good", _prompt(5, 41), good)
+        engine.step()  # the good request is running when the bad one arrives
+        engine.add_request("bad", _prompt(5, 40), bad)
+        finished = {}
+        while engine.has_unfinished_requests():
+            finished.update({o.request_id: o for o in engine.step() if o.finished})
+        assert finished["bad"].finish_reason == "error" and "cannot take that request" in finished["bad"].error
+        assert "'bad'" in finished["bad"].error
+        assert finished["good"].finish_reason == "length" and finished["good"].error is None
+        alone = tiny_llm_factory().generate([_prompt(5, 41)], good, use_tqdm=False)[0]
+        assert finished["good"].token_ids == alone.token_ids
+        assert not engine.failures.dead and engine.failures.consecutive_failures == 0
+        leak_check.engine(engine)
+    finally:
+        LOGITS_PROCESSORS.unregister("test_breaks_on_add")

@@ -118,6 +118,11 @@ class Scheduler:
         running_status = RequestStatus.RUNNING
         self.running[:] = [r for r in self.running if r.status is running_status]
 
+    def preempt(self, request: Request) -> None:
+        """Send a running request back to the waiting queue, to be recomputed from its tokens so far (its slot is
+        released at the next step): what the step-failure policy does to the neighbours of a failed request."""
+        self._preempt(request)
+
     def _preempt(self, request: Request) -> None:
         if self.running[-1] is request:
             self.running.pop()  # the newest: what `schedule` preempts

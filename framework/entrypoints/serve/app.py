@@ -152,5 +152,5 @@ def build_app(state: ServerState, lifespan: Any = None) -> FastAPI:
         return {"object": "list", "data": [card]}
 
     app.include_router(router)
-    install_openapi(app, state.config.sampler.max_logprobs)
+    install_openapi(app, lambda: state.config.sampler.max_logprobs)
     return app

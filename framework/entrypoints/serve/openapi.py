@@ -9,7 +9,7 @@ schemathesis against it (tests/entrypoints/serve/test_serve_openapi.py): every r
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -188,7 +188,7 @@ def build_openapi(app: FastAPI, max_logprobs: int) -> dict[str, Any]:
             responses.pop("422", None)
             if path.startswith("/v1"):
                 responses["401"] = _error(_ERRORS["401"])
-            if method == "post":
+            if method == "post" and path in _POST_BODIES:
                 body, streams = _POST_BODIES[path]
                 content: dict[str, Any] = {"application/json": {"schema": _ref(body)}}
                 if streams:  # with "stream": true, server-sent events
@@ -210,13 +210,14 @@ def build_openapi(app: FastAPI, max_logprobs: int) -> dict[str, Any]:
     return schema
 
 
-def install_openapi(app: FastAPI, max_logprobs: int) -> None:
-    """Serve `build_openapi`'s schema at /openapi.json (built on first request, then cached)."""
+def install_openapi(app: FastAPI, max_logprobs: Callable[[], int]) -> None:
+    """Serve `build_openapi`'s schema at /openapi.json (built on first request, then cached); `max_logprobs`
+    gives the engine's `sampler.max_logprobs` then."""
     built: dict[str, Any] = {}
 
     def openapi() -> dict[str, Any]:
         if not built:
-            built.update(build_openapi(app, max_logprobs))
+            built.update(build_openapi(app, max_logprobs()))
         return built
 
     app.openapi = openapi  # type: ignore[method-assign]
