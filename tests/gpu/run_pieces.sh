@@ -58,6 +58,7 @@ GPU_PIECES_MORE=(
   "prefill 90 test_prefill_attention_gpu.py"
   "prefillgraphs 80 test_prefill_graphs_gpu.py"
   "attention 60 test_attention_gpu.py"
+  "quantization 60 test_quantization_gpu.py"
 )
 
 test_groups() { # piece, name of a groups array: one pytest run per group, then the summary of exactly those files
