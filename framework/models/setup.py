@@ -16,7 +16,7 @@ from framework.layers.kernels.pdl import resolve_programmatic_launch
 from framework.layers.parallel.context import ParallelContext
 from framework.layers.quantization import QuantizationError, finish_quantization, is_quantized
 from framework.models.embedded import resolve_model_source
-from framework.models.llama import LlamaForCausalLM, fuse_projections
+from framework.models.llama import MLP, Attention, LlamaForCausalLM, fuse_projections
 from framework.models.loaded import LoadedModel
 from framework.models.loader import (
     CheckpointError,
@@ -91,8 +91,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: Optional[Para
     except QuantizationError as err:
         raise CheckpointError(str(err)) from None
     model.eval()
-    if not any(is_quantized(m) for m in model.modules()):  # quantized projections: merged layouts not built yet
-        fuse_projections(model)  # merged q/k/v and gate/up GEMMs for serving (the loaded parameters become views)
+    fuse_unquantized_projections(model)  # merged q/k/v and gate/up GEMMs (the loaded parameters become views)
     set_kernel_backend(model, config.kernels.backend)  # the model's layers hand it to every kernel dispatcher
     if RETIRED_BACKEND_ENV in os.environ:
         logger.warning(
@@ -131,6 +130,17 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: Optional[Para
         path=source.path,
         extra_eos_token_ids=eos_ids[1:],
     )
+
+
+def fuse_unquantized_projections(model: torch.nn.Module) -> None:
+    """`fuse_projections` for every attention and MLP whose projections are all 16-bit: quantized ones stay
+    separate (merged quantized layouts are not built yet), and their layers keep the default path."""
+    if not any(is_quantized(m) for m in model.modules()):
+        fuse_projections(model)
+        return
+    for module in model.modules():
+        if isinstance(module, (Attention, MLP)) and not any(is_quantized(m) for m in module.children()):
+            module.fuse_projections()
 
 
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:

@@ -109,7 +109,7 @@ def enable_small_batch(model: nn.Module, max_tokens: int, programmatic_launch: b
         if not hasattr(module, "small_batch_max_tokens"):
             continue
         is_layer = hasattr(module, "self_attn")  # a DecoderLayer (else the LlamaForCausalLM: its LM head)
-        if is_layer and getattr(module.self_attn.q_proj, "quant_method", None) is not None:
+        if is_layer and any(getattr(m, "quant_method", None) is not None for m in module.modules()):
             continue  # quantized projections (not merged): the default path, whose linears run their methods
         if max_tokens and is_layer and (module.self_attn.qkv_weight is None or module.mlp.gate_up_weight is None):
             raise RuntimeError("enable_small_batch needs fuse_projections first (merged qkv / gate_up weights)")

@@ -4,7 +4,8 @@
 # Pieces:
 #   gpu_tests_all    the whole tests/gpu suite in one pytest run (every file; needs 2 GPUs for the parallel tests)
 #   gpu_tests_first  GPU_PIECES below, one pytest run per group (fits one 600 s device call)
-#   gpu_tests_more   GPU_PIECES_MORE below, the same way (fits a second call); first + more = every tests/gpu file
+#   gpu_tests_more   GPU_PIECES_MORE below, the same way (fits a second call)
+#   gpu_tests_extra  GPU_PIECES_EXTRA below, the same way (a third call); first + more + extra = every tests/gpu file
 #   nano             `mrv2 bench experiment=nano` (V2, HF baseline, idle probe), bench.json under OUT_DIR/nano
 #   v1_nano          the same requests on the V1 runner, no HF baseline or idle probe, under OUT_DIR/v1_nano
 # Every test piece ends with tests/gpu/summary.py (totals, every failure and skip, GPU files no group ran, commit)
@@ -59,6 +60,9 @@ GPU_PIECES_MORE=(
   "prefillgraphs 80 test_prefill_graphs_gpu.py"
   "attention 60 test_attention_gpu.py"
 )
+GPU_PIECES_EXTRA=(
+  "quantization 120 test_quantization_gpu.py"
+)
 
 test_groups() { # piece, name of a groups array: one pytest run per group, then the summary of exactly those files
   local piece=$1
@@ -89,6 +93,7 @@ for piece in "$@"; do
       ;;
     gpu_tests_first) test_groups gpu_tests_first GPU_PIECES ;;
     gpu_tests_more) test_groups gpu_tests_more GPU_PIECES_MORE ;;
+    gpu_tests_extra) test_groups gpu_tests_extra GPU_PIECES_EXTRA ;;
     nano) step nano 330 python3 -m framework.entrypoints.cli bench experiment=nano bench.output_dir="$out/nano" ;;
     v1_nano)
       step v1_nano 300 python3 -m framework.entrypoints.cli bench experiment=nano runner=v1 bench.baselines=[] \

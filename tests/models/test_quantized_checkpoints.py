@@ -163,3 +163,16 @@ def test_engine_with_the_triton_kernels_gives_hf_tokens(fmt: str, tmp_path: Path
     prompt = PROMPTS[0]
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
     assert list(out.token_ids) == hf_greedy(ref, prompt, 6)
+
+
+def test_a_layer_kept_16_bit_is_merged_and_takes_the_small_batch_path(tmp_path: Path) -> None:
+    """A whole decoder layer in `modules_to_not_convert` gets its merged q/k/v and gate/up weights (and so the
+    small-batch GEMV path), while the quantized layers keep separate projections on the default path."""
+    from framework.models.small_batch import enable_small_batch
+
+    write_quantized("fp8-block", tmp_path, keep=("model.layers.0.",))
+    model = LLM(str(tmp_path), device="cpu", dtype="float32", max_model_len=64).engine.runner.model
+    plain, quantized = model.model.layers
+    assert plain.self_attn.qkv_weight is not None and quantized.self_attn.qkv_weight is None
+    assert enable_small_batch(model, 1) == 1
+    assert plain.small_batch_max_tokens == 1 and quantized.small_batch_max_tokens == 0

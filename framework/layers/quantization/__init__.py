@@ -1,15 +1,11 @@
-"""Quantized linear layers: the `QuantMethod` interface, the FP8 methods and their kernels, and the choice of a
-method per layer from a checkpoint's quantization config (see docs/quantization.md)."""
+"""Quantized linear layers: the `QuantMethod` interface, the FP8 and INT4 methods and their kernels, and the choice
+of a method per layer from a checkpoint's quantization config (see docs/quantization.md)."""
 
 from __future__ import annotations
 
-from typing import Optional
-
-from torch import nn
-
-from framework.layers.parallel.linear import ColumnParallelLinear, RowParallelLinear
 from framework.layers.quantization.base import QuantizationError, QuantMethod
 from framework.layers.quantization.config import QUANT_FORMATS, SUPPORTED, QuantScheme, quant_scheme
+from framework.layers.quantization.model_pass import finish_quantization, is_quantized, quantize_linears
 
 __all__ = [
     "QUANT_FORMATS",
@@ -22,33 +18,3 @@ __all__ = [
     "quant_scheme",
     "quantize_linears",
 ]
-
-
-def quantize_linears(model: nn.Module, scheme: QuantScheme) -> int:
-    """Give every column- / row-parallel linear layer of `model` that `scheme` quantizes its method and the
-    checkpoint's tensor layout (call on the meta-device build, before the weights are allocated); returns how many."""
-    count = 0
-    for prefix, module in model.named_modules():
-        if not isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
-            continue
-        method: Optional[QuantMethod] = scheme.method_for(prefix)
-        if method is None:
-            continue
-        method.create_weights(module, prefix)
-        module.quant_method = method
-        module.kernel_backend = "auto"  # type: ignore[attr-defined]  # set_kernel_backend hands down the config's
-        count += 1
-    return count
-
-
-def finish_quantization(model: nn.Module) -> None:
-    """Run each quantized layer's `process_after_loading` (once the checkpoint's tensors are in)."""
-    for prefix, module in model.named_modules():
-        method = getattr(module, "quant_method", None)
-        if method is not None:
-            method.process_after_loading(module, prefix)
-
-
-def is_quantized(module: nn.Module) -> bool:
-    """Whether `module` (a linear layer) runs a quantized method."""
-    return getattr(module, "quant_method", None) is not None
