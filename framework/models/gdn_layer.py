@@ -10,7 +10,7 @@ row-to-slot mapping (`RecurrentStepInputs`). Parameter names follow HF: Qwen3-Ne
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -25,6 +25,7 @@ from framework.models.recurrent import (
     RecurrentStepInputs,
     StateTensor,
     register_recurrent_kind,
+    slab_layer_state,
 )
 
 
@@ -68,20 +69,7 @@ class GDNLayerState(NamedTuple):
     recurrent_snapshots: Optional[torch.Tensor] = None  # [P, H, Dk, Dv]
 
 
-def _gdn_layer_state(
-    slots: Sequence[torch.Tensor], tails: Optional[Sequence[torch.Tensor]], pools: Optional[Sequence[torch.Tensor]]
-) -> GDNLayerState:
-    return GDNLayerState(
-        slots[0],
-        slots[1],
-        tails[0] if tails else None,
-        tails[1] if tails else None,
-        pools[0] if pools else None,
-        pools[1] if pools else None,
-    )
-
-
-register_recurrent_kind(RecurrentKind("gated_deltanet", "gdn", _gdn_layer_state))
+register_recurrent_kind(RecurrentKind("gated_deltanet", "gdn", slab_layer_state(GDNLayerState)))
 
 
 class GatedDeltaNet(nn.Module):

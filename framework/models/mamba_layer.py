@@ -7,7 +7,7 @@ prefill chunks, decode steps and draft verification. Parameter names follow HF J
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from framework.layers.kernels.selective_scan import (
     selective_state_update,
 )
 from framework.models.llama import RMSNorm
-from framework.models.recurrent import RecurrentKind, RecurrentStepInputs, register_recurrent_kind
+from framework.models.recurrent import RecurrentKind, RecurrentStepInputs, register_recurrent_kind, slab_layer_state
 
 
 class MambaLayerState(NamedTuple):
@@ -38,20 +38,7 @@ class MambaLayerState(NamedTuple):
 MambaStepInputs = RecurrentStepInputs
 
 
-def _mamba_layer_state(
-    slots: Sequence[torch.Tensor], tails: Optional[Sequence[torch.Tensor]], pools: Optional[Sequence[torch.Tensor]]
-) -> MambaLayerState:
-    return MambaLayerState(
-        slots[0],
-        slots[1],
-        tails[0] if tails else None,
-        tails[1] if tails else None,
-        pools[0] if pools else None,
-        pools[1] if pools else None,
-    )
-
-
-register_recurrent_kind(RecurrentKind("mamba", "mamba", _mamba_layer_state))
+register_recurrent_kind(RecurrentKind("mamba", "mamba", slab_layer_state(MambaLayerState)))
 
 
 class MambaMixer(nn.Module):

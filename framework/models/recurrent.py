@@ -50,6 +50,19 @@ LayerStateFactory = Callable[
 ]
 
 
+def slab_layer_state(state_type: Callable[..., Any]) -> LayerStateFactory:
+    """The factory for a layer state whose fields are one view per state tensor, then one tail per tensor, then
+    one snapshot pool per tensor (absent tails and pools as None): the layout of Mamba's and Gated DeltaNet's."""
+
+    def build(
+        slots: Sequence[torch.Tensor], tails: Optional[Sequence[torch.Tensor]], pools: Optional[Sequence[torch.Tensor]]
+    ) -> Any:
+        none = (None,) * len(slots)
+        return state_type(*slots, *(tails or none), *(pools or none))
+
+    return build
+
+
 @dataclass(frozen=True)
 class RecurrentKind:
     """A recurrent layer kind: the forward keyword its step inputs go to, and how a layer's state view is built."""
