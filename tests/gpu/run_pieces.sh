@@ -6,6 +6,8 @@
 #   gpu_tests_first  GPU_PIECES below, one pytest run per group (fits one 600 s device call)
 #   gpu_tests_more   GPU_PIECES_MORE below, the same way (fits a second call)
 #   gpu_tests_extra  GPU_PIECES_EXTRA below, the same way (a third call); first + more + extra = every tests/gpu file
+#   gpu_tests_xdist  every tests/gpu file in one call: pytest-xdist workers sharing the one GPU (one file per worker
+#                    at a time), for sessions with device time for a single call; needs pytest-xdist in .device-wheels
 #   nano             `mrv2 bench experiment=nano` (V2, HF baseline, idle probe), bench.json under OUT_DIR/nano
 #   v1_nano          the same requests on the V1 runner, no HF baseline or idle probe, under OUT_DIR/v1_nano
 # Every test piece ends with tests/gpu/summary.py (totals, every failure and skip, GPU files no group ran, commit)
@@ -90,6 +92,13 @@ for piece in "$@"; do
         --junitxml="$out/gpu_tests_all/junit/all.xml" tests/gpu
       step gpu_tests_all-summary 30 python3 tests/gpu/summary.py "$out/gpu_tests_all/junit"
       cp "$out/gpu_tests_all-summary/log.txt" "$out/gpu_tests_all_summary.txt"
+      ;;
+    gpu_tests_xdist)
+      mkdir -p "$out/gpu_tests_xdist/junit"
+      step gpu_tests_xdist "${GPU_XDIST_LIMIT:-560}" python3 -m pytest -q -rs -p no:cacheprovider \
+        -n "${GPU_XDIST_WORKERS:-4}" --dist loadfile --junitxml="$out/gpu_tests_xdist/junit/all.xml" tests/gpu
+      step gpu_tests_xdist-summary 30 python3 tests/gpu/summary.py "$out/gpu_tests_xdist/junit"
+      cp "$out/gpu_tests_xdist-summary/log.txt" "$out/gpu_tests_xdist_summary.txt"
       ;;
     gpu_tests_first) test_groups gpu_tests_first GPU_PIECES ;;
     gpu_tests_more) test_groups gpu_tests_more GPU_PIECES_MORE ;;
