@@ -48,6 +48,13 @@ def test_mixed_batch_equals_each_request_alone(files) -> None:  # type: ignore[n
         assert together.token_ids == single.token_ids, f"adapter {name}, prompt {i}"
     outputs_of_prompt0 = {tuple(o.token_ids) for (n, i), o in zip(requests, batch) if i == 0}
     assert len(outputs_of_prompt0) == len(names), "every adapter should change the output"
+    # ngram drafts verified by the target with each row's adapter: the same tokens
+    spec = _llm(base, max_loras=4, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    drafted = spec.generate(
+        [PROMPTS[i] for _, i in requests], PARAMS, use_tqdm=False, lora_request=[loras.get(n) for n, _ in requests]
+    )
+    assert [o.token_ids for o in drafted] == [o.token_ids for o in batch]
+    assert spec.engine.spec_metrics.num_accepted_tokens > 0, "no draft was accepted: the check saw no verification"
 
 
 def test_prefix_cache_blocks_are_keyed_by_adapter(files) -> None:  # type: ignore[no-untyped-def]
@@ -160,3 +167,26 @@ def test_merged_qkv_and_gate_up_layout_equals_separate(files, tmp_path: Path) ->
     a = llm.generate(PROMPTS, PARAMS, use_tqdm=False, lora_request=LoRARequest("sep", sep_path))
     b = llm.generate(PROMPTS, PARAMS, use_tqdm=False, lora_request=LoRARequest("merged", merged_path))
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_graph_replays_with_changing_adapters_equal_eager(files) -> None:  # type: ignore[no-untyped-def]
+    """Full-step and decode graphs captured once (before any adapter is loaded) replay steps whose rows change
+    adapters; `StaticInputsCapturer` fails a replay that reads a tensor it did not read at capture or reads the
+    device from the host. Tokens equal the eager engine's."""
+    from helpers.fake_graphs import StaticInputsCapturer
+    from helpers.observed import counted
+
+    base, loras = files
+    kwargs = {"max_loras": 2, "max_num_seqs": 4, "async_scheduling": True}
+    eager = _llm(base, cuda_graphs=False, **kwargs)
+    graphed = _llm(base, full_step_cuda_graphs=True, **kwargs)
+    graphed.engine.runner.capture_cuda_graphs(StaticInputsCapturer())
+    counts = counted(graphed)
+    names: list[Optional[str]] = [None, *loras]
+    requests = [(n, i) for i in range(len(PROMPTS)) for n in names]
+    args = ([PROMPTS[i] for _, i in requests], PARAMS)
+    lora = [loras.get(n) for n, _ in requests]
+    want = eager.generate(*args, use_tqdm=False, lora_request=lora)
+    got = graphed.generate(*args, use_tqdm=False, lora_request=lora)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert counts.full_step_replays > 5, "the decode steps should replay the captured step"
