@@ -4,7 +4,8 @@ Adapters sit in `L` GPU slots, stacked per projection: `A [L, R, K]` and `B [L, 
 zeros, the adapter's scaling folded into B). `token_lora [T]` int32 is each token's adapter slot, -1 for a token
 without one: such tokens are skipped (their output is never written by expand).
 
-- `lora_shrink`: `xa[t] = x[t] @ A[token_lora[t]]^T`, float32 `[T, R]`.
+- `lora_shrink`: `xa[t] = x[t] @ A[token_lora[t]]^T`, float32 `[T, R]` (rows without an adapter: 0 in the
+  reference, unwritten by the kernel; expand skips them).
 - `lora_expand`: `y[t] += xa[t] @ B[token_lora[t]]^T` in place, `y` may be a column slice of a wider output
   (q, k and v of a merged projection each expand into their own columns).
 
@@ -173,11 +174,11 @@ def lora_shrink_triton(
     x: torch.Tensor,  # [T, K] model dtype, last dim contiguous
     lora_a: torch.Tensor,  # [L, R, K] contiguous
     token_lora: torch.Tensor,  # [T] int32 (token -> adapter slot, -1 none)
-) -> torch.Tensor:  # [T, R] float32; rows without an adapter are 0
+) -> torch.Tensor:  # [T, R] float32; rows without an adapter are left unwritten (expand never reads them)
     """The Triton shrink: per-row kernel up to `PER_ROW_MAX_TOKENS` tokens, segment kernel above."""
     num_tokens, k = x.shape
     num_slots, rank, _ = lora_a.shape
-    out = torch.zeros(num_tokens, rank, dtype=torch.float32, device=x.device)
+    out = torch.empty(num_tokens, rank, dtype=torch.float32, device=x.device)  # no memset launch per group
     if num_tokens == 0:
         return out
     args = (x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0))
