@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from framework.config.registry import LOGITS_PROCESSORS, MODEL_STATES, MODELS, SPECULATORS, Registry, RegistryError
 from framework.config.schema import ConfigError, Mrv2Config, load_config
 from framework.engine.request import RequestOutput
+from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import EmbeddingOutput, PoolingParams, PoolingRequestOutput
 from framework.params.sampling_params import InvalidRequestError, SamplingParams
 from framework.params.structured_outputs import StructuredOutputsParams, structured_outputs_from_openai
@@ -49,6 +50,7 @@ __all__ = [
     "InvalidRequestError",
     "LLM",
     "LOGITS_PROCESSORS",
+    "LoRARequest",
     "MODELS",
     "MODEL_STATES",
     "Mrv2Config",

@@ -102,6 +102,14 @@ class ServeConfig(StrictModel):
         description="Split chat replies' <think>...</think> section into reasoning_content: a registered "
         "reasoning parser (think, qwen3, deepseek_r1, or a plugin's); null = no splitting.",
     )
+    lora_modules: list[str] = Field(
+        default_factory=list,
+        description="LoRA adapters served from start-up, as `name=path` (PEFT directories); clients select one "
+        "by sending its name as `model`, /v1/models lists them (needs lora.enable=true; docs/lora.md).",
+    )
+    allow_runtime_lora: bool = Field(
+        False, description="Accept POST /v1/load_lora_adapter and /v1/unload_lora_adapter (else refused)."
+    )
     engine_start_timeout_s: float = Field(
         600.0, gt=0.0, description="How long start-up waits for the engine process to load the model."
     )

@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError, model_validator
 from framework.config.app import BenchConfig, RunConfig, ServeConfig
 from framework.config.base import ConfigError, StrictModel, format_validation_error
 from framework.config.kernels import KernelsConfig
+from framework.config.lora import LoraConfig
 from framework.config.retired import check_retired
 
 __all__ = [  # the sections of the other modules, re-exported: `from framework.config.schema import ...` has them all
@@ -49,9 +50,7 @@ class ModelConfig(StrictModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight and activation dtype; auto = float32 on CPU, bfloat16 on GPU."
     )
-    max_model_len: Optional[int] = Field(
-        None, ge=2, description="Longest sequence (prompt + output); null = the model's own limit."
-    )
+    max_model_len: Optional[int] = Field(None, ge=2, description="Longest prompt + output; null = the model's limit.")
     seed: int = Field(0, description="Seed of the random weights of an embedded preset.")
     quantization: Optional[Literal["fp8"]] = Field(
         None,
@@ -337,6 +336,7 @@ class Mrv2Config(StrictModel):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     kernels: KernelsConfig = Field(default_factory=KernelsConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)

@@ -17,6 +17,7 @@ import torch
 from framework.config.schema import ConfigError, Mrv2Config
 from framework.engine.audio_inputs import WhisperPromptProcessor
 from framework.engine.failure import StepFailurePolicy
+from framework.engine.lora_catalog import LoraCatalog
 from framework.engine.output_processor import OutputProcessor
 from framework.engine.parallel_sampling import ParallelSamplingTable, fan_out
 from framework.engine.request import Request, RequestOutput, RequestStatus
@@ -27,6 +28,7 @@ from framework.engine.validation import RequestValidator
 from framework.models.interface import EncoderDecoder
 from framework.models.setup import kv_bytes_per_block, load_model, resolve_device
 from framework.params.encoder_input import EncoderInput
+from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
 from framework.params.prefix_cache import PrefixCacheStats
 from framework.params.sampling_params import (
@@ -101,7 +103,11 @@ class EngineCore:
             self.draft_policy,
             self.spec_metrics,
             draft_kv_lookahead=lookahead,
+            max_loras=config.lora.max_loras if config.lora.enable else 0,
         )
+        if config.lora.enable and self.runner.name != "v2":
+            raise ConfigError("lora.enable: LoRA adapters run on the V2 runner only (use runner=v2 or runner=auto)")
+        self.lora_catalog = LoraCatalog(config.lora, self.loaded.model)  # adapters checked before queueing
         self.output_processor = OutputProcessor(self.loaded.tokenizer, self.scheduler)
         self.parallel_sampling = ParallelSamplingTable()  # n > 1 requests: parent id <-> child requests
         self._processor_classes = logits_processor_classes(config.sampler.logits_processors)
@@ -192,8 +198,10 @@ class EngineCore:
         prompt: Optional[str] = None,
         pooling_params: Optional[PoolingParams] = None,
         encoder_input: Optional[EncoderInput] = None,
+        lora_request: Optional[LoRARequest] = None,
     ) -> None:
         """Queue a request; raises `InvalidRequestError` (and changes nothing) if it cannot be served.
+        With `lora_request` it runs with that LoRA adapter (`lora.enable`), checked here before it is queued.
 
         The request keeps its own copy of `params`, with string `bad_words` tokenised. With `pooling_params`
         it is an embedding request: its prompt is computed and pooled, nothing is sampled (`params` is ignored).
@@ -206,6 +214,7 @@ class EngineCore:
             params = POOLING_SAMPLING_PARAMS
         assert params is not None, "a generation request needs SamplingParams"
         params = self._validate(request_id, prompt_token_ids, params, encoder_input, pooling_params is not None)
+        self.lora_catalog.check(request_id, lora_request)
         extra_eos = [t for t in self.loaded.extra_eos_token_ids if t not in params.stop_token_ids]
         if extra_eos and not params.ignore_eos:  # the checkpoint's other eos ids end it too (vLLM does the same)
             params = dataclasses.replace(params, stop_token_ids=[*params.stop_token_ids, *extra_eos])
@@ -222,6 +231,8 @@ class EngineCore:
                 arrival_index=self._arrivals,
                 pooling_params=pooling_params,
                 encoder_input=encoder_input,
+                lora=lora_request,
+                cache_extra_keys=(lora_request.cache_key,) if lora_request is not None else (),
             )
             self.scheduler.add_request(request)
             self.output_processor.add_request(request)

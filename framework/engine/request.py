@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from framework.params.encoder_input import EncoderInput
+from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import PoolingParams
 from framework.params.sampling_params import SamplingParams
 
@@ -62,6 +63,7 @@ class Request:
     pooling_params: Optional[PoolingParams] = None
     # Set for an encoder-decoder (Whisper) request: the encoder runs on it in the request's first step.
     encoder_input: Optional[EncoderInput] = None
+    lora: Optional[LoRARequest] = None  # its LoRA adapter (None: the base model)
     # Prefix caching (docs/prefix-caching.md): hashes of the full blocks of prompt + output so far, extended as
     # blocks fill; and what else changes this request's KV (an encoder input's hash, a LoRA name), mixed into
     # every block hash so that requests differing in them never share blocks.

@@ -20,6 +20,7 @@ from framework.entrypoints.chat_template import ChatTemplate
 from framework.entrypoints.tool_calls import tool_sampling, tool_setup
 from framework.entrypoints.tool_parsers import detect_tool_parser
 from framework.params.encoder_input import EncoderInput
+from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import PoolingParams, PoolingRequestOutput
 from framework.params.prefix_cache import PrefixCacheStats
 from framework.params.sampling_params import InvalidRequestError, SamplingParams
@@ -65,7 +66,11 @@ _KWARGS = {
     "small_batch_max_tokens": "model.small_batch_max_tokens",  # retired: load_config says why (RETIRED_KEYS)
     "tensor_parallel_size": "parallel.tensor_parallel_size",
     "pipeline_parallel_size": "parallel.pipeline_parallel_size",
-    "speculative_config": "speculator",  # a dict of SpeculatorConfig fields, e.g. {"method": "ngram", ...}
+    "speculative_config": "speculator",
+    "enable_lora": "lora.enable",
+    "max_loras": "lora.max_loras",
+    "max_cpu_loras": "lora.max_cpu_loras",
+    "max_lora_rank": "lora.max_rank",  # a dict of SpeculatorConfig fields, e.g. {"method": "ngram", ...}
 }
 
 
@@ -123,6 +128,18 @@ def _params_list(
     if len(params) != num_prompts:
         raise ValueError(f"got {num_prompts} prompts but {len(params)} {kind.__name__}")
     return params
+
+
+def _lora_list(
+    lora: Union[LoRARequest, Sequence[Optional[LoRARequest]], None], num_prompts: int
+) -> list[Optional[LoRARequest]]:
+    """One adapter (or None) per prompt."""
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * num_prompts
+    loras = list(lora)
+    if len(loras) != num_prompts:
+        raise ValueError(f"lora_request: {len(loras)} adapters for {num_prompts} prompts")
+    return loras
 
 
 def _config_from_kwargs(model: str, kwargs: dict[str, Any]) -> Mrv2Config:
@@ -202,21 +219,24 @@ class LLM:
         prompts: Union[Prompt, Sequence[Prompt]],
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None],
         output_kind: str,
+        lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
     ) -> dict[str, int]:
         """Validate every request, then queue them all (one bad prompt queues nothing); returns their ids (in prompt
         order) and how many sequences each produces (`SamplingParams.n`)."""
         prompts = _prompt_list(prompts)
         params = _params_list(sampling_params, len(prompts))
+        loras = _lora_list(lora_request, len(prompts))
         requests = []
-        for prompt, p in zip(prompts, params):
+        for prompt, p, lora in zip(prompts, params, loras):
             if p.output_kind != output_kind:
                 p = dataclasses.replace(p, output_kind=output_kind)
             ids, encoder_input = self._inputs(prompt)
             request_id = f"gen-{next(self._ids)}"
             self.engine._validate(request_id, ids, p, encoder_input)
-            requests.append((request_id, ids, p, prompt if isinstance(prompt, str) else None, encoder_input))
-        for request_id, ids, p, text, encoder_input in requests:
-            self.engine.add_request(request_id, ids, p, prompt=text, encoder_input=encoder_input)
+            self.engine.lora_catalog.check(request_id, lora)
+            requests.append((request_id, ids, p, prompt if isinstance(prompt, str) else None, encoder_input, lora))
+        for request_id, ids, p, text, encoder_input, lora in requests:
+            self.engine.add_request(request_id, ids, p, prompt=text, encoder_input=encoder_input, lora_request=lora)
         return {r[0]: r[2].n for r in requests}
 
     def generate(
@@ -224,8 +244,12 @@ class LLM:
         prompts: Union[Prompt, Sequence[Prompt]],
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
         use_tqdm: bool = True,
+        lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids; audio dicts for Whisper); outputs come back in prompt order.
+
+        `lora_request`: one LoRA adapter for every prompt, or one per prompt (None: the base model); needs
+        `enable_lora=True` (config `lora.enable`), see docs/lora.md.
 
         vLLM's prompt dicts are taken too: `{"prompt": text}` is the text, `{"prompt_token_ids": ids}` the ids.
 
@@ -237,7 +261,7 @@ class LLM:
         output is its final one (`output_kind` is taken as "final_only"). With `SamplingParams.n > 1` its
         `outputs` holds the n sequences (the flat fields are sequence 0's).
         """
-        expected = self._queue(prompts, sampling_params, "final_only")
+        expected = self._queue(prompts, sampling_params, "final_only", lora_request)
         finals: dict[str, list[RequestOutput]] = {r: [] for r in expected}
         running = len(expected)
         with tqdm(total=len(expected), desc="generate", unit="req", file=sys.stderr, disable=not use_tqdm) as bar:

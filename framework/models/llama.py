@@ -27,6 +27,8 @@ from framework.layers.parallel.linear import (
 )
 from framework.models.hf_config import DecoderConfig
 from framework.models.interface import Model
+from framework.models.lora.projection import LoraGroup
+from framework.models.merge_rows import merge_rows
 from framework.models.small_batch import small_batch_layer, small_batch_logits
 
 # (query, kv_cache, meta, scale) -> output; the small-batch path also passes `pdl=True` when programmatic
@@ -78,6 +80,8 @@ class Attention(nn.Module):
         self.qkv_weight: Optional[torch.Tensor] = None  # set by fuse_projections (after the weights are loaded)
         self.qkv_bias: Optional[torch.Tensor] = None
         self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
+        self.lora_qkv: Optional[LoraGroup] = None  # adapter slots (models/lora/projection.py attach_lora)
+        self.lora_o: Optional[LoraGroup] = None
 
     def forward(
         self,
@@ -88,11 +92,20 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         attention: AttentionFn,
     ) -> torch.Tensor:
-        if self.qkv_weight is not None:  # merged projection (fuse_projections): one GEMM
+        return self.project_out(self.rope_store_attend(self.project_qkv(x), cos, sin, kv_cache, meta, attention))
+
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, (H + 2 Hkv) * head_dim]
+        """This rank's q, k, v: one GEMM once merged (fuse_projections), plus each token's LoRA update if any."""
+        if self.qkv_weight is not None:
             qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
-        else:  # separate projections (training, or before fuse_projections)
+        else:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        return self.o_proj(self.rope_store_attend(qkv, cos, sin, kv_cache, meta, attention))
+        return qkv if self.lora_qkv is None else self.lora_qkv.add(x, qkv)
+
+    def project_out(self, attn_out: torch.Tensor) -> torch.Tensor:  # [T, H * head_dim] -> [T, hidden]
+        """o_proj, plus each token's LoRA update when adapters are attached."""
+        out = self.o_proj(attn_out)
+        return out if self.lora_o is None else self.lora_o.add(attn_out, out)
 
     def rope_store_attend(
         self,
@@ -137,7 +150,7 @@ class Attention(nn.Module):
 
     def fuse_projections(self) -> None:
         """Serve q/k/v from one [q + k + v, hidden] weight (one GEMM); the three weights become views of it."""
-        self.qkv_weight, self.qkv_bias = _merge_rows([self.q_proj, self.k_proj, self.v_proj])
+        self.qkv_weight, self.qkv_bias = merge_rows([self.q_proj, self.k_proj, self.v_proj])
 
 
 class MLP(nn.Module):
@@ -149,32 +162,25 @@ class MLP(nn.Module):
         self.gate_up_weight: Optional[torch.Tensor] = None  # set by fuse_projections
         self.gate_up_bias: Optional[torch.Tensor] = None
         self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
+        self.lora_gate_up: Optional[LoraGroup] = None  # adapter slots (models/lora/projection.py attach_lora)
+        self.lora_down: Optional[LoraGroup] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_weight is None and self.lora_gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         if self.gate_up_weight is not None:
             gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
-            return self.down_proj(silu_and_mul(gate_up, self.kernel_backend))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        else:
+            gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+        if self.lora_gate_up is not None:
+            gate_up = self.lora_gate_up.add(x, gate_up)
+        act = silu_and_mul(gate_up, self.kernel_backend)
+        out = self.down_proj(act)
+        return out if self.lora_down is None else self.lora_down.add(act, out)
 
     def fuse_projections(self) -> None:
         """Serve gate and up from one [2 * intermediate, hidden] weight; the two become views of it."""
-        self.gate_up_weight, self.gate_up_bias = _merge_rows([self.gate_proj, self.up_proj])
-
-
-def _merge_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(weight, bias) stacking the output rows of `linears`; their parameters become views into them, so the
-    merge costs no memory and the loaded values stay where the names point."""
-    weight = torch.cat([lin.weight.data for lin in linears])
-    biases = [lin.bias for lin in linears]
-    bias = torch.cat([b.data for b in biases]) if all(b is not None for b in biases) else None  # type: ignore[union-attr]
-    start = 0
-    for lin in linears:
-        rows = lin.weight.shape[0]
-        lin.weight.data = weight[start : start + rows]
-        if bias is not None:
-            lin.bias.data = bias[start : start + rows]  # type: ignore[union-attr]
-        start += rows
-    return weight, bias
+        self.gate_up_weight, self.gate_up_bias = merge_rows([self.gate_proj, self.up_proj])
 
 
 def fuse_projections(model: nn.Module) -> None:
@@ -211,13 +217,7 @@ class DecoderLayer(nn.Module):
         """(q [T, H, head_dim], the residual stream): the norm, the q/k/v projection, q/k norm + RoPE and the KV
         store of this layer (`forward`'s part before attention; runner/graphs/prefill_graphs.py captures it)."""
         h, residual = self.input_layernorm.add_and_norm(x, residual)
-        attn = self.self_attn
-        qkv = (
-            F.linear(h, attn.qkv_weight, attn.qkv_bias)
-            if attn.qkv_weight is not None
-            else torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
-        )
-        return attn.rope_store(qkv, cos, sin, kv_cache, kv_slot_mapping), residual
+        return self.self_attn.rope_store(self.self_attn.project_qkv(h), cos, sin, kv_cache, kv_slot_mapping), residual
 
     def after_attention(
         self,
@@ -226,7 +226,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(MLP output, residual stream): o_proj, the residual add + norm and the MLP (`forward`'s part after
         attention)."""
-        h = self.self_attn.o_proj(attn_out.reshape(attn_out.shape[0], -1))
+        h = self.self_attn.project_out(attn_out.reshape(attn_out.shape[0], -1))
         h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
         return self.mlp(h), residual
 

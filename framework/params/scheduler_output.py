@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from framework.params.encoder_input import EncoderInput
+from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import PoolingParams
 from framework.params.sampling_params import SamplingParams
 
@@ -30,6 +31,7 @@ class NewRequestData:
     # A prefix-cache hit of a model with recurrent state: the snapshot slot holding its state after the first
     # `num_computed_tokens` tokens, which the request starts from (None: it starts from a zero state).
     snapshot_slot: Optional[int] = None
+    lora: Optional[LoRARequest] = None  # the request's LoRA adapter (None: the base model)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from framework.runner.graphs.runner_graphs import RunnerGraphs
 from framework.runner.graphs.step_graphs import FullStepResult
 from framework.runner.interface import ModelRunner
 from framework.runner.logits_processors import build_logits_processors
+from framework.runner.lora_state import build_lora_state
 from framework.runner.output_copy import OutputCopies, logits_row_starts
 from framework.runner.plugins import ProposeInputs, Speculator, build_model_state, build_speculator
 from framework.runner.pooling import PooledRows, PoolingState, hidden_size_of
@@ -103,6 +104,7 @@ class ModelRunnerV2(ModelRunner):
         self.config = config
         self.prefix_cache_hooks = self._prefix_cache_hooks_of(self.model_state)  # state snapshots, before KV sizing
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)
+        self.lora_state = build_lora_state(config, loaded) if config.lora.enable else None  # adapters per slot
         self.speculator: Optional[Speculator] = build_speculator(config.speculator, loaded, max_reqs, self.device)
         self.num_draft_kv_layers = self.speculator.num_kv_layers if self.speculator is not None else 0
         self.aux_layer_ids = self.speculator.aux_hidden_layer_ids if self.speculator is not None else ()
@@ -159,6 +161,8 @@ class ModelRunnerV2(ModelRunner):
             self._pending = None
             return
         slots = batch_req_slots(output, self.request_state)  # 4a. batch_row -> req_slot (host)
+        if self.lora_state is not None:  # 4a'. each token's LoRA adapter slot, before any forward or replay
+            self.lora_state.prepare(output, slots)
         # 4b. a graph-safe pure-decode step: steps 5-8 and sampling as one replay
         self._pending = self.graphs.replay_full_step(output, slots, self.outputs.copy_stream)
         if self._pending is not None:
@@ -235,7 +239,8 @@ class ModelRunnerV2(ModelRunner):
 
     def _states(self) -> list:
         owners = [self.block_tables, self.sampling_states, self.model_state, self.pooling_state]
-        return owners + ([self.speculator] if self.speculator is not None else [])
+        optional = [self.speculator, self.lora_state]
+        return owners + [owner for owner in optional if owner is not None]
 
     def _free_slots(self, request_ids: set[str]) -> None:
         for request_id in request_ids:
@@ -252,6 +257,8 @@ class ModelRunnerV2(ModelRunner):
                 self.sampling_states.add_request(slot, new)
                 self.model_state.add_request(slot, new)
                 self.pooling_state.add_request(slot, new)
+                if self.lora_state is not None:
+                    self.lora_state.add_request(slot, new)
                 if self.speculator is not None:
                     self.speculator.add_request(slot, new)
             except Exception as err:

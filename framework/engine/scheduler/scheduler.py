@@ -11,6 +11,7 @@ from framework.engine.scheduler.invariants import check_scheduler_invariants
 from framework.engine.scheduler.kv_cache_manager import KVCacheManager
 from framework.engine.scheduler.prefix import admit_cache_hit, cache_hit, take_snapshots
 from framework.engine.scheduler.rows import StepRows
+from framework.params.lora_request import LoRARequest
 from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -46,8 +47,10 @@ class Scheduler:
         draft_policy: Optional["DraftLengthPolicy"] = None,
         spec_metrics: Optional["SpecDecodeMetrics"] = None,
         draft_kv_lookahead: int = 0,
+        max_loras: int = 0,
     ) -> None:
         self.config = config
+        self.max_loras = max_loras  # LoRA adapters running requests may use at once (the runner's GPU slots)
         # A draft model with its own KV (EAGLE, MTP) writes up to k - 1 positions past a sampling row's last
         # token while drafting: such rows get blocks for that many more positions.
         self.draft_kv_lookahead = draft_kv_lookahead
@@ -246,6 +249,8 @@ class Scheduler:
         encoder_scheduled = 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.lora is not None and not self._lora_fits(request.lora):
+                break  # its adapter waits for a GPU slot: a running request's adapter must leave first
             # The encoder runs in the step that admits the request (first or resumed): bound its work per step,
             # but always admit one, so a request larger than the budget still runs.
             num_encoder = request.encoder_input.num_encoder_tokens if request.encoder_input is not None else 0
@@ -277,10 +282,16 @@ class Scheduler:
                     pooling_params=request.pooling_params,
                     encoder_input=request.encoder_input,
                     snapshot_slot=restore,
+                    lora=request.lora,
                 )
             )
             step.add(request, n, 0, num_hit, samples)
             budget -= n
+
+    def _lora_fits(self, lora: LoRARequest) -> bool:
+        """Whether a request with adapter `lora` may run now: its adapter already runs, or a GPU slot is free."""
+        active = {r.lora for r in self.running if r.lora is not None}
+        return lora in active or len(active) < self.max_loras
 
     def _propose_drafts(self, step: StepRows) -> int:
         """k, the drafts the speculator proposes after this step for every row that samples (verified next

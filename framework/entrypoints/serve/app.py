@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from framework.entrypoints.serve.errors import ApiError, ClientDisconnected, error_body, loggable
+from framework.entrypoints.serve.lora import lora_router
 from framework.entrypoints.serve.openai_routes import router
 from framework.entrypoints.serve.openapi import install_openapi
 from framework.entrypoints.serve.state import VERSION, ServerState
@@ -149,8 +150,9 @@ def build_app(state: ServerState, lifespan: Any = None) -> FastAPI:
             "owned_by": "mrv2",
             "max_model_len": state.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card, *state.loras.cards(state.model_name, state.max_model_len)]}
 
     app.include_router(router)
+    app.include_router(lora_router)
     install_openapi(app, lambda: state.config.sampler.max_logprobs)
     return app

@@ -33,6 +33,7 @@ from framework.entrypoints.serve.protocol import (
     Shutdown,
     front_end_codec,
 )
+from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import PoolingParams
 from framework.params.sampling_params import SamplingParams
 
@@ -124,6 +125,7 @@ class EngineClient:
         queue: asyncio.Queue[StreamItem],
         sampling_params: Optional[SamplingParams] = None,
         pooling_params: Optional[PoolingParams] = None,
+        lora: Optional[LoRARequest] = None,
     ) -> None:
         """Queue a request in the engine; its outputs arrive on `queue` (several requests may share one)."""
         if self.dead is not None or self._stopping:
@@ -132,7 +134,9 @@ class EngineClient:
             )
             return
         try:
-            message = self._codec.encode(AddRequest(request_id, prompt_token_ids, sampling_params, pooling_params))
+            message = self._codec.encode(
+                AddRequest(request_id, prompt_token_ids, sampling_params, pooling_params, lora)
+            )
         except OverflowError as err:  # an integer msgpack cannot carry (beyond 64 bits): the engine never sees it
             queue.put_nowait(RequestFailed(f"the request holds an integer out of range: {err}", "invalid"))
             return

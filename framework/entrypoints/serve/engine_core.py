@@ -43,6 +43,15 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 50  # how long an idle engine waits for a message before it checks on its parent
 
 
+def lora_targets_message(engine: EngineCore) -> tuple[list[tuple[int, str, int, int]], list[int]]:
+    """`EngineReady`'s LoRA fields: the projections adapters may update, and the MoE layers."""
+    targets = engine.lora_catalog.targets
+    if targets is None:
+        return [], []
+    shapes = [(layer, part, s.in_features, s.out_features) for (layer, part), s in sorted(targets.shapes.items())]
+    return shapes, sorted(targets.moe_layers)
+
+
 def engine_stats(engine: EngineCore) -> EngineStats:
     """The engine's gauges and counters, as the API server's /metrics reports them."""
     scheduler, spec = engine.scheduler, engine.spec_metrics
@@ -112,7 +121,11 @@ class EngineCoreLoop:
                 if params is not None:  # the API server does text: tokens only, streamed as deltas
                     params = dataclasses.replace(params, output_kind="delta", detokenize=False, stop=None)
                 self.engine.add_request(
-                    message.request_id, message.prompt_token_ids, params, pooling_params=message.pooling_params
+                    message.request_id,
+                    message.prompt_token_ids,
+                    params,
+                    pooling_params=message.pooling_params,
+                    lora_request=message.lora,
                 )
             except InvalidRequestError as err:
                 self._rejected.append((message.request_id, str(err)))
@@ -180,6 +193,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 config.sampler.max_logprobs,
                 engine.runner.name,
                 engine_stats(engine),
+                *lora_targets_message(engine),
             )
         )
     )

@@ -20,6 +20,7 @@ from framework.entrypoints.serve.errors import ApiError, ClientDisconnected
 from framework.entrypoints.serve.metrics import ServerMetrics
 from framework.entrypoints.serve.protocol import TokenLogprobs
 from framework.entrypoints.serve.sequence_text import SequenceText
+from framework.params.lora_request import LoRARequest
 from framework.params.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -59,9 +60,10 @@ class Generation:
         stream: bool,
         log_requests: bool = False,
         field_names: Optional[dict[str, str]] = None,
+        lora: Optional[LoRARequest] = None,
     ) -> None:
         """`field_names`: the engine's name of a field -> the request's (`params.engine_field_names`), so that an
-        engine refusal names what the client sent."""
+        engine refusal names what the client sent. `lora`: the LoRA adapter the request's `model` selected."""
         self.client = client
         self.field_names = field_names or {}
         self.metrics = metrics
@@ -80,7 +82,7 @@ class Generation:
         self._running = len(self._sequences)
         self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
         for engine_id, ids in zip(self._engine_ids, prompts):
-            client.add(engine_id, ids, self._queue, sampling_params=params)
+            client.add(engine_id, ids, self._queue, sampling_params=params, lora=lora)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -122,7 +122,7 @@ def _max_tokens(state: ServerState, requested: Optional[int], prompts: list[list
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> Any:
     state = _state(request)
-    check_model(body.model, [state.model_name])
+    lora = state.loras.select(body.model, state.model_name)  # a served LoRA adapter, or None (404 if unknown)
     _warn_ignored(body, "/v1/completions")
     if body.suffix:
         raise ApiError.invalid("suffix is not supported", "suffix")
@@ -154,6 +154,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         body.stream,
         state.config.serve.log_requests,
         engine_field_names(body),
+        lora=lora,
     )
     head = envelope("text_completion", request_id, state.model_name)
     text_of = _token_text(state)
@@ -233,7 +234,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     state = _state(request)
-    check_model(body.model, [state.model_name])
+    lora = state.loras.select(body.model, state.model_name)  # a served LoRA adapter, or None (404 if unknown)
     _warn_ignored(body, "/v1/chat/completions")
     template = state.template(body.chat_template)
     plan = chat_plan(state.config, body, template)
@@ -279,6 +280,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         body.stream,
         state.config.serve.log_requests,
         plan.field_names(body),
+        lora=lora,
     )
     head = envelope("chat.completion.chunk", request_id, state.model_name)
     text_of = _token_text(state)

@@ -11,6 +11,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 
+from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import PoolingParams
 from framework.params.sampling_params import SamplingParams
 
@@ -22,6 +23,7 @@ class AddRequest(msgspec.Struct, tag="add"):
     prompt_token_ids: list[int]
     sampling_params: Optional[SamplingParams] = None
     pooling_params: Optional[PoolingParams] = None
+    lora: Optional[LoRARequest] = None  # the LoRA adapter it runs with (None: the base model)
 
 
 class AbortRequests(msgspec.Struct, tag="abort"):
@@ -86,6 +88,10 @@ class EngineReady(msgspec.Struct, tag="ready"):
     max_logprobs: int
     runner: str
     stats: EngineStats
+    # The projections LoRA adapters may update, (layer, part, in, out), and the MoE layers (experts refused): the
+    # API server checks adapters against them (empty without lora.enable).
+    lora_targets: list[tuple[int, str, int, int]] = []
+    lora_moe_layers: list[int] = []
 
 
 class EngineDead(msgspec.Struct, tag="dead"):

@@ -21,9 +21,11 @@ from framework.config.schema import ConfigError, Mrv2Config
 from framework.entrypoints.chat_template import ChatTemplate
 from framework.entrypoints.serve.app import build_app
 from framework.entrypoints.serve.engine_client import EngineClient, EngineStartError
+from framework.entrypoints.serve.lora import ServedLoras, parse_lora_modules
 from framework.entrypoints.serve.metrics import ServerMetrics
 from framework.entrypoints.serve.state import ServerState
 from framework.models.embedded import resolve_model_source
+from framework.models.lora.adapter import LoraAdapterError
 from framework.models.setup import read_model_config
 from framework.models.tokenizer import load_tokenizer
 from framework.params.sampling_params import InvalidRequestError
@@ -83,7 +85,20 @@ def _state(config: Mrv2Config) -> ServerState:
         why = str(err)
     client = EngineClient(config)
     name = served_model_name(config)
-    return ServerState(config, name, client, tokenizer, ServerMetrics(name, lambda: client.stats), template, why)
+    metrics = ServerMetrics(name, lambda: client.stats)
+    return ServerState(config, name, client, tokenizer, metrics, template, why, loras=ServedLoras(config))
+
+
+def register_lora_modules(state: ServerState) -> None:
+    """Check and list `serve.lora_modules` against the started engine's projections; raises naming the problem."""
+    info = state.client.info
+    assert info is not None
+    modules = parse_lora_modules(state.config.serve.lora_modules)
+    if modules and not state.config.lora.enable:
+        raise ValueError("serve.lora_modules needs lora.enable=true")
+    state.loras.bind(info.lora_targets, info.lora_moe_layers)
+    for lora_name, path in modules.items():
+        state.loras.add(lora_name, path, state.model_name)
 
 
 def serve_command(config: Mrv2Config) -> None:
@@ -99,7 +114,8 @@ def serve_command(config: Mrv2Config) -> None:
         server.loop = asyncio.get_running_loop()
         try:
             await state.client.start(config.serve.engine_start_timeout_s)
-        except EngineStartError as err:
+            register_lora_modules(state)
+        except (EngineStartError, LoraAdapterError, ValueError) as err:
             failure.append(str(err))
             server.should_exit = True
         else:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from framework.config.schema import Mrv2Config
 from framework.entrypoints.chat_template import ChatTemplate
 from framework.entrypoints.serve.engine_client import EngineClient
 from framework.entrypoints.serve.errors import ApiError
+from framework.entrypoints.serve.lora import ServedLoras
 from framework.entrypoints.serve.metrics import ServerMetrics
 from framework.params.sampling_params import InvalidRequestError
 
@@ -26,6 +27,7 @@ class ServerState:
     metrics: ServerMetrics
     chat_template: Optional[ChatTemplate]
     chat_template_error: Optional[str] = None  # why chat is refused when there is no template
+    loras: ServedLoras = field(default_factory=ServedLoras)  # LoRA adapters served by name (serve/lora.py)
 
     @property
     def max_model_len(self) -> int:

@@ -1,0 +1,240 @@
+"""LoRA shrink and expand: each token's low-rank update `x @ A_l^T @ B_l^T` for its own adapter `l`.
+
+Adapters sit in `L` GPU slots, stacked per projection: `A [L, R, K]` and `B [L, N, R]` (rank padded to `R` with
+zeros, the adapter's scaling folded into B). `token_lora [T]` int32 is each token's adapter slot, -1 for a token
+without one: such tokens are skipped (their output is never written by expand).
+
+- `lora_shrink`: `xa[t] = x[t] @ A[token_lora[t]]^T`, float32 `[T, R]` (rows without an adapter: 0 in the
+  reference, unwritten by the kernel; expand skips them).
+- `lora_expand`: `y[t] += xa[t] @ B[token_lora[t]]^T` in place, `y` may be a column slice of a wider output
+  (q, k and v of a merged projection each expand into their own columns).
+
+Two launch shapes, chosen from the token count alone (a CUDA graph captured at one size freezes one):
+prefill-sized steps take the segment kernels, one program per (tile of tokens, adapter slot): a request's
+tokens are contiguous, so a tile is one segment of one adapter, and a program whose tile has no token of its
+adapter exits before reading any weight. Decode-sized steps take the per-row kernels, one program per token
+row that reads its own adapter only. Nothing reads the host: `token_lora` is a device tensor, so adapters may
+change between graph replays without recapture.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from framework.layers.kernels.backend import triton_enabled
+from framework.layers.kernels.triton_norm_silu import interpreter_upcast
+
+# Up to this many tokens a step takes the per-row kernels (decode batches), above it the segment kernels.
+PER_ROW_MAX_TOKENS = 64
+
+
+# ---- references ----------------------------------------------------------------------------------------
+
+
+def lora_shrink_reference(
+    x: torch.Tensor,  # [T, K] model dtype
+    lora_a: torch.Tensor,  # [L, R, K]
+    token_lora: torch.Tensor,  # [T] int32: adapter slot of each token, -1 = none
+) -> torch.Tensor:  # [T, R] float32 (0 for tokens without an adapter)
+    """x @ A^T per token's adapter, accumulated in float32; one masked matmul per slot (no host sync)."""
+    out = torch.zeros(x.shape[0], lora_a.shape[1], dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for slot in range(lora_a.shape[0]):
+        mine = (token_lora == slot).unsqueeze(1)
+        out = torch.where(mine, xf @ lora_a[slot].float().t(), out)
+    return out
+
+
+def lora_expand_reference(
+    y: torch.Tensor,  # [T, N] written in place (a column slice of the output is fine)
+    xa: torch.Tensor,  # [T, R] float32 from lora_shrink
+    lora_b: torch.Tensor,  # [L, N, R]
+    token_lora: torch.Tensor,  # [T] int32
+) -> None:
+    """y[t] += xa[t] @ B^T of its adapter (float32 sum, rounded to y's dtype); rows without one unchanged."""
+    acc = torch.zeros(y.shape, dtype=torch.float32, device=y.device)
+    for slot in range(lora_b.shape[0]):
+        mine = (token_lora == slot).unsqueeze(1)
+        acc = torch.where(mine, xa @ lora_b[slot].float().t(), acc)
+    has = (token_lora >= 0).unsqueeze(1)
+    y.copy_(torch.where(has, (y.float() + acc).to(y.dtype), y))
+
+
+# ---- Triton kernels ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _lora_shrink_segment_kernel(
+    x_ptr, a_ptr, lora_ptr, out_ptr, T, K, R,
+    stride_xt, stride_al, stride_ar, stride_ot,
+    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    tile, slot = tl.program_id(0), tl.program_id(1)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    mine = (tl.load(lora_ptr + rows, mask=rows < T, other=-1) == slot) & (rows < T)
+    if tl.max(mine.to(tl.int32), axis=0) == 0:  # no token of this adapter in the tile: read no weight
+        return
+    ranks = tl.arange(0, BLOCK_R)
+    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * stride_xt + ks[None, :], mask=mine[:, None] & (ks[None, :] < K), other=0.0)
+        a_ptrs = a_ptr + slot * stride_al + ranks[None, :] * stride_ar + ks[:, None]
+        a = tl.load(a_ptrs, mask=(ranks[None, :] < R) & (ks[:, None] < K), other=0.0)  # [BLOCK_K, BLOCK_R]
+        a = a.to(x.dtype)
+        if UPCAST:  # interpreter only: its bfloat16 tl.dot is wrong (interpreter_upcast)
+            x, a = x.to(tl.float32), a.to(tl.float32)
+        acc = tl.dot(x, a, acc, input_precision=PRECISION)
+    out_ptrs = out_ptr + rows[:, None] * stride_ot + ranks[None, :]
+    tl.store(out_ptrs, acc, mask=mine[:, None] & (ranks[None, :] < R))
+
+
+@triton.jit
+def _lora_shrink_row_kernel(
+    x_ptr, a_ptr, lora_ptr, out_ptr, K, R,
+    stride_xt, stride_al, stride_ar, stride_ot,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    slot = tl.load(lora_ptr + row)
+    if slot < 0:
+        return
+    ranks = tl.arange(0, BLOCK_R)
+    acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * stride_xt + ks, mask=ks < K, other=0.0).to(tl.float32)
+        a_ptrs = a_ptr + slot * stride_al + ranks[:, None] * stride_ar + ks[None, :]
+        a = tl.load(a_ptrs, mask=(ranks[:, None] < R) & (ks[None, :] < K), other=0.0).to(tl.float32)
+        acc += tl.sum(a * x[None, :], axis=1)
+    tl.store(out_ptr + row * stride_ot + ranks, acc, mask=ranks < R)
+
+
+@triton.jit
+def _lora_expand_segment_kernel(
+    y_ptr, xa_ptr, b_ptr, lora_ptr, T, N, R,
+    stride_yt, stride_xat, stride_bl, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    tile, col_tile, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    mine = (tl.load(lora_ptr + rows, mask=rows < T, other=-1) == slot) & (rows < T)
+    if tl.max(mine.to(tl.int32), axis=0) == 0:
+        return
+    ranks = tl.arange(0, BLOCK_R)
+    cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    b_ptrs = b_ptr + slot * stride_bl + cols[None, :] * stride_bn + ranks[:, None]
+    b = tl.load(b_ptrs, mask=(cols[None, :] < N) & (ranks[:, None] < R), other=0.0)  # [BLOCK_R, BLOCK_N]
+    xa = tl.load(xa_ptr + rows[:, None] * stride_xat + ranks[None, :], mask=mine[:, None] & (ranks[None, :] < R))
+    xa = xa.to(b.dtype)
+    if UPCAST:
+        xa, b = xa.to(tl.float32), b.to(tl.float32)
+    acc = tl.dot(xa, b, input_precision=PRECISION)  # [BLOCK_M, BLOCK_N] float32
+    y_ptrs = y_ptr + rows[:, None] * stride_yt + cols[None, :]
+    keep = mine[:, None] & (cols[None, :] < N)
+    y = tl.load(y_ptrs, mask=keep, other=0.0)
+    tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=keep)
+
+
+@triton.jit
+def _lora_expand_row_kernel(
+    y_ptr, xa_ptr, b_ptr, lora_ptr, N, R,
+    stride_yt, stride_xat, stride_bl, stride_bn,
+    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    row, col_tile = tl.program_id(0), tl.program_id(1)
+    slot = tl.load(lora_ptr + row)
+    if slot < 0:
+        return
+    ranks = tl.arange(0, BLOCK_R)
+    cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    xa = tl.load(xa_ptr + row * stride_xat + ranks, mask=ranks < R, other=0.0)
+    b_ptrs = b_ptr + slot * stride_bl + cols[:, None] * stride_bn + ranks[None, :]
+    b = tl.load(b_ptrs, mask=(cols[:, None] < N) & (ranks[None, :] < R), other=0.0).to(tl.float32)
+    acc = tl.sum(b * xa[None, :], axis=1)
+    y_ptrs = y_ptr + row * stride_yt + cols
+    y = tl.load(y_ptrs, mask=cols < N, other=0.0)
+    tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=cols < N)
+
+
+def _dot_options(dtype: torch.dtype) -> dict:
+    """UPCAST (interpreter, bfloat16) and PRECISION ("ieee": float32 inputs are not rounded to TF32)."""
+    return {"UPCAST": interpreter_upcast(dtype), "PRECISION": "ieee" if dtype == torch.float32 else "tf32"}
+
+
+def _block_r(rank: int) -> int:
+    return max(16, triton.next_power_of_2(rank))
+
+
+def lora_shrink_triton(
+    x: torch.Tensor,  # [T, K] model dtype, last dim contiguous
+    lora_a: torch.Tensor,  # [L, R, K] contiguous
+    token_lora: torch.Tensor,  # [T] int32 (token -> adapter slot, -1 none)
+) -> torch.Tensor:  # [T, R] float32; rows without an adapter are left unwritten (expand never reads them)
+    """The Triton shrink: per-row kernel up to `PER_ROW_MAX_TOKENS` tokens, segment kernel above."""
+    num_tokens, k = x.shape
+    num_slots, rank, _ = lora_a.shape
+    out = torch.empty(num_tokens, rank, dtype=torch.float32, device=x.device)  # no memset launch per group
+    if num_tokens == 0:
+        return out
+    args = (x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0))
+    if num_tokens <= PER_ROW_MAX_TOKENS:
+        _lora_shrink_row_kernel[(num_tokens,)](
+            x, lora_a, token_lora, out, k, rank, *args, BLOCK_R=_block_r(rank), BLOCK_K=128
+        )
+    else:
+        grid = (triton.cdiv(num_tokens, 32), num_slots)
+        _lora_shrink_segment_kernel[grid](
+            x, lora_a, token_lora, out, num_tokens, k, rank, *args,
+            BLOCK_M=32, BLOCK_R=_block_r(rank), BLOCK_K=64, **_dot_options(x.dtype),
+        )  # fmt: skip
+    return out
+
+
+def lora_expand_triton(
+    y: torch.Tensor,  # [T, N] (a column slice is fine), last dim contiguous
+    xa: torch.Tensor,  # [T, R] float32 contiguous
+    lora_b: torch.Tensor,  # [L, N, R] contiguous
+    token_lora: torch.Tensor,  # [T] int32
+) -> None:
+    """The Triton expand, in place: per-row kernel up to `PER_ROW_MAX_TOKENS` tokens, segment kernel above."""
+    num_tokens, n = y.shape
+    num_slots, _, rank = lora_b.shape
+    if num_tokens == 0:
+        return
+    args = (y.stride(0), xa.stride(0), lora_b.stride(0), lora_b.stride(1))
+    if num_tokens <= PER_ROW_MAX_TOKENS:
+        grid = (num_tokens, triton.cdiv(n, 128))
+        _lora_expand_row_kernel[grid](y, xa, lora_b, token_lora, n, rank, *args, BLOCK_N=128, BLOCK_R=_block_r(rank))
+    else:
+        grid = (triton.cdiv(num_tokens, 32), triton.cdiv(n, 64), num_slots)
+        _lora_expand_segment_kernel[grid](
+            y, xa, lora_b, token_lora, num_tokens, n, rank, *args,
+            BLOCK_M=32, BLOCK_N=64, BLOCK_R=_block_r(rank), **_dot_options(lora_b.dtype),
+        )  # fmt: skip
+
+
+# ---- dispatch ------------------------------------------------------------------------------------------
+
+
+def lora_shrink(
+    x: torch.Tensor, lora_a: torch.Tensor, token_lora: torch.Tensor, backend: str = "auto"
+) -> torch.Tensor:  # [T, R] float32
+    """`lora_shrink_triton` for CUDA tensors (or `backend="triton"`), else `lora_shrink_reference`."""
+    if triton_enabled(x.device, x, lora_a, backend=backend) and x.stride(-1) == 1:
+        return lora_shrink_triton(x, lora_a, token_lora)
+    return lora_shrink_reference(x, lora_a, token_lora)
+
+
+def lora_expand(
+    y: torch.Tensor, xa: torch.Tensor, lora_b: torch.Tensor, token_lora: torch.Tensor, backend: str = "auto"
+) -> None:
+    """`lora_expand_triton` for CUDA tensors (or `backend="triton"`), else `lora_expand_reference`; in place."""
+    if triton_enabled(y.device, y, lora_b, backend=backend) and y.stride(-1) == 1:
+        lora_expand_triton(y, xa, lora_b, token_lora)
+    else:
+        lora_expand_reference(y, xa, lora_b, token_lora)

@@ -1,0 +1,1 @@
+"""LoRA adapters: PEFT reading and the adapter slots of the projections."""

@@ -1,0 +1,152 @@
+"""LoRA on a CUDA GPU: the shrink / expand kernels against their PyTorch references at real shapes, their CUDA
+graph safety, and an engine with adapters (decode graphs, full-step graphs, prefill pieces) against HF + PEFT.
+
+Shapes: every projection group of the Qwen3-0.6B and Qwen3-8B geometries (merged q/k/v, o, merged gate/up,
+down), rank 16, 8 adapter slots, bfloat16, at token counts that take the per-row kernels (1, 8, 64) and the
+segment kernels (65, 512, 4096), with segments of several adapters and rows without one.
+Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_lora_gpu.py` (~1 min).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
+
+from framework.layers.kernels.lora import (  # noqa: E402
+    lora_expand_reference,
+    lora_expand_triton,
+    lora_shrink_reference,
+    lora_shrink_triton,
+)
+from framework.models.lora.adapter import ProjectionShape  # noqa: E402
+from framework.models.lora.projection import LoraGroup, LoraTokens  # noqa: E402
+
+DEVICE, DTYPE, RANK, SLOTS = "cuda", torch.bfloat16, 16, 8
+# geometry -> group -> (K, [N of each part])
+GROUPS = {
+    "0.6b": {
+        "qkv": (1024, [2048, 1024, 1024]),
+        "o": (2048, [1024]),
+        "gate_up": (1024, [3072] * 2),
+        "down": (3072, [1024]),
+    },
+    "8b": {
+        "qkv": (4096, [4096, 1024, 1024]),
+        "o": (4096, [4096]),
+        "gate_up": (4096, [12288] * 2),
+        "down": (12288, [4096]),
+    },
+}
+TOKENS = [1, 8, 64, 65, 512, 4096]
+
+
+def _token_lora(num_tokens: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.empty(num_tokens, dtype=torch.int32)
+    start = 0
+    while start < num_tokens:  # segments of one adapter each (or none), as a batch of requests lays them out
+        length = int(torch.randint(1, 300, (1,), generator=gen)) if num_tokens > 64 else 1
+        out[start : start + length] = int(torch.randint(-1, SLOTS, (1,), generator=gen))
+        start += length
+    return out.to(DEVICE)
+
+
+@pytest.mark.parametrize("num_tokens", TOKENS)
+@pytest.mark.parametrize("group", ["qkv", "o", "gate_up", "down"])
+@pytest.mark.parametrize("geometry", list(GROUPS))
+def test_kernels_equal_reference_at_real_shapes(geometry: str, group: str, num_tokens: int) -> None:
+    k, parts = GROUPS[geometry][group]
+    torch.manual_seed(num_tokens)
+    x = torch.randn(num_tokens, k, device=DEVICE, dtype=DTYPE)
+    a = (torch.randn(SLOTS, len(parts) * RANK, k, device=DEVICE) / k**0.5).to(DTYPE)
+    token_lora = _token_lora(num_tokens, seed=num_tokens)
+    xa_ref = lora_shrink_reference(x, a, token_lora)
+    xa = lora_shrink_triton(x, a, token_lora)
+    has = token_lora >= 0
+    torch.testing.assert_close(xa[has], xa_ref[has], atol=2e-2, rtol=2e-2)
+    out = torch.randn(num_tokens, sum(parts), device=DEVICE, dtype=DTYPE)
+    want, got = out.clone(), out.clone()
+    start = 0
+    for i, n in enumerate(parts):
+        b = (torch.randn(SLOTS, n, RANK, device=DEVICE) / RANK**0.5).to(DTYPE)
+        part = xa_ref[:, i * RANK : (i + 1) * RANK]
+        lora_expand_reference(want[:, start : start + n], part, b, token_lora)
+        lora_expand_triton(got[:, start : start + n], part, b, token_lora)
+        start += n
+    torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)  # bf16: one rounding of y + delta
+    assert torch.equal(got[~has], out[~has]), "a row without an adapter was written"
+
+
+def test_graph_replays_follow_the_token_map_without_a_host_sync() -> None:
+    """One capture of a group's update; the adapters of the rows change between replays (a tensor input), and
+    each replay equals the reference for the map of that replay. Eager calls queue without a host sync."""
+    tokens = LoraTokens(64, torch.device(DEVICE))
+    shapes = [ProjectionShape(1024, 2048), ProjectionShape(1024, 1024), ProjectionShape(1024, 1024)]
+    group = LoraGroup(0, ("q_proj", "k_proj", "v_proj"), shapes, SLOTS, RANK, tokens, DTYPE, torch.device(DEVICE))
+    group.lora_a.normal_(std=0.03)
+    for b in group.lora_b:
+        b.normal_(std=0.25)
+    x = torch.randn(32, 1024, device=DEVICE, dtype=DTYPE)
+    out = torch.zeros(32, 4096, device=DEVICE, dtype=DTYPE)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        group.add(x, out.clone())  # compile before capture
+    torch.cuda.synchronize()
+    graph, static_out = torch.cuda.CUDAGraph(), out.clone()
+    with torch.cuda.graph(graph):
+        group.add(x, static_out)
+    for seed in range(3):
+        token_lora = torch.randint(-1, SLOTS, (32,), generator=torch.Generator().manual_seed(seed), dtype=torch.int32)
+        tokens.token_lora[:32].copy_(token_lora.to(DEVICE))
+        static_out.zero_()
+        graph.replay()
+        want = torch.zeros_like(out)
+        xa = lora_shrink_reference(x, group.lora_a, tokens.token_lora[:32])
+        for i, b in enumerate(group.lora_b):
+            part = want[:, group.offsets[i] : group.offsets[i + 1]]
+            lora_expand_reference(part, xa[:, i * RANK : (i + 1) * RANK], b, tokens.token_lora[:32])
+        torch.testing.assert_close(static_out, want, atol=3e-2, rtol=2e-2)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        group.add(x, out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_engine_with_adapters_matches_hf_peft(tmp_path: Path) -> None:
+    """float32 tiny Qwen3 on the GPU with graphs on (decode, full-step, prefill pieces): mixed adapters + base
+    give PEFT's greedy tokens (computed on the CPU)."""
+    from helpers.hf_models import SPEC_BY_NAME, build_hf_model, hf_greedy, random_prompts, save_tiny_checkpoint
+    from helpers.lora_adapters import ADAPTERS, hf_peft_model, save_adapter
+
+    from framework.entrypoints.llm import LLM
+    from framework.params.lora_request import LoRARequest
+    from framework.params.sampling_params import SamplingParams
+
+    spec = SPEC_BY_NAME["qwen3"]
+    save_tiny_checkpoint(spec, tmp_path / "base")
+    loras = {a.name: LoRARequest(a.name, str(save_adapter(spec, a, tmp_path / a.name))) for a in ADAPTERS}
+    prompts = random_prompts(3, 5, 40, seed=3)
+    names = [None, *loras]
+    requests = [(n, p) for p in range(len(prompts)) for n in names]
+    llm = LLM(
+        str(tmp_path / "base"), device="cuda", dtype="float32", max_model_len=96, enable_lora=True, max_loras=2,
+        gpu_memory_utilization=0.3,
+    )  # fmt: skip
+    outs = llm.generate(
+        [prompts[p] for _, p in requests],
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+        use_tqdm=False,
+        lora_request=[loras.get(n) for n, _ in requests],
+    )
+    models = {None: build_hf_model(spec)} | {n: hf_peft_model(spec, Path(r.path)) for n, r in loras.items()}
+    for (name, p), out in zip(requests, outs):
+        assert out.token_ids == hf_greedy(models[name], prompts[p], 16), f"adapter {name}, prompt {p}"
