@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
 import uvicorn
+from fastapi import FastAPI
 
 from framework.config.schema import ConfigError, Mrv2Config
 from framework.entrypoints.chat_template import ChatTemplate
 from framework.entrypoints.serve.app import build_app
+from framework.entrypoints.serve.client_interface import ServingClient
+from framework.entrypoints.serve.dp_client import DataParallelClient
 from framework.entrypoints.serve.engine_client import EngineClient, EngineStartError
 from framework.entrypoints.serve.metrics import ServerMetrics
 from framework.entrypoints.serve.state import ServerState
@@ -60,7 +63,7 @@ class _Server(uvicorn.Server):
     """uvicorn, plus: on SIGTERM/SIGINT first end every request in flight, so that shutdown never waits on them;
     and exit 0 after a clean shutdown (uvicorn would re-raise the signal)."""
 
-    def __init__(self, config: uvicorn.Config, client: EngineClient) -> None:
+    def __init__(self, config: uvicorn.Config, client: ServingClient) -> None:
         super().__init__(config)
         self.client = client
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -81,9 +84,30 @@ def _state(config: Mrv2Config) -> ServerState:
         template = ChatTemplate.load(config)
     except InvalidRequestError as err:
         why = str(err)
-    client = EngineClient(config)
+    client: ServingClient = (
+        DataParallelClient(config) if config.parallel.data_parallel_size > 1 else EngineClient(config)
+    )
     name = served_model_name(config)
-    return ServerState(config, name, client, tokenizer, ServerMetrics(name, lambda: client.stats), template, why)
+    metrics = ServerMetrics(
+        name, lambda: client.stats, config.serve.metrics_names, client.ranks, config.cache.block_size
+    )
+    return ServerState(config, name, client, tokenizer, metrics, template, why)
+
+
+def serving_app(config: Mrv2Config) -> FastAPI:
+    """mrv2's FastAPI app for another ASGI host (Ray Serve, a test client): its lifespan starts the engine
+    cores (raising `EngineStartError` when they cannot start) and stops them."""
+    state = _state(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        await state.client.start(config.serve.engine_start_timeout_s)
+        try:
+            yield
+        finally:
+            await state.client.close()
+
+    return build_app(state, lifespan)
 
 
 def serve_command(config: Mrv2Config) -> None:
