@@ -68,6 +68,24 @@ class BenchConfig(StrictModel):
         return self
 
 
+class KVEventsConfig(StrictModel):
+    """KV-cache events for KV-aware routers (docs/scaling-out.md): every block the prefix cache stores or
+    evicts, published over ZMQ as msgspec-encoded batches in vLLM's layout."""
+
+    enabled: bool = Field(False, description="Publish KV-cache events (off: no socket is opened).")
+    endpoint: str = Field(
+        "tcp://127.0.0.1:5557",
+        description="ZMQ PUB address bound by the engine; data-parallel rank r binds the TCP port + r.",
+    )
+    replay_endpoint: Optional[str] = Field(
+        "tcp://127.0.0.1:5558",
+        description="ZMQ ROUTER address answering replay requests (8-byte big-endian start sequence number); "
+        "rank r binds the TCP port + r; null = no replay.",
+    )
+    topic: str = Field("kv-events", description="First frame of every published message (subscription filter).")
+    buffer_steps: int = Field(10000, ge=1, description="Published batches kept for replay.")
+
+
 class ServeConfig(StrictModel):
     """The HTTP server of `mrv2 serve` (docs/serving.md)."""
 
@@ -113,3 +131,9 @@ class ServeConfig(StrictModel):
     engine_start_timeout_s: float = Field(
         600.0, gt=0.0, description="How long start-up waits for the engine process to load the model."
     )
+    metrics_names: Literal["mrv2", "vllm"] = Field(
+        "mrv2",
+        description="Prefix of /metrics names: mrv2 (`mrv2:num_requests_waiting`, ...) or vllm "
+        "(`vllm:num_requests_waiting`, ...) for routers that read only vLLM's names (docs/scaling-out.md).",
+    )
+    kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig)

@@ -15,6 +15,7 @@ from framework.config.app import BenchConfig, RunConfig, ServeConfig
 from framework.config.base import ConfigError, StrictModel, format_validation_error
 from framework.config.kernels import KernelsConfig
 from framework.config.lora import LoraConfig
+from framework.config.parallel import ParallelConfig
 from framework.config.retired import check_retired
 
 __all__ = [  # the sections of the other modules, re-exported: `from framework.config.schema import ...` has them all
@@ -295,36 +296,6 @@ class CacheConfig(StrictModel):
     )
 
 
-class ParallelConfig(StrictModel):
-    """Tensor and pipeline parallelism over torch.distributed (see the Parallelism page)."""
-
-    tensor_parallel_size: int = Field(
-        1,
-        ge=1,
-        description="Ranks that split every layer (heads, MLP, vocabulary); attention heads and KV heads "
-        "must divide by it.",
-    )
-    pipeline_parallel_size: int = Field(
-        1, ge=1, description="Ranks that split the layer stack into consecutive stages; at most the number of layers."
-    )
-    backend: Literal["auto", "nccl", "gloo"] = Field(
-        "auto", description="torch.distributed backend of the step's collectives; auto = nccl on GPUs, gloo on CPUs."
-    )
-    timeout_s: float = Field(
-        300.0,
-        gt=0.0,
-        description="How long a collective waits for a rank before the run fails (start-up, steps and the "
-        "driver's delivery of each command to the other ranks).",
-    )
-    master_port: Optional[int] = Field(
-        None, ge=1, le=65535, description="Port of the rendezvous when mrv2 spawns its ranks; null = a free port."
-    )
-
-    @property
-    def world_size(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
-
-
 class Mrv2Config(StrictModel):
     """The whole run: one field per Hydra config group, plus device and seed."""
 
@@ -365,6 +336,8 @@ class Mrv2Config(StrictModel):
                     f"cache.num_blocks={self.cache.num_blocks} x cache.block_size={self.cache.block_size} holds "
                     f"{capacity} tokens, fewer than one request of model.max_model_len={self.model.max_model_len}"
                 )
+        if self.parallel.data_parallel_size > 1 and self.parallel.master_port is not None:
+            raise ValueError("parallel.master_port: each data-parallel rank needs its own rendezvous; leave it null")
         if self.parallel.world_size > 1:
             if self.runner.kind == "v1":
                 raise ValueError(

@@ -69,15 +69,20 @@ def extend_block_hashes(request: HashableRequest, num_tokens: int, block_size: i
     num_full = num_tokens // block_size
     if len(hashes) >= num_full:
         return hashes
-    prompt, output = request.prompt_token_ids, request.output_token_ids
     for index in range(len(hashes), num_full):
-        start, end = index * block_size, (index + 1) * block_size
-        if end <= len(prompt):
-            tokens: Sequence[int] = prompt[start:end]
-        else:  # the block reaches into the output (multi-turn chats, resumed requests)
-            tokens = prompt[start:end] + output[max(start - len(prompt), 0) : end - len(prompt)]
+        tokens = block_token_ids(request, index, block_size)
         hashes.append(hash_block(hashes[-1] if hashes else ROOT_HASH, tokens, request.cache_extra_keys))
     return hashes
+
+
+def block_token_ids(request: HashableRequest, index: int, block_size: int) -> Sequence[int]:
+    """The token ids of the request's full block `index` (prompt, then output)."""
+    prompt, output = request.prompt_token_ids, request.output_token_ids
+    start, end = index * block_size, (index + 1) * block_size
+    if end <= len(prompt):
+        return prompt[start:end]
+    # the block reaches into the output (multi-turn chats, resumed requests)
+    return prompt[start:end] + output[max(start - len(prompt), 0) : end - len(prompt)]
 
 
 class PrefixCacheHooks:

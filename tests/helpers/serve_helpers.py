@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import openai
 
 REPO = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 120
+START_TIMEOUT_S = 300  # a loaded 2-core machine can take minutes to load the model
 
 
 class ServerProcess:

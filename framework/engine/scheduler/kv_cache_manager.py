@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Mapping, Optional, Sequence
 
+from framework.params.kv_events import KVEventRecorder
 from framework.params.prefix_cache import (
     BlockHash,
     HashableRequest,
     PrefixCacheHooks,
     PrefixCacheStats,
+    block_token_ids,
     extend_block_hashes,
 )
 
@@ -51,6 +53,7 @@ class KVCacheManager:
         self._cached: dict[BlockHash, int] = {}  # hash -> the one block published under it
         self._blocks: dict[str, list[int]] = {}
         self._num_published: dict[str, int] = {}  # per request: leading blocks already offered to the cache
+        self.events: Optional[KVEventRecorder] = None  # set to publish KV-cache events (docs/scaling-out.md)
 
     @property
     def num_free_blocks(self) -> int:
@@ -65,6 +68,10 @@ class KVCacheManager:
     def num_cached_blocks(self) -> int:
         """Blocks published under a hash (held or free)."""
         return len(self._cached)
+
+    def cached_block_hashes(self) -> set[BlockHash]:
+        """The hashes of every prefix cached now (held or free)."""
+        return set(self._cached)
 
     def growth_views(self) -> tuple[Mapping[str, list[int]], Mapping[str, int]]:
         """(blocks held per request, leading blocks offered to the cache per request), read-only: the scheduler's
@@ -136,6 +143,8 @@ class KVCacheManager:
             self._block_hash[block] = None
             if self._cached.get(block_hash) == block:
                 del self._cached[block_hash]
+                if self.events is not None:
+                    self.events.removed(block_hash)
             self.hooks.on_evicted(block, block_hash)
         self._ref_cnt[block] = 1
         return block
@@ -165,6 +174,9 @@ class KVCacheManager:
                 self._block_hash[block] = block_hash
                 self._cached[block_hash] = block
                 self.hooks.on_cached(block, block_hash)
+                if self.events is not None:
+                    parent = hashes[index - 1] if index else None
+                    self.events.stored([block_hash], parent, block_token_ids(request, index, self.block_size))
             # else: already cached (a hit block), or another block caches the same prefix: this one stays
             # private and returns to the pool as an uncached block.
             holder = self._cached.get(block_hash)
@@ -191,6 +203,8 @@ class KVCacheManager:
             self._block_hash[block] = None
             self.hooks.on_evicted(block, block_hash)
         self._cached.clear()
+        if self.events is not None:
+            self.events.cleared()
 
     # ---- checks --------------------------------------------------------------------------------------
     def holders(self) -> set[str]:

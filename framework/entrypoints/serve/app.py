@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from framework.entrypoints.serve.errors import ApiError, ClientDisconnected, error_body, loggable
+from framework.entrypoints.serve.load import health_problem, load_report
 from framework.entrypoints.serve.lora import lora_router
 from framework.entrypoints.serve.openai_routes import router
 from framework.entrypoints.serve.openapi import install_openapi
@@ -129,9 +130,15 @@ def build_app(state: ServerState, lifespan: Any = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if state.client.dead is not None:
-            return JSONResponse(error_body(503, f"the engine is not running: {state.client.dead}"), status_code=503)
-        return Response(status_code=200)
+        down, degraded = health_problem(state.client.ranks())
+        if down is not None:
+            return JSONResponse(error_body(503, down), status_code=503)
+        # a router keeps a degraded server (its live ranks serve); the header names the dead ranks
+        return Response(status_code=200, headers={"X-Mrv2-Degraded": loggable(degraded)} if degraded else None)
+
+    @app.get("/load")
+    async def load() -> dict[str, Any]:
+        return load_report(state.client.ranks())
 
     @app.get("/version")
     async def version() -> dict[str, str]:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Literal, NamedTuple, Optional, Union
 
 import zmq
 import zmq.asyncio
@@ -57,11 +57,22 @@ class RequestFailed:
 StreamItem = Union[SequenceDelta, RequestFailed]
 
 
+class RankState(NamedTuple):
+    """One engine core as `/load`, `/health` and `/metrics` report it (rank 0 without data parallelism)."""
+
+    rank: int
+    dead: Optional[str]  # why it stopped, or None while it runs
+    num_in_flight: int  # requests the API server routed to it and still reads
+    stats: Optional[EngineStats]  # as of its latest step
+
+
 class EngineClient:
     """Owns the engine-core process and the two sockets to it."""
 
-    def __init__(self, config: Mrv2Config) -> None:
+    def __init__(self, config: Mrv2Config, rank: int = 0, env: Optional[dict[str, str]] = None) -> None:
         self.config = config
+        self.rank = rank  # its data-parallel rank
+        self._env = env  # the engine process's environment (None: this one's)
         self.info: Optional[EngineReady] = None
         self.stats: Optional[EngineStats] = None
         self.dead: Optional[str] = None  # why the engine is gone, once it is
@@ -78,6 +89,10 @@ class EngineClient:
     @property
     def num_in_flight(self) -> int:
         return len(self._queues)
+
+    def ranks(self) -> list[RankState]:
+        """The engine cores behind this client: this one."""
+        return [RankState(self.rank, self.dead, self.num_in_flight, self.stats)]
 
     async def start(self, timeout_s: float) -> EngineReady:
         """Spawn the engine core and wait until it has loaded the model (or failed, or timed out)."""
@@ -96,7 +111,9 @@ class EngineClient:
                 input_addr,
                 output_addr,
                 str(os.getpid()),
+                str(self.rank),
             ],
+            env=self._env,
             stdin=subprocess.DEVNULL,
             stdout=sys.stderr.fileno(),
         )  # stdout: the URL line only

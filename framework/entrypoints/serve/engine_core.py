@@ -24,6 +24,7 @@ from framework.config.schema import load_config
 from framework.engine.core import EngineCore
 from framework.engine.failure import EngineDeadError
 from framework.engine.request import Logprob, RequestOutput
+from framework.entrypoints.serve.kv_events import KVEventPublisher
 from framework.entrypoints.serve.protocol import (
     AbortRequests,
     AddRequest,
@@ -36,6 +37,7 @@ from framework.entrypoints.serve.protocol import (
     TokenLogprobs,
     engine_codec,
 )
+from framework.params.kv_events import KVEventRecorder
 from framework.params.pooling_params import PoolingRequestOutput
 from framework.params.sampling_params import InvalidRequestError
 
@@ -106,10 +108,17 @@ def to_delta(out: RequestOutput | PoolingRequestOutput) -> SequenceDelta:
 class EngineCoreLoop:
     """Between engine steps: take every queued message, then step while there is work."""
 
-    def __init__(self, engine: EngineCore, requests: zmq.Socket, outputs: zmq.Socket) -> None:
+    def __init__(
+        self,
+        engine: EngineCore,
+        requests: zmq.Socket,
+        outputs: zmq.Socket,
+        kv_events: Optional[KVEventPublisher] = None,
+    ) -> None:
         self.engine = engine
         self.requests = requests
         self.outputs = outputs
+        self.kv_events = kv_events
         self.codec = engine_codec()
         self._rejected: list[tuple[str, str]] = []
         self._stopping = False
@@ -143,7 +152,14 @@ class EngineCoreLoop:
             got, timeout_ms = True, 0
         return got
 
+    def _publish_kv_events(self) -> None:
+        recorder = self.engine.kv_cache.events
+        if self.kv_events is not None and recorder is not None:
+            self.kv_events.publish(recorder.take())
+            self.kv_events.answer_replays()
+
     def _send(self, deltas: list[SequenceDelta]) -> None:
+        self._publish_kv_events()
         rejected, self._rejected = self._rejected, []
         self.outputs.send(self.codec.encode(EngineOutputs(deltas, engine_stats(self.engine), rejected)))
 
@@ -161,23 +177,30 @@ class EngineCoreLoop:
             elif os.getppid() != parent_pid:  # the API server is gone: nobody reads our outputs
                 logger.warning("mrv2 engine core: the API server process exited; stopping")
                 break
+            else:
+                self._publish_kv_events()  # answer replay requests while idle
         for request_id in list(self.engine.scheduler.requests):
             self.engine.abort_request(request_id)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Process entry point: `CONFIG_JSON INPUT_ADDR OUTPUT_ADDR [PARENT_PID]`."""
+    """Process entry point: `CONFIG_JSON INPUT_ADDR OUTPUT_ADDR [PARENT_PID [DATA_PARALLEL_RANK]]`."""
     args = list(sys.argv[1:] if argv is None else argv)
     config_path, input_addr, output_addr = args[:3]
     parent = args[3] if len(args) > 3 else ""
+    dp_rank = int(args[4]) if len(args) > 4 else 0
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     context = zmq.Context()
     outputs = context.socket(zmq.PUSH)
     outputs.connect(output_addr)
     codec = engine_codec()
+    kv_events: Optional[KVEventPublisher] = None
     try:
         config = load_config(json.loads(Path(config_path).read_text()))
         engine = EngineCore(config)
+        if config.serve.kv_events.enabled:
+            engine.kv_cache.events = KVEventRecorder(config.cache.block_size)
+            kv_events = KVEventPublisher(context, config.serve.kv_events, dp_rank, config.parallel.data_parallel_size)
     except BaseException as err:  # start-up failure: tell the API server why, then exit
         outputs.send(codec.encode(EngineDead(f"the engine failed to start: {type(err).__name__}: {err}")))
         outputs.close(linger=2000)
@@ -197,7 +220,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             )
         )
     )
-    loop = EngineCoreLoop(engine, requests, outputs)
+    loop = EngineCoreLoop(engine, requests, outputs, kv_events)
     code = 0
     try:
         loop.run(int(parent) if parent else os.getppid())
@@ -210,6 +233,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         code = 1
     finally:
         engine.shutdown()
+        if kv_events is not None:
+            kv_events.close()
         outputs.close(linger=2000)
         requests.close(linger=0)
         context.term()

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional
 
 from framework.engine.parallel_sampling import child_request_id
-from framework.entrypoints.serve.engine_client import EngineClient, RequestFailed, StreamItem
+from framework.entrypoints.serve.client_interface import ServingClient
+from framework.entrypoints.serve.engine_client import RequestFailed, StreamItem
 from framework.entrypoints.serve.errors import ApiError, ClientDisconnected
 from framework.entrypoints.serve.metrics import ServerMetrics
 from framework.entrypoints.serve.protocol import TokenLogprobs
@@ -51,7 +52,7 @@ class Generation:
 
     def __init__(
         self,
-        client: EngineClient,
+        client: ServingClient,
         tokenizer: Any,
         metrics: ServerMetrics,
         request_id: str,

@@ -1,4 +1,5 @@
-"""`/metrics`: Prometheus text, every name prefixed `mrv2:`, in a registry of the server's own (no globals).
+"""`/metrics`: Prometheus text, every name prefixed `mrv2:` (or `vllm:`, `serve.metrics_names`), in a registry of
+the server's own (no globals). docs/scaling-out.md maps the names to what routers read.
 
 Gauges and engine counters are read from the engine's latest `EngineStats` at scrape time; request latencies
 are observed by the API server (from the HTTP request's arrival).
@@ -11,7 +12,10 @@ from typing import Callable, Iterator, Optional
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from framework.entrypoints.serve.engine_client import RankState
 from framework.entrypoints.serve.protocol import EngineStats
+
+RankStats = Callable[[], list[RankState]]  # the engine cores (one without data parallelism)
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -39,80 +43,127 @@ _LATENCY_BUCKETS = (
 
 
 class _EngineCollector:
-    """Exports the engine's gauges and counters as of its latest step."""
+    """Exports the engine's gauges and counters as of its latest step (summed over data-parallel ranks), the
+    cache layout routers read (`cache_config_info`) and, with several ranks, each rank's gauges."""
 
-    def __init__(self, stats: Callable[[], Optional[EngineStats]], model: str) -> None:
+    def __init__(
+        self, stats: Callable[[], Optional[EngineStats]], model: str, prefix: str, ranks: RankStats, block_size: int
+    ) -> None:
         self._stats = stats
         self._model = model
+        self._prefix = prefix
+        self._ranks = ranks
+        self._block_size = block_size
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats()
         if s is None:
             return
+        p = self._prefix
         used = s.num_blocks - s.num_free_blocks
         for name, doc, value in (
-            ("mrv2:num_requests_running", "Requests holding a slot in the engine.", s.num_running),
-            ("mrv2:num_requests_waiting", "Requests queued in the engine.", s.num_waiting),
-            ("mrv2:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).", used / max(s.num_blocks, 1)),
-            ("mrv2:kv_cache_blocks_free", "KV blocks free (cached prefixes included).", s.num_free_blocks),
-            ("mrv2:kv_cache_blocks_total", "KV blocks in the pool.", s.num_blocks),
+            ("num_requests_running", "Requests holding a slot in the engine.", s.num_running),
+            ("num_requests_waiting", "Requests queued in the engine.", s.num_waiting),
+            ("kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).", used / max(s.num_blocks, 1)),
+            ("gpu_cache_usage_perc", "Same as kv_cache_usage_perc (the older name).", used / max(s.num_blocks, 1)),
+            ("kv_cache_blocks_free", "KV blocks free (cached prefixes included).", s.num_free_blocks),
+            ("kv_cache_blocks_total", "KV blocks in the pool.", s.num_blocks),
         ):
-            gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
+            gauge = GaugeMetricFamily(f"{p}:{name}", doc, labels=["model_name"])
             gauge.add_metric([self._model], value)
             yield gauge
+        info = GaugeMetricFamily(
+            f"{p}:cache_config_info", "KV cache layout (value 1).", labels=["block_size", "num_gpu_blocks"]
+        )
+        info.add_metric([str(self._block_size), str(s.num_blocks)], 1)
+        yield info
         for name, doc, value in (
-            ("mrv2:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
-            ("mrv2:prefix_cache_hits", "Prompt tokens served from the prefix cache.", s.prefix_cache_hits),
-            ("mrv2:spec_decode_num_drafts", "Speculative verification rows.", s.spec_num_drafts),
-            ("mrv2:spec_decode_num_draft_tokens", "Draft tokens verified.", s.spec_num_draft_tokens),
-            ("mrv2:spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_num_accepted_tokens),
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
+            ("prefix_cache_hits", "Prompt tokens served from the prefix cache.", s.prefix_cache_hits),
+            ("spec_decode_num_drafts", "Speculative verification rows.", s.spec_num_drafts),
+            ("spec_decode_num_draft_tokens", "Draft tokens verified.", s.spec_num_draft_tokens),
+            ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_num_accepted_tokens),
         ):
-            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter = CounterMetricFamily(f"{p}:{name}", doc, labels=["model_name"])
             counter.add_metric([self._model], value)
             yield counter
+        yield from self._per_rank()
+
+    def _per_rank(self) -> Iterator[Metric]:
+        ranks = self._ranks()
+        if len(ranks) < 2:
+            return
+        labels = ["model_name", "data_parallel_rank"]
+        families = {
+            "up": GaugeMetricFamily(f"{self._prefix}:data_parallel_rank_up", "1 while the rank runs.", labels=labels),
+            "running": GaugeMetricFamily(
+                f"{self._prefix}:data_parallel_rank_num_requests_running", "Running requests.", labels=labels
+            ),
+            "waiting": GaugeMetricFamily(
+                f"{self._prefix}:data_parallel_rank_num_requests_waiting", "Queued requests.", labels=labels
+            ),
+            "usage": GaugeMetricFamily(
+                f"{self._prefix}:data_parallel_rank_kv_cache_usage_perc", "KV blocks in use.", labels=labels
+            ),
+        }
+        for rank in ranks:
+            key, r = [self._model, str(rank.rank)], rank.stats
+            families["up"].add_metric(key, 1 if rank.dead is None else 0)
+            if r is not None:
+                families["running"].add_metric(key, r.num_running)
+                families["waiting"].add_metric(key, r.num_waiting)
+                families["usage"].add_metric(key, (r.num_blocks - r.num_free_blocks) / max(r.num_blocks, 1))
+        yield from families.values()
 
 
 class ServerMetrics:
     """The server's Prometheus registry: request counters and latency histograms, plus the engine's stats."""
 
-    def __init__(self, model: str, stats: Callable[[], Optional[EngineStats]]) -> None:
+    def __init__(
+        self,
+        model: str,
+        stats: Callable[[], Optional[EngineStats]],
+        prefix: str = "mrv2",
+        ranks: Optional[RankStats] = None,
+        block_size: int = 16,
+    ) -> None:
         self.model = model
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["model_name"]
         self.prompt_tokens = Counter(
-            "mrv2:prompt_tokens", "Prompt tokens of finished requests.", labels, registry=self.registry
+            f"{prefix}:prompt_tokens", "Prompt tokens of finished requests.", labels, registry=self.registry
         ).labels(model)
         self.generation_tokens = Counter(
-            "mrv2:generation_tokens", "Generated tokens of finished requests.", labels, registry=self.registry
+            f"{prefix}:generation_tokens", "Generated tokens of finished requests.", labels, registry=self.registry
         ).labels(model)
         self.requests = Counter(
-            "mrv2:request_success",
+            f"{prefix}:request_success",
             "Finished requests by finish reason.",
             labels + ["finished_reason"],
             registry=self.registry,
         )
         self.ttft = Histogram(
-            "mrv2:time_to_first_token_seconds",
+            f"{prefix}:time_to_first_token_seconds",
             "Time from arrival to the first output token.",
             labels,
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         ).labels(model)
         self.tpot = Histogram(
-            "mrv2:time_per_output_token_seconds",
+            f"{prefix}:time_per_output_token_seconds",
             "Mean time per output token after the first.",
             labels,
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         ).labels(model)
         self.e2e = Histogram(
-            "mrv2:e2e_request_latency_seconds",
+            f"{prefix}:e2e_request_latency_seconds",
             "Time from arrival to the last output token.",
             labels,
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         ).labels(model)
-        self.registry.register(_EngineCollector(stats, model))
+        self.registry.register(_EngineCollector(stats, model, prefix, ranks or (lambda: []), block_size))
 
     def observe_request(
         self,

@@ -114,6 +114,23 @@ class Version(_Open):
     version: str
 
 
+class RankLoad(_Open):
+    rank: int
+    alive: bool
+    error: Optional[str]
+    server_load: int
+    num_requests_running: int
+    num_requests_waiting: int
+    kv_cache_usage_perc: Optional[float]
+
+
+class Load(_Open):
+    server_load: int
+    num_requests_running: int
+    num_requests_waiting: int
+    data_parallel: list[RankLoad]
+
+
 _ERRORS = {
     "400": "the request is invalid (a field, its range, or constraints that contradict each other)",
     "401": "`serve.api_key` is set and the request lacks `Authorization: Bearer <key>`",
@@ -127,7 +144,7 @@ _POST_BODIES = {
     "/v1/chat/completions": ("ChatCompletionResponse", True),
     "/v1/embeddings": ("EmbeddingResponse", False),
 }
-_MODELS = (ErrorResponse, CompletionResponse, ChatCompletionResponse, EmbeddingResponse, ModelList, Version)
+_MODELS = (ErrorResponse, CompletionResponse, ChatCompletionResponse, EmbeddingResponse, ModelList, Version, Load)
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -198,15 +215,18 @@ def build_openapi(app: FastAPI, max_logprobs: int) -> dict[str, Any]:
                     responses[status] = _error(_ERRORS[status])
     paths = schema["paths"]
     paths["/health"]["get"]["responses"] = {
-        "200": {"description": "the engine is running (empty body)"},
+        "200": {
+            "description": "the engine is running (empty body; header X-Mrv2-Degraded names dead data-parallel ranks)"
+        },
         "503": _error("the engine is not running"),
     }
     metrics_text = {"text/plain": {"schema": {"type": "string"}}}
     paths["/metrics"]["get"]["responses"] = {
-        "200": {"description": "Prometheus text format (names prefixed `mrv2:`)", "content": metrics_text}
+        "200": {"description": "Prometheus text format (names prefixed `mrv2:` or `vllm:`)", "content": metrics_text}
     }
     paths["/v1/models"]["get"]["responses"]["200"]["content"]["application/json"]["schema"] = _ref("ModelList")
     paths["/version"]["get"]["responses"]["200"]["content"]["application/json"]["schema"] = _ref("Version")
+    paths["/load"]["get"]["responses"]["200"]["content"]["application/json"]["schema"] = _ref("Load")
     return schema
 
 

@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
 import uvicorn
+from fastapi import FastAPI
 
 from framework.config.schema import ConfigError, Mrv2Config
 from framework.entrypoints.chat_template import ChatTemplate
 from framework.entrypoints.serve.app import build_app
+from framework.entrypoints.serve.client_interface import ServingClient
+from framework.entrypoints.serve.dp_client import DataParallelClient
 from framework.entrypoints.serve.engine_client import EngineClient, EngineStartError
 from framework.entrypoints.serve.lora import ServedLoras, parse_lora_modules
 from framework.entrypoints.serve.metrics import ServerMetrics
@@ -62,7 +65,7 @@ class _Server(uvicorn.Server):
     """uvicorn, plus: on SIGTERM/SIGINT first end every request in flight, so that shutdown never waits on them;
     and exit 0 after a clean shutdown (uvicorn would re-raise the signal)."""
 
-    def __init__(self, config: uvicorn.Config, client: EngineClient) -> None:
+    def __init__(self, config: uvicorn.Config, client: ServingClient) -> None:
         super().__init__(config)
         self.client = client
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -83,10 +86,31 @@ def _state(config: Mrv2Config) -> ServerState:
         template = ChatTemplate.load(config)
     except InvalidRequestError as err:
         why = str(err)
-    client = EngineClient(config)
+    client: ServingClient = (
+        DataParallelClient(config) if config.parallel.data_parallel_size > 1 else EngineClient(config)
+    )
     name = served_model_name(config)
-    metrics = ServerMetrics(name, lambda: client.stats)
+    metrics = ServerMetrics(
+        name, lambda: client.stats, config.serve.metrics_names, client.ranks, config.cache.block_size
+    )
     return ServerState(config, name, client, tokenizer, metrics, template, why, loras=ServedLoras(config))
+
+
+def serving_app(config: Mrv2Config) -> FastAPI:
+    """mrv2's FastAPI app for another ASGI host (Ray Serve, a test client): its lifespan starts the engine
+    cores (raising `EngineStartError` when they cannot start) and stops them."""
+    state = _state(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        await state.client.start(config.serve.engine_start_timeout_s)
+        register_lora_modules(state)
+        try:
+            yield
+        finally:
+            await state.client.close()
+
+    return build_app(state, lifespan)
 
 
 def register_lora_modules(state: ServerState) -> None:

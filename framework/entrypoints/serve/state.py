@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from framework.config.schema import Mrv2Config
 from framework.entrypoints.chat_template import ChatTemplate
-from framework.entrypoints.serve.engine_client import EngineClient
+from framework.entrypoints.serve.client_interface import ServingClient
 from framework.entrypoints.serve.errors import ApiError
 from framework.entrypoints.serve.lora import ServedLoras
 from framework.entrypoints.serve.metrics import ServerMetrics
@@ -22,7 +22,7 @@ class ServerState:
 
     config: Mrv2Config
     model_name: str
-    client: EngineClient
+    client: ServingClient
     tokenizer: Any
     metrics: ServerMetrics
     chat_template: Optional[ChatTemplate]
