@@ -13,7 +13,7 @@ import logging
 import signal
 import socket
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import uvicorn
 
@@ -73,7 +73,7 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def _state(config: Mrv2Config) -> ServerState:
+def _state(config: Mrv2Config, client_factory: Callable[[Mrv2Config], EngineClient]) -> ServerState:
     source = resolve_model_source(config.model.path, config.model.preset)
     tokenizer = load_tokenizer(source.path, read_model_config(config))
     template, why = None, None
@@ -81,17 +81,18 @@ def _state(config: Mrv2Config) -> ServerState:
         template = ChatTemplate.load(config)
     except InvalidRequestError as err:
         why = str(err)
-    client = EngineClient(config)
+    client = client_factory(config)
     name = served_model_name(config)
     return ServerState(config, name, client, tokenizer, ServerMetrics(name, lambda: client.stats), template, why)
 
 
-def serve_command(config: Mrv2Config) -> None:
-    """Run the server until SIGTERM / Ctrl-C; raises `ConfigError` when it cannot start."""
+def serve_command(config: Mrv2Config, client_factory: Callable[[Mrv2Config], EngineClient] = EngineClient) -> None:
+    """Run the server until SIGTERM / Ctrl-C; raises `ConfigError` when it cannot start. `client_factory` makes
+    the engine client (a stand-in engine core for the API-server harness)."""
     host, port = config.serve.host, config.serve.port
     sock = bind_socket(host, port)
     url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
-    state = _state(config)
+    state = _state(config, client_factory)
     failure: list[str] = []
 
     @contextlib.asynccontextmanager
