@@ -38,7 +38,7 @@ MODULE = "framework.entrypoints.bench.stream_harness"
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("detokenization", ("detokenizer.py", "tokenizer.py", "sequence_text.py")),
     ("JSON / SSE encoding", ("json/", "responses.py:sse", "orjson", "msgspec", "stream_frames.py")),
-    ("output processing", ("generation.py", "openai_routes.py", "chat_tools.py", "stream_events.py")),
+    ("output processing", ("generation.py", "openai_routes.py", "chat_tools.py", "streaming.py", "stream_inbox.py")),
     ("engine messages (ZMQ, decode, routing)", ("engine_client.py", "zmq/", "protocol.py")),
     ("HTTP framing and socket writes", ("uvicorn/", "h11", "httptools", "starlette/", "selector_events.py")),
     ("event loop and tasks", ("asyncio/", "uvloop", "<built-in method select", "<method 'poll'")),
@@ -54,12 +54,19 @@ def part_of(where: str) -> str:
 
 
 def profile_split(path: Path) -> dict[str, float]:
-    """A cProfile dump's own (tottime) seconds per part, largest first."""
+    """A cProfile dump's own (tottime) seconds per part, largest first. A built-in function's time goes to the
+    parts of its callers, in proportion to the time each caller spent in it."""
     stats = pstats.Stats(str(path))
     parts: dict[str, float] = {}
-    for (file, line, function), row in stats.stats.items():  # type: ignore[attr-defined]
-        where = f"{file}:{function}"
-        parts[part_of(where)] = parts.get(part_of(where), 0.0) + row[2]
+    for (file, _, function), row in stats.stats.items():  # type: ignore[attr-defined]
+        callers = row[4]
+        if file == "~" and callers:
+            for (caller_file, _, caller_function), caller_row in callers.items():
+                part = part_of(f"{caller_file}:{caller_function}")
+                parts[part] = parts.get(part, 0.0) + caller_row[2]
+            continue
+        part = part_of(f"{file}:{function}")
+        parts[part] = parts.get(part, 0.0) + row[2]
     return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
 
 

@@ -36,7 +36,6 @@ from framework.entrypoints.serve.params import (
 from framework.entrypoints.serve.responses import chat_logprobs, completion_logprobs, envelope, finite, usage
 from framework.entrypoints.serve.state import ServerState
 from framework.entrypoints.serve.stream_frames import CompletionFrames, sse_frame
-from framework.entrypoints.serve.streaming import framed as _framed
 from framework.entrypoints.serve.streaming import respond as _respond
 
 router = APIRouter()
@@ -293,7 +292,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens, gen.num_cached_tokens),
         }
 
-    return await _respond(gen, request, body.stream, _framed(chunk), lambda: _usage_tail(body, head, gen), full)
+    return await _respond(gen, request, body.stream, chunk, lambda: _usage_tail(body, head, gen), full)
 
 
 @router.post("/v1/embeddings", response_model=None)

@@ -28,16 +28,21 @@ async def collect(gen: Generation, request: Request) -> list[list[SequenceEvent]
 async def stream_frames(
     first: list[SequenceEvent],
     events: AsyncIterator[list[SequenceEvent]],
-    frame: Callable[[SequenceEvent], bytes],
+    frame: Callable[[SequenceEvent], Union[bytes, dict[str, Any]]],
     tail: Any,
 ) -> AsyncIterator[bytes]:
-    """SSE frames: one per event (one write per batch), then the tail (usage), then [DONE]; an engine failure
-    mid-stream becomes a final error event. Leaving early (the client went away) closes `events`, which aborts
-    the request."""
+    """SSE frames: one per event (one write per batch; `frame` gives its bytes, or a chunk dict to encode), then
+    the tail (usage), then [DONE]; an engine failure mid-stream becomes a final error event. Leaving early (the
+    client went away) closes `events`, which aborts the request."""
+
+    def frames(batch: list[SequenceEvent]) -> bytes:
+        out = [frame(e) for e in batch]
+        return b"".join(f if isinstance(f, bytes) else sse_frame(f) for f in out)
+
     try:
-        yield b"".join([frame(e) for e in first])
+        yield frames(first)
         async for batch in events:
-            yield b"".join([frame(e) for e in batch])
+            yield frames(batch)
         for body in tail():
             yield sse_frame(body)
     except ApiError as err:
@@ -47,13 +52,13 @@ async def stream_frames(
     yield DONE_FRAME
 
 
-def framed(chunk: Callable[[SequenceEvent], dict[str, Any]]) -> Callable[[SequenceEvent], bytes]:
-    """An event's frame from a function that builds its chunk as a dict."""
-    return lambda e: sse_frame(chunk(e))
-
-
 async def respond(
-    gen: Generation, request: Request, stream: bool, frame: Callable[[SequenceEvent], bytes], tail: Any, body: Any
+    gen: Generation,
+    request: Request,
+    stream: bool,
+    frame: Callable[[SequenceEvent], Union[bytes, dict[str, Any]]],
+    tail: Any,
+    body: Any,
 ) -> Union[StreamingResponse, dict[str, Any]]:
     """The whole body (`body(per-choice events)`) or, for a stream, the SSE response (`frame` per event, then
     `tail()`'s frames)."""
