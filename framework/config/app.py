@@ -58,6 +58,20 @@ class BenchConfig(StrictModel):
         default_factory=list,
         description="With `serve`: Poisson request rates (req/s) to run after the all-at-once run.",
     )
+    concurrencies: list[int] = Field(
+        default_factory=list,
+        description="With `serve`: closed-loop runs with at most this many requests in flight each (a user "
+        "sends its next request when its stream ends), after the rate runs.",
+    )
+    requests_per_user: int = Field(
+        2, ge=1, description="With `concurrencies`: each run sends concurrency x this many of the requests."
+    )
+    slo_ttft_ms: float = Field(
+        1000.0, gt=0, description="With `serve`: goodput counts requests whose time to first token is within this."
+    )
+    slo_tpot_ms: float = Field(
+        50.0, gt=0, description="With `serve`: goodput counts requests whose time per output token is within this."
+    )
 
     @model_validator(mode="after")
     def _ranges(self) -> "BenchConfig":

@@ -7,8 +7,9 @@ of the tokens before it, and text is released only once it no longer ends in an 
 
 from __future__ import annotations
 
+import codecs
 import inspect
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -74,6 +75,55 @@ class IncrementalDetokenizer:
     def decode_one(self, token_id: int) -> str:
         """The text of a single token (for logprob entries)."""
         return self._decode([token_id])
+
+
+class ByteStreamDetokenizer:
+    """`IncrementalDetokenizer` for a byte-level tokenizer (`tokenizer.byte_level`: token id = byte value, ids from
+    256 up have no text): one incremental UTF-8 decode per token instead of two window decodes. The released text
+    is the same (`decode(output_token_ids)` once flushed); an incomplete character is held back until it
+    completes, an invalid byte shows as U+FFFD at once."""
+
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._tokens: list[int] = []
+        self.text = ""
+
+    def append(self, token_id: int) -> str:
+        """Add one token; returns the text it released (possibly empty)."""
+        self._tokens.append(token_id)
+        if not 0 <= token_id < 256:
+            return ""
+        delta = self._utf8.decode(bytes((token_id,)))
+        if delta:
+            self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """At the end of the request: an incomplete character at the end decodes as U+FFFD."""
+        delta = self._utf8.decode(b"", final=True)
+        self.text += delta
+        return delta
+
+    def decode_all(self, token_ids: Sequence[int]) -> str:
+        """Replace everything with one decode of the whole output."""
+        self._tokens = list(token_ids)
+        self._utf8.reset()
+        self.text = bytes(t for t in self._tokens if 0 <= t < 256).decode("utf-8", errors="replace")
+        return self.text
+
+    def decode_one(self, token_id: int) -> str:
+        return bytes((token_id,)).decode("utf-8", errors="replace") if 0 <= token_id < 256 else ""
+
+
+Detokenizer = Union[IncrementalDetokenizer, ByteStreamDetokenizer]
+
+
+def make_detokenizer(tokenizer: Any, skip_special_tokens: bool = True) -> Detokenizer:
+    """The cheapest detokenizer that gives `tokenizer.decode`'s text: the byte stream for byte-level
+    tokenizers, else the windowed `IncrementalDetokenizer`."""
+    if getattr(tokenizer, "byte_level", False):
+        return ByteStreamDetokenizer()
+    return IncrementalDetokenizer(tokenizer, skip_special_tokens)
 
 
 def find_stop_string(text: str, stops: Sequence[str], num_new_chars: int) -> Optional[tuple[str, int]]:

@@ -6,7 +6,12 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from framework.engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from framework.engine.detokenizer import (
+    REPLACEMENT_CHAR,
+    ByteStreamDetokenizer,
+    IncrementalDetokenizer,
+    make_detokenizer,
+)
 from framework.models.tokenizer import ByteTokenizer
 
 TEXT = "naïve café: 日本語 🙂 ok, Größe — 𝔘𝔫𝔦 end"
@@ -47,3 +52,23 @@ def test_an_incomplete_last_character_is_released_by_flush_as_decode_does():
     assert "".join(detok.append(t) for t in ids) == "ok "
     detok.flush()
     assert detok.text == tokenizer.decode(ids)
+
+
+def test_the_byte_stream_detokenizer_releases_what_the_windowed_one_does():
+    """`make_detokenizer` picks the byte stream for the byte tokenizer; on valid text with split characters it
+    releases the same text at the same tokens as `IncrementalDetokenizer`, and on any ids (invalid bytes,
+    ids without text, a character cut at the end) its flushed text is `tokenizer.decode(ids)`."""
+    import random
+
+    tokenizer = ByteTokenizer()
+    assert isinstance(make_detokenizer(tokenizer), ByteStreamDetokenizer)
+    assert isinstance(make_detokenizer(_byte_level_bpe()), IncrementalDetokenizer)
+    ids = tokenizer.encode(TEXT)
+    fast, windowed = ByteStreamDetokenizer(), IncrementalDetokenizer(tokenizer)
+    assert [fast.append(t) for t in ids] == [windowed.append(t) for t in ids]
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.choice([rng.randrange(0, 128), rng.randrange(128, 258), 0xF0, 0x9F]) for _ in range(12)]
+        fast = ByteStreamDetokenizer()
+        released = [fast.append(t) for t in ids] + [fast.flush()]
+        assert "".join(released) == fast.text == tokenizer.decode(ids), ids

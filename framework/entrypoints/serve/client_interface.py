@@ -3,11 +3,12 @@ them) both have it."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal, Optional, Protocol
 
 from framework.entrypoints.serve.engine_client import RankState, StreamItem
 from framework.entrypoints.serve.protocol import EngineReady, EngineStats
+from framework.entrypoints.serve.stream_inbox import ItemSink
+from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import PoolingParams
 from framework.params.sampling_params import SamplingParams
 
@@ -35,9 +36,10 @@ class ServingClient(Protocol):
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        queue: asyncio.Queue[StreamItem],
+        queue: ItemSink[StreamItem],
         sampling_params: Optional[SamplingParams] = None,
         pooling_params: Optional[PoolingParams] = None,
+        lora: Optional[LoRARequest] = None,
     ) -> None: ...
 
     def abort(self, engine_ids: list[str]) -> None: ...

@@ -19,6 +19,8 @@ from framework.config.schema import Mrv2Config
 from framework.engine.parallel_sampling import CHILD_SEPARATOR
 from framework.entrypoints.serve.engine_client import EngineClient, EngineStartError, RankState, StreamItem
 from framework.entrypoints.serve.protocol import EngineReady, EngineStats
+from framework.entrypoints.serve.stream_inbox import ItemSink
+from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import PoolingParams
 from framework.params.prefix_cache import ROOT_HASH, BlockHash, hash_block
 from framework.params.sampling_params import SamplingParams
@@ -144,9 +146,10 @@ class DataParallelClient:
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        queue: asyncio.Queue[StreamItem],
+        queue: ItemSink[StreamItem],
         sampling_params: Optional[SamplingParams] = None,
         pooling_params: Optional[PoolingParams] = None,
+        lora: Optional[LoRARequest] = None,
     ) -> None:
         """Send the request to the rank `pick_rank` chooses (a dead server fails it as one rank would)."""
         loads = [c.num_in_flight if c.dead is None else None for c in self.clients]
@@ -157,7 +160,7 @@ class DataParallelClient:
             rank = 0  # every rank is dead: rank 0's client fails the request with its reason
         self._locality.record(hashes, rank)
         self._rank_of[request_id] = rank
-        self.clients[rank].add(request_id, prompt_token_ids, queue, sampling_params, pooling_params)
+        self.clients[rank].add(request_id, prompt_token_ids, queue, sampling_params, pooling_params, lora)
 
     def _rank_for(self, engine_id: str) -> Optional[int]:
         rank = self._rank_of.get(engine_id)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple, Optional, Union
+from typing import Literal, NamedTuple, Optional, Sequence, Union
 
 import zmq
 import zmq.asyncio
@@ -33,12 +33,14 @@ from framework.entrypoints.serve.protocol import (
     Shutdown,
     front_end_codec,
 )
+from framework.entrypoints.serve.stream_inbox import ItemSink
 from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import PoolingParams
 from framework.params.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 MONITOR_INTERVAL_S = 0.2
+CORE_MODULE = "framework.entrypoints.serve.engine_core"
 
 
 class EngineStartError(RuntimeError):
@@ -69,14 +71,25 @@ class RankState(NamedTuple):
 class EngineClient:
     """Owns the engine-core process and the two sockets to it."""
 
-    def __init__(self, config: Mrv2Config, rank: int = 0, env: Optional[dict[str, str]] = None) -> None:
+    def __init__(
+        self,
+        config: Mrv2Config,
+        rank: int = 0,
+        env: Optional[dict[str, str]] = None,
+        core_module: str = CORE_MODULE,
+        core_args: Sequence[str] = (),
+    ) -> None:
+        """`rank`: its data-parallel rank; `env`: the engine process's environment (None: this one's);
+        `core_module`: the engine-core process's module (`python -m`), given the config, the two socket
+        addresses, this process's id, the rank and `core_args`; a stand-in core measures the API server alone."""
         self.config = config
-        self.rank = rank  # its data-parallel rank
-        self._env = env  # the engine process's environment (None: this one's)
+        self.rank = rank
+        self._env = env
+        self._core = [core_module, *core_args]
         self.info: Optional[EngineReady] = None
         self.stats: Optional[EngineStats] = None
         self.dead: Optional[str] = None  # why the engine is gone, once it is
-        self._queues: dict[str, asyncio.Queue[StreamItem]] = {}
+        self._queues: dict[str, ItemSink[StreamItem]] = {}
         self._codec = front_end_codec()
         self._dir = tempfile.TemporaryDirectory(prefix="mrv2-serve-")
         self._context = zmq.asyncio.Context()
@@ -106,12 +119,13 @@ class EngineClient:
             [
                 sys.executable,
                 "-m",
-                "framework.entrypoints.serve.engine_core",
+                self._core[0],
                 str(config_path),
                 input_addr,
                 output_addr,
                 str(os.getpid()),
                 str(self.rank),
+                *self._core[1:],
             ],
             env=self._env,
             stdin=subprocess.DEVNULL,
@@ -139,7 +153,7 @@ class EngineClient:
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        queue: asyncio.Queue[StreamItem],
+        queue: ItemSink[StreamItem],
         sampling_params: Optional[SamplingParams] = None,
         pooling_params: Optional[PoolingParams] = None,
         lora: Optional[LoRARequest] = None,
@@ -183,20 +197,36 @@ class EngineClient:
             self._mark_dead(f"the engine's output could not be read: {type(err).__name__}: {err}")
 
     async def _route(self) -> None:
+        """Every engine message to its requests' sinks. Each turn drains every message already waiting (no round
+        through the event loop per message), then yields once so that every stream writes what it got before
+        the next turn. Awaiting a socket that already holds a message does not yield: without the explicit
+        yield, a router reading a busy engine would run on while the streams wait, and each stream would then
+        get many steps at once."""
+        sync = zmq.Socket.shadow(self._outputs.underlying)  # the same socket, for reads that never wait
         while True:
-            message = self._codec.decode(await self._outputs.recv())
-            if isinstance(message, EngineOutputs):
-                self.stats = message.stats
-                for request_id, why in message.rejected:
-                    queue = self._queues.get(request_id)
-                    if queue is not None:
-                        queue.put_nowait(RequestFailed(why, "invalid"))
-                for delta in message.deltas:
-                    queue = self._queues.get(delta.request_id)
-                    if queue is not None:
-                        queue.put_nowait(delta)
-            elif isinstance(message, EngineDead):
-                self._mark_dead(message.message)
+            await self._outputs.poll(flags=zmq.POLLIN)
+            while True:
+                try:
+                    data = sync.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._dispatch(self._codec.decode(data))
+            await asyncio.sleep(0)
+
+    def _dispatch(self, message: object) -> None:
+        if isinstance(message, EngineOutputs):
+            self.stats = message.stats
+            for request_id, why in message.rejected:
+                sink = self._queues.get(request_id)
+                if sink is not None:
+                    sink.put_nowait(RequestFailed(why, "invalid"))
+            queues = self._queues
+            for delta in message.deltas:
+                sink = queues.get(delta.request_id)
+                if sink is not None:
+                    sink.put_nowait(delta)
+        elif isinstance(message, EngineDead):
+            self._mark_dead(message.message)
 
     async def _monitor(self) -> None:
         assert self._process is not None

@@ -8,7 +8,6 @@ slot or block outlives its client.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from framework.entrypoints.serve.errors import ApiError, ClientDisconnected
 from framework.entrypoints.serve.metrics import ServerMetrics
 from framework.entrypoints.serve.protocol import TokenLogprobs
 from framework.entrypoints.serve.sequence_text import SequenceText
+from framework.entrypoints.serve.stream_inbox import StreamInbox
 from framework.params.lora_request import LoRARequest
 from framework.params.sampling_params import SamplingParams
 
@@ -81,9 +81,10 @@ class Generation:
         self._prompt_of = {engine_id: p for p, engine_id in enumerate(self._engine_ids)}
         self._sequences = [_Sequence(SequenceText(tokenizer, params, stream)) for _ in range(len(prompts) * params.n)]
         self._running = len(self._sequences)
-        self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        self.stream = stream
+        self._inbox: StreamInbox[StreamItem] = StreamInbox()
         for engine_id, ids in zip(self._engine_ids, prompts):
-            client.add(engine_id, ids, self._queue, sampling_params=params, lora=lora)
+            client.add(engine_id, ids, self._inbox, sampling_params=params, lora=lora)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -96,43 +97,56 @@ class Generation:
     def sequence(self, choice: int) -> SequenceText:
         return self._sequences[choice].text
 
-    async def _next(self, is_disconnected: Optional[Callable[[], Awaitable[bool]]]) -> StreamItem:
-        """The next engine item. With `is_disconnected`, the client is checked every DISCONNECT_POLL_S whether or
-        not items come meanwhile: a client that left a busy request would otherwise hold its slot to the end."""
+    async def _next(self, is_disconnected: Optional[Callable[[], Awaitable[bool]]]) -> list[StreamItem]:
+        """The engine items that came since the last call (at least one). With `is_disconnected`, the client is
+        checked every DISCONNECT_POLL_S whether or not items come meanwhile: a client that left a busy request
+        would otherwise hold its slot to the end."""
         while True:
             if is_disconnected is not None and time.perf_counter() >= self._disconnect_check:
                 self._disconnect_check = time.perf_counter() + DISCONNECT_POLL_S
                 if await is_disconnected():
                     raise ClientDisconnected("the client disconnected")
-            if is_disconnected is None or not self._queue.empty():
-                return await self._queue.get()
-            try:
-                return await asyncio.wait_for(self._queue.get(), self._disconnect_check - time.perf_counter())
-            except asyncio.TimeoutError:
-                continue
+            if is_disconnected is None:
+                items = await self._inbox.take()
+            else:
+                items = await self._inbox.take(max(0.0, self._disconnect_check - time.perf_counter()))
+            if items:
+                return items
 
     async def events(
         self, is_disconnected: Optional[Callable[[], Awaitable[bool]]] = None, watch_until_first: bool = False
     ) -> AsyncIterator[list[SequenceEvent]]:
         """Batches of events until every sequence ends; raises `ApiError` if the engine refuses or fails it.
 
-        Each wake-up takes every delta already queued: a consumer that fell behind the engine catches up with
-        one event per sequence (several tokens at once) instead of one per engine step. `is_disconnected` is
-        polled while waiting (only until the first batch with `watch_until_first`: a started stream learns of a
-        disconnect from its HTTP response, which closes this generator)."""
+        Each wake-up takes every engine item already there. A stream (`stream=True`) gets one event per engine
+        step per sequence, never one event for tokens of different steps: a consumer that fell behind sends
+        the steps it missed as separate events in one write, and the reader still sees every step's tokens as
+        that step's. Otherwise each wake-up gives one event per sequence that changed. `is_disconnected` is
+        polled while waiting (only until the first batch with `watch_until_first`: a started stream learns of
+        a disconnect from its HTTP response, which closes this generator)."""
         try:
             while self._running:
-                items = [await self._next(is_disconnected)]
+                items = await self._next(is_disconnected)
                 if watch_until_first:
                     is_disconnected = None
-                while not self._queue.empty():
-                    items.append(self._queue.get_nowait())
+                if self.stream:
+                    yield [event for item in items for event in self._step_events(item)]
+                    continue
                 touched: dict[int, _Sequence] = {}
                 for item in items:
                     self._apply(item, touched)
                 yield [self._event(choice, seq) for choice, seq in touched.items()]
         finally:
             self._close()
+
+    def _step_events(self, item: StreamItem) -> list[SequenceEvent]:
+        """The event of one engine step's delta (none if it changed nothing)."""
+        touched: dict[int, _Sequence] = {}
+        self._apply(item, touched)
+        if not touched:
+            return []
+        choice, seq = touched.popitem()
+        return [self._event(choice, seq)]
 
     def _apply(self, item: StreamItem, touched: dict[int, _Sequence]) -> None:
         """One engine delta into its sequence's text; `touched` collects the sequences that changed."""

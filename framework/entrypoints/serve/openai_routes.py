@@ -12,10 +12,9 @@ import base64
 import logging
 import struct
 import uuid
-from typing import Any, AsyncIterator, Optional, Union
+from typing import Any, Optional
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from framework.entrypoints.chat_template import RENDER_ARGUMENTS
@@ -34,8 +33,10 @@ from framework.entrypoints.serve.params import (
     sampling_params,
     tokenize,
 )
-from framework.entrypoints.serve.responses import chat_logprobs, completion_logprobs, envelope, finite, sse, usage
+from framework.entrypoints.serve.responses import chat_logprobs, completion_logprobs, envelope, finite, usage
 from framework.entrypoints.serve.state import ServerState
+from framework.entrypoints.serve.stream_frames import CompletionFrames, sse_frame
+from framework.entrypoints.serve.streaming import respond as _respond
 
 router = APIRouter()
 logger = logging.getLogger(__name__)
@@ -57,53 +58,11 @@ def _token_text(state: ServerState):  # type: ignore[no-untyped-def]
     return (lambda t: tokenizer.decode([t], skip_special_tokens=False)) if tokenizer is not None else str
 
 
-async def _collect(gen: Generation, request: Request) -> list[list[SequenceEvent]]:
-    """Every event of every choice (non-streaming), aborting if the client goes away meanwhile."""
-    per_choice: list[list[SequenceEvent]] = [[] for _ in range(len(gen.prompts) * gen.params.n)]
-    async for batch in gen.events(request.is_disconnected):
-        for event in batch:
-            per_choice[event.choice].append(event)
-    return per_choice
-
-
 def _join(events: list[SequenceEvent]) -> tuple[str, list[int], list, Optional[str], Any]:
     text = "".join(e.text for e in events)
     tokens = [t for e in events for t in e.token_ids]
     logprobs = [lp for e in events for lp in (e.logprobs or [])]
     return text, tokens, logprobs, events[-1].finish_reason, events[-1].stop_reason
-
-
-async def _stream(
-    first: list[SequenceEvent], events: AsyncIterator[list[SequenceEvent]], chunk: Any, tail: Any
-) -> AsyncIterator[str]:
-    """SSE frames: one chunk per event (one write per batch), then the tail (usage), then [DONE]; an engine failure
-    mid-stream becomes a final error event. Leaving early (the client went away) closes `events`, which aborts
-    the request."""
-    try:
-        yield "".join(sse(chunk(e)) for e in first)
-        async for batch in events:
-            yield "".join(sse(chunk(e)) for e in batch)
-        for frame in tail():
-            yield sse(frame)
-    except ApiError as err:
-        yield sse(err.body())
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
-    yield sse("[DONE]")
-
-
-async def _respond(
-    gen: Generation, request: Request, stream: bool, chunk: Any, tail: Any, body: Any
-) -> Union[StreamingResponse, dict[str, Any]]:
-    if not stream:
-        return body(await _collect(gen, request))
-    events = gen.events(request.is_disconnected, watch_until_first=True)  # a client may leave before its first token
-    try:
-        first = await events.__anext__()
-    except BaseException:
-        await events.aclose()
-        raise
-    return StreamingResponse(_stream(first, events, chunk, tail), media_type="text/event-stream")
 
 
 def _usage_tail(body: Any, head: dict[str, Any], gen: Generation) -> list[dict[str, Any]]:
@@ -191,6 +150,13 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
             return text
         return prompt_texts[choice // params.n] + text
 
+    frames = CompletionFrames(head)
+
+    def frame(e: SequenceEvent) -> bytes:
+        if body.logprobs is None and e.finish_reason is None and (not body.echo or e.choice in echoed):
+            return frames.running_text(e.choice, e.text)  # the common chunk, pre-encoded
+        return sse_frame(chunk(e))
+
     def chunk(e: SequenceEvent) -> dict[str, Any]:
         lp = logprobs_of(e.choice, e.token_ids, e.logprobs or [])
         text = echo(e.choice, e.text)
@@ -228,7 +194,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
             "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens, gen.num_cached_tokens),
         }
 
-    return await _respond(gen, request, body.stream, chunk, lambda: _usage_tail(body, head, gen), full)
+    return await _respond(gen, request, body.stream, frame, lambda: _usage_tail(body, head, gen), full)
 
 
 @router.post("/v1/chat/completions", response_model=None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from framework.engine.detokenizer import IncrementalDetokenizer, stop_string_hit, untold_stop_tokens
+from framework.engine.detokenizer import make_detokenizer, stop_string_hit, untold_stop_tokens
 from framework.entrypoints.serve.protocol import TokenLogprobs
 from framework.params.sampling_params import SamplingParams
 
@@ -22,7 +22,7 @@ class SequenceText:
         self.token_ids: list[int] = []
         self.logprobs: Optional[list[TokenLogprobs]] = [] if params.logprobs is not None else None
         self.stop_string: Optional[str] = None
-        self._detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens) if tokenizer is not None else None
+        self._detok = make_detokenizer(tokenizer, params.skip_special_tokens) if tokenizer is not None else None
         # Streams and stop strings need text as tokens come; otherwise the output is decoded once at its end.
         self._incremental = incremental or bool(params.stop)
         self._released = 0  # characters a stream has shown
@@ -43,6 +43,13 @@ class SequenceText:
         engine; its text is left out unless `include_stop_str_in_output`, as the offline OutputProcessor does."""
         # The engine's final delta carries the stop (nothing follows it): `finish` reads this after it.
         self._untold = untold_stop_tokens(stopped_by_token, self.params.include_stop_str_in_output)
+        if self.logprobs is None and not self.params.stop and not self._untold:  # most deltas: only text to make
+            self.token_ids.extend(token_ids)
+            if self._detok is not None and self._incremental:
+                append = self._detok.append
+                for token in token_ids:
+                    append(token)
+            return False
         for i, token in enumerate(token_ids):
             self.token_ids.append(token)
             if self.logprobs is not None and logprobs is not None and i < len(logprobs):

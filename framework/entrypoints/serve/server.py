@@ -13,7 +13,7 @@ import logging
 import signal
 import socket
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI
@@ -78,7 +78,7 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def _state(config: Mrv2Config) -> ServerState:
+def _state(config: Mrv2Config, client_factory: Optional[Callable[[Mrv2Config], ServingClient]] = None) -> ServerState:
     source = resolve_model_source(config.model.path, config.model.preset)
     tokenizer = load_tokenizer(source.path, read_model_config(config))
     template, why = None, None
@@ -86,9 +86,9 @@ def _state(config: Mrv2Config) -> ServerState:
         template = ChatTemplate.load(config)
     except InvalidRequestError as err:
         why = str(err)
-    client: ServingClient = (
-        DataParallelClient(config) if config.parallel.data_parallel_size > 1 else EngineClient(config)
-    )
+    if client_factory is None:  # one engine core, or one per data-parallel rank
+        client_factory = DataParallelClient if config.parallel.data_parallel_size > 1 else EngineClient
+    client = client_factory(config)
     name = served_model_name(config)
     metrics = ServerMetrics(
         name, lambda: client.stats, config.serve.metrics_names, client.ranks, config.cache.block_size
@@ -125,12 +125,14 @@ def register_lora_modules(state: ServerState) -> None:
         state.loras.add(lora_name, path, state.model_name)
 
 
-def serve_command(config: Mrv2Config) -> None:
-    """Run the server until SIGTERM / Ctrl-C; raises `ConfigError` when it cannot start."""
+def serve_command(config: Mrv2Config, client_factory: Optional[Callable[[Mrv2Config], ServingClient]] = None) -> None:
+    """Run the server until SIGTERM / Ctrl-C; raises `ConfigError` when it cannot start. `client_factory` makes
+    the engine client (default: one engine core, or one per data-parallel rank; a stand-in core for the
+    API-server harness)."""
     host, port = config.serve.host, config.serve.port
     sock = bind_socket(host, port)
     url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
-    state = _state(config)
+    state = _state(config, client_factory)
     failure: list[str] = []
 
     @contextlib.asynccontextmanager
