@@ -102,6 +102,12 @@ class ServeConfig(StrictModel):
         description="Split chat replies' <think>...</think> section into reasoning_content: a registered "
         "reasoning parser (think, qwen3, deepseek_r1, or a plugin's); null = no splitting.",
     )
+    thinking_token_budget: Optional[int] = Field(
+        None,
+        ge=0,
+        description="Default `thinking_token_budget` of chat requests (the request field overrides it): the "
+        "thinking section ends after that many tokens (its `</think>` forced); null = no limit.",
+    )
     engine_start_timeout_s: float = Field(
         600.0, gt=0.0, description="How long start-up waits for the engine process to load the model."
     )

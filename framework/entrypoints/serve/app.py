@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from framework.entrypoints.serve.errors import ApiError, ClientDisconnected, error_body, loggable
 from framework.entrypoints.serve.openai_routes import router
 from framework.entrypoints.serve.openapi import install_openapi
+from framework.entrypoints.serve.responses_api import router as responses_router
 from framework.entrypoints.serve.state import VERSION, ServerState
 
 logger = logging.getLogger(__name__)
@@ -152,5 +153,6 @@ def build_app(state: ServerState, lifespan: Any = None) -> FastAPI:
         return {"object": "list", "data": [card]}
 
     app.include_router(router)
+    app.include_router(responses_router)
     install_openapi(app, lambda: state.config.sampler.max_logprobs)
     return app
