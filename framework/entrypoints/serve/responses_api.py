@@ -52,6 +52,7 @@ class ResponsesRequest(_RequestBody):
     metadata: Optional[dict[str, Any]] = None
     user: Optional[str] = None
     thinking_token_budget: Optional[int] = None
+    structured_outputs: Optional[dict[str, Any]] = None  # vLLM's extra, as in the chat API
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -152,6 +153,7 @@ def as_chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         seed=body.seed,
         stream=body.stream,
         response_format=response_format,
+        structured_outputs=body.structured_outputs,
         thinking_token_budget=body.thinking_token_budget,
     )
 
