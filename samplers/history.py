@@ -7,6 +7,8 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from framework.params.request_errors import SlotWriteError
+
 
 class TokenHistory(Protocol):
     """The per-slot token history the sampler reads (`framework.batch.request_state.RequestState` provides it).
@@ -78,9 +80,13 @@ class SlotLists:
             self.values = wider
         slots = list(self._staged)
         rows = torch.zeros(len(slots), self.width, dtype=self.dtype)
-        for i, values in enumerate(self._staged.values()):
+        for i, (slot, values) in enumerate(self._staged.items()):
             if values:
-                rows[i, : len(values)] = torch.tensor(values, dtype=self.dtype)
+                try:
+                    rows[i, : len(values)] = torch.tensor(values, dtype=self.dtype)
+                except (OverflowError, RuntimeError, TypeError, ValueError) as err:
+                    self._staged.clear()
+                    raise SlotWriteError(slot, err) from err
         index = torch.tensor(slots, dtype=torch.int64).to(self.device, non_blocking=True)
         self.values.index_copy_(0, index, rows.to(self.device, non_blocking=True))
         lens = torch.tensor([len(v) for v in self._staged.values()], dtype=torch.int32)

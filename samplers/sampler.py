@@ -4,7 +4,8 @@ Order (each stage skipped when no request of the batch uses it, decided on the h
 
 1. non-finite logits (NaN, +inf) -> -inf, row flagged; 1b. the grammar bitmask of structured outputs
    (`samplers.structured`: -inf for every token a request's grammar forbids; raw logprobs see it too)
-2. allowed_token_ids, 3. bad_words, 4. min_tokens, 5. logit_bias, 6. repetition/frequency/presence
+2. allowed_token_ids, 3. bad_words, 4. min_tokens, 4b. thinking_token_budget (a row past its budget keeps
+   only the next end-of-thinking token), 5. logit_bias, 6. repetition/frequency/presence
    penalties, 7. custom logits processors
 8. temperature (greedy rows: none), 9. top-k then top-p, 10. min-p
 11. greedy rows take the argmax, the others Gumbel-max with (seed, position) noise
@@ -137,6 +138,7 @@ class Sampler:
             or stages.any_allowed_tokens
             or stages.any_bad_words
             or stages.any_min_tokens
+            or stages.any_thinking_budget
             or stages.any_structured
         )
         nonfinite = None
@@ -171,7 +173,7 @@ class Sampler:
         sample_positions: torch.Tensor,  # [L] int64
         stages: SamplingStages,
     ) -> torch.Tensor:
-        """Stages 2-7: masks, bias, penalties and custom processors, in that order."""
+        """Stages 2-7: masks, the thinking budget, bias, penalties and custom processors, in that order."""
         s = self.states
         if stages.any_allowed_tokens:
             logits = s.allowed_tokens.apply(logits, expanded_idx_mapping)
@@ -179,6 +181,8 @@ class Sampler:
             logits = s.bad_words.apply(logits, expanded_idx_mapping, sample_positions)
         if stages.any_min_tokens:
             logits = s.min_tokens.apply(logits, expanded_idx_mapping, sample_positions)
+        if stages.any_thinking_budget:
+            logits = s.thinking_budget.apply(logits, expanded_idx_mapping, sample_positions)
         if stages.any_logit_bias:
             logits = s.logit_bias.apply(logits, expanded_idx_mapping)
         if stages.any_penalties:

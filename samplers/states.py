@@ -26,6 +26,7 @@ from samplers.penalties import PenaltiesState
 from samplers.prompt_logprobs import PromptLogprobsState
 from samplers.reference import RowParams, SlotSamplingParams, row_params
 from samplers.structured.state import StructuredOutputsState
+from samplers.thinking_budget import ThinkingBudgetState
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class SamplingStages:
     any_allowed_tokens: bool = False
     any_bad_words: bool = False
     any_min_tokens: bool = False
+    any_thinking_budget: bool = False
     any_logit_bias: bool = False
     any_penalties: bool = False
     processors: tuple[int, ...] = ()  # indices of the custom processors some request uses
@@ -53,6 +55,7 @@ class SamplingStages:
             self.any_allowed_tokens
             or self.any_bad_words
             or self.any_min_tokens
+            or self.any_thinking_budget
             or self.any_logit_bias
             or self.any_penalties
             or bool(self.processors)
@@ -159,6 +162,7 @@ class SamplingStates:
         self.allowed_tokens = AllowedTokensState(max_num_reqs, vocab_size, device)
         self.bad_words = BadWordsState(max_num_reqs, device, history)
         self.min_tokens = MinTokensState(max_num_reqs, device, history, eos_token_id)
+        self.thinking_budget = ThinkingBudgetState(max_num_reqs, device, history)
         self.logit_bias = LogitBiasState(max_num_reqs, device)
         self.penalties = PenaltiesState(max_num_reqs, vocab_size, device, history)
         self.prompt_logprobs = PromptLogprobsState(max_num_reqs, num_computed_host)
@@ -173,7 +177,14 @@ class SamplingStates:
         return self.params.tensors
 
     def _param_states(self) -> list:
-        return [self.allowed_tokens, self.bad_words, self.min_tokens, self.logit_bias, self.penalties]
+        return [
+            self.allowed_tokens,
+            self.bad_words,
+            self.min_tokens,
+            self.thinking_budget,
+            self.logit_bias,
+            self.penalties,
+        ]
 
     def add_request(self, req_slot: int, new: NewRequestData) -> None:
         params = new.sampling_params
@@ -203,6 +214,7 @@ class SamplingStates:
             any_allowed_tokens=self.allowed_tokens.any_in(req_slots),
             any_bad_words=self.bad_words.any_in(req_slots),
             any_min_tokens=self.min_tokens.any_in(req_slots),
+            any_thinking_budget=self.thinking_budget.any_in(req_slots),
             any_logit_bias=self.logit_bias.any_in(req_slots),
             any_penalties=self.penalties.any_in(req_slots),
             processors=tuple(i for i, p in enumerate(self.processors) if p.is_active(req_slots)),

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from framework.layers.kernels.scatter import scatter_reference, scatter_triton
+from framework.params.request_errors import SlotWriteError
 
 
 class StagedWrites:
@@ -32,6 +33,7 @@ class StagedWrites:
         self._host_dtype = np.float64 if target.dtype.is_floating_point else np.int64
         self._starts: list[int] = []  # flat position of each run's first value
         self._runs: list[Sequence[float]] = []  # each run's values
+        self._slots: list[int] = []  # each run's slot (names the culprit when a value cannot be written)
 
     def stage(self, req_slot: int, values: Sequence[float] | float, column: int = 0) -> None:
         """Write `values` into row `req_slot` starting at `column` (a scalar for 1-D targets)."""
@@ -41,6 +43,7 @@ class StagedWrites:
             raise IndexError(f"write of {len(values)} values at column {column} overflows row length {self._row_len}")
         self._starts.append(req_slot * self._row_len + column)
         self._runs.append(values)
+        self._slots.append(req_slot)
 
     def apply(self) -> None:
         """Scatter every staged value into the target, then forget them.
@@ -50,15 +53,34 @@ class StagedWrites:
         """
         if not self._runs:
             return
-        index, values = self._flattened()
+        try:
+            index, values = self._flattened()
+        except (OverflowError, TypeError, ValueError) as err:
+            raise self._culprit(err) from err
         index_t = torch.from_numpy(index).to(self.device, non_blocking=True)
         values_t = torch.from_numpy(values).to(self.target.dtype).to(self.device, non_blocking=True)
         if self.device.type == "cuda" and not self.target.is_cuda:
             scatter_triton(self.target, index_t, values_t)
         else:
             scatter_reference(self.target, index_t, values_t)
+        self._clear()
+
+    def _clear(self) -> None:
         self._starts.clear()
         self._runs.clear()
+        self._slots.clear()
+
+    def _culprit(self, err: Exception) -> Exception:
+        """The staged writes are dropped; a `SlotWriteError` naming the first slot whose values alone fail (the
+        engine ends that request only), else `err` itself."""
+        runs, slots = list(self._runs), list(self._slots)
+        self._clear()
+        for slot, run in zip(slots, runs):
+            try:
+                np.fromiter(run, dtype=self._host_dtype, count=len(run))
+            except (OverflowError, TypeError, ValueError) as cause:
+                return SlotWriteError(slot, cause)
+        return err
 
     def _flattened(self) -> tuple[np.ndarray, np.ndarray]:
         """(flat positions [N] int64, values [N]) of the staged runs, each position once (its last write)."""

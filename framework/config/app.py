@@ -142,6 +142,12 @@ class ServeConfig(StrictModel):
     allow_runtime_lora: bool = Field(
         False, description="Accept POST /v1/load_lora_adapter and /v1/unload_lora_adapter (else refused)."
     )
+    thinking_token_budget: Optional[int] = Field(
+        None,
+        ge=0,
+        description="Default `thinking_token_budget` of chat requests (the request field overrides it): the "
+        "thinking section ends after that many tokens (its `</think>` forced); null = no limit.",
+    )
     engine_start_timeout_s: float = Field(
         600.0, gt=0.0, description="How long start-up waits for the engine process to load the model."
     )

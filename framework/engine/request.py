@@ -131,6 +131,7 @@ class CompletionOutput:
     # split from it (`text` is then the answer's content).
     tool_calls: Optional[list[dict[str, Any]]] = None
     reasoning_content: Optional[str] = None
+    reasoning_tokens: Optional[int] = None  # output tokens of the thinking section (with a reasoning parser)
 
 
 @dataclass

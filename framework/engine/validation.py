@@ -12,7 +12,12 @@ from framework.models.loaded import LoadedModel
 from framework.params.encoder_input import EncoderInput
 from framework.params.pooling_params import PoolingParams
 from framework.params.request_errors import InvalidRequestError
-from framework.params.sampling_params import SamplingParams, first_invalid_token_index, first_out_of_vocab
+from framework.params.sampling_params import (
+    THINK_END,
+    SamplingParams,
+    first_invalid_token_index,
+    first_out_of_vocab,
+)
 from framework.runner.interface import ModelRunner
 from framework.runner.pooling import hidden_size_of
 
@@ -76,11 +81,13 @@ class RequestValidator:
             )
         prepared = params.clone()
         prepared.resolve_bad_words(self.loaded.tokenizer.encode if self.loaded.tokenizer is not None else None)
+        self._resolve_thinking_end(request_id, prepared)
         id_lists = (
             ("stop_token_ids", prepared.stop_token_ids),
             ("logit_bias", list(prepared.logit_bias or ())),
             ("allowed_token_ids", prepared.allowed_token_ids or ()),
             ("bad_words", [t for word in prepared.bad_words_token_ids for t in word]),
+            ("thinking_end_token_ids", prepared.thinking_end_token_ids or ()),
         )
         for name, ids in id_lists:
             bad = first_out_of_vocab(ids, vocab) if ids else None
@@ -96,6 +103,19 @@ class RequestValidator:
         if prepared.structured_outputs is not None:
             self._check_structured_outputs(request_id, prepared)
         return prepared
+
+    def _resolve_thinking_end(self, request_id: str, params: SamplingParams) -> None:
+        """A thinking budget without end ids ends the thinking with `</think>` as this model's tokenizer writes it."""
+        if params.thinking_token_budget is None or params.thinking_end_token_ids is not None:
+            return
+        tokenizer = self.loaded.tokenizer
+        ids = list(tokenizer.encode(THINK_END)) if tokenizer is not None else []
+        if not ids:
+            raise InvalidRequestError(
+                f"request '{request_id}': SamplingParams.thinking_token_budget needs the end-of-thinking tokens: "
+                f"this model has no tokenizer to write {THINK_END!r}; pass SamplingParams.thinking_end_token_ids"
+            )
+        params.thinking_end_token_ids = ids
 
     def _check_allowed_tokens_can_be_sampled(self, request_id: str, params: SamplingParams) -> None:
         """`allowed_token_ids` that other fields exclude entirely would leave nothing to sample at the first
@@ -133,6 +153,15 @@ class RequestValidator:
             backend.check(params.structured_outputs)
         except InvalidRequestError as err:
             raise InvalidRequestError(f"request '{request_id}': {err}") from None
+        if params.min_tokens > 0 and not params.ignore_eos:
+            # min_tokens forbids end of sequence, the only token a grammar that has ended allows.
+            if backend.can_run_for(params.structured_outputs, params.min_tokens) is False:
+                kind = params.structured_outputs.kind  # type: ignore[union-attr]
+                raise InvalidRequestError(
+                    f"request '{request_id}': SamplingParams.structured_outputs.{kind} always ends before "
+                    f"SamplingParams.min_tokens={params.min_tokens} tokens (the grammar has no longer output), and "
+                    "min_tokens forbids ending sooner: lower min_tokens or loosen the grammar"
+                )
 
     def check_encoder_input(self, request_id: str, encoder_input: Optional[EncoderInput]) -> None:
         """Audio goes to encoder-decoder models only, and they need it."""
@@ -187,6 +216,7 @@ class RequestValidator:
                 ("logprobs", params.logprobs is not None),
                 ("prompt_logprobs", params.prompt_logprobs is not None),
                 ("structured_outputs", params.structured_outputs is not None),
+                ("thinking_token_budget", params.thinking_token_budget is not None),
             )
             if on
         ]

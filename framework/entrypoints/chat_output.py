@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from framework.engine.request import RequestOutput
 from framework.entrypoints.reasoning_parser import ReasoningParser, make_reasoning_parser
 from framework.entrypoints.tool_calls import ToolSetup
 from framework.entrypoints.tool_parsers import ToolCall, ToolParser
+from framework.params.sampling_params import THINK_END
 
 
 @dataclass
@@ -106,13 +107,42 @@ class ChatOutputParser:
         return out
 
 
+THINK_START = "<think>"
+
+
+def thinking_budget_for(prompt_text: str, budget: Optional[int]) -> Optional[int]:
+    """The `thinking_token_budget` a chat prompt takes: None when the template already closed the thinking (its
+    last `</think>` comes after its last `<think>`, as Qwen3's do with `enable_thinking=false`), so a budget never
+    forces `</think>` into an answer."""
+    if budget is None:
+        return None
+    closed = prompt_text.rfind(THINK_END) > prompt_text.rfind(THINK_START)
+    return None if closed else budget
+
+
+def reasoning_token_count(token_ids: Sequence[int], end_ids: Sequence[int], reasoning: Optional[str]) -> int:
+    """Output tokens of the thinking section: up to and including the first end-of-thinking sequence; all of them
+    when the output never ended its thinking but holds reasoning (the tokens ran out while thinking); else 0."""
+    m = len(end_ids)
+    if m:
+        for i in range(len(token_ids) - m + 1):
+            if list(token_ids[i : i + m]) == list(end_ids):
+                return i + m
+    return len(token_ids) if reasoning else 0
+
+
 def parse_chat_outputs(
-    outputs: list[RequestOutput], tools: ToolSetup, reasoning_parser: Optional[str]
+    outputs: list[RequestOutput],
+    tools: ToolSetup,
+    reasoning_parser: Optional[str],
+    encode: Optional[Callable[[str], list[int]]] = None,
 ) -> list[RequestOutput]:
     """`LLM.chat`'s outputs with each sequence's text split into content, `tool_calls` and `reasoning_content`
-    (the finish reason "tool_calls" where a turn that ended on its own made calls)."""
+    (the finish reason "tool_calls" where a turn that ended on its own made calls), and `reasoning_tokens`
+    counted (`encode` spells the end of thinking)."""
     if not tools.active and reasoning_parser is None:
         return outputs
+    end_ids = encode(THINK_END) if encode is not None else []
     for out in outputs:
         sequences = []
         for seq in out.outputs:
@@ -123,6 +153,9 @@ def parse_chat_outputs(
                 text=parts.content or "",
                 tool_calls=[c.to_openai() for c in parts.tool_calls] if tools.active else None,
                 reasoning_content=parts.reasoning,
+                reasoning_tokens=(
+                    reasoning_token_count(seq.token_ids, end_ids, parts.reasoning) if reasoning_parser else None
+                ),
                 finish_reason=parser.finish_reason(seq.finish_reason, bool(parts.tool_calls)),
             )
             sequences.append(seq)

@@ -15,7 +15,7 @@ from framework.config.schema import Mrv2Config, load_config
 from framework.engine.core import EngineCore
 from framework.engine.parallel_sampling import merge_sequences
 from framework.engine.request import RequestOutput
-from framework.entrypoints.chat_output import parse_chat_outputs
+from framework.entrypoints.chat_output import parse_chat_outputs, thinking_budget_for
 from framework.entrypoints.chat_template import ChatTemplate
 from framework.entrypoints.tool_calls import tool_sampling, tool_setup
 from framework.entrypoints.tool_parsers import detect_tool_parser
@@ -303,8 +303,10 @@ class LLM:
         the tools, `required` and named choices constrain the output to valid calls, and each sequence's
         `tool_calls` holds the calls parsed from its text (`tool_parser`, default `serve.tool_call_parser` or the
         format the template writes). `reasoning_parser` (default `serve.reasoning_parser`) moves a `<think>`
-        section into `reasoning_content`. `chat_template_kwargs` are extra template variables
-        (`enable_thinking`, ...).
+        section into `reasoning_content` (and counts its tokens in `reasoning_tokens`). A
+        `SamplingParams.thinking_token_budget` (default `serve.thinking_token_budget`) ends the thinking after that
+        many tokens; it is dropped for a prompt whose template already closed the thinking. `chat_template_kwargs`
+        are extra template variables (`enable_thinking`, ...).
         """
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         template = ChatTemplate.load(self.config, chat_template)
@@ -320,9 +322,20 @@ class LLM:
             )
             for c in conversations
         ]
-        params = [tool_sampling(p, setup) for p in _params_list(sampling_params, len(prompts))]
+        params = [
+            self._with_thinking_budget(tool_sampling(p, setup), text)
+            for p, text in zip(_params_list(sampling_params, len(prompts)), prompts)
+        ]
         outputs = self.generate(prompts, params, use_tqdm=use_tqdm)
-        return parse_chat_outputs(outputs, setup, reasoning)
+        tokenizer = self.engine.tokenizer
+        return parse_chat_outputs(outputs, setup, reasoning, tokenizer.encode if tokenizer is not None else None)
+
+    def _with_thinking_budget(self, params: SamplingParams, prompt_text: str) -> SamplingParams:
+        requested = params.thinking_token_budget
+        budget = thinking_budget_for(
+            prompt_text, requested if requested is not None else self.config.serve.thinking_token_budget
+        )
+        return params if budget == requested else dataclasses.replace(params, thinking_token_budget=budget)
 
     def encode(
         self,

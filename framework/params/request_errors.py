@@ -13,3 +13,13 @@ class RequestStepError(RuntimeError):
     def __init__(self, request_id: str, cause: BaseException) -> None:
         super().__init__(f"request '{request_id}': {type(cause).__name__}: {cause}")
         self.request_id = request_id
+
+
+class SlotWriteError(RuntimeError):
+    """A batched apply of staged per-slot writes failed on the values one slot staged (`StagedWrites`,
+    `SlotLists`): the runner names the request holding `req_slot` in a `RequestStepError`."""
+
+    def __init__(self, req_slot: int, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.req_slot = req_slot
+        self.cause = cause

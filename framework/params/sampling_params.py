@@ -16,6 +16,7 @@ OutputKind = Literal["final_only", "delta", "cumulative"]
 OUTPUT_KINDS = ("final_only", "delta", "cumulative")
 MAX_N = 128  # parallel sampling: the most sequences one request may ask for
 SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # the sampler keeps seeds in an int64 table
+THINK_END = "</think>"  # the end-of-thinking text tokenised when `thinking_end_token_ids` is not given
 
 
 def _is_int(x: Any) -> bool:
@@ -72,6 +73,8 @@ def plainly_valid(params: "SamplingParams") -> bool:
         and params.output_kind in OUTPUT_KINDS
         and params.extra_args is None
         and params.structured_outputs is None
+        and params.thinking_token_budget is None
+        and params.thinking_end_token_ids is None
     )
 
 
@@ -151,6 +154,12 @@ def check_fields(params: "SamplingParams") -> None:
         if not isinstance(params.structured_outputs, StructuredOutputsParams):
             raise bad("structured_outputs", "None or a StructuredOutputsParams")
         params.structured_outputs.validate()
+    check_int("thinking_token_budget", 0, "None or >= 0", optional=True)
+    end_ids = params.thinking_end_token_ids
+    if end_ids is not None and (
+        not isinstance(end_ids, (list, tuple)) or not end_ids or any(not _is_int(t) or t < 0 for t in end_ids)
+    ):
+        raise bad("thinking_end_token_ids", "None or a non-empty list of non-negative token ids")
     if params.stop and not params.detokenize:
         raise bad("stop", "empty when detokenize=False (stop strings are matched on the text)")
 
@@ -234,6 +243,10 @@ class SamplingParams:
     Structured outputs: `structured_outputs` (a `StructuredOutputsParams`: JSON schema, regex, choice or
     grammar) restricts every sampled token to those the grammar allows; see the "Structured outputs" page.
 
+    Thinking: `thinking_token_budget` ends a reasoning model's thinking section after that many output tokens
+    by forcing `thinking_end_token_ids` (None: the engine tokenises `</think>`) unless the output already holds
+    them; see the "Tool calling and reasoning" page.
+
     `extra_args` carries per-request arguments of custom logits processors (each reads its own keys).
     """
 
@@ -262,6 +275,8 @@ class SamplingParams:
     output_kind: OutputKind = "final_only"
     extra_args: Optional[dict[str, Any]] = None
     structured_outputs: Optional[StructuredOutputsParams] = None
+    thinking_token_budget: Optional[int] = None
+    thinking_end_token_ids: Optional[list[int]] = None
     # Set by the engine from `bad_words` with the request's tokenizer (see `EngineCore.add_request`).
     _bad_words_token_ids: Optional[list[list[int]]] = field(default=None, init=False, repr=False, compare=False)
 

@@ -18,7 +18,7 @@ from framework.config.schema import Mrv2Config
 from framework.layers.attention import AttentionMetadata
 from framework.layers.kernels.input_prep import compute_num_sampled, post_update
 from framework.models.loaded import LoadedModel
-from framework.params.request_errors import RequestStepError
+from framework.params.request_errors import RequestStepError, SlotWriteError
 from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.runner.async_output import AsyncOutput
 from framework.runner.draft_verify import DraftVerifier
@@ -269,9 +269,15 @@ class ModelRunnerV2(ModelRunner):
             self.block_tables.append_blocks(self.request_state.req_id_to_slot[data.request_id], data.new_block_ids)
 
     def _apply_staged_writes(self) -> None:
-        self.request_state.apply_staged_writes()
-        for owner in self._states():
-            owner.apply_staged_writes()
+        try:  # a write that fails on one slot's values names that slot's request (the engine ends it alone)
+            self.request_state.apply_staged_writes()
+            for owner in self._states():
+                owner.apply_staged_writes()
+        except SlotWriteError as err:
+            slot_to_id = {slot: rid for rid, slot in self.request_state.req_id_to_slot.items()}
+            if err.req_slot not in slot_to_id:
+                raise
+            raise RequestStepError(slot_to_id[err.req_slot], err.cause) from err
 
     # ---- sample_tokens ---------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import llguidance
+import numpy as np
 
 from framework.params.request_errors import InvalidRequestError
 from framework.params.structured_outputs import StructuredOutputsParams
@@ -102,6 +103,35 @@ class GuidanceBackend:
         if matcher.is_error():
             raise InvalidRequestError(f"{WHERE}.{params.kind} is invalid: {_first_lines(matcher.get_error())}")
         return matcher
+
+    def can_run_for(self, params: StructuredOutputsParams, num_tokens: int, max_steps: int = 2000) -> Optional[bool]:
+        """Whether the grammar admits `num_tokens` tokens before its end (end of sequence): True when a depth-first
+        walk over the allowed tokens finds such a path, False when the walk saw every path end sooner, None when it
+        gave up after `max_steps` tokens tried (undecided). A grammar that must end sooner cannot meet a request's
+        min_tokens, which forbids end of sequence until then."""
+        matcher = self.new_matcher(params)
+
+        def allowed() -> Iterator[int]:
+            bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+            return (int(t) for t in np.flatnonzero(bits[: self.vocab_size]) if t != self.eos_token_id)
+
+        stack = [allowed()]
+        steps = 0
+        while stack:
+            if len(stack) - 1 >= num_tokens:
+                return True
+            token = next(stack[-1], None)
+            if token is None:
+                stack.pop()
+                if stack:
+                    matcher.rollback(1)
+                continue
+            steps += 1
+            if steps > max_steps:
+                return None
+            if matcher.consume_token(token):
+                stack.append(allowed())
+        return False
 
     @staticmethod
     def _compile(params: StructuredOutputsParams) -> str:

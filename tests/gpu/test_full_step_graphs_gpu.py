@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 STOP = 1234  # biased up: without min_tokens the row would stop at once
 ALLOWED = [11, 222, 3333, 44_444, 100_000]
+THINK_END = [198, 151_668]  # "\n</think>" in Qwen3's vocabulary: the thinking budget forces it
 ENGINE = {
     "device": "cuda",
     "dtype": "float32",
@@ -61,6 +62,14 @@ def _params() -> list:
             temperature=0.7, seed=11, logit_bias={5: 8.0, 77: -100.0}, logprobs=1, max_tokens=18, ignore_eos=True
         ),
         SamplingParams(temperature=1.0, seed=12, allowed_token_ids=ALLOWED, max_tokens=15, ignore_eos=True),
+        SamplingParams(
+            temperature=0.8,
+            seed=13,
+            thinking_token_budget=5,
+            thinking_end_token_ids=THINK_END,
+            max_tokens=16,
+            ignore_eos=True,
+        ),
     ]
     return out
 
@@ -90,7 +99,9 @@ def test_full_step_graphs_equal_eager_sampler_at_real_shapes() -> None:
         llm.shutdown()
     assert results[True] == results[False]
     out = results[True]
-    assert set(out[-1]) <= set(ALLOWED) and STOP not in out[-3][:6] and len(out[-3]) >= 6
+    assert set(out[-2]) <= set(ALLOWED) and STOP not in out[-4][:6] and len(out[-4]) >= 6
+    ended_itself = any(out[-1][i : i + 2] == THINK_END for i in range(4))
+    assert out[-1][5:7] == THINK_END or ended_itself  # forced after 5 tokens (inside the general variant's graph)
     for off_rows, on_rows in zip(logprobs[False], logprobs[True]):
         assert len(off_rows) == len(on_rows)
         for a, b in zip(off_rows, on_rows):

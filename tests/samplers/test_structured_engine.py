@@ -284,11 +284,21 @@ def test_grammar_end_stops_even_with_ignore_eos() -> None:
     assert all(o.token_ids[-1] == llm.engine.loaded.eos_token_id for o in outs)
 
 
-def test_min_tokens_past_the_grammar_end_is_an_error_that_says_so() -> None:
-    """The grammar has ended (only end of sequence is allowed) and min_tokens forbids it: no token is left. The
-    request ends with an error naming that cause (docs/structured-outputs.md), its neighbour is unaffected."""
+def test_min_tokens_past_the_grammar_end_is_refused_or_an_error_that_says_so(monkeypatch) -> None:
+    """A grammar whose every output is shorter than min_tokens is refused at validation, naming both fields. Where
+    the check is undecided (a grammar too large to walk), the grammar ends (only end of sequence is allowed) and
+    min_tokens forbids it: no token is left, and the request ends with an error naming that cause
+    (docs/structured-outputs.md) while its neighbour is unaffected."""
     llm = _llm()
     choice = SamplingParams(max_tokens=10, min_tokens=6, structured_outputs=StructuredOutputsParams(choice=["ab"]))
+    with pytest.raises(InvalidRequestError, match=r"structured_outputs\.choice always ends before .*min_tokens=6"):
+        llm.generate(_prompts(1, seed=5), choice, use_tqdm=False)
+    long_enough = SamplingParams(
+        max_tokens=10, min_tokens=3, structured_outputs=StructuredOutputsParams(choice=["ab", "abcdef"])
+    )
+    out = llm.generate(_prompts(1, seed=5), long_enough, use_tqdm=False)[0]
+    assert out.finish_reason == "stop" and out.text == "abcdef"  # min_tokens holds off the shorter choice
+    monkeypatch.setattr(type(llm.engine.runner.grammar_backend), "can_run_for", lambda *a, **k: None)
     failed, free = llm.generate(_prompts(2, seed=5), [choice, SamplingParams(max_tokens=5)], use_tqdm=False)
     assert failed.finish_reason == "error" and "grammar" in failed.error and "min_tokens" in failed.error
     assert free.finish_reason == "length" and len(free.token_ids) == 5

@@ -4,10 +4,11 @@ parts (`framework.entrypoints.chat_output`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from framework.entrypoints.chat_output import ChatOutputParser
+from framework.entrypoints.chat_output import ChatOutputParser, reasoning_token_count, thinking_budget_for
 from framework.entrypoints.chat_template import ChatTemplate
 from framework.entrypoints.serve.errors import ApiError
 from framework.entrypoints.serve.openai_models import ChatCompletionRequest
@@ -15,7 +16,7 @@ from framework.entrypoints.serve.params import engine_field_names
 from framework.entrypoints.tool_calls import ToolRequestError, ToolSetup, tool_sampling, tool_setup
 from framework.entrypoints.tool_parsers import detect_tool_parser
 from framework.params.request_errors import InvalidRequestError
-from framework.params.sampling_params import SamplingParams
+from framework.params.sampling_params import THINK_END, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -24,13 +25,29 @@ class ChatPlan:
 
     tools: ToolSetup
     reasoning_parser: Optional[str]
+    thinking_token_budget: Optional[int] = None  # the request's, else `serve.thinking_token_budget`
 
     def template_kwargs(self, body: ChatCompletionRequest) -> dict[str, Any]:
         return {**(body.chat_template_kwargs or {}), **self.tools.template_kwargs()}
 
-    def sampling(self, params: SamplingParams) -> SamplingParams:
-        """`params` with the forced-call grammar, and special tokens kept when the parser's markers are some."""
-        return tool_sampling(params, self.tools)
+    def sampling(self, params: SamplingParams, prompt_text: str) -> SamplingParams:
+        """`params` with the forced-call grammar, special tokens kept when the parser's markers are some, and the
+        thinking budget (unless the template already closed the thinking)."""
+        params = tool_sampling(params, self.tools)
+        budget = thinking_budget_for(prompt_text, self.thinking_token_budget)
+        if budget is None:
+            return params
+        try:
+            return dataclasses.replace(params, thinking_token_budget=budget)
+        except InvalidRequestError as err:
+            raise ApiError.invalid(str(err), "thinking_token_budget") from None
+
+    def reasoning_tokens(self, tokenizer: Any, outputs: list[tuple[list[int], str]]) -> Optional[int]:
+        """Output tokens spent thinking over every choice's (token ids, text); None without a reasoning parser."""
+        if self.reasoning_parser is None:
+            return None
+        end_ids = tokenizer.encode(THINK_END) if tokenizer is not None else []
+        return sum(reasoning_token_count(ids, end_ids, self.parser().parse(text).reasoning) for ids, text in outputs)
 
     def field_names(self, body: ChatCompletionRequest) -> dict[str, str]:
         """Engine field names -> the request's (`params.engine_field_names`): a forced call's grammar is the tools'."""
@@ -69,7 +86,10 @@ def chat_plan(config: Any, body: ChatCompletionRequest, template: ChatTemplate) 
             "arguments already follow the function's schema",
             field,
         )
-    return ChatPlan(tools, config.serve.reasoning_parser)
+    budget = body.thinking_token_budget
+    return ChatPlan(
+        tools, config.serve.reasoning_parser, budget if budget is not None else config.serve.thinking_token_budget
+    )
 
 
 def streamed(parser: ChatOutputParser, text: str, finish_reason: Optional[str]) -> tuple[dict[str, Any], Any]:

@@ -103,6 +103,8 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: Optional[bool] = None
     functions: Optional[list[Any]] = None  # OpenAI's older form of tools
     function_call: Union[str, dict[str, Any], None] = None
+    # Reasoning models: end the thinking after this many tokens (default `serve.thinking_token_budget`).
+    thinking_token_budget: Optional[int] = None
 
 
 class EmbeddingRequest(_RequestBody):

@@ -12,7 +12,7 @@ import base64
 import logging
 import struct
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
@@ -65,13 +65,14 @@ def _join(events: list[SequenceEvent]) -> tuple[str, list[int], list, Optional[s
     return text, tokens, logprobs, events[-1].finish_reason, events[-1].stop_reason
 
 
-def _usage_tail(body: Any, head: dict[str, Any], gen: Generation) -> list[dict[str, Any]]:
+def _usage_tail(
+    body: Any, head: dict[str, Any], gen: Generation, reasoning: Callable[[], Optional[int]] = lambda: None
+) -> list[dict[str, Any]]:
     """The stream's last chunk before [DONE] when `stream_options.include_usage`: no choices, the usage."""
     if body.stream_options is None or not body.stream_options.include_usage:
         return []
-    return [
-        {**head, "choices": [], "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens, gen.num_cached_tokens)}
-    ]
+    counts = usage(gen.num_prompt_tokens, gen.num_output_tokens, gen.num_cached_tokens, reasoning())
+    return [{**head, "choices": [], "usage": counts}]
 
 
 def _max_tokens(state: ServerState, requested: Optional[int], prompts: list[list[int]], field: str) -> int:
@@ -232,7 +233,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     params = sampling_params(
         body, max_tokens=_max_tokens(state, requested, [prompt], field), logprobs=top if body.logprobs else None
     )
-    params = plan.sampling(params)
+    params = plan.sampling(params, text)
     parsers = [plan.parser() for _ in range(params.n)]
     state.check_capacity(1)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -275,8 +276,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 
     def full(per_choice: list[list[SequenceEvent]]) -> dict[str, Any]:
         choices = []
+        outputs = []
         for choice, events in enumerate(per_choice):
             text, tokens, lps, reason, stop_reason = _join(events)
+            outputs.append((tokens, text))
             message, reason = finished(parsers[choice], text, reason)
             choices.append(
                 {
@@ -291,10 +294,21 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             **head,
             "object": "chat.completion",
             "choices": choices,
-            "usage": usage(gen.num_prompt_tokens, gen.num_output_tokens, gen.num_cached_tokens),
+            "usage": usage(
+                gen.num_prompt_tokens,
+                gen.num_output_tokens,
+                gen.num_cached_tokens,
+                plan.reasoning_tokens(state.tokenizer, outputs),
+            ),
         }
 
-    return await _respond(gen, request, body.stream, chunk, lambda: _usage_tail(body, head, gen), full)
+    def streamed_reasoning() -> Optional[int]:
+        seqs = [gen.sequence(c) for c in range(params.n)]
+        return plan.reasoning_tokens(state.tokenizer, [(s.token_ids, s.text) for s in seqs])
+
+    return await _respond(
+        gen, request, body.stream, chunk, lambda: _usage_tail(body, head, gen, streamed_reasoning), full
+    )
 
 
 @router.post("/v1/embeddings", response_model=None)

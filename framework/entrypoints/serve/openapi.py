@@ -84,6 +84,18 @@ class ChatCompletionResponse(_Open):
     usage: Optional[Usage] = None
 
 
+class ResponseObject(_Open):
+    """POST /v1/responses without `stream` (with it: `text/event-stream` of typed events)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    model: str
+    status: str
+    output: list[dict[str, Any]]
+    usage: Optional[dict[str, Any]] = None
+
+
 class Embedding(_Open):
     object: Literal["embedding"]
     index: int
@@ -143,8 +155,18 @@ _POST_BODIES = {
     "/v1/completions": ("CompletionResponse", True),
     "/v1/chat/completions": ("ChatCompletionResponse", True),
     "/v1/embeddings": ("EmbeddingResponse", False),
+    "/v1/responses": ("ResponseObject", True),
 }
-_MODELS = (ErrorResponse, CompletionResponse, ChatCompletionResponse, EmbeddingResponse, ModelList, Version, Load)
+_MODELS = (
+    ErrorResponse,
+    CompletionResponse,
+    ChatCompletionResponse,
+    EmbeddingResponse,
+    ResponseObject,
+    ModelList,
+    Version,
+    Load,
+)
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -178,6 +200,8 @@ def _ranges(max_logprobs: int) -> dict[str, dict[str, Any]]:
         "min_tokens": {"minimum": 0},
         "max_tokens": {"minimum": 1},
         "max_completion_tokens": {"minimum": 1},
+        "max_output_tokens": {"minimum": 1},
+        "thinking_token_budget": {"minimum": 0},
         "logprobs": {"minimum": 0, "maximum": max_logprobs},  # completions' int (chat's is a bool: untouched)
         "top_logprobs": {"minimum": 0, "maximum": max_logprobs},
         "prompt_logprobs": {"minimum": 0, "maximum": max_logprobs},
@@ -195,7 +219,7 @@ def build_openapi(app: FastAPI, max_logprobs: int) -> dict[str, Any]:
         components.update(model_schema.pop("$defs", {}))
         components[model.__name__] = model_schema
     ranges = _ranges(max_logprobs)
-    for name in ("CompletionRequest", "ChatCompletionRequest", "EmbeddingRequest"):
+    for name in ("CompletionRequest", "ChatCompletionRequest", "EmbeddingRequest", "ResponsesRequest"):
         for field, prop in components.get(name, {}).get("properties", {}).items():
             if field in ranges:
                 _bound(prop, **ranges[field])

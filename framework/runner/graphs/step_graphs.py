@@ -63,6 +63,7 @@ PENALTY_STAGES = SamplingStages(any_random=True, any_top_k=True, any_top_p=True,
 VARIANTS = (PLAIN_STAGES, CUTOFF_STAGES, PENALTY_STAGES)  # + general_stages(k): four per size
 LOGIT_BIAS_WIDTH = 300  # entries per slot reserved before capture (the OpenAI API's limit per request)
 STOP_IDS_WIDTH = 64  # min_tokens stop ids per slot (eos + stop_token_ids) reserved before capture
+THINK_END_WIDTH = 16  # end-of-thinking ids per slot (thinking_token_budget) reserved before capture
 
 # (input_ids [B], positions [B], kv_caches, metadata) -> hidden [B, hidden]; hidden -> logits [B, vocab] in the
 # model dtype (an intermediate of the captured step, not a static buffer: each variant's sampler casts, or not).
@@ -87,6 +88,7 @@ def general_stages(num_logprobs: int) -> SamplingStages:
         any_min_p=True,
         any_allowed_tokens=True,
         any_min_tokens=True,
+        any_thinking_budget=True,
         any_logit_bias=True,
         any_penalties=True,
         num_logprobs=num_logprobs,
@@ -95,7 +97,13 @@ def general_stages(num_logprobs: int) -> SamplingStages:
 
 def needs_general(stages: SamplingStages) -> bool:
     """Whether a batch with `stages` takes the general variant (some row's stage only that variant holds)."""
-    return stages.num_logprobs >= 0 or stages.any_allowed_tokens or stages.any_min_tokens or stages.any_logit_bias
+    return (
+        stages.num_logprobs >= 0
+        or stages.any_allowed_tokens
+        or stages.any_min_tokens
+        or stages.any_thinking_budget
+        or stages.any_logit_bias
+    )
 
 
 def full_step_blocker(
@@ -265,6 +273,7 @@ class FullStepGraphs:
         states.allowed_tokens.allocate_mask()  # the general variant's tables, likewise
         states.logit_bias.reserve(LOGIT_BIAS_WIDTH)
         states.min_tokens.reserve(STOP_IDS_WIDTH)
+        states.thinking_budget.reserve(THINK_END_WIDTH)
         self._tables = _widenable_tables(states)
         for stages in self.variants:
             for size in reversed(self.sizes):
@@ -333,5 +342,6 @@ def _widenable_tables(states: SamplingStates) -> tuple[Optional[torch.Tensor], .
         states.logit_bias.tokens.values,
         states.logit_bias.values.values,
         states.min_tokens.stop_ids.values,
+        states.thinking_budget.end_ids.values,
         states.allowed_tokens.mask,
     )

@@ -19,6 +19,7 @@ from framework.config.schema import Mrv2Config
 from framework.layers.attention import AttentionMetadata
 from framework.layers.kernels.triton_support import triton_reasons
 from framework.models.loaded import LoadedModel
+from framework.params.request_errors import RequestStepError, SlotWriteError
 from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.runner.async_output import AsyncOutput
 from framework.runner.graphs.cuda_graphs import DecodeCudaGraphs, GraphCapturer, capture_sizes
@@ -134,9 +135,7 @@ class ModelRunnerV1(ModelRunner):
         self._update_requests(output.cached_requests)  # 3. running requests gain KV blocks
         self.batch.condense()  # 4. the last rows move into the holes
         self.batch.reorder(output.scheduled_request_ids)  # 5. rows swap into the scheduler's order
-        self.model_state.apply_staged_writes()  # 6.
-        self.pooling_state.apply_staged_writes()
-        self.sampling_params.apply_staged_writes()
+        self._apply_staged_writes()  # 6.
         if output.is_empty:
             self._pending = None
             return
@@ -173,9 +172,24 @@ class ModelRunnerV1(ModelRunner):
         for new in new_requests:
             state_slot = self._free_state_slots.pop()
             self.batch.add_request(new, state_slot)
-            self.model_state.add_request(state_slot, new)
-            self.pooling_state.add_request(state_slot, new)
-            self.sampling_params.add_request(state_slot, new.sampling_params, new.sampling_seed)
+            try:  # an owner refusing one request's values names that request (the engine ends it alone)
+                self.model_state.add_request(state_slot, new)
+                self.pooling_state.add_request(state_slot, new)
+                self.sampling_params.add_request(state_slot, new.sampling_params, new.sampling_seed)
+            except Exception as err:
+                raise RequestStepError(new.request_id, err) from err
+
+    def _apply_staged_writes(self) -> None:
+        try:  # a write that fails on one slot's values names the request holding that state slot
+            self.model_state.apply_staged_writes()
+            self.pooling_state.apply_staged_writes()
+            self.sampling_params.apply_staged_writes()
+        except SlotWriteError as err:
+            rows = self.batch.req_id_to_row
+            owner = next((rid for rid, row in rows.items() if self.batch.state_slot[row] == err.req_slot), None)
+            if owner is None:
+                raise
+            raise RequestStepError(owner, err.cause) from err
 
     def _update_requests(self, cached: list[CachedRequestData]) -> None:
         for data in cached:

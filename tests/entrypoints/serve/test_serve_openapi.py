@@ -61,6 +61,7 @@ def test_generated_requests_get_documented_responses(server):
             if case.body is not None and isinstance(case.body, dict):
                 case.body["max_tokens"] = min(case.body.get("max_tokens") or 4, 4)  # bounded work per request
                 case.body.pop("max_completion_tokens", None)
+                case.body["max_output_tokens"] = min(case.body.get("max_output_tokens") or 4, 4)
             case.call_and_validate(checks=CHECKS, timeout=60)
 
         check()

@@ -116,3 +116,36 @@ def test_chat_template_kwargs_that_the_server_sets_are_refused_by_name(server, n
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == "chat_template_kwargs", r.text
     assert f"chat_template_kwargs.{name}" in error["message"] and "render()" not in error["message"]
+
+
+@pytest.mark.parametrize(
+    "body, names",
+    [
+        (CHOICE, "structured_outputs.choice"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "s", "schema": {"type": "boolean"}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+    ],
+)
+def test_a_grammar_that_ends_before_min_tokens_is_refused_naming_both(server, body, names):
+    """A grammar whose every output is shorter than min_tokens leaves no token to sample once it ends (min_tokens
+    forbids end of sequence): a 400 at validation naming both fields, never a failed request mid-run."""
+    r = server.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 12, "min_tokens": 8, **body},
+    )
+    error = r.json()["error"]
+    assert r.status_code == 400, r.text
+    assert names in error["message"] and "min_tokens=8" in error["message"] and "SamplingParams" not in error["message"]
+    ok = server.post(  # a grammar with a long enough output is served, and min_tokens holds
+        "/v1/completions",
+        json={"prompt": "x", "max_tokens": 12, "min_tokens": 6, "structured_outputs": {"regex": "[a-c]{2,10}"}},
+    )
+    assert ok.status_code == 200, ok.text
+    assert 6 <= len(ok.json()["choices"][0]["text"]) <= 10
