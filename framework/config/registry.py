@@ -132,6 +132,7 @@ MODEL_STATES.register("encoder_decoder", "model_states.encoder_decoder:EncoderDe
 for _name, _cls in (("eagle", "EagleSpeculator"), ("eagle3", "Eagle3Speculator"), ("mtp", "MTPSpeculator")):
     SPECULATORS.register(_name, f"speculators.eagle:{_cls}", source="mrv2")
 MODELS.register("JambaForCausalLM", "framework.models.jamba:JambaForCausalLM", source="mrv2")
+MODELS.register("GptOssForCausalLM", "framework.models.gpt_oss:GptOssForCausalLM", source="mrv2")
 for _arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM"):
     MODELS.register(_arch, "framework.models.moe:MoeForCausalLM", source="mrv2")
 MODEL_STATES.register("mamba_hybrid", "model_states.mamba_hybrid:MambaHybridModelState", source="mrv2")

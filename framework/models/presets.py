@@ -13,7 +13,9 @@ byte, 256 = end of text).
 `whisper-tiny`, `whisper-base` and `whisper-small` are Whisper geometries (encoder-decoder, audio prompts).
 `qwen3-moe-tiny` is a small Qwen3-MoE (8 experts, top-2) for CPU runs, and `qwen3-30b-a3b` the MoE benchmark
 geometry: Qwen3-30B-A3B's shapes (48 layers, hidden 2048, 128 experts of intermediate 768, top-8, 32/4 heads;
-30.5B parameters, 61 GB in bf16) with random weights.
+30.5B parameters, 61 GB in bf16) with random weights. `gpt-oss-20b` is gpt-oss-20b's geometry (24 layers alternating a
+128-token window and full attention with sinks, hidden 2880, 32 experts top-4, 64/8 heads of 64, YaRN RoPE;
+about 21B parameters, 42 GB in bf16 experts) with random weights.
 """
 
 from __future__ import annotations
@@ -205,6 +207,36 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 40960,
         "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+        "tie_word_embeddings": False,
+        "eos_token_id": BYTE_EOS_ID,
+    },
+    "gpt-oss-20b": {
+        "architectures": ["GptOssForCausalLM"],
+        "vocab_size": 201088,
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(24)],
+        "attention_bias": True,
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 131072,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
         "tie_word_embeddings": False,
         "eos_token_id": BYTE_EOS_ID,
     },

@@ -98,6 +98,8 @@ def paged_attention(
     pdl: bool = False,  # the kernels with programmatic dependent launch (framework/layers/kernels/pdl.py)
     out: Optional[torch.Tensor] = None,  # [T, num_heads, head_dim] to write into (rows past T untouched)
     backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
+    window: int = 0,  # > 0: sliding window of this many keys, the query's own included
+    sinks: Optional[torch.Tensor] = None,  # [num_heads] float32: learned sink logits (gpt-oss)
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal paged attention of this step's queries (see paged.py), in `out` when
     given (prefill graph pieces read it at a fixed address: framework/runner/graphs/prefill_graphs.py)."""
@@ -108,9 +110,18 @@ def paged_attention(
         if split_counters is not None:
             counters = split_counters.get(query.device, meta.num_rows * kv_cache.shape[3])
         return triton_paged_attention(
-            query, kv_cache, meta, scale, pdl=pdl, split_counters=counters, row_order=meta.row_order, out=out
+            query,
+            kv_cache,
+            meta,
+            scale,
+            pdl=pdl,
+            split_counters=counters,
+            row_order=meta.row_order,
+            out=out,
+            window=window,
+            sinks=sinks,
         )
-    result = paged_attention_reference(query, kv_cache, meta, scale)
+    result = paged_attention_reference(query, kv_cache, meta, scale, window, sinks)
     return result if out is None else out[: result.shape[0]].copy_(result)
 
 

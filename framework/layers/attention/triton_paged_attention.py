@@ -47,6 +47,8 @@ from framework.layers.attention.triton_tiles import (
     _kv_tile_offsets,
     _merge_kv_splits,
     _split_len,
+    _unmasked_start,
+    _window_start,
     _write_result,
     products_in_f16,
     to_f16_saturated,
@@ -66,9 +68,11 @@ def _paged_attention_kernel(
     block_tables_ptr,  # [R, max_blocks] int32
     split_counters_ptr,  # [>= R * num_kv_heads] int32, zero on entry and left zero (FUSED_REDUCE only)
     row_order_ptr,  # [R] int32: the rows in launch order (ROW_ORDER only)
+    sinks_ptr,  # [num_heads] float32: each head's sink logit (HAS_SINKS only)
     num_rows,
     num_splits,
     qk_scale,
+    window,  # keys a query sees, itself included (HAS_WINDOW only)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -94,6 +98,8 @@ def _paged_attention_kernel(
     ROW_ORDER: tl.constexpr = False,  # small rows, unsplit: axis 0 = (row_order[i], KV head), KV heads inner
     NUM_KV_HEADS: tl.constexpr = 1,  # ROW_ORDER only
     DOT_F16: tl.constexpr = False,  # products in float16: q and the K / V tiles converted to it (FP8 caches)
+    HAS_WINDOW: tl.constexpr = False,  # sliding window: keys `window` or more positions back are skipped
+    HAS_SINKS: tl.constexpr = False,  # one learned logit per head in every softmax denominator
 ):
     if USE_PDL:  # q, the KV cache and the metadata are all written by earlier kernels: wait before any load
         tl.extra.cuda.gdc_wait()
@@ -137,19 +143,30 @@ def _paged_attention_kernel(
         q = to_f16_saturated(q)
     q_pos = tl.minimum(context_len + q_local, seq_len - 1)  # invalid rows clamped; never stored
 
-    # Keys this program reads: up to the tile's last query position, within its KV split.
-    kv_lo = 0
+    # Keys this program reads: up to the tile's last query position (from the first query's window on),
+    # within its KV split; the splits divide the keys from `kv_base` on.
+    kv_base = 0
+    if HAS_WINDOW:
+        kv_base = _window_start(context_len + q_tile_start, window, BLOCK_N)
+    kv_lo = kv_base
     kv_hi = tl.minimum(seq_len, context_len + q_tile_start + BLOCK_Q)
-    split_len = seq_len
+    split_len = seq_len - kv_base
     if IS_SPLIT:
-        split_len = _split_len(seq_len, num_splits, BLOCK_N)
-        kv_lo = split * split_len
+        split_len = _split_len(seq_len - kv_base, num_splits, BLOCK_N)
+        kv_lo = kv_base + split * split_len
         if kv_lo >= seq_len:
             return  # empty split of a short row; the merge skips it too
         kv_hi = tl.minimum(kv_hi, kv_lo + split_len)
     # Keys before `full_hi` are visible to every query of the tile: those tiles need no mask.
     full_hi = (context_len + q_tile_start + 1) // BLOCK_N * BLOCK_N
     mid = tl.maximum(kv_lo, tl.minimum(kv_hi, full_hi))
+    lo_unmasked = kv_lo
+    if HAS_WINDOW:  # window tiles: keys from here on are inside the window of the tile's last query
+        last_q_pos = tl.minimum(seq_len, context_len + q_tile_start + BLOCK_Q) - 1
+        lo_unmasked = _unmasked_start(last_q_pos, window, kv_lo, mid, BLOCK_N)
+    sink = tl.zeros([BLOCK_M], dtype=tl.float32)  # read only with HAS_SINKS
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634  # log2 e: to the log2 domain
 
     tile_pages, k_offsets, v_offsets = _kv_tile_offsets(kv_head, dims, stride_c_tok, stride_c_head, BLOCK_N, PAGE)
     bt_row_ptr = block_tables_ptr + row.to(tl.int64) * stride_bt_row
@@ -162,6 +179,7 @@ def _paged_attention_kernel(
         m_i,
         q,
         kv_lo,
+        lo_unmasked,
         mid,
         kv_hi,
         q_pos,
@@ -174,9 +192,11 @@ def _paged_attention_kernel(
         stride_c_blk,
         stride_c_tok,
         qk_scale,
+        window,
         BLOCK_N,
         PAGE,
         DOT_IEEE,
+        HAS_WINDOW,
     )
     _write_result(
         acc,
@@ -191,7 +211,7 @@ def _paged_attention_kernel(
         tl.num_programs(1),
         split,
         num_splits,
-        seq_len,
+        seq_len - kv_base,
         split_len,
         token,
         head,
@@ -200,11 +220,13 @@ def _paged_attention_kernel(
         dims,
         stride_ot,
         stride_oh,
+        sink,
         HEAD_DIM,
         BLOCK_M,
         IS_SPLIT,
         FUSED_REDUCE,
         MERGE_UNROLL,
+        HAS_SINKS,
     )
 
 
@@ -215,7 +237,9 @@ def _split_kv_reduce_kernel(
     part_lse_ptr,  # [R, num_kv_heads, num_splits, BLOCK_M] float32
     query_start_loc_ptr,  # [R+1] int32
     seq_lens_ptr,  # [R] int32
+    sinks_ptr,  # [num_heads] float32 (HAS_SINKS only)
     num_splits,
+    window,  # (HAS_WINDOW only)
     stride_ot,
     stride_oh,
     HEAD_DIM: tl.constexpr,
@@ -225,6 +249,8 @@ def _split_kv_reduce_kernel(
     BLOCK_N: tl.constexpr,
     MERGE_UNROLL: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/layers/kernels/pdl.py)
+    HAS_WINDOW: tl.constexpr = False,
+    HAS_SINKS: tl.constexpr = False,
 ):
     """Merge the KV splits of one (small row, KV head): softmax-weighted by each split's log-sum-exp."""
     if USE_PDL:  # the partial results are the attention kernel's
@@ -237,11 +263,16 @@ def _split_kv_reduce_kernel(
     if (q_len == 0) | (q_len > BLOCK_Q):
         return
     seq_len = tl.load(seq_lens_ptr + row)
+    if HAS_WINDOW:  # the splits divided the keys from the window's first tile on (as in the attention kernel)
+        seq_len = seq_len - _window_start(seq_len - q_len, window, BLOCK_N)
     used_splits = tl.cdiv(seq_len, _split_len(seq_len, num_splits, BLOCK_N))
 
     m_rows = tl.arange(0, BLOCK_M)
     q_local = m_rows // GROUP
     head = kv_head * GROUP + m_rows % GROUP
+    sink = tl.zeros([BLOCK_M], dtype=tl.float32)  # read only with HAS_SINKS
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634  # log2 e
     row_valid = (m_rows < BLOCK_Q * GROUP) & (q_local < q_len)
     dims = tl.arange(0, HEAD_DIM)
     first_part = (row.to(tl.int64) * tl.num_programs(1) + kv_head) * num_splits
@@ -259,9 +290,11 @@ def _split_kv_reduce_kernel(
         dims,
         stride_ot,
         stride_oh,
+        sink,
         HEAD_DIM,
         BLOCK_M,
         MERGE_UNROLL,
+        HAS_SINKS,
     )
 
 
@@ -314,6 +347,8 @@ def merge_splits_apart(
     group: int,
     tiles: AttentionTiles,
     pdl: bool,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """The second launch that merges a split small-rows launch's partials into `out`, unless it merged them
     itself (`bufs.fused`) or was not split."""
@@ -325,7 +360,9 @@ def merge_splits_apart(
         bufs.part_lse,
         meta.query_start_loc,
         meta.seq_lens,
+        meta.seq_lens if sinks is None else sinks,
         num_splits,
+        window,
         out.stride(0),
         out.stride(1),
         HEAD_DIM=out.shape[-1],
@@ -334,6 +371,8 @@ def merge_splits_apart(
         BLOCK_Q=tiles.block_m // group,
         BLOCK_N=tiles.block_n,
         MERGE_UNROLL=MERGE_UNROLL,
+        HAS_WINDOW=window > 0,
+        HAS_SINKS=sinks is not None,
         num_warps=4,
         **pdl_launch_kwargs(pdl),
     )
@@ -357,8 +396,13 @@ def paged_attention(
     row_order: torch.Tensor | None = None,  # [R] int32, a permutation of the rows: unsplit small rows start in it
     out: torch.Tensor | None = None,  # [>= T, num_heads, head_dim] query.dtype, contiguous rows: written in place
     dot_f16: bool | None = None,  # products in float16; None: when the cache is FP8 (see `products_in_f16`)
+    window: int = 0,  # > 0: sliding window, a query at p sees keys p - window + 1 .. p (KV tiles before skipped)
+    sinks: torch.Tensor | None = None,  # [num_heads] float32: a learned logit per head in each softmax denominator
 ) -> torch.Tensor:
     """[T, num_heads, head_dim]: causal attention of each batch row's queries over its paged keys.
+
+    `window` and `sinks` (gpt-oss, Gemma, Mistral) are compile-time switches of the same kernels: without
+    them the kernels compile to the full-attention code.
 
     Tokens past `query_start_loc[R]` (padding) are left unwritten. No host sync: grids come from
     `query.shape`, `meta.num_rows`, `meta.max_query_len` and `meta.max_seq_len`.
@@ -384,6 +428,9 @@ def paged_attention(
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads do not share {num_kv_heads} KV heads evenly"
     assert query.stride(2) == 1 and kv_cache.stride(4) == 1, "head_dim must be the contiguous axis"
     group = num_heads // num_kv_heads
+    assert window >= 0, f"window must be >= 0 (0: none), got {window}"
+    if sinks is not None:
+        assert sinks.shape == (num_heads,) and sinks.dtype == torch.float32, "sinks: [num_heads] float32"
     dot_f16 = products_in_f16(kv_cache.dtype, query.dtype) if dot_f16 is None else dot_f16
     if out is None:
         out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype, device=query.device)
@@ -399,6 +446,8 @@ def paged_attention(
     large = large_tiles or prefill_tiles(head_dim, group, on_gpu, query.element_size())
     small_q = small.block_m // group  # tokens a small row may have
     all_small = meta.max_query_len <= small_q
+    # Keys a row reads at most: a window bounds them (what the split rule and the decode tiles size for).
+    span = meta.max_seq_len if window <= 0 else min(meta.max_seq_len, window + meta.max_query_len)
     if small_tiles is None and all_small:
         # Decode-only batches (in CUDA graphs, whose capture compiles the variant): the KV tiles follow the batch
         # shape (block_m does not). Mixed batches keep the default tiles: no new variant to compile mid-run.
@@ -408,12 +457,12 @@ def paged_attention(
             on_gpu,
             query.element_size(),
             num_programs=num_rows * num_kv_heads,
-            max_seq_len=meta.max_seq_len,
+            max_seq_len=span,
             num_sms=sms,
         )
     if num_splits is None:
         # Mixed batches hold a prefill chunk that fills the GPU anyway: their small rows run unsplit.
-        num_splits = num_kv_splits(num_rows, num_kv_heads, meta.max_seq_len, sms, small.block_n) if all_small else 1
+        num_splits = num_kv_splits(num_rows, num_kv_heads, span, sms, small.block_n) if all_small else 1
 
     bufs = split_buffers(out, meta, num_kv_heads, num_splits, small.block_m, fused_reduce, split_counters)
     ordered = row_order is not None and num_splits == 1
@@ -423,8 +472,10 @@ def paged_attention(
         block_tables_ptr=meta.block_tables,
         split_counters_ptr=bufs.counters,  # read only by a fused merge
         row_order_ptr=row_order if ordered else meta.seq_lens,  # read only by an ordered small-rows launch
+        sinks_ptr=meta.seq_lens if sinks is None else sinks,  # read only with sinks
         num_rows=num_rows,
         qk_scale=scale * LOG2E,
+        window=window,
         stride_qt=query.stride(0),
         stride_qh=query.stride(1),
         stride_ot=out.stride(0),
@@ -439,10 +490,21 @@ def paged_attention(
         PAGE=block_size,
         DOT_IEEE=query.dtype == torch.float32,
         MERGE_UNROLL=merge_unroll,
+        HAS_WINDOW=window > 0,
+        HAS_SINKS=sinks is not None,
     )
     if not all_small and prefill_kernel:  # the large rows (prefill chunks) in the prefill kernel
         prefill_attention(
-            query, kv_cache, meta, scale, out, skip_query_len=small_q, variant=prefill_variant, dot_f16=dot_f16
+            query,
+            kv_cache,
+            meta,
+            scale,
+            out,
+            skip_query_len=small_q,
+            variant=prefill_variant,
+            dot_f16=dot_f16,
+            window=window,
+            sinks=sinks,
         )
     elif not all_small:
         block_q = large.block_m // group
@@ -491,5 +553,5 @@ def paged_attention(
         **common,
         **pdl_launch_kwargs(pdl),
     )
-    merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl)
+    merge_splits_apart(out, bufs, meta, num_kv_heads, num_splits, group, small, pdl, window, sinks)
     return out

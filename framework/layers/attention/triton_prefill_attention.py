@@ -40,6 +40,8 @@ from framework.layers.attention.triton_tiles import (
     LOG2E,
     _find_row,
     _kv_tile_offsets,
+    _unmasked_start,
+    _window_start,
     products_in_f16,
     to_f16_saturated,
 )
@@ -204,16 +206,21 @@ def _softmax_pv(
     kv_hi,
     q_pos,
     qk_scale,
+    window,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_IEEE: tl.constexpr,
     Q_PRESCALE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     """Scores `s` and values `v` of tile `[start, start + BLOCK_N)` folded into the online softmax state
-    (acc, l_i, m_i; log2 domain)."""
+    (acc, l_i, m_i; log2 domain). MASKED: keys past each query (HAS_WINDOW: and `window` or more before it)
+    are hidden."""
     if MASKED:
         kv_pos = start + tl.arange(0, BLOCK_N)
         visible = (kv_pos[None, :] <= q_pos[:, None]) & (kv_pos < kv_hi)[None, :]
+        if HAS_WINDOW:
+            visible = visible & (kv_pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
     if Q_PRESCALE:
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -248,12 +255,14 @@ def _fold_kv_tile(
     stride_c_blk,
     stride_c_tok,
     qk_scale,
+    window,
     BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_IEEE: tl.constexpr,
     K_TRANS: tl.constexpr,
     Q_PRESCALE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     """KV tile `[start, start + BLOCK_N)` on physical `blocks` folded into the online softmax state."""
     k = _load_k(
@@ -274,7 +283,9 @@ def _fold_kv_tile(
         MASKED,
     )
     s = _scores(q, k, DOT_IEEE)
-    return _softmax_pv(acc, l_i, m_i, s, v, start, kv_hi, q_pos, qk_scale, BLOCK_N, MASKED, DOT_IEEE, Q_PRESCALE)
+    return _softmax_pv(
+        acc, l_i, m_i, s, v, start, kv_hi, q_pos, qk_scale, window, BLOCK_N, MASKED, DOT_IEEE, Q_PRESCALE, HAS_WINDOW
+    )
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_tiles"])  # per-step sizes: no recompiles mid-run
@@ -285,9 +296,11 @@ def _prefill_attention_kernel(
     query_start_loc_ptr,  # [R+1] int32
     seq_lens_ptr,  # [R] int32
     block_tables_ptr,  # [R, max_blocks] int32
+    sinks_ptr,  # [num_heads] float32: each head's sink logit (HAS_SINKS only)
     num_rows,
     num_tiles,
     qk_scale,
+    window,  # keys a query sees, itself included (HAS_WINDOW only)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -314,6 +327,8 @@ def _prefill_attention_kernel(
     PREFETCH_PAGES: tl.constexpr,
     QK_AHEAD: tl.constexpr,
     DOT_F16: tl.constexpr = False,  # products in float16 (FP8 caches: triton_tiles.products_in_f16)
+    HAS_WINDOW: tl.constexpr = False,  # sliding window: KV tiles wholly before every query's window skipped
+    HAS_SINKS: tl.constexpr = False,  # one learned logit per head in every softmax denominator
 ):
     if REVERSE:  # grid (head blocks, tiles): consecutive programs share a tile; the last (longest) tiles first
         head_block = tl.program_id(0)
@@ -353,6 +368,12 @@ def _prefill_attention_kernel(
     kv_hi = tl.minimum(seq_len, context_len + q_tile_start + BLOCK_Q)  # up to the tile's last query
     # Keys before `mid` are visible to every query of the tile: those tiles need no mask.
     mid = tl.minimum(kv_hi, (context_len + q_tile_start + 1) // BLOCK_N * BLOCK_N)
+    # With a window the tiles start at `kv_lo` (the first query's window), masked up to `lo` (the last query's).
+    kv_lo = 0
+    lo = 0
+    if HAS_WINDOW:
+        kv_lo = _window_start(context_len + q_tile_start, window, BLOCK_N)
+        lo = _unmasked_start(kv_hi - 1, window, kv_lo, mid, BLOCK_N)
 
     # Loop-invariant address parts: K gathered transposed [HEAD_DIM, BLOCK_N], or (not K_TRANS) as V's rows.
     tile_pages, k_offsets, v_offsets = _kv_tile_offsets(kv_head, dims, stride_c_tok, stride_c_head, BLOCK_N, PAGE)
@@ -363,17 +384,45 @@ def _prefill_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: fully masked rows give p = 0, not NaN
+    if HAS_WINDOW:  # the window's lower edge: tiles some query of the tile no longer sees all of
+        for start in range(kv_lo, lo, BLOCK_N):
+            blocks = _tile_blocks(bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N, PAGE)
+            acc, l_i, m_i = _fold_kv_tile(
+                acc,
+                l_i,
+                m_i,
+                q,
+                start,
+                kv_hi,
+                q_pos,
+                blocks,
+                cache_ptr,
+                k_offsets,
+                v_offsets,
+                stride_c_kv,
+                stride_c_blk,
+                stride_c_tok,
+                qk_scale,
+                window,
+                BLOCK_N,
+                PAGE,
+                True,
+                DOT_IEEE,
+                K_TRANS,
+                Q_PRESCALE,
+                HAS_WINDOW,
+            )
     if QK_AHEAD:  # FA3-style overlap: tile i+1's QK^T is issued before tile i's softmax
         # Block ids for the next iteration's K (two tiles ahead) and V (one ahead) are both loaded one iteration
         # early: a value carried over two iterations would stop Triton from pipelining the loop at all.
-        v_blocks = _tile_blocks(bt_row_ptr, 0, mid, tile_pages, BLOCK_N, PAGE)
-        k_blocks = _tile_blocks(bt_row_ptr, BLOCK_N, mid, tile_pages, BLOCK_N, PAGE)
+        v_blocks = _tile_blocks(bt_row_ptr, lo, mid, tile_pages, BLOCK_N, PAGE)
+        k_blocks = _tile_blocks(bt_row_ptr, lo + BLOCK_N, mid, tile_pages, BLOCK_N, PAGE)
         s = _scores(
             q,
             _load_k(
                 cache_ptr,
                 v_blocks,
-                0,
+                lo,
                 mid,
                 k_offsets,
                 stride_c_blk,
@@ -386,7 +435,7 @@ def _prefill_attention_kernel(
             ),
             DOT_IEEE,
         )
-        for start in tl.range(0, mid - BLOCK_N, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
+        for start in tl.range(lo, mid - BLOCK_N, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
             k_blocks_next = _tile_blocks(bt_row_ptr, start + 2 * BLOCK_N, mid, tile_pages, BLOCK_N, PAGE)
             v_blocks_next = _tile_blocks(bt_row_ptr, start + BLOCK_N, mid, tile_pages, BLOCK_N, PAGE)
             s_next = _scores(
@@ -422,12 +471,12 @@ def _prefill_attention_kernel(
                 False,
             )
             acc, l_i, m_i = _softmax_pv(
-                acc, l_i, m_i, s, v, start, mid, q_pos, qk_scale, BLOCK_N, False, DOT_IEEE, Q_PRESCALE
+                acc, l_i, m_i, s, v, start, mid, q_pos, qk_scale, window, BLOCK_N, False, DOT_IEEE, Q_PRESCALE, False
             )
             s = s_next
             k_blocks = k_blocks_next
             v_blocks = v_blocks_next
-        if mid > 0:  # the last full tile: its scores are in s
+        if mid > lo:  # the last full tile: its scores are in s
             v = _load_v(
                 cache_ptr,
                 v_blocks,
@@ -443,11 +492,25 @@ def _prefill_attention_kernel(
                 False,
             )
             acc, l_i, m_i = _softmax_pv(
-                acc, l_i, m_i, s, v, mid - BLOCK_N, mid, q_pos, qk_scale, BLOCK_N, False, DOT_IEEE, Q_PRESCALE
+                acc,
+                l_i,
+                m_i,
+                s,
+                v,
+                mid - BLOCK_N,
+                mid,
+                q_pos,
+                qk_scale,
+                window,
+                BLOCK_N,
+                False,
+                DOT_IEEE,
+                Q_PRESCALE,
+                False,
             )
     elif PREFETCH_PAGES:  # next tile's block ids loaded a tile ahead, so no load chain blocks the pipeliner
-        blocks = _tile_blocks(bt_row_ptr, 0, mid, tile_pages, BLOCK_N, PAGE)
-        for start in tl.range(0, mid, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
+        blocks = _tile_blocks(bt_row_ptr, lo, mid, tile_pages, BLOCK_N, PAGE)
+        for start in tl.range(lo, mid, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
             next_blocks = _tile_blocks(bt_row_ptr, start + BLOCK_N, mid, tile_pages, BLOCK_N, PAGE)
             acc, l_i, m_i = _fold_kv_tile(
                 acc,
@@ -465,16 +528,18 @@ def _prefill_attention_kernel(
                 stride_c_blk,
                 stride_c_tok,
                 qk_scale,
+                window,
                 BLOCK_N,
                 PAGE,
                 False,
                 DOT_IEEE,
                 K_TRANS,
                 Q_PRESCALE,
+                HAS_WINDOW,
             )
             blocks = next_blocks
     else:
-        for start in tl.range(0, mid, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
+        for start in tl.range(lo, mid, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
             blocks = _tile_blocks(bt_row_ptr, start, mid, tile_pages, BLOCK_N, PAGE)
             acc, l_i, m_i = _fold_kv_tile(
                 acc,
@@ -492,12 +557,14 @@ def _prefill_attention_kernel(
                 stride_c_blk,
                 stride_c_tok,
                 qk_scale,
+                window,
                 BLOCK_N,
                 PAGE,
                 False,
                 DOT_IEEE,
                 K_TRANS,
                 Q_PRESCALE,
+                HAS_WINDOW,
             )
     for start in range(mid, kv_hi, BLOCK_N):  # the causal diagonal: one or two tiles
         blocks = _tile_blocks(bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N, PAGE)
@@ -517,14 +584,18 @@ def _prefill_attention_kernel(
             stride_c_blk,
             stride_c_tok,
             qk_scale,
+            window,
             BLOCK_N,
             PAGE,
             True,
             DOT_IEEE,
             K_TRANS,
             Q_PRESCALE,
+            HAS_WINDOW,
         )
 
+    if HAS_SINKS:  # the sink's logit joins the denominator only
+        l_i = l_i + tl.exp2(tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634 - m_i)  # log2 e
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(
         out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
@@ -543,6 +614,8 @@ def prefill_attention(
     skip_query_len: int = 0,  # rows with query_len <= this are not computed (the decode launch's rows)
     variant: PrefillVariant | None = None,  # default: `default_variant`
     dot_f16: bool | None = None,  # products in float16; None: when the cache is FP8 (`products_in_f16`)
+    window: int = 0,  # > 0: sliding window of this many keys (the query's own included)
+    sinks: torch.Tensor | None = None,  # [num_heads] float32: a learned logit per head in each denominator
 ) -> torch.Tensor:
     """`out` with the causal attention of every row longer than `skip_query_len` over its paged keys.
 
@@ -573,9 +646,11 @@ def prefill_attention(
         meta.query_start_loc,
         meta.seq_lens,
         meta.block_tables,
+        meta.seq_lens if sinks is None else sinks,  # read only with sinks
         meta.num_rows,
         num_tiles,
         scale * LOG2E,
+        window,
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -602,6 +677,8 @@ def prefill_attention(
         PREFETCH_PAGES=variant.prefetch_pages,
         QK_AHEAD=variant.qk_ahead,
         DOT_F16=products_in_f16(kv_cache.dtype, query.dtype) if dot_f16 is None else dot_f16,
+        HAS_WINDOW=window > 0,
+        HAS_SINKS=sinks is not None,
         num_warps=variant.num_warps,
         num_stages=variant.num_stages,
     )

@@ -69,6 +69,21 @@ def _split_len(seq_len, num_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _window_start(first_q_pos, window, BLOCK_N: tl.constexpr):
+    """First key of the first KV tile a query tile starting at `first_q_pos` reads under a sliding window of
+    `window` keys (a query at p sees keys p - window + 1 .. p): tiles wholly before it are skipped."""
+    return tl.maximum(first_q_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+
+
+@triton.jit
+def _unmasked_start(last_q_pos, window, kv_lo, mid, BLOCK_N: tl.constexpr):
+    """First key of the first tile inside every query's window (queries up to `last_q_pos`), in [kv_lo, mid]:
+    the tiles before it need the window mask."""
+    inside = tl.cdiv(tl.maximum(last_q_pos - window + 1, 0), BLOCK_N) * BLOCK_N
+    return tl.minimum(tl.maximum(inside, kv_lo), mid)
+
+
+@triton.jit
 def _tile_block_ids(
     bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr
 ):
@@ -103,12 +118,15 @@ def _attend_kv_tile(
     stride_c_blk,
     stride_c_tok,
     qk_scale,
+    window,
     BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_IEEE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
-    """One KV tile `[start, start + BLOCK_N)` folded into the running softmax state (acc, l_i, m_i)."""
+    """One KV tile `[start, start + BLOCK_N)` folded into the running softmax state (acc, l_i, m_i); MASKED
+    tiles hide keys past each query (and, HAS_WINDOW, keys `window` or more positions before it)."""
     block = _tile_block_ids(bt_row_ptr, start, kv_hi, tile_pages, BLOCK_N, PAGE, MASKED)
     kv_pos = start + tl.arange(0, BLOCK_N)
     kv_valid = kv_pos < kv_hi
@@ -138,6 +156,8 @@ def _attend_kv_tile(
     s = s * qk_scale  # [BLOCK_M, BLOCK_N], log2 domain
     if MASKED:
         visible = (kv_pos[None, :] <= q_pos[:, None]) & kv_valid[None, :]
+        if HAS_WINDOW:
+            visible = visible & (kv_pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     p = tl.exp2(s - m_new[:, None])
@@ -165,16 +185,24 @@ def _merge_kv_splits(
     dims,
     stride_ot,
     stride_oh,
+    sink,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     MERGE_UNROLL: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     """Merge one (row, KV head)'s partials into `out`: the fused path's last split program and the two-launch
     path's `_split_kv_reduce_kernel` both call this, so they agree bit for bit. Loads bypass L1 (`.cg`):
-    partials of other programs, published through the counter's acquire (or the end of the previous launch)."""
+    partials of other programs, published through the counter's acquire (or the end of the previous launch).
+    HAS_SINKS: `sink` [BLOCK_M] (log2 domain) joins as one more split whose output is zero, so the weights
+    sum to the softmax denominator with the sink's logit in it."""
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    weight = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    if HAS_SINKS:
+        weight = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        m_run = sink
+    else:
+        weight = tl.zeros([BLOCK_M], dtype=tl.float32)
+        m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     # MERGE_UNROLL splits per iteration, unrolled, so their loads are in flight together (a rolled loop waited
     # one L2 round trip per split: ~1-2 us of a batch-1 layer, 1e476a2:scripts/bench_pdl.py --ablate). A split past
     # `used_splits` reads lse -inf and o 0, so alpha 1 and beta 0: an identity, the same result bit for bit.
@@ -210,6 +238,7 @@ def _attend_kv_range(
     m_i,
     q,
     kv_lo,
+    lo_unmasked,
     mid,
     kv_hi,
     q_pos,
@@ -222,13 +251,41 @@ def _attend_kv_range(
     stride_c_blk,
     stride_c_tok,
     qk_scale,
+    window,
     BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr,
     DOT_IEEE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
-    """Keys `[kv_lo, kv_hi)` folded into the softmax state: unmasked tiles up to `mid` (every query of the
-    tile sees them), masked ones after."""
-    for start in range(kv_lo, mid, BLOCK_N):
+    """Keys `[kv_lo, kv_hi)` folded into the softmax state: unmasked tiles `[lo_unmasked, mid)` (every query of
+    the tile sees them), masked ones before (HAS_WINDOW: the window's lower edge) and after (the diagonal)."""
+    if HAS_WINDOW:
+        for start in range(kv_lo, lo_unmasked, BLOCK_N):
+            acc, l_i, m_i = _attend_kv_tile(
+                acc,
+                l_i,
+                m_i,
+                q,
+                start,
+                kv_hi,
+                q_pos,
+                cache_ptr,
+                bt_row_ptr,
+                k_offsets,
+                v_offsets,
+                tile_pages,
+                stride_c_kv,
+                stride_c_blk,
+                stride_c_tok,
+                qk_scale,
+                window,
+                BLOCK_N,
+                PAGE,
+                True,
+                DOT_IEEE,
+                HAS_WINDOW,
+            )
+    for start in range(lo_unmasked, mid, BLOCK_N):
         acc, l_i, m_i = _attend_kv_tile(
             acc,
             l_i,
@@ -246,10 +303,12 @@ def _attend_kv_range(
             stride_c_blk,
             stride_c_tok,
             qk_scale,
+            window,
             BLOCK_N,
             PAGE,
             False,
             DOT_IEEE,
+            HAS_WINDOW,
         )
     for start in range(mid, kv_hi, BLOCK_N):
         acc, l_i, m_i = _attend_kv_tile(
@@ -269,10 +328,12 @@ def _attend_kv_range(
             stride_c_blk,
             stride_c_tok,
             qk_scale,
+            window,
             BLOCK_N,
             PAGE,
             True,
             DOT_IEEE,
+            HAS_WINDOW,
         )
     return acc, l_i, m_i
 
@@ -300,15 +361,21 @@ def _write_result(
     dims,
     stride_ot,
     stride_oh,
+    sink,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     IS_SPLIT: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,
     MERGE_UNROLL: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     """The end of a program: its output rows, or (IS_SPLIT, small rows) its split's partial result and
-    log-sum-exp; with FUSED_REDUCE the last of the row's non-empty splits to finish then merges them all."""
+    log-sum-exp; with FUSED_REDUCE the last of the row's non-empty splits to finish then merges them all.
+    `seq_len` is the length the splits divide (keys from the row's first readable tile on). HAS_SINKS: `sink`
+    [BLOCK_M] (log2 domain) adds its term to the denominator, here or in the merge of the splits."""
     has_keys = l_i > 0.0  # a split may hold no key visible to an early query of a draft-verify row
+    if HAS_SINKS and not IS_SPLIT:
+        l_i = l_i + tl.exp2(sink - m_i)
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if IS_SPLIT:
         part = (row.to(tl.int64) * num_kv_heads + kv_head) * num_splits + split
@@ -341,9 +408,11 @@ def _write_result(
                     dims,
                     stride_ot,
                     stride_oh,
+                    sink,
                     HEAD_DIM,
                     BLOCK_M,
                     MERGE_UNROLL,
+                    HAS_SINKS,
                 )
                 tl.store(counter, 0)  # every split has counted: the next launch (graph replay) starts at 0
     else:
