@@ -11,6 +11,7 @@ from framework.engine.scheduler.invariants import check_scheduler_invariants
 from framework.engine.scheduler.kv_cache_manager import KVCacheManager
 from framework.engine.scheduler.prefix import admit_cache_hit, cache_hit, take_snapshots
 from framework.engine.scheduler.rows import StepRows
+from framework.kv_transfer.interface import KVConnector, NoKVConnector
 from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -46,8 +47,10 @@ class Scheduler:
         draft_policy: Optional["DraftLengthPolicy"] = None,
         spec_metrics: Optional["SpecDecodeMetrics"] = None,
         draft_kv_lookahead: int = 0,
+        kv_connector: Optional[KVConnector] = None,
     ) -> None:
         self.config = config
+        self.kv_connector = kv_connector or NoKVConnector()
         # A draft model with its own KV (EAGLE, MTP) writes up to k - 1 positions past a sampling row's last
         # token while drafting: such rows get blocks for that many more positions.
         self.draft_kv_lookahead = draft_kv_lookahead
@@ -59,6 +62,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._released_ids: set[str] = set()  # slots the runner must free at its next step
+        # Set when failed KV loads preempted requests after a step started (`prefix.recompute_failed_loads`): the
+        # next step admits nobody, so their tokens of that step, still in flight, are dropped when they arrive.
+        self.hold_admissions = False
 
     # ---- requests in and out -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -147,8 +153,9 @@ class Scheduler:
         # 1. Running requests, in arrival order; the newest are preempted when the KV cache cannot grow.
         budget, preempted = self._schedule_running(step, self.config.max_num_batched_tokens)
         # 2. Waiting requests, while budget, slots and blocks allow; never in a step that preempted.
-        if not preempted:
+        if not preempted and not self.hold_admissions:
             self._admit_waiting(step, budget)
+        self.hold_admissions = False
         # 3. Speculative decoding: the drafts proposed after this step for every row that samples.
         num_propose = self._propose_drafts(step)
         # 4. The step's output, with the slots the runner must free.
@@ -163,6 +170,7 @@ class Scheduler:
             num_propose_tokens=num_propose,
             num_computed_tokens=step.computed_before,
             state_snapshots=step.snapshots,
+            kv_connector_metadata=self.kv_connector.build_metadata(),
         )
 
     def _schedule_running(self, step: StepRows, budget: int) -> tuple[int, bool]:
@@ -251,16 +259,19 @@ class Scheduler:
             num_encoder = request.encoder_input.num_encoder_tokens if request.encoder_input is not None else 0
             if encoder_scheduled and encoder_scheduled + num_encoder > encoder_budget:
                 break
-            hit_blocks = cache_hit(kv, request)  # leading blocks served from the prefix cache
-            num_hit = len(hit_blocks) * kv.block_size
+            hit_blocks, num_ext = cache_hit(kv, request, self.kv_connector)  # device blocks, then tier tokens
+            num_hit = len(hit_blocks) * kv.block_size + num_ext
             # read now: assigning this step's snapshots may evict it (the runner restores before it overwrites)
             restore = kv.hooks.snapshot_slot(hit_blocks[-1]) if hit_blocks else None
             n = min(request.num_tokens - num_hit, budget)
             samples = num_hit + n == request.num_tokens
-            if kv.allocate(request.request_id, self._with_lookahead(num_hit + n, samples), hit_blocks) is None:
+            new_blocks = kv.allocate(request.request_id, self._with_lookahead(num_hit + n, samples), hit_blocks)
+            if new_blocks is None:
                 break
             encoder_scheduled += num_encoder
-            offered = admit_cache_hit(kv, request, num_hit, n)
+            offered = admit_cache_hit(
+                kv, request, num_hit, n, self.kv_connector, new_blocks[: num_ext // kv.block_size]
+            )
             take_snapshots(kv, len(step.ids), num_hit, n, offered, step.snapshots)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
