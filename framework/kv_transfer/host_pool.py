@@ -66,24 +66,35 @@ class HostBlockPool:
             self.stats.num_loads += 1
 
     # ---- copies (on the side stream) ---------------------------------------------------------------------
+    def _block_ids(self, transfers: Sequence[BlockTransfer]) -> torch.Tensor:
+        """[n] int64 device block ids, copied from pinned memory on a GPU (a pageable copy could wait on the host)."""
+        ids = torch.tensor([t.block_id for t in transfers], dtype=torch.long, pin_memory=self.device.type == "cuda")
+        return ids.to(self.device, non_blocking=True)
+
     def _save(self, saves: Sequence[BlockTransfer]) -> None:
         assert self._pool is not None
-        blocks = torch.tensor([t.block_id for t in saves], dtype=torch.long).to(self.device, non_blocking=True)
+        blocks = self._block_ids(saves)
         staged = torch.stack([cache.index_select(0, blocks).flatten(1) for cache in self._caches], dim=1)  # [n, L, B]
-        if self.device.type == "cpu":
-            self._pool.index_copy_(0, torch.tensor([t.tier_slot for t in saves]), staged)
-            return
-        for row, transfer in enumerate(saves):  # D2H into pinned memory: one copy per block, all layers
-            self._pool[transfer.tier_slot].copy_(staged[row], non_blocking=True)
+        for row, slot, length in slot_runs(saves):  # D2H into pinned memory: one copy per run of slots
+            self._pool[slot : slot + length].copy_(staged[row : row + length], non_blocking=True)
 
     def _load(self, loads: Sequence[BlockTransfer]) -> None:
         assert self._pool is not None
-        if self.device.type == "cpu":
-            staged = self._pool.index_select(0, torch.tensor([t.tier_slot for t in loads]))  # [n, L, B]
-        else:
-            staged = torch.empty((len(loads), *self._pool.shape[1:]), dtype=torch.uint8, device=self.device)
-            for row, transfer in enumerate(loads):  # H2D from pinned memory: one copy per block
-                staged[row].copy_(self._pool[transfer.tier_slot], non_blocking=True)
-        blocks = torch.tensor([t.block_id for t in loads], dtype=torch.long).to(self.device, non_blocking=True)
+        staged = torch.empty((len(loads), *self._pool.shape[1:]), dtype=torch.uint8, device=self.device)  # [n, L, B]
+        for row, slot, length in slot_runs(loads):  # H2D from pinned memory: one copy per run of slots
+            staged[row : row + length].copy_(self._pool[slot : slot + length], non_blocking=True)
+        blocks = self._block_ids(loads)
         for layer, cache in enumerate(self._caches):
             cache.index_copy_(0, blocks, staged[:, layer].reshape(len(loads), *cache.shape[1:]))
+
+
+def slot_runs(transfers: Sequence[BlockTransfer]) -> list[tuple[int, int, int]]:
+    """(first row, first slot, length) of each run of consecutive transfers whose slots are consecutive: a run
+    moves in one copy (fresh slots are handed out in order, so a step's saves are mostly one run)."""
+    runs: list[tuple[int, int, int]] = []
+    for row, transfer in enumerate(transfers):
+        if runs and runs[-1][1] + runs[-1][2] == transfer.tier_slot and runs[-1][0] + runs[-1][2] == row:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((row, transfer.tier_slot, 1))
+    return runs

@@ -92,3 +92,10 @@ def test_host_tier_size_checks_name_the_numbers():
         host_tier_blocks(4.0, 2**20, available=2**31)
     with pytest.raises(ConfigError, match="holds no KV block"):
         host_tier_blocks(1e-9, 2**20, available=2**31)
+
+
+def test_slot_runs_group_consecutive_slots():
+    from framework.kv_transfer.host_pool import slot_runs
+
+    transfers = [BlockTransfer(b, s, _h(b)) for b, s in [(9, 3), (8, 4), (7, 5), (1, 0), (2, 7), (3, 8)]]
+    assert slot_runs(transfers) == [(0, 3, 3), (3, 0, 1), (4, 7, 2)]
