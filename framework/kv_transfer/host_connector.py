@@ -68,7 +68,10 @@ class HostKVConnector(KVConnector):
 
     def __init__(self, context: KVConnectorContext) -> None:
         super().__init__(context)
-        capacity = host_tier_blocks(context.cache.host_kv_gib, context.block_bytes)
+        # Only the worker side allocates; the scheduler side, built after it, would see its memory as taken.
+        wanted = int(context.cache.host_kv_gib * GIB)
+        available = None if context.role == "worker" else wanted
+        capacity = host_tier_blocks(context.cache.host_kv_gib, context.block_bytes, available)
         self.block_size = context.cache.block_size
         self.index = HostBlockIndex(capacity, self.block_size) if context.role == "scheduler" else None
         self.pool = (

@@ -1,7 +1,9 @@
 """The worker side of the host KV tier: the host copy of KV blocks, and the copies in and out of the device cache.
 
-The pool is one host tensor of bytes, `[capacity, num_layers, layer_block_bytes]` (pinned on a GPU): host slot
-`s` holds one block of every registered paged layer, so a block moves in one host copy. KV caches of any
+The pool is host memory of bytes, `[capacity, num_layers, layer_block_bytes]` (pinned on a GPU), allocated in
+chunks of at most `CHUNK_BYTES` (PyTorch's pinned-memory allocator rounds each allocation up to a power of two,
+so one large pool could pin up to twice its size): host slot `s` holds one block of every registered paged layer,
+so a block moves in one host copy. KV caches of any
 element type (FP8 included) move as their bytes. Every copy runs on the side stream, saves before loads, and
 the pool remembers which prefix hash each slot was last written with: a load whose slot holds another hash (or
 none) fails, and the scheduler recomputes instead.
@@ -17,6 +19,8 @@ from framework.kv_transfer.side_stream import SideStream
 from framework.params.kv_transfer import BlockTransfer, BlockTransfers, KVTierStats
 from framework.params.prefix_cache import BlockHash
 
+CHUNK_BYTES = 2**30
+
 
 class HostBlockPool:
     """`capacity` host slots of KV blocks and the side stream that fills and reads them."""
@@ -28,7 +32,9 @@ class HostBlockPool:
         self.stats = KVTierStats(capacity_blocks=capacity)
         self.slot_hash: list[Optional[BlockHash]] = [None] * capacity  # what each slot was last written with
         self._caches: list[torch.Tensor] = []  # each layer's cache viewed as bytes, block dim first
-        self._pool: Optional[torch.Tensor] = None
+        self._chunks: list[torch.Tensor] = []  # [slots_per_chunk, L, B] each; slot s in chunk s // slots_per_chunk
+        self.slots_per_chunk = 1
+        self.block_bytes = 0
 
     def bind(self, kv_caches: Sequence[torch.Tensor], block_dim: int) -> None:
         """Allocate the pool for these cache tensors (blocks along `block_dim`)."""
@@ -36,13 +42,22 @@ class HostBlockPool:
         layer_bytes = self._caches[0][0].numel() if self._caches else 0
         if any(c[0].numel() != layer_bytes for c in self._caches):
             raise ValueError("host KV tier: every paged layer's block must have the same size")
-        self._pool = torch.empty(
-            (self.capacity, len(self._caches), layer_bytes), dtype=torch.uint8, pin_memory=self.device.type == "cuda"
-        )
+        self.block_bytes = layer_bytes * len(self._caches)
+        self.slots_per_chunk = max(1, CHUNK_BYTES // max(self.block_bytes, 1))
+        pin = self.device.type == "cuda"
+        self._chunks = [
+            torch.empty(
+                (min(self.slots_per_chunk, self.capacity - first), len(self._caches), layer_bytes),
+                dtype=torch.uint8,
+                pin_memory=pin,
+            )
+            for first in range(0, self.capacity, self.slots_per_chunk)
+        ]
 
-    @property
-    def block_bytes(self) -> int:
-        return 0 if self._pool is None else self._pool[0].numel()
+    def _host(self, slot: int, length: int) -> torch.Tensor:
+        """[length, L, B] host bytes of slots `slot..slot + length` (within one chunk)."""
+        chunk, row = divmod(slot, self.slots_per_chunk)
+        return self._chunks[chunk][row : row + length]
 
     def start(self, transfers: BlockTransfers) -> frozenset[int]:
         """Start the step's saves, then its loads, on the side stream; returns the device blocks whose load
@@ -72,28 +87,34 @@ class HostBlockPool:
         return ids.to(self.device, non_blocking=True)
 
     def _save(self, saves: Sequence[BlockTransfer]) -> None:
-        assert self._pool is not None
         blocks = self._block_ids(saves)
         staged = torch.stack([cache.index_select(0, blocks).flatten(1) for cache in self._caches], dim=1)  # [n, L, B]
-        for row, slot, length in slot_runs(saves):  # D2H into pinned memory: one copy per run of slots
-            self._pool[slot : slot + length].copy_(staged[row : row + length], non_blocking=True)
+        for row, slot, length in slot_runs(saves, self.slots_per_chunk):  # D2H into pinned memory: a copy per run
+            self._host(slot, length).copy_(staged[row : row + length], non_blocking=True)
 
     def _load(self, loads: Sequence[BlockTransfer]) -> None:
-        assert self._pool is not None
-        staged = torch.empty((len(loads), *self._pool.shape[1:]), dtype=torch.uint8, device=self.device)  # [n, L, B]
-        for row, slot, length in slot_runs(loads):  # H2D from pinned memory: one copy per run of slots
-            staged[row : row + length].copy_(self._pool[slot : slot + length], non_blocking=True)
+        shape = (len(loads), *self._chunks[0].shape[1:])
+        staged = torch.empty(shape, dtype=torch.uint8, device=self.device)  # [n, L, B]
+        for row, slot, length in slot_runs(loads, self.slots_per_chunk):  # H2D from pinned memory: a copy per run
+            staged[row : row + length].copy_(self._host(slot, length), non_blocking=True)
         blocks = self._block_ids(loads)
         for layer, cache in enumerate(self._caches):
             cache.index_copy_(0, blocks, staged[:, layer].reshape(len(loads), *cache.shape[1:]))
 
 
-def slot_runs(transfers: Sequence[BlockTransfer]) -> list[tuple[int, int, int]]:
-    """(first row, first slot, length) of each run of consecutive transfers whose slots are consecutive: a run
-    moves in one copy (fresh slots are handed out in order, so a step's saves are mostly one run)."""
+def slot_runs(transfers: Sequence[BlockTransfer], slots_per_chunk: int) -> list[tuple[int, int, int]]:
+    """(first row, first slot, length) of each run of consecutive transfers whose slots are consecutive and in one
+    chunk of `slots_per_chunk`: a run moves in one copy (fresh slots are handed out in order, so a step's saves
+    are mostly one run)."""
     runs: list[tuple[int, int, int]] = []
     for row, transfer in enumerate(transfers):
-        if runs and runs[-1][1] + runs[-1][2] == transfer.tier_slot and runs[-1][0] + runs[-1][2] == row:
+        slot = transfer.tier_slot
+        if (
+            runs
+            and runs[-1][1] + runs[-1][2] == slot
+            and runs[-1][0] + runs[-1][2] == row
+            and slot % slots_per_chunk != 0
+        ):
             runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
         else:
             runs.append((row, transfer.tier_slot, 1))

@@ -68,22 +68,36 @@ def _caches(num_blocks: int, dtype: torch.dtype) -> list[torch.Tensor]:
     return [torch.randn(2, num_blocks, 4, 2, 8).to(dtype) for _ in range(3)]  # [2, blocks, block_size, heads, dim]
 
 
+@pytest.mark.parametrize("chunk_bytes", [2**30, 1], ids=["one-chunk", "slot-per-chunk"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
-def test_pool_moves_blocks_byte_exact_after_the_wait(dtype):
+def test_pool_moves_blocks_byte_exact_after_the_wait(dtype, chunk_bytes, monkeypatch):
+    monkeypatch.setattr("framework.kv_transfer.host_pool.CHUNK_BYTES", chunk_bytes)
     caches = _caches(6, dtype)
     stream = DeferredSideStream()
     pool = HostBlockPool(4, torch.device("cpu"), stream)
     pool.bind(caches, block_dim((2, 1, 4, 2, 8), (2, 2, 4, 2, 8)))
     before = [c.view(torch.uint8).clone() for c in caches]
-    assert not pool.start(BlockTransfers(saves=(BlockTransfer(1, 2, _h(1)), BlockTransfer(4, 0, _h(4)))))
-    failed = pool.start(BlockTransfers(loads=(BlockTransfer(5, 2, _h(1)), BlockTransfer(0, 0, _h(9)))))
+    saves = (BlockTransfer(1, 2, _h(1)), BlockTransfer(4, 0, _h(4)), BlockTransfer(2, 1, _h(2)))
+    assert not pool.start(BlockTransfers(saves=saves))
+    loads = (
+        BlockTransfer(5, 2, _h(1)),
+        BlockTransfer(0, 0, _h(9)),
+        BlockTransfer(3, 0, _h(4)),
+        BlockTransfer(1, 1, _h(2)),
+    )
+    failed = pool.start(BlockTransfers(loads=loads))
     assert failed == {0}  # slot 0 holds block 4's hash, not 9: that load does not run
     assert torch.equal(caches[0].view(torch.uint8), before[0])  # nothing ran before the wait
     stream.wait()
     for cache, old in zip(caches, before):
-        assert torch.equal(cache.view(torch.uint8)[:, 5], old[:, 1])
-        assert torch.equal(cache.view(torch.uint8)[:, 0], old[:, 0])
-    assert pool.stats.bytes_to_tier == 2 * pool.block_bytes and pool.stats.bytes_to_device == pool.block_bytes
+        got = cache.view(torch.uint8)
+        assert (
+            torch.equal(got[:, 5], old[:, 1])
+            and torch.equal(got[:, 3], old[:, 4])
+            and torch.equal(got[:, 1], old[:, 2])
+        )
+        assert torch.equal(got[:, 0], old[:, 0])
+    assert pool.stats.bytes_to_tier == 3 * pool.block_bytes and pool.stats.bytes_to_device == 3 * pool.block_bytes
 
 
 def test_host_tier_size_checks_name_the_numbers():
@@ -98,4 +112,5 @@ def test_slot_runs_group_consecutive_slots():
     from framework.kv_transfer.host_pool import slot_runs
 
     transfers = [BlockTransfer(b, s, _h(b)) for b, s in [(9, 3), (8, 4), (7, 5), (1, 0), (2, 7), (3, 8)]]
-    assert slot_runs(transfers) == [(0, 3, 3), (3, 0, 1), (4, 7, 2)]
+    assert slot_runs(transfers, 100) == [(0, 3, 3), (3, 0, 1), (4, 7, 2)]
+    assert slot_runs(transfers, 4) == [(0, 3, 1), (1, 4, 2), (3, 0, 1), (4, 7, 1), (5, 8, 1)]  # chunks of 4 slots
