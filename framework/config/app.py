@@ -48,6 +48,21 @@ class BenchConfig(StrictModel):
         "(then `input_len` unique tokens), and the workload runs with prefix caching off, then on "
         "(framework/entrypoints/bench/prefix.py).",
     )
+    num_turns: int = Field(
+        0,
+        ge=0,
+        description="If > 0: the multi-turn workload (framework/entrypoints/bench/multiturn.py): `num_requests` "
+        "conversations of this many turns over a random context of `context_len` tokens each, every turn adding "
+        "`input_len` user and `output_len` generated tokens; runs without, then with the host KV tier.",
+    )
+    context_len: int = Field(8192, ge=1, description="Multi-turn: each conversation's own random context.")
+    host_kv_gib: float = Field(64.0, gt=0.0, description="Multi-turn: the host KV tier of the run with it.")
+    kv_pool_fraction: float = Field(
+        0.25,
+        gt=0.0,
+        le=1.0,
+        description="Multi-turn: the device KV pool holds this fraction of the conversations at their longest.",
+    )
     output_dir: Optional[str] = Field(None, description="Where JSON and plot go; null = Hydra's run directory.")
     serve: bool = Field(
         False,

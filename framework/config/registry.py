@@ -1,4 +1,4 @@
-"""One small generic registry for models, model states, speculators and logits processors.
+"""One small generic registry for models, model states, speculators, logits processors and KV connectors.
 
 Entries come from three places: the `@registry.register("name")` decorator, lazy `"module:Class"` strings
 (imported on first use), and Python entry points of the registry's group (e.g. `mrv2.model_states`), which
@@ -119,6 +119,7 @@ SPECULATORS: Registry[Any] = Registry("speculator", "mrv2.speculators")
 LOGITS_PROCESSORS: Registry[Any] = Registry("logits processor", "mrv2.logits_processors")
 TOOL_PARSERS: Registry[Any] = Registry("tool parser", "mrv2.tool_parsers")
 REASONING_PARSERS: Registry[Any] = Registry("reasoning parser", "mrv2.reasoning_parsers")
+KV_CONNECTORS: Registry[Any] = Registry("KV connector", "mrv2.kv_connectors")
 
 # Built-ins are lazy strings so that importing the registry imports no model code.
 for _arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
@@ -149,3 +150,4 @@ for _name, _target in (
     TOOL_PARSERS.register(_name, f"{_TOOLS}.{_target}", source="mrv2")
 for _name, _target in (("think", "Think"), ("qwen3", "Think"), ("deepseek_r1", "DeepSeekR1")):
     REASONING_PARSERS.register(_name, f"framework.entrypoints.reasoning_parser:{_target}ReasoningParser", source="mrv2")
+KV_CONNECTORS.register("host", "framework.kv_transfer.host_connector:HostKVConnector", source="mrv2")

@@ -1,8 +1,6 @@
-"""The validated configuration of one mrv2 run.
-
-Hydra composes YAML from `conf/`; :func:`load_config` turns the composed tree into these pydantic models.
-Code reads only these objects, never a raw `DictConfig`. Unknown keys are forbidden everywhere, so a typo
-fails before any work with a message that names the key and the allowed ones.
+"""The validated configuration of one mrv2 run. Hydra composes YAML from `conf/`; :func:`load_config` turns the
+composed tree into these pydantic models. Code reads only these objects, never a raw `DictConfig`. Unknown keys
+are forbidden everywhere, so a typo fails before any work with a message that names the key and the allowed ones.
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 from framework.config.app import BenchConfig, RunConfig, ServeConfig
 from framework.config.base import ConfigError, StrictModel, format_validation_error
 from framework.config.kernels import KernelsConfig
+from framework.config.kv_tier import KVTierFields
 from framework.config.lora import LoraConfig
 from framework.config.parallel import ParallelConfig
 from framework.config.retired import check_retired
@@ -263,8 +262,8 @@ class SchedulerConfig(StrictModel):
     )
 
 
-class CacheConfig(StrictModel):
-    """Paged KV cache."""
+class CacheConfig(KVTierFields):
+    """Paged KV cache (and the KV tier beside it: `KVTierFields`)."""
 
     block_size: int = Field(16, ge=1, le=1024)
     num_blocks: Optional[int] = Field(

@@ -23,14 +23,18 @@ from framework.engine.parallel_sampling import ParallelSamplingTable, fan_out
 from framework.engine.request import Request, RequestOutput, RequestStatus
 from framework.engine.runner_selection import select_runner
 from framework.engine.scheduler.kv_cache_manager import KVCacheManager
+from framework.engine.scheduler.prefix import recompute_failed_loads
 from framework.engine.scheduler.scheduler import Scheduler
 from framework.engine.validation import RequestValidator
+from framework.kv_transfer.build import build_kv_connector, check_kv_connector
+from framework.kv_transfer.interface import KVConnectorContext, NoKVConnector
 from framework.models.interface import EncoderDecoder
 from framework.models.setup import kv_bytes_per_block, load_model, resolve_device
 from framework.params.encoder_input import EncoderInput
+from framework.params.kv_transfer import KVTierStats
 from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
-from framework.params.prefix_cache import PrefixCacheStats
+from framework.params.prefix_cache import PrefixCacheHooks, PrefixCacheStats
 from framework.params.sampling_params import (
     SamplingParams,
 )
@@ -84,15 +88,21 @@ class EngineCore:
             if isinstance(self.loaded.model, EncoderDecoder)
             else None
         )
+        prefix_caching = self._prefix_caching(config)
+        hooks = getattr(self.runner, "prefix_cache_hooks", None)
+        state_name = type(self.runner.model_state).name
+        check_kv_connector(config, runner_kind, prefix_caching, hooks or PrefixCacheHooks(), state_name)
         blocks = self.runner.determine_num_kv_blocks()  # profiled on a GPU; the minimum over ranks
         self.runner.initialize_kv_cache(blocks)
         self.runner.capture_cuda_graphs()
-        self.kv_cache = KVCacheManager(
-            blocks,
-            config.cache.block_size,
-            enable_prefix_caching=self._prefix_caching(config),
-            hooks=getattr(self.runner, "prefix_cache_hooks", None),
+        self.kv_cache = KVCacheManager(blocks, config.cache.block_size, prefix_caching, hooks)
+        block_bytes = kv_bytes_per_block(self.loaded, config.cache.block_size, self.runner.num_draft_kv_layers)
+        # Another tier of KV blocks (the host-memory tier): its scheduler side, told of the cache's evictions.
+        self.kv_connector = build_kv_connector(
+            KVConnectorContext("scheduler", config.cache, block_bytes, self.loaded.device)
         )
+        if not isinstance(self.kv_connector, NoKVConnector):
+            self.kv_cache.add_eviction_observer(self.kv_connector.on_block_evicted)
         self.spec_metrics = SpecDecodeMetrics()
         self.draft_policy = build_draft_policy(config.speculator)
         lookahead = max(config.speculator.num_speculative_tokens - 1, 0) if self.runner.num_draft_kv_layers else 0
@@ -104,6 +114,7 @@ class EngineCore:
             self.spec_metrics,
             draft_kv_lookahead=lookahead,
             max_loras=config.lora.max_loras if config.lora.enable else 0,
+            kv_connector=self.kv_connector,
         )
         if config.lora.enable and self.runner.name != "v2":
             raise ConfigError("lora.enable: LoRA adapters run on the V2 runner only (use runner=v2 or runner=auto)")
@@ -136,7 +147,6 @@ class EngineCore:
             config.scheduler.check_invariants,
         )
         self.observer: StepObserver = NO_OBSERVER  # a benchmark's hooks (`set_observer`)
-        block_bytes = kv_bytes_per_block(self.loaded, config.cache.block_size, self.runner.num_draft_kv_layers)
         kv_gib = blocks * block_bytes / 2**30
         logger.info(
             "mrv2: runner %s on %s, %d KV blocks of %d tokens (%d tokens, %s, %.2f GiB), prefix caching %s",
@@ -290,6 +300,7 @@ class EngineCore:
         if not scheduler_output.is_empty or scheduler_output.finished_request_ids:
             try:
                 self.runner.execute_model(scheduler_output)  # 2. state updates, inputs, forward (queued)
+                self._kv_connector_report()  # 2b. failed loads of another KV tier: their requests recompute
                 self.observer.on_step(scheduler_output)  # a no-op unless a benchmark observes
                 future = self.runner.sample_tokens()  # 3. sampling and post-update (queued)
             except Exception as err:
@@ -320,14 +331,39 @@ class EngineCore:
         outputs = self.output_processor.process(runner_output, finished)  # 6. logprobs, text, stop strings, deltas
         return self.failures.checked(self.parallel_sampling.relabel(outputs))  # 7. n > 1: children as sequences
 
+    def _kv_connector_report(self) -> None:
+        """Hand the KV connector's report on the step just started to its scheduler side; requests holding a
+        block whose load failed are preempted and recompute (`recompute_failed_loads`)."""
+        output = self.runner.kv_connector_output()
+        self.kv_connector.update_from_output(output)
+        if output.failed_block_ids:
+            scheduler = self.scheduler
+            scheduler.hold_admissions = recompute_failed_loads(
+                self.kv_cache, scheduler.running, output, scheduler.preempt
+            )
+
+    @property
+    def kv_tier_stats(self) -> KVTierStats:
+        """The KV connector's counters since start-up (host-tier hits, failed loads, bytes each way, load time)."""
+        worker = self.runner.kv_tier_stats()
+        return dataclasses.replace(
+            self.kv_connector.stats(),
+            bytes_to_tier=worker.bytes_to_tier,
+            bytes_to_device=worker.bytes_to_device,
+            load_seconds=worker.load_seconds,
+            num_loads=worker.num_loads,
+        )
+
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
         """Prefix-cache counters since start-up: tokens looked up (`queries`), served from the cache (`hits`)."""
         return dataclasses.replace(self.kv_cache.stats)
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (e.g. between benchmark runs); running requests keep their blocks."""
+        """Forget every cached prefix, in the device cache and in a KV tier (e.g. between benchmark runs); running
+        requests keep their blocks."""
         self.kv_cache.reset_prefix_cache()
+        self.kv_connector.reset()
 
     @property
     def num_free_blocks(self) -> int:

@@ -27,6 +27,7 @@ USAGE = """usage: mrv2 {run,bench,serve} [HYDRA OVERRIDES...]
   mrv2 bench experiment=serve_nano      the "nano" requests through mrv2 serve (streaming HTTP) vs offline
   mrv2 bench experiment=prefix_bench    a shared 2,000-token system prompt, prefix caching off vs on
   mrv2 bench experiment=prefix_bench_hybrid   the same on the Mamba hybrid (jamba-1024)
+  mrv2 bench experiment=multiturn       64 conversations x 8 turns over 8K contexts, host KV tier off vs on
   mrv2 serve                            an OpenAI-compatible server on 127.0.0.1:8000 (docs/serving.md)
   mrv2 serve serve.port=9000 serve.api_key=secret model=hf model.path=/path/to/hf-dir
   mrv2 run --cfg job                     print the composed config
@@ -137,6 +138,11 @@ def _bench_task(cfg: object) -> None:
         from framework.entrypoints.bench.serve import run_serve_bench
 
         run_serve_bench(config, out_dir)
+        return
+    if config.bench.num_turns:
+        from framework.entrypoints.bench.multiturn import run_multiturn_bench
+
+        run_multiturn_bench(config, out_dir)
         return
     if config.bench.shared_prefix_len:
         from framework.entrypoints.bench.prefix import run_prefix_bench

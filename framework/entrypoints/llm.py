@@ -57,6 +57,8 @@ _KWARGS = {
     "token_history_on_host": "cache.token_history_on_host",
     "enable_prefix_caching": "cache.enable_prefix_caching",
     "mamba_snapshot_slots": "cache.mamba_snapshot_slots",
+    "host_kv_gib": "cache.host_kv_gib",
+    "kv_connector": "cache.kv_connector",
     "task": "task",
     "pooling": "model.pooling",
     "kernel_backend": "kernels.backend",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from framework.params.encoder_input import EncoderInput
+from framework.params.kv_transfer import KVConnectorMetadata
 from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import PoolingParams
 from framework.params.sampling_params import SamplingParams
@@ -75,6 +76,9 @@ class SchedulerOutput:
     # Recurrent-state snapshots this step stores, by batch row then num_tokens (empty unless the model state's
     # prefix-cache hooks take snapshots).
     state_snapshots: list[StateSnapshot] = field(default_factory=list)
+    # The KV connector's transfers for this step (blocks to save out of and load into the device cache before
+    # the forward); None without a connector or with nothing to move.
+    kv_connector_metadata: Optional[KVConnectorMetadata] = None
 
     @property
     def is_empty(self) -> bool:

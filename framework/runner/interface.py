@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from framework.params.kv_transfer import EMPTY_KV_CONNECTOR_OUTPUT, KVConnectorOutput, KVTierStats
 from framework.params.prefix_cache import PrefixCacheHooks
 from framework.params.sampling_params import SamplingParams
 from framework.params.scheduler_output import NewRequestData, SchedulerOutput
@@ -50,6 +51,14 @@ class ModelRunner(ABC):
         if wanted is False or not type(model_state).supports_prefix_caching:
             return PrefixCacheHooks()
         return model_state.init_prefix_cache(self.config.cache)
+
+    def kv_connector_output(self) -> KVConnectorOutput:
+        """The KV connector's report on the step just started: finished transfers, failed loads (none here)."""
+        return EMPTY_KV_CONNECTOR_OUTPUT
+
+    def kv_tier_stats(self) -> KVTierStats:
+        """The worker side of the KV connector's counters (bytes moved, load time; zeros here)."""
+        return KVTierStats()
 
     def profile_run(self) -> int:
         """Run one full-budget step (prefill + sampling) on dummy requests; returns peak activation bytes.

@@ -11,7 +11,7 @@ always free here.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -124,8 +124,27 @@ class LoraState:
         self._dirty = len(per_token) if (rows >= 0).any() else 0
 
 
-def build_lora_state(config: Mrv2Config, loaded: LoadedModel) -> LoraState:
-    """The runner's `LoraState` (`lora.enable`); its token map covers the largest step any forward or graph runs."""
+class NoLora:
+    """`LoraState`'s verbs doing nothing: the runner's owner when `lora.enable` is off (no branch in the step)."""
+
+    def add_request(self, slot: int, new: NewRequestData) -> None:
+        pass
+
+    def remove_request(self, slot: int) -> None:
+        pass
+
+    def apply_staged_writes(self) -> None:
+        pass
+
+    def prepare(self, output: SchedulerOutput, req_slots: np.ndarray) -> None:
+        pass
+
+
+def build_lora_state(config: Mrv2Config, loaded: LoadedModel) -> Union[LoraState, NoLora]:
+    """The runner's `LoraState` (`lora.enable`; else a `NoLora`); its token map covers the largest step any forward
+    or graph runs."""
+    if not config.lora.enable:
+        return NoLora()
     if loaded.parallel.tp_size > 1 or loaded.parallel.pp_size > 1:
         raise ConfigError("lora.enable: LoRA adapters do not run under tensor or pipeline parallelism yet")
     runner = config.runner

@@ -15,9 +15,13 @@ from framework.batch.block_tables import BlockTables
 from framework.batch.input_batch import InputBatch, batch_req_slots, build_input_batch, input_staging
 from framework.batch.request_state import RequestState
 from framework.config.schema import Mrv2Config
+from framework.kv_transfer.build import block_dim, build_kv_connector
+from framework.kv_transfer.interface import KVConnector, KVConnectorContext, NoKVConnector
 from framework.layers.attention import AttentionMetadata
 from framework.layers.kernels.input_prep import compute_num_sampled, post_update
 from framework.models.loaded import LoadedModel
+from framework.models.setup import kv_bytes_per_block
+from framework.params.kv_transfer import KVConnectorMetadata, KVConnectorOutput, KVTierStats
 from framework.params.request_errors import RequestStepError, SlotWriteError
 from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from framework.runner.async_output import AsyncOutput
@@ -104,12 +108,15 @@ class ModelRunnerV2(ModelRunner):
         self.config = config
         self.prefix_cache_hooks = self._prefix_cache_hooks_of(self.model_state)  # state snapshots, before KV sizing
         self.pooling_state = PoolingState(max_reqs, hidden_size_of(loaded), self.device)
-        self.lora_state = build_lora_state(config, loaded) if config.lora.enable else None  # adapters per slot
+        self.lora_state = build_lora_state(config, loaded)  # adapters per slot (a no-op owner when off)
         self.speculator: Optional[Speculator] = build_speculator(config.speculator, loaded, max_reqs, self.device)
         self.num_draft_kv_layers = self.speculator.num_kv_layers if self.speculator is not None else 0
         self.aux_layer_ids = self.speculator.aux_hidden_layer_ids if self.speculator is not None else ()
         self.loaded = loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
+        # Another tier of KV blocks (the host-memory tier): its worker side, built with the KV cache.
+        self.kv_connector: KVConnector = NoKVConnector()
+        self._kv_transfers: Optional[KVConnectorMetadata] = None  # this step's, for the saves after the forward
         self.graphs = RunnerGraphs(self)  # decode, full-step and prefill graphs: capture and replay decisions
         # Benchmarks set this to a list to collect (start, end) CUDA events around each step's device work.
         self.step_events: Optional[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = None
@@ -127,13 +134,18 @@ class ModelRunnerV2(ModelRunner):
         self.kv_caches = [
             torch.zeros(shape, dtype=self.loaded.kv_dtype, device=self.device) for _ in range(self.model.num_kv_layers)
         ]
+        draft_caches = [
+            torch.zeros(shape, dtype=self.loaded.kv_dtype, device=self.device) for _ in range(self.num_draft_kv_layers)
+        ]
         if self.speculator is not None:  # the draft model's own layers, same block ids and KV slots
-            self.speculator.bind_kv_caches(
-                [
-                    torch.zeros(shape, dtype=self.loaded.kv_dtype, device=self.device)
-                    for _ in range(self.num_draft_kv_layers)
-                ]
-            )
+            self.speculator.bind_kv_caches(draft_caches)
+        bs = self.config.cache.block_size
+        block_bytes = kv_bytes_per_block(self.loaded, bs, self.num_draft_kv_layers)
+        self.kv_connector = build_kv_connector(
+            KVConnectorContext("worker", self.config.cache, block_bytes, self.device)
+        )
+        dim = block_dim(self.model.kv_cache_shape(1, bs), self.model.kv_cache_shape(2, bs))
+        self.kv_connector.register_kv_caches(self.kv_caches + draft_caches, dim)
 
     def capture_cuda_graphs(self, capturer: Optional[GraphCapturer] = None) -> None:
         """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`) and, when on, full-step graphs
@@ -157,13 +169,15 @@ class ModelRunnerV2(ModelRunner):
         self._add_requests(output.new_requests)  # 2. new and resumed requests take slots
         self._update_requests(output.cached_requests)  # 3. running requests gain KV blocks
         self._apply_staged_writes()  # 4. one scatter per state tensor
+        self.kv_connector.start_load_kv(output.kv_connector_metadata)  # 4a. KV tier copies start, side stream
+        self.kv_connector.wait_for_loads()  # 4b. the forward's stream waits for them (on the device)
+        self._kv_transfers = output.kv_connector_metadata
         if output.is_empty:
             self._pending = None
             return
-        slots = batch_req_slots(output, self.request_state)  # 4a. batch_row -> req_slot (host)
-        if self.lora_state is not None:  # 4a'. each token's LoRA adapter slot, before any forward or replay
-            self.lora_state.prepare(output, slots)
-        # 4b. a graph-safe pure-decode step: steps 5-8 and sampling as one replay
+        slots = batch_req_slots(output, self.request_state)  # 4c. batch_row -> req_slot (host)
+        self.lora_state.prepare(output, slots)  # 4c'. each token's LoRA adapter slot, before any forward or replay
+        # 4d. a graph-safe pure-decode step: steps 5-8 and sampling as one replay
         self._pending = self.graphs.replay_full_step(output, slots, self.outputs.copy_stream)
         if self._pending is not None:
             return
@@ -238,9 +252,8 @@ class ModelRunnerV2(ModelRunner):
         return self.model(input_ids, positions, kv_caches, attn_metadata, **extra_inputs), ()
 
     def _states(self) -> list:
-        owners = [self.block_tables, self.sampling_states, self.model_state, self.pooling_state]
-        optional = [self.speculator, self.lora_state]
-        return owners + [owner for owner in optional if owner is not None]
+        owners = [self.block_tables, self.sampling_states, self.model_state, self.pooling_state, self.lora_state]
+        return owners + ([self.speculator] if self.speculator is not None else [])
 
     def _free_slots(self, request_ids: set[str]) -> None:
         for request_id in request_ids:
@@ -257,8 +270,7 @@ class ModelRunnerV2(ModelRunner):
                 self.sampling_states.add_request(slot, new)
                 self.model_state.add_request(slot, new)
                 self.pooling_state.add_request(slot, new)
-                if self.lora_state is not None:
-                    self.lora_state.add_request(slot, new)
+                self.lora_state.add_request(slot, new)
                 if self.speculator is not None:
                     self.speculator.add_request(slot, new)
             except Exception as err:
@@ -285,6 +297,7 @@ class ModelRunnerV2(ModelRunner):
         if self._pending is None:
             return AsyncOutput.empty()
         pending, self._pending = self._pending, None
+        self.kv_connector.start_save_kv(self._kv_transfers)  # the forward is queued: a tier may save its KV
         self.grammar.advance_matchers()  # 0. the last step's tokens advance the matchers (if one is constrained)
         if isinstance(pending, FullStepResult):  # 1-8 ran inside the replay: only the copy-out is left
             return self._step_done(self.outputs.start_full_step(pending))
@@ -363,6 +376,12 @@ class ModelRunnerV2(ModelRunner):
         if self.step_events is not None and self.device.type == "cuda":
             self.step_events[-1][1].record()
         return output
+
+    def kv_connector_output(self) -> KVConnectorOutput:
+        return self.kv_connector.get_finished()
+
+    def kv_tier_stats(self) -> KVTierStats:
+        return self.kv_connector.stats()
 
     def _kv_capacity(self, batch: InputBatch) -> torch.Tensor:
         """[R] int32: KV positions the blocks of each row hold now (host counts, copied without a sync)."""

@@ -29,6 +29,7 @@ LAYERS = (
     "framework.layers.quantization",
     "framework.models",
     "framework.batch",
+    "framework.kv_transfer",
     "samplers",
     "model_states",
     "speculators",

@@ -17,6 +17,7 @@ DOCS = REPO / "docs"
 RUNNABLE_PAGES = [
     "getting-started.md",
     "guides/register-a-plugin.md",
+    "guides/write-a-kv-connector.md",
     "sampling.md",
     "embeddings.md",
     "whisper.md",

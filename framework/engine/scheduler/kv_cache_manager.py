@@ -14,7 +14,7 @@ start of a prefix, which more requests share, stays cached longest).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from framework.params.kv_events import KVEventRecorder
 from framework.params.prefix_cache import (
@@ -54,6 +54,12 @@ class KVCacheManager:
         self._blocks: dict[str, list[int]] = {}
         self._num_published: dict[str, int] = {}  # per request: leading blocks already offered to the cache
         self.events: Optional[KVEventRecorder] = None  # set to publish KV-cache events (docs/scaling-out.md)
+        self._eviction_observers: list[Callable[[int, BlockHash], None]] = []  # e.g. a KV tier keeping evictions
+
+    def add_eviction_observer(self, observer: Callable[[int, BlockHash], None]) -> None:
+        """Call `observer(block_id, block_hash)` whenever a cached block is handed out for other tokens; its KV is
+        intact until the forward of the step being scheduled (a reset of the cache calls nothing)."""
+        self._eviction_observers.append(observer)
 
     @property
     def num_free_blocks(self) -> int:
@@ -146,6 +152,8 @@ class KVCacheManager:
                 if self.events is not None:
                     self.events.removed(block_hash)
             self.hooks.on_evicted(block, block_hash)
+            for observer in self._eviction_observers:
+                observer(block, block_hash)
         self._ref_cnt[block] = 1
         return block
 
@@ -205,6 +213,17 @@ class KVCacheManager:
         self._cached.clear()
         if self.events is not None:
             self.events.cleared()
+
+    def unpublish(self, block_ids: Sequence[int]) -> None:
+        """Forget the prefixes these blocks cache (their KV is not valid: a failed load); held blocks stay held."""
+        for block in block_ids:
+            block_hash = self._block_hash[block]
+            if block_hash is not None:
+                self._block_hash[block] = None
+                del self._cached[block_hash]
+                if self.events is not None:
+                    self.events.removed(block_hash)
+                self.hooks.on_evicted(block, block_hash)
 
     # ---- checks --------------------------------------------------------------------------------------
     def holders(self) -> set[str]:

@@ -9,9 +9,10 @@ from framework.config.schema import SchedulerConfig
 from framework.engine.request import Request, RequestStatus
 from framework.engine.scheduler.invariants import check_scheduler_invariants
 from framework.engine.scheduler.kv_cache_manager import KVCacheManager
+from framework.engine.scheduler.lora_admission import lora_fits
 from framework.engine.scheduler.prefix import admit_cache_hit, cache_hit, take_snapshots
 from framework.engine.scheduler.rows import StepRows
-from framework.params.lora_request import LoRARequest
+from framework.kv_transfer.interface import KVConnector, NoKVConnector
 from framework.params.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -48,9 +49,11 @@ class Scheduler:
         spec_metrics: Optional["SpecDecodeMetrics"] = None,
         draft_kv_lookahead: int = 0,
         max_loras: int = 0,
+        kv_connector: Optional[KVConnector] = None,
     ) -> None:
         self.config = config
         self.max_loras = max_loras  # LoRA adapters running requests may use at once (the runner's GPU slots)
+        self.kv_connector = kv_connector or NoKVConnector()
         # A draft model with its own KV (EAGLE, MTP) writes up to k - 1 positions past a sampling row's last
         # token while drafting: such rows get blocks for that many more positions.
         self.draft_kv_lookahead = draft_kv_lookahead
@@ -62,6 +65,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._released_ids: set[str] = set()  # slots the runner must free at its next step
+        # Set by `prefix.recompute_failed_loads`: the next step admits nobody (in-flight tokens get dropped).
+        self.hold_admissions = False
 
     # ---- requests in and out -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -150,8 +155,9 @@ class Scheduler:
         # 1. Running requests, in arrival order; the newest are preempted when the KV cache cannot grow.
         budget, preempted = self._schedule_running(step, self.config.max_num_batched_tokens)
         # 2. Waiting requests, while budget, slots and blocks allow; never in a step that preempted.
-        if not preempted:
+        if not preempted and not self.hold_admissions:
             self._admit_waiting(step, budget)
+        self.hold_admissions = False
         # 3. Speculative decoding: the drafts proposed after this step for every row that samples.
         num_propose = self._propose_drafts(step)
         # 4. The step's output, with the slots the runner must free.
@@ -166,6 +172,7 @@ class Scheduler:
             num_propose_tokens=num_propose,
             num_computed_tokens=step.computed_before,
             state_snapshots=step.snapshots,
+            kv_connector_metadata=self.kv_connector.build_metadata(),
         )
 
     def _schedule_running(self, step: StepRows, budget: int) -> tuple[int, bool]:
@@ -178,13 +185,8 @@ class Scheduler:
 
         # The hot loop (every running request, every step): builtins and method calls it can do without are
         # spelled out (min, StepRows.add, _with_lookahead, Request.num_tokens), about halving its cost.
-        ids, num_scheduled, drafts, computed_before, sampling = (
-            step.ids,
-            step.num_scheduled,
-            step.drafts,
-            step.computed_before,
-            step.sampling,
-        )
+        ids, num_scheduled, drafts, computed_before = step.ids, step.num_scheduled, step.drafts, step.computed_before
+        sampling = step.sampling
         publishes, block_size = kv.enable_prefix_caching, kv.block_size
         held_blocks, published = kv.growth_views()  # `allocate`'s and `cache_blocks`' first tests, inlined below
         running = self.running
@@ -249,23 +251,25 @@ class Scheduler:
         encoder_scheduled = 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            if request.lora is not None and not self._lora_fits(request.lora):
+            if request.lora is not None and not lora_fits(request.lora, self.running, self.max_loras):
                 break  # its adapter waits for a GPU slot: a running request's adapter must leave first
             # The encoder runs in the step that admits the request (first or resumed): bound its work per step,
             # but always admit one, so a request larger than the budget still runs.
             num_encoder = request.encoder_input.num_encoder_tokens if request.encoder_input is not None else 0
             if encoder_scheduled and encoder_scheduled + num_encoder > encoder_budget:
                 break
-            hit_blocks = cache_hit(kv, request)  # leading blocks served from the prefix cache
-            num_hit = len(hit_blocks) * kv.block_size
+            hit_blocks, num_ext = cache_hit(kv, request, self.kv_connector)  # device blocks, then tier tokens
+            num_hit = len(hit_blocks) * kv.block_size + num_ext
             # read now: assigning this step's snapshots may evict it (the runner restores before it overwrites)
             restore = kv.hooks.snapshot_slot(hit_blocks[-1]) if hit_blocks else None
             n = min(request.num_tokens - num_hit, budget)
             samples = num_hit + n == request.num_tokens
-            if kv.allocate(request.request_id, self._with_lookahead(num_hit + n, samples), hit_blocks) is None:
+            new_blocks = kv.allocate(request.request_id, self._with_lookahead(num_hit + n, samples), hit_blocks)
+            if new_blocks is None:
                 break
             encoder_scheduled += num_encoder
-            offered = admit_cache_hit(kv, request, num_hit, n)
+            tier_blocks = new_blocks[: num_ext // kv.block_size]  # where the external tier's tokens load
+            offered = admit_cache_hit(kv, request, num_hit, n, self.kv_connector, tier_blocks)
             take_snapshots(kv, len(step.ids), num_hit, n, offered, step.snapshots)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
@@ -287,11 +291,6 @@ class Scheduler:
             )
             step.add(request, n, 0, num_hit, samples)
             budget -= n
-
-    def _lora_fits(self, lora: LoRARequest) -> bool:
-        """Whether a request with adapter `lora` may run now: its adapter already runs, or a GPU slot is free."""
-        active = {r.lora for r in self.running if r.lora is not None}
-        return lora in active or len(active) < self.max_loras
 
     def _propose_drafts(self, step: StepRows) -> int:
         """k, the drafts the speculator proposes after this step for every row that samples (verified next

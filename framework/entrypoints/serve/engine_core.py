@@ -57,7 +57,7 @@ def lora_targets_message(engine: EngineCore) -> tuple[list[tuple[int, str, int, 
 def engine_stats(engine: EngineCore) -> EngineStats:
     """The engine's gauges and counters, as the API server's /metrics reports them."""
     scheduler, spec = engine.scheduler, engine.spec_metrics
-    prefix = engine.kv_cache.stats
+    prefix, tier = engine.kv_cache.stats, engine.kv_tier_stats
     return EngineStats(
         num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting),
@@ -68,6 +68,13 @@ def engine_stats(engine: EngineCore) -> EngineStats:
         spec_num_drafts=spec.num_drafts,
         spec_num_draft_tokens=spec.num_draft_tokens,
         spec_num_accepted_tokens=spec.num_accepted_tokens,
+        kv_tier_hit_tokens=tier.hit_tokens,
+        kv_tier_failed_loads=tier.failed_loads,
+        kv_tier_bytes_to_host=tier.bytes_to_tier,
+        kv_tier_bytes_to_device=tier.bytes_to_device,
+        kv_tier_loads=tier.num_loads,
+        kv_tier_load_seconds=tier.load_seconds,
+        kv_tier_blocks_held=tier.blocks_held,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from framework.entrypoints.serve.engine_client import RankState
 from framework.entrypoints.serve.protocol import EngineStats
@@ -68,6 +68,7 @@ class _EngineCollector:
             ("gpu_cache_usage_perc", "Same as kv_cache_usage_perc (the older name).", used / max(s.num_blocks, 1)),
             ("kv_cache_blocks_free", "KV blocks free (cached prefixes included).", s.num_free_blocks),
             ("kv_cache_blocks_total", "KV blocks in the pool.", s.num_blocks),
+            ("kv_host_tier_blocks", "KV blocks held in the host-memory tier.", s.kv_tier_blocks_held),
         ):
             gauge = GaugeMetricFamily(f"{p}:{name}", doc, labels=["model_name"])
             gauge.add_metric([self._model], value)
@@ -83,10 +84,23 @@ class _EngineCollector:
             ("spec_decode_num_drafts", "Speculative verification rows.", s.spec_num_drafts),
             ("spec_decode_num_draft_tokens", "Draft tokens verified.", s.spec_num_draft_tokens),
             ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_num_accepted_tokens),
+            ("kv_host_tier_hits", "Prompt tokens loaded from the host KV tier.", s.kv_tier_hit_tokens),
+            ("kv_host_tier_failed_loads", "Host KV tier block loads that failed.", s.kv_tier_failed_loads),
         ):
             counter = CounterMetricFamily(f"{p}:{name}", doc, labels=["model_name"])
             counter.add_metric([self._model], value)
             yield counter
+        moved = CounterMetricFamily(
+            f"{p}:kv_host_tier_bytes", "KV bytes copied to / from the host tier.", labels=["model_name", "direction"]
+        )
+        moved.add_metric([self._model, "to_host"], s.kv_tier_bytes_to_host)
+        moved.add_metric([self._model, "to_device"], s.kv_tier_bytes_to_device)
+        yield moved
+        latency = SummaryMetricFamily(
+            f"{p}:kv_host_tier_load_seconds", "Device time of each step's host-tier loads.", labels=["model_name"]
+        )
+        latency.add_metric([self._model], count_value=s.kv_tier_loads, sum_value=s.kv_tier_load_seconds)
+        yield latency
         yield from self._per_rank()
 
     def _per_rank(self) -> Iterator[Metric]:

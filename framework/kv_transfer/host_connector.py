@@ -1,0 +1,146 @@
+"""The host-memory KV tier: blocks the device prefix cache evicts are kept in (pinned) host memory and loaded
+back when a later request's prefix runs past its device-cache hit.
+
+Scheduler side: a `HostBlockIndex` (hash -> host slot, LRU). Worker side: a `HostBlockPool` (the bytes) and a side
+stream. `cache.host_kv_gib` sizes the tier; a tier larger than the host memory available now is refused at start,
+with the numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+
+from framework.config.base import ConfigError
+from framework.kv_transfer.host_index import HostBlockIndex
+from framework.kv_transfer.host_pool import HostBlockPool
+from framework.kv_transfer.interface import KVConnector, KVConnectorContext
+from framework.kv_transfer.side_stream import side_stream_for
+from framework.params.kv_transfer import (
+    EMPTY_KV_CONNECTOR_OUTPUT,
+    BlockTransfers,
+    KVConnectorMetadata,
+    KVConnectorOutput,
+    KVTierStats,
+)
+from framework.params.prefix_cache import BlockHash, HashableRequest
+
+GIB = 2**30
+
+
+def available_host_bytes() -> int:
+    """Host memory available to a new allocation now: `MemAvailable` of /proc/meminfo, else free pages."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def host_tier_blocks(host_kv_gib: float, block_bytes: int, available: Optional[int] = None) -> int:
+    """Host slots of `block_bytes` that `host_kv_gib` holds; `ConfigError` if that is more memory than the host
+    has available (`available`, default: now) or less than one block."""
+    wanted = int(host_kv_gib * GIB)
+    available = available_host_bytes() if available is None else available
+    if wanted > available:
+        raise ConfigError(
+            f"cache.host_kv_gib={host_kv_gib:g} asks for {wanted / GIB:.2f} GiB of host memory, but only "
+            f"{available / GIB:.2f} GiB is available; lower cache.host_kv_gib"
+        )
+    blocks = wanted // block_bytes if block_bytes else 0
+    if blocks < 1:
+        raise ConfigError(
+            f"cache.host_kv_gib={host_kv_gib:g} ({wanted} bytes) holds no KV block of {block_bytes} bytes; "
+            "raise it or set it to 0"
+        )
+    return blocks
+
+
+class HostKVConnector(KVConnector):
+    """The host-memory tier (`cache.kv_connector: host`, the default when `cache.host_kv_gib > 0`)."""
+
+    name = "host"
+
+    def __init__(self, context: KVConnectorContext) -> None:
+        super().__init__(context)
+        # Only the worker side allocates; the scheduler side, built after it, would see its memory as taken.
+        wanted = int(context.cache.host_kv_gib * GIB)
+        available = None if context.role == "worker" else wanted
+        capacity = host_tier_blocks(context.cache.host_kv_gib, context.block_bytes, available)
+        self.block_size = context.cache.block_size
+        self.index = HostBlockIndex(capacity, self.block_size) if context.role == "scheduler" else None
+        self.pool = (
+            HostBlockPool(capacity, context.device, side_stream_for(context.device))
+            if context.role == "worker"
+            else None
+        )
+        self._failed: frozenset[int] = frozenset()
+
+    def _index(self) -> HostBlockIndex:
+        if self.index is None:
+            raise RuntimeError("host KV tier: a scheduler-side call on the worker-side object")
+        return self.index
+
+    def _pool(self) -> HostBlockPool:
+        if self.pool is None:
+            raise RuntimeError("host KV tier: a worker-side call on the scheduler-side object")
+        return self.pool
+
+    # ---- scheduler side ----------------------------------------------------------------------------------
+    def num_external_hit_tokens(self, request: HashableRequest, num_computed_tokens: int, max_tokens: int) -> int:
+        first, end = num_computed_tokens // self.block_size, max_tokens // self.block_size
+        return self._index().num_hits(request.block_hashes[first:end]) * self.block_size
+
+    def on_blocks_allocated(
+        self, request: HashableRequest, block_ids: Sequence[int], num_computed_tokens: int, num_external_tokens: int
+    ) -> None:
+        first = num_computed_tokens // self.block_size
+        self._index().load(block_ids, request.block_hashes[first : first + len(block_ids)])
+
+    def on_block_evicted(self, block_id: int, block_hash: BlockHash) -> None:
+        self._index().save(block_id, block_hash)
+
+    def build_metadata(self) -> Optional[KVConnectorMetadata]:
+        return self._index().take_step()
+
+    def update_from_output(self, output: KVConnectorOutput) -> None:
+        if output.failed_block_ids:
+            self._index().loads_failed(sorted(output.failed_block_ids))
+
+    def reset(self) -> None:
+        self._index().reset()
+
+    def stats(self) -> KVTierStats:
+        if self.index is not None:
+            return self.index.stats
+        pool = self._pool()
+        pool.collect_timings()
+        return pool.stats
+
+    # ---- worker side -------------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: Sequence[torch.Tensor], block_dim: int) -> None:
+        self._pool().bind(kv_caches, block_dim)
+
+    def start_load_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
+        if isinstance(metadata, BlockTransfers):
+            self._failed = self._pool().start(metadata)
+
+    def wait_for_layer_load(self, layer: int) -> None:
+        self._pool().stream.wait()  # one batch for every layer: waiting for one layer waits for all
+
+    def wait_for_loads(self) -> None:
+        self._pool().stream.wait()
+
+    def start_save_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
+        pass  # blocks are saved when the device cache evicts them, before the forward (`start_load_kv`)
+
+    def get_finished(self) -> KVConnectorOutput:
+        if not self._failed:
+            return EMPTY_KV_CONNECTOR_OUTPUT
+        failed, self._failed = self._failed, frozenset()
+        return KVConnectorOutput(failed_block_ids=failed)

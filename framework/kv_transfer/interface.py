@@ -1,0 +1,177 @@
+"""The KV-connector interface: a second home for KV blocks (host memory, a remote store) beside the device cache.
+
+A connector has two sides, built as two objects of the same class (`KVConnectorContext.role`):
+
+- the **scheduler side** lives with the KV cache manager. While a step is scheduled it answers how many more
+  tokens of an arriving request the other tier holds past the device prefix-cache hit
+  (`num_external_hit_tokens`), learns which device blocks were allocated to receive them (`on_blocks_allocated`)
+  and which cached blocks the device cache evicts (`on_block_evicted`), and packs the step's transfers into
+  the `SchedulerOutput` (`build_metadata`). After the step's transfers started it reads the worker's report
+  (`update_from_output`);
+- the **worker side** lives with the model runner and the KV cache tensors (`register_kv_caches`). Around each
+  forward the runner calls `start_load_kv` (start this step's transfers, off the step's stream),
+  `wait_for_loads` (the forward's stream waits for the blocks it reads; `wait_for_layer_load` for one layer),
+  `start_save_kv` (after the forward: save what it computed) and `get_finished` (finished and failed
+  transfers).
+
+A load that fails never fails a request: the scheduler recomputes the tokens of every request that holds a block
+whose load failed. `NoKVConnector` is the default: the same verbs, doing nothing, so the runner's step has no
+branch for "no connector".
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal, Optional, Sequence
+
+import torch
+
+from framework.config.schema import CacheConfig
+from framework.params.kv_transfer import (
+    EMPTY_KV_CONNECTOR_OUTPUT,
+    KVConnectorMetadata,
+    KVConnectorOutput,
+    KVTierStats,
+)
+from framework.params.prefix_cache import BlockHash, HashableRequest
+
+Role = Literal["scheduler", "worker"]
+
+
+@dataclass(frozen=True)
+class KVConnectorContext:
+    """What a connector is built from: its role, the cache config, the bytes of one KV block over every paged
+    layer the runner registers (target and draft), and the device of the KV cache."""
+
+    role: Role
+    cache: CacheConfig
+    block_bytes: int
+    device: torch.device
+
+
+class KVConnector(ABC):
+    """A tier of KV blocks outside the device cache, indexed by the prefix cache's block hashes.
+
+    Subclass it, implement every verb (the scheduler-side ones are called on the scheduler-side object only, the
+    worker-side ones on the worker-side one) and register the class in `framework.config.registry.KV_CONNECTORS`
+    (or under the `mrv2.kv_connectors` entry-point group); `cache.kv_connector=<name>` selects it.
+    """
+
+    name: str = "?"
+
+    def __init__(self, context: KVConnectorContext) -> None:
+        self.context = context
+
+    # ---- scheduler side ----------------------------------------------------------------------------------
+    @abstractmethod
+    def num_external_hit_tokens(self, request: HashableRequest, num_computed_tokens: int, max_tokens: int) -> int:
+        """Tokens past the first `num_computed_tokens` (the device-cache hit, a whole number of blocks) that this
+        tier can load for `request`: a whole number of blocks, ending at or before `max_tokens`. The hashes of
+        the request's full blocks up to `max_tokens` are in `request.block_hashes`. The request may not be admitted
+        this step: a connector may protect the blocks it counts until `build_metadata`, nothing more."""
+
+    @abstractmethod
+    def on_blocks_allocated(
+        self, request: HashableRequest, block_ids: Sequence[int], num_computed_tokens: int, num_external_tokens: int
+    ) -> None:
+        """The request was admitted with `num_external_tokens` tokens from this tier after its first
+        `num_computed_tokens` (the device hit): load them into the device blocks `block_ids` (in position order)
+        before this step's forward."""
+
+    @abstractmethod
+    def on_block_evicted(self, block_id: int, block_hash: BlockHash) -> None:
+        """The device cache hands out cached block `block_id` (prefix `block_hash`) for other tokens in the step
+        being scheduled: its KV is still intact until that step's forward."""
+
+    @abstractmethod
+    def build_metadata(self) -> Optional[KVConnectorMetadata]:
+        """This step's instructions for the worker side (None: nothing to do); starts a new step."""
+
+    @abstractmethod
+    def update_from_output(self, output: KVConnectorOutput) -> None:
+        """The worker side's report on the step just started (finished transfers, failed loads)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget every block of the tier (the prefix cache was reset)."""
+
+    @abstractmethod
+    def stats(self) -> KVTierStats:
+        """The tier's counters since start-up (each side fills what it knows)."""
+
+    # ---- worker side -------------------------------------------------------------------------------------
+    @abstractmethod
+    def register_kv_caches(self, kv_caches: Sequence[torch.Tensor], block_dim: int) -> None:
+        """The device's paged KV cache tensors (every layer, target then draft), indexed by block id along
+        dimension `block_dim`."""
+
+    @abstractmethod
+    def start_load_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
+        """Start this step's transfers (before the forward), off the step's stream; never waits for the device."""
+
+    @abstractmethod
+    def wait_for_layer_load(self, layer: int) -> None:
+        """Make the forward's stream wait until the blocks loaded for paged layer `layer` are in place."""
+
+    @abstractmethod
+    def wait_for_loads(self) -> None:
+        """Make the forward's stream wait for every transfer started this step (no host sync)."""
+
+    @abstractmethod
+    def start_save_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
+        """After the forward: start saving what it computed, if this connector saves computed blocks."""
+
+    @abstractmethod
+    def get_finished(self) -> KVConnectorOutput:
+        """Transfers finished since the last call and this step's failed loads."""
+
+
+class NoKVConnector(KVConnector):
+    """No other tier: every verb does nothing (the default)."""
+
+    name = "none"
+
+    def __init__(self, context: Optional[KVConnectorContext] = None) -> None:
+        self.context = context  # type: ignore[assignment]  # needs none
+
+    def num_external_hit_tokens(self, request: HashableRequest, num_computed_tokens: int, max_tokens: int) -> int:
+        return 0
+
+    def on_blocks_allocated(
+        self, request: HashableRequest, block_ids: Sequence[int], num_computed_tokens: int, num_external_tokens: int
+    ) -> None:
+        pass
+
+    def on_block_evicted(self, block_id: int, block_hash: BlockHash) -> None:
+        pass
+
+    def build_metadata(self) -> Optional[KVConnectorMetadata]:
+        return None
+
+    def update_from_output(self, output: KVConnectorOutput) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def stats(self) -> KVTierStats:
+        return KVTierStats()
+
+    def register_kv_caches(self, kv_caches: Sequence[torch.Tensor], block_dim: int) -> None:
+        pass
+
+    def start_load_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer: int) -> None:
+        pass
+
+    def wait_for_loads(self) -> None:
+        pass
+
+    def start_save_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
+        pass
+
+    def get_finished(self) -> KVConnectorOutput:
+        return EMPTY_KV_CONNECTOR_OUTPUT
