@@ -66,6 +66,7 @@ GPU_PIECES_EXTRA=(
   "quantization 120 test_quantization_gpu.py"
   "window 90 test_window_sinks_gpu.py"
   "kvtier 60 test_host_kv_tier_gpu.py"
+  "lora 60 test_lora_gpu.py"
 )
 
 test_groups() { # piece, name of a groups array: one pytest run per group, then the summary of exactly those files
