@@ -62,6 +62,8 @@ POOL: dict[str, list[Any]] = {
     "seed": [None, 0, -5, (1 << 63) - 1, -(1 << 63), 1 << 63, -(1 << 63) - 1, 1 << 70, True, 1.5, _Int(4), "7"],
     "max_tokens": [1, 16, 0, -1, True, 2.0, _Int(5), None],
     "min_tokens": [0, 1, 16, 17, -1, True, 0.0, _Int(0)],
+    "thinking_token_budget": [None, 0, 8, -1, True, 1.5],
+    "thinking_end_token_ids": [None, [5], [1, 2], [], [-1], [True], (3,)],
     "logprobs": [None, 0, 5, -1, True, 1.0, _Int(2)],
     "prompt_logprobs": [None, 0, 5, -1, False, 1.0],
     "stop": [None, [], ["x"], "", [""], [1], ("a",)],

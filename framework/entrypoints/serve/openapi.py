@@ -143,10 +143,17 @@ class Load(_Open):
     data_parallel: list[RankLoad]
 
 
+class LoraAdapterStatus(_Open):
+    object: Literal["lora_adapter"]
+    id: str
+    status: Literal["loaded", "unloaded"]
+
+
 _ERRORS = {
     "400": "the request is invalid (a field, its range, or constraints that contradict each other)",
     "401": "`serve.api_key` is set and the request lacks `Authorization: Bearer <key>`",
-    "404": "the `model` asked for is not the one this server serves",
+    "403": "run-time LoRA loading is off (`serve.allow_runtime_lora`)",
+    "404": "the `model` (or LoRA adapter) asked for is not one this server serves",
     "413": "the body is larger than `serve.max_request_bytes`",
     "500": "the engine failed this request while running it",
     "503": "the engine is not running, or the queue is full (`serve.max_queued_requests`)",
@@ -156,13 +163,17 @@ _POST_BODIES = {
     "/v1/chat/completions": ("ChatCompletionResponse", True),
     "/v1/embeddings": ("EmbeddingResponse", False),
     "/v1/responses": ("ResponseObject", True),
+    "/v1/load_lora_adapter": ("LoraAdapterStatus", False),
+    "/v1/unload_lora_adapter": ("LoraAdapterStatus", False),
 }
+_POST_ERRORS = {"/v1/load_lora_adapter": "403", "/v1/unload_lora_adapter": "403"}  # beyond every POST's errors
 _MODELS = (
     ErrorResponse,
     CompletionResponse,
     ChatCompletionResponse,
     EmbeddingResponse,
     ResponseObject,
+    LoraAdapterStatus,
     ModelList,
     Version,
     Load,
@@ -235,7 +246,7 @@ def build_openapi(app: FastAPI, max_logprobs: int) -> dict[str, Any]:
                 if streams:  # with "stream": true, server-sent events
                     content["text/event-stream"] = {"schema": {"type": "string"}}
                 responses["200"] = {"description": "the result", "content": content}
-                for status in ("400", "404", "413", "500", "503"):
+                for status in ("400", "404", "413", "500", "503", *_POST_ERRORS.get(path, "").split()):
                     responses[status] = _error(_ERRORS[status])
     paths = schema["paths"]
     paths["/health"]["get"]["responses"] = {

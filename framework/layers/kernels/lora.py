@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from framework.layers.kernels.backend import triton_enabled
+from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 from framework.layers.kernels.triton_norm_silu import interpreter_upcast
 
 # Up to this many tokens a step takes the per-row kernels (decode batches), above it the segment kernels.
@@ -167,7 +168,7 @@ def _dot_options(dtype: torch.dtype) -> dict:
 
 
 def _block_r(rank: int) -> int:
-    return max(16, triton.next_power_of_2(rank))
+    return max(16, next_power_of_2(rank))
 
 
 def lora_shrink_triton(
@@ -187,7 +188,7 @@ def lora_shrink_triton(
             x, lora_a, token_lora, out, k, rank, *args, BLOCK_R=_block_r(rank), BLOCK_K=128
         )
     else:
-        grid = (triton.cdiv(num_tokens, 32), num_slots)
+        grid = (cdiv(num_tokens, 32), num_slots)
         _lora_shrink_segment_kernel[grid](
             x, lora_a, token_lora, out, num_tokens, k, rank, *args,
             BLOCK_M=32, BLOCK_R=_block_r(rank), BLOCK_K=64, **_dot_options(x.dtype),
@@ -208,10 +209,10 @@ def lora_expand_triton(
         return
     args = (y.stride(0), xa.stride(0), lora_b.stride(0), lora_b.stride(1))
     if num_tokens <= PER_ROW_MAX_TOKENS:
-        grid = (num_tokens, triton.cdiv(n, 128))
+        grid = (num_tokens, cdiv(n, 128))
         _lora_expand_row_kernel[grid](y, xa, lora_b, token_lora, n, rank, *args, BLOCK_N=128, BLOCK_R=_block_r(rank))
     else:
-        grid = (triton.cdiv(num_tokens, 32), triton.cdiv(n, 64), num_slots)
+        grid = (cdiv(num_tokens, 32), cdiv(n, 64), num_slots)
         _lora_expand_segment_kernel[grid](
             y, xa, lora_b, token_lora, num_tokens, n, rank, *args,
             BLOCK_M=32, BLOCK_N=64, BLOCK_R=_block_r(rank), **_dot_options(lora_b.dtype),
