@@ -61,6 +61,11 @@ class FakeRunner:
     def execute_model(self, output: Any) -> None:
         self._output = output
 
+    def kv_connector_output(self) -> Any:
+        from framework.params.kv_transfer import EMPTY_KV_CONNECTOR_OUTPUT
+
+        return EMPTY_KV_CONNECTOR_OUTPUT
+
     def sample_tokens(self) -> _Ready:
         from framework.runner.async_output import ModelRunnerOutput
 

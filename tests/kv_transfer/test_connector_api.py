@@ -52,7 +52,7 @@ def test_block_dim_of_the_paged_layout():
 
 def test_metrics_export_the_host_tier():
     stats = EngineStats(1, 0, 10, 5, 0, 0, 0, 0, 0, 64, 1, 4096, 8192, 3, 0.25, 7)
-    families = {f.name: f for f in _EngineCollector(lambda: stats, "m").collect()}
+    families = {f.name: f for f in _EngineCollector(lambda: stats, "m", "mrv2", lambda: [], 16).collect()}
     assert families["mrv2:kv_host_tier_hits"].samples[0].value == 64
     assert families["mrv2:kv_host_tier_failed_loads"].samples[0].value == 1
     moved = {s.labels["direction"]: s.value for s in families["mrv2:kv_host_tier_bytes"].samples}
