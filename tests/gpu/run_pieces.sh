@@ -98,7 +98,8 @@ for piece in "$@"; do
       ;;
     gpu_tests_xdist)
       mkdir -p "$out/gpu_tests_xdist/junit"
-      step gpu_tests_xdist "${GPU_XDIST_LIMIT:-560}" python3 -m pytest -q -rs -p no:cacheprovider \
+      # -v: every test's result reaches the log as it finishes, so a run stopped at its limit still says what passed
+      step gpu_tests_xdist "${GPU_XDIST_LIMIT:-560}" python3 -m pytest -v -rs -p no:cacheprovider --durations=25 \
         -n "${GPU_XDIST_WORKERS:-4}" --dist loadfile --junitxml="$out/gpu_tests_xdist/junit/all.xml" tests/gpu
       step gpu_tests_xdist-summary 30 python3 tests/gpu/summary.py "$out/gpu_tests_xdist/junit"
       cp "$out/gpu_tests_xdist-summary/log.txt" "$out/gpu_tests_xdist_summary.txt"
