@@ -80,3 +80,50 @@ def test_qwen3_5_matches_hf_and_graphs_equal_eager(tmp_path) -> None:  # type: i
         del llm
     assert outs[False] == want
     assert outs[True] == want
+
+
+@pytest.mark.parametrize("lens", [[8192], [3000, 1, 0, 64, 700, 129]], ids=["one_8k_row", "mixed_rows"])
+def test_chunk_kernel_at_real_shapes(lens: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunked prefill kernel against the recurrent one (float32 inputs: both exact to rounding) and in bf16
+    against the float32 result, at Qwen3.5's linear-attention shapes (16 key heads, 32 value heads, 128 x 128);
+    with tails and snapshots on the mixed rows; the dispatch sends these steps to the chunked kernel."""
+    from framework.layers.kernels import gated_delta_rule as gdr
+    from framework.layers.kernels.gated_delta_rule_chunk import chunk_gated_delta_rule_varlen_triton
+    from framework.layers.kernels.state_snapshots import build_snapshot_targets
+
+    hk, h, dk, dv, dev = 16, 32, 128, 128, "cuda"
+    t, rows = sum(lens), len(lens)
+    g = torch.Generator(device=dev).manual_seed(1)
+    r = lambda *s: torch.randn(*s, device=dev, generator=g)  # noqa: E731
+    inp = gdr.DeltaRuleInputs(
+        q=r(t, hk, dk),
+        k=r(t, hk, dk),
+        v=r(t, h, dv),
+        g=-torch.rand(t, h, device=dev, generator=g) * 0.2,
+        beta=torch.rand(t, h, device=dev, generator=g),
+    )
+    qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    idx = torch.randperm(16, device=dev, generator=g)[:rows].int()
+    snaps = build_snapshot_targets([0, 0, rows - 1], [0, 1024, 128], [0, 1, 2], rows, torch.device(dev))
+    s0 = r(16, h, dk, dv) * 0.1
+
+    def run(fn, x):  # type: ignore[no-untyped-def]
+        state, tail, pool = (
+            s0.clone(),
+            torch.zeros(rows, 2, h, dk, dv, device=dev),
+            torch.zeros(3, h, dk, dv, device=dev),
+        )
+        return fn(x, state, idx, qsl, tail, snaps, pool).float(), state, tail, pool
+
+    chunk = lambda x, *a: chunk_gated_delta_rule_varlen_triton(*x, *a)  # noqa: E731
+    want = run(gdr.gated_delta_rule_varlen_triton, inp)
+    for got, ref in zip(run(chunk, inp), want):
+        torch.testing.assert_close(got, ref, atol=2e-3, rtol=2e-3)
+    bf16 = gdr.DeltaRuleInputs(inp.q.bfloat16(), inp.k.bfloat16(), inp.v.bfloat16(), inp.g, inp.beta)
+    for got, ref in zip(run(chunk, bf16), run(gdr.gated_delta_rule_varlen_triton, bf16)):
+        torch.testing.assert_close(got, ref, atol=5e-2, rtol=5e-2)
+    calls: list[int] = []
+    real = gdr.chunk_gated_delta_rule_varlen_triton
+    monkeypatch.setattr(gdr, "chunk_gated_delta_rule_varlen_triton", lambda *a: calls.append(1) or real(*a))
+    run(gdr.gated_delta_rule_varlen, inp)
+    assert calls, "a prefill step did not take the chunked kernel"

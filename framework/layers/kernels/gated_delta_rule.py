@@ -18,7 +18,9 @@ Three forms compute the same thing:
 - `gated_delta_rule_varlen_chunked`: PyTorch, chunks of `chunk_size` tokens at once (the prefill form on the
   CPU: a row is cut at its snapshot and tail points, each piece is processed chunk by chunk);
 - `gated_delta_rule_varlen_triton`: one fused Triton program per (row, value head, block of Dv) stepping through
-  the row's tokens (decode and verification on the GPU; prefill too until a chunked Triton form lands).
+  the row's tokens (decode and verification on the GPU);
+- `chunk_gated_delta_rule_varlen_triton` (`framework.layers.kernels.gated_delta_rule_chunk`): the chunked form in
+  Triton, 64 tokens at a time as matrix products (prefill and mixed steps on the GPU).
 """
 
 from __future__ import annotations
@@ -29,8 +31,13 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.layers.kernels.gated_delta_rule_chunk import chunk_gated_delta_rule_varlen_triton
 from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 from framework.layers.kernels.state_snapshots import SnapshotTargets, snapshots_by_row
+
+# On the GPU, steps whose rows average at least this many tokens take the chunked kernel (a chunk is 64 tokens;
+# below this the per-chunk matrix work outweighs the recurrent kernel's token steps).
+CHUNK_MIN_TOKENS_PER_ROW = 16
 
 
 class DeltaRuleInputs(NamedTuple):
@@ -346,9 +353,15 @@ def gated_delta_rule_varlen(
     snapshot_pool: Optional[torch.Tensor] = None,
     pure_decode: bool = False,
 ) -> torch.Tensor:
-    """Dispatch: the Triton kernel for CUDA tensors; on the CPU the batched one-step update for a pure decode
-    batch (one token per row, no tails or snapshots), else the chunked form."""
+    """Dispatch. On CUDA: the chunked Triton kernel when the rows average at least `CHUNK_MIN_TOKENS_PER_ROW`
+    tokens (prefill and prefill-heavy mixed steps; host-known shapes only), else the recurrent one (decode,
+    verification). On the CPU: the batched one-step update for a pure decode batch (one token per row, no tails
+    or snapshots), else the chunked PyTorch form."""
     if inp.v.is_cuda:
+        if not pure_decode and inp.v.shape[0] >= CHUNK_MIN_TOKENS_PER_ROW * idx_mapping.numel():
+            return chunk_gated_delta_rule_varlen_triton(
+                *inp, state, idx_mapping, query_start_loc, tail_states, snapshots, snapshot_pool
+            )
         return gated_delta_rule_varlen_triton(
             inp, state, idx_mapping, query_start_loc, tail_states, snapshots, snapshot_pool
         )
