@@ -90,3 +90,30 @@ def test_bad_state_is_refused() -> None:
     inp = _case(0, 3, 1, 2, 8, 8)
     with pytest.raises(ValueError, match="state must be float32"):
         _chunk(inp, torch.zeros(2, 2, 8, 4), torch.zeros(1, dtype=torch.int32), _qsl([3]))
+
+
+def test_chunk_kernel_matches_hf_chunked_fallback() -> None:
+    """One 100-token sequence from a nonzero state against HF transformers' chunked PyTorch delta rule (the
+    semantics of flash-linear-attention's `chunk_gated_delta_rule`, L2 norm in the kernel): outputs and final
+    state."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as hf
+
+    inp = _case(5, 100, 2, 4, 16, 8)
+    h0 = torch.randn(1, 4, 16, 8)
+    repeat = lambda x: x.repeat_interleave(2, dim=1)[None]  # noqa: E731  (HF takes key heads repeated)
+    want, want_state = hf.torch_chunk_gated_delta_rule(
+        repeat(inp.q),
+        repeat(inp.k),
+        inp.v[None],
+        g=inp.g[None],
+        beta=inp.beta[None],
+        chunk_size=64,
+        initial_state=h0,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    state = torch.zeros(2, 4, 16, 8)
+    state[1] = h0[0]
+    got = _chunk(inp, state, torch.tensor([1], dtype=torch.int32), _qsl([100]))
+    torch.testing.assert_close(got, want[0], atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(state[1], want_state[0], atol=2e-4, rtol=2e-4)
