@@ -25,8 +25,11 @@ import pytest
 import zmq
 from helpers.serve_helpers import ServerProcess
 
-from framework import LLM
+from framework.config.schema import load_config
 from framework.executor.launch import free_port
+from framework.models.embedded import resolve_model_source
+from framework.models.setup import read_model_config
+from framework.models.tokenizer import load_tokenizer
 from framework.params.kv_events import BlockStored, KVEventBatch
 from framework.params.prefix_cache import ROOT_HASH, hash_block
 
@@ -156,11 +159,9 @@ def test_cache_aware_routing_keeps_each_prefix_on_one_replica_and_uses_both(flee
 
 
 def _tokenizer():  # type: ignore[no-untyped-def]
-    llm = LLM("tiny", device="cpu")
-    try:
-        return llm.tokenizer
-    finally:
-        llm.shutdown()
+    """The replicas' tokenizer (the embedded tiny model's), without building an engine."""
+    config = load_config({"device": "cpu"})
+    return load_tokenizer(resolve_model_source(config.model.path, config.model.preset).path, read_model_config(config))
 
 
 def test_killing_a_replica_fails_over(fleet):
