@@ -17,5 +17,10 @@ done
 for url in "${urls[@]}"; do  # wait until each replica answers /health
   until curl -sf "$url/health" >/dev/null; do sleep 1; done
 done
+# cache_aware: a prompt matching > --cache-threshold of a replica's routed prompts goes there; any other prompt to
+# the replica with the fewest requests in flight (the first on a tie: under light traffic, every new prefix lands
+# on replica 0); load imbalance beyond both balance thresholds falls back to the least loaded (docs/scaling-out.md).
 python -m sglang_router.launch_router --worker-urls "${urls[@]}" --policy cache_aware \
+  --cache-threshold 0.5 --balance-abs-threshold 64 --balance-rel-threshold 1.5 \
+  --health-check-interval-secs 5 --health-failure-threshold 2 --retry-max-retries 3 \
   --host 127.0.0.1 --port 30000

@@ -60,13 +60,27 @@ def check_parallel_config(config: Mrv2Config, hf_config: dict[str, Any]) -> None
         )
     if layers < pp:
         problems.append(f"the model has {layers} layers, fewer than parallel.pipeline_parallel_size={pp} stages")
-    if rank_device_type(config) == "cuda" and p.world_size > torch.cuda.device_count():
-        problems.append(
-            f"parallel.tensor_parallel_size x parallel.pipeline_parallel_size = {p.world_size} ranks, "
-            f"but only {torch.cuda.device_count()} CUDA devices are visible"
-        )
+    if rank_device_type(config) == "cuda":
+        problems.extend(_device_problems(p.world_size))
     if problems:
         raise ConfigError("invalid parallel layout:\n  " + "\n  ".join(problems))
+
+
+def _device_problems(world_size: int) -> list[str]:
+    """Too few visible CUDA devices: for every rank when mrv2 spawns them; for this process's LOCAL_RANK when a
+    launcher (`torchrun`, Ray) started the ranks, each node seeing only its own devices."""
+    visible = torch.cuda.device_count()
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+        if local_rank < visible:
+            return []
+        return [f"LOCAL_RANK={local_rank} needs device cuda:{local_rank}, but only {visible} CUDA devices are visible"]
+    if world_size <= visible:
+        return []
+    return [
+        f"parallel.tensor_parallel_size x parallel.pipeline_parallel_size = {world_size} ranks, "
+        f"but only {visible} CUDA devices are visible"
+    ]
 
 
 def rank_device_type(config: Mrv2Config) -> str:

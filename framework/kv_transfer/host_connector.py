@@ -18,6 +18,7 @@ from framework.kv_transfer.host_index import HostBlockIndex
 from framework.kv_transfer.host_pool import HostBlockPool
 from framework.kv_transfer.interface import KVConnector, KVConnectorContext
 from framework.kv_transfer.side_stream import side_stream_for
+from framework.params.kv_events import KVEventRecorder
 from framework.params.kv_transfer import (
     EMPTY_KV_CONNECTOR_OUTPUT,
     BlockTransfers,
@@ -114,6 +115,9 @@ class HostKVConnector(KVConnector):
 
     def reset(self) -> None:
         self._index().reset()
+
+    def set_kv_events(self, recorder: Optional[KVEventRecorder]) -> None:
+        self._index().events = recorder
 
     def stats(self) -> KVTierStats:
         if self.index is not None:

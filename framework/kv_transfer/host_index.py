@@ -5,6 +5,8 @@ publishes it under), so a request's host hit is the run of its block hashes, aft
 index holds. Blocks come in when the device cache evicts them (`save`) and go out least recently used first
 when the tier is full. A slot a load of the step being scheduled reads is pinned until the step is built, so
 no save of the same step overwrites it; the worker runs a step's saves before its loads.
+
+With an `events` recorder, every block the tier takes in or lets go is a KV-cache event with medium "CPU".
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Optional, Sequence
 
+from framework.params.kv_events import KVEventRecorder
 from framework.params.kv_transfer import BlockTransfer, BlockTransfers, KVTierStats
 from framework.params.prefix_cache import BlockHash
+
+MEDIUM = "CPU"  # the tier's medium in KV-cache events
 
 
 class HostBlockIndex:
@@ -29,6 +34,7 @@ class HostBlockIndex:
         self._saves: list[BlockTransfer] = []
         self._loads: list[BlockTransfer] = []
         self._last_loads: dict[int, BlockTransfer] = {}  # device block -> its load, of the last built step
+        self.events: Optional[KVEventRecorder] = None  # set to publish the tier's stores and removals
 
     def __len__(self) -> int:
         return len(self._slot_of)
@@ -70,11 +76,13 @@ class HostBlockIndex:
             return
         self._slot_of[block_hash] = slot
         self._saves.append(BlockTransfer(block_id, slot, block_hash))
+        if self.events is not None:
+            self.events.tier_stored(block_hash, MEDIUM)
 
     def _evict_lru(self) -> Optional[int]:
         for block_hash, slot in self._slot_of.items():
             if slot not in self._pinned:
-                del self._slot_of[block_hash]
+                self._forget(block_hash)
                 return slot
         return None
 
@@ -96,7 +104,7 @@ class HostBlockIndex:
         for block_id in block_ids:
             transfer = self._last_loads.get(block_id)
             if transfer is not None and self._slot_of.get(transfer.block_hash) == transfer.tier_slot:
-                del self._slot_of[transfer.block_hash]
+                self._forget(transfer.block_hash)
                 self._free.append(transfer.tier_slot)
             self.stats.failed_loads += 1
         self.stats.blocks_held = len(self._slot_of)
@@ -104,8 +112,14 @@ class HostBlockIndex:
     def reset(self) -> None:
         """Forget every held block (the slots' bytes stay until overwritten)."""
         self._free.extend(self._slot_of.values())
-        self._slot_of.clear()
+        for block_hash in list(self._slot_of):
+            self._forget(block_hash)
         self.stats.blocks_held = 0
+
+    def _forget(self, block_hash: BlockHash) -> None:
+        del self._slot_of[block_hash]
+        if self.events is not None:
+            self.events.removed(block_hash, MEDIUM)
 
     def check(self) -> None:
         """Raise `AssertionError` unless every slot is either free or holds exactly one block."""

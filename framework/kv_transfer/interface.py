@@ -28,6 +28,7 @@ from typing import Literal, Optional, Sequence
 import torch
 
 from framework.config.schema import CacheConfig
+from framework.params.kv_events import KVEventRecorder
 from framework.params.kv_transfer import (
     EMPTY_KV_CONNECTOR_OUTPUT,
     KVConnectorMetadata,
@@ -99,6 +100,10 @@ class KVConnector(ABC):
     @abstractmethod
     def stats(self) -> KVTierStats:
         """The tier's counters since start-up (each side fills what it knows)."""
+
+    def set_kv_events(self, recorder: Optional[KVEventRecorder]) -> None:
+        """Report the blocks this tier stores and removes to `recorder`, under the tier's medium (scheduler side;
+        the KV-cache events of docs/scaling-out.md). By default a connector reports nothing."""
 
     # ---- worker side -------------------------------------------------------------------------------------
     @abstractmethod

@@ -90,6 +90,16 @@ class KVEventRecorder:
             return
         self._events.append(BlockStored(list(block_hashes), parent, list(token_ids), self.block_size, lora_id, medium))
 
+    def tier_stored(self, block_hash: bytes, medium: str) -> None:
+        """A block another tier (`medium`, e.g. "CPU") now holds, named by its hash alone: its tokens and parent
+        went out with its device `BlockStored` (vLLM's offloading tier does the same); consecutive ones share one
+        event."""
+        last = self._events[-1] if self._events else None
+        if isinstance(last, BlockStored) and last.medium == medium and not last.token_ids:
+            last.block_hashes.append(block_hash)
+        else:
+            self._events.append(BlockStored([block_hash], None, [], self.block_size, None, medium))
+
     def removed(self, block_hash: bytes, medium: str = DEFAULT_MEDIUM) -> None:
         """A block no longer cached; consecutive removals share one event."""
         last = self._events[-1] if self._events else None

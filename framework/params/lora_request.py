@@ -3,6 +3,7 @@ carry it)."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 
@@ -20,6 +21,12 @@ class LoRARequest:
             raise ValueError("LoRARequest.name must be a non-empty string")
         if not isinstance(self.path, str) or not self.path:
             raise ValueError(f"LoRARequest '{self.name}': path must be a non-empty string")
+
+    @property
+    def int_id(self) -> int:
+        """A positive 31-bit integer naming the adapter, the same in every process: the first bytes of the sha256
+        of its name. KV-cache events carry it as vLLM's `lora_id` (vLLM's adapters have user-chosen integers)."""
+        return int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:4], "big") & 0x7FFFFFFF or 1
 
     @property
     def cache_key(self) -> str:

@@ -184,7 +184,8 @@ class KVCacheManager:
                 self.hooks.on_cached(block, block_hash)
                 if self.events is not None:
                     parent = hashes[index - 1] if index else None
-                    self.events.stored([block_hash], parent, block_token_ids(request, index, self.block_size))
+                    tokens = block_token_ids(request, index, self.block_size)
+                    self.events.stored([block_hash], parent, tokens, _lora_id(request))
             # else: already cached (a hit block), or another block caches the same prefix: this one stays
             # private and returns to the pool as an uncached block.
             holder = self._cached.get(block_hash)
@@ -258,3 +259,9 @@ class KVCacheManager:
         if len(hashed) != len(self._cached) or any(self._cached.get(h) != b for b, h in hashed.items()):
             raise AssertionError("prefix cache map out of step with the blocks' hashes")
         self.hooks.check(set(hashed))
+
+
+def _lora_id(request: HashableRequest) -> Optional[int]:
+    """The `lora_id` of the request's KV-cache events: its adapter's `int_id` (None: the base model)."""
+    lora = getattr(request, "lora", None)  # engine requests have it; other hashable requests run the base model
+    return None if lora is None else lora.int_id

@@ -207,6 +207,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         engine = EngineCore(config)
         if config.serve.kv_events.enabled:
             engine.kv_cache.events = KVEventRecorder(config.cache.block_size)
+            engine.kv_connector.set_kv_events(engine.kv_cache.events)  # a host tier's blocks: medium "CPU"
             kv_events = KVEventPublisher(context, config.serve.kv_events, dp_rank, config.parallel.data_parallel_size)
     except BaseException as err:  # start-up failure: tell the API server why, then exit
         outputs.send(codec.encode(EngineDead(f"the engine failed to start: {type(err).__name__}: {err}")))
