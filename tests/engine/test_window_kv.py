@@ -3,10 +3,10 @@ layers attend through a 6-token window, with 4-token blocks.
 
 Claims: a request gives back the blocks that fell out of its window, so a long one holds at most
 ceil(window / block_size) + 1 blocks while decoding; outputs with that on equal outputs with it off and HF
-transformers' greedy tokens on prompts 3-7x the window, plain, under chunked prefill, preemption and prefix
-caching (a hit needs only the blocks the window still reads); released blocks poisoned at once leave the outputs
-unchanged. Planted fault: freeing one block too many (a window one block shorter than the model's) with the same
-poisoning changes the outputs.
+transformers' greedy tokens on prompts 3-7x the window, plain, under chunked prefill, preemption, ngram
+speculation (drafts rejected), on the V1 runner and with prefix caching (a hit needs only the blocks the window
+still reads); released blocks poisoned at once leave the outputs unchanged. Planted fault: freeing one block too
+many (a window one block shorter than the model's) with the same poisoning changes the outputs.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ SCENARIOS = {  # plain runs: `test_held_blocks_stay_within_the_window`
     "chunked": {"max_num_batched_tokens": 8},
     # The newest running request is preempted at steps 3 and 9 (`_preempt_at`): it recomputes its tokens.
     "chunked_preempt": {"max_num_batched_tokens": 8},
+    # Drafts verified and rejected: released blocks stop short of the positions a rejection recomputes.
+    "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+    "v1_chunked": {"runner": "v1", "max_num_batched_tokens": 8},
 }
 PREEMPT_AT = (3, 9)
 
@@ -93,6 +96,8 @@ def test_freeing_matches_hf(scenario: str, checkpoint: tuple[Path, torch.nn.Modu
     preemptions = _preempt_at(llm, PREEMPT_AT if "preempt" in scenario else ())
     assert _generate(llm, PROMPTS) == [hf_tokens[tuple(p)] for p in PROMPTS]
     assert preemptions[0] == (len(PREEMPT_AT) if "preempt" in scenario else 0)
+    spec = llm.engine.spec_metrics
+    assert (spec.num_draft_tokens > spec.num_accepted_tokens) == (scenario == "ngram")  # some drafts rejected
     kv = llm.engine.kv_cache
     assert kv.num_free_blocks == kv.num_blocks  # every block back after the requests end
     kv.check_conservation()
