@@ -286,6 +286,12 @@ class CacheConfig(KVTierFields):
         description="Share the KV blocks of common prompt prefixes between requests (docs/prefix-caching.md); "
         "null = on when the model's ModelState supports it, true = required (an error if it does not), false = off.",
     )
+    free_window_blocks: bool = Field(
+        True,
+        description="Models whose every attention layer has a sliding window (Mistral): a request gives back the "
+        "KV blocks that fell out of the window, so it holds about window / block_size + 1 blocks whatever its "
+        "length (docs/sliding-window.md#kv-memory).",
+    )
     mamba_snapshot_slots: Optional[int] = Field(
         None,
         ge=1,

@@ -22,6 +22,10 @@ HF_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# Architectures whose HF model attends through `sliding_window` (Llama's ignores the key).
+WINDOWED_ARCHITECTURES = ("Mistral", "Mixtral", "Qwen2", "Qwen3")
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
     """Llama / Mistral / Qwen2 / Qwen3 geometry and options (one module serves them all)."""
@@ -69,7 +73,7 @@ class DecoderConfig:
         rope.setdefault("rope_type", rope.pop("type", "default"))
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        window = cfg.get("sliding_window")
+        window = cfg.get("sliding_window") if arch.startswith(WINDOWED_ARCHITECTURES) else None
         if is_qwen2 or arch.startswith("Qwen3"):
             window = window if cfg.get("use_sliding_window") else None
         return cls(
@@ -95,12 +99,20 @@ class DecoderConfig:
         )
 
     def check_max_model_len(self, max_model_len: int) -> None:
-        """Refuse lengths this model cannot attend over correctly."""
-        if self.sliding_window is not None and self.sliding_window < max_model_len:
-            raise UnsupportedModelError(
-                f"sliding_window={self.sliding_window} is smaller than max_model_len={max_model_len}; "
-                "sliding-window attention is not supported yet: set model.max_model_len <= the window"
-            )
+        """Any length: layers with a `sliding_window` attend through it (`layer_window`)."""
+
+    def layer_window(self, layer: int) -> int:
+        """Keys a query of layer `layer` sees (its own included); 0 for full attention. Mistral windows every
+        layer; Qwen2 / Qwen3 (`use_sliding_window`) the layers its `layer_types` mark, else those from
+        `max_window_layers` on, as HF's config classes do."""
+        if not self.sliding_window:
+            return 0
+        layer_types = self.raw.get("layer_types")
+        if layer_types:
+            return int(self.sliding_window) if layer_types[layer] == "sliding_attention" else 0
+        if self.architecture.startswith(("Qwen2", "Qwen3")) and layer < self.raw.get("max_window_layers", 28):
+            return 0
+        return int(self.sliding_window)
 
     def rope_inv_freq(self) -> torch.Tensor:
         """[head_dim // 2] float32 inverse frequencies for RoPE (default, linear or llama3 scaling)."""

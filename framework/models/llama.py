@@ -31,8 +31,7 @@ from framework.models.lora.projection import LoraGroup
 from framework.models.merge_rows import merge_rows
 from framework.models.small_batch import small_batch_layer, small_batch_logits
 
-# (query, kv_cache, meta, scale) -> output; the small-batch path also passes `pdl=True` when programmatic
-# dependent launch is on (`backend.paged_attention` takes it).
+# (query, kv_cache, meta, scale, **keywords) -> output; keywords as `backend.paged_attention` takes (window, pdl, ...).
 AttentionFn = Callable[..., torch.Tensor]
 
 
@@ -82,6 +81,7 @@ class Attention(nn.Module):
         self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
         self.lora_qkv: Optional[LoraGroup] = None  # adapter slots (models/lora/projection.py attach_lora)
         self.lora_o: Optional[LoraGroup] = None
+        self.window = 0  # keys a query sees, its own included (0: full); set per layer by DecoderModel
 
     def forward(
         self,
@@ -119,7 +119,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:  # [T, H * head_dim]: the input of o_proj
         """Per-head q/k norm (Qwen3), RoPE and the KV store in one kernel, then attention over the cache."""
         q = self.rope_store(qkv, cos, sin, kv_cache, meta.kv_slot_mapping, pdl)
-        out = attention(q, kv_cache, meta, self.scale, pdl=True) if pdl else attention(q, kv_cache, meta, self.scale)
+        out = attention(q, kv_cache, meta, self.scale, window=self.window, **({"pdl": True} if pdl else {}))
         return out.reshape(qkv.shape[0], self.num_heads * self.head_dim)
 
     def rope_store(
@@ -211,7 +211,8 @@ class DecoderLayer(nn.Module):
         if 0 < x.shape[0] <= self.small_batch_max_tokens:  # (0 tokens: the default path, enabled or not)
             return small_batch_layer(self, x, residual, cos, sin, kv_cache, meta, attention)
         q, residual = self.before_attention(x, residual, cos, sin, kv_cache, meta.kv_slot_mapping)
-        return self.after_attention(attention(q, kv_cache, meta, self.self_attn.scale), residual)
+        attn = self.self_attn
+        return self.after_attention(attention(q, kv_cache, meta, attn.scale, window=attn.window), residual)
 
     def before_attention(self, x, residual, cos, sin, kv_cache, kv_slot_mapping):  # type: ignore[no-untyped-def]
         """(q [T, H, head_dim], the residual stream): the norm, the q/k/v projection, q/k norm + RoPE and the KV
@@ -251,6 +252,9 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(
             make(cfg, ctx, i) if i in self.stage_layers else MissingLayer() for i in range(cfg.num_layers)
         )
+        for i in self.stage_layers:  # sliding-window layers (Mistral, Qwen2's upper layers, gpt-oss's)
+            if isinstance(getattr(self.layers[i], "self_attn", None), Attention):
+                self.layers[i].self_attn.window = cfg.layer_window(i)
         if ctx.is_last_stage:
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -285,13 +289,8 @@ class LlamaForCausalLM(Model):
         self.longest_rows_first = True  # large decode batches: attention starts with the longest rows (kernels.*)
         self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
 
-    def attention(
-        self,
-        query: torch.Tensor,  # [T, num_heads, head_dim]
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        **kwargs: Any,  # pdl, out (backend.paged_attention)
+    def attention(  # query [T, num_heads, head_dim]; kwargs: window, sinks, pdl, out (backend.paged_attention)
+        self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, **kwargs: Any
     ) -> torch.Tensor:
         """Paged attention with this model's split counters and kernel backend (every layer calls this)."""
         return paged_attention(

@@ -74,3 +74,27 @@ def test_prefill_and_mixed(rows, geometry):
 def test_full_attention_with_sinks():
     """gpt-oss's full layers: sinks without a window."""
     _check([(3000, 1)] * 32 + [(500, 700)], GPT_OSS, 0, True)
+
+
+@pytest.mark.parametrize("geometry", ["gpt_oss", "mistral"])
+def test_blocks_released_by_the_window_are_not_read(geometry):
+    """KV memory that follows the window (docs/sliding-window.md#kv-memory): a block wholly before a row's first
+    window goes back to the pool and holds another request's K/V. Here every such block is overwritten with large
+    finite values after a first run: the output stays the same (real KV tiles span several 16-token pages, so the
+    first tile of a window loads some released pages and must mask them)."""
+    shape, window = (
+        (GPT_OSS, 128) if geometry == "gpt_oss" else (dict(num_heads=32, num_kv_heads=8, head_dim=128), 4096)
+    )
+    rows = [(5000 + 37 * i, 1) for i in range(32)] + [(6000, 3), (4500, 700)]
+    case = make_paged_case(rows, block_size=16, dtype=torch.bfloat16, device="cuda", seed=3, **shape)
+    store_kv_reference(case.key, case.value, case.kv_cache, case.meta.kv_slot_mapping)
+    scale, n = 1 / math.sqrt(shape["head_dim"]), case.num_real_tokens
+    before = paged_attention(case.query, case.kv_cache, case.meta, scale, window=window)[:n].float()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for row, (context, _) in enumerate(rows):
+        for page in range(max(context - window + 1, 0) // 16):
+            block = case.kv_cache[:, int(case.meta.block_tables[row, page])]
+            block.copy_(100 * torch.randn(block.shape, generator=gen, device="cuda"))
+    after = paged_attention(case.query, case.kv_cache, case.meta, scale, window=window)[:n].float()
+    assert torch.isfinite(after).all()
+    torch.testing.assert_close(after, before, atol=1e-3, rtol=1e-3)

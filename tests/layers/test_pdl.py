@@ -120,9 +120,9 @@ def test_the_small_batch_path_passes_pdl_to_every_kernel(
 
     attention = model.attention
 
-    def attend(q: torch.Tensor, *args: Any, pdl: bool = False):  # type: ignore[no-untyped-def]
+    def attend(q: torch.Tensor, *args: Any, pdl: bool = False, **kwargs: Any):  # type: ignore[no-untyped-def]
         calls.append(("attention", q.shape[0], pdl))
-        return attention(q, *args)
+        return attention(q, *args, **kwargs)
 
     monkeypatch.setattr(small_batch, "fused_linear", linear)
     monkeypatch.setattr(llama, "qk_norm_rope_store", rope)

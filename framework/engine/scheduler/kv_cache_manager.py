@@ -9,6 +9,11 @@ A block whose last reference goes away returns to the free queue but keeps its h
 until it is handed out again. The free queue is in eviction order: blocks that hold no cached prefix first,
 then cached blocks least recently released first (a request's blocks are released last block first, so the
 start of a prefix, which more requests share, stays cached longest).
+
+With a `window` (every attention layer of the model attends through a sliding window of that many keys), a
+request gives back the blocks that fell out of it (`release_out_of_window`): its list keeps `NO_BLOCK` in their
+place, so positions still index it, and a prefix hit needs only the blocks the window still reads
+(`find_cached_blocks`). docs/sliding-window.md#kv-memory.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from framework.params.prefix_cache import (
     extend_block_hashes,
 )
 
+# A position's entry in a request's block list once the block went back to the pool (fell out of the window); the
+# runner's block table reads it as block 0 (`table_row`): no kernel reads a key there unmasked.
+NO_BLOCK = -1
+
 
 class KVCacheManager:
     """A free queue of KV blocks, per-block reference counts and, per request id, the blocks it holds in
@@ -41,8 +50,10 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = False,
         hooks: Optional[PrefixCacheHooks] = None,
+        window: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
+        self.window = window  # every layer's sliding window (keys, the query's own included); 0: keep every block
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.hooks = hooks or PrefixCacheHooks()
@@ -53,6 +64,7 @@ class KVCacheManager:
         self._cached: dict[BlockHash, int] = {}  # hash -> the one block published under it
         self._blocks: dict[str, list[int]] = {}
         self._num_published: dict[str, int] = {}  # per request: leading blocks already offered to the cache
+        self._num_released: dict[str, int] = {}  # per request (window): leading blocks given back (NO_BLOCK)
         self.events: Optional[KVEventRecorder] = None  # set to publish KV-cache events (docs/scaling-out.md)
         self._eviction_observers: list[Callable[[int, BlockHash], None]] = []  # e.g. a KV tier keeping evictions
 
@@ -88,6 +100,14 @@ class KVCacheManager:
     def blocks_of(self, request_id: str) -> list[int]:
         return self._blocks.get(request_id, [])
 
+    def table_row(self, request_id: str) -> list[int]:
+        """The request's blocks as its block-table row: a released position (`NO_BLOCK`) reads block 0."""
+        return [max(block, 0) for block in self._blocks.get(request_id, ())]
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks the request holds now (released ones not counted)."""
+        return len(self._blocks.get(request_id, ())) - self._num_released.get(request_id, 0)
+
     def ref_count(self, block_id: int) -> int:
         return self._ref_cnt[block_id]
 
@@ -103,6 +123,8 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return []
         hashes = extend_block_hashes(request, num_tokens, self.block_size)
+        if self.window:
+            return window_hit([self._cached.get(h) for h in hashes[: num_tokens // self.block_size]], self)
         hit: list[int] = []
         for block_hash in hashes[: num_tokens // self.block_size]:
             block = self._cached.get(block_hash)
@@ -126,10 +148,13 @@ class KVCacheManager:
         if cached_blocks and held:
             raise RuntimeError(f"request '{request_id}' already holds blocks: cache hits start a request")
         need = self.blocks_needed(request_id, num_tokens) - len(cached_blocks)
-        revived = sum(1 for b in cached_blocks if self._ref_cnt[b] == 0)  # cached blocks now in the free queue
+        revived = sum(1 for b in cached_blocks if b != NO_BLOCK and self._ref_cnt[b] == 0)  # now in the free queue
         if need + revived > len(self._free):
             return None
         for block in cached_blocks:
+            if block == NO_BLOCK:  # before the window of the hit's first computed token (`window_hit`)
+                self._num_released[request_id] = self._num_released.get(request_id, 0) + 1
+                continue
             if self._ref_cnt[block] == 0:
                 del self._free[block]
             self._ref_cnt[block] += 1
@@ -178,6 +203,8 @@ class KVCacheManager:
         offered = []
         for index in range(start, end):
             block, block_hash = blocks[index], hashes[index]
+            if block == NO_BLOCK:
+                continue  # given back before it was published (a late publication under async scheduling)
             if self._block_hash[block] is None and block_hash not in self._cached:
                 self._block_hash[block] = block_hash
                 self._cached[block_hash] = block
@@ -198,12 +225,32 @@ class KVCacheManager:
         """Drop the request's references (finish, abort, preemption); blocks nobody holds join the free queue,
         uncached ones at the front, cached ones at the back, the request's last block first."""
         self._num_published.pop(request_id, None)
+        self._num_released.pop(request_id, None)
         for block in reversed(self._blocks.pop(request_id, ())):
-            self._ref_cnt[block] -= 1
-            if self._ref_cnt[block] == 0:
-                self._free[block] = None
-                if self._block_hash[block] is None:
-                    self._free.move_to_end(block, last=False)
+            if block != NO_BLOCK:
+                self._release(block)
+
+    def _release(self, block: int) -> None:
+        self._ref_cnt[block] -= 1
+        if self._ref_cnt[block] == 0:
+            self._free[block] = None
+            if self._block_hash[block] is None:
+                self._free.move_to_end(block, last=False)
+
+    def release_out_of_window(self, request_id: str, first_position: int) -> None:
+        """Give back the request's blocks wholly before the window of position `first_position` (no query from
+        there on reads them: a query at p reads keys from p - window + 1). Oldest first, so a cached prefix's
+        blocks stay in the free queue's eviction order. Call only with a `window`."""
+        first_kept = max(first_position - self.window + 1, 0) // self.block_size
+        released = self._num_released.get(request_id, 0)
+        if first_kept <= released:
+            return
+        blocks = self._blocks[request_id]
+        for index in range(released, min(first_kept, len(blocks))):
+            if blocks[index] != NO_BLOCK:
+                self._release(blocks[index])
+                blocks[index] = NO_BLOCK
+        self._num_released[request_id] = first_kept
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (held blocks stay held, unshared from now on): after a failed step, whose
@@ -237,7 +284,8 @@ class KVCacheManager:
         held: dict[int, int] = {}
         for blocks in self._blocks.values():
             for block in blocks:
-                held[block] = held.get(block, 0) + 1
+                if block != NO_BLOCK:
+                    held[block] = held.get(block, 0) + 1
         free = set(self._free)
         if (
             len(free) != len(self._free)
@@ -265,3 +313,21 @@ def _lora_id(request: HashableRequest) -> Optional[int]:
     """The `lora_id` of the request's KV-cache events: its adapter's `int_id` (None: the base model)."""
     lora = getattr(request, "lora", None)  # engine requests have it; other hashable requests run the base model
     return None if lora is None else lora.int_id
+
+
+def window_hit(cached: list[Optional[int]], kv: KVCacheManager) -> list[int]:
+    """The longest usable hit under a sliding window: `cached[i]` is the block caching the request's i-th block
+    (None if no block does). A hit of n blocks is usable when every block the window of its first computed
+    token (position n * block_size) reads is cached: indices `(n * block_size - window + 1) // block_size .. n - 1`;
+    the blocks before them come back as `NO_BLOCK` (they need not be cached). The longest such n is taken."""
+    bs, window = kv.block_size, kv.window
+    run = 0  # cached blocks ending at index i
+    best = 0
+    for i, block in enumerate(cached):
+        run = run + 1 if block is not None else 0
+        n = i + 1
+        first_read = max(n * bs - window + 1, 0) // bs
+        if run >= n - first_read:
+            best = n
+    first_read = max(best * bs - window + 1, 0) // bs
+    return [NO_BLOCK] * first_read + [b for b in cached[first_read:best] if b is not None]

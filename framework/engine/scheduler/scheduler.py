@@ -187,7 +187,7 @@ class Scheduler:
         # spelled out (min, StepRows.add, _with_lookahead, Request.num_tokens), about halving its cost.
         ids, num_scheduled, drafts, computed_before = step.ids, step.num_scheduled, step.drafts, step.computed_before
         sampling = step.sampling
-        publishes, block_size = kv.enable_prefix_caching, kv.block_size
+        publishes, block_size, window = kv.enable_prefix_caching, kv.block_size, kv.window
         held_blocks, published = kv.growth_views()  # `allocate`'s and `cache_blocks`' first tests, inlined below
         running = self.running
         for request in running:  # preemption pops from the end: the iteration stops where the list now ends
@@ -210,6 +210,8 @@ class Scheduler:
             samples = end - num_draft == target
             # `_with_lookahead(end, samples)`
             need = (end + lookahead if end + lookahead < max_model_len else max_model_len) if samples else end
+            if window:  # blocks before the window of its first uncertain position (rejected drafts recompute)
+                kv.release_out_of_window(request.request_id, computed - placeholders)
             held = held_blocks.get(request.request_id)
             # A row that stays inside its blocks (most decode steps) gets no new block: `allocate` returns [].
             fits = held is not None and need <= len(held) * block_size
@@ -281,7 +283,7 @@ class Scheduler:
                     prompt_len=request.num_prompt_tokens,
                     sampling_params=request.sampling_params,
                     sampling_seed=request.sampling_seed,
-                    block_ids=list(kv.blocks_of(request.request_id)),
+                    block_ids=kv.table_row(request.request_id),
                     num_computed_tokens=num_hit,
                     pooling_params=request.pooling_params,
                     encoder_input=request.encoder_input,

@@ -147,7 +147,8 @@ class PrefillPieceGraphs:
         pieces = self.pieces[size]
         pieces[0].replay()
         for i, kv_cache in enumerate(self.kv_caches):
-            model.attention(self.q[:t], kv_cache, meta, self.layers[i].self_attn.scale, out=self.attn_out)
+            attn = self.layers[i].self_attn
+            model.attention(self.q[:t], kv_cache, meta, attn.scale, window=attn.window, out=self.attn_out)
             hidden = pieces[i + 1].replay()
         self.num_replayed_steps += 1
         return hidden[:t]
