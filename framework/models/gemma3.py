@@ -52,11 +52,15 @@ class GemmaRMSNorm(RMSNorm):
 
 
 class ScaledEmbedding(VocabParallelEmbedding):
-    """Token embedding times sqrt(hidden_size), the factor rounded to the weight's dtype first (as HF does)."""
+    """Token embedding times sqrt(hidden_size); the factor is a buffer, so it is cast (rounded) to the model dtype
+    with the weights, as HF does."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__(vocab_size, hidden_size, ctx)
+        self.register_buffer("embed_scale", torch.tensor(hidden_size**0.5), persistent=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
-        scale = float(torch.tensor(self.weight.shape[1] ** 0.5, dtype=self.weight.dtype))  # host-side: graph-safe
-        return super().forward(input_ids) * scale
+        return super().forward(input_ids) * self.embed_scale
 
 
 class GemmaMLP(MLP):
@@ -139,9 +143,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         self._skipped_logged = False
 
     def init_buffers(self) -> None:
-        """Both kinds' RoPE frequencies (after a build on the meta device, which has no values)."""
+        """Both kinds' RoPE frequencies and the embedding scale (after a build on the meta device)."""
         super().init_buffers()
         self.local_inv_freq = self.config.local_rope_inv_freq()  # type: ignore[attr-defined]
+        self.model.embed_tokens.embed_scale = torch.tensor(self.config.hidden_size**0.5)
 
     def rope_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [2, T, head_dim]: row `FULL_ROPE` for full layers, `LOCAL_ROPE` for window layers."""

@@ -6,8 +6,9 @@ RoPE per layer kind (window layers: theta 50; the full layer: theta 1000 with li
 22..40 tokens (up to 5x the window), 32 output tokens, chunked prefill (8 tokens a step: chunk boundaries inside
 and across the window) and preemption: greedy tokens equal HF `generate`, every logits row mrv2 computes within
 atol 1e-4 / rtol 1e-5 of HF's. A `Gemma3ForConditionalGeneration` checkpoint (tiny SigLIP tower) with the same
-text weights loads its text part and gives the same tokens. Planted fault: the window layers' RoPE base swapped
-for the full layers' breaks the logits parity.
+text weights loads its text part and matches HF's. Prefix caching on gives HF's tokens with a shared prefix of 3
+windows read from the cache, decode steps replayed as graphs (the fake capturer). Planted fault: the window
+layers' RoPE base swapped for the full layers' breaks the logits parity.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from helpers.fake_graphs import StaticInputsCapturer
+from helpers.graph_lockstep import record_replays
 from helpers.hf_models import TinySpec, hf_greedy, hf_logits, save_tiny_checkpoint
-from test_hf_parity import LOGITS_ATOL, LOGITS_RTOL, MAX_TOKENS, PROMPTS, SCENARIOS, run_mrv2
+from test_hf_parity import LOGITS_ATOL, LOGITS_RTOL, MAX_MODEL_LEN, MAX_TOKENS, PROMPTS, SCENARIOS, run_mrv2
 
+from framework.entrypoints.llm import LLM
 from framework.models.gemma3_config import Gemma3Config
 from framework.models.hf_config import UnsupportedModelError
+from framework.params.sampling_params import SamplingParams
 
 WINDOW = 8
 TEXT = {
@@ -124,3 +129,30 @@ def test_negative_control_local_rope_base(checkpoint, monkeypatch) -> None:  # t
     run_bad = run_mrv2(checkpoint[0], prompts)
     with pytest.raises(AssertionError):
         _check_logits(checkpoint[1], run_bad, prompts)
+
+
+def test_prefix_caching_and_decode_graphs(checkpoint) -> None:  # type: ignore[no-untyped-def]
+    """Prompts sharing a 24-token prefix (3 windows) through the prefix cache, decode steps replayed as graphs."""
+    shared = PROMPTS[-1][:24]
+    prompts = [shared + p[:6] for p in PROMPTS[:3]]
+    expected = [hf_greedy(checkpoint[1], p, 12) for p in prompts]
+    llm = LLM(
+        str(checkpoint[0]),
+        device="cpu",
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        seed=0,
+        block_size=4,
+        enable_prefix_caching=True,
+        max_num_seqs=2,  # fewer decode graphs to capture
+    )
+    llm.engine.runner.capture_cuda_graphs(StaticInputsCapturer())
+    replays = record_replays(llm)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    first = llm.generate(prompts[:1], params, use_tqdm=False)
+    rest = llm.generate(prompts[1:], params, use_tqdm=False)
+    assert [o.token_ids for o in first + rest] == expected
+    assert all(o.num_cached_tokens >= 20 for o in rest), "the shared prefix should come from the cache"
+    step_graphs = llm.engine.runner.graphs.step_graphs  # full-step graphs, when on, take the decode steps
+    full_step_replays = sum(g.num_replays for g in step_graphs.graphs.values()) if step_graphs else 0
+    assert replays or full_step_replays, "no decode step replayed a graph"
