@@ -133,6 +133,7 @@ MODEL_STATES.register("encoder_decoder", "model_states.encoder_decoder:EncoderDe
 for _name, _cls in (("eagle", "EagleSpeculator"), ("eagle3", "Eagle3Speculator"), ("mtp", "MTPSpeculator")):
     SPECULATORS.register(_name, f"speculators.eagle:{_cls}", source="mrv2")
 MODELS.register("JambaForCausalLM", "framework.models.jamba:JambaForCausalLM", source="mrv2")
+MODELS.register("Gemma3ForCausalLM", "framework.models.gemma3:Gemma3ForCausalLM", source="mrv2")
 MODELS.register("GptOssForCausalLM", "framework.models.gpt_oss:GptOssForCausalLM", source="mrv2")
 for _arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM"):
     MODELS.register(_arch, "framework.models.moe:MoeForCausalLM", source="mrv2")

@@ -15,7 +15,9 @@ byte, 256 = end of text).
 geometry: Qwen3-30B-A3B's shapes (48 layers, hidden 2048, 128 experts of intermediate 768, top-8, 32/4 heads;
 30.5B parameters, 61 GB in bf16) with random weights. `gpt-oss-20b` is gpt-oss-20b's geometry (24 layers alternating a
 128-token window and full attention with sinks, hidden 2880, 32 experts top-4, 64/8 heads of 64, YaRN RoPE;
-about 21B parameters, 42 GB in bf16 experts) with random weights.
+about 21B parameters, 42 GB in bf16 experts) with random weights. `gemma-3-4b` is Gemma 3 4B's text geometry (34
+layers, five in six on a 1,024-token window, hidden 2560, 8/4 heads of 256, GELU-tanh, vocabulary 262,208; about
+3.9B parameters) with random weights.
 """
 
 from __future__ import annotations
@@ -238,6 +240,28 @@ PRESETS: dict[str, dict[str, Any]] = {
             "original_max_position_embeddings": 4096,
         },
         "tie_word_embeddings": False,
+        "eos_token_id": BYTE_EOS_ID,
+    },
+    "gemma-3-4b": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "vocab_size": 262208,
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 34,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 131072,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "tie_word_embeddings": True,
         "eos_token_id": BYTE_EOS_ID,
     },
 }

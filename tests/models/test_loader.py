@@ -101,7 +101,8 @@ def test_unsupported_architecture(qwen3_dir, tmp_path):
     cfg["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(
-        CheckpointError, match="architecture 'GPT2LMHeadModel' is not supported; registered: GptOss.*, Jamba"
+        CheckpointError,
+        match="architecture 'GPT2LMHeadModel' is not supported; registered: Gemma3ForCausalLM, GptOss.*, Jamba",
     ):
         LLM(str(tmp_path), device="cpu")
 
