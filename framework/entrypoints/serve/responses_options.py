@@ -93,6 +93,7 @@ class AnswerLogprobs:
     def __init__(self, k: int, token_text: TokenText, tokenizer: Any, reasoning: bool) -> None:
         self.k, self.token_text = k, token_text
         self.end_ids = tokenizer.encode(THINK_END) if reasoning and tokenizer is not None else []
+        self.eos = getattr(tokenizer, "eos_token_id", None)  # ends the output; no part of its text
         self.tokens: list[int] = []
         self.entries: list[TokenLogprobs] = []
         self.sent = 0  # tokens whose logprobs a delta carried
@@ -102,9 +103,9 @@ class AnswerLogprobs:
         self.entries += entries or []
 
     def items(self, start: int, stop: int) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = chat_logprobs(
-            self.tokens[start:stop], self.entries[start:stop], self.k, self.token_text
-        )["content"]
+        kept = [i for i in range(start, min(stop, len(self.entries))) if self.tokens[i] != self.eos]
+        tokens, entries = [self.tokens[i] for i in kept], [self.entries[i] for i in kept]
+        out: list[dict[str, Any]] = chat_logprobs(tokens, entries, self.k, self.token_text)["content"]
         return out
 
     def delta(self) -> list[dict[str, Any]]:
