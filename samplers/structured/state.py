@@ -9,6 +9,10 @@ Drafts: a row verifying k drafts owns k+1 logits rows; row j is masked by the ma
 The matcher is walked forward over the drafts the grammar accepts and rolled back, so it always holds the
 accepted tokens only. A draft the grammar refuses is forbidden on the row before it, so the verifier rejects
 it there; the rows after it are never read (left unmasked).
+
+Thinking: a request with a `thinking_token_budget` is constrained in its answer only. Its slot is gated
+(`samplers.structured.thinking_gate`) until its output holds the end-of-thinking ids (written by the model or
+forced by the budget); until then its rows are not masked and its tokens do not reach the matcher.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from framework.params.scheduler_output import NewRequestData
 from samplers.structured.backend import GuidanceBackend
 from samplers.structured.bitmask import apply_token_bitmask, bitmask_words
 from samplers.structured.fill import BitmaskFiller, FillJob, FillTiming, default_fill_threads
+from samplers.structured.thinking_gate import ThinkingGate
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,7 @@ class StructuredOutputsState:
         self.ended = np.zeros(max_num_reqs, dtype=bool)
         # Output sequence number from which a slot's matcher consumes tokens (its first step's output).
         self.first_output = np.zeros(max_num_reqs, dtype=np.int64)
+        self.gate = ThinkingGate(max_num_reqs)  # slots whose grammar waits for the end of their thinking
         self.num_refused = 0  # sampled tokens a matcher refused: 0 unless a mask was not applied
         self.max_logits_rows = max_logits_rows
         self._next_output = next_output  # sequence number of the runner's next output
@@ -82,7 +88,8 @@ class StructuredOutputsState:
         if params is None:
             return
         matcher = self.backend.new_matcher(params)
-        replay = list(new.prefill_token_ids[new.prompt_len :])
+        self.gate.add_request(req_slot, new.sampling_params)
+        replay = self.gate.answer_tokens(req_slot, list(new.prefill_token_ids[new.prompt_len :]))
         if replay and not _consume(matcher, replay):
             self.num_refused += 1
             logger.warning(
@@ -139,7 +146,7 @@ class StructuredOutputsState:
             matcher = self.matchers[slot]
             if matcher is None or output_seq < self.first_output[slot] or self.ended[slot] or matcher.is_error():
                 continue
-            row_tokens = list(row_tokens)
+            row_tokens = self.gate.answer_tokens(slot, list(row_tokens))
             eos = self.backend.eos_token_id
             if eos in row_tokens:  # the scheduler drops what follows end of sequence
                 row_tokens = row_tokens[: row_tokens.index(eos) + 1]
@@ -164,7 +171,7 @@ class StructuredOutputsState:
         host_rows = self._host_rows[buf]
         jobs: list[FillJob] = []
         target_rows: list[int] = []
-        live = self.host_enabled[req_slots] & ~self.ended[req_slots]
+        live = self.host_enabled[req_slots] & ~self.ended[req_slots] & ~self.gate.thinking[req_slots]
         for batch_row in np.flatnonzero(live).tolist():
             matcher = self.matchers[int(req_slots[batch_row])]
             if matcher is None or matcher.is_error():

@@ -25,6 +25,7 @@ from framework.entrypoints.serve.generation import Generation, SequenceEvent
 from framework.entrypoints.serve.openai_models import ChatCompletionRequest, _RequestBody
 from framework.entrypoints.serve.params import max_tokens_for, sampling_params, tokenize
 from framework.entrypoints.serve.responses_items import ResponseEvents, output_items, sse_event
+from framework.entrypoints.serve.responses_options import AnswerLogprobs, effort_budget, logprobs_k, token_text
 from framework.entrypoints.serve.state import ServerState
 
 router = APIRouter()
@@ -53,6 +54,8 @@ class ResponsesRequest(_RequestBody):
     user: Optional[str] = None
     thinking_token_budget: Optional[int] = None
     structured_outputs: Optional[dict[str, Any]] = None  # vLLM's extra, as in the chat API
+    top_logprobs: Optional[int] = None
+    include: Optional[list[str]] = None
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -154,7 +157,7 @@ def as_chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         stream=body.stream,
         response_format=response_format,
         structured_outputs=body.structured_outputs,
-        thinking_token_budget=body.thinking_token_budget,
+        thinking_token_budget=effort_budget(body.reasoning, body.thinking_token_budget),
     )
 
 
@@ -176,6 +179,7 @@ def _envelope(
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "temperature": body.temperature,
         "top_p": body.top_p,
+        "top_logprobs": body.top_logprobs,
         "max_output_tokens": body.max_output_tokens,
         "reasoning": body.reasoning,
         "text": body.text or {"format": {"type": "text"}},
@@ -219,7 +223,8 @@ async def responses(body: ResponsesRequest, request: Request) -> Any:
         raise ApiError.invalid(str(err), "input") from None
     prompt = tokenize(state.tokenizer, text, "input", state.vocab_size)
     max_tokens = max_tokens_for(body.max_output_tokens, len(prompt), state.max_model_len, "max_output_tokens")
-    params = plan.sampling(sampling_params(chat, max_tokens=max_tokens, logprobs=None), text)
+    k = logprobs_k(body.include, body.top_logprobs, state.max_logprobs)
+    params = plan.sampling(sampling_params(chat, max_tokens=max_tokens, logprobs=k), text)
     state.check_capacity(1)
     response_id = f"resp_{uuid.uuid4().hex}"
     gen = Generation(
@@ -236,14 +241,21 @@ async def responses(body: ResponsesRequest, request: Request) -> Any:
     )
     envelope = _envelope(response_id, body, state, "in_progress", int(time.time()))
     parser = plan.parser()
+    logprobs = None
+    if k is not None:
+        logprobs = AnswerLogprobs(k, token_text(state.tokenizer), state.tokenizer, parser.has_reasoning)
     if not body.stream:
         events = [e async for batch in gen.events(request.is_disconnected) for e in batch]
         out_text = "".join(e.text for e in events)
         tokens = [t for e in events for t in e.token_ids]
         finish = events[-1].finish_reason if events else None
+        parts = parser.parse(out_text)
+        if logprobs is not None:
+            logprobs.add(tokens, [lp for e in events for lp in e.logprobs or []])
+        answer_lps = logprobs.whole(parts.content, bool(parts.tool_calls)) if logprobs is not None else []
         return {
             **_finish(envelope, finish),
-            "output": output_items(parser.parse(out_text)),
+            "output": output_items(parts, answer_lps),
             "usage": _usage(gen, plan, state.tokenizer, tokens, out_text),
         }
     stream = gen.events(request.is_disconnected, watch_until_first=True)
@@ -252,7 +264,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Any:
     except BaseException:
         await stream.aclose()  # type: ignore[attr-defined]
         raise
-    frames = _stream(first, stream, envelope, parser, gen, plan, state.tokenizer)
+    frames = _stream(first, stream, envelope, parser, gen, plan, state.tokenizer, logprobs)
     return StreamingResponse(frames, media_type="text/event-stream")
 
 
@@ -264,6 +276,7 @@ async def _stream(
     gen: Generation,
     plan: ChatPlan,
     tokenizer: Any,
+    logprobs: Optional[AnswerLogprobs],
 ) -> AsyncIterator[str]:
     """`response.created`, `response.in_progress`, the items' events, then `response.completed` (or `.incomplete`);
     an engine failure mid-stream becomes an `error` event."""
@@ -280,10 +293,13 @@ async def _stream(
                 tokens += e.token_ids
                 text += e.text
                 finish = e.finish_reason or finish
-                frames += builder.feed(parser.feed(e.text, e.finish_reason is not None))
+                delta = parser.feed(e.text, e.finish_reason is not None)
+                if logprobs is not None:
+                    logprobs.add(e.token_ids, e.logprobs)
+                frames += builder.feed(delta, logprobs.delta() if logprobs is not None and delta.content else None)
             yield "".join(sse_event(f) for f in frames)
             batch = await events.__anext__() if finish is None else None
-        frames = builder.close()
+        frames = builder.close({c.id for c in parser.streamed_calls})
         done = _finish(envelope, finish)
         final = {**done, "output": builder.items, "usage": _usage(gen, plan, tokenizer, tokens, text)}
         kind = "response.completed" if done["status"] == "completed" else "response.incomplete"

@@ -8,6 +8,7 @@ import json
 import re
 
 from framework.entrypoints.tool_parsers.base import ToolCall, ToolParser, arguments_text
+from framework.entrypoints.tool_parsers.json_prefix import PartialCall, scan_call_object
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
@@ -45,3 +46,16 @@ class HermesToolParser(ToolParser):
                 return text, []
             calls.append(call)
         return text[:start], calls  # text after the calls is dropped: a stream has sent the calls by then
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        calls: list[PartialCall] = []
+        start = text.find(OPEN)
+        while start >= 0:
+            call = scan_call_object(text, start + len(OPEN))
+            if call is None:
+                break
+            calls.append(call)
+            if call.end is None:
+                break
+            start = text.find(OPEN, call.end)
+        return calls

@@ -7,6 +7,7 @@ import json
 from typing import Optional
 
 from framework.entrypoints.tool_parsers.base import ToolCall, ToolParser, arguments_text
+from framework.entrypoints.tool_parsers.json_prefix import PartialCall, scan_call_object
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -54,3 +55,20 @@ class Llama3JsonToolParser(ToolParser):
             while pos < len(body) and body[pos] in " \t\r\n;":
                 pos += 1
         return (text[:start], calls) if calls else (text, [])
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        start = self.call_start(text)
+        if start is None:
+            return []
+        pos = start + len(PYTHON_TAG) if text.startswith(PYTHON_TAG, start) else start
+        calls: list[PartialCall] = []
+        while True:
+            while pos < len(text) and text[pos] in " \t\r\n;":
+                pos += 1
+            call = scan_call_object(text, pos, ("parameters", "arguments"))
+            if call is None:
+                return calls
+            calls.append(call)
+            if call.end is None:
+                return calls
+            pos = call.end

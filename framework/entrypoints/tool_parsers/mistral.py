@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from framework.entrypoints.tool_parsers.base import ToolCall, ToolParser, arguments_text
+from framework.entrypoints.tool_parsers.json_prefix import PartialCall, json_prefix, scan_call_object
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
 
@@ -29,6 +30,15 @@ class MistralToolParser(ToolParser):
                 return text, []
             calls.extend(parsed)
         return (text[:start], calls) if calls else (text, [])
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        calls: list[PartialCall] = []
+        start = text.find(TOOL_CALLS)
+        for part in text[start:].split(TOOL_CALLS)[1:] if start >= 0 else []:
+            done = _partial_list(part, calls) if part.lstrip().startswith("[") else _partial_args(part, calls)
+            if not done:
+                break
+        return calls
 
     @staticmethod
     def _list_form(part: str) -> list[ToolCall] | None:
@@ -55,3 +65,30 @@ class MistralToolParser(ToolParser):
         if not name.strip() or arguments is None:
             return None
         return [ToolCall(name.strip(), arguments)]
+
+
+def _partial_list(part: str, calls: list[PartialCall]) -> bool:
+    """Adds the calls of a `[{...}, ...]` part written so far; True when the list is closed."""
+    pos = part.index("[") + 1
+    while True:
+        call = scan_call_object(part, pos)
+        if call is None:
+            return part[pos:].strip().startswith("]")
+        calls.append(call)
+        if call.end is None:
+            return False
+        pos = call.end
+        while pos < len(part) and part[pos] in " \t\r\n,":
+            pos += 1
+
+
+def _partial_args(part: str, calls: list[PartialCall]) -> bool:
+    """Adds the call of a `name[ARGS]{...}` part written so far; True when its arguments are whole."""
+    name, sep, _ = part.partition(ARGS)
+    if not sep or not name.strip():
+        return False
+    at = len(name) + len(ARGS)
+    value = json_prefix(part, at)
+    object_args = part[at:].lstrip().startswith("{")
+    calls.append(PartialCall(name.strip(), value.text if object_args else "", value.end))
+    return value.end is not None

@@ -18,8 +18,10 @@ import re
 from typing import Any
 
 from framework.entrypoints.tool_parsers.base import ToolCall, ToolParser
+from framework.entrypoints.tool_parsers.json_prefix import PartialCall
 
 _BLOCK = re.compile(r"<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*(?:</tool_call>|\Z)", re.DOTALL)
+_HEADER = re.compile(r"<tool_call>\s*<function=([^>\n]+)>")
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 
 
@@ -65,3 +67,25 @@ class Qwen3CoderToolParser(ToolParser):
         if not calls:
             return text, []
         return text[:start], calls
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        """A call is named once its `<function=...>` is; its arguments grow by each closed parameter."""
+        calls: list[PartialCall] = []
+        for header in _HEADER.finditer(text):
+            name = header.group(1).strip()
+            close = text.find("</function>", header.end())
+            body = text[header.end() : close if close >= 0 else len(text)]
+            properties = self.schemas.get(name, {}).get("properties", {})
+            pairs = []
+            for p in _PARAM.finditer(body):
+                closed = close >= 0 or p.group(0).endswith("</parameter>") or p.end() < len(body)
+                if not closed:
+                    break
+                key = p.group(1).strip()
+                value = _convert(_trim_newline(p.group(2)), properties.get(key))
+                pairs.append(f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}")
+            arguments = "{" + ", ".join(pairs) + ("}" if close >= 0 else "")
+            calls.append(PartialCall(name, arguments, close + len("</function>") if close >= 0 else None))
+            if close < 0:
+                break
+        return calls
