@@ -39,6 +39,12 @@ from framework.layers.quantization.triton_w4a16 import (  # noqa: E402
     w4a16_linear_reference,
     w4a16_linear_triton,
 )
+from framework.layers.quantization.triton_w8a8 import (  # noqa: E402
+    quantize_fp8_groups,
+    quantize_fp8_groups_reference,
+    w8a8_linear_reference,
+    w8a8_linear_triton,
+)
 from framework.layers.quantization.triton_w8a16 import w8a16_linear_reference, w8a16_linear_triton  # noqa: E402
 from framework.params.sampling_params import SamplingParams  # noqa: E402
 
@@ -174,3 +180,31 @@ def test_quantized_moe_engine_matches_hf_on_the_gpu(fmt: str, tmp_path: Path) ->
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         assert list(out.token_ids) == hf_greedy(ref, prompt, 12)
+
+
+@pytest.mark.parametrize("group", [128, 4096])
+def test_activation_quantization_kernel_is_exact(group: int) -> None:
+    """Per token-group (block FP8) and per token (K = 4096): scales and e4m3 values equal the reference's."""
+    x = torch.randn((333, 4096), device="cuda").bfloat16() * 3
+    q, s = quantize_fp8_groups(x, group, use_kernel=True)
+    q_ref, s_ref = quantize_fp8_groups_reference(x, group)
+    assert torch.equal(s, s_ref) and torch.equal(q.float(), q_ref.float())
+
+
+@pytest.mark.parametrize("layout", ["block", "channel"])
+@pytest.mark.parametrize("proj", list(SHAPES))
+@pytest.mark.parametrize("m", [128, 2048])
+def test_w8a8_kernel_matches_reference_at_8b_shapes(layout: str, proj: str, m: int) -> None:
+    """The FP8 x FP8 GEMM against dequantize-both-then-matmul; Hopper's FP8 MMA accumulates with fewer mantissa
+    bits per chunk than float32, hence a tolerance of a few bf16 steps."""
+    n, k = SHAPES[proj]
+    g = torch.Generator(device="cuda").manual_seed(n + k + m)
+    w = torch.randn((n, k), device="cuda", generator=g) * k**-0.5
+    weight, scale = _block_quantize(w) if layout == "block" else quantize_fp8_per_channel(w)
+    groups = (128, 128) if layout == "block" else (1, k)
+    group_x = 128 if layout == "block" else k
+    xq, sx = quantize_fp8_groups_reference(torch.randn((m, k), device="cuda", generator=g), group_x)
+    out = w8a8_linear_triton(xq, sx, group_x, weight, scale.contiguous(), *groups, torch.bfloat16)
+    ref = w8a8_linear_reference(xq, sx, group_x, weight, scale, *groups, torch.bfloat16)
+    ulp = 2**-6
+    torch.testing.assert_close(out, ref, rtol=ulp, atol=ulp * ref.float().abs().mean().item())

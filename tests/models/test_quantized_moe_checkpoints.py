@@ -102,3 +102,21 @@ def test_act_order_experts_and_quantized_routers_are_refused(tmp_path: Path) -> 
     edit_checkpoint(tmp_path / "fp8", model__layers__0__mlp__experts__3__up_proj__weight_scale_inv=torch.ones(1, 3))
     with pytest.raises(CheckpointError, match=r"experts\.3\.up_proj\.weight_scale_inv' has shape \(1, 3\)"):
         LLM(str(tmp_path / "fp8"), device="cpu", dtype="float32", max_model_len=32)
+
+
+def test_online_fp8_experts_match_hf_on_quantized_weights(tmp_path: Path) -> None:
+    """`model.quantization=fp8` on a 16-bit MoE checkpoint: every linear weight and every expert's projection in
+    FP8 per output channel, against HF on a per-row e4m3 round trip of the same weights done here."""
+    from helpers.hf_models import build_hf_model
+    from helpers.quant_checkpoints import FP8_MAX, write_plain
+
+    plain = build_hf_model(MOE_SPEC)
+    write_plain(plain, tmp_path)
+    with torch.no_grad():
+        for name, param in plain.named_parameters():
+            if name.endswith(("proj.weight", "experts.gate_up_proj", "experts.down_proj")):
+                scale = param.abs().amax(dim=-1, keepdim=True) / FP8_MAX
+                param.copy_((param / scale).to(torch.float8_e4m3fn).float() * scale)
+    llm = assert_matches_hf(tmp_path, _hf_reference(plain), quantization="fp8")
+    experts = llm.engine.runner.model.model.layers[0].mlp.experts
+    assert experts.down_proj.dtype == torch.float8_e4m3fn and experts.quant_experts.down_groups == (1, 128)

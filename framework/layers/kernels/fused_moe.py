@@ -162,10 +162,15 @@ def _moe_gate_up_kernel(
         w_mask = k_mask[:, None] & col_mask[None, :]
         w_gate = _expert_weight_tile(w_ptr, gate_base, cols, ks, H, w_mask, QUANT)
         w_up = _expert_weight_tile(w_ptr, gate_base + matrix, cols, ks, H, w_mask, QUANT)
-        quant = (QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST)
-        acc_gate = _dot_expert_tile(acc_gate, a, w_gate, s_ptr, z_ptr, gate_scales, cols, col_mask, k0, *quant)
+        acc_gate = _dot_expert_tile(
+            acc_gate, a, w_gate, s_ptr, z_ptr, gate_scales, cols, col_mask, k0,
+            QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
+        )  # fmt: skip
         up_scales = gate_scales + SCALE_ROWS * SCALE_COLS
-        acc_up = _dot_expert_tile(acc_up, a, w_up, s_ptr, z_ptr, up_scales, cols, col_mask, k0, *quant)
+        acc_up = _dot_expert_tile(
+            acc_up, a, w_up, s_ptr, z_ptr, up_scales, cols, col_mask, k0,
+            QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
+        )  # fmt: skip
     # Round as the reference does: both projections, then silu(gate), then the product.
     gate = round_to_dtype(acc_gate, dtype)
     silu = round_to_dtype(gate / (1.0 + tl.exp(-gate)), dtype)
@@ -218,8 +223,10 @@ def _moe_down_kernel(
         k_mask = ks < I
         a = tl.load(act_ptr + safe_rows[:, None] * I + ks[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         w = _expert_weight_tile(w_ptr, base, cols, ks, I, k_mask[:, None] & col_mask[None, :], QUANT)
-        quant = (QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST)
-        acc = _dot_expert_tile(acc, a, w, s_ptr, z_ptr, scales, cols, col_mask, k0, *quant)
+        acc = _dot_expert_tile(
+            acc, a, w, s_ptr, z_ptr, scales, cols, col_mask, k0,
+            QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
+        )  # fmt: skip
     weight = tl.load(topk_weights_ptr + safe_rows, mask=valid, other=0.0).to(tl.float32)
     y = round_to_dtype(round_to_dtype(acc, dtype) * weight[:, None], dtype)
     tl.store(out_ptr + safe_rows[:, None] * H + cols[None, :], y.to(dtype), mask=valid[:, None] & col_mask[None, :])
