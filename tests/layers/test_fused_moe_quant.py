@@ -81,8 +81,13 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", sorted(CASES))
+KERNEL_CASES = [(c, torch.bfloat16) for c in sorted(CASES)] + [
+    ("fp8-block-partial", torch.float32),
+    ("int4-g16", torch.float32),
+]
+
+
+@pytest.mark.parametrize("case,dtype", KERNEL_CASES)
 def test_kernel_matches_reference(case: str, dtype: torch.dtype) -> None:
     experts = CASES[case]()
     x, weights, ids = _routing(experts.shape[2], dtype)
