@@ -1,9 +1,10 @@
 """FP8- and INT4-weight linear layers against bf16 `F.linear` (cuBLAS) at the Qwen3-8B projections' shapes.
 
 For each projection and token count M: the median time of the W8A16 Triton kernel (block 128 x 128 scales), of the
-W4A16 kernel (group 128) and of the bf16 GEMM, and the kernels' achieved bandwidth (weight bytes + activations in
-and out, per second) and TFLOP/s. Decode (small M) is bound by reading the weight: FP8 reads half the bytes, INT4
-a quarter. Prints a table, writes JSON.
+W4A16 kernel (group 128), of the W8A8 path (per-token-group activation quantization + FP8 x FP8 GEMM: its crossing
+with W8A16 is what `W8A8_MIN_TOKENS` in framework/layers/quantization/fp8.py should be) and of the bf16 GEMM, and
+the kernels' achieved bandwidth (weight bytes + activations in and out, per second) and TFLOP/s. Decode (small M)
+is bound by reading the weight: FP8 reads half the bytes, INT4 a quarter. Prints a table, writes JSON.
 
     PYTHONPATH=$PWD python benchmarks/quantization/bench_fp8_linear.py [--out fp8_linear.json]
 """
@@ -18,6 +19,7 @@ from torch.nn import functional as F
 
 from framework.layers.quantization.fp8 import quantize_fp8_per_channel
 from framework.layers.quantization.triton_w4a16 import w4a16_linear_triton
+from framework.layers.quantization.triton_w8a8 import quantize_fp8_groups, w8a8_linear_triton
 from framework.layers.quantization.triton_w8a16 import w8a16_linear_triton
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
@@ -46,7 +48,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}")
     print(
         f"{'proj':8} {'M':>5} {'bf16 ms':>9} {'fp8 ms':>9} {'x':>5} {'GB/s':>6} {'TFLOP/s':>8} {'int4 ms':>9} "
-        f"{'x':>5} {'GB/s':>6}"
+        f"{'x':>5} {'GB/s':>6} {'w8a8 ms':>9} {'x':>5}"
     )
     for name, (n, k) in SHAPES.items():
         w = torch.randn((n, k), device="cuda") * k**-0.5
@@ -62,6 +64,12 @@ def main() -> None:
             t16 = _median_ms(lambda: F.linear(x, w16))  # noqa: B023
             t8 = _median_ms(lambda: w8a16_linear_triton(x, w8, scale, 128, 128))  # noqa: B023
             t4 = _median_ms(lambda: w4a16_linear_triton(x, q4, s4, z4, 128))  # noqa: B023
+
+            def w8a8() -> torch.Tensor:
+                xq, sx = quantize_fp8_groups(x, 128, use_kernel=True)  # noqa: B023
+                return w8a8_linear_triton(xq, sx, 128, w8, scale, 128, 128, torch.bfloat16)  # noqa: B023
+
+            t88 = _median_ms(w8a8)
             moved = n * k + 2 * m * (k + n) + scale.numel() * 4
             moved4 = n * k // 2 + 2 * m * (k + n) + s4.numel() * 8
             row = {
@@ -74,6 +82,9 @@ def main() -> None:
                 "speedup": t16 / t8,
                 "fp8_GBps": moved / t8 / 1e6,
                 "fp8_TFLOPs": 2 * m * n * k / t8 / 1e9,
+                "w8a8_ms": t88,
+                "w8a8_speedup": t16 / t88,
+                "w8a8_TFLOPs": 2 * m * n * k / t88 / 1e9,
                 "int4_ms": t4,
                 "int4_speedup": t16 / t4,
                 "int4_GBps": moved4 / t4 / 1e6,
@@ -81,7 +92,7 @@ def main() -> None:
             rows.append(row)
             print(
                 f"{name:8} {m:5d} {t16:9.4f} {t8:9.4f} {t16 / t8:5.2f} {row['fp8_GBps']:6.0f} {row['fp8_TFLOPs']:8.1f} "
-                f"{t4:9.4f} {t16 / t4:5.2f} {row['int4_GBps']:6.0f}"
+                f"{t4:9.4f} {t16 / t4:5.2f} {row['int4_GBps']:6.0f} {t88:9.4f} {t16 / t88:5.2f}"
             )
     with open(args.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

@@ -148,7 +148,7 @@ def build_model(
     if scheme is not None and not cls.supports_quantization:
         raise CheckpointError(
             f"config.json: architecture '{archs[0]}' does not support quantized weights ({scheme.format}) yet; "
-            "dense Llama / Mistral / Qwen2 / Qwen3 decoders do"
+            "dense Llama / Mistral / Qwen2 / Qwen3 decoders and Qwen3-MoE / Qwen2-MoE / Mixtral do"
         )
 
     def construct() -> Model:
@@ -227,8 +227,10 @@ def _copy_part(param: nn.Parameter, part: StackedPart, source: Any, where: str, 
             )
         source = whole.reshape(part.source_shape)
     tensor = read_shard(source, part.shard)
-    _refuse_quantized_tensor(where, ckpt_name, tensor.dtype)
+    _refuse_quantized_tensor(where, ckpt_name, tensor.dtype, param.dtype)
     dest = param.data[part.index]
+    if tensor.numel() == 1 and dest.numel() == 1:  # a per-tensor scale, stored as [] or [1]
+        tensor = tensor.reshape(dest.shape)
     if tensor.shape != dest.shape:
         raise CheckpointError(
             f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, the model expects "

@@ -26,6 +26,7 @@ from framework.layers.kernels.fused_moe import fused_moe
 from framework.layers.kernels.moe_route import moe_route
 from framework.layers.parallel.context import ParallelContext
 from framework.layers.parallel.linear import SINGLE, ShardSpec, StackedPart, _divide
+from framework.layers.quantization.moe import stacked_name
 from framework.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
 from framework.models.moe_config import MoeConfig
 
@@ -40,6 +41,15 @@ class StackedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, i))
         self.shard_dims = {"gate_up_proj": 2, "down_proj": 2}  # the intermediate dimension (random weights)
         self.ctx = ctx
+        self.stacked_experts = True  # quantized checkpoints: framework.layers.quantization.moe
+        self.expert_dims = (cfg.num_experts, i, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, backend: str) -> torch.Tensor:
+        """[T, H] -> [T, H]: the experts' MLP of `x` routed to `ids` [T, top-k] with `weights` (fused kernel)."""
+        method = getattr(self, "quant_method", None)
+        if method is not None:
+            return method.apply_experts(self, x, weights, ids, backend)  # type: ignore[no-any-return]
+        return fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, backend)
 
 
 class SparseMoeBlock(nn.Module):
@@ -65,7 +75,7 @@ class SparseMoeBlock(nn.Module):
         # Qwen applies the routing weights in the model dtype, Mixtral in float32.
         weight_dtype = x.dtype if self.round_weights else torch.float32
         weights, ids = moe_route(self.gate(x), self.top_k, self.normalize, weight_dtype, self.kernel_backend)
-        out = fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, self.kernel_backend)
+        out = self.experts(x, weights, ids, self.kernel_backend)
         if self.ctx.tp_size > 1:
             out = self.ctx.tp_all_reduce(out)  # each rank summed its slice of every expert's intermediate dim
         if self.shared_expert is not None:
@@ -100,7 +110,10 @@ def _make_moe_layer(cfg: MoeConfig, ctx: ParallelContext, layer: int) -> nn.Modu
 #   per expert      model.layers.{L}.{mlp|block_sparse_moe}.experts.{e}.{gate_proj|up_proj|down_proj|w1|w3|w2}.weight
 #   fused (HF v5)   model.layers.{L}.mlp.experts.gate_up_proj [E, 2I, H] (gate rows first), ...experts.down_proj
 #   router          model.layers.{L}.{mlp|block_sparse_moe}.gate.weight
-_EXPERT_TENSOR = re.compile(r"^(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
+_EXPERT_TENSOR = re.compile(
+    r"^(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\."
+    r"(weight|weight_scale_inv|weight_scale|input_scale|weight_packed|weight_shape|qweight|qzeros|scales|g_idx)$"
+)
 _FUSED_GATE_UP = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.gate_up_proj$")
 _MIXTRAL_ROUTER = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.gate\.weight$")
 # projection -> (stacked parameter, index after the expert's, dim of the checkpoint tensor that tp splits)
@@ -118,7 +131,7 @@ class MoeForCausalLM(LlamaForCausalLM):
     """Qwen3-MoE / Qwen2-MoE / Mixtral causal LM over the paged KV cache (interface of `LlamaForCausalLM`)."""
 
     config_cls = MoeConfig
-    supports_quantization = False  # the stacked experts have no quantized layout yet
+    supports_quantization = True
     make_layer = staticmethod(_make_moe_layer)
 
     def _stacked(self, name: str) -> Optional[nn.Parameter]:
@@ -154,7 +167,7 @@ class MoeForCausalLM(LlamaForCausalLM):
             return None
         expert = int(match.group(2))
         param, index, dim = _PROJECTIONS[match.group(3)]
-        param_name = f"{match.group(1)}.mlp.experts.{param}"
+        param_name = f"{match.group(1)}.mlp.experts.{stacked_name(param, match.group(4))}"
         stacked = self._stacked(param_name)
         if stacked is None or expert >= stacked.shape[0]:
             return None

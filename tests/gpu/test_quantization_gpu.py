@@ -6,7 +6,8 @@ the reference (dequantize in float32, matmul, round once) differ by summation or
 step of each value (or of the mean magnitude), at M = 1 (decode) to 2048 (prefill), block and per-channel scales.
 W4A16 likewise (the zero-shifted 4-bit values are exact in bf16). Engine claim: a tiny quantized
 checkpoint (FP8 block, per-channel, GPTQ act-order, AWQ) in float32 on the GPU gives HF's greedy tokens on the
-dequantized model.
+dequantized model. Quantized MoE: the fused MoE kernels over FP8 block and INT4 experts at the Qwen3-30B-A3B
+geometry against their reference, and tiny quantized Qwen3-MoE checkpoints in an engine against HF.
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_quantization_gpu.py` (well under a minute on an H100).
 """
 
@@ -27,11 +28,22 @@ from helpers.hf_models import hf_greedy, random_prompts  # noqa: E402
 from helpers.quant_checkpoints import write_quantized  # noqa: E402
 
 from framework.entrypoints.llm import LLM  # noqa: E402
+from framework.layers.kernels.fused_moe_quant import (  # noqa: E402
+    QuantExperts,
+    fused_moe_quant_reference,
+    fused_moe_quant_triton,
+)
 from framework.layers.quantization.fp8 import quantize_fp8_per_channel  # noqa: E402
 from framework.layers.quantization.triton_w4a16 import (  # noqa: E402
     pack_rows,
     w4a16_linear_reference,
     w4a16_linear_triton,
+)
+from framework.layers.quantization.triton_w8a8 import (  # noqa: E402
+    quantize_fp8_groups,
+    quantize_fp8_groups_reference,
+    w8a8_linear_reference,
+    w8a8_linear_triton,
 )
 from framework.layers.quantization.triton_w8a16 import w8a16_linear_reference, w8a16_linear_triton  # noqa: E402
 from framework.params.sampling_params import SamplingParams  # noqa: E402
@@ -91,3 +103,108 @@ def test_engine_matches_hf_on_the_gpu(fmt: str, tmp_path: Path) -> None:
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         assert list(out.token_ids) == hf_greedy(ref, prompt, 12)
+
+
+# Qwen3-30B-A3B experts: E = 128, top-8, H = 2048, I = 768 (FP8 block 128 x 128; INT4 group 128).
+MOE_E, MOE_K, MOE_H, MOE_I = 128, 8, 2048, 768
+
+
+def _moe_experts(kind: str) -> QuantExperts:
+    g = torch.Generator(device="cuda").manual_seed(7)
+    e, h, i = MOE_E, MOE_H, MOE_I
+    if kind == "fp8":
+        w1 = (torch.randn((e, 2, i, h), device="cuda", generator=g) * 64).to(torch.float8_e4m3fn)
+        w2 = (torch.randn((e, h, i), device="cuda", generator=g) * 64).to(torch.float8_e4m3fn)
+        s1 = torch.rand((e, 2, i // 128, h // 128), device="cuda", generator=g) * 2e-4 + 1e-4
+        s2 = torch.rand((e, h // 128, i // 128), device="cuda", generator=g) * 2e-4 + 1e-4
+        return QuantExperts("fp8", w1, w2, s1, s2, (128, 128), (128, 128))
+    words = lambda *s: torch.randint(-(2**31), 2**31 - 1, s, device="cuda", generator=g, dtype=torch.int32)  # noqa: E731
+    scale = lambda *s: torch.rand(s, device="cuda", generator=g) * 2e-3 + 1e-3  # noqa: E731
+    zeros = lambda *s: torch.randint(0, 16, s, device="cuda", generator=g).float()  # noqa: E731
+    return QuantExperts(
+        "int4",
+        words(e, 2, i, h // 8),
+        words(e, h, i // 8),
+        scale(e, 2, i, h // 128),
+        scale(e, h, i // 128),
+        (1, 128),
+        (1, 128),
+        zeros(e, 2, i, h // 128),
+        zeros(e, h, i // 128),
+    )
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int4"])
+@pytest.mark.parametrize("m", [1, 16, 256, 2048])
+def test_quantized_moe_kernel_matches_reference_at_30b_a3b_shapes(kind: str, m: int) -> None:
+    """The fused MoE kernels over FP8 block / INT4 experts against the dequantize-then-MoE reference, decode to
+    prefill row counts (every launch configuration)."""
+    experts = _moe_experts(kind)
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn((m, MOE_H), device="cuda", generator=g).bfloat16()
+    weights, ids = torch.softmax(torch.randn((m, MOE_E), device="cuda", generator=g), -1).topk(MOE_K, dim=-1)
+    out = fused_moe_quant_triton(x, experts, weights, ids)
+    ref = fused_moe_quant_reference(x, experts, weights, ids)
+    ulp = 2**-6  # one bf16 rounding of the intermediates (gate, up, act) either way
+    torch.testing.assert_close(out, ref, rtol=ulp, atol=ulp * ref.float().abs().mean().item())
+
+
+@pytest.mark.parametrize("fmt", ["fp8-block", "gptq", "ct-w4a16"])
+def test_quantized_moe_engine_matches_hf_on_the_gpu(fmt: str, tmp_path: Path) -> None:
+    """A tiny quantized Qwen3-MoE checkpoint (per-expert tensors) through the engine (kernels, CUDA graphs)."""
+    from helpers.hf_models import TinySpec
+
+    spec = TinySpec(
+        "qwen3moe-quant",
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "tie_word_embeddings": True,
+            "use_sliding_window": False,
+            "initializer_range": 0.1,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": True,
+        },
+        seed=21,
+    )
+    ref = write_quantized(fmt, tmp_path, spec)
+    llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=64, seed=0)
+    prompts = random_prompts(4, 4, 20, seed=5)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert list(out.token_ids) == hf_greedy(ref, prompt, 12)
+
+
+@pytest.mark.parametrize("group", [128, 4096])
+def test_activation_quantization_kernel_is_exact(group: int) -> None:
+    """Per token-group (block FP8) and per token (K = 4096): scales and e4m3 values equal the reference's."""
+    x = torch.randn((333, 4096), device="cuda").bfloat16() * 3
+    q, s = quantize_fp8_groups(x, group, use_kernel=True)
+    q_ref, s_ref = quantize_fp8_groups_reference(x, group)
+    assert torch.equal(s, s_ref) and torch.equal(q.float(), q_ref.float())
+
+
+@pytest.mark.parametrize("layout", ["block", "channel"])
+@pytest.mark.parametrize("proj", list(SHAPES))
+@pytest.mark.parametrize("m", [128, 2048])
+def test_w8a8_kernel_matches_reference_at_8b_shapes(layout: str, proj: str, m: int) -> None:
+    """The FP8 x FP8 GEMM against dequantize-both-then-matmul; Hopper's FP8 MMA accumulates with fewer mantissa
+    bits per chunk than float32, hence a tolerance of a few bf16 steps."""
+    n, k = SHAPES[proj]
+    g = torch.Generator(device="cuda").manual_seed(n + k + m)
+    w = torch.randn((n, k), device="cuda", generator=g) * k**-0.5
+    weight, scale = _block_quantize(w) if layout == "block" else quantize_fp8_per_channel(w)
+    groups = (128, 128) if layout == "block" else (1, k)
+    group_x = 128 if layout == "block" else k
+    xq, sx = quantize_fp8_groups_reference(torch.randn((m, k), device="cuda", generator=g), group_x)
+    out = w8a8_linear_triton(xq, sx, group_x, weight, scale.contiguous(), *groups, torch.bfloat16)
+    ref = w8a8_linear_reference(xq, sx, group_x, weight, scale, *groups, torch.bfloat16)
+    ulp = 2**-6
+    torch.testing.assert_close(out, ref, rtol=ulp, atol=ulp * ref.float().abs().mean().item())

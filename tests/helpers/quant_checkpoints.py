@@ -250,6 +250,60 @@ def _config(fmt: str) -> dict[str, Any]:
     }
 
 
+def quantize_linear(
+    fmt: str, layer: str, value: torch.Tensor, seed: int
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The checkpoint tensors of linear layer `layer` (weight `value` [N, K]) in `fmt`, and its dequantized weight."""
+    if fmt in ("gptq", "gptq-act-asym", "awq", "ct-w4a16"):
+        return _int4_tensors(fmt, layer, value, seed)
+    tensors: dict[str, torch.Tensor] = {}
+    if fmt == "fp8-block":
+        weight, scale = quantize_block(value)
+        tensors[f"{layer}.weight_scale_inv"] = scale
+        dequant = (
+            weight.float()
+            * scale.repeat_interleave(128, 0)[: value.shape[0]].repeat_interleave(128, 1)[:, : value.shape[1]]
+        )
+    elif fmt == "ct-channel":
+        weight, scale = quantize_rows(value, torch.bfloat16)
+        tensors[f"{layer}.weight_scale"] = scale
+        dequant = weight.float() * scale.float()
+    elif fmt == "ct-tensor":
+        weight, scale = quantize_tensor(value, torch.float32)
+        tensors[f"{layer}.weight_scale"] = scale
+        tensors[f"{layer}.input_scale"] = torch.tensor([0.05], dtype=torch.float32)
+        dequant = weight.float() * scale.float()
+    else:
+        raise ValueError(fmt)
+    tensors[f"{layer}.weight"] = weight
+    return tensors, dequant
+
+
+EXPERT_SUFFIXES = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # HF v5's fused MoE experts
+
+
+def _quantize_experts(fmt: str, model: torch.nn.Module, name: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    """HF v5's fused experts tensor `name` ([E, 2I, H] gate rows first, or [E, H, I]) written as the per-expert
+    quantized tensors of public MoE checkpoints (`experts.{e}.gate_proj.weight`, `...weight_scale_inv`, ...); the
+    fused parameter of `model` gets the dequantized values."""
+    layers = name.removesuffix("gate_up_proj").removesuffix("down_proj")
+    tensors: dict[str, torch.Tensor] = {}
+    dequant = torch.empty_like(value)
+    for e in range(value.shape[0]):
+        if name.endswith("gate_up_proj"):
+            i = value.shape[1] // 2
+            parts = [("gate_proj", slice(0, i)), ("up_proj", slice(i, 2 * i))]
+        else:
+            parts = [("down_proj", slice(0, value.shape[1]))]
+        for proj, rows in parts:
+            quantized, dq = quantize_linear(fmt, f"{layers}{e}.{proj}", value[e, rows], seed=e * 3 + len(tensors))
+            tensors.update(quantized)
+            dequant[e, rows] = dq
+    with torch.no_grad():
+        model.get_parameter(name).copy_(dequant)
+    return tensors
+
+
 def write_quantized(fmt: str, path: Path, spec: TinySpec = QUANT_SPEC, keep: tuple[str, ...] = ()) -> torch.nn.Module:
     """Write the `fmt` checkpoint of `spec` under `path` and return the HF model holding the dequantized weights.
     `keep`: substrings of layer names left unquantized (added to `modules_to_not_convert` / `ignore`)."""
@@ -259,36 +313,16 @@ def write_quantized(fmt: str, path: Path, spec: TinySpec = QUANT_SPEC, keep: tup
     if spec.config_kwargs.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
     for name, value in state.items():
+        if name.endswith(EXPERT_SUFFIXES):
+            tensors.update(_quantize_experts(fmt, model, name, value))
+            continue
         layer = name.removesuffix(".weight")
         quantize = name.endswith(".weight") and layer.endswith(LINEAR_SUFFIXES) and not any(k in layer for k in keep)
         if not quantize:
             tensors[name] = value.contiguous()
             continue
-        if fmt in ("gptq", "gptq-act-asym", "awq", "ct-w4a16"):
-            int4, dequant = _int4_tensors(fmt, layer, value, seed=len(tensors))
-            tensors.update(int4)
-            with torch.no_grad():
-                model.get_parameter(name).copy_(dequant)
-            continue
-        if fmt == "fp8-block":
-            weight, scale = quantize_block(value)
-            tensors[f"{layer}.weight_scale_inv"] = scale
-            dequant = (
-                weight.float()
-                * scale.repeat_interleave(128, 0)[: value.shape[0]].repeat_interleave(128, 1)[:, : value.shape[1]]
-            )
-        elif fmt == "ct-channel":
-            weight, scale = quantize_rows(value, torch.bfloat16)
-            tensors[f"{layer}.weight_scale"] = scale
-            dequant = weight.float() * scale.float()
-        elif fmt == "ct-tensor":
-            weight, scale = quantize_tensor(value, torch.float32)
-            tensors[f"{layer}.weight_scale"] = scale
-            tensors[f"{layer}.input_scale"] = torch.tensor([0.05], dtype=torch.float32)
-            dequant = weight.float() * scale.float()
-        else:
-            raise ValueError(fmt)
-        tensors[name] = weight
+        quantized, dequant = quantize_linear(fmt, layer, value, seed=len(tensors))
+        tensors.update(quantized)
         with torch.no_grad():
             model.get_parameter(name).copy_(dequant)
     path.mkdir(parents=True, exist_ok=True)

@@ -14,63 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.hf_models import hf_greedy, hf_logits, random_prompts
+from helpers.hf_models import hf_greedy, random_prompts
 from helpers.quant_checkpoints import FP8_MAX, QUANT_SPEC, write_plain, write_quantized
+from helpers.quant_parity import LOGITS_ATOL, LOGITS_RTOL, MAX_TOKENS, PROMPTS
+from helpers.quant_parity import assert_matches_hf as _assert_matches_hf
+from helpers.quant_parity import hf_from_plain as _hf_from_plain
+from helpers.quant_parity import mrv2_run as _mrv2_run
 
 from framework.entrypoints.llm import LLM
 from framework.layers.quantization import is_quantized
 from framework.params.sampling_params import SamplingParams
-
-MAX_TOKENS = 8
-PROMPTS = random_prompts(2, 4, 16, seed=99)
-LOGITS_ATOL = 1e-4
-LOGITS_RTOL = 1e-5
-
-
-def _hf_from_plain(model: torch.nn.Module, path: Path) -> torch.nn.Module:
-    """HF's Qwen3ForCausalLM read back from a plain checkpoint of `model`'s (dequantized) weights."""
-    import transformers
-
-    write_plain(model, path)
-    ref = transformers.Qwen3ForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-    ref.config._attn_implementation = "eager"
-    ref.generation_config.eos_token_id = None
-    ref.generation_config.pad_token_id = None
-    return ref
-
-
-def _mrv2_run(path: Path, **kwargs) -> tuple[list[list[int]], list[list[torch.Tensor]], LLM]:  # type: ignore[no-untyped-def]
-    """Greedy tokens and the logits rows of each prompt (run one prompt at a time: row j predicts token j)."""
-    llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=64, seed=0, **kwargs)
-    model = llm.engine.runner.model
-    rows: list[torch.Tensor] = []
-    compute_logits = model.compute_logits
-
-    def recording(hidden: torch.Tensor) -> torch.Tensor:
-        logits = compute_logits(hidden)
-        rows.extend(r.detach().clone() for r in logits)
-        return logits
-
-    model.compute_logits = recording  # type: ignore[method-assign]
-    tokens, logits = [], []
-    for prompt in PROMPTS:
-        rows.clear()
-        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))[0]
-        tokens.append(list(out.token_ids))
-        logits.append(list(rows))
-    return tokens, logits, llm
-
-
-def _assert_matches_hf(path: Path, ref: torch.nn.Module, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
-    tokens, logits, llm = _mrv2_run(path, **kwargs)
-    for prompt, got, rows in zip(PROMPTS, tokens, logits):
-        expected = hf_greedy(ref, prompt, MAX_TOKENS)
-        assert got == expected
-        full = hf_logits(ref, prompt + got)
-        assert len(rows) == MAX_TOKENS
-        for j, row in enumerate(rows):
-            torch.testing.assert_close(row.float(), full[len(prompt) - 1 + j], atol=LOGITS_ATOL, rtol=LOGITS_RTOL)
-    return llm
 
 
 @pytest.mark.parametrize("fmt", ["fp8-block", "ct-channel", "ct-tensor", "gptq", "gptq-act-asym", "awq", "ct-w4a16"])

@@ -105,13 +105,13 @@ def test_online_fp8_of_a_quantized_checkpoint_is_refused(fp8_dir) -> None:  # ty
         LLM(str(fp8_dir), device="cpu", quantization="fp8")
 
 
-def test_quantized_moe_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_quantized_unsupported_architecture_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
     config = {
-        "architectures": ["Qwen3MoeForCausalLM"],
+        "architectures": ["Qwen3NextForCausalLM"],
         "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"'Qwen3MoeForCausalLM' does not support quantized weights \(fp8\)"):
+    with pytest.raises(CheckpointError, match=r"'Qwen3NextForCausalLM' does not support quantized weights \(fp8\)"):
         build_model(config, torch.float32, CPU)
 
 

@@ -23,7 +23,7 @@ Expert weights are stacked per projection: `gate_up [E, 2, I, H]` (gate = [:, 0]
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -64,11 +64,61 @@ def moe_launch_config(num_rows: int, num_experts: int) -> MoeLaunchConfig:
     return MoeLaunchConfig(64, 128, 64, 8, 3)
 
 
+@triton.jit
+def _expert_weight_tile(w_ptr, base, rows, ks, K: tl.constexpr, mask, QUANT: tl.constexpr):
+    """[BLOCK_K, BLOCK_N] raw values of W[rows, ks]^T for one expert matrix of K inputs per row starting at `base`
+    (elements; int4: int32 words of eight consecutive inputs, nibble j = input 8c + j)."""
+    if QUANT == 2:
+        packed = tl.load(w_ptr + base + rows[None, :] * (K // 8) + (ks // 8)[:, None], mask=mask, other=0)
+        return (packed >> ((ks % 8) * 4)[:, None]) & 0xF
+    else:
+        return tl.load(w_ptr + base + rows[None, :] * K + ks[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
+def _dot_expert_tile(
+    acc,  # [BLOCK_M, BLOCK_N] float32
+    a,  # [BLOCK_M, BLOCK_K] activations
+    w,  # [BLOCK_K, BLOCK_N] raw weight values (`_expert_weight_tile`)
+    s_ptr,  # scale grid of the expert matrix, [SCALE_ROWS, SCALE_COLS] float32 at `scale_base`
+    z_ptr,  # zero points, same layout (int4 only)
+    scale_base,
+    rows,  # [BLOCK_N] output rows of the tile
+    row_mask,
+    k0,  # first input of the chunk; the chunk lies inside one input group (BLOCK_K divides GROUP_K)
+    QUANT: tl.constexpr,  # 0: 16/32-bit weights, 1: FP8 e4m3, 2: 4-bit ints with zero points
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """acc + a @ dequantize(w): the chunk's FP8 values or (q - zero) widen exactly to the activation dtype, one
+    tensor-core product, then each output row's group scale multiplies the partial sums."""
+    if QUANT == 0:
+        if UPCAST:
+            a, w = a.to(tl.float32), w.to(tl.float32)
+        return tl.dot(a, w, acc, input_precision=PRECISION)
+    else:
+        offs = scale_base + (rows // GROUP_N) * SCALE_COLS + k0 // GROUP_K
+        scale = tl.load(s_ptr + offs, mask=row_mask, other=0.0)
+        wf = w.to(tl.float32)
+        if QUANT == 2:
+            wf = wf - tl.load(z_ptr + offs, mask=row_mask, other=0.0)[None, :]  # |q - z| <= 16: exact below
+        if UPCAST:
+            a = a.to(tl.float32)
+        else:
+            wf = wf.to(a.dtype)
+        return acc + tl.dot(a, wf, input_precision=PRECISION) * scale[None, :]
+
+
 # The row count changes every step: not specialised, so CUDA-graph capture at many sizes compiles one variant.
 @triton.jit(do_not_specialize=["num_rows"])
 def _moe_gate_up_kernel(
     x_ptr,  # [M, H] activations, row stride stride_xm, last dim contiguous
-    w_ptr,  # [E, 2, I, H] stacked gate/up weights, contiguous
+    w_ptr,  # [E, 2, I, H] stacked gate/up weights, contiguous (int4: [E, 2, I, H // 8] int32)
+    s_ptr,  # QUANT: [E, 2, SCALE_ROWS, SCALE_COLS] float32 scales (else unused)
+    z_ptr,  # QUANT == 2: zero points, the scales' layout (else unused)
     act_ptr,  # [M * K, I] out: silu(gate) * up per (token, choice) row, contiguous
     sorted_rows_ptr,  # [P] int32 rows grouped by expert; num_rows marks padding
     block_expert_ptr,  # [P // BLOCK_M] int32
@@ -78,6 +128,11 @@ def _moe_gate_up_kernel(
     H: tl.constexpr,
     I: tl.constexpr,
     TOP_K: tl.constexpr,
+    QUANT: tl.constexpr,  # see _dot_expert_tile
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -95,7 +150,9 @@ def _moe_gate_up_kernel(
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < I
-    gate_ptrs = w_ptr + expert * (2 * I * H) + cols[None, :] * H  # [1, BLOCK_N]; + k below: W^T tiles
+    matrix = I * H // 8 if QUANT == 2 else I * H  # elements of one expert's gate (or up) matrix
+    gate_base = expert * (2 * matrix)
+    gate_scales = expert * (2 * SCALE_ROWS * SCALE_COLS)
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -103,12 +160,17 @@ def _moe_gate_up_kernel(
         k_mask = ks < H
         a = tl.load(x_ptr + tokens[:, None] * stride_xm + ks[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         w_mask = k_mask[:, None] & col_mask[None, :]
-        w_gate = tl.load(gate_ptrs + ks[:, None], mask=w_mask, other=0.0)  # [BLOCK_K, BLOCK_N]
-        w_up = tl.load(gate_ptrs + I * H + ks[:, None], mask=w_mask, other=0.0)
-        if UPCAST:
-            a, w_gate, w_up = a.to(tl.float32), w_gate.to(tl.float32), w_up.to(tl.float32)
-        acc_gate = tl.dot(a, w_gate, acc_gate, input_precision=PRECISION)
-        acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
+        w_gate = _expert_weight_tile(w_ptr, gate_base, cols, ks, H, w_mask, QUANT)
+        w_up = _expert_weight_tile(w_ptr, gate_base + matrix, cols, ks, H, w_mask, QUANT)
+        acc_gate = _dot_expert_tile(
+            acc_gate, a, w_gate, s_ptr, z_ptr, gate_scales, cols, col_mask, k0,
+            QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
+        )  # fmt: skip
+        up_scales = gate_scales + SCALE_ROWS * SCALE_COLS
+        acc_up = _dot_expert_tile(
+            acc_up, a, w_up, s_ptr, z_ptr, up_scales, cols, col_mask, k0,
+            QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
+        )  # fmt: skip
     # Round as the reference does: both projections, then silu(gate), then the product.
     gate = round_to_dtype(acc_gate, dtype)
     silu = round_to_dtype(gate / (1.0 + tl.exp(-gate)), dtype)
@@ -120,7 +182,9 @@ def _moe_gate_up_kernel(
 @triton.jit(do_not_specialize=["num_rows"])
 def _moe_down_kernel(
     act_ptr,  # [M * K, I] contiguous
-    w_ptr,  # [E, H, I] stacked down weights, contiguous
+    w_ptr,  # [E, H, I] stacked down weights, contiguous (int4: [E, H, I // 8] int32)
+    s_ptr,  # QUANT: [E, SCALE_ROWS, SCALE_COLS] float32 scales (else unused)
+    z_ptr,  # QUANT == 2: zero points, the scales' layout (else unused)
     topk_weights_ptr,  # [M * K] routing weight of each row (any float dtype)
     out_ptr,  # [M * K, H] out: weight * down(act), contiguous
     sorted_rows_ptr,  # [P] int32
@@ -129,6 +193,11 @@ def _moe_down_kernel(
     num_rows,  # M * K
     H: tl.constexpr,
     I: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -146,16 +215,18 @@ def _moe_down_kernel(
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < H
-    w_ptrs = w_ptr + expert * (H * I) + cols[None, :] * I
+    base = expert * (H * I // 8 if QUANT == 2 else H * I)
+    scales = expert * (SCALE_ROWS * SCALE_COLS)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < I
         a = tl.load(act_ptr + safe_rows[:, None] * I + ks[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_ptrs + ks[:, None], mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-        if UPCAST:
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        w = _expert_weight_tile(w_ptr, base, cols, ks, I, k_mask[:, None] & col_mask[None, :], QUANT)
+        acc = _dot_expert_tile(
+            acc, a, w, s_ptr, z_ptr, scales, cols, col_mask, k0,
+            QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
+        )  # fmt: skip
     weight = tl.load(topk_weights_ptr + safe_rows, mask=valid, other=0.0).to(tl.float32)
     y = round_to_dtype(round_to_dtype(acc, dtype) * weight[:, None], dtype)
     tl.store(out_ptr + safe_rows[:, None] * H + cols[None, :], y.to(dtype), mask=valid[:, None] & col_mask[None, :])
@@ -233,6 +304,48 @@ def fused_moe_triton(
     if num_rows == 0:
         return x.new_zeros(m, h)
     cfg = config or moe_launch_config(num_rows, e)
+    return launch_moe_kernels(x, gate_up, down, topk_weights, topk_ids, cfg, NO_QUANT, NO_QUANT)
+
+
+class ProjectionQuant(NamedTuple):
+    """How one stacked projection's weights reach the kernels: `code` 0 (x's dtype), 1 (FP8 e4m3 with a float32
+    scale per `group_n x group_k` tile: `scale [E, (2,) ceil(N / group_n), ceil(K / group_k)]`) or 2 (int32 words of
+    eight 4-bit values along K, `scale` and `zeros` `[E, (2,) N, K / group_k]`, group_n 1)."""
+
+    code: int
+    scale: Optional[torch.Tensor]
+    zeros: Optional[torch.Tensor]
+    group_n: int
+    group_k: int
+
+
+NO_QUANT = ProjectionQuant(0, None, None, 1, 1)
+
+
+def _quant_args(weight: torch.Tensor, quant: ProjectionQuant) -> tuple[list[torch.Tensor], dict[str, int]]:
+    """The kernel's (scale, zero-point) pointers and quantization constexprs for one projection."""
+    scale = weight if quant.scale is None else quant.scale
+    zeros = scale if quant.zeros is None else quant.zeros
+    rows, cols = (1, 1) if quant.scale is None else quant.scale.shape[-2:]
+    consts = dict(QUANT=quant.code, GROUP_N=quant.group_n, GROUP_K=quant.group_k, SCALE_ROWS=rows, SCALE_COLS=cols)
+    return [scale, zeros], consts
+
+
+def launch_moe_kernels(
+    x: torch.Tensor,  # [M, H] bf16/fp16/fp32, last dim contiguous
+    gate_up: torch.Tensor,  # [E, 2, I, H] (int4: [E, 2, I, H // 8] int32), contiguous
+    down: torch.Tensor,  # [E, H, I] (int4: [E, H, I // 8] int32), contiguous
+    topk_weights: torch.Tensor,  # [M, K] routing weights
+    topk_ids: torch.Tensor,  # [M, K] int32/int64 expert ids in [0, E)
+    cfg: MoeLaunchConfig,  # BLOCK_K must lie inside one input group of each quantized projection
+    gate_up_quant: ProjectionQuant,
+    down_quant: ProjectionQuant,
+) -> torch.Tensor:
+    """[M, H] the MoE MLP output (inputs checked by the callers); the two grouped GEMMs of the module docstring."""
+    m, h = x.shape
+    e, _, i = gate_up.shape[:3]
+    k = topk_ids.shape[1]
+    num_rows = m * k
     align = moe_align(topk_ids, e, cfg.block_m)
     num_blocks = align.block_expert.shape[0]
     tiles = dict(
@@ -245,34 +358,16 @@ def fused_moe_triton(
         num_stages=cfg.num_stages,
     )
     act = torch.empty(num_rows, i, dtype=x.dtype, device=x.device)
+    rows = (align.sorted_rows, align.block_expert, align.num_padded, num_rows)
+    ptrs, consts = _quant_args(gate_up, gate_up_quant)
     _moe_gate_up_kernel[(num_blocks, cdiv(i, cfg.block_n))](
-        x,
-        gate_up,
-        act,
-        align.sorted_rows,
-        align.block_expert,
-        align.num_padded,
-        num_rows,
-        x.stride(0),
-        H=h,
-        I=i,
-        TOP_K=k,
-        **tiles,
+        x, gate_up, *ptrs, act, *rows, x.stride(0), H=h, I=i, TOP_K=k, **consts, **tiles
     )
     per_choice = torch.empty(num_rows, h, dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)  # the kernel widens them to float32 (no extra launch)
+    ptrs, consts = _quant_args(down, down_quant)
     _moe_down_kernel[(num_blocks, cdiv(h, cfg.block_n))](
-        act,
-        down,
-        weights,
-        per_choice,
-        align.sorted_rows,
-        align.block_expert,
-        align.num_padded,
-        num_rows,
-        H=h,
-        I=i,
-        **tiles,
+        act, down, *ptrs, weights, per_choice, *rows, H=h, I=i, **consts, **tiles
     )
     return per_choice.view(m, k, h).sum(1)  # accumulates in float32, rounds once (as the reference)
 

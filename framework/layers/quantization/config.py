@@ -118,7 +118,7 @@ def _hf_fp8(quant: dict[str, Any]) -> QuantScheme:
     if quant.get("activation_scheme", "dynamic") != "dynamic":
         raise _refuse(f"'fp8' (activation_scheme {quant['activation_scheme']})")
     keep = list(quant.get("modules_to_not_convert") or [])
-    method = Fp8LinearMethod("fp8-block", "weight_scale_inv", (block[0], block[1]))
+    method = Fp8LinearMethod("fp8-block", "weight_scale_inv", (block[0], block[1]), activation="group")
     return QuantScheme("fp8", [(_every_layer, method)], _names_matcher(keep, substring=True))
 
 
@@ -155,7 +155,7 @@ def _ct_method(group_name: str, scheme: dict[str, Any], fmt: str) -> QuantMethod
         block = weights.get("block_structure")
         if not (isinstance(block, list) and len(block) == 2 and block[1] % 16 == 0):
             raise _refuse(f"{what} (block_structure {block!r})")
-        return Fp8LinearMethod("fp8-block", "weight_scale", (int(block[0]), int(block[1])), static_inputs)
+        return Fp8LinearMethod("fp8-block", "weight_scale", (int(block[0]), int(block[1])), static_inputs, "group")
     raise _refuse(f"{what} (weight strategy {strategy!r})")
 
 

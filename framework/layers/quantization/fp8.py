@@ -10,13 +10,16 @@ layouts differ only in the scale tensor's checkpoint name and shape, and in how 
     channel (c-t)      weight, weight_scale [N, 1]                              scale dim 0       whole
     tensor (c-t)       weight, weight_scale [1] (+ input_scale [1])             whole             whole
 
-("c-t": compressed-tensors; `/` rounds up.) Activations stay in the model dtype (W8A16): a checkpoint's dynamic
-per-token activation quantization and a static `input_scale` are not applied, which keeps the result that of the
-dequantized weights; the FP8 x FP8 tensor-core path for prefill is not built yet.
+("c-t": compressed-tensors; `/` rounds up.) Below `W8A8_MIN_TOKENS` tokens (decode) and on the CPU, activations
+stay in the model dtype (W8A16: the result is that of the dequantized weights). From `W8A8_MIN_TOKENS` tokens on,
+on the GPU, the activations are quantized as the checkpoint declares (per token and 128-input group for block FP8,
+per token for FP8_DYNAMIC and online FP8, the static `input_scale` for per-tensor FP8) and the FP8 x FP8 GEMM runs
+(`triton_w8a8`).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -25,11 +28,18 @@ from torch import nn
 from framework.layers.kernels.backend import triton_enabled
 from framework.layers.kernels.launch_math import cdiv
 from framework.layers.quantization.base import FP8_DTYPE, FP8_MAX, QuantizationError, QuantMethod, replace_parameter
+from framework.layers.quantization.triton_w8a8 import quantize_fp8_groups, quantize_fp8_static, w8a8_linear_triton
 from framework.layers.quantization.triton_w8a16 import (
     dequantize_fp8,
     w8a16_linear_reference,
     w8a16_linear_triton,
 )
+
+# Token count from which FP8 layers quantize their activations and run the FP8 x FP8 GEMM (`triton_w8a8`); below
+# it the W8A16 kernel (16-bit activations) runs. Decode is bound by reading the weight, which both paths read once;
+# prefill is bound by tensor-core throughput, which FP8 doubles. `benchmarks/quantization/bench_fp8_linear.py`
+# measures the crossing point.
+W8A8_MIN_TOKENS = 128
 
 
 def _split_dims(layer: nn.Module) -> tuple[int, int]:
@@ -44,12 +54,22 @@ class Fp8LinearMethod(QuantMethod):
     whole dimension (per-channel: (1, None); per-tensor: (None, None); block: (128, 128))."""
 
     def __init__(
-        self, name: str, scale_name: str, group: tuple[Optional[int], Optional[int]], input_scale: bool = False
+        self,
+        name: str,
+        scale_name: str,
+        group: tuple[Optional[int], Optional[int]],
+        input_scale: bool = False,
+        activation: str = "token",
+        w8a8_min_tokens: int = W8A8_MIN_TOKENS,
     ) -> None:
         self.name = name  # type: ignore[misc]
         self.scale_name = scale_name
         self.group = group
         self.input_scale = input_scale
+        # How the checkpoint quantizes activations: "group" (per token, groups of group_k inputs: block FP8),
+        # "token" (FP8_DYNAMIC, online FP8) or "static" (the checkpoint's input_scale).
+        self.activation = "static" if input_scale else activation
+        self.w8a8_min_tokens = w8a8_min_tokens
 
     def groups(self, layer: nn.Linear) -> tuple[int, int]:
         """(group_n, group_k) of this rank's weight."""
@@ -100,11 +120,29 @@ class Fp8LinearMethod(QuantMethod):
     def apply(self, layer: nn.Linear, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         group_n, group_k = self.groups(layer)
         flat = x.reshape(-1, x.shape[-1])
-        if triton_enabled(x.device, x, backend=getattr(layer, "kernel_backend", "auto")) and flat.stride(-1) == 1:
+        kernels = triton_enabled(x.device, x, backend=getattr(layer, "kernel_backend", "auto")) and flat.stride(-1) == 1
+        if kernels and flat.shape[0] >= self.w8a8_min_tokens:
+            y = self.apply_w8a8(layer, flat, bias)
+        elif kernels:
             y = w8a16_linear_triton(flat, layer.weight, self.scale_grid(layer), group_n, group_k, bias)
         else:
             y = w8a16_linear_reference(flat, layer.weight, self.scale_grid(layer), group_n, group_k, bias)
         return y.view(*x.shape[:-1], y.shape[-1])
+
+    def quantize_input(self, layer: nn.Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """x [M, K] -> (e4m3 [M, K], float32 scales [M or 1, K / group], group) as the checkpoint declares."""
+        k = x.shape[-1]
+        if self.activation == "static":
+            return (*quantize_fp8_static(x, layer.input_scale), k)
+        group = self.groups(layer)[1] if self.activation == "group" else k
+        return (*quantize_fp8_groups(x, group, use_kernel=x.is_cuda), group)
+
+    def apply_w8a8(self, layer: nn.Linear, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """[M, K] -> [M, N]: the activations quantized to FP8 (`quantize_input`), then the FP8 x FP8 GEMM."""
+        xq, sx, group_x = self.quantize_input(layer, x)
+        upcast = os.environ.get("TRITON_INTERPRET") == "1"  # numpy has no FP8 product
+        args = (xq, sx, group_x, layer.weight, self.scale_grid(layer), *self.groups(layer), x.dtype, bias)
+        return w8a8_linear_triton(*args, upcast=upcast)
 
     def dequantized_weight(self, layer: nn.Linear) -> torch.Tensor:
         return dequantize_fp8(layer.weight, self.scale_grid(layer), *self.groups(layer))

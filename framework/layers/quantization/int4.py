@@ -48,6 +48,29 @@ def unpack_int4(packed: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(r
     return stacked.reshape(shape)
 
 
+def int4_tensor_shapes(layout: str, n: int, k: int, g: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The checkpoint tensors (name -> shape, dtype) of one [N, K] layer in `layout` with group size `g`."""
+    groups = k // g
+    if layout == "gptq":
+        return {
+            "qweight": ((k // 8, n), torch.int32),
+            "qzeros": ((groups, n // 8), torch.int32),
+            "scales": ((groups, n), torch.float32),
+            "g_idx": ((k,), torch.int32),
+        }
+    if layout == "awq":
+        return {
+            "qweight": ((k, n // 8), torch.int32),
+            "qzeros": ((groups, n // 8), torch.int32),
+            "scales": ((groups, n), torch.float32),
+        }
+    return {
+        "weight_packed": ((n, k // 8), torch.int32),
+        "weight_scale": ((n, groups), torch.float32),
+        "weight_shape": ((2,), torch.int64),
+    }
+
+
 class Int4Method(QuantMethod):
     """One INT4 format (`layout`: "gptq", "awq" or "ct") with group size `group_size` (-1: the whole row)."""
 
@@ -66,25 +89,7 @@ class Int4Method(QuantMethod):
             raise QuantizationError(f"{prefix}: {self.name} needs both dimensions a multiple of 8 (N={n}, K={k})")
         if k % g:
             raise QuantizationError(f"{prefix}: group size {g} does not divide the input dimension {k}")
-        groups = k // g
-        if self.layout == "gptq":
-            return {
-                "qweight": ((k // 8, n), torch.int32),
-                "qzeros": ((groups, n // 8), torch.int32),
-                "scales": ((groups, n), torch.float32),
-                "g_idx": ((k,), torch.int32),
-            }
-        if self.layout == "awq":
-            return {
-                "qweight": ((k, n // 8), torch.int32),
-                "qzeros": ((groups, n // 8), torch.int32),
-                "scales": ((groups, n), torch.float32),
-            }
-        return {
-            "weight_packed": ((n, k // 8), torch.int32),
-            "weight_scale": ((n, groups), torch.float32),
-            "weight_shape": ((2,), torch.int64),
-        }
+        return int4_tensor_shapes(self.layout, n, k, g)
 
     def create_weights(self, layer: nn.Linear, prefix: str) -> None:
         shapes = self._shapes(layer, prefix)

@@ -9,18 +9,24 @@ from torch import nn
 from framework.layers.parallel.linear import ColumnParallelLinear, RowParallelLinear
 from framework.layers.quantization.base import QuantMethod
 from framework.layers.quantization.config import QuantScheme
+from framework.layers.quantization.moe import moe_method
 
 
 def quantize_linears(model: nn.Module, scheme: QuantScheme) -> int:
     """Give every column- / row-parallel linear layer of `model` that `scheme` quantizes its method and the
-    checkpoint's tensor layout (call on the meta-device build, before the weights are allocated); returns how many."""
+    checkpoint's tensor layout (call on the meta-device build, before the weights are allocated); returns how many.
+    A stacked-experts module (`stacked_experts = True`: `gate_up_proj [E, 2, I, H]`, `down_proj [E, H, I]`) takes
+    the experts' variant of the method its first expert's `gate_proj` would get (`layers/quantization/moe.py`)."""
     count = 0
     for prefix, module in model.named_modules():
-        if not isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+        experts = bool(getattr(module, "stacked_experts", False))
+        if not experts and not isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
             continue
-        method: Optional[QuantMethod] = scheme.method_for(prefix)
+        method: Optional[QuantMethod] = scheme.method_for(f"{prefix}.0.gate_proj" if experts else prefix)
         if method is None:
             continue
+        if experts:
+            method = moe_method(method, prefix)
         method.create_weights(module, prefix)
         module.quant_method = method
         module.kernel_backend = "auto"  # type: ignore[attr-defined]  # set_kernel_backend hands down the config's

@@ -1,0 +1,219 @@
+"""Quantized MoE experts: the checkpoint's per-expert tensors, stacked per projection, read by the fused MoE kernels.
+
+A layer's experts module (`framework.models.moe.StackedExperts`: `gate_up_proj [E, 2, I, H]`, `down_proj [E, H, I]`)
+takes the method of its experts' linear layers (the scheme's choice for `experts.0.gate_proj`), in three moments as
+a `QuantMethod`:
+
+1. `create_weights`: one stacked parameter per checkpoint tensor name and projection, filled expert by expert by the
+   loader (`experts.{e}.gate_proj.weight_scale_inv` -> `gate_up_proj_weight_scale_inv[e, 0]`, `...down_proj.qweight`
+   -> `down_proj_qweight[e]`; the weight itself keeps the names `gate_up_proj` / `down_proj`);
+2. `process_after_loading`: checks the scales and builds the kernels' `QuantExperts`
+   (`framework/layers/kernels/fused_moe_quant.py`): FP8 stays as stored (any block, channel or tensor grid), every
+   INT4 format becomes int32 words of eight inputs with float32 scales and zero points;
+3. `apply`: the fused MoE over the quantized weights.
+
+Refused by name: tensor parallelism over quantized experts, and GPTQ act-order (a permutation per expert).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from framework.layers.kernels.fused_moe_quant import QuantExperts, fused_moe_quant
+from framework.layers.quantization.base import QuantizationError, QuantMethod, replace_parameter
+from framework.layers.quantization.fp8 import Fp8LinearMethod, OnlineFp8Method, quantize_fp8_per_channel
+from framework.layers.quantization.int4 import AWQ_ORDER, Int4Method, int4_tensor_shapes, unpack_int4
+from framework.layers.quantization.triton_w4a16 import pack_rows
+
+PROJECTIONS = ("gate_up_proj", "down_proj")
+
+
+def _dims(experts: nn.Module) -> tuple[int, int, int]:
+    """(E, I, H) of this rank's experts (`expert_dims`, which outlives the 16-bit parameters)."""
+    e, i, h = experts.expert_dims
+    return int(e), int(i), int(h)
+
+
+def _lead(experts: nn.Module, proj: str) -> tuple[int, ...]:
+    """Leading dims of a stacked projection: (E, 2) for gate/up, (E,) for down."""
+    e = _dims(experts)[0]
+    return (e, 2) if proj == "gate_up_proj" else (e,)
+
+
+def _nk(experts: nn.Module, proj: str) -> tuple[int, int]:
+    """(output N, input K) of one expert's projection."""
+    _, i, h = _dims(experts)
+    return (i, h) if proj == "gate_up_proj" else (h, i)
+
+
+def stacked_name(proj: str, tensor: str) -> str:
+    """The stacked parameter that checkpoint tensor `tensor` (`weight`, `weight_scale_inv`, `qzeros`, ...) of every
+    expert's `proj` fills."""
+    return proj if tensor == "weight" else f"{proj}_{tensor}"
+
+
+class MoeQuantMethod(QuantMethod):
+    """Quantized stacked experts (module docstring); `apply` takes the routing as well."""
+
+    def _refuse_parallel(self, experts: nn.Module, prefix: str) -> None:
+        ctx = getattr(experts, "ctx", None)
+        if ctx is not None and ctx.tp_size > 1:
+            raise QuantizationError(f"{prefix}: {self.name} experts under tensor parallelism are not supported yet")
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        raise TypeError("quantized experts run through apply_experts (they need the routing)")
+
+    def apply_experts(
+        self, experts: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, backend: str
+    ) -> torch.Tensor:
+        """[T, H] -> [T, H]: the MoE MLP of `x` routed to experts `ids` with `weights` ([T, top-k])."""
+        return fused_moe_quant(x, experts.quant_experts, weights, ids, backend)
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        from framework.layers.kernels.fused_moe_quant import dequantize_experts
+
+        return dequantize_experts(layer.quant_experts)[0]
+
+
+class Fp8MoeMethod(MoeQuantMethod):
+    """FP8 e4m3 experts with the linear method's scale grid (`linear.group`, scale name, static input scales)."""
+
+    def __init__(self, linear: Fp8LinearMethod) -> None:
+        self.name = f"{linear.name}-moe"  # type: ignore[misc]
+        self.linear = linear
+
+    def _groups(self, experts: nn.Module, proj: str) -> tuple[int, int]:
+        n, k = _nk(experts, proj)
+        return self.linear.group[0] or n, self.linear.group[1] or k
+
+    def _scale_shape(self, experts: nn.Module, proj: str) -> tuple[int, ...]:
+        if self.linear.group == (None, None):
+            return (1,)
+        (n, k), (gn, gk) = _nk(experts, proj), self._groups(experts, proj)
+        return (-(-n // gn), -(-k // gk))
+
+    def create_weights(self, layer: nn.Module, prefix: str) -> None:
+        self._refuse_parallel(layer, prefix)
+        for proj in PROJECTIONS:
+            lead = _lead(layer, proj)
+            replace_parameter(layer, proj, torch.empty((*lead, *_nk(layer, proj)), dtype=torch.float8_e4m3fn))
+            scale = stacked_name(proj, self.linear.scale_name)
+            replace_parameter(layer, scale, torch.empty((*lead, *self._scale_shape(layer, proj)), dtype=torch.float32))
+            if self.linear.input_scale:  # static activation scales: read, not applied (W8A16)
+                replace_parameter(layer, stacked_name(proj, "input_scale"), torch.empty((*lead, 1)))
+
+    def process_after_loading(self, layer: nn.Module, prefix: str) -> None:
+        grids = []
+        for proj in PROJECTIONS:
+            name = stacked_name(proj, self.linear.scale_name)
+            scale = getattr(layer, name).data
+            if not bool(torch.isfinite(scale).all()) or bool((scale <= 0).any()):
+                raise QuantizationError(f"{prefix}.{name}: scales must be finite and positive")
+            grids.append(scale if scale.dim() == len(_lead(layer, proj)) + 2 else scale.unsqueeze(-1))
+        layer.quant_experts = QuantExperts(
+            "fp8",
+            layer.gate_up_proj.data,
+            layer.down_proj.data,
+            grids[0].contiguous(),
+            grids[1].contiguous(),
+            self._groups(layer, "gate_up_proj"),
+            self._groups(layer, "down_proj"),
+        )
+
+
+class OnlineFp8MoeMethod(Fp8MoeMethod):
+    """`model.quantization=fp8` on experts: the 16-bit experts load as usual, then become FP8 per output channel."""
+
+    def __init__(self) -> None:
+        super().__init__(OnlineFp8Method())
+
+    def create_weights(self, layer: nn.Module, prefix: str) -> None:
+        self._refuse_parallel(layer, prefix)
+
+    def process_after_loading(self, layer: nn.Module, prefix: str) -> None:
+        for proj in PROJECTIONS:
+            weight = getattr(layer, proj).data
+            q, scale = quantize_fp8_per_channel(weight.reshape(-1, weight.shape[-1]))
+            replace_parameter(layer, proj, q.view(weight.shape))
+            replace_parameter(layer, stacked_name(proj, "weight_scale"), scale.view(*weight.shape[:-1], 1))
+        super().process_after_loading(layer, prefix)
+
+
+def _int4_words(layout: str, t: dict[str, torch.Tensor], zero_offset: int) -> tuple[torch.Tensor, ...]:
+    """Batched checkpoint tensors [B, ...] -> (q uint8 [B, N, K], scales [B, N, K/G], zeros [B, N, K/G])."""
+    if layout == "gptq":
+        q = unpack_int4(t["qweight"], 1).transpose(1, 2)
+        zeros = unpack_int4(t["qzeros"], 2).transpose(1, 2).float() + zero_offset
+        return q, t["scales"].transpose(1, 2).float(), zeros
+    if layout == "awq":
+        q = unpack_int4(t["qweight"], 2, AWQ_ORDER).transpose(1, 2)
+        zeros = unpack_int4(t["qzeros"], 2, AWQ_ORDER).transpose(1, 2).float()
+        return q, t["scales"].transpose(1, 2).float(), zeros
+    scales = t["weight_scale"].float()
+    return unpack_int4(t["weight_packed"], 2), scales, torch.full_like(scales, 8.0)
+
+
+class Int4MoeMethod(MoeQuantMethod):
+    """4-bit experts in the linear method's layout (GPTQ, AWQ GEMM, compressed-tensors pack-quantized)."""
+
+    def __init__(self, linear: Int4Method) -> None:
+        self.name = f"{linear.name}-moe"  # type: ignore[misc]
+        self.linear = linear
+
+    def _group(self, experts: nn.Module, proj: str) -> int:
+        return _nk(experts, proj)[1] if self.linear.group_size == -1 else self.linear.group_size
+
+    def create_weights(self, layer: nn.Module, prefix: str) -> None:
+        self._refuse_parallel(layer, prefix)
+        for proj in PROJECTIONS:
+            (n, k), g = _nk(layer, proj), self._group(layer, proj)
+            if n % 8 or k % 8 or k % g or g % 16:
+                raise QuantizationError(
+                    f"{prefix}.{proj}: {self.name} needs both dimensions a multiple of 8 and a group size that is a "
+                    f"multiple of 16 dividing the input dimension (N={n}, K={k}, group {g})"
+                )
+            del layer._parameters[proj]
+            for name, (shape, dtype) in int4_tensor_shapes(self.linear.layout, n, k, g).items():
+                stacked = torch.empty((*_lead(layer, proj), *shape), dtype=dtype)
+                replace_parameter(layer, stacked_name(proj, name), stacked)
+
+    def _convert(self, layer: nn.Module, proj: str, prefix: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        (n, k), g, lead = _nk(layer, proj), self._group(layer, proj), _lead(layer, proj)
+        names = int4_tensor_shapes(self.linear.layout, n, k, g)
+        params = layer._parameters
+        tensors = {name: params.pop(stacked_name(proj, name)).data.flatten(0, len(lead) - 1) for name in names}
+        if "g_idx" in tensors:
+            in_order = torch.arange(k, device=tensors["g_idx"].device) // g
+            if not bool((tensors["g_idx"] == in_order).all()):
+                raise QuantizationError(
+                    f"{prefix}.{proj}: GPTQ act-order (g_idx not k // group_size) on experts is not supported"
+                )
+        if "weight_shape" in tensors:
+            if not bool((tensors["weight_shape"] == torch.tensor([n, k], device=tensors["weight_shape"].device)).all()):
+                raise QuantizationError(f"{prefix}.{proj}_weight_shape: expected {[n, k]} for every expert")
+        q, scales, zeros = _int4_words(self.linear.layout, tensors, self.linear.zero_offset)
+        words = pack_rows(q.reshape(-1, k).contiguous()).view(*lead, n, k // 8)
+        return words, scales.reshape(*lead, n, k // g).contiguous(), zeros.reshape(*lead, n, k // g).contiguous()
+
+    def process_after_loading(self, layer: nn.Module, prefix: str) -> None:
+        (w1, s1, z1), (w2, s2, z2) = (self._convert(layer, proj, prefix) for proj in PROJECTIONS)
+        for name, value in (("gate_up_proj", w1), ("down_proj", w2), ("gate_up_scale", s1), ("down_scale", s2)):
+            replace_parameter(layer, name, value)
+        replace_parameter(layer, "gate_up_zeros", z1)
+        replace_parameter(layer, "down_zeros", z2)
+        g1, g2 = self._group(layer, "gate_up_proj"), self._group(layer, "down_proj")
+        layer.quant_experts = QuantExperts("int4", w1, w2, s1, s2, (1, g1), (1, g2), z1, z2)
+
+
+def moe_method(linear: QuantMethod, prefix: str) -> MoeQuantMethod:
+    """The experts' method for the method their linear layers get (`prefix` names the experts in errors)."""
+    if isinstance(linear, OnlineFp8Method):
+        return OnlineFp8MoeMethod()
+    if isinstance(linear, Fp8LinearMethod):
+        return Fp8MoeMethod(linear)
+    if isinstance(linear, Int4Method):
+        return Int4MoeMethod(linear)
+    raise QuantizationError(f"{prefix}: {linear.name} has no quantized-experts layout")
