@@ -22,13 +22,14 @@ from framework.params.lora_request import LoRARequest
 from framework.params.sampling_params import SamplingParams
 
 SPEC = SPEC_BY_NAME["qwen3"]  # GQA, q/k norm, tied embeddings, head_dim * heads != hidden
-MAX_TOKENS = 12
+MAX_TOKENS = 8
 PROMPTS = random_prompts(2, 6, 30, seed=77)
 LOGPROB_ATOL = 2e-4
 
 SCENARIOS: dict[str, dict] = {
     "plain": {},
-    "chunked": {"max_num_batched_tokens": 8},
+    # 16 tokens a step: the 30-token prompts take two chunks (and share steps with other requests' decodes).
+    "chunked": {"max_num_batched_tokens": 16},
     # 12 blocks of 4 tokens hold one request of max_model_len 48: two running requests must preempt.
     "preempt": {"block_size": 4, "num_kv_blocks": 12, "max_model_len": 48},
     "prefix": {"enable_prefix_caching": True, "block_size": 4},
