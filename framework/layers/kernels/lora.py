@@ -39,13 +39,13 @@ def lora_shrink_reference(
     lora_a: torch.Tensor,  # [L, R, K]
     token_lora: torch.Tensor,  # [T] int32: adapter slot of each token, -1 = none
 ) -> torch.Tensor:  # [T, R] float32 (0 for tokens without an adapter)
-    """x @ A^T per token's adapter, accumulated in float32; one masked matmul per slot (no host sync)."""
-    out = torch.zeros(x.shape[0], lora_a.shape[1], dtype=torch.float32, device=x.device)
-    xf = x.float()
-    for slot in range(lora_a.shape[0]):
-        mine = (token_lora == slot).unsqueeze(1)
-        out = torch.where(mine, xf @ lora_a[slot].float().t(), out)
-    return out
+    """x @ A^T per token's adapter, accumulated in float32: one matmul against every slot's A stacked, then each
+    token keeps its own slot's R columns (no host sync; one GEMM instead of one per slot keeps the CPU path fast)."""
+    num_slots, rank = lora_a.shape[0], lora_a.shape[1]
+    every = (x.float() @ lora_a.float().reshape(num_slots * rank, -1).t()).view(-1, num_slots, rank)  # [T, L, R]
+    slot = token_lora.long().clamp(min=0).view(-1, 1, 1).expand(-1, 1, rank)
+    mine = torch.gather(every, 1, slot).squeeze(1)  # [T, R]
+    return torch.where((token_lora >= 0).unsqueeze(1), mine, torch.zeros_like(mine))
 
 
 def lora_expand_reference(
@@ -54,11 +54,14 @@ def lora_expand_reference(
     lora_b: torch.Tensor,  # [L, N, R]
     token_lora: torch.Tensor,  # [T] int32
 ) -> None:
-    """y[t] += xa[t] @ B^T of its adapter (float32 sum, rounded to y's dtype); rows without one unchanged."""
-    acc = torch.zeros(y.shape, dtype=torch.float32, device=y.device)
-    for slot in range(lora_b.shape[0]):
-        mine = (token_lora == slot).unsqueeze(1)
-        acc = torch.where(mine, xa @ lora_b[slot].float().t(), acc)
+    """y[t] += xa[t] @ B^T of its adapter (float32 sum, rounded to y's dtype); rows without one unchanged. Each
+    token's R values are placed in its slot's columns of a [T, L*R] matrix, then one matmul against every slot's B."""
+    num_slots, n, rank = lora_b.shape
+    placed = torch.zeros(xa.shape[0], num_slots, rank, dtype=torch.float32, device=xa.device)  # [T, L, R]
+    slot = token_lora.long().clamp(min=0).view(-1, 1, 1).expand(-1, 1, rank)
+    placed.scatter_(1, slot, xa.float().unsqueeze(1))
+    every_b = lora_b.float().permute(0, 2, 1).reshape(num_slots * rank, n)  # [L*R, N]
+    acc = placed.view(xa.shape[0], num_slots * rank) @ every_b
     has = (token_lora >= 0).unsqueeze(1)
     y.copy_(torch.where(has, (y.float() + acc).to(y.dtype), y))
 
