@@ -11,6 +11,7 @@ import json
 import jsonschema
 import numpy as np
 import pytest
+import torch
 
 from framework import SamplingParams
 from framework.params.structured_outputs import StructuredOutputsParams
@@ -33,9 +34,16 @@ BUDGET = 3
 
 @pytest.fixture(scope="module")
 def llm():  # type: ignore[no-untyped-def]
+    """One torch thread while the module runs: the tiny model's ops are too small to split, and on a busy
+    2-core machine two threads wait on each other at every op."""
     from framework import LLM
 
-    return LLM("tiny", device="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield LLM("tiny", device="cpu")
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _chat(llm, params, **kwargs):  # type: ignore[no-untyped-def]

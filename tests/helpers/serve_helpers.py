@@ -32,6 +32,9 @@ class ServerProcess:
 
     def __enter__(self) -> "ServerProcess":
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # One torch thread unless told otherwise: the tiny model's ops are too small to split, and on a busy
+        # 2-core machine two threads wait on each other at every op (a decode step goes from ms to tens of ms).
+        env.setdefault("OMP_NUM_THREADS", "1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "framework.entrypoints.cli", "serve", *self.overrides],
             cwd=REPO,
