@@ -168,8 +168,21 @@ def test_killing_a_replica_fails_over(fleet):
     replicas, _, router = fleet
     os.kill(replicas[1].proc.pid, signal.SIGKILL)
     replicas[1].proc.wait(30)
+    _wait_until_the_router_drops(router, replicas[1].url)
     start = time.monotonic()
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda i: router.complete(PREFIXES[i % 4] + f"x{i}", max_tokens=2), range(8)))
     assert all(r["choices"][0]["finish_reason"] == "length" for r in got)
     assert time.monotonic() - start < 60
+
+
+def _wait_until_the_router_drops(router: Router, url: str) -> None:
+    """Until the router's health check has taken `url` out of rotation (listed unhealthy, or no longer listed), at
+    most 30 s: requests sent before that are routed to the dead replica and answered 500 by the router itself."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        listed = httpx.get(f"{router.url}/workers", timeout=2).json().get("workers", [])
+        mine = [w for w in listed if isinstance(w, dict) and url in str(w.get("url", ""))]
+        if not mine or any(w.get("is_healthy") is False or w.get("healthy") is False for w in mine):
+            return
+        time.sleep(0.2)
