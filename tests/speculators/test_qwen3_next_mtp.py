@@ -19,6 +19,8 @@ import pytest
 import torch
 from helpers.gdn_models import QWEN3_5, slow_decay_checkpoint
 from helpers.hf_models import random_prompts
+from helpers.qwen_mtp import fitted_mtp_tensors, random_mtp_tensors
+from helpers.qwen_mtp import zero_centred_norm as _norm
 from safetensors.torch import save_file
 
 from framework.entrypoints.llm import LLM
@@ -33,42 +35,6 @@ MAX_TOKENS = 12
 PROMPTS = random_prompts(3, 5, 26, seed=11)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 MTP = {"method": "mtp", "num_speculative_tokens": 3}
-
-
-def _random_mtp_tensors(path: Path, seed: int) -> dict[str, torch.Tensor]:
-    """Random `mtp.*` tensors (norm weights nonzero) for the target config in `path` (which gains
-    `mtp_num_hidden_layers: 1`)."""
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
-    head = Qwen3NextMTPHead(read_hf_config(path))
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        name: torch.randn(param.shape, generator=gen) * (0.3 if "norm" in name else 0.2)
-        for name, param in head.state_dict().items()
-    }
-
-
-@torch.no_grad()
-def fitted_mtp_tensors(path: Path, hf_model: torch.nn.Module, sequences: list[list[int]]) -> dict[str, torch.Tensor]:
-    """A head that drafts these sequences well: `fc` fitted (least squares) so that the first draft after
-    position p, from (token p + 1, the target's hidden state at p), is token p + 2; the block's residual branches
-    are kept small (attention still runs and stores KV). Later drafts feed the head's own hidden back: mostly
-    wrong, so steps accept some drafts and reject others."""
-    t = _random_mtp_tensors(path, seed=1)
-    t["mtp.norm.weight"].zero_()
-    for name in ("mtp.layers.0.self_attn.o_proj.weight", "mtp.layers.0.mlp.down_proj.weight"):
-        t[name] *= 0.05
-    embed, lm_head = hf_model.model.embed_tokens.weight, hf_model.lm_head.weight
-    eps, rows, want = hf_model.config.rms_norm_eps, [], []
-    for seq in sequences:
-        ids = torch.tensor(seq)
-        hidden = hf_model.model(ids[None]).last_hidden_state[0]  # the target's final (normed) hidden states
-        e = _norm(embed[ids[1:-1]], t["mtp.pre_fc_norm_embedding.weight"], eps)
-        h = _norm(hidden[:-2], t["mtp.pre_fc_norm_hidden.weight"], eps)
-        rows.append(torch.cat([e, h], -1))
-        want.append(lm_head[ids[2:]])
-    t["mtp.fc.weight"] = torch.linalg.lstsq(torch.cat(rows), torch.cat(want), driver="gelsd").solution.T
-    return t
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +54,7 @@ def random_head(target: tuple[Path, list[list[int]]], tmp_path_factory: pytest.T
     """The target's config and a random MTP head (every norm weight nonzero), alone in a directory."""
     path = tmp_path_factory.mktemp("qwen3_5-mtp-random")
     (path / "config.json").write_text((target[0] / "config.json").read_text())
-    save_file({k: v.contiguous() for k, v in _random_mtp_tensors(path, seed=0).items()}, str(path / "mtp.safetensors"))
+    save_file({k: v.contiguous() for k, v in random_mtp_tensors(path, seed=0).items()}, str(path / "mtp.safetensors"))
     return path
 
 
@@ -97,10 +63,6 @@ def _llm(path: Path, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
 
 
 # ---- the head against a hand-written reference ----------------------------------------------------------------
-def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w)
-
-
 def reference_logits(t: dict[str, torch.Tensor], cfg: dict, embed: torch.Tensor, lm_head: torch.Tensor,
                      ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """ids [N], hidden [N, H] (one sequence, positions 0..N-1) -> [N, vocab], straight from the config."""
@@ -116,7 +78,10 @@ def reference_logits(t: dict[str, torch.Tensor], cfg: dict, embed: torch.Tensor,
     q, gate = qg[..., :d], qg[..., d:].reshape(n, heads * d)
     k = (h @ t[p + "self_attn.k_proj.weight"].T).view(n, kv, d)
     v = (h @ t[p + "self_attn.v_proj.weight"].T).view(n, kv, d)
-    q, k = _norm(q, t[p + "self_attn.q_norm.weight"], eps), _norm(k, t[p + "self_attn.k_norm.weight"], eps)
+    q, k = (
+        _norm(q, t[p + "self_attn.q_norm.weight"], eps),
+        _norm(k, t[p + "self_attn.k_norm.weight"], eps),
+    )
     inv = 1.0 / rope["rope_theta"] ** (torch.arange(0, rd, 2).float() / rd)
     ang = torch.arange(n).float()[:, None] * inv[None]  # [N, rd / 2]
     cos, sin = ang.cos()[:, None], ang.sin()[:, None]
@@ -210,3 +175,6 @@ def test_checkpoint_without_mtp_is_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
     with pytest.raises(CheckpointError, match=r"no mtp\.\* tensors"):
         _llm(tmp_path, speculative_config=MTP)
+    moe = {**read_hf_config(tmp_path), "num_experts": 4, "moe_intermediate_size": 8}
+    with pytest.raises(ValueError, match="MTP heads with a MoE MLP"):
+        Qwen3NextMTPHead(moe)
