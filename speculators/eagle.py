@@ -14,7 +14,7 @@ import torch
 
 from framework.layers.kernels.backend import set_kernel_backend
 from framework.models.loader import CheckpointError
-from speculators.draft_heads import DraftHead, MTPHead, load_draft_head
+from speculators.draft_heads import DraftHead, load_draft_head
 from speculators.head_drafter import HeadDrafter
 from speculators.interface import Proposal, ProposeInputs, Speculator
 
@@ -102,7 +102,8 @@ class Eagle3Speculator(DraftHeadSpeculator):
 
 
 class MTPSpeculator(DraftHeadSpeculator):
-    """MTP layers of a DeepSeek-V3-style checkpoint; the first layer drafts every one of the k tokens.
+    """MTP layers of a DeepSeek-V3-style checkpoint, or the `mtp.*` head of a Qwen3.5 / Qwen3-Next one (chosen by
+    the architecture); the first layer drafts every one of the k tokens.
 
     With `speculator.model` null, the layers are read from the target's checkpoint (`model.path`).
     """
@@ -114,20 +115,22 @@ class MTPSpeculator(DraftHeadSpeculator):
         path: Optional[str] = getattr(config, "model", None)
         if path is not None:
             return path
-        if "num_nextn_predict_layers" not in loaded.hf_config or not loaded.path:
+        has_mtp = any(key in loaded.hf_config for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"))
+        if not has_mtp or not loaded.path:
             raise CheckpointError(
                 "speculator.method=mtp needs speculator.model, or a target checkpoint (model.path) "
-                "whose config.json has num_nextn_predict_layers"
+                "whose config.json has num_nextn_predict_layers (DeepSeek layout) or mtp_num_hidden_layers "
+                "(Qwen3.5 / Qwen3-Next mtp.* layout)"
             )
         return loaded.path
 
     def _load_head(self, config: "SpeculatorConfig", loaded: "LoadedModel", device: torch.device) -> DraftHead:
         head = super()._load_head(config, loaded, device)
-        assert isinstance(head, MTPHead)
-        if head.num_layers > 1:
+        num_layers = int(getattr(head, "num_layers", 1))
+        if num_layers > 1:
             logger.warning(
                 "MTP checkpoint has %d layers; mrv2 drafts with the first one only (its KV covers the "
                 "whole context; the others would see only draft positions)",
-                head.num_layers,
+                num_layers,
             )
         return head

@@ -20,6 +20,7 @@ from speculators.draft_heads.base import DraftHead
 from speculators.draft_heads.eagle import EagleHead
 from speculators.draft_heads.eagle3 import Eagle3Head
 from speculators.draft_heads.mtp import MTPHead, num_mtp_layers
+from speculators.draft_heads.qwen3_next_mtp import Qwen3NextMTPHead, is_qwen3_next_family, num_qwen_mtp_layers
 
 HEAD_CLASSES: dict[str, type[DraftHead]] = {"eagle": EagleHead, "eagle3": Eagle3Head, "mtp": MTPHead}
 _TARGET_TENSOR = re.compile(r"^(model\.(embed_tokens|norm)\.|lm_head\.|model\.layers\.(\d+)\.)")
@@ -45,6 +46,13 @@ def _is_target_tensor(name: str, num_target_layers: int) -> bool:
     return bool(m) and (m.group(3) is None or int(m.group(3)) < num_target_layers)
 
 
+def head_class(kind: str, config: dict[str, Any]) -> type[DraftHead]:
+    """The head class of `kind` for a checkpoint config: MTP of a Qwen3.5 / Qwen3-Next target is its `mtp.*` head."""
+    if kind == "mtp" and is_qwen3_next_family(config):
+        return Qwen3NextMTPHead
+    return HEAD_CLASSES[kind]
+
+
 def _check_geometry(kind: str, config: dict[str, Any], target: Optional[dict[str, Any]], path: Path) -> None:
     for key in ("hidden_size", "vocab_size"):
         if key not in config:
@@ -53,7 +61,12 @@ def _check_geometry(kind: str, config: dict[str, Any], target: Optional[dict[str
             raise CheckpointError(
                 f"{kind} head '{path}': {key}={config[key]} does not match the target model's {key}={target.get(key)}"
             )
-    if kind == "mtp":
+    if kind == "mtp" and is_qwen3_next_family(config):
+        if num_qwen_mtp_layers(config) < 1:
+            raise CheckpointError(
+                f"mtp head '{path}': config.json has no mtp_num_hidden_layers >= 1 (the checkpoint has no MTP head)"
+            )
+    elif kind == "mtp":
         if num_mtp_layers(config) < 1:
             raise CheckpointError(f"mtp head '{path}': config.json has no num_nextn_predict_layers >= 1")
         if target is not None and config.get("num_hidden_layers") != target.get("num_hidden_layers"):
@@ -81,12 +94,15 @@ def load_draft_head(
     config = read_hf_config(root)
     _check_geometry(kind, config, target_config, root)
     tensors = _read_tensors(root)
-    if kind == "mtp":  # the target's own checkpoint may hold the MTP layers: skip the target's tensors
+    cls = head_class(kind, config)
+    if cls is Qwen3NextMTPHead:  # the head is the checkpoint's mtp.* tensors; everything else is the target's
+        tensors = {n: v for n, v in tensors.items() if n.startswith("mtp.")}
+    elif kind == "mtp":  # the target's own checkpoint may hold the MTP layers: skip the target's tensors
         tensors = {n: v for n, v in tensors.items() if not _is_target_tensor(n, int(config["num_hidden_layers"]))}
     names = set(tensors)
 
     def construct() -> DraftHead:
-        return HEAD_CLASSES[kind].from_tensor_names(config, names)  # type: ignore[attr-defined]
+        return cls.from_tensor_names(config, names)  # type: ignore[attr-defined]
 
     try:
         with torch.device("meta"):  # shapes only: the checks below allocate nothing

@@ -1,0 +1,156 @@
+"""MTP draft head of Qwen3.5 / Qwen3-Next checkpoints (`mtp.*` tensors beside the target's own).
+
+Checkpoint layout (the target's `config.json`, `mtp_num_hidden_layers: n`, n >= 1), all norms zero-centred
+(`x * (1 + w)`):
+
+| tensor | shape | |
+|---|---|---|
+| `mtp.pre_fc_norm_embedding.weight` | [H] | norm of the token embedding |
+| `mtp.pre_fc_norm_hidden.weight` | [H] | norm of the previous hidden state |
+| `mtp.fc.weight` | [H, 2H] | over `cat(norm_e(embed(token)), norm_h(hidden))`, embedding first |
+| `mtp.layers.{i}.{input_layernorm, self_attn.*, post_attention_layernorm, mlp.*}` | | a gated full-attention block |
+| `mtp.norm.weight` | [H] | final norm; its output is both the next step's hidden state and the LM head's input |
+
+The attention block is the target's: `q_proj` yields query and sigmoid output gate per head, q/k norms per head,
+rotary on the first `partial_rotary_factor` of each head. The embedding and LM head are the target's. Draft step
+s uses layer `s % n`. A MoE MLP in the block (Qwen3-Next, Qwen3.5-MoE) is refused for now.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from framework.models.hf_config import DecoderConfig
+from framework.models.qwen3_next import GatedMLP, OffsetRMSNorm, Qwen3NextConfig
+from speculators.draft_heads.base import DraftHead
+from speculators.draft_heads.layers import Attend
+
+MTP_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+
+
+def is_qwen3_next_family(config: dict[str, Any]) -> bool:
+    """Whether the config's architecture keeps its MTP head as `mtp.*` (Qwen3.5 / Qwen3-Next)."""
+    arch = (config.get("architectures") or [""])[0]
+    return arch in MTP_ARCHITECTURES or arch.startswith(("Qwen3_5", "Qwen3Next"))
+
+
+def num_qwen_mtp_layers(config: dict[str, Any]) -> int:
+    return int(config.get("mtp_num_hidden_layers") or 0)
+
+
+def _rotate_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary on the first `cos.shape[-1]` dims of each head: x [..., N, heads, D], cos / sin [..., N, rd]."""
+    rd = cos.shape[-1]
+    rot, rest = x[..., :rd], x[..., rd:]
+    half = torch.cat([-rot[..., rd // 2 :], rot[..., : rd // 2]], dim=-1)
+    return torch.cat([rot * cos.unsqueeze(-2) + half * sin.unsqueeze(-2), rest], dim=-1)
+
+
+class MTPGatedAttention(nn.Module):
+    """The target's gated attention (same parameter names) with a pluggable `attend`."""
+
+    def __init__(self, cfg: Qwen3NextConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, 2 * cfg.num_heads * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        lead = x.shape[:-1]
+        q, gate = self.q_proj(x).view(*lead, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = _rotate_partial(self.q_norm(q), cos, sin)
+        k = _rotate_partial(self.k_norm(self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)), cos, sin)
+        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        out = attend(q.contiguous(), k, v).reshape(*lead, -1)
+        return self.o_proj(out * torch.sigmoid(gate.reshape(*lead, -1)))
+
+
+class MTPBlock(nn.Module):
+    """Pre-norm gated attention and pre-norm dense MLP, each with a residual."""
+
+    def __init__(self, cfg: Qwen3NextConfig) -> None:
+        super().__init__()
+        self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = MTPGatedAttention(cfg)
+        self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class MTPModule(nn.Module):
+    """Everything under the checkpoint's `mtp.` prefix."""
+
+    def __init__(self, cfg: Qwen3NextConfig, num_layers: int) -> None:
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.pre_fc_norm_embedding = OffsetRMSNorm(h, eps)
+        self.pre_fc_norm_hidden = OffsetRMSNorm(h, eps)
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.layers = nn.ModuleList(MTPBlock(cfg) for _ in range(num_layers))
+        self.norm = OffsetRMSNorm(h, eps)
+
+
+class Qwen3NextMTPHead(DraftHead):
+    """The `mtp.*` head of a Qwen3.5 / Qwen3-Next target (selected by `load_draft_head` from the architecture)."""
+
+    kind = "mtp"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        n = num_qwen_mtp_layers(config)
+        if n < 1:
+            raise ValueError("config.json has no mtp_num_hidden_layers >= 1 (the checkpoint has no MTP head)")
+        qcfg = Qwen3NextConfig.from_hf({**config, "num_hidden_layers": n, "layer_types": ["full_attention"] * n})
+        if qcfg.num_experts > 0:
+            raise ValueError(
+                "MTP heads with a MoE MLP (Qwen3-Next, Qwen3.5-MoE: num_experts > 0) are not supported yet; "
+                "only the dense Qwen3.5 MTP head is"
+            )
+        layer_cfg = DecoderConfig.from_hf({**config, "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": n})
+        super().__init__(config, layer_cfg)
+        self.qwen_config = qcfg
+        self.num_layers = n
+        self.inv_freq = self._inv_freq()
+        self.mtp = MTPModule(qcfg, n)
+
+    @classmethod
+    def from_tensor_names(cls, config: dict[str, Any], names: set[str]) -> "Qwen3NextMTPHead":
+        if not any(name.startswith("mtp.") for name in names):
+            raise ValueError("the checkpoint has no mtp.* tensors (no MTP head to draft with)")
+        return cls(config)
+
+    def _inv_freq(self) -> torch.Tensor:
+        c = self.qwen_config
+        arange = torch.arange(0, c.rotary_dim, 2, dtype=torch.float32, device="cpu")
+        return 1.0 / c.rope_theta ** (arange / c.rotary_dim)
+
+    def init_buffers(self) -> None:
+        self.inv_freq = self._inv_freq().to(self.mtp.fc.weight.device)
+
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+        step: int,
+    ) -> torch.Tensor:
+        m = self.mtp
+        embeds = nn.functional.embedding(input_ids, self._weight(None, "embed_tokens")).to(hidden.dtype)
+        x = m.fc(torch.cat([m.pre_fc_norm_embedding(embeds), m.pre_fc_norm_hidden(hidden)], dim=-1))
+        x = m.layers[step % self.num_layers](x, cos, sin, attend)
+        return m.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
+        return nn.functional.linear(hidden, self._weight(None, "lm_head")).float()
