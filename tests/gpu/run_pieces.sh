@@ -49,7 +49,7 @@ GPU_PIECES=(
   "sampler 70 test_sampler_fused_gpu.py test_sampler_gpu.py"
   "spec 120 test_spec_gpu.py test_draft_heads_gpu.py"
   "engine 95 test_gpu_engine.py test_prefix_caching_gpu.py"
-  "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py test_gdn_gpu.py"
+  "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py"
   "parallel 50 test_parallel_gpu.py"
   "structured 35 test_structured_gpu.py"
   "moe 90 test_fused_moe_gpu.py"
@@ -68,6 +68,7 @@ GPU_PIECES_EXTRA=(
   "gemma3 90 test_gemma3_gpu.py"
   "kvtier 60 test_host_kv_tier_gpu.py"
   "lora 60 test_lora_gpu.py"
+  "gdn 90 test_gdn_gpu.py"
 )
 
 test_groups() { # piece, name of a groups array: one pytest run per group, then the summary of exactly those files
