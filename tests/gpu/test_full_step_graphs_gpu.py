@@ -81,7 +81,7 @@ def _logprobs(out) -> list[dict[int, tuple[float, int]]]:  # type: ignore[no-unt
 def test_full_step_graphs_equal_eager_sampler_at_real_shapes() -> None:
     from framework import LLM
 
-    prompts = [[(7 * i + 13 * j) % 151_000 for j in range(20 + 11 * i)] for i in range(36)]
+    prompts = [[(7 * i + 13 * j) % 151_000 for j in range(20 + 11 * i)] for i in range(len(_params()))]
     results, logprobs = {}, {}
     for on in (False, True):
         llm = LLM("qwen3-0.6b", **ENGINE, full_step_cuda_graphs=on)
@@ -118,7 +118,7 @@ def test_bf16_logits_equal_float32_logits_with_full_step_graphs(monkeypatch) -> 
     from framework import LLM
     from framework.models.llama import LlamaForCausalLM
 
-    prompts = [[(7 * i + 13 * j) % 151_000 for j in range(20 + 11 * i)] for i in range(36)]
+    prompts = [[(7 * i + 13 * j) % 151_000 for j in range(20 + 11 * i)] for i in range(len(_params()))]
     engine = {**ENGINE, "dtype": "bfloat16"}
     results = {}
     compute_logits = LlamaForCausalLM.compute_logits
