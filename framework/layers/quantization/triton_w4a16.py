@@ -121,9 +121,10 @@ def w4a16_linear_triton(
         block_m, block_n, warps, stages = 16, 32, 4, 4
     elif m <= 64:
         block_m, block_n, warps, stages = 64, 64, 4, 4
-    else:
+    else:  # 128x128 tiles: K chunks of at most 64 keep 3 stages inside Hopper's 227 KiB of shared memory
         block_m, block_n, warps, stages = 128, 128, 8, 3
-    block_k = next(b for b in (128, 64, 32, 16) if group % b == 0)
+    max_k = 64 if block_m == 128 else 128
+    block_k = next(b for b in (128, 64, 32, 16) if group % b == 0 and b <= max_k)
     _w4a16_gemm_kernel[(cdiv(m, block_m), cdiv(n, block_n))](
         x,
         qweight,
