@@ -31,7 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.layers.kernels.gated_delta_rule_chunk import chunk_gated_delta_rule_varlen_triton
+from framework.layers.kernels.gated_delta_rule_chunk import (
+    check_state_arguments,
+    chunk_gated_delta_rule_varlen_triton,
+)
 from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 from framework.layers.kernels.state_snapshots import SnapshotTargets, snapshots_by_row
 
@@ -295,12 +298,7 @@ def gated_delta_rule_varlen_triton(
     """[T, H, Dv]: `gated_delta_rule_varlen_reference` in one launch (grid: rows x value heads x Dv blocks)."""
     t, num_k_heads, dk = inp.k.shape
     num_heads, dv = inp.v.shape[1:]
-    if state.dtype != torch.float32 or state.shape[1:] != (num_heads, dk, dv):
-        raise ValueError(f"state must be float32 [S, {num_heads}, {dk}, {dv}], got {state.dtype} {list(state.shape)}")
-    if num_heads % num_k_heads:
-        raise ValueError(f"{num_heads} value heads are not a multiple of {num_k_heads} key heads")
-    if snapshots is not None and snapshot_pool is None:
-        raise ValueError("snapshots need a snapshot_pool to store into")
+    check_state_arguments(state, num_heads, num_k_heads, dk, dv, snapshots, snapshot_pool)
     q, k, v = inp.q.contiguous(), inp.k.contiguous(), inp.v.contiguous()
     g, beta = inp.g.float().contiguous(), inp.beta.float().contiguous()
     out = torch.empty_like(v)

@@ -168,6 +168,24 @@ def _chunk_gated_delta_rule_kernel(
     tl.store(state_ptr + slot * state_stride + tile, h, mask=mask2)
 
 
+def check_state_arguments(
+    state: torch.Tensor,  # [S, H, Dk, Dv] float32
+    num_heads: int,
+    num_k_heads: int,
+    dk: int,
+    dv: int,
+    snapshots: Optional[SnapshotTargets],
+    snapshot_pool: Optional[torch.Tensor],
+) -> None:
+    """The checks both delta-rule kernels' wrappers make before a launch; a `ValueError` names what is wrong."""
+    if state.dtype != torch.float32 or state.shape[1:] != (num_heads, dk, dv):
+        raise ValueError(f"state must be float32 [S, {num_heads}, {dk}, {dv}], got {state.dtype} {list(state.shape)}")
+    if num_heads % num_k_heads:
+        raise ValueError(f"{num_heads} value heads are not a multiple of {num_k_heads} key heads")
+    if snapshots is not None and snapshot_pool is None:
+        raise ValueError("snapshots need a snapshot_pool to store into")
+
+
 def chunk_gated_delta_rule_varlen_triton(
     q: torch.Tensor,  # [T, Hk, Dk] model dtype, not yet L2-normed
     k: torch.Tensor,  # [T, Hk, Dk]
@@ -186,12 +204,7 @@ def chunk_gated_delta_rule_varlen_triton(
     """[T, H, Dv]: the chunked form in one launch (grid: rows x value heads x Dv blocks of `block_v`)."""
     num_k_heads, dk = k.shape[1:]
     num_heads, dv = v.shape[1:]
-    if state.dtype != torch.float32 or state.shape[1:] != (num_heads, dk, dv):
-        raise ValueError(f"state must be float32 [S, {num_heads}, {dk}, {dv}], got {state.dtype} {list(state.shape)}")
-    if num_heads % num_k_heads:
-        raise ValueError(f"{num_heads} value heads are not a multiple of {num_k_heads} key heads")
-    if snapshots is not None and snapshot_pool is None:
-        raise ValueError("snapshots need a snapshot_pool to store into")
+    check_state_arguments(state, num_heads, num_k_heads, dk, dv, snapshots, snapshot_pool)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g, beta = g.float().contiguous(), beta.float().contiguous()
     out = torch.empty_like(v)
