@@ -53,7 +53,13 @@ def ray_cluster():
     path = [examples, str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
     os.environ.update(PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1", MRV2_DEVICE="cpu")
     sys.path.insert(0, examples)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _node_ip_address="127.0.0.1",  # the local cluster listens on loopback only
+    )
     try:
         yield ray
     finally:
