@@ -28,6 +28,7 @@ import framework.layers.kernels.small_batch_ops as small_batch_ops  # noqa: E402
 from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants  # noqa: E402
 from framework.layers.kernels.small_batch_ops import fused_linear_reference  # noqa: E402
 from framework.layers.kernels.triton_gemv import gemv_triton  # noqa: E402
+from framework.models.small_batch import SMALL_BATCH_MAX_TOKENS  # noqa: E402
 
 DEVICE, DTYPE, EPS = "cuda", torch.bfloat16, 1e-6
 # geometry -> projection -> (N, K, variant); variant as in tests/layers/test_small_batch_kernels.py
@@ -149,8 +150,8 @@ def test_engine_with_small_batch_kernels_matches_hf(tmp_path, monkeypatch: pytes
             small_batch_kernels=mode,
         )  # the default is 1: every row count here
         assert llm.engine.runner.graphs.cuda_graphs is not None
-        # the decode graphs at 1, 2, 4 and 8 rows were captured with the GEMVs (and only with the key on)
-        assert ({1, 2, 4, 8} <= set(rows)) if mode == "on" else not rows
+        # the one-row decode graph was captured with the GEMVs, and no wider forward took them (SMALL_BATCH_MAX_TOKENS)
+        assert (set(rows) == {SMALL_BATCH_MAX_TOKENS}) if mode == "on" else not rows
         outs = llm.generate(prompts, params, use_tqdm=False)
         matches[mode] = sum(out.token_ids == ref for out, ref in zip(outs, refs))
         llm.shutdown()
