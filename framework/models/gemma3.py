@@ -34,11 +34,12 @@ FULL_ROPE, LOCAL_ROPE = 0, 1  # rows of `rope_cos_sin`'s stacked cos / sin
 
 
 class GemmaRMSNorm(RMSNorm):
-    """RMSNorm scaling by `1 + weight` (Gemma's checkpoints store the offset from one)."""
+    """RMSNorm scaling by `1 + weight` (Gemma's checkpoints store the offset from one), in float32 and rounded
+    once, as HF's Gemma norm (a 16-bit `1 + weight` would lose the weight's low bits)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
         flat = x.reshape(-1, x.shape[-1])
-        return rms_norm(flat, self.weight + 1, self.eps, backend=self.kernel_backend)[0].view(x.shape)
+        return rms_norm(flat, self.weight, self.eps, backend=self.kernel_backend, unit_offset=True)[0].view(x.shape)
 
     def add_and_norm(
         self, x: torch.Tensor, residual: Optional[torch.Tensor], pdl: bool = False
@@ -46,7 +47,9 @@ class GemmaRMSNorm(RMSNorm):
         """(norm(x + residual), x + residual), as `RMSNorm.add_and_norm` with the `1 + weight` scale."""
         if residual is None:
             return self(x), x
-        out, summed = rms_norm(x, self.weight + 1, self.eps, residual, pdl=pdl, backend=self.kernel_backend)
+        out, summed = rms_norm(
+            x, self.weight, self.eps, residual, pdl=pdl, backend=self.kernel_backend, unit_offset=True
+        )
         assert summed is not None
         return out, summed
 
@@ -106,8 +109,8 @@ class Gemma3DecoderLayer(nn.Module):
             attn.project_qkv(h),
             cos[self.rope_row],
             sin[self.rope_row],
-            attn.q_norm.weight + 1,
-            attn.k_norm.weight + 1,
+            attn.q_norm.weight,
+            attn.k_norm.weight,
             attn.q_norm.eps,
             attn.num_heads,
             attn.num_kv_heads,
@@ -115,6 +118,7 @@ class Gemma3DecoderLayer(nn.Module):
             kv_cache,
             meta.kv_slot_mapping,
             backend=attn.kernel_backend,
+            unit_offset=True,
         )
         o = attention(q, kv_cache, meta, attn.scale, window=self.window)
         h = self.post_attention_layernorm(attn.project_out(o.reshape(o.shape[0], -1)))

@@ -122,7 +122,13 @@ def _rope_tables(num_tokens: int, head_dim: int, dtype: torch.dtype, seed: int):
 
 
 def _run_qk_case(
-    case, dtype: torch.dtype, q_norm: bool, k_norm: bool, seed: int = 0, one_head: Optional[bool] = None
+    case,
+    dtype: torch.dtype,
+    q_norm: bool,
+    k_norm: bool,
+    seed: int = 0,
+    one_head: Optional[bool] = None,
+    unit_offset: bool = False,
 ) -> None:
     num_tokens, head_dim, num_heads, num_kv_heads, block_size, num_kv_tokens, padding = case
     num_blocks = 2 + 2 * num_tokens // block_size
@@ -139,8 +145,8 @@ def _run_qk_case(
     cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
     ref_cache = cache.clone()
     args = (q_weight, k_weight, EPS, num_heads, num_kv_heads, head_dim)
-    q = qk_norm_rope_store_triton(qkv, cos, sin, *args, cache, kv_slots, one_head=one_head)
-    ref_q = qk_norm_rope_store_reference(qkv, cos, sin, *args, ref_cache, kv_slots)
+    q = qk_norm_rope_store_triton(qkv, cos, sin, *args, cache, kv_slots, one_head=one_head, unit_offset=unit_offset)
+    ref_q = qk_norm_rope_store_reference(qkv, cos, sin, *args, ref_cache, kv_slots, unit_offset=unit_offset)
     assert q.shape == (num_tokens, num_heads, head_dim) and q.is_contiguous()
     _assert_matches(q, ref_q)
     _assert_matches(cache, ref_cache)
@@ -162,6 +168,13 @@ def _run_qk_case(
 def test_qk_norm_rope_store_matches_reference(case, dtype, qk_norm, one_head):
     """Both grids at every case: one head per program (decode) and token x head tiles (prefill)."""
     _run_qk_case(case, dtype, qk_norm, qk_norm, one_head=one_head)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("one_head", [True, False], ids=["one_head", "tiles"])
+def test_qk_norm_rope_store_with_gemma_norms(dtype, one_head):
+    """Gemma's q/k norms (`unit_offset`: (1 + weight) in float32, rounded once) in both grids."""
+    _run_qk_case(QK_CASES[1], dtype, True, True, seed=5, one_head=one_head, unit_offset=True)
 
 
 def test_qk_norm_rope_store_q_norm_only_and_float16():

@@ -149,6 +149,7 @@ def _rms_norm_kernel(
     BLOCK_D: tl.constexpr,  # next power of two >= D
     HAS_RESIDUAL: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/layers/kernels/pdl.py)
+    UNIT_OFFSET: tl.constexpr = False,  # (1 + weight) * norm in float32, rounded once (Gemma)
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = out_ptr.dtype.element_ty
@@ -164,8 +165,11 @@ def _rms_norm_kernel(
         x = round_to_dtype(x + r, dtype)  # the new residual stream is rounded to dtype before it is normalised
         tl.store(summed_ptr + row * D + cols, x.to(dtype), mask=mask)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)  # masked columns are 0: they add nothing
-    normed = round_to_dtype(x * rstd, dtype)  # HF rounds the normalised row to dtype first ...
-    tl.store(out_ptr + row * D + cols, round_to_dtype(w * normed, dtype).to(dtype), mask=mask)  # ... then * in dtype
+    if UNIT_OFFSET:  # HF's Gemma norm scales in float32 and rounds once
+        out = (w + 1.0) * (x * rstd)
+    else:
+        out = w * round_to_dtype(x * rstd, dtype)  # HF rounds the normalised row to dtype first, then * in dtype
+    tl.store(out_ptr + row * D + cols, round_to_dtype(out, dtype).to(dtype), mask=mask)
 
 
 def rms_norm_triton(
@@ -174,6 +178,7 @@ def rms_norm_triton(
     eps: float,
     residual: Optional[torch.Tensor] = None,  # [T, D] x.dtype, last dim contiguous
     pdl: bool = False,  # programmatic dependent launch (only where `pdl.pdl_supported`)
+    unit_offset: bool = False,  # scale by (1 + weight) in float32, rounded once (Gemma)
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weight * rmsnorm(x + residual) [T, D], x + residual [T, D] or None), both new contiguous tensors."""
     num_rows, dim = x.shape
@@ -200,6 +205,7 @@ def rms_norm_triton(
         D=dim,
         BLOCK_D=block_d,
         HAS_RESIDUAL=residual is not None,
+        UNIT_OFFSET=unit_offset,
         num_warps=min(max(block_d // 256, 1), 16),  # ~8 elements per thread
         **pdl_launch_kwargs(pdl),
     )

@@ -33,16 +33,23 @@ ONE_HEAD_TOKENS = 128  # up to this many tokens a program holds one head (measur
 
 
 @triton.jit
-def _rms_norm_halves(x1, x2, weight_ptr, dims, mask, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, dtype):
+def _rms_norm_halves(
+    x1, x2, weight_ptr, dims, mask, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, dtype, UNIT_OFFSET: tl.constexpr
+):
     """weight * rmsnorm([x1, x2]) for heads given as their two halves along the last axis (float32 holding dtype
-    values): one head `[HALF]` each, or a tile of heads `[rows, HALF]`, each row normalised on its own."""
+    values): one head `[HALF]` each, or a tile of heads `[rows, HALF]`, each row normalised on its own.
+    `UNIT_OFFSET` (Gemma): (1 + weight) * rmsnorm in float32, rounded once."""
     rstd = tl.rsqrt(
         (tl.sum(x1 * x1, axis=-1, keep_dims=True) + tl.sum(x2 * x2, axis=-1, keep_dims=True)) / HEAD_DIM + eps
     )
     w1 = tl.load(weight_ptr + dims, mask=mask, other=0.0).to(tl.float32)
     w2 = tl.load(weight_ptr + HALF + dims, mask=mask, other=0.0).to(tl.float32)
-    y1 = round_to_dtype(w1 * round_to_dtype(x1 * rstd, dtype), dtype)
-    y2 = round_to_dtype(w2 * round_to_dtype(x2 * rstd, dtype), dtype)
+    if UNIT_OFFSET:
+        y1 = round_to_dtype((w1 + 1.0) * (x1 * rstd), dtype)
+        y2 = round_to_dtype((w2 + 1.0) * (x2 * rstd), dtype)
+    else:
+        y1 = round_to_dtype(w1 * round_to_dtype(x1 * rstd, dtype), dtype)
+        y2 = round_to_dtype(w2 * round_to_dtype(x2 * rstd, dtype), dtype)
     return y1, y2
 
 
@@ -82,6 +89,7 @@ def _norm_rope_tile(
     BLOCK_HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
 ):
     """One program's `[BLOCK_T x TILE_HEADS, D]` tile (token-major rows: heads first_head.. of BLOCK_T tokens):
     load, norm, rope, store q or the cache's k and v."""
@@ -111,7 +119,7 @@ def _norm_rope_tile(
     s1 = tl.load(sin, mask=mask, other=0.0).to(tl.float32)
     s2 = tl.load(sin + HALF, mask=mask, other=0.0).to(tl.float32)
     if HAS_NORM:
-        x1, x2 = _rms_norm_halves(x1, x2, weight_ptr, dims, dim_ok, eps, HALF, HEAD_DIM, dtype)
+        x1, x2 = _rms_norm_halves(x1, x2, weight_ptr, dims, dim_ok, eps, HALF, HEAD_DIM, dtype, UNIT_OFFSET)
     y1, y2 = _rope_halves(x1, x2, c1, c2, s1, s2, dtype)
     if IS_KEY:
         # The cache viewed as [2, num_blocks * block_size, Hkv, D]: a KV slot is a row of the middle axis.
@@ -158,6 +166,7 @@ def _qk_norm_rope_store_kernel(
     BLOCK_T: tl.constexpr,  # tokens per program
     HAS_Q_NORM: tl.constexpr,
     HAS_K_NORM: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr = False,  # norms scale by (1 + weight) in float32 (Gemma), not by weight in dtype
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/layers/kernels/pdl.py)
 ):
     if USE_PDL:  # qkv, cos / sin and the KV slots are all written by earlier kernels of the step
@@ -193,6 +202,7 @@ def _qk_norm_rope_store_kernel(
             BLOCK_HALF,
             BLOCK_T,
             HAS_Q_NORM,
+            UNIT_OFFSET,
         )
     else:
         _norm_rope_tile(
@@ -222,6 +232,7 @@ def _qk_norm_rope_store_kernel(
             BLOCK_HALF,
             BLOCK_T,
             HAS_K_NORM,
+            UNIT_OFFSET,
         )
 
 
@@ -240,6 +251,7 @@ def qk_norm_rope_store_triton(
     # T' <= T, negative = padding (skipped)
     pdl: bool = False,  # programmatic dependent launch (only where `pdl.pdl_supported`)
     one_head: Optional[bool] = None,  # the grid: one head per program, or tiles; None: by T (ONE_HEAD_TOKENS)
+    unit_offset: bool = False,  # the norms scale by (1 + weight) in float32, rounded once (Gemma)
 ) -> torch.Tensor:
     """q [T, H, D] contiguous (normed + roped); normed + roped k and raw v of the first T' tokens go to the cache."""
     num_tokens = qkv.shape[0]
@@ -293,6 +305,7 @@ def qk_norm_rope_store_triton(
         BLOCK_T=block_t,
         HAS_Q_NORM=q_norm_weight is not None,
         HAS_K_NORM=k_norm_weight is not None,
+        UNIT_OFFSET=unit_offset,
         num_warps=4 if block_t * q_heads * block_half >= 1024 else 1 if block_half <= 64 else 2,
         **pdl_launch_kwargs(pdl),
     )
