@@ -45,6 +45,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import cuda_timing  # noqa: E402
+
 CASES = {
     "temp+topk+topp": dict(temperature=0.8, top_k=50, top_p=0.9),
     "+penalties": dict(
@@ -104,28 +106,11 @@ def make_sampler(params: dict, rows: int, vocab: int, fused: bool):
 
 
 def time_graph_ms(fn: Callable[[], object]) -> float:
-    from triton.testing import do_bench
-
-    fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return float(do_bench(graph.replay, warmup=10, rep=60, return_mode="median"))
+    return cuda_timing.time_graph_ms(fn, warmup=10, rep=60)
 
 
 def time_eager_ms(fn: Callable[[], object]) -> float:
-    from triton.testing import do_bench
-
-    fn()
-    torch.cuda.synchronize()
-    return float(do_bench(fn, warmup=10, rep=60, return_mode="median"))
+    return cuda_timing.time_eager_ms(fn, warmup=10, rep=60)
 
 
 def kernel_breakdown(fn: Callable[[], object], calls: int = 10) -> dict[str, float]:

@@ -7,32 +7,14 @@ import time
 
 import torch
 
+from benchmarks.cuda_timing import time_eager_ms, time_graph_ms
 
-def time_ms(fn) -> float:
+__all__ = ["host_us", "time_graph_ms", "time_ms"]
+
+
+def time_ms(fn) -> float:  # type: ignore[no-untyped-def]
     """Median time of eager calls (host launch overhead shows when it exceeds the GPU time)."""
-    from triton.testing import do_bench
-
-    fn()  # compile outside the timing
-    torch.cuda.synchronize()
-    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def time_graph_ms(fn) -> float:
-    """Median GPU time of `fn` replayed from a CUDA graph, as the engine runs decode (no host overhead)."""
-    from triton.testing import do_bench
-
-    fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return float(do_bench(graph.replay, warmup=25, rep=100, return_mode="median"))
+    return time_eager_ms(fn)
 
 
 def host_us(fn, calls: int = 200) -> float:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from typing import Callable
 
 import torch
 
+from benchmarks.cuda_timing import median_event_ms
 from framework.layers.kernels.gated_delta_rule import DeltaRuleInputs, gated_delta_rule_varlen_triton
 from framework.layers.kernels.gated_delta_rule_chunk import chunk_gated_delta_rule_varlen_triton
 
@@ -26,17 +26,7 @@ SWEEP = [(32, 8), (32, 4), (16, 4), (64, 4), (64, 8), (128, 8)]  # (block_v, num
 
 
 def _median_ms(fn: Callable[[], object], reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_event_ms(fn, reps)
 
 
 def _inputs(rows: int, per_row: int, hk: int, h: int, d: int) -> tuple[DeltaRuleInputs, torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ import json
 import torch
 from torch.nn import functional as F
 
+from benchmarks.cuda_timing import median_event_ms
 from framework.layers.quantization.fp8 import quantize_fp8_per_channel
 from framework.layers.quantization.triton_w4a16 import w4a16_linear_triton
 from framework.layers.quantization.triton_w8a8 import quantize_fp8_groups, w8a8_linear_triton
@@ -27,17 +28,7 @@ TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
 
 
 def _median_ms(fn, reps: int = 50) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return median_event_ms(fn, reps, warmup=5)
 
 
 def main() -> None:

@@ -1,0 +1,51 @@
+"""How the kernel benchmarks time a call on the GPU: CUDA events around eager calls, `triton.testing.do_bench`
+eagerly, or a CUDA graph's replays (as the engine runs decode: no host overhead). Medians throughout."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import torch
+
+
+def median_event_ms(fn: Callable[[], object], reps: int = 30, warmup: int = 3) -> float:
+    """Median of `reps` eager calls, each between two CUDA events (compiles and caches warm up first)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def time_eager_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> float:
+    """Median time of eager calls by `do_bench` (host launch overhead shows when it exceeds the GPU time)."""
+    from triton.testing import do_bench
+
+    fn()  # compile outside the timing
+    torch.cuda.synchronize()
+    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def time_graph_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> float:
+    """Median GPU time of `fn` replayed from a CUDA graph (captured after a warm-up call on a side stream)."""
+    from triton.testing import do_bench
+
+    fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return float(do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="median"))
