@@ -80,6 +80,28 @@ def test_kernel_matches_reference_at_8b_shapes(layout: str, proj: str, m: int) -
     torch.testing.assert_close(out, ref, rtol=ulp, atol=ulp * ref.float().abs().mean().item())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["block", "channel"])
+@pytest.mark.parametrize("nk", [(256, 192), (320, 192), (192, 320)])
+@pytest.mark.parametrize("m", [1, 4, 17, 48, 130])
+def test_w8a16_kernel_at_the_tiny_models_shapes(dtype: torch.dtype, layout: str, nk: tuple[int, int], m: int) -> None:
+    """The tiny quantized test models' projections (N, K not multiples of 128; K inside one or several groups), in
+    both activation dtypes, at every launch configuration's row count."""
+    n, k = nk
+    g = torch.Generator(device="cuda").manual_seed(n + k + m)
+    w = torch.randn((n, k), device="cuda", generator=g) * 0.1
+    if layout == "block":
+        scale = torch.rand((-(-n // 128), -(-k // 128)), device="cuda", generator=g) * 1e-3 + 1e-3
+        weight, groups = (w / 2e-3).clamp(-448, 448).to(torch.float8_e4m3fn), (128, 128)
+    else:
+        (weight, scale), groups = quantize_fp8_per_channel(w), (1, k)
+    x = torch.randn((m, k), device="cuda", generator=g).to(dtype)
+    out = w8a16_linear_triton(x, weight, scale.contiguous(), *groups)
+    ref = w8a16_linear_reference(x, weight, scale, *groups)
+    tol = 1e-5 if dtype == torch.float32 else 2**-7
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol * ref.float().abs().mean().item())
+
+
 @pytest.mark.parametrize("proj", list(SHAPES))
 @pytest.mark.parametrize("m", [1, 8, 64, 2048])
 def test_w4a16_kernel_matches_reference_at_8b_shapes(proj: str, m: int) -> None:
