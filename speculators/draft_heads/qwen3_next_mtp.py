@@ -20,7 +20,7 @@ The block's MLP is the target's rule for layer i (`Qwen3NextConfig.is_sparse`): 
 `mlp.gate` [E, H] (softmax, top-k, renormalised), routed experts in the fused MoE kernel, and a shared expert
 `mlp.shared_expert.{gate,up,down}_proj` scaled by `sigmoid(mlp.shared_expert_gate(x))` ([1, H]). Experts are
 read per expert (`mlp.experts.{e}.{gate,up,down}_proj.weight`, Qwen3-Next's layout) or fused
-(`mlp.experts.gate_up_proj` [E, 2I, H] gate rows first and `mlp.experts.down_proj` [E, H, I], as some Qwen3.5-MoE
+(`mlp.experts.gate_up_proj` [E, 2I, H] gate rows first and `mlp.experts.down_proj` [E, H, I], as the Qwen3.5-MoE
 checkpoints store them) and stacked at load time (`stacked_tensor_part`).
 """
 

@@ -5,6 +5,7 @@ Qwen3.5-MoE (experts stored fused, `experts.gate_up_proj [E, 2I, H]`), on tiny r
   their stored layout (softmax router, top-k renormalised, SiLU experts, the shared expert scaled by its sigmoid
   gate); the reference catches a shared expert without its gate and gate / up rows swapped at load time (planted
   faults the engine-level equality cannot see: drafts only change speed);
+- paged drafting through the draft-graph buffers equals the head's full-sequence forward;
 - `speculator.method=mtp` with a head fitted to the target: greedy tokens equal the run without speculation
   (chunked prefill, mixed prompt lengths) and the acceptance stats are reported;
 - a checkpoint missing one expert's tensor is refused, naming the stacked parameter it leaves incomplete.
@@ -139,6 +140,19 @@ def test_planted_gate_up_swap_at_load_is_caught(
     monkeypatch.setattr(Qwen3NextMTPHead, "stacked_tensor_part", swapped)
     ours, ref = _head_and_reference(random_head, target[0])
     assert not torch.allclose(ours, ref, atol=1e-3, rtol=1e-3)
+
+
+def test_paged_moe_drafting_with_graph_buffers_equals_full_sequence(target: tuple[Path, list, bool],
+                                                                    random_head: Path) -> None:  # fmt: skip
+    """The MoE head on the paged KV through `HeadDrafter` and the draft-graph buffers (replayed eagerly on the
+    CPU: padding rows included) drafts what its full-sequence forward predicts (tests/speculators/
+    test_head_drafter.py's fake target: chunked prefills, every acceptance count, a preemption)."""
+    from test_head_drafter import FakeTargetRun, run_scenario
+
+    head = load_draft_head(random_head, "mtp", read_hf_config(target[0]))
+    gen = torch.Generator().manual_seed(4)
+    head.share_target_weights(*torch.randn(2, head.vocab_size, head.hidden_size, generator=gen))
+    run_scenario(FakeTargetRun(head, seed=11, graph_sizes=(2, 4)))
 
 
 # ---- the engine -----------------------------------------------------------------------------------------------
