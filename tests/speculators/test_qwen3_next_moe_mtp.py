@@ -8,7 +8,8 @@ Qwen3.5-MoE (experts stored fused, `experts.gate_up_proj [E, 2I, H]`), on tiny r
 - paged drafting through the draft-graph buffers equals the head's full-sequence forward;
 - `speculator.method=mtp` with a head fitted to the target: greedy tokens equal the run without speculation
   (chunked prefill, mixed prompt lengths) and the acceptance stats are reported;
-- a checkpoint missing one expert's tensor is refused, naming the stacked parameter it leaves incomplete.
+- a checkpoint missing one expert's tensor is refused, naming the stacked parameter it leaves incomplete; a
+  misshapen expert tensor (per expert or fused) is refused, naming it.
 """
 
 from __future__ import annotations
@@ -174,4 +175,15 @@ def test_missing_expert_tensor_is_refused(target: tuple[Path, list, bool], tmp_p
     gone = "mtp.layers.0.mlp.experts.gate_up_proj" if target[2] else "mtp.layers.0.mlp.experts.2.up_proj.weight"
     save_file({k: v for k, v in tensors.items() if k != gone}, str(tmp_path / "mtp.safetensors"))
     with pytest.raises(CheckpointError, match=r"lacks tensors: mtp\.layers\.0\.mlp\.experts\.gate_up_proj"):
+        load_draft_head(tmp_path, "mtp", read_hf_config(target[0]))
+
+
+def test_misshapen_expert_tensor_is_refused(target: tuple[Path, list, bool], tmp_path: Path) -> None:
+    """A fused gate_up with one expert too few, or one expert's up_proj transposed: refused by name."""
+    (tmp_path / "config.json").write_text((target[0] / "config.json").read_text())
+    tensors = load_file(str(target[0] / "mtp.safetensors"))
+    bad = "mtp.layers.0.mlp.experts.gate_up_proj" if target[2] else "mtp.layers.0.mlp.experts.1.up_proj.weight"
+    tensors[bad] = tensors[bad][:-1] if target[2] else tensors[bad].T.contiguous()
+    save_file(tensors, str(tmp_path / "mtp.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"'{bad}' has shape"):
         load_draft_head(tmp_path, "mtp", read_hf_config(target[0]))
