@@ -251,9 +251,28 @@ class Qwen3NextModel(nn.Module):
         self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-_FUSED_GATE_UP = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.gate_up_proj$")
-_EXPERT_TENSOR = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_FUSED_GATE_UP = re.compile(r"^((?:model|mtp)\.layers\.\d+)\.mlp\.experts\.gate_up_proj$")
+_EXPERT_TENSOR = re.compile(
+    r"^((?:model|mtp)\.layers\.\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$"
+)
 _SKIPPED = ("model.visual.", "visual.", "mtp.")
+
+
+def expert_tensor_part(module: nn.Module, name: str, num_experts: int) -> Optional[StackedPart]:
+    """Where checkpoint tensor `name` of `module`'s MoE layers (`model.layers.{L}` or an MTP head's
+    `mtp.layers.{L}`) goes when not simply into the parameter of its name (else None): HF v5's fused
+    `experts.gate_up_proj [E, 2I, H]` (gate rows first) is viewed as the stacked `[E, 2, I, H]`; a per-expert
+    `experts.{e}.{gate_proj|up_proj|down_proj}.weight` fills its expert's slice."""
+    if (match := _FUSED_GATE_UP.match(name)) is not None:
+        e, _, i, h = module.get_parameter(name).shape
+        return StackedPart(name, (), None, 1, (e, 2, i, h))
+    if (match := _EXPERT_TENSOR.match(name)) is not None:
+        expert, proj = int(match.group(2)), match.group(3)
+        param = f"{match.group(1)}.mlp.experts.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
+        if proj == "down_proj":
+            return StackedPart(param, (expert,), None, num_experts)
+        return StackedPart(param, (expert, 0 if proj == "gate_proj" else 1), None, 2 * num_experts)
+    return None
 
 
 class Qwen3NextForCausalLM(Model, RecurrentHybrid):
@@ -316,20 +335,10 @@ class Qwen3NextForCausalLM(Model, RecurrentHybrid):
         return True
 
     def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
-        """HF v5's fused `experts.gate_up_proj [E, 2I, H]` viewed as `[E, 2, I, H]`; per-expert tensors into
-        their expert's slice."""
+        """The experts' tensors of the target's layers (`expert_tensor_part`); the MTP head's are not the
+        model's."""
         name = name.replace("model.language_model.", "model.", 1)
-        if (match := _FUSED_GATE_UP.match(name)) is not None:
-            e, _, i, h = self.get_parameter(name).shape
-            return StackedPart(name, (), None, 1, (e, 2, i, h))
-        if (match := _EXPERT_TENSOR.match(name)) is not None:
-            expert, proj = int(match.group(2)), match.group(3)
-            param = f"{match.group(1)}.mlp.experts.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
-            num = self.config.num_experts
-            if proj == "down_proj":
-                return StackedPart(param, (expert,), None, num)
-            return StackedPart(param, (expert, 0 if proj == "gate_proj" else 1), None, 2 * num)
-        return None
+        return None if name.startswith("mtp.") else expert_tensor_part(self, name, self.config.num_experts)
 
     def forward(
         self,

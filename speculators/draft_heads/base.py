@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from framework.layers.attention import AttentionMetadata
+from framework.layers.parallel.linear import StackedPart
 from framework.models.hf_config import DecoderConfig
 from framework.models.interface import paged_kv_shape
 from speculators.draft_heads.layers import Attend, causal_attend, paged_attend, rope_cos_sin
@@ -121,6 +122,11 @@ class DraftHead(nn.Module):
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """Shape of the head's paged KV cache layer (the target's block layout: the runner checks they match)."""
         return paged_kv_shape(num_blocks, block_size, self.layer_config.num_kv_heads, self.layer_config.head_dim)
+
+    def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
+        """Where checkpoint tensor `name` goes when not simply into the parameter of its name (a MoE block's
+        experts, stacked into one parameter per projection); None for every tensor of a head without experts."""
+        return None
 
     def aux_layer_ids(self, target_num_layers: int) -> Optional[tuple[int, ...]]:
         """Target layers whose input hidden states the head reads (None: the target's final hidden state)."""

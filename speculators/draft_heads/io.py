@@ -8,12 +8,14 @@ head's geometry must fit the target (hidden size, vocabulary, layer count for MT
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from framework.layers.parallel.linear import StackedPart
 from framework.models.loader import CheckpointError, read_hf_config, safetensors_files
 from framework.models.materialise import build_materialised
 from speculators.draft_heads.base import DraftHead
@@ -106,10 +108,13 @@ def load_draft_head(
 
     try:
         with torch.device("meta"):  # shapes only: the checks below allocate nothing
-            expected = construct().state_dict()
+            meta_head = construct()
+            expected = meta_head.state_dict()
     except (ValueError, KeyError) as err:
         raise CheckpointError(f"{kind} head '{root}': {err}") from None
-    unmatched = sorted(set(tensors) - set(expected))
+    parts = _stacked_parts(meta_head, tensors, expected, f"{kind} head '{root}'")
+    direct = {n: v for n, v in tensors.items() if n not in parts}
+    unmatched = sorted(set(direct) - set(expected))
     if unmatched:
         hint = (
             " (an EAGLE-3 checkpoint? use speculator.method=eagle3)"
@@ -121,13 +126,13 @@ def load_draft_head(
             f"{', '.join(unmatched[:8])}{' ...' if len(unmatched) > 8 else ''}{hint}"
         )
     optional = {"d2t", "t2d"} if kind == "eagle3" else set()
-    missing = sorted(set(expected) - set(tensors) - optional)
+    missing = sorted(set(expected) - set(direct) - _complete(parts) - optional)
     if missing:
         raise CheckpointError(
             f"{kind} head '{root}': checkpoint lacks tensors: {', '.join(missing[:8])}"
             f"{' ...' if len(missing) > 8 else ''}"
         )
-    for name, (file, shape) in tensors.items():
+    for name, (file, shape) in direct.items():
         if tuple(shape) != tuple(expected[name].shape):
             raise CheckpointError(
                 f"{kind} head '{root}': {file.name}: '{name}' has shape {tuple(shape)}, the head "
@@ -135,15 +140,54 @@ def load_draft_head(
             )
     # Each weight allocated once, in `dtype` on `device`, then filled from the checkpoint: peak ~1x the head.
     head = build_materialised(construct, dtype, torch.device(device))
-    _copy_tensors(head, tensors)
+    _copy_tensors(head, tensors, parts)
     if isinstance(head, Eagle3Head):
         _check_draft_vocab(head, tensors, root)
     return head.eval()
 
 
-def _copy_tensors(head: DraftHead, tensors: dict[str, tuple[Path, Any]]) -> None:
+def _stacked_parts(
+    head: DraftHead, tensors: dict[str, tuple[Path, Any]], expected: dict[str, torch.Tensor], where: str
+) -> dict[str, StackedPart]:
+    """name -> its place in a stacked parameter (a MoE block's experts), for the checkpoint tensors that fill
+    part of one; each tensor's shape is checked against its slice."""
+    parts: dict[str, StackedPart] = {}
+    for name, (file, shape) in tensors.items():
+        part = head.stacked_tensor_part(name)
+        if part is None or part.param not in expected:
+            continue  # a plain tensor, or one matching no parameter (reported by the caller)
+        want = tuple(expected[part.param][part.index].shape)
+        viewed = tuple(shape) if part.source_shape is None else tuple(part.source_shape)
+        fits = viewed == want and (
+            part.source_shape is None
+            or (math.prod(shape) == math.prod(viewed) and shape[0] == viewed[0] and shape[-1] == viewed[-1])
+        )
+        if not fits:
+            raise CheckpointError(
+                f"{where}: {file.name}: '{name}' has shape {tuple(shape)}, the head expects "
+                f"{want if part.source_shape is None else viewed} from config.json"
+            )
+        parts[name] = part
+    return parts
+
+
+def _complete(parts: dict[str, StackedPart]) -> set[str]:
+    """The stacked parameters whose every part is among `parts`."""
+    seen: dict[str, set[tuple[int, ...]]] = {}
+    needed: dict[str, int] = {}
+    for part in parts.values():
+        seen.setdefault(part.param, set()).add(part.index)
+        needed[part.param] = part.num_parts
+    return {param for param, indices in seen.items() if len(indices) == needed[param]}
+
+
+def _copy_tensors(
+    head: DraftHead, tensors: dict[str, tuple[Path, Any]], parts: Optional[dict[str, StackedPart]] = None
+) -> None:
+    """Fill the head's parameters from the checkpoint; `parts`: the tensors filling a slice of a stacked one."""
     from safetensors import safe_open
 
+    parts = parts or {}
     state = head.state_dict(keep_vars=True)
     by_file: dict[Path, list[str]] = {}
     for name, (file, _) in tensors.items():
@@ -152,7 +196,12 @@ def _copy_tensors(head: DraftHead, tensors: dict[str, tuple[Path, Any]]) -> None
         for file, names in by_file.items():
             with safe_open(str(file), framework="pt") as f:
                 for name in names:
-                    state[name].copy_(f.get_tensor(name))
+                    tensor, part = f.get_tensor(name), parts.get(name)
+                    if part is None:
+                        state[name].copy_(tensor)
+                    else:  # one expert's projection, or every expert's viewed as the stacked shape
+                        view = tensor if part.source_shape is None else tensor.reshape(part.source_shape)
+                        state[part.param][part.index].copy_(view)
 
 
 def _check_draft_vocab(head: Eagle3Head, tensors: dict[str, Any], root: Path) -> None:

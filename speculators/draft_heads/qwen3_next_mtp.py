@@ -13,18 +13,27 @@ Checkpoint layout (the target's `config.json`, `mtp_num_hidden_layers: n`, n >= 
 
 The attention block is the target's: `q_proj` yields query and sigmoid output gate per head, q/k norms per head,
 rotary on the first `partial_rotary_factor` of each head. The embedding and LM head are the target's. Draft step
-s uses layer `s % n`. A MoE MLP in the block (Qwen3-Next, Qwen3.5-MoE) is refused for now.
+s uses layer `s % n`.
+
+The block's MLP is the target's rule for layer i (`Qwen3NextConfig.is_sparse`): dense `mlp.{gate,up,down}_proj`
+(Qwen3.5), or the target's sparse MoE block where the config has experts (Qwen3-Next, Qwen3.5-MoE): router
+`mlp.gate` [E, H] (softmax, top-k, renormalised), routed experts in the fused MoE kernel, and a shared expert
+`mlp.shared_expert.{gate,up,down}_proj` scaled by `sigmoid(mlp.shared_expert_gate(x))` ([1, H]). Experts are
+read per expert (`mlp.experts.{e}.{gate,up,down}_proj.weight`, Qwen3-Next's layout) or fused
+(`mlp.experts.gate_up_proj` [E, 2I, H] gate rows first and `mlp.experts.down_proj` [E, H, I], as the Qwen3.5-MoE
+checkpoints store them) and stacked at load time (`stacked_tensor_part`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
+from framework.layers.parallel.linear import StackedPart
 from framework.models.hf_config import DecoderConfig
-from framework.models.qwen3_next import GatedMLP, OffsetRMSNorm, Qwen3NextConfig
+from framework.models.qwen3_next import GatedMLP, OffsetRMSNorm, Qwen3NextConfig, SparseMoe, expert_tensor_part
 from speculators.draft_heads.base import DraftHead
 from speculators.draft_heads.layers import Attend
 
@@ -74,18 +83,21 @@ class MTPGatedAttention(nn.Module):
 
 
 class MTPBlock(nn.Module):
-    """Pre-norm gated attention and pre-norm dense MLP, each with a residual."""
+    """Pre-norm gated attention and pre-norm MLP (dense, or the target's sparse MoE block), each with a residual."""
 
-    def __init__(self, cfg: Qwen3NextConfig) -> None:
+    def __init__(self, cfg: Qwen3NextConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = MTPGatedAttention(cfg)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp: nn.Module = (
+            SparseMoe(cfg) if cfg.is_sparse(layer) else GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        return x + self.mlp(h.reshape(-1, h.shape[-1])).view_as(h)  # the MoE block takes [T, H]
 
 
 class MTPModule(nn.Module):
@@ -97,7 +109,7 @@ class MTPModule(nn.Module):
         self.pre_fc_norm_embedding = OffsetRMSNorm(h, eps)
         self.pre_fc_norm_hidden = OffsetRMSNorm(h, eps)
         self.fc = nn.Linear(2 * h, h, bias=False)
-        self.layers = nn.ModuleList(MTPBlock(cfg) for _ in range(num_layers))
+        self.layers = nn.ModuleList(MTPBlock(cfg, i) for i in range(num_layers))
         self.norm = OffsetRMSNorm(h, eps)
 
 
@@ -111,12 +123,9 @@ class Qwen3NextMTPHead(DraftHead):
         if n < 1:
             raise ValueError("config.json has no mtp_num_hidden_layers >= 1 (the checkpoint has no MTP head)")
         qcfg = Qwen3NextConfig.from_hf({**config, "num_hidden_layers": n, "layer_types": ["full_attention"] * n})
-        if qcfg.num_experts > 0:
-            raise ValueError(
-                "MTP heads with a MoE MLP (Qwen3-Next, Qwen3.5-MoE: num_experts > 0) are not supported yet; "
-                "only the dense Qwen3.5 MTP head is"
-            )
-        layer_cfg = DecoderConfig.from_hf({**config, "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": n})
+        # The attention geometry only (a MoE config may lack a dense intermediate_size).
+        dense = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": n, "intermediate_size": 1}
+        layer_cfg = DecoderConfig.from_hf({**config, **dense})
         super().__init__(config, layer_cfg)
         self.qwen_config = qcfg
         self.num_layers = n
@@ -128,6 +137,13 @@ class Qwen3NextMTPHead(DraftHead):
         if not any(name.startswith("mtp.") for name in names):
             raise ValueError("the checkpoint has no mtp.* tensors (no MTP head to draft with)")
         return cls(config)
+
+    def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
+        """The MoE block's experts, per expert or fused, into the stacked `mtp.layers.{i}.mlp.experts.*`."""
+        try:
+            return expert_tensor_part(self, name, self.qwen_config.num_experts)
+        except AttributeError:  # a fused tensor for a layer without experts: reported as matching no parameter
+            return None
 
     def _inv_freq(self) -> torch.Tensor:
         c = self.qwen_config

@@ -129,18 +129,19 @@ def test_chunk_kernel_at_real_shapes(lens: list[int], monkeypatch: pytest.Monkey
     assert calls, "a prefill step did not take the chunked kernel"
 
 
-def test_qwen3_5_mtp_speculation_keeps_greedy_tokens(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """speculator.method=mtp (the checkpoint's mtp.* head, fitted to the target) on the GPU: greedy tokens equal the
-    run without speculation, with draft CUDA graphs and without; the first draft is mostly accepted."""
-    from helpers.gdn_models import QWEN3_5, slow_decay_checkpoint
+def _mtp_keeps_greedy_tokens(tmp_path, spec, fused: bool) -> None:  # type: ignore[no-untyped-def]
+    """speculator.method=mtp (the checkpoint's mtp.* head, fitted to the target, its experts stored fused or per
+    expert) on the GPU: greedy tokens equal the run without speculation, with draft CUDA graphs and without; the
+    first draft is mostly accepted."""
+    from helpers.gdn_models import slow_decay_checkpoint
     from helpers.hf_models import random_prompts
-    from helpers.qwen_mtp import fitted_mtp_tensors
+    from helpers.qwen_mtp import checkpoint_layout, fitted_mtp_tensors
     from safetensors.torch import save_file
 
     from framework.entrypoints.llm import LLM
     from framework.params.sampling_params import SamplingParams
 
-    model = slow_decay_checkpoint(QWEN3_5, tmp_path)
+    model = slow_decay_checkpoint(spec, tmp_path)
     prompts = random_prompts(4, 6, 40, seed=9)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     common = dict(device="cuda", dtype="float32", max_model_len=128, max_num_batched_tokens=13)
@@ -148,11 +149,28 @@ def test_qwen3_5_mtp_speculation_keeps_greedy_tokens(tmp_path) -> None:  # type:
     want = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     del llm
     tensors = fitted_mtp_tensors(tmp_path, model, [p + t for p, t in zip(prompts, want)])
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "mtp.safetensors"))
+    save_file(checkpoint_layout(tensors, fused), str(tmp_path / "mtp.safetensors"))
     for graphs in (False, True):
-        spec = {"method": "mtp", "num_speculative_tokens": 3, "draft_cuda_graphs": graphs}
-        llm = LLM(str(tmp_path), gpu_memory_utilization=0.3, speculative_config=spec, cuda_graphs=graphs, **common)
+        spec_cfg = {"method": "mtp", "num_speculative_tokens": 3, "draft_cuda_graphs": graphs}
+        llm = LLM(str(tmp_path), gpu_memory_utilization=0.3, speculative_config=spec_cfg, cuda_graphs=graphs, **common)
         assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want, graphs
         stats = llm.engine.spec_metrics
         assert stats.per_position_acceptance[0] > 0.9 and stats.num_accepted_tokens < stats.num_draft_tokens
         del llm
+
+
+def test_qwen3_5_mtp_speculation_keeps_greedy_tokens(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The dense Qwen3.5 MTP head."""
+    from helpers.gdn_models import QWEN3_5
+
+    _mtp_keeps_greedy_tokens(tmp_path, QWEN3_5, fused=False)
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe"])
+def test_moe_mtp_speculation_keeps_greedy_tokens(tmp_path, name: str) -> None:  # type: ignore[no-untyped-def]
+    """MTP heads whose block has the sparse MoE MLP (routed experts in the fused MoE kernel, the gated shared
+    expert): Qwen3-Next with per-expert tensors, Qwen3.5-MoE with fused ones."""
+    from helpers.gdn_models import QWEN3_5_MOE, QWEN3_NEXT
+
+    spec, fused = {"qwen3_next": (QWEN3_NEXT, False), "qwen3_5_moe": (QWEN3_5_MOE, True)}[name]
+    _mtp_keeps_greedy_tokens(tmp_path, spec, fused)

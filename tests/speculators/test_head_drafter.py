@@ -164,8 +164,12 @@ GRAPH_CASES = [(kind, kwargs, ()) for kind, kwargs in KINDS] + [("mtp", {}, (2, 
 
 @pytest.mark.parametrize("kind,kwargs,graph_sizes", GRAPH_CASES, ids=[k for k, _ in KINDS] + ["mtp-graph-buffers"])
 def test_paged_drafting_equals_full_sequence_reference(kind: str, kwargs: dict, graph_sizes: tuple) -> None:
-    head = random_head(kind, seed=3, **kwargs)
-    run = FakeTargetRun(head, seed=11, graph_sizes=graph_sizes)
+    run_scenario(FakeTargetRun(random_head(kind, seed=3, **kwargs), seed=11, graph_sizes=graph_sizes))
+
+
+def run_scenario(run: FakeTargetRun) -> None:
+    """Chunked prefills, decodes with every acceptance count, a preemption and a resume in two chunks; every
+    step's drafts are checked against the full-sequence reference (`FakeTargetRun.step`)."""
     rnd = random.Random(5)
     prompts = {r: [rnd.randrange(VOCAB) for _ in range(n)] for r, n in zip("abc", (7, 13, 5))}
     run.step([("a", 7), ("b", 5)], [run.add("a", prompts["a"]), run.add("b", prompts["b"])])

@@ -19,8 +19,7 @@ import pytest
 import torch
 from helpers.gdn_models import QWEN3_5, slow_decay_checkpoint
 from helpers.hf_models import random_prompts
-from helpers.qwen_mtp import fitted_mtp_tensors, random_mtp_tensors
-from helpers.qwen_mtp import zero_centred_norm as _norm
+from helpers.qwen_mtp import fitted_mtp_tensors, random_mtp_tensors, reference_logits
 from safetensors.torch import save_file
 
 from framework.entrypoints.llm import LLM
@@ -62,46 +61,7 @@ def _llm(path: Path, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
     return LLM(str(path), device="cpu", dtype="float32", max_model_len=64, seed=0, **kwargs)
 
 
-# ---- the head against a hand-written reference ----------------------------------------------------------------
-def reference_logits(t: dict[str, torch.Tensor], cfg: dict, embed: torch.Tensor, lm_head: torch.Tensor,
-                     ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """ids [N], hidden [N, H] (one sequence, positions 0..N-1) -> [N, vocab], straight from the config."""
-    eps, n = cfg["rms_norm_eps"], ids.shape[0]
-    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    rope = cfg["rope_parameters"]
-    rd = int(d * rope["partial_rotary_factor"])
-    p = "mtp.layers.0."
-    x = torch.cat([_norm(embed[ids], t["mtp.pre_fc_norm_embedding.weight"], eps),
-                   _norm(hidden, t["mtp.pre_fc_norm_hidden.weight"], eps)], -1) @ t["mtp.fc.weight"].T  # fmt: skip
-    h = _norm(x, t[p + "input_layernorm.weight"], eps)
-    qg = (h @ t[p + "self_attn.q_proj.weight"].T).view(n, heads, 2 * d)
-    q, gate = qg[..., :d], qg[..., d:].reshape(n, heads * d)
-    k = (h @ t[p + "self_attn.k_proj.weight"].T).view(n, kv, d)
-    v = (h @ t[p + "self_attn.v_proj.weight"].T).view(n, kv, d)
-    q, k = (
-        _norm(q, t[p + "self_attn.q_norm.weight"], eps),
-        _norm(k, t[p + "self_attn.k_norm.weight"], eps),
-    )
-    inv = 1.0 / rope["rope_theta"] ** (torch.arange(0, rd, 2).float() / rd)
-    ang = torch.arange(n).float()[:, None] * inv[None]  # [N, rd / 2]
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]
-
-    def rot(z: torch.Tensor) -> torch.Tensor:
-        a, b, rest = z[..., : rd // 2], z[..., rd // 2 : rd], z[..., rd:]
-        return torch.cat([a * cos - b * sin, b * cos + a * sin, rest], -1)
-
-    q, k = rot(q), rot(k).repeat_interleave(heads // kv, dim=1)
-    v = v.repeat_interleave(heads // kv, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) / d**0.5
-    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-    att = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, heads * d)
-    x = x + (att * torch.sigmoid(gate)) @ t[p + "self_attn.o_proj.weight"].T
-    m = _norm(x, t[p + "post_attention_layernorm.weight"], eps)
-    act = torch.nn.functional.silu(m @ t[p + "mlp.gate_proj.weight"].T) * (m @ t[p + "mlp.up_proj.weight"].T)
-    x = x + act @ t[p + "mlp.down_proj.weight"].T
-    return _norm(x, t["mtp.norm.weight"], eps) @ lm_head.T
-
-
+# ---- the head against a hand-written reference (helpers.qwen_mtp.reference_logits) ------------------------
 def _head_and_reference(head_dir: Path, target_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -175,6 +135,3 @@ def test_checkpoint_without_mtp_is_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
     with pytest.raises(CheckpointError, match=r"no mtp\.\* tensors"):
         _llm(tmp_path, speculative_config=MTP)
-    moe = {**read_hf_config(tmp_path), "num_experts": 4, "moe_intermediate_size": 8}
-    with pytest.raises(ValueError, match="MTP heads with a MoE MLP"):
-        Qwen3NextMTPHead(moe)
