@@ -4,8 +4,9 @@ Tiny HF checkpoints of Jamba (Mamba) and Qwen3.5 (Gated DeltaNet, slow decays so
 multi-turn conversations: each turn's prompt is the conversation so far, and the device pool is so small that
 every conversation's blocks are evicted between turns. With the host tier, the evicted blocks take their
 snapshots along and come back as hits (a hit must end at a block whose snapshot the tier holds). The greedy and
-seeded tokens equal those of a run without any prefix caching; every step checks the block pool, the device
-snapshot index and the tier's slots. Planted faults (the snapshot is not restored, or restored from another
+seeded tokens equal those of a run without any prefix caching (async and sync scheduling, chunked prefill,
+preemption, n-gram speculative decoding, n > 1); every step checks the block pool, the device snapshot index
+and the tier's slots. Planted faults (the snapshot is not restored, or restored from another
 block's host slot) change the tokens; a stale host snapshot fails its load, and the request recomputes.
 """
 
@@ -31,7 +32,7 @@ from framework.runner.observer import StepObserver
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 BLOCK_SIZE = 4
-NUM_CONVERSATIONS, CONTEXT_LEN, TURNS, MAX_TOKENS = 4, 26, 3, 5
+NUM_CONVERSATIONS, CONTEXT_LEN, TURNS, MAX_TOKENS = 4, 26, 3, 8
 HOST_BLOCKS = 40
 
 
@@ -43,8 +44,8 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
-def _config(path: Path, caching: bool = True, host_gib: float = 0.0) -> dict[str, Any]:
-    return {
+def _config(path: Path, caching: bool = True, host_gib: float = 0.0, **sections: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {
         "model": {"path": str(path), "preset": None, "dtype": "float32", "max_model_len": 96},
         "runner": {"kind": "v2"},
         "device": "cpu",
@@ -57,6 +58,9 @@ def _config(path: Path, caching: bool = True, host_gib: float = 0.0) -> dict[str
         },
         "scheduler": {"max_num_seqs": 3, "max_num_batched_tokens": 48, "check_invariants": True},
     }
+    for section, values in sections.items():
+        data[section] = {**data.get(section, {}), **values}
+    return data
 
 
 class _TierChecks(StepObserver):
@@ -67,13 +71,16 @@ class _TierChecks(StepObserver):
         self.index.check()
 
 
-def _run(path: Path, between_turns: Optional[Callable[[LLM, int], None]] = None, **config: Any) -> tuple[list, LLM]:
+def _run(
+    path: Path, between_turns: Optional[Callable[[LLM, int], None]] = None, n: int = 1, **config: Any
+) -> tuple[list, LLM]:
     llm = LLM(config=load_config(_config(path, **config)))
     if config.get("host_gib"):
         llm.engine.set_observer(_TierChecks(llm))
     hook = (lambda turn: between_turns(llm, turn)) if between_turns is not None else None
-    outputs, _ = run_turns(llm, contexts(NUM_CONVERSATIONS, CONTEXT_LEN), TURNS, MAX_TOKENS, 1, hook)
+    outputs, preemptions = run_turns(llm, contexts(NUM_CONVERSATIONS, CONTEXT_LEN), TURNS, MAX_TOKENS, n, hook)
     assert_engine_drained(llm.engine)
+    assert preemptions > 0 or not config.get("host_gib"), "the small pool was meant to preempt too"
     return outputs, llm
 
 
@@ -91,14 +98,27 @@ def references(checkpoints) -> dict[str, list]:
     return {name: _run(path, caching=False)[0] for name, path in checkpoints.items()}
 
 
-@pytest.mark.parametrize("name", ["jamba", "qwen3_5"])
-def test_snapshots_travel_and_hits_give_the_same_tokens(checkpoints, references, name):
-    on, llm = _run(checkpoints[name], host_gib=_host_gib(checkpoints[name]))
-    assert on == references[name]
+# (model, case, config sections, n): async scheduling (the default), chunked prefill with sync scheduling,
+# n-gram speculative decoding (drafts verified; the state keeps only accepted tokens), n > 1.
+CASES = [
+    ("jamba", "async", {}, 1),
+    ("qwen3_5", "async", {}, 1),
+    ("jamba", "chunked-sync", {"scheduler": {"max_num_batched_tokens": 7, "async_scheduling": False}}, 1),
+    ("jamba", "ngram", {"speculator": {"method": "ngram", "num_speculative_tokens": 2}}, 1),
+    ("qwen3_5", "n2", {}, 2),
+]
+
+
+@pytest.mark.parametrize("name,case,sections,n", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_snapshots_travel_and_hits_give_the_same_tokens(checkpoints, references, name, case, sections, n):
+    path = checkpoints[name]
+    plain = case in ("async", "chunked-sync")  # the same tokens as the default workload's
+    off = references[name] if plain else _run(path, n=n, caching=False, **sections)[0]
+    on, llm = _run(path, n=n, host_gib=_host_gib(path), **sections)
+    assert on == off
     stats = llm.engine.kv_tier_stats
     assert stats.hit_tokens > 0 and stats.snapshot_hits > 0 and stats.failed_loads == 0
     assert 0 < stats.snapshots_held <= stats.capacity_snapshots and stats.blocks_held <= HOST_BLOCKS
-    assert llm.engine.prefix_cache_stats.hits == 0  # the device pool hit nothing: every hit came from the tier
 
 
 def _not_restored(self: HostSnapshotPool, loads: list) -> None:
