@@ -107,10 +107,20 @@ def test_load_slots_are_never_read_by_the_steps_restores_and_free_next_step():
     assert hooks.snapshot_slot(9) == 2 and hooks.usable_hit([9]) == 0  # for this step's restores only
     with pytest.raises(ValueError, match="not reserved"):
         hooks.loaded_into(8, 0)
-    hooks.check({1})
+    hooks.check({1, 2})
     hooks.on_schedule()
-    assert hooks.snapshot_slot(9) is None and hooks.reserve_load_slot() in (1, 2)
-    hooks.check({1})
+    assert hooks.snapshot_slot(9) is None  # slot 2 is free again
+    assert hooks.snapshot_slot(2) == 1 and hooks.num_evictions == 0  # no load used slot 1: block 2 has it back
+    assert hooks.reserve_load_slot() == 2 and hooks.reserve_load_slot() == 1  # then block 2's, the least recent
+    hooks.loaded_into(9, 1)  # overwritten: block 2's snapshot is gone for good
+    hooks.on_schedule()
+    assert hooks.snapshot_slot(2) is None and hooks.snapshot_slot(1) == 0
+    assert {hooks.reserve_load_slot(), hooks.reserve_load_slot()} == {1, 2}  # the free ones, then block 1's
+    assert hooks.reserve_load_slot() == 0
+    hooks.on_evicted(1, b"")  # block 1 leaves the device before the next step: nothing to give back
+    hooks.on_schedule()
+    assert hooks.snapshot_slot(1) is None
+    hooks.check(set())
 
 
 def test_pool_moves_snapshots_byte_exact_and_fails_a_stale_slot():
