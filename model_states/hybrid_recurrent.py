@@ -107,6 +107,11 @@ class HybridRecurrentModelState(DefaultModelState):
         """Device memory of one snapshot: every recurrent layer's state of one request."""
         return sum(slab[:, 0].numel() * slab.element_size() for slab in self.slabs)
 
+    def snapshot_tensors(self) -> list[torch.Tensor]:
+        """Every slab's snapshot pool as `[P, L, ...]` (snapshot slot first): a KV tier copies a snapshot, every
+        recurrent layer's state of one prefix, as one row of each."""
+        return [pool.movedim(1, 0) for pool in self.snapshot_pools] if self.snapshot_pools is not None else []
+
     # ---- per-slot verbs ------------------------------------------------------------------------------------
     def add_request(self, req_slot: int, request: "NewRequestData") -> None:
         snapshot = request.snapshot_slot

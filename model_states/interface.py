@@ -79,6 +79,13 @@ class ModelState(ABC):
         if snapshots:
             raise NotImplementedError(f"model state '{self.name}' keeps no state snapshots")
 
+    def snapshot_tensors(self) -> list[torch.Tensor]:
+        """The device tensors that hold this state's snapshots, each a view indexed by snapshot slot along
+        dimension 0, so that a KV tier (the host tier) can carry a snapshot with its cached block: it copies slot
+        `s` of every tensor out when the block is evicted and back into a reserved slot on a hit (the slots of
+        `init_prefix_cache`'s hooks). Default: none (the state keeps no snapshots)."""
+        return []
+
     def add_request(self, req_slot: int, request: "NewRequestData") -> None:
         """A request took `req_slot`: stage whatever per-slot state it needs."""
 

@@ -16,7 +16,8 @@ class KVTierFields(StrictModel):
         0.0,
         ge=0.0,
         description="Host-memory KV tier (docs/prefix-caching.md#the-host-memory-tier): GiB of (pinned) host memory "
-        "that keeps the blocks the prefix cache evicts and loads them back on a later hit; 0 = off.",
+        "that keeps the blocks the prefix cache evicts and loads them back on a later hit (for a hybrid model, half "
+        "of it keeps their recurrent-state snapshots); 0 = off.",
     )
     kv_connector: Optional[str] = Field(
         None,

@@ -27,7 +27,7 @@ from framework.engine.scheduler.prefix import recompute_failed_loads
 from framework.engine.scheduler.scheduler import Scheduler
 from framework.engine.scheduler.window import freeable_window
 from framework.engine.validation import RequestValidator
-from framework.kv_transfer.build import build_kv_connector, check_kv_connector
+from framework.kv_transfer.build import build_kv_connector, check_kv_connector, snapshot_bytes
 from framework.kv_transfer.interface import KVConnectorContext, NoKVConnector
 from framework.models.interface import EncoderDecoder
 from framework.models.setup import kv_bytes_per_block, load_model, resolve_device
@@ -100,8 +100,11 @@ class EngineCore:
         self.kv_cache = KVCacheManager(blocks, config.cache.block_size, prefix_caching, hooks, window)
         block_bytes = kv_bytes_per_block(self.loaded, config.cache.block_size, self.runner.num_draft_kv_layers)
         # Another tier of KV blocks (the host-memory tier): its scheduler side, told of the cache's evictions.
+        snapshots = snapshot_bytes(self.runner.model_state.snapshot_tensors())  # carried by a KV tier
         self.kv_connector = build_kv_connector(
-            KVConnectorContext("scheduler", config.cache, block_bytes, self.loaded.device)
+            KVConnectorContext(
+                "scheduler", config.cache, block_bytes, self.loaded.device, snapshots, self.kv_cache.hooks
+            )
         )
         if not isinstance(self.kv_connector, NoKVConnector):
             self.kv_cache.add_eviction_observer(self.kv_connector.on_block_evicted)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import torch
+
 from framework.config.base import ConfigError
 from framework.config.registry import KV_CONNECTORS, RegistryError
 from framework.config.schema import CacheConfig, Mrv2Config
@@ -21,10 +25,7 @@ def build_kv_connector(context: KVConnectorContext) -> KVConnector:
     name = kv_connector_name(context.cache)
     if name == "none":
         return NoKVConnector(context)
-    cls = KV_CONNECTORS.get(name)
-    if not (isinstance(cls, type) and issubclass(cls, KVConnector)):
-        raise RegistryError(f"KV connector '{name}' is {cls!r}, not a KVConnector subclass")
-    return cls(context)
+    return _connector_class(name)(context)
 
 
 def check_kv_connector(
@@ -43,12 +44,24 @@ def check_kv_connector(
         raise ConfigError(f"{what}: KV connectors need the V2 runner, but the config selects {runner_kind}")
     if not prefix_caching:
         raise ConfigError(f"{what}: the tier indexes blocks by their prefix-cache hashes: enable prefix caching")
-    if hooks.takes_snapshots:
+    if hooks.takes_snapshots and not _connector_class(name).carries_state_snapshots:
         raise ConfigError(
             f"{what}: model state '{state_name}' keeps recurrent-state snapshots on the device at cached block "
-            "boundaries, and the tier does not carry them: a block loaded from it would have no state to resume "
-            "from. Set cache.host_kv_gib=0 for this model"
+            "boundaries, and this connector does not carry them (carries_state_snapshots is False): a block "
+            "loaded from it would have no state to resume from. Use a connector that does, such as 'host'"
         )
+
+
+def _connector_class(name: str) -> type[KVConnector]:
+    cls = KV_CONNECTORS.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, KVConnector)):
+        raise RegistryError(f"KV connector '{name}' is {cls!r}, not a KVConnector subclass")
+    return cls
+
+
+def snapshot_bytes(snapshots: Sequence[torch.Tensor]) -> int:
+    """The bytes of one snapshot: one row (snapshot slot) of every tensor `ModelState.snapshot_tensors` returns."""
+    return sum(tensor[0].numel() * tensor.element_size() for tensor in snapshots)
 
 
 def block_dim(shape_one: tuple[int, ...], shape_two: tuple[int, ...]) -> int:

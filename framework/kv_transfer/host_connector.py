@@ -3,7 +3,8 @@ back when a later request's prefix runs past its device-cache hit.
 
 Scheduler side: a `HostBlockIndex` (hash -> host slot, LRU). Worker side: a `HostBlockPool` (the bytes) and a side
 stream. `cache.host_kv_gib` sizes the tier; a tier larger than the host memory available now is refused at start,
-with the numbers.
+with the numbers. For a model whose state keeps recurrent-state snapshots (Mamba, Gated DeltaNet hybrids), half
+of it holds KV blocks and half holds snapshots, which travel with their blocks (`host_index`, `host_snapshots`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ def available_host_bytes() -> int:
 def host_tier_blocks(host_kv_gib: float, block_bytes: int, available: Optional[int] = None) -> int:
     """Host slots of `block_bytes` that `host_kv_gib` holds; `ConfigError` if that is more memory than the host
     has available (`available`, default: now) or less than one block."""
+    return host_tier_slots(host_kv_gib, block_bytes, 0, available)[0]
+
+
+def host_tier_slots(
+    host_kv_gib: float, block_bytes: int, snapshot_bytes: int, available: Optional[int] = None
+) -> tuple[int, int]:
+    """(KV block slots, snapshot slots) that `host_kv_gib` holds: all of it for blocks when `snapshot_bytes` is 0,
+    else half for blocks of `block_bytes` and half for snapshots of `snapshot_bytes`; `ConfigError` if that is
+    more memory than the host has available (`available`, default: now), or less than one of each."""
     wanted = int(host_kv_gib * GIB)
     available = available_host_bytes() if available is None else available
     if wanted > available:
@@ -53,28 +63,39 @@ def host_tier_blocks(host_kv_gib: float, block_bytes: int, available: Optional[i
             f"cache.host_kv_gib={host_kv_gib:g} asks for {wanted / GIB:.2f} GiB of host memory, but only "
             f"{available / GIB:.2f} GiB is available; lower cache.host_kv_gib"
         )
-    blocks = wanted // block_bytes if block_bytes else 0
-    if blocks < 1:
+    for_blocks = wanted // 2 if snapshot_bytes else wanted
+    blocks = for_blocks // block_bytes if block_bytes else 0
+    snapshots = (wanted - for_blocks) // snapshot_bytes if snapshot_bytes else 0
+    if blocks < 1 or (snapshot_bytes and snapshots < 1):
+        share = " (half of it: the other half keeps state snapshots)" if snapshot_bytes else ""
         raise ConfigError(
-            f"cache.host_kv_gib={host_kv_gib:g} ({wanted} bytes) holds no KV block of {block_bytes} bytes; "
-            "raise it or set it to 0"
+            f"cache.host_kv_gib={host_kv_gib:g} ({wanted} bytes) holds no KV block of {block_bytes} bytes{share}"
+            + (f", or no state snapshot of {snapshot_bytes} bytes in the other half" if snapshot_bytes else "")
+            + "; raise it or set it to 0"
         )
-    return blocks
+    return blocks, snapshots
 
 
 class HostKVConnector(KVConnector):
     """The host-memory tier (`cache.kv_connector: host`, the default when `cache.host_kv_gib > 0`)."""
 
     name = "host"
+    carries_state_snapshots = True
 
     def __init__(self, context: KVConnectorContext) -> None:
         super().__init__(context)
         # Only the worker side allocates; the scheduler side, built after it, would see its memory as taken.
         wanted = int(context.cache.host_kv_gib * GIB)
         available = None if context.role == "worker" else wanted
-        capacity = host_tier_blocks(context.cache.host_kv_gib, context.block_bytes, available)
+        capacity, self.snapshot_capacity = host_tier_slots(
+            context.cache.host_kv_gib, context.block_bytes, context.snapshot_bytes, available
+        )
         self.block_size = context.cache.block_size
-        self.index = HostBlockIndex(capacity, self.block_size) if context.role == "scheduler" else None
+        self.index = (
+            HostBlockIndex(capacity, self.block_size, self.snapshot_capacity, context.snapshots)
+            if context.role == "scheduler"
+            else None
+        )
         self.pool = (
             HostBlockPool(capacity, context.device, side_stream_for(context.device))
             if context.role == "worker"
@@ -129,6 +150,15 @@ class HostKVConnector(KVConnector):
     # ---- worker side -------------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Sequence[torch.Tensor], block_dim: int) -> None:
         self._pool().bind(kv_caches, block_dim)
+
+    def register_state_snapshots(self, snapshots: Sequence[torch.Tensor]) -> None:
+        pool = self._pool()
+        pool.bind_snapshots(snapshots, self.snapshot_capacity)
+        if pool.snapshots is not None and pool.snapshots.snapshot_bytes != self.context.snapshot_bytes:
+            raise ValueError(
+                f"host KV tier: snapshots of {pool.snapshots.snapshot_bytes} bytes registered, but the tier was "
+                f"sized for {self.context.snapshot_bytes}"
+            )
 
     def start_load_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
         if isinstance(metadata, BlockTransfers):

@@ -14,6 +14,12 @@ A connector has two sides, built as two objects of the same class (`KVConnectorC
   `start_save_kv` (after the forward: save what it computed) and `get_finished` (finished and failed
   transfers).
 
+A hybrid model's recurrent-state snapshots (kept by its model state at cached block boundaries) travel with
+their blocks in a connector that sets `carries_state_snapshots`: the scheduler side reads an evicted block's
+snapshot slot from `KVConnectorContext.snapshots` (the model state's prefix-cache hooks) and reserves a slot for
+one it loads; the worker side copies the slots of the tensors `register_state_snapshots` hands it. A connector
+that does not is refused at start for such a model, by name.
+
 A load that fails never fails a request: the scheduler recomputes the tokens of every request that holds a block
 whose load failed. `NoKVConnector` is the default: the same verbs, doing nothing, so the runner's step has no
 branch for "no connector".
@@ -22,8 +28,8 @@ branch for "no connector".
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Literal, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, Optional, Sequence
 
 import torch
 
@@ -35,7 +41,7 @@ from framework.params.kv_transfer import (
     KVConnectorOutput,
     KVTierStats,
 )
-from framework.params.prefix_cache import BlockHash, HashableRequest
+from framework.params.prefix_cache import BlockHash, HashableRequest, PrefixCacheHooks
 
 Role = Literal["scheduler", "worker"]
 
@@ -43,12 +49,15 @@ Role = Literal["scheduler", "worker"]
 @dataclass(frozen=True)
 class KVConnectorContext:
     """What a connector is built from: its role, the cache config, the bytes of one KV block over every paged
-    layer the runner registers (target and draft), and the device of the KV cache."""
+    layer the runner registers (target and draft), and the device of the KV cache. For a model state that keeps
+    recurrent-state snapshots: the bytes of one snapshot and (scheduler side) the state's prefix-cache hooks."""
 
     role: Role
     cache: CacheConfig
     block_bytes: int
     device: torch.device
+    snapshot_bytes: int = 0
+    snapshots: PrefixCacheHooks = field(default_factory=PrefixCacheHooks)
 
 
 class KVConnector(ABC):
@@ -60,6 +69,7 @@ class KVConnector(ABC):
     """
 
     name: str = "?"
+    carries_state_snapshots: ClassVar[bool] = False  # True: serves models whose state keeps snapshots
 
     def __init__(self, context: KVConnectorContext) -> None:
         self.context = context
@@ -111,9 +121,16 @@ class KVConnector(ABC):
         """The device's paged KV cache tensors (every layer, target then draft), indexed by block id along
         dimension `block_dim`."""
 
+    def register_state_snapshots(self, snapshots: Sequence[torch.Tensor]) -> None:
+        """The model state's snapshot tensors, each indexed by snapshot slot along dimension 0 (empty for a model
+        without snapshots). Only a connector that sets `carries_state_snapshots` is handed any."""
+        if snapshots:
+            raise NotImplementedError(f"KV connector '{self.name}' does not carry recurrent-state snapshots")
+
     @abstractmethod
     def start_load_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
-        """Start this step's transfers (before the forward), off the step's stream; never waits for the device."""
+        """Start this step's transfers (before the forward and the model state's restores, which read loaded
+        snapshots), off the step's stream; never waits for the device."""
 
     @abstractmethod
     def wait_for_layer_load(self, layer: int) -> None:
@@ -136,6 +153,7 @@ class NoKVConnector(KVConnector):
     """No other tier: every verb does nothing (the default)."""
 
     name = "none"
+    carries_state_snapshots = True  # nothing to carry
 
     def __init__(self, context: Optional[KVConnectorContext] = None) -> None:
         self.context = context  # type: ignore[assignment]  # needs none
@@ -164,6 +182,9 @@ class NoKVConnector(KVConnector):
         return KVTierStats()
 
     def register_kv_caches(self, kv_caches: Sequence[torch.Tensor], block_dim: int) -> None:
+        pass
+
+    def register_state_snapshots(self, snapshots: Sequence[torch.Tensor]) -> None:
         pass
 
     def start_load_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:

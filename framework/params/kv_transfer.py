@@ -41,16 +41,34 @@ class BlockTransfer:
 
 
 @dataclass(frozen=True)
+class SnapshotTransfer:
+    """Copy one recurrent-state snapshot (a hybrid model's state at the end of a cached block) between the device's
+    snapshot pool and another tier, with its block.
+
+    `device_slot` is a slot of the model state's snapshot pool, `tier_slot` a snapshot slot of the other tier,
+    `block_hash` the prefix the snapshot ends (a load checks it) and `block_id` the device block of that prefix
+    (a failed load is reported as that block's).
+    """
+
+    device_slot: int
+    tier_slot: int
+    block_hash: BlockHash
+    block_id: int
+
+
+@dataclass(frozen=True)
 class BlockTransfers(KVConnectorMetadata):
     """One step's transfers, in the order the worker runs them: every save of this step comes before every load
-    (a block evicted and refilled in the same step is saved before it is overwritten)."""
+    (a block evicted and refilled in the same step is saved before it is overwritten; the same for snapshots)."""
 
     saves: tuple[BlockTransfer, ...] = ()  # device -> tier, before the forward overwrites the evicted blocks
     loads: tuple[BlockTransfer, ...] = ()  # tier -> device, before the forward reads them
+    snapshot_saves: tuple[SnapshotTransfer, ...] = ()  # snapshots of evicted blocks, device pool -> tier
+    snapshot_loads: tuple[SnapshotTransfer, ...] = ()  # tier -> device pool, before the step's restores read them
 
     @property
     def is_empty(self) -> bool:
-        return not self.saves and not self.loads
+        return not (self.saves or self.loads or self.snapshot_saves or self.snapshot_loads)
 
 
 @dataclass(frozen=True)
@@ -83,6 +101,9 @@ class KVTierStats:
     blocks whose load failed (their tokens were recomputed); `bytes_to_tier` / `bytes_to_device`: KV bytes
     copied each way; `load_seconds` / `num_loads`: the time of the steps' load batches (device-side, from the
     first copy to the last) and how many there were. `blocks_held` / `capacity_blocks`: the tier's fill now.
+    A hybrid model's state snapshots travel with their blocks: `snapshot_hits` counts the snapshots loaded back
+    (each ends a tier hit), `snapshots_held` / `capacity_snapshots` the tier's snapshot slots; their bytes are in
+    `bytes_to_tier` / `bytes_to_device`.
     """
 
     hit_tokens: int = 0
@@ -93,3 +114,6 @@ class KVTierStats:
     num_loads: int = 0
     blocks_held: int = 0
     capacity_blocks: int = 0
+    snapshot_hits: int = 0
+    snapshots_held: int = 0
+    capacity_snapshots: int = 0

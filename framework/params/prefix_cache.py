@@ -94,6 +94,10 @@ class PrefixCacheHooks:
     to store it there; a snapshot is readable from the next step on (`on_schedule`). The hooks drop it when the
     block is evicted (`on_evicted`) and accept a cache hit only up to the last hit block with a readable
     snapshot (`usable_hit`), whose slot (`snapshot_slot`) the admitted request starts from.
+
+    A KV connector's tier (the host tier) carries snapshots with the blocks the device cache evicts: it reads
+    the evicted block's `snapshot_slot` (eviction observers run before `on_evicted`), and a hit of its own
+    ends at a block it holds a snapshot for, loaded into a slot from `reserve_load_slot` (`loaded_into`).
     """
 
     takes_snapshots: bool = False  # True: the scheduler asks for snapshots (costs a little host work per step)
@@ -119,6 +123,17 @@ class PrefixCacheHooks:
     def snapshot_slot(self, block_id: int) -> Optional[int]:
         """The slot of the readable snapshot of block `block_id`, or None."""
         return None
+
+    # ---- another tier of blocks (a KV connector) carries snapshots too ------------------------------------
+    def reserve_load_slot(self) -> Optional[int]:
+        """A KV connector will load a snapshot from its tier in the step being scheduled, before that step's
+        restores: a slot for it that no restore of this step reads and no write of this step targets, free
+        again from the next step on; None when no slot can be spared (the tier's hit is then not used)."""
+        return None
+
+    def loaded_into(self, block_id: int, slot: int) -> None:
+        """The reserved `slot` receives the snapshot of block `block_id` (loaded from another tier) in the step
+        being scheduled: `snapshot_slot(block_id)` answers it for that step's restores."""
 
     def check(self, cached_blocks: set[int]) -> None:
         """Raise `AssertionError` if the hooks' own bookkeeping is inconsistent (`cached_blocks`: the blocks

@@ -15,7 +15,7 @@ from framework.batch.block_tables import BlockTables
 from framework.batch.input_batch import InputBatch, batch_req_slots, build_input_batch, input_staging
 from framework.batch.request_state import RequestState
 from framework.config.schema import Mrv2Config
-from framework.kv_transfer.build import block_dim, build_kv_connector
+from framework.kv_transfer.build import block_dim, build_kv_connector, snapshot_bytes
 from framework.kv_transfer.interface import KVConnector, KVConnectorContext, NoKVConnector
 from framework.layers.attention import AttentionMetadata
 from framework.layers.kernels.input_prep import compute_num_sampled, post_update
@@ -141,11 +141,13 @@ class ModelRunnerV2(ModelRunner):
             self.speculator.bind_kv_caches(draft_caches)
         bs = self.config.cache.block_size
         block_bytes = kv_bytes_per_block(self.loaded, bs, self.num_draft_kv_layers)
+        snapshots = self.model_state.snapshot_tensors()  # recurrent-state snapshots travel with their blocks
         self.kv_connector = build_kv_connector(
-            KVConnectorContext("worker", self.config.cache, block_bytes, self.device)
+            KVConnectorContext("worker", self.config.cache, block_bytes, self.device, snapshot_bytes(snapshots))
         )
         dim = block_dim(self.model.kv_cache_shape(1, bs), self.model.kv_cache_shape(2, bs))
         self.kv_connector.register_kv_caches(self.kv_caches + draft_caches, dim)
+        self.kv_connector.register_state_snapshots(snapshots)
 
     def capture_cuda_graphs(self, capturer: Optional[GraphCapturer] = None) -> None:
         """Capture decode graphs (GPU with Triton attention, `runner.cuda_graphs`) and, when on, full-step graphs
@@ -168,9 +170,9 @@ class ModelRunnerV2(ModelRunner):
         self._free_slots(output.finished_request_ids)  # 1. finished / preempted requests leave their slots
         self._add_requests(output.new_requests)  # 2. new and resumed requests take slots
         self._update_requests(output.cached_requests)  # 3. running requests gain KV blocks
-        self._apply_staged_writes()  # 4. one scatter per state tensor
         self.kv_connector.start_load_kv(output.kv_connector_metadata)  # 4a. KV tier copies start, side stream
-        self.kv_connector.wait_for_loads()  # 4b. the forward's stream waits for them (on the device)
+        self.kv_connector.wait_for_loads()  # 4b. the step's stream waits for them (loaded snapshots restore in 4)
+        self._apply_staged_writes()  # 4. one scatter per state tensor
         self._kv_transfers = output.kv_connector_metadata
         if output.is_empty:
             self._pending = None

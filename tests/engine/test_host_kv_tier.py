@@ -19,7 +19,9 @@ from helpers.leak_check import assert_engine_drained
 from helpers.multiturn_workload import contexts, run_turns
 
 from framework import LLM, load_config
+from framework.config.registry import KV_CONNECTORS
 from framework.config.schema import ConfigError
+from framework.kv_transfer.host_connector import HostKVConnector
 from framework.models.setup import kv_bytes_per_block
 from framework.params.scheduler_output import SchedulerOutput
 from framework.runner.observer import StepObserver
@@ -171,9 +173,20 @@ def test_the_tier_needs_prefix_caching(checkpoint):
         LLM(config=load_config(_config(checkpoint, cache={"host_kv_gib": 0.001, "enable_prefix_caching": False})))
 
 
+class _NoSnapshots(HostKVConnector):
+    """A connector that does not carry recurrent-state snapshots (the host tier, with the flag off)."""
+
+    carries_state_snapshots = False
+
+
 @pytest.mark.parametrize("preset", ["jamba-tiny", "qwen3_5-tiny"])
-def test_recurrent_state_snapshots_are_refused_by_name(preset):
-    """Hybrid models keep recurrent-state snapshots at cached block boundaries on the device; the tier does not
-    carry them, so it refuses by the model state's name, with the reason."""
-    with pytest.raises(ConfigError, match=r"model state '\w+' keeps recurrent-state snapshots"):
-        LLM(preset, device="cpu", max_model_len=64, host_kv_gib=0.001, enable_prefix_caching=True)
+def test_a_connector_without_snapshots_is_refused_by_name_for_hybrids(preset):
+    """Hybrid models keep recurrent-state snapshots at cached block boundaries; a connector that does not carry
+    them is refused by the model state's name, with the reason (the host tier carries them:
+    tests/model_states/test_host_tier_snapshots.py)."""
+    KV_CONNECTORS.register("no_snapshots", _NoSnapshots)
+    try:
+        with pytest.raises(ConfigError, match=r"model state '\w+' keeps recurrent-state snapshots .* does not carry"):
+            LLM(preset, device="cpu", max_model_len=64, host_kv_gib=0.001, kv_connector="no_snapshots")
+    finally:
+        KV_CONNECTORS.unregister("no_snapshots")

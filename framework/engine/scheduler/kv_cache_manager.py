@@ -69,8 +69,9 @@ class KVCacheManager:
         self._eviction_observers: list[Callable[[int, BlockHash], None]] = []  # e.g. a KV tier keeping evictions
 
     def add_eviction_observer(self, observer: Callable[[int, BlockHash], None]) -> None:
-        """Call `observer(block_id, block_hash)` whenever a cached block is handed out for other tokens; its KV is
-        intact until the forward of the step being scheduled (a reset of the cache calls nothing)."""
+        """Call `observer(block_id, block_hash)` whenever a cached block is handed out for other tokens; its KV (and
+        its state snapshot: observers run before `hooks.on_evicted`) is intact until the forward of the step being
+        scheduled (a reset of the cache calls nothing)."""
         self._eviction_observers.append(observer)
 
     @property
@@ -176,9 +177,9 @@ class KVCacheManager:
                 del self._cached[block_hash]
                 if self.events is not None:
                     self.events.removed(block_hash)
-            self.hooks.on_evicted(block, block_hash)
-            for observer in self._eviction_observers:
+            for observer in self._eviction_observers:  # first: a tier keeping the block reads its snapshot
                 observer(block, block_hash)
+            self.hooks.on_evicted(block, block_hash)
         self._ref_cnt[block] = 1
         return block
 

@@ -262,8 +262,6 @@ class Scheduler:
                 break
             hit_blocks, num_ext = cache_hit(kv, request, self.kv_connector)  # device blocks, then tier tokens
             num_hit = len(hit_blocks) * kv.block_size + num_ext
-            # read now: assigning this step's snapshots may evict it (the runner restores before it overwrites)
-            restore = kv.hooks.snapshot_slot(hit_blocks[-1]) if hit_blocks else None
             n = min(request.num_tokens - num_hit, budget)
             samples = num_hit + n == request.num_tokens
             new_blocks = kv.allocate(request.request_id, self._with_lookahead(num_hit + n, samples), hit_blocks)
@@ -272,6 +270,8 @@ class Scheduler:
             encoder_scheduled += num_encoder
             tier_blocks = new_blocks[: num_ext // kv.block_size]  # where the external tier's tokens load
             offered = admit_cache_hit(kv, request, num_hit, n, self.kv_connector, tier_blocks)
+            # its hit's snapshot (device-cached or loaded from the tier): read before this step's snapshots evict it
+            restore = kv.hooks.snapshot_slot((hit_blocks + tier_blocks)[-1]) if num_hit else None
             take_snapshots(kv, len(step.ids), num_hit, n, offered, step.snapshots)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
