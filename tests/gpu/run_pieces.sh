@@ -5,7 +5,8 @@
 #   gpu_tests_all    the whole tests/gpu suite in one pytest run (every file; needs 2 GPUs for the parallel tests)
 #   gpu_tests_first  GPU_PIECES below, one pytest run per group (fits one 600 s device call)
 #   gpu_tests_more   GPU_PIECES_MORE below, the same way (fits a second call)
-#   gpu_tests_extra  GPU_PIECES_EXTRA below, the same way (a third call); first + more + extra = every tests/gpu file
+#   gpu_tests_extra  GPU_PIECES_EXTRA below, the same way (a third call)
+#   gpu_tests_last   GPU_PIECES_LAST below, the same way (a fourth call); the four lists hold every tests/gpu file
 #   gpu_tests_xdist  every tests/gpu file in one call: pytest-xdist workers sharing the one GPU (one file per worker
 #                    at a time), for sessions with device time for a single call; needs pytest-xdist in .device-wheels
 #   nano             `mrv2 bench experiment=nano` (V2, HF baseline, idle probe), bench.json under OUT_DIR/nano
@@ -66,6 +67,8 @@ GPU_PIECES_EXTRA=(
   "quantization 180 test_quantization_gpu.py"
   "window 90 test_window_sinks_gpu.py"
   "gemma3 90 test_gemma3_gpu.py"
+)
+GPU_PIECES_LAST=(
   "kvtier 70 test_host_kv_tier_gpu.py"
   "lora 60 test_lora_gpu.py"
   "gdn 100 test_gdn_gpu.py"
@@ -109,6 +112,7 @@ for piece in "$@"; do
     gpu_tests_first) test_groups gpu_tests_first GPU_PIECES ;;
     gpu_tests_more) test_groups gpu_tests_more GPU_PIECES_MORE ;;
     gpu_tests_extra) test_groups gpu_tests_extra GPU_PIECES_EXTRA ;;
+    gpu_tests_last) test_groups gpu_tests_last GPU_PIECES_LAST ;;
     nano) step nano 330 python3 -m framework.entrypoints.cli bench experiment=nano bench.output_dir="$out/nano" ;;
     v1_nano)
       step v1_nano 300 python3 -m framework.entrypoints.cli bench experiment=nano runner=v1 bench.baselines=[] \

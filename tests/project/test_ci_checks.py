@@ -90,8 +90,8 @@ def test_ci_run_sets_the_strict_skip_check():
 def test_gpu_pieces_run_every_gpu_file_once_within_one_device_call_each():
     script = (REPO / "tests" / "gpu" / "run_pieces.sh").read_text()
     files = []
-    # each run by one device call (gpu_tests_first, gpu_tests_more, gpu_tests_extra)
-    for array in ("GPU_PIECES", "GPU_PIECES_MORE", "GPU_PIECES_EXTRA"):
+    # each run by one device call (gpu_tests_first, gpu_tests_more, gpu_tests_extra, gpu_tests_last)
+    for array in ("GPU_PIECES", "GPU_PIECES_MORE", "GPU_PIECES_EXTRA", "GPU_PIECES_LAST"):
         block = re.search(rf"^{array}=\((.*?)^\)", script, re.MULTILINE | re.DOTALL)
         assert block, f"run_pieces.sh defines {array}"
         pieces = [line.strip().strip('"').split() for line in block.group(1).splitlines() if line.strip()]
@@ -101,6 +101,7 @@ def test_gpu_pieces_run_every_gpu_file_once_within_one_device_call_each():
     assert re.search(r"^\s*gpu_tests_first\) test_groups gpu_tests_first GPU_PIECES ;;", script, re.MULTILINE)
     assert re.search(r"^\s*gpu_tests_more\) test_groups gpu_tests_more GPU_PIECES_MORE ;;", script, re.MULTILINE)
     assert re.search(r"^\s*gpu_tests_extra\) test_groups gpu_tests_extra GPU_PIECES_EXTRA ;;", script, re.MULTILINE)
+    assert re.search(r"^\s*gpu_tests_last\) test_groups gpu_tests_last GPU_PIECES_LAST ;;", script, re.MULTILINE)
     assert re.search(r"^\s*gpu_tests_all\)\n.*pytest .* tests/gpu$", script, re.MULTILINE | re.DOTALL)
     assert re.search(r"^\s*nano\) .*bench experiment=nano bench.output_dir=\"\$out/nano\"", script, re.MULTILINE)
 
