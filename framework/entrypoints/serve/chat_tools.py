@@ -61,7 +61,7 @@ class ChatPlan:
         return {
             "SamplingParams.structured_outputs.grammar is invalid": "tools: a function's parameters schema does not "
             "compile (the forced call's grammar)",
-            "SamplingParams.structured_outputs.grammar always ends": "tool_choice: the forced call always ends",
+            "SamplingParams.structured_outputs.grammar": "tool_choice's forced call",
             "SamplingParams.min_tokens": "min_tokens",
             "SamplingParams.thinking_token_budget": "thinking_token_budget",
         }

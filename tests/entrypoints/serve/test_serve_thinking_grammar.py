@@ -88,8 +88,15 @@ def test_min_tokens_counts_the_thinking_before_a_grammar(client):  # type: ignor
     message = err.value.body["message"]  # type: ignore[index]
     assert "response_format.json_schema.schema always ends before min_tokens=40" in message
     assert f"thinking_token_budget={BUDGET}" in message and "SamplingParams" not in message
-    # A forced call's grammar is too large for validation's walk to decide (docs/tool_calling.md): one whose
-    # min_tokens thinking plus the call can meet runs and holds.
+    # A forced call's grammar is too large for validation's walk to decide (docs/tool_calling.md): a min_tokens past
+    # the call is a 400 naming both once the call has ended; one that thinking plus the call can meet runs.
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="tiny", messages=ASK, max_tokens=120, tools=TOOLS, tool_choice="required",
+            parallel_tool_calls=False, extra_body={"min_tokens": 100, **THINK},
+        )  # fmt: skip
+    message = err.value.body["message"]  # type: ignore[index]
+    assert "tool_choice's forced call ended before min_tokens=100" in message and "SamplingParams" not in message
     call = client.chat.completions.create(
         model="tiny", messages=ASK, max_tokens=70, temperature=0.9, seed=5, tools=TOOLS, tool_choice="required",
         parallel_tool_calls=False, extra_body={"min_tokens": BUDGET + END_IDS + 8, **THINK},
