@@ -4,7 +4,7 @@ when a check fails: `InvalidRequestError` names the request and the reason)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from framework.config.schema import Mrv2Config
 from framework.engine.audio_inputs import WhisperPromptProcessor, audio_prompt_help
@@ -154,14 +154,32 @@ class RequestValidator:
         except InvalidRequestError as err:
             raise InvalidRequestError(f"request '{request_id}': {err}") from None
         if params.min_tokens > 0 and not params.ignore_eos:
-            # min_tokens forbids end of sequence, the only token a grammar that has ended allows.
-            if backend.can_run_for(params.structured_outputs, params.min_tokens) is False:
-                kind = params.structured_outputs.kind  # type: ignore[union-attr]
-                raise InvalidRequestError(
-                    f"request '{request_id}': SamplingParams.structured_outputs.{kind} always ends before "
-                    f"SamplingParams.min_tokens={params.min_tokens} tokens (the grammar has no longer output), and "
-                    "min_tokens forbids ending sooner: lower min_tokens or loosen the grammar"
-                )
+            self._check_grammar_meets_min_tokens(request_id, params, backend)
+
+    @staticmethod
+    def _check_grammar_meets_min_tokens(request_id: str, params: SamplingParams, backend: Any) -> None:
+        """min_tokens forbids end of sequence, the only token a grammar that has ended allows: refuse a request
+        whose longest output, the longest thinking before the grammar starts (a thinking budget gates the grammar
+        to the answer: at most the budget plus the forced end-of-thinking tokens) plus the grammar's longest
+        answer, is shorter than min_tokens. One whose min_tokens the longest thinking plus answer can meet runs."""
+        end_ids = params.thinking_end_token_ids or []
+        budget = params.thinking_token_budget
+        thinking = budget + len(end_ids) if budget is not None and end_ids else 0
+        answer_min = params.min_tokens - thinking
+        if answer_min <= 0 or backend.can_run_for(params.structured_outputs, answer_min) is not False:
+            return
+        kind = params.structured_outputs.kind  # type: ignore[union-attr]
+        after = (
+            f" after the longest thinking SamplingParams.thinking_token_budget={budget} allows ({budget} tokens and "
+            f"{len(end_ids)} forced end-of-thinking tokens)"
+            if thinking
+            else ""
+        )
+        raise InvalidRequestError(
+            f"request '{request_id}': SamplingParams.structured_outputs.{kind} always ends before "
+            f"SamplingParams.min_tokens={params.min_tokens} tokens{after} (the grammar has no longer output), and "
+            "min_tokens forbids ending sooner: lower min_tokens or loosen the grammar"
+        )
 
     def check_encoder_input(self, request_id: str, encoder_input: Optional[EncoderInput]) -> None:
         """Audio goes to encoder-decoder models only, and they need it."""

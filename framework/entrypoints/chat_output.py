@@ -12,7 +12,7 @@ from framework.engine.request import RequestOutput
 from framework.entrypoints.reasoning_parser import ReasoningParser, make_reasoning_parser
 from framework.entrypoints.tool_calls import ToolSetup
 from framework.entrypoints.tool_parsers import ToolCall, ToolParser
-from framework.params.sampling_params import THINK_END
+from framework.params.sampling_params import THINK_END, SamplingParams
 
 
 @dataclass
@@ -36,11 +36,19 @@ class ChatDelta:
 class ChatOutputParser:
     """The parsers of one generated sequence (make one per choice: streaming keeps state)."""
 
-    def __init__(self, tools: Optional[ToolSetup] = None, reasoning_parser: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        tools: Optional[ToolSetup] = None,
+        reasoning_parser: Optional[str] = None,
+        prompt_text: str = "",
+        budgeted: bool = False,
+    ) -> None:
+        """`prompt_text` (the rendered prompt: did its template open the thinking?) and `budgeted` (a thinking
+        budget applies) decide where the output starts (`framework.entrypoints.reasoning_parser`)."""
         self.tools = tools or ToolSetup()
         self._tool: Optional[ToolParser] = self.tools.new_parser()
         self._reasoning: Optional[ReasoningParser] = (
-            make_reasoning_parser(reasoning_parser) if reasoning_parser else None
+            make_reasoning_parser(reasoning_parser, prompt_text, budgeted) if reasoning_parser else None
         )
 
     @property
@@ -136,17 +144,22 @@ def parse_chat_outputs(
     tools: ToolSetup,
     reasoning_parser: Optional[str],
     encode: Optional[Callable[[str], list[int]]] = None,
+    prompt_texts: Optional[Sequence[str]] = None,
+    params: Optional[Sequence[SamplingParams]] = None,
 ) -> list[RequestOutput]:
     """`LLM.chat`'s outputs with each sequence's text split into content, `tool_calls` and `reasoning_content`
     (the finish reason "tool_calls" where a turn that ended on its own made calls), and `reasoning_tokens`
-    counted (`encode` spells the end of thinking)."""
+    counted (`encode` spells the end of thinking; per output, `prompt_texts` is its rendered prompt and `params`
+    its sampling parameters, whose thinking budget says that the output starts thinking)."""
     if not tools.active and reasoning_parser is None:
         return outputs
     end_ids = encode(THINK_END) if encode is not None else []
-    for out in outputs:
+    for i, out in enumerate(outputs):
         sequences = []
         for seq in out.outputs:
-            parser = ChatOutputParser(tools, reasoning_parser)
+            prompt = prompt_texts[i] if prompt_texts else ""
+            budget = params is not None and params[i].thinking_token_budget is not None
+            parser = ChatOutputParser(tools, reasoning_parser, prompt, budget)
             parts = parser.parse(seq.text)
             seq = dataclasses.replace(
                 seq,

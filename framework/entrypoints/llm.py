@@ -329,8 +329,8 @@ class LLM:
             for p, text in zip(_params_list(sampling_params, len(prompts)), prompts)
         ]
         outputs = self.generate(prompts, params, use_tqdm=use_tqdm)
-        tokenizer = self.engine.tokenizer
-        return parse_chat_outputs(outputs, setup, reasoning, tokenizer.encode if tokenizer is not None else None)
+        encode = self.engine.tokenizer.encode if self.engine.tokenizer is not None else None
+        return parse_chat_outputs(outputs, setup, reasoning, encode, prompt_texts=prompts, params=params)
 
     def _with_thinking_budget(self, params: SamplingParams, prompt_text: str) -> SamplingParams:
         requested = params.thinking_token_budget

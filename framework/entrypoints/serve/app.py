@@ -20,6 +20,7 @@ from framework.entrypoints.serve.lora import lora_router
 from framework.entrypoints.serve.openai_routes import router
 from framework.entrypoints.serve.openapi import install_openapi
 from framework.entrypoints.serve.responses_api import router as responses_router
+from framework.entrypoints.serve.server_info import server_info_router
 from framework.entrypoints.serve.state import VERSION, ServerState
 
 logger = logging.getLogger(__name__)
@@ -163,5 +164,6 @@ def build_app(state: ServerState, lifespan: Any = None) -> FastAPI:
     app.include_router(router)
     app.include_router(lora_router)
     app.include_router(responses_router)
+    app.include_router(server_info_router)  # what SGLang's gateway asks a worker
     install_openapi(app, lambda: state.config.sampler.max_logprobs)
     return app

@@ -26,6 +26,11 @@ class ChatPlan:
     tools: ToolSetup
     reasoning_parser: Optional[str]
     thinking_token_budget: Optional[int] = None  # the request's, else `serve.thinking_token_budget`
+    prompt_text: str = ""  # the rendered prompt (`for_prompt`): whether the template opened the thinking
+
+    def for_prompt(self, prompt_text: str) -> "ChatPlan":
+        """This plan for the rendered prompt its choices continue."""
+        return dataclasses.replace(self, prompt_text=prompt_text)
 
     def template_kwargs(self, body: ChatCompletionRequest) -> dict[str, Any]:
         return {**(body.chat_template_kwargs or {}), **self.tools.template_kwargs()}
@@ -55,12 +60,16 @@ class ChatPlan:
             return engine_field_names(body)
         return {
             "SamplingParams.structured_outputs.grammar is invalid": "tools: a function's parameters schema does not "
-            "compile (the forced call's grammar)"
+            "compile (the forced call's grammar)",
+            "SamplingParams.structured_outputs.grammar": "tool_choice's forced call",
+            "SamplingParams.min_tokens": "min_tokens",
+            "SamplingParams.thinking_token_budget": "thinking_token_budget",
         }
 
     def parser(self) -> ChatOutputParser:
         """A fresh parser for one choice."""
-        return ChatOutputParser(self.tools, self.reasoning_parser)
+        budgeted = thinking_budget_for(self.prompt_text, self.thinking_token_budget) is not None
+        return ChatOutputParser(self.tools, self.reasoning_parser, self.prompt_text, budgeted)
 
 
 def chat_plan(config: Any, body: ChatCompletionRequest, template: ChatTemplate) -> ChatPlan:

@@ -25,6 +25,7 @@ from framework.params.lora_request import LoRARequest
 from framework.params.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+NO_TOKEN_LEFT = "no token can be sampled"  # how the sampler's message for a row with every token excluded starts
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
 
 
@@ -148,15 +149,30 @@ class Generation:
         choice, seq = touched.popitem()
         return [self._event(choice, seq)]
 
+    def _request_names(self, message: str) -> str:
+        for engine_name, request_name in self.field_names.items():
+            message = message.replace(engine_name, request_name)
+        return message
+
+    def _failed(self, error: Optional[str]) -> ApiError:
+        """A 500 for a request the engine failed, but a 400 where the request's own min_tokens outlasted its grammar
+        (validation refuses that up front when its walk over the grammar decides; see docs/tool_calling.md)."""
+        so, min_tokens = self.params.structured_outputs, self.params.min_tokens
+        if error and error.startswith(NO_TOKEN_LEFT) and so is not None and min_tokens > 0:
+            return ApiError.invalid(
+                self._request_names(
+                    f"SamplingParams.structured_outputs.{so.kind} ended before SamplingParams.min_tokens="
+                    f"{min_tokens} tokens, and min_tokens forbids ending sooner ({error}): lower min_tokens"
+                )
+            )
+        return ApiError(500, error or "the engine failed this request")
+
     def _apply(self, item: StreamItem, touched: dict[int, _Sequence]) -> None:
         """One engine delta into its sequence's text; `touched` collects the sequences that changed."""
         if isinstance(item, RequestFailed):
             if item.kind != "invalid":
                 raise ApiError(503, item.message)
-            message = item.message
-            for engine_name, request_name in self.field_names.items():
-                message = message.replace(engine_name, request_name)
-            raise ApiError.invalid(message)
+            raise ApiError.invalid(self._request_names(item.message))
         n = self.params.n
         prompt = self._prompt_of[item.request_id]
         choice = prompt * n + item.index
@@ -164,7 +180,7 @@ class Generation:
         if seq.finish_reason is not None:
             return  # tokens of a sequence its stop string already ended
         if item.finish_reason == "error":
-            raise ApiError(500, item.error or "the engine failed this request")
+            raise self._failed(item.error)
         if item.prompt_logprobs is not None:
             self.prompt_logprobs[prompt] = item.prompt_logprobs
         self.num_cached_tokens = max(self.num_cached_tokens, item.num_cached_tokens)

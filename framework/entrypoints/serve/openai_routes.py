@@ -233,7 +233,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     params = sampling_params(
         body, max_tokens=_max_tokens(state, requested, [prompt], field), logprobs=top if body.logprobs else None
     )
-    params = plan.sampling(params, text)
+    params, plan = plan.sampling(params, text), plan.for_prompt(text)
     parsers = [plan.parser() for _ in range(params.n)]
     state.check_capacity(1)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"

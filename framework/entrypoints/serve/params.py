@@ -119,7 +119,8 @@ def sampling_params(
 def engine_field_names(body: SamplingFields) -> dict[str, str]:
     """The request field behind the engine's name of the constraint: the engine compiles the schema, regex or
     grammar and refuses a bad one as `SamplingParams.structured_outputs.<kind>`, which the client did not send."""
-    names = {"SamplingParams.min_tokens": "min_tokens"}  # a grammar that ends before min_tokens names both
+    # A grammar that ends before min_tokens names both (and the thinking budget that lets the model think first).
+    names = {"SamplingParams.min_tokens": "min_tokens", "SamplingParams.thinking_token_budget": "thinking_token_budget"}
     if body.response_format is not None and body.structured_outputs is None:  # only a schema can fail to compile
         return {**names, "SamplingParams.structured_outputs.json": "response_format.json_schema.schema"}
     return {**names, "SamplingParams.structured_outputs": "structured_outputs"}

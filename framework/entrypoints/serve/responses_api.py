@@ -225,6 +225,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Any:
     max_tokens = max_tokens_for(body.max_output_tokens, len(prompt), state.max_model_len, "max_output_tokens")
     k = logprobs_k(body.include, body.top_logprobs, state.max_logprobs)
     params = plan.sampling(sampling_params(chat, max_tokens=max_tokens, logprobs=k), text)
+    plan = plan.for_prompt(text)
     state.check_capacity(1)
     response_id = f"resp_{uuid.uuid4().hex}"
     gen = Generation(

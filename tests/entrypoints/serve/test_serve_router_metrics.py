@@ -1,8 +1,12 @@
 """What routers read from `mrv2 serve` (docs/scaling-out.md): the model-server protocol's gauges and counters
 under `vllm:` names (`serve.metrics_names=vllm`), the cache layout, `/load` and `/health`, parsed with the
-Prometheus client's own parser."""
+Prometheus client's own parser; and what SGLang's gateway asks a worker it registers (`/server_info`,
+`/model_info` and their older `/get_` names)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 from helpers.serve_helpers import module_server, openai_client
@@ -62,6 +66,25 @@ def test_load_and_health(server):
     assert [m["id"] for m in server.get("/v1/models").json()["data"]] == ["tiny"]
 
 
+def test_sglang_gateway_worker_metadata(server):
+    info = server.get("/server_info").json()
+    assert server.get("/get_server_info").json() == info
+    (cache,) = _samples(server)["vllm:cache_config_info"]
+    assert info["max_total_num_tokens"] == int(cache.labels["num_gpu_blocks"]) * BLOCK and info["page_size"] == BLOCK
+    assert (info["served_model_name"], info["tp_size"], info["dp_size"], info["disaggregation_mode"]) == (
+        "tiny", 1, 1, "null"
+    )  # fmt: skip
+    checkpoint = Path(info["model_path"])
+    assert info["tokenizer_path"] == str(checkpoint) and (checkpoint / "tokenizer.json").is_file()
+    model = server.get("/model_info").json()
+    assert server.get("/get_model_info").json() == model
+    hf = json.loads((checkpoint / "config.json").read_text())
+    assert (model["model_type"], model["architectures"]) == (hf["model_type"], hf["architectures"])
+    assert model["is_generation"] and model["model_path"] == info["model_path"]
+    (card,) = server.get("/v1/models").json()["data"]
+    assert model["max_context_length"] == info["context_length"] == card["max_model_len"]
+
+
 def test_the_app_runs_in_another_asgi_host():
     """`serving_app` (what the Ray Serve example mounts): the host runs its lifespan, which starts the engine."""
     from fastapi.testclient import TestClient
@@ -75,3 +98,7 @@ def test_the_app_runs_in_another_asgi_host():
         out = http.post("/v1/completions", json={"model": "random_tiny", "prompt": "hi", "max_tokens": 3})
         assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 3
         assert http.get("/load").json()["server_load"] == 0
+        info = http.get("/server_info").json()  # random weights: no checkpoint directory for a gateway to read
+        assert (
+            info["model_path"] is None and info["tokenizer_path"] is None and info["served_model_name"] == "random_tiny"
+        )

@@ -6,7 +6,8 @@ The gateway keeps a character radix tree per replica of the prompts it routed: a
 (ties: the first). So the first request of each prefix must arrive while the other replica is busy, or every
 prefix lands on the first replica: the four prefixes are opened together, then 60 more requests follow. Each
 replica's own KV-cache events show which prefixes it cached: each prefix on exactly one, both used. Killing one
-replica fails over to the other.
+replica fails over to the other. The gateway reads each replica's metadata (`/server_info`, `/model_info`) and gets
+no 404.
 """
 
 from __future__ import annotations
@@ -83,9 +84,12 @@ class Router:
         self.stop()
         raise RuntimeError(f"the router did not list its workers\n{self.log_tail()}")
 
-    def log_tail(self) -> str:
+    def log(self) -> str:
         self._log.seek(0)
-        return self._log.read()[-3000:]
+        return self._log.read()
+
+    def log_tail(self) -> str:
+        return self.log()[-3000:]
 
     def complete(self, prompt: str, max_tokens: int) -> dict:
         body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
@@ -156,6 +160,20 @@ def test_cache_aware_routing_keeps_each_prefix_on_one_replica_and_uses_both(flee
         owners.append(on[0])
     assert set(owners) == {0, 1}, f"every prefix went to one replica: {owners}"
     assert all(_prefix_hits(r) > 0 for r in replicas), "followers hit their prefix's cached blocks"
+
+
+def test_the_router_reads_each_replica_s_metadata_without_a_404(fleet):
+    """The gateway registers a worker from its `/server_info` and `/model_info` (falling back to `/get_server_info`
+    and `/get_model_info` on a 404, with a warning in its log): each replica is listed under the served model's
+    id with its checkpoint's labels, and the log holds no 404."""
+    replicas, _, router = fleet
+    assert "returned 404" not in router.log(), router.log_tail()
+    listed = httpx.get(f"{router.url}/workers", timeout=5).json()["workers"]
+    for worker in listed:  # without the metadata: model id "unknown", no labels
+        labels = worker.get("metadata", {})
+        assert worker["model_id"] == labels.get("served_model_name") == "tiny", worker
+        assert labels["model_type"] == "qwen3" and labels["model_path"].endswith("tiny-code"), worker
+    assert sorted(w["url"] for w in listed) == sorted(r.url for r in replicas)
 
 
 def _tokenizer():  # type: ignore[no-untyped-def]
