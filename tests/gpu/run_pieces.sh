@@ -65,7 +65,7 @@ GPU_PIECES_MORE=(
 GPU_PIECES_EXTRA=(
   "quantization 180 test_quantization_gpu.py"
   "window 90 test_window_sinks_gpu.py"
-  "gemma3 90 test_gemma3_gpu.py"
+  "gemma3 100 test_gemma3_gpu.py test_kv_groups_gpu.py"
   "kvtier 60 test_host_kv_tier_gpu.py"
   "lora 60 test_lora_gpu.py"
   "gdn 90 test_gdn_gpu.py"

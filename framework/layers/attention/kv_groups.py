@@ -31,6 +31,7 @@ def group_metadata(
     width = meta.block_tables.shape[1] // num_groups
     tokens = torch.arange(meta.num_tokens, dtype=meta.query_start_loc.dtype, device=positions.device)
     token_rows = torch.searchsorted(meta.query_start_loc[1:], tokens, right=True)  # [T] batch_row of each token
+    token_rows.clamp_(max=max(meta.num_rows - 1, 0))  # padding past the last row: its slot stays -1 below
     stores = meta.kv_slot_mapping >= 0  # [T] bool: tokens whose K/V is stored (not padding)
     metas = [replace(meta, block_tables=meta.block_tables[:, :width])]
     for group in range(1, num_groups):
