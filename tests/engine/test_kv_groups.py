@@ -4,10 +4,11 @@ a tiny random gpt-oss (window and full layers alternating: two groups of two lay
 
 Claims: with `cache.kv_groups` on, every block a window group gives back is overwritten at once with large random
 K/V, and greedy tokens still equal HF transformers' on prompts of 2.5-5 windows, under chunked prefill (8-token
-chunks), preemption, decode steps replayed as graphs (the fake capturer) and prefix caching (a later request
-hits a shared prefix whose early window blocks were given back); a request of 40 + 32 tokens holds exactly
-one block per full group per position block plus what each window group's window reads; every block is free
-after the requests end. Planted fault: a window group freeing one block too many changes the outputs.
+chunks), preemption, decode steps replayed as graphs (the fake capturer) and prefix caching with ngram
+speculation (a later request hits a shared prefix whose early window blocks were given back; drafts rejected);
+a request of 40 + 32 tokens holds exactly one block per full group per position block plus what each window
+group's window reads; every block is free after the requests end. Planted fault: a window group freeing one
+block too many changes the outputs.
 """
 
 from __future__ import annotations
@@ -154,15 +155,18 @@ def test_groups_match_hf_with_released_blocks_poisoned(model: tuple[str, Path, d
 
 def test_prefix_hits_need_only_the_window_blocks(model: tuple[str, Path, dict]) -> None:
     """The first request caches the shared prefix and its window groups give back its early blocks; the later
-    one still hits the prefix (full groups: every block; window groups: the blocks its window reads)."""
+    one still hits the prefix (full groups: every block; window groups: the blocks its window reads). Under
+    ngram speculation: rejected drafts recompute positions the window groups must still hold."""
     _, path, hf_tokens = model
-    llm = _llm(path, enable_prefix_caching=True)
+    llm = _llm(path, enable_prefix_caching=True, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     poisoned = _poison_released_blocks(llm)
     assert _generate(llm, PREFIXED[:1]) == [hf_tokens[tuple(PREFIXED[0])]]
     first_poisoned = poisoned[0]
     out = llm.generate(PREFIXED[1:], GREEDY, use_tqdm=False)
     assert [o.token_ids for o in out] == [hf_tokens[tuple(p)] for p in PREFIXED[1:]]
     assert first_poisoned > 0 and out[0].num_cached_tokens == 28  # all 7 shared blocks hit
+    spec = llm.engine.spec_metrics
+    assert spec.num_draft_tokens > spec.num_accepted_tokens  # some drafts rejected
     llm.engine.kv_cache.check_conservation()
 
 
