@@ -23,6 +23,7 @@ from helpers.hf_models import TinySpec, hf_greedy, random_prompts, save_tiny_che
 
 from framework.engine.scheduler.kv_groups import GroupedKVCacheManager
 from framework.entrypoints.llm import LLM, _config_from_kwargs
+from framework.models.setup import blocks_per_request
 from framework.params.sampling_params import SamplingParams
 
 WINDOW, BLOCK, MAX_TOKENS, MAX_MODEL_LEN = 8, 4, 16, 96
@@ -206,6 +207,8 @@ def test_held_blocks_follow_the_window(model: tuple[str, Path, dict]) -> None:
     assert position_blocks == 18 and held == 18 + (len(windows) - 1) * 3
     kv, layout = llm.engine.kv_cache, llm.engine.runner.kv_groups
     assert kv.num_free_blocks == kv.num_blocks
+    # The most a request may hold (KV sizing's check): 24 per full group, ceil((8 - 1 + 8) / 4) + 1 per window group.
+    assert blocks_per_request(llm.config, llm.engine.loaded) == 24 + (len(windows) - 1) * 5
     # KV memory in layer-blocks: a block id holds `num_tensors` layers; one table would hold every layer per block.
     layers = len(layout.layer_group)
     assert held * layout.num_tensors / (position_blocks * layers) == {"gemma3": 24 / 54, "gpt_oss": 42 / 72}[name]
