@@ -157,17 +157,22 @@ def test_groups_match_hf_with_released_blocks_poisoned(model: tuple[str, Path, d
 def test_prefix_hits_need_only_the_window_blocks(model: tuple[str, Path, dict]) -> None:
     """The first request caches the shared prefix and its window groups give back its early blocks; the later
     one still hits the prefix (full groups: every block; window groups: the blocks its window reads). Under
-    ngram speculation: rejected drafts recompute positions the window groups must still hold."""
+    ngram speculation: rejected drafts recompute positions the window groups must still hold, and verification
+    steps replay the forward graphs (the fake capturer; full-step graphs take plain decode steps elsewhere)."""
     _, path, hf_tokens = model
-    llm = _llm(path, enable_prefix_caching=True, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    llm = _llm(path, enable_prefix_caching=True, speculative_config=spec, max_num_seqs=2)
     poisoned = _poison_released_blocks(llm)
+    llm.engine.runner.capture_cuda_graphs(StaticInputsCapturer())
+    replays = record_replays(llm)
     assert _generate(llm, PREFIXED[:1]) == [hf_tokens[tuple(PREFIXED[0])]]
     first_poisoned = poisoned[0]
     out = llm.generate(PREFIXED[1:], GREEDY, use_tqdm=False)
     assert [o.token_ids for o in out] == [hf_tokens[tuple(p)] for p in PREFIXED[1:]]
     assert first_poisoned > 0 and out[0].num_cached_tokens == 28  # all 7 shared blocks hit
-    spec = llm.engine.spec_metrics
-    assert spec.num_draft_tokens > spec.num_accepted_tokens  # some drafts rejected
+    metrics = llm.engine.spec_metrics
+    assert metrics.num_draft_tokens > metrics.num_accepted_tokens  # some drafts rejected
+    assert any(tokens_per_row == 4 for _, _, tokens_per_row in replays), "no verification step replayed a graph"
     llm.engine.kv_cache.check_conservation()
 
 
