@@ -101,3 +101,19 @@ def test_grouped_block_tables_put_each_group_in_its_columns() -> None:
     batch = tables.gather(torch.tensor([1], dtype=torch.int32))
     slots = tables.kv_slot_mapping(torch.zeros(2, dtype=torch.int64), torch.tensor([5, 9]), batch)
     assert slots.tolist() == [11 * BLOCK + 1, 12 * BLOCK + 1]  # group 0's columns
+
+
+def test_gemma3_4b_and_gpt_oss_kv_per_request_at_32k() -> None:
+    """KV bytes of one 32K-token request while decoding (16-token blocks), with groups against one table: Gemma 3
+    4B (34 layers, five full, 1,024-token windows) needs at least 4x less (the issue's target); gpt-oss 20b (24
+    layers alternating, 128-token windows) about half."""
+
+    def ratio(windows: list[int], window: int) -> float:
+        layout = kv_group_layout(windows)
+        assert layout is not None
+        blocks = 32768 // 16
+        held = sum(blocks if w == 0 else -(-window // 16) + 1 for w in layout.group_windows)
+        return blocks * len(windows) / (held * layout.num_tensors)  # layer-blocks: one table / groups
+
+    assert ratio([0 if i % 6 == 5 else 1024 for i in range(34)], 1024) > 5.5
+    assert 1.99 < ratio([128 if i % 2 == 0 else 0 for i in range(24)], 128) < 2.0
