@@ -292,6 +292,12 @@ class CacheConfig(KVTierFields):
         "KV blocks that fell out of the window, so it holds about window / block_size + 1 blocks whatever its "
         "length (docs/sliding-window.md#kv-memory).",
     )
+    kv_groups: bool = Field(
+        False,
+        description="Models mixing full-attention and sliding-window layers (gpt-oss, Gemma 3): one block table per "
+        "KV group from one block pool, so window layers keep only the blocks their window reads "
+        "(docs/sliding-window.md#kv-memory). Off: every layer shares one table and keeps every block.",
+    )
     mamba_snapshot_slots: Optional[int] = Field(
         None,
         ge=1,

@@ -22,10 +22,9 @@ from framework.engine.output_processor import OutputProcessor
 from framework.engine.parallel_sampling import ParallelSamplingTable, fan_out
 from framework.engine.request import Request, RequestOutput, RequestStatus
 from framework.engine.runner_selection import select_runner
-from framework.engine.scheduler.kv_cache_manager import KVCacheManager
 from framework.engine.scheduler.prefix import recompute_failed_loads
 from framework.engine.scheduler.scheduler import Scheduler
-from framework.engine.scheduler.window import freeable_window
+from framework.engine.scheduler.window import build_kv_cache_manager
 from framework.engine.validation import RequestValidator
 from framework.kv_transfer.build import build_kv_connector, check_kv_connector, snapshot_bytes
 from framework.kv_transfer.interface import KVConnectorContext, NoKVConnector
@@ -96,8 +95,7 @@ class EngineCore:
         blocks = self.runner.determine_num_kv_blocks()  # profiled on a GPU; the minimum over ranks
         self.runner.initialize_kv_cache(blocks)
         self.runner.capture_cuda_graphs()
-        window = freeable_window(config, self.loaded.model, self.runner.num_draft_kv_layers)
-        self.kv_cache = KVCacheManager(blocks, config.cache.block_size, prefix_caching, hooks, window)
+        self.kv_cache = build_kv_cache_manager(config, self.runner, self.loaded.model, blocks, prefix_caching, hooks)
         block_bytes = kv_bytes_per_block(self.loaded, config.cache.block_size, self.runner.num_draft_kv_layers)
         # Another tier of KV blocks (the host-memory tier): its scheduler side, told of the cache's evictions.
         snapshots = snapshot_bytes(self.runner.model_state.snapshot_tensors())  # carried by a KV tier

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 from framework.layers.attention import AttentionMetadata
 from framework.layers.attention.backend import SplitCounters, order_rows_longest_first, paged_attention
+from framework.layers.attention.kv_groups import group_metadata
 from framework.layers.attention.qk_norm_rope import qk_norm_rope_store
 from framework.layers.kernels.layer_ops import rms_norm, silu_and_mul
 from framework.layers.parallel.context import ParallelContext, stage_layers
@@ -30,6 +31,7 @@ from framework.models.interface import Model
 from framework.models.lora.projection import LoraGroup
 from framework.models.merge_rows import merge_rows
 from framework.models.small_batch import small_batch_layer, small_batch_logits
+from framework.params.kv_groups import KVGroupLayout
 
 # (query, kv_cache, meta, scale, **keywords) -> output; keywords as `backend.paged_attention` takes (window, pdl, ...).
 AttentionFn = Callable[..., torch.Tensor]
@@ -220,13 +222,9 @@ class DecoderLayer(nn.Module):
         h, residual = self.input_layernorm.add_and_norm(x, residual)
         return self.self_attn.rope_store(self.self_attn.project_qkv(h), cos, sin, kv_cache, kv_slot_mapping), residual
 
-    def after_attention(
-        self,
-        attn_out: torch.Tensor,  # [T, H, head_dim]
-        residual: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(MLP output, residual stream): o_proj, the residual add + norm and the MLP (`forward`'s part after
-        attention)."""
+    def after_attention(self, attn_out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(MLP output, residual stream) from `attn_out` [T, H, head_dim]: o_proj, the residual add + norm and the
+        MLP (`forward`'s part after attention)."""
         h = self.self_attn.project_out(attn_out.reshape(attn_out.shape[0], -1))
         h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
         return self.mlp(h), residual
@@ -287,6 +285,7 @@ class LlamaForCausalLM(Model):
         self.small_batch_max_tokens = 0  # logits of <= this many rows take the GEMV LM head (enable_small_batch)
         self.programmatic_launch = False  # that LM head and the final norm before it launch with PDL (same)
         self.longest_rows_first = True  # large decode batches: attention starts with the longest rows (kernels.*)
+        self.kv_groups: Optional[KVGroupLayout] = None  # set by the runner when its block tables are per KV group
         self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
 
     def attention(  # query [T, num_heads, head_dim]; kwargs: window, sinks, pdl, out (backend.paged_attention)
@@ -366,12 +365,14 @@ class LlamaForCausalLM(Model):
         stage = self.model.stage_layers
         if self.longest_rows_first:  # one order for every layer (inside the forward: CUDA graphs replay it)
             attn_metadata = order_rows_longest_first(attn_metadata)
+        metas = group_metadata(attn_metadata, positions, self.kv_groups)  # one per KV group (one without groups)
+        layer_group = self.kv_groups.layer_group if self.kv_groups else (0,) * len(self.model.layers)
         entering: dict[int, torch.Tensor] = {}
         residual: Optional[torch.Tensor] = None
         for i, kv_cache in zip(stage, kv_caches):
             if i in aux_layer_ids:
                 entering[i] = x if residual is None else x + residual
-            x, residual = self.model.layers[i](x, residual, cos, sin, kv_cache, attn_metadata, self.attention)
+            x, residual = self.model.layers[i](x, residual, cos, sin, kv_cache, metas[layer_group[i]], self.attention)
         if self.ctx.is_last_stage:
             pdl = self.programmatic_launch and 0 < x.shape[0] <= self.small_batch_max_tokens
             x = self.model.norm.add_and_norm(x, residual, pdl)[0]

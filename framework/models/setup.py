@@ -162,7 +162,21 @@ def kv_bytes_per_block(loaded: LoadedModel, block_size: int, extra_kv_layers: in
     the cache's element type."""
     shape = loaded.model.kv_cache_shape(1, block_size)
     per_layer = int(torch.tensor(shape).prod()) * loaded.kv_dtype.itemsize
-    return per_layer * (loaded.model.num_kv_layers + extra_kv_layers)
+    groups = getattr(loaded.model, "kv_groups", None)  # KV groups: a block id holds one layer per tensor
+    layers = loaded.model.num_kv_layers if groups is None else groups.num_tensors
+    return per_layer * (layers + extra_kv_layers)
+
+
+def blocks_per_request(config: Mrv2Config, loaded: LoadedModel) -> int:
+    """Block ids one request of max_model_len tokens may hold: one per block; with KV groups, that per full group,
+    and per window group what its window reads while a step computes up to `max_num_batched_tokens` tokens."""
+    bs = config.cache.block_size
+    blocks = -(-loaded.max_model_len // bs)
+    groups = getattr(loaded.model, "kv_groups", None)
+    if groups is None:
+        return blocks
+    chunk = config.scheduler.max_num_batched_tokens
+    return sum(min(blocks, -(-(w - 1 + chunk) // bs) + 1) if w else blocks for w in groups.group_windows)
 
 
 def num_kv_blocks(
@@ -186,7 +200,7 @@ def kv_blocks_that_fit(
     """`num_kv_blocks` without the check (a parallel run takes the minimum over ranks first)."""
     bs = config.cache.block_size
     per_block = kv_bytes_per_block(loaded, bs, extra_kv_layers)
-    blocks_per_req = -(-loaded.max_model_len // bs)
+    blocks_per_req = blocks_per_request(config, loaded)
     if config.cache.num_blocks is not None:
         return config.cache.num_blocks
     wanted = blocks_per_req * config.scheduler.max_num_seqs
@@ -202,7 +216,7 @@ def kv_blocks_that_fit(
 def check_kv_blocks(config: Mrv2Config, loaded: LoadedModel, num_blocks: int) -> None:
     """Raise `ConfigError` when `num_blocks` cannot hold one request of max_model_len tokens."""
     bs = config.cache.block_size
-    blocks_per_req = -(-loaded.max_model_len // bs)
+    blocks_per_req = blocks_per_request(config, loaded)
     if num_blocks < blocks_per_req:
         raise ConfigError(
             f"the KV cache has {num_blocks} blocks of {bs} tokens ({num_blocks * bs} tokens), too small for one "

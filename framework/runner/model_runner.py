@@ -11,7 +11,6 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 import torch
 
-from framework.batch.block_tables import BlockTables
 from framework.batch.input_batch import InputBatch, batch_req_slots, build_input_batch, input_staging
 from framework.batch.request_state import RequestState
 from framework.config.schema import Mrv2Config
@@ -31,6 +30,7 @@ from framework.runner.graphs.cuda_graphs import GraphCapturer
 from framework.runner.graphs.runner_graphs import RunnerGraphs
 from framework.runner.graphs.step_graphs import FullStepResult
 from framework.runner.interface import ModelRunner
+from framework.runner.kv_groups import allocate_kv_caches, build_block_tables, choose_kv_groups
 from framework.runner.logits_processors import build_logits_processors
 from framework.runner.lora_state import build_lora_state
 from framework.runner.output_copy import OutputCopies, logits_row_starts
@@ -75,7 +75,6 @@ class ModelRunnerV2(ModelRunner):
             self.device,
             history_on_host=self.device.type == "cuda" if on_host is None else on_host,
         )
-        self.block_tables = BlockTables(max_reqs, -(-loaded.max_model_len // bs), bs, self.device)
         vocab_size = loaded.vocab_size
         k_max = config.speculator.num_speculative_tokens
         self.grammar_backend = GuidanceBackend(loaded.tokenizer, vocab_size, loaded.eos_token_id)
@@ -111,6 +110,12 @@ class ModelRunnerV2(ModelRunner):
         self.lora_state = build_lora_state(config, loaded)  # adapters per slot (a no-op owner when off)
         self.speculator: Optional[Speculator] = build_speculator(config.speculator, loaded, max_reqs, self.device)
         self.num_draft_kv_layers = self.speculator.num_kv_layers if self.speculator is not None else 0
+        self.kv_groups = choose_kv_groups(config, self.model, self.num_draft_kv_layers)  # None: one block table
+        if self.kv_groups is not None:
+            self.model.kv_groups = self.kv_groups  # each layer reads its group's table
+        self.block_tables = build_block_tables(
+            max_reqs, -(-loaded.max_model_len // bs), bs, self.device, self.kv_groups
+        )
         self.aux_layer_ids = self.speculator.aux_hidden_layer_ids if self.speculator is not None else ()
         self.loaded = loaded
         self.kv_caches: list[torch.Tensor] = []  # allocated by initialize_kv_cache after the profiling run
@@ -131,9 +136,9 @@ class ModelRunnerV2(ModelRunner):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate every layer's paged KV cache (`num_blocks` blocks of `cache.block_size` tokens)."""
         shape = self.model.kv_cache_shape(num_blocks, self.config.cache.block_size)
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.loaded.kv_dtype, device=self.device) for _ in range(self.model.num_kv_layers)
-        ]
+        self.kv_caches = allocate_kv_caches(
+            shape, self.loaded.kv_dtype, self.device, self.model.num_kv_layers, self.kv_groups
+        )
         draft_caches = [
             torch.zeros(shape, dtype=self.loaded.kv_dtype, device=self.device) for _ in range(self.num_draft_kv_layers)
         ]

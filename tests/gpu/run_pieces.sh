@@ -66,7 +66,7 @@ GPU_PIECES_MORE=(
 GPU_PIECES_EXTRA=(
   "quantization 180 test_quantization_gpu.py"
   "window 90 test_window_sinks_gpu.py"
-  "gemma3 90 test_gemma3_gpu.py"
+  "gemma3 100 test_gemma3_gpu.py test_kv_groups_gpu.py"
 )
 GPU_PIECES_LAST=(
   "kvtier 70 test_host_kv_tier_gpu.py"

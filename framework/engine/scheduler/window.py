@@ -1,10 +1,14 @@
-"""Which sliding window the KV cache manager may free blocks behind (`KVCacheManager.window`)."""
+"""Which sliding window the KV cache manager may free blocks behind (`KVCacheManager.window`), and the manager a
+run gets: one block list per request, or one per KV group (`GroupedKVCacheManager`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from framework.config.schema import Mrv2Config
+from framework.engine.scheduler.kv_cache_manager import KVCacheManager
+from framework.engine.scheduler.kv_groups import GroupedKVCacheManager
+from framework.params.prefix_cache import PrefixCacheHooks
 
 
 def freeable_window(config: Mrv2Config, model: Any, num_draft_kv_layers: int) -> int:
@@ -18,3 +22,20 @@ def freeable_window(config: Mrv2Config, model: Any, num_draft_kv_layers: int) ->
         return 0
     windows = [int(layer_window(layer)) for layer in range(int(getattr(cfg, "num_layers", 0)))]
     return min(windows) if windows and min(windows) > 0 else 0
+
+
+def build_kv_cache_manager(
+    config: Mrv2Config,
+    runner: Any,
+    model: Any,
+    num_blocks: int,
+    prefix_caching: bool,
+    hooks: Optional[PrefixCacheHooks],
+) -> KVCacheManager:
+    """The grouped manager when the runner's block tables are per KV group (`runner.kv_groups`), else one list
+    per request that frees behind `freeable_window`."""
+    groups = getattr(runner, "kv_groups", None)
+    if groups is not None:
+        return GroupedKVCacheManager(num_blocks, config.cache.block_size, groups.group_windows, prefix_caching, hooks)
+    window = freeable_window(config, model, runner.num_draft_kv_layers)
+    return KVCacheManager(num_blocks, config.cache.block_size, prefix_caching, hooks, window)

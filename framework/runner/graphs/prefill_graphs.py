@@ -50,6 +50,8 @@ def unsupported_reason(model: Any) -> Optional[str]:
         return f"{type(model).__name__} is not a decoder-only Llama-family model"
     if model.ctx.tp_size > 1 or model.ctx.pp_size > 1:
         return "tensor / pipeline parallelism"
+    if model.kv_groups is not None:  # the pieces store K/V through the step's one slot mapping
+        return "KV groups (cache.kv_groups)"
     layers = [model.model.layers[i] for i in model.model.stage_layers]
     kinds = {type(layer).__name__ for layer in layers if type(layer) is not DecoderLayer}
     if kinds:
