@@ -50,7 +50,7 @@ GPU_PIECES=(
   "spec 120 test_spec_gpu.py test_draft_heads_gpu.py"
   "engine 95 test_gpu_engine.py test_prefix_caching_gpu.py"
   "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py"
-  "parallel 50 test_parallel_gpu.py"
+  "parallel 50 test_parallel_gpu.py test_parallel_quant_gpu.py"
   "structured 35 test_structured_gpu.py"
   "moe 90 test_fused_moe_gpu.py"
 )

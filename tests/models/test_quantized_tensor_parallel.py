@@ -52,6 +52,21 @@ def test_quantized_experts_ranks_add_up_to_the_whole(fmt: str, tmp_path: Path) -
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_act_order_rank_layout_through_the_kernel(tmp_path: Path) -> None:
+    """A row-parallel act-order rank's layout (runs padded to units of 16 with zero-activation columns) is what the
+    W4A16 kernel reads: Triton (interpreter) against the reference, on rank 1's down_proj."""
+    write_quantized("gptq-act-asym", tmp_path, QUANT_SPEC)
+    x = torch.randn(3, 160, generator=torch.Generator().manual_seed(1))
+    for rank in range(2):
+        layer = load_model(tmp_path, ParallelContext(tp_size=2, rank=rank)).get_submodule(
+            "model.layers.1.mlp.down_proj"
+        )
+        assert layer.int4_group == 16 and layer.perm.numel() > layer.in_features  # padded runs
+        want = layer.quant_method.apply(layer, x, None)
+        layer.kernel_backend = "triton"
+        torch.testing.assert_close(layer.quant_method.apply(layer, x, None), want, rtol=1e-5, atol=1e-5)
+
+
 def _swap_halves(path: Path, name: str, dim: int) -> None:
     """Rewrite `name` with its two halves along `dim` exchanged: each rank reads the other rank's slice."""
     tensors = load_file(str(path / "model.safetensors"))
