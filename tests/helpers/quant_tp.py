@@ -39,10 +39,13 @@ MOE_TP_SPEC = TinySpec(
 )
 
 
-def load_model(path: Path, ctx: Optional[ParallelContext] = None) -> torch.nn.Module:
-    """The checkpoint at `path` loaded and finished as the engine does (float32, CPU), whole or as rank `ctx`."""
+def load_model(
+    path: Path, ctx: Optional[ParallelContext] = None, quantization: Optional[str] = None
+) -> torch.nn.Module:
+    """The checkpoint at `path` loaded and finished as the engine does (float32, CPU), whole or as rank `ctx`;
+    `quantization`: an online format (`fp8`)."""
     hf = read_hf_config(path)
-    model = build_model(hf, torch.float32, CPU) if ctx is None else build_model(hf, torch.float32, CPU, ctx)
+    model = build_model(hf, torch.float32, CPU, ParallelContext() if ctx is None else ctx, quantization)
     load_safetensors_weights(model, path)
     finish_quantization(model)
     return model

@@ -52,6 +52,23 @@ def test_quantized_experts_ranks_add_up_to_the_whole(fmt: str, tmp_path: Path) -
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_online_fp8_experts_quantize_each_ranks_part(tmp_path: Path) -> None:
+    """`model.quantization=fp8` under tp=2: gate/up rows are quantized exactly as in one process (whole rows);
+    down's scales are per output channel of the rank's columns (amax of its part / 448)."""
+    from helpers.hf_models import build_hf_model
+    from helpers.quant_checkpoints import write_plain
+
+    write_plain(build_hf_model(MOE_TP_SPEC), tmp_path)
+    whole = load_model(tmp_path, quantization="fp8").model.layers[1].mlp.experts
+    plain = load_model(tmp_path).model.layers[1].mlp.experts
+    part = load_model(tmp_path, ParallelContext(tp_size=2, rank=1), quantization="fp8").model.layers[1].mlp.experts
+    rows = slice(128, 256)  # rank 1's half of the intermediate dimension
+    assert torch.equal(part.gate_up_proj.view(torch.uint8), whole.gate_up_proj[:, :, rows].view(torch.uint8))
+    assert torch.equal(part.gate_up_proj_weight_scale, whole.gate_up_proj_weight_scale[:, :, rows])
+    scale = plain.down_proj[:, :, rows].abs().amax(dim=-1, keepdim=True) / 448
+    torch.testing.assert_close(part.down_proj_weight_scale, scale)
+
+
 def test_act_order_rank_layout_through_the_kernel(tmp_path: Path) -> None:
     """A row-parallel act-order rank's layout (runs padded to units of 16 with zero-activation columns) is what the
     W4A16 kernel reads: Triton (interpreter) against the reference, on rank 1's down_proj."""
