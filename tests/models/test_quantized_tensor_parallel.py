@@ -70,7 +70,7 @@ def test_online_fp8_experts_quantize_each_ranks_part(tmp_path: Path) -> None:
 
 
 def test_act_order_rank_layout_through_the_kernel(tmp_path: Path) -> None:
-    """A row-parallel act-order rank's layout (runs padded to units of 16 with zero-activation columns) is what the
+    """A row-parallel act-order rank's layout (runs padded to units of 16+ with zero-activation columns) is what the
     W4A16 kernel reads: Triton (interpreter) against the reference, on rank 1's down_proj."""
     write_quantized("gptq-act-asym", tmp_path, QUANT_SPEC)
     x = torch.randn(3, 160, generator=torch.Generator().manual_seed(1))
@@ -78,7 +78,7 @@ def test_act_order_rank_layout_through_the_kernel(tmp_path: Path) -> None:
         layer = load_model(tmp_path, ParallelContext(tp_size=2, rank=rank)).get_submodule(
             "model.layers.1.mlp.down_proj"
         )
-        assert layer.int4_group == 16 and layer.perm.numel() > layer.in_features  # padded runs
+        assert layer.int4_group % 16 == 0 and layer.perm.numel() > layer.in_features  # padded runs
         want = layer.quant_method.apply(layer, x, None)
         layer.kernel_backend = "triton"
         torch.testing.assert_close(layer.quant_method.apply(layer, x, None), want, rtol=1e-5, atol=1e-5)

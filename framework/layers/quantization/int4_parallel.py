@@ -9,10 +9,11 @@ A row-parallel layer (o_proj, down_proj: input features K split) splits the pack
 K (K per rank a multiple of 8: GPTQ's `qweight` and compressed-tensors' `weight_packed` pack eight input columns per
 int32). Its group tensors (scales, zero points) are read whole, and `rank_group_layout` keeps the groups the rank's
 input columns use: each column's group is `g_idx[k]` (act-order: any group of the layer) or `k // G` of the whole
-layer. The rank sorts its columns by group; when every group's run of columns has the same length u (no act-order,
-G dividing K per rank: u = G), that is the layout with group u. Otherwise (act-order; or G not dividing K per rank,
-when a rank starts mid-group) each run is padded to a multiple of u = 16 (8 where G is not a multiple of 16) with
-columns whose activation is zero, and each unit of u columns gets its group's scale and zero point.
+layer. The rank sorts its columns by group. When every group's run of columns has the same length u, a multiple of
+16 (no act-order and G dividing K per rank: u = G; a rank starting mid-group: the runs' common length), that is the
+layout with group u. Otherwise (act-order) each run is padded to a multiple of u with columns whose activation is
+zero, u being the unit of 16 to 128 (8 where G is not a multiple of 16) that reads the fewest bytes, and each unit
+of u columns gets its group's scale and zero point.
 
 Stacked MoE experts split their intermediate dimension I: each expert's gate/up is column-parallel, its down
 row-parallel; there the group tensors are split like the weight (`GROUP_DIMS`), so G must divide I per
@@ -49,11 +50,20 @@ def split_dims(layout: str, column: bool, group_split: bool = False) -> dict[str
 
 
 def _unit(counts: list[int], group: int) -> int:
-    """Columns per scale of the rank's layout: the runs' common length where the kernel can read it, else 16 / 8."""
+    """Columns per scale of the rank's layout: the runs' common length where the kernel can read it (no padding);
+    else the unit of 16, 32, 64 or 128 (8 where G is not a multiple of 16) that reads the fewest bytes per output
+    row: half a byte per padded column plus a float32 scale and zero point per unit."""
     u = math.gcd(*counts)
-    if group % 16 == 0:
-        return u if u % 16 == 0 else 16
-    return u if u % 8 == 0 else 8
+    base = 16 if group % 16 == 0 else 8
+    if u % base == 0:
+        return u
+    candidates = [c for c in (16, 32, 64, 128) if c <= max(group, 16)] if base == 16 else [8]
+
+    def cost(unit: int) -> float:
+        padded = sum(-(-c // unit) * unit for c in counts)
+        return padded * (0.5 + 8 / unit)
+
+    return min(candidates, key=cost)
 
 
 def rank_group_layout(
