@@ -5,6 +5,7 @@ products; column-parallel: concatenated outputs; MoE experts: summed over the in
 - INT4 linear layers (GPTQ, GPTQ act-order asymmetric, AWQ, compressed-tensors W4A16) on the tiny Qwen3 whose
   down_proj has 160 inputs per rank (each rank starts or ends mid-group of 64);
 - quantized experts: FP8 block, per-tensor, GPTQ (the two-process test runs the other formats);
+- the rank layout on random groups (mid-group splits, act-order with padding) keeps every weight;
 - controls: a rank given the other rank's g_idx slice (row layer), or the other rank's scales (column layer), is
   caught;
 - what cannot be split is refused by name with the numbers: packed words cut in two, an FP8 block or an INT4 group
@@ -24,6 +25,7 @@ from helpers.quant_tp import MOE_TP_SPEC, expert_products, linear_products, load
 from safetensors.torch import load_file, save_file
 
 from framework.layers.parallel.context import ParallelContext
+from framework.layers.quantization.int4_parallel import gather_input, rank_group_layout, scatter_columns
 from framework.models.loader import CheckpointError, build_model, read_hf_config
 
 LAYERS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
@@ -82,6 +84,28 @@ def test_act_order_rank_layout_through_the_kernel(tmp_path: Path) -> None:
         want = layer.quant_method.apply(layer, x, None)
         layer.kernel_backend = "triton"
         torch.testing.assert_close(layer.quant_method.apply(layer, x, None), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k, group, act_order", [(160, 64, False), (96, 64, False), (256, 128, True), (176, 32, True)])
+def test_rank_group_layout_keeps_every_weight(k: int, group: int, act_order: bool) -> None:
+    """The rank layout (sorted, padded, one scale per unit) dequantizes to each column's own group scale and zero."""
+    g = torch.Generator().manual_seed(k)
+    whole = 2 * k
+    order = torch.randperm(whole, generator=g) if act_order else torch.arange(whole)
+    col_group = (torch.argsort(order) // group)[k:]  # rank 1's columns of a layer of 2k inputs
+    q = torch.randint(0, 16, (24, k), generator=g, dtype=torch.uint8)
+    scales, zeros = (
+        torch.rand(24, whole // group, generator=g) + 0.1,
+        torch.randint(0, 16, (24, whole // group)).float(),
+    )
+    q2, s2, z2, perm, unit = rank_group_layout(q, col_group, scales, zeros, group)
+    assert unit % 16 == 0 and q2.shape[1] % unit == 0 and s2.shape == z2.shape == (24, q2.shape[1] // unit)
+    dense = s2.repeat_interleave(unit, 1) * (q2.float() - z2.repeat_interleave(unit, 1))
+    got = dense if perm is None else scatter_columns(dense, perm, k)
+    torch.testing.assert_close(got, scales[:, col_group] * (q.float() - zeros[:, col_group]))
+    x = torch.randn(3, k, generator=g)
+    xs = x if perm is None else gather_input(x, perm)
+    torch.testing.assert_close(xs @ dense.t(), x @ got.t(), rtol=1e-4, atol=1e-4)
 
 
 def _swap_halves(path: Path, name: str, dim: int) -> None:
