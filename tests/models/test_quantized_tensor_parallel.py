@@ -4,7 +4,9 @@ products; column-parallel: concatenated outputs; MoE experts: summed over the in
 
 - INT4 linear layers (GPTQ, GPTQ act-order asymmetric, AWQ, compressed-tensors W4A16) on the tiny Qwen3 whose
   down_proj has 160 inputs per rank (each rank starts or ends mid-group of 64);
-- quantized experts: FP8 block, per-tensor, GPTQ (the two-process test runs the other formats);
+- quantized experts: FP8 block, per-tensor, GPTQ (the two-process test runs the other formats); online FP8
+  experts quantize each rank's part;
+- the padded act-order layout through the W4A16 kernel (interpreter);
 - the rank layout on random groups (mid-group splits, act-order with padding) keeps every weight;
 - controls: a rank given the other rank's g_idx slice (row layer), or the other rank's scales (column layer), is
   caught;
