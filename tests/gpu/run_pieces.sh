@@ -69,6 +69,7 @@ GPU_PIECES_EXTRA=(
   "kvtier 60 test_host_kv_tier_gpu.py"
   "lora 60 test_lora_gpu.py"
   "gdn 90 test_gdn_gpu.py"
+  "quantrank 10 test_quant_rank_layout_gpu.py"
 )
 
 test_groups() { # piece, name of a groups array: one pytest run per group, then the summary of exactly those files
