@@ -9,7 +9,8 @@ Expert weights are stacked at load time into one tensor per projection, `mlp.exp
 and `mlp.experts.down_proj [E, H, I]`, from the checkpoint's per-expert tensors (`experts.{e}.gate_proj.weight`,
 or Mixtral's `block_sparse_moe.experts.{e}.w1` / `w3` / `w2`) or from HF v5's fused ones: `stacked_tensor_part`
 tells the loader where each one goes. Tensor parallelism splits every expert's intermediate dimension I (both
-halves of gate_up alike); the router is replicated, every rank routes identically, and the experts' partial sums
+halves of gate_up alike; quantized experts' scales and packed words as their method's `checkpoint_split` says); the
+router is replicated, every rank routes identically, and the experts' partial sums
 are all-reduced once per layer.
 """
 
@@ -167,9 +168,13 @@ class MoeForCausalLM(LlamaForCausalLM):
             return None
         expert = int(match.group(2))
         param, index, dim = _PROJECTIONS[match.group(3)]
-        param_name = f"{match.group(1)}.mlp.experts.{stacked_name(param, match.group(4))}"
+        leaf = stacked_name(param, match.group(4))
+        param_name = f"{match.group(1)}.mlp.experts.{leaf}"
         stacked = self._stacked(param_name)
         if stacked is None or expert >= stacked.shape[0]:
             return None
         parts = stacked.shape[0] * (2 if param == "gate_up_proj" else 1)
-        return StackedPart(param_name, (expert, *index), self._shard(dim), parts)
+        # A quantized tensor's split dim (scales, packed words) as its method says; None: read whole.
+        split = getattr(self.get_submodule(f"{match.group(1)}.mlp.experts"), "checkpoint_split", {})
+        split_dim = split[leaf] if leaf in split else dim
+        return StackedPart(param_name, (expert, *index), None if split_dim is None else self._shard(split_dim), parts)

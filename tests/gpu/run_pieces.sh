@@ -51,7 +51,7 @@ GPU_PIECES=(
   "spec 120 test_spec_gpu.py test_draft_heads_gpu.py"
   "engine 95 test_gpu_engine.py test_prefix_caching_gpu.py"
   "hybrid_whisper 90 test_whisper_gpu.py test_mamba_gpu.py"
-  "parallel 50 test_parallel_gpu.py"
+  "parallel 50 test_parallel_gpu.py test_parallel_quant_gpu.py"
   "structured 35 test_structured_gpu.py"
   "moe 90 test_fused_moe_gpu.py"
 )
@@ -67,6 +67,7 @@ GPU_PIECES_EXTRA=(
   "quantization 180 test_quantization_gpu.py"
   "window 90 test_window_sinks_gpu.py"
   "gemma3 100 test_gemma3_gpu.py test_kv_groups_gpu.py"
+  "quantrank 10 test_quant_rank_layout_gpu.py"
 )
 GPU_PIECES_LAST=(
   "kvtier 70 test_host_kv_tier_gpu.py"

@@ -16,7 +16,8 @@ Nibble i of an int32 is bits 4i..4i+3. After loading, every format becomes the l
 int32 `[N, K / 8]` (eight consecutive input columns per int32), float32 `scales` and `zeros` `[N, K / G]`. GPTQ's
 act-order (`g_idx` not `k // G`) is undone at load by sorting the input columns by group (`perm`, applied to the
 activations each call), so groups are contiguous for the kernel. Small M and large M both run the Triton kernel
-(CPU: its PyTorch reference). Tensor parallelism is refused for INT4 layers (group and act-order splits not built).
+(CPU: its PyTorch reference). Tensor parallelism: `int4_parallel` (which tensors each rank splits, and the group
+layout of a row-parallel rank).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch import nn
 
 from framework.layers.kernels.backend import triton_enabled
 from framework.layers.quantization.base import QuantizationError, QuantMethod, replace_parameter
+from framework.layers.quantization.int4_parallel import gather_input, rank_group_layout, scatter_columns, split_dims
 from framework.layers.quantization.triton_w4a16 import (
     pack_rows,
     unpack_rows,
@@ -48,9 +50,12 @@ def unpack_int4(packed: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(r
     return stacked.reshape(shape)
 
 
-def int4_tensor_shapes(layout: str, n: int, k: int, g: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """The checkpoint tensors (name -> shape, dtype) of one [N, K] layer in `layout` with group size `g`."""
-    groups = k // g
+def int4_tensor_shapes(
+    layout: str, n: int, k: int, g: int, groups: Optional[int] = None
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The checkpoint tensors (name -> shape, dtype) of one [N, K] layer in `layout` with group size `g`; `groups`:
+    the group tensors' length when not K / g (a row-parallel rank reads the whole layer's groups)."""
+    groups = k // g if groups is None else groups
     if layout == "gptq":
         return {
             "qweight": ((k // 8, n), torch.int32),
@@ -79,50 +84,60 @@ class Int4Method(QuantMethod):
         self.layout, self.group_size, self.sym = layout, group_size, sym
         self.zero_offset = zero_offset  # GPTQ v1 stores zero - 1
 
-    def _shapes(self, layer: nn.Linear, prefix: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        n, k = layer.out_features, layer.in_features
-        g = k if self.group_size == -1 else self.group_size
-        ctx = getattr(layer, "ctx", None)
-        if ctx is not None and ctx.tp_size > 1:
-            raise QuantizationError(f"{prefix}: {self.name} weights under tensor parallelism are not supported yet")
-        if k % 8 or n % 8:
-            raise QuantizationError(f"{prefix}: {self.name} needs both dimensions a multiple of 8 (N={n}, K={k})")
-        if k % g:
-            raise QuantizationError(f"{prefix}: group size {g} does not divide the input dimension {k}")
-        return int4_tensor_shapes(self.layout, n, k, g)
-
     def create_weights(self, layer: nn.Linear, prefix: str) -> None:
-        shapes = self._shapes(layer, prefix)
+        ctx = getattr(layer, "ctx", None)
+        tp, rank = (ctx.tp_size, ctx.tp_rank) if ctx is not None else (1, 0)
+        dims = dict(getattr(layer, "shard_dims", {}))
+        row = dims.pop("weight", 0) == 1 and tp > 1  # row-parallel: this rank holds K / tp input columns
+        n, k = layer.out_features, layer.in_features
+        full_k = k * tp if row else k
+        g = full_k if self.group_size == -1 else self.group_size
+        if k % 8 or n % 8:
+            per_rank = f" per rank over {tp} tensor-parallel ranks" if tp > 1 else ""
+            raise QuantizationError(
+                f"{prefix}: {self.name} needs both dimensions a multiple of 8 (N={n}, K={k}{per_rank}): each int32 "
+                "packs eight 4-bit values"
+            )
+        if full_k % g:
+            raise QuantizationError(f"{prefix}: group size {g} does not divide the input dimension {full_k}")
         del layer._parameters["weight"]
-        for name, (shape, dtype) in shapes.items():
+        for name, (shape, dtype) in int4_tensor_shapes(self.layout, n, k, g, full_k // g).items():
             replace_parameter(layer, name, torch.empty(shape, dtype=dtype))
-        layer.shard_dims = {}  # type: ignore[assignment]
+        dims.update({name: d for name, d in split_dims(self.layout, not row).items() if d is not None})
+        layer.shard_dims = dims  # type: ignore[assignment]
+        layer.int4_geometry = (tp, rank, row, g)  # type: ignore[assignment]
 
     def process_after_loading(self, layer: nn.Linear, prefix: str) -> None:
         n, k = layer.out_features, layer.in_features
-        g = k if self.group_size == -1 else self.group_size
+        tp, rank, row, g = layer.int4_geometry  # type: ignore[misc]
         p = layer._parameters
-        perm: Optional[torch.Tensor] = None
+        col_group: Optional[torch.Tensor] = None
         if self.layout == "gptq":
             q = unpack_int4(p["qweight"].data, 0).t()  # [N, K]
             zeros = unpack_int4(p["qzeros"].data, 1).t().float() + self.zero_offset  # [N, groups]
             scales = p["scales"].data.t().float()
-            g_idx = p["g_idx"].data.long()
-            if g_idx.min() < 0 or g_idx.max() >= k // g or bool((torch.bincount(g_idx, minlength=k // g) != g).any()):
-                raise QuantizationError(f"{prefix}.g_idx: each of the {k // g} groups must hold {g} input columns")
-            if not torch.equal(g_idx, torch.arange(k, device=g_idx.device) // g):  # act-order: sort by group
-                perm = torch.argsort(g_idx, stable=True)
-                q = q[:, perm]
+            col_group = p["g_idx"].data.long()
+            groups = scales.shape[1]
+            in_range = bool((col_group >= 0).all()) and bool((col_group < groups).all())
+            if not row and (not in_range or bool((torch.bincount(col_group, minlength=groups) != g).any())):
+                raise QuantizationError(f"{prefix}.g_idx: each of the {groups} groups must hold {g} input columns")
         elif self.layout == "awq":
             q = unpack_int4(p["qweight"].data, 1, AWQ_ORDER).t()
             zeros = unpack_int4(p["qzeros"].data, 1, AWQ_ORDER).t().float()
             scales = p["scales"].data.t().float()
         else:
-            if tuple(p["weight_shape"].data.tolist()) != (n, k):
-                raise QuantizationError(f"{prefix}.weight_shape: {p['weight_shape'].data.tolist()}, expected {[n, k]}")
+            full = [n, k * tp] if row else [n * tp, k]
+            if p["weight_shape"].data.tolist() != full:
+                raise QuantizationError(f"{prefix}.weight_shape: {p['weight_shape'].data.tolist()}, expected {full}")
             q = unpack_int4(p["weight_packed"].data, 1)
             scales = p["weight_scale"].data.float()
             zeros = torch.full_like(scales, 8.0)
+        if col_group is None:  # groups of g consecutive inputs of the whole layer
+            col_group = (torch.arange(k, device=q.device) + (rank * k if row else 0)) // g
+        try:
+            q, scales, zeros, perm, unit = rank_group_layout(q, col_group, scales, zeros, g)
+        except ValueError as err:
+            raise QuantizationError(f"{prefix}.g_idx: {err}") from None
         for name in list(p):
             if name != "bias":
                 del p[name]
@@ -130,12 +145,12 @@ class Int4Method(QuantMethod):
         replace_parameter(layer, "scales", scales.contiguous())
         replace_parameter(layer, "zeros", zeros.contiguous())
         layer.register_buffer("perm", perm, persistent=False)
-        layer.int4_group = g  # type: ignore[assignment]
+        layer.int4_group = unit  # type: ignore[assignment]
 
     def apply(self, layer: nn.Linear, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if layer.perm is not None:  # act-order: the activations follow the sorted weight columns
-            flat = flat[:, layer.perm]
+        if layer.perm is not None:  # act-order / a row-parallel rank's groups: the activations in the weight's order
+            flat = gather_input(flat, layer.perm)  # type: ignore[arg-type]
         args = (layer.qweight, layer.scales, layer.zeros, layer.int4_group)
         use_kernel = layer.int4_group % 16 == 0 and flat.stride(-1) == 1  # type: ignore[operator]
         if use_kernel and triton_enabled(x.device, x, backend=getattr(layer, "kernel_backend", "auto")):
@@ -149,5 +164,5 @@ class Int4Method(QuantMethod):
         q = unpack_rows(layer.qweight).float()  # type: ignore[arg-type]
         weight = layer.scales.repeat_interleave(g, 1) * (q - layer.zeros.repeat_interleave(g, 1))  # type: ignore[operator]
         if layer.perm is not None:
-            weight = weight[:, torch.argsort(layer.perm)]  # type: ignore[arg-type]
+            weight = scatter_columns(weight, layer.perm, layer.in_features)  # type: ignore[arg-type]
         return weight

@@ -12,7 +12,13 @@ a `QuantMethod`:
    INT4 format becomes int32 words of eight inputs with float32 scales and zero points;
 3. `apply`: the fused MoE over the quantized weights.
 
-Refused by name: tensor parallelism over quantized experts, and GPTQ act-order (a permutation per expert).
+Tensor parallelism splits every expert's intermediate dimension I as for 16-bit experts: gate/up are
+column-parallel (their output rows), down row-parallel (its input columns); `create_weights` names in
+`checkpoint_split` which dim of each per-expert checkpoint tensor the loader splits (None: read whole). The scales
+split with the weight, so I per rank must be a multiple of the FP8 block (128) and of the INT4 group.
+
+Refused by name: FP8 blocks or INT4 groups that I per rank cuts in two, and GPTQ act-order (a permutation per
+expert).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from framework.layers.kernels.fused_moe_quant import QuantExperts, fused_moe_qua
 from framework.layers.quantization.base import QuantizationError, QuantMethod, replace_parameter
 from framework.layers.quantization.fp8 import Fp8LinearMethod, OnlineFp8Method, quantize_fp8_per_channel
 from framework.layers.quantization.int4 import AWQ_ORDER, Int4Method, int4_tensor_shapes, unpack_int4
+from framework.layers.quantization.int4_parallel import split_dims
 from framework.layers.quantization.triton_w4a16 import pack_rows
 
 PROJECTIONS = ("gate_up_proj", "down_proj")
@@ -49,6 +56,28 @@ def _nk(experts: nn.Module, proj: str) -> tuple[int, int]:
     return (i, h) if proj == "gate_up_proj" else (h, i)
 
 
+def _parallel(experts: nn.Module) -> tuple[int, int]:
+    """(tensor-parallel ranks, this rank) of an experts module."""
+    ctx = getattr(experts, "ctx", None)
+    return (ctx.tp_size, ctx.tp_rank) if ctx is not None else (1, 0)
+
+
+def _refuse_cut(experts: nn.Module, prefix: str, what: str, size: int) -> None:
+    """Refuse when I per rank (under tensor parallelism) is not a multiple of `size` (an FP8 block, an INT4 group)."""
+    tp, _ = _parallel(experts)
+    i = _dims(experts)[1]
+    if tp > 1 and i % size:
+        raise QuantizationError(
+            f"{prefix}: {i} intermediate features per rank (moe_intermediate_size {i * tp} over {tp} tensor-parallel "
+            f"ranks) is not a multiple of the {what} {size}: the experts' scales cannot be split with their weights"
+        )
+
+
+def _per_rank(experts: nn.Module) -> str:
+    tp, _ = _parallel(experts)
+    return f", per rank over {tp} tensor-parallel ranks" if tp > 1 else ""
+
+
 def stacked_name(proj: str, tensor: str) -> str:
     """The stacked parameter that checkpoint tensor `tensor` (`weight`, `weight_scale_inv`, `qzeros`, ...) of every
     expert's `proj` fills."""
@@ -57,11 +86,6 @@ def stacked_name(proj: str, tensor: str) -> str:
 
 class MoeQuantMethod(QuantMethod):
     """Quantized stacked experts (module docstring); `apply` takes the routing as well."""
-
-    def _refuse_parallel(self, experts: nn.Module, prefix: str) -> None:
-        ctx = getattr(experts, "ctx", None)
-        if ctx is not None and ctx.tp_size > 1:
-            raise QuantizationError(f"{prefix}: {self.name} experts under tensor parallelism are not supported yet")
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         raise TypeError("quantized experts run through apply_experts (they need the routing)")
@@ -96,14 +120,24 @@ class Fp8MoeMethod(MoeQuantMethod):
         return (-(-n // gn), -(-k // gk))
 
     def create_weights(self, layer: nn.Module, prefix: str) -> None:
-        self._refuse_parallel(layer, prefix)
+        block_n, block_k = self.linear.group
+        if block_n is not None and block_n > 1:  # block scales: gate/up's rows, down's columns
+            _refuse_cut(layer, prefix, f"{self.name} block", block_n)
+        if block_k is not None:
+            _refuse_cut(layer, prefix, f"{self.name} block", block_k)
+        scale_dims = (0 if block_n is not None else None, 1 if block_k is not None else None)
+        split: dict[str, Optional[int]] = {}
         for proj in PROJECTIONS:
+            column = proj == "gate_up_proj"
+            split[stacked_name(proj, self.linear.scale_name)] = scale_dims[0 if column else 1]
+            split[stacked_name(proj, "input_scale")] = None
             lead = _lead(layer, proj)
             replace_parameter(layer, proj, torch.empty((*lead, *_nk(layer, proj)), dtype=torch.float8_e4m3fn))
             scale = stacked_name(proj, self.linear.scale_name)
             replace_parameter(layer, scale, torch.empty((*lead, *self._scale_shape(layer, proj)), dtype=torch.float32))
             if self.linear.input_scale:  # static activation scales: read, not applied (W8A16)
                 replace_parameter(layer, stacked_name(proj, "input_scale"), torch.empty((*lead, 1)))
+        layer.checkpoint_split = split
 
     def process_after_loading(self, layer: nn.Module, prefix: str) -> None:
         grids = []
@@ -131,7 +165,7 @@ class OnlineFp8MoeMethod(Fp8MoeMethod):
         super().__init__(OnlineFp8Method())
 
     def create_weights(self, layer: nn.Module, prefix: str) -> None:
-        self._refuse_parallel(layer, prefix)
+        """Nothing: the 16-bit experts load (split like any 16-bit experts) until `process_after_loading`."""
 
     def process_after_loading(self, layer: nn.Module, prefix: str) -> None:
         for proj in PROJECTIONS:
@@ -167,33 +201,44 @@ class Int4MoeMethod(MoeQuantMethod):
         return _nk(experts, proj)[1] if self.linear.group_size == -1 else self.linear.group_size
 
     def create_weights(self, layer: nn.Module, prefix: str) -> None:
-        self._refuse_parallel(layer, prefix)
+        if self.linear.group_size != -1:
+            _refuse_cut(layer, prefix, f"{self.name} group size", self.linear.group_size)
+        split: dict[str, Optional[int]] = {}
         for proj in PROJECTIONS:
             (n, k), g = _nk(layer, proj), self._group(layer, proj)
             if n % 8 or k % 8 or k % g or g % 16:
                 raise QuantizationError(
                     f"{prefix}.{proj}: {self.name} needs both dimensions a multiple of 8 and a group size that is a "
-                    f"multiple of 16 dividing the input dimension (N={n}, K={k}, group {g})"
+                    f"multiple of 16 dividing the input dimension (N={n}, K={k}, group {g}{_per_rank(layer)})"
                 )
             del layer._parameters[proj]
+            column = proj == "gate_up_proj"
+            dims = split_dims(self.linear.layout, column, group_split=self.linear.group_size != -1)
+            split.update({stacked_name(proj, name): dim for name, dim in dims.items()})
             for name, (shape, dtype) in int4_tensor_shapes(self.linear.layout, n, k, g).items():
                 stacked = torch.empty((*_lead(layer, proj), *shape), dtype=dtype)
                 replace_parameter(layer, stacked_name(proj, name), stacked)
+        layer.checkpoint_split = split
 
     def _convert(self, layer: nn.Module, proj: str, prefix: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         (n, k), g, lead = _nk(layer, proj), self._group(layer, proj), _lead(layer, proj)
+        tp, rank = _parallel(layer)
+        column = proj == "gate_up_proj"
         names = int4_tensor_shapes(self.linear.layout, n, k, g)
         params = layer._parameters
         tensors = {name: params.pop(stacked_name(proj, name)).data.flatten(0, len(lead) - 1) for name in names}
-        if "g_idx" in tensors:
-            in_order = torch.arange(k, device=tensors["g_idx"].device) // g
+        if "g_idx" in tensors:  # global groups of this rank's input columns (down: K split) must be in order
+            first, whole_k = (0, k) if column else (rank * k, k * tp)
+            group = whole_k if self.linear.group_size == -1 else g
+            in_order = (torch.arange(k, device=tensors["g_idx"].device) + first) // group
             if not bool((tensors["g_idx"] == in_order).all()):
                 raise QuantizationError(
                     f"{prefix}.{proj}: GPTQ act-order (g_idx not k // group_size) on experts is not supported"
                 )
         if "weight_shape" in tensors:
-            if not bool((tensors["weight_shape"] == torch.tensor([n, k], device=tensors["weight_shape"].device)).all()):
-                raise QuantizationError(f"{prefix}.{proj}_weight_shape: expected {[n, k]} for every expert")
+            full = [n * tp, k] if column else [n, k * tp]
+            if not bool((tensors["weight_shape"] == torch.tensor(full, device=tensors["weight_shape"].device)).all()):
+                raise QuantizationError(f"{prefix}.{proj}_weight_shape: expected {full} for every expert")
         q, scales, zeros = _int4_words(self.linear.layout, tensors, self.linear.zero_offset)
         words = pack_rows(q.reshape(-1, k).contiguous()).view(*lead, n, k // 8)
         return words, scales.reshape(*lead, n, k // g).contiguous(), zeros.reshape(*lead, n, k // g).contiguous()
