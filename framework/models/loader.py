@@ -150,6 +150,11 @@ def build_model(
             f"config.json: architecture '{archs[0]}' does not support quantized weights ({scheme.format}) yet; "
             "dense Llama / Mistral / Qwen2 / Qwen3 decoders and Qwen3-MoE / Qwen2-MoE / Mixtral do"
         )
+    if scheme is not None and scheme.architectures and archs[0] not in scheme.architectures:
+        raise CheckpointError(
+            f"config.json: quantization format '{scheme.format}' is read for {', '.join(scheme.architectures)} "
+            f"only, not for architecture '{archs[0]}'"
+        )
 
     def construct() -> Model:
         model = cls.from_hf_config(hf_config, ctx) if ctx.world_size > 1 else cls.from_hf_config(hf_config)
@@ -226,7 +231,14 @@ def _copy_part(param: nn.Parameter, part: StackedPart, source: Any, where: str, 
                 f"{math.prod(part.source_shape)} elements (viewed as {part.source_shape})"
             )
         source = whole.reshape(part.source_shape)
+    if part.rearrange is not None:
+        whole = source[:]
+        try:
+            source = part.rearrange(whole)
+        except RuntimeError as err:  # a view that does not fit: the tensor's shape is wrong
+            raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(whole.shape)}, which does not fit: {err}")
     tensor = read_shard(source, part.shard)
+
     _refuse_quantized_tensor(where, ckpt_name, tensor.dtype, param.dtype)
     dest = param.data[part.index]
     if tensor.numel() == 1 and dest.numel() == 1:  # a per-tensor scale, stored as [] or [1]

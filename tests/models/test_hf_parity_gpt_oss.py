@@ -79,12 +79,12 @@ def _check_logits(hf_model: torch.nn.Module, run, prompts: list[list[int]] = PRO
     return worst
 
 
-def test_config_reads_layer_kinds_and_refuses_mxfp4(checkpoint) -> None:  # type: ignore[no-untyped-def]
+def test_config_reads_layer_kinds_and_refuses_other_quantization(checkpoint) -> None:  # type: ignore[no-untyped-def]
     cfg = GptOssConfig.from_hf(checkpoint[1].config.to_dict() | {"architectures": ["GptOssForCausalLM"]})
     assert [cfg.layer_window(i) for i in range(4)] == [WINDOW, 0, WINDOW, 0]
     cfg.check_max_model_len(100_000)  # windows are served: no refusal
-    with pytest.raises(UnsupportedModelError, match="mxfp4"):
-        GptOssConfig.from_hf({**checkpoint[1].config.to_dict(), "quantization_config": {"quant_method": "mxfp4"}})
+    with pytest.raises(UnsupportedModelError, match="quant_method='fp8': gpt-oss reads bf16 checkpoints and MXFP4"):
+        GptOssConfig.from_hf({**checkpoint[1].config.to_dict(), "quantization_config": {"quant_method": "fp8"}})
 
 
 @pytest.mark.parametrize("scenario", ["plain", "chunked_preempt"])
