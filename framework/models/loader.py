@@ -231,8 +231,10 @@ def _copy_part(param: nn.Parameter, part: StackedPart, source: Any, where: str, 
                 f"{math.prod(part.source_shape)} elements (viewed as {part.source_shape})"
             )
         source = whole.reshape(part.source_shape)
+    read_as = ""
     if part.rearrange is not None:
         whole = source[:]
+        read_as = f" (stored as {tuple(whole.shape)})"
         try:
             source = part.rearrange(whole)
         except RuntimeError as err:  # a view that does not fit: the tensor's shape is wrong
@@ -245,7 +247,7 @@ def _copy_part(param: nn.Parameter, part: StackedPart, source: Any, where: str, 
         tensor = tensor.reshape(dest.shape)
     if tensor.shape != dest.shape:
         raise CheckpointError(
-            f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, the model expects "
+            f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}{read_as}, the model expects "
             f"{tuple(dest.shape)}" + ("" if part.shard is None else " (this rank's part)")
         )
     with torch.no_grad():

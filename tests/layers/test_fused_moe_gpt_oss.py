@@ -38,7 +38,9 @@ def _dense(h: int, i: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Ten
     g = torch.Generator().manual_seed(seed)
     gate_up = torch.randn(E, 2, i, h, generator=g) * 0.3
     down = torch.randn(E, h, i, generator=g) * 0.2
-    return tuple(t.to(dtype) for t in (gate_up, down, torch.randn(E, 2, i, generator=g), torch.randn(E, h, generator=g)))
+    return tuple(
+        t.to(dtype) for t in (gate_up, down, torch.randn(E, 2, i, generator=g), torch.randn(E, h, generator=g))
+    )
 
 
 def _epilogue(gate_up_bias: torch.Tensor, down_bias: torch.Tensor | None, limit: float = LIMIT) -> MoeEpilogue:

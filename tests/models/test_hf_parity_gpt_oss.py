@@ -17,7 +17,8 @@ import pytest
 import torch
 from helpers.fake_graphs import StaticInputsCapturer
 from helpers.graph_lockstep import record_replays
-from helpers.hf_models import TinySpec, hf_greedy, hf_logits, save_tiny_checkpoint
+from helpers.hf_models import TinySpec, hf_greedy, hf_logits
+from helpers.mxfp4_checkpoints import build_gpt_oss
 from test_hf_parity import LOGITS_ATOL, LOGITS_RTOL, MAX_MODEL_LEN, MAX_TOKENS, PROMPTS, SCENARIOS, run_mrv2
 
 from framework.entrypoints.llm import LLM
@@ -57,7 +58,9 @@ SPEC = TinySpec(
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     path = tmp_path_factory.mktemp("hf-gpt-oss")
-    return path, save_tiny_checkpoint(SPEC, path)
+    model = build_gpt_oss(SPEC)  # the experts' biases randomised too
+    model.save_pretrained(path, safe_serialization=True)
+    return path, model
 
 
 @pytest.fixture(scope="module")

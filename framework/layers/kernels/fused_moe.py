@@ -36,11 +36,11 @@ from framework.layers.kernels.launch_math import cdiv
 from framework.layers.kernels.moe_align import moe_align
 from framework.layers.kernels.moe_epilogue import SILU_EPILOGUE, MoeEpilogue, expert_mlp_reference
 from framework.layers.kernels.moe_tiles import (
-    dot_expert_tile,
-    down_epilogue,
-    expert_weight_tile,
-    gate_up_epilogue,
-    mxfp4_weight_tile,
+    _dot_expert_tile,
+    _down_epilogue,
+    _expert_weight_tile,
+    _gate_up_epilogue,
+    _mxfp4_weight_tile,
 )
 from framework.layers.kernels.triton_norm_silu import interpreter_upcast
 
@@ -128,21 +128,21 @@ def _moe_gate_up_kernel(
         w_mask = k_mask[:, None] & col_mask[None, :]
         up_scales = gate_scales + SCALE_ROWS * SCALE_COLS
         if QUANT == 3:
-            w_gate = mxfp4_weight_tile(w_ptr, s_ptr, gate_base, gate_scales, cols, ks, H, w_mask)
-            w_up = mxfp4_weight_tile(w_ptr, s_ptr, gate_base + matrix, up_scales, cols, ks, H, w_mask)
+            w_gate = _mxfp4_weight_tile(w_ptr, s_ptr, gate_base, gate_scales, cols, ks, H, w_mask)
+            w_up = _mxfp4_weight_tile(w_ptr, s_ptr, gate_base + matrix, up_scales, cols, ks, H, w_mask)
         else:
-            w_gate = expert_weight_tile(w_ptr, gate_base, cols, ks, H, w_mask, QUANT)
-            w_up = expert_weight_tile(w_ptr, gate_base + matrix, cols, ks, H, w_mask, QUANT)
-        acc_gate = dot_expert_tile(
+            w_gate = _expert_weight_tile(w_ptr, gate_base, cols, ks, H, w_mask, QUANT)
+            w_up = _expert_weight_tile(w_ptr, gate_base + matrix, cols, ks, H, w_mask, QUANT)
+        acc_gate = _dot_expert_tile(
             acc_gate, a, w_gate, s_ptr, z_ptr, gate_scales, cols, col_mask, k0,
             QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
         )  # fmt: skip
-        acc_up = dot_expert_tile(
+        acc_up = _dot_expert_tile(
             acc_up, a, w_up, s_ptr, z_ptr, up_scales, cols, col_mask, k0,
             QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
         )  # fmt: skip
     # Rounded as the reference: both projections (+ biases), then each step of the activation.
-    act = gate_up_epilogue(
+    act = _gate_up_epilogue(
         acc_gate, acc_up, b_ptr, expert, cols, col_mask, I, dtype, ACTIVATION, HAS_BIAS, ALPHA, LIMIT
     )
     out_ptrs = act_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :]
@@ -196,15 +196,15 @@ def _moe_down_kernel(
         a = tl.load(act_ptr + safe_rows[:, None] * I + ks[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         w_mask = k_mask[:, None] & col_mask[None, :]
         if QUANT == 3:
-            w = mxfp4_weight_tile(w_ptr, s_ptr, base, scales, cols, ks, I, w_mask)
+            w = _mxfp4_weight_tile(w_ptr, s_ptr, base, scales, cols, ks, I, w_mask)
         else:
-            w = expert_weight_tile(w_ptr, base, cols, ks, I, w_mask, QUANT)
-        acc = dot_expert_tile(
+            w = _expert_weight_tile(w_ptr, base, cols, ks, I, w_mask, QUANT)
+        acc = _dot_expert_tile(
             acc, a, w, s_ptr, z_ptr, scales, cols, col_mask, k0,
             QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
         )  # fmt: skip
     weight = tl.load(topk_weights_ptr + safe_rows, mask=valid, other=0.0).to(tl.float32)
-    y = down_epilogue(acc, weight, b_ptr, expert, cols, col_mask, H, dtype, HAS_BIAS)
+    y = _down_epilogue(acc, weight, b_ptr, expert, cols, col_mask, H, dtype, HAS_BIAS)
     tl.store(out_ptr + safe_rows[:, None] * H + cols[None, :], y.to(dtype), mask=valid[:, None] & col_mask[None, :])
 
 

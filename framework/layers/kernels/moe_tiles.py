@@ -1,8 +1,8 @@
 """Triton pieces of the fused MoE kernels (`fused_moe.py`): weight tiles, the dequantizing dot, the epilogues.
 
 Weight tiles (`QUANT`, a constexpr of the kernels): 0 the activation dtype, 1 FP8 e4m3 with group scales, 2 int32
-words of eight 4-bit values with group scales and zero points (both scaled after the dot, `dot_expert_tile`), 3
-MXFP4 (`mxfp4_weight_tile`: bytes of two FP4 e2m1 values, an E8M0 power-of-two scale per 32 inputs, dequantized in
+words of eight 4-bit values with group scales and zero points (both scaled after the dot, `_dot_expert_tile`), 3
+MXFP4 (`_mxfp4_weight_tile`: bytes of two FP4 e2m1 values, an E8M0 power-of-two scale per 32 inputs, dequantized in
 registers before the dot, which is exact in bfloat16 and float32).
 
 Epilogues (constexprs `ACTIVATION`, `HAS_BIAS`; semantics and references in `moe_epilogue.py`): per-expert biases
@@ -19,7 +19,7 @@ from framework.layers.kernels.triton_norm_silu import round_to_dtype
 
 
 @triton.jit
-def expert_weight_tile(w_ptr, base, rows, ks, K: tl.constexpr, mask, QUANT: tl.constexpr):
+def _expert_weight_tile(w_ptr, base, rows, ks, K: tl.constexpr, mask, QUANT: tl.constexpr):
     """[BLOCK_K, BLOCK_N] raw values of W[rows, ks]^T for one expert matrix of K inputs per row starting at `base`
     (elements; int4: int32 words of eight consecutive inputs, nibble j = input 8c + j)."""
     if QUANT == 2:
@@ -30,7 +30,7 @@ def expert_weight_tile(w_ptr, base, rows, ks, K: tl.constexpr, mask, QUANT: tl.c
 
 
 @triton.jit
-def mxfp4_weight_tile(w_ptr, s_ptr, base, scale_base, rows, ks, K: tl.constexpr, mask):
+def _mxfp4_weight_tile(w_ptr, s_ptr, base, scale_base, rows, ks, K: tl.constexpr, mask):
     """[BLOCK_K, BLOCK_N] float32 W[rows, ks]^T of one MXFP4 expert matrix: bytes [N, K / 2] at `base` (input 2c in
     the low nibble of byte c, 2c + 1 in the high one), E8M0 exponents [N, K / 32] at `scale_base`; an element is
     e2m1(code) * 2^(exponent - 127) (exponent 0 reads as 0, not 2^-127)."""
@@ -48,10 +48,10 @@ def mxfp4_weight_tile(w_ptr, s_ptr, base, scale_base, rows, ks, K: tl.constexpr,
 
 
 @triton.jit
-def dot_expert_tile(
+def _dot_expert_tile(
     acc,  # [BLOCK_M, BLOCK_N] float32
     a,  # [BLOCK_M, BLOCK_K] activations
-    w,  # [BLOCK_K, BLOCK_N] weight values (`expert_weight_tile`; QUANT 3: dequantized float32)
+    w,  # [BLOCK_K, BLOCK_N] weight values (`_expert_weight_tile`; QUANT 3: dequantized float32)
     s_ptr,  # scale grid of the expert matrix, [SCALE_ROWS, SCALE_COLS] float32 at `scale_base` (QUANT 1, 2)
     z_ptr,  # zero points, same layout (int4 only)
     scale_base,
@@ -88,7 +88,7 @@ def dot_expert_tile(
 
 
 @triton.jit
-def gate_up_epilogue(
+def _gate_up_epilogue(
     acc_gate,  # [BLOCK_M, BLOCK_N] float32
     acc_up,
     b_ptr,  # HAS_BIAS: [E, 2, I] gate/up biases (any float dtype)
@@ -121,7 +121,7 @@ def gate_up_epilogue(
 
 
 @triton.jit
-def down_epilogue(
+def _down_epilogue(
     acc,  # [BLOCK_M, BLOCK_N] float32
     weight,  # [BLOCK_M] float32 routing weights
     b_ptr,  # HAS_BIAS: [E, H] down biases

@@ -1,7 +1,7 @@
 """From config.json's `quantization_config` (or compressed-tensors' `compression_config`) to a method per layer.
 
 `quant_scheme(hf_config, online)` reads the config before any weight is read: a format mrv2 does not read
-(NVFP4, MXFP4, GGUF, bitsandbytes, GPTQ / AWQ, ...) is refused there, naming it and the formats that are read.
+(NVFP4, GGUF, bitsandbytes, 8-bit GPTQ, ...) is refused there, naming it and the formats that are read.
 The formats are a registry keyed by `quant_method` (`QUANT_FORMATS`); each entry parses its config into a
 `QuantScheme`, which picks the method of each linear layer by its name (layers a checkpoint keeps in 16 bits,
 `modules_to_not_convert` / `ignore`, get None).
