@@ -63,7 +63,7 @@ GPU_PIECES_MORE=(
   "attention 60 test_attention_gpu.py"
 )
 GPU_PIECES_EXTRA=(
-  "quantization 180 test_quantization_gpu.py"
+  "quantization 180 test_quantization_gpu.py test_gpt_oss_moe_gpu.py"
   "window 90 test_window_sinks_gpu.py"
   "gemma3 90 test_gemma3_gpu.py"
   "kvtier 60 test_host_kv_tier_gpu.py"

@@ -142,3 +142,17 @@ def test_bad_bias_shape_is_named() -> None:
     x, weights, ids = _routing(32, torch.float32)
     with pytest.raises(ValueError, match=r"down_bias must be a contiguous \[4, 32\]"):
         fused_moe_reference(x, gate_up, down, weights, ids, _epilogue(gate_up_bias, down_bias[:, :16]))
+
+
+@pytest.mark.parametrize("m", [3, 64, 160])  # 1.5, 32 and 80 rows per expert: the three default launch configs
+def test_default_launch_configs(m: int) -> None:
+    """MXFP4 experts with the gpt-oss epilogue under `moe_launch_config`'s tiles (what the sm_90 compile check
+    compiles for the GPU), bfloat16."""
+    experts = _mxfp4(64, 64, seed=m)
+    _, _, gate_up_bias, down_bias = _dense(64, 64, torch.bfloat16, seed=3)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 64, generator=g).bfloat16()
+    weights, ids = torch.softmax(torch.randn(m, E, generator=g), -1).topk(TOP_K, dim=-1)
+    epilogue = _epilogue(gate_up_bias, down_bias)
+    ref = fused_moe_quant_reference(x, experts, weights, ids, epilogue)
+    _assert_close(fused_moe_quant_triton(x, experts, weights, ids, epilogue=epilogue), ref)
