@@ -312,6 +312,16 @@ def load_safetensors_weights(model: Model, path: str | Path, skip_prefixes: tupl
         )
 
 
+def _random_packed(model: nn.Module, name: str, noise: torch.Tensor, std: float) -> torch.Tensor:
+    """Random values of packed (integer) parameter `name`, from float32 `noise`: its module's quantization method
+    says how (`random_packed`), else `CheckpointError`."""
+    owner, _, tensor = name.rpartition(".")
+    method = getattr(model.get_submodule(owner), "quant_method", None)
+    if method is None or not hasattr(method, "random_packed"):
+        raise CheckpointError(f"random weights: '{name}' is packed and its layout has no random weights")
+    return method.random_packed(tensor, noise, std)  # type: ignore[no-any-return]
+
+
 def init_random_weights(model: Model, seed: int, std: float = 0.02) -> None:
     """Deterministic random weights: N(0, std**2) for matrices and embeddings, 1 for norms, 0 for biases.
 
@@ -336,5 +346,7 @@ def init_random_weights(model: Model, seed: int, std: float = 0.02) -> None:
                 values = torch.zeros(param.shape, device=device)
             else:
                 values = normal_weights(param.shape, std, seed, stream, device)
+                if not param.dtype.is_floating_point:  # a quantized layer's packed tensor: its method draws it
+                    values = _random_packed(full, name, values, std)
             if name in targets:
                 _copy_into(model, params, targets[name], values, "random weights", name)

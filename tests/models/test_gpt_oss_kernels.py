@@ -11,7 +11,8 @@ gate and up values (with the default 7 a tiny random model never reaches it and 
   reference and on the kernels (which dequantize in registers), against HF on the experts as transformers' own
   MXFP4 dequantization gives them: the same two checks;
 - planted fault kept as a control: the clamp dropped (limit 1e9) breaks the logits parity;
-- MXFP4 refusals named: on another architecture, an E8M0 exponent 255 (NaN), blocks of the wrong shape.
+- MXFP4 refusals named: on another architecture, an E8M0 exponent 255 (NaN), blocks of the wrong shape;
+- random MXFP4 weights (the `gpt-oss-20b-mxfp4` preset's path) have a sane scale and run.
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ from test_hf_parity_gpt_oss import SPEC
 import framework.layers.kernels.fused_moe as fused_moe_module
 import framework.layers.kernels.fused_moe_quant as fused_moe_quant_module
 from framework.entrypoints.llm import LLM
+from framework.layers.kernels.fused_moe_quant import dequantize_experts
+from framework.layers.quantization import finish_quantization
 from framework.models.gpt_oss import GptOssExperts
-from framework.models.loader import CheckpointError
+from framework.models.loader import CheckpointError, build_model, init_random_weights
+from framework.models.presets import preset_config
 
 CLAMPING_SPEC = dataclasses.replace(SPEC, config_kwargs={**SPEC.config_kwargs, "swiglu_limit": 0.1}, seed=23)
 PROMPT = PROMPTS[3][:20]  # 20 tokens: past the 8-token window
@@ -128,3 +132,19 @@ def test_mxfp4_refusals_are_named(mxfp4_checkpoint, tmp_path) -> None:  # type: 
     edit_checkpoint(misshaped, **{name: torch.zeros(4, 64, 1, 16, dtype=torch.uint8)})  # H / 32 = 2 groups
     with pytest.raises(CheckpointError, match=r"gate_up_proj_blocks' has shape .* \(stored as \(4, 64, 1, 16\)\)"):
         LLM(str(misshaped), device="cpu")
+
+
+def test_random_mxfp4_weights(mxfp4_checkpoint) -> None:  # type: ignore[no-untyped-def]
+    """Random-weight presets (`gpt-oss-20b-mxfp4`): the packed bytes and exponents come from the MXFP4 method, the
+    weights' RMS lands near `initializer_range`, and the model generates."""
+    config = json.loads((mxfp4_checkpoint[0] / "config.json").read_text())
+    model = build_model(config, torch.float32, torch.device("cpu"))
+    init_random_weights(model, seed=0, std=0.02)
+    finish_quantization(model)
+    experts = model.get_submodule("model.layers.0.mlp.experts").quant_experts
+    gate_up, down = dequantize_experts(experts)
+    assert bool((experts.gate_up_scale == 120).all()) and len(experts.gate_up.unique()) > 200
+    assert 0.01 < gate_up.pow(2).mean().sqrt().item() < 0.04 and 0.01 < down.pow(2).mean().sqrt().item() < 0.04
+    assert preset_config("gpt-oss-20b-mxfp4")["quantization_config"]["quant_method"] == "mxfp4"
+    out = model.model.layers[0].mlp(torch.randn(3, config["hidden_size"]))
+    assert bool(torch.isfinite(out).all())

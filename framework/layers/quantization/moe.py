@@ -21,6 +21,7 @@ Refused by name: tensor parallelism over quantized experts, and GPTQ act-order (
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -259,6 +260,14 @@ class Mxfp4MoeMethod(MoeQuantMethod):
         (w1, s1), (w2, s2) = tensors["gate_up_proj"], tensors["down_proj"]
         group = (1, MXFP4_GROUP)
         layer.quant_experts = QuantExperts("mxfp4", w1, w2, s1, s2, group, group)
+
+    def random_packed(self, tensor: str, noise: torch.Tensor, std: float) -> torch.Tensor:
+        """Random-weight presets: bytes from the float32 `noise` (every e2m1 code about equally likely), and one
+        exponent putting the weights' RMS near `std` (random e2m1 codes have an RMS of 2.9)."""
+        if tensor.endswith("_scales"):
+            exponent = 127 + round(math.log2(std / 2.9))
+            return torch.full(noise.shape, exponent, dtype=torch.uint8, device=noise.device)
+        return ((noise * 2**20).to(torch.int64) & 0xFF).to(torch.uint8)
 
 
 def moe_method(linear: QuantMethod, prefix: str) -> MoeQuantMethod:
