@@ -6,6 +6,8 @@ H = I = 2880), bf16 activations, M = 1 (decode), 64 and 2048 (prefill): every la
 - MXFP4 experts (uint8 blocks, E8M0 scales, dequantized in registers) against `fused_moe_quant_reference`
   (dequantized to float32, float32 products rounded once): the same bound; the e2m1 value times its power of two
   is exact in bf16, so only summation order and the intermediates' roundings differ.
+- engine: tiny gpt-oss checkpoints (bf16 experts, and MXFP4 in the released layout) in float32 through the engine
+  (the kernels, CUDA graphs) give HF's greedy tokens (HF on the experts as transformers dequantizes them).
 The weights are scaled so that the clamp (limit 7) bites on a share of the gate and up values. A handful of
 elements may sit one more rounding step out (a flipped rounding of an intermediate feeding a sum of 2880 terms):
 at most 1 in 10^4 beyond the bound, none beyond 4x.
@@ -24,6 +26,13 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
+from pathlib import Path  # noqa: E402
+
+from helpers.hf_models import hf_greedy, random_prompts  # noqa: E402
+from helpers.mxfp4_checkpoints import build_gpt_oss, write_gpt_oss_mxfp4  # noqa: E402
+from test_gpt_oss_kernels import CLAMPING_SPEC  # noqa: E402
+
+from framework.entrypoints.llm import LLM  # noqa: E402
 from framework.layers.kernels.fused_moe import fused_moe_reference, fused_moe_triton  # noqa: E402
 from framework.layers.kernels.fused_moe_quant import (  # noqa: E402
     QuantExperts,
@@ -87,3 +96,19 @@ def test_mxfp4_experts_with_biases_and_clamped_swiglu(m: int) -> None:
     x, weights, ids = _routing(m)
     out = fused_moe_quant_triton(x, experts, weights, ids, epilogue=epilogue)
     _assert_close(out, fused_moe_quant_reference(x, experts, weights, ids, epilogue))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
+def test_tiny_gpt_oss_engine_matches_hf(fmt: str, tmp_path: Path) -> None:
+    from framework.params.sampling_params import SamplingParams
+
+    if fmt == "mxfp4":
+        hf = write_gpt_oss_mxfp4(CLAMPING_SPEC, tmp_path)
+    else:
+        hf = build_gpt_oss(CLAMPING_SPEC)
+        hf.save_pretrained(tmp_path, safe_serialization=True)
+    llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=64, seed=0)
+    prompts = random_prompts(4, 4, 30, seed=5)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert list(out.token_ids) == hf_greedy(hf, prompt, 12)
