@@ -9,7 +9,7 @@ gate and up values (with the default 7 a tiny random model never reaches it and 
   fault in the kernel's epilogue passes a greedy-only check, not this one), and the kernels did run;
 - an MXFP4 checkpoint in the released layout (`helpers.mxfp4_checkpoints`), run by mrv2 both on the PyTorch
   reference and on the kernels (which dequantize in registers), against HF on the experts as transformers' own
-  MXFP4 dequantization gives them: the same two checks;
+  MXFP4 dequantization gives them: the same two checks; with chunked prefill and preemption, HF's tokens;
 - planted fault kept as a control: the clamp dropped (limit 1e9) breaks the logits parity;
 - MXFP4 refusals named: on another architecture, an E8M0 exponent 255 (NaN), blocks of the wrong shape;
 - random MXFP4 weights (the `gpt-oss-20b-mxfp4` preset's path) have a sane scale and run.
@@ -27,7 +27,7 @@ import torch
 from helpers.hf_models import hf_greedy, hf_logits
 from helpers.mxfp4_checkpoints import build_gpt_oss, write_gpt_oss_mxfp4
 from helpers.quant_checkpoints import edit_checkpoint
-from test_hf_parity import LOGITS_ATOL, LOGITS_RTOL, PROMPTS, run_mrv2
+from test_hf_parity import LOGITS_ATOL, LOGITS_RTOL, MAX_TOKENS, PROMPTS, SCENARIOS, run_mrv2
 from test_hf_parity_gpt_oss import SPEC
 
 import framework.layers.kernels.fused_moe as fused_moe_module
@@ -105,6 +105,15 @@ def test_mxfp4_checkpoint_matches_hf_on_reference_and_kernels(mxfp4_checkpoint, 
     calls = _moe_on_the_kernels(monkeypatch)
     print(f"max |logits diff| mxfp4 kernels: {_check_against_hf(hf, path, monkeypatch):.2e}")
     assert calls, "the MXFP4 experts did not run the fused MoE kernels"
+
+
+def test_mxfp4_chunked_prefill_and_preemption(mxfp4_checkpoint) -> None:  # type: ignore[no-untyped-def]
+    """8-token steps (prefill chunks inside and across the window) and a KV pool too small for all the requests
+    (preemption, recomputed prefills) for five requests: HF's greedy tokens."""
+    path, hf = mxfp4_checkpoint
+    run = run_mrv2(path, PROMPTS, **SCENARIOS["chunked_preempt"])  # 32 new tokens each
+    assert [out.token_ids for out in run.outputs] == [hf_greedy(hf, p, MAX_TOKENS) for p in PROMPTS]
+    assert sum(out.num_preemptions for out in run.outputs) > 0
 
 
 def test_mxfp4_refusals_are_named(mxfp4_checkpoint, tmp_path) -> None:  # type: ignore[no-untyped-def]
