@@ -11,7 +11,8 @@ gate and up values (with the default 7 a tiny random model never reaches it and 
   reference and on the kernels (which dequantize in registers), against HF on the experts as transformers' own
   MXFP4 dequantization gives them: the same two checks; with chunked prefill and preemption, HF's tokens;
 - planted fault kept as a control: the clamp dropped (limit 1e9) breaks the logits parity;
-- MXFP4 refusals named: on another architecture, an E8M0 exponent 255 (NaN), blocks of the wrong shape;
+- refusals named: MXFP4 on another architecture, an E8M0 exponent 255 (NaN), blocks of the wrong shape, online
+  FP8 on gpt-oss;
 - random MXFP4 weights (the `gpt-oss-20b-mxfp4` preset's path) have a sane scale and run.
 """
 
@@ -116,8 +117,9 @@ def test_mxfp4_chunked_prefill_and_preemption(mxfp4_checkpoint) -> None:  # type
     assert sum(out.num_preemptions for out in run.outputs) > 0
 
 
-def test_mxfp4_refusals_are_named(mxfp4_checkpoint, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_mxfp4_refusals_are_named(mxfp4_checkpoint, bf16_checkpoint, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path, _ = mxfp4_checkpoint
+    bf16_dir = bf16_checkpoint[0]
     config = json.loads((path / "config.json").read_text())
     weights = (path / "model.safetensors").read_bytes()
 
@@ -136,6 +138,8 @@ def test_mxfp4_refusals_are_named(mxfp4_checkpoint, tmp_path) -> None:  # type: 
     edit_checkpoint(nan_scale, **{name: torch.full((4, 64, 1), 255, dtype=torch.uint8)})
     with pytest.raises(CheckpointError, match=r"layers.1.mlp.experts.down_proj_scales: E8M0 exponent 255"):
         LLM(str(nan_scale), device="cpu")
+    with pytest.raises(CheckpointError, match="these experts read mxfp4 weights, not online-fp8"):
+        LLM(str(bf16_dir), device="cpu", quantization="fp8")
     misshaped = copy("shape")
     name = "model.layers.0.mlp.experts.gate_up_proj_blocks"
     edit_checkpoint(misshaped, **{name: torch.zeros(4, 64, 1, 16, dtype=torch.uint8)})  # H / 32 = 2 groups
