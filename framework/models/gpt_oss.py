@@ -1,71 +1,71 @@
 """gpt-oss (`GptOssForCausalLM`): the dense decoder's attention with learned sinks, alternating sliding-window and
 full layers, and a top-k MoE whose experts carry biases and a clamped SwiGLU.
 
-Parameter names are the HF checkpoint's (`mlp.router`, `mlp.experts.gate_up_proj [E, H, 2I]` with gate and up
-interleaved column by column, `mlp.experts.down_proj [E, I, H]`, their `_bias`, `self_attn.sinks [H]`), so weights
-load by name. The experts run in PyTorch (the fused MoE kernel has no biases or clamped activation yet): every
-expert densely for small batches, each routed expert over its tokens for large ones. MXFP4 expert weights are
-refused by `GptOssConfig.from_hf`.
+Parameter names are the HF checkpoint's (`mlp.router`, `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`, their
+`_bias`, `self_attn.sinks [H]`), so weights load by name. The experts run in the fused MoE Triton kernels
+(`framework/layers/kernels/fused_moe.py`) with their biases and the clamped SwiGLU as the kernels' epilogue
+(`moe_epilogue.py`), so their parameters hold the kernels' layout: the checkpoint's `gate_up_proj [E, H, 2I]` (gate
+and up interleaved column by column) is de-interleaved at load into `[E, 2, I, H]`, its bias `[E, 2I]` into
+`[E, 2, I]`, and `down_proj [E, I, H]` transposed into `[E, H, I]` (`stacked_tensor_part`). MXFP4 checkpoints
+(`quant_method: mxfp4`, the released weights) keep their FP4 bytes and E8M0 scales (`Mxfp4MoeMethod`), their gate/up
+rows de-interleaved the same way; the kernels dequantize them in registers.
 """
 
 from __future__ import annotations
+
+import re
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from framework.layers.kernels.fused_moe import fused_moe
+from framework.layers.kernels.moe_epilogue import CLAMPED_SWIGLU, MoeEpilogue
 from framework.layers.parallel.context import ParallelContext
-from framework.layers.parallel.linear import SINGLE
+from framework.layers.parallel.linear import SINGLE, StackedPart
 from framework.models.gpt_oss_config import GptOssConfig
 from framework.models.llama import Attention, LlamaForCausalLM, RMSNorm
 
-# Forwards of at most this many tokens run every expert densely (graph-safe: no host read of the routing).
-DENSE_MAX_TOKENS = 256
 
-
-def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """[N, 2I] (gate, up interleaved) -> [N, I]: `(clamp(up) + 1) * g * sigmoid(alpha * g)`, g = gate clamped
-    from above at `limit`, up to [-limit, limit]."""
-    gate = gate_up[..., ::2].clamp(max=limit)
-    up = gate_up[..., 1::2].clamp(min=-limit, max=limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+def deinterleave_gate_up(gate_up: torch.Tensor) -> torch.Tensor:
+    """HF's `gate_up_proj [E, H, 2I]` (gate = [..., ::2], up = [..., 1::2]) -> `[E, 2, I, H]` (a view)."""
+    e, h, two_i = gate_up.shape
+    return gate_up.view(e, h, two_i // 2, 2).permute(0, 3, 2, 1)
 
 
 class GptOssExperts(nn.Module):
-    """All experts of one layer, in the checkpoint's layout."""
+    """All experts of one layer in the fused MoE kernels' layout (module docstring): `gate_up_proj [E, 2, I, H]`,
+    `gate_up_proj_bias [E, 2, I]`, `down_proj [E, H, I]`, `down_proj_bias [E, H]`."""
 
     def __init__(self, cfg: GptOssConfig) -> None:
         super().__init__()
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(e, h, 2 * i))
-        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i))
-        self.down_proj = nn.Parameter(torch.empty(e, i, h))
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2, i, h))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2, i))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
         self.down_proj_bias = nn.Parameter(torch.empty(e, h))
         self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
+        self.stacked_experts = True  # quantized checkpoints: framework.layers.quantization.moe
+        self.expert_dims = (e, i, h)
+        self.quant_formats = ("mxfp4",)
+
+    def epilogue(self) -> MoeEpilogue:
+        """The biases and the clamped SwiGLU, as the kernels take them."""
+        return MoeEpilogue(CLAMPED_SWIGLU, self.alpha, self.limit, self.gate_up_proj_bias, self.down_proj_bias)
 
     def forward(
         self,
         x: torch.Tensor,  # [T, H]
         weights: torch.Tensor,  # [T, k] routing weights
         ids: torch.Tensor,  # [T, k] int64 expert ids
+        backend: str,  # kernels.backend
     ) -> torch.Tensor:  # [T, H]
-        """Small batches (decode) and any CUDA-graph capture run every expert over every token, weighted by its
-        routing weight (0 where not routed): no host read. Larger eager batches run each routed expert over its
-        tokens only."""
-        out = torch.zeros_like(x)
-        if x.shape[0] <= DENSE_MAX_TOKENS or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-            for expert in range(self.gate_up_proj.shape[0]):
-                weight = (weights * (ids == expert)).sum(dim=-1, keepdim=True)  # [T, 1]
-                out += (self._expert(x, expert) * weight).to(x.dtype)
-            return out
-        for expert in torch.unique(ids).tolist():
-            token, slot = torch.where(ids == expert)
-            out.index_add_(0, token, (self._expert(x[token], expert) * weights[token, slot, None]).to(x.dtype))
-        return out
-
-    def _expert(self, x: torch.Tensor, expert: int) -> torch.Tensor:  # [N, H] -> [N, H]
-        h = x @ self.gate_up_proj[expert] + self.gate_up_proj_bias[expert]
-        return clamped_swiglu(h, self.alpha, self.limit) @ self.down_proj[expert] + self.down_proj_bias[expert]
+        """The routed experts' MLP: the fused kernels on CUDA (graph-safe), their PyTorch reference otherwise."""
+        method = getattr(self, "quant_method", None)
+        if method is not None:
+            return method.apply_experts(self, x, weights, ids, backend, self.epilogue())  # type: ignore[no-any-return]
+        return fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, backend, self.epilogue())
 
 
 class GptOssMoe(nn.Module):
@@ -76,10 +76,11 @@ class GptOssMoe(nn.Module):
         self.top_k = cfg.num_experts_per_tok
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=True)
         self.experts = GptOssExperts(cfg)
+        self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         top, ids = torch.topk(self.router(x), self.top_k, dim=-1)
-        return self.experts(x, torch.softmax(top, dim=-1), ids)
+        return self.experts(x, torch.softmax(top, dim=-1), ids, self.kernel_backend)
 
 
 class GptOssDecoderLayer(nn.Module):
@@ -114,19 +115,54 @@ def _make_layer(cfg: GptOssConfig, ctx: ParallelContext, layer: int) -> nn.Modul
     return GptOssDecoderLayer(cfg, ctx, layer)
 
 
-class GptOssForCausalLM(LlamaForCausalLM):
-    """gpt-oss causal LM over the paged KV cache (interface of `LlamaForCausalLM`); one rank, bf16 experts."""
+# Checkpoint expert tensors whose layout differs from the kernels' (`stacked_tensor_part`).
+_EXPERT_TENSOR = re.compile(
+    r"^model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|gate_up_proj_bias|down_proj|gate_up_proj_blocks|"
+    r"gate_up_proj_scales|down_proj_blocks)$"
+)
 
-    supports_parallel = supports_quantization = False
+
+def _rearrangement(tensor: str, e: int, i: int, h: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Checkpoint layout -> kernel layout of one expert tensor (E experts, intermediate I, hidden H)."""
+    if tensor == "gate_up_proj":  # [E, H, 2I] interleaved -> [E, 2, I, H]
+        return deinterleave_gate_up
+    if tensor == "gate_up_proj_bias":  # [E, 2I] interleaved -> [E, 2, I]
+        return lambda t: t.view(e, i, 2).transpose(1, 2)
+    if tensor == "down_proj":  # [E, I, H] -> [E, H, I]
+        return lambda t: t.transpose(1, 2)
+    if tensor == "down_proj_blocks":  # [E, H, I / 32, 16] -> [E, H, I / 2]
+        return lambda t: t.reshape(e, h, -1)
+    # gate_up_proj_blocks [E, 2I, H / 32, 16] and _scales [E, 2I, H / 32]: rows 2n (gate n), 2n + 1 (up n)
+    return lambda t: t.reshape(e, i, 2, -1).transpose(1, 2)
+
+
+class GptOssForCausalLM(LlamaForCausalLM):
+    """gpt-oss causal LM over the paged KV cache (interface of `LlamaForCausalLM`); one rank, bf16 or MXFP4
+    experts (`quant_method: mxfp4`, the only quantized format read for gpt-oss)."""
+
+    supports_parallel = False
+    supports_quantization = True
     config_cls = GptOssConfig
     make_layer = staticmethod(_make_layer)
 
     def __init__(self, cfg: GptOssConfig, ctx: ParallelContext = SINGLE) -> None:  # type: ignore[override]
         super().__init__(cfg, ctx)
         self.attention_factor = cfg.rope_attention_factor()
+        self.expert_dims = (cfg.num_experts, cfg.intermediate_size, cfg.hidden_size)
 
     def rope_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's cos and sin, scaled by YaRN's attention factor as HF does."""
         freqs = positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # [T, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
+
+    def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
+        """The expert tensors (module docstring) are read whole and rearranged into the kernels' layout."""
+        match = _EXPERT_TENSOR.match(name)
+        if match is None:
+            return None
+        try:
+            self.get_parameter(name)
+        except AttributeError:
+            return None  # e.g. a bf16 tensor in an MXFP4 model: the loader names it
+        return StackedPart(name, (), None, 1, rearrange=_rearrangement(match.group(1), *self.expert_dims))

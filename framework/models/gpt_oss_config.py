@@ -27,12 +27,14 @@ class GptOssConfig(DecoderConfig):
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "GptOssConfig":
-        """Read an HF gpt-oss config; MXFP4 expert weights (the released checkpoints) are refused by name."""
+        """Read an HF gpt-oss config; a quantization other than MXFP4 experts (the released checkpoints) is refused
+        by name."""
         quant = cfg.get("quantization_config") or {}
-        if str(quant.get("quant_method", "")).lower() == "mxfp4":
+        method = str(quant.get("quant_method", "mxfp4")).lower() if isinstance(quant, dict) else repr(quant)
+        if method != "mxfp4":
             raise UnsupportedModelError(
-                "quantization_config.quant_method='mxfp4': gpt-oss's MXFP4 expert weights are not supported yet; "
-                "use a bf16 checkpoint (dequantized experts)"
+                f"quantization_config.quant_method={method!r}: gpt-oss reads bf16 checkpoints and MXFP4 experts "
+                "(quant_method 'mxfp4') only"
             )
         base = super().from_hf({**cfg, "sliding_window": None})
         num_layers = base.num_layers

@@ -150,6 +150,11 @@ def build_model(
             f"config.json: architecture '{archs[0]}' does not support quantized weights ({scheme.format}) yet; "
             "dense Llama / Mistral / Qwen2 / Qwen3 decoders and Qwen3-MoE / Qwen2-MoE / Mixtral do"
         )
+    if scheme is not None and scheme.architectures and archs[0] not in scheme.architectures:
+        raise CheckpointError(
+            f"config.json: quantization format '{scheme.format}' is read for {', '.join(scheme.architectures)} "
+            f"only, not for architecture '{archs[0]}'"
+        )
 
     def construct() -> Model:
         model = cls.from_hf_config(hf_config, ctx) if ctx.world_size > 1 else cls.from_hf_config(hf_config)
@@ -226,14 +231,23 @@ def _copy_part(param: nn.Parameter, part: StackedPart, source: Any, where: str, 
                 f"{math.prod(part.source_shape)} elements (viewed as {part.source_shape})"
             )
         source = whole.reshape(part.source_shape)
+    read_as = ""
+    if part.rearrange is not None:
+        whole = source[:]
+        read_as = f" (stored as {tuple(whole.shape)})"
+        try:
+            source = part.rearrange(whole)
+        except RuntimeError as err:  # a view that does not fit: the tensor's shape is wrong
+            raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(whole.shape)}, which does not fit: {err}")
     tensor = read_shard(source, part.shard)
+
     _refuse_quantized_tensor(where, ckpt_name, tensor.dtype, param.dtype)
     dest = param.data[part.index]
     if tensor.numel() == 1 and dest.numel() == 1:  # a per-tensor scale, stored as [] or [1]
         tensor = tensor.reshape(dest.shape)
     if tensor.shape != dest.shape:
         raise CheckpointError(
-            f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}, the model expects "
+            f"{where}: '{ckpt_name}' has shape {tuple(tensor.shape)}{read_as}, the model expects "
             f"{tuple(dest.shape)}" + ("" if part.shard is None else " (this rank's part)")
         )
     with torch.no_grad():
@@ -298,6 +312,16 @@ def load_safetensors_weights(model: Model, path: str | Path, skip_prefixes: tupl
         )
 
 
+def _random_packed(model: nn.Module, name: str, noise: torch.Tensor, std: float) -> torch.Tensor:
+    """Random values of packed (integer) parameter `name`, from float32 `noise`: its module's quantization method
+    says how (`random_packed`), else `CheckpointError`."""
+    owner, _, tensor = name.rpartition(".")
+    method = getattr(model.get_submodule(owner), "quant_method", None)
+    if method is None or not hasattr(method, "random_packed"):
+        raise CheckpointError(f"random weights: '{name}' is packed and its layout has no random weights")
+    return method.random_packed(tensor, noise, std)  # type: ignore[no-any-return]
+
+
 def init_random_weights(model: Model, seed: int, std: float = 0.02) -> None:
     """Deterministic random weights: N(0, std**2) for matrices and embeddings, 1 for norms, 0 for biases.
 
@@ -322,5 +346,7 @@ def init_random_weights(model: Model, seed: int, std: float = 0.02) -> None:
                 values = torch.zeros(param.shape, device=device)
             else:
                 values = normal_weights(param.shape, std, seed, stream, device)
+                if not param.dtype.is_floating_point:  # a quantized layer's packed tensor: its method draws it
+                    values = _random_packed(full, name, values, std)
             if name in targets:
                 _copy_into(model, params, targets[name], values, "random weights", name)

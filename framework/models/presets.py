@@ -15,7 +15,8 @@ byte, 256 = end of text).
 geometry: Qwen3-30B-A3B's shapes (48 layers, hidden 2048, 128 experts of intermediate 768, top-8, 32/4 heads;
 30.5B parameters, 61 GB in bf16) with random weights. `gpt-oss-20b` is gpt-oss-20b's geometry (24 layers alternating a
 128-token window and full attention with sinks, hidden 2880, 32 experts top-4, 64/8 heads of 64, YaRN RoPE;
-about 21B parameters, 42 GB in bf16 experts) with random weights. `gemma-3-4b` is Gemma 3 4B's text geometry (34
+about 21B parameters, 42 GB in bf16 experts) with random weights; `gpt-oss-20b-mxfp4` the same with MXFP4 experts
+(random bytes, one exponent for every group; about 13 GB). `gemma-3-4b` is Gemma 3 4B's text geometry (34
 layers, five in six on a 1,024-token window, hidden 2560, 8/4 heads of 256, GELU-tanh, vocabulary 262,208; about
 3.9B parameters) with random weights.
 """
@@ -263,6 +264,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "tie_word_embeddings": True,
         "eos_token_id": BYTE_EOS_ID,
+    },
+}
+PRESETS["gpt-oss-20b-mxfp4"] = {  # the released checkpoints' layout: MXFP4 experts, the rest 16-bit
+    **PRESETS["gpt-oss-20b"],
+    "quantization_config": {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens"],
     },
 }
 

@@ -64,7 +64,7 @@ GPU_PIECES_MORE=(
   "attention 60 test_attention_gpu.py"
 )
 GPU_PIECES_EXTRA=(
-  "quantization 180 test_quantization_gpu.py"
+  "quantization 180 test_quantization_gpu.py test_gpt_oss_moe_gpu.py"
   "window 90 test_window_sinks_gpu.py"
   "gemma3 100 test_gemma3_gpu.py test_kv_groups_gpu.py"
   "quantrank 10 test_quant_rank_layout_gpu.py"

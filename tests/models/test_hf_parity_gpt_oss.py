@@ -17,7 +17,8 @@ import pytest
 import torch
 from helpers.fake_graphs import StaticInputsCapturer
 from helpers.graph_lockstep import record_replays
-from helpers.hf_models import TinySpec, hf_greedy, hf_logits, save_tiny_checkpoint
+from helpers.hf_models import TinySpec, hf_greedy, hf_logits
+from helpers.mxfp4_checkpoints import build_gpt_oss
 from test_hf_parity import LOGITS_ATOL, LOGITS_RTOL, MAX_MODEL_LEN, MAX_TOKENS, PROMPTS, SCENARIOS, run_mrv2
 
 from framework.entrypoints.llm import LLM
@@ -57,7 +58,9 @@ SPEC = TinySpec(
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     path = tmp_path_factory.mktemp("hf-gpt-oss")
-    return path, save_tiny_checkpoint(SPEC, path)
+    model = build_gpt_oss(SPEC)  # the experts' biases randomised too
+    model.save_pretrained(path, safe_serialization=True)
+    return path, model
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +82,12 @@ def _check_logits(hf_model: torch.nn.Module, run, prompts: list[list[int]] = PRO
     return worst
 
 
-def test_config_reads_layer_kinds_and_refuses_mxfp4(checkpoint) -> None:  # type: ignore[no-untyped-def]
+def test_config_reads_layer_kinds_and_refuses_other_quantization(checkpoint) -> None:  # type: ignore[no-untyped-def]
     cfg = GptOssConfig.from_hf(checkpoint[1].config.to_dict() | {"architectures": ["GptOssForCausalLM"]})
     assert [cfg.layer_window(i) for i in range(4)] == [WINDOW, 0, WINDOW, 0]
     cfg.check_max_model_len(100_000)  # windows are served: no refusal
-    with pytest.raises(UnsupportedModelError, match="mxfp4"):
-        GptOssConfig.from_hf({**checkpoint[1].config.to_dict(), "quantization_config": {"quant_method": "mxfp4"}})
+    with pytest.raises(UnsupportedModelError, match="quant_method='fp8': gpt-oss reads bf16 checkpoints and MXFP4"):
+        GptOssConfig.from_hf({**checkpoint[1].config.to_dict(), "quantization_config": {"quant_method": "fp8"}})
 
 
 @pytest.mark.parametrize("scenario", ["plain", "chunked_preempt"])

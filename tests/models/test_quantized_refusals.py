@@ -1,6 +1,6 @@
 """What mrv2 refuses of quantized checkpoints, and how: each refusal names the format or the tensor.
 
-- formats mrv2 does not read (NVFP4, MXFP4, GGUF, bitsandbytes, GPTQ / AWQ, compressed-tensors' packed INT4, an
+- formats mrv2 does not read (NVFP4, GGUF, bitsandbytes, GPTQ / AWQ, compressed-tensors' packed INT4, an
   unknown method) are refused from config.json alone, before any weight is read (the weight file here is not even
   a safetensors file), with the list of supported formats;
 - malformed checkpoints are refused by tensor name: a scale of the wrong shape, a missing scale, a weight in the
@@ -69,7 +69,6 @@ def _copy(src: Path, dst: Path, quant: dict | None = None, corrupt_weights: bool
             {"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": CT_GROUP}},
             "'compressed-tensors' (format int-quantized)",
         ),
-        ({"quant_method": "mxfp4"}, "'mxfp4'"),
         ({"quant_method": "gguf"}, "'gguf'"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes'"),
         ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "'gptq' (8-bit)"),

@@ -6,14 +6,16 @@ Semantics (`fused_moe_reference`): for token t and each of its top-k choices (ex
     out[t]  = sum over j of y[t, j]                                          summed in float32, rounded once
 
 with gate/up products and the SiLU-and-mul product rounded to x.dtype as HF's eager expert loop does. The rows of
-the problem are the `M * K` (token, choice) pairs, `row = token * K + choice` (the flattened `topk_ids` index).
+the problem are the `M * K` (token, choice) pairs, `row = token * K + choice` (the flattened `topk_ids` index). A
+layer may add per-expert biases and take gpt-oss's clamped SwiGLU instead of SiLU-and-mul (`MoeEpilogue`,
+`moe_epilogue.py`).
 
 The Triton path (`fused_moe_triton`):
 1. `moe_align` (`framework/layers/kernels/moe_align.py`; CUDA-graph safe) sorts the rows by expert and pads each
    expert's run to a multiple of `BLOCK_M`, so that every block of `BLOCK_M` sorted rows belongs to one expert.
    Its buffers are sized for the worst case; blocks past the padded total exit at once.
 2. `_moe_gate_up_kernel`: per (row block, intermediate tile) both the gate and the up accumulators over the
-   hidden dimension (the activations gathered by token), SiLU-and-mul in the epilogue -> `act [M * K, I]`.
+   hidden dimension (the activations gathered by token), biases and activation in the epilogue -> `act [M * K, I]`.
 3. `_moe_down_kernel`: per (row block, hidden tile) `act @ down[e]^T`, scaled by the routing weight -> `[M * K, H]`.
 4. The K choices of each token are summed (float32).
 
@@ -28,12 +30,19 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 import triton.language as tl
-from torch.nn import functional as F
 
 from framework.layers.kernels.backend import triton_enabled
 from framework.layers.kernels.launch_math import cdiv
 from framework.layers.kernels.moe_align import moe_align
-from framework.layers.kernels.triton_norm_silu import interpreter_upcast, round_to_dtype
+from framework.layers.kernels.moe_epilogue import SILU_EPILOGUE, MoeEpilogue, expert_mlp_reference
+from framework.layers.kernels.moe_tiles import (
+    _dot_expert_tile,
+    _down_epilogue,
+    _expert_weight_tile,
+    _gate_up_epilogue,
+    _mxfp4_weight_tile,
+)
+from framework.layers.kernels.triton_norm_silu import interpreter_upcast
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -64,54 +73,6 @@ def moe_launch_config(num_rows: int, num_experts: int) -> MoeLaunchConfig:
     return MoeLaunchConfig(64, 128, 64, 8, 3)
 
 
-@triton.jit
-def _expert_weight_tile(w_ptr, base, rows, ks, K: tl.constexpr, mask, QUANT: tl.constexpr):
-    """[BLOCK_K, BLOCK_N] raw values of W[rows, ks]^T for one expert matrix of K inputs per row starting at `base`
-    (elements; int4: int32 words of eight consecutive inputs, nibble j = input 8c + j)."""
-    if QUANT == 2:
-        packed = tl.load(w_ptr + base + rows[None, :] * (K // 8) + (ks // 8)[:, None], mask=mask, other=0)
-        return (packed >> ((ks % 8) * 4)[:, None]) & 0xF
-    else:
-        return tl.load(w_ptr + base + rows[None, :] * K + ks[:, None], mask=mask, other=0.0)
-
-
-@triton.jit
-def _dot_expert_tile(
-    acc,  # [BLOCK_M, BLOCK_N] float32
-    a,  # [BLOCK_M, BLOCK_K] activations
-    w,  # [BLOCK_K, BLOCK_N] raw weight values (`_expert_weight_tile`)
-    s_ptr,  # scale grid of the expert matrix, [SCALE_ROWS, SCALE_COLS] float32 at `scale_base`
-    z_ptr,  # zero points, same layout (int4 only)
-    scale_base,
-    rows,  # [BLOCK_N] output rows of the tile
-    row_mask,
-    k0,  # first input of the chunk; the chunk lies inside one input group (BLOCK_K divides GROUP_K)
-    QUANT: tl.constexpr,  # 0: 16/32-bit weights, 1: FP8 e4m3, 2: 4-bit ints with zero points
-    GROUP_N: tl.constexpr,
-    GROUP_K: tl.constexpr,
-    SCALE_COLS: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    """acc + a @ dequantize(w): the chunk's FP8 values or (q - zero) widen exactly to the activation dtype, one
-    tensor-core product, then each output row's group scale multiplies the partial sums."""
-    if QUANT == 0:
-        if UPCAST:
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        return tl.dot(a, w, acc, input_precision=PRECISION)
-    else:
-        offs = scale_base + (rows // GROUP_N) * SCALE_COLS + k0 // GROUP_K
-        scale = tl.load(s_ptr + offs, mask=row_mask, other=0.0)
-        wf = w.to(tl.float32)
-        if QUANT == 2:
-            wf = wf - tl.load(z_ptr + offs, mask=row_mask, other=0.0)[None, :]  # |q - z| <= 16: exact below
-        if UPCAST:
-            a = a.to(tl.float32)
-        else:
-            wf = wf.to(a.dtype)
-        return acc + tl.dot(a, wf, input_precision=PRECISION) * scale[None, :]
-
-
 # The row count changes every step: not specialised, so CUDA-graph capture at many sizes compiles one variant.
 @triton.jit(do_not_specialize=["num_rows"])
 def _moe_gate_up_kernel(
@@ -119,7 +80,8 @@ def _moe_gate_up_kernel(
     w_ptr,  # [E, 2, I, H] stacked gate/up weights, contiguous (int4: [E, 2, I, H // 8] int32)
     s_ptr,  # QUANT: [E, 2, SCALE_ROWS, SCALE_COLS] float32 scales (else unused)
     z_ptr,  # QUANT == 2: zero points, the scales' layout (else unused)
-    act_ptr,  # [M * K, I] out: silu(gate) * up per (token, choice) row, contiguous
+    b_ptr,  # HAS_BIAS: [E, 2, I] gate/up biases (else unused)
+    act_ptr,  # [M * K, I] out: the activation per (token, choice) row, contiguous
     sorted_rows_ptr,  # [P] int32 rows grouped by expert; num_rows marks padding
     block_expert_ptr,  # [P // BLOCK_M] int32
     num_padded_ptr,  # [1] int32
@@ -128,7 +90,7 @@ def _moe_gate_up_kernel(
     H: tl.constexpr,
     I: tl.constexpr,
     TOP_K: tl.constexpr,
-    QUANT: tl.constexpr,  # see _dot_expert_tile
+    QUANT: tl.constexpr,  # see moe_tiles.py (3: MXFP4, scales [E, 2, I, H / 32] uint8)
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
     SCALE_ROWS: tl.constexpr,
@@ -138,6 +100,10 @@ def _moe_gate_up_kernel(
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,  # "ieee": float32 inputs are not rounded to TF32
     UPCAST: tl.constexpr,  # interpreter only: bfloat16 tiles go to tl.dot as float32 (see interpreter_upcast)
+    ACTIVATION: tl.constexpr,  # moe_epilogue.py: 0 SiLU-and-mul, 1 clamped SwiGLU
+    HAS_BIAS: tl.constexpr,
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -150,7 +116,7 @@ def _moe_gate_up_kernel(
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < I
-    matrix = I * H // 8 if QUANT == 2 else I * H  # elements of one expert's gate (or up) matrix
+    matrix = I * H // 8 if QUANT == 2 else (I * H // 2 if QUANT == 3 else I * H)  # elements of one gate matrix
     gate_base = expert * (2 * matrix)
     gate_scales = expert * (2 * SCALE_ROWS * SCALE_COLS)
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -160,21 +126,25 @@ def _moe_gate_up_kernel(
         k_mask = ks < H
         a = tl.load(x_ptr + tokens[:, None] * stride_xm + ks[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         w_mask = k_mask[:, None] & col_mask[None, :]
-        w_gate = _expert_weight_tile(w_ptr, gate_base, cols, ks, H, w_mask, QUANT)
-        w_up = _expert_weight_tile(w_ptr, gate_base + matrix, cols, ks, H, w_mask, QUANT)
+        up_scales = gate_scales + SCALE_ROWS * SCALE_COLS
+        if QUANT == 3:
+            w_gate = _mxfp4_weight_tile(w_ptr, s_ptr, gate_base, gate_scales, cols, ks, H, w_mask)
+            w_up = _mxfp4_weight_tile(w_ptr, s_ptr, gate_base + matrix, up_scales, cols, ks, H, w_mask)
+        else:
+            w_gate = _expert_weight_tile(w_ptr, gate_base, cols, ks, H, w_mask, QUANT)
+            w_up = _expert_weight_tile(w_ptr, gate_base + matrix, cols, ks, H, w_mask, QUANT)
         acc_gate = _dot_expert_tile(
             acc_gate, a, w_gate, s_ptr, z_ptr, gate_scales, cols, col_mask, k0,
             QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
         )  # fmt: skip
-        up_scales = gate_scales + SCALE_ROWS * SCALE_COLS
         acc_up = _dot_expert_tile(
             acc_up, a, w_up, s_ptr, z_ptr, up_scales, cols, col_mask, k0,
             QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
         )  # fmt: skip
-    # Round as the reference does: both projections, then silu(gate), then the product.
-    gate = round_to_dtype(acc_gate, dtype)
-    silu = round_to_dtype(gate / (1.0 + tl.exp(-gate)), dtype)
-    act = round_to_dtype(silu * round_to_dtype(acc_up, dtype), dtype)
+    # Rounded as the reference: both projections (+ biases), then each step of the activation.
+    act = _gate_up_epilogue(
+        acc_gate, acc_up, b_ptr, expert, cols, col_mask, I, dtype, ACTIVATION, HAS_BIAS, ALPHA, LIMIT
+    )
     out_ptrs = act_ptr + rows.to(tl.int64)[:, None] * I + cols[None, :]
     tl.store(out_ptrs, act.to(dtype), mask=valid[:, None] & col_mask[None, :])
 
@@ -185,6 +155,7 @@ def _moe_down_kernel(
     w_ptr,  # [E, H, I] stacked down weights, contiguous (int4: [E, H, I // 8] int32)
     s_ptr,  # QUANT: [E, SCALE_ROWS, SCALE_COLS] float32 scales (else unused)
     z_ptr,  # QUANT == 2: zero points, the scales' layout (else unused)
+    b_ptr,  # HAS_BIAS: [E, H] down biases (else unused)
     topk_weights_ptr,  # [M * K] routing weight of each row (any float dtype)
     out_ptr,  # [M * K, H] out: weight * down(act), contiguous
     sorted_rows_ptr,  # [P] int32
@@ -203,6 +174,7 @@ def _moe_down_kernel(
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -215,20 +187,24 @@ def _moe_down_kernel(
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < H
-    base = expert * (H * I // 8 if QUANT == 2 else H * I)
+    base = expert * (H * I // 8 if QUANT == 2 else (H * I // 2 if QUANT == 3 else H * I))
     scales = expert * (SCALE_ROWS * SCALE_COLS)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < I
         a = tl.load(act_ptr + safe_rows[:, None] * I + ks[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
-        w = _expert_weight_tile(w_ptr, base, cols, ks, I, k_mask[:, None] & col_mask[None, :], QUANT)
+        w_mask = k_mask[:, None] & col_mask[None, :]
+        if QUANT == 3:
+            w = _mxfp4_weight_tile(w_ptr, s_ptr, base, scales, cols, ks, I, w_mask)
+        else:
+            w = _expert_weight_tile(w_ptr, base, cols, ks, I, w_mask, QUANT)
         acc = _dot_expert_tile(
             acc, a, w, s_ptr, z_ptr, scales, cols, col_mask, k0,
             QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
         )  # fmt: skip
     weight = tl.load(topk_weights_ptr + safe_rows, mask=valid, other=0.0).to(tl.float32)
-    y = round_to_dtype(round_to_dtype(acc, dtype) * weight[:, None], dtype)
+    y = _down_epilogue(acc, weight, b_ptr, expert, cols, col_mask, H, dtype, HAS_BIAS)
     tl.store(out_ptr + safe_rows[:, None] * H + cols[None, :], y.to(dtype), mask=valid[:, None] & col_mask[None, :])
 
 
@@ -266,18 +242,19 @@ def fused_moe_reference(
     down: torch.Tensor,  # [E, H, I]
     topk_weights: torch.Tensor,  # [M, K] routing weights (any float dtype; applied in float32)
     topk_ids: torch.Tensor,  # [M, K] int expert ids
+    epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output (module docstring), one expert at a time over the tokens routed to it."""
     check_moe_inputs(x, gate_up, down, topk_weights, topk_ids)
+    epilogue.check(*gate_up.shape[:3:2], x.shape[1])
     m, k = topk_ids.shape
     per_choice = torch.zeros(m, k, x.shape[1], dtype=torch.float32, device=x.device)
     for expert in range(gate_up.shape[0]):
         tokens, choices = torch.where(topk_ids == expert)
         if tokens.numel() == 0:
             continue
-        h = x[tokens]
-        act = F.silu(F.linear(h, gate_up[expert, 0])) * F.linear(h, gate_up[expert, 1])
-        y = F.linear(act, down[expert])
+        w_gate, w_up = gate_up[expert, 0], gate_up[expert, 1]
+        y = expert_mlp_reference(x[tokens], w_gate, w_up, down[expert], expert, epilogue)
         weight = topk_weights[tokens, choices].float().unsqueeze(1)
         per_choice[tokens, choices] = (y.float() * weight).to(x.dtype).float()
     return per_choice.sum(1).to(x.dtype)
@@ -290,9 +267,11 @@ def fused_moe_triton(
     topk_weights: torch.Tensor,  # [M, K] routing weights
     topk_ids: torch.Tensor,  # [M, K] int32/int64 expert ids in [0, E)
     config: MoeLaunchConfig | None = None,  # tiles; default `moe_launch_config(M * K, E)`
+    epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output computed by the two grouped-GEMM kernels (semantics: `fused_moe_reference`)."""
     check_moe_inputs(x, gate_up, down, topk_weights, topk_ids)
+    epilogue.check(*gate_up.shape[:3:2], x.shape[1])
     if x.dtype not in TRITON_DTYPES:
         raise ValueError(f"fused_moe_triton: dtype {x.dtype} is not supported (float32, float16, bfloat16)")
     if x.stride(1) != 1 or not gate_up.is_contiguous() or not down.is_contiguous():
@@ -304,13 +283,14 @@ def fused_moe_triton(
     if num_rows == 0:
         return x.new_zeros(m, h)
     cfg = config or moe_launch_config(num_rows, e)
-    return launch_moe_kernels(x, gate_up, down, topk_weights, topk_ids, cfg, NO_QUANT, NO_QUANT)
+    return launch_moe_kernels(x, gate_up, down, topk_weights, topk_ids, cfg, NO_QUANT, NO_QUANT, epilogue)
 
 
 class ProjectionQuant(NamedTuple):
     """How one stacked projection's weights reach the kernels: `code` 0 (x's dtype), 1 (FP8 e4m3 with a float32
-    scale per `group_n x group_k` tile: `scale [E, (2,) ceil(N / group_n), ceil(K / group_k)]`) or 2 (int32 words of
-    eight 4-bit values along K, `scale` and `zeros` `[E, (2,) N, K / group_k]`, group_n 1)."""
+    scale per `group_n x group_k` tile: `scale [E, (2,) ceil(N / group_n), ceil(K / group_k)]`), 2 (int32 words of
+    eight 4-bit values along K, `scale` and `zeros` `[E, (2,) N, K / group_k]`, group_n 1) or 3 (MXFP4: uint8
+    `[E, (2,) N, K / 2]`, two e2m1 values a byte, uint8 E8M0 `scale [E, (2,) N, K / 32]`, groups (1, 32))."""
 
     code: int
     scale: Optional[torch.Tensor]
@@ -333,13 +313,14 @@ def _quant_args(weight: torch.Tensor, quant: ProjectionQuant) -> tuple[list[torc
 
 def launch_moe_kernels(
     x: torch.Tensor,  # [M, H] bf16/fp16/fp32, last dim contiguous
-    gate_up: torch.Tensor,  # [E, 2, I, H] (int4: [E, 2, I, H // 8] int32), contiguous
-    down: torch.Tensor,  # [E, H, I] (int4: [E, H, I // 8] int32), contiguous
+    gate_up: torch.Tensor,  # [E, 2, I, H] (int4: [E, 2, I, H // 8] int32; mxfp4: [E, 2, I, H // 2] uint8), contiguous
+    down: torch.Tensor,  # [E, H, I] (int4: [E, H, I // 8] int32; mxfp4: [E, H, I // 2] uint8), contiguous
     topk_weights: torch.Tensor,  # [M, K] routing weights
     topk_ids: torch.Tensor,  # [M, K] int32/int64 expert ids in [0, E)
     cfg: MoeLaunchConfig,  # BLOCK_K must lie inside one input group of each quantized projection
     gate_up_quant: ProjectionQuant,
     down_quant: ProjectionQuant,
+    epilogue: MoeEpilogue = SILU_EPILOGUE,  # checked by the callers
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output (inputs checked by the callers); the two grouped GEMMs of the module docstring."""
     m, h = x.shape
@@ -359,16 +340,18 @@ def launch_moe_kernels(
     )
     act = torch.empty(num_rows, i, dtype=x.dtype, device=x.device)
     rows = (align.sorted_rows, align.block_expert, align.num_padded, num_rows)
+    gate_up_bias, down_bias, act_consts = epilogue.kernel_args(x)
     ptrs, consts = _quant_args(gate_up, gate_up_quant)
     _moe_gate_up_kernel[(num_blocks, cdiv(i, cfg.block_n))](
-        x, gate_up, *ptrs, act, *rows, x.stride(0), H=h, I=i, TOP_K=k, **consts, **tiles
+        x, gate_up, *ptrs, gate_up_bias, act, *rows, x.stride(0), H=h, I=i, TOP_K=k, **consts, **tiles, **act_consts
     )
     per_choice = torch.empty(num_rows, h, dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)  # the kernel widens them to float32 (no extra launch)
     ptrs, consts = _quant_args(down, down_quant)
     _moe_down_kernel[(num_blocks, cdiv(h, cfg.block_n))](
-        act, down, *ptrs, weights, per_choice, *rows, H=h, I=i, **consts, **tiles
-    )
+        act, down, *ptrs, down_bias, weights, per_choice, *rows, H=h, I=i, **consts, **tiles,
+        HAS_BIAS=epilogue.down_bias is not None,
+    )  # fmt: skip
     return per_choice.view(m, k, h).sum(1)  # accumulates in float32, rounds once (as the reference)
 
 
@@ -379,6 +362,7 @@ def fused_moe(
     topk_weights: torch.Tensor,  # [M, K]
     topk_ids: torch.Tensor,  # [M, K] expert ids
     backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
+    epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output: the Triton kernels on CUDA (or when forced, as for the other layer ops), the
     reference otherwise and for anything autograd must see. See `fused_moe_reference` for the semantics."""
@@ -390,5 +374,5 @@ def fused_moe(
         and down.is_contiguous()
     )
     if kernel_takes and triton_enabled(x.device, x, gate_up, down, backend=backend):
-        return fused_moe_triton(x, gate_up, down, topk_weights, topk_ids)
-    return fused_moe_reference(x, gate_up, down, topk_weights, topk_ids)
+        return fused_moe_triton(x, gate_up, down, topk_weights, topk_ids, epilogue=epilogue)
+    return fused_moe_reference(x, gate_up, down, topk_weights, topk_ids, epilogue)

@@ -1,18 +1,22 @@
-"""The fused MoE MLP over quantized expert weights: FP8 e4m3 with group scales, or 4-bit ints with zero points.
+"""The fused MoE MLP over quantized expert weights: FP8 e4m3 with group scales, 4-bit ints with zero points, MXFP4.
 
 The weights stay quantized in memory and are dequantized inside the fused MoE kernels (`fused_moe.py`'s
-`_moe_gate_up_kernel` / `_moe_down_kernel` with `QUANT` 1 or 2), one `BLOCK_K` chunk at a time: every chunk lies
-inside one input group, so its values (e4m3, or `q - zero`) widen exactly to the activation dtype, one tensor-core
-product accumulates in float32 and the output rows' group scales multiply the partial sums. Layouts (`QuantExperts`):
+`_moe_gate_up_kernel` / `_moe_down_kernel` with `QUANT` 1, 2 or 3), one `BLOCK_K` chunk at a time. FP8 and INT4:
+every chunk lies inside one input group, so its values (e4m3, or `q - zero`) widen exactly to the activation dtype,
+one tensor-core product accumulates in float32 and the output rows' group scales multiply the partial sums. MXFP4
+(gpt-oss): each e2m1 value times its group's power of two is exact in bfloat16 / float32, so the tile is
+dequantized in registers before the product and a chunk may span groups. Layouts (`QuantExperts`):
 
     kind   gate_up                       down                      scales (per projection)
     fp8    [E, 2, I, H] float8_e4m3fn    [E, H, I] float8_e4m3fn   float32 [E, (2,) ceil(N / gn), ceil(K / gk)]
     int4   [E, 2, I, H / 8] int32        [E, H, I / 8] int32       float32 scales and zeros [E, (2,) N, K / G]
+    mxfp4  [E, 2, I, H / 2] uint8        [E, H, I / 2] uint8       uint8 E8M0 exponents [E, (2,) N, K / 32]
 
 (N, K: the projection's output and input sizes; int4 words hold inputs 8c + j in bits 4j..4j+3; an int4 weight is
-`scale * (q - zero)`.) FP8 block checkpoints have gn = gk = 128, per-channel ones gn = 1, gk = K, per-tensor ones
-gn = N, gk = K. Semantics (`fused_moe_quant_reference`): `fused_moe_reference` with the dequantized float32
-weights, each projection's product accumulated in float32 and rounded once to the activation dtype.
+`scale * (q - zero)`; an MXFP4 byte holds inputs 2c (low nibble) and 2c + 1, a weight is `e2m1 * 2^(scale - 127)`,
+`moe_epilogue.dequantize_mxfp4`.) FP8 block checkpoints have gn = gk = 128, per-channel ones gn = 1, gk = K,
+per-tensor ones gn = N, gk = K. Semantics (`fused_moe_quant_reference`): `fused_moe_reference` with the dequantized
+float32 weights, each projection's product accumulated in float32 and rounded once to the activation dtype.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch.nn import functional as F
 
 from framework.layers.kernels.backend import triton_enabled
 from framework.layers.kernels.fused_moe import (
@@ -31,16 +34,17 @@ from framework.layers.kernels.fused_moe import (
     launch_moe_kernels,
     moe_launch_config,
 )
+from framework.layers.kernels.moe_epilogue import SILU_EPILOGUE, MoeEpilogue, dequantize_mxfp4, expert_mlp_reference
 
-QUANT_CODES = {"fp8": 1, "int4": 2}
+QUANT_CODES = {"fp8": 1, "int4": 2, "mxfp4": 3}
 
 
 @dataclass(frozen=True)
 class QuantExperts:
     """One layer's quantized experts (module docstring). `groups`: (gn, gk) of the gate/up and of the down
-    projection (int4: (1, G) for both)."""
+    projection (int4: (1, G) for both; mxfp4: (1, 32))."""
 
-    kind: str  # "fp8" or "int4"
+    kind: str  # "fp8", "int4" or "mxfp4"
     gate_up: torch.Tensor
     down: torch.Tensor
     gate_up_scale: torch.Tensor
@@ -83,6 +87,8 @@ def dequantize_projection(
     if kind == "fp8":
         n, k = weight.shape[-2:]
         return weight.float() * _expand(scale.float(), n, k, *groups)
+    if kind == "mxfp4":
+        return dequantize_mxfp4(weight, scale)
     q = unpack_int4_words(weight)
     n, k = q.shape[-2:]
     assert zeros is not None
@@ -105,27 +111,28 @@ def fused_moe_quant_reference(
     experts: QuantExperts,
     topk_weights: torch.Tensor,  # [M, K]
     topk_ids: torch.Tensor,  # [M, K] expert ids
+    epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H]: `fused_moe_reference`'s semantics over the dequantized weights (float32 products, rounded once)."""
     gate_up, down = dequantize_experts(experts)
+    epilogue.check(*experts.shape)
     m, k = topk_ids.shape
     per_choice = torch.zeros(m, k, x.shape[1], dtype=torch.float32, device=x.device)
     for expert in range(gate_up.shape[0]):
         tokens, choices = torch.where(topk_ids == expert)
         if tokens.numel() == 0:
             continue
-        h = x[tokens].float()
-        gate = F.linear(h, gate_up[expert, 0]).to(x.dtype)
-        up = F.linear(h, gate_up[expert, 1]).to(x.dtype)
-        act = (F.silu(gate) * up).to(x.dtype)
-        y = F.linear(act.float(), down[expert]).to(x.dtype)
+        y = expert_mlp_reference(x[tokens], gate_up[expert, 0], gate_up[expert, 1], down[expert], expert, epilogue)
         weight = topk_weights[tokens, choices].float().unsqueeze(1)
         per_choice[tokens, choices] = (y.float() * weight).to(x.dtype).float()
     return per_choice.sum(1).to(x.dtype)
 
 
 def quant_block_k(block_k: int, experts: QuantExperts) -> int:
-    """The widest K chunk (<= `block_k`) inside one input group of both projections."""
+    """The widest K chunk (<= `block_k`) inside one input group of both projections (MXFP4: any, the tile is
+    dequantized before the product)."""
+    if experts.kind == "mxfp4":
+        return block_k
     _, i, h = experts.shape
     for block in (128, 64, 32, 16):
         if block > block_k:
@@ -144,9 +151,11 @@ def fused_moe_quant_triton(
     topk_weights: torch.Tensor,  # [M, K]
     topk_ids: torch.Tensor,  # [M, K] int32/int64 in [0, E)
     config: Optional[MoeLaunchConfig] = None,  # default `moe_launch_config(M * K, E)`, BLOCK_K inside a group
+    epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output with the weights dequantized inside the kernels (`fused_moe_quant_reference`)."""
-    e, _, h = experts.shape
+    e, i, h = experts.shape
+    epilogue.check(e, i, h)
     if x.dim() != 2 or x.shape[1] != h or x.dtype not in TRITON_DTYPES or x.stride(1) != 1:
         raise ValueError(f"fused_moe_quant: x must be [tokens, {h}] float32/16 with a contiguous last dim")
     m, k = topk_ids.shape
@@ -155,7 +164,8 @@ def fused_moe_quant_triton(
     cfg = config or moe_launch_config(m * k, e)
     cfg = cfg._replace(block_k=quant_block_k(cfg.block_k, experts))
     gate_up_quant, down_quant = experts.projections()
-    return launch_moe_kernels(x, experts.gate_up, experts.down, topk_weights, topk_ids, cfg, gate_up_quant, down_quant)
+    w1, w2 = experts.gate_up, experts.down
+    return launch_moe_kernels(x, w1, w2, topk_weights, topk_ids, cfg, gate_up_quant, down_quant, epilogue)
 
 
 def fused_moe_quant(
@@ -164,8 +174,9 @@ def fused_moe_quant(
     topk_weights: torch.Tensor,  # [M, K]
     topk_ids: torch.Tensor,  # [M, K]
     backend: str = "auto",  # kernels.backend
+    epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H]: the kernels on CUDA (or when forced), the reference otherwise (as `fused_moe`)."""
     if x.dtype in TRITON_DTYPES and x.stride(-1) == 1 and triton_enabled(x.device, x, backend=backend):
-        return fused_moe_quant_triton(x, experts, topk_weights, topk_ids)
-    return fused_moe_quant_reference(x, experts, topk_weights, topk_ids)
+        return fused_moe_quant_triton(x, experts, topk_weights, topk_ids, epilogue=epilogue)
+    return fused_moe_quant_reference(x, experts, topk_weights, topk_ids, epilogue)

@@ -13,7 +13,7 @@ the checkpoint. With `tp_size == 1` every layer is the plain one: same shapes, n
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -35,13 +35,15 @@ class ShardSpec(NamedTuple):
 class StackedPart(NamedTuple):
     """Where one checkpoint tensor goes inside a stacked parameter (an MoE layer's experts): `param[index]`,
     which holds `shard` of the tensor (None: all of it); `param` is complete once `num_parts` parts arrived.
-    With `source_shape` the tensor is read whole and viewed as that shape before `shard` is taken."""
+    With `source_shape` the tensor is read whole and viewed as that shape before `shard` is taken; with
+    `rearrange` it is read whole and rearranged (e.g. gpt-oss's interleaved gate/up columns put in two halves)."""
 
     param: str
     index: tuple[int, ...]
     shard: Optional[ShardSpec]
     num_parts: int
     source_shape: Optional[tuple[int, ...]] = None
+    rearrange: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
 
 def _divide(n: int, parts: int, what: str) -> int:

@@ -1,7 +1,7 @@
 """From config.json's `quantization_config` (or compressed-tensors' `compression_config`) to a method per layer.
 
 `quant_scheme(hf_config, online)` reads the config before any weight is read: a format mrv2 does not read
-(NVFP4, MXFP4, GGUF, bitsandbytes, GPTQ / AWQ, ...) is refused there, naming it and the formats that are read.
+(NVFP4, GGUF, bitsandbytes, 8-bit GPTQ, ...) is refused there, naming it and the formats that are read.
 The formats are a registry keyed by `quant_method` (`QUANT_FORMATS`); each entry parses its config into a
 `QuantScheme`, which picks the method of each linear layer by its name (layers a checkpoint keeps in 16 bits,
 `modules_to_not_convert` / `ignore`, get None).
@@ -9,6 +9,7 @@ The formats are a registry keyed by `quant_method` (`QUANT_FORMATS`); each entry
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -17,23 +18,27 @@ from framework.config.registry import Registry
 from framework.layers.quantization.base import QuantizationError, QuantMethod
 from framework.layers.quantization.fp8 import Fp8LinearMethod, OnlineFp8Method
 from framework.layers.quantization.int4 import Int4Method
+from framework.layers.quantization.moe import Mxfp4Method
 
 SUPPORTED = (
     "'fp8' (HF block FP8: float8_e4m3fn weights, weight_block_size [128, 128], weight_scale_inv), "
     "'compressed-tensors' format 'float-quantized' (8-bit float weights, per-channel, per-tensor or block scales) "
     "and format 'pack-quantized' (symmetric 4-bit int weights, W4A16), 'gptq' (4-bit, v1 checkpoints), "
-    "'awq' (4-bit, GEMM packing), and model.quantization=fp8 (online FP8 of a 16-bit checkpoint)"
+    "'awq' (4-bit, GEMM packing), 'mxfp4' (gpt-oss's experts), and model.quantization=fp8 (online FP8 of a "
+    "16-bit checkpoint)"
 )
 
 
 @dataclass(frozen=True)
 class QuantScheme:
     """A checkpoint's quantization: `targets` [(matches layer name, method)], first match wins; layers `ignored`
-    (or matching no target) stay in the model dtype. `format` names it in logs and errors."""
+    (or matching no target) stay in the model dtype. `format` names it in logs and errors. A format made for some
+    architectures only names them in `architectures` (empty: any that supports quantization)."""
 
     format: str
     targets: list[tuple[Callable[[str], bool], QuantMethod]] = field(default_factory=list)
     ignored: Callable[[str], bool] = lambda _prefix: False
+    architectures: tuple[str, ...] = ()
 
     def method_for(self, prefix: str) -> Optional[QuantMethod]:
         """The method of linear layer `prefix` (e.g. `model.layers.0.self_attn.q_proj`), None: not quantized."""
@@ -203,7 +208,22 @@ def _awq(quant: dict[str, Any]) -> QuantScheme:
     return QuantScheme("awq", [(_every_layer, method)], keep)
 
 
+def _experts_only(prefix: str) -> bool:
+    return prefix.endswith(".experts.0.gate_proj")  # the name quantize_linears asks for a stacked-experts module
+
+
+def _mxfp4(quant: dict[str, Any]) -> QuantScheme:
+    """HF's `quant_method: mxfp4` (gpt-oss's releases): MXFP4 experts, every other layer in 16 bits."""
+    keep = [str(name) for name in quant.get("modules_to_not_convert") or []]
+
+    def ignored(prefix: str) -> bool:
+        return any(fnmatch.fnmatch(prefix, name) or fnmatch.fnmatch(prefix, f"{name}.*") for name in keep)
+
+    return QuantScheme("mxfp4", [(_experts_only, Mxfp4Method())], ignored, ("GptOssForCausalLM",))
+
+
 QUANT_FORMATS.register("gptq", _gptq, source="mrv2")
+QUANT_FORMATS.register("mxfp4", _mxfp4, source="mrv2")
 QUANT_FORMATS.register("awq", _awq, source="mrv2")
 QUANT_FORMATS.register("fp8", _hf_fp8, source="mrv2")
 QUANT_FORMATS.register("compressed-tensors", _compressed_tensors, source="mrv2")

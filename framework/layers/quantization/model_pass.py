@@ -7,7 +7,7 @@ from typing import Optional
 from torch import nn
 
 from framework.layers.parallel.linear import ColumnParallelLinear, RowParallelLinear
-from framework.layers.quantization.base import QuantMethod
+from framework.layers.quantization.base import QuantizationError, QuantMethod
 from framework.layers.quantization.config import QuantScheme
 from framework.layers.quantization.moe import moe_method
 
@@ -25,6 +25,9 @@ def quantize_linears(model: nn.Module, scheme: QuantScheme) -> int:
         method: Optional[QuantMethod] = scheme.method_for(f"{prefix}.0.gate_proj" if experts else prefix)
         if method is None:
             continue
+        allowed = getattr(module, "quant_formats", None)  # experts that read only some formats name them
+        if experts and allowed is not None and scheme.format not in allowed:
+            raise QuantizationError(f"{prefix}: these experts read {', '.join(allowed)} weights, not {scheme.format}")
         if experts:
             method = moe_method(method, prefix)
         method.create_weights(module, prefix)

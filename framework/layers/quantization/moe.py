@@ -17,18 +17,24 @@ column-parallel (their output rows), down row-parallel (its input columns); `cre
 `checkpoint_split` which dim of each per-expert checkpoint tensor the loader splits (None: read whole). The scales
 split with the weight, so I per rank must be a multiple of the FP8 block (128) and of the INT4 group.
 
-Refused by name: FP8 blocks or INT4 groups that I per rank cuts in two, and GPTQ act-order (a permutation per
-expert).
+MXFP4 (gpt-oss) keeps the checkpoint's bytes and E8M0 exponents (`gate_up_proj_blocks [E, 2, I, H / 2]` uint8,
+`..._scales [E, 2, I, H / 32]`, `down_proj_blocks [E, H, I / 2]`, `down_proj_scales [E, H, I / 32]`; the model
+de-interleaves gpt-oss's gate/up rows at load), dequantized in the kernels' registers.
+
+Refused by name: FP8 blocks or INT4 groups that I per rank cuts in two, GPTQ act-order (a permutation per
+expert), and MXFP4 experts under tensor parallelism.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 from torch import nn
 
 from framework.layers.kernels.fused_moe_quant import QuantExperts, fused_moe_quant
+from framework.layers.kernels.moe_epilogue import MXFP4_GROUP, SILU_EPILOGUE, MoeEpilogue
 from framework.layers.quantization.base import QuantizationError, QuantMethod, replace_parameter
 from framework.layers.quantization.fp8 import Fp8LinearMethod, OnlineFp8Method, quantize_fp8_per_channel
 from framework.layers.quantization.int4 import AWQ_ORDER, Int4Method, int4_tensor_shapes, unpack_int4
@@ -91,10 +97,16 @@ class MoeQuantMethod(QuantMethod):
         raise TypeError("quantized experts run through apply_experts (they need the routing)")
 
     def apply_experts(
-        self, experts: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, backend: str
+        self,
+        experts: nn.Module,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        backend: str,
+        epilogue: MoeEpilogue = SILU_EPILOGUE,
     ) -> torch.Tensor:
         """[T, H] -> [T, H]: the MoE MLP of `x` routed to experts `ids` with `weights` ([T, top-k])."""
-        return fused_moe_quant(x, experts.quant_experts, weights, ids, backend)
+        return fused_moe_quant(x, experts.quant_experts, weights, ids, backend, epilogue)
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         from framework.layers.kernels.fused_moe_quant import dequantize_experts
@@ -253,8 +265,62 @@ class Int4MoeMethod(MoeQuantMethod):
         layer.quant_experts = QuantExperts("int4", w1, w2, s1, s2, (1, g1), (1, g2), z1, z2)
 
 
+class Mxfp4Method(QuantMethod):
+    """The `mxfp4` format's choice for experts; MXFP4 exists for MoE experts only (`Mxfp4MoeMethod`)."""
+
+    name = "mxfp4"
+
+    def create_weights(self, layer: nn.Module, prefix: str) -> None:
+        raise QuantizationError(f"{prefix}: mxfp4 quantizes MoE experts only, not linear layers")
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        raise TypeError("mxfp4 has no linear layers")
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        raise TypeError("mxfp4 has no linear layers")
+
+
+class Mxfp4MoeMethod(MoeQuantMethod):
+    """MXFP4 experts: the checkpoint's uint8 blocks and E8M0 scales (module docstring), read by `QUANT` 3."""
+
+    name = "mxfp4-moe"
+
+    def create_weights(self, layer: nn.Module, prefix: str) -> None:
+        ctx = getattr(layer, "ctx", None)
+        if ctx is not None and ctx.tp_size > 1:
+            raise QuantizationError(f"{prefix}: {self.name} experts under tensor parallelism are not supported yet")
+        for proj in PROJECTIONS:
+            (n, k), lead = _nk(layer, proj), _lead(layer, proj)
+            if k % MXFP4_GROUP:
+                raise QuantizationError(f"{prefix}.{proj}: mxfp4 needs the input dimension ({k}) a multiple of 32")
+            del layer._parameters[proj]
+            replace_parameter(layer, f"{proj}_blocks", torch.empty((*lead, n, k // 2), dtype=torch.uint8))
+            replace_parameter(layer, f"{proj}_scales", torch.empty((*lead, n, k // MXFP4_GROUP), dtype=torch.uint8))
+
+    def process_after_loading(self, layer: nn.Module, prefix: str) -> None:
+        tensors = {}
+        for proj in PROJECTIONS:
+            scales = getattr(layer, f"{proj}_scales").data
+            if bool((scales == 255).any()):
+                raise QuantizationError(f"{prefix}.{proj}_scales: E8M0 exponent 255 (NaN) in the checkpoint")
+            tensors[proj] = (getattr(layer, f"{proj}_blocks").data.contiguous(), scales.contiguous())
+        (w1, s1), (w2, s2) = tensors["gate_up_proj"], tensors["down_proj"]
+        group = (1, MXFP4_GROUP)
+        layer.quant_experts = QuantExperts("mxfp4", w1, w2, s1, s2, group, group)
+
+    def random_packed(self, tensor: str, noise: torch.Tensor, std: float) -> torch.Tensor:
+        """Random-weight presets: bytes from the float32 `noise` (every e2m1 code about equally likely), and one
+        exponent putting the weights' RMS near `std` (random e2m1 codes have an RMS of 2.9)."""
+        if tensor.endswith("_scales"):
+            exponent = 127 + round(math.log2(std / 2.9))
+            return torch.full(noise.shape, exponent, dtype=torch.uint8, device=noise.device)
+        return ((noise * 2**20).to(torch.int64) & 0xFF).to(torch.uint8)
+
+
 def moe_method(linear: QuantMethod, prefix: str) -> MoeQuantMethod:
     """The experts' method for the method their linear layers get (`prefix` names the experts in errors)."""
+    if isinstance(linear, Mxfp4Method):
+        return Mxfp4MoeMethod()
     if isinstance(linear, OnlineFp8Method):
         return OnlineFp8MoeMethod()
     if isinstance(linear, Fp8LinearMethod):

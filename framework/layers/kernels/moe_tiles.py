@@ -1,0 +1,140 @@
+"""Triton pieces of the fused MoE kernels (`fused_moe.py`): weight tiles, the dequantizing dot, the epilogues.
+
+Weight tiles (`QUANT`, a constexpr of the kernels): 0 the activation dtype, 1 FP8 e4m3 with group scales, 2 int32
+words of eight 4-bit values with group scales and zero points (both scaled after the dot, `_dot_expert_tile`), 3
+MXFP4 (`_mxfp4_weight_tile`: bytes of two FP4 e2m1 values, an E8M0 power-of-two scale per 32 inputs, dequantized in
+registers before the dot, which is exact in bfloat16 and float32).
+
+Epilogues (constexprs `ACTIVATION`, `HAS_BIAS`; semantics and references in `moe_epilogue.py`): per-expert biases
+added to the gate/up and down products, and the activation: SiLU-and-mul (0) or gpt-oss's clamped SwiGLU (1).
+Every intermediate is rounded to the activation dtype where the PyTorch reference rounds it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from framework.layers.kernels.triton_norm_silu import round_to_dtype
+
+
+@triton.jit
+def _expert_weight_tile(w_ptr, base, rows, ks, K: tl.constexpr, mask, QUANT: tl.constexpr):
+    """[BLOCK_K, BLOCK_N] raw values of W[rows, ks]^T for one expert matrix of K inputs per row starting at `base`
+    (elements; int4: int32 words of eight consecutive inputs, nibble j = input 8c + j)."""
+    if QUANT == 2:
+        packed = tl.load(w_ptr + base + rows[None, :] * (K // 8) + (ks // 8)[:, None], mask=mask, other=0)
+        return (packed >> ((ks % 8) * 4)[:, None]) & 0xF
+    else:
+        return tl.load(w_ptr + base + rows[None, :] * K + ks[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
+def _mxfp4_weight_tile(w_ptr, s_ptr, base, scale_base, rows, ks, K: tl.constexpr, mask):
+    """[BLOCK_K, BLOCK_N] float32 W[rows, ks]^T of one MXFP4 expert matrix: bytes [N, K / 2] at `base` (input 2c in
+    the low nibble of byte c, 2c + 1 in the high one), E8M0 exponents [N, K / 32] at `scale_base`; an element is
+    e2m1(code) * 2^(exponent - 127) (exponent 0 reads as 0, not 2^-127)."""
+    packed = tl.load(w_ptr + base + rows[None, :] * (K // 2) + (ks // 2)[:, None], mask=mask, other=0).to(tl.int32)
+    code = (packed >> ((ks % 2) * 4)[:, None]) & 0xF
+    exponent = (code >> 1) & 3
+    mantissa = code & 1
+    # e2m1: 0, 0.5 (subnormal), else 2^(e - 1) * (1 + m / 2) = ((2 + m) << e) / 4
+    normal = ((2 + mantissa) << exponent).to(tl.float32) * 0.25
+    magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.5, normal)
+    value = tl.where(code >= 8, -magnitude, magnitude)
+    offs = scale_base + rows[None, :] * (K // 32) + (ks // 32)[:, None]
+    biased = tl.load(s_ptr + offs, mask=mask, other=127).to(tl.int32)
+    return value * (biased << 23).to(tl.float32, bitcast=True)  # 2^(biased - 127) built from its float32 bits
+
+
+@triton.jit
+def _dot_expert_tile(
+    acc,  # [BLOCK_M, BLOCK_N] float32
+    a,  # [BLOCK_M, BLOCK_K] activations
+    w,  # [BLOCK_K, BLOCK_N] weight values (`_expert_weight_tile`; QUANT 3: dequantized float32)
+    s_ptr,  # scale grid of the expert matrix, [SCALE_ROWS, SCALE_COLS] float32 at `scale_base` (QUANT 1, 2)
+    z_ptr,  # zero points, same layout (int4 only)
+    scale_base,
+    rows,  # [BLOCK_N] output rows of the tile
+    row_mask,
+    k0,  # first input of the chunk; the chunk lies inside one input group (BLOCK_K divides GROUP_K)
+    QUANT: tl.constexpr,  # module docstring
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """acc + a @ dequantize(w): the chunk's FP8 values or (q - zero) widen exactly to the activation dtype, one
+    tensor-core product, then each output row's group scale multiplies the partial sums. MXFP4 tiles arrive
+    dequantized (a power of two times an e2m1 value: exact in the activation dtype)."""
+    if QUANT == 0 or QUANT == 3:
+        if UPCAST:
+            a, w = a.to(tl.float32), w.to(tl.float32)
+        else:
+            w = w.to(a.dtype)
+        return tl.dot(a, w, acc, input_precision=PRECISION)
+    else:
+        offs = scale_base + (rows // GROUP_N) * SCALE_COLS + k0 // GROUP_K
+        scale = tl.load(s_ptr + offs, mask=row_mask, other=0.0)
+        wf = w.to(tl.float32)
+        if QUANT == 2:
+            wf = wf - tl.load(z_ptr + offs, mask=row_mask, other=0.0)[None, :]  # |q - z| <= 16: exact below
+        if UPCAST:
+            a = a.to(tl.float32)
+        else:
+            wf = wf.to(a.dtype)
+        return acc + tl.dot(a, wf, input_precision=PRECISION) * scale[None, :]
+
+
+@triton.jit
+def _gate_up_epilogue(
+    acc_gate,  # [BLOCK_M, BLOCK_N] float32
+    acc_up,
+    b_ptr,  # HAS_BIAS: [E, 2, I] gate/up biases (any float dtype)
+    expert,
+    cols,  # [BLOCK_N] intermediate columns of the tile
+    col_mask,
+    I: tl.constexpr,
+    dtype: tl.constexpr,
+    ACTIVATION: tl.constexpr,  # 0: silu(gate) * up; 1: gpt-oss's clamped SwiGLU
+    HAS_BIAS: tl.constexpr,
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
+):
+    """[BLOCK_M, BLOCK_N] float32 holding dtype values: the activation of the rounded (biased) projections."""
+    gate = round_to_dtype(acc_gate, dtype)
+    up = round_to_dtype(acc_up, dtype)
+    if HAS_BIAS:
+        bias = b_ptr + expert * (2 * I) + cols
+        gate = round_to_dtype(gate + tl.load(bias, mask=col_mask, other=0.0).to(tl.float32)[None, :], dtype)
+        up = round_to_dtype(up + tl.load(bias + I, mask=col_mask, other=0.0).to(tl.float32)[None, :], dtype)
+    if ACTIVATION == 0:
+        silu = round_to_dtype(gate / (1.0 + tl.exp(-gate)), dtype)
+        return round_to_dtype(silu * up, dtype)
+    else:
+        gate = tl.minimum(gate, LIMIT)
+        up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+        sig = round_to_dtype(1.0 / (1.0 + tl.exp(-round_to_dtype(gate * ALPHA, dtype))), dtype)
+        glu = round_to_dtype(gate * sig, dtype)
+        return round_to_dtype(round_to_dtype(up + 1.0, dtype) * glu, dtype)
+
+
+@triton.jit
+def _down_epilogue(
+    acc,  # [BLOCK_M, BLOCK_N] float32
+    weight,  # [BLOCK_M] float32 routing weights
+    b_ptr,  # HAS_BIAS: [E, H] down biases
+    expert,
+    cols,  # [BLOCK_N] hidden columns of the tile
+    col_mask,
+    H: tl.constexpr,
+    dtype: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """[BLOCK_M, BLOCK_N] float32 holding dtype values: weight * (the rounded down product + bias)."""
+    y = round_to_dtype(acc, dtype)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + expert * H + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = round_to_dtype(y + bias[None, :], dtype)
+    return round_to_dtype(y * weight[:, None], dtype)
