@@ -17,6 +17,7 @@ import json
 
 import torch
 
+from benchmarks.cuda_timing import median_event_ms
 from framework.layers.kernels.fused_moe import fused_moe_triton
 from framework.layers.kernels.fused_moe_quant import QuantExperts, fused_moe_quant_triton
 from framework.layers.kernels.moe_epilogue import CLAMPED_SWIGLU, MoeEpilogue
@@ -26,17 +27,7 @@ TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
 
 
 def _median_ms(fn, reps: int = 30) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return median_event_ms(fn, reps)
 
 
 def main() -> None:
