@@ -11,39 +11,18 @@ import json
 import jsonschema
 import numpy as np
 import pytest
-import torch
+from helpers.thinking_chat import ASK, SCHEMA, THINKING_TEMPLATE, TOOLS, tiny_llm_on_one_thread
 
 from framework import SamplingParams
 from framework.params.structured_outputs import StructuredOutputsParams
 from samplers.structured.thinking_gate import ThinkingGate
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": SCHEMA}}]
-THINKING_TEMPLATE = (
-    "{%- for m in messages %}{{ '# ' + m['role'] + ':\\n# ' + m['content'] + '\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '# assistant:\\n<think>\\n' }}{%- endif %}"
-)
-ASK = [{"role": "user", "content": "weather in Paris for 3 days?"}]
 BUDGET = 3
 
 
 @pytest.fixture(scope="module")
 def llm():  # type: ignore[no-untyped-def]
-    """One torch thread while the module runs: the tiny model's ops are too small to split, and on a busy
-    2-core machine two threads wait on each other at every op."""
-    from framework import LLM
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield LLM("tiny", device="cpu")
-    finally:
-        torch.set_num_threads(threads)
+    yield from tiny_llm_on_one_thread()
 
 
 def _chat(llm, params, **kwargs):  # type: ignore[no-untyped-def]

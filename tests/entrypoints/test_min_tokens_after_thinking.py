@@ -7,16 +7,12 @@ template that opens the thinking."""
 from __future__ import annotations
 
 import pytest
-import torch
+from helpers.thinking_chat import THINKING_TEMPLATE, tiny_llm_on_one_thread
 
 from framework import SamplingParams
 from framework.params.request_errors import InvalidRequestError
 from framework.params.structured_outputs import StructuredOutputsParams
 
-THINKING_TEMPLATE = (
-    "{%- for m in messages %}{{ '# ' + m['role'] + ':\\n# ' + m['content'] + '\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '# assistant:\\n<think>\\n' }}{%- endif %}"
-)
 ASK = [{"role": "user", "content": "a or b?"}]
 BUDGET = 3
 CHOICE = StructuredOutputsParams(choice=["a"])  # one token of answer
@@ -24,14 +20,7 @@ CHOICE = StructuredOutputsParams(choice=["a"])  # one token of answer
 
 @pytest.fixture(scope="module")
 def llm():  # type: ignore[no-untyped-def]
-    from framework import LLM
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield LLM("tiny", device="cpu")
-    finally:
-        torch.set_num_threads(threads)
+    yield from tiny_llm_on_one_thread()
 
 
 def _chat(llm, min_tokens: int, budget):  # type: ignore[no-untyped-def]

@@ -12,21 +12,10 @@ import jsonschema
 import openai
 import pytest
 from helpers.serve_helpers import module_server, openai_client
+from helpers.thinking_chat import ASK, SCHEMA, THINKING_TEMPLATE, TOOLS
 
 pytestmark = pytest.mark.slow
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": SCHEMA}}]
-THINKING_TEMPLATE = (
-    "{%- for m in messages %}{{ '# ' + m['role'] + ':\\n# ' + m['content'] + '\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '# assistant:\\n<think>\\n' }}{%- endif %}"
-)
-ASK = [{"role": "user", "content": "weather in Paris for 3 days?"}]
 BUDGET, END_IDS = 3, 4  # the tiny model's tokenizer spells `</think>` in 4 tokens
 THINK = {"thinking_token_budget": BUDGET, "chat_template": THINKING_TEMPLATE}
 
