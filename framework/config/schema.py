@@ -57,6 +57,14 @@ class ModelConfig(StrictModel):
         description="Quantize a 16-bit model's linear weights at load: `fp8` = FP8 e4m3, one scale per output "
         "channel (half the weight bytes); null: the checkpoint's own format (docs/quantization.md).",
     )
+    fp8_activation_min_tokens: Optional[int] = Field(
+        128,
+        ge=1,
+        description="FP8 checkpoints (and online FP8) quantize their activations and run the FP8 x FP8 GEMM in "
+        "forwards of at least this many tokens, counted as the layer sees them (a CUDA graph's padded size); "
+        "smaller forwards keep 16-bit activations (W8A16: the dequantized weights' result). null: W8A16 at every "
+        "size, for outputs that equal the dequantized model's (docs/quantization.md).",
+    )
     model_state: Optional[str] = Field(
         None, description="Registry name of the ModelState to use; null = chosen from the model."
     )

@@ -36,6 +36,7 @@ _KWARGS = {
     "max_model_len": "model.max_model_len",
     "model_state": "model.model_state",
     "quantization": "model.quantization",
+    "fp8_activation_min_tokens": "model.fp8_activation_min_tokens",
     "seed": "seed",
     "device": "device",
     "runner": "runner.kind",

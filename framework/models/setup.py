@@ -14,7 +14,12 @@ from framework.layers.kernels.backend import set_kernel_backend
 from framework.layers.kernels.kv_cache_dtype import kv_cache_torch_dtype
 from framework.layers.kernels.pdl import resolve_programmatic_launch
 from framework.layers.parallel.context import ParallelContext
-from framework.layers.quantization import QuantizationError, finish_quantization, is_quantized
+from framework.layers.quantization import (
+    QuantizationError,
+    finish_quantization,
+    is_quantized,
+    set_activation_quantization,
+)
 from framework.models.embedded import resolve_model_source
 from framework.models.llama import MLP, Attention, LlamaForCausalLM, fuse_projections
 from framework.models.loaded import LoadedModel
@@ -90,6 +95,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: Optional[Para
         finish_quantization(model)
     except QuantizationError as err:
         raise CheckpointError(str(err)) from None
+    set_activation_quantization(model, mc.fp8_activation_min_tokens)
     model.eval()
     fuse_unquantized_projections(model)  # merged q/k/v and gate/up GEMMs (the loaded parameters become views)
     set_kernel_backend(model, config.kernels.backend)  # the model's layers hand it to every kernel dispatcher

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from framework.params.kv_groups import KVGroupLayout
 from framework.params.kv_transfer import EMPTY_KV_CONNECTOR_OUTPUT, KVConnectorOutput, KVTierStats
 from framework.params.prefix_cache import PrefixCacheHooks
 from framework.params.sampling_params import SamplingParams
@@ -35,6 +36,7 @@ class ModelRunner(ABC):
     kv_caches: list[torch.Tensor]
     observer: StepObserver = NO_OBSERVER  # a benchmark's hooks (`set_observer`); no-ops by default
     num_draft_kv_layers: int = 0  # paged KV layers a speculator's draft model adds to the target's
+    kv_groups: Optional[KVGroupLayout] = None  # one KV group per window size (`cache.kv_groups`); None: one table
     # What the model state keeps for cached blocks (state snapshots), for the engine's KV cache manager. Set by
     # the runner (no class default, so a parallel driver's lookup reaches its local runner's).
     prefix_cache_hooks: PrefixCacheHooks
@@ -74,9 +76,10 @@ class ModelRunner(ABC):
         lens = [num_tokens // num_reqs + (i < num_tokens % num_reqs) for i in range(num_reqs)]
         bs = cfg.cache.block_size
         params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50)
+        per_block = 1 if self.kv_groups is None else self.kv_groups.num_groups  # one block id per group per block
         blocks, new = 0, []
         for i, n in enumerate(lens):
-            need = -(-n // bs)
+            need = -(-n // bs) * per_block
             new.append(NewRequestData(f"__profile_{i}", [0] * n, n, params, i, list(range(blocks, blocks + need)), 0))
             blocks += need
         self.initialize_kv_cache(blocks)

@@ -230,3 +230,15 @@ def test_planted_fault_one_block_too_many_changes_outputs(model: tuple[str, Path
     kv.group_windows = tuple(w - BLOCK if w else 0 for w in kv.group_windows)
     _poison_released_blocks(llm)
     assert _generate(llm, PROMPTS) != [hf_tokens[tuple(p)] for p in PROMPTS]
+
+
+def test_profile_run_gives_each_group_its_blocks(model: tuple[str, Path, dict]) -> None:
+    """The start-up profile step (run on a GPU before the KV cache is sized) hands its dummy requests one block id
+    per KV group per block, as the grouped KV manager does; the engine still matches HF afterwards."""
+    name, path, tokens = model
+    llm = _llm(path)
+    assert llm.engine.runner.kv_groups is not None
+    assert llm.engine.runner.profile_run() == 0  # the CPU reports no peak, but runs the whole step
+    llm.engine.runner.initialize_kv_cache(llm.engine.kv_cache.num_blocks)  # the profile step threw its cache away
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [list(o.token_ids) for o in outs] == [tokens[tuple(p)] for p in PROMPTS]

@@ -118,7 +118,7 @@ def test_hybrid_snapshots_travel_through_the_host_tier_on_gpu(tmp_path, model):
             dtype="float32",
             block_size=16,
             num_kv_blocks=24,
-            max_model_len=512,
+            max_model_len=256,  # at most 24 blocks of 16: a request of max_model_len must fit the cache
             host_kv_gib=gib,
             enable_prefix_caching=caching,
         )

@@ -22,7 +22,7 @@ ENGINE = {
     "max_num_seqs": 32,
     "seed": 0,
     "max_num_batched_tokens": 1024,
-    "gpu_memory_utilization": 0.3,
+    "gpu_memory_utilization": 0.8,  # also of one xdist worker's share of the card (tests/gpu/conftest.py)
 }
 
 

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
-from helpers.hf_models import hf_greedy, random_prompts  # noqa: E402
+from helpers.hf_models import hf_greedy, hf_logits, random_prompts  # noqa: E402
 from helpers.quant_checkpoints import write_quantized  # noqa: E402
 
 from framework.entrypoints.llm import LLM  # noqa: E402
@@ -119,12 +119,36 @@ def test_w4a16_kernel_matches_reference_at_8b_shapes(proj: str, m: int) -> None:
 
 @pytest.mark.parametrize("fmt", ["fp8-block", "ct-channel", "gptq-act-asym", "awq"])
 def test_engine_matches_hf_on_the_gpu(fmt: str, tmp_path: Path) -> None:
+    """Weight-only everywhere (`fp8_activation_min_tokens=None`): the dequantized model's greedy tokens, with the
+    kernels and every kind of CUDA graph."""
     ref = write_quantized(fmt, tmp_path)
-    llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=64, seed=0)
+    llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=64, seed=0, fp8_activation_min_tokens=None)
     prompts = random_prompts(4, 4, 20, seed=5)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         assert list(out.token_ids) == hf_greedy(ref, prompt, 12)
+
+
+@pytest.mark.parametrize("fmt", ["fp8-block", "ct-channel"])
+def test_fp8_activations_in_padded_prefill_graphs_stay_close_to_hf(fmt: str, tmp_path: Path) -> None:
+    """The default threshold: a short prefill replays the prefill pieces captured at 512 tokens, so its FP8 layers
+    quantize their activations (W8A8) while decode stays W8A16. Each generated token's logprob stays within
+    0.1 of HF's on the dequantized weights (teacher-forced on the engine's own tokens), and the first token is
+    HF's: FP8 activation rounding moves logits, it does not scramble them. With the threshold off (the test
+    above) the tokens are equal."""
+    ref = write_quantized(fmt, tmp_path)
+    llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=64, seed=0)
+    prompts = random_prompts(4, 4, 20, seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        tokens = list(out.token_ids)
+        assert tokens[0] == hf_greedy(ref, prompt, 1)[0]
+        with torch.no_grad():
+            logits = hf_logits(ref, prompt + tokens[:-1])[len(prompt) - 1 :]
+        want = torch.log_softmax(logits, dim=-1)[torch.arange(len(tokens)), torch.tensor(tokens)]
+        got = torch.tensor([step[t].logprob for step, t in zip(out.logprobs, tokens)])
+        assert (got - want).abs().max().item() < 0.1, (got, want)
 
 
 # Qwen3-30B-A3B experts: E = 128, top-8, H = 2048, I = 768 (FP8 block 128 x 128; INT4 group 128).

@@ -50,6 +50,10 @@ def build_gpt_oss(spec: TinySpec) -> torch.nn.Module:
     `down_proj_bias` (their names do not end in `.bias`, so `build_hf_model` leaves them), and a dropped bias
     would go unseen."""
     model = build_hf_model(spec)
+    for module in model.modules():  # transformers before ~5.2x fixes the clamp at 1.702 / 7.0, ignoring the config
+        if hasattr(module, "limit") and hasattr(module, "alpha"):
+            module.alpha = float(getattr(model.config, "swiglu_alpha", 1.702))
+            module.limit = float(getattr(model.config, "swiglu_limit", 7.0))
     gen = torch.Generator().manual_seed(spec.seed + 2000)
     with torch.no_grad():
         for name, param in model.named_parameters():

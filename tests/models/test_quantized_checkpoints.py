@@ -129,3 +129,32 @@ def test_a_layer_kept_16_bit_is_merged_and_takes_the_small_batch_path(tmp_path: 
     assert plain.self_attn.qkv_weight is not None and quantized.self_attn.qkv_weight is None
     assert enable_small_batch(model, 1) == 1
     assert plain.small_batch_max_tokens == 1 and quantized.small_batch_max_tokens == 0
+
+
+def test_fp8_activation_threshold_switches_the_path(tmp_path: Path) -> None:
+    """`model.fp8_activation_min_tokens` reaches every FP8 layer; with the kernels (interpreted here) a 2-token
+    threshold sends the prefill through the W8A8 GEMM, whose logits move away from the dequantized model's, and
+    null keeps W8A16, whose logits equal the reference's (the GPU test checks the same with CUDA graphs)."""
+    write_quantized("fp8-block", tmp_path)
+    prompt = PROMPTS[0]
+
+    def first_logprobs(threshold: int | None) -> tuple[LLM, list[float]]:
+        llm = LLM(
+            str(tmp_path),
+            device="cpu",
+            dtype="float32",
+            max_model_len=64,
+            kernel_backend="triton",
+            fp8_activation_min_tokens=threshold,
+        )
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, logprobs=5), use_tqdm=False)[0]
+        return llm, sorted(e.logprob for e in out.logprobs[0].values())
+
+    weight_only, exact = first_logprobs(None)
+    q_proj = weight_only.engine.runner.model.model.layers[0].self_attn.q_proj
+    assert q_proj.quant_method.w8a8_min_tokens is None
+    quantized, moved = first_logprobs(2)
+    assert quantized.engine.runner.model.model.layers[0].self_attn.q_proj.quant_method.w8a8_min_tokens == 2
+    _, reference = first_logprobs(10_000)
+    assert exact == pytest.approx(reference, abs=1e-5)
+    assert max(abs(a - b) for a, b in zip(exact, moved)) > 1e-4

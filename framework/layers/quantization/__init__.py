@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from framework.layers.quantization.base import QuantizationError, QuantMethod
 from framework.layers.quantization.config import QUANT_FORMATS, SUPPORTED, QuantScheme, quant_scheme
-from framework.layers.quantization.model_pass import finish_quantization, is_quantized, quantize_linears
+from framework.layers.quantization.model_pass import (
+    finish_quantization,
+    is_quantized,
+    quantize_linears,
+    set_activation_quantization,
+)
 
 __all__ = [
     "QUANT_FORMATS",
@@ -17,4 +22,5 @@ __all__ = [
     "is_quantized",
     "quant_scheme",
     "quantize_linears",
+    "set_activation_quantization",
 ]

@@ -60,7 +60,7 @@ class Fp8LinearMethod(QuantMethod):
         group: tuple[Optional[int], Optional[int]],
         input_scale: bool = False,
         activation: str = "token",
-        w8a8_min_tokens: int = W8A8_MIN_TOKENS,
+        w8a8_min_tokens: Optional[int] = W8A8_MIN_TOKENS,
     ) -> None:
         self.name = name  # type: ignore[misc]
         self.scale_name = scale_name
@@ -69,7 +69,7 @@ class Fp8LinearMethod(QuantMethod):
         # How the checkpoint quantizes activations: "group" (per token, groups of group_k inputs: block FP8),
         # "token" (FP8_DYNAMIC, online FP8) or "static" (the checkpoint's input_scale).
         self.activation = "static" if input_scale else activation
-        self.w8a8_min_tokens = w8a8_min_tokens
+        self.w8a8_min_tokens = w8a8_min_tokens  # None: 16-bit activations at every size
 
     def groups(self, layer: nn.Linear) -> tuple[int, int]:
         """(group_n, group_k) of this rank's weight."""
@@ -121,7 +121,8 @@ class Fp8LinearMethod(QuantMethod):
         group_n, group_k = self.groups(layer)
         flat = x.reshape(-1, x.shape[-1])
         kernels = triton_enabled(x.device, x, backend=getattr(layer, "kernel_backend", "auto")) and flat.stride(-1) == 1
-        if kernels and flat.shape[0] >= self.w8a8_min_tokens:
+        w8a8 = self.w8a8_min_tokens is not None and flat.shape[0] >= self.w8a8_min_tokens
+        if kernels and w8a8:
             y = self.apply_w8a8(layer, flat, bias)
         elif kernels:
             y = w8a16_linear_triton(flat, layer.weight, self.scale_grid(layer), group_n, group_k, bias)

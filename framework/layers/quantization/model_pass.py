@@ -45,6 +45,15 @@ def finish_quantization(model: nn.Module) -> None:
             method.process_after_loading(module, prefix)
 
 
+def set_activation_quantization(model: nn.Module, min_tokens: Optional[int]) -> None:
+    """Give every quantized layer whose method can quantize activations (`w8a8_min_tokens`) the token count from
+    which it does (`model.fp8_activation_min_tokens`; None: never)."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None and hasattr(method, "w8a8_min_tokens"):
+            method.w8a8_min_tokens = min_tokens
+
+
 def is_quantized(module: nn.Module) -> bool:
     """Whether `module` (a linear layer) runs a quantized method."""
     return getattr(module, "quant_method", None) is not None
