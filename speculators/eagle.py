@@ -83,6 +83,7 @@ class DraftHeadSpeculator(Speculator):
     def propose(self, inputs: ProposeInputs) -> Proposal:
         if inputs.attn_metadata is None:
             raise RuntimeError(f"the {self.head_kind} speculator needs the step's attention metadata")
+        inputs.attn_metadata.kv_waits.all()  # a KV tier's loads of the draft's layers (after the target's) are in place
         drafts = self.drafter.propose(inputs, inputs.attn_metadata)
         return Proposal(drafts.to(torch.int32))
 

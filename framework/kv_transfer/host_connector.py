@@ -2,13 +2,16 @@
 back when a later request's prefix runs past its device-cache hit.
 
 Scheduler side: a `HostBlockIndex` (hash -> host slot, LRU). Worker side: a `HostBlockPool` (the bytes) and a side
-stream. `cache.host_kv_gib` sizes the tier; a tier larger than the host memory available now is refused at start,
-with the numbers. For a model whose state keeps recurrent-state snapshots (Mamba, Gated DeltaNet hybrids), half
-of it holds KV blocks and half holds snapshots, which travel with their blocks (`host_index`, `host_snapshots`).
+stream, which loads a step's blocks one paged layer at a time: the forward waits for each layer's copies just
+before that layer (`bind_layer_waits`), so the first layers compute while the later ones still load.
+`cache.host_kv_gib` sizes the tier; a tier larger than the host memory available now is refused at start, with
+the numbers. For a model whose state keeps recurrent-state snapshots (Mamba, Gated DeltaNet hybrids), half of it
+holds KV blocks and half holds snapshots, which travel with their blocks (`host_index`, `host_snapshots`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Optional, Sequence
 
@@ -17,8 +20,9 @@ import torch
 from framework.config.base import ConfigError
 from framework.kv_transfer.host_index import HostBlockIndex
 from framework.kv_transfer.host_pool import HostBlockPool
-from framework.kv_transfer.interface import KVConnector, KVConnectorContext
+from framework.kv_transfer.interface import ConnectorLayerWaits, KVConnector, KVConnectorContext
 from framework.kv_transfer.side_stream import side_stream_for
+from framework.layers.attention.metadata import AttentionMetadata
 from framework.params.kv_events import KVEventRecorder
 from framework.params.kv_transfer import (
     EMPTY_KV_CONNECTOR_OUTPUT,
@@ -102,6 +106,7 @@ class HostKVConnector(KVConnector):
             else None
         )
         self._failed: frozenset[int] = frozenset()
+        self._layer_waits = ConnectorLayerWaits(self)  # handed to the forward in a step that loads
 
     def _index(self) -> HostBlockIndex:
         if self.index is None:
@@ -161,14 +166,37 @@ class HostKVConnector(KVConnector):
             )
 
     def start_load_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
+        pool = self._pool()
         if isinstance(metadata, BlockTransfers):
-            self._failed = self._pool().start(metadata)
+            self._failed = pool.start(metadata)
+        else:  # nothing moves this step: no wait is left from the last one
+            pool.state_ticket, pool.layer_tickets = None, []
+
+    def wait_for_state_loads(self) -> None:
+        pool = self._pool()
+        if not self.context.layer_waits:  # the model's forward does not wait per layer: everything, now
+            pool.stream.wait()
+            pool.state_ticket, pool.layer_tickets = None, []
+        elif pool.state_ticket is not None:  # the saves' gathers and the snapshot copies
+            pool.stream.wait_for(pool.state_ticket)
+            pool.state_ticket = None
+
+    def bind_layer_waits(self, metadata: AttentionMetadata) -> AttentionMetadata:
+        if not self._pool().layer_tickets:
+            return metadata  # no load this step: the step's per-layer waits are the no-op default
+        return dataclasses.replace(metadata, kv_waits=self._layer_waits)
 
     def wait_for_layer_load(self, layer: int) -> None:
-        self._pool().stream.wait()  # one batch for every layer: waiting for one layer waits for all
+        pool = self._pool()
+        if pool.layer_tickets:
+            pool.stream.wait_for(pool.layer_tickets[layer])
 
     def wait_for_loads(self) -> None:
-        self._pool().stream.wait()
+        pool = self._pool()
+        if pool.layer_tickets:
+            pool.stream.wait_for(pool.layer_tickets[-1])
+        elif pool.state_ticket is not None:
+            self.wait_for_state_loads()
 
     def start_save_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
         pass  # blocks are saved when the device cache evicts them, before the forward (`start_load_kv`)

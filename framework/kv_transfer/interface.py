@@ -10,9 +10,11 @@ A connector has two sides, built as two objects of the same class (`KVConnectorC
   (`update_from_output`);
 - the **worker side** lives with the model runner and the KV cache tensors (`register_kv_caches`). Around each
   forward the runner calls `start_load_kv` (start this step's transfers, off the step's stream),
-  `wait_for_loads` (the forward's stream waits for the blocks it reads; `wait_for_layer_load` for one layer),
-  `start_save_kv` (after the forward: save what it computed) and `get_finished` (finished and failed
-  transfers).
+  `wait_for_state_loads` (the step's stream waits for what the step's per-slot writes read, before them),
+  `bind_layer_waits` (the step's attention metadata carries the connector's per-layer waits into the forward:
+  each paged layer waits, through `wait_for_layer_load`, for its own blocks only, just before it touches them;
+  a CUDA-graph replay, which runs every layer at once, waits first through `wait_for_loads`), `start_save_kv`
+  (after the forward: save what it computed) and `get_finished` (finished and failed transfers).
 
 A hybrid model's recurrent-state snapshots (kept by its model state at cached block boundaries) travel with
 their blocks in a connector that sets `carries_state_snapshots`: the scheduler side reads an evicted block's
@@ -34,6 +36,7 @@ from typing import ClassVar, Literal, Optional, Sequence
 import torch
 
 from framework.config.schema import CacheConfig
+from framework.layers.attention.metadata import AttentionMetadata, KVLayerWaits
 from framework.params.kv_events import KVEventRecorder
 from framework.params.kv_transfer import (
     EMPTY_KV_CONNECTOR_OUTPUT,
@@ -50,7 +53,9 @@ Role = Literal["scheduler", "worker"]
 class KVConnectorContext:
     """What a connector is built from: its role, the cache config, the bytes of one KV block over every paged
     layer the runner registers (target and draft), and the device of the KV cache. For a model state that keeps
-    recurrent-state snapshots: the bytes of one snapshot and (scheduler side) the state's prefix-cache hooks."""
+    recurrent-state snapshots: the bytes of one snapshot and (scheduler side) the state's prefix-cache hooks.
+    `layer_waits` (worker side): the model's forward calls its per-layer waits (`Model.waits_per_kv_layer`);
+    when False, `bind_layer_waits` must not be relied on and every load is waited for before the forward."""
 
     role: Role
     cache: CacheConfig
@@ -58,6 +63,7 @@ class KVConnectorContext:
     device: torch.device
     snapshot_bytes: int = 0
     snapshots: PrefixCacheHooks = field(default_factory=PrefixCacheHooks)
+    layer_waits: bool = True
 
 
 class KVConnector(ABC):
@@ -140,6 +146,19 @@ class KVConnector(ABC):
     def wait_for_loads(self) -> None:
         """Make the forward's stream wait for every transfer started this step (no host sync)."""
 
+    def wait_for_state_loads(self) -> None:
+        """Before the step's per-slot writes (which restore loaded snapshots) and its forward: make the step's
+        stream wait for what they read, and for the reads of blocks the forward may overwrite (evicted blocks being
+        saved). A connector that waits per layer (`bind_layer_waits`) waits here for that part only; by default
+        (no per-layer waits) for every transfer, `wait_for_loads`."""
+        self.wait_for_loads()
+
+    def bind_layer_waits(self, metadata: AttentionMetadata) -> AttentionMetadata:
+        """The step's attention metadata, carrying this step's per-layer waits (`AttentionMetadata.kv_waits`:
+        each paged layer calls `wait_for_layer_load` for itself); `metadata` itself when no layer needs one.
+        By default `metadata`: `wait_for_state_loads` waited for everything before the forward."""
+        return metadata
+
     @abstractmethod
     def start_save_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:
         """After the forward: start saving what it computed, if this connector saves computed blocks."""
@@ -147,6 +166,19 @@ class KVConnector(ABC):
     @abstractmethod
     def get_finished(self) -> KVConnectorOutput:
         """Transfers finished since the last call and this step's failed loads."""
+
+
+class ConnectorLayerWaits(KVLayerWaits):
+    """The per-layer waits a connector hands the forward (`bind_layer_waits`): its own wait verbs."""
+
+    def __init__(self, connector: KVConnector) -> None:
+        self.connector = connector
+
+    def layer(self, kv_layer: int) -> None:
+        self.connector.wait_for_layer_load(kv_layer)
+
+    def all(self) -> None:
+        self.connector.wait_for_loads()
 
 
 class NoKVConnector(KVConnector):
@@ -194,6 +226,9 @@ class NoKVConnector(KVConnector):
         pass
 
     def wait_for_loads(self) -> None:
+        pass
+
+    def wait_for_state_loads(self) -> None:
         pass
 
     def start_save_kv(self, metadata: Optional[KVConnectorMetadata]) -> None:

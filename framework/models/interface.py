@@ -32,6 +32,10 @@ class Model(nn.Module, ABC):
     `forward(input_ids [T], positions [T], kv_caches, attn_metadata, **model_state_inputs) -> [T, hidden]`
     returns hidden states; `compute_logits` turns the rows that are sampled into logits `[L, vocab]` in the
     model dtype. The runner allocates `num_kv_layers` tensors of `kv_cache_shape(...)`.
+
+    A family whose forward calls `attn_metadata.kv_waits.layer(i)` before it stores to or reads `kv_caches[i]`
+    sets `waits_per_kv_layer`: a KV connector then loads a step's blocks layer by layer while the forward runs.
+    Without it a connector's loads are waited for whole before the forward.
     """
 
     # Registry name of the ModelState this family needs (None: chosen from the config's shape).
@@ -41,6 +45,7 @@ class Model(nn.Module, ABC):
     # (framework/layers/quantization gives those their method).
     supports_quantization: ClassVar[bool] = False
     ctx: ParallelContext = SINGLE  # this rank's place (a parallel family sets its own)
+    waits_per_kv_layer: ClassVar[bool] = False  # the forward calls `attn_metadata.kv_waits.layer(i)` (above)
 
     def __init__(self) -> None:
         super().__init__()

@@ -163,6 +163,8 @@ class JambaModel(nn.Module):
 class JambaForCausalLM(Model, MambaHybrid):
     """Jamba causal LM: attention layers on the paged KV cache, Mamba layers on per-slot recurrent state."""
 
+    waits_per_kv_layer = True  # the forward waits for each paged layer's KV-tier loads (Model)
+
     model_state_name = "mamba_hybrid"
 
     def __init__(self, cfg: JambaConfig) -> None:
@@ -210,11 +212,13 @@ class JambaForCausalLM(Model, MambaHybrid):
     ) -> torch.Tensor:
         """[T, hidden] final hidden states."""
         x = self.model.embed_tokens(input_ids)
-        kv_iter, state_iter = iter(kv_caches), iter(mamba.layers)
+        kv_iter, state_iter = enumerate(kv_caches), iter(mamba.layers)
         for layer in self.model.layers:
             h = layer.input_layernorm(x)
             if hasattr(layer, "self_attn"):
-                x = x + layer.self_attn(h, next(kv_iter), attn_metadata)
+                kv_layer, kv_cache = next(kv_iter)
+                attn_metadata.kv_waits.layer(kv_layer)  # a KV tier's loads of this layer are in place (no-op without)
+                x = x + layer.self_attn(h, kv_cache, attn_metadata)
             else:
                 x = x + layer.mamba(h, next(state_iter), mamba)
             x = x + layer.feed_forward(layer.pre_ff_layernorm(x))

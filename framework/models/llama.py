@@ -265,7 +265,7 @@ class LlamaForCausalLM(Model):
     (`ctx`) this rank holds its heads, its MLP columns and its vocabulary rows of its pipeline stage's layers only.
     """
 
-    supports_parallel = supports_quantization = True
+    supports_parallel = supports_quantization = waits_per_kv_layer = True  # waits: each layer's KV-tier loads
     config_cls: type[DecoderConfig] = DecoderConfig  # reads config.json (a subclass adds its family's fields)
     make_layer: Optional[LayerFactory] = None  # layer builder of a subclass (None: dense DecoderLayer)
 
@@ -362,16 +362,16 @@ class LlamaForCausalLM(Model):
         """
         x = self.model.embed_tokens(input_ids) if pp_hidden is None else pp_hidden
         cos, sin = self.rope_cos_sin(positions, x.dtype)
-        stage = self.model.stage_layers
         if self.longest_rows_first:  # one order for every layer (inside the forward: CUDA graphs replay it)
             attn_metadata = order_rows_longest_first(attn_metadata)
         metas = group_metadata(attn_metadata, positions, self.kv_groups)  # one per KV group (one without groups)
         layer_group = self.kv_groups.layer_group if self.kv_groups else (0,) * len(self.model.layers)
         entering: dict[int, torch.Tensor] = {}
         residual: Optional[torch.Tensor] = None
-        for i, kv_cache in zip(stage, kv_caches):
+        for kv_layer, (i, kv_cache) in enumerate(zip(self.model.stage_layers, kv_caches)):
             if i in aux_layer_ids:
                 entering[i] = x if residual is None else x + residual
+            attn_metadata.kv_waits.layer(kv_layer)  # a KV tier's loads of this layer are in place (no-op without)
             x, residual = self.model.layers[i](x, residual, cos, sin, kv_cache, metas[layer_group[i]], self.attention)
         if self.ctx.is_last_stage:
             pdl = self.programmatic_launch and 0 < x.shape[0] <= self.small_batch_max_tokens

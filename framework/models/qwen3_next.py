@@ -279,6 +279,8 @@ class Qwen3NextForCausalLM(Model, RecurrentHybrid):
     """Qwen3-Next / Qwen3.5 causal LM: attention layers on the paged KV cache, Gated DeltaNet layers on
     per-slot recurrent state."""
 
+    waits_per_kv_layer = True  # the forward waits for each paged layer's KV-tier loads (Model)
+
     model_state_name = "hybrid_recurrent"
 
     def __init__(self, cfg: Qwen3NextConfig, multimodal_checkpoint: bool = False) -> None:
@@ -353,11 +355,13 @@ class Qwen3NextForCausalLM(Model, RecurrentHybrid):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        kv_iter, state_iter = iter(kv_caches), iter(gdn.layers)
+        kv_iter, state_iter = enumerate(kv_caches), iter(gdn.layers)
         for layer in self.model.layers:
             h = layer.input_layernorm(x)
             if hasattr(layer, "self_attn"):
-                x = x + layer.self_attn(h, cos, sin, next(kv_iter), attn_metadata)
+                kv_layer, kv_cache = next(kv_iter)
+                attn_metadata.kv_waits.layer(kv_layer)  # a KV tier's loads of this layer are in place (no-op without)
+                x = x + layer.self_attn(h, cos, sin, kv_cache, attn_metadata)
             else:
                 x = x + layer.linear_attn(h, next(state_iter), gdn)
             x = x + layer.mlp(layer.post_attention_layernorm(x))

@@ -204,6 +204,8 @@ class WhisperForConditionalGeneration(Model, EncoderDecoder):
     the (tied) token embedding.
     """
 
+    waits_per_kv_layer = True  # the forward waits for each paged layer's KV-tier loads (Model)
+
     model_state_name = "encoder_decoder"  # the runner gives it an EncoderDecoderModelState
 
     def __init__(self, g: WhisperGeometry) -> None:
@@ -261,6 +263,7 @@ class WhisperForConditionalGeneration(Model, EncoderDecoder):
         dec = self.model.decoder
         x = dec.embed_tokens(input_ids) + dec.embed_positions(positions)
         for i, (layer, kv_cache) in enumerate(zip(dec.layers, kv_caches)):
+            attn_metadata.kv_waits.layer(i)  # a KV tier's loads of this layer are in place (no-op without)
             x = layer(x, kv_cache, attn_metadata, cross.cross_kv[i], cross)
         return dec.layer_norm(x)
 

@@ -147,8 +147,11 @@ class ModelRunnerV2(ModelRunner):
         bs = self.config.cache.block_size
         block_bytes = kv_bytes_per_block(self.loaded, bs, self.num_draft_kv_layers)
         snapshots = self.model_state.snapshot_tensors()  # recurrent-state snapshots travel with their blocks
+        waits = getattr(self.model, "waits_per_kv_layer", False)  # a forward that waits per layer: layer-wise loads
         self.kv_connector = build_kv_connector(
-            KVConnectorContext("worker", self.config.cache, block_bytes, self.device, snapshot_bytes(snapshots))
+            KVConnectorContext(
+                "worker", self.config.cache, block_bytes, self.device, snapshot_bytes(snapshots), layer_waits=waits
+            )
         )
         dim = block_dim(self.model.kv_cache_shape(1, bs), self.model.kv_cache_shape(2, bs))
         self.kv_connector.register_kv_caches(self.kv_caches + draft_caches, dim)
@@ -176,7 +179,7 @@ class ModelRunnerV2(ModelRunner):
         self._add_requests(output.new_requests)  # 2. new and resumed requests take slots
         self._update_requests(output.cached_requests)  # 3. running requests gain KV blocks
         self.kv_connector.start_load_kv(output.kv_connector_metadata)  # 4a. KV tier copies start, side stream
-        self.kv_connector.wait_for_loads()  # 4b. the step's stream waits for them (loaded snapshots restore in 4)
+        self.kv_connector.wait_for_state_loads()  # 4b. loaded snapshots (restored in 4); KV: per layer, in 8
         self._apply_staged_writes()  # 4. one scatter per state tensor
         self._kv_transfers = output.kv_connector_metadata
         if output.is_empty:
@@ -196,6 +199,7 @@ class ModelRunnerV2(ModelRunner):
             slots,
         )
         attn_metadata = self.model_state.prepare_attn_metadata(batch, self.block_tables)  # 6. block tables, KV slots
+        attn_metadata = self.kv_connector.bind_layer_waits(attn_metadata)  # 6b. each layer waits for its loads
         self.model_state.save_snapshots(output.state_snapshots)  # 7. recurrent-state snapshots this step stores
         hidden, aux_hidden = self._forward(batch, attn_metadata)  # 8. state inputs, then graph replay or eager
         seq_lens_host = self.request_state.num_computed_host[batch.idx_mapping_host]

@@ -151,8 +151,9 @@ def test_negative_control_failed_loads_not_recomputed(checkpoint, reference, one
 
 
 def test_negative_control_forward_does_not_wait_for_loads(checkpoint, reference, one_thread, monkeypatch):
-    """Planted: the forward's stream does not wait for the side stream (its copies run one step late)."""
+    """Planted: the forward's stream does not wait for the side stream (its copies never run)."""
     monkeypatch.setattr("framework.kv_transfer.side_stream.DeferredSideStream.wait", lambda self: None)
+    monkeypatch.setattr("framework.kv_transfer.side_stream.DeferredSideStream.wait_for", lambda self, ticket: None)
     block_bytes = _block_bytes(checkpoint)
     on, _, _ = _run(_config(checkpoint, HOST_BLOCKS, block_bytes), fills=False)
     assert on != reference

@@ -51,7 +51,7 @@ def test_block_dim_of_the_paged_layout():
 
 
 def test_metrics_export_the_host_tier():
-    stats = EngineStats(1, 0, 10, 5, 0, 0, 0, 0, 0, 64, 1, 4096, 8192, 3, 0.25, 7)
+    stats = EngineStats(1, 0, 10, 5, 0, 0, 0, 0, 0, 64, 1, 4096, 8192, 3, 0.25, 7, 5, 2)
     families = {f.name: f for f in _EngineCollector(lambda: stats, "m", "mrv2", lambda: [], 16).collect()}
     assert families["mrv2:kv_host_tier_hits"].samples[0].value == 64
     assert families["mrv2:kv_host_tier_failed_loads"].samples[0].value == 1
@@ -60,3 +60,5 @@ def test_metrics_export_the_host_tier():
     latency = {s.name: s.value for s in families["mrv2:kv_host_tier_load_seconds"].samples}
     assert latency == {"mrv2:kv_host_tier_load_seconds_count": 3, "mrv2:kv_host_tier_load_seconds_sum": 0.25}
     assert families["mrv2:kv_host_tier_blocks"].samples[0].value == 7
+    assert families["mrv2:kv_host_tier_snapshot_hits"].samples[0].value == 5
+    assert families["mrv2:kv_host_tier_snapshots"].samples[0].value == 2

@@ -75,6 +75,8 @@ def engine_stats(engine: EngineCore) -> EngineStats:
         kv_tier_loads=tier.num_loads,
         kv_tier_load_seconds=tier.load_seconds,
         kv_tier_blocks_held=tier.blocks_held,
+        kv_tier_snapshot_hits=tier.snapshot_hits,
+        kv_tier_snapshots_held=tier.snapshots_held,
     )
 
 

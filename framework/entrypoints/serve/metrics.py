@@ -69,6 +69,11 @@ class _EngineCollector:
             ("kv_cache_blocks_free", "KV blocks free (cached prefixes included).", s.num_free_blocks),
             ("kv_cache_blocks_total", "KV blocks in the pool.", s.num_blocks),
             ("kv_host_tier_blocks", "KV blocks held in the host-memory tier.", s.kv_tier_blocks_held),
+            (
+                "kv_host_tier_snapshots",
+                "Recurrent-state snapshots (hybrid models) held in the host-memory tier.",
+                s.kv_tier_snapshots_held,
+            ),
         ):
             gauge = GaugeMetricFamily(f"{p}:{name}", doc, labels=["model_name"])
             gauge.add_metric([self._model], value)
@@ -86,6 +91,11 @@ class _EngineCollector:
             ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_num_accepted_tokens),
             ("kv_host_tier_hits", "Prompt tokens loaded from the host KV tier.", s.kv_tier_hit_tokens),
             ("kv_host_tier_failed_loads", "Host KV tier block loads that failed.", s.kv_tier_failed_loads),
+            (
+                "kv_host_tier_snapshot_hits",
+                "Recurrent-state snapshots (hybrid models) loaded from the host KV tier: one ends each such hit.",
+                s.kv_tier_snapshot_hits,
+            ),
         ):
             counter = CounterMetricFamily(f"{p}:{name}", doc, labels=["model_name"])
             counter.add_metric([self._model], value)

@@ -70,7 +70,8 @@ class EngineStats(msgspec.Struct, array_like=True):
     spec_num_draft_tokens: int
     spec_num_accepted_tokens: int
     # The host-memory KV tier (zeros without one): prompt tokens loaded from it, failed loads, bytes each way,
-    # load batches and their summed device time, blocks held now.
+    # load batches and their summed device time, blocks held now; a hybrid model's recurrent-state snapshots
+    # loaded from it (one ends each of its hits) and held in it now.
     kv_tier_hit_tokens: int = 0
     kv_tier_failed_loads: int = 0
     kv_tier_bytes_to_host: int = 0
@@ -78,6 +79,8 @@ class EngineStats(msgspec.Struct, array_like=True):
     kv_tier_loads: int = 0
     kv_tier_load_seconds: float = 0.0
     kv_tier_blocks_held: int = 0
+    kv_tier_snapshot_hits: int = 0
+    kv_tier_snapshots_held: int = 0
 
 
 class EngineOutputs(msgspec.Struct, tag="outputs"):

@@ -1,4 +1,4 @@
-"""What attention layers need to know about one step's batch."""
+"""What attention layers need to know about one step's batch, and the waits for KV another tier loads."""
 
 from __future__ import annotations
 
@@ -6,6 +6,26 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+
+class KVLayerWaits:
+    """The forward's waits for the KV a tier outside the device cache (a KV connector) loads this step.
+
+    A model calls `layer(i)` before it stores to or reads paged layer `i` (its position in the model's
+    `kv_caches`; a draft model's layers follow the target's), and `all()` before work that reads every layer at
+    once. Each makes the forward's stream wait, on the device, for that layer's copies only, so layer 0 can
+    start while later layers still load. This base waits for nothing: the metadata of a step with no loads (or
+    no connector) carries it (`NO_KV_WAITS`).
+    """
+
+    def layer(self, kv_layer: int) -> None:
+        """The forward's stream waits until paged layer `kv_layer`'s loaded blocks are in place."""
+
+    def all(self) -> None:
+        """The forward's stream waits until every layer's loaded blocks are in place."""
+
+
+NO_KV_WAITS = KVLayerWaits()  # stateless: shared by every step's metadata
 
 
 @dataclass(frozen=True)
@@ -24,3 +44,6 @@ class AttentionMetadata:
     # [R] int32, a permutation of the rows: the order their decode programs start in (None: batch order). The
     # model sets it, rows by descending seq_len, for large batches (backend.order_rows_longest_first, row_order.py).
     row_order: Optional[torch.Tensor] = None
+    # A KV connector's per-layer waits for this step's loads (framework/kv_transfer): every model calls
+    # `kv_waits.layer(i)` before touching paged layer i. Host-side only: CUDA graphs never see it.
+    kv_waits: KVLayerWaits = NO_KV_WAITS

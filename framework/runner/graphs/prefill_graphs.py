@@ -147,10 +147,14 @@ class PrefillPieceGraphs:
         if model.longest_rows_first:  # as the eager forward does: one order shared by every layer
             meta = order_rows_longest_first(meta)
         pieces = self.pieces[size]
+        waits = meta.kv_waits  # piece i stores layer i's K/V: it waits for that layer's loads (KV connector)
+        waits.layer(0)
         pieces[0].replay()
         for i, kv_cache in enumerate(self.kv_caches):
             attn = self.layers[i].self_attn
             model.attention(self.q[:t], kv_cache, meta, attn.scale, window=attn.window, out=self.attn_out)
+            if i + 1 < len(self.kv_caches):
+                waits.layer(i + 1)
             hidden = pieces[i + 1].replay()
         self.num_replayed_steps += 1
         return hidden[:t]

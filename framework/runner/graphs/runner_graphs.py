@@ -31,6 +31,7 @@ from framework.batch.block_tables import BlockTables
 from framework.batch.input_batch import InputBatch, advance_num_computed_host
 from framework.batch.request_state import RequestState
 from framework.config.schema import Mrv2Config
+from framework.kv_transfer.interface import KVConnector
 from framework.layers.attention import AttentionMetadata
 from framework.layers.parallel.context import ParallelContext
 from framework.models.loaded import LoadedModel
@@ -65,6 +66,7 @@ class GraphedRunner(Protocol):
     sampler: Sampler
     pooling_state: PoolingState
     kv_caches: list[torch.Tensor]
+    kv_connector: KVConnector
     observer: StepObserver
 
 
@@ -213,6 +215,7 @@ class RunnerGraphs:
         stages = needs().stages
         advance_num_computed_host(output, r.request_state, slots, np.ones(len(slots), np.int64))
         r.observer.on_full_step_replay()
+        r.kv_connector.wait_for_loads()  # every layer at once (a one-token prompt step may load its prefix)
         return graphs.run(output, slots, stages, copy_stream)
 
     def replay_forward(
@@ -227,6 +230,7 @@ class RunnerGraphs:
         if size is None:
             return None
         self.runner.model_state.prepare_graph_step(batch, size)
+        self.runner.kv_connector.wait_for_loads()  # every layer at once (a one-token prompt step may load its prefix)
         return graphs.run(
             size,
             batch.input_ids,
