@@ -120,6 +120,7 @@ class Qwen3NextMTPHead(DraftHead):
     """The `mtp.*` head of a Qwen3.5 / Qwen3-Next target (selected by `load_draft_head` from the architecture)."""
 
     kind = "mtp"
+    supports_quantization = True
 
     def __init__(self, config: dict[str, Any]) -> None:
         n = num_qwen_mtp_layers(config)
@@ -153,7 +154,7 @@ class Qwen3NextMTPHead(DraftHead):
         return 1.0 / c.rope_theta ** (arange / c.rotary_dim)
 
     def init_buffers(self) -> None:
-        self.inv_freq = self._inv_freq().to(self.mtp.fc.weight.device)
+        self.inv_freq = self._inv_freq().to(self.mtp.norm.weight.device)  # (fc may hold packed weights only)
 
     def _run(
         self,
