@@ -152,3 +152,19 @@ def test_layouts_the_gdn_model_cannot_split_are_refused() -> None:
         check_parallel_config(cfg, hf)
     with pytest.raises(UnsupportedModelError, match="do not run under pipeline parallelism yet"):
         build_model(hf, torch.float32, torch.device("cpu"), ParallelContext(pp_size=2, rank=1))
+
+
+def test_sections_scale_to_shorter_tensors_or_are_refused() -> None:
+    """A rank's block of each q, k, v section of a tensor shorter than the features (an FP8 block-scale grid: one
+    row per 128 rows; packed words: one per 8), and a grid whose blocks a section boundary would cut is refused."""
+    from framework.layers.parallel.linear import ShardSpec, read_shard
+
+    weight_rows = (256, 256, 512)  # q, k, v rows of the layer
+    grid = torch.arange(8 * 3).view(8, 3)  # [1024 / 128, K / 128]
+    rank1 = read_shard(grid, ShardSpec(0, 1, 2, weight_rows))
+    assert torch.equal(rank1, grid[[1, 3, 6, 7]])
+    packed = torch.arange(5 * 128).view(5, 128)  # [K / 8, N / 8]: the sections along dim 1
+    expected = torch.cat([packed[:, 0:16], packed[:, 32:48], packed[:, 64:96]], dim=1)
+    assert torch.equal(read_shard(packed, ShardSpec(1, 0, 2, weight_rows)), expected)
+    with pytest.raises(ValueError, match=r"cannot be cut into the sections \(128, 128, 256\)"):
+        read_shard(torch.zeros(4, 2), ShardSpec(0, 0, 2, (128, 128, 256)))  # one scale row per section: no halves
