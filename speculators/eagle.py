@@ -34,6 +34,12 @@ class DraftHeadSpeculator(Speculator):
         self, config: "SpeculatorConfig", loaded: "LoadedModel", max_num_reqs: int, device: torch.device
     ) -> None:
         super().__init__(config, loaded, max_num_reqs, device)
+        if loaded.parallel.world_size > 1:  # a rank holds a slice of the embedding and LM head the head borrows
+            raise CheckpointError(
+                f"speculator.method={self.head_kind}: draft heads do not run under tensor or pipeline parallelism "
+                "yet (they borrow the target's whole embedding and LM head); use parallel.tensor_parallel_size=1 or "
+                "speculator.method=ngram"
+            )
         self.head = self._load_head(config, loaded, device)
         set_kernel_backend(self.head, loaded.kernel_backend)  # the target's kernels.backend
         target = loaded.model

@@ -58,6 +58,12 @@ def check_parallel_config(config: Mrv2Config, hf_config: dict[str, Any]) -> None
             f"the model's {kv_heads} KV heads do not divide by parallel.tensor_parallel_size={tp} "
             "(KV heads are split, not replicated)"
         )
+    linear_k_heads = int(hf_config.get("linear_num_key_heads") or 0)  # Gated DeltaNet layers (Qwen3.5 / Qwen3-Next)
+    if linear_k_heads % tp:
+        problems.append(
+            f"the model's {linear_k_heads} linear-attention key heads (linear_num_key_heads) do not divide by "
+            f"parallel.tensor_parallel_size={tp}"
+        )
     if layers < pp:
         problems.append(f"the model has {layers} layers, fewer than parallel.pipeline_parallel_size={pp} stages")
     if rank_device_type(config) == "cuda":

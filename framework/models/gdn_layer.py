@@ -5,10 +5,18 @@ dtype) and one `[Dk, Dv]` float32 matrix per value head. `HybridRecurrentModelSt
 `gated_deltanet`, forward input `gdn`); a layer receives, per step, its views (`GDNLayerState`) and the batch's
 row-to-slot mapping (`RecurrentStepInputs`). Parameter names follow HF: Qwen3-Next's fused `in_proj_qkvz` /
 `in_proj_ba` (grouped per key head) or Qwen3.5's separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+
+Tensor parallelism splits the heads: each rank holds `num_k_heads / tp` key heads and the value heads that read
+them (value head h reads key head `h // (num_v_heads / num_k_heads)`, so a rank's value heads are consecutive).
+The fused projections are grouped per key head, so a contiguous block of their rows is a rank's heads; Qwen3.5's
+`in_proj_qkv` and the conv over it are q, k, v sections, each split (`ColumnParallelLinear`'s `sections`). z, b, a,
+`A_log` and `dt_bias` split by value head; the gated norm's weight is per head dim and stays whole; `out_proj` is
+row-parallel (its all-reduce sums the ranks' heads). The per-slot state of a rank holds its heads only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -19,6 +27,14 @@ from torch.nn import functional as F
 from framework.layers.kernels.causal_conv1d import causal_conv1d_varlen
 from framework.layers.kernels.gated_delta_rule import DeltaRuleInputs, gated_delta_rule_varlen
 from framework.layers.kernels.gated_rms_norm import gated_rms_norm
+from framework.layers.parallel.context import ParallelContext
+from framework.layers.parallel.linear import (
+    SINGLE,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    _divide,
+    shard_parameters,
+)
 from framework.models.recurrent import (
     RecurrentKind,
     RecurrentStateSpec,
@@ -43,8 +59,21 @@ class GDNGeometry:
     fused_projections: bool  # Qwen3-Next's in_proj_qkvz / in_proj_ba
 
     @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
     def conv_dim(self) -> int:
-        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+        return 2 * self.key_dim + self.value_dim
+
+    def per_rank(self, tp: int) -> "GDNGeometry":
+        """The heads one of `tp` tensor-parallel ranks holds (`ValueError` when the key heads do not divide)."""
+        k_heads = _divide(self.num_k_heads, tp, "linear_num_key_heads")
+        return dataclasses.replace(self, num_k_heads=k_heads, num_v_heads=self.num_v_heads // tp)
 
     def state_spec(self, num_layers: int) -> RecurrentStateSpec:
         """Per slot: conv state [conv_dim, kernel-1] (model dtype), recurrent state [H, Dk, Dv] float32."""
@@ -75,23 +104,26 @@ register_recurrent_kind(RecurrentKind("gated_deltanet", "gdn", slab_layer_state(
 class GatedDeltaNet(nn.Module):
     """projections -> causal conv (+silu) over q,k,v -> gated delta rule -> gated RMSNorm (z) -> out_proj."""
 
-    def __init__(self, geo: GDNGeometry) -> None:
+    def __init__(self, geo: GDNGeometry, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
-        self.geo = geo
-        key_dim, value_dim = geo.num_k_heads * geo.head_k_dim, geo.num_v_heads * geo.head_v_dim
-        if geo.fused_projections:
-            self.in_proj_qkvz = nn.Linear(geo.hidden_size, 2 * key_dim + 2 * value_dim, bias=False)
-            self.in_proj_ba = nn.Linear(geo.hidden_size, 2 * geo.num_v_heads, bias=False)
+        self.geo = geo.per_rank(ctx.tp_size)  # this rank's heads; the layers below take the whole geometry
+        key_dim, value_dim, hidden = geo.key_dim, geo.value_dim, geo.hidden_size
+        if geo.fused_projections:  # rows grouped per key head: a contiguous block is a rank's heads
+            self.in_proj_qkvz = ColumnParallelLinear(hidden, 2 * key_dim + 2 * value_dim, False, ctx)
+            self.in_proj_ba = ColumnParallelLinear(hidden, 2 * geo.num_v_heads, False, ctx)
         else:
-            self.in_proj_qkv = nn.Linear(geo.hidden_size, 2 * key_dim + value_dim, bias=False)
-            self.in_proj_z = nn.Linear(geo.hidden_size, value_dim, bias=False)
-            self.in_proj_b = nn.Linear(geo.hidden_size, geo.num_v_heads, bias=False)
-            self.in_proj_a = nn.Linear(geo.hidden_size, geo.num_v_heads, bias=False)
-        self.conv1d = nn.Conv1d(geo.conv_dim, geo.conv_dim, geo.conv_kernel, groups=geo.conv_dim, bias=False)
-        self.dt_bias = nn.Parameter(torch.ones(geo.num_v_heads))
-        self.A_log = nn.Parameter(torch.zeros(geo.num_v_heads))
+            self.in_proj_qkv = ColumnParallelLinear(hidden, geo.conv_dim, False, ctx, (key_dim, key_dim, value_dim))
+            self.in_proj_z = ColumnParallelLinear(hidden, value_dim, False, ctx)
+            self.in_proj_b = ColumnParallelLinear(hidden, geo.num_v_heads, False, ctx)
+            self.in_proj_a = ColumnParallelLinear(hidden, geo.num_v_heads, False, ctx)
+        conv_dim = self.geo.conv_dim
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, geo.conv_kernel, groups=conv_dim, bias=False)
+        shard_parameters(self.conv1d, ctx, {"weight": 0}, (key_dim, key_dim, value_dim))  # q, k, v channels
+        self.dt_bias = nn.Parameter(torch.ones(self.geo.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.geo.num_v_heads))
+        shard_parameters(self, ctx, {"dt_bias": 0, "A_log": 0})
         self.norm = GatedNormWeight(geo.head_v_dim)
-        self.out_proj = nn.Linear(value_dim, geo.hidden_size, bias=False)
+        self.out_proj = RowParallelLinear(value_dim, hidden, False, ctx)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qkv [T, conv_dim] in conv channel order, z [T, H, Dv], b [T, H], a [T, H])."""
@@ -123,8 +155,7 @@ class GatedDeltaNet(nn.Module):
             step.snapshots,
             state.conv_snapshots,
         )
-        key_dim = geo.num_k_heads * geo.head_k_dim
-        q, k, v = torch.split(qkv, [key_dim, key_dim, geo.num_v_heads * geo.head_v_dim], dim=-1)
+        q, k, v = torch.split(qkv, [geo.key_dim, geo.key_dim, geo.value_dim], dim=-1)
         inputs = DeltaRuleInputs(
             q=q.reshape(t, geo.num_k_heads, geo.head_k_dim),
             k=k.reshape(t, geo.num_k_heads, geo.head_k_dim),

@@ -104,7 +104,7 @@ def checkpoint_quantization(hf_config: dict[str, Any], online: Optional[str] = N
         raise CheckpointError(f"config.json: {err}") from None
 
 
-def _refuse_quantized_tensor(where: str, name: str, dtype: torch.dtype, expected: Optional[torch.dtype] = None) -> None:
+def refuse_quantized_tensor(where: str, name: str, dtype: torch.dtype, expected: Optional[torch.dtype] = None) -> None:
     """A tensor of a quantized checkpoint whose config did not say so: named, never cast silently. `expected`: the
     dtype of the parameter it fills, when that is a quantized one (FP8, packed int32): the tensor must have it."""
     if expected is not None and (expected.itemsize == 1 or not expected.is_floating_point):
@@ -148,7 +148,8 @@ def build_model(
     if scheme is not None and not cls.supports_quantization:
         raise CheckpointError(
             f"config.json: architecture '{archs[0]}' does not support quantized weights ({scheme.format}) yet; "
-            "dense Llama / Mistral / Qwen2 / Qwen3 decoders and Qwen3-MoE / Qwen2-MoE / Mixtral do"
+            "dense Llama / Mistral / Qwen2 / Qwen3 decoders, Qwen3-MoE / Qwen2-MoE / Mixtral, gpt-oss and Qwen3.5 / "
+            "Qwen3-Next do"
         )
     if scheme is not None and scheme.architectures and archs[0] not in scheme.architectures:
         raise CheckpointError(
@@ -199,8 +200,11 @@ def _copy_into(
     embedding and LM head of `tie_word_embeddings`) that the checkpoint fills twice with different values:
     copying the second over the first would silently change the other use of the weight."""
     for name in names:
-        tensor = read_shard(source, shard_spec(model, name))
-        _refuse_quantized_tensor(where, ckpt_name, tensor.dtype, params[name].dtype)
+        try:
+            tensor = read_shard(source, shard_spec(model, name))
+        except ValueError as err:  # sections that a scale grid or packed words cannot follow
+            raise CheckpointError(f"{where}: '{ckpt_name}': {err}") from None
+        refuse_quantized_tensor(where, ckpt_name, tensor.dtype, params[name].dtype)
         if tensor.numel() == 1 and params[name].numel() == 1:  # a per-tensor scale, stored as [] or [1]
             tensor = tensor.reshape(params[name].shape)
         if tensor.shape != params[name].shape:
@@ -241,7 +245,7 @@ def _copy_part(param: nn.Parameter, part: StackedPart, source: Any, where: str, 
             raise CheckpointError(f"{where}: '{ckpt_name}' has shape {tuple(whole.shape)}, which does not fit: {err}")
     tensor = read_shard(source, part.shard)
 
-    _refuse_quantized_tensor(where, ckpt_name, tensor.dtype, param.dtype)
+    refuse_quantized_tensor(where, ckpt_name, tensor.dtype, param.dtype)
     dest = param.data[part.index]
     if tensor.numel() == 1 and dest.numel() == 1:  # a per-tensor scale, stored as [] or [1]
         tensor = tensor.reshape(dest.shape)

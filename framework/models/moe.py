@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 from torch import nn
@@ -32,10 +32,23 @@ from framework.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
 from framework.models.moe_config import MoeConfig
 
 
+class ExpertGeometry(Protocol):
+    """What stacked experts read of a config (`MoeConfig`, Qwen3-Next's)."""
+
+    @property
+    def num_experts(self) -> int: ...
+
+    @property
+    def moe_intermediate_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+
 class StackedExperts(nn.Module):
     """All experts of one layer: `gate_up_proj [E, 2, I / tp, H]` (gate, up) and `down_proj [E, H, I / tp]`."""
 
-    def __init__(self, cfg: MoeConfig, ctx: ParallelContext = SINGLE) -> None:
+    def __init__(self, cfg: ExpertGeometry, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
         i = _divide(cfg.moe_intermediate_size, ctx.tp_size, "moe_intermediate_size")
         self.gate_up_proj = nn.Parameter(torch.empty(cfg.num_experts, 2, i, cfg.hidden_size))
@@ -107,15 +120,16 @@ def _make_moe_layer(cfg: MoeConfig, ctx: ParallelContext, layer: int) -> nn.Modu
     return MoeDecoderLayer(cfg, ctx, layer)
 
 
-# Checkpoint layouts (module `mlp`, or Mixtral's `block_sparse_moe` on the Hub):
+# Checkpoint layouts (module `mlp`, or Mixtral's `block_sparse_moe` on the Hub; `model.layers` or an MTP head's
+# `mtp.layers`):
 #   per expert      model.layers.{L}.{mlp|block_sparse_moe}.experts.{e}.{gate_proj|up_proj|down_proj|w1|w3|w2}.weight
 #   fused (HF v5)   model.layers.{L}.mlp.experts.gate_up_proj [E, 2I, H] (gate rows first), ...experts.down_proj
 #   router          model.layers.{L}.{mlp|block_sparse_moe}.gate.weight
 _EXPERT_TENSOR = re.compile(
-    r"^(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\."
+    r"^((?:model|mtp)\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\."
     r"(weight|weight_scale_inv|weight_scale|input_scale|weight_packed|weight_shape|qweight|qzeros|scales|g_idx)$"
 )
-_FUSED_GATE_UP = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.gate_up_proj$")
+_FUSED_GATE_UP = re.compile(r"^((?:model|mtp)\.layers\.\d+)\.mlp\.experts\.gate_up_proj$")
 _MIXTRAL_ROUTER = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.gate\.weight$")
 # projection -> (stacked parameter, index after the expert's, dim of the checkpoint tensor that tp splits)
 _PROJECTIONS = {
@@ -128,6 +142,55 @@ _PROJECTIONS = {
 }
 
 
+def _stacked(model: nn.Module, name: str) -> Optional[nn.Parameter]:
+    try:
+        return model.get_parameter(name)
+    except AttributeError:
+        return None  # a dense layer, or another pipeline stage's: the loader decides
+
+
+def moe_tensor_part(model: nn.Module, name: str, ctx: ParallelContext) -> Optional[StackedPart]:
+    """Where checkpoint tensor `name` goes in `model`'s stacked experts when not simply into the parameter of its
+    name (else None).
+
+    Per-expert tensors: `experts.{e}.gate_proj` / `w1` fill `gate_up_proj[e, 0]`, `up_proj` / `w3`
+    `gate_up_proj[e, 1]`, `down_proj` / `w2` `down_proj[e]` (a quantized one's scales and packed words the stacked
+    parameters of their names, `layers/quantization/moe.py`); under tensor parallelism (`ctx`) this rank reads its
+    rows (gate/up) or columns (down) of the expert's intermediate dimension. A fused `[E, 2I, H]` gate_up (HF v5's
+    in-memory layout, the published Qwen3.5-MoE checkpoints) is read whole and viewed as `[E, 2, I, H]`;
+    Mixtral's `block_sparse_moe.gate` is the router `mlp.gate`.
+    """
+
+    def shard(dim: int) -> Optional[ShardSpec]:
+        return ShardSpec(dim, ctx.tp_rank, ctx.tp_size) if ctx.tp_size > 1 else None
+
+    if (match := _MIXTRAL_ROUTER.match(name)) is not None:
+        router = f"{match.group(1)}.mlp.gate.weight"
+        return StackedPart(router, (), None, 1) if _stacked(model, router) is not None else None
+    if (match := _FUSED_GATE_UP.match(name)) is not None:
+        stacked = _stacked(model, f"{match.group(1)}.mlp.experts.gate_up_proj")
+        if stacked is None:
+            return None
+        e, _, i, h = stacked.shape
+        full = (e, 2, i * ctx.tp_size, h)
+        return StackedPart(f"{match.group(1)}.mlp.experts.gate_up_proj", (), shard(2), 1, full)
+    match = _EXPERT_TENSOR.match(name)
+    if match is None or match.group(3) not in _PROJECTIONS:
+        return None
+    expert = int(match.group(2))
+    param, index, dim = _PROJECTIONS[match.group(3)]
+    leaf = stacked_name(param, match.group(4))
+    param_name = f"{match.group(1)}.mlp.experts.{leaf}"
+    stacked = _stacked(model, param_name)
+    if stacked is None or expert >= stacked.shape[0]:
+        return None
+    parts = stacked.shape[0] * (2 if param == "gate_up_proj" else 1)
+    # A quantized tensor's split dim (scales, packed words) as its method says; None: read whole.
+    split = getattr(model.get_submodule(f"{match.group(1)}.mlp.experts"), "checkpoint_split", {})
+    split_dim = split[leaf] if leaf in split else dim
+    return StackedPart(param_name, (expert, *index), None if split_dim is None else shard(split_dim), parts)
+
+
 class MoeForCausalLM(LlamaForCausalLM):
     """Qwen3-MoE / Qwen2-MoE / Mixtral causal LM over the paged KV cache (interface of `LlamaForCausalLM`)."""
 
@@ -135,46 +198,6 @@ class MoeForCausalLM(LlamaForCausalLM):
     supports_quantization = True
     make_layer = staticmethod(_make_moe_layer)
 
-    def _stacked(self, name: str) -> Optional[nn.Parameter]:
-        try:
-            return self.get_parameter(name)
-        except AttributeError:
-            return None  # a dense layer, or another pipeline stage's: the loader decides
-
-    def _shard(self, dim: int) -> Optional[ShardSpec]:
-        return ShardSpec(dim, self.ctx.tp_rank, self.ctx.tp_size) if self.ctx.tp_size > 1 else None
-
     def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
-        """Where checkpoint tensor `name` goes when not simply into the parameter of its name (else None).
-
-        Per-expert tensors: `experts.{e}.gate_proj` / `w1` fill `gate_up_proj[e, 0]`, `up_proj` / `w3`
-        `gate_up_proj[e, 1]`, `down_proj` / `w2` `down_proj[e]`; under tensor parallelism this rank reads its rows
-        (gate/up) or columns (down) of the expert's intermediate dimension. A fused `[E, 2I, H]` gate_up (HF v5's
-        in-memory layout) is read whole and viewed as `[E, 2, I, H]`; Mixtral's `block_sparse_moe.gate` is the
-        router `mlp.gate`.
-        """
-        if (match := _MIXTRAL_ROUTER.match(name)) is not None:
-            router = f"{match.group(1)}.mlp.gate.weight"
-            return StackedPart(router, (), None, 1) if self._stacked(router) is not None else None
-        if (match := _FUSED_GATE_UP.match(name)) is not None:
-            stacked = self._stacked(f"{match.group(1)}.mlp.experts.gate_up_proj")
-            if stacked is None:
-                return None
-            e, _, i, h = stacked.shape
-            full = (e, 2, i * self.ctx.tp_size, h)
-            return StackedPart(f"{match.group(1)}.mlp.experts.gate_up_proj", (), self._shard(2), 1, full)
-        match = _EXPERT_TENSOR.match(name)
-        if match is None or match.group(3) not in _PROJECTIONS:
-            return None
-        expert = int(match.group(2))
-        param, index, dim = _PROJECTIONS[match.group(3)]
-        leaf = stacked_name(param, match.group(4))
-        param_name = f"{match.group(1)}.mlp.experts.{leaf}"
-        stacked = self._stacked(param_name)
-        if stacked is None or expert >= stacked.shape[0]:
-            return None
-        parts = stacked.shape[0] * (2 if param == "gate_up_proj" else 1)
-        # A quantized tensor's split dim (scales, packed words) as its method says; None: read whole.
-        split = getattr(self.get_submodule(f"{match.group(1)}.mlp.experts"), "checkpoint_split", {})
-        split_dim = split[leaf] if leaf in split else dim
-        return StackedPart(param_name, (expert, *index), None if split_dim is None else self._shard(split_dim), parts)
+        """Where checkpoint tensor `name` goes when not simply into the parameter of its name (`moe_tensor_part`)."""
+        return moe_tensor_part(self, name, self.ctx)

@@ -8,12 +8,17 @@ state live in request slots owned by `HybridRecurrentModelState` (forward input 
 sparse MoE blocks with a sigmoid-gated shared expert where the config has experts (Qwen3-Next, Qwen3.5-MoE).
 Norms are zero-centred (`x * (1 + w)`). Parameter names match HF, so safetensors weights load by name;
 a multimodal checkpoint's `model.visual.*` tensors and the `mtp.*` heads are skipped (logged once).
+
+Tensor parallelism (`ctx`) splits attention heads and KV heads, the Gated DeltaNet heads (`gdn_layer`), the MLP
+columns, every expert's intermediate dimension (the router is replicated; `framework.models.moe`) and the
+vocabulary, as the dense and MoE decoders do; pipeline parallelism is refused. Every projection is a column- or
+row-parallel linear layer and the experts are `StackedExperts`, so quantized checkpoints (FP8, INT4) load through
+the same methods as the dense and MoE decoders' (`framework.layers.quantization`).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -23,12 +28,20 @@ from torch.nn import functional as F
 
 from framework.layers.attention import AttentionMetadata
 from framework.layers.attention.backend import paged_attention, store_kv
-from framework.layers.kernels.fused_moe import fused_moe
 from framework.layers.kernels.moe_route import moe_route
-from framework.layers.parallel.linear import StackedPart
+from framework.layers.parallel.context import ParallelContext
+from framework.layers.parallel.linear import (
+    SINGLE,
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    StackedPart,
+    VocabParallelEmbedding,
+)
 from framework.models.gdn_layer import GatedDeltaNet, GDNGeometry
 from framework.models.hf_config import UnsupportedModelError
 from framework.models.interface import Model, RecurrentHybrid
+from framework.models.moe import StackedExperts, moe_tensor_part
 from framework.models.recurrent import RecurrentStateSpec, RecurrentStepInputs
 
 logger = logging.getLogger(__name__)
@@ -155,16 +168,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class GatedAttention(nn.Module):
-    """Paged attention with q/k norms, partial rotary and a sigmoid output gate per head."""
+    """Paged attention with q/k norms, partial rotary and a sigmoid output gate per head (this rank's heads)."""
 
-    def __init__(self, cfg: Qwen3NextConfig) -> None:
+    def __init__(self, cfg: Qwen3NextConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        tp, h, d = ctx.tp_size, cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads // tp, cfg.num_kv_heads // tp, d
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, 2 * cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
+        # q_proj's rows are per head [query, gate]: a contiguous block of them is a rank's heads with their gates.
+        self.q_proj = ColumnParallelLinear(h, 2 * cfg.num_heads * d, bias, ctx)
+        self.k_proj = ColumnParallelLinear(h, cfg.num_kv_heads * d, bias, ctx)
+        self.v_proj = ColumnParallelLinear(h, cfg.num_kv_heads * d, bias, ctx)
+        self.o_proj = RowParallelLinear(cfg.num_heads * d, h, bias, ctx)
         self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
@@ -185,94 +200,65 @@ class GatedAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """SiLU-gated MLP (the dense MLP and the shared expert)."""
+    """SiLU-gated MLP (the dense MLP and the shared expert): this rank's intermediate columns, down_proj reduced."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = ColumnParallelLinear(hidden, intermediate, False, ctx)
+        self.up_proj = ColumnParallelLinear(hidden, intermediate, False, ctx)
+        self.down_proj = RowParallelLinear(intermediate, hidden, False, ctx)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Experts(nn.Module):
-    """All experts of a layer, stacked: `gate_up_proj [E, 2, I, H]` (gate, up) and `down_proj [E, H, I]`."""
-
-    def __init__(self, cfg: Qwen3NextConfig) -> None:
-        super().__init__()
-        e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2, i, h))
-        self.down_proj = nn.Parameter(torch.empty(e, h, i))
-
-
 class SparseMoe(nn.Module):
-    """Softmax top-k router + stacked experts + sigmoid-gated shared expert: [T, H] -> [T, H]."""
+    """Softmax top-k router + stacked experts + sigmoid-gated shared expert: [T, H] -> [T, H]. Under tensor
+    parallelism every rank routes every token (replicated router) through its slice of each expert; the partial
+    sums are all-reduced (the shared expert's down_proj reduces its own)."""
 
-    def __init__(self, cfg: Qwen3NextConfig) -> None:
+    def __init__(self, cfg: Qwen3NextConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
-        self.top_k, self.normalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.top_k, self.normalize, self.ctx = cfg.num_experts_per_tok, cfg.norm_topk_prob, ctx
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
-        self.experts = Experts(cfg)
-        self.shared_expert = GatedMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+        self.experts = StackedExperts(cfg, ctx)
+        self.shared_expert = GatedMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size, ctx)
         self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
         self.kernel_backend = "auto"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = moe_route(self.gate(x), self.top_k, self.normalize, x.dtype, self.kernel_backend)
-        out = fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, self.kernel_backend)
+        out = self.ctx.tp_all_reduce(self.experts(x, weights, ids, self.kernel_backend))
         return out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
 
 class Qwen3NextLayer(nn.Module):
     """Pre-norm mixer (gated attention or Gated DeltaNet) and pre-norm MLP (dense or MoE), each with a residual."""
 
-    def __init__(self, cfg: Qwen3NextConfig, layer: int) -> None:
+    def __init__(self, cfg: Qwen3NextConfig, layer: int, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if cfg.layer_types[layer] == "full_attention":
-            self.self_attn = GatedAttention(cfg)
+            self.self_attn = GatedAttention(cfg, ctx)
         else:
-            self.linear_attn = GatedDeltaNet(cfg.gdn)
+            self.linear_attn = GatedDeltaNet(cfg.gdn, ctx)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp: nn.Module = (
-            SparseMoe(cfg) if cfg.is_sparse(layer) else GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+            SparseMoe(cfg, ctx) if cfg.is_sparse(layer) else GatedMLP(cfg.hidden_size, cfg.intermediate_size, ctx)
         )
 
 
 class Qwen3NextModel(nn.Module):
     """Embeddings, the layer stack and the final norm (HF's `model.` prefix)."""
 
-    def __init__(self, cfg: Qwen3NextConfig) -> None:
+    def __init__(self, cfg: Qwen3NextConfig, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen3NextLayer(cfg, i) for i in range(cfg.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
+        self.layers = nn.ModuleList(Qwen3NextLayer(cfg, i, ctx) for i in range(cfg.num_layers))
         self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-_FUSED_GATE_UP = re.compile(r"^((?:model|mtp)\.layers\.\d+)\.mlp\.experts\.gate_up_proj$")
-_EXPERT_TENSOR = re.compile(
-    r"^((?:model|mtp)\.layers\.\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$"
-)
 _SKIPPED = ("model.visual.", "visual.", "mtp.")
-
-
-def expert_tensor_part(module: nn.Module, name: str, num_experts: int) -> Optional[StackedPart]:
-    """Where checkpoint tensor `name` of `module`'s MoE layers (`model.layers.{L}` or an MTP head's
-    `mtp.layers.{L}`) goes when not simply into the parameter of its name (else None): HF v5's fused
-    `experts.gate_up_proj [E, 2I, H]` (gate rows first) is viewed as the stacked `[E, 2, I, H]`; a per-expert
-    `experts.{e}.{gate_proj|up_proj|down_proj}.weight` fills its expert's slice."""
-    if (match := _FUSED_GATE_UP.match(name)) is not None:
-        e, _, i, h = module.get_parameter(name).shape
-        return StackedPart(name, (), None, 1, (e, 2, i, h))
-    if (match := _EXPERT_TENSOR.match(name)) is not None:
-        expert, proj = int(match.group(2)), match.group(3)
-        param = f"{match.group(1)}.mlp.experts.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
-        if proj == "down_proj":
-            return StackedPart(param, (expert,), None, num_experts)
-        return StackedPart(param, (expert, 0 if proj == "gate_proj" else 1), None, 2 * num_experts)
-    return None
 
 
 class Qwen3NextForCausalLM(Model, RecurrentHybrid):
@@ -282,12 +268,20 @@ class Qwen3NextForCausalLM(Model, RecurrentHybrid):
     waits_per_kv_layer = True  # the forward waits for each paged layer's KV-tier loads (Model)
 
     model_state_name = "hybrid_recurrent"
+    supports_parallel = supports_quantization = True
 
-    def __init__(self, cfg: Qwen3NextConfig, multimodal_checkpoint: bool = False) -> None:
+    def __init__(
+        self, cfg: Qwen3NextConfig, ctx: ParallelContext = SINGLE, multimodal_checkpoint: bool = False
+    ) -> None:
         super().__init__()
-        self.config = cfg
-        self.model = Qwen3NextModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if ctx.pp_size > 1:
+            raise UnsupportedModelError(
+                "Qwen3.5 / Qwen3-Next do not run under pipeline parallelism yet (their recurrent state is not "
+                "split by stage); use parallel.pipeline_parallel_size=1 (tensor parallelism is supported)"
+            )
+        self.config, self.ctx = cfg, ctx
+        self.model = Qwen3NextModel(cfg, ctx)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.attention_layers = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
@@ -300,9 +294,9 @@ class Qwen3NextForCausalLM(Model, RecurrentHybrid):
                 self.checkpoint_aliases[f"model.{name}"] = f"model.language_model.{name}"
 
     @classmethod
-    def from_hf_config(cls, hf_config: dict) -> "Qwen3NextForCausalLM":
-        """Build (uninitialised) from an HF config dict."""
-        return cls(Qwen3NextConfig.from_hf(hf_config), bool(hf_config.get("text_weights_prefix")))
+    def from_hf_config(cls, hf_config: dict, ctx: ParallelContext = SINGLE) -> "Qwen3NextForCausalLM":
+        """Build (uninitialised) from an HF config dict, this rank's part of it under tensor parallelism."""
+        return cls(Qwen3NextConfig.from_hf(hf_config), ctx, bool(hf_config.get("text_weights_prefix")))
 
     def init_buffers(self) -> None:
         """Recompute the rotary frequencies (after a build on the meta device, which has no values)."""
@@ -315,7 +309,7 @@ class Qwen3NextForCausalLM(Model, RecurrentHybrid):
 
     @property
     def kv_heads(self) -> int:
-        return self.config.num_kv_heads
+        return self.config.num_kv_heads // self.ctx.tp_size
 
     @property
     def kv_head_dim(self) -> int:
@@ -325,7 +319,7 @@ class Qwen3NextForCausalLM(Model, RecurrentHybrid):
         return self.model.embed_tokens.weight, self.lm_head.weight
 
     def recurrent_state_specs(self) -> list[RecurrentStateSpec]:
-        return [self.config.gdn.state_spec(len(self.linear_layers))]
+        return [self.config.gdn.per_rank(self.ctx.tp_size).state_spec(len(self.linear_layers))]
 
     def owns_checkpoint_tensor(self, name: str) -> bool:
         """The vision tower and the MTP heads are not part of this model: skipped (logged once)."""
@@ -337,10 +331,10 @@ class Qwen3NextForCausalLM(Model, RecurrentHybrid):
         return True
 
     def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
-        """The experts' tensors of the target's layers (`expert_tensor_part`); the MTP head's are not the
-        model's."""
+        """The experts' tensors of the target's layers (`moe_tensor_part`: per expert or fused, quantized or not,
+        this rank's slice); the MTP head's are not the model's."""
         name = name.replace("model.language_model.", "model.", 1)
-        return None if name.startswith("mtp.") else expert_tensor_part(self, name, self.config.num_experts)
+        return None if name.startswith("mtp.") else moe_tensor_part(self, name, self.ctx)
 
     def forward(
         self,

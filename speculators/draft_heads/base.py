@@ -35,6 +35,9 @@ class DraftHead(nn.Module):
     """
 
     kind: ClassVar[str] = "base"
+    # Its linear layers are column- / row-parallel ones and its experts `StackedExperts`, so a quantized checkpoint's
+    # methods can replace them (`load_draft_head`); a head without it refuses quantized weights.
+    supports_quantization: ClassVar[bool] = False
 
     def __init__(self, config: dict[str, Any], layer_config: DecoderConfig) -> None:
         super().__init__()

@@ -4,6 +4,12 @@ Every tensor of the checkpoint must land in a parameter or buffer of the head (M
 own checkpoint skips the target's tensors), every parameter must be filled, shapes must agree, and the
 head's geometry must fit the target (hidden size, vocabulary, layer count for MTP). Violations raise
 `CheckpointError` naming the tensor or the config field. Pickle checkpoints are refused, never read.
+
+A config.json that declares quantized weights (`quantization_config`: a Qwen3.5 / Qwen3-Next FP8 or INT4
+checkpoint, whose MTP head sits beside the target's tensors) gives the head's linear layers and experts the same
+methods as the target's (`framework.layers.quantization`), when the head class says `supports_quantization`;
+other heads are refused by name rather than read as 16-bit weights without their scales. A tensor whose dtype is
+not the one its parameter's format stores is refused by name.
 """
 
 from __future__ import annotations
@@ -16,7 +22,14 @@ from typing import Any, Optional
 import torch
 
 from framework.layers.parallel.linear import StackedPart
-from framework.models.loader import CheckpointError, read_hf_config, safetensors_files
+from framework.layers.quantization import QuantizationError, QuantScheme, finish_quantization, quantize_linears
+from framework.models.loader import (
+    CheckpointError,
+    checkpoint_quantization,
+    read_hf_config,
+    refuse_quantized_tensor,
+    safetensors_files,
+)
 from framework.models.materialise import build_materialised
 from speculators.draft_heads.base import DraftHead
 from speculators.draft_heads.eagle import EagleHead
@@ -102,15 +115,19 @@ def load_draft_head(
     elif kind == "mtp":  # the target's own checkpoint may hold the MTP layers: skip the target's tensors
         tensors = {n: v for n, v in tensors.items() if not _is_target_tensor(n, int(config["num_hidden_layers"]))}
     names = set(tensors)
+    scheme = _head_quantization(cls, kind, config, root)
 
     def construct() -> DraftHead:
-        return cls.from_tensor_names(config, names)  # type: ignore[attr-defined]
+        head: DraftHead = cls.from_tensor_names(config, names)  # type: ignore[attr-defined]
+        if scheme is not None:
+            quantize_linears(head, scheme)
+        return head
 
     try:
         with torch.device("meta"):  # shapes only: the checks below allocate nothing
             meta_head = construct()
             expected = meta_head.state_dict()
-    except (ValueError, KeyError) as err:
+    except (ValueError, KeyError) as err:  # QuantizationError included
         raise CheckpointError(f"{kind} head '{root}': {err}") from None
     parts = _stacked_parts(meta_head, tensors, expected, f"{kind} head '{root}'")
     direct = {n: v for n, v in tensors.items() if n not in parts}
@@ -140,10 +157,26 @@ def load_draft_head(
             )
     # Each weight allocated once, in `dtype` on `device`, then filled from the checkpoint: peak ~1x the head.
     head = build_materialised(construct, dtype, torch.device(device))
-    _copy_tensors(head, tensors, parts)
+    _copy_tensors(head, tensors, parts, f"{kind} head '{root}'")
+    try:  # quantized layers: scale checks, the kernels' layouts
+        finish_quantization(head)
+    except QuantizationError as err:
+        raise CheckpointError(f"{kind} head '{root}': {err}") from None
     if isinstance(head, Eagle3Head):
         _check_draft_vocab(head, tensors, root)
     return head.eval()
+
+
+def _head_quantization(cls: type[DraftHead], kind: str, config: dict[str, Any], root: Path) -> Optional[QuantScheme]:
+    """The quantization config.json declares for the head's weights (None: 16-bit), refused for a head class that
+    reads 16-bit weights only."""
+    scheme = checkpoint_quantization(config)
+    if scheme is not None and not cls.supports_quantization:
+        raise CheckpointError(
+            f"{kind} head '{root}': config.json declares quantized weights ({scheme.format}), which the "
+            f"{cls.__name__} head does not read (only 16-bit weights)"
+        )
+    return scheme
 
 
 def _stacked_parts(
@@ -182,9 +215,13 @@ def _complete(parts: dict[str, StackedPart]) -> set[str]:
 
 
 def _copy_tensors(
-    head: DraftHead, tensors: dict[str, tuple[Path, Any]], parts: Optional[dict[str, StackedPart]] = None
+    head: DraftHead,
+    tensors: dict[str, tuple[Path, Any]],
+    parts: Optional[dict[str, StackedPart]] = None,
+    where: str = "draft head",
 ) -> None:
-    """Fill the head's parameters from the checkpoint; `parts`: the tensors filling a slice of a stacked one."""
+    """Fill the head's parameters from the checkpoint; `parts`: the tensors filling a slice of a stacked one. A
+    quantized tensor (FP8, packed integers) fills only a parameter of its own dtype, never one cast from it."""
     from safetensors import safe_open
 
     parts = parts or {}
@@ -197,8 +234,10 @@ def _copy_tensors(
             with safe_open(str(file), framework="pt") as f:
                 for name in names:
                     tensor, part = f.get_tensor(name), parts.get(name)
+                    dest = state[name if part is None else part.param]
+                    refuse_quantized_tensor(f"{where}: {file.name}", name, tensor.dtype, dest.dtype)
                     if part is None:
-                        state[name].copy_(tensor)
+                        dest.copy_(tensor)
                     else:  # one expert's projection, or every expert's viewed as the stacked shape
                         view = tensor if part.source_shape is None else tensor.reshape(part.source_shape)
                         state[part.param][part.index].copy_(view)

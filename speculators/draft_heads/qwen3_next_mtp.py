@@ -31,9 +31,11 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from framework.layers.parallel.linear import StackedPart
+from framework.layers.parallel.context import ParallelContext
+from framework.layers.parallel.linear import ColumnParallelLinear, RowParallelLinear, StackedPart
 from framework.models.hf_config import DecoderConfig
-from framework.models.qwen3_next import GatedMLP, OffsetRMSNorm, Qwen3NextConfig, SparseMoe, expert_tensor_part
+from framework.models.moe import moe_tensor_part
+from framework.models.qwen3_next import GatedMLP, OffsetRMSNorm, Qwen3NextConfig, SparseMoe
 from speculators.draft_heads.base import DraftHead
 from speculators.draft_heads.layers import Attend
 
@@ -65,10 +67,11 @@ class MTPGatedAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, 2 * cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
+        # Column / row-parallel layers on one rank: the linear layers a quantized checkpoint's method replaces.
+        self.q_proj = ColumnParallelLinear(cfg.hidden_size, 2 * cfg.num_heads * cfg.head_dim, bias)
+        self.k_proj = ColumnParallelLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias)
+        self.v_proj = ColumnParallelLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias)
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias)
         self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
@@ -108,7 +111,7 @@ class MTPModule(nn.Module):
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.pre_fc_norm_embedding = OffsetRMSNorm(h, eps)
         self.pre_fc_norm_hidden = OffsetRMSNorm(h, eps)
-        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.fc = ColumnParallelLinear(2 * h, h, False)
         self.layers = nn.ModuleList(MTPBlock(cfg, i) for i in range(num_layers))
         self.norm = OffsetRMSNorm(h, eps)
 
@@ -117,6 +120,7 @@ class Qwen3NextMTPHead(DraftHead):
     """The `mtp.*` head of a Qwen3.5 / Qwen3-Next target (selected by `load_draft_head` from the architecture)."""
 
     kind = "mtp"
+    supports_quantization = True
 
     def __init__(self, config: dict[str, Any]) -> None:
         n = num_qwen_mtp_layers(config)
@@ -139,11 +143,10 @@ class Qwen3NextMTPHead(DraftHead):
         return cls(config)
 
     def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
-        """The MoE block's experts, per expert or fused, into the stacked `mtp.layers.{i}.mlp.experts.*`."""
-        try:
-            return expert_tensor_part(self, name, self.qwen_config.num_experts)
-        except AttributeError:  # a fused tensor for a layer without experts: reported as matching no parameter
-            return None
+        """The MoE block's experts, per expert or fused, quantized or not, into the stacked
+        `mtp.layers.{i}.mlp.experts.*` (a tensor of a layer without experts: None, reported as matching no
+        parameter)."""
+        return moe_tensor_part(self, name, ParallelContext())
 
     def _inv_freq(self) -> torch.Tensor:
         c = self.qwen_config
@@ -151,7 +154,7 @@ class Qwen3NextMTPHead(DraftHead):
         return 1.0 / c.rope_theta ** (arange / c.rotary_dim)
 
     def init_buffers(self) -> None:
-        self.inv_freq = self._inv_freq().to(self.mtp.fc.weight.device)
+        self.inv_freq = self._inv_freq().to(self.mtp.norm.weight.device)  # (fc may hold packed weights only)
 
     def _run(
         self,

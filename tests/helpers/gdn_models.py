@@ -44,14 +44,20 @@ QWEN3_5_MOE = TinySpec(
 )
 
 
-def slow_decay_checkpoint(spec: TinySpec, path: Path) -> torch.nn.Module:
-    """The HF model of `spec` saved under `path`. Its decay rates are made slow (HF's init decays the state by
-    e^-5 or more per token, so a wrong or lost state would hardly show in the outputs)."""
+def slow_decay_model(spec: TinySpec) -> torch.nn.Module:
+    """The HF model of `spec` with slow decay rates (HF's init decays the state by e^-5 or more per token, so a
+    wrong or lost state would hardly show in the outputs)."""
     model = build_hf_model(spec)
     gen = torch.Generator().manual_seed(spec.seed + 7)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("A_log"):
                 param.copy_((0.02 + 0.2 * torch.rand(param.shape, generator=gen)).log())
+    return model
+
+
+def slow_decay_checkpoint(spec: TinySpec, path: Path) -> torch.nn.Module:
+    """`slow_decay_model(spec)` saved under `path`."""
+    model = slow_decay_model(spec)
     model.save_pretrained(path, safe_serialization=True)
     return model

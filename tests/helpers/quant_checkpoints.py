@@ -304,10 +304,18 @@ def _quantize_experts(fmt: str, model: torch.nn.Module, name: str, value: torch.
     return tensors
 
 
-def write_quantized(fmt: str, path: Path, spec: TinySpec = QUANT_SPEC, keep: tuple[str, ...] = ()) -> torch.nn.Module:
+def write_quantized(
+    fmt: str,
+    path: Path,
+    spec: TinySpec = QUANT_SPEC,
+    keep: tuple[str, ...] = (),
+    model: Optional[torch.nn.Module] = None,
+    linear_suffixes: tuple[str, ...] = LINEAR_SUFFIXES,
+) -> torch.nn.Module:
     """Write the `fmt` checkpoint of `spec` under `path` and return the HF model holding the dequantized weights.
-    `keep`: substrings of layer names left unquantized (added to `modules_to_not_convert` / `ignore`)."""
-    model = build_hf_model(spec)
+    `keep`: substrings of layer names left unquantized (added to `modules_to_not_convert` / `ignore`); `model`: the
+    HF model of `spec` to write (default: `build_hf_model(spec)`); `linear_suffixes`: the layers quantized."""
+    model = build_hf_model(spec) if model is None else model
     tensors: dict[str, torch.Tensor] = {}
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if spec.config_kwargs.get("tie_word_embeddings"):
@@ -317,7 +325,7 @@ def write_quantized(fmt: str, path: Path, spec: TinySpec = QUANT_SPEC, keep: tup
             tensors.update(_quantize_experts(fmt, model, name, value))
             continue
         layer = name.removesuffix(".weight")
-        quantize = name.endswith(".weight") and layer.endswith(LINEAR_SUFFIXES) and not any(k in layer for k in keep)
+        quantize = name.endswith(".weight") and layer.endswith(linear_suffixes) and not any(k in layer for k in keep)
         if not quantize:
             tensors[name] = value.contiguous()
             continue

@@ -81,6 +81,29 @@ def dense_mlp(t: dict[str, torch.Tensor], p: str, cfg: dict, x: torch.Tensor) ->
     return (F.silu(x @ t[p + "gate_proj.weight"].T) * (x @ t[p + "up_proj.weight"].T)) @ t[p + "down_proj.weight"].T
 
 
+def expert_weights(t: dict[str, torch.Tensor], p: str, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Expert e's (gate [I, H], up [I, H], down [H, I]) from per-expert tensors or the fused ones."""
+    if f"{p}experts.{e}.gate_proj.weight" in t:
+        return tuple(t[f"{p}experts.{e}.{n}_proj.weight"] for n in ("gate", "up", "down"))  # type: ignore[return-value]
+    gate, up = t[p + "experts.gate_up_proj"][e].chunk(2, dim=0)  # gate rows first
+    return gate, up, t[p + "experts.down_proj"][e]
+
+
+def moe_mlp(t: dict[str, torch.Tensor], p: str, cfg: dict, x: torch.Tensor) -> torch.Tensor:
+    """The sparse MoE block from the config: softmax router, top-k (renormalised), SiLU-gated experts weighted by
+    their routing weight, plus the shared expert scaled by sigmoid(shared_expert_gate(x))."""
+    assert cfg["architectures"][0].startswith("Qwen3_5Moe") or cfg["norm_topk_prob"]  # both renormalise
+    weights, ids = (x @ t[p + "gate.weight"].T).softmax(-1).topk(cfg["num_experts_per_tok"], dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e in range(cfg["num_experts"]):
+        gate, up, down = expert_weights(t, p, e)
+        y = (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
+        out += (weights * (ids == e)).sum(-1, keepdim=True) * y
+    shared = dense_mlp(t, p + "shared_expert.", cfg, x)
+    return out + torch.sigmoid(x @ t[p + "shared_expert_gate.weight"].T) * shared
+
+
 def reference_logits(t: dict[str, torch.Tensor], cfg: dict, embed: torch.Tensor, lm_head: torch.Tensor,
                      ids: torch.Tensor, hidden: torch.Tensor, mlp: Optional[Mlp] = None) -> torch.Tensor:  # fmt: skip
     """ids [N], hidden [N, H] (one sequence, positions 0..N-1) -> [N, vocab], straight from the config; `mlp`

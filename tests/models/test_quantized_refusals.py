@@ -106,11 +106,11 @@ def test_online_fp8_of_a_quantized_checkpoint_is_refused(fp8_dir) -> None:  # ty
 
 def test_quantized_unsupported_architecture_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
     config = {
-        "architectures": ["Qwen3NextForCausalLM"],
+        "architectures": ["JambaForCausalLM"],
         "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"'Qwen3NextForCausalLM' does not support quantized weights \(fp8\)"):
+    with pytest.raises(CheckpointError, match=r"'JambaForCausalLM' does not support quantized weights \(fp8\)"):
         build_model(config, torch.float32, CPU)
 
 

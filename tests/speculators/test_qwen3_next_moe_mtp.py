@@ -21,7 +21,7 @@ import pytest
 import torch
 from helpers.gdn_models import QWEN3_5_MOE, QWEN3_NEXT, slow_decay_checkpoint
 from helpers.hf_models import random_prompts
-from helpers.qwen_mtp import checkpoint_layout, dense_mlp, fitted_mtp_tensors, random_mtp_tensors, reference_logits
+from helpers.qwen_mtp import checkpoint_layout, fitted_mtp_tensors, moe_mlp, random_mtp_tensors, reference_logits
 from safetensors.torch import load_file, save_file
 
 from framework.entrypoints.llm import LLM
@@ -66,29 +66,6 @@ def random_head(target: tuple[Path, list, bool], tmp_path_factory: pytest.TempPa
 
 
 # ---- the head against a hand-written reference ----------------------------------------------------------------
-def _expert(t: dict[str, torch.Tensor], p: str, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Expert e's (gate [I, H], up [I, H], down [H, I]) from per-expert tensors or the fused ones."""
-    if f"{p}experts.{e}.gate_proj.weight" in t:
-        return tuple(t[f"{p}experts.{e}.{n}_proj.weight"] for n in ("gate", "up", "down"))  # type: ignore[return-value]
-    gate, up = t[p + "experts.gate_up_proj"][e].chunk(2, dim=0)  # gate rows first
-    return gate, up, t[p + "experts.down_proj"][e]
-
-
-def moe_mlp(t: dict[str, torch.Tensor], p: str, cfg: dict, x: torch.Tensor) -> torch.Tensor:
-    """The sparse MoE block from the config: softmax router, top-k (renormalised), SiLU-gated experts weighted by
-    their routing weight, plus the shared expert scaled by sigmoid(shared_expert_gate(x))."""
-    assert cfg["architectures"][0].startswith("Qwen3_5Moe") or cfg["norm_topk_prob"]  # both renormalise
-    weights, ids = (x @ t[p + "gate.weight"].T).softmax(-1).topk(cfg["num_experts_per_tok"], dim=-1)
-    weights = weights / weights.sum(-1, keepdim=True)
-    out = torch.zeros_like(x)
-    for e in range(cfg["num_experts"]):
-        gate, up, down = _expert(t, p, e)
-        y = (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
-        out += (weights * (ids == e)).sum(-1, keepdim=True) * y
-    shared = dense_mlp(t, p + "shared_expert.", cfg, x)
-    return out + torch.sigmoid(x @ t[p + "shared_expert_gate.weight"].T) * shared
-
-
 def _head_and_reference(head_dir: Path, target_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = json.loads((head_dir / "config.json").read_text())
     tensors, base = load_file(str(head_dir / "mtp.safetensors")), load_file(str(target_dir / "model.safetensors"))

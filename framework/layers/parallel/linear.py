@@ -4,7 +4,9 @@ Each layer keeps the HF parameter names (`weight`, `bias`) with this rank's part
 through `shard_dims` which dimension of which parameter is split, so the loader reads only this rank's slice of
 the checkpoint. With `tp_size == 1` every layer is the plain one: same shapes, no communication.
 
-- `ColumnParallelLinear`: output features split (q/k/v, gate/up); its output stays sharded.
+- `ColumnParallelLinear`: output features split (q/k/v, gate/up); its output stays sharded. Where the output is a
+  concatenation of sections each split over the ranks (Qwen3.5's `in_proj_qkv`: q, k, v heads), `sections` names
+  them and a rank holds its block of every section, in order.
 - `RowParallelLinear`: input features split (o_proj, down_proj); partial outputs are summed over the ranks
   (all-reduce), then the bias (kept whole on every rank) is added once.
 - `VocabParallelEmbedding` / `ParallelLMHead`: vocabulary rows split in `ceil(vocab / tp)` blocks (the last one
@@ -25,11 +27,15 @@ SINGLE = ParallelContext()
 
 
 class ShardSpec(NamedTuple):
-    """This rank's part of a checkpoint tensor: block `rank` of `num_shards` equal blocks along `dim`."""
+    """This rank's part of a checkpoint tensor: block `rank` of `num_shards` equal blocks along `dim`; with
+    `sections` (sizes in the layer's features) the dim is their concatenation, and the part is block `rank` of
+    every section, concatenated. A tensor whose dim is shorter than the features (a scale per 128 rows, eight
+    packed values per int32) has sections of the same proportions."""
 
     dim: int
     rank: int
     num_shards: int
+    sections: tuple[int, ...] = ()
 
 
 class StackedPart(NamedTuple):
@@ -60,10 +66,23 @@ class ColumnParallelLinear(nn.Linear):
 
     quant_method: Any = None
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ParallelContext = SINGLE) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        ctx: ParallelContext = SINGLE,
+        sections: tuple[int, ...] = (),
+    ) -> None:
         super().__init__(in_features, _divide(out_features, ctx.tp_size, "output features"), bias=bias)
         self.shard_dims = {"weight": 0, "bias": 0}
         self.ctx = ctx
+        if sections:
+            if sum(sections) != out_features:
+                raise ValueError(f"sections {sections} do not add up to the {out_features} output features")
+            for size in sections:
+                _divide(size, ctx.tp_size, "a section of the output features")
+        self.output_sections = sections  # every split tensor of the layer (weight, bias, scales) splits by section
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant_method is not None:
@@ -132,6 +151,17 @@ class MissingLayer(nn.Module):
         raise RuntimeError("a layer of another pipeline stage was called")
 
 
+def shard_parameters(
+    module: nn.Module, ctx: ParallelContext, dims: dict[str, int], sections: tuple[int, ...] = ()
+) -> None:
+    """Mark parameters of a plain module (a depthwise conv, per-head vectors) as split over the tensor ranks:
+    `dims` names the split dim of each, `sections` as `ColumnParallelLinear`'s. The module must already hold
+    this rank's part (shapes divided by `ctx.tp_size`)."""
+    module.shard_dims = dims  # type: ignore[assignment]
+    module.ctx = ctx  # type: ignore[assignment]
+    module.output_sections = sections  # type: ignore[assignment]
+
+
 def shard_spec(model: nn.Module, param_name: str) -> Optional[ShardSpec]:
     """How `param_name` of `model` is split over the tensor ranks, or None when every rank holds it whole."""
     module_name, _, leaf = param_name.rpartition(".")
@@ -140,11 +170,30 @@ def shard_spec(model: nn.Module, param_name: str) -> Optional[ShardSpec]:
     ctx: Optional[ParallelContext] = getattr(module, "ctx", None)
     if not dims or leaf not in dims or ctx is None or ctx.tp_size == 1:
         return None
-    return ShardSpec(dims[leaf], ctx.tp_rank, ctx.tp_size)
+    return ShardSpec(dims[leaf], ctx.tp_rank, ctx.tp_size, tuple(getattr(module, "output_sections", ())))
+
+
+def _section_bounds(spec: ShardSpec, full: int) -> list[tuple[int, int]]:
+    """[start, stop) of this rank's block in each section of a dim of length `full` (sections scaled to it)."""
+    total = sum(spec.sections)
+    bounds, start = [], 0
+    for size in spec.sections:
+        length, rest = divmod(size * full, total)
+        if rest or length % spec.num_shards:
+            raise ValueError(
+                f"a tensor of length {full} along dim {spec.dim} cannot be cut into the sections {spec.sections} "
+                f"of its layer, {spec.num_shards} tensor-parallel blocks each (a scale or packed word would straddle "
+                "two ranks)"
+            )
+        per_rank = length // spec.num_shards
+        bounds.append((start + spec.rank * per_rank, start + (spec.rank + 1) * per_rank))
+        start += length
+    return bounds
 
 
 def read_shard(source: Any, spec: Optional[ShardSpec]) -> torch.Tensor:
-    """This rank's block of `source` (a safetensors slice from `get_slice`, or a tensor), zero-padded at the end.
+    """This rank's block of `source` (a safetensors slice from `get_slice`, or a tensor), zero-padded at the end
+    (with `sections`: its block of each section, concatenated; a section that cannot be cut raises `ValueError`).
 
     Only the block is read: a safetensors slice reads just those bytes of the file.
     """
@@ -152,6 +201,10 @@ def read_shard(source: Any, spec: Optional[ShardSpec]) -> torch.Tensor:
         return source[:] if not isinstance(source, torch.Tensor) else source
     shape = list(source.get_shape() if hasattr(source, "get_shape") else source.shape)
     full = shape[spec.dim]
+    if spec.sections:
+        lead, rest = (slice(None),) * spec.dim, (slice(None),) * (len(shape) - spec.dim - 1)
+        parts = [source[(*lead, slice(a, b), *rest)] for a, b in _section_bounds(spec, full)]
+        return torch.cat(parts, dim=spec.dim)
     per_rank = -(-full // spec.num_shards)
     start = min(spec.rank * per_rank, full)
     stop = min(start + per_rank, full)
