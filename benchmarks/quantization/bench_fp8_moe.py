@@ -2,9 +2,12 @@
 
 Geometry: 128 experts, top-8, hidden 2048, expert intermediate 768; FP8 with 128 x 128 block scales
 (Qwen3-30B-A3B-FP8), INT4 with group 128 and zero points. For each token count M (routing: softmax top-8 of random
-logits): the median time of the bf16 kernels (`fused_moe_triton`), the FP8 and INT4 ones (`fused_moe_quant_triton`),
-the speedups, and the quantized kernels' bandwidth over the expert bytes they must read (each routed expert read
-once) and TFLOP/s. Decode is bound by reading the routed experts: FP8 halves the bytes, INT4 quarters them.
+logits): the median time of the bf16 kernels (`fused_moe_triton`), the FP8 W8A16 and INT4 ones
+(`fused_moe_quant_triton`), the FP8 W8A8 path (`fused_moe_w8a8_triton`: activations quantized per token and
+128-input group, FP8 x FP8 expert GEMMs; the quantization of x is timed with it), the speedups over bf16, the
+quantized kernels' bandwidth over the expert bytes they must read (each routed expert read once) and TFLOP/s.
+Decode is bound by reading the routed experts: FP8 halves the bytes, INT4 quarters them. Where W8A8 overtakes
+W8A16 is what `MOE_W8A8_MIN_TOKENS` (framework/layers/quantization/moe.py) should be; rows/expert is M * 8 / 128.
 
     PYTHONPATH=$PWD python benchmarks/quantization/bench_fp8_moe.py [--out fp8_moe.json]
 """
@@ -19,9 +22,10 @@ import torch
 from benchmarks.cuda_timing import median_event_ms
 from framework.layers.kernels.fused_moe import fused_moe_triton
 from framework.layers.kernels.fused_moe_quant import QuantExperts, fused_moe_quant_triton
+from framework.layers.quantization.triton_moe_w8a8 import fused_moe_w8a8_triton
 
 E, TOP_K, H, I = 128, 8, 2048, 768
-TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
+TOKENS = (1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 8192)
 
 
 def _median_ms(fn, reps: int = 30) -> float:  # type: ignore[no-untyped-def]
@@ -55,15 +59,17 @@ def main() -> None:
     gate_up, down, fp8, int4 = _experts()
     rows = []
     print(torch.cuda.get_device_name())
-    head = f"{'M':>5} {'experts':>7} {'bf16 ms':>9} {'fp8 ms':>9} {'x':>5} {'GB/s':>6} {'TFLOP/s':>8}"
-    print(f"{head} {'int4 ms':>9} {'x':>5}")
+    head = f"{'M':>5} {'experts':>7} {'bf16 ms':>9} {'w8a16 ms':>9} {'x':>5} {'GB/s':>6} {'TFLOP/s':>8}"
+    print(f"{head} {'w8a8 ms':>9} {'x':>5} {'TFLOP/s':>8} {'int4 ms':>9} {'x':>5}")
     for m in TOKENS:
         x = torch.randn((m, H), device="cuda").bfloat16()
         weights, ids = torch.softmax(torch.randn((m, E), device="cuda"), -1).topk(TOP_K, dim=-1)
         routed = int(ids.unique().numel())
         t16 = _median_ms(lambda: fused_moe_triton(x, gate_up, down, weights, ids))  # noqa: B023
         t8 = _median_ms(lambda: fused_moe_quant_triton(x, fp8, weights, ids))  # noqa: B023
+        t88 = _median_ms(lambda: fused_moe_w8a8_triton(x, fp8, weights, ids, 128))  # noqa: B023
         t4 = _median_ms(lambda: fused_moe_quant_triton(x, int4, weights, ids))  # noqa: B023
+        flops = 2 * m * TOP_K * 3 * I * H
         weight_bytes = routed * 3 * I * H  # FP8: one byte per weight
         row = {
             "M": m,
@@ -72,7 +78,11 @@ def main() -> None:
             "fp8_ms": t8,
             "fp8_speedup": t16 / t8,
             "fp8_GBps": (weight_bytes + 4 * m * H) / t8 / 1e6,
-            "fp8_TFLOPs": 2 * m * TOP_K * 3 * I * H / t8 / 1e9,
+            "fp8_TFLOPs": flops / t8 / 1e9,
+            "w8a8_ms": t88,
+            "w8a8_speedup": t16 / t88,
+            "w8a8_over_w8a16": t8 / t88,
+            "w8a8_TFLOPs": flops / t88 / 1e9,
             "int4_ms": t4,
             "int4_speedup": t16 / t4,
             "int4_GBps": (weight_bytes / 2 + 4 * m * H) / t4 / 1e6,
@@ -80,7 +90,7 @@ def main() -> None:
         rows.append(row)
         print(
             f"{m:5d} {routed:7d} {t16:9.4f} {t8:9.4f} {t16 / t8:5.2f} {row['fp8_GBps']:6.0f} {row['fp8_TFLOPs']:8.1f} "
-            f"{t4:9.4f} {t16 / t4:5.2f}"
+            f"{t88:9.4f} {t16 / t88:5.2f} {row['w8a8_TFLOPs']:8.1f} {t4:9.4f} {t16 / t4:5.2f}"
         )
     with open(args.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "geometry": [E, TOP_K, H, I], "rows": rows}, f, indent=1)

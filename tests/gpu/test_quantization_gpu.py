@@ -7,7 +7,8 @@ step of each value (or of the mean magnitude), at M = 1 (decode) to 2048 (prefil
 W4A16 likewise (the zero-shifted 4-bit values are exact in bf16). Engine claim: a tiny quantized
 checkpoint (FP8 block, per-channel, GPTQ act-order, AWQ) in float32 on the GPU gives HF's greedy tokens on the
 dequantized model. Quantized MoE: the fused MoE kernels over FP8 block and INT4 experts at the Qwen3-30B-A3B
-geometry against their reference, and tiny quantized Qwen3-MoE checkpoints in an engine against HF.
+geometry against their reference, the W8A8 MoE kernels (FP8 activations) against theirs and against W8A16, and
+tiny quantized Qwen3-MoE checkpoints in an engine against HF.
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_quantization_gpu.py` (well under a minute on an H100).
 """
 
@@ -34,6 +35,10 @@ from framework.layers.kernels.fused_moe_quant import (  # noqa: E402
     fused_moe_quant_triton,
 )
 from framework.layers.quantization.fp8 import quantize_fp8_per_channel  # noqa: E402
+from framework.layers.quantization.triton_moe_w8a8 import (  # noqa: E402
+    fused_moe_w8a8_reference,
+    fused_moe_w8a8_triton,
+)
 from framework.layers.quantization.triton_w4a16 import (  # noqa: E402
     pack_rows,
     w4a16_linear_reference,
@@ -158,9 +163,13 @@ MOE_E, MOE_K, MOE_H, MOE_I = 128, 8, 2048, 768
 def _moe_experts(kind: str) -> QuantExperts:
     g = torch.Generator(device="cuda").manual_seed(7)
     e, h, i = MOE_E, MOE_H, MOE_I
-    if kind == "fp8":
+    if kind in ("fp8", "fp8-channel"):
         w1 = (torch.randn((e, 2, i, h), device="cuda", generator=g) * 64).to(torch.float8_e4m3fn)
         w2 = (torch.randn((e, h, i), device="cuda", generator=g) * 64).to(torch.float8_e4m3fn)
+        if kind == "fp8-channel":  # FP8_DYNAMIC / online FP8: one scale per output channel
+            s1 = torch.rand((e, 2, i, 1), device="cuda", generator=g) * 2e-4 + 1e-4
+            s2 = torch.rand((e, h, 1), device="cuda", generator=g) * 2e-4 + 1e-4
+            return QuantExperts("fp8", w1, w2, s1, s2, (1, h), (1, i))
         s1 = torch.rand((e, 2, i // 128, h // 128), device="cuda", generator=g) * 2e-4 + 1e-4
         s2 = torch.rand((e, h // 128, i // 128), device="cuda", generator=g) * 2e-4 + 1e-4
         return QuantExperts("fp8", w1, w2, s1, s2, (128, 128), (128, 128))
@@ -198,6 +207,33 @@ def test_quantized_moe_kernel_matches_reference_at_30b_a3b_shapes(kind: str, m: 
     torch.testing.assert_close(out, ref, rtol=4 * ulp, atol=4 * atol)
     past = ((out.float() - ref.float()).abs() > atol + ulp * ref.float().abs()).float().mean().item()
     assert past <= 1e-5, f"{past:.2e} of the outputs are past the bf16 tolerance"
+
+
+def _rms(t: torch.Tensor) -> float:
+    return t.float().pow(2).mean().sqrt().item()
+
+
+@pytest.mark.parametrize("kind", ["fp8", "fp8-channel"])
+@pytest.mark.parametrize("m", [256, 2048])
+def test_w8a8_moe_kernel_matches_reference_at_30b_a3b_shapes(kind: str, m: int) -> None:
+    """FP8 x FP8 expert GEMMs (block FP8: activations per token and 128-input group, the intermediate quantized in the
+    gate/up kernel; per-channel: per token, the intermediate quantized after it) against the reference (the same
+    activation quantization, dequantized, float32 products). Hopper's FP8 MMA sums a chunk with fewer mantissa bits
+    than float32, which can flip a bf16 rounding of gate or up and, rarely, an e4m3 rounding of the intermediate;
+    hence an RMS tolerance. Against the W8A16 kernels: the FP8 activations' error (a few percent), not less."""
+    experts = _moe_experts(kind)
+    group = 128 if kind == "fp8" else None
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn((m, MOE_H), device="cuda", generator=g).bfloat16()
+    weights, ids = torch.softmax(torch.randn((m, MOE_E), device="cuda", generator=g), -1).topk(MOE_K, dim=-1)
+    out = fused_moe_w8a8_triton(x, experts, weights, ids, group)
+    ref = fused_moe_w8a8_reference(x, experts, weights, ids, group)
+    err = _rms(out.float() - ref.float()) / _rms(ref)
+    assert err < 2**-6, f"W8A8 kernel vs reference: {err:.2e} of the output's RMS"
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2**-3, atol=2**-3 * _rms(ref))
+    w8a16 = fused_moe_quant_triton(x, experts, weights, ids)
+    fp8_err = _rms(out.float() - w8a16.float()) / _rms(w8a16)
+    assert 2**-8 < fp8_err < 2**-4, f"W8A8 vs W8A16 kernels: {fp8_err:.2e} of the output's RMS"
 
 
 @pytest.mark.parametrize("fmt", ["fp8-block", "gptq", "ct-w4a16"])

@@ -22,7 +22,7 @@ float32 weights, each projection's product accumulated in float32 and rounded on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -112,8 +112,10 @@ def fused_moe_quant_reference(
     topk_weights: torch.Tensor,  # [M, K]
     topk_ids: torch.Tensor,  # [M, K] expert ids
     epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
+    fake_quant: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,  # FP8 activations (expert_mlp_reference)
 ) -> torch.Tensor:
-    """[M, H]: `fused_moe_reference`'s semantics over the dequantized weights (float32 products, rounded once)."""
+    """[M, H]: `fused_moe_reference`'s semantics over the dequantized weights (float32 products, rounded once);
+    with `fake_quant`, over the quantized activations too (`triton_moe_w8a8`'s reference)."""
     gate_up, down = dequantize_experts(experts)
     epilogue.check(*experts.shape)
     m, k = topk_ids.shape
@@ -122,7 +124,9 @@ def fused_moe_quant_reference(
         tokens, choices = torch.where(topk_ids == expert)
         if tokens.numel() == 0:
             continue
-        y = expert_mlp_reference(x[tokens], gate_up[expert, 0], gate_up[expert, 1], down[expert], expert, epilogue)
+        y = expert_mlp_reference(
+            x[tokens], gate_up[expert, 0], gate_up[expert, 1], down[expert], expert, epilogue, fake_quant
+        )
         weight = topk_weights[tokens, choices].float().unsqueeze(1)
         per_choice[tokens, choices] = (y.float() * weight).to(x.dtype).float()
     return per_choice.sum(1).to(x.dtype)

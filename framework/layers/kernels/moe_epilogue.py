@@ -18,7 +18,7 @@ Also here: `dequantize_mxfp4`, the reference of the kernels' MXFP4 weight tiles.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch.nn import functional as F
@@ -79,16 +79,18 @@ def expert_mlp_reference(
     down: torch.Tensor,  # [H, I]
     expert: int,
     epilogue: MoeEpilogue,
+    fake_quant: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,  # W8A8: rows -> quantized, dequantized
 ) -> torch.Tensor:
-    """[N, H] in x's dtype: one expert's MLP (module docstring), products in the weights' dtype."""
+    """[N, H] in x's dtype: one expert's MLP (module docstring), products in the weights' dtype. `fake_quant`
+    (FP8 activations) replaces each product's input rows, x and the activation, by their quantized values."""
     dtype = x.dtype
-    h = x.to(gate.dtype)
+    h = x.to(gate.dtype) if fake_quant is None else fake_quant(x)
     g, u = F.linear(h, gate).to(dtype), F.linear(h, up).to(dtype)
     if epilogue.gate_up_bias is not None:
         g = g + epilogue.gate_up_bias[expert, 0].to(dtype)
         u = u + epilogue.gate_up_bias[expert, 1].to(dtype)
     act = activation_reference(g, u, epilogue).to(dtype)
-    y = F.linear(act.to(down.dtype), down).to(dtype)
+    y = F.linear(act.to(down.dtype) if fake_quant is None else fake_quant(act), down).to(dtype)
     if epilogue.down_bias is not None:
         y = y + epilogue.down_bias[expert].to(dtype)
     return y

@@ -10,7 +10,8 @@ a `QuantMethod`:
 2. `process_after_loading`: checks the scales and builds the kernels' `QuantExperts`
    (`framework/layers/kernels/fused_moe_quant.py`): FP8 stays as stored (any block, channel or tensor grid), every
    INT4 format becomes int32 words of eight inputs with float32 scales and zero points;
-3. `apply`: the fused MoE over the quantized weights.
+3. `apply`: the fused MoE over the quantized weights; FP8 experts from `MOE_W8A8_MIN_TOKENS` tokens on quantize
+   their activations too and run FP8 x FP8 (`triton_moe_w8a8.py`).
 
 Tensor parallelism splits every expert's intermediate dimension I as for 16-bit experts: gate/up are
 column-parallel (their output rows), down row-parallel (its input columns); `create_weights` names in
@@ -33,15 +34,26 @@ from typing import Optional
 import torch
 from torch import nn
 
+from framework.layers.kernels.backend import triton_enabled
+from framework.layers.kernels.fused_moe import TRITON_DTYPES
 from framework.layers.kernels.fused_moe_quant import QuantExperts, fused_moe_quant
 from framework.layers.kernels.moe_epilogue import MXFP4_GROUP, SILU_EPILOGUE, MoeEpilogue
 from framework.layers.quantization.base import QuantizationError, QuantMethod, replace_parameter
 from framework.layers.quantization.fp8 import Fp8LinearMethod, OnlineFp8Method, quantize_fp8_per_channel
 from framework.layers.quantization.int4 import AWQ_ORDER, Int4Method, int4_tensor_shapes, unpack_int4
 from framework.layers.quantization.int4_parallel import split_dims
+from framework.layers.quantization.triton_moe_w8a8 import fused_moe_w8a8_triton, moe_w8a8_fits
 from framework.layers.quantization.triton_w4a16 import pack_rows
 
 PROJECTIONS = ("gate_up_proj", "down_proj")
+
+# Token count from which FP8 experts quantize their activations and run FP8 x FP8 grouped GEMMs
+# (`triton_moe_w8a8`; dynamic activation schemes, on the GPU); below it the W8A16 kernels run. An expert's GEMM is
+# bound by reading its weights (the same bytes either way) until it has on the order of a hundred rows, and an MoE
+# layer gives each expert M * top_k / E rows: 64 at Qwen3-30B-A3B's 128 experts, top-8 and M = 1024, 16 times
+# fewer than a dense layer's M (`W8A8_MIN_TOKENS` = 128). `benchmarks/quantization/bench_fp8_moe.py` measures the
+# crossing point.
+MOE_W8A8_MIN_TOKENS = 1024
 
 
 def _dims(experts: nn.Module) -> tuple[int, int, int]:
@@ -117,9 +129,34 @@ class MoeQuantMethod(QuantMethod):
 class Fp8MoeMethod(MoeQuantMethod):
     """FP8 e4m3 experts with the linear method's scale grid (`linear.group`, scale name, static input scales)."""
 
-    def __init__(self, linear: Fp8LinearMethod) -> None:
+    def __init__(self, linear: Fp8LinearMethod, w8a8_min_tokens: int = MOE_W8A8_MIN_TOKENS) -> None:
         self.name = f"{linear.name}-moe"  # type: ignore[misc]
         self.linear = linear
+        self.w8a8_min_tokens = w8a8_min_tokens
+
+    def apply_experts(
+        self,
+        experts: nn.Module,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        backend: str,
+        epilogue: MoeEpilogue = SILU_EPILOGUE,
+    ) -> torch.Tensor:
+        """W8A8 (FP8 activations, per token and 128-input group for block FP8, per token for per-channel and online
+        FP8) from `w8a8_min_tokens` tokens on, with the kernels; W8A16 below, on the CPU, for static input scales
+        and for groups along K that are not multiples of 32 (`moe_w8a8_fits`)."""
+        group = self.linear.group[1] if self.linear.activation == "group" else None
+        if (
+            x.shape[0] >= self.w8a8_min_tokens
+            and self.linear.activation != "static"
+            and x.dtype in TRITON_DTYPES
+            and x.stride(-1) == 1
+            and triton_enabled(x.device, x, backend=backend)
+            and moe_w8a8_fits(experts.quant_experts, group)
+        ):
+            return fused_moe_w8a8_triton(x, experts.quant_experts, weights, ids, group, epilogue=epilogue)
+        return super().apply_experts(experts, x, weights, ids, backend, epilogue)
 
     def _groups(self, experts: nn.Module, proj: str) -> tuple[int, int]:
         n, k = _nk(experts, proj)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.layers.kernels.launch_math import cdiv
+from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 from framework.layers.quantization.base import FP8_DTYPE, FP8_MAX
 from framework.layers.quantization.triton_w8a16 import dequantize_fp8
 
@@ -37,12 +37,14 @@ def _quant_fp8_groups_kernel(
     s_ptr,  # [M, K // GROUP] out: float32 scales, contiguous
     K,
     stride_xm,
-    GROUP: tl.constexpr,  # a power of two
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,  # the power of two >= GROUP (per token over a K of 768 or 12288: a masked tail)
 ):
     row = tl.program_id(0)
     group = tl.program_id(1)
-    cols = group * GROUP + tl.arange(0, GROUP)
-    mask = cols < K
+    offs = tl.arange(0, BLOCK)
+    cols = group * GROUP + offs
+    mask = (offs < GROUP) & (cols < K)
     x = tl.load(x_ptr + row.to(tl.int64) * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
     scale = tl.where(amax > 0, amax / 448.0, 1.0)
@@ -64,14 +66,16 @@ def quantize_fp8_groups_reference(x: torch.Tensor, group: int) -> tuple[torch.Te
 
 
 def quantize_fp8_groups(x: torch.Tensor, group: int, use_kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_fp8_groups_reference` by the Triton kernel (`use_kernel`, `group` a power of two) or the reference."""
+    """`quantize_fp8_groups_reference` by the Triton kernel (`use_kernel`) or the reference."""
     m, k = x.shape
-    if not use_kernel or group & (group - 1) or x.stride(-1) != 1:
+    if not use_kernel or x.stride(-1) != 1:
         return quantize_fp8_groups_reference(x, group)
     q = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((m, cdiv(k, group)), dtype=torch.float32, device=x.device)
     if m:
-        _quant_fp8_groups_kernel[(m, cdiv(k, group))](x, q, s, k, x.stride(0), GROUP=group)
+        group = min(group, k)  # one program per group; the scales' shape is the same
+        block = next_power_of_2(group)
+        _quant_fp8_groups_kernel[(m, cdiv(k, group))](x, q, s, k, x.stride(0), GROUP=group, BLOCK=block)
     return q, s
 
 
