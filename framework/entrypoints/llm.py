@@ -37,6 +37,7 @@ _KWARGS = {
     "model_state": "model.model_state",
     "quantization": "model.quantization",
     "fp8_activation_min_tokens": "model.fp8_activation_min_tokens",
+    "fp8_moe_activation_min_tokens": "model.fp8_moe_activation_min_tokens",
     "seed": "seed",
     "device": "device",
     "runner": "runner.kind",

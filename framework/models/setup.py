@@ -95,7 +95,7 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: Optional[Para
         finish_quantization(model)
     except QuantizationError as err:
         raise CheckpointError(str(err)) from None
-    set_activation_quantization(model, mc.fp8_activation_min_tokens)
+    set_activation_quantization(model, mc.fp8_activation_min_tokens, mc.fp8_moe_activation_min_tokens)
     model.eval()
     fuse_unquantized_projections(model)  # merged q/k/v and gate/up GEMMs (the loaded parameters become views)
     set_kernel_backend(model, config.kernels.backend)  # the model's layers hand it to every kernel dispatcher

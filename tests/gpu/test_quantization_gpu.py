@@ -262,7 +262,8 @@ def test_quantized_moe_engine_matches_hf_on_the_gpu(fmt: str, tmp_path: Path) ->
         seed=21,
     )
     ref = write_quantized(fmt, tmp_path, spec)
-    llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=64, seed=0)
+    weight_only = {"fp8_activation_min_tokens": None, "fp8_moe_activation_min_tokens": None}  # exact tokens
+    llm = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=64, seed=0, **weight_only)
     prompts = random_prompts(4, 4, 20, seed=5)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     for prompt, out in zip(prompts, outs):

@@ -9,7 +9,7 @@ from torch import nn
 from framework.layers.parallel.linear import ColumnParallelLinear, RowParallelLinear
 from framework.layers.quantization.base import QuantizationError, QuantMethod
 from framework.layers.quantization.config import QuantScheme
-from framework.layers.quantization.moe import moe_method
+from framework.layers.quantization.moe import MoeQuantMethod, moe_method
 
 
 def quantize_linears(model: nn.Module, scheme: QuantScheme) -> int:
@@ -45,13 +45,14 @@ def finish_quantization(model: nn.Module) -> None:
             method.process_after_loading(module, prefix)
 
 
-def set_activation_quantization(model: nn.Module, min_tokens: Optional[int]) -> None:
+def set_activation_quantization(model: nn.Module, dense: Optional[int], experts: Optional[int]) -> None:
     """Give every quantized layer whose method can quantize activations (`w8a8_min_tokens`) the token count from
-    which it does (`model.fp8_activation_min_tokens`; None: never)."""
+    which it does: `dense` for linear layers (`model.fp8_activation_min_tokens`), `experts` for stacked experts
+    (`model.fp8_moe_activation_min_tokens`); None: never."""
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None and hasattr(method, "w8a8_min_tokens"):
-            method.w8a8_min_tokens = min_tokens
+            method.w8a8_min_tokens = experts if isinstance(method, MoeQuantMethod) else dense
 
 
 def is_quantized(module: nn.Module) -> bool:

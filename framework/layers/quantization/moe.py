@@ -129,10 +129,10 @@ class MoeQuantMethod(QuantMethod):
 class Fp8MoeMethod(MoeQuantMethod):
     """FP8 e4m3 experts with the linear method's scale grid (`linear.group`, scale name, static input scales)."""
 
-    def __init__(self, linear: Fp8LinearMethod, w8a8_min_tokens: int = MOE_W8A8_MIN_TOKENS) -> None:
+    def __init__(self, linear: Fp8LinearMethod, w8a8_min_tokens: Optional[int] = MOE_W8A8_MIN_TOKENS) -> None:
         self.name = f"{linear.name}-moe"  # type: ignore[misc]
         self.linear = linear
-        self.w8a8_min_tokens = w8a8_min_tokens
+        self.w8a8_min_tokens = w8a8_min_tokens  # None: 16-bit activations at every size
 
     def apply_experts(
         self,
@@ -148,7 +148,8 @@ class Fp8MoeMethod(MoeQuantMethod):
         and for groups along K that are not multiples of 32 (`moe_w8a8_fits`)."""
         group = self.linear.group[1] if self.linear.activation == "group" else None
         if (
-            x.shape[0] >= self.w8a8_min_tokens
+            self.w8a8_min_tokens is not None
+            and x.shape[0] >= self.w8a8_min_tokens
             and self.linear.activation != "static"
             and x.dtype in TRITON_DTYPES
             and x.stride(-1) == 1
