@@ -141,3 +141,30 @@ def test_bad_fields_are_400s_naming_them(client, extra, param):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(**kwargs)
     assert err.value.body["param"] == param  # type: ignore[index]
+
+
+def test_responses_api_in_harmony(client):
+    """The Responses API on the same machinery: reasoning and message items, a call item; `reasoning.effort` is
+    gpt-oss's reasoning level."""
+    kwargs = dict(model="gpt-oss", input="Weather?", instructions="Be brief.", max_output_tokens=40)
+    r = client.responses.create(
+        **kwargs, reasoning={"effort": "low"}, extra_body={"structured_outputs": _grammar(ANSWER)}
+    )
+    assert [item.type for item in r.output] == ["reasoning", "message"] and r.output_text == "Sunny."
+    assert r.output[0].content[0].text == "Short trip." and r.usage.output_tokens_details.reasoning_tokens > 0
+    with client.responses.stream(**kwargs, extra_body={"structured_outputs": _grammar(ANSWER)}) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == "Sunny." and [item.type for item in final.output] == ["reasoning", "message"]
+    flat = [{"type": "function", **t["function"]} for t in TOOLS]
+    call = client.responses.create(**kwargs, tools=flat, extra_body={"structured_outputs": _grammar(CALL)})
+    assert [(i.type, i.name, i.arguments) for i in call.output] == [
+        ("function_call", "hotels", '{"city": "Rome", "days": 2}')
+    ]
+    for bad, param in (
+        ({"reasoning": {"effort": "minimal"}}, "reasoning.effort"),
+        ({"include": ["message.output_text.logprobs"]}, "include"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(**kwargs, **bad)
+        assert err.value.body["param"] == param  # type: ignore[index]
