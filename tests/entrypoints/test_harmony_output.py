@@ -209,3 +209,16 @@ def test_planted_fault_routing_analysis_as_content_is_caught(encoding, monkeypat
     text, reasoning, content = WELL_FORMED[1][:3]
     parts = HarmonyOutputParser(encoding, SETUP).parse("", _tokens(encoding, text))  # type: ignore[arg-type]
     assert (parts.reasoning, parts.content) != (reasoning, content)
+
+
+def test_each_token_costs_the_same_however_long_the_output(encoding, monkeypatch):
+    """openai-harmony's `StreamableParser.state` serializes every content token so far (each step would cost the
+    whole output): the loop follows the state from the tokens and never reads it."""
+    import openai_harmony
+
+    def serialized(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("StreamableParser.state read")
+
+    monkeypatch.setattr(openai_harmony.StreamableParser, "state", property(serialized))
+    text = "<|channel|>analysis<|message|>" + "think " * 300 + "<|end|>" + A + "<|channel|>final<|message|>ok<|return|>"
+    assert HarmonyOutputParser(encoding, SETUP).parse("", _tokens(encoding, text)).content == "ok"

@@ -29,6 +29,7 @@ from framework.entrypoints.tool_parsers import ToolCall, new_call_id
 
 MAX_HEADER_TOKENS = 64  # a header is a role, a channel, a recipient and a content type: a few tokens
 CALL_PREFIX = "functions."
+EXPECT_START, HEADER, CONTENT = "expect_start", "header", "content"  # where the parser is
 
 
 @dataclass
@@ -39,7 +40,11 @@ class _Call:
 
 
 class HarmonyStream:
-    """One output's token loop (see the module docstring); `step` each token, then `finish` at the end."""
+    """One output's token loop (see the module docstring); `step` each token, then `finish` at the end.
+
+    The parser's state is followed here from the format's own tokens (`<|start|>` opens a header, `<|message|>`
+    ends it, `<|end|>` / `<|return|>` / `<|call|>` end the content, as openai-harmony's parser moves): its
+    `state` property serializes every content token so far, which would make each step cost the whole output."""
 
     def __init__(self, encoding: Any, tools_active: bool) -> None:
         from openai_harmony import Role, StreamableParser
@@ -47,6 +52,10 @@ class HarmonyStream:
         self._encoding = encoding
         self._tools_active = tools_active
         self._parser = StreamableParser(encoding, Role.ASSISTANT)
+        special = encoding.encode("<|start|><|message|>", allowed_special="all")
+        self._start_token, self._message_token = special
+        self._end_tokens = set(encoding.stop_tokens())
+        self._state = HEADER  # the prompt's `<|start|>assistant` opened the first header
         self._tokens: list[int] = []
         self._header_start = 0  # where the message being read began (its header's first token)
         self._kind: Optional[str] = None  # what the message being read is: "reasoning", "content" or "call"
@@ -61,36 +70,33 @@ class HarmonyStream:
         self._tokens.append(token)
         if self._fallback is not None:
             return
-        from openai_harmony import HarmonyError, StreamState
+        from openai_harmony import HarmonyError
 
-        before = self._parser.state
         try:
             self._parser.process(token)
-        except HarmonyError:
-            self._fail(self._header_start if before is StreamState.HEADER else index)
+        except HarmonyError:  # text where a message must start, or a header that does not parse
+            self._fail(self._header_start if self._state == HEADER else index)
             return
-        state = self._parser.state
-        if before is StreamState.EXPECT_START and state is StreamState.HEADER:
-            self._header_start = index
-        elif before is StreamState.HEADER and state is StreamState.CONTENT:
+        if self._state == EXPECT_START:  # the parser took it, so it was <|start|>
+            self._state, self._header_start = HEADER, index
+        elif self._state == HEADER and token == self._message_token:
+            self._state = CONTENT
             self._begin_message(out)
-        elif state is StreamState.CONTENT:
-            self._route(self._parser.last_content_delta or "", out)
-        elif before is StreamState.CONTENT:  # an end token closed the message
-            self._end_message(index + 1)
-        if state is StreamState.HEADER and index + 1 - self._header_start > MAX_HEADER_TOKENS:
+        elif self._state == HEADER and index + 1 - self._header_start > MAX_HEADER_TOKENS:
             self._fail(self._header_start)
+        elif self._state == CONTENT and token in self._end_tokens:
+            self._state = EXPECT_START
+            self._end_message(index + 1)
+        elif self._state == CONTENT:
+            self._route(self._parser.last_content_delta or "", out)
 
     def finish(self, out: ChatDelta) -> None:
         """The output ended: a message cut off counts as far as it went; a header it ended in is content when it
         is the turn's first, and dropped after a whole message."""
-        from openai_harmony import StreamState
-
         if self._fallback is None:
-            state = self._parser.state
-            if state is StreamState.CONTENT:
+            if self._state == CONTENT:
                 self._end_message(len(self._tokens))
-            elif state is StreamState.HEADER and self._messages == 0:
+            elif self._state == HEADER and self._messages == 0:
                 self._fail(self._header_start)
         self.plain_content(out, final=True)
 
