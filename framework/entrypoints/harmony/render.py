@@ -29,7 +29,9 @@ from framework.params.request_errors import InvalidRequestError
 EFFORTS = ("low", "medium", "high")
 
 
-def _effort(value: Optional[str]) -> Any:
+def reasoning_level(value: Any) -> Any:
+    """openai-harmony's `ReasoningEffort` of a request's `reasoning_effort` (None: medium); `InvalidRequestError`
+    for another value."""
     from openai_harmony import ReasoningEffort
 
     if value is None:
@@ -114,7 +116,7 @@ def conversation(
     from openai_harmony import Conversation, Message, Role, SystemContent
 
     clean = normalize_messages(messages)
-    system = SystemContent.new().with_reasoning_effort(_effort(reasoning_effort))
+    system = SystemContent.new().with_reasoning_effort(reasoning_level(reasoning_effort))
     system = system.with_conversation_start_date(today or date.today().isoformat())
     lead = 0
     while lead < len(clean) and clean[lead]["role"] in ("system", "developer"):

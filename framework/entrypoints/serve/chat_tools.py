@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 from framework.entrypoints.chat_output import ChatOutputParser, thinking_budget_for
 from framework.entrypoints.chat_template import ChatTemplate
 from framework.entrypoints.harmony.chat import HarmonyChat
+from framework.entrypoints.harmony.render import reasoning_level
 from framework.entrypoints.serve.errors import ApiError
 from framework.entrypoints.serve.openai_models import ChatCompletionRequest
 from framework.entrypoints.serve.params import engine_field_names
@@ -53,10 +54,13 @@ class ChatPlan:
         if effort is None:
             effort = (body.chat_template_kwargs or {}).get("reasoning_effort")
         try:
+            reasoning_level(effort)
+        except InvalidRequestError as err:
+            raise ApiError.invalid(str(err), "reasoning_effort") from None
+        try:
             return self.harmony.render(messages, self.tools, effort)
         except InvalidRequestError as err:
-            param = "reasoning_effort" if str(err).startswith("reasoning_effort") else field
-            raise ApiError.invalid(str(err), param) from None
+            raise ApiError.invalid(str(err), field) from None
 
     def sampling(self, params: SamplingParams, prompt_text: str) -> SamplingParams:
         """`params` with the forced-call grammar, special tokens kept when the parser's markers are some, and the
