@@ -52,8 +52,7 @@ class HarmonyStream:
         self._encoding = encoding
         self._tools_active = tools_active
         self._parser = StreamableParser(encoding, Role.ASSISTANT)
-        special = encoding.encode("<|start|><|message|>", allowed_special="all")
-        self._start_token, self._message_token = special
+        self._message_token = encoding.encode("<|message|>", allowed_special="all")[0]
         self._end_tokens = set(encoding.stop_tokens())
         self._state = HEADER  # the prompt's `<|start|>assistant` opened the first header
         self._tokens: list[int] = []
@@ -61,7 +60,7 @@ class HarmonyStream:
         self._kind: Optional[str] = None  # what the message being read is: "reasoning", "content" or "call"
         self._messages = 0  # whole messages read
         self._fallback: Optional[int] = None  # from this token on the output is plain content
-        self._fallback_sent = 0  # characters of the plain content given out
+        self._fallback_sent = 0  # tokens of the plain content whose text was given out
         self.calls: list[_Call] = []
         self.reasoning_tokens = 0  # tokens of analysis messages, headers and end tokens included
 
@@ -149,16 +148,17 @@ class HarmonyStream:
         self._fallback, self._kind = start, None
 
     def plain_content(self, out: ChatDelta, final: bool) -> None:
-        """Give out the plain content decoded so far (a character still incomplete waits unless `final`)."""
+        """Give out the plain content of the tokens not given out yet (a character still incomplete waits for its
+        next tokens, unless `final`)."""
         if self._fallback is None:
             return
-        tokens = [t for t in self._tokens[self._fallback :] if not self._encoding.is_special_token(t)]
-        text = self._encoding.decode(tokens)
-        if not final:
-            text = text.rstrip("\ufffd")  # an incomplete UTF-8 character decodes to U+FFFD until it completes
-        if len(text) > self._fallback_sent:
-            out.content += text[self._fallback_sent :]
-            self._fallback_sent = len(text)
+        start = max(self._fallback, self._fallback_sent)
+        pending = [t for t in self._tokens[start:] if not self._encoding.is_special_token(t)]
+        text = self._encoding.decode(pending)
+        if not final and text.endswith("\ufffd"):  # an incomplete UTF-8 character decodes to U+FFFD for now
+            return
+        out.content += text
+        self._fallback_sent = len(self._tokens)
 
 
 class HarmonyOutputParser(ChatOutputParser):
