@@ -149,6 +149,12 @@ class ServeConfig(StrictModel):
         description="Split chat replies' <think>...</think> section into reasoning_content: a registered "
         "reasoning parser (think, qwen3, deepseek_r1, or a plugin's); null = no splitting.",
     )
+    chat_format: Literal["auto", "template", "harmony"] = Field(
+        "auto",
+        description="How chat requests are rendered and their replies read: auto = the harmony format (through "
+        "openai-harmony) for gpt-oss checkpoints (GptOssForCausalLM), the chat template for any other; template or "
+        "harmony force one (docs/tool_calling.md).",
+    )
     lora_modules: list[str] = Field(
         default_factory=list,
         description="LoRA adapters served from start-up, as `name=path` (PEFT directories); clients select one "

@@ -59,8 +59,8 @@ class ChatOutputParser:
     def streamed_calls(self) -> list[ToolCall]:
         return self._tool.calls if self._tool is not None else []
 
-    def parse(self, text: str) -> ChatParts:
-        """The parts of a finished output."""
+    def parse(self, text: str, token_ids: Sequence[int] = ()) -> ChatParts:
+        """The parts of a finished output (`text`; a format read by tokens reads `token_ids`)."""
         reasoning: Optional[str] = None
         answer = text
         if self._reasoning is not None:
@@ -73,8 +73,9 @@ class ChatOutputParser:
             content = None  # as OpenAI: a turn of only calls has no content
         return ChatParts(content, calls, reasoning)
 
-    def feed(self, delta: str, final: bool) -> ChatDelta:
-        """The parts a stream may show after the output grew by `delta` (`final`: it ended)."""
+    def feed(self, delta: str, final: bool, token_ids: Sequence[int] = ()) -> ChatDelta:
+        """The parts a stream may show after the output grew by `delta` (its tokens: `token_ids`; `final`: it
+        ended)."""
         reasoning, answer = "", delta
         if self._reasoning is not None:
             reasoning, answer = self._reasoning.extract_delta(delta, final)
@@ -82,6 +83,10 @@ class ChatOutputParser:
             return ChatDelta(reasoning, answer)
         content, calls = self._tool.extract_delta(answer, final)
         return ChatDelta(reasoning, content, calls)
+
+    def reasoning_tokens(self, token_ids: Sequence[int], text: str, end_ids: Sequence[int]) -> int:
+        """Output tokens of the thinking section of a finished output (`end_ids` spell the end of thinking)."""
+        return reasoning_token_count(token_ids, end_ids, self.parse(text, token_ids).reasoning)
 
     def finish_reason(self, reason: Optional[str], has_calls: bool) -> Optional[str]:
         """A turn that ended on its own with calls finishes with "tool_calls" ("function_call" for `functions`)."""
@@ -96,7 +101,7 @@ class ChatOutputParser:
             out["function_call"] = {"name": parts.tool_calls[0].name, "arguments": parts.tool_calls[0].arguments}
         elif parts.tool_calls:
             out["tool_calls"] = [c.to_openai() for c in parts.tool_calls]
-        if self._reasoning is not None:
+        if self.has_reasoning:
             out["reasoning_content"] = parts.reasoning
         return out
 
@@ -146,28 +151,33 @@ def parse_chat_outputs(
     encode: Optional[Callable[[str], list[int]]] = None,
     prompt_texts: Optional[Sequence[str]] = None,
     params: Optional[Sequence[SamplingParams]] = None,
+    make_parser: Optional[Callable[[], ChatOutputParser]] = None,
 ) -> list[RequestOutput]:
     """`LLM.chat`'s outputs with each sequence's text split into content, `tool_calls` and `reasoning_content`
     (the finish reason "tool_calls" where a turn that ended on its own made calls), and `reasoning_tokens`
     counted (`encode` spells the end of thinking; per output, `prompt_texts` is its rendered prompt and `params`
-    its sampling parameters, whose thinking budget says that the output starts thinking)."""
-    if not tools.active and reasoning_parser is None:
+    its sampling parameters, whose thinking budget says that the output starts thinking). `make_parser`: a chat
+    format's own parser (harmony's), instead of the text parsers `tools` and `reasoning_parser` name."""
+    if make_parser is None and not tools.active and reasoning_parser is None:
         return outputs
-    end_ids = encode(THINK_END) if encode is not None else []
+    end_ids = encode(THINK_END) if encode is not None and make_parser is None else []
     for i, out in enumerate(outputs):
         sequences = []
         for seq in out.outputs:
-            prompt = prompt_texts[i] if prompt_texts else ""
-            budget = params is not None and params[i].thinking_token_budget is not None
-            parser = ChatOutputParser(tools, reasoning_parser, prompt, budget)
-            parts = parser.parse(seq.text)
+            if make_parser is not None:
+                parser = make_parser()
+            else:
+                prompt = prompt_texts[i] if prompt_texts else ""
+                budget = params is not None and params[i].thinking_token_budget is not None
+                parser = ChatOutputParser(tools, reasoning_parser, prompt, budget)
+            parts = parser.parse(seq.text, seq.token_ids)
             seq = dataclasses.replace(
                 seq,
                 text=parts.content or "",
                 tool_calls=[c.to_openai() for c in parts.tool_calls] if tools.active else None,
                 reasoning_content=parts.reasoning,
                 reasoning_tokens=(
-                    reasoning_token_count(seq.token_ids, end_ids, parts.reasoning) if reasoning_parser else None
+                    parser.reasoning_tokens(seq.token_ids, seq.text, end_ids) if parser.has_reasoning else None
                 ),
                 finish_reason=parser.finish_reason(seq.finish_reason, bool(parts.tool_calls)),
             )

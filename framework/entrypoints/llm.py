@@ -15,10 +15,8 @@ from framework.config.schema import Mrv2Config, load_config
 from framework.engine.core import EngineCore
 from framework.engine.parallel_sampling import merge_sequences
 from framework.engine.request import RequestOutput
-from framework.entrypoints.chat_output import parse_chat_outputs, thinking_budget_for
-from framework.entrypoints.chat_template import ChatTemplate
-from framework.entrypoints.tool_calls import tool_sampling, tool_setup
-from framework.entrypoints.tool_parsers import detect_tool_parser
+from framework.entrypoints.harmony.chat import HarmonyChat, harmony_chat_for
+from framework.entrypoints.offline_chat import ChatOptions, prepare_chat
 from framework.params.encoder_input import EncoderInput
 from framework.params.lora_request import LoRARequest
 from framework.params.pooling_params import PoolingParams, PoolingRequestOutput
@@ -170,6 +168,7 @@ class LLM:
         self.config = config if config is not None else _config_from_kwargs(model, kwargs)
         self.engine = EngineCore(self.config)
         self._ids = itertools.count()
+        self._harmony: Optional[tuple[Optional[HarmonyChat]]] = None  # (the format,) once `harmony_chat` looked
 
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]
@@ -295,6 +294,7 @@ class LLM:
         parallel_tool_calls: Optional[bool] = None,
         tool_parser: Optional[str] = None,
         reasoning_parser: Optional[str] = None,
+        reasoning_effort: Optional[str] = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of `{"role", "content"}` messages) or to several.
 
@@ -310,36 +310,25 @@ class LLM:
         section into `reasoning_content` (and counts its tokens in `reasoning_tokens`). A
         `SamplingParams.thinking_token_budget` (default `serve.thinking_token_budget`) ends the thinking after that
         many tokens; it is dropped for a prompt whose template already closed the thinking. `chat_template_kwargs`
-        are extra template variables (`enable_thinking`, ...).
+        are extra template variables (`enable_thinking`, ...); `reasoning_effort` is one more. A gpt-oss
+        checkpoint chats in the harmony format instead (`serve.chat_format`; docs/tool_calling.md): `analysis` is
+        `reasoning_content`, `final` the text, calls to `functions.*` the `tool_calls`; `reasoning_effort` is
+        low, medium or high.
         """
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
-        template = ChatTemplate.load(self.config, chat_template)
-        parser = tool_parser or self.config.serve.tool_call_parser or detect_tool_parser(template.source)
-        setup = tool_setup(tools, tool_choice, parallel_tool_calls=parallel_tool_calls, parser=parser)
-        reasoning = reasoning_parser or self.config.serve.reasoning_parser
-        prompts = [
-            template.render(
-                c,
-                add_generation_prompt=add_generation_prompt,  # type: ignore[arg-type]
-                continue_final_message=continue_final_message,
-                **{**(chat_template_kwargs or {}), **setup.template_kwargs()},
-            )
-            for c in conversations
-        ]
-        params = [
-            self._with_thinking_budget(tool_sampling(p, setup), text)
-            for p, text in zip(_params_list(sampling_params, len(prompts)), prompts)
-        ]
-        outputs = self.generate(prompts, params, use_tqdm=use_tqdm)
+        # ChatOptions' fields are this method's keyword arguments, by name.
+        options = ChatOptions(**{k: v for k, v in locals().items() if k in ChatOptions.__dataclass_fields__})
         encode = self.engine.tokenizer.encode if self.engine.tokenizer is not None else None
-        return parse_chat_outputs(outputs, setup, reasoning, encode, prompt_texts=prompts, params=params)
+        params = _params_list(sampling_params, len(conversations))
+        chat = prepare_chat(self.config, encode, self.harmony_chat, conversations, params, options)  # type: ignore[arg-type]
+        return chat.parse(self.generate(chat.prompts, chat.params, use_tqdm=use_tqdm))  # type: ignore[arg-type]
 
-    def _with_thinking_budget(self, params: SamplingParams, prompt_text: str) -> SamplingParams:
-        requested = params.thinking_token_budget
-        budget = thinking_budget_for(
-            prompt_text, requested if requested is not None else self.config.serve.thinking_token_budget
-        )
-        return params if budget == requested else dataclasses.replace(params, thinking_token_budget=budget)
+    def harmony_chat(self) -> Optional[HarmonyChat]:
+        """The harmony chat format when this model chats in it (`serve.chat_format`), loaded once; None otherwise."""
+        if self._harmony is None:
+            loaded = self.engine.loaded
+            self._harmony = (harmony_chat_for(self.config.serve.chat_format, loaded.hf_config, loaded.path),)
+        return self._harmony[0]
 
     def encode(
         self,

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Optional, Sequence
 
+from framework.entrypoints.harmony.grammar import forced_call_grammar
 from framework.entrypoints.tool_parsers import ToolParser, make_tool_parser, tool_parser_class
 from framework.params.request_errors import InvalidRequestError
 from framework.params.sampling_params import SamplingParams
@@ -26,6 +27,7 @@ FORCED_FORMAT = "hermes"  # the grammar writes Hermes blocks, whatever the model
 # JSON inside forced calls: at most one space between tokens (no free-running whitespace, see structured outputs).
 COMPACT_JSON = {"whitespace_flexible": False, "whitespace_pattern": " ?"}
 Choice = Literal["none", "auto", "required", "named"]
+CallFormat = Literal["text", "harmony"]
 
 
 class ToolRequestError(InvalidRequestError):
@@ -58,6 +60,7 @@ class ToolSetup:
     parallel: bool = True
     legacy: bool = False  # asked through `functions` / `function_call`: answer with `function_call`
     parser: Optional[str] = None  # the registered parser that reads the output, None = no tool parsing
+    call_format: CallFormat = "text"  # "harmony": calls are harmony messages, read by the harmony output parser
 
     @property
     def active(self) -> bool:
@@ -80,6 +83,8 @@ class ToolSetup:
         if self.choice not in ("required", "named"):
             return None
         functions = [t["function"] for t in self.tools if self.named in (None, t["function"]["name"])]
+        if self.call_format == "harmony":
+            return forced_call_grammar(functions, COMPACT_JSON)
         calls = [
             {
                 "type": "object",
@@ -126,9 +131,11 @@ def tool_setup(
     function_call: Any = None,
     parallel_tool_calls: Optional[bool] = None,
     parser: Optional[str] = None,
+    call_format: CallFormat = "text",
 ) -> ToolSetup:
     """Validate a request's tool fields; raises `ToolRequestError` naming the field. `parser`: the configured
-    tool-call parser (needed for `auto`; forced calls use the Hermes parser)."""
+    tool-call parser (needed for `auto`; forced calls use the Hermes parser). `call_format="harmony"`: the chat
+    format reads and forces calls itself, so no text parser is used."""
     if tools and functions:
         raise ToolRequestError("give tools or the older functions, not both", "functions")
     legacy = bool(functions) or (function_call is not None and not tools)
@@ -144,6 +151,9 @@ def tool_setup(
         raise ToolRequestError(f"{field}: two functions have the same name", field)
     choice_field = "function_call" if legacy else "tool_choice"
     choice, named = _choice_of(function_call if legacy else tool_choice, choice_field, names)
+    parallel = (True if parallel_tool_calls is None else bool(parallel_tool_calls)) and not legacy
+    if call_format == "harmony":
+        return ToolSetup(defined, choice, named, parallel, legacy, None, call_format)
     if choice == "auto" and parser is None:
         raise ToolRequestError(
             f"{choice_field}='auto' needs a tool-call parser, and this model's chat template names no known format: "
@@ -154,8 +164,7 @@ def tool_setup(
     reader = FORCED_FORMAT if choice in ("required", "named") else parser
     if reader is not None:
         tool_parser_class(reader)  # an unknown configured name fails here, by name
-    parallel = True if parallel_tool_calls is None else bool(parallel_tool_calls)
-    return ToolSetup(defined, choice, named, parallel and not legacy, legacy, reader if choice != "none" else None)
+    return ToolSetup(defined, choice, named, parallel, legacy, reader if choice != "none" else None)
 
 
 def tool_sampling(params: SamplingParams, tools: ToolSetup) -> SamplingParams:

@@ -83,6 +83,7 @@ class ChatMessage(_Body):
     name: Optional[str] = None
     tool_calls: Optional[list[Any]] = None
     tool_call_id: Optional[str] = None
+    reasoning_content: Optional[str] = None  # an earlier assistant turn's reasoning, as this server returns it
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -105,6 +106,8 @@ class ChatCompletionRequest(SamplingFields):
     function_call: Union[str, dict[str, Any], None] = None
     # Reasoning models: end the thinking after this many tokens (default `serve.thinking_token_budget`).
     thinking_token_budget: Optional[int] = None
+    # OpenAI's reasoning level: gpt-oss's harmony prompt (low, medium, high); a chat template gets it as a variable.
+    reasoning_effort: Optional[str] = None
 
 
 class EmbeddingRequest(_RequestBody):

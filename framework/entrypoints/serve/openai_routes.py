@@ -203,8 +203,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     state = _state(request)
     lora = state.loras.select(body.model, state.model_name)  # a served LoRA adapter, or None (404 if unknown)
     _warn_ignored(body, "/v1/chat/completions")
-    template = state.template(body.chat_template)
-    plan = chat_plan(state.config, body, template)
+    harmony = state.harmony_for(body.chat_template)
+    template = state.template(body.chat_template) if harmony is None else None
+    plan = chat_plan(state.config, body, template, harmony)
     clash = [k for k in RENDER_ARGUMENTS if k in (body.chat_template_kwargs or {})]
     if clash:
         raise ApiError.invalid(
@@ -212,18 +213,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             "fields), not by chat_template_kwargs",
             "chat_template_kwargs",
         )
-    try:
-        text = template.render(
-            [m.model_dump() for m in body.messages],
-            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
-            continue_final_message=body.continue_final_message,
-            **plan.template_kwargs(body),
+    messages = [m.model_dump() for m in body.messages]
+    if template is None:  # harmony (gpt-oss): openai-harmony renders the token ids
+        text, prompt = (
+            "",
+            tokenize(state.tokenizer, plan.harmony_prompt(messages, body, "messages"), "messages", state.vocab_size),
         )
-    except ApiError:
-        raise
-    except Exception as err:
-        raise ApiError.invalid(str(err), "messages") from None
-    prompt = tokenize(state.tokenizer, text, "messages", state.vocab_size)
+    else:
+        try:
+            text = template.render(
+                messages,
+                add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+                continue_final_message=body.continue_final_message,
+                **plan.template_kwargs(body),
+            )
+        except ApiError:
+            raise
+        except Exception as err:
+            raise ApiError.invalid(str(err), "messages") from None
+        prompt = tokenize(state.tokenizer, text, "messages", state.vocab_size)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs if body.top_logprobs is not None else 0
@@ -257,7 +265,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         return chat_logprobs(tokens, lps, top, text_of) if body.logprobs else None
 
     def chunk(e: SequenceEvent) -> dict[str, Any]:
-        delta, finish_reason = streamed(parsers[e.choice], e.text, e.finish_reason)
+        delta, finish_reason = streamed(parsers[e.choice], e.text, e.finish_reason, e.token_ids)
         if e.choice not in started:
             started.add(e.choice)
             delta = {"role": "assistant", **delta}
@@ -280,7 +288,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         for choice, events in enumerate(per_choice):
             text, tokens, lps, reason, stop_reason = _join(events)
             outputs.append((tokens, text))
-            message, reason = finished(parsers[choice], text, reason)
+            message, reason = finished(parsers[choice], text, reason, tokens)
             choices.append(
                 {
                     "index": choice,

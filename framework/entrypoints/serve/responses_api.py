@@ -2,7 +2,8 @@
 
 The request's `input` (text, or message / `function_call` / `function_call_output` items) and `instructions` become
 chat messages, its flat function tools become chat tools, and the turn runs as a chat completion would (the chat
-template, `tool_choice`, the tool-call and reasoning parsers, `text.format` as a JSON schema). The answer comes back
+template, `tool_choice`, the tool-call and reasoning parsers, `text.format` as a JSON schema; gpt-oss's harmony format
+where the model chats in it). The answer comes back
 as `output` items (`reasoning`, `message`, `function_call`), or streamed as typed events (`responses_items`).
 Nothing is stored: `store: true` and `previous_response_id` are refused by name.
 """
@@ -25,7 +26,13 @@ from framework.entrypoints.serve.generation import Generation, SequenceEvent
 from framework.entrypoints.serve.openai_models import ChatCompletionRequest, _RequestBody
 from framework.entrypoints.serve.params import max_tokens_for, sampling_params, tokenize
 from framework.entrypoints.serve.responses_items import ResponseEvents, output_items, sse_event
-from framework.entrypoints.serve.responses_options import AnswerLogprobs, effort_budget, logprobs_k, token_text
+from framework.entrypoints.serve.responses_options import (
+    AnswerLogprobs,
+    effort_budget,
+    harmony_effort,
+    logprobs_k,
+    token_text,
+)
 from framework.entrypoints.serve.state import ServerState
 
 router = APIRouter()
@@ -213,17 +220,27 @@ async def responses(body: ResponsesRequest, request: Request) -> Any:
         names = ", ".join(loggable(name) for name in sorted(body.model_extra))
         logger.warning("/v1/responses: ignored fields not read by this server: %s", names)
     chat = as_chat_request(body)
-    template = state.template(None)
-    plan = chat_plan(state.config, chat, template)
-    try:
-        text = template.render(chat.model_dump()["messages"], add_generation_prompt=True, **plan.template_kwargs(chat))
-    except ApiError:
-        raise
-    except Exception as err:
-        raise ApiError.invalid(str(err), "input") from None
-    prompt = tokenize(state.tokenizer, text, "input", state.vocab_size)
-    max_tokens = max_tokens_for(body.max_output_tokens, len(prompt), state.max_model_len, "max_output_tokens")
+    harmony = state.harmony_for(None)
     k = logprobs_k(body.include, body.top_logprobs, state.max_logprobs)
+    if harmony is not None:  # gpt-oss: `reasoning.effort` is the prompt's reasoning level, not a thinking budget
+        effort = harmony_effort(body.reasoning)
+        chat = chat.model_copy(update={"reasoning_effort": effort, "thinking_token_budget": body.thinking_token_budget})
+        if k is not None:
+            raise ApiError.invalid("the answer's logprobs are not supported in gpt-oss's harmony format", "include")
+    template = state.template(None) if harmony is None else None
+    plan = chat_plan(state.config, chat, template, harmony)
+    messages = chat.model_dump()["messages"]
+    if template is None:
+        text, ids = "", plan.harmony_prompt(messages, chat, "input")
+    else:
+        try:
+            text = template.render(messages, add_generation_prompt=True, **plan.template_kwargs(chat))
+        except ApiError:
+            raise
+        except Exception as err:
+            raise ApiError.invalid(str(err), "input") from None
+    prompt = tokenize(state.tokenizer, text if template is not None else ids, "input", state.vocab_size)
+    max_tokens = max_tokens_for(body.max_output_tokens, len(prompt), state.max_model_len, "max_output_tokens")
     params = plan.sampling(sampling_params(chat, max_tokens=max_tokens, logprobs=k), text)
     plan = plan.for_prompt(text)
     state.check_capacity(1)
@@ -250,7 +267,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Any:
         out_text = "".join(e.text for e in events)
         tokens = [t for e in events for t in e.token_ids]
         finish = events[-1].finish_reason if events else None
-        parts = parser.parse(out_text)
+        parts = parser.parse(out_text, tokens)
         if logprobs is not None:
             logprobs.add(tokens, [lp for e in events for lp in e.logprobs or []])
         answer_lps = logprobs.whole(parts.content, bool(parts.tool_calls)) if logprobs is not None else []
@@ -294,7 +311,7 @@ async def _stream(
                 tokens += e.token_ids
                 text += e.text
                 finish = e.finish_reason or finish
-                delta = parser.feed(e.text, e.finish_reason is not None)
+                delta = parser.feed(e.text, e.finish_reason is not None, e.token_ids)
                 if logprobs is not None:
                     logprobs.add(e.token_ids, e.logprobs)
                 frames += builder.feed(delta, logprobs.delta() if logprobs is not None and delta.content else None)

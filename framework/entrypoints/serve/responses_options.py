@@ -58,6 +58,21 @@ def effort_budget(reasoning: Optional[Mapping[str, Any]], explicit: Optional[int
     return EFFORT_BUDGETS[effort]
 
 
+HARMONY_EFFORTS = ("low", "medium", "high")
+
+
+def harmony_effort(reasoning: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """gpt-oss's reasoning level of `reasoning.effort` in the harmony format (None: its default); 400 for a level
+    gpt-oss does not have."""
+    effort = reasoning.get("effort") if isinstance(reasoning, Mapping) else None
+    if effort is not None and effort not in HARMONY_EFFORTS:
+        raise ApiError.invalid(
+            f"reasoning.effort={effort!r} is not one of gpt-oss's reasoning levels ({', '.join(HARMONY_EFFORTS)})",
+            "reasoning.effort",
+        )
+    return effort
+
+
 def logprobs_k(include: Optional[Sequence[Any]], top_logprobs: Optional[int], limit: int) -> Optional[int]:
     """Alternatives per token when the answer's logprobs are asked for (`include`), else None; 400 for an
     unknown or unsupported `include` entry and a `top_logprobs` outside 0-20 or above `sampler.max_logprobs`."""

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from framework.config.schema import ConfigError, Mrv2Config
 from framework.entrypoints.chat_template import ChatTemplate
+from framework.entrypoints.harmony.chat import HarmonyUnavailable, harmony_chat_for
 from framework.entrypoints.serve.app import build_app
 from framework.entrypoints.serve.client_interface import ServingClient
 from framework.entrypoints.serve.dp_client import DataParallelClient
@@ -80,12 +81,19 @@ class _Server(uvicorn.Server):
 
 def _state(config: Mrv2Config, client_factory: Optional[Callable[[Mrv2Config], ServingClient]] = None) -> ServerState:
     source = resolve_model_source(config.model.path, config.model.preset)
-    tokenizer = load_tokenizer(source.path, read_model_config(config))
+    hf_config = read_model_config(config)
+    tokenizer = load_tokenizer(source.path, hf_config)
     template, why = None, None
     try:
         template = ChatTemplate.load(config)
     except InvalidRequestError as err:
         why = str(err)
+    harmony, harmony_why = None, None
+    try:
+        harmony = harmony_chat_for(config.serve.chat_format, hf_config, source.path)
+    except HarmonyUnavailable as err:
+        harmony_why = str(err)
+        logger.warning("chat requests will be refused: %s", err)
     if client_factory is None:  # one engine core, or one per data-parallel rank
         client_factory = DataParallelClient if config.parallel.data_parallel_size > 1 else EngineClient
     client = client_factory(config)
@@ -93,7 +101,18 @@ def _state(config: Mrv2Config, client_factory: Optional[Callable[[Mrv2Config], S
     metrics = ServerMetrics(
         name, lambda: client.stats, config.serve.metrics_names, client.ranks, config.cache.block_size
     )
-    return ServerState(config, name, client, tokenizer, metrics, template, why, loras=ServedLoras(config))
+    return ServerState(
+        config,
+        name,
+        client,
+        tokenizer,
+        metrics,
+        template,
+        why,
+        loras=ServedLoras(config),
+        harmony=harmony,
+        harmony_error=harmony_why,
+    )
 
 
 def serving_app(config: Mrv2Config) -> FastAPI:

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from framework.config.schema import Mrv2Config
 from framework.entrypoints.chat_template import ChatTemplate
+from framework.entrypoints.harmony.chat import HarmonyChat
 from framework.entrypoints.serve.client_interface import ServingClient
 from framework.entrypoints.serve.errors import ApiError
 from framework.entrypoints.serve.lora import ServedLoras
@@ -28,6 +29,8 @@ class ServerState:
     chat_template: Optional[ChatTemplate]
     chat_template_error: Optional[str] = None  # why chat is refused when there is no template
     loras: ServedLoras = field(default_factory=ServedLoras)  # LoRA adapters served by name (serve/lora.py)
+    harmony: Optional[HarmonyChat] = None  # the harmony chat format, where this model chats in it
+    harmony_error: Optional[str] = None  # why chat is refused when the model chats in harmony and it cannot load
 
     @property
     def max_model_len(self) -> int:
@@ -57,6 +60,15 @@ class ServerState:
                 f"scheduler.max_num_seqs={self.config.scheduler.max_num_seqs}); retry later",
                 headers={"Retry-After": "1"},
             )
+
+    def harmony_for(self, template_override: Optional[str]) -> Optional[HarmonyChat]:
+        """The harmony format a chat request is rendered in (None: the chat template; a request's own template
+        wins); a 400 naming why when this model chats in harmony and it could not be loaded."""
+        if template_override is not None:
+            return None
+        if self.harmony_error is not None:
+            raise ApiError.invalid(self.harmony_error, "messages")
+        return self.harmony
 
     def template(self, override: Optional[str]) -> ChatTemplate:
         if override is not None:
