@@ -55,12 +55,19 @@ class GemmaRMSNorm(RMSNorm):
 
 
 class ScaledEmbedding(VocabParallelEmbedding):
-    """Token embedding times sqrt(hidden_size); the factor is a buffer, so it is cast (rounded) to the model dtype
-    with the weights, as HF does."""
+    """Token embedding times `scale` (default sqrt(hidden_size)); the factor is a buffer, so it is cast (rounded) to
+    the model dtype with the weights, as HF does."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, ctx: ParallelContext = SINGLE) -> None:
+    def __init__(
+        self, vocab_size: int, hidden_size: int, ctx: ParallelContext = SINGLE, scale: Optional[float] = None
+    ) -> None:
         super().__init__(vocab_size, hidden_size, ctx)
-        self.register_buffer("embed_scale", torch.tensor(hidden_size**0.5), persistent=False)
+        self.scale = hidden_size**0.5 if scale is None else scale
+        self.register_buffer("embed_scale", torch.tensor(self.scale), persistent=False)
+
+    def init_buffers(self) -> None:
+        """The factor again (after a build on the meta device)."""
+        self.embed_scale = torch.tensor(self.scale)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         return super().forward(input_ids) * self.embed_scale
@@ -150,7 +157,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         """Both kinds' RoPE frequencies and the embedding scale (after a build on the meta device)."""
         super().init_buffers()
         self.local_inv_freq = self.config.local_rope_inv_freq()  # type: ignore[attr-defined]
-        self.model.embed_tokens.embed_scale = torch.tensor(self.config.hidden_size**0.5)
+        self.model.embed_tokens.init_buffers()
 
     def rope_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [2, T, head_dim]: row `FULL_ROPE` for full layers, `LOCAL_ROPE` for window layers."""

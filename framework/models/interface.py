@@ -40,6 +40,7 @@ class Model(nn.Module, ABC):
     # Every weight a quantized checkpoint may quantize sits in a column- / row-parallel linear layer
     # (framework/layers/quantization gives those their method).
     supports_quantization: ClassVar[bool] = False
+    supports_lora: ClassVar[bool] = True  # LoRA adapters attach to its attention and MLP projections
     ctx: ParallelContext = SINGLE  # this rank's place (a parallel family sets its own)
 
     def __init__(self) -> None:
