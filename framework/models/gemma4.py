@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from framework.layers.attention import AttentionMetadata
-from framework.layers.attention.backend import order_rows_longest_first
+from framework.layers.attention.backend import TRITON_HEAD_DIMS, order_rows_longest_first
 from framework.layers.attention.kv_groups import group_metadata
 from framework.layers.parallel.context import ParallelContext
 from framework.layers.parallel.linear import SINGLE, StackedPart
@@ -110,6 +110,16 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
     def kv_layer_windows(self) -> list[int]:
         """The window (0: full) of each KV cache's layer, in `kv_caches` order (the runner's KV groups read it)."""
         return [self.config.layer_window(i) for i in self.config.kv_layers]
+
+    def cuda_graph_unsupported_reason(self) -> Optional[str]:
+        """On a GPU, why decode cannot be captured: a layer kind's head_dim without a Triton attention kernel
+        (the full layers' 512 of the released configs) attends through the PyTorch reference, which reads the
+        batch's lengths on the host."""
+        dims = sorted({self.config.layer_geometry(i)[1] for i in range(self.config.num_layers)})
+        missing = [d for d in dims if d not in TRITON_HEAD_DIMS]
+        if missing and self.lm_head.weight.device.type == "cuda":
+            return f"head_dim {missing} has no Triton attention kernel (the PyTorch reference attends those layers)"
+        return None
 
     # ---- forward ---------------------------------------------------------------------------------------------
     def forward_with_aux(

@@ -87,6 +87,10 @@ class Model(nn.Module, ABC):
     def check_max_model_len(self, max_model_len: int) -> None:
         """Raise `UnsupportedModelError` for a length this model cannot attend over correctly."""
 
+    def cuda_graph_unsupported_reason(self) -> Optional[str]:
+        """None when this model's decode forward may be captured as a CUDA graph; otherwise why not (logged)."""
+        return None
+
     # ---- loader hooks ----------------------------------------------------------------------------------------
     def owns_checkpoint_tensor(self, name: str) -> bool:
         """False for checkpoint tensors of other pipeline stages (the loader skips them without reading)."""

@@ -73,6 +73,7 @@ GPU_PIECES_LAST=(
   "kvtier 70 test_host_kv_tier_gpu.py"
   "lora 60 test_lora_gpu.py"
   "gdn 100 test_gdn_gpu.py"
+  "gemma4 120 test_gemma4_gpu.py"
 )
 
 test_groups() { # piece, name of a groups array: one pytest run per group, then the summary of exactly those files
