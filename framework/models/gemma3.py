@@ -28,7 +28,7 @@ from framework.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
 logger = logging.getLogger(__name__)
 
 # Where a Gemma3ForConditionalGeneration checkpoint keeps its text model (older and newer transformers layouts).
-_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."), ("language_model.", ""))
+TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."), ("language_model.", ""))
 _SKIPPED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 FULL_ROPE, LOCAL_ROPE = 0, 1  # rows of `rope_cos_sin`'s stacked cos / sin
 
@@ -174,7 +174,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
     def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
         """A multimodal checkpoint's text tensors into the parameter of their text-model name."""
-        for prefix, replacement in _TEXT_PREFIXES:
+        for prefix, replacement in TEXT_PREFIXES:
             if name.startswith(prefix):
                 param = replacement + name[len(prefix) :]
                 try:

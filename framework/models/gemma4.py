@@ -18,7 +18,7 @@ the HF checkpoint's; a multimodal checkpoint's text weights load under the same 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -28,7 +28,7 @@ from framework.layers.attention.backend import TRITON_HEAD_DIMS, order_rows_long
 from framework.layers.attention.kv_groups import group_metadata
 from framework.layers.parallel.context import ParallelContext
 from framework.layers.parallel.linear import SINGLE, StackedPart
-from framework.models.gemma3 import _TEXT_PREFIXES, ScaledEmbedding
+from framework.models.gemma3 import TEXT_PREFIXES, ScaledEmbedding
 from framework.models.gemma3_config import FULL, SLIDING
 from framework.models.gemma4_config import Gemma4Config
 from framework.models.gemma4_layers import Gemma4Attention, Gemma4DecoderLayer, Gemma4RMSNorm
@@ -76,7 +76,8 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
             model.per_layer_model_projection = nn.Linear(cfg.hidden_size, width, bias=False)
             model.per_layer_projection_norm = Gemma4RMSNorm(dim, cfg.rms_norm_eps)
         self.register_buffer("full_inv_freq", torch.zeros(cfg.full_head_dim // 2), persistent=False)
-        self.register_buffer("placeholder_ids", torch.tensor(cfg.placeholder_token_ids), persistent=False)
+        placeholders = torch.tensor(cfg.placeholder_token_ids, dtype=torch.long)
+        self.register_buffer("placeholder_ids", placeholders, persistent=False)
         self.kv_index = {layer: k for k, layer in enumerate(cfg.kv_layers)}  # layer -> its KV cache in kv_caches
         self._skipped_logged = False
         self.init_buffers()
@@ -182,7 +183,7 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
     @staticmethod
     def _text_name(name: str) -> str:
         """The text model's name of a checkpoint tensor (a multimodal checkpoint's prefix replaced)."""
-        for prefix, replacement in _TEXT_PREFIXES:
+        for prefix, replacement in TEXT_PREFIXES:
             if name.startswith(prefix):
                 return replacement + name[len(prefix) :]
         return name
@@ -216,8 +217,3 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
             if parts[4] in _SHARED_LAYER_TENSORS and self.config.is_kv_shared(int(parts[2])):
                 return False
         return super().owns_checkpoint_tensor(name)
-
-    @classmethod
-    def from_hf_config(cls, hf_config: dict[str, Any], ctx: ParallelContext = SINGLE) -> "Gemma4ForCausalLM":
-        """Build (uninitialised) from an HF config dict."""
-        return cls(Gemma4Config.from_hf(hf_config), ctx)

@@ -72,6 +72,7 @@ class Gemma4Attention(Attention):
         self.register_buffer("v_norm_weight", torch.ones(self.head_dim), persistent=False)
 
     def init_buffers(self) -> None:
+        """The value norm's unit weight again (after a build on the meta device)."""
         self.v_norm_weight = torch.ones(self.head_dim)
 
     def forward(  # type: ignore[override]
