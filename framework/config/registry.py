@@ -134,6 +134,7 @@ for _name, _cls in (("eagle", "EagleSpeculator"), ("eagle3", "Eagle3Speculator")
     SPECULATORS.register(_name, f"speculators.eagle:{_cls}", source="mrv2")
 MODELS.register("JambaForCausalLM", "framework.models.jamba:JambaForCausalLM", source="mrv2")
 MODELS.register("Gemma3ForCausalLM", "framework.models.gemma3:Gemma3ForCausalLM", source="mrv2")
+MODELS.register("Gemma4ForCausalLM", "framework.models.gemma4:Gemma4ForCausalLM", source="mrv2")
 MODELS.register("GptOssForCausalLM", "framework.models.gpt_oss:GptOssForCausalLM", source="mrv2")
 for _arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM"):
     MODELS.register(_arch, "framework.models.moe:MoeForCausalLM", source="mrv2")

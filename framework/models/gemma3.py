@@ -28,7 +28,7 @@ from framework.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
 logger = logging.getLogger(__name__)
 
 # Where a Gemma3ForConditionalGeneration checkpoint keeps its text model (older and newer transformers layouts).
-_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."), ("language_model.", ""))
+TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."), ("language_model.", ""))
 _SKIPPED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 FULL_ROPE, LOCAL_ROPE = 0, 1  # rows of `rope_cos_sin`'s stacked cos / sin
 
@@ -55,12 +55,19 @@ class GemmaRMSNorm(RMSNorm):
 
 
 class ScaledEmbedding(VocabParallelEmbedding):
-    """Token embedding times sqrt(hidden_size); the factor is a buffer, so it is cast (rounded) to the model dtype
-    with the weights, as HF does."""
+    """Token embedding times `scale` (default sqrt(hidden_size)); the factor is a buffer, so it is cast (rounded) to
+    the model dtype with the weights, as HF does."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, ctx: ParallelContext = SINGLE) -> None:
+    def __init__(
+        self, vocab_size: int, hidden_size: int, ctx: ParallelContext = SINGLE, scale: Optional[float] = None
+    ) -> None:
         super().__init__(vocab_size, hidden_size, ctx)
-        self.register_buffer("embed_scale", torch.tensor(hidden_size**0.5), persistent=False)
+        self.scale = hidden_size**0.5 if scale is None else scale
+        self.register_buffer("embed_scale", torch.tensor(self.scale), persistent=False)
+
+    def init_buffers(self) -> None:
+        """The factor again (after a build on the meta device)."""
+        self.embed_scale = torch.tensor(self.scale)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         return super().forward(input_ids) * self.embed_scale
@@ -150,7 +157,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         """Both kinds' RoPE frequencies and the embedding scale (after a build on the meta device)."""
         super().init_buffers()
         self.local_inv_freq = self.config.local_rope_inv_freq()  # type: ignore[attr-defined]
-        self.model.embed_tokens.embed_scale = torch.tensor(self.config.hidden_size**0.5)
+        self.model.embed_tokens.init_buffers()
 
     def rope_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [2, T, head_dim]: row `FULL_ROPE` for full layers, `LOCAL_ROPE` for window layers."""
@@ -167,7 +174,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
     def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
         """A multimodal checkpoint's text tensors into the parameter of their text-model name."""
-        for prefix, replacement in _TEXT_PREFIXES:
+        for prefix, replacement in TEXT_PREFIXES:
             if name.startswith(prefix):
                 param = replacement + name[len(prefix) :]
                 try:

@@ -145,6 +145,7 @@ class DecoderConfig:
 # Multimodal checkpoints whose text model mrv2 runs: architecture -> the text-only architecture it loads as.
 TEXT_MODEL_OF = {
     "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+    "Gemma4ForConditionalGeneration": "Gemma4ForCausalLM",
     "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM",
 }

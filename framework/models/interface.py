@@ -44,6 +44,7 @@ class Model(nn.Module, ABC):
     # Every weight a quantized checkpoint may quantize sits in a column- / row-parallel linear layer
     # (framework/layers/quantization gives those their method).
     supports_quantization: ClassVar[bool] = False
+    supports_lora: ClassVar[bool] = True  # LoRA adapters attach to its attention and MLP projections
     ctx: ParallelContext = SINGLE  # this rank's place (a parallel family sets its own)
     waits_per_kv_layer: ClassVar[bool] = False  # the forward calls `attn_metadata.kv_waits.layer(i)` (above)
 
@@ -90,6 +91,10 @@ class Model(nn.Module, ABC):
 
     def check_max_model_len(self, max_model_len: int) -> None:
         """Raise `UnsupportedModelError` for a length this model cannot attend over correctly."""
+
+    def cuda_graph_unsupported_reason(self) -> Optional[str]:
+        """None when this model's decode forward may be captured as a CUDA graph; otherwise why not (logged)."""
+        return None
 
     # ---- loader hooks ----------------------------------------------------------------------------------------
     def owns_checkpoint_tensor(self, name: str) -> bool:

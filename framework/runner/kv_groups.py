@@ -24,7 +24,12 @@ def choose_kv_groups(config: Mrv2Config, model: Any, num_draft_kv_layers: int) -
     layer_window = getattr(cfg, "layer_window", None)
     if not config.cache.kv_groups or not hasattr(model, "kv_groups") or layer_window is None:
         return None
-    layout = kv_group_layout([int(layer_window(i)) for i in range(int(cfg.num_layers))])  # type: ignore[union-attr]
+    kv_layer_windows = getattr(model, "kv_layer_windows", None)  # a model with fewer KV caches than layers (Gemma 4)
+    if kv_layer_windows is not None:
+        windows = [int(w) for w in kv_layer_windows()]
+    else:
+        windows = [int(layer_window(i)) for i in range(int(cfg.num_layers))]  # type: ignore[union-attr]
+    layout = kv_group_layout(windows)
     if layout is None:
         return None
     reason = _unsupported_reason(config, num_draft_kv_layers)

@@ -147,6 +147,8 @@ def build_lora_state(config: Mrv2Config, loaded: LoadedModel) -> Union[LoraState
         return NoLora()
     if loaded.parallel.tp_size > 1 or loaded.parallel.pp_size > 1:
         raise ConfigError("lora.enable: LoRA adapters do not run under tensor or pipeline parallelism yet")
+    if not getattr(loaded.model, "supports_lora", True):
+        raise ConfigError(f"lora.enable: {type(loaded.model).__name__} does not take LoRA adapters yet")
     runner = config.runner
     per_row = config.speculator.num_speculative_tokens + 1
     max_tokens = max(

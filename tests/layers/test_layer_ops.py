@@ -129,6 +129,7 @@ def _run_qk_case(
     seed: int = 0,
     one_head: Optional[bool] = None,
     unit_offset: bool = False,
+    float32_scale: bool = False,
 ) -> None:
     num_tokens, head_dim, num_heads, num_kv_heads, block_size, num_kv_tokens, padding = case
     num_blocks = 2 + 2 * num_tokens // block_size
@@ -145,8 +146,9 @@ def _run_qk_case(
     cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
     ref_cache = cache.clone()
     args = (q_weight, k_weight, EPS, num_heads, num_kv_heads, head_dim)
-    q = qk_norm_rope_store_triton(qkv, cos, sin, *args, cache, kv_slots, one_head=one_head, unit_offset=unit_offset)
-    ref_q = qk_norm_rope_store_reference(qkv, cos, sin, *args, ref_cache, kv_slots, unit_offset=unit_offset)
+    scales = {"unit_offset": unit_offset, "float32_scale": float32_scale}
+    q = qk_norm_rope_store_triton(qkv, cos, sin, *args, cache, kv_slots, one_head=one_head, **scales)
+    ref_q = qk_norm_rope_store_reference(qkv, cos, sin, *args, ref_cache, kv_slots, **scales)
     assert q.shape == (num_tokens, num_heads, head_dim) and q.is_contiguous()
     _assert_matches(q, ref_q)
     _assert_matches(cache, ref_cache)
@@ -175,6 +177,13 @@ def test_qk_norm_rope_store_matches_reference(case, dtype, qk_norm, one_head):
 def test_qk_norm_rope_store_with_gemma_norms(dtype, one_head):
     """Gemma's q/k norms (`unit_offset`: (1 + weight) in float32, rounded once) in both grids."""
     _run_qk_case(QK_CASES[1], dtype, True, True, seed=5, one_head=one_head, unit_offset=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("one_head", [True, False], ids=["one_head", "tiles"])
+def test_qk_norm_rope_store_with_gemma4_norms(dtype, one_head):
+    """Gemma 4's q/k norms (`float32_scale`: weight in float32, rounded once) in both grids."""
+    _run_qk_case(QK_CASES[1], dtype, True, True, seed=6, one_head=one_head, float32_scale=True)
 
 
 def test_qk_norm_rope_store_q_norm_only_and_float16():

@@ -23,12 +23,13 @@ def store_kv_reference(
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], updated in place
     kv_slot_mapping: torch.Tensor,  # [T] int64, negative = padding (skipped)
 ) -> None:
-    """Write each token's K and V at its KV slot (cast to the cache's dtype, saturating when it is FP8)."""
+    """Write each token's K and V at its KV slot (cast to the cache's dtype, saturating when it is FP8). The cache
+    may be a strided view (a layer's part of wider token rows: framework/models/gemma4.py)."""
     keep = kv_slot_mapping >= 0
     slots = kv_slot_mapping[keep]
-    flat = kv_cache.view(2, -1, kv_cache.shape[3], kv_cache.shape[4])
-    flat[0, slots] = saturating_cast(key[: kv_slot_mapping.numel()][keep], kv_cache.dtype)
-    flat[1, slots] = saturating_cast(value[: kv_slot_mapping.numel()][keep], kv_cache.dtype)
+    blocks, offsets = slots // kv_cache.shape[2], slots % kv_cache.shape[2]
+    kv_cache[0, blocks, offsets] = saturating_cast(key[: kv_slot_mapping.numel()][keep], kv_cache.dtype)
+    kv_cache[1, blocks, offsets] = saturating_cast(value[: kv_slot_mapping.numel()][keep], kv_cache.dtype)
 
 
 def paged_attention_reference(
@@ -46,7 +47,7 @@ def paged_attention_reference(
     runs over the scores plus one more logit `sinks[h]` whose value vector is zero (gpt-oss's attention sinks).
     Loops over batch rows on the host: this is the reference, not the fast path.
     """
-    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_heads = query.shape[1]
     num_kv_heads = kv_cache.shape[3]
     block_size = kv_cache.shape[2]
     out = torch.empty_like(query)
@@ -59,9 +60,9 @@ def paged_attention_reference(
         first_q = seq_len - (q_end - q_start)
         kv_lo = max(first_q - window + 1, 0) if window > 0 else 0
         pos = torch.arange(kv_lo, seq_len, device=query.device)
-        kv_slots = meta.block_tables[row, pos // block_size].long() * block_size + pos % block_size
-        k = kv_cache[0].view(-1, num_kv_heads, head_dim)[kv_slots]  # [S, kvH, D]
-        v = kv_cache[1].view(-1, num_kv_heads, head_dim)[kv_slots]
+        blocks, offsets = meta.block_tables[row, pos // block_size].long(), pos % block_size
+        k = kv_cache[0, blocks, offsets]  # [S, kvH, D] (the cache may be a strided view)
+        v = kv_cache[1, blocks, offsets]
         q = query[q_start:q_end]  # [Q, H, D]
         q_pos = torch.arange(first_q, seq_len, device=query.device)
         mask = pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [Q, S]

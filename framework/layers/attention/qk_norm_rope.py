@@ -29,7 +29,8 @@ def qk_norm_rope_store_reference(
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D], updated in place
     kv_slot_mapping: torch.Tensor,  # [T'] int64 KV slots of tokens 0..T'-1 (T' <= T), negative = padding
     backend: str = "auto",  # kernels.backend, for the store's dispatcher
-    unit_offset: bool = False,  # the norms scale by (1 + weight) in float32 (Gemma; `rms_norm_reference`)
+    unit_offset: bool = False,  # the norms scale by (1 + weight) in float32 (Gemma 3; `rms_norm_reference`)
+    float32_scale: bool = False,  # the norms scale by weight in float32 (Gemma 4; `rms_norm_reference`)
 ) -> torch.Tensor:
     """q [T, H, D] (per-head RMSNorm when a weight is given, then RoPE); k (same) and raw v of the first T'
     tokens are written at their KV slots (`store_kv_reference` semantics, through the `store_kv` dispatcher)."""
@@ -37,9 +38,9 @@ def qk_norm_rope_store_reference(
     q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
     q, k, v = q.view(t, num_heads, head_dim), k.view(t, num_kv_heads, head_dim), v.view(t, num_kv_heads, head_dim)
     if q_norm_weight is not None:
-        q = rms_norm_reference(q, q_norm_weight, eps, unit_offset=unit_offset)[0]
+        q = rms_norm_reference(q, q_norm_weight, eps, unit_offset=unit_offset, float32_scale=float32_scale)[0]
     if k_norm_weight is not None:
-        k = rms_norm_reference(k, k_norm_weight, eps, unit_offset=unit_offset)[0]
+        k = rms_norm_reference(k, k_norm_weight, eps, unit_offset=unit_offset, float32_scale=float32_scale)[0]
     q, k = apply_rope_reference(q, cos, sin), apply_rope_reference(k, cos, sin)
     store_kv(
         k, v, kv_cache, kv_slot_mapping, backend=backend
@@ -61,7 +62,8 @@ def qk_norm_rope_store(
     kv_slot_mapping: torch.Tensor,  # [T'] int64 KV slots of tokens 0..T'-1 (T' <= T), negative = padding
     pdl: bool = False,  # the kernel with programmatic dependent launch (framework/layers/kernels/pdl.py)
     backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
-    unit_offset: bool = False,  # the norms scale by (1 + weight) in float32, rounded once (Gemma)
+    unit_offset: bool = False,  # the norms scale by (1 + weight) in float32, rounded once (Gemma 3)
+    float32_scale: bool = False,  # the norms scale by weight in float32, rounded once (Gemma 4)
 ) -> torch.Tensor:
     """q [T, H, D] contiguous, normed + roped; normed + roped k and raw v of the first T' tokens go to the
     cache. See `qk_norm_rope_store_reference`."""
@@ -88,6 +90,7 @@ def qk_norm_rope_store(
             kv_slot_mapping,
             pdl,
             unit_offset=unit_offset,
+            float32_scale=float32_scale,
         )
     return qk_norm_rope_store_reference(
         qkv,
@@ -103,4 +106,5 @@ def qk_norm_rope_store(
         kv_slot_mapping,
         backend,
         unit_offset,
+        float32_scale,
     )

@@ -34,16 +34,19 @@ def rms_norm_reference(
     eps: float,
     residual: Optional[torch.Tensor] = None,  # like x
     unit_offset: bool = False,
+    float32_scale: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weight * rmsnorm(x + residual), x + residual or None); the sum and the normalised row are rounded to
-    x.dtype before use, as HF does. `unit_offset` (Gemma's norm): `(1 + weight) * rmsnorm` computed in float32
-    and rounded once, as HF's Gemma norms do."""
+    x.dtype before use, as HF does. `unit_offset` (Gemma 3's norm): `(1 + weight) * rmsnorm` computed in float32
+    and rounded once, as HF's Gemma norms do; `float32_scale` (Gemma 4's): `weight * rmsnorm` in float32, rounded
+    once."""
     if residual is not None:
         x = x + residual
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    if unit_offset:
-        return (h * (1.0 + weight.float())).to(x.dtype), (x if residual is not None else None)
+    if unit_offset or float32_scale:
+        scale = 1.0 + weight.float() if unit_offset else weight.float()
+        return (h * scale).to(x.dtype), (x if residual is not None else None)
     return weight * h.to(x.dtype), (x if residual is not None else None)
 
 
@@ -74,7 +77,8 @@ def rms_norm(
     residual: Optional[torch.Tensor] = None,  # [T, D] x.dtype
     pdl: bool = False,  # the kernel with programmatic dependent launch (framework/layers/kernels/pdl.py)
     backend: str = "auto",  # kernels.backend (framework/layers/kernels/backend.py)
-    unit_offset: bool = False,  # scale by (1 + weight) in float32 (Gemma): see `rms_norm_reference`
+    unit_offset: bool = False,  # scale by (1 + weight) in float32 (Gemma 3): see `rms_norm_reference`
+    float32_scale: bool = False,  # scale by weight in float32 (Gemma 4): see `rms_norm_reference`
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weight * rmsnorm(x + residual) [T, D], x + residual [T, D] or None); see `rms_norm_reference`."""
     kernel_takes = (
@@ -86,8 +90,8 @@ def rms_norm(
         and (residual is None or residual.shape == x.shape)
     )
     if kernel_takes and triton_enabled(x.device, x, weight, residual, backend=backend):
-        return rms_norm_triton(x, weight, eps, residual, pdl, unit_offset)
-    return rms_norm_reference(x, weight, eps, residual, unit_offset)
+        return rms_norm_triton(x, weight, eps, residual, pdl, unit_offset, float32_scale)
+    return rms_norm_reference(x, weight, eps, residual, unit_offset, float32_scale)
 
 
 def silu_and_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:  # [T, 2 * I] -> [T, I]

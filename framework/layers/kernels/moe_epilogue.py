@@ -6,6 +6,7 @@ HF's per-expert loops round it):
     gate, up = x @ gate[e]^T (+ gate_up_bias[e, 0]),  x @ up[e]^T (+ gate_up_bias[e, 1])
     act      = silu(gate) * up                                            SILU_AND_MUL (Qwen, Mixtral, ...)
              = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)    CLAMPED_SWIGLU (gpt-oss), g = min(gate, limit)
+             = gelu_tanh(gate) * up                                       GELU_TANH_AND_MUL (Gemma 4)
     y        = act @ down[e]^T (+ down_bias[e])
 
 gpt-oss's checkpoints interleave gate and up column by column (`gate_up_proj [E, H, 2I]`, gate = [..., ::2]); the
@@ -23,7 +24,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch.nn import functional as F
 
-SILU_AND_MUL, CLAMPED_SWIGLU = 0, 1
+SILU_AND_MUL, CLAMPED_SWIGLU, GELU_TANH_AND_MUL = 0, 1, 2
 # FP4 e2m1 codes 0..15 (bit 3: sign, bits 1-2: exponent with bias 1, bit 0: mantissa), as the OCP MX spec has them.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 MXFP4_GROUP = 32  # inputs per E8M0 scale
@@ -31,7 +32,8 @@ E8M0_BIAS = 127
 
 
 class MoeEpilogue(NamedTuple):
-    """The activation (`SILU_AND_MUL` or `CLAMPED_SWIGLU` with `alpha`, `limit`) and optional per-expert biases."""
+    """The activation (`SILU_AND_MUL`, `CLAMPED_SWIGLU` with `alpha`, `limit`, or `GELU_TANH_AND_MUL`) and optional
+    per-expert biases."""
 
     activation: int = SILU_AND_MUL
     alpha: float = 1.0
@@ -41,8 +43,11 @@ class MoeEpilogue(NamedTuple):
 
     def check(self, e: int, i: int, h: int) -> None:
         """Raise `ValueError` naming a bias whose shape does not fit E experts of intermediate I, hidden H."""
-        if self.activation not in (SILU_AND_MUL, CLAMPED_SWIGLU):
-            raise ValueError(f"fused_moe: activation {self.activation} is not SILU_AND_MUL (0) or CLAMPED_SWIGLU (1)")
+        if self.activation not in (SILU_AND_MUL, CLAMPED_SWIGLU, GELU_TANH_AND_MUL):
+            raise ValueError(
+                f"fused_moe: activation {self.activation} is not SILU_AND_MUL (0), CLAMPED_SWIGLU (1) or "
+                "GELU_TANH_AND_MUL (2)"
+            )
         biases = (("gate_up_bias", self.gate_up_bias, (e, 2, i)), ("down_bias", self.down_bias, (e, h)))
         for name, bias, shape in biases:
             if bias is not None and (tuple(bias.shape) != shape or not bias.is_contiguous()):
@@ -53,20 +58,23 @@ class MoeEpilogue(NamedTuple):
         consts: dict[str, object] = dict(
             ACTIVATION=self.activation,
             HAS_BIAS=self.gate_up_bias is not None,
-            ALPHA=float(self.alpha) if self.activation else 0.0,
-            LIMIT=float(self.limit) if self.activation else 0.0,
+            ALPHA=float(self.alpha) if self.activation == CLAMPED_SWIGLU else 0.0,
+            LIMIT=float(self.limit) if self.activation == CLAMPED_SWIGLU else 0.0,
         )
         gate_up = dummy if self.gate_up_bias is None else self.gate_up_bias
         return gate_up, dummy if self.down_bias is None else self.down_bias, consts
 
 
 SILU_EPILOGUE = MoeEpilogue()
+GELU_TANH_EPILOGUE = MoeEpilogue(GELU_TANH_AND_MUL)
 
 
 def activation_reference(gate: torch.Tensor, up: torch.Tensor, epilogue: MoeEpilogue) -> torch.Tensor:
     """[N, I] act from the rounded gate and up products (their dtype), as HF computes it."""
     if epilogue.activation == SILU_AND_MUL:
         return F.silu(gate) * up
+    if epilogue.activation == GELU_TANH_AND_MUL:
+        return F.gelu(gate, approximate="tanh") * up
     gate = gate.clamp(max=epilogue.limit)
     up = up.clamp(min=-epilogue.limit, max=epilogue.limit)
     return (up + 1) * (gate * torch.sigmoid(gate * epilogue.alpha))

@@ -97,7 +97,7 @@ def _gate_up_epilogue(
     col_mask,
     I: tl.constexpr,
     dtype: tl.constexpr,
-    ACTIVATION: tl.constexpr,  # 0: silu(gate) * up; 1: gpt-oss's clamped SwiGLU
+    ACTIVATION: tl.constexpr,  # 0: silu(gate) * up; 1: gpt-oss's clamped SwiGLU; 2: gelu_tanh(gate) * up
     HAS_BIAS: tl.constexpr,
     ALPHA: tl.constexpr,
     LIMIT: tl.constexpr,
@@ -112,6 +112,10 @@ def _gate_up_epilogue(
     if ACTIVATION == 0:
         silu = round_to_dtype(gate / (1.0 + tl.exp(-gate)), dtype)
         return round_to_dtype(silu * up, dtype)
+    elif ACTIVATION == 2:  # 0.5 g (1 + tanh(z)) = g * sigmoid(2 z), z = sqrt(2 / pi) (g + 0.044715 g^3)
+        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        gelu = round_to_dtype(gate / (1.0 + tl.exp(-2.0 * z)), dtype)
+        return round_to_dtype(gelu * up, dtype)
     else:
         gate = tl.minimum(gate, LIMIT)
         up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)

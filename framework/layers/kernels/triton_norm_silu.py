@@ -149,7 +149,8 @@ def _rms_norm_kernel(
     BLOCK_D: tl.constexpr,  # next power of two >= D
     HAS_RESIDUAL: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/layers/kernels/pdl.py)
-    UNIT_OFFSET: tl.constexpr = False,  # (1 + weight) * norm in float32, rounded once (Gemma)
+    UNIT_OFFSET: tl.constexpr = False,  # (1 + weight) * norm in float32, rounded once (Gemma 3)
+    FLOAT32_SCALE: tl.constexpr = False,  # weight * norm in float32, rounded once (Gemma 4)
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = out_ptr.dtype.element_ty
@@ -165,8 +166,10 @@ def _rms_norm_kernel(
         x = round_to_dtype(x + r, dtype)  # the new residual stream is rounded to dtype before it is normalised
         tl.store(summed_ptr + row * D + cols, x.to(dtype), mask=mask)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)  # masked columns are 0: they add nothing
-    if UNIT_OFFSET:  # HF's Gemma norm scales in float32 and rounds once
+    if UNIT_OFFSET:  # HF's Gemma norms scale in float32 and round once
         out = (w + 1.0) * (x * rstd)
+    elif FLOAT32_SCALE:
+        out = w * (x * rstd)
     else:
         out = w * round_to_dtype(x * rstd, dtype)  # HF rounds the normalised row to dtype first, then * in dtype
     tl.store(out_ptr + row * D + cols, round_to_dtype(out, dtype).to(dtype), mask=mask)
@@ -178,7 +181,8 @@ def rms_norm_triton(
     eps: float,
     residual: Optional[torch.Tensor] = None,  # [T, D] x.dtype, last dim contiguous
     pdl: bool = False,  # programmatic dependent launch (only where `pdl.pdl_supported`)
-    unit_offset: bool = False,  # scale by (1 + weight) in float32, rounded once (Gemma)
+    unit_offset: bool = False,  # scale by (1 + weight) in float32, rounded once (Gemma 3)
+    float32_scale: bool = False,  # scale by weight in float32, rounded once (Gemma 4)
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weight * rmsnorm(x + residual) [T, D], x + residual [T, D] or None), both new contiguous tensors."""
     num_rows, dim = x.shape
@@ -206,6 +210,7 @@ def rms_norm_triton(
         BLOCK_D=block_d,
         HAS_RESIDUAL=residual is not None,
         UNIT_OFFSET=unit_offset,
+        FLOAT32_SCALE=float32_scale,
         num_warps=min(max(block_d // 256, 1), 16),  # ~8 elements per thread
         **pdl_launch_kwargs(pdl),
     )

@@ -32,21 +32,31 @@ TILE_ROWS = 32  # head vectors per prefill program (tokens x heads): 16 KB of bf
 ONE_HEAD_TOKENS = 128  # up to this many tokens a program holds one head (measured: faster up to 128, slower at 256)
 
 
+def norm_scale_mode(unit_offset: bool, float32_scale: bool) -> int:
+    """The kernels' `NORM_SCALE`: 1 for `unit_offset` ((1 + weight) in float32, Gemma 3), 2 for `float32_scale`
+    (weight in float32, Gemma 4), 0 otherwise (the normalised row rounded, then times weight in dtype, as Llama)."""
+    return 1 if unit_offset else 2 if float32_scale else 0
+
+
 @triton.jit
 def _rms_norm_halves(
-    x1, x2, weight_ptr, dims, mask, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, dtype, UNIT_OFFSET: tl.constexpr
+    x1, x2, weight_ptr, dims, mask, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, dtype, NORM_SCALE: tl.constexpr
 ):
     """weight * rmsnorm([x1, x2]) for heads given as their two halves along the last axis (float32 holding dtype
     values): one head `[HALF]` each, or a tile of heads `[rows, HALF]`, each row normalised on its own.
-    `UNIT_OFFSET` (Gemma): (1 + weight) * rmsnorm in float32, rounded once."""
+    `NORM_SCALE` (`norm_scale_mode`): 0 weight * the rounded rmsnorm in dtype (Llama); 1 (1 + weight) * rmsnorm in
+    float32, rounded once (Gemma 3); 2 weight * rmsnorm in float32, rounded once (Gemma 4)."""
     rstd = tl.rsqrt(
         (tl.sum(x1 * x1, axis=-1, keep_dims=True) + tl.sum(x2 * x2, axis=-1, keep_dims=True)) / HEAD_DIM + eps
     )
     w1 = tl.load(weight_ptr + dims, mask=mask, other=0.0).to(tl.float32)
     w2 = tl.load(weight_ptr + HALF + dims, mask=mask, other=0.0).to(tl.float32)
-    if UNIT_OFFSET:
+    if NORM_SCALE == 1:
         y1 = round_to_dtype((w1 + 1.0) * (x1 * rstd), dtype)
         y2 = round_to_dtype((w2 + 1.0) * (x2 * rstd), dtype)
+    elif NORM_SCALE == 2:
+        y1 = round_to_dtype(w1 * (x1 * rstd), dtype)
+        y2 = round_to_dtype(w2 * (x2 * rstd), dtype)
     else:
         y1 = round_to_dtype(w1 * round_to_dtype(x1 * rstd, dtype), dtype)
         y2 = round_to_dtype(w2 * round_to_dtype(x2 * rstd, dtype), dtype)
@@ -89,7 +99,7 @@ def _norm_rope_tile(
     BLOCK_HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,
     HAS_NORM: tl.constexpr,
-    UNIT_OFFSET: tl.constexpr,
+    NORM_SCALE: tl.constexpr,
 ):
     """One program's `[BLOCK_T x TILE_HEADS, D]` tile (token-major rows: heads first_head.. of BLOCK_T tokens):
     load, norm, rope, store q or the cache's k and v."""
@@ -119,7 +129,7 @@ def _norm_rope_tile(
     s1 = tl.load(sin, mask=mask, other=0.0).to(tl.float32)
     s2 = tl.load(sin + HALF, mask=mask, other=0.0).to(tl.float32)
     if HAS_NORM:
-        x1, x2 = _rms_norm_halves(x1, x2, weight_ptr, dims, dim_ok, eps, HALF, HEAD_DIM, dtype, UNIT_OFFSET)
+        x1, x2 = _rms_norm_halves(x1, x2, weight_ptr, dims, dim_ok, eps, HALF, HEAD_DIM, dtype, NORM_SCALE)
     y1, y2 = _rope_halves(x1, x2, c1, c2, s1, s2, dtype)
     if IS_KEY:
         # The cache viewed as [2, num_blocks * block_size, Hkv, D]: a KV slot is a row of the middle axis.
@@ -166,7 +176,7 @@ def _qk_norm_rope_store_kernel(
     BLOCK_T: tl.constexpr,  # tokens per program
     HAS_Q_NORM: tl.constexpr,
     HAS_K_NORM: tl.constexpr,
-    UNIT_OFFSET: tl.constexpr = False,  # norms scale by (1 + weight) in float32 (Gemma), not by weight in dtype
+    NORM_SCALE: tl.constexpr = 0,  # how the norms scale (`norm_scale_mode`): 0 Llama, 1 Gemma 3, 2 Gemma 4
     USE_PDL: tl.constexpr = False,  # programmatic dependent launch (framework/layers/kernels/pdl.py)
 ):
     if USE_PDL:  # qkv, cos / sin and the KV slots are all written by earlier kernels of the step
@@ -202,7 +212,7 @@ def _qk_norm_rope_store_kernel(
             BLOCK_HALF,
             BLOCK_T,
             HAS_Q_NORM,
-            UNIT_OFFSET,
+            NORM_SCALE,
         )
     else:
         _norm_rope_tile(
@@ -232,7 +242,7 @@ def _qk_norm_rope_store_kernel(
             BLOCK_HALF,
             BLOCK_T,
             HAS_K_NORM,
-            UNIT_OFFSET,
+            NORM_SCALE,
         )
 
 
@@ -251,7 +261,8 @@ def qk_norm_rope_store_triton(
     # T' <= T, negative = padding (skipped)
     pdl: bool = False,  # programmatic dependent launch (only where `pdl.pdl_supported`)
     one_head: Optional[bool] = None,  # the grid: one head per program, or tiles; None: by T (ONE_HEAD_TOKENS)
-    unit_offset: bool = False,  # the norms scale by (1 + weight) in float32, rounded once (Gemma)
+    unit_offset: bool = False,  # the norms scale by (1 + weight) in float32, rounded once (Gemma 3)
+    float32_scale: bool = False,  # the norms scale by weight in float32, rounded once (Gemma 4)
 ) -> torch.Tensor:
     """q [T, H, D] contiguous (normed + roped); normed + roped k and raw v of the first T' tokens go to the cache."""
     num_tokens = qkv.shape[0]
@@ -305,7 +316,7 @@ def qk_norm_rope_store_triton(
         BLOCK_T=block_t,
         HAS_Q_NORM=q_norm_weight is not None,
         HAS_K_NORM=k_norm_weight is not None,
-        UNIT_OFFSET=unit_offset,
+        NORM_SCALE=norm_scale_mode(unit_offset, float32_scale),
         num_warps=4 if block_t * q_heads * block_half >= 1024 else 1 if block_half <= 64 else 2,
         **pdl_launch_kwargs(pdl),
     )

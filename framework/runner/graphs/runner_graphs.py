@@ -91,7 +91,7 @@ class RunnerGraphs:
         if (r.device.type != "cuda" and capturer is None) or not rc.cuda_graphs or r.parallel.pp_size > 1:
             return None  # pipeline stages pass hidden states between ranks outside the forward: they run eagerly
         state = r.model_state
-        reason = state.cuda_graph_unsupported_reason()
+        reason = state.cuda_graph_unsupported_reason() or r.model.cuda_graph_unsupported_reason()
         if reason is not None:
             return f"decode runs without CUDA graphs: {reason}"
         sizes = capture_sizes(rc.cuda_graph_sizes, r.config.scheduler.max_num_seqs)

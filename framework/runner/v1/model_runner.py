@@ -97,7 +97,7 @@ class ModelRunnerV1(ModelRunner):
         if not (rc.cuda_graphs and (self.triton_on_device or capturer is not None)):
             return
         state = self.model_state
-        reason = state.cuda_graph_unsupported_reason()
+        reason = state.cuda_graph_unsupported_reason() or self.model.cuda_graph_unsupported_reason()
         if reason is None and type(state).prepare_graph_inputs is not ModelState.prepare_graph_inputs:
             # V1's rows move between steps, and its slots are its own: it feeds no per-slot state to a graph.
             reason = f"the V1 runner replays no graph with per-slot inputs (model state '{state.name}')"
