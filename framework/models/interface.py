@@ -41,6 +41,9 @@ class Model(nn.Module, ABC):
     # (framework/layers/quantization gives those their method).
     supports_quantization: ClassVar[bool] = False
     ctx: ParallelContext = SINGLE  # this rank's place (a parallel family sets its own)
+    # The quantization `build_model` gave the layers (a `framework.layers.quantization.QuantScheme`; None: 16-bit):
+    # random weights of a parallel rank rebuild the whole model with it.
+    quant_scheme: Optional[Any] = None
 
     def __init__(self) -> None:
         super().__init__()
