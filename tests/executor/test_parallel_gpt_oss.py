@@ -12,14 +12,13 @@ before the all-reduce) breaks the match.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 from helpers.hf_models import random_prompts
 from helpers.mxfp4_checkpoints import build_gpt_oss, write_gpt_oss_mxfp4
 from helpers.tp_faults import plant_in_every_rank
-from test_hf_parity_gpt_oss import SPEC
+from test_gpt_oss_tensor_parallel import TP_SPEC
 from test_parallel import ENGINE, _shutdown
 
 from framework.engine.request import RequestOutput
@@ -28,7 +27,6 @@ from framework.params.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow  # spawns processes
 
-TP_SPEC = dataclasses.replace(SPEC, config_kwargs={**SPEC.config_kwargs, "intermediate_size": 64})
 PROMPTS = random_prompts(4, 12, 40, seed=55)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, prompt_logprobs=1)
 LOGPROB_ATOL = 1e-4

@@ -23,6 +23,7 @@ from test_hf_parity_gpt_oss import SPEC
 from framework.layers.parallel.context import ParallelContext
 from framework.models.loader import CheckpointError, build_model, init_random_weights
 
+# Two blocks of 32 intermediate features: one per rank at tp=2 (MXFP4); the rest is test_hf_parity_gpt_oss's.
 TP_SPEC = dataclasses.replace(SPEC, config_kwargs={**SPEC.config_kwargs, "intermediate_size": 64})
 CPU = torch.device("cpu")
 
