@@ -47,6 +47,9 @@ class Model(nn.Module, ABC):
     supports_lora: ClassVar[bool] = True  # LoRA adapters attach to its attention and MLP projections
     ctx: ParallelContext = SINGLE  # this rank's place (a parallel family sets its own)
     waits_per_kv_layer: ClassVar[bool] = False  # the forward calls `attn_metadata.kv_waits.layer(i)` (above)
+    # The quantization `build_model` gave the layers (a `framework.layers.quantization.QuantScheme`; None: 16-bit):
+    # random weights of a parallel rank rebuild the whole model with it.
+    quant_scheme: Optional[Any] = None
 
     def __init__(self) -> None:
         super().__init__()

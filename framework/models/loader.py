@@ -164,6 +164,7 @@ def build_model(
                 quantize_linears(model, scheme)
             except QuantizationError as err:
                 raise CheckpointError(f"config.json: {err}") from None
+            model.quant_scheme = scheme
         return model
 
     return build_materialised(construct, dtype, device)
@@ -326,6 +327,17 @@ def _random_packed(model: nn.Module, name: str, noise: torch.Tensor, std: float)
     return method.random_packed(tensor, noise, std)  # type: ignore[no-any-return]
 
 
+def _whole_model(model: Model) -> nn.Module:
+    """The single-process model of a parallel rank's `model`, on the meta device: its class rebuilt whole from its
+    `config` and quantized as `build_model` quantized the rank (`quant_scheme`), so it has the quantized tensors a
+    rank holds slices of (MXFP4 blocks, INT4 words) in the single-process parameter order."""
+    with torch.device("meta"):
+        full = type(model)(model.config)  # type: ignore[call-arg]
+        if model.quant_scheme is not None:
+            quantize_linears(full, model.quant_scheme)
+    return full
+
+
 def init_random_weights(model: Model, seed: int, std: float = 0.02) -> None:
     """Deterministic random weights: N(0, std**2) for matrices and embeddings, 1 for norms, 0 for biases.
 
@@ -333,15 +345,11 @@ def init_random_weights(model: Model, seed: int, std: float = 0.02) -> None:
     order of the whole model) is `normal_weights(shape, std, seed, k)`: the
     same numbers on every device (a `torch.Generator` would draw different ones on the CPU and on CUDA), so a
     CPU run and a GPU run of a preset compare the same model. A tensor- or pipeline-parallel rank draws the
-    whole parameter and keeps its slice of exactly the single-process weights (a parallel model class is
-    rebuilt whole, on the meta device, from its `config`).
+    whole parameter and keeps its slice of exactly the single-process weights (`_whole_model`).
     """
     device = next(model.parameters()).device
     params, targets = _targets(model)
-    full = model
-    if model.ctx.world_size > 1:
-        with torch.device("meta"):
-            full = type(model)(model.config)  # type: ignore[call-arg]
+    full = _whole_model(model) if model.ctx.world_size > 1 else model
     with torch.no_grad():
         for stream, (name, param) in enumerate(full.named_parameters()):
             if name.endswith("norm.weight"):

@@ -20,10 +20,11 @@ split with the weight, so I per rank must be a multiple of the FP8 block (128) a
 
 MXFP4 (gpt-oss) keeps the checkpoint's bytes and E8M0 exponents (`gate_up_proj_blocks [E, 2, I, H / 2]` uint8,
 `..._scales [E, 2, I, H / 32]`, `down_proj_blocks [E, H, I / 2]`, `down_proj_scales [E, H, I / 32]`; the model
-de-interleaves gpt-oss's gate/up rows at load), dequantized in the kernels' registers.
+de-interleaves gpt-oss's gate/up rows at load), dequantized in the kernels' registers. Under tensor parallelism all
+four split on I (dim 2): gate/up's rows, and down's inputs in whole blocks of 32 (16 bytes, one exponent).
 
-Refused by name: FP8 blocks or INT4 groups that I per rank cuts in two, GPTQ act-order (a permutation per
-expert), and MXFP4 experts under tensor parallelism.
+Refused by name: FP8 blocks, INT4 groups or MXFP4 blocks that I per rank cuts in two, GPTQ act-order (a
+permutation per expert).
 """
 
 from __future__ import annotations
@@ -81,12 +82,14 @@ def _parallel(experts: nn.Module) -> tuple[int, int]:
 
 
 def _refuse_cut(experts: nn.Module, prefix: str, what: str, size: int) -> None:
-    """Refuse when I per rank (under tensor parallelism) is not a multiple of `size` (an FP8 block, an INT4 group)."""
+    """Refuse when I per rank (under tensor parallelism) is not a multiple of `size` (an FP8 block, an INT4 group,
+    an MXFP4 block), naming the config key of I (`intermediate_key`: gpt-oss says `intermediate_size`)."""
     tp, _ = _parallel(experts)
     i = _dims(experts)[1]
+    key = getattr(experts, "intermediate_key", "moe_intermediate_size")
     if tp > 1 and i % size:
         raise QuantizationError(
-            f"{prefix}: {i} intermediate features per rank (moe_intermediate_size {i * tp} over {tp} tensor-parallel "
+            f"{prefix}: {i} intermediate features per rank ({key} {i * tp} over {tp} tensor-parallel "
             f"ranks) is not a multiple of the {what} {size}: the experts' scales cannot be split with their weights"
         )
 
@@ -324,9 +327,16 @@ class Mxfp4MoeMethod(MoeQuantMethod):
     name = "mxfp4-moe"
 
     def create_weights(self, layer: nn.Module, prefix: str) -> None:
-        ctx = getattr(layer, "ctx", None)
-        if ctx is not None and ctx.tp_size > 1:
-            raise QuantizationError(f"{prefix}: {self.name} experts under tensor parallelism are not supported yet")
+        """The blocks and scales of this rank's I (tensor parallelism: whole blocks of down's inputs only)."""
+        tp, _ = _parallel(layer)
+        if tp > 1:
+            whole, key = _dims(layer)[1] * tp, getattr(layer, "intermediate_key", "moe_intermediate_size")
+            if whole % MXFP4_GROUP == 0 and (whole // MXFP4_GROUP) % tp:
+                raise QuantizationError(
+                    f"{prefix}: parallel.tensor_parallel_size={tp} does not divide the mxfp4 experts' "
+                    f"{whole // MXFP4_GROUP} blocks of {MXFP4_GROUP} intermediate features ({key} {whole}): "
+                    "down_proj's blocks and scales cannot be split with its weights"
+                )
         for proj in PROJECTIONS:
             (n, k), lead = _nk(layer, proj), _lead(layer, proj)
             if k % MXFP4_GROUP:
@@ -334,6 +344,9 @@ class Mxfp4MoeMethod(MoeQuantMethod):
             del layer._parameters[proj]
             replace_parameter(layer, f"{proj}_blocks", torch.empty((*lead, n, k // 2), dtype=torch.uint8))
             replace_parameter(layer, f"{proj}_scales", torch.empty((*lead, n, k // MXFP4_GROUP), dtype=torch.uint8))
+        # The intermediate dimension, as for the 16-bit tensors (gate/up's rows, down's packed inputs and scales).
+        dims = {name: dim for name, dim in getattr(layer, "shard_dims", {}).items() if name not in PROJECTIONS}
+        layer.shard_dims = {**dims, **{f"{proj}_{t}": 2 for proj in PROJECTIONS for t in ("blocks", "scales")}}
 
     def process_after_loading(self, layer: nn.Module, prefix: str) -> None:
         tensors = {}
