@@ -6,16 +6,16 @@ import dataclasses
 import itertools
 import reprlib
 import sys
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
 from tqdm import tqdm
 
-from framework.config.schema import Mrv2Config, load_config
+from framework.config.schema import Mrv2Config
 from framework.engine.core import EngineCore
 from framework.engine.parallel_sampling import merge_sequences
 from framework.engine.request import RequestOutput
 from framework.entrypoints.harmony.chat import HarmonyChat, harmony_chat_for
+from framework.entrypoints.llm_config import config_from_kwargs
 from framework.entrypoints.offline_chat import ChatOptions, prepare_chat
 from framework.params.encoder_input import EncoderInput
 from framework.params.lora_request import LoRARequest
@@ -27,53 +27,6 @@ from framework.params.sampling_params import InvalidRequestError, SamplingParams
 # (encoder-decoder models such as Whisper) an audio prompt dict: {"audio": (array, sampling_rate)} or
 # {"input_features": tensor}, optionally with "decoder_prompt", "language", "task".
 Prompt = Union[str, Sequence[int], Mapping[str, Any]]
-
-# LLM(...) keyword -> dotted config key
-_KWARGS = {
-    "dtype": "model.dtype",
-    "max_model_len": "model.max_model_len",
-    "model_state": "model.model_state",
-    "quantization": "model.quantization",
-    "fp8_activation_min_tokens": "model.fp8_activation_min_tokens",
-    "fp8_moe_activation_min_tokens": "model.fp8_moe_activation_min_tokens",
-    "seed": "seed",
-    "device": "device",
-    "runner": "runner.kind",
-    "block_size": "cache.block_size",
-    "num_kv_blocks": "cache.num_blocks",
-    "gpu_memory_utilization": "cache.gpu_memory_utilization",
-    "kv_cache_dtype": "cache.kv_cache_dtype",
-    "max_num_seqs": "scheduler.max_num_seqs",
-    "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
-    "max_num_encoder_tokens": "scheduler.max_num_encoder_tokens",
-    "max_logprobs": "sampler.max_logprobs",
-    "logprobs_mode": "sampler.logprobs_mode",
-    "logits_processors": "sampler.logits_processors",
-    "async_scheduling": "scheduler.async_scheduling",
-    "cuda_graphs": "runner.cuda_graphs",
-    "full_step_cuda_graphs": "runner.full_step_cuda_graphs",
-    "prefill_cuda_graphs": "runner.prefill_cuda_graphs",
-    "prefill_cuda_graph_sizes": "runner.prefill_cuda_graph_sizes",
-    "token_history_on_host": "cache.token_history_on_host",
-    "enable_prefix_caching": "cache.enable_prefix_caching",
-    "mamba_snapshot_slots": "cache.mamba_snapshot_slots",
-    "host_kv_gib": "cache.host_kv_gib",
-    "kv_connector": "cache.kv_connector",
-    "task": "task",
-    "pooling": "model.pooling",
-    "kernel_backend": "kernels.backend",
-    "small_batch_kernels": "kernels.small_batch",
-    "longest_rows_first": "kernels.longest_rows_first",
-    "programmatic_launch": "kernels.programmatic_launch",
-    "small_batch_max_tokens": "model.small_batch_max_tokens",  # retired: load_config says why (RETIRED_KEYS)
-    "tensor_parallel_size": "parallel.tensor_parallel_size",
-    "pipeline_parallel_size": "parallel.pipeline_parallel_size",
-    "speculative_config": "speculator",
-    "enable_lora": "lora.enable",
-    "max_loras": "lora.max_loras",
-    "max_cpu_loras": "lora.max_cpu_loras",
-    "max_lora_rank": "lora.max_rank",  # a dict of SpeculatorConfig fields, e.g. {"method": "ngram", ...}
-}
 
 
 # vLLM's TextPrompt {"prompt": text} and TokensPrompt {"prompt_token_ids": ids}, alone in their dict.
@@ -144,19 +97,6 @@ def _lora_list(
     return loras
 
 
-def _config_from_kwargs(model: str, kwargs: dict[str, Any]) -> Mrv2Config:
-    data: dict[str, Any] = {"model": {"path": model, "preset": None} if Path(model).is_dir() else {"preset": model}}
-    for key, value in kwargs.items():
-        if key not in _KWARGS:
-            raise TypeError(f"LLM() got an unknown argument '{key}'; allowed: {', '.join(sorted(_KWARGS))}")
-        *parents, leaf = _KWARGS[key].split(".")
-        node = data
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return load_config(data)
-
-
 class LLM:
     """An engine in this process. `model` is a local HF directory or an embedded model name ("tiny", "random_tiny").
 
@@ -165,7 +105,7 @@ class LLM:
     """
 
     def __init__(self, model: str = "tiny", *, config: Optional[Mrv2Config] = None, **kwargs: Any) -> None:
-        self.config = config if config is not None else _config_from_kwargs(model, kwargs)
+        self.config = config if config is not None else config_from_kwargs(model, kwargs)
         self.engine = EngineCore(self.config)
         self._ids = itertools.count()
         self._harmony: Optional[tuple[Optional[HarmonyChat]]] = None  # (the format,) once `harmony_chat` looked

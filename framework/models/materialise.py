@@ -43,11 +43,14 @@ def _allocate_parameters(model: nn.Module, dtype: torch.dtype, device: torch.dev
 
 
 def _cast_buffers(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
-    """Move and cast the (recomputed) buffers as `Module.to(device, dtype)` would."""
+    """Move and cast the (recomputed) buffers as `Module.to(device, dtype)` would, except RoPE frequencies
+    (`*inv_freq`), which stay float32 as HF's `from_pretrained` keeps them: a bf16 frequency is off by up to 2^-9
+    of itself, so the angle at position p by up to p / 512 radians of the fastest pair's (4 at position 2,048)."""
     for module in model.modules():
         for name, buf in list(module._buffers.items()):
             if buf is not None:
-                module._buffers[name] = buf.to(device=device, dtype=_serving_dtype(buf, dtype))
+                cast = buf.dtype if name.endswith("inv_freq") else _serving_dtype(buf, dtype)
+                module._buffers[name] = buf.to(device=device, dtype=cast)
 
 
 def meta_tensors(model: nn.Module) -> list[str]:

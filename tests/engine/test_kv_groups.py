@@ -22,7 +22,8 @@ from helpers.graph_lockstep import record_replays
 from helpers.hf_models import TinySpec, hf_greedy, random_prompts, save_tiny_checkpoint
 
 from framework.engine.scheduler.kv_groups import GroupedKVCacheManager
-from framework.entrypoints.llm import LLM, _config_from_kwargs
+from framework.entrypoints.llm import LLM
+from framework.entrypoints.llm_config import config_from_kwargs
 from framework.models.setup import blocks_per_request
 from framework.params.sampling_params import SamplingParams
 
@@ -81,7 +82,7 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 def _llm(path: Path, kv_groups: bool = True, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
     base = {"device": "cpu", "dtype": "float32", "max_model_len": MAX_MODEL_LEN, "block_size": BLOCK}
-    config = _config_from_kwargs(str(path), {**base, "max_num_batched_tokens": 8, **kwargs})
+    config = config_from_kwargs(str(path), {**base, "max_num_batched_tokens": 8, **kwargs})
     cache = config.cache.model_copy(update={"kv_groups": kv_groups})
     return LLM(config=config.model_copy(update={"cache": cache}))
 

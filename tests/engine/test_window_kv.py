@@ -18,7 +18,8 @@ import torch
 from helpers.hf_models import TinySpec, hf_greedy, random_prompts, save_tiny_checkpoint
 
 from framework.engine.scheduler.kv_cache_manager import NO_BLOCK, KVCacheManager, window_hit
-from framework.entrypoints.llm import LLM, _config_from_kwargs
+from framework.entrypoints.llm import LLM
+from framework.entrypoints.llm_config import config_from_kwargs
 from framework.params.sampling_params import SamplingParams
 
 WINDOW, BLOCK = 6, 4  # a window that is not a whole number of blocks: blocks fall out between allocations
@@ -61,7 +62,7 @@ def hf_tokens(checkpoint: tuple[Path, torch.nn.Module]) -> dict[tuple[int, ...],
 
 
 def _llm(path: Path, free_window_blocks: bool = True, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
-    config = _config_from_kwargs(
+    config = config_from_kwargs(
         str(path), {"device": "cpu", "dtype": "float32", "max_model_len": MAX_MODEL_LEN, "block_size": BLOCK, **kwargs}
     )
     cache = config.cache.model_copy(update={"free_window_blocks": free_window_blocks})

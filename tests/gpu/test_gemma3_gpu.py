@@ -20,7 +20,11 @@ def test_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
 
     from framework import LLM, SamplingParams
 
-    hf = save_tiny_checkpoint(SPEC, tmp_path).to("cuda", getattr(torch, dtype))
+    from transformers import AutoModelForCausalLM
+
+    save_tiny_checkpoint(SPEC, tmp_path)
+    # As served: from_pretrained keeps the RoPE frequencies float32 (a `.to(bf16)` would round them; mrv2 keeps them).
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=getattr(torch, dtype)).to("cuda")
     prompts = random_prompts(6, 20, 60, seed=3)  # 2.5 to 7.5 windows of 8
     llm = LLM(
         str(tmp_path),

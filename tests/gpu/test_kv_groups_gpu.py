@@ -37,10 +37,11 @@ def test_groups_match_hf_on_gpu_with_released_blocks_poisoned(tmp_path, name):
 def test_gemma_3_4b_geometry_holds_the_window_blocks_only():
     from test_kv_groups import _held_while_decoding
 
-    from framework.entrypoints.llm import LLM, _config_from_kwargs
+    from framework.entrypoints.llm import LLM
+    from framework.entrypoints.llm_config import config_from_kwargs
     from framework.models.setup import kv_bytes_per_block
 
-    config = _config_from_kwargs(
+    config = config_from_kwargs(
         "gemma-3-4b", {"device": "cuda", "dtype": "bfloat16", "max_model_len": 4096, "gpu_memory_utilization": 0.5}
     )
     llm = LLM(config=config.model_copy(update={"cache": config.cache.model_copy(update={"kv_groups": True})}))

@@ -34,7 +34,8 @@ from helpers.hf_models import TinySpec, build_hf_model, hf_greedy, hf_logits
 from test_hf_parity import LOGITS_ATOL, LOGITS_RTOL, MAX_MODEL_LEN, MAX_TOKENS, PROMPTS, SCENARIOS, run_mrv2
 
 from framework.config.schema import ConfigError
-from framework.entrypoints.llm import LLM, _config_from_kwargs
+from framework.entrypoints.llm import LLM
+from framework.entrypoints.llm_config import config_from_kwargs
 from framework.models.gemma4_config import Gemma4Config
 from framework.models.hf_config import UnsupportedModelError
 from framework.params.sampling_params import SamplingParams
@@ -286,7 +287,7 @@ def test_kv_groups_with_released_blocks_poisoned(ple_checkpoint) -> None:  # typ
 
     path, hf_model = ple_checkpoint
     base = {"device": "cpu", "dtype": "float32", "max_model_len": MAX_MODEL_LEN, "block_size": 4}
-    config = _config_from_kwargs(str(path), {**base, "max_num_batched_tokens": 8, "enable_prefix_caching": False})
+    config = config_from_kwargs(str(path), {**base, "max_num_batched_tokens": 8, "enable_prefix_caching": False})
     llm = LLM(config=config.model_copy(update={"cache": config.cache.model_copy(update={"kv_groups": True})}))
     assert llm.engine.kv_cache.group_windows == (0, WINDOW, WINDOW)
     poisoned = _poison_released_blocks(llm)

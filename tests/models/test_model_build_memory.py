@@ -121,7 +121,11 @@ def test_build_equals_the_eager_build(preset: str, dtype: torch.dtype) -> None:
         assert torch.equal(got[name], want[name]), name
     assert dict(model.named_buffers()).keys() == dict(reference.named_buffers()).keys()
     for name, buf in reference.named_buffers():
-        assert torch.equal(dict(model.named_buffers())[name], buf), name
+        mine = dict(model.named_buffers())[name]
+        if name.endswith("inv_freq"):  # RoPE frequencies stay float32 (the eager build's `.to` rounds them)
+            assert mine.dtype == torch.float32 and torch.equal(mine.to(buf.dtype), buf), name
+        else:
+            assert torch.equal(mine, buf), name
     shared = lambda m: {n for n, p in m.named_parameters(remove_duplicate=False)} - {n for n, _ in m.named_parameters()}
     assert shared(model) == shared(reference)  # tied weights stay one parameter
     assert all(p.requires_grad == q.requires_grad for p, q in zip(model.parameters(), reference.parameters()))
@@ -151,3 +155,20 @@ def test_init_buffers_that_leaves_meta_tensors_is_refused() -> None:
 
     with pytest.raises(RuntimeError, match="left tensors on the meta device: scale"):
         build_materialised(Forgetful, torch.bfloat16, CPU)
+
+
+@pytest.mark.parametrize("preset", ["random_tiny", "gemma-3-4b"])
+def test_rope_frequencies_stay_float32_in_a_bf16_model(preset: str) -> None:
+    """A bf16 model's RoPE angles at position 32,000 equal float32 arithmetic on the config's frequencies (as HF's
+    `from_pretrained` keeps `inv_freq` float32); bf16 frequencies would be off by radians there."""
+    cfg = preset_config(preset)
+    model = build_model(cfg, torch.bfloat16, CPU)
+    buffers = {n: b for n, b in model.named_buffers() if n.endswith("inv_freq")}
+    assert buffers and all(b.dtype == torch.float32 for b in buffers.values())
+    want = build_model(cfg, torch.float32, CPU)
+    positions = torch.tensor([32_000.0])
+    for name, buf in buffers.items():
+        exact = positions[:, None] * dict(want.named_buffers())[name][None, :]
+        assert torch.equal(positions[:, None] * buf[None, :], exact), name
+        rounded = positions[:, None] * buf.bfloat16().float()[None, :]
+        assert (rounded - exact).abs().max() > 1.0  # what the test guards against
