@@ -17,10 +17,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
     from helpers.hf_models import hf_greedy, random_prompts, save_tiny_checkpoint
     from test_hf_parity_gemma3 import SPEC
+    from transformers import AutoModelForCausalLM
 
     from framework import LLM, SamplingParams
-
-    from transformers import AutoModelForCausalLM
 
     save_tiny_checkpoint(SPEC, tmp_path)
     # As served: from_pretrained keeps the RoPE frequencies float32 (a `.to(bf16)` would round them; mrv2 keeps them).
