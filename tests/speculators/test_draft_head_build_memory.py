@@ -62,7 +62,12 @@ def _old_load(path: Path, kind: str, dtype: torch.dtype) -> DraftHead:
     head_io._copy_tensors(head, tensors)
     if isinstance(head, Eagle3Head):
         head_io._check_draft_vocab(head, tensors, path)
-    return head.to(dtype=dtype).eval()
+    frequencies = {n: b for n, b in head.named_buffers() if n.endswith("inv_freq")}
+    head = head.to(dtype=dtype).eval()
+    for name, buf in frequencies.items():  # RoPE frequencies stay float32, as in the build (`materialise.py`)
+        owner, _, leaf = name.rpartition(".")
+        head.get_submodule(owner)._buffers[leaf] = buf
+    return head
 
 
 def _bf16_checkpoint(kind: str, kwargs: dict, root: Path) -> Path:
