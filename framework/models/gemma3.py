@@ -12,7 +12,7 @@ names and its vision tower and projector are skipped (logged once).
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
@@ -35,20 +35,23 @@ FULL_ROPE, LOCAL_ROPE = 0, 1  # rows of `rope_cos_sin`'s stacked cos / sin
 
 class GemmaRMSNorm(RMSNorm):
     """RMSNorm scaling by `1 + weight` (Gemma's checkpoints store the offset from one), in float32 and rounded
-    once, as HF's Gemma norm (a 16-bit `1 + weight` would lose the weight's low bits)."""
+    once, as HF's Gemma norm (a 16-bit `1 + weight` would lose the weight's low bits). `scale_mode`: the
+    `rms_norm` keyword that says how the weight scales (a subclass may pick another)."""
+
+    scale_mode: ClassVar[dict[str, bool]] = {"unit_offset": True}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
         flat = x.reshape(-1, x.shape[-1])
-        return rms_norm(flat, self.weight, self.eps, backend=self.kernel_backend, unit_offset=True)[0].view(x.shape)
+        return rms_norm(flat, self.weight, self.eps, backend=self.kernel_backend, **self.scale_mode)[0].view(x.shape)
 
     def add_and_norm(
         self, x: torch.Tensor, residual: Optional[torch.Tensor], pdl: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual), as `RMSNorm.add_and_norm` with the `1 + weight` scale."""
+        """(norm(x + residual), x + residual), as `RMSNorm.add_and_norm` with this norm's scale."""
         if residual is None:
             return self(x), x
         out, summed = rms_norm(
-            x, self.weight, self.eps, residual, pdl=pdl, backend=self.kernel_backend, unit_offset=True
+            x, self.weight, self.eps, residual, pdl=pdl, backend=self.kernel_backend, **self.scale_mode
         )
         assert summed is not None
         return out, summed

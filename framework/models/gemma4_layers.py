@@ -11,7 +11,7 @@ residual; the per-layer input is gated into the residual stream, and the layer's
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
@@ -22,30 +22,16 @@ from framework.layers.attention.qk_norm_rope import qk_norm_rope_store
 from framework.layers.kernels.fused_moe import fused_moe
 from framework.layers.kernels.layer_ops import apply_rope_reference, rms_norm
 from framework.layers.kernels.moe_epilogue import GELU_TANH_EPILOGUE
-from framework.models.gemma3 import GemmaMLP
+from framework.models.gemma3 import GemmaMLP, GemmaRMSNorm
 from framework.models.gemma4_config import Gemma4Config
-from framework.models.llama import Attention, AttentionFn, RMSNorm
+from framework.models.llama import Attention, AttentionFn
 from framework.models.merge_rows import merge_rows
 
 
-class Gemma4RMSNorm(RMSNorm):
+class Gemma4RMSNorm(GemmaRMSNorm):
     """RMSNorm scaling by `weight` in float32 and rounding once, as HF's Gemma 4 norm."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
-        flat = x.reshape(-1, x.shape[-1])
-        return rms_norm(flat, self.weight, self.eps, backend=self.kernel_backend, float32_scale=True)[0].view(x.shape)
-
-    def add_and_norm(
-        self, x: torch.Tensor, residual: Optional[torch.Tensor], pdl: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual), as `RMSNorm.add_and_norm` with Gemma 4's scaling."""
-        if residual is None:
-            return self(x), x
-        out, summed = rms_norm(
-            x, self.weight, self.eps, residual, pdl=pdl, backend=self.kernel_backend, float32_scale=True
-        )
-        assert summed is not None
-        return out, summed
+    scale_mode: ClassVar[dict[str, bool]] = {"float32_scale": True}
 
 
 class Gemma4Attention(Attention):
