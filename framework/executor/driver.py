@@ -29,6 +29,7 @@ from framework.executor.worker import build_rank, leave_groups, serve, worker_ma
 from framework.layers.parallel.context import ParallelContext
 from framework.models.loaded import LoadedModel
 from framework.models.setup import read_model_config
+from framework.params.kv_groups import KVGroupLayout
 from framework.params.scheduler_output import SchedulerOutput
 from framework.runner.async_output import AsyncOutput
 from framework.runner.interface import ModelRunner
@@ -124,6 +125,12 @@ class DriverRunner(ModelRunner):
         if name == "local":
             raise AttributeError(name)
         return getattr(self.local, name)
+
+    @property
+    def kv_groups(self) -> Optional[KVGroupLayout]:  # the class default (None) would hide the local runner's
+        """The local runner's KV groups: the engine's KV cache manager hands out one block id per group from them,
+        and every rank's runner chose the same (same config, same layers)."""
+        return self.local.kv_groups
 
     @property
     def step_events(self) -> Optional[list]:

@@ -40,8 +40,8 @@ def choose_kv_groups(config: Mrv2Config, model: Any, num_draft_kv_layers: int) -
 
 
 def _unsupported_reason(config: Mrv2Config, num_draft_kv_layers: int) -> Optional[str]:
-    if config.parallel.world_size > 1:
-        return "tensor / pipeline parallelism"
+    if config.parallel.pipeline_parallel_size > 1:  # a stage holds some layers; the layout indexes global ones
+        return "pipeline parallelism"
     if num_draft_kv_layers:
         return "a draft model with its own KV layers (EAGLE, MTP)"
     if kv_connector_name(config.cache) != "none":

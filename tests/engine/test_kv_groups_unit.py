@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from framework.batch.group_block_tables import GroupedBlockTables
+from framework.config.schema import load_config
 from framework.engine.request import Request
 from framework.engine.scheduler.kv_cache_manager import NO_BLOCK
 from framework.engine.scheduler.kv_groups import GroupedHit, GroupedKVCacheManager
 from framework.params.kv_groups import kv_group_layout
 from framework.params.sampling_params import SamplingParams
+from framework.runner.kv_groups import choose_kv_groups
 
 BLOCK = 4
 
@@ -117,3 +119,30 @@ def test_gemma3_4b_and_gpt_oss_kv_per_request_at_32k() -> None:
 
     assert ratio([0 if i % 6 == 5 else 1024 for i in range(34)], 1024) > 5.5
     assert 1.99 < ratio([128 if i % 2 == 0 else 0 for i in range(24)], 128) < 2.0
+
+
+class _WindowModel:
+    """What `choose_kv_groups` reads of a model: a Llama-family forward (`kv_groups`) and each layer's window."""
+
+    kv_groups = None
+
+    class config:  # noqa: N801 (the model's config attribute)
+        num_layers = 4
+
+        @staticmethod
+        def layer_window(i: int) -> int:
+            return 8 if i % 2 == 0 else 0
+
+
+@pytest.mark.parametrize(
+    "parallel, grouped",
+    [({}, True), ({"tensor_parallel_size": 2}, True), ({"pipeline_parallel_size": 2}, False)],
+)
+def test_groups_run_under_tensor_parallelism_not_pipeline(parallel: dict, grouped: bool) -> None:
+    """Tensor ranks hold every layer (their KV heads): the same layout as one process. A pipeline stage holds
+    some layers, which the layout (indexed by global layer) does not describe: one table, with a log line."""
+    config = load_config({"device": "cpu", "cache": {"kv_groups": True}, "parallel": {"backend": "gloo", **parallel}})
+    layout = choose_kv_groups(config, _WindowModel(), 0)
+    assert (layout is not None) == grouped
+    if layout is not None:
+        assert layout.group_windows == (0, 8) and layout.layer_group == (1, 0, 1, 0)

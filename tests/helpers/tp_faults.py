@@ -38,9 +38,26 @@ def _row_parallel_bias_per_rank(setattr_: Callable[..., None]) -> None:
     setattr_(RowParallelLinear, "forward", biased_partial)
 
 
+def _ungrouped_block_tables(setattr_: Callable[..., None]) -> None:
+    """Every layer reads and writes group 0's (the full layers') block table, as one table without KV groups
+    would, while the scheduler hands out and gives back blocks per group."""
+    from dataclasses import replace
+
+    from framework.models import llama
+
+    def group0_only(meta, positions, layout):  # type: ignore[no-untyped-def]
+        if layout is None:
+            return (meta,)
+        width = meta.block_tables.shape[1] // layout.num_groups
+        return (replace(meta, block_tables=meta.block_tables[:, :width]),) * layout.num_groups
+
+    setattr_(llama, "group_metadata", group0_only)
+
+
 FAULTS: dict[str, Callable[[Callable[..., None]], None]] = {
     "gpt_oss_down_bias_per_rank": _gpt_oss_down_bias_per_rank,
     "row_parallel_bias_per_rank": _row_parallel_bias_per_rank,
+    "ungrouped_block_tables": _ungrouped_block_tables,
 }
 
 
@@ -54,7 +71,12 @@ def worker_main_with_fault(fault: str, config_json: str, rank: int, local_rank: 
 
 def plant_in_every_rank(mp: pytest.MonkeyPatch, fault: str) -> None:
     """Plant `fault` in this (driver) process and in every worker the driver spawns from now on."""
+    FAULTS[fault](mp.setattr)
+    plant_in_workers(mp, fault)
+
+
+def plant_in_workers(mp: pytest.MonkeyPatch, fault: str) -> None:
+    """Plant `fault` in every worker the driver spawns from now on, not in this (driver) process."""
     import framework.executor.driver as driver
 
-    FAULTS[fault](mp.setattr)
     mp.setattr(driver, "worker_main", functools.partial(worker_main_with_fault, fault))
