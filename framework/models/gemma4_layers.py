@@ -11,7 +11,7 @@ residual; the per-layer input is gated into the residual stream, and the layer's
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
@@ -164,6 +164,10 @@ class Gemma4Experts(nn.Module):
 class Gemma4DecoderLayer(nn.Module):
     """Norm, attention, norm, add; norm, MLP (+ the MoE beside it), norm, add; the per-layer input gated in; all
     times `layer_scalar`. Takes and returns the whole residual stream (the scalar scales all of it)."""
+
+    # Random weights (`init_random_weights`) set it to 1: drawn at N(0, 0.02) it would shrink the residual stream
+    # fifty-fold per layer.
+    random_ones: ClassVar[tuple[str, ...]] = ("layer_scalar",)
 
     def __init__(self, cfg: Gemma4Config, layer: int) -> None:
         super().__init__()
