@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 import torch
 
 from framework.layers.kernels.backend import set_kernel_backend
+from framework.layers.quantization import set_activation_quantization
 from framework.models.loader import CheckpointError
 from speculators.draft_heads import DraftHead, load_draft_head
 from speculators.head_drafter import HeadDrafter
@@ -41,6 +42,7 @@ class DraftHeadSpeculator(Speculator):
                 "speculator.method=ngram"
             )
         self.head = self._load_head(config, loaded, device)
+        set_activation_quantization(self.head, *loaded.fp8_activation_min_tokens)  # the target's thresholds
         set_kernel_backend(self.head, loaded.kernel_backend)  # the target's kernels.backend
         target = loaded.model
         self.head.share_target_weights(*target.shareable_embeddings())
@@ -67,7 +69,8 @@ class DraftHeadSpeculator(Speculator):
         return path
 
     def _load_head(self, config: "SpeculatorConfig", loaded: "LoadedModel", device: torch.device) -> DraftHead:
-        return load_draft_head(self._model_path(config, loaded), self.head_kind, loaded.hf_config, device, loaded.dtype)
+        path = self._model_path(config, loaded)
+        return load_draft_head(path, self.head_kind, loaded.hf_config, device, loaded.dtype, loaded.quantization)
 
     @property
     def num_kv_layers(self) -> int:

@@ -151,6 +151,10 @@ class Gemma4DecoderLayer(nn.Module):
     """Norm, attention, norm, add; norm, MLP (+ the MoE beside it), norm, add; the per-layer input gated in; all
     times `layer_scalar`. Takes and returns the whole residual stream (the scalar scales all of it)."""
 
+    # Random weights (`init_random_weights`) set it to 1: drawn at N(0, 0.02) it would shrink the residual stream
+    # fifty-fold per layer.
+    random_ones: ClassVar[tuple[str, ...]] = ("layer_scalar",)
+
     def __init__(self, cfg: Gemma4Config, layer: int) -> None:
         super().__init__()
         dim, eps = cfg.hidden_size, cfg.rms_norm_eps

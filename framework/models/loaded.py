@@ -8,6 +8,8 @@ from typing import Any, Optional
 import torch
 
 from framework.layers.parallel.context import ParallelContext
+from framework.layers.quantization.fp8 import W8A8_MIN_TOKENS
+from framework.layers.quantization.moe import MOE_W8A8_MIN_TOKENS
 from framework.models.interface import Model
 from framework.models.tokenizer import Tokenizer
 
@@ -31,3 +33,9 @@ class LoadedModel:
     # The checkpoint's other end-of-sequence ids (a list's after the first): every request's stop tokens unless
     # ignore_eos, as vLLM adds them (`Engine.add_request`).
     extra_eos_token_ids: tuple[int, ...] = ()
+    # `model.quantization`: the online format the target's weights took at load (None: the checkpoint's own); a
+    # draft head read beside the target takes it too.
+    quantization: Optional[str] = None
+    # (`model.fp8_activation_min_tokens`, `model.fp8_moe_activation_min_tokens`): from how many tokens quantized
+    # linear layers / experts quantize their activations (None: never); a draft head's layers follow them.
+    fp8_activation_min_tokens: tuple[Optional[int], Optional[int]] = (W8A8_MIN_TOKENS, MOE_W8A8_MIN_TOKENS)

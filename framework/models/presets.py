@@ -18,7 +18,11 @@ geometry: Qwen3-30B-A3B's shapes (48 layers, hidden 2048, 128 experts of interme
 about 21B parameters, 42 GB in bf16 experts) with random weights; `gpt-oss-20b-mxfp4` the same with MXFP4 experts
 (random bytes, one exponent for every group; about 13 GB). `gemma-3-4b` is Gemma 3 4B's text geometry (34
 layers, five in six on a 1,024-token window, hidden 2560, 8/4 heads of 256, GELU-tanh, vocabulary 262,208; about
-3.9B parameters) with random weights.
+3.9B parameters) with random weights. `gemma-4-default` is the geometry of transformers' `Gemma4TextConfig`
+defaults (30 layers, every sixth full attention with 512-wide heads and proportional RoPE on a quarter of them, the
+others on a 512-token window with 256-wide heads, 8/4 heads, hidden 2304, MLP 9216, per-layer input embeddings of
+256 per layer over 262,144 ids, tied embeddings; about 5.1B parameters, 2.0B of them the per-layer table) with
+random weights and every `layer_scalar` 1.
 """
 
 from __future__ import annotations
@@ -265,6 +269,32 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "eos_token_id": BYTE_EOS_ID,
     },
+}
+PRESETS["gemma-4-default"] = {  # transformers' Gemma4TextConfig defaults, spelled out
+    "architectures": ["Gemma4ForCausalLM"],
+    "vocab_size": 262144,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "sliding_window": 512,
+    "layer_types": ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(30)],
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 131072,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+    },
+    "vocab_size_per_layer_input": 262144,
+    "hidden_size_per_layer_input": 256,
+    "num_kv_shared_layers": 0,
+    "pad_token_id": 0,
+    "tie_word_embeddings": True,
+    "eos_token_id": BYTE_EOS_ID,
 }
 PRESETS["gpt-oss-20b-mxfp4"] = {  # the released checkpoints' layout: MXFP4 experts, the rest 16-bit
     **PRESETS["gpt-oss-20b"],

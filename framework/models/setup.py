@@ -135,6 +135,8 @@ def load_model(config: Mrv2Config, device: torch.device, parallel: Optional[Para
         parallel=parallel,
         path=source.path,
         extra_eos_token_ids=eos_ids[1:],
+        quantization=mc.quantization,
+        fp8_activation_min_tokens=(mc.fp8_activation_min_tokens, mc.fp8_moe_activation_min_tokens),
     )
 
 

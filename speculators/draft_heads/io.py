@@ -10,6 +10,10 @@ checkpoint, whose MTP head sits beside the target's tensors) gives the head's li
 methods as the target's (`framework.layers.quantization`), when the head class says `supports_quantization`;
 other heads are refused by name rather than read as 16-bit weights without their scales. A tensor whose dtype is
 not the one its parameter's format stores is refused by name.
+
+Online quantization of the target (`quantization`, `model.quantization=fp8`) reaches the head too: a head class
+that `supports_quantization` reads its 16-bit tensors, then its linear layers and experts become FP8 with one
+scale per output channel, as the target's did; a head that reads 16-bit weights only stays in 16 bits.
 """
 
 from __future__ import annotations
@@ -98,8 +102,10 @@ def load_draft_head(
     target_config: Optional[dict[str, Any]] = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    quantization: Optional[str] = None,
 ) -> DraftHead:
-    """The `kind` ('eagle', 'eagle3', 'mtp') head saved in directory `path`, checked against `target_config`.
+    """The `kind` ('eagle', 'eagle3', 'mtp') head saved in directory `path`, checked against `target_config`;
+    `quantization`: the target's online format (`model.quantization`), None for the checkpoint's own.
 
     Checked on the meta device first (no storage), then built with each weight allocated once in `dtype` on
     `device` (`build_materialised`) and filled from the checkpoint one tensor at a time."""
@@ -115,7 +121,7 @@ def load_draft_head(
     elif kind == "mtp":  # the target's own checkpoint may hold the MTP layers: skip the target's tensors
         tensors = {n: v for n, v in tensors.items() if not _is_target_tensor(n, int(config["num_hidden_layers"]))}
     names = set(tensors)
-    scheme = _head_quantization(cls, kind, config, root)
+    scheme = _head_quantization(cls, kind, config, root, quantization)
 
     def construct() -> DraftHead:
         head: DraftHead = cls.from_tensor_names(config, names)  # type: ignore[attr-defined]
@@ -167,10 +173,14 @@ def load_draft_head(
     return head.eval()
 
 
-def _head_quantization(cls: type[DraftHead], kind: str, config: dict[str, Any], root: Path) -> Optional[QuantScheme]:
-    """The quantization config.json declares for the head's weights (None: 16-bit), refused for a head class that
-    reads 16-bit weights only."""
-    scheme = checkpoint_quantization(config)
+def _head_quantization(
+    cls: type[DraftHead], kind: str, config: dict[str, Any], root: Path, online: Optional[str]
+) -> Optional[QuantScheme]:
+    """The quantization config.json declares for the head's weights, or the target's `online` one (None: 16-bit);
+    a declared one is refused for a head class that reads 16-bit weights only, an online one leaves it 16-bit."""
+    scheme = checkpoint_quantization(config, online)
+    if scheme is not None and not cls.supports_quantization and online is not None:
+        return None  # its 16-bit weights serve as they are; the target's layers alone became FP8
     if scheme is not None and not cls.supports_quantization:
         raise CheckpointError(
             f"{kind} head '{root}': config.json declares quantized weights ({scheme.format}), which the "

@@ -60,7 +60,8 @@ def test_multirun_sweeps_temperature(tmp_path):
         (["sampler.temprature=1"], "sampler.temprature: unknown key (did you mean 'temperature'?)"),
         (
             ["model=nope"],
-            "model=nope: unknown option; available model options: gemma-3-4b, gpt-oss-20b, gpt-oss-20b-mxfp4, hf, "
+            "model=nope: unknown option; available model options: gemma-3-4b, gemma-4-default, gpt-oss-20b, "
+            "gpt-oss-20b-mxfp4, hf, "
             "jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, qwen3_5-tiny, random_tiny, tiny, "
             "whisper-tiny",
         ),
