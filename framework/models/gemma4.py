@@ -114,8 +114,8 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
 
     def cuda_graph_unsupported_reason(self) -> Optional[str]:
         """On a GPU, why decode cannot be captured: a layer kind's head_dim without a Triton attention kernel
-        (the full layers' 512 of the released configs) attends through the PyTorch reference, which reads the
-        batch's lengths on the host."""
+        attends through the PyTorch reference, which reads the batch's lengths on the host (the released
+        configs' 256 and 512 both have kernels: None for them)."""
         dims = sorted({self.config.layer_geometry(i)[1] for i in range(self.config.num_layers)})
         missing = [d for d in dims if d not in TRITON_HEAD_DIMS]
         if missing and self.lm_head.weight.device.type == "cuda":

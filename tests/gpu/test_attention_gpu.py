@@ -1,7 +1,8 @@
 """Triton KV store and paged attention against the PyTorch references at real shapes, on a CUDA GPU.
 
 Geometry of Qwen3-0.6B (16 query heads, 8 KV heads, head_dim 128, bfloat16, KV blocks of 16 tokens), batches
-of 1 to 256 rows, sequences up to 4096 keys, prefill chunks of 2048 tokens. Skipped without CUDA.
+of 1 to 256 rows, sequences up to 4096 keys, prefill chunks of 2048 tokens; and Gemma 4's full layers (head_dim
+512). Skipped without CUDA.
 
 Tolerances: both the kernel output and the reference run in the test dtype are compared with a float32
 reference on the same data (float32 copies of the bf16 inputs), elementwise |out - ref32| <= atol + rtol *
@@ -121,6 +122,27 @@ def test_draft_verify_rows(batch):
 )
 def test_prefill_qwen3(rows):
     _check(rows, num_pad_tokens=5)
+
+
+# Gemma 4's full layers (`global_head_dim` 512): 31B's 32 query heads over 4 KV heads, 26B-A4B's 16 over 2.
+GEMMA4_31B = dict(num_heads=32, num_kv_heads=4, head_dim=512)
+GEMMA4_26B = dict(num_heads=16, num_kv_heads=2, head_dim=512)
+
+
+@pytest.mark.parametrize(
+    "rows, shape",
+    [
+        (_rows("decode", 1, 4096, seed=1), GEMMA4_31B),  # split decode
+        (_rows("decode", 96, 2048, seed=2), GEMMA4_31B),  # a full GPU of decode rows
+        (_rows("verify", 16, 2048, seed=3), GEMMA4_31B),
+        ([(1000, 700), (0, 333), (3000, 1)], GEMMA4_31B),  # the prefill kernel and a decode row in one call
+        ([(1000, 700), (0, 333), (3000, 1)], GEMMA4_26B),
+    ],
+    ids=["31b-decode1", "31b-decode96", "31b-verify", "31b-mixed", "26b-mixed"],
+)
+def test_head_dim_512_gemma4_full_layers(rows, shape):
+    """The 512-wide tiles (launch_config.WIDE_*_TILES) at real shapes, bfloat16, against the float32 reference."""
+    _check(rows, num_pad_tokens=3, **shape)
 
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]

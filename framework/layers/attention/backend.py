@@ -3,7 +3,8 @@
 The config key `kernels.backend`, passed down as `backend=` (framework/layers/kernels/backend.py), overrides the
 choice: `reference` forces the PyTorch path (e.g. to bisect a numerical difference on a GPU), `triton` forces the
 kernels (on a CPU only under `TRITON_INTERPRET=1`), `auto` (default) picks by device. Head dims the kernels do
-not handle (not a power of two in 16..256) fall back to the reference with one warning.
+not handle (not a power of two in 16..512: `launch_config.TRITON_HEAD_DIMS`) fall back to the reference with
+one warning.
 
 A model binds `paged_attention` to a `SplitCounters` of its own: the state the split-KV decode kernel keeps
 between calls.
@@ -17,13 +18,13 @@ from typing import Optional
 
 import torch
 
+from framework.layers.attention.launch_config import TRITON_HEAD_DIMS
 from framework.layers.attention.metadata import AttentionMetadata
 from framework.layers.attention.paged import paged_attention_reference, store_kv_reference
 from framework.layers.kernels.backend import kernel_backend
 
 logger = logging.getLogger(__name__)
 
-TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 # Batches of at least this many rows get a launch order. At 8 KV heads (Qwen3) 64 rows are 512 programs, about
 # two waves of an H200's 264 slots, unsplit (launch_config.num_kv_splits): the order decides how the last wave
 # ends. At 64 rows it gained little (1.7 %, as much as batch order row by row), 7-10 % at 128-256 rows

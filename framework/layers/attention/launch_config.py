@@ -25,6 +25,8 @@ SHORT_CONTEXT = 2048  # longest max_seq_len given the shape-dependent decode til
 # Programs (rows x KV heads) per multiprocessor from which the shape-dependent decode tiles apply (decode_tiles).
 MIN_PROGRAMS_PER_SM_64_2_3 = 7  # 64-key tiles, 2 warps, 3 stages: 128+ rows of 8 KV heads on 132 SMs
 MIN_PROGRAMS_PER_SM_64_4_2 = 5  # 64-key tiles, 4 warps, 2 stages: 83-127 rows
+# Head dims the Triton attention kernels take: powers of two; 512 is Gemma 4's full layers (`global_head_dim`).
+TRITON_HEAD_DIMS = (16, 32, 64, 128, 256, 512)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,18 @@ class AttentionTiles:
     num_stages: int
 
 
+# 512-wide heads (Gemma 4's full layers), fitted to sm_90's limits by compiling, not measured (no GPU run yet):
+# bfloat16, Triton's sm_90 compile and ptxas -v (tests/gpu/head512_compile_check.py). The [BLOCK_M, 512] float32
+# accumulator alone is 128 registers a thread for 32 rows on 8 warps, so the large-row tiles halve the rows of
+# the 256-wide ones: 32 rows x 32 keys, 8 warps, 2 stages use ~100 KB of shared memory and 174-179 registers,
+# no spills (64 rows spilled at 255 registers even on 8 warps). Decode: 32-key tiles, 4 warps, 2 stages use
+# ~83 KB and 255 registers (8 bytes spilled), two programs a multiprocessor as the split rule assumes
+# (PROGRAMS_PER_SM); 64-key tiles took ~150 KB and spilled 248 bytes. Float32 queries compile with the same
+# tiles (~200 KB in prefill, ~166 KB in decode) but spill.
+WIDE_PREFILL_TILES = AttentionTiles(32, 32, 8, 2)
+WIDE_DECODE_TILES = AttentionTiles(16, 32, 4, 2)  # block_m follows the GQA group
+
+
 def prefill_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2) -> AttentionTiles:
     """Large-row tiles: 128 query rows (two Hopper warpgroups of 64 for wgmma), 3-stage KV pipeline.
 
@@ -45,7 +59,9 @@ def prefill_tiles(head_dim: int, group: int, on_gpu: bool, elem_size: int = 2) -
     """
     if not on_gpu:  # interpreter: small tiles so tests cross tile boundaries
         return AttentionTiles(max(32, next_power_of_2(group)), 16, 4, 1)
-    if head_dim > 128 or elem_size > 2:  # 256-wide heads or float32: shared memory allows less
+    if head_dim > 256:  # 512-wide heads: see WIDE_PREFILL_TILES
+        tiles = WIDE_PREFILL_TILES
+    elif head_dim > 128 or elem_size > 2:  # 256-wide heads or float32: shared memory allows less
         tiles = AttentionTiles(64, 32, 4, 2)
     elif head_dim == 128:
         tiles = AttentionTiles(128, 128, 8, 3)
@@ -84,6 +100,9 @@ def decode_tiles(
     block_m = max(16, next_power_of_2(group))
     if not on_gpu:
         return AttentionTiles(block_m, 16, 4, 1)
+    if head_dim > 256:  # 512-wide heads: see WIDE_DECODE_TILES
+        wide = WIDE_DECODE_TILES
+        return AttentionTiles(block_m, wide.block_n, wide.num_warps, wide.num_stages)
     if head_dim > 128 or elem_size > 2:
         return AttentionTiles(block_m, 64, 4, 2)
     if head_dim == 128 and block_m == 16 and 0 < max_seq_len <= SHORT_CONTEXT:

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from framework.layers.attention.launch_config import (  # noqa: F401 - re-exported for tests and benchmarks
     MERGE_UNROLL,
+    TRITON_HEAD_DIMS,
     AttentionTiles,
     decode_tiles,
     num_kv_splits,
@@ -420,9 +421,9 @@ def paged_attention(
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
     assert cache_head_dim == head_dim, f"query head_dim {head_dim} != cache head_dim {cache_head_dim}"
-    assert head_dim in (16, 32, 64, 128, 256), (
+    assert head_dim in TRITON_HEAD_DIMS, (
         f"Triton paged attention needs a power-of-two head_dim in "
-        f"16..256 (64 and 128 are the tuned ones), got {head_dim}"
+        f"16..512 (64 and 128 are the tuned ones), got {head_dim}"
     )
     assert block_size & (block_size - 1) == 0, f"KV block_size must be a power of two, got {block_size}"
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads do not share {num_kv_heads} KV heads evenly"

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from framework.layers.attention.launch_config import WIDE_PREFILL_TILES
 from framework.layers.attention.metadata import AttentionMetadata
 from framework.layers.attention.triton_tiles import (
     LOG2E,
@@ -105,6 +106,9 @@ def default_variant(head_dim: int, on_gpu: bool, elem_size: int = 2) -> PrefillV
     """
     if not on_gpu:  # interpreter: small tiles so tests cross tile and page boundaries
         return PrefillVariant(32, 16, 4, 1)
+    if head_dim > 256:  # 512-wide heads: launch_config.WIDE_PREFILL_TILES (fitted by compiling, unmeasured)
+        wide = WIDE_PREFILL_TILES
+        return PrefillVariant(wide.block_m, wide.block_n, wide.num_warps, wide.num_stages)
     if head_dim > 128 or elem_size > 2:  # 256-wide heads or float32: shared memory allows less
         return PrefillVariant(64, 32, 4, 2)
     if head_dim == 128:
