@@ -133,6 +133,11 @@ class DriverRunner(ModelRunner):
         return self.local.kv_groups
 
     @property
+    def num_draft_kv_layers(self) -> int:  # as `kv_groups`: the class default (0) would hide the local runner's
+        """Paged KV layers the local runner's speculator adds (the engine sizes the KV blocks with them)."""
+        return self.local.num_draft_kv_layers
+
+    @property
     def step_events(self) -> Optional[list]:
         return self.local.step_events
 

@@ -242,3 +242,17 @@ def test_spawned_workers_get_the_config_as_json_and_no_object_of_ours(monkeypatc
     for args in started:
         assert [type(a) for a in args] == [str, int, int, str]
         assert Mrv2Config.model_validate_json(args[0]) == config
+
+
+@pytest.mark.parametrize("name,value", [("kv_groups", object()), ("num_draft_kv_layers", 3)])
+def test_driver_runner_shows_its_local_runners_per_instance_values(name: str, value: object) -> None:
+    """The driver rank's runner forwards unknown attributes to its local runner, but the interface's class defaults
+    (`kv_groups = None`, `num_draft_kv_layers = 0`) are not unknown: without explicit forwarding the engine would
+    read the defaults (it once built the ungrouped KV manager under tensor parallelism that way)."""
+    from types import SimpleNamespace
+
+    from framework.executor.driver import DriverRunner
+
+    driver = object.__new__(DriverRunner)
+    driver.__dict__["local"] = SimpleNamespace(**{name: value})
+    assert getattr(driver, name) is value
