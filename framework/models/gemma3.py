@@ -39,6 +39,7 @@ class GemmaRMSNorm(RMSNorm):
     `rms_norm` keyword that says how the weight scales (a subclass may pick another)."""
 
     scale_mode: ClassVar[dict[str, bool]] = {"unit_offset": True}
+    random_zeros: ClassVar[tuple[str, ...]] = ("weight",)  # zero-centred: random weights scale by 1 + 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
         flat = x.reshape(-1, x.shape[-1])

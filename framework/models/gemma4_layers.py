@@ -32,6 +32,7 @@ class Gemma4RMSNorm(GemmaRMSNorm):
     """RMSNorm scaling by `weight` in float32 and rounding once, as HF's Gemma 4 norm."""
 
     scale_mode: ClassVar[dict[str, bool]] = {"float32_scale": True}
+    random_zeros: ClassVar[tuple[str, ...]] = ()  # not zero-centred: random weights set it to 1
 
 
 class Gemma4Attention(Attention):

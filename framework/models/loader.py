@@ -338,16 +338,19 @@ def _whole_model(model: Model) -> nn.Module:
     return full
 
 
-def _random_one(model: nn.Module, name: str) -> bool:
-    """Whether parameter `name` is one its module lists in `random_ones`: a multiplicative scale (Gemma 4's
-    `layer_scalar`) that random weights set to 1, as a norm weight, rather than shrinking the stream by `std`."""
+def _listed(model: nn.Module, name: str, listing: str) -> bool:
+    """Whether parameter `name` is one its module lists in `listing`: `random_ones` names a multiplicative scale
+    (Gemma 4's `layer_scalar`) that random weights set to 1, as a norm weight, rather than shrinking the stream by
+    `std`; `random_zeros` names a zero-centred norm's weight (the norm scales by `1 + weight`), set to 0 so that
+    it, too, scales by 1."""
     owner, _, leaf = name.rpartition(".")
-    return leaf in getattr(model.get_submodule(owner) if owner else model, "random_ones", ())
+    return leaf in getattr(model.get_submodule(owner) if owner else model, listing, ())
 
 
 def init_random_weights(model: Model, seed: int, std: float = 0.02) -> None:
     """Deterministic random weights: N(0, std**2) for matrices and embeddings, 1 for norms (and the scales a
-    module lists in `random_ones`), 0 for biases.
+    module lists in `random_ones`), 0 for biases and zero-centred norms (a module's `random_zeros`): every norm
+    scales by 1.
 
     `std` is the config's `initializer_range` (HF's name; 0.02 when absent). Parameter k (in `named_parameters`
     order of the whole model) is `normal_weights(shape, std, seed, k)`: the
@@ -360,10 +363,10 @@ def init_random_weights(model: Model, seed: int, std: float = 0.02) -> None:
     full = _whole_model(model) if model.ctx.world_size > 1 else model
     with torch.no_grad():
         for stream, (name, param) in enumerate(full.named_parameters()):
-            if name.endswith("norm.weight") or _random_one(full, name):
-                values = torch.ones(param.shape, device=device)
-            elif name.endswith(".bias"):
+            if _listed(full, name, "random_zeros") or name.endswith(".bias"):
                 values = torch.zeros(param.shape, device=device)
+            elif name.endswith("norm.weight") or _listed(full, name, "random_ones"):
+                values = torch.ones(param.shape, device=device)
             else:
                 values = normal_weights(param.shape, std, seed, stream, device)
                 if not param.dtype.is_floating_point:  # a quantized layer's packed tensor: its method draws it

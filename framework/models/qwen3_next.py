@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -148,6 +148,8 @@ class Qwen3NextConfig:
 
 class OffsetRMSNorm(nn.Module):
     """Zero-centred RMSNorm: `norm(x) * (1 + weight)` in float32, as HF's Qwen3-Next / Qwen3.5."""
+
+    random_zeros: ClassVar[tuple[str, ...]] = ("weight",)  # random weights scale by 1 + 0
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()

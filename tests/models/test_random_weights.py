@@ -106,3 +106,38 @@ def test_the_engine_draws_a_preset_at_its_initializer_range():
             continue
         want = _normal_numpy(param.numel(), std, seed, stream).reshape(tuple(param.shape))
         torch.testing.assert_close(param.detach(), torch.from_numpy(want), rtol=1e-6, atol=1e-9, msg=name)
+
+
+def _reduced_preset(name: str) -> dict:
+    """A preset cut to two layers and small widths, its options kept (the norms' kinds are what matter here)."""
+    cfg = preset_config(name)
+    if name == "gemma-3-4b":
+        cfg.update(num_hidden_layers=2, hidden_size=64, intermediate_size=128, head_dim=16, vocab_size=512)
+        cfg.update(num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+    return cfg
+
+
+@pytest.mark.parametrize("preset", ["gemma-3-4b", "qwen3_5-tiny", "gemma-4-default"])
+def test_every_random_norm_scales_by_one(preset: str) -> None:
+    """Zero-centred norms (Gemma 3's and Qwen3.5's `1 + weight`) get weight 0, the others weight 1: every norm of a
+    random preset is the plain RMS normalisation. (Setting every `norm.weight` to 1 made the zero-centred ones
+    double their input, layer after layer: a preset's outputs then described no model anyone serves.)"""
+    cfg = _reduced_preset(preset) if preset != "gemma-4-default" else _gemma4_reduced()
+    model = build_model(cfg, torch.float32, CPU)
+    init_random_weights(model, seed=0)
+    x = torch.randn(3, 64)
+    norms = [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("RMSNorm") and hasattr(m, "weight")]
+    assert len(norms) >= 4
+    for name, norm in norms:
+        dim = norm.weight.shape[-1]
+        xs = x[:, :dim] if dim <= 64 else torch.randn(3, dim)
+        plain = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + norm.eps)
+        torch.testing.assert_close(norm(xs), plain, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def _gemma4_reduced() -> dict:
+    cfg = preset_config("gemma-4-default")
+    cfg.update(num_hidden_layers=2, layer_types=cfg["layer_types"][4:6], hidden_size=64, intermediate_size=128)
+    cfg.update(head_dim=16, global_head_dim=32, sliding_window=8, vocab_size=512, vocab_size_per_layer_input=512)
+    cfg.update(hidden_size_per_layer_input=8, max_position_embeddings=128)
+    return cfg
