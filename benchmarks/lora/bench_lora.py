@@ -55,7 +55,7 @@ def write_adapters(model: torch.nn.Module, count: int, root: Path) -> list[LoRAR
                 torch.randn(shape.out_features, RANK, generator=gen) * 0.01
             ).bfloat16()
         path = root / f"adapter-{index}"
-        path.mkdir()
+        path.mkdir(parents=True)
         save_file(tensors, str(path / "adapter_model.safetensors"))
         config = {"peft_type": "LORA", "r": RANK, "lora_alpha": 2 * RANK, "target_modules": ["all-linear"]}
         (path / "adapter_config.json").write_text(json.dumps(config))

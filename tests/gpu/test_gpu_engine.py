@@ -40,10 +40,13 @@ def test_prepare_inputs_reads_pinned_host_history():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_parity_with_hf_on_gpu(tmp_path, dtype):
     from helpers.hf_models import SPEC_BY_NAME, random_prompts, save_tiny_checkpoint
+    from transformers import AutoModelForCausalLM
 
     from framework import LLM, SamplingParams
 
-    hf = save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], tmp_path).to("cuda", getattr(torch, dtype))
+    save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], tmp_path)
+    # As served: from_pretrained keeps the RoPE frequencies float32 (a `.to(bf16)` would round them; mrv2 keeps them).
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=getattr(torch, dtype)).to("cuda")
     prompts = random_prompts(6, 5, 60, seed=3)
     llm = LLM(str(tmp_path), device="cuda", dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
@@ -71,10 +74,13 @@ def test_fp8_kv_cache_against_hf_with_a_rounding_cache_on_gpu(tmp_path):
     tests/models/test_kv_cache_fp8.py.)"""
     dtype = "bfloat16"
     from helpers.hf_models import SPEC_BY_NAME, cache_kwarg, fp8_rounding_cache, random_prompts, save_tiny_checkpoint
+    from transformers import AutoModelForCausalLM
 
     from framework import LLM, SamplingParams
 
-    hf = save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], tmp_path).to("cuda", getattr(torch, dtype))
+    save_tiny_checkpoint(SPEC_BY_NAME["qwen3"], tmp_path)
+    # As served: from_pretrained keeps the RoPE frequencies float32 (a `.to(bf16)` would round them; mrv2 keeps them).
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=getattr(torch, dtype)).to("cuda")
     prompts = random_prompts(4, 20, 60, seed=5)
     llm = LLM(
         str(tmp_path), device="cuda", dtype=dtype, max_model_len=128, gpu_memory_utilization=0.3, kv_cache_dtype="fp8"
