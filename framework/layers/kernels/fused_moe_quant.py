@@ -149,6 +149,14 @@ def quant_block_k(block_k: int, experts: QuantExperts) -> int:
     )
 
 
+def check_quant_moe_input(name: str, x: torch.Tensor, experts: QuantExperts, epilogue: MoeEpilogue) -> None:
+    """Raise `ValueError` (prefixed `name`) unless the epilogue fits the experts and `x` is what the kernels take."""
+    e, i, h = experts.shape
+    epilogue.check(e, i, h)
+    if x.dim() != 2 or x.shape[1] != h or x.dtype not in TRITON_DTYPES or x.stride(1) != 1:
+        raise ValueError(f"{name}: x must be [tokens, {h}] float32/16 with a contiguous last dim")
+
+
 def fused_moe_quant_triton(
     x: torch.Tensor,  # [M, H] bf16/fp16/fp32, last dim contiguous
     experts: QuantExperts,  # contiguous tensors on x's device
@@ -158,10 +166,8 @@ def fused_moe_quant_triton(
     epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output with the weights dequantized inside the kernels (`fused_moe_quant_reference`)."""
+    check_quant_moe_input("fused_moe_quant", x, experts, epilogue)
     e, i, h = experts.shape
-    epilogue.check(e, i, h)
-    if x.dim() != 2 or x.shape[1] != h or x.dtype not in TRITON_DTYPES or x.stride(1) != 1:
-        raise ValueError(f"fused_moe_quant: x must be [tokens, {h}] float32/16 with a contiguous last dim")
     m, k = topk_ids.shape
     if m * k == 0:
         return x.new_zeros(m, h)
