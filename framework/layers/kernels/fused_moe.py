@@ -25,7 +25,7 @@ Expert weights are stacked per projection: `gate_up [E, 2, I, H]` (gate = [:, 0]
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import triton
@@ -239,14 +239,29 @@ def fused_moe_reference(
     """[M, H] the MoE MLP output (module docstring), one expert at a time over the tokens routed to it."""
     check_moe_inputs(x, gate_up, down, topk_weights, topk_ids)
     epilogue.check(*gate_up.shape[:3:2], x.shape[1])
+
+    def mlp(expert: int, rows: torch.Tensor) -> torch.Tensor:
+        return expert_mlp_reference(rows, gate_up[expert, 0], gate_up[expert, 1], down[expert], expert, epilogue)
+
+    return combine_experts_reference(x, topk_weights, topk_ids, gate_up.shape[0], mlp)
+
+
+def combine_experts_reference(
+    x: torch.Tensor,  # [M, H]
+    topk_weights: torch.Tensor,  # [M, K]
+    topk_ids: torch.Tensor,  # [M, K] expert ids
+    num_experts: int,
+    mlp: Callable[[int, torch.Tensor], torch.Tensor],  # (expert, its tokens' rows [T, H]) -> [T, H] in x.dtype
+) -> torch.Tensor:
+    """[M, H]: each expert's MLP over the tokens routed to it, times the routing weight (rounded to x.dtype), the K
+    choices of a token summed in float32 and rounded once (the references of every fused MoE wrapper)."""
     m, k = topk_ids.shape
     per_choice = torch.zeros(m, k, x.shape[1], dtype=torch.float32, device=x.device)
-    for expert in range(gate_up.shape[0]):
+    for expert in range(num_experts):
         tokens, choices = torch.where(topk_ids == expert)
         if tokens.numel() == 0:
             continue
-        w_gate, w_up = gate_up[expert, 0], gate_up[expert, 1]
-        y = expert_mlp_reference(x[tokens], w_gate, w_up, down[expert], expert, epilogue)
+        y = mlp(expert, x[tokens])
         weight = topk_weights[tokens, choices].float().unsqueeze(1)
         per_choice[tokens, choices] = (y.float() * weight).to(x.dtype).float()
     return per_choice.sum(1).to(x.dtype)
