@@ -25,7 +25,7 @@ Expert weights are stacked per projection: `gate_up [E, 2, I, H]` (gate = [:, 0]
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import triton
@@ -37,10 +37,11 @@ from framework.layers.kernels.moe_align import moe_align
 from framework.layers.kernels.moe_epilogue import SILU_EPILOGUE, MoeEpilogue, expert_mlp_reference
 from framework.layers.kernels.moe_tiles import (
     _dot_expert_tile,
-    _down_epilogue,
     _expert_weight_tile,
     _gate_up_epilogue,
+    _moe_row_block,
     _mxfp4_weight_tile,
+    _store_down,
 )
 from framework.layers.kernels.triton_norm_silu import interpreter_upcast
 
@@ -110,12 +111,9 @@ def _moe_gate_up_kernel(
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return  # a block past the padded total (the grid is sized for the worst case)
     dtype = act_ptr.dtype.element_ty
-    rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_rows
-    tokens = tl.where(valid, rows // TOP_K, 0).to(tl.int64)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < I
+    rows, valid, tokens, expert, cols, col_mask = _moe_row_block(
+        sorted_rows_ptr, block_expert_ptr, num_rows, pid_m, pid_n, I, TOP_K, BLOCK_M, BLOCK_N
+    )
     matrix = I * H // 8 if QUANT == 2 else (I * H // 2 if QUANT == 3 else I * H)  # elements of one gate matrix
     gate_base = expert * (2 * matrix)
     gate_scales = expert * (2 * SCALE_ROWS * SCALE_COLS)
@@ -180,13 +178,9 @@ def _moe_down_kernel(
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
-    dtype = out_ptr.dtype.element_ty
-    rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_rows
-    safe_rows = tl.where(valid, rows, 0).to(tl.int64)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < H
+    _, valid, safe_rows, expert, cols, col_mask = _moe_row_block(
+        sorted_rows_ptr, block_expert_ptr, num_rows, pid_m, pid_n, H, 1, BLOCK_M, BLOCK_N
+    )
     base = expert * (H * I // 8 if QUANT == 2 else (H * I // 2 if QUANT == 3 else H * I))
     scales = expert * (SCALE_ROWS * SCALE_COLS)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -203,9 +197,7 @@ def _moe_down_kernel(
             acc, a, w, s_ptr, z_ptr, scales, cols, col_mask, k0,
             QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
         )  # fmt: skip
-    weight = tl.load(topk_weights_ptr + safe_rows, mask=valid, other=0.0).to(tl.float32)
-    y = _down_epilogue(acc, weight, b_ptr, expert, cols, col_mask, H, dtype, HAS_BIAS)
-    tl.store(out_ptr + safe_rows[:, None] * H + cols[None, :], y.to(dtype), mask=valid[:, None] & col_mask[None, :])
+    _store_down(acc, topk_weights_ptr, b_ptr, out_ptr, safe_rows, valid, expert, cols, col_mask, H, HAS_BIAS)
 
 
 def check_moe_inputs(
@@ -247,14 +239,29 @@ def fused_moe_reference(
     """[M, H] the MoE MLP output (module docstring), one expert at a time over the tokens routed to it."""
     check_moe_inputs(x, gate_up, down, topk_weights, topk_ids)
     epilogue.check(*gate_up.shape[:3:2], x.shape[1])
+
+    def mlp(expert: int, rows: torch.Tensor) -> torch.Tensor:
+        return expert_mlp_reference(rows, gate_up[expert, 0], gate_up[expert, 1], down[expert], expert, epilogue)
+
+    return combine_experts_reference(x, topk_weights, topk_ids, gate_up.shape[0], mlp)
+
+
+def combine_experts_reference(
+    x: torch.Tensor,  # [M, H]
+    topk_weights: torch.Tensor,  # [M, K]
+    topk_ids: torch.Tensor,  # [M, K] expert ids
+    num_experts: int,
+    mlp: Callable[[int, torch.Tensor], torch.Tensor],  # (expert, its tokens' rows [T, H]) -> [T, H] in x.dtype
+) -> torch.Tensor:
+    """[M, H]: each expert's MLP over the tokens routed to it, times the routing weight (rounded to x.dtype), the K
+    choices of a token summed in float32 and rounded once (the references of every fused MoE wrapper)."""
     m, k = topk_ids.shape
     per_choice = torch.zeros(m, k, x.shape[1], dtype=torch.float32, device=x.device)
-    for expert in range(gate_up.shape[0]):
+    for expert in range(num_experts):
         tokens, choices = torch.where(topk_ids == expert)
         if tokens.numel() == 0:
             continue
-        w_gate, w_up = gate_up[expert, 0], gate_up[expert, 1]
-        y = expert_mlp_reference(x[tokens], w_gate, w_up, down[expert], expert, epilogue)
+        y = mlp(expert, x[tokens])
         weight = topk_weights[tokens, choices].float().unsqueeze(1)
         per_choice[tokens, choices] = (y.float() * weight).to(x.dtype).float()
     return per_choice.sum(1).to(x.dtype)
@@ -311,6 +318,50 @@ def _quant_args(weight: torch.Tensor, quant: ProjectionQuant) -> tuple[list[torc
     return [scale, zeros], consts
 
 
+class MoeRows(NamedTuple):
+    """One launch's routing, shared by the fused MoE wrappers (16-bit and quantized weights here, FP8 activations
+    in `triton_moe_w8a8.py`): the `M * K` (token, choice) rows grouped by expert in blocks of `BLOCK_M`."""
+
+    m: int
+    k: int
+    h: int
+    device: torch.device
+    num_blocks: int  # the grid's rows (the worst case; blocks past the padded total exit)
+    args: tuple  # (sorted_rows, block_expert, num_padded, num_rows): every kernel's routing arguments
+    weights: torch.Tensor  # [M * K] routing weights (the down kernels widen them to float32, no extra launch)
+
+    def grid(self, n: int, cfg: MoeLaunchConfig) -> tuple[int, int]:
+        """(row blocks, tiles of `n` output columns)."""
+        return self.num_blocks, cdiv(n, cfg.block_n)
+
+    def empty(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """[M * K, n] uninitialised, one row per (token, choice)."""
+        return torch.empty(self.m * self.k, n, dtype=dtype, device=self.device)
+
+    def combine(self, per_choice: torch.Tensor) -> torch.Tensor:
+        """[M * K, H] -> [M, H]: the K choices of each token summed in float32, rounded once (as the reference)."""
+        return per_choice.view(self.m, self.k, self.h).sum(1)
+
+
+def route_moe_rows(
+    x: torch.Tensor,  # [M, H]
+    topk_weights: torch.Tensor,  # [M, K]
+    topk_ids: torch.Tensor,  # [M, K] int32/int64 expert ids in [0, E)
+    num_experts: int,
+    cfg: MoeLaunchConfig,
+) -> MoeRows:
+    """`moe_align` of the rows in blocks of `cfg.block_m` and what the kernels take from it."""
+    m, k = topk_ids.shape
+    align = moe_align(topk_ids, num_experts, cfg.block_m)
+    args = (align.sorted_rows, align.block_expert, align.num_padded, m * k)
+    return MoeRows(m, k, x.shape[1], x.device, align.block_expert.shape[0], args, topk_weights.reshape(-1))
+
+
+def moe_tile_args(cfg: MoeLaunchConfig) -> dict[str, int]:
+    """The launch keywords every fused MoE kernel takes from the config (BLOCK_K is each wrapper's)."""
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
 def launch_moe_kernels(
     x: torch.Tensor,  # [M, H] bf16/fp16/fp32, last dim contiguous
     gate_up: torch.Tensor,  # [E, 2, I, H] (int4: [E, 2, I, H // 8] int32; mxfp4: [E, 2, I, H // 2] uint8), contiguous
@@ -323,36 +374,24 @@ def launch_moe_kernels(
     epilogue: MoeEpilogue = SILU_EPILOGUE,  # checked by the callers
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output (inputs checked by the callers); the two grouped GEMMs of the module docstring."""
-    m, h = x.shape
     e, _, i = gate_up.shape[:3]
-    k = topk_ids.shape[1]
-    num_rows = m * k
-    align = moe_align(topk_ids, e, cfg.block_m)
-    num_blocks = align.block_expert.shape[0]
-    tiles = dict(
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        PRECISION="ieee",
-        UPCAST=interpreter_upcast(x.dtype),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    act = torch.empty(num_rows, i, dtype=x.dtype, device=x.device)
-    rows = (align.sorted_rows, align.block_expert, align.num_padded, num_rows)
+    h = x.shape[1]
+    routing = route_moe_rows(x, topk_weights, topk_ids, e, cfg)
+    tiles = dict(moe_tile_args(cfg), BLOCK_K=cfg.block_k, PRECISION="ieee", UPCAST=interpreter_upcast(x.dtype))
+    act = routing.empty(i, x.dtype)
     gate_up_bias, down_bias, act_consts = epilogue.kernel_args(x)
     ptrs, consts = _quant_args(gate_up, gate_up_quant)
-    _moe_gate_up_kernel[(num_blocks, cdiv(i, cfg.block_n))](
-        x, gate_up, *ptrs, gate_up_bias, act, *rows, x.stride(0), H=h, I=i, TOP_K=k, **consts, **tiles, **act_consts
-    )
-    per_choice = torch.empty(num_rows, h, dtype=x.dtype, device=x.device)
-    weights = topk_weights.reshape(-1)  # the kernel widens them to float32 (no extra launch)
+    _moe_gate_up_kernel[routing.grid(i, cfg)](
+        x, gate_up, *ptrs, gate_up_bias, act, *routing.args, x.stride(0), H=h, I=i, TOP_K=routing.k,
+        **consts, **tiles, **act_consts,
+    )  # fmt: skip
+    per_choice = routing.empty(h, x.dtype)
     ptrs, consts = _quant_args(down, down_quant)
-    _moe_down_kernel[(num_blocks, cdiv(h, cfg.block_n))](
-        act, down, *ptrs, down_bias, weights, per_choice, *rows, H=h, I=i, **consts, **tiles,
+    _moe_down_kernel[routing.grid(h, cfg)](
+        act, down, *ptrs, down_bias, routing.weights, per_choice, *routing.args, H=h, I=i, **consts, **tiles,
         HAS_BIAS=epilogue.down_bias is not None,
     )  # fmt: skip
-    return per_choice.view(m, k, h).sum(1)  # accumulates in float32, rounds once (as the reference)
+    return routing.combine(per_choice)
 
 
 def fused_moe(

@@ -31,6 +31,7 @@ from framework.layers.kernels.fused_moe import (
     TRITON_DTYPES,
     MoeLaunchConfig,
     ProjectionQuant,
+    combine_experts_reference,
     launch_moe_kernels,
     moe_launch_config,
 )
@@ -118,18 +119,12 @@ def fused_moe_quant_reference(
     with `fake_quant`, over the quantized activations too (`triton_moe_w8a8`'s reference)."""
     gate_up, down = dequantize_experts(experts)
     epilogue.check(*experts.shape)
-    m, k = topk_ids.shape
-    per_choice = torch.zeros(m, k, x.shape[1], dtype=torch.float32, device=x.device)
-    for expert in range(gate_up.shape[0]):
-        tokens, choices = torch.where(topk_ids == expert)
-        if tokens.numel() == 0:
-            continue
-        y = expert_mlp_reference(
-            x[tokens], gate_up[expert, 0], gate_up[expert, 1], down[expert], expert, epilogue, fake_quant
-        )
-        weight = topk_weights[tokens, choices].float().unsqueeze(1)
-        per_choice[tokens, choices] = (y.float() * weight).to(x.dtype).float()
-    return per_choice.sum(1).to(x.dtype)
+
+    def mlp(expert: int, rows: torch.Tensor) -> torch.Tensor:
+        w_gate, w_up = gate_up[expert, 0], gate_up[expert, 1]
+        return expert_mlp_reference(rows, w_gate, w_up, down[expert], expert, epilogue, fake_quant)
+
+    return combine_experts_reference(x, topk_weights, topk_ids, gate_up.shape[0], mlp)
 
 
 def quant_block_k(block_k: int, experts: QuantExperts) -> int:
@@ -149,6 +144,14 @@ def quant_block_k(block_k: int, experts: QuantExperts) -> int:
     )
 
 
+def check_quant_moe_input(name: str, x: torch.Tensor, experts: QuantExperts, epilogue: MoeEpilogue) -> None:
+    """Raise `ValueError` (prefixed `name`) unless the epilogue fits the experts and `x` is what the kernels take."""
+    e, i, h = experts.shape
+    epilogue.check(e, i, h)
+    if x.dim() != 2 or x.shape[1] != h or x.dtype not in TRITON_DTYPES or x.stride(1) != 1:
+        raise ValueError(f"{name}: x must be [tokens, {h}] float32/16 with a contiguous last dim")
+
+
 def fused_moe_quant_triton(
     x: torch.Tensor,  # [M, H] bf16/fp16/fp32, last dim contiguous
     experts: QuantExperts,  # contiguous tensors on x's device
@@ -158,10 +161,8 @@ def fused_moe_quant_triton(
     epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output with the weights dequantized inside the kernels (`fused_moe_quant_reference`)."""
+    check_quant_moe_input("fused_moe_quant", x, experts, epilogue)
     e, i, h = experts.shape
-    epilogue.check(e, i, h)
-    if x.dim() != 2 or x.shape[1] != h or x.dtype not in TRITON_DTYPES or x.stride(1) != 1:
-        raise ValueError(f"fused_moe_quant: x must be [tokens, {h}] float32/16 with a contiguous last dim")
     m, k = topk_ids.shape
     if m * k == 0:
         return x.new_zeros(m, h)

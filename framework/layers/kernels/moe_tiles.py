@@ -1,4 +1,5 @@
-"""Triton pieces of the fused MoE kernels (`fused_moe.py`): weight tiles, the dequantizing dot, the epilogues.
+"""Triton pieces of the fused MoE kernels (`fused_moe.py`, `triton_moe_w8a8.py`): a block's rows, weight tiles, the
+dequantizing dot, the epilogues.
 
 Weight tiles (`QUANT`, a constexpr of the kernels): 0 the activation dtype, 1 FP8 e4m3 with group scales, 2 int32
 words of eight 4-bit values with group scales and zero points (both scaled after the dot, `_dot_expert_tile`), 3
@@ -16,6 +17,28 @@ import triton
 import triton.language as tl
 
 from framework.layers.kernels.triton_norm_silu import round_to_dtype
+
+
+@triton.jit
+def _moe_row_block(
+    sorted_rows_ptr,  # [P] int32 rows grouped by expert (moe_align); num_rows marks padding
+    block_expert_ptr,  # [P // BLOCK_M] int32
+    num_rows,  # M * K
+    pid_m,
+    pid_n,
+    N: tl.constexpr,  # output columns of the GEMM
+    TOP_K: tl.constexpr,  # 1: `tokens` are the rows themselves
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """(rows [BLOCK_M], valid, tokens (int64, 0 for padding), expert (int64), cols [BLOCK_N], col_mask) of the
+    program's block of sorted (token, choice) rows and tile of output columns."""
+    rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = rows < num_rows
+    tokens = tl.where(valid, rows // TOP_K, 0).to(tl.int64)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, valid, tokens, expert, cols, cols < N
 
 
 @triton.jit
@@ -142,3 +165,24 @@ def _down_epilogue(
         bias = tl.load(b_ptr + expert * H + cols, mask=col_mask, other=0.0).to(tl.float32)
         y = round_to_dtype(y + bias[None, :], dtype)
     return round_to_dtype(y * weight[:, None], dtype)
+
+
+@triton.jit
+def _store_down(
+    acc,  # [BLOCK_M, BLOCK_N] float32 down product
+    topk_weights_ptr,  # [M * K] routing weight of each row (any float dtype)
+    b_ptr,  # HAS_BIAS: [E, H] down biases
+    out_ptr,  # [M * K, H] out, contiguous
+    rows,  # [BLOCK_M] int64 (0 for padding)
+    valid,
+    expert,
+    cols,  # [BLOCK_N] hidden columns of the tile
+    col_mask,
+    H: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Stores `_down_epilogue` of the tile (times each row's routing weight) in out's dtype."""
+    dtype = out_ptr.dtype.element_ty
+    weight = tl.load(topk_weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
+    y = _down_epilogue(acc, weight, b_ptr, expert, cols, col_mask, H, dtype, HAS_BIAS)
+    tl.store(out_ptr + rows[:, None] * H + cols[None, :], y.to(dtype), mask=valid[:, None] & col_mask[None, :])

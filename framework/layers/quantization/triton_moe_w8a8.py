@@ -6,7 +6,8 @@ and each expert GEMM multiplies e4m3 activations by e4m3 weights with float32 ac
 on Hopper. The steps of `fused_moe_w8a8_triton`:
 
 1. `quantize_fp8_groups` (`triton_w8a8.py`): `x [M, H]` -> e4m3 `[M, H]`, float32 scales `[M, H / gx]`;
-2. `moe_align` groups the `M * K` (token, choice) rows by expert in blocks of `BLOCK_M` (as `fused_moe.py`);
+2. `route_moe_rows` (`fused_moe.py`, shared with the 16-bit kernels) groups the `M * K` (token, choice) rows by
+   expert in blocks of `BLOCK_M` (`moe_align`);
 3. `_moe_w8a8_gate_up_kernel`: per (row block, tile of I) the gate and up products over H, each `BLOCK_K` chunk's
    FP8 x FP8 partial sums multiplied by the row's activation scale and the tile's weight scale; the epilogue
    (`moe_tiles._gate_up_epilogue`: biases, SiLU-and-mul, rounded to the model dtype) gives `act`, which is
@@ -37,12 +38,11 @@ import torch
 import triton
 import triton.language as tl
 
-from framework.layers.kernels.fused_moe import TRITON_DTYPES, MoeLaunchConfig
-from framework.layers.kernels.fused_moe_quant import QuantExperts, fused_moe_quant_reference
+from framework.layers.kernels.fused_moe import MoeLaunchConfig, MoeRows, moe_tile_args, route_moe_rows
+from framework.layers.kernels.fused_moe_quant import QuantExperts, check_quant_moe_input, fused_moe_quant_reference
 from framework.layers.kernels.launch_math import cdiv
-from framework.layers.kernels.moe_align import MoeAlignment, moe_align
 from framework.layers.kernels.moe_epilogue import SILU_EPILOGUE, MoeEpilogue
-from framework.layers.kernels.moe_tiles import _down_epilogue, _expert_weight_tile, _gate_up_epilogue
+from framework.layers.kernels.moe_tiles import _expert_weight_tile, _gate_up_epilogue, _moe_row_block, _store_down
 from framework.layers.quantization.base import FP8_DTYPE
 from framework.layers.quantization.triton_w8a8 import quantize_fp8_groups, quantize_fp8_groups_reference, w8a8_block_k
 from framework.layers.quantization.triton_w8a16 import dequantize_fp8
@@ -130,12 +130,9 @@ def _moe_w8a8_gate_up_kernel(
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return  # a block past the padded total (the grid is sized for the worst case)
-    rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_rows
-    tokens = tl.where(valid, rows // TOP_K, 0).to(tl.int64)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < I
+    rows, valid, tokens, expert, cols, col_mask = _moe_row_block(
+        sorted_rows_ptr, block_expert_ptr, num_rows, pid_m, pid_n, I, TOP_K, BLOCK_M, BLOCK_N
+    )
     gate_base = expert * (2 * I * H)
     gate_scales = expert * (2 * SCALE_ROWS * SCALE_COLS)
     up_scales = gate_scales + SCALE_ROWS * SCALE_COLS
@@ -202,13 +199,9 @@ def _moe_w8a8_down_kernel(
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
-    dtype = out_ptr.dtype.element_ty
-    rows = tl.load(sorted_rows_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_rows
-    safe_rows = tl.where(valid, rows, 0).to(tl.int64)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < H
+    _, valid, safe_rows, expert, cols, col_mask = _moe_row_block(
+        sorted_rows_ptr, block_expert_ptr, num_rows, pid_m, pid_n, H, 1, BLOCK_M, BLOCK_N
+    )
     base = expert * (H * I)
     scales = expert * (SCALE_ROWS * SCALE_COLS)
     sa_rows = sa_ptr + safe_rows * ((I + GROUP_A - 1) // GROUP_A)
@@ -220,9 +213,7 @@ def _moe_w8a8_down_kernel(
         sa = tl.load(sa_rows + k0 // GROUP_A, mask=valid, other=0.0)
         w = _expert_weight_tile(w_ptr, base, cols, ks, I, k_mask[:, None] & col_mask[None, :], 1)
         acc = _w8a8_chunk(acc, a, sa, w, sw_ptr, scales, cols, col_mask, k0, GROUP_N, GROUP_K, SCALE_COLS, UPCAST)
-    weight = tl.load(topk_weights_ptr + safe_rows, mask=valid, other=0.0).to(tl.float32)
-    y = _down_epilogue(acc, weight, b_ptr, expert, cols, col_mask, H, dtype, HAS_BIAS)
-    tl.store(out_ptr + safe_rows[:, None] * H + cols[None, :], y.to(dtype), mask=valid[:, None] & col_mask[None, :])
+    _store_down(acc, topk_weights_ptr, b_ptr, out_ptr, safe_rows, valid, expert, cols, col_mask, H, HAS_BIAS)
 
 
 def fp8_fake_quant(rows: torch.Tensor, group: Optional[int]) -> torch.Tensor:
@@ -289,8 +280,7 @@ def _launch_gate_up(
     xq: torch.Tensor,  # [M, H] e4m3
     sx: torch.Tensor,  # [M, cdiv(H, group_x)] float32
     experts: QuantExperts,
-    align: MoeAlignment,
-    top_k: int,
+    routing: MoeRows,
     dtype: torch.dtype,  # the model dtype
     cfg: MoeLaunchConfig,
     plan: _W8a8Plan,
@@ -299,19 +289,15 @@ def _launch_gate_up(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 act [M * K, I], float32 scales [M * K, cdiv(I, group_a)]) of every (token, choice) row."""
     e, i, h = experts.shape
-    num_rows = xq.shape[0] * top_k
-    act = torch.empty(num_rows, i, dtype=FP8_DTYPE if plan.fuse_quant else dtype, device=xq.device)
-    scale_cols = cdiv(i, plan.group_a) if plan.fuse_quant else 0
-    act_scales = torch.empty(num_rows, scale_cols, dtype=torch.float32, device=xq.device)
+    act = routing.empty(i, FP8_DTYPE if plan.fuse_quant else dtype)
+    act_scales = routing.empty(cdiv(i, plan.group_a) if plan.fuse_quant else 0, torch.float32)
     gate_up_bias, _, act_consts = epilogue.kernel_args(sx)
     (gn, gk), grid = experts.gate_up_groups, experts.gate_up_scale.shape[-2:]
-    _moe_w8a8_gate_up_kernel[(align.block_expert.shape[0], cdiv(i, cfg.block_n))](
-        xq, sx, experts.gate_up, experts.gate_up_scale, gate_up_bias, act, act_scales,
-        align.sorted_rows, align.block_expert, align.num_padded, num_rows,
-        H=h, I=i, TOP_K=top_k, GROUP_X=plan.group_x, GROUP_N=gn, GROUP_K=min(gk, h), SCALE_ROWS=grid[0],
-        SCALE_COLS=grid[1], DTYPE=TL_DTYPES[dtype], FUSE_QUANT=plan.fuse_quant, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=plan.block_k_gate_up, UPCAST=upcast, **act_consts,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    _moe_w8a8_gate_up_kernel[routing.grid(i, cfg)](
+        xq, sx, experts.gate_up, experts.gate_up_scale, gate_up_bias, act, act_scales, *routing.args,
+        H=h, I=i, TOP_K=routing.k, GROUP_X=plan.group_x, GROUP_N=gn, GROUP_K=min(gk, h), SCALE_ROWS=grid[0],
+        SCALE_COLS=grid[1], DTYPE=TL_DTYPES[dtype], FUSE_QUANT=plan.fuse_quant, BLOCK_K=plan.block_k_gate_up,
+        UPCAST=upcast, **act_consts, **moe_tile_args(cfg),
     )  # fmt: skip
     if plan.fuse_quant:
         return act, act_scales
@@ -328,28 +314,24 @@ def fused_moe_w8a8_triton(
     epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H] the MoE MLP with FP8 x FP8 expert GEMMs (module docstring; semantics `fused_moe_w8a8_reference`)."""
-    e, i, h = experts.shape
-    epilogue.check(e, i, h)
     if experts.kind != "fp8":
         raise ValueError(f"fused_moe_w8a8: experts must be FP8, got {experts.kind}")
-    if x.dim() != 2 or x.shape[1] != h or x.dtype not in TRITON_DTYPES or x.stride(1) != 1:
-        raise ValueError(f"fused_moe_w8a8: x must be [tokens, {h}] float32/16 with a contiguous last dim")
+    check_quant_moe_input("fused_moe_w8a8", x, experts, epilogue)
+    e, i, h = experts.shape
     m, k = topk_ids.shape
     if m * k == 0:
         return x.new_zeros(m, h)
     plan = _plan(experts, group, config)
     upcast = os.environ.get("TRITON_INTERPRET") == "1"  # numpy has no FP8 product
     xq, sx = quantize_fp8_groups(x, plan.group_x, use_kernel=x.is_cuda)
-    align = moe_align(topk_ids, e, config.block_m)
-    aq, sa = _launch_gate_up(xq, sx, experts, align, k, x.dtype, config, plan, epilogue, upcast)
-    per_choice = torch.empty(m * k, h, dtype=x.dtype, device=x.device)
+    routing = route_moe_rows(x, topk_weights, topk_ids, e, config)
+    aq, sa = _launch_gate_up(xq, sx, experts, routing, x.dtype, config, plan, epilogue, upcast)
+    per_choice = routing.empty(h, x.dtype)
     (gn, gk), grid = experts.down_groups, experts.down_scale.shape[-2:]
     down_bias = x if epilogue.down_bias is None else epilogue.down_bias
-    _moe_w8a8_down_kernel[(align.block_expert.shape[0], cdiv(h, config.block_n))](
-        aq, sa, experts.down, experts.down_scale, down_bias, topk_weights.reshape(-1), per_choice,
-        align.sorted_rows, align.block_expert, align.num_padded, m * k,
+    _moe_w8a8_down_kernel[routing.grid(h, config)](
+        aq, sa, experts.down, experts.down_scale, down_bias, routing.weights, per_choice, *routing.args,
         H=h, I=i, GROUP_A=plan.group_a, GROUP_N=gn, GROUP_K=min(gk, i), SCALE_ROWS=grid[0], SCALE_COLS=grid[1],
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=plan.block_k_down, UPCAST=upcast,
-        HAS_BIAS=epilogue.down_bias is not None, num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_K=plan.block_k_down, UPCAST=upcast, HAS_BIAS=epilogue.down_bias is not None, **moe_tile_args(config),
     )  # fmt: skip
-    return per_choice.view(m, k, h).sum(1)  # accumulates in float32, rounds once (as the reference)
+    return routing.combine(per_choice)
