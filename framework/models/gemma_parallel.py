@@ -24,6 +24,7 @@ def check_gemma_parallel(family: str, ctx: ParallelContext, heads: dict[str, int
     bad = [f"{key}={n}" for key, n in heads.items() if n % ctx.tp_size]
     if bad:
         raise UnsupportedModelError(
-            f"{family}: {', '.join(bad)} do not divide by parallel.tensor_parallel_size={ctx.tp_size} "
+            f"{family}: {', '.join(bad)} {'does' if len(bad) == 1 else 'do'} not divide by "
+            f"parallel.tensor_parallel_size={ctx.tp_size} "
             "(heads are split over the tensor ranks, not replicated)"
         )

@@ -3,7 +3,9 @@
 The tiny checkpoints of the HF parity tests (8-token windows, a final logit soft-cap, tied embeddings scaled by
 sqrt(hidden)): Gemma 3's (two window layers, one full); Gemma 4's "ple" (KV-shared layers, per-layer inputs, full
 layers of their own head_dim: a rank's KV rows are `kv_row_width(2)`), with KV groups on; and Gemma 4's "moe"
-(`attention_k_eq_v` full layers with two KV heads, so they split, and a 4-expert MoE whose intermediate dims split).
+(`attention_k_eq_v` full layers with two KV heads, so they split, and a 4-expert MoE whose intermediate dims split);
+and Gemma 3's quantized to FP8 with per-channel scales (compressed-tensors, the quantized-llama tests' writer; HF
+runs the dequantized weights).
 Prompts of 12..30 tokens (1.5 to 4 windows), 8-token chunks, 4-token blocks. Claims: with two tensor ranks each rank
 holds half the heads (of each layer kind), greedy tokens equal one process and HF `generate`, and every prompt
 logprob is within 1e-4 of the one-process run's and of HF's. Planted in the worker rank alone: its token embedding
@@ -14,10 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
 from helpers.hf_models import TinySpec, hf_greedy, hf_logits, random_prompts
+from helpers.quant_checkpoints import write_quantized
 from helpers.tp_faults import plant_in_workers
 from test_hf_parity_gemma3 import SPEC as GEMMA3
 from test_hf_parity_gemma4 import SPECS as GEMMA4
@@ -27,6 +31,7 @@ from test_parallel import _shutdown
 from framework.engine.request import RequestOutput
 from framework.entrypoints.llm import LLM
 from framework.entrypoints.llm_config import config_from_kwargs
+from framework.layers.quantization import is_quantized
 from framework.params.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # spawns processes
@@ -39,15 +44,19 @@ LOGPROB_ATOL = 1e-4
 MOE_TP = dataclasses.replace(
     GEMMA4["moe"], config_kwargs={**GEMMA4["moe"].config_kwargs, "num_global_key_value_heads": 2}
 )
-# spec, KV groups on, (heads, KV heads) a rank holds in layer 0 (window) and layer 2 (full)
+# spec, KV groups on, (heads, KV heads) a rank holds in layer 0 (window) and layer 2 (full), quantization format
 CASES = {
-    "gemma3": (GEMMA3, False, ((2, 1), (2, 1))),
-    "gemma4-ple": (GEMMA4["ple"], True, ((2, 1), (2, 1))),
-    "gemma4-moe": (MOE_TP, True, ((2, 1), (2, 1))),
+    "gemma3": (GEMMA3, False, ((2, 1), (2, 1)), None),
+    "gemma3-fp8": (GEMMA3, True, ((2, 1), (2, 1)), "ct-channel"),
+    "gemma4-ple": (GEMMA4["ple"], True, ((2, 1), (2, 1)), None),
+    "gemma4-moe": (MOE_TP, True, ((2, 1), (2, 1)), None),
 }
 
 
-def _save(spec: TinySpec, path: Path) -> torch.nn.Module:
+def _save(spec: TinySpec, path: Path, fmt: Optional[str]) -> torch.nn.Module:
+    """The checkpoint of `spec` under `path` (in quantization format `fmt`), and the HF model it means."""
+    if fmt is not None:
+        return write_quantized(fmt, path, spec)
     if spec.architecture.startswith("Gemma4"):
         return save_gemma4_checkpoint(spec, path)
     from helpers.hf_models import save_tiny_checkpoint
@@ -78,11 +87,11 @@ def _hf_prompt_logprobs(model: torch.nn.Module) -> list[torch.Tensor]:
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """(checkpoint, KV groups, heads per rank, HF's tokens, HF's prompt logprobs, the one-process run's tokens and
-    prompt logprobs)."""
-    spec, kv_groups, heads = CASES[request.param]
+    """(checkpoint, KV groups, heads per rank, quantization format, HF's tokens, HF's prompt logprobs, the
+    one-process run's tokens and prompt logprobs)."""
+    spec, kv_groups, heads, fmt = CASES[request.param]
     path = tmp_path_factory.mktemp(f"tp-{request.param}")
-    hf_model = _save(spec, path)
+    hf_model = _save(spec, path, fmt)
     hf_tokens = [hf_greedy(hf_model, p, MAX_TOKENS) for p in PROMPTS]
     assert min(len(set(t)) for t in hf_tokens) >= 3, "the tiny model's continuations should vary"
     llm = _llm(path, 1, kv_groups)
@@ -91,7 +100,7 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     finally:
         llm.shutdown()
     tokens = [list(o.token_ids) for o in single]
-    return path, kv_groups, heads, hf_tokens, _hf_prompt_logprobs(hf_model), tokens, _prompt_logprobs(single)
+    return path, kv_groups, heads, fmt, hf_tokens, _hf_prompt_logprobs(hf_model), tokens, _prompt_logprobs(single)
 
 
 def _check(outs: list[RequestOutput], want_tokens: list[list[int]], want_logprobs: list[torch.Tensor]) -> float:
@@ -103,7 +112,7 @@ def _check(outs: list[RequestOutput], want_tokens: list[list[int]], want_logprob
 
 
 def test_tensor_parallel_2_matches_one_process_and_hf(case) -> None:  # type: ignore[no-untyped-def]
-    path, kv_groups, heads, hf_tokens, hf_logprobs, tokens, logprobs = case
+    path, kv_groups, heads, fmt, hf_tokens, hf_logprobs, tokens, logprobs = case
     assert tokens == hf_tokens
     print(f"one process vs HF: {_check_single(tokens, logprobs, hf_tokens, hf_logprobs):.2e}")
     llm = _llm(path, 2, kv_groups)
@@ -112,6 +121,7 @@ def test_tensor_parallel_2_matches_one_process_and_hf(case) -> None:  # type: ig
         layers = runner.model.model.layers
         got = tuple((layers[i].self_attn.num_heads, layers[i].self_attn.num_kv_heads) for i in (0, 2))
         assert got == heads, "the driver should hold half the heads of each layer kind"
+        assert is_quantized(layers[2].mlp.down_proj) == (fmt is not None)
         assert (runner.kv_groups is not None) == kv_groups
         outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
         print(f"tp=2 vs one process: {_check(outs, tokens, logprobs):.2e}")
@@ -128,7 +138,7 @@ def _check_single(tokens, logprobs, hf_tokens, hf_logprobs) -> float:  # type: i
 
 
 def test_a_worker_skipping_the_embedding_scale_breaks_the_match(case, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    path, kv_groups, _, _, _, tokens, logprobs = case
+    path, kv_groups, _, _, _, _, tokens, logprobs = case
     plant_in_workers(monkeypatch, "gemma_embedding_unscaled")
     llm = _llm(path, 2, kv_groups)
     try:
