@@ -146,3 +146,33 @@ def test_a_worker_skipping_the_embedding_scale_breaks_the_match(case, monkeypatc
             _check(llm.generate(PROMPTS, PARAMS, use_tqdm=False), tokens, logprobs)
     finally:
         _shutdown(llm)
+
+
+def test_multimodal_checkpoint_ranks_hold_the_text_checkpoints_slices(tmp_path: Path) -> None:
+    """A `Gemma3ForConditionalGeneration` checkpoint (text weights under `language_model.`, placed by
+    `stacked_tensor_part`) gives each tensor rank exactly the parameters the text-only checkpoint gives it (the
+    gloo test above checks those), in one process."""
+    import transformers
+    from helpers.hf_models import build_hf_model
+    from helpers.quant_tp import load_model
+
+    from framework.layers.parallel.context import ParallelContext
+
+    text = build_hf_model(GEMMA3)
+    text.save_pretrained(tmp_path / "text", safe_serialization=True)
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    config = transformers.Gemma3Config(
+        text_config={**text.config.to_dict(), "final_logit_softcapping": None},
+        vision_config={**vision, "image_size": 28, "patch_size": 14},
+    )
+    config.mm_tokens_per_image = 4
+    multimodal = transformers.Gemma3ForConditionalGeneration(config).eval()
+    multimodal.model.language_model.load_state_dict(text.model.state_dict())
+    multimodal.save_pretrained(tmp_path / "mm", safe_serialization=True)
+    for rank in range(2):
+        ctx = ParallelContext(tp_size=2, rank=rank)
+        want = dict(load_model(tmp_path / "text", ctx).named_parameters())
+        got = dict(load_model(tmp_path / "mm", ctx).named_parameters())
+        assert want.keys() == got.keys()
+        for name, param in got.items():
+            assert torch.equal(param, want[name]), name
