@@ -151,7 +151,8 @@ def test_a_worker_skipping_the_embedding_scale_breaks_the_match(case, monkeypatc
 def test_multimodal_checkpoint_ranks_hold_the_text_checkpoints_slices(tmp_path: Path) -> None:
     """A `Gemma3ForConditionalGeneration` checkpoint (text weights under `language_model.`, placed by
     `stacked_tensor_part`) gives each tensor rank exactly the parameters the text-only checkpoint gives it (the
-    gloo test above checks those), in one process."""
+    gloo test above checks those), in one process. Planted once, the text tensors read whole on every rank (no
+    shard) failed it."""
     import transformers
     from helpers.hf_models import build_hf_model
     from helpers.quant_tp import load_model
