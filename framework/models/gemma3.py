@@ -7,6 +7,11 @@ through the paged kernels' window) with its own RoPE base (`rope_local_base_freq
 `rope_theta` and the rope scaling), and an optional final logit soft-cap. Parameter names are the HF checkpoint's;
 a multimodal checkpoint's text weights (`language_model.model.*` or `model.language_model.*`) load under the same
 names and its vision tower and projector are skipped (logged once).
+
+Tensor parallelism splits the heads (q/k/v column-parallel, o_proj row-parallel), the MLP's intermediate dim and the
+vocabulary (the embedding scale multiplies the ranks' summed lookups), window and full layers alike; quantized
+checkpoints and online FP8 quantize the attention and MLP projections as the Llama family's. Pipeline parallelism
+is refused (`gemma_parallel`).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from torch.nn import functional as F
 from framework.layers.attention.qk_norm_rope import qk_norm_rope_store
 from framework.layers.kernels.layer_ops import rms_norm
 from framework.layers.parallel.context import ParallelContext
-from framework.layers.parallel.linear import SINGLE, StackedPart, VocabParallelEmbedding
+from framework.layers.parallel.linear import SINGLE, StackedPart, VocabParallelEmbedding, shard_spec
 from framework.models.gemma3_config import Gemma3Config
+from framework.models.gemma_parallel import check_gemma_parallel
 from framework.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
 
 logger = logging.getLogger(__name__)
@@ -142,13 +148,16 @@ def _make_layer(cfg: Gemma3Config, ctx: ParallelContext, layer: int) -> nn.Modul
 
 
 class Gemma3ForCausalLM(LlamaForCausalLM):
-    """Gemma 3 causal LM over the paged KV cache (interface of `LlamaForCausalLM`); one rank, 16-bit weights."""
+    """Gemma 3 causal LM over the paged KV cache (interface of `LlamaForCausalLM`); tensor parallel and quantized
+    as the Llama family, no pipeline stages."""
 
-    supports_parallel = supports_quantization = False
     config_cls = Gemma3Config
     make_layer = staticmethod(_make_layer)
 
     def __init__(self, cfg: Gemma3Config, ctx: ParallelContext = SINGLE) -> None:  # type: ignore[override]
+        check_gemma_parallel(
+            "Gemma 3", ctx, {"num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads}
+        )
         super().__init__(cfg, ctx)
         self.model.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
         self.model.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -177,7 +186,8 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         return torch.tanh(logits / cap) * cap if cap else logits
 
     def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
-        """A multimodal checkpoint's text tensors into the parameter of their text-model name."""
+        """A multimodal checkpoint's text tensors into the parameter of their text-model name (this rank's part
+        of it under tensor parallelism)."""
         for prefix, replacement in TEXT_PREFIXES:
             if name.startswith(prefix):
                 param = replacement + name[len(prefix) :]
@@ -185,7 +195,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
                     self.get_parameter(param)
                 except AttributeError:
                     return None  # the loader names it: a tensor without a parameter
-                return StackedPart(param, (), None, 1)
+                return StackedPart(param, (), shard_spec(self, param), 1)
         return None
 
     def owns_checkpoint_tensor(self, name: str) -> bool:

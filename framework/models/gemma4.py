@@ -13,6 +13,12 @@ all, and a KV group (cache.kv_groups) may hold full and window layers' blocks in
 the HF checkpoint's; a multimodal checkpoint's text weights load under the same names, its placeholder tokens
 (image, video, audio) embed as padding as HF's text-only path does, and its vision and audio towers are skipped
 (logged once).
+
+Tensor parallelism splits each layer kind's heads and KV heads (so a rank's KV rows are `kv_row_width(tp)`), the
+MLPs' and experts' intermediate dims and both vocabularies (the token and the per-layer tables, each scaled after
+the ranks' lookups are summed); the per-layer-input projection is whole on every rank. Quantized checkpoints and
+online FP8 quantize the attention and MLP projections (not the experts, refused by name). Pipeline parallelism and
+LoRA are refused.
 """
 
 from __future__ import annotations
@@ -27,11 +33,12 @@ from framework.layers.attention import AttentionMetadata
 from framework.layers.attention.backend import TRITON_HEAD_DIMS, order_rows_longest_first
 from framework.layers.attention.kv_groups import group_metadata
 from framework.layers.parallel.context import ParallelContext
-from framework.layers.parallel.linear import SINGLE, StackedPart
+from framework.layers.parallel.linear import SINGLE, ShardSpec, StackedPart, shard_spec
 from framework.models.gemma3 import TEXT_PREFIXES, ScaledEmbedding
 from framework.models.gemma3_config import FULL, SLIDING
 from framework.models.gemma4_config import Gemma4Config
 from framework.models.gemma4_layers import Gemma4Attention, Gemma4DecoderLayer, Gemma4RMSNorm
+from framework.models.gemma_parallel import check_gemma_parallel
 from framework.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -51,19 +58,21 @@ def layer_kv_view(kv_cache: torch.Tensor, kv_heads: int, head_dim: int) -> torch
 
 
 def _make_layer(cfg: Gemma4Config, ctx: ParallelContext, layer: int) -> nn.Module:
-    return Gemma4DecoderLayer(cfg, layer)
+    return Gemma4DecoderLayer(cfg, layer, ctx)
 
 
 class Gemma4ForCausalLM(LlamaForCausalLM):
-    """Gemma 4 causal LM over the paged KV cache (interface of `LlamaForCausalLM`); one rank, 16-bit weights."""
+    """Gemma 4 causal LM over the paged KV cache (interface of `LlamaForCausalLM`); tensor parallel and quantized
+    (attention and MLPs) as the Llama family, no pipeline stages, no LoRA."""
 
-    supports_parallel = supports_quantization = False
     supports_lora = False  # KV-shared layers have no k/v projections; k_eq_v layers no v_proj
     config_cls = Gemma4Config
     make_layer = staticmethod(_make_layer)
     config: Gemma4Config
 
     def __init__(self, cfg: Gemma4Config, ctx: ParallelContext = SINGLE) -> None:  # type: ignore[override]
+        heads = {"num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads}
+        check_gemma_parallel("Gemma 4", ctx, {**heads, "num_global_key_value_heads": cfg.full_kv_heads})
         super().__init__(cfg, ctx)
         model = self.model
         model.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
@@ -101,12 +110,12 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
 
     @property
     def kv_heads(self) -> int:
-        """Heads of one token row of the KV tensors (rows wide enough for every KV layer: `kv_row_width`)."""
-        return self.config.kv_row_width()[0]
+        """Heads of one token row of this rank's KV tensors (rows wide enough for every KV layer: `kv_row_width`)."""
+        return self.config.kv_row_width(self.ctx.tp_size)[0]
 
     @property
     def kv_head_dim(self) -> int:
-        return self.config.kv_row_width()[1]
+        return self.config.kv_row_width(self.ctx.tp_size)[1]
 
     def kv_layer_windows(self) -> list[int]:
         """The window (0: full) of each KV cache's layer, in `kv_caches` order (the runner's KV groups read it)."""
@@ -150,7 +159,7 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
                 entering[i] = x
             kv = self.kv_index[cfg.kv_sources[i]]  # a KV-shared layer reads its source layer's cache
             cos, sin = rope[cfg.layer_types[i]]
-            cache = layer_kv_view(kv_caches[kv], *cfg.layer_geometry(i))
+            cache = layer_kv_view(kv_caches[kv], *cfg.layer_geometry(i, self.ctx.tp_size))
             pli = per_layer[:, i] if per_layer is not None else None
             x = layer(x, pli, cos, sin, cache, metas[kv_group[kv]], self.attention)
         return self.model.norm(x), tuple(entering[i] for i in aux_layer_ids)
@@ -190,19 +199,20 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
 
     def stacked_tensor_part(self, name: str) -> Optional[StackedPart]:
         """A multimodal checkpoint's text tensors into the parameter of their text-model name; the experts'
-        `gate_up_proj [E, 2I, H]` into `[E, 2, I, H]`."""
+        `gate_up_proj [E, 2I, H]` into `[E, 2, I, H]`; under tensor parallelism this rank's part of each."""
         param = self._text_name(name)
         if param.endswith(".experts.gate_up_proj"):
-            cfg = self.config
+            cfg, ctx = self.config, self.ctx
             shape = (cfg.num_experts, 2, cfg.moe_intermediate_size, cfg.hidden_size)
-            return StackedPart(param, (), None, 1, source_shape=shape)
+            rows = ShardSpec(2, ctx.tp_rank, ctx.tp_size) if ctx.tp_size > 1 else None  # each half's I rows
+            return StackedPart(param, (), rows, 1, source_shape=shape)
         if param == name:
             return None
         try:
             self.get_parameter(param)
         except AttributeError:
             return None  # the loader names it: a tensor without a parameter
-        return StackedPart(param, (), None, 1)
+        return StackedPart(param, (), shard_spec(self, param), 1)
 
     def owns_checkpoint_tensor(self, name: str) -> bool:
         """The vision and audio towers and their projections are not part of this model: skipped (logged once), as

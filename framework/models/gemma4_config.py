@@ -210,11 +210,11 @@ class Gemma4Config(DecoderConfig):
         """Keys a query of layer `layer` sees (its own included); 0 for a full-attention layer."""
         return int(self.sliding_window or 0) if self.layer_types[layer] == SLIDING else 0
 
-    def layer_geometry(self, layer: int) -> tuple[int, int]:
-        """(KV heads, head_dim) of layer `layer`'s attention."""
+    def layer_geometry(self, layer: int, tp_size: int = 1) -> tuple[int, int]:
+        """(KV heads, head_dim) of layer `layer`'s attention; the KV heads of one of `tp_size` tensor ranks."""
         if self.layer_types[layer] == FULL:
-            return self.full_kv_heads, self.full_head_dim
-        return self.num_kv_heads, self.head_dim
+            return self.full_kv_heads // tp_size, self.full_head_dim
+        return self.num_kv_heads // tp_size, self.head_dim
 
     def is_kv_shared(self, layer: int) -> bool:
         """Whether layer `layer` reads another layer's keys and values (and has no k/v projections of its own)."""
@@ -238,10 +238,11 @@ class Gemma4Config(DecoderConfig):
         """The layers that compute and store keys and values, in the order of the model's KV caches."""
         return tuple(i for i in range(self.num_layers) if not self.is_kv_shared(i))
 
-    def kv_row_width(self) -> tuple[int, int]:
-        """(heads, head_dim) of one token's row in the KV tensors: wide enough for every KV layer's K (or V), each
-        layer viewing its first `kv_heads * head_dim` values (`gcd` of the layers' widths as the head_dim)."""
-        widths = [math.prod(self.layer_geometry(i)) for i in self.kv_layers]
+    def kv_row_width(self, tp_size: int = 1) -> tuple[int, int]:
+        """(heads, head_dim) of one token's row in the KV tensors (of one of `tp_size` tensor ranks): wide enough
+        for every KV layer's K (or V), each layer viewing its first `kv_heads * head_dim` values (`gcd` of the
+        layers' widths as the head_dim)."""
+        widths = [math.prod(self.layer_geometry(i, tp_size)) for i in self.kv_layers]
         unit = math.gcd(*widths)
         return max(widths) // unit, unit
 

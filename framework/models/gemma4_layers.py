@@ -6,6 +6,11 @@ queries only and attends over its source layer's cache; `attention_k_eq_v` layer
 projection; an optional top-k MoE (GELU-tanh experts in the fused MoE kernel) runs beside the MLP on the same
 residual; the per-layer input is gated into the residual stream, and the layer's output is scaled by its
 `layer_scalar`.
+
+Under tensor parallelism a layer holds its rank's heads and KV heads of its kind's geometry (q/k/v column-parallel,
+o_proj row-parallel), its MLP's and every expert's slice of the intermediate dim (the experts' partial sums
+all-reduced before their norm); the router, the per-layer-input gate and projection and the norms are whole on
+every rank (every rank routes identically).
 """
 
 from __future__ import annotations
@@ -22,10 +27,13 @@ from framework.layers.attention.qk_norm_rope import qk_norm_rope_store
 from framework.layers.kernels.fused_moe import fused_moe
 from framework.layers.kernels.layer_ops import apply_rope_reference, rms_norm
 from framework.layers.kernels.moe_epilogue import GELU_TANH_EPILOGUE
+from framework.layers.parallel.context import ParallelContext
+from framework.layers.parallel.linear import SINGLE
 from framework.models.gemma3 import GemmaMLP, GemmaRMSNorm
 from framework.models.gemma4_config import Gemma4Config
 from framework.models.llama import Attention, AttentionFn
 from framework.models.merge_rows import merge_rows
+from framework.models.moe import StackedExperts
 
 
 class Gemma4RMSNorm(GemmaRMSNorm):
@@ -40,8 +48,8 @@ class Gemma4Attention(Attention):
     projects queries only and attends over its source layer's cache; `k_eq_v` layers take the values from the key
     projection."""
 
-    def __init__(self, cfg: Gemma4Config, layer: int) -> None:
-        super().__init__(cfg.attention_config(layer))
+    def __init__(self, cfg: Gemma4Config, layer: int, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__(cfg.attention_config(layer), ctx)
         eps = cfg.rms_norm_eps
         self.q_norm = Gemma4RMSNorm(self.head_dim, eps)
         self.kv_shared = cfg.is_kv_shared(layer)
@@ -133,19 +141,21 @@ class Gemma4Router(nn.Module):
         return weights * self.per_expert_scale[ids], ids
 
 
-class Gemma4Experts(nn.Module):
-    """All experts of one layer, stacked: `gate_up_proj [E, 2, I, H]` (the checkpoint's `[E, 2I, H]`, gate first)
-    and `down_proj [E, H, I]`; GELU-tanh in the fused MoE kernel's epilogue."""
+class Gemma4Experts(StackedExperts):
+    """All experts of one layer, stacked: `gate_up_proj [E, 2, I / tp, H]` (the checkpoint's `[E, 2I, H]`, gate
+    first) and `down_proj [E, H, I / tp]`; GELU-tanh in the fused MoE kernel's epilogue; the ranks' partial sums
+    all-reduced. Their quantized checkpoint layout is not known (`quant_formats` empty: refused by name)."""
 
-    def __init__(self, cfg: Gemma4Config) -> None:
-        super().__init__()
-        e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2, i, h))
-        self.down_proj = nn.Parameter(torch.empty(e, h, i))
-        self.kernel_backend = "auto"
+    quant_formats: tuple[str, ...] = ()
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # [T, H]
-        return fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, self.kernel_backend, GELU_TANH_EPILOGUE)
+    def __init__(self, cfg: Gemma4Config, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__(cfg, ctx)
+        self.kernel_backend = "auto"  # kernels.backend, handed down by the loader (set_kernel_backend)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        """[T, H] -> [T, H]: the experts of `ids` [T, top-k] weighted by `weights`, summed over the tensor ranks."""
+        out = fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, self.kernel_backend, GELU_TANH_EPILOGUE)
+        return self.ctx.tp_all_reduce(out)
 
 
 class Gemma4DecoderLayer(nn.Module):
@@ -156,20 +166,20 @@ class Gemma4DecoderLayer(nn.Module):
     # fifty-fold per layer.
     random_ones: ClassVar[tuple[str, ...]] = ("layer_scalar",)
 
-    def __init__(self, cfg: Gemma4Config, layer: int) -> None:
+    def __init__(self, cfg: Gemma4Config, layer: int, ctx: ParallelContext = SINGLE) -> None:
         super().__init__()
         dim, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = Gemma4RMSNorm(dim, eps)
-        self.self_attn = Gemma4Attention(cfg, layer)
+        self.self_attn = Gemma4Attention(cfg, layer, ctx)
         self.post_attention_layernorm = Gemma4RMSNorm(dim, eps)
         self.pre_feedforward_layernorm = Gemma4RMSNorm(dim, eps)
-        self.mlp = GemmaMLP(dataclasses.replace(cfg, intermediate_size=cfg.layer_intermediate_size(layer)))
+        self.mlp = GemmaMLP(dataclasses.replace(cfg, intermediate_size=cfg.layer_intermediate_size(layer)), ctx)
         self.post_feedforward_layernorm = Gemma4RMSNorm(dim, eps)
         self.layer_scalar = nn.Parameter(torch.ones(1))  # a buffer in HF, saved with the weights
         self.router: Optional[Gemma4Router] = None
         self.experts: Optional[Gemma4Experts] = None
         if cfg.num_experts:
-            self.router, self.experts = Gemma4Router(cfg), Gemma4Experts(cfg)
+            self.router, self.experts = Gemma4Router(cfg), Gemma4Experts(cfg, ctx)
             self.post_feedforward_layernorm_1 = Gemma4RMSNorm(dim, eps)
             self.pre_feedforward_layernorm_2 = Gemma4RMSNorm(dim, eps)
             self.post_feedforward_layernorm_2 = Gemma4RMSNorm(dim, eps)

@@ -148,8 +148,8 @@ def build_model(
     if scheme is not None and not cls.supports_quantization:
         raise CheckpointError(
             f"config.json: architecture '{archs[0]}' does not support quantized weights ({scheme.format}) yet; "
-            "dense Llama / Mistral / Qwen2 / Qwen3 decoders, Qwen3-MoE / Qwen2-MoE / Mixtral, gpt-oss and Qwen3.5 / "
-            "Qwen3-Next do"
+            "dense Llama / Mistral / Qwen2 / Qwen3 decoders, Gemma 3 / Gemma 4, Qwen3-MoE / Qwen2-MoE / Mixtral, "
+            "gpt-oss and Qwen3.5 / Qwen3-Next do"
         )
     if scheme is not None and scheme.architectures and archs[0] not in scheme.architectures:
         raise CheckpointError(

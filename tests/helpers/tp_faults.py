@@ -54,7 +54,16 @@ def _ungrouped_block_tables(setattr_: Callable[..., None]) -> None:
     setattr_(llama, "group_metadata", group0_only)
 
 
+def _gemma_embedding_unscaled(setattr_: Callable[..., None]) -> None:
+    """Gemma's token embedding without its sqrt(hidden) scale (the summed vocabulary-parallel lookup alone)."""
+    from framework.layers.parallel.linear import VocabParallelEmbedding
+    from framework.models.gemma3 import ScaledEmbedding
+
+    setattr_(ScaledEmbedding, "forward", VocabParallelEmbedding.forward)
+
+
 FAULTS: dict[str, Callable[[Callable[..., None]], None]] = {
+    "gemma_embedding_unscaled": _gemma_embedding_unscaled,
     "gpt_oss_down_bias_per_rank": _gpt_oss_down_bias_per_rank,
     "row_parallel_bias_per_rank": _row_parallel_bias_per_rank,
     "ungrouped_block_tables": _ungrouped_block_tables,

@@ -27,7 +27,8 @@ def quantize_linears(model: nn.Module, scheme: QuantScheme) -> int:
             continue
         allowed = getattr(module, "quant_formats", None)  # experts that read only some formats name them
         if experts and allowed is not None and scheme.format not in allowed:
-            raise QuantizationError(f"{prefix}: these experts read {', '.join(allowed)} weights, not {scheme.format}")
+            reads = f"read {', '.join(allowed)} weights" if allowed else "have no quantized layout (16-bit only)"
+            raise QuantizationError(f"{prefix}: these experts {reads}, not {scheme.format}")
         if experts:
             method = moe_method(method, prefix)
         method.create_weights(module, prefix)
