@@ -2,7 +2,9 @@
 
 For each projection and token count M: the median time of the W8A16 Triton kernel (block 128 x 128 scales), of the
 W4A16 kernel (group 128), of the W8A8 path (per-token-group activation quantization + FP8 x FP8 GEMM: its crossing
-with W8A16 is what `W8A8_MIN_TOKENS` in framework/layers/quantization/fp8.py should be) and of the bf16 GEMM, and
+with W8A16 is what `W8A8_MIN_TOKENS` in framework/layers/quantization/fp8.py should be), of the per-channel W8A8
+path through cuBLASLt (per-token activation quantization + `torch._scaled_mm`, `scaled_mm_w8a8`) and of the bf16
+GEMM, and
 the kernels' achieved bandwidth (weight bytes + activations in and out, per second) and TFLOP/s. Decode (small M)
 is bound by reading the weight: FP8 reads half the bytes, INT4 a quarter. Prints a table, writes JSON.
 
@@ -19,6 +21,7 @@ from torch.nn import functional as F
 
 from benchmarks.cuda_timing import median_event_ms
 from framework.layers.quantization.fp8 import quantize_fp8_per_channel
+from framework.layers.quantization.scaled_mm_w8a8 import w8a8_linear_scaled_mm
 from framework.layers.quantization.triton_w4a16 import w4a16_linear_triton
 from framework.layers.quantization.triton_w8a8 import quantize_fp8_groups, w8a8_linear_triton
 from framework.layers.quantization.triton_w8a16 import w8a16_linear_triton
@@ -39,12 +42,12 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}")
     print(
         f"{'proj':8} {'M':>5} {'bf16 ms':>9} {'fp8 ms':>9} {'x':>5} {'GB/s':>6} {'TFLOP/s':>8} {'int4 ms':>9} "
-        f"{'x':>5} {'GB/s':>6} {'w8a8 ms':>9} {'x':>5}"
+        f"{'x':>5} {'GB/s':>6} {'w8a8 ms':>9} {'x':>5} {'cublas ms':>9} {'x':>5}"
     )
     for name, (n, k) in SHAPES.items():
         w = torch.randn((n, k), device="cuda") * k**-0.5
         w16 = w.bfloat16()
-        w8, _ = quantize_fp8_per_channel(w)
+        w8, channel_scale = quantize_fp8_per_channel(w)
         scale = (torch.rand((n // 128, k // 128), device="cuda") + 0.5) / 448
         q4 = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), device="cuda", dtype=torch.int32)
         s4 = torch.rand((n, k // 128), device="cuda") * 0.01
@@ -61,6 +64,12 @@ def main() -> None:
                 return w8a8_linear_triton(xq, sx, 128, w8, scale, 128, 128, torch.bfloat16)  # noqa: B023
 
             t88 = _median_ms(w8a8)
+
+            def cublas() -> torch.Tensor:
+                xq, sx = quantize_fp8_groups(x, k, use_kernel=True)  # noqa: B023
+                return w8a8_linear_scaled_mm(xq, sx, w8, channel_scale)  # noqa: B023
+
+            tc = _median_ms(cublas)
             moved = n * k + 2 * m * (k + n) + scale.numel() * 4
             moved4 = n * k // 2 + 2 * m * (k + n) + s4.numel() * 8
             row = {
@@ -76,6 +85,9 @@ def main() -> None:
                 "w8a8_ms": t88,
                 "w8a8_speedup": t16 / t88,
                 "w8a8_TFLOPs": 2 * m * n * k / t88 / 1e9,
+                "cublas_w8a8_ms": tc,
+                "cublas_w8a8_speedup": t16 / tc,
+                "cublas_w8a8_TFLOPs": 2 * m * n * k / tc / 1e9,
                 "int4_ms": t4,
                 "int4_speedup": t16 / t4,
                 "int4_GBps": moved4 / t4 / 1e6,
@@ -83,7 +95,8 @@ def main() -> None:
             rows.append(row)
             print(
                 f"{name:8} {m:5d} {t16:9.4f} {t8:9.4f} {t16 / t8:5.2f} {row['fp8_GBps']:6.0f} {row['fp8_TFLOPs']:8.1f} "
-                f"{t4:9.4f} {t16 / t4:5.2f} {row['int4_GBps']:6.0f} {t88:9.4f} {t16 / t88:5.2f}"
+                f"{t4:9.4f} {t16 / t4:5.2f} {row['int4_GBps']:6.0f} {t88:9.4f} {t16 / t88:5.2f} "
+                f"{tc:9.4f} {t16 / tc:5.2f}"
             )
     with open(args.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

@@ -35,6 +35,7 @@ from framework.layers.kernels.fused_moe_quant import (  # noqa: E402
     fused_moe_quant_triton,
 )
 from framework.layers.quantization.fp8 import quantize_fp8_per_channel  # noqa: E402
+from framework.layers.quantization.scaled_mm_w8a8 import scaled_mm_applies, w8a8_linear_scaled_mm  # noqa: E402
 from framework.layers.quantization.triton_moe_w8a8 import (  # noqa: E402
     fused_moe_w8a8_reference,
     fused_moe_w8a8_triton,
@@ -307,5 +308,22 @@ def test_w8a8_kernel_matches_reference_at_8b_shapes(layout: str, proj: str, m: i
     xq, sx = quantize_fp8_groups_reference(torch.randn((m, k), device="cuda", generator=g), group_x)
     out = w8a8_linear_triton(xq, sx, group_x, weight, scale.contiguous(), *groups, torch.bfloat16)
     ref = w8a8_linear_reference(xq, sx, group_x, weight, scale, *groups, torch.bfloat16)
+    ulp = 2**-6
+    torch.testing.assert_close(out, ref, rtol=ulp, atol=ulp * ref.float().abs().mean().item())
+
+
+@pytest.mark.parametrize("proj", list(SHAPES))
+@pytest.mark.parametrize("m", [1, 64, 2048])
+def test_scaled_mm_w8a8_matches_reference_at_8b_shapes(proj: str, m: int) -> None:
+    """cuBLASLt's FP8 GEMM (per-token x per-channel row-wise scales) against dequantize-both-then-matmul, and the
+    predicate that routes per-channel layers to it on this card."""
+    n, k = SHAPES[proj]
+    g = torch.Generator(device="cuda").manual_seed(n + k + m)
+    weight, scale = quantize_fp8_per_channel(torch.randn((n, k), device="cuda", generator=g) * k**-0.5)
+    x = torch.randn((m, k), device="cuda", generator=g).bfloat16()
+    assert scaled_mm_applies(x, weight, scale, k)
+    xq, sx = quantize_fp8_groups(x, k, use_kernel=True)
+    out = w8a8_linear_scaled_mm(xq, sx, weight, scale)
+    ref = w8a8_linear_reference(xq, sx, k, weight, scale, 1, k, torch.bfloat16)
     ulp = 2**-6
     torch.testing.assert_close(out, ref, rtol=ulp, atol=ulp * ref.float().abs().mean().item())

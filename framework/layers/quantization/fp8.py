@@ -13,8 +13,8 @@ layouts differ only in the scale tensor's checkpoint name and shape, and in how 
 ("c-t": compressed-tensors; `/` rounds up.) Below `W8A8_MIN_TOKENS` tokens (decode) and on the CPU, activations
 stay in the model dtype (W8A16: the result is that of the dequantized weights). From `W8A8_MIN_TOKENS` tokens on,
 on the GPU, the activations are quantized as the checkpoint declares (per token and 128-input group for block FP8,
-per token for FP8_DYNAMIC and online FP8, the static `input_scale` for per-tensor FP8) and the FP8 x FP8 GEMM runs
-(`triton_w8a8`).
+per token for FP8_DYNAMIC and online FP8, the static `input_scale` for per-tensor FP8) and the FP8 x FP8 GEMM runs:
+cuBLASLt's (`scaled_mm_w8a8`) for per-channel and per-tensor weights in bfloat16 models, `triton_w8a8` otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from torch import nn
 from framework.layers.kernels.backend import triton_enabled
 from framework.layers.kernels.launch_math import cdiv
 from framework.layers.quantization.base import FP8_DTYPE, FP8_MAX, QuantizationError, QuantMethod, replace_parameter
+from framework.layers.quantization.scaled_mm_w8a8 import scaled_mm_applies, w8a8_linear_scaled_mm
 from framework.layers.quantization.triton_w8a8 import quantize_fp8_groups, quantize_fp8_static, w8a8_linear_triton
 from framework.layers.quantization.triton_w8a16 import (
     dequantize_fp8,
@@ -139,8 +140,11 @@ class Fp8LinearMethod(QuantMethod):
         return (*quantize_fp8_groups(x, group, use_kernel=x.is_cuda), group)
 
     def apply_w8a8(self, layer: nn.Linear, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """[M, K] -> [M, N]: the activations quantized to FP8 (`quantize_input`), then the FP8 x FP8 GEMM."""
+        """[M, K] -> [M, N]: the activations quantized to FP8 (`quantize_input`), then the FP8 x FP8 GEMM: cuBLASLt's
+        where its row-wise scales express the layout (`scaled_mm_w8a8`), `triton_w8a8` otherwise."""
         xq, sx, group_x = self.quantize_input(layer, x)
+        if scaled_mm_applies(x, layer.weight, self.scale_grid(layer), group_x):
+            return w8a8_linear_scaled_mm(xq, sx, layer.weight, self.scale_grid(layer), bias)
         upcast = os.environ.get("TRITON_INTERPRET") == "1"  # numpy has no FP8 product
         args = (xq, sx, group_x, layer.weight, self.scale_grid(layer), *self.groups(layer), x.dtype, bias)
         return w8a8_linear_triton(*args, upcast=upcast)
