@@ -38,9 +38,11 @@ from framework.layers.kernels.gated_delta_rule_chunk import (
 from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 from framework.layers.kernels.state_snapshots import SnapshotTargets, snapshots_by_row
 
-# On the GPU, steps whose rows average at least this many tokens take the chunked kernel (a chunk is 64 tokens;
-# below this the per-chunk matrix work outweighs the recurrent kernel's token steps).
-CHUNK_MIN_TOKENS_PER_ROW = 16
+# On the GPU, steps whose rows average at least this many tokens (one 64-token chunk) take the chunked kernel; below
+# it the per-chunk matrix work outweighs the recurrent kernel's token steps. On an H100 at Qwen3.5's heads
+# (`benchmarks/gdn/bench_gdn_prefill.py`): 16 tokens a row, recurrent 2.3 ms against chunked 5.3; 128 tokens a
+# row, recurrent 4.3 against 2.4.
+CHUNK_MIN_TOKENS_PER_ROW = 64
 
 
 class DeltaRuleInputs(NamedTuple):

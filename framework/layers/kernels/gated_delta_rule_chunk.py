@@ -198,10 +198,14 @@ def chunk_gated_delta_rule_varlen_triton(
     tail_states: Optional[torch.Tensor] = None,  # [R, num_tail, H, Dk, Dv] float32
     snapshots: Optional[SnapshotTargets] = None,
     snapshot_pool: Optional[torch.Tensor] = None,  # [P, H, Dk, Dv] float32
-    block_v: int = 32,
+    block_v: int = 128,
     num_warps: int = 8,
 ) -> torch.Tensor:
-    """[T, H, Dv]: the chunked form in one launch (grid: rows x value heads x Dv blocks of `block_v`)."""
+    """[T, H, Dv]: the chunked form in one launch (grid: rows x value heads x Dv blocks of `block_v`).
+
+    Tiles: the whole 128-wide value head per program, 8 warps, the fastest of six (Dv block, warps) pairs at every
+    shape of `benchmarks/gdn/bench_gdn_prefill.py` on an H100 (1.2-2.9x the 32-wide, 8-warp tiles; docs/benchmarks.md).
+    """
     num_k_heads, dk = k.shape[1:]
     num_heads, dv = v.shape[1:]
     check_state_arguments(state, num_heads, num_k_heads, dk, dv, snapshots, snapshot_pool)
