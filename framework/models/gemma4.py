@@ -158,6 +158,7 @@ class Gemma4ForCausalLM(LlamaForCausalLM):
             if i in aux_layer_ids:
                 entering[i] = x
             kv = self.kv_index[cfg.kv_sources[i]]  # a KV-shared layer reads its source layer's cache
+            attn_metadata.kv_waits.layer(kv)  # a KV tier's loads of that cache are in place (no-op without)
             cos, sin = rope[cfg.layer_types[i]]
             cache = layer_kv_view(kv_caches[kv], *cfg.layer_geometry(i, self.ctx.tp_size))
             pli = per_layer[:, i] if per_layer is not None else None

@@ -6,8 +6,9 @@ step's stream waits for it, so a layer that read the cache before its wait would
 attention read is checked: its layer's load has run (never early), and in some read a later layer's load had not
 run yet (the loads really are per layer, not one wait before the forward). The tokens equal those of a run without
 the tier: eager forwards, CUDA-graph paths (prefill pieces wait per layer between pieces, whole-step replays wait
-for every layer first) and a Mamba hybrid (Jamba). Planted faults: one layer's wait skipped, or a graph replay
-that does not wait; each is caught by the read check, and the skipped wait changes the tokens.
+for every layer first), a Mamba hybrid (Jamba) and Gemma 4 (its own forward; KV-shared layers). Planted faults:
+one layer's wait skipped, or a graph replay that does not wait; each is caught by the read check, and the skipped
+wait changes the tokens.
 """
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ HOST_BLOCKS = 40
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    from test_hf_parity_gemma4 import SPECS as GEMMA4  # tests/models (on the test path)
+    from test_hf_parity_gemma4 import save_gemma4_checkpoint
     from test_mamba_hybrid import JAMBA  # tests/model_states (on the test path, as the other hybrid tests use it)
 
-    paths = {name: tmp_path_factory.mktemp(name) for name in ("llama", "jamba")}
+    paths = {name: tmp_path_factory.mktemp(name) for name in ("llama", "jamba", "gemma4")}
     save_tiny_checkpoint(SPEC_BY_NAME["llama"], paths["llama"])
     save_tiny_checkpoint(JAMBA, paths["jamba"])
+    save_gemma4_checkpoint(GEMMA4["ple"], paths["gemma4"])  # KV-shared layers read their source layer's cache
     return paths
 
 
@@ -121,7 +125,7 @@ def references(checkpoints) -> dict[str, list]:
         return {name: _checked_run(path, monkeypatch)[0] for name, path in checkpoints.items()}
 
 
-@pytest.mark.parametrize("name,graphs", [("llama", False), ("llama", True), ("jamba", False)])
+@pytest.mark.parametrize("name,graphs", [("llama", False), ("llama", True), ("jamba", False), ("gemma4", False)])
 def test_each_layer_reads_after_its_own_load_and_tokens_are_unchanged(
     checkpoints, references, monkeypatch, name, graphs
 ):
