@@ -1,0 +1,130 @@
+"""Small-M GEMV of 4-bit integer weights and 16-bit activations (W4A16 decode, M = 1..16 rows), unpacking in registers.
+
+The weight is the layout every INT4 format becomes after loading (`int4.py`, `triton_w4a16`): `qweight` int32
+`[N, K / 8]` (column 8c + j in bits 4j..4j+3 of word c), float32 `scales` and `zeros` `[N, K / G]`, with
+w[n, k] = scales[n, k // G] * (q[n, k] - zeros[n, k // G]). GPTQ act-order never reaches the kernel: the loader
+sorts the input columns by group and the method permutes the activations (`Int4Method.apply`), so groups are
+contiguous runs of G columns here.
+
+Decode reads each weight byte once, a quarter of the bf16 bytes. The tensor-core GEMM of `triton_w4a16` loads one
+int32 per weight element (the eight that share it come from L1) and reaches ~40 GB/s at M <= 16. Here, as in the
+FP8 GEMV (`triton_w8a16_gemv`, whose launch rule this shares), a program owns `BLOCK_N` weight rows (a warp each)
+and walks K in unrolled chunks of `BLOCK_W` int32 words (16-byte loads, each word loaded once), seen as
+`[BLOCK_N, BLOCK_W / SUB_W, SUB_W]` (`SUB_W` words sharing one group): the eight nibbles of each word are shifted
+out into a fourth dimension, the group's zero point subtracted and its scale applied in float32, and the chunk,
+flattened to `[BLOCK_N, 8 BLOCK_W]` columns, is multiplied with the M input rows one at a time and reduced within
+the warp. Numerically `w4a16_linear_reference` up to the float32 summation order.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from framework.layers.quantization.triton_w8a16_gemv import (
+    QUANT_GEMV_MAX_ROWS,
+    QuantGemvTiles,
+    quant_gemv_tiles,
+    shared_scale_span,
+)
+
+
+@triton.jit
+def _w4a16_gemv_kernel(
+    x_ptr,  # [M, K] activation dtype, row stride stride_x, last dim contiguous
+    w_ptr,  # [N, K // 8] int32, contiguous
+    s_ptr,  # [N, K // GROUP] float32, contiguous
+    z_ptr,  # [N, K // GROUP] float32, contiguous
+    b_ptr,  # [N] activation dtype (y_ptr when not HAS_BIAS; not read)
+    y_ptr,  # [M, N] activation dtype, contiguous
+    M,
+    stride_x,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    GROUP: tl.constexpr,  # multiple of 8 dividing K
+    SUB_W: tl.constexpr,  # power of two dividing BLOCK_W and GROUP // 8 (or BLOCK_W when GROUP == K)
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # power of two >= M
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,  # int32 words per chunk: 8 * BLOCK_W columns
+):
+    pid = tl.program_id(0)
+    KW: tl.constexpr = K // 8
+    NUM_GROUPS: tl.constexpr = K // GROUP
+    NG: tl.constexpr = BLOCK_W // SUB_W
+    rows_m = tl.arange(0, BLOCK_M)
+    rows_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows_n < N
+    w_rows = rows_n.to(tl.int64)[:, None, None] * KW
+    g_rows = rows_n[:, None] * NUM_GROUPS  # [BLOCK_N, 1] offset of each row's scales / zeros
+    pieces = tl.arange(0, NG)
+    shifts = tl.arange(0, 8) * 4  # nibble j of a word: column 8c + j
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for w0 in tl.static_range(0, KW, BLOCK_W):  # unrolled: later chunks' loads issue before this chunk's sums
+        words = w0 + pieces[:, None] * SUB_W + tl.arange(0, SUB_W)[None, :]  # [NG, SUB_W]
+        w_mask = n_mask[:, None, None] & (words < KW)[None, :, :]
+        packed = tl.load(w_ptr + w_rows + words[None, :, :], mask=w_mask, other=0)  # [BLOCK_N, NG, SUB_W] int32
+        groups = (w0 + pieces * SUB_W) * 8 // GROUP  # [NG] group of each piece's columns
+        g_mask = n_mask[:, None] & (groups < NUM_GROUPS)[None, :]
+        scale = tl.load(s_ptr + g_rows + groups[None, :], mask=g_mask, other=0.0)[:, :, None, None]
+        zero = tl.load(z_ptr + g_rows + groups[None, :], mask=g_mask, other=0.0)[:, :, None, None]
+        q = (packed[:, :, :, None] >> shifts[None, None, None, :]) & 0xF  # [BLOCK_N, NG, SUB_W, 8] in 0..15
+        w = tl.reshape((q.to(tl.float32) - zero) * scale, (BLOCK_N, BLOCK_W * 8))  # column order kept
+        ks = w0 * 8 + tl.arange(0, BLOCK_W * 8)
+        for m in tl.static_range(BLOCK_M):  # one input row at a time: registers stay [BLOCK_N, 8 BLOCK_W]
+            x_mask = (ks < K) & (tl.full([BLOCK_W * 8], m, tl.int32) < M)  # past K or M: zero (w there is finite)
+            x = tl.load(x_ptr + m * stride_x + ks, mask=x_mask, other=0.0).to(tl.float32)
+            acc += tl.where(rows_m[:, None] == m, tl.sum(w * x[None, :], axis=1)[None, :], 0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    out_mask = (rows_m[:, None] < M) & n_mask[None, :]
+    tl.store(y_ptr + rows_m[:, None] * N + rows_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+
+def w4a16_gemv_triton(
+    x: torch.Tensor,  # [M, K] activation dtype, M <= QUANT_GEMV_MAX_ROWS, last dim contiguous
+    qweight: torch.Tensor,  # [N, K / 8] int32, contiguous
+    scales: torch.Tensor,  # [N, K / G] float32, contiguous
+    zeros: torch.Tensor,  # [N, K / G] float32, contiguous
+    group: int,  # G: a multiple of 8 dividing K
+    bias: Optional[torch.Tensor] = None,  # [N] activation dtype
+    tiles: Optional[QuantGemvTiles] = None,  # default `quant_gemv_tiles(M, N, K)` (block_k in columns)
+) -> torch.Tensor:  # [M, N] in x's dtype
+    """The GEMV; same semantics as `triton_w4a16.w4a16_linear_reference` (float32 summation order aside). No host
+    sync and a fixed-shape output, so CUDA graphs capture it."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    assert m <= QUANT_GEMV_MAX_ROWS, f"{m} rows > {QUANT_GEMV_MAX_ROWS}: use w4a16_linear_triton"
+    assert qweight.shape == (n, k // 8) and qweight.dtype == torch.int32 and qweight.is_contiguous()
+    assert k % group == 0 and group % 8 == 0, f"group {group}: a multiple of 8 dividing K = {k}"
+    assert scales.shape == zeros.shape == (n, k // group) and scales.is_contiguous() and zeros.is_contiguous()
+    assert x.stride(-1) == 1 and (bias is None or bias.shape == (n,))
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    tiles = tiles or quant_gemv_tiles(m, n, k)
+    assert tiles.block_m >= m and tiles.grid * tiles.block_n >= n and tiles.block_k >= 8, f"{tiles}: [{m}, {n}]"
+    block_w = tiles.block_k // 8
+    _w4a16_gemv_kernel[(tiles.grid,)](
+        x,
+        qweight,
+        scales,
+        zeros,
+        bias if bias is not None else y,
+        y,
+        m,
+        x.stride(0),
+        N=n,
+        K=k,
+        GROUP=group,
+        SUB_W=shared_scale_span(group // 8, k // 8, block_w),
+        HAS_BIAS=bias is not None,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_W=block_w,
+        num_warps=tiles.num_warps,
+    )
+    return y
