@@ -4,10 +4,12 @@ At decode a projection reads its whole weight once and does M multiply-adds per 
 weight's bytes over the memory bandwidth. The tensor-core GEMM of `triton_w8a16` spends 16-row tiles on 1..16 rows
 and reaches a fraction of the bandwidth there; this kernel is shaped like the bf16 GEMV
 (framework/layers/kernels/triton_gemv.py): a program owns `BLOCK_N` weight rows (a warp each) and walks K in
-`BLOCK_K`-column chunks, unrolled (K is `constexpr`) so that the next chunks' loads are in flight while this
-chunk's sums run. Each chunk's e4m3 bytes widen to float32 and are multiplied by their scales in registers
-(the chunk seen as `[BLOCK_N, BLOCK_K / SUB_K, SUB_K]`, one scale per `SUB_K` columns), then the M input rows are
-multiplied one at a time and reduced within the warp into float32 accumulators.
+`BLOCK_K`-column chunks (512 bytes of a row: one 16-byte load a lane, so a row's sums stay inside its warp),
+unrolled (K is `constexpr`) so that the next chunks' loads are in flight while this chunk's sums run. Each
+chunk's e4m3 bytes widen to float32 and are multiplied by their scales in registers (the chunk seen as
+`[BLOCK_N, BLOCK_K / SUB_K, SUB_K]`, one scale per `SUB_K` columns), then the M input rows are multiplied one at a
+time and reduced within the warp into float32 accumulators `[BLOCK_N, BLOCK_M]`, kept in the layout the row sums
+come out in (the activation chunk's broadcast is the only shared-memory round trip per chunk).
 
 Scales: the float32 `[ceil(N / group_n), ceil(K / group_k)]` grid of `triton_w8a16` (block 128 x 128, per channel
 `(1, K)`, per tensor `(N, K)`). With one group along K (per channel, per tensor) the scale multiplies each row's
@@ -31,7 +33,9 @@ from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 
 QUANT_GEMV_MAX_ROWS = 16  # rows above this: the tensor-core GEMM kernels (triton_w8a16 / triton_w4a16)
 SM_COUNT = 132  # H100 SXM; the launch rule wants >= 2 programs per SM at this count
-GEMV_CHUNK_COLUMNS = 1024  # K columns per unrolled chunk: 32 weights a thread per row, as the bf16 GEMV's 2 KB
+# Bytes of a weight row per unrolled chunk: one 16-byte vector a lane, so that the compiler's layout puts the chunk
+# of a row in one warp (a wider chunk spreads a row over warps: the sums then cross warps through shared memory).
+CHUNK_ROW_BYTES = 32 * 16
 
 
 @triton.jit
@@ -62,7 +66,7 @@ def _w8a16_gemv_kernel(
     n_mask = rows_n < N
     w_rows = rows_n.to(tl.int64)[:, None] * K  # int64: N * K passes 2^31 for an LM head
     s_rows = (rows_n // GROUP_N) * SK  # [BLOCK_N] offset of each row's scale row
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # [n, m]: the row sums' own layout, no conversion
     for k0 in tl.static_range(0, K, BLOCK_K):  # unrolled: later chunks' loads issue before this chunk's sums
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
@@ -76,13 +80,13 @@ def _w8a16_gemv_kernel(
         for m in tl.static_range(BLOCK_M):  # one input row at a time: registers stay [BLOCK_N, BLOCK_K]
             x_mask = k_mask & (tl.full([BLOCK_K], m, tl.int32) < M)  # past M: padding rows read nothing
             x = tl.load(x_ptr + m * stride_x + ks, mask=x_mask, other=0.0).to(tl.float32)  # [BLOCK_K]
-            acc += tl.where(rows_m[:, None] == m, tl.sum(w * x[None, :], axis=1)[None, :], 0.0)
+            acc += tl.where(rows_m[None, :] == m, tl.sum(w * x[None, :], axis=1)[:, None], 0.0)
     if ONE_GROUP:
-        acc *= tl.load(s_ptr + s_rows, mask=n_mask, other=0.0)[None, :]
+        acc *= tl.load(s_ptr + s_rows, mask=n_mask, other=0.0)[:, None]
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rows_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    out_mask = (rows_m[:, None] < M) & n_mask[None, :]
-    tl.store(y_ptr + rows_m[:, None] * N + rows_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+        acc += tl.load(b_ptr + rows_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    out_mask = n_mask[:, None] & (rows_m[None, :] < M)
+    tl.store(y_ptr + rows_m[None, :] * N + rows_n[:, None], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
 class QuantGemvTiles(NamedTuple):
@@ -96,12 +100,15 @@ class QuantGemvTiles(NamedTuple):
     num_warps: int
 
 
-def quant_gemv_tiles(m: int, n: int, k: int, block_n: int = 0, block_k: int = 0) -> QuantGemvTiles:
-    """The launch shape for an [m, k] x [n, k]^T product; a nonzero `block_n` / `block_k` (powers of two) fixes
-    that choice. Default: 8 rows a program if that gives >= 2 programs per SM, else 4 (a warp per row); chunks of
-    `GEMV_CHUNK_COLUMNS` (K rounded up to a power of two when smaller). Not yet swept on the GPU."""
+def quant_gemv_tiles(
+    m: int, n: int, k: int, column_bits: int = 8, block_n: int = 0, block_k: int = 0
+) -> QuantGemvTiles:
+    """The launch shape for an [m, k] x [n, k]^T product of `column_bits`-bit weights (8: FP8, 4: INT4); a nonzero
+    `block_n` / `block_k` (powers of two) fixes that choice. Default: 8 rows a program if that gives >= 2 programs
+    per SM, else 4 (a warp per row); chunks of `CHUNK_ROW_BYTES` of each row (512 FP8 / 1,024 INT4 columns; K
+    rounded up to a power of two when smaller). Not yet swept on the GPU."""
     block_n = block_n or (8 if cdiv(n, 8) >= 2 * SM_COUNT else 4)
-    block_k = block_k or min(next_power_of_2(k), GEMV_CHUNK_COLUMNS)
+    block_k = block_k or min(next_power_of_2(k), CHUNK_ROW_BYTES * 8 // column_bits)
     assert block_k & (block_k - 1) == 0 and block_n & (block_n - 1) == 0, "block_n, block_k: powers of two"
     return QuantGemvTiles(next_power_of_2(max(m, 1)), block_n, block_k, cdiv(n, block_n), block_n)
 
