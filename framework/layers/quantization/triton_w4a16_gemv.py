@@ -27,7 +27,9 @@ import triton.language as tl
 
 from framework.layers.quantization.triton_w8a16_gemv import (
     QUANT_GEMV_MAX_ROWS,
+    UNROLL_ROWS,
     QuantGemvTiles,
+    accumulate_rows,
     quant_gemv_tiles,
     shared_scale_span,
 )
@@ -66,6 +68,7 @@ def _w4a16_gemv_kernel(
     SUB_K: tl.constexpr,  # power of two dividing BLOCK_K and GROUP (BLOCK_K when GROUP == K): columns of one group
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,  # power of two >= M
+    UNROLL_M: tl.constexpr,  # BLOCK_M <= UNROLL_ROWS: the row loop unrolled (`accumulate_rows`)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # columns per chunk (BLOCK_K / 8 int32 words), a multiple of 8
 ):
@@ -91,10 +94,7 @@ def _w4a16_gemv_kernel(
         q = tl.reshape(_unpack_nibbles(packed), (BLOCK_N, NG, SUB_K))  # values 0..15
         w = tl.reshape((q - zero) * scale, (BLOCK_N, BLOCK_K))  # [BLOCK_N, BLOCK_K] float32, 0 past K and N
         ks = k0 + tl.arange(0, BLOCK_K)
-        for m in tl.static_range(BLOCK_M):  # one input row at a time: registers stay [BLOCK_N, BLOCK_K]
-            x_mask = (ks < K) & (tl.full([BLOCK_K], m, tl.int32) < M)  # past M: padding rows read nothing
-            x = tl.load(x_ptr + m * stride_x + ks, mask=x_mask, other=0.0).to(tl.float32)
-            acc += tl.where(rows_m[None, :] == m, tl.sum(w * x[None, :], axis=1)[:, None], 0.0)
+        acc = accumulate_rows(acc, w, x_ptr, stride_x, ks, ks < K, M, UNROLL_M)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
     out_mask = n_mask[:, None] & (rows_m[None, :] < M)
@@ -139,6 +139,7 @@ def w4a16_gemv_triton(
         SUB_K=shared_scale_span(group, k, tiles.block_k),
         HAS_BIAS=bias is not None,
         BLOCK_M=tiles.block_m,
+        UNROLL_M=tiles.block_m <= UNROLL_ROWS,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps,

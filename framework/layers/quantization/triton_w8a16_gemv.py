@@ -32,10 +32,32 @@ import triton.language as tl
 from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 
 QUANT_GEMV_MAX_ROWS = 16  # rows above this: the tensor-core GEMM kernels (triton_w8a16 / triton_w4a16)
+UNROLL_ROWS = 4  # BLOCK_M up to this: the row loop unrolled (see `accumulate_rows`)
 SM_COUNT = 132  # H100 SXM; the launch rule wants >= 2 programs per SM at this count
 # Bytes of a weight row per unrolled chunk: one 16-byte vector a lane, so that the compiler's layout puts the chunk
 # of a row in one warp (a wider chunk spreads a row over warps: the sums then cross warps through shared memory).
 CHUNK_ROW_BYTES = 32 * 16
+
+
+@triton.jit
+def accumulate_rows(acc, w, x_ptr, stride_x, ks, k_mask, M, UNROLL_M: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] float32 + the products of the dequantized chunk w [BLOCK_N, BLOCK_K] with each input
+    row's columns `ks` ([BLOCK_K], `k_mask` inside K), one row at a time (registers stay [BLOCK_N, BLOCK_K]).
+    UNROLL_M: the rows unrolled (BLOCK_M of them, past M reading nothing), so the compiler may issue the next
+    chunks' weight loads before these sums; else a loop over the M rows, whose code does not grow with M (an
+    unrolled M = 16 at K = 12,288 compiled for minutes)."""
+    BLOCK_M: tl.constexpr = acc.shape[1]
+    rows_m = tl.arange(0, BLOCK_M)
+    if UNROLL_M:
+        for m in tl.static_range(BLOCK_M):
+            x_mask = k_mask & (tl.full(ks.shape, m, tl.int32) < M)
+            x = tl.load(x_ptr + m * stride_x + ks, mask=x_mask, other=0.0).to(tl.float32)  # [BLOCK_K]
+            acc += tl.where(rows_m[None, :] == m, tl.sum(w * x[None, :], axis=1)[:, None], 0.0)
+    else:
+        for m in range(M):
+            x = tl.load(x_ptr + m * stride_x + ks, mask=k_mask, other=0.0).to(tl.float32)
+            acc += tl.where(rows_m[None, :] == m, tl.sum(w * x[None, :], axis=1)[:, None], 0.0)
+    return acc
 
 
 @triton.jit
@@ -54,6 +76,7 @@ def _w8a16_gemv_kernel(
     SUB_K: tl.constexpr,  # power of two dividing BLOCK_K and GROUP_K: columns of a chunk that share a scale
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,  # power of two >= M
+    UNROLL_M: tl.constexpr,  # BLOCK_M <= UNROLL_ROWS: the row loop unrolled (`accumulate_rows`)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -77,10 +100,7 @@ def _w8a16_gemv_kernel(
             s_mask = n_mask[:, None] & (groups < SK)[None, :]
             scale = tl.load(s_ptr + s_rows[:, None] + groups[None, :], mask=s_mask, other=0.0)  # [BLOCK_N, NG]
             w = tl.reshape(tl.reshape(w, (BLOCK_N, NG, SUB_K)) * scale[:, :, None], (BLOCK_N, BLOCK_K))
-        for m in tl.static_range(BLOCK_M):  # one input row at a time: registers stay [BLOCK_N, BLOCK_K]
-            x_mask = k_mask & (tl.full([BLOCK_K], m, tl.int32) < M)  # past M: padding rows read nothing
-            x = tl.load(x_ptr + m * stride_x + ks, mask=x_mask, other=0.0).to(tl.float32)  # [BLOCK_K]
-            acc += tl.where(rows_m[None, :] == m, tl.sum(w * x[None, :], axis=1)[:, None], 0.0)
+        acc = accumulate_rows(acc, w, x_ptr, stride_x, ks, k_mask, M, UNROLL_M)
     if ONE_GROUP:
         acc *= tl.load(s_ptr + s_rows, mask=n_mask, other=0.0)[:, None]
     if HAS_BIAS:
@@ -157,6 +177,7 @@ def w8a16_gemv_triton(
         SUB_K=shared_scale_span(group_k, k, tiles.block_k),
         HAS_BIAS=bias is not None,
         BLOCK_M=tiles.block_m,
+        UNROLL_M=tiles.block_m <= UNROLL_ROWS,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps,
