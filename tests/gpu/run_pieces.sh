@@ -68,6 +68,7 @@ GPU_PIECES_EXTRA=(
   "window 90 test_window_sinks_gpu.py"
   "gemma3 100 test_gemma3_gpu.py test_kv_groups_gpu.py"
   "quantrank 10 test_quant_rank_layout_gpu.py"
+  "quantgemv 110 test_quant_gemv_gpu.py"
   "gptosstp 90 test_parallel_gpt_oss_gpu.py"
 )
 GPU_PIECES_LAST=(

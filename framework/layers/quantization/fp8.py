@@ -15,6 +15,8 @@ stay in the model dtype (W8A16: the result is that of the dequantized weights). 
 on the GPU, the activations are quantized as the checkpoint declares (per token and 128-input group for block FP8,
 per token for FP8_DYNAMIC and online FP8, the static `input_scale` for per-tensor FP8) and the FP8 x FP8 GEMM runs:
 cuBLASLt's (`scaled_mm_w8a8`) for per-channel and per-tensor weights in bfloat16 models, `triton_w8a8` otherwise.
+Up to `QUANT_GEMV_MAX_ROWS` tokens (16) W8A16 runs the small-M GEMV (`triton_w8a16_gemv`), above it the tensor-core
+GEMM (`triton_w8a16`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from framework.layers.quantization.triton_w8a16 import (
     w8a16_linear_reference,
     w8a16_linear_triton,
 )
+from framework.layers.quantization.triton_w8a16_gemv import QUANT_GEMV_MAX_ROWS, w8a16_gemv_triton
 
 # Token count from which FP8 layers quantize their activations and run the FP8 x FP8 GEMM (`triton_w8a8`); below
 # it the W8A16 kernel (16-bit activations) runs. Decode is bound by reading the weight, which both paths read once;
@@ -125,6 +128,8 @@ class Fp8LinearMethod(QuantMethod):
         w8a8 = self.w8a8_min_tokens is not None and flat.shape[0] >= self.w8a8_min_tokens
         if kernels and w8a8:
             y = self.apply_w8a8(layer, flat, bias)
+        elif kernels and flat.shape[0] <= QUANT_GEMV_MAX_ROWS:  # decode: the weight-streaming GEMV
+            y = w8a16_gemv_triton(flat, layer.weight, self.scale_grid(layer), group_n, group_k, bias)
         elif kernels:
             y = w8a16_linear_triton(flat, layer.weight, self.scale_grid(layer), group_n, group_k, bias)
         else:

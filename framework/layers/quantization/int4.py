@@ -15,9 +15,9 @@ dimension; the layouts differ in what is packed along which dimension:
 Nibble i of an int32 is bits 4i..4i+3. After loading, every format becomes the layout of `triton_w4a16`: `qweight`
 int32 `[N, K / 8]` (eight consecutive input columns per int32), float32 `scales` and `zeros` `[N, K / G]`. GPTQ's
 act-order (`g_idx` not `k // G`) is undone at load by sorting the input columns by group (`perm`, applied to the
-activations each call), so groups are contiguous for the kernel. Small M and large M both run the Triton kernel
-(CPU: its PyTorch reference). Tensor parallelism: `int4_parallel` (which tensors each rank splits, and the group
-layout of a row-parallel rank).
+activations each call), so groups are contiguous for the kernels. Up to `QUANT_GEMV_MAX_ROWS` tokens (16) the
+small-M GEMV runs (`triton_w4a16_gemv`), above it the tensor-core GEMM (`triton_w4a16`); on the CPU the reference.
+Tensor parallelism: `int4_parallel` (which tensors each rank splits, and the group layout of a row-parallel rank).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from framework.layers.quantization.triton_w4a16 import (
     w4a16_linear_reference,
     w4a16_linear_triton,
 )
+from framework.layers.quantization.triton_w4a16_gemv import w4a16_gemv_triton
+from framework.layers.quantization.triton_w8a16_gemv import QUANT_GEMV_MAX_ROWS
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ int32 holds column 8c + AWQ_ORDER[i]
 
@@ -152,8 +154,11 @@ class Int4Method(QuantMethod):
         if layer.perm is not None:  # act-order / a row-parallel rank's groups: the activations in the weight's order
             flat = gather_input(flat, layer.perm)  # type: ignore[arg-type]
         args = (layer.qweight, layer.scales, layer.zeros, layer.int4_group)
-        use_kernel = layer.int4_group % 16 == 0 and flat.stride(-1) == 1  # type: ignore[operator]
-        if use_kernel and triton_enabled(x.device, x, backend=getattr(layer, "kernel_backend", "auto")):
+        kernels = triton_enabled(x.device, x, backend=getattr(layer, "kernel_backend", "auto")) and flat.stride(-1) == 1
+        decode = flat.shape[0] <= QUANT_GEMV_MAX_ROWS  # the weight-streaming GEMV
+        if kernels and decode and layer.int4_group % 8 == 0:  # type: ignore[operator]
+            y = w4a16_gemv_triton(flat, *args, bias)  # type: ignore[arg-type]
+        elif kernels and layer.int4_group % 16 == 0:  # type: ignore[operator]
             y = w4a16_linear_triton(flat, *args, bias)  # type: ignore[arg-type]
         else:
             y = w4a16_linear_reference(flat, *args, bias)  # type: ignore[arg-type]
