@@ -18,6 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from framework.layers.kernels.nibbles import spread_fp4_bytes, spread_int4_words
 from framework.layers.kernels.triton_norm_silu import round_to_dtype
 
 
@@ -58,12 +59,12 @@ def _int4_weight_tile(
     """[BLOCK_K, BLOCK_N] int32 q - zero of W[rows, k0 : k0 + BLOCK_K]^T: int32 words [N, K / 8] at `base` (input
     8c + j in bits 4j..4j+3 of word c), integral zero points [N, SCALE_COLS] at `zero_base` (the chunk lies in one
     group). The chunk's words are loaded once, [BLOCK_N, BLOCK_K / 8] contiguous along K, and their nibbles spread in
-    registers: the row-major reshape of [BLOCK_N, BLOCK_K / 8, 8] keeps input 8c + j in place."""
+    registers (`nibbles.spread_int4_words`)."""
     block_n: tl.constexpr = rows.shape[0]
     words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     mask = row_mask[:, None] & (words < K // 8)[None, :]
     packed = tl.load(w_ptr + base + rows[:, None] * (K // 8) + words[None, :], mask=mask, other=0)
-    q = tl.reshape((packed[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF, (block_n, BLOCK_K))
+    q = spread_int4_words(packed, block_n, BLOCK_K)
     zero = tl.load(z_ptr + zero_base + rows * SCALE_COLS + k0 // GROUP_K, mask=row_mask, other=0.0).to(tl.int32)
     return tl.trans(q - zero[:, None])  # |q - z| <= 16: exact in every activation dtype
 
@@ -76,18 +77,18 @@ def _mxfp4_weight_tile(
     `base` (input 2c in the low nibble of byte c, 2c + 1 in the high one), E8M0 exponents [N, K / 32] at
     `scale_base`; an element is e2m1(code) * 2^(exponent - 127) (exponent 0 reads as 0, not 2^-127). BLOCK_K is a
     multiple of 32: the chunk's bytes ([BLOCK_N, BLOCK_K / 2]) and exponents ([BLOCK_N, BLOCK_K / 32]) are loaded
-    once each, contiguous along K, and spread in registers (row-major reshapes keep the input order)."""
+    once each, contiguous along K, and spread in registers (`nibbles.spread_fp4_bytes`)."""
     block_n: tl.constexpr = rows.shape[0]
     offs = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     mask = row_mask[:, None] & (offs < K // 2)[None, :]
     packed = tl.load(w_ptr + base + rows[:, None] * (K // 2) + offs[None, :], mask=mask, other=0).to(tl.int32)
-    code = (packed[:, :, None] >> (tl.arange(0, 2) * 4)[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K / 2, 2]
+    code = tl.reshape(spread_fp4_bytes(packed, block_n, BLOCK_K), (block_n, BLOCK_K // 32, 32))
     exponent = (code >> 1) & 3
     mantissa = code & 1
     # e2m1: 0, 0.5 (subnormal), else 2^(e - 1) * (1 + m / 2) = ((2 + m) << e) / 4
     normal = ((2 + mantissa) << exponent).to(tl.float32) * 0.25
     magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.5, normal)
-    value = tl.reshape(tl.where(code >= 8, -magnitude, magnitude), (block_n, BLOCK_K // 32, 32))
+    value = tl.where(code >= 8, -magnitude, magnitude)
     groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     scale_mask = row_mask[:, None] & (groups < K // 32)[None, :]
     offs_s = scale_base + rows[:, None] * (K // 32) + groups[None, :]
