@@ -1,7 +1,8 @@
 """The fused MoE kernels over FP8 and INT4 expert weights against their PyTorch reference (interpreter on the CPU).
 
 Layouts: FP8 with block scales (partial blocks in both dimensions), per-channel and per-tensor scales; 4-bit ints
-with group scales and zero points up to 16 (GPTQ stores zero - 1). The reference itself is checked against a plain
+with group scales and zero points up to 16 (GPTQ stores zero - 1), and per-channel ones ending in a partial K chunk
+and a partial column tile. The reference itself is checked against a plain
 dequantize-then-`fused_moe_reference` run, and a control shows a wrong input group (a scale or zero taken from the
 neighbouring group) moves the output far outside the tolerance used here.
 """
@@ -39,9 +40,11 @@ def fp8_experts(h: int, i: int, groups: tuple[tuple[int, int], tuple[int, int]],
     return QuantExperts("fp8", gate_up, down, s1, s2, (gn1, gk1), (gn2, gk2))
 
 
-def int4_experts(h: int, i: int, group: int, seed: int = 0) -> QuantExperts:
-    """Random 4-bit experts (any bit pattern), scales, and integer zero points 0..16."""
+def int4_experts(h: int, i: int, group: int, seed: int = 0, down_group: int = 0) -> QuantExperts:
+    """Random 4-bit experts (any bit pattern), scales, and integer zero points 0..16; input groups `group` (gate/up)
+    and `down_group` (default the same)."""
     g = torch.Generator().manual_seed(seed)
+    g2 = down_group or group
     words = lambda *s: torch.randint(-(2**31), 2**31, s, generator=g, dtype=torch.int64).to(torch.int32)  # noqa: E731
     zeros = lambda *s: torch.randint(0, 17, s, generator=g).float()  # noqa: E731
     return QuantExperts(
@@ -49,11 +52,11 @@ def int4_experts(h: int, i: int, group: int, seed: int = 0) -> QuantExperts:
         words(E, 2, i, h // 8),
         words(E, h, i // 8),
         _grid(g, E, 2, i, h // group) * 0.3,
-        _grid(g, E, h, i // group) * 0.3,
+        _grid(g, E, h, i // g2) * 0.3,
         (1, group),
-        (1, group),
+        (1, g2),
         zeros(E, 2, i, h // group),
-        zeros(E, h, i // group),
+        zeros(E, h, i // g2),
     )
 
 
@@ -78,12 +81,16 @@ CASES = {
     "fp8-tensor": lambda: fp8_experts(64, 48, ((48, 64), (64, 48))),
     "int4-g32": lambda: int4_experts(64, 64, 32),
     "int4-g16": lambda: int4_experts(64, 48, 16),
+    # per-channel groups: I = 40 ends the down product's K in a partial chunk (one word of four) and the gate/up
+    # product's columns in a partial tile
+    "int4-channel-partial": lambda: int4_experts(64, 40, 64, down_group=40),
 }
 
 
 KERNEL_CASES = [(c, torch.bfloat16) for c in sorted(CASES)] + [
     ("fp8-block-partial", torch.float32),
     ("int4-g16", torch.float32),
+    ("int4-channel-partial", torch.float32),
 ]
 
 

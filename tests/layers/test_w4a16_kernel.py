@@ -1,6 +1,7 @@
 """The W4A16 kernel (framework/layers/quantization/triton_w4a16.py) against its reference, under the interpreter on
-the CPU (or for real on a GPU): M from 1 to past one 128-row tile, N not a multiple of the tiles, group sizes 32,
-64 and the whole row, with and without bias; and the packing helpers against a hand-built int32.
+the CPU (or for real on a GPU): M from 1 to past one 128-row tile, N not a multiple of the tiles, group sizes 16
+(K chunks of two packed words), 32, 64 and the whole row, with and without bias, zero points 0..16 (GPTQ's reach
+up to 16); and the packing helpers against a hand-built int32.
 
 Tolerance: as tests/layers/test_w8a16_kernel.py (the zero-shifted 4-bit values are exact in 16-bit floats, so only
 the float32 summation order and the final rounding differ); bfloat16 on a GPU only, for the same interpreter reason.
@@ -25,7 +26,7 @@ def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int):  #
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
     scales = torch.rand((n, k // group), generator=g) * 0.02 + 0.001
-    zeros = torch.randint(0, 16, (n, k // group), generator=g).float()
+    zeros = torch.randint(0, 17, (n, k // group), generator=g).float()
     x = torch.randn((m, k + 8), generator=g)[:, 3 : 3 + k]
     bias = torch.randn((n,), generator=g)
     to = lambda t: t.to(DEVICE)  # noqa: E731
@@ -33,7 +34,7 @@ def _case(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int):  #
 
 
 @pytest.mark.parametrize("m", [1, 5, 130])
-@pytest.mark.parametrize("group", [32, 64, 192])
+@pytest.mark.parametrize("group", [16, 32, 64, 192])  # 16: two words a K chunk, a group per chunk
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else []))
 def test_kernel_matches_reference(m: int, group: int, dtype: torch.dtype) -> None:
     x, qweight, scales, zeros, bias = _case(m, 200, 192, group, dtype, seed=m + group)

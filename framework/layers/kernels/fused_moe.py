@@ -39,6 +39,7 @@ from framework.layers.kernels.moe_tiles import (
     _dot_expert_tile,
     _expert_weight_tile,
     _gate_up_epilogue,
+    _int4_weight_tile,
     _moe_row_block,
     _mxfp4_weight_tile,
     _store_down,
@@ -126,17 +127,24 @@ def _moe_gate_up_kernel(
         w_mask = k_mask[:, None] & col_mask[None, :]
         up_scales = gate_scales + SCALE_ROWS * SCALE_COLS
         if QUANT == 3:
-            w_gate = _mxfp4_weight_tile(w_ptr, s_ptr, gate_base, gate_scales, cols, ks, H, w_mask)
-            w_up = _mxfp4_weight_tile(w_ptr, s_ptr, gate_base + matrix, up_scales, cols, ks, H, w_mask)
+            w_gate = _mxfp4_weight_tile(w_ptr, s_ptr, gate_base, gate_scales, cols, col_mask, k0, H, BLOCK_K)
+            w_up = _mxfp4_weight_tile(w_ptr, s_ptr, gate_base + matrix, up_scales, cols, col_mask, k0, H, BLOCK_K)
+        elif QUANT == 2:
+            w_gate = _int4_weight_tile(
+                w_ptr, z_ptr, gate_base, gate_scales, cols, col_mask, k0, H, GROUP_K, SCALE_COLS, BLOCK_K
+            )
+            w_up = _int4_weight_tile(
+                w_ptr, z_ptr, gate_base + matrix, up_scales, cols, col_mask, k0, H, GROUP_K, SCALE_COLS, BLOCK_K
+            )
         else:
             w_gate = _expert_weight_tile(w_ptr, gate_base, cols, ks, H, w_mask, QUANT)
             w_up = _expert_weight_tile(w_ptr, gate_base + matrix, cols, ks, H, w_mask, QUANT)
         acc_gate = _dot_expert_tile(
-            acc_gate, a, w_gate, s_ptr, z_ptr, gate_scales, cols, col_mask, k0,
+            acc_gate, a, w_gate, s_ptr, gate_scales, cols, col_mask, k0,
             QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
         )  # fmt: skip
         acc_up = _dot_expert_tile(
-            acc_up, a, w_up, s_ptr, z_ptr, up_scales, cols, col_mask, k0,
+            acc_up, a, w_up, s_ptr, up_scales, cols, col_mask, k0,
             QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
         )  # fmt: skip
     # Rounded as the reference: both projections (+ biases), then each step of the activation.
@@ -190,11 +198,13 @@ def _moe_down_kernel(
         a = tl.load(act_ptr + safe_rows[:, None] * I + ks[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         w_mask = k_mask[:, None] & col_mask[None, :]
         if QUANT == 3:
-            w = _mxfp4_weight_tile(w_ptr, s_ptr, base, scales, cols, ks, I, w_mask)
+            w = _mxfp4_weight_tile(w_ptr, s_ptr, base, scales, cols, col_mask, k0, I, BLOCK_K)
+        elif QUANT == 2:
+            w = _int4_weight_tile(w_ptr, z_ptr, base, scales, cols, col_mask, k0, I, GROUP_K, SCALE_COLS, BLOCK_K)
         else:
             w = _expert_weight_tile(w_ptr, base, cols, ks, I, w_mask, QUANT)
         acc = _dot_expert_tile(
-            acc, a, w, s_ptr, z_ptr, scales, cols, col_mask, k0,
+            acc, a, w, s_ptr, scales, cols, col_mask, k0,
             QUANT, GROUP_N, GROUP_K, SCALE_COLS, PRECISION, UPCAST,
         )  # fmt: skip
     _store_down(acc, topk_weights_ptr, b_ptr, out_ptr, safe_rows, valid, expert, cols, col_mask, H, HAS_BIAS)

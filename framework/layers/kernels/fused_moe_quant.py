@@ -128,10 +128,10 @@ def fused_moe_quant_reference(
 
 
 def quant_block_k(block_k: int, experts: QuantExperts) -> int:
-    """The widest K chunk (<= `block_k`) inside one input group of both projections (MXFP4: any, the tile is
-    dequantized before the product)."""
+    """The widest K chunk (<= `block_k`) inside one input group of both projections (MXFP4: any multiple of its
+    32-input groups, the tile is dequantized before the product, a group's exponent loaded once)."""
     if experts.kind == "mxfp4":
-        return block_k
+        return max(block_k, 32)
     _, i, h = experts.shape
     for block in (128, 64, 32, 16):
         if block > block_k:

@@ -2,9 +2,11 @@
 dequantizing dot, the epilogues.
 
 Weight tiles (`QUANT`, a constexpr of the kernels): 0 the activation dtype, 1 FP8 e4m3 with group scales, 2 int32
-words of eight 4-bit values with group scales and zero points (both scaled after the dot, `_dot_expert_tile`), 3
-MXFP4 (`_mxfp4_weight_tile`: bytes of two FP4 e2m1 values, an E8M0 power-of-two scale per 32 inputs, dequantized in
-registers before the dot, which is exact in bfloat16 and float32).
+words of eight 4-bit values with group scales and zero points (`_int4_weight_tile`: zero points subtracted in
+integers, scales after the dot, `_dot_expert_tile`), 3 MXFP4 (`_mxfp4_weight_tile`: bytes of two FP4 e2m1 values, an
+E8M0 power-of-two scale per 32 inputs, dequantized in registers before the dot, which is exact in bfloat16 and
+float32). The 4-bit tiles load a K chunk's packed words or bytes once, contiguous along K, and spread the nibbles in
+registers (a gather of one word per element read each word eight times and could not be vectorised).
 
 Epilogues (constexprs `ACTIVATION`, `HAS_BIAS`; semantics and references in `moe_epilogue.py`): per-expert biases
 added to the gate/up and down products, and the activation: SiLU-and-mul (0) or gpt-oss's clamped SwiGLU (1).
@@ -16,6 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from framework.layers.kernels.nibbles import spread_fp4_bytes, spread_int4_words
 from framework.layers.kernels.triton_norm_silu import round_to_dtype
 
 
@@ -44,39 +47,62 @@ def _moe_row_block(
 @triton.jit
 def _expert_weight_tile(w_ptr, base, rows, ks, K: tl.constexpr, mask, QUANT: tl.constexpr):
     """[BLOCK_K, BLOCK_N] raw values of W[rows, ks]^T for one expert matrix of K inputs per row starting at `base`
-    (elements; int4: int32 words of eight consecutive inputs, nibble j = input 8c + j)."""
-    if QUANT == 2:
-        packed = tl.load(w_ptr + base + rows[None, :] * (K // 8) + (ks // 8)[:, None], mask=mask, other=0)
-        return (packed >> ((ks % 8) * 4)[:, None]) & 0xF
-    else:
-        return tl.load(w_ptr + base + rows[None, :] * K + ks[:, None], mask=mask, other=0.0)
+    (elements of the activation dtype or FP8; 4-bit formats have their own tiles below)."""
+    return tl.load(w_ptr + base + rows[None, :] * K + ks[:, None], mask=mask, other=0.0)
 
 
 @triton.jit
-def _mxfp4_weight_tile(w_ptr, s_ptr, base, scale_base, rows, ks, K: tl.constexpr, mask):
-    """[BLOCK_K, BLOCK_N] float32 W[rows, ks]^T of one MXFP4 expert matrix: bytes [N, K / 2] at `base` (input 2c in
-    the low nibble of byte c, 2c + 1 in the high one), E8M0 exponents [N, K / 32] at `scale_base`; an element is
-    e2m1(code) * 2^(exponent - 127) (exponent 0 reads as 0, not 2^-127)."""
-    packed = tl.load(w_ptr + base + rows[None, :] * (K // 2) + (ks // 2)[:, None], mask=mask, other=0).to(tl.int32)
-    code = (packed >> ((ks % 2) * 4)[:, None]) & 0xF
+def _int4_weight_tile(
+    w_ptr, z_ptr, base, zero_base, rows, row_mask, k0, K: tl.constexpr, GROUP_K: tl.constexpr,
+    SCALE_COLS: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """[BLOCK_K, BLOCK_N] int32 q - zero of W[rows, k0 : k0 + BLOCK_K]^T: int32 words [N, K / 8] at `base` (input
+    8c + j in bits 4j..4j+3 of word c), integral zero points [N, SCALE_COLS] at `zero_base` (the chunk lies in one
+    group). The chunk's words are loaded once, [BLOCK_N, BLOCK_K / 8] contiguous along K, and their nibbles spread in
+    registers (`nibbles.spread_int4_words`)."""
+    block_n: tl.constexpr = rows.shape[0]
+    words = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    mask = row_mask[:, None] & (words < K // 8)[None, :]
+    packed = tl.load(w_ptr + base + rows[:, None] * (K // 8) + words[None, :], mask=mask, other=0)
+    q = spread_int4_words(packed, block_n, BLOCK_K)
+    zero = tl.load(z_ptr + zero_base + rows * SCALE_COLS + k0 // GROUP_K, mask=row_mask, other=0.0).to(tl.int32)
+    return tl.trans(q - zero[:, None])  # |q - z| <= 16: exact in every activation dtype
+
+
+@triton.jit
+def _mxfp4_weight_tile(
+    w_ptr, s_ptr, base, scale_base, rows, row_mask, k0, K: tl.constexpr, BLOCK_K: tl.constexpr
+):  # fmt: skip
+    """[BLOCK_K, BLOCK_N] float32 W[rows, k0 : k0 + BLOCK_K]^T of one MXFP4 expert matrix: bytes [N, K / 2] at
+    `base` (input 2c in the low nibble of byte c, 2c + 1 in the high one), E8M0 exponents [N, K / 32] at
+    `scale_base`; an element is e2m1(code) * 2^(exponent - 127) (exponent 0 reads as 0, not 2^-127). BLOCK_K is a
+    multiple of 32: the chunk's bytes ([BLOCK_N, BLOCK_K / 2]) and exponents ([BLOCK_N, BLOCK_K / 32]) are loaded
+    once each, contiguous along K, and spread in registers (`nibbles.spread_fp4_bytes`)."""
+    block_n: tl.constexpr = rows.shape[0]
+    offs = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    mask = row_mask[:, None] & (offs < K // 2)[None, :]
+    packed = tl.load(w_ptr + base + rows[:, None] * (K // 2) + offs[None, :], mask=mask, other=0).to(tl.int32)
+    code = tl.reshape(spread_fp4_bytes(packed, block_n, BLOCK_K), (block_n, BLOCK_K // 32, 32))
     exponent = (code >> 1) & 3
     mantissa = code & 1
     # e2m1: 0, 0.5 (subnormal), else 2^(e - 1) * (1 + m / 2) = ((2 + m) << e) / 4
     normal = ((2 + mantissa) << exponent).to(tl.float32) * 0.25
     magnitude = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.5, normal)
     value = tl.where(code >= 8, -magnitude, magnitude)
-    offs = scale_base + rows[None, :] * (K // 32) + (ks // 32)[:, None]
-    biased = tl.load(s_ptr + offs, mask=mask, other=127).to(tl.int32)
-    return value * (biased << 23).to(tl.float32, bitcast=True)  # 2^(biased - 127) built from its float32 bits
+    groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    scale_mask = row_mask[:, None] & (groups < K // 32)[None, :]
+    offs_s = scale_base + rows[:, None] * (K // 32) + groups[None, :]
+    biased = tl.load(s_ptr + offs_s, mask=scale_mask, other=127).to(tl.int32)
+    power = (biased << 23).to(tl.float32, bitcast=True)  # 2^(biased - 127) built from its float32 bits
+    return tl.trans(tl.reshape(value * power[:, :, None], (block_n, BLOCK_K)))
 
 
 @triton.jit
 def _dot_expert_tile(
     acc,  # [BLOCK_M, BLOCK_N] float32
     a,  # [BLOCK_M, BLOCK_K] activations
-    w,  # [BLOCK_K, BLOCK_N] weight values (`_expert_weight_tile`; QUANT 3: dequantized float32)
+    w,  # [BLOCK_K, BLOCK_N] weight tile (QUANT 0, 1: raw; 2: int32 q - zero; 3: dequantized float32)
     s_ptr,  # scale grid of the expert matrix, [SCALE_ROWS, SCALE_COLS] float32 at `scale_base` (QUANT 1, 2)
-    z_ptr,  # zero points, same layout (int4 only)
     scale_base,
     rows,  # [BLOCK_N] output rows of the tile
     row_mask,
@@ -88,26 +114,21 @@ def _dot_expert_tile(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """acc + a @ dequantize(w): the chunk's FP8 values or (q - zero) widen exactly to the activation dtype, one
-    tensor-core product, then each output row's group scale multiplies the partial sums. MXFP4 tiles arrive
-    dequantized (a power of two times an e2m1 value: exact in the activation dtype)."""
+    """acc + a @ dequantize(w): the chunk's FP8 values or int4 `q - zero` (`_int4_weight_tile`) widen exactly to the
+    activation dtype, one tensor-core product, then each output row's group scale multiplies the partial sums.
+    MXFP4 tiles arrive dequantized (a power of two times an e2m1 value: exact in the activation dtype)."""
+    if QUANT == 1:
+        w = w.to(tl.float32)  # e4m3 widens through float32
+    if UPCAST:
+        a, w = a.to(tl.float32), w.to(tl.float32)
+    else:
+        w = w.to(a.dtype)
     if QUANT == 0 or QUANT == 3:
-        if UPCAST:
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        else:
-            w = w.to(a.dtype)
         return tl.dot(a, w, acc, input_precision=PRECISION)
     else:
         offs = scale_base + (rows // GROUP_N) * SCALE_COLS + k0 // GROUP_K
         scale = tl.load(s_ptr + offs, mask=row_mask, other=0.0)
-        wf = w.to(tl.float32)
-        if QUANT == 2:
-            wf = wf - tl.load(z_ptr + offs, mask=row_mask, other=0.0)[None, :]  # |q - z| <= 16: exact below
-        if UPCAST:
-            a = a.to(tl.float32)
-        else:
-            wf = wf.to(a.dtype)
-        return acc + tl.dot(a, wf, input_precision=PRECISION) * scale[None, :]
+        return acc + tl.dot(a, w, input_precision=PRECISION) * scale[None, :]
 
 
 @triton.jit

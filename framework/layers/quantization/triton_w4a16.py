@@ -5,10 +5,13 @@ eight 4-bit values of consecutive input columns (column 8c + j in bits 4j..4j+3)
 `[N, K / G]`, so that w[n, k] = scales[n, k // G] * (q[n, k] - zeros[n, k // G]).
 
 A program owns a `BLOCK_M x BLOCK_N` output tile and walks K in `BLOCK_K` chunks inside one group (`BLOCK_K`
-divides G): each weight element's int32 is loaded (eight neighbours share it, from L1), its nibble shifted out, the
-zero point subtracted — small integers, exact in bf16 / fp16 — and one tensor-core product accumulates in float32;
-the chunk's partial sums are then scaled per output channel. So the kernel computes the dequantized weight's
-product up to float32 summation order, like the reference. Decode reads a quarter of the bf16 weight bytes.
+divides G): the chunk's packed words are loaded once as a contiguous `[BLOCK_N, BLOCK_K / 8]` int32 tile (not one
+word per element: that gather read each word eight times and could not be vectorised) and spread to
+`[BLOCK_N, BLOCK_K]` in the registers of the threads that loaded them (`nibbles.spread_int4_words`). The zero point
+is subtracted in integers (every loader's zero points are integers, at most 16) and `q - zero` converts exactly to
+bf16 / fp16; one tensor-core product accumulates in float32 and the chunk's partial sums are then scaled per output
+channel. So the kernel computes the dequantized weight's product up to float32 summation order, like the
+reference. Decode reads a quarter of the bf16 weight bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import triton
 import triton.language as tl
 
 from framework.layers.kernels.launch_math import cdiv
+from framework.layers.kernels.nibbles import spread_int4_words
 
 
 @triton.jit
@@ -46,22 +50,22 @@ def _w4a16_gemm_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    offs_c = tl.arange(0, BLOCK_K // 8)  # the chunk's int32 words
     mask_m = offs_m < M
     mask_n = offs_n < N
     num_groups = K // GROUP
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * (K // 8)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + offs_k
-        mask_k = ks < K
-        x = tl.load(x_rows + ks[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        packed = tl.load(w_rows + (ks // 8)[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
-        q = (packed >> ((ks % 8) * 4)[None, :]) & 0xF
+    for k0 in range(0, K, BLOCK_K):  # K is a multiple of GROUP, hence of BLOCK_K: no partial chunk
+        x = tl.load(x_rows + (k0 + offs_k)[None, :], mask=mask_m[:, None], other=0.0)
+        packed = tl.load(w_rows + (k0 // 8 + offs_c)[None, :], mask=mask_n[:, None], other=0)  # [BLOCK_N, BLOCK_K / 8]
+        # Each word read once, its eight nibbles spread in the registers of the thread that loaded it.
+        q = spread_int4_words(packed, BLOCK_N, BLOCK_K)
         group = k0 // GROUP
-        zero = tl.load(z_ptr + offs_n * num_groups + group, mask=mask_n, other=0.0)
+        zero = tl.load(z_ptr + offs_n * num_groups + group, mask=mask_n, other=0.0).to(tl.int32)  # integral
         scale = tl.load(s_ptr + offs_n * num_groups + group, mask=mask_n, other=0.0)
-        w = tl.where(mask_k[None, :], q.to(tl.float32) - zero[:, None], 0.0).to(x.dtype)  # exact: |q - z| <= 15
+        w = (q - zero[:, None]).to(x.dtype)  # exact: |q - z| <= 16
         if DOT_IEEE:
             partial = tl.dot(x, tl.trans(w), input_precision="ieee")
         else:
