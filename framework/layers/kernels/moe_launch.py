@@ -85,10 +85,10 @@ def heuristic_launch_config(num_rows: int, num_experts: int) -> MoeLaunchConfig:
 
 
 def moe_launch_config(
-    num_rows: int, num_experts: int, shape: Optional[MoeShape] = None, folder: Path = CONFIG_DIR
+    num_rows: int, num_experts: int, shape: Optional[MoeShape] = None, folder: Optional[Path] = None
 ) -> MoeLaunchConfig:
     """Tiles for `num_rows = M * K` rows over `num_experts` experts: the tuned table's entry for `shape` (module
-    docstring) when `folder` has one, else `heuristic_launch_config`."""
+    docstring) when `folder` (default `CONFIG_DIR`) has one, else `heuristic_launch_config`."""
     if shape is not None and num_rows > 0:
         tuned = tuned_launch_config(shape, -(-num_rows // shape.top_k), folder)
         if tuned is not None:
@@ -96,9 +96,10 @@ def moe_launch_config(
     return heuristic_launch_config(num_rows, num_experts)
 
 
-def tuned_launch_config(shape: MoeShape, tokens: int, folder: Path = CONFIG_DIR) -> Optional[MoeLaunchConfig]:
+def tuned_launch_config(shape: MoeShape, tokens: int, folder: Optional[Path] = None) -> Optional[MoeLaunchConfig]:
     """The table entry for the smallest token count >= `tokens` (the largest past the end); None without one."""
-    table = load_device_table(str(folder / table_file_name(shape.device_name)), shape.device_name)
+    path = (CONFIG_DIR if folder is None else folder) / table_file_name(shape.device_name)
+    table = load_device_table(str(path), shape.device_name)
     by_tokens = table.get(shape[1:])
     if not by_tokens:
         return None
