@@ -113,9 +113,11 @@ def tune_geometry(
     shared_memory: int,
     deadline: float = float("inf"),
     log: Callable[[str], None] = print,
+    save: Callable[[dict[int, MoeLaunchConfig], list[dict], list[Measurement]], None] = lambda *results: None,
 ) -> tuple[dict[int, MoeLaunchConfig], list[dict], list[Measurement]]:
-    """(winner per token count, a summary row per token count, every measurement) of one geometry; token counts
-    after `deadline` (time.monotonic) are left out, with a note in the log."""
+    """(winner per token count, a summary row per token count, every measurement) of one geometry, also passed to
+    `save` after each token count (a run stopped at its time limit keeps what it measured); token counts after
+    `deadline` (time.monotonic) are left out, with a note in the log."""
     geo, element = bench.geometry, bench.gate_up.element_size()
     winners: dict[int, MoeLaunchConfig] = {}
     rows: list[dict] = []
@@ -153,6 +155,7 @@ def tune_geometry(
         log(_format_row(row))
         winners[tokens] = winner
         rows.append(row)
+        save(winners, rows, measurements)
     return winners, rows, measurements
 
 
@@ -201,17 +204,21 @@ def compile_shard(geometry: Geometry, dtype: torch.dtype, work: list[tuple[str, 
         try:
             bench.launch(kernel, cfg)()
             torch.cuda.synchronize()
-        except Exception:  # noqa: BLE001, S112 - the timing process meets (and reports) the same failure
+        except Exception:  # the timing process meets (and reports) the same failure
             continue
 
 
-def write_outputs(out: Path, device_name: str, table: DeviceTable, geometry: Geometry, rows: list, found: list) -> None:
-    """The table, the sweep and the plot of one geometry (module docstring)."""
+def write_outputs(
+    out: Path, device_name: str, table: DeviceTable, geometry: Geometry, rows: list, found: list, plot: bool = True
+) -> None:
+    """The table, the sweep and (`plot`) the plot of one geometry (module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / table_file_name(device_name)).write_text(json.dumps(device_table_json(device_name, table), indent=1))
     sweep = {"device_name": device_name, "geometry": vars(geometry), "summary": rows}
     sweep["measurements"] = [m.to_json() for m in found]
     (out / f"sweep_{geometry.name}.json").write_text(json.dumps(sweep, indent=1))
+    if not plot:
+        return
     try:
         import matplotlib
 
@@ -241,7 +248,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("moe_tune"))
     parser.add_argument("--table", type=Path, help="the table to extend (default: the shipped one for this GPU)")
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
-    parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting token counts after this")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting token counts after this")
     parser.add_argument("--compile-shard", help=argparse.SUPPRESS)  # i/n: a `precompile` process
     args = parser.parse_args(argv)
     geometries = args.geometry or ["qwen3-30b-a3b"]
@@ -253,7 +260,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     shared = getattr(torch.cuda.get_device_properties(0), "shared_memory_per_block_optin", H100_SHARED_MEMORY)
     table_path = args.table or CONFIG_DIR / table_file_name(device_name)
     table = dict(load_device_table(str(table_path), device_name))
-    timer: Timer = lambda launch, kernel, cfg: graph_event_ms(launch)  # noqa: E731
+    timer: Timer = lambda launch, kernel, cfg: graph_event_ms(launch)
     for name in geometries:
         geo = GEOMETRIES[name]
         element = torch.empty((), dtype=dtype).element_size()
@@ -268,11 +275,16 @@ def main(argv: Optional[list[str]] = None) -> None:
         precompile([*forwarded, "--tokens", *map(str, token_counts)], args.jobs)
         print(f"  {len(work)} kernel variants compiled in {time.monotonic() - start:.0f} s\n{HEADER}", flush=True)
         bench = KernelBench(geo, dtype, "cuda")
-        winners, rows, found = tune_geometry(bench, token_counts, grid, timer, shared, start + args.budget_s)
         key = (args.dtype, geo.experts, geo.intermediate, geo.hidden, geo.top_k)
-        if winners:
-            table[key] = {**table.get(key, {}), **winners}
-        write_outputs(args.out, device_name, table, geo, rows, found)
+        shipped = table.get(key, {})
+
+        def save(winners: dict, rows: list, found: list, plot: bool = False) -> None:
+            table[key] = {**shipped, **winners}
+            write_outputs(args.out, device_name, table, geo, rows, found, plot)
+
+        results = tune_geometry(bench, token_counts, grid, timer, shared, start + args.budget_s, save=save)
+        if results[0]:
+            save(*results, plot=True)
         del bench
         torch.cuda.empty_cache()
     if not args.compile_shard:
