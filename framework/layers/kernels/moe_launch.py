@@ -90,7 +90,7 @@ def moe_launch_config(
     """Tiles for `num_rows = M * K` rows over `num_experts` experts: the tuned table's entry for `shape` (module
     docstring) when `folder` (default `CONFIG_DIR`) has one, else `heuristic_launch_config`."""
     if shape is not None and num_rows > 0:
-        tuned = tuned_launch_config(shape, -(-num_rows // shape.top_k), folder)
+        tuned = _tuned_launch_config(shape, -(-num_rows // shape.top_k), CONFIG_DIR if folder is None else folder)
         if tuned is not None:
             return tuned
     return heuristic_launch_config(num_rows, num_experts)
@@ -105,6 +105,10 @@ def tuned_launch_config(shape: MoeShape, tokens: int, folder: Optional[Path] = N
         return None
     at_or_above = [count for count in by_tokens if count >= tokens]
     return by_tokens[min(at_or_above) if at_or_above else max(by_tokens)]
+
+
+# Once per (shape, token count): the layers of a model ask the same question every step.
+_tuned_launch_config = functools.lru_cache(maxsize=16384)(tuned_launch_config)
 
 
 def table_file_name(device_name: str) -> str:
