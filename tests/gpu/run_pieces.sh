@@ -72,6 +72,7 @@ GPU_PIECES_EXTRA=(
   "gemma3 100 test_gemma3_gpu.py test_kv_groups_gpu.py"
   "quantrank 10 test_quant_rank_layout_gpu.py"
   "gptosstp 90 test_parallel_gpt_oss_gpu.py"
+  "moetune 60 test_moe_tune_gpu.py"
 )
 GPU_PIECES_LAST=(
   "kvtier 70 test_host_kv_tier_gpu.py"
