@@ -122,8 +122,10 @@ def tune_geometry(
     winners: dict[int, MoeLaunchConfig] = {}
     rows: list[dict] = []
     measurements: list[Measurement] = []
+    last_s = 0.0
     for tokens in token_counts:
-        if time.monotonic() > deadline:
+        began = time.monotonic()
+        if began + 1.5 * last_s > deadline:  # each token count takes longer than the one before
             log(f"  time budget spent: token counts from {tokens} on are not tuned")
             break
         bench.route(tokens)
@@ -156,16 +158,20 @@ def tune_geometry(
         winners[tokens] = winner
         rows.append(row)
         save(winners, rows, measurements)
+        last_s = time.monotonic() - began
     return winners, rows, measurements
 
 
 def _check_winner(bench: KernelBench, winner: MoeLaunchConfig, default: MoeLaunchConfig, tokens: int) -> None:
-    """The winner computes what the heuristic's tiles compute (up to the summation order of its block_k)."""
+    """The winner computes what the heuristic's tiles compute, up to the summation order of its block_k (in 16-bit
+    a tipped rounding of gate/up propagates: tests/gpu/test_fused_moe_gpu.py's bounds, 1% RMS, 1/8 RMS at most)."""
     out, ref = bench.output(winner).float(), bench.output(default).float()
     scale = ref.pow(2).mean().sqrt().item() or 1.0
-    error = (out - ref).abs().max().item() / scale
-    if error > 0.05:
-        raise RuntimeError(f"tokens {tokens}: the winner {winner} differs from the heuristic by {error:.3g} x rms")
+    rms, worst = (out - ref).pow(2).mean().sqrt().item() / scale, (out - ref).abs().max().item() / scale
+    if rms > 0.01 or worst > 0.125:
+        raise RuntimeError(
+            f"tokens {tokens}: the winner {winner} differs from the heuristic: {rms:.3g} RMS, {worst:.3g}"
+        )
 
 
 HEADER = f"{'M':>6} {'default us':>11} {'best us':>9} {'speedup':>8} {'default GB/s':>13} {'best GB/s':>10}  winner"
@@ -248,7 +254,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("moe_tune"))
     parser.add_argument("--table", type=Path, help="the table to extend (default: the shipped one for this GPU)")
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
-    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting token counts after this")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="start no token count that would end later")
     parser.add_argument("--compile-shard", help=argparse.SUPPRESS)  # i/n: a `precompile` process
     args = parser.parse_args(argv)
     geometries = args.geometry or ["qwen3-30b-a3b"]

@@ -129,3 +129,12 @@ def test_the_sweep_over_the_kernels_writes_a_table_the_lookup_reads(tmp_path: Pa
     assert (tmp_path / table_file_name("Fake GPU")).is_file()
     shape = MoeShape("Fake GPU", "float32", 4, 32, 32, 2)
     assert moe_launch_config(2 * 8, 4, shape, tmp_path) == winners[16]
+
+
+def test_a_spent_time_budget_starts_no_more_token_counts() -> None:
+    from benchmarks.moe.tune_moe_tiles import KernelBench, tune_geometry
+
+    lines: list[str] = []
+    bench = KernelBench(Geometry("t", 4, 2, 32, 32), torch.float32, "cpu")
+    result = tune_geometry(bench, (1, 2), Grid(), lambda *a: 1.0, H100_SHARED_MEMORY, deadline=0.0, log=lines.append)
+    assert result == ({}, [], []) and "from 1 on are not tuned" in lines[0]
