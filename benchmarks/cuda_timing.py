@@ -49,3 +49,21 @@ def time_graph_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) ->
         fn()
     torch.cuda.synchronize()
     return float(do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def graph_event_ms(fn: Callable[[], object], reps: int = 10, target_ms: float = 1.0) -> float:
+    """Median GPU time of one `fn` call: a CUDA graph of as many calls as last about `target_ms` (50 at most),
+    replayed between CUDA events, so microsecond kernels are timed without host launch gaps."""
+    one = median_event_ms(fn, reps=3, warmup=2)  # compiles, and sizes the graph
+    calls = max(1, min(50, int(target_ms / max(one, 1e-3))))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return median_event_ms(graph.replay, reps=reps, warmup=2) / calls

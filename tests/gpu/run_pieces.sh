@@ -11,6 +11,9 @@
 #                    at a time), for sessions with device time for a single call; needs pytest-xdist in .device-wheels
 #   nano             `mrv2 bench experiment=nano` (V2, HF baseline, idle probe), bench.json under OUT_DIR/nano
 #   v1_nano          the same requests on the V1 runner, no HF baseline or idle probe, under OUT_DIR/v1_nano
+#   moe_tune         benchmarks/moe/tune_moe_tiles.py (the fused MoE tile table of this GPU, Qwen3-30B-A3B bf16; extra
+#                    arguments in MOE_TUNE_ARGS, e.g. "--quick" or "--geometry gpt-oss-20b") under OUT_DIR/moe_tune:
+#                    copy its <GPU>.json to framework/layers/kernels/moe_configs/ (docs/moe.md, "Tuned tiles")
 # Every test piece ends with tests/gpu/summary.py (totals, every failure and skip, GPU files no group ran, commit)
 # in OUT_DIR/<piece>_summary.txt; each piece's log is OUT_DIR/<name>/log.txt and OUT_DIR/summary.log has the tails.
 # .device-wheels/ (carried to the device, if present) holds Python 3.12 wheels of what the device lacks (pydantic,
@@ -70,6 +73,7 @@ GPU_PIECES_EXTRA=(
   "quantrank 10 test_quant_rank_layout_gpu.py"
   "quantgemv 110 test_quant_gemv_gpu.py"
   "gptosstp 90 test_parallel_gpt_oss_gpu.py"
+  "moetune 60 test_moe_tune_gpu.py"
 )
 GPU_PIECES_LAST=(
   "kvtier 70 test_host_kv_tier_gpu.py"
@@ -122,6 +126,10 @@ for piece in "$@"; do
     v1_nano)
       step v1_nano 300 python3 -m framework.entrypoints.cli bench experiment=nano runner=v1 bench.baselines=[] \
         bench.decode_idle_batch=0 bench.output_dir="$out/v1_nano"
+      ;;
+    moe_tune)
+      # shellcheck disable=SC2086  # MOE_TUNE_ARGS: one word per argument
+      step moe_tune 595 python3 benchmarks/moe/tune_moe_tiles.py --out "$out/moe_tune" ${MOE_TUNE_ARGS:-}
       ;;
     *) echo "unknown piece $piece (see the head of tests/gpu/run_pieces.sh)" | tee -a "$out/summary.log" ;;
   esac

@@ -23,7 +23,7 @@ from framework.layers.kernels.moe_align import moe_align_reference, moe_align_tr
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Small tiles so that the interpreter crosses tile boundaries in every dimension.
 SMALL = MoeLaunchConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
-CONFIGS = [SMALL, *{moe_launch_config(n, 8) for n in (8, 256, 4096)}]
+CONFIGS = [SMALL, *dict.fromkeys(moe_launch_config(n, 8) for n in (8, 256, 4096))]  # in order (xdist)
 
 
 def _problem(

@@ -35,6 +35,7 @@ from framework.layers.kernels.backend import triton_enabled
 from framework.layers.kernels.launch_math import cdiv
 from framework.layers.kernels.moe_align import moe_align
 from framework.layers.kernels.moe_epilogue import SILU_EPILOGUE, MoeEpilogue, expert_mlp_reference
+from framework.layers.kernels.moe_launch import MoeLaunchConfig, dtype_name, moe_launch_config, moe_shape
 from framework.layers.kernels.moe_tiles import (
     _dot_expert_tile,
     _expert_weight_tile,
@@ -47,32 +48,6 @@ from framework.layers.kernels.moe_tiles import (
 from framework.layers.kernels.triton_norm_silu import interpreter_upcast
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-class MoeLaunchConfig(NamedTuple):
-    """Tile sizes of one launch; chosen from the row count alone (no autotuning on the step path)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-
-
-def moe_launch_config(num_rows: int, num_experts: int) -> MoeLaunchConfig:
-    """Tiles for `num_rows = M * K` (token, choice) rows over `num_experts` experts.
-
-    Decode (few rows per expert) is bandwidth-bound: 16-row blocks waste the least padding, and 32-column tiles
-    give a batch of one token (8 experts) 8 x 24 programs to spread the weight reads over the SMs. Prefill has
-    hundreds of rows per expert: 64-row blocks keep Hopper's tensor cores fed. Only three variants exist, so a
-    warm-up compiles all of them before a timed run.
-    """
-    rows_per_expert = num_rows / max(num_experts, 1)
-    if rows_per_expert <= 8:
-        return MoeLaunchConfig(16, 32, 128, 4, 4)
-    if rows_per_expert <= 64:
-        return MoeLaunchConfig(32, 64, 64, 4, 4)
-    return MoeLaunchConfig(64, 128, 64, 8, 3)
 
 
 # The row count changes every step: not specialised, so CUDA-graph capture at many sizes compiles one variant.
@@ -283,7 +258,7 @@ def fused_moe_triton(
     down: torch.Tensor,  # [E, H, I] x.dtype, contiguous
     topk_weights: torch.Tensor,  # [M, K] routing weights
     topk_ids: torch.Tensor,  # [M, K] int32/int64 expert ids in [0, E)
-    config: MoeLaunchConfig | None = None,  # tiles; default `moe_launch_config(M * K, E)`
+    config: MoeLaunchConfig | None = None,  # tiles; default `moe_launch_config` (the GPU's table or heuristic)
     epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output computed by the two grouped-GEMM kernels (semantics: `fused_moe_reference`)."""
@@ -299,7 +274,7 @@ def fused_moe_triton(
     num_rows = m * k
     if num_rows == 0:
         return x.new_zeros(m, h)
-    cfg = config or moe_launch_config(num_rows, e)
+    cfg = config or moe_launch_config(num_rows, e, moe_shape(x.device, dtype_name(x.dtype), e, i, h, k))
     return launch_moe_kernels(x, gate_up, down, topk_weights, topk_ids, cfg, NO_QUANT, NO_QUANT, epilogue)
 
 
@@ -378,30 +353,62 @@ def launch_moe_kernels(
     down: torch.Tensor,  # [E, H, I] (int4: [E, H, I // 8] int32; mxfp4: [E, H, I // 2] uint8), contiguous
     topk_weights: torch.Tensor,  # [M, K] routing weights
     topk_ids: torch.Tensor,  # [M, K] int32/int64 expert ids in [0, E)
-    cfg: MoeLaunchConfig,  # BLOCK_K must lie inside one input group of each quantized projection
+    cfg: MoeLaunchConfig,  # gate/up's tiles and `cfg.down_config()` down's; BLOCK_K inside each quantized group
     gate_up_quant: ProjectionQuant,
     down_quant: ProjectionQuant,
     epilogue: MoeEpilogue = SILU_EPILOGUE,  # checked by the callers
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output (inputs checked by the callers); the two grouped GEMMs of the module docstring."""
-    e, _, i = gate_up.shape[:3]
-    h = x.shape[1]
-    routing = route_moe_rows(x, topk_weights, topk_ids, e, cfg)
-    tiles = dict(moe_tile_args(cfg), BLOCK_K=cfg.block_k, PRECISION="ieee", UPCAST=interpreter_upcast(x.dtype))
-    act = routing.empty(i, x.dtype)
-    gate_up_bias, down_bias, act_consts = epilogue.kernel_args(x)
-    ptrs, consts = _quant_args(gate_up, gate_up_quant)
-    _moe_gate_up_kernel[routing.grid(i, cfg)](
-        x, gate_up, *ptrs, gate_up_bias, act, *routing.args, x.stride(0), H=h, I=i, TOP_K=routing.k,
-        **consts, **tiles, **act_consts,
-    )  # fmt: skip
-    per_choice = routing.empty(h, x.dtype)
-    ptrs, consts = _quant_args(down, down_quant)
-    _moe_down_kernel[routing.grid(h, cfg)](
-        act, down, *ptrs, down_bias, routing.weights, per_choice, *routing.args, H=h, I=i, **consts, **tiles,
-        HAS_BIAS=epilogue.down_bias is not None,
-    )  # fmt: skip
+    if cfg.down_config().block_m != cfg.block_m:
+        raise ValueError(f"fused_moe: gate/up and down tiles must share block_m, got {cfg}")
+    routing = route_moe_rows(x, topk_weights, topk_ids, gate_up.shape[0], cfg)
+    act = launch_moe_gate_up(x, gate_up, routing, cfg, gate_up_quant, epilogue)
+    per_choice = launch_moe_down(act, down, routing, cfg.down_config(), down_quant, epilogue)
     return routing.combine(per_choice)
+
+
+def _tile_consts(cfg: MoeLaunchConfig, dtype: torch.dtype) -> dict:
+    return dict(moe_tile_args(cfg), BLOCK_K=cfg.block_k, PRECISION="ieee", UPCAST=interpreter_upcast(dtype))
+
+
+def launch_moe_gate_up(
+    x: torch.Tensor,  # [M, H] bf16/fp16/fp32, last dim contiguous
+    gate_up: torch.Tensor,  # [E, 2, I, H] as `launch_moe_kernels` takes it
+    routing: MoeRows,  # `route_moe_rows` with cfg.block_m
+    cfg: MoeLaunchConfig,  # gate/up's tiles (its `down` is not read)
+    quant: ProjectionQuant,
+    epilogue: MoeEpilogue = SILU_EPILOGUE,
+) -> torch.Tensor:
+    """[M * K, I] the activation of every (token, choice) row: the first grouped GEMM alone (the tuner times it)."""
+    i = gate_up.shape[2]
+    act = routing.empty(i, x.dtype)
+    gate_up_bias, _, act_consts = epilogue.kernel_args(x)
+    ptrs, consts = _quant_args(gate_up, quant)
+    _moe_gate_up_kernel[routing.grid(i, cfg)](
+        x, gate_up, *ptrs, gate_up_bias, act, *routing.args, x.stride(0), H=routing.h, I=i, TOP_K=routing.k,
+        **consts, **_tile_consts(cfg, x.dtype), **act_consts,
+    )  # fmt: skip
+    return act
+
+
+def launch_moe_down(
+    act: torch.Tensor,  # [M * K, I] from `launch_moe_gate_up`
+    down: torch.Tensor,  # [E, H, I] as `launch_moe_kernels` takes it
+    routing: MoeRows,  # the same routing as gate/up's (so the same block_m)
+    cfg: MoeLaunchConfig,  # down's tiles
+    quant: ProjectionQuant,
+    epilogue: MoeEpilogue = SILU_EPILOGUE,
+) -> torch.Tensor:
+    """[M * K, H] weight * down(act) per (token, choice) row: the second grouped GEMM alone."""
+    h, i = routing.h, act.shape[1]
+    per_choice = routing.empty(h, act.dtype)
+    _, down_bias, _ = epilogue.kernel_args(act)
+    ptrs, consts = _quant_args(down, quant)
+    _moe_down_kernel[routing.grid(h, cfg)](
+        act, down, *ptrs, down_bias, routing.weights, per_choice, *routing.args, H=h, I=i, **consts,
+        **_tile_consts(cfg, act.dtype), HAS_BIAS=epilogue.down_bias is not None,
+    )  # fmt: skip
+    return per_choice
 
 
 def fused_moe(

@@ -36,6 +36,7 @@ from framework.layers.kernels.fused_moe import (
     moe_launch_config,
 )
 from framework.layers.kernels.moe_epilogue import SILU_EPILOGUE, MoeEpilogue, dequantize_mxfp4, expert_mlp_reference
+from framework.layers.kernels.moe_launch import moe_shape
 
 QUANT_CODES = {"fp8": 1, "int4": 2, "mxfp4": 3}
 
@@ -157,7 +158,7 @@ def fused_moe_quant_triton(
     experts: QuantExperts,  # contiguous tensors on x's device
     topk_weights: torch.Tensor,  # [M, K]
     topk_ids: torch.Tensor,  # [M, K] int32/int64 in [0, E)
-    config: Optional[MoeLaunchConfig] = None,  # default `moe_launch_config(M * K, E)`, BLOCK_K inside a group
+    config: Optional[MoeLaunchConfig] = None,  # default `moe_launch_config`; BLOCK_K narrowed into a group
     epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
     """[M, H] the MoE MLP output with the weights dequantized inside the kernels (`fused_moe_quant_reference`)."""
@@ -166,8 +167,8 @@ def fused_moe_quant_triton(
     m, k = topk_ids.shape
     if m * k == 0:
         return x.new_zeros(m, h)
-    cfg = config or moe_launch_config(m * k, e)
-    cfg = cfg._replace(block_k=quant_block_k(cfg.block_k, experts))
+    cfg = config or moe_launch_config(m * k, e, moe_shape(x.device, experts.kind, e, i, h, k))
+    cfg = cfg.narrow_block_k(lambda block_k: quant_block_k(block_k, experts))
     gate_up_quant, down_quant = experts.projections()
     w1, w2 = experts.gate_up, experts.down
     return launch_moe_kernels(x, w1, w2, topk_weights, topk_ids, cfg, gate_up_quant, down_quant, epilogue)
