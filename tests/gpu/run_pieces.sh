@@ -73,7 +73,6 @@ GPU_PIECES_EXTRA=(
   "quantrank 10 test_quant_rank_layout_gpu.py"
   "quantgemv 110 test_quant_gemv_gpu.py"
   "gptosstp 90 test_parallel_gpt_oss_gpu.py"
-  "moetune 60 test_moe_tune_gpu.py"
 )
 GPU_PIECES_LAST=(
   "kvtier 70 test_host_kv_tier_gpu.py"
@@ -81,6 +80,7 @@ GPU_PIECES_LAST=(
   "gdn 100 test_gdn_gpu.py"
   "gdnparallel 120 test_parallel_gdn_gpu.py"
   "gemma4 120 test_gemma4_gpu.py"
+  "moetune 60 test_moe_tune_gpu.py"
 )
 
 test_groups() { # piece, name of a groups array: one pytest run per group, then the summary of exactly those files
