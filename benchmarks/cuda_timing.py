@@ -39,15 +39,7 @@ def time_graph_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) ->
 
     fn()
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
+    graph = _captured(fn, calls=1)
     return float(do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="median"))
 
 
@@ -56,6 +48,13 @@ def graph_event_ms(fn: Callable[[], object], reps: int = 10, target_ms: float = 
     replayed between CUDA events, so microsecond kernels are timed without host launch gaps."""
     one = median_event_ms(fn, reps=3, warmup=2)  # compiles, and sizes the graph
     calls = max(1, min(50, int(target_ms / max(one, 1e-3))))
+    graph = _captured(fn, calls)
+    return median_event_ms(graph.replay, reps=reps, warmup=2) / calls
+
+
+def _captured(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls` calls of `fn`, captured after a warm-up call on a side stream (allocations and lazy
+    initialisation happen outside the capture)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -66,4 +65,4 @@ def graph_event_ms(fn: Callable[[], object], reps: int = 10, target_ms: float = 
         for _ in range(calls):
             fn()
     torch.cuda.synchronize()
-    return median_event_ms(graph.replay, reps=reps, warmup=2) / calls
+    return graph
