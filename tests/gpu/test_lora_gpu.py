@@ -21,6 +21,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
 from framework.layers.kernels.lora import (  # noqa: E402
+    LoraPartLayout,
     lora_expand_reference,
     lora_expand_triton,
     lora_shrink_reference,
@@ -73,16 +74,18 @@ def test_kernels_equal_reference_at_real_shapes(geometry: str, group: str, num_t
     has = token_lora >= 0
     torch.testing.assert_close(xa[has], xa_ref[has], atol=2e-2, rtol=2e-2)
     out = torch.randn(num_tokens, sum(parts), device=DEVICE, dtype=DTYPE)
-    want, got = out.clone(), out.clone()
-    start = 0
-    for i, n in enumerate(parts):
-        b = (torch.randn(SLOTS, n, RANK, device=DEVICE) / RANK**0.5).to(DTYPE)
-        part = xa_ref[:, i * RANK : (i + 1) * RANK]
-        lora_expand_reference(want[:, start : start + n], part, b, token_lora)
-        lora_expand_triton(got[:, start : start + n], part, b, token_lora)
-        start += n
+    want, got, fused = out.clone(), out.clone(), out.clone()
+    offsets = [sum(parts[:i]) for i in range(len(parts) + 1)]
+    b_all = (torch.randn(SLOTS, offsets[-1], RANK, device=DEVICE) / RANK**0.5).to(DTYPE)  # parts stacked
+    for i, (start, end) in enumerate(zip(offsets, offsets[1:])):
+        b, part = b_all[:, start:end].contiguous(), xa_ref[:, i * RANK : (i + 1) * RANK]
+        lora_expand_reference(want[:, start:end], part, b, token_lora)
+        lora_expand_triton(got[:, start:end], part, b, token_lora)
+    layout = LoraPartLayout(offsets, torch.device(DEVICE)) if len(parts) > 1 else None
+    lora_expand_triton(fused, xa_ref, b_all, token_lora, layout)  # the group's one launch
     torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)  # bf16: one rounding of y + delta
-    assert torch.equal(got[~has], out[~has]), "a row without an adapter was written"
+    torch.testing.assert_close(fused, got, atol=3e-2, rtol=2e-2)
+    assert torch.equal(got[~has], out[~has]) and torch.equal(fused[~has], out[~has]), "a row without one written"
 
 
 def test_graph_replays_follow_the_token_map_without_a_host_sync() -> None:
@@ -92,8 +95,7 @@ def test_graph_replays_follow_the_token_map_without_a_host_sync() -> None:
     shapes = [ProjectionShape(1024, 2048), ProjectionShape(1024, 1024), ProjectionShape(1024, 1024)]
     group = LoraGroup(0, ("q_proj", "k_proj", "v_proj"), shapes, SLOTS, RANK, tokens, DTYPE, torch.device(DEVICE))
     group.lora_a.normal_(std=0.03)
-    for b in group.lora_b:
-        b.normal_(std=0.25)
+    group.lora_b.normal_(std=0.25)
     x = torch.randn(32, 1024, device=DEVICE, dtype=DTYPE)
     out = torch.zeros(32, 4096, device=DEVICE, dtype=DTYPE)
     stream = torch.cuda.Stream()
@@ -110,9 +112,9 @@ def test_graph_replays_follow_the_token_map_without_a_host_sync() -> None:
         graph.replay()
         want = torch.zeros_like(out)
         xa = lora_shrink_reference(x, group.lora_a, tokens.token_lora[:32])
-        for i, b in enumerate(group.lora_b):
-            part = want[:, group.offsets[i] : group.offsets[i + 1]]
-            lora_expand_reference(part, xa[:, i * RANK : (i + 1) * RANK], b, tokens.token_lora[:32])
+        for i, (start, end) in enumerate(zip(group.offsets, group.offsets[1:])):
+            b, part_xa = group.lora_b[:, start:end], xa[:, i * RANK : (i + 1) * RANK]
+            lora_expand_reference(want[:, start:end], part_xa, b, tokens.token_lora[:32])
         torch.testing.assert_close(static_out, want, atol=3e-2, rtol=2e-2)
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -8,6 +8,7 @@ import torch
 
 from framework.layers.kernels.lora import (
     PER_ROW_MAX_TOKENS,
+    LoraPartLayout,
     lora_expand_reference,
     lora_expand_triton,
     lora_shrink_reference,
@@ -84,3 +85,45 @@ def test_expand_into_a_column_slice() -> None:
     lora_expand_triton(got[:, 50:98], xa, b, token_lora)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert torch.equal(got[:, :50], wide[:, :50]) and torch.equal(got[:, 98:], wide[:, 98:])
+
+
+PART_SIZES = [(40, 24, 24), (130, 24, 70)]  # not multiples of either kernel's column tile; parts over 2 tiles
+
+
+@pytest.mark.parametrize("num_tokens", [9, PER_ROW_MAX_TOKENS + 21], ids=["row", "segment"])
+@pytest.mark.parametrize("sizes", PART_SIZES, ids=lambda s: "-".join(map(str, s)))
+def test_fused_expand_equals_per_part_expands(sizes: tuple[int, ...], num_tokens: int) -> None:
+    """Merged q/k/v in one launch: part p's columns take B's rows of part p and xa's columns p*R .. p*R+R-1,
+    as one expand per part into its column slice would; rows without an adapter stay untouched."""
+    rank, slots = 8, 3
+    x, a, b, _, y = _case(num_tokens, 48, sum(sizes), rank * len(sizes), slots, seed=4, dtype=torch.float32)
+    pattern = torch.tensor([1, -1, 0, 2, 2, 0, -1, 1, 1], dtype=torch.int32)  # every slot and no adapter
+    token_lora = pattern.repeat_interleave(-(-num_tokens // len(pattern)))[:num_tokens].contiguous()
+    xa = lora_shrink_reference(x, a, token_lora)  # [T, parts * rank]
+    b = b[:, :, :rank].contiguous()  # [slots, sum out, rank]: the parts' B stacked along the output
+    offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    layout = LoraPartLayout(offsets, torch.device("cpu"))
+    per_part, want, got = y.clone(), y.clone(), y.clone()
+    for part, (start, end) in enumerate(zip(offsets, offsets[1:])):
+        xa_part = xa[:, part * rank : (part + 1) * rank]
+        lora_expand_triton(per_part[:, start:end], xa_part, b[:, start:end].contiguous(), token_lora)
+    lora_expand_reference(want, xa, b, token_lora, layout)
+    lora_expand_triton(got, xa, b, token_lora, layout)
+    torch.testing.assert_close(got, per_part, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    loop = y.clone()
+    for part, (start, end) in enumerate(zip(offsets, offsets[1:])):
+        a_part = a[:, part * rank : (part + 1) * rank]
+        loop[:, start:end] = _loop(x, a_part, b[:, start:end], token_lora, y[:, start:end])
+    torch.testing.assert_close(want, loop, atol=1e-4, rtol=1e-4)
+    has = token_lora >= 0
+    assert torch.equal(got[~has], y[~has]), "a row without an adapter was written"
+
+
+def test_part_layout_refuses_mismatched_shapes() -> None:
+    layout = LoraPartLayout([0, 40, 64], torch.device("cpu"))
+    y, xa, b = torch.zeros(3, 64), torch.zeros(3, 8), torch.zeros(2, 64, 8)
+    with pytest.raises(ValueError, match="2 x rank 8"):
+        lora_expand_reference(y, xa, b, torch.zeros(3, dtype=torch.int32), layout)
+    with pytest.raises(ValueError, match="strictly increase"):
+        LoraPartLayout([0, 40, 40], torch.device("cpu"))

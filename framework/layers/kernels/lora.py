@@ -6,8 +6,10 @@ without one: such tokens are skipped (their output is never written by expand).
 
 - `lora_shrink`: `xa[t] = x[t] @ A[token_lora[t]]^T`, float32 `[T, R]` (rows without an adapter: 0 in the
   reference, unwritten by the kernel; expand skips them).
-- `lora_expand`: `y[t] += xa[t] @ B[token_lora[t]]^T` in place, `y` may be a column slice of a wider output
-  (q, k and v of a merged projection each expand into their own columns).
+- `lora_expand`: `y[t] += xa[t] @ B[token_lora[t]]^T` in place, `y` may be a column slice of a wider output.
+  With a `LoraPartLayout` one launch expands every part of a merged projection (q/k/v, gate/up): B is the parts'
+  B matrices stacked `[L, sum N_p, R]`, xa is `[T, P*R]`, and output column c of part p reads xa columns
+  `p*R .. p*R+R-1`. Column tiles come from a table built once per group, so no tile straddles two parts.
 
 Two launch shapes, chosen from the token count alone (a CUDA graph captured at one size freezes one):
 prefill-sized steps take the segment kernels, one program per (tile of tokens, adapter slot): a request's
@@ -19,6 +21,9 @@ change between graph replays without recapture.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -29,6 +34,44 @@ from framework.layers.kernels.triton_norm_silu import interpreter_upcast
 
 # Up to this many tokens a step takes the per-row kernels (decode batches), above it the segment kernels.
 PER_ROW_MAX_TOKENS = 64
+ROW_BLOCK_N = 128  # output columns per program of the per-row expand
+SEGMENT_BLOCK_N = 64  # output columns per program of the segment expand
+
+
+def _part_tiles(offsets: Sequence[int], block_n: int, device: torch.device) -> torch.Tensor:
+    """[tiles, 3] int32: (part, first column, part's end column) of each column tile; tiles restart at every part."""
+    rows = [
+        (part, first, offsets[part + 1])
+        for part in range(len(offsets) - 1)
+        for first in range(offsets[part], offsets[part + 1], block_n)
+    ]
+    return torch.tensor(rows, dtype=torch.int32, device=device)
+
+
+class LoraPartLayout:
+    """The parts of a merged projection's output for a fused expand: part p owns columns
+    `offsets[p] .. offsets[p+1]-1` and reads xa columns `p*R .. p*R+R-1`. The column tile tables of both expand
+    kernels are built here once, so a launch does no host work and a CUDA graph keeps their addresses."""
+
+    def __init__(self, offsets: Sequence[int], device: torch.device) -> None:
+        if len(offsets) < 2 or offsets[0] != 0 or any(b <= a for a, b in zip(offsets, offsets[1:])):
+            raise ValueError(f"part offsets must start at 0 and strictly increase, got {list(offsets)}")
+        self.offsets = tuple(int(o) for o in offsets)  # [P + 1] column boundaries
+        self.row_tiles = _part_tiles(self.offsets, ROW_BLOCK_N, device)  # [tiles, 3] int32
+        self.segment_tiles = _part_tiles(self.offsets, SEGMENT_BLOCK_N, device)  # [tiles, 3] int32
+
+    @property
+    def num_parts(self) -> int:
+        return len(self.offsets) - 1
+
+
+def _check_parts(y: torch.Tensor, xa: torch.Tensor, lora_b: torch.Tensor, parts: LoraPartLayout) -> None:
+    n, rank = parts.offsets[-1], lora_b.shape[2]
+    if y.shape[1] != n or lora_b.shape[1] != n or xa.shape[1] != parts.num_parts * rank:
+        raise ValueError(
+            f"fused expand over parts {parts.offsets}: y {tuple(y.shape)}, xa {tuple(xa.shape)} and "
+            f"B {tuple(lora_b.shape)} must have {n} output columns and xa {parts.num_parts} x rank {rank} columns"
+        )
 
 
 # ---- references ----------------------------------------------------------------------------------------
@@ -50,12 +93,21 @@ def lora_shrink_reference(
 
 def lora_expand_reference(
     y: torch.Tensor,  # [T, N] written in place (a column slice of the output is fine)
-    xa: torch.Tensor,  # [T, R] float32 from lora_shrink
+    xa: torch.Tensor,  # [T, R] float32 from lora_shrink ([T, P*R] with parts)
     lora_b: torch.Tensor,  # [L, N, R]
     token_lora: torch.Tensor,  # [T] int32
+    parts: Optional[LoraPartLayout] = None,
 ) -> None:
     """y[t] += xa[t] @ B^T of its adapter (float32 sum, rounded to y's dtype); rows without one unchanged. Each
-    token's R values are placed in its slot's columns of a [T, L*R] matrix, then one matmul against every slot's B."""
+    token's R values are placed in its slot's columns of a [T, L*R] matrix, then one matmul against every slot's B.
+    With `parts`, each part's columns of y, B and its R columns of xa, one after the other."""
+    if parts is not None:
+        _check_parts(y, xa, lora_b, parts)
+        rank = lora_b.shape[2]
+        for part, (start, end) in enumerate(zip(parts.offsets, parts.offsets[1:])):
+            part_xa = xa[:, part * rank : (part + 1) * rank]
+            lora_expand_reference(y[:, start:end], part_xa, lora_b[:, start:end], token_lora)
+        return
     num_slots, n, rank = lora_b.shape
     placed = torch.zeros(xa.shape[0], num_slots, rank, dtype=torch.float32, device=xa.device)  # [T, L, R]
     slot = token_lora.long().clamp(min=0).view(-1, 1, 1).expand(-1, 1, rank)
@@ -118,11 +170,22 @@ def _lora_shrink_row_kernel(
 
 
 @triton.jit
+def _expand_columns(tiles_ptr, col_tile, N, R, BLOCK_N: tl.constexpr, PARTS: tl.constexpr):
+    """A column tile's output columns, its end column (exclusive) and the first xa column of its part."""
+    if PARTS:  # (part, first column, part's end) from the layout's table: the tile stays inside one part
+        part = tl.load(tiles_ptr + col_tile * 3)
+        first = tl.load(tiles_ptr + col_tile * 3 + 1)
+        end = tl.load(tiles_ptr + col_tile * 3 + 2)
+        return first + tl.arange(0, BLOCK_N), end, part * R
+    return col_tile * BLOCK_N + tl.arange(0, BLOCK_N), N, 0
+
+
+@triton.jit
 def _lora_expand_segment_kernel(
-    y_ptr, xa_ptr, b_ptr, lora_ptr, T, N, R,
+    y_ptr, xa_ptr, b_ptr, lora_ptr, tiles_ptr, T, N, R,
     stride_yt, stride_xat, stride_bl, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, PARTS: tl.constexpr,
 ):  # fmt: skip
     tile, col_tile, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -130,39 +193,40 @@ def _lora_expand_segment_kernel(
     if tl.max(mine.to(tl.int32), axis=0) == 0:
         return
     ranks = tl.arange(0, BLOCK_R)
-    cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols, end, xa_col = _expand_columns(tiles_ptr, col_tile, N, R, BLOCK_N, PARTS)
     b_ptrs = b_ptr + slot * stride_bl + cols[None, :] * stride_bn + ranks[:, None]
-    b = tl.load(b_ptrs, mask=(cols[None, :] < N) & (ranks[:, None] < R), other=0.0)  # [BLOCK_R, BLOCK_N]
-    xa = tl.load(xa_ptr + rows[:, None] * stride_xat + ranks[None, :], mask=mine[:, None] & (ranks[None, :] < R))
+    b = tl.load(b_ptrs, mask=(cols[None, :] < end) & (ranks[:, None] < R), other=0.0)  # [BLOCK_R, BLOCK_N]
+    xa_ptrs = xa_ptr + rows[:, None] * stride_xat + xa_col + ranks[None, :]
+    xa = tl.load(xa_ptrs, mask=mine[:, None] & (ranks[None, :] < R))
     xa = xa.to(b.dtype)
     if UPCAST:
         xa, b = xa.to(tl.float32), b.to(tl.float32)
     acc = tl.dot(xa, b, input_precision=PRECISION)  # [BLOCK_M, BLOCK_N] float32
     y_ptrs = y_ptr + rows[:, None] * stride_yt + cols[None, :]
-    keep = mine[:, None] & (cols[None, :] < N)
+    keep = mine[:, None] & (cols[None, :] < end)
     y = tl.load(y_ptrs, mask=keep, other=0.0)
     tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=keep)
 
 
 @triton.jit
 def _lora_expand_row_kernel(
-    y_ptr, xa_ptr, b_ptr, lora_ptr, N, R,
+    y_ptr, xa_ptr, b_ptr, lora_ptr, tiles_ptr, N, R,
     stride_yt, stride_xat, stride_bl, stride_bn,
-    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PARTS: tl.constexpr,
 ):  # fmt: skip
     row, col_tile = tl.program_id(0), tl.program_id(1)
     slot = tl.load(lora_ptr + row)
     if slot < 0:
         return
     ranks = tl.arange(0, BLOCK_R)
-    cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    xa = tl.load(xa_ptr + row * stride_xat + ranks, mask=ranks < R, other=0.0)
+    cols, end, xa_col = _expand_columns(tiles_ptr, col_tile, N, R, BLOCK_N, PARTS)
+    xa = tl.load(xa_ptr + row * stride_xat + xa_col + ranks, mask=ranks < R, other=0.0)
     b_ptrs = b_ptr + slot * stride_bl + cols[:, None] * stride_bn + ranks[None, :]
-    b = tl.load(b_ptrs, mask=(cols[:, None] < N) & (ranks[None, :] < R), other=0.0).to(tl.float32)
+    b = tl.load(b_ptrs, mask=(cols[:, None] < end) & (ranks[None, :] < R), other=0.0).to(tl.float32)
     acc = tl.sum(b * xa[None, :], axis=1)
     y_ptrs = y_ptr + row * stride_yt + cols
-    y = tl.load(y_ptrs, mask=cols < N, other=0.0)
-    tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=cols < N)
+    y = tl.load(y_ptrs, mask=cols < end, other=0.0)
+    tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=cols < end)
 
 
 def _dot_options(dtype: torch.dtype) -> dict:
@@ -201,24 +265,36 @@ def lora_shrink_triton(
 
 def lora_expand_triton(
     y: torch.Tensor,  # [T, N] (a column slice is fine), last dim contiguous
-    xa: torch.Tensor,  # [T, R] float32 contiguous
-    lora_b: torch.Tensor,  # [L, N, R] contiguous
+    xa: torch.Tensor,  # [T, R] float32, last dim contiguous ([T, P*R] with parts)
+    lora_b: torch.Tensor,  # [L, N, R] contiguous (with parts: the parts' B stacked along N)
     token_lora: torch.Tensor,  # [T] int32
+    parts: Optional[LoraPartLayout] = None,
 ) -> None:
-    """The Triton expand, in place: per-row kernel up to `PER_ROW_MAX_TOKENS` tokens, segment kernel above."""
+    """The Triton expand, in place: per-row kernel up to `PER_ROW_MAX_TOKENS` tokens, segment kernel above. With
+    `parts`, one launch for every part (column tiles from the layout's tables, so the grid is fixed per group)."""
     num_tokens, n = y.shape
     num_slots, _, rank = lora_b.shape
+    if parts is not None:
+        _check_parts(y, xa, lora_b, parts)
     if num_tokens == 0:
         return
     args = (y.stride(0), xa.stride(0), lora_b.stride(0), lora_b.stride(1))
-    if num_tokens <= PER_ROW_MAX_TOKENS:
-        grid = (num_tokens, cdiv(n, 128))
-        _lora_expand_row_kernel[grid](y, xa, lora_b, token_lora, n, rank, *args, BLOCK_N=128, BLOCK_R=_block_r(rank))
+    per_row = num_tokens <= PER_ROW_MAX_TOKENS
+    if parts is None:  # one part: tiles from the column count; the table pointer is never read
+        tiles, col_tiles = token_lora, cdiv(n, ROW_BLOCK_N if per_row else SEGMENT_BLOCK_N)
     else:
-        grid = (cdiv(num_tokens, 32), cdiv(n, 64), num_slots)
-        _lora_expand_segment_kernel[grid](
-            y, xa, lora_b, token_lora, num_tokens, n, rank, *args,
-            BLOCK_M=32, BLOCK_N=64, BLOCK_R=_block_r(rank), **_dot_options(lora_b.dtype),
+        tiles = parts.row_tiles if per_row else parts.segment_tiles
+        col_tiles = tiles.shape[0]
+    fused = parts is not None
+    if per_row:
+        _lora_expand_row_kernel[(num_tokens, col_tiles)](
+            y, xa, lora_b, token_lora, tiles, n, rank, *args,
+            BLOCK_N=ROW_BLOCK_N, BLOCK_R=_block_r(rank), PARTS=fused,
+        )  # fmt: skip
+    else:
+        _lora_expand_segment_kernel[(cdiv(num_tokens, 32), col_tiles, num_slots)](
+            y, xa, lora_b, token_lora, tiles, num_tokens, n, rank, *args,
+            BLOCK_M=32, BLOCK_N=SEGMENT_BLOCK_N, BLOCK_R=_block_r(rank), PARTS=fused, **_dot_options(lora_b.dtype),
         )  # fmt: skip
 
 
@@ -235,10 +311,16 @@ def lora_shrink(
 
 
 def lora_expand(
-    y: torch.Tensor, xa: torch.Tensor, lora_b: torch.Tensor, token_lora: torch.Tensor, backend: str = "auto"
+    y: torch.Tensor,
+    xa: torch.Tensor,
+    lora_b: torch.Tensor,
+    token_lora: torch.Tensor,
+    backend: str = "auto",
+    parts: Optional[LoraPartLayout] = None,
 ) -> None:
-    """`lora_expand_triton` for CUDA tensors (or `backend="triton"`), else `lora_expand_reference`; in place."""
+    """`lora_expand_triton` for CUDA tensors (or `backend="triton"`), else `lora_expand_reference`; in place.
+    `parts`: one expand over every part of a merged projection (see `LoraPartLayout`)."""
     if triton_enabled(y.device, y, lora_b, backend=backend) and y.stride(-1) == 1:
-        lora_expand_triton(y, xa, lora_b, token_lora)
+        lora_expand_triton(y, xa, lora_b, token_lora, parts)
     else:
-        lora_expand_reference(y, xa, lora_b, token_lora)
+        lora_expand_reference(y, xa, lora_b, token_lora, parts)

@@ -1,9 +1,10 @@
 """LoRA on the decoder's projections: the adapter slots of one projection group, and attaching them to a model.
 
 A group is one base GEMM: merged q/k/v, o, merged gate/up, or down. Its adapters are stacked over the
-`lora.max_loras` GPU slots: one A for the whole group `[L, parts * R, in]` (one shrink), one B per part
-`[L, out_part, R]` (one expand into that part's columns). A rank below `R` is zero-padded, a part an adapter
-does not target is zero, so every slot has the same shapes and a CUDA graph reads fixed addresses.
+`lora.max_loras` GPU slots: one A for the whole group `[L, parts * R, in]` (one shrink) and the parts' B stacked
+along the output `[L, sum out, R]` (one expand, each part's columns reading its own R columns of the shrink). A
+rank below `R` is zero-padded, a part an adapter does not target is zero, so every slot has the same shapes and a
+CUDA graph reads fixed addresses.
 
 Every group of a model reads one `[max_tokens]` int32 buffer, `LoraTokens.token_lora`: the adapter slot of each
 token of the step (-1: none). The runner's `LoraState` writes it before the forward (graph replay or eager).
@@ -16,7 +17,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from framework.layers.kernels.lora import lora_expand, lora_shrink
+from framework.layers.kernels.lora import LoraPartLayout, lora_expand, lora_shrink
 from framework.models.lora.adapter import ATTENTION_PARTS, MLP_PARTS, LoraAdapter, LoraTargets, ProjectionShape
 
 
@@ -45,31 +46,31 @@ class LoraGroup:
         self.layer, self.parts, self.rank, self.tokens = layer, parts, max_rank, tokens
         in_features = shapes[0].in_features
         self.lora_a = torch.zeros(max_loras, len(parts) * max_rank, in_features, dtype=dtype, device=device)
-        self.lora_b = [torch.zeros(max_loras, s.out_features, max_rank, dtype=dtype, device=device) for s in shapes]
         self.offsets = [sum(s.out_features for s in shapes[:i]) for i in range(len(shapes) + 1)]
+        # part i's B is lora_b[:, offsets[i]:offsets[i + 1]]: one expand launch for the whole group
+        self.lora_b = torch.zeros(max_loras, self.offsets[-1], max_rank, dtype=dtype, device=device)
+        self.layout = LoraPartLayout(self.offsets, device) if len(parts) > 1 else None
         self.kernel_backend = "auto"
 
     def add(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out[t, part columns] += x[t] @ A_part^T @ B_part^T of token t's adapter; x [T, in], out [T, sum out]."""
         token_lora = self.tokens.token_lora[: x.shape[0]]
         xa = lora_shrink(x, self.lora_a, token_lora, self.kernel_backend)  # [T, parts * R] float32
-        for i, lora_b in enumerate(self.lora_b):
-            part_out = out[:, self.offsets[i] : self.offsets[i + 1]]
-            lora_expand(part_out, xa[:, i * self.rank : (i + 1) * self.rank], lora_b, token_lora, self.kernel_backend)
+        lora_expand(out, xa, self.lora_b, token_lora, self.kernel_backend, parts=self.layout)
         return out
 
     def load(self, slot: int, adapter: Optional[LoraAdapter]) -> None:
         """Write `adapter`'s weights of this group into GPU slot `slot` (zeros where it has none; None clears)."""
         self.lora_a[slot].zero_()
-        for i, (part, lora_b) in enumerate(zip(self.parts, self.lora_b)):
-            lora_b[slot].zero_()
+        self.lora_b[slot].zero_()
+        for i, part in enumerate(self.parts):
             weights = adapter.weights.get((self.layer, part)) if adapter is not None else None
             if weights is None:
                 continue
             a, b = weights
             rank = a.shape[0]
             self.lora_a[slot, i * self.rank : i * self.rank + rank].copy_(a)
-            lora_b[slot, :, :rank].copy_(b)
+            self.lora_b[slot, self.offsets[i] : self.offsets[i + 1], :rank].copy_(b)
 
 
 GROUPS = {"lora_qkv": ("q_proj", "k_proj", "v_proj"), "lora_o": ("o_proj",)}
