@@ -11,6 +11,8 @@
 #                    at a time), for sessions with device time for a single call; needs pytest-xdist in .device-wheels
 #   nano             `mrv2 bench experiment=nano` (V2, HF baseline, idle probe), bench.json under OUT_DIR/nano
 #   v1_nano          the same requests on the V1 runner, no HF baseline or idle probe, under OUT_DIR/v1_nano
+#   quant_bench      the FP8 / INT4 linear and MoE kernel benchmarks, then the Qwen3-8B geometry's nano (128
+#                    requests) in bf16 and online FP8 (docs/quantization.md "Speed")
 #   moe_tune         benchmarks/moe/tune_moe_tiles.py (the fused MoE tile table of this GPU, Qwen3-30B-A3B bf16; extra
 #                    arguments in MOE_TUNE_ARGS, e.g. "--quick" or "--geometry gpt-oss-20b") under OUT_DIR/moe_tune:
 #                    copy its <GPU>.json to framework/layers/kernels/moe_configs/ (docs/moe.md, "Tuned tiles")
@@ -126,6 +128,17 @@ for piece in "$@"; do
     v1_nano)
       step v1_nano 300 python3 -m framework.entrypoints.cli bench experiment=nano runner=v1 bench.baselines=[] \
         bench.decode_idle_batch=0 bench.output_dir="$out/v1_nano"
+      ;;
+    quant_bench)
+      step quant_kernels 150 python3 benchmarks/quantization/bench_fp8_linear.py --out "$out/fp8_linear.json"
+      step quant_moe 120 python3 benchmarks/quantization/bench_fp8_moe.py --out "$out/fp8_moe.json"
+      for fmt in bf16 fp8; do
+        quant=""
+        [ "$fmt" = fp8 ] && quant="model.quantization=fp8"
+        # shellcheck disable=SC2086  # an empty $quant adds no argument
+        step "q8_$fmt" 150 python3 -m framework.entrypoints.cli bench experiment=nano model.preset=qwen3-8b \
+          bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0 $quant bench.output_dir="$out/q8_$fmt"
+      done
       ;;
     moe_tune)
       # shellcheck disable=SC2086  # MOE_TUNE_ARGS: one word per argument
