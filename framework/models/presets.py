@@ -32,6 +32,7 @@ import re
 from typing import Any
 
 from framework.config.schema import ConfigError
+from framework.models.gemma4_config import GEMMA4_DEFAULTS
 
 BYTE_EOS_ID = 256
 
@@ -271,29 +272,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 PRESETS["gemma-4-default"] = {  # transformers' Gemma4TextConfig defaults, spelled out
+    **GEMMA4_DEFAULTS,
     "architectures": ["Gemma4ForCausalLM"],
-    "vocab_size": 262144,
-    "hidden_size": 2304,
-    "intermediate_size": 9216,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
     "global_head_dim": 512,
-    "sliding_window": 512,
     "layer_types": ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(30)],
-    "hidden_activation": "gelu_pytorch_tanh",
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 131072,
     "rope_parameters": {
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
     },
-    "vocab_size_per_layer_input": 262144,
-    "hidden_size_per_layer_input": 256,
     "num_kv_shared_layers": 0,
-    "pad_token_id": 0,
-    "tie_word_embeddings": True,
     "eos_token_id": BYTE_EOS_ID,
 }
 PRESETS["gpt-oss-20b-mxfp4"] = {  # the released checkpoints' layout: MXFP4 experts, the rest 16-bit

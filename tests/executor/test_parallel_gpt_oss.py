@@ -18,6 +18,7 @@ import pytest
 from helpers.hf_models import random_prompts
 from helpers.mxfp4_checkpoints import build_gpt_oss, write_gpt_oss_mxfp4
 from helpers.tp_faults import plant_in_every_rank
+from helpers.tp_parity import assert_same_outputs
 from test_gpt_oss_tensor_parallel import TP_SPEC
 from test_parallel import ENGINE, _shutdown
 
@@ -57,17 +58,7 @@ def _generate(path: Path, **sizes: int) -> list[RequestOutput]:
 
 
 def _check_equal(got: list[RequestOutput], want: list[RequestOutput]) -> float:
-    """Greedy tokens equal and every prompt token's logprob within `LOGPROB_ATOL`; returns the largest difference."""
-    assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    worst = 0.0
-    for g, w, prompt in zip(got, want, PROMPTS):
-        assert g.prompt_logprobs is not None and w.prompt_logprobs is not None
-        for position, token in enumerate(prompt[1:], start=1):
-            a, b = g.prompt_logprobs[position], w.prompt_logprobs[position]
-            assert a is not None and b is not None
-            worst = max(worst, abs(a[token].logprob - b[token].logprob))
-    assert worst <= LOGPROB_ATOL, f"prompt logprobs differ by up to {worst:.2e}"
-    return worst
+    return assert_same_outputs(got, want, PROMPTS, LOGPROB_ATOL)
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,6 @@ Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_parallel_gdn_gpu.py` (t
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,14 @@ ENGINE = dict(device="cuda", dtype="float32", max_model_len=128, gpu_memory_util
 
 
 def _generate(path: Path, prompts: list[list[int]], **kwargs) -> tuple[list[list[int]], dict]:  # type: ignore[no-untyped-def]
-    from framework import LLM, SamplingParams
+    from helpers.cuda_engine import freed_llm
 
-    llm = LLM(str(path), **ENGINE, **kwargs)
-    try:
+    from framework import SamplingParams
+
+    with freed_llm(path, **ENGINE, **kwargs) as llm:
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
         stats = llm.engine.spec_metrics.as_dict()
         return [o.token_ids for o in outs], stats
-    finally:
-        llm.shutdown()
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")

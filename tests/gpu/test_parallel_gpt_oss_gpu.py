@@ -8,7 +8,6 @@ Run on a 2-GPU machine: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_para
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import pytest
@@ -22,23 +21,18 @@ ENGINE = dict(device="cuda", dtype="float32", max_model_len=128, gpu_memory_util
 
 
 def _generate(path: Path, **kwargs) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    from helpers.cuda_engine import freed_llm
     from helpers.hf_models import random_prompts
 
-    from framework import LLM, SamplingParams
+    from framework import SamplingParams
 
-    llm = LLM(str(path), **ENGINE, **kwargs)
-    try:
+    with freed_llm(path, **ENGINE, **kwargs) as llm:
         outs = llm.generate(
             random_prompts(8, 12, 60, seed=6),
             SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
             use_tqdm=False,
         )
         return [o.token_ids for o in outs]
-    finally:
-        llm.shutdown()
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("experts", ["bf16", "mxfp4"])

@@ -6,7 +6,6 @@ Run on a 2-GPU machine: `python -m pytest -q tests/gpu/test_parallel_gpu.py` (ab
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import pytest
@@ -31,12 +30,12 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _generate(path: Path, **kwargs) -> tuple[list[list[int]], bool]:  # type: ignore[no-untyped-def]
+    from helpers.cuda_engine import freed_llm
     from helpers.hf_models import random_prompts
 
-    from framework import LLM, SamplingParams
+    from framework import SamplingParams
 
-    llm = LLM(str(path), **ENGINE, **kwargs)
-    try:
+    with freed_llm(path, **ENGINE, **kwargs) as llm:
         graphs = llm.engine.runner.graphs.cuda_graphs is not None
         outs = llm.generate(
             random_prompts(12, 5, 60, seed=3),
@@ -44,11 +43,6 @@ def _generate(path: Path, **kwargs) -> tuple[list[list[int]], bool]:  # type: ig
             use_tqdm=False,
         )
         return [o.token_ids for o in outs], graphs
-    finally:
-        llm.shutdown()
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 @pytest.fixture(scope="module")
