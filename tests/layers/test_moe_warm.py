@@ -182,3 +182,30 @@ def test_quantized_experts_warm_their_formats_tiles_narrowed(folder: Path, monke
     assert rec.of("gate_up") == [(cfg._replace(down=None), 2) for cfg in narrowed]
     assert rec.of("down") == [(wide._replace(block_k=32), 2), (SPLIT.down_config()._replace(block_k=32), 2)]
     assert warm_fused_moe_quant(x, experts, weights, ids) == 0
+
+
+def test_fp8_w8a8_batches_warm_the_w8a16_kernels_of_smaller_ones(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large warm-up batch of FP8 experts runs W8A8 (fixed tiles, no table); the W8A16 kernels that smaller
+    batches take compile with it, not in the first small step."""
+    from test_fused_moe_quant import E as FP8_E
+    from test_fused_moe_quant import fp8_experts
+    from test_fused_moe_w8a8 import METHODS, _Experts, _moe_method
+
+    from framework.layers.quantization import moe as quant_moe
+
+    method = _moe_method(METHODS["fp8-block"][0])
+    method.w8a8_min_tokens = 4
+    experts = fp8_experts(64, 64, ((32, 32), (32, 32)))
+    rec = Recorder(monkeypatch)
+    monkeypatch.setattr(fused_moe_quant, "moe_shape", lambda device, *key: MoeShape(GPU, *key))
+    w8a8: list[int] = []
+    monkeypatch.setattr(quant_moe, "fused_moe_w8a8_triton", lambda x, *rest, **kw: w8a8.append(len(x)) or x)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 64, generator=g, dtype=torch.float32)
+    weights, ids = torch.softmax(torch.randn(6, FP8_E, generator=g), -1).topk(2, dim=-1)
+    method.apply_experts(_Experts(experts), x, weights, ids, "triton")
+    assert w8a8 == [6]
+    assert [code for _, code in rec.of("gate_up")] == [1] * len(HEURISTIC_CONFIGS)  # no fp8 table: the heuristic's
+    rec.calls.clear()
+    method.apply_experts(_Experts(experts), x[:2], weights[:2], ids[:2], "triton")  # W8A16: already compiled
+    assert w8a8 == [6] and len(rec.of("gate_up")) == 1

@@ -13,8 +13,9 @@ A launch of M tokens takes the entry of the smallest tabled token count at or ab
 end): a tile set measured for more rows per expert than the launch has may waste padding but never runs out of
 programs, the other way round it may. Shapes, dtypes or GPUs without a table keep `heuristic_launch_config`.
 
-The lookup is host-side and cheap (each file parsed once per process) and never touches the GPU, so a CUDA graph
-captured at a batch size keeps the tiles chosen at its capture.
+`launch_configs` lists every tile set a shape can take (`fused_moe.warm_moe_launches` compiles them all at the
+shape's first launch). The lookup is host-side and cheap (each file parsed once per process) and never touches the
+GPU, so a CUDA graph captured at a batch size keeps the tiles chosen at its capture.
 """
 
 from __future__ import annotations
