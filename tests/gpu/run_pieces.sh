@@ -82,7 +82,7 @@ GPU_PIECES_LAST=(
   "gdn 100 test_gdn_gpu.py"
   "gdnparallel 120 test_parallel_gdn_gpu.py"
   "gemma4 120 test_gemma4_gpu.py"
-  "moetune 60 test_moe_tune_gpu.py"
+  "moetune 80 test_moe_tune_gpu.py"
 )
 
 test_groups() { # piece, name of a groups array: one pytest run per group, then the summary of exactly those files

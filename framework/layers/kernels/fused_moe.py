@@ -25,6 +25,7 @@ Expert weights are stacked per projection: `gate_up [E, 2, I, H]` (gate = [:, 0]
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -35,7 +36,14 @@ from framework.layers.kernels.backend import triton_enabled
 from framework.layers.kernels.launch_math import cdiv
 from framework.layers.kernels.moe_align import moe_align
 from framework.layers.kernels.moe_epilogue import SILU_EPILOGUE, MoeEpilogue, expert_mlp_reference
-from framework.layers.kernels.moe_launch import MoeLaunchConfig, dtype_name, moe_launch_config, moe_shape
+from framework.layers.kernels.moe_launch import (
+    MoeLaunchConfig,
+    MoeShape,
+    dtype_name,
+    launch_configs,
+    moe_launch_config,
+    moe_shape,
+)
 from framework.layers.kernels.moe_tiles import (
     _dot_expert_tile,
     _expert_weight_tile,
@@ -261,7 +269,9 @@ def fused_moe_triton(
     config: MoeLaunchConfig | None = None,  # tiles; default `moe_launch_config` (the GPU's table or heuristic)
     epilogue: MoeEpilogue = SILU_EPILOGUE,  # biases and activation (moe_epilogue.py)
 ) -> torch.Tensor:
-    """[M, H] the MoE MLP output computed by the two grouped-GEMM kernels (semantics: `fused_moe_reference`)."""
+    """[M, H] the MoE MLP output computed by the two grouped-GEMM kernels (semantics: `fused_moe_reference`).
+    Without `config`, a shape's first eager launch on a GPU compiles every tile set it may take later
+    (`warm_moe_launches`)."""
     check_moe_inputs(x, gate_up, down, topk_weights, topk_ids)
     epilogue.check(*gate_up.shape[:3:2], x.shape[1])
     if x.dtype not in TRITON_DTYPES:
@@ -274,7 +284,11 @@ def fused_moe_triton(
     num_rows = m * k
     if num_rows == 0:
         return x.new_zeros(m, h)
-    cfg = config or moe_launch_config(num_rows, e, moe_shape(x.device, dtype_name(x.dtype), e, i, h, k))
+    if config is not None:
+        return launch_moe_kernels(x, gate_up, down, topk_weights, topk_ids, config, NO_QUANT, NO_QUANT, epilogue)
+    shape = moe_shape(x.device, dtype_name(x.dtype), e, i, h, k)
+    warm_moe_launches(shape, x, gate_up, down, topk_weights, topk_ids, NO_QUANT, NO_QUANT, epilogue)
+    cfg = moe_launch_config(num_rows, e, shape)
     return launch_moe_kernels(x, gate_up, down, topk_weights, topk_ids, cfg, NO_QUANT, NO_QUANT, epilogue)
 
 
@@ -365,6 +379,81 @@ def launch_moe_kernels(
     act = launch_moe_gate_up(x, gate_up, routing, cfg, gate_up_quant, epilogue)
     per_choice = launch_moe_down(act, down, routing, cfg.down_config(), down_quant, epilogue)
     return routing.combine(per_choice)
+
+
+# What a process has warmed (`warm_moe_launches`): a shape on a device under one launch signature. A per-process
+# record like Triton's own kernel cache, which it mirrors; never cleared.
+_WARMED: set[tuple] = set()
+
+
+def warm_moe_launches(
+    shape: Optional[MoeShape],  # the launch's table key (`moe_shape`; None off CUDA: nothing is compiled there)
+    x: torch.Tensor,  # [M, H] a real launch's inputs, as `launch_moe_kernels` takes them: their first token runs
+    gate_up: torch.Tensor,  # [E, 2, I, H] (quantized: its packed layout)
+    down: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [M, K]
+    topk_ids: torch.Tensor,  # [M, K]
+    gate_up_quant: ProjectionQuant,
+    down_quant: ProjectionQuant,
+    epilogue: MoeEpilogue = SILU_EPILOGUE,
+    narrow: Callable[[MoeLaunchConfig], MoeLaunchConfig] = lambda cfg: cfg,  # quantized: block_k into a group
+    folder: Optional[Path] = None,  # the tables (default `moe_launch.CONFIG_DIR`)
+) -> int:
+    """Compile every tile set the launches of `shape` can take (`launch_configs`: each distinct table entry, else
+    the heuristic's three) by launching the gate/up and the down kernel once per set (and `moe_align` once per
+    `block_m`) on the first token of a real launch's inputs; returns the number of sets launched.
+
+    A table picks tiles by token count, so a batch size the warm-up never ran would otherwise compile its variant
+    inside a served step (seconds). The one-token launches specialise as every later launch does: the kernels mark
+    the row counts `do_not_specialize`, and the only specialised integer, gate/up's `stride_xm`, is the real
+    input's. Once per (device, shape, launch signature) per process; nothing on the CPU (the interpreter compiles
+    nothing) or while a CUDA graph is captured (the next eager launch warms).
+    """
+    if shape is None:
+        return 0
+    key = (
+        x.device,
+        shape,
+        _launch_signature(x, gate_up, down, topk_weights, topk_ids, gate_up_quant, down_quant, epilogue),
+    )
+    if key in _WARMED or not _may_compile(x.device):
+        return 0
+    x, topk_weights, topk_ids = x[:1], topk_weights[:1], topk_ids[:1]
+    sets = list(dict.fromkeys(narrow(cfg) for cfg in launch_configs(shape, folder)))
+    for cfg in sets:
+        routing = route_moe_rows(x, topk_weights, topk_ids, gate_up.shape[0], cfg)
+        act = launch_moe_gate_up(x, gate_up, routing, cfg, gate_up_quant, epilogue)
+        launch_moe_down(act, down, routing, cfg.down_config(), down_quant, epilogue)
+    _WARMED.add(key)
+    return len(sets)
+
+
+def _may_compile(device: torch.device) -> bool:
+    """Launching compiles: a GPU, eagerly (a launch inside a capture would be recorded into the graph)."""
+    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+
+
+def _launch_signature(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    gate_up_quant: ProjectionQuant,
+    down_quant: ProjectionQuant,
+    epilogue: MoeEpilogue,
+) -> tuple:
+    """What besides the tiles selects a compiled variant: argument dtypes, constexprs, specialised integers."""
+    stride = x.stride(0)
+    quant = [
+        (q.code, q.group_n, q.group_k, None if q.scale is None else (q.scale.dtype, *q.scale.shape[-2:]))
+        for q in (gate_up_quant, down_quant)
+    ]
+    _, _, act_consts = epilogue.kernel_args(x)
+    return (
+        x.dtype, gate_up.dtype, down.dtype, topk_weights.dtype, topk_ids.dtype, stride == 1, stride % 16 == 0,
+        *quant, *act_consts.values(), epilogue.down_bias is not None,
+    )  # fmt: skip
 
 
 def _tile_consts(cfg: MoeLaunchConfig, dtype: torch.dtype) -> dict:

@@ -34,9 +34,10 @@ from framework.layers.kernels.fused_moe import (
     combine_experts_reference,
     launch_moe_kernels,
     moe_launch_config,
+    warm_moe_launches,
 )
 from framework.layers.kernels.moe_epilogue import SILU_EPILOGUE, MoeEpilogue, dequantize_mxfp4, expert_mlp_reference
-from framework.layers.kernels.moe_launch import moe_shape
+from framework.layers.kernels.moe_launch import MoeShape, moe_shape
 
 QUANT_CODES = {"fp8": 1, "int4": 2, "mxfp4": 3}
 
@@ -167,11 +168,49 @@ def fused_moe_quant_triton(
     m, k = topk_ids.shape
     if m * k == 0:
         return x.new_zeros(m, h)
-    cfg = config or moe_launch_config(m * k, e, moe_shape(x.device, experts.kind, e, i, h, k))
-    cfg = cfg.narrow_block_k(lambda block_k: quant_block_k(block_k, experts))
+    if config is None:
+        shape = moe_shape(x.device, experts.kind, e, i, h, k)
+        _warm(shape, x, experts, topk_weights, topk_ids, epilogue)  # once per process: every tile set compiles
+        config = moe_launch_config(m * k, e, shape)
+    cfg = _narrow(config, experts)
     gate_up_quant, down_quant = experts.projections()
     w1, w2 = experts.gate_up, experts.down
     return launch_moe_kernels(x, w1, w2, topk_weights, topk_ids, cfg, gate_up_quant, down_quant, epilogue)
+
+
+def warm_fused_moe_quant(
+    x: torch.Tensor,  # [M >= 1, H] a real launch's inputs, as `fused_moe_quant_triton` takes them
+    experts: QuantExperts,
+    topk_weights: torch.Tensor,  # [M, K]
+    topk_ids: torch.Tensor,  # [M, K]
+    epilogue: MoeEpilogue = SILU_EPILOGUE,
+) -> int:
+    """`warm_moe_launches` for these experts: every tile set their format's table (or the heuristic) can pick,
+    narrowed as the launches narrow it, compiled once per process (FP8's W8A8 path calls it too, so that the W8A16
+    kernels it falls back to below `MOE_W8A8_MIN_TOKENS` are compiled by a large warm-up batch)."""
+    e, i, h = experts.shape
+    return _warm(
+        moe_shape(x.device, experts.kind, e, i, h, topk_ids.shape[1]), x, experts, topk_weights, topk_ids, epilogue
+    )
+
+
+def _warm(
+    shape: Optional[MoeShape],
+    x: torch.Tensor,
+    experts: QuantExperts,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    epilogue: MoeEpilogue,
+) -> int:
+    gate_up_quant, down_quant = experts.projections()
+    return warm_moe_launches(
+        shape, x, experts.gate_up, experts.down, topk_weights, topk_ids, gate_up_quant, down_quant, epilogue,
+        lambda cfg: _narrow(cfg, experts),
+    )  # fmt: skip
+
+
+def _narrow(cfg: MoeLaunchConfig, experts: QuantExperts) -> MoeLaunchConfig:
+    return cfg.narrow_block_k(lambda block_k: quant_block_k(block_k, experts))
 
 
 def fused_moe_quant(

@@ -13,8 +13,9 @@ A launch of M tokens takes the entry of the smallest tabled token count at or ab
 end): a tile set measured for more rows per expert than the launch has may waste padding but never runs out of
 programs, the other way round it may. Shapes, dtypes or GPUs without a table keep `heuristic_launch_config`.
 
-The lookup is host-side and cheap (each file parsed once per process) and never touches the GPU, so a CUDA graph
-captured at a batch size keeps the tiles chosen at its capture.
+`launch_configs` lists every tile set a shape can take (`fused_moe.warm_moe_launches` compiles them all at the
+shape's first launch). The lookup is host-side and cheap (each file parsed once per process) and never touches the
+GPU, so a CUDA graph captured at a batch size keeps the tiles chosen at its capture.
 """
 
 from __future__ import annotations
@@ -69,6 +70,14 @@ TableKey = tuple[str, int, int, int, int]  # MoeShape without the device: (dtype
 DeviceTable = dict[TableKey, dict[int, MoeLaunchConfig]]  # shape -> token count -> tiles
 
 
+# `heuristic_launch_config`'s tiles: up to 8 rows per expert, up to 64, more.
+HEURISTIC_CONFIGS = (
+    MoeLaunchConfig(16, 32, 128, 4, 4),
+    MoeLaunchConfig(32, 64, 64, 4, 4),
+    MoeLaunchConfig(64, 128, 64, 8, 3),
+)
+
+
 def heuristic_launch_config(num_rows: int, num_experts: int) -> MoeLaunchConfig:
     """Tiles for `num_rows = M * K` (token, choice) rows over `num_experts` experts when no table has the shape.
 
@@ -76,12 +85,13 @@ def heuristic_launch_config(num_rows: int, num_experts: int) -> MoeLaunchConfig:
     give a batch of one token (8 experts) 8 x 24 programs to spread the weight reads over the SMs. Prefill has
     hundreds of rows per expert: 64-row blocks keep Hopper's tensor cores fed.
     """
+    decode, middle, prefill = HEURISTIC_CONFIGS
     rows_per_expert = num_rows / max(num_experts, 1)
     if rows_per_expert <= 8:
-        return MoeLaunchConfig(16, 32, 128, 4, 4)
+        return decode
     if rows_per_expert <= 64:
-        return MoeLaunchConfig(32, 64, 64, 4, 4)
-    return MoeLaunchConfig(64, 128, 64, 8, 3)
+        return middle
+    return prefill
 
 
 def moe_launch_config(
@@ -105,6 +115,15 @@ def tuned_launch_config(shape: MoeShape, tokens: int, folder: Optional[Path] = N
         return None
     at_or_above = [count for count in by_tokens if count >= tokens]
     return by_tokens[min(at_or_above) if at_or_above else max(by_tokens)]
+
+
+def launch_configs(shape: MoeShape, folder: Optional[Path] = None) -> list[MoeLaunchConfig]:
+    """Every tile set `moe_launch_config` can return for `shape` at some token count, each once, in table order:
+    the table's entries when `folder` (default `CONFIG_DIR`) has the shape, else the heuristic's."""
+    path = (CONFIG_DIR if folder is None else folder) / table_file_name(shape.device_name)
+    by_tokens = load_device_table(str(path), shape.device_name).get(shape[1:])
+    tiles = [by_tokens[count] for count in sorted(by_tokens)] if by_tokens else HEURISTIC_CONFIGS
+    return list(dict.fromkeys(tiles))
 
 
 # Once per (shape, token count): the layers of a model ask the same question every step.

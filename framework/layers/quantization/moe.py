@@ -37,7 +37,7 @@ from torch import nn
 
 from framework.layers.kernels.backend import triton_enabled
 from framework.layers.kernels.fused_moe import TRITON_DTYPES
-from framework.layers.kernels.fused_moe_quant import QuantExperts, fused_moe_quant
+from framework.layers.kernels.fused_moe_quant import QuantExperts, fused_moe_quant, warm_fused_moe_quant
 from framework.layers.kernels.moe_epilogue import MXFP4_GROUP, SILU_EPILOGUE, MoeEpilogue
 from framework.layers.quantization.base import QuantizationError, QuantMethod, replace_parameter
 from framework.layers.quantization.fp8 import Fp8LinearMethod, OnlineFp8Method, quantize_fp8_per_channel
@@ -157,6 +157,8 @@ class Fp8MoeMethod(MoeQuantMethod):
             and triton_enabled(x.device, x, backend=backend)
             and moe_w8a8_fits(experts.quant_experts, group)
         ):
+            # The W8A16 kernels below `w8a8_min_tokens` compile now, at a large (warm-up) batch, not in a step.
+            warm_fused_moe_quant(x, experts.quant_experts, weights, ids, epilogue)
             return fused_moe_w8a8_triton(x, experts.quant_experts, weights, ids, group, epilogue=epilogue)
         return super().apply_experts(experts, x, weights, ids, backend, epilogue)
 
