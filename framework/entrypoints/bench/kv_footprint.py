@@ -10,7 +10,7 @@ per token (`cache.kv_groups=true` against `false`) is the saving docs/sliding-wi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from framework.engine.request import Request
 from framework.engine.scheduler.kv_cache_manager import KVCacheManager
@@ -53,9 +53,9 @@ class KVFootprintSummary:
 class KVFootprint:
     """Tracks the peak of `blocks_in_use` over the steps it samples, and the tokens held at that step."""
 
-    def __init__(self, kv: KVCacheManager, running: Sequence[Request], block_bytes: int) -> None:
+    def __init__(self, kv: KVCacheManager, scheduler: Any, block_bytes: int) -> None:
         self.kv = kv
-        self.running = running  # the scheduler's running list (read, never changed)
+        self.scheduler = scheduler  # its `running` requests are read, never changed
         self.block_bytes = block_bytes
         self.peak_blocks = 0
         self.tokens_at_peak = 0
@@ -66,7 +66,7 @@ class KVFootprint:
         block_bytes = kv_bytes_per_block(
             engine.loaded, engine.config.cache.block_size, engine.runner.num_draft_kv_layers
         )
-        return cls(engine.kv_cache, engine.scheduler.running, block_bytes)
+        return cls(engine.kv_cache, engine.scheduler, block_bytes)
 
     def sample(self) -> None:
         """Read the blocks in use and the tokens the running requests hold (`num_computed_tokens` already counts
@@ -74,7 +74,8 @@ class KVFootprint:
         blocks = blocks_in_use(self.kv)
         if blocks < self.peak_blocks:
             return
-        tokens = sum(request.num_computed_tokens for request in self.running)
+        running: list[Request] = self.scheduler.running
+        tokens = sum(request.num_computed_tokens for request in running)
         if blocks > self.peak_blocks or tokens > self.tokens_at_peak:
             self.peak_blocks, self.tokens_at_peak = blocks, tokens
 
