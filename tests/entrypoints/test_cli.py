@@ -144,6 +144,9 @@ def test_bench_writes_table_json_and_plot(tmp_path):
     assert (out / "bench.png").stat().st_size > 0
     ttft = data["results"][0]["ttft_s"]  # the plot's per-request latency distribution
     assert len(ttft) == 8 and ttft == sorted(ttft)
+    first = data["results"][0]  # the KV footprint (tests/entrypoints/test_bench_kv_footprint.py checks its values)
+    assert first["kv_peak_bytes"] == first["kv_peak_blocks"] * first["kv_block_bytes"] > 0
+    assert f"KV footprint at peak: {first['kv_peak_blocks']} blocks" in res.stdout
     assert "forwards run eagerly" not in res.stdout  # on a CPU every forward is eager: no line about graphs
 
 

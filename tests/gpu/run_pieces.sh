@@ -11,6 +11,8 @@
 #                    at a time), for sessions with device time for a single call; needs pytest-xdist in .device-wheels
 #   nano             `mrv2 bench experiment=nano` (V2, HF baseline, idle probe), bench.json under OUT_DIR/nano
 #   v1_nano          the same requests on the V1 runner, no HF baseline or idle probe, under OUT_DIR/v1_nano
+#   kv_groups_memory `mrv2 bench experiment=gemma3_long` with cache.kv_groups=true, then false (OUT_DIR/gemma3_long_groups,
+#                    OUT_DIR/gemma3_long_full); OUT_DIR/kv_groups_ratio/log.txt: full / grouped KV bytes per token
 #   quant_bench      the FP8 / INT4 linear and MoE kernel benchmarks, then the Qwen3-8B geometry's nano (128
 #                    requests) in bf16 and online FP8 (docs/quantization.md "Speed")
 #   moe_tune         benchmarks/moe/tune_moe_tiles.py (the fused MoE tile table of this GPU, Qwen3-30B-A3B bf16; extra
@@ -128,6 +130,17 @@ for piece in "$@"; do
     v1_nano)
       step v1_nano 300 python3 -m framework.entrypoints.cli bench experiment=nano runner=v1 bench.baselines=[] \
         bench.decode_idle_batch=0 bench.output_dir="$out/v1_nano"
+      ;;
+    kv_groups_memory)
+      for groups in true false; do
+        name=gemma3_long_$([ "$groups" = true ] && echo groups || echo full)
+        step "$name" 280 python3 -m framework.entrypoints.cli bench experiment=gemma3_long cache.kv_groups=$groups \
+          bench.output_dir="$out/$name"
+      done
+      step kv_groups_ratio 30 python3 -c 'import json, sys
+r = [json.load(open(sys.argv[1] + "/gemma3_long_" + n + "/bench.json"))["results"][0]["kv_bytes_per_token"]
+     for n in ("groups", "full")]
+print("KV bytes per token: groups %.0f, full %.0f, full / groups = %.2fx" % (r[0], r[1], r[1] / r[0]))' "$out"
       ;;
     quant_bench)
       step quant_kernels 150 python3 benchmarks/quantization/bench_fp8_linear.py --out "$out/fp8_linear.json"

@@ -17,6 +17,7 @@ import torch
 from framework.config.schema import BenchConfig, Mrv2Config
 from framework.engine.request import RequestOutput
 from framework.entrypoints.bench.counters import BenchCounters
+from framework.entrypoints.bench.kv_footprint import KVFootprint, format_kv_footprint
 from framework.entrypoints.bench.plot import write_results
 from framework.entrypoints.bench.timeline import StepRecord, start_recording, stop_recording, write_timeline
 from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants
@@ -56,6 +57,14 @@ class BenchResult:
     # Steps of the timed run whose forward replayed the prefill graph pieces (runner.prefill_cuda_graphs), V2 only.
     prefill_piece_steps: Optional[int] = None
     ttft_s: Optional[list[float]] = None  # per request, sorted (the plot's latency distribution), mrv2 only
+    # KV footprint of the timed run, mrv2 only (framework/entrypoints/bench/kv_footprint.py): the most KV block ids
+    # in use at one step (every KV group's), the bytes of one block id, their product, the tokens the running
+    # requests held at that step, and the bytes per such token.
+    kv_peak_blocks: Optional[int] = None
+    kv_block_bytes: Optional[int] = None
+    kv_peak_bytes: Optional[int] = None
+    kv_tokens_at_peak: Optional[int] = None
+    kv_bytes_per_token: Optional[float] = None
 
     @property
     def output_tok_per_s(self) -> float:
@@ -146,7 +155,8 @@ def bench_mrv2(
     stats_before = llm.prefix_cache_stats
     compiled_before = compiled_variants()
     eager_before = getattr(llm.engine.runner, "eager_forwards", 0)
-    counters = BenchCounters()  # the timed run's graph replays (and its steps, for the timeline)
+    footprint = KVFootprint.of_engine(llm.engine)
+    counters = BenchCounters(kv_footprint=footprint)  # graph replays, KV footprint (and steps, for the timeline)
     llm.engine.set_observer(counters)
     _sync(device)
     if timeline is not None:
@@ -175,6 +185,7 @@ def bench_mrv2(
         full_step_replays=counters.full_step_replays if graphs_counted else None,
         prefill_piece_steps=counters.prefill_piece_steps if graphs_counted else None,
         **ttft_summary(outputs),
+        **footprint.summary().result_fields(),
     )
 
 
@@ -327,6 +338,8 @@ def run_bench(config: Mrv2Config, out_dir: Path) -> list[BenchResult]:
         print("note: bench.step_timeline needs a GPU (CUDA events time the steps): no timeline recorded")
     results = [bench_mrv2(llm, workload, config.bench, timeline)]
     print(format_table(results), flush=True)  # before the baselines: a failing baseline cannot hide it
+    if results[0].kv_peak_blocks is not None:
+        print(format_kv_footprint(results[0].kv_peak_blocks, results[0].kv_block_bytes, results[0].kv_tokens_at_peak))
     if timeline is not None:
         print("where the timed run's device time went:\n" + write_timeline(llm, timeline, results[0].seconds, out_dir))
     if results[0].compiles_during_run:
