@@ -157,6 +157,18 @@ def _layer_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _print_layers(layers: list[dict[str, Any]]) -> None:
+    print("One decoder layer (the four groups): LoRA us per variant (* = default), base GEMMs us, best, best / base")
+    print(f"{'geometry':11} {'T':>4} {'L':>2} {'base us':>8} " + " ".join(f"{n:>10}" for n in VARIANTS) + "  best")
+    for layer in layers:
+        cells = " ".join(f"{t * 1e3:9.1f}{'*' if n == layer['default'] else ' '}" for n, t in layer["variants"].items())
+        best = layer["variants"][layer["best"]] / layer["base_ms"]
+        print(
+            f"{layer['geometry']:11} {layer['tokens']:4d} {layer['adapters']:2d} {layer['base_ms'] * 1e3:8.1f} "
+            f"{cells}  {layer['best']} {best:.2f}"
+        )
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="lora_kernels", help="writes <out>.json and <out>.png")
@@ -189,18 +201,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                         flush=True,
                     )
     layers = _layer_table(rows)
-    print("\nOne decoder layer (the four groups): LoRA us per variant, base GEMMs us, best variant")
-    print(f"{'geometry':11} {'T':>4} {'L':>2} {'base us':>8} " + " ".join(f"{n:>10}" for n in VARIANTS) + "  best")
-    for layer in layers:
-        cells = " ".join(f"{t * 1e3:9.1f}{'*' if n == layer['default'] else ' '}" for n, t in layer["variants"].items())
-        print(
-            f"{layer['geometry']:11} {layer['tokens']:4d} {layer['adapters']:2d} {layer['base_ms'] * 1e3:8.1f} "
-            f"{cells}  {layer['best']}"
-        )
     with open(f"{args.out}.json", "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rank": RANK, "rows": rows, "layers": layers}, f, indent=1)
     _plot(rows, f"{args.out}.png")
     print(f"wrote {args.out}.json, {args.out}.png")
+    _print_layers(layers)  # last: the log's tail is this table
     return 0
 
 

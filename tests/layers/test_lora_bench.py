@@ -34,6 +34,7 @@ def test_every_variant_runs_and_feeds_the_tables(tmp_path: Path) -> None:
     layer = bench._layer_table(rows)[0]
     assert layer["default"] == "segment" and layer["best"] == "row"  # the fake clock grows: the first is cheapest
     assert layer["base_ms"] == pytest.approx(2 * timed["base_ms"])
+    bench._print_layers([layer])
     bench._plot(rows, str(tmp_path / "lora.png"))
     assert (tmp_path / "lora.png").stat().st_size > 0
 
