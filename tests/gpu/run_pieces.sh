@@ -15,7 +15,8 @@
 #                    requests) in bf16 and online FP8 (docs/quantization.md "Speed")
 #   lora_bench       benchmarks/lora/bench_lora_kernels.py (LoRA shrink / expand launch variants against the base GEMM,
 #                    Qwen3-0.6B and 8B groups; lora_kernels.json / .png under OUT_DIR/lora_kernels), then
-#                    benchmarks/lora/bench_lora.py --rounds 2 (nano, base vs 1 and 8 adapters; docs/lora.md "Speed")
+#                    benchmarks/lora/bench_lora.py --rounds 2 (nano, base vs 1 and 8 adapters; docs/lora.md "Speed";
+#                    extra arguments in LORA_BENCH_ARGS, e.g. "--split-k-max-tokens 512" for the split-K shrink)
 #   moe_tune         benchmarks/moe/tune_moe_tiles.py (the fused MoE tile table of this GPU, Qwen3-30B-A3B bf16; extra
 #                    arguments in MOE_TUNE_ARGS, e.g. "--quick" or "--geometry gpt-oss-20b") under OUT_DIR/moe_tune:
 #                    copy its <GPU>.json to framework/layers/kernels/moe_configs/ (docs/moe.md, "Tuned tiles")
@@ -145,7 +146,9 @@ for piece in "$@"; do
       ;;
     lora_bench)
       step lora_kernels 240 python3 benchmarks/lora/bench_lora_kernels.py --out "$out/lora_kernels/lora_kernels"
-      step lora_nano 340 python3 benchmarks/lora/bench_lora.py --rounds 2 --out "$out/lora_nano/lora_bench"
+      # shellcheck disable=SC2086  # LORA_BENCH_ARGS: one word per argument
+      step lora_nano 340 python3 benchmarks/lora/bench_lora.py --rounds 2 --out "$out/lora_nano/lora_bench" \
+        ${LORA_BENCH_ARGS:-}
       ;;
     moe_tune)
       # shellcheck disable=SC2086  # MOE_TUNE_ARGS: one word per argument
