@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 from framework.entrypoints.llm import LLM
+from framework.layers.kernels import lora as lora_kernels
 from framework.models.lora.adapter import ATTENTION_PARTS
 from framework.models.lora.projection import lora_targets
 from framework.params.lora_request import LoRARequest
@@ -108,17 +109,30 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="lora_bench")
+    parser.add_argument(
+        "--split-k-max-tokens",
+        type=int,
+        default=None,
+        help="steps of up to this many tokens take the split-K shrink (sets lora.SPLIT_K_MAX_TOKENS in this process; "
+        "one GPU runs the engine here); default: the module's value",
+    )
     args = parser.parse_args()
+    if args.split_k_max_tokens is not None:
+        lora_kernels.SPLIT_K_MAX_TOKENS = args.split_k_max_tokens
     with tempfile.TemporaryDirectory() as tmp:
         results = [run_config(args.geometry, n, args, Path(tmp)) for n in args.adapters]
     base = next((r["out_tok_s"] for r in results if r["adapters"] == 0), None)
-    print(f"{torch.cuda.get_device_name()}  {args.geometry}  {args.requests} nano requests, rank {RANK}, 7 projections")
+    print(
+        f"{torch.cuda.get_device_name()}  {args.geometry}  {args.requests} nano requests, rank {RANK}, 7 projections, "
+        f"split-K shrink up to {lora_kernels.SPLIT_K_MAX_TOKENS} tokens"
+    )
     print(f"{'adapters':>8} {'out tok/s':>10} {'vs base':>8}  rounds")
     for r in results:
         r["ratio"] = r["out_tok_s"] / base if base else None
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
         print(f"{r['adapters']:>8} {r['out_tok_s']:>10.0f} {ratio:>8}  {', '.join(f'{x:.0f}' for x in r['rounds'])}")
     meta = {"device": torch.cuda.get_device_name(), "geometry": args.geometry, "requests": args.requests, "rank": RANK}
+    meta["split_k_max_tokens"] = lora_kernels.SPLIT_K_MAX_TOKENS
     Path(f"{args.out}.json").write_text(json.dumps({**meta, "results": results}, indent=2))
     import matplotlib
 

@@ -15,6 +15,10 @@
 #                    OUT_DIR/gemma3_long_full); OUT_DIR/kv_groups_ratio/log.txt: full / grouped KV bytes per token
 #   quant_bench      the FP8 / INT4 linear and MoE kernel benchmarks, then the Qwen3-8B geometry's nano (128
 #                    requests) in bf16 and online FP8 (docs/quantization.md "Speed")
+#   lora_bench       benchmarks/lora/bench_lora_kernels.py (LoRA shrink / expand launch variants against the base GEMM,
+#                    Qwen3-0.6B and 8B groups; lora_kernels.json / .png under OUT_DIR/lora_kernels), then
+#                    benchmarks/lora/bench_lora.py --rounds 2 (nano, base vs 1 and 8 adapters; docs/lora.md "Speed";
+#                    extra arguments in LORA_BENCH_ARGS, e.g. "--split-k-max-tokens 512" for the split-K shrink)
 #   moe_tune         benchmarks/moe/tune_moe_tiles.py (the fused MoE tile table of this GPU, Qwen3-30B-A3B bf16; extra
 #                    arguments in MOE_TUNE_ARGS, e.g. "--quick" or "--geometry gpt-oss-20b") under OUT_DIR/moe_tune:
 #                    copy its <GPU>.json to framework/layers/kernels/moe_configs/ (docs/moe.md, "Tuned tiles")
@@ -80,7 +84,7 @@ GPU_PIECES_EXTRA=(
 )
 GPU_PIECES_LAST=(
   "kvtier 70 test_host_kv_tier_gpu.py"
-  "lora 60 test_lora_gpu.py"
+  "lora 80 test_lora_gpu.py"
   "gdn 100 test_gdn_gpu.py"
   "gdnparallel 120 test_parallel_gdn_gpu.py"
   "gemma4 120 test_gemma4_gpu.py"
@@ -152,6 +156,12 @@ print("KV bytes per token: groups %.0f, full %.0f, full / groups = %.2fx" % (r[0
         step "q8_$fmt" 150 python3 -m framework.entrypoints.cli bench experiment=nano model.preset=qwen3-8b \
           bench.num_requests=128 bench.baselines=[] bench.decode_idle_batch=0 $quant bench.output_dir="$out/q8_$fmt"
       done
+      ;;
+    lora_bench)
+      step lora_kernels 240 python3 benchmarks/lora/bench_lora_kernels.py --out "$out/lora_kernels/lora_kernels"
+      # shellcheck disable=SC2086  # LORA_BENCH_ARGS: one word per argument
+      step lora_nano 340 python3 benchmarks/lora/bench_lora.py --rounds 2 --out "$out/lora_nano/lora_bench" \
+        ${LORA_BENCH_ARGS:-}
       ;;
     moe_tune)
       # shellcheck disable=SC2086  # MOE_TUNE_ARGS: one word per argument

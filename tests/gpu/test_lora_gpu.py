@@ -3,7 +3,8 @@ graph safety, and an engine with adapters (decode graphs, full-step graphs, pref
 
 Shapes: every projection group of the Qwen3-0.6B and Qwen3-8B geometries (merged q/k/v, o, merged gate/up,
 down), rank 16, 8 adapter slots, bfloat16, at token counts that take the per-row kernels (1, 8, 64) and the
-segment kernels (65, 512, 4096), with segments of several adapters and rows without one.
+segment kernels (65, 512, 4096), with segments of several adapters and rows without one; the split-K shrink's
+partials through both expands at decode batch sizes (65, 256, 512), adapters round robin.
 Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_lora_gpu.py` (~1 min).
 """
 
@@ -20,6 +21,7 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
+from framework.layers.kernels import lora  # noqa: E402
 from framework.layers.kernels.lora import (  # noqa: E402
     LoraPartLayout,
     lora_expand_reference,
@@ -88,16 +90,51 @@ def test_kernels_equal_reference_at_real_shapes(geometry: str, group: str, num_t
     assert torch.equal(got[~has], out[~has]) and torch.equal(fused[~has], out[~has]), "a row without one written"
 
 
-def test_graph_replays_follow_the_token_map_without_a_host_sync() -> None:
+@pytest.mark.parametrize("splits", [4, 16])
+@pytest.mark.parametrize("num_tokens", [65, 256, 512])
+@pytest.mark.parametrize("group", ["qkv", "o", "gate_up", "down"])
+@pytest.mark.parametrize("geometry", list(GROUPS))
+def test_split_shrink_partials_at_real_shapes(geometry: str, group: str, num_tokens: int, splits: int) -> None:
+    """Decode batches with adapters round robin (every tile holds every slot), every fourth row without one."""
+    k, parts = GROUPS[geometry][group]
+    torch.manual_seed(splits)
+    x = torch.randn(num_tokens, k, device=DEVICE, dtype=DTYPE)
+    a = (torch.randn(SLOTS, len(parts) * RANK, k, device=DEVICE) / k**0.5).to(DTYPE)
+    rows = torch.arange(num_tokens, device=DEVICE)
+    token_lora = torch.where(rows % 4 == 3, -1, rows % SLOTS).to(torch.int32)
+    xa_ref = lora_shrink_reference(x, a, token_lora)
+    partials = lora_shrink_triton(x, a, token_lora, variant="split", splits=splits)
+    assert partials.shape[0] == splits  # every geometry's K is whole 64-column steps for up to 16 ranges
+    has = token_lora >= 0
+    torch.testing.assert_close(partials.sum(0)[has], xa_ref[has], atol=2e-2, rtol=2e-2)
+    offsets = [sum(parts[:i]) for i in range(len(parts) + 1)]
+    b = (torch.randn(SLOTS, offsets[-1], RANK, device=DEVICE) / RANK**0.5).to(DTYPE)
+    layout = LoraPartLayout(offsets, torch.device(DEVICE)) if len(parts) > 1 else None
+    out = torch.randn(num_tokens, offsets[-1], device=DEVICE, dtype=DTYPE)
+    want = out.clone()
+    lora_expand_reference(want, xa_ref, b, token_lora, layout)
+    for variant in ("row", "segment"):
+        got = out.clone()
+        lora_expand_triton(got, partials, b, token_lora, layout, variant=variant)
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
+        assert torch.equal(got[~has], out[~has]), "a row without an adapter was written"
+
+
+@pytest.mark.parametrize("num_tokens,split_max", [(32, 0), (256, 256)], ids=["per_row", "split"])
+def test_graph_replays_follow_the_token_map_without_a_host_sync(
+    num_tokens: int, split_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One capture of a group's update; the adapters of the rows change between replays (a tensor input), and
-    each replay equals the reference for the map of that replay. Eager calls queue without a host sync."""
-    tokens = LoraTokens(64, torch.device(DEVICE))
+    each replay equals the reference for the map of that replay. Eager calls queue without a host sync. Per-row
+    kernels at 32 tokens; at 256 the split-K shrink (its partials summed by the segment expand)."""
+    monkeypatch.setattr(lora, "SPLIT_K_MAX_TOKENS", split_max)
+    tokens = LoraTokens(num_tokens, torch.device(DEVICE))
     shapes = [ProjectionShape(1024, 2048), ProjectionShape(1024, 1024), ProjectionShape(1024, 1024)]
     group = LoraGroup(0, ("q_proj", "k_proj", "v_proj"), shapes, SLOTS, RANK, tokens, DTYPE, torch.device(DEVICE))
     group.lora_a.normal_(std=0.03)
     group.lora_b.normal_(std=0.25)
-    x = torch.randn(32, 1024, device=DEVICE, dtype=DTYPE)
-    out = torch.zeros(32, 4096, device=DEVICE, dtype=DTYPE)
+    x = torch.randn(num_tokens, 1024, device=DEVICE, dtype=DTYPE)
+    out = torch.zeros(num_tokens, 4096, device=DEVICE, dtype=DTYPE)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         group.add(x, out.clone())  # compile before capture
@@ -106,15 +143,17 @@ def test_graph_replays_follow_the_token_map_without_a_host_sync() -> None:
     with torch.cuda.graph(graph):
         group.add(x, static_out)
     for seed in range(3):
-        token_lora = torch.randint(-1, SLOTS, (32,), generator=torch.Generator().manual_seed(seed), dtype=torch.int32)
-        tokens.token_lora[:32].copy_(token_lora.to(DEVICE))
+        token_lora = torch.randint(
+            -1, SLOTS, (num_tokens,), generator=torch.Generator().manual_seed(seed), dtype=torch.int32
+        )
+        tokens.token_lora[:num_tokens].copy_(token_lora.to(DEVICE))
         static_out.zero_()
         graph.replay()
         want = torch.zeros_like(out)
-        xa = lora_shrink_reference(x, group.lora_a, tokens.token_lora[:32])
+        xa = lora_shrink_reference(x, group.lora_a, tokens.token_lora[:num_tokens])
         for i, (start, end) in enumerate(zip(group.offsets, group.offsets[1:])):
             b, part_xa = group.lora_b[:, start:end], xa[:, i * RANK : (i + 1) * RANK]
-            lora_expand_reference(want[:, start:end], part_xa, b, tokens.token_lora[:32])
+            lora_expand_reference(want[:, start:end], part_xa, b, tokens.token_lora[:num_tokens])
         torch.testing.assert_close(static_out, want, atol=3e-2, rtol=2e-2)
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from framework.layers.kernels import lora
 from framework.layers.kernels.lora import (
     PER_ROW_MAX_TOKENS,
     LoraPartLayout,
@@ -127,3 +128,102 @@ def test_part_layout_refuses_mismatched_shapes() -> None:
         lora_expand_reference(y, xa, b, torch.zeros(3, dtype=torch.int32), layout)
     with pytest.raises(ValueError, match="strictly increase"):
         LoraPartLayout([0, 40, 40], torch.device("cpu"))
+
+
+# (tokens, K, N, rank, slots, splits asked, K ranges made): K 200 = ranges 64, 64, 64, 8; K 100 asks for 8
+# ranges but has 2 steps of 64 columns; tokens decode-sized (above the per-row kernel) and prefill-sized
+SPLIT_SHAPES = [
+    (PER_ROW_MAX_TOKENS + 37, 200, 96, 16, 3, 4, 4),
+    (40, 136, 72, 8, 2, 3, 3),
+    (20, 100, 40, 4, 3, 8, 2),
+]
+
+
+def _round_robin(num_tokens: int, slots: int) -> torch.Tensor:
+    """Decode-like: one token per request, requests' adapters round robin, every third token without one."""
+    ids = torch.arange(num_tokens, dtype=torch.int32) % (slots + 1) - 1
+    return torch.where(torch.arange(num_tokens) % 3 == 1, torch.full_like(ids, -1), ids)
+
+
+@pytest.mark.parametrize("spread", ["segments", "round_robin"])
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_split_shrink_partials_sum_to_reference(shape: tuple[int, ...], spread: str) -> None:
+    """Split K: S float32 partials whose sum is the shrink; both expands add them up as they load xa."""
+    num_tokens, k, n, rank, slots, splits, ranges = shape
+    x, a, b, token_lora, y = _case(num_tokens, k, n, rank, slots, seed=5, dtype=torch.float32)
+    if spread == "round_robin":
+        token_lora = _round_robin(num_tokens, slots)
+    xa_ref = lora_shrink_reference(x, a, token_lora)
+    partials = lora_shrink_triton(x, a, token_lora, variant="split", splits=splits)
+    assert partials.shape == (ranges, num_tokens, rank)
+    has = token_lora >= 0
+    torch.testing.assert_close(partials.sum(0)[has], xa_ref[has], atol=1e-4, rtol=1e-4)
+    want = y.clone()
+    lora_expand_reference(want, xa_ref, b, token_lora)
+    for variant in ("row", "segment"):
+        got = y.clone()
+        lora_expand_triton(got, partials, b, token_lora, variant=variant)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert torch.equal(got[~has], y[~has]), "a row without an adapter was written"
+    ref_got = y.clone()
+    lora_expand_reference(ref_got, partials, b, token_lora)  # the CPU path takes partials too
+    torch.testing.assert_close(ref_got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_dropped_partial_is_caught() -> None:
+    """Planted fault: an expand that sees one K range fewer differs from the reference (the check above can fail)."""
+    x, a, b, token_lora, y = _case(50, 200, 64, 8, 2, seed=6, dtype=torch.float32)
+    partials = lora_shrink_triton(x, a, token_lora, variant="split", splits=4)
+    want, got = y.clone(), y.clone()
+    lora_expand_reference(want, lora_shrink_reference(x, a, token_lora), b, token_lora)
+    lora_expand_triton(got, partials[:-1].contiguous(), b, token_lora, variant="segment")
+    assert not torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["row", "segment"])
+def test_split_partials_through_a_fused_expand(variant: str) -> None:
+    """Merged q/k/v: part p reads columns p*R .. p*R+R-1 of every partial."""
+    sizes, rank, slots, num_tokens = (40, 24, 70), 8, 3, 45
+    x, a, b, _, y = _case(num_tokens, 136, sum(sizes), rank * len(sizes), slots, seed=7, dtype=torch.float32)
+    token_lora = _round_robin(num_tokens, slots)
+    b = b[:, :, :rank].contiguous()
+    layout = LoraPartLayout([0, 40, 64, 134], torch.device("cpu"))
+    partials = lora_shrink_triton(x, a, token_lora, variant="split", splits=3)  # [3, T, 3 * rank]
+    want, got = y.clone(), y.clone()
+    lora_expand_reference(want, lora_shrink_reference(x, a, token_lora), b, token_lora, layout)
+    lora_expand_triton(got, partials, b, token_lora, layout, variant=variant)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_segment_shrink_with_16_row_tiles() -> None:
+    x, a, _, token_lora, _ = _case(PER_ROW_MAX_TOKENS + 37, 72, 8, 16, 3, seed=8, dtype=torch.bfloat16)
+    xa = lora_shrink_triton(x, a, token_lora, variant="segment", block_m=16)
+    has = token_lora >= 0
+    torch.testing.assert_close(xa[has], lora_shrink_reference(x, a, token_lora)[has], atol=2e-2, rtol=2e-2)
+
+
+def test_shrink_plan_default_and_split_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Default: per row up to PER_ROW_MAX_TOKENS, segment above (split off); with a split range, K / 256 ranges
+    (at most MAX_SPLITS) and the dispatch's partials still give the reference's update."""
+    assert lora.shrink_plan(PER_ROW_MAX_TOKENS, 1024) == ("row", 1)
+    assert lora.shrink_plan(256, 1024) == ("segment", 1)
+    monkeypatch.setattr(lora, "SPLIT_K_MAX_TOKENS", 256)
+    assert lora.shrink_plan(256, 1024) == ("split", 4)
+    assert lora.shrink_plan(256, 12288) == ("split", lora.MAX_SPLITS)
+    assert lora.shrink_plan(257, 1024) == ("segment", 1)
+    monkeypatch.setattr(lora, "MIN_SPLIT_K", 64)
+    x, a, b, token_lora, y = _case(PER_ROW_MAX_TOKENS + 5, 192, 48, 8, 2, seed=9, dtype=torch.float32)
+    xa = lora.lora_shrink(x, a, token_lora, backend="triton")
+    assert xa.dim() == 3 and xa.shape[0] == 3
+    want, got = y.clone(), y.clone()
+    lora_expand_reference(want, lora_shrink_reference(x, a, token_lora), b, token_lora)
+    lora.lora_expand(got, xa, b, token_lora, backend="triton")
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_unknown_variant_is_refused() -> None:
+    x, a, b, token_lora, y = _case(4, 64, 32, 4, 2, seed=10, dtype=torch.float32)
+    with pytest.raises(ValueError, match="shrink variant 'tiles'"):
+        lora_shrink_triton(x, a, token_lora, variant="tiles")
+    with pytest.raises(ValueError, match="expand variant 'split'"):
+        lora_expand_triton(y, lora_shrink_reference(x, a, token_lora), b, token_lora, variant="split")

@@ -5,17 +5,22 @@ zeros, the adapter's scaling folded into B). `token_lora [T]` int32 is each toke
 without one: such tokens are skipped (their output is never written by expand).
 
 - `lora_shrink`: `xa[t] = x[t] @ A[token_lora[t]]^T`, float32 `[T, R]` (rows without an adapter: 0 in the
-  reference, unwritten by the kernel; expand skips them).
+  reference, unwritten by the kernel; expand skips them). A split shrink (K cut into `S` ranges, one program per
+  range) returns the ranges' float32 partials `[S, T, R]` instead, whose sum is xa: expand adds them up as it
+  loads them, in a fixed order (no extra launch, no atomics, the same result on every replay).
 - `lora_expand`: `y[t] += xa[t] @ B[token_lora[t]]^T` in place, `y` may be a column slice of a wider output.
   With a `LoraPartLayout` one launch expands every part of a merged projection (q/k/v, gate/up): B is the parts'
   B matrices stacked `[L, sum N_p, R]`, xa is `[T, P*R]`, and output column c of part p reads xa columns
   `p*R .. p*R+R-1`. Column tiles come from a table built once per group, so no tile straddles two parts.
 
 Two launch shapes, chosen from the token count alone (a CUDA graph captured at one size freezes one):
-prefill-sized steps take the segment kernels, one program per (tile of tokens, adapter slot): a request's
+prefill-sized steps take the segment kernels, one program per (tile of tokens, K range, adapter slot): a request's
 tokens are contiguous, so a tile is one segment of one adapter, and a program whose tile has no token of its
 adapter exits before reading any weight. Decode-sized steps take the per-row kernels, one program per token
-row that reads its own adapter only. Nothing reads the host: `token_lora` is a device tensor, so adapters may
+row that reads its own adapter only. Between them, up to `SPLIT_K_MAX_TOKENS`, the segment shrink splits K: at
+a decode batch of a few hundred rows a handful of row tiles each looping over all of K leave most SMs idle.
+`lora_shrink_triton` / `lora_expand_triton` take the variant by name, so the kernel benchmark compares them
+(benchmarks/lora/bench_lora_kernels.py). Nothing reads the host: `token_lora` is a device tensor, so adapters may
 change between graph replays without recapture.
 """
 
@@ -34,6 +39,15 @@ from framework.layers.kernels.triton_norm_silu import interpreter_upcast
 
 # Up to this many tokens a step takes the per-row kernels (decode batches), above it the segment kernels.
 PER_ROW_MAX_TOKENS = 64
+# Above PER_ROW_MAX_TOKENS and up to this many tokens the shrink splits K over programs (0: never). Off until the
+# kernel benchmark on the GPU shows where splitting wins; the expand reads either output.
+SPLIT_K_MAX_TOKENS = 0
+MAX_SPLITS = 8  # K ranges of a split shrink at most (expand reads every range's partial of each row)
+MIN_SPLIT_K = 256  # K columns per range at least: below, a program's loop is too short to pay for its partial
+SHRINK_VARIANTS = ("row", "segment", "split")
+EXPAND_VARIANTS = ("row", "segment")
+SEGMENT_BLOCK_M = 32  # token rows per program of the segment kernels
+SHRINK_BLOCK_K = 64  # K columns per loop step of the segment shrink
 ROW_BLOCK_N = 128  # output columns per program of the per-row expand
 SEGMENT_BLOCK_N = 64  # output columns per program of the segment expand
 
@@ -67,7 +81,7 @@ class LoraPartLayout:
 
 def _check_parts(y: torch.Tensor, xa: torch.Tensor, lora_b: torch.Tensor, parts: LoraPartLayout) -> None:
     n, rank = parts.offsets[-1], lora_b.shape[2]
-    if y.shape[1] != n or lora_b.shape[1] != n or xa.shape[1] != parts.num_parts * rank:
+    if y.shape[1] != n or lora_b.shape[1] != n or xa.shape[-1] != parts.num_parts * rank:
         raise ValueError(
             f"fused expand over parts {parts.offsets}: y {tuple(y.shape)}, xa {tuple(xa.shape)} and "
             f"B {tuple(lora_b.shape)} must have {n} output columns and xa {parts.num_parts} x rank {rank} columns"
@@ -93,14 +107,17 @@ def lora_shrink_reference(
 
 def lora_expand_reference(
     y: torch.Tensor,  # [T, N] written in place (a column slice of the output is fine)
-    xa: torch.Tensor,  # [T, R] float32 from lora_shrink ([T, P*R] with parts)
+    xa: torch.Tensor,  # [T, R] float32 from lora_shrink ([T, P*R] with parts), or split partials [S, T, R]
     lora_b: torch.Tensor,  # [L, N, R]
     token_lora: torch.Tensor,  # [T] int32
     parts: Optional[LoraPartLayout] = None,
 ) -> None:
     """y[t] += xa[t] @ B^T of its adapter (float32 sum, rounded to y's dtype); rows without one unchanged. Each
     token's R values are placed in its slot's columns of a [T, L*R] matrix, then one matmul against every slot's B.
-    With `parts`, each part's columns of y, B and its R columns of xa, one after the other."""
+    With `parts`, each part's columns of y, B and its R columns of xa, one after the other. Split partials are
+    summed first (their rows without an adapter may hold anything: those rows are never used)."""
+    if xa.dim() == 3:
+        xa = xa.float().sum(0)
     if parts is not None:
         _check_parts(y, xa, lora_b, parts)
         rank = lora_b.shape[2]
@@ -123,20 +140,23 @@ def lora_expand_reference(
 
 @triton.jit
 def _lora_shrink_segment_kernel(
-    x_ptr, a_ptr, lora_ptr, out_ptr, T, K, R,
-    stride_xt, stride_al, stride_ar, stride_ot,
+    x_ptr, a_ptr, lora_ptr, out_ptr, T, K, R, k_chunk,
+    stride_xt, stride_al, stride_ar, stride_os, stride_ot,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    tile, slot = tl.program_id(0), tl.program_id(1)
+    # one program per (tile of rows, K range, slot); k_chunk columns per range (a multiple of BLOCK_K), or K for
+    # one range (no split). Its partial goes to out[split]: every range stores, even an empty one.
+    tile, split, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     mine = (tl.load(lora_ptr + rows, mask=rows < T, other=-1) == slot) & (rows < T)
     if tl.max(mine.to(tl.int32), axis=0) == 0:  # no token of this adapter in the tile: read no weight
         return
     ranks = tl.arange(0, BLOCK_R)
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
+    k_first = split * k_chunk
+    for k0 in range(k_first, tl.minimum(k_first + k_chunk, K), BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)  # never past this range's end: k_chunk is whole steps, or K
         x = tl.load(x_ptr + rows[:, None] * stride_xt + ks[None, :], mask=mine[:, None] & (ks[None, :] < K), other=0.0)
         a_ptrs = a_ptr + slot * stride_al + ranks[None, :] * stride_ar + ks[:, None]
         a = tl.load(a_ptrs, mask=(ranks[None, :] < R) & (ks[:, None] < K), other=0.0)  # [BLOCK_K, BLOCK_R]
@@ -144,7 +164,7 @@ def _lora_shrink_segment_kernel(
         if UPCAST:  # interpreter only: its bfloat16 tl.dot is wrong (interpreter_upcast)
             x, a = x.to(tl.float32), a.to(tl.float32)
         acc = tl.dot(x, a, acc, input_precision=PRECISION)
-    out_ptrs = out_ptr + rows[:, None] * stride_ot + ranks[None, :]
+    out_ptrs = out_ptr + split * stride_os + rows[:, None] * stride_ot + ranks[None, :]
     tl.store(out_ptrs, acc, mask=mine[:, None] & (ranks[None, :] < R))
 
 
@@ -183,9 +203,9 @@ def _expand_columns(tiles_ptr, col_tile, N, R, BLOCK_N: tl.constexpr, PARTS: tl.
 @triton.jit
 def _lora_expand_segment_kernel(
     y_ptr, xa_ptr, b_ptr, lora_ptr, tiles_ptr, T, N, R,
-    stride_yt, stride_xat, stride_bl, stride_bn,
+    stride_yt, stride_xas, stride_xat, stride_bl, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr, PARTS: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, PARTS: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
     tile, col_tile, slot = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -197,7 +217,9 @@ def _lora_expand_segment_kernel(
     b_ptrs = b_ptr + slot * stride_bl + cols[None, :] * stride_bn + ranks[:, None]
     b = tl.load(b_ptrs, mask=(cols[None, :] < end) & (ranks[:, None] < R), other=0.0)  # [BLOCK_R, BLOCK_N]
     xa_ptrs = xa_ptr + rows[:, None] * stride_xat + xa_col + ranks[None, :]
-    xa = tl.load(xa_ptrs, mask=mine[:, None] & (ranks[None, :] < R))
+    xa = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for split in tl.static_range(SPLITS):  # a split shrink's partials, summed in order (SPLITS = 1: plain xa)
+        xa += tl.load(xa_ptrs + split * stride_xas, mask=mine[:, None] & (ranks[None, :] < R), other=0.0)
     xa = xa.to(b.dtype)
     if UPCAST:
         xa, b = xa.to(tl.float32), b.to(tl.float32)
@@ -211,8 +233,8 @@ def _lora_expand_segment_kernel(
 @triton.jit
 def _lora_expand_row_kernel(
     y_ptr, xa_ptr, b_ptr, lora_ptr, tiles_ptr, N, R,
-    stride_yt, stride_xat, stride_bl, stride_bn,
-    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PARTS: tl.constexpr,
+    stride_yt, stride_xas, stride_xat, stride_bl, stride_bn,
+    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PARTS: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
     row, col_tile = tl.program_id(0), tl.program_id(1)
     slot = tl.load(lora_ptr + row)
@@ -220,7 +242,9 @@ def _lora_expand_row_kernel(
         return
     ranks = tl.arange(0, BLOCK_R)
     cols, end, xa_col = _expand_columns(tiles_ptr, col_tile, N, R, BLOCK_N, PARTS)
-    xa = tl.load(xa_ptr + row * stride_xat + xa_col + ranks, mask=ranks < R, other=0.0)
+    xa = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for split in tl.static_range(SPLITS):  # a split shrink's partials, summed in order (SPLITS = 1: plain xa)
+        xa += tl.load(xa_ptr + split * stride_xas + row * stride_xat + xa_col + ranks, mask=ranks < R, other=0.0)
     b_ptrs = b_ptr + slot * stride_bl + cols[:, None] * stride_bn + ranks[None, :]
     b = tl.load(b_ptrs, mask=(cols[:, None] < end) & (ranks[None, :] < R), other=0.0).to(tl.float32)
     acc = tl.sum(b * xa[None, :], axis=1)
@@ -238,48 +262,81 @@ def _block_r(rank: int) -> int:
     return max(16, next_power_of_2(rank))
 
 
+def shrink_plan(num_tokens: int, k: int) -> tuple[str, int]:
+    """The default shrink variant and its K ranges for a step of `num_tokens` tokens over `k` input columns: per
+    row up to `PER_ROW_MAX_TOKENS`, split K up to `SPLIT_K_MAX_TOKENS`, else segment (a function of the shapes
+    alone, so a CUDA graph captured at one size keeps one launch)."""
+    if num_tokens <= PER_ROW_MAX_TOKENS:
+        return "row", 1
+    if num_tokens <= SPLIT_K_MAX_TOKENS:
+        return "split", max(1, min(MAX_SPLITS, k // MIN_SPLIT_K))
+    return "segment", 1
+
+
 def lora_shrink_triton(
     x: torch.Tensor,  # [T, K] model dtype, last dim contiguous
     lora_a: torch.Tensor,  # [L, R, K] contiguous
     token_lora: torch.Tensor,  # [T] int32 (token -> adapter slot, -1 none)
-) -> torch.Tensor:  # [T, R] float32; rows without an adapter are left unwritten (expand never reads them)
-    """The Triton shrink: per-row kernel up to `PER_ROW_MAX_TOKENS` tokens, segment kernel above."""
+    variant: Optional[str] = None,
+    splits: Optional[int] = None,
+    block_m: int = SEGMENT_BLOCK_M,
+) -> torch.Tensor:  # [T, R] float32, or [S, T, R] partials (split); rows without an adapter unwritten
+    """The Triton shrink. `variant`: "row" (one program per token row), "segment" (per tile of `block_m` rows and
+    adapter slot) or "split" (segment with K cut into `splits` ranges, partials out: S <= splits, fewer when
+    ranges of whole `SHRINK_BLOCK_K` steps cover K sooner); None: `shrink_plan`."""
     num_tokens, k = x.shape
     num_slots, rank, _ = lora_a.shape
-    out = torch.empty(num_tokens, rank, dtype=torch.float32, device=x.device)  # no memset launch per group
+    if variant is None:
+        variant, splits = shrink_plan(num_tokens, k)
+    if variant not in SHRINK_VARIANTS:
+        raise ValueError(f"unknown LoRA shrink variant {variant!r}; expected one of {SHRINK_VARIANTS}")
+    steps = cdiv(k, SHRINK_BLOCK_K)
+    chunk = k if variant != "split" else cdiv(steps, max(1, min(splits or MAX_SPLITS, steps))) * SHRINK_BLOCK_K
+    num_splits = cdiv(k, chunk)  # no empty range
+    shape = (num_splits, num_tokens, rank) if variant == "split" else (num_tokens, rank)
+    out = torch.empty(shape, dtype=torch.float32, device=x.device)  # no memset launch per group
     if num_tokens == 0:
         return out
-    args = (x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0))
-    if num_tokens <= PER_ROW_MAX_TOKENS:
+    stride_os, stride_ot = (out.stride(0), out.stride(1)) if variant == "split" else (0, out.stride(0))
+    if variant == "row":
+        args = (x.stride(0), lora_a.stride(0), lora_a.stride(1), stride_ot)
         _lora_shrink_row_kernel[(num_tokens,)](
             x, lora_a, token_lora, out, k, rank, *args, BLOCK_R=_block_r(rank), BLOCK_K=128
         )
     else:
-        grid = (cdiv(num_tokens, 32), num_slots)
+        grid = (cdiv(num_tokens, block_m), num_splits, num_slots)
         _lora_shrink_segment_kernel[grid](
-            x, lora_a, token_lora, out, num_tokens, k, rank, *args,
-            BLOCK_M=32, BLOCK_R=_block_r(rank), BLOCK_K=64, **_dot_options(x.dtype),
+            x, lora_a, token_lora, out, num_tokens, k, rank, chunk,
+            x.stride(0), lora_a.stride(0), lora_a.stride(1), stride_os, stride_ot,
+            BLOCK_M=block_m, BLOCK_R=_block_r(rank), BLOCK_K=SHRINK_BLOCK_K, **_dot_options(x.dtype),
         )  # fmt: skip
     return out
 
 
 def lora_expand_triton(
     y: torch.Tensor,  # [T, N] (a column slice is fine), last dim contiguous
-    xa: torch.Tensor,  # [T, R] float32, last dim contiguous ([T, P*R] with parts)
+    xa: torch.Tensor,  # [T, R] float32, last dim contiguous ([T, P*R] with parts), or split partials [S, T, R]
     lora_b: torch.Tensor,  # [L, N, R] contiguous (with parts: the parts' B stacked along N)
     token_lora: torch.Tensor,  # [T] int32
     parts: Optional[LoraPartLayout] = None,
+    variant: Optional[str] = None,
 ) -> None:
-    """The Triton expand, in place: per-row kernel up to `PER_ROW_MAX_TOKENS` tokens, segment kernel above. With
-    `parts`, one launch for every part (column tiles from the layout's tables, so the grid is fixed per group)."""
+    """The Triton expand, in place. `variant`: "row" (one program per (token row, column tile)) or "segment" (per
+    tile of rows, column tile and slot); None: row up to `PER_ROW_MAX_TOKENS` tokens, segment above. With `parts`,
+    one launch for every part (column tiles from the layout's tables, so the grid is fixed per group)."""
     num_tokens, n = y.shape
     num_slots, _, rank = lora_b.shape
     if parts is not None:
         _check_parts(y, xa, lora_b, parts)
+    if variant is None:
+        variant = "row" if num_tokens <= PER_ROW_MAX_TOKENS else "segment"
+    if variant not in EXPAND_VARIANTS:
+        raise ValueError(f"unknown LoRA expand variant {variant!r}; expected one of {EXPAND_VARIANTS}")
     if num_tokens == 0:
         return
-    args = (y.stride(0), xa.stride(0), lora_b.stride(0), lora_b.stride(1))
-    per_row = num_tokens <= PER_ROW_MAX_TOKENS
+    splits, stride_xas = (xa.shape[0], xa.stride(0)) if xa.dim() == 3 else (1, 0)
+    args = (y.stride(0), stride_xas, xa.stride(-2), lora_b.stride(0), lora_b.stride(1))
+    per_row = variant == "row"
     if parts is None:  # one part: tiles from the column count; the table pointer is never read
         tiles, col_tiles = token_lora, cdiv(n, ROW_BLOCK_N if per_row else SEGMENT_BLOCK_N)
     else:
@@ -289,12 +346,13 @@ def lora_expand_triton(
     if per_row:
         _lora_expand_row_kernel[(num_tokens, col_tiles)](
             y, xa, lora_b, token_lora, tiles, n, rank, *args,
-            BLOCK_N=ROW_BLOCK_N, BLOCK_R=_block_r(rank), PARTS=fused,
+            BLOCK_N=ROW_BLOCK_N, BLOCK_R=_block_r(rank), PARTS=fused, SPLITS=splits,
         )  # fmt: skip
     else:
-        _lora_expand_segment_kernel[(cdiv(num_tokens, 32), col_tiles, num_slots)](
+        _lora_expand_segment_kernel[(cdiv(num_tokens, SEGMENT_BLOCK_M), col_tiles, num_slots)](
             y, xa, lora_b, token_lora, tiles, num_tokens, n, rank, *args,
-            BLOCK_M=32, BLOCK_N=SEGMENT_BLOCK_N, BLOCK_R=_block_r(rank), PARTS=fused, **_dot_options(lora_b.dtype),
+            BLOCK_M=SEGMENT_BLOCK_M, BLOCK_N=SEGMENT_BLOCK_N, BLOCK_R=_block_r(rank), PARTS=fused, SPLITS=splits,
+            **_dot_options(lora_b.dtype),
         )  # fmt: skip
 
 
@@ -303,7 +361,7 @@ def lora_expand_triton(
 
 def lora_shrink(
     x: torch.Tensor, lora_a: torch.Tensor, token_lora: torch.Tensor, backend: str = "auto"
-) -> torch.Tensor:  # [T, R] float32
+) -> torch.Tensor:  # [T, R] float32, or [S, T, R] split partials: pass it to lora_expand as it is
     """`lora_shrink_triton` for CUDA tensors (or `backend="triton"`), else `lora_shrink_reference`."""
     if triton_enabled(x.device, x, lora_a, backend=backend) and x.stride(-1) == 1:
         return lora_shrink_triton(x, lora_a, token_lora)
