@@ -11,7 +11,7 @@ Variants (`framework.layers.kernels.lora`): `row` (per token row, both kernels),
 adapter slot, both), `segment16` (16-row shrink tiles), `splitS` (the shrink's K cut into S ranges, the segment
 expand summing the S partials), `split4/row` (the same partials into the per-row expand). `default` marks the
 variant the dispatch picks at that T. The last table sums the four groups: one decoder layer's LoRA cost per
-variant and T against its four base GEMMs, the figure that sets `PER_ROW_MAX_TOKENS` and `SPLIT_K_MAX_TOKENS`.
+variant and T against its four base GEMMs, the figure that sets `SPLIT_K_MAX_TOKENS` and `ROW_EXPAND_MAX_TOKENS`.
 Prints the tables, writes `<out>.json` and `<out>.png`.
 
     PYTHONPATH=$PWD python benchmarks/lora/bench_lora_kernels.py [--out lora_kernels] [--tokens 64 256]
@@ -68,7 +68,7 @@ def default_variant(num_tokens: int, k: int) -> str:
     shrink, splits = lora.shrink_plan(num_tokens, k)
     if shrink != "split":
         return shrink
-    expand = "row" if num_tokens <= lora.PER_ROW_MAX_TOKENS else "segment"
+    expand = "row" if num_tokens <= lora.ROW_EXPAND_MAX_TOKENS else "segment"
     name = f"split{splits}" + ("/row" if expand == "row" else "")
     return name if name in VARIANTS else "?"
 

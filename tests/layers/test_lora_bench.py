@@ -29,10 +29,11 @@ def test_every_variant_runs_and_feeds_the_tables(tmp_path: Path) -> None:
     timed = bench.bench_group(136, (40, 24), 70, 3, device=torch.device("cpu"), time=fake_time)
     assert set(timed["variants"]) == set(bench.VARIANTS) and len(calls) == 1 + 2 * len(bench.VARIANTS)
     assert timed["variants"]["split4"]["splits"] == 3 and timed["variants"]["split2"]["splits"] == 2  # 3 K steps
-    row = {"geometry": "g", "group": "qkv", "adapters": 3, "tokens": 70, "default": bench.default_variant(70, 136)}
+    assert bench.default_variant(70, 1024) == "split4/row" and bench.default_variant(300, 1024) == "segment"
+    row = {"geometry": "g", "group": "qkv", "adapters": 3, "tokens": 70, "default": bench.default_variant(70, 1024)}
     rows = [{**row, **timed}, {**row, "group": "o", **timed}]
     layer = bench._layer_table(rows)[0]
-    assert layer["default"] == "segment" and layer["best"] == "row"  # the fake clock grows: the first is cheapest
+    assert layer["default"] == "split4/row" and layer["best"] == "row"  # the fake clock grows: the first is cheapest
     assert layer["base_ms"] == pytest.approx(2 * timed["base_ms"])
     bench._print_layers([layer])
     bench._plot(rows, str(tmp_path / "lora.png"))

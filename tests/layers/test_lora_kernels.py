@@ -8,7 +8,6 @@ import torch
 
 from framework.layers.kernels import lora
 from framework.layers.kernels.lora import (
-    PER_ROW_MAX_TOKENS,
     LoraPartLayout,
     lora_expand_reference,
     lora_expand_triton,
@@ -46,8 +45,8 @@ def _loop(x, a, b, token_lora, y):  # type: ignore[no-untyped-def]
 SHAPES = [  # (tokens, K, N, rank, slots): per-row sizes (decode) and segment sizes (prefill), odd dims
     (1, 64, 96, 8, 2),
     (7, 100, 40, 16, 3),
-    (PER_ROW_MAX_TOKENS, 64, 130, 4, 4),
-    (PER_ROW_MAX_TOKENS + 37, 72, 96, 16, 3),
+    (64, 64, 130, 4, 4),
+    (101, 72, 96, 16, 3),
     (150, 64, 200, 32, 2),
 ]
 
@@ -60,20 +59,45 @@ def test_reference_equals_per_token_loop(shape: tuple[int, ...]) -> None:
     torch.testing.assert_close(got, _loop(x, a, b, token_lora, y), atol=1e-4, rtol=1e-4)
 
 
+def _summed(xa: torch.Tensor) -> torch.Tensor:
+    """[T, R]: a split shrink's partials [S, T, R] summed (what the expand adds), or a plain shrink's output."""
+    return xa.sum(0) if xa.dim() == 3 else xa
+
+
+@pytest.mark.parametrize("variant", lora.SHRINK_VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_triton_equals_reference(shape: tuple[int, ...], dtype: torch.dtype) -> None:
-    x, a, b, token_lora, y = _case(*shape, seed=2, dtype=dtype)
-    xa_ref = lora_shrink_reference(x, a, token_lora)
-    xa = lora_shrink_triton(x, a, token_lora)
-    want, got = y.clone(), y.clone()
-    lora_expand_reference(want, xa_ref, b, token_lora)
-    lora_expand_triton(got, xa_ref, b, token_lora)  # launched before any check: compile_check.py compiles both
+def test_triton_shrink_equals_reference(shape: tuple[int, ...], dtype: torch.dtype, variant: str) -> None:
+    x, a, _, token_lora, _ = _case(*shape, seed=2, dtype=dtype)
+    xa = _summed(lora_shrink_triton(x, a, token_lora, variant=variant, splits=3))
     has = token_lora >= 0
     tol = 1e-4 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(xa[has], xa_ref[has], atol=tol, rtol=tol)
+    torch.testing.assert_close(xa[has], lora_shrink_reference(x, a, token_lora)[has], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("variant", lora.EXPAND_VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_triton_expand_equals_reference(shape: tuple[int, ...], dtype: torch.dtype, variant: str) -> None:
+    x, a, b, token_lora, y = _case(*shape, seed=2, dtype=dtype)
+    xa_ref = lora_shrink_reference(x, a, token_lora)
+    want, got = y.clone(), y.clone()
+    lora_expand_reference(want, xa_ref, b, token_lora)
+    lora_expand_triton(got, xa_ref, b, token_lora, variant=variant)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    has = token_lora >= 0
     assert torch.equal(got[~has], y[~has]), "a row without an adapter was written"
+
+
+@pytest.mark.parametrize("num_tokens", [1, lora.SPLIT_K_MAX_TOKENS, lora.SPLIT_K_MAX_TOKENS + 1])
+def test_default_launches_equal_the_reference(num_tokens: int) -> None:
+    """The dispatch's own choice at each size (split shrink + per-row expand, or segment launches above)."""
+    x, a, b, token_lora, y = _case(num_tokens, 600, 40, 8, 3, seed=12, dtype=torch.float32)  # 2 K ranges
+    want, got = y.clone(), y.clone()
+    lora_expand_reference(want, lora_shrink_reference(x, a, token_lora), b, token_lora)
+    lora.lora_expand(got, lora.lora_shrink(x, a, token_lora, backend="triton"), b, token_lora, backend="triton")
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 def test_expand_into_a_column_slice() -> None:
@@ -91,12 +115,12 @@ def test_expand_into_a_column_slice() -> None:
 PART_SIZES = [(40, 24, 24), (130, 24, 70)]  # not multiples of either kernel's column tile; parts over 2 tiles
 
 
-@pytest.mark.parametrize("num_tokens", [9, PER_ROW_MAX_TOKENS + 21], ids=["row", "segment"])
+@pytest.mark.parametrize("variant", lora.EXPAND_VARIANTS)
 @pytest.mark.parametrize("sizes", PART_SIZES, ids=lambda s: "-".join(map(str, s)))
-def test_fused_expand_equals_per_part_expands(sizes: tuple[int, ...], num_tokens: int) -> None:
+def test_fused_expand_equals_per_part_expands(sizes: tuple[int, ...], variant: str) -> None:
     """Merged q/k/v in one launch: part p's columns take B's rows of part p and xa's columns p*R .. p*R+R-1,
     as one expand per part into its column slice would; rows without an adapter stay untouched."""
-    rank, slots = 8, 3
+    rank, slots, num_tokens = 8, 3, 40
     x, a, b, _, y = _case(num_tokens, 48, sum(sizes), rank * len(sizes), slots, seed=4, dtype=torch.float32)
     pattern = torch.tensor([1, -1, 0, 2, 2, 0, -1, 1, 1], dtype=torch.int32)  # every slot and no adapter
     token_lora = pattern.repeat_interleave(-(-num_tokens // len(pattern)))[:num_tokens].contiguous()
@@ -107,9 +131,9 @@ def test_fused_expand_equals_per_part_expands(sizes: tuple[int, ...], num_tokens
     per_part, want, got = y.clone(), y.clone(), y.clone()
     for part, (start, end) in enumerate(zip(offsets, offsets[1:])):
         xa_part = xa[:, part * rank : (part + 1) * rank]
-        lora_expand_triton(per_part[:, start:end], xa_part, b[:, start:end].contiguous(), token_lora)
+        lora_expand_triton(per_part[:, start:end], xa_part, b[:, start:end].contiguous(), token_lora, variant=variant)
     lora_expand_reference(want, xa, b, token_lora, layout)
-    lora_expand_triton(got, xa, b, token_lora, layout)
+    lora_expand_triton(got, xa, b, token_lora, layout, variant=variant)
     torch.testing.assert_close(got, per_part, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     loop = y.clone()
@@ -133,7 +157,7 @@ def test_part_layout_refuses_mismatched_shapes() -> None:
 # (tokens, K, N, rank, slots, splits asked, K ranges made): K 200 = ranges 64, 64, 64, 8; K 100 asks for 8
 # ranges but has 2 steps of 64 columns; tokens decode-sized (above the per-row kernel) and prefill-sized
 SPLIT_SHAPES = [
-    (PER_ROW_MAX_TOKENS + 37, 200, 96, 16, 3, 4, 4),
+    (101, 200, 96, 16, 3, 4, 4),
     (40, 136, 72, 8, 2, 3, 3),
     (20, 100, 40, 4, 3, 8, 2),
 ]
@@ -196,23 +220,24 @@ def test_split_partials_through_a_fused_expand(variant: str) -> None:
 
 
 def test_segment_shrink_with_16_row_tiles() -> None:
-    x, a, _, token_lora, _ = _case(PER_ROW_MAX_TOKENS + 37, 72, 8, 16, 3, seed=8, dtype=torch.bfloat16)
+    x, a, _, token_lora, _ = _case(101, 72, 8, 16, 3, seed=8, dtype=torch.bfloat16)
     xa = lora_shrink_triton(x, a, token_lora, variant="segment", block_m=16)
     has = token_lora >= 0
     torch.testing.assert_close(xa[has], lora_shrink_reference(x, a, token_lora)[has], atol=2e-2, rtol=2e-2)
 
 
 def test_shrink_plan_default_and_split_range(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Default: per row up to PER_ROW_MAX_TOKENS, segment above (split off); with a split range, K / 256 ranges
-    (at most MAX_SPLITS) and the dispatch's partials still give the reference's update."""
-    assert lora.shrink_plan(PER_ROW_MAX_TOKENS, 1024) == ("row", 1)
-    assert lora.shrink_plan(256, 1024) == ("segment", 1)
+    """Default: split K up to SPLIT_K_MAX_TOKENS (K / 256 ranges, at most MAX_SPLITS), segment above; the
+    dispatch's partials still give the reference's update."""
+    assert lora.shrink_plan(1, 1024) == ("split", 4)
+    assert lora.shrink_plan(lora.SPLIT_K_MAX_TOKENS, 512) == ("split", 2)
+    assert lora.shrink_plan(lora.SPLIT_K_MAX_TOKENS, 12288) == ("split", lora.MAX_SPLITS)
+    assert lora.shrink_plan(lora.SPLIT_K_MAX_TOKENS + 1, 1024) == ("segment", 1)
+    monkeypatch.setattr(lora, "SPLIT_K_MAX_TOKENS", 0)
+    assert lora.shrink_plan(1, 1024) == ("segment", 1)
     monkeypatch.setattr(lora, "SPLIT_K_MAX_TOKENS", 256)
-    assert lora.shrink_plan(256, 1024) == ("split", 4)
-    assert lora.shrink_plan(256, 12288) == ("split", lora.MAX_SPLITS)
-    assert lora.shrink_plan(257, 1024) == ("segment", 1)
     monkeypatch.setattr(lora, "MIN_SPLIT_K", 64)
-    x, a, b, token_lora, y = _case(PER_ROW_MAX_TOKENS + 5, 192, 48, 8, 2, seed=9, dtype=torch.float32)
+    x, a, b, token_lora, y = _case(69, 192, 48, 8, 2, seed=9, dtype=torch.float32)
     xa = lora.lora_shrink(x, a, token_lora, backend="triton")
     assert xa.dim() == 3 and xa.shape[0] == 3
     want, got = y.clone(), y.clone()

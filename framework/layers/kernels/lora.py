@@ -13,15 +13,19 @@ without one: such tokens are skipped (their output is never written by expand).
   B matrices stacked `[L, sum N_p, R]`, xa is `[T, P*R]`, and output column c of part p reads xa columns
   `p*R .. p*R+R-1`. Column tiles come from a table built once per group, so no tile straddles two parts.
 
-Two launch shapes, chosen from the token count alone (a CUDA graph captured at one size freezes one):
-prefill-sized steps take the segment kernels, one program per (tile of tokens, K range, adapter slot): a request's
-tokens are contiguous, so a tile is one segment of one adapter, and a program whose tile has no token of its
-adapter exits before reading any weight. Decode-sized steps take the per-row kernels, one program per token
-row that reads its own adapter only. Between them, up to `SPLIT_K_MAX_TOKENS`, the segment shrink splits K: at
-a decode batch of a few hundred rows a handful of row tiles each looping over all of K leave most SMs idle.
-`lora_shrink_triton` / `lora_expand_triton` take the variant by name, so the kernel benchmark compares them
-(benchmarks/lora/bench_lora_kernels.py). Nothing reads the host: `token_lora` is a device tensor, so adapters may
-change between graph replays without recapture.
+Launch shapes, chosen from the token count alone (a CUDA graph captured at one size freezes one), from the kernel
+benchmark on an H100 (benchmarks/lora/bench_lora_kernels.py; docs/lora.md "Speed"):
+- shrink: up to `SPLIT_K_MAX_TOKENS` tokens the segment kernel with K cut into `MAX_SPLITS` ranges, float32
+  partials out (at a decode batch, a handful of row tiles each looping over all of K left most SMs idle: 2x slower
+  at 8-512 tokens); above it the segment kernel over all of K, one program per (tile of tokens, adapter slot): a
+  request's tokens are contiguous, so a tile is one segment of one adapter, and a program whose tile has no token
+  of its adapter exits before reading any weight. The per-row kernel (one program per token row) stays selectable.
+- expand: up to `ROW_EXPAND_MAX_TOKENS` tokens the per-row kernel, one program per (token row, column tile) that
+  reads its own adapter only (with many adapters in a batch the segment kernel repeats each tile's dot per
+  adapter); above it the segment kernel, which sums the shrink's partials as it loads them.
+`lora_shrink_triton` / `lora_expand_triton` take the variant by name, so the kernel benchmark compares them.
+Nothing reads the host: `token_lora` is a device tensor, so adapters may change between graph replays without
+recapture.
 """
 
 from __future__ import annotations
@@ -37,12 +41,13 @@ from framework.layers.kernels.backend import triton_enabled
 from framework.layers.kernels.launch_math import cdiv, next_power_of_2
 from framework.layers.kernels.triton_norm_silu import interpreter_upcast
 
-# Up to this many tokens a step takes the per-row kernels (decode batches), above it the segment kernels.
-PER_ROW_MAX_TOKENS = 64
-# Above PER_ROW_MAX_TOKENS and up to this many tokens the shrink splits K over programs (0: never). Off until the
-# kernel benchmark on the GPU shows where splitting wins; the expand reads either output.
-SPLIT_K_MAX_TOKENS = 0
-MAX_SPLITS = 8  # K ranges of a split shrink at most (expand reads every range's partial of each row)
+# Token counts of the default launches, from the kernel benchmark (H100, Qwen3-0.6B projections, rank 16, 1 and 8
+# adapters): one decoder layer's LoRA takes 24-51 us at 8-256 tokens this way against 41-67 us with the per-row
+# shrink and expand up to 64 tokens and segment launches above; the one case it loses is a single adapter at 256
+# tokens (49 against 43 us). At 512 tokens the segment launches win (docs/lora.md "Speed").
+SPLIT_K_MAX_TOKENS = 256  # shrink: split K up to here, segment over all of K above
+ROW_EXPAND_MAX_TOKENS = 256  # expand: per row up to here, segment above
+MAX_SPLITS = 4  # K ranges of a split shrink at most (expand reads every range's partial of each row)
 MIN_SPLIT_K = 256  # K columns per range at least: below, a program's loop is too short to pay for its partial
 SHRINK_VARIANTS = ("row", "segment", "split")
 EXPAND_VARIANTS = ("row", "segment")
@@ -263,11 +268,9 @@ def _block_r(rank: int) -> int:
 
 
 def shrink_plan(num_tokens: int, k: int) -> tuple[str, int]:
-    """The default shrink variant and its K ranges for a step of `num_tokens` tokens over `k` input columns: per
-    row up to `PER_ROW_MAX_TOKENS`, split K up to `SPLIT_K_MAX_TOKENS`, else segment (a function of the shapes
-    alone, so a CUDA graph captured at one size keeps one launch)."""
-    if num_tokens <= PER_ROW_MAX_TOKENS:
-        return "row", 1
+    """The default shrink variant and its K ranges for a step of `num_tokens` tokens over `k` input columns: split K
+    up to `SPLIT_K_MAX_TOKENS` (K / `MIN_SPLIT_K` ranges, at most `MAX_SPLITS`), else segment (a function of the
+    shapes alone, so a CUDA graph captured at one size keeps one launch)."""
     if num_tokens <= SPLIT_K_MAX_TOKENS:
         return "split", max(1, min(MAX_SPLITS, k // MIN_SPLIT_K))
     return "segment", 1
@@ -322,14 +325,14 @@ def lora_expand_triton(
     variant: Optional[str] = None,
 ) -> None:
     """The Triton expand, in place. `variant`: "row" (one program per (token row, column tile)) or "segment" (per
-    tile of rows, column tile and slot); None: row up to `PER_ROW_MAX_TOKENS` tokens, segment above. With `parts`,
+    tile of rows, column tile and slot); None: row up to `ROW_EXPAND_MAX_TOKENS` tokens, segment above. With `parts`,
     one launch for every part (column tiles from the layout's tables, so the grid is fixed per group)."""
     num_tokens, n = y.shape
     num_slots, _, rank = lora_b.shape
     if parts is not None:
         _check_parts(y, xa, lora_b, parts)
     if variant is None:
-        variant = "row" if num_tokens <= PER_ROW_MAX_TOKENS else "segment"
+        variant = "row" if num_tokens <= ROW_EXPAND_MAX_TOKENS else "segment"
     if variant not in EXPAND_VARIANTS:
         raise ValueError(f"unknown LoRA expand variant {variant!r}; expected one of {EXPAND_VARIANTS}")
     if num_tokens == 0:
