@@ -46,7 +46,8 @@ step() { # name, limit (s), command...: the command's log in OUT/name/log.txt, G
       --format=csv -lms 500 >"$out/$name/smi.csv" 2>/dev/null &
     smi=$!
   fi
-  timeout "$limit" "$@" >"$out/$name/log.txt" 2>&1
+  # SIGINT first: pytest stops like a Ctrl-C and still writes its junit XML and summary (what passed, what failed)
+  timeout -s INT -k 30 "$limit" "$@" >"$out/$name/log.txt" 2>&1
   local rc=$?
   [ -n "$smi" ] && kill "$smi" 2>/dev/null
   echo "== $name rc=$rc $((SECONDS - t0))s" | tee -a "$out/summary.log"
