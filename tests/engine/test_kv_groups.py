@@ -19,7 +19,14 @@ import pytest
 import torch
 from helpers.fake_graphs import StaticInputsCapturer
 from helpers.graph_lockstep import record_replays
-from helpers.hf_models import TinySpec, hf_greedy, random_prompts, save_tiny_checkpoint
+from helpers.hf_models import (
+    TINY_GEMMA3_LAYERS,
+    TINY_GEMMA3_WINDOW,
+    TinySpec,
+    hf_greedy,
+    random_prompts,
+    save_tiny_checkpoint,
+)
 
 from framework.engine.scheduler.kv_groups import GroupedKVCacheManager
 from framework.entrypoints.llm import LLM
@@ -27,22 +34,13 @@ from framework.entrypoints.llm_config import config_from_kwargs
 from framework.models.setup import blocks_per_request
 from framework.params.sampling_params import SamplingParams
 
-WINDOW, BLOCK, MAX_TOKENS, MAX_MODEL_LEN = 8, 4, 16, 96
+WINDOW, BLOCK, MAX_TOKENS, MAX_MODEL_LEN = TINY_GEMMA3_WINDOW, 4, 16, 96
 SPECS = {
     "gemma3": TinySpec(
         "gemma3-groups",
         "Gemma3ForCausalLM",
         "Gemma3TextConfig",
-        {
-            "num_hidden_layers": 3,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "sliding_window": WINDOW,
-            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
-            "query_pre_attn_scalar": 24,
-            "tie_word_embeddings": True,
-            "initializer_range": 0.05,
-        },
+        {**TINY_GEMMA3_LAYERS, "initializer_range": 0.05},
         seed=7,
     ),
     "gpt_oss": TinySpec(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.hf_models import TinySpec, random_prompts, save_tiny_checkpoint
+from helpers.hf_models import TINY_GEMMA3_LAYERS, TINY_GEMMA3_WINDOW, TinySpec, random_prompts, save_tiny_checkpoint
 
 from framework.config.app import BenchConfig
 from framework.entrypoints.bench import kv_footprint
@@ -25,20 +25,12 @@ from framework.entrypoints.bench.throughput import BenchResult, Workload, bench_
 from framework.entrypoints.llm import LLM
 from framework.entrypoints.llm_config import config_from_kwargs
 
-WINDOW, BLOCK, CHUNK = 8, 4, 8
+WINDOW, BLOCK, CHUNK = TINY_GEMMA3_WINDOW, 4, 8
 SPEC = TinySpec(
     "gemma3-footprint",
     "Gemma3ForCausalLM",
     "Gemma3TextConfig",
-    {
-        "num_hidden_layers": 3,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "sliding_window": WINDOW,
-        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
-        "query_pre_attn_scalar": 24,
-        "tie_word_embeddings": True,
-    },
+    TINY_GEMMA3_LAYERS,
     seed=11,
 )
 WORKLOAD = Workload(random_prompts(2, 40, 40, seed=5), [32, 32])

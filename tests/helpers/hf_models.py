@@ -16,6 +16,17 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 VOCAB_SIZE = 256
+# A tiny Gemma 3 text model's layers: two 8-token window layers and one full layer (KV groups, windows, parity).
+TINY_GEMMA3_WINDOW = 8
+TINY_GEMMA3_LAYERS: dict[str, Any] = {
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "sliding_window": TINY_GEMMA3_WINDOW,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    "query_pre_attn_scalar": 24,
+    "tie_word_embeddings": True,
+}
 
 
 @dataclass(frozen=True)

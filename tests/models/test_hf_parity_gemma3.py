@@ -22,7 +22,14 @@ import torch
 import transformers
 from helpers.fake_graphs import StaticInputsCapturer
 from helpers.graph_lockstep import record_replays
-from helpers.hf_models import TinySpec, hf_greedy, hf_logits, save_tiny_checkpoint
+from helpers.hf_models import (
+    TINY_GEMMA3_LAYERS,
+    TINY_GEMMA3_WINDOW,
+    TinySpec,
+    hf_greedy,
+    hf_logits,
+    save_tiny_checkpoint,
+)
 from test_hf_parity import LOGITS_ATOL, LOGITS_RTOL, MAX_MODEL_LEN, MAX_TOKENS, PROMPTS, SCENARIOS, run_mrv2
 
 from framework.entrypoints.llm import LLM
@@ -30,16 +37,10 @@ from framework.models.gemma3_config import Gemma3Config
 from framework.models.hf_config import UnsupportedModelError
 from framework.params.sampling_params import SamplingParams
 
-WINDOW = 8
+WINDOW = TINY_GEMMA3_WINDOW
 TEXT = {
-    "num_hidden_layers": 3,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "sliding_window": WINDOW,
-    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
-    "query_pre_attn_scalar": 24,
+    **TINY_GEMMA3_LAYERS,
     "final_logit_softcapping": 30.0,
-    "tie_word_embeddings": True,
     "initializer_range": 0.05,  # tied embeddings scaled by sqrt(hidden): 0.2 makes greedy repeat one token
     "rope_parameters": {
         "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
