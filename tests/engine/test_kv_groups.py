@@ -14,6 +14,7 @@ block too many changes the outputs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 import torch
@@ -91,25 +92,27 @@ def _poison_released_blocks(llm: LLM) -> list[int]:
     released block that caches a prefix keeps its KV until then, as the prefix cache promises. Returns a
     one-element count of poisoned blocks."""
     kv, caches, count = llm.engine.kv_cache, llm.engine.runner.kv_caches, [0]
-    release, take, gen = kv._release, kv._take_free_block, torch.Generator().manual_seed(0)
+    release, take, gen = kv._release_blocks, kv._take_free_blocks, torch.Generator().manual_seed(0)
 
     def poison(block: int) -> None:
         count[0] += 1
         for cache in caches:
             cache[:, block] = 10 * torch.randn(cache[:, block].shape, generator=gen)
 
-    def poisoning_release(block: int) -> None:
-        release(block)
-        if kv.ref_count(block) == 0 and kv._block_hash[block] is None:
+    def poisoning_release(blocks: Sequence[int]) -> None:
+        release(blocks)
+        for block in blocks:
+            if kv.ref_count(block) == 0 and kv._block_hash[block] is None:
+                poison(block)
+
+    def poisoning_take(num: int) -> list[int]:
+        blocks = take(num)
+        for block in blocks:
             poison(block)
+        return blocks
 
-    def poisoning_take() -> int:
-        block = take()
-        poison(block)
-        return block
-
-    kv._release = poisoning_release  # type: ignore[method-assign]
-    kv._take_free_block = poisoning_take  # type: ignore[method-assign]
+    kv._release_blocks = poisoning_release  # type: ignore[method-assign]
+    kv._take_free_blocks = poisoning_take  # type: ignore[method-assign]
     return count
 
 

@@ -127,7 +127,7 @@ def test_eviction_takes_uncached_blocks_first_then_least_recently_freed():
     kv.free("a")  # a's cached blocks join the back last-block-first, its partial block the front
     kv.free("b")
     assert kv.num_cached_blocks == 3
-    order = [kv._take_free_block() for _ in range(6)]
+    order = kv._take_free_blocks(6)
     assert order[:3] == [blocks_b[1], blocks_a[2], 5]  # uncached (b's partial freed last: at the very front)
     assert order[3:] == [blocks_a[1], blocks_a[0], blocks_b[0]]  # cached, least recently freed first
     assert kv.num_cached_blocks == 0  # every cached block was evicted on the way out

@@ -12,6 +12,7 @@ many (a window one block shorter than the model's) with the same poisoning chang
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 import torch
@@ -144,16 +145,17 @@ def _poison_released_blocks(llm: LLM) -> list[int]:
     """Overwrite every block whose last reference goes away with large random K/V in every layer (what another
     request's KV would do once the block is handed out again); returns a one-element count of poisoned blocks."""
     kv, caches, count = llm.engine.kv_cache, llm.engine.runner.kv_caches, [0]
-    release, gen = kv._release, torch.Generator().manual_seed(0)
+    release, gen = kv._release_blocks, torch.Generator().manual_seed(0)
 
-    def poisoning_release(block: int) -> None:
-        release(block)
-        if kv.ref_count(block) == 0:
-            count[0] += 1
-            for cache in caches:
-                cache[:, block] = 10 * torch.randn(cache[:, block].shape, generator=gen)
+    def poisoning_release(blocks: Sequence[int]) -> None:
+        release(blocks)
+        for block in blocks:
+            if kv.ref_count(block) == 0:
+                count[0] += 1
+                for cache in caches:
+                    cache[:, block] = 10 * torch.randn(cache[:, block].shape, generator=gen)
 
-    kv._release = poisoning_release  # type: ignore[method-assign]
+    kv._release_blocks = poisoning_release  # type: ignore[method-assign]
     return count
 
 

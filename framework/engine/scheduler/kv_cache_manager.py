@@ -159,7 +159,7 @@ class KVCacheManager:
             if self._ref_cnt[block] == 0:
                 del self._free[block]
             self._ref_cnt[block] += 1
-        new = [self._take_free_block() for _ in range(max(need, 0))]
+        new = self._take_free_blocks(max(need, 0))
         blocks = self._blocks.setdefault(request_id, [])
         blocks.extend(cached_blocks)
         blocks.extend(new)
@@ -167,9 +167,21 @@ class KVCacheManager:
             self._num_published[request_id] = len(cached_blocks)
         return new
 
-    def _take_free_block(self) -> int:
-        """The next block in eviction order; a cached one loses its hash (evicted)."""
-        block, _ = self._free.popitem(last=False)
+    def _take_free_blocks(self, count: int) -> list[int]:
+        """The next `count` blocks in eviction order, each held once; a cached one loses its hash (evicted). One
+        call per allocation: a prefill chunk takes a block per position block (per KV group, with groups)."""
+        pop, block_hashes, ref_cnt = self._free.popitem, self._block_hash, self._ref_cnt
+        taken = []
+        for _ in range(count):
+            block, _ = pop(last=False)
+            if block_hashes[block] is not None:
+                self._evict(block)
+            ref_cnt[block] = 1
+            taken.append(block)
+        return taken
+
+    def _evict(self, block: int) -> None:
+        """`block`, just taken from the free queue, stops caching its prefix."""
         block_hash = self._block_hash[block]
         if block_hash is not None:
             self._block_hash[block] = None
@@ -180,8 +192,6 @@ class KVCacheManager:
             for observer in self._eviction_observers:  # first: a tier keeping the block reads its snapshot
                 observer(block, block_hash)
             self.hooks.on_evicted(block, block_hash)
-        self._ref_cnt[block] = 1
-        return block
 
     def cache_blocks(self, request: HashableRequest, num_tokens: int) -> list[tuple[int, int]]:
         """Publish the request's full blocks within its first `num_tokens` positions (their KV is computed by
@@ -227,16 +237,19 @@ class KVCacheManager:
         uncached ones at the front, cached ones at the back, the request's last block first."""
         self._num_published.pop(request_id, None)
         self._num_released.pop(request_id, None)
-        for block in reversed(self._blocks.pop(request_id, ())):
-            if block != NO_BLOCK:
-                self._release(block)
+        self._release_blocks([block for block in reversed(self._blocks.pop(request_id, ())) if block != NO_BLOCK])
 
-    def _release(self, block: int) -> None:
-        self._ref_cnt[block] -= 1
-        if self._ref_cnt[block] == 0:
-            self._free[block] = None
-            if self._block_hash[block] is None:
-                self._free.move_to_end(block, last=False)
+    def _release_blocks(self, blocks: Sequence[int]) -> None:
+        """Drop one reference to each of `blocks`, in order (every release goes through here: one call per request
+        freed or per window release, not one per block); a block nobody holds joins the free queue, at the front
+        if it caches no prefix."""
+        ref_cnt, free, block_hash = self._ref_cnt, self._free, self._block_hash
+        for block in blocks:
+            ref_cnt[block] -= 1
+            if not ref_cnt[block]:
+                free[block] = None
+                if block_hash[block] is None:
+                    free.move_to_end(block, last=False)
 
     def release_out_of_window(self, request_id: str, first_position: int) -> None:
         """Give back the request's blocks wholly before the window of position `first_position` (no query from
@@ -247,10 +260,9 @@ class KVCacheManager:
         if first_kept <= released:
             return
         blocks = self._blocks[request_id]
-        for index in range(released, min(first_kept, len(blocks))):
-            if blocks[index] != NO_BLOCK:
-                self._release(blocks[index])
-                blocks[index] = NO_BLOCK
+        end = min(first_kept, len(blocks))
+        self._release_blocks([block for block in blocks[released:end] if block != NO_BLOCK])
+        blocks[released:end] = [NO_BLOCK] * max(end - released, 0)
         self._num_released[request_id] = first_kept
 
     def reset_prefix_cache(self) -> None:

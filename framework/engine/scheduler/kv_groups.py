@@ -32,7 +32,10 @@ class GroupedHit(list):  # type: ignore[type-arg]
 
 def group_key(block_hash: BlockHash, group: int) -> BlockHash:
     """The prefix-cache key of group `group`'s block for the prefix `block_hash` (group 0: the hash itself)."""
-    return block_hash if group == 0 else bytes([group]) + block_hash
+    return block_hash if group == 0 else _GROUP_PREFIXES[group] + block_hash
+
+
+_GROUP_PREFIXES = tuple(bytes([group]) for group in range(256))  # built once: keys are made per block per group
 
 
 class GroupedKVCacheManager(KVCacheManager):
@@ -80,8 +83,18 @@ class GroupedKVCacheManager(KVCacheManager):
         if not self.enable_prefix_caching:
             return []
         hashes = extend_block_hashes(request, num_tokens, self.block_size)[: num_tokens // self.block_size]
+        # A hit of n blocks needs group 0 (full) to cache blocks 0 .. n - 1: no group is looked up past group 0's
+        # first miss (a new prompt costs one lookup, not one per block per group).
+        lookup = self._cached.get
+        group0: list[Optional[int]] = []
+        for h in hashes:
+            block = lookup(h)
+            if block is None:
+                break
+            group0.append(block)
+        hashes = hashes[: len(group0)]
         groups = range(self.num_groups)
-        cached = [[self._cached.get(group_key(h, g)) for h in hashes] for g in groups]
+        cached = [group0] + [[lookup(_GROUP_PREFIXES[g] + h) for h in hashes] for g in groups[1:]]
         n = self._longest_hit(cached)
         firsts = [self._first_read(g, n) for g in groups]
         interleaved = [
@@ -130,7 +143,7 @@ class GroupedKVCacheManager(KVCacheManager):
             if self._ref_cnt[block] == 0:
                 del self._free[block]
             self._ref_cnt[block] += 1
-        new = [self._take_free_block() for _ in range(max(need, 0))]
+        new = self._take_free_blocks(max(need, 0))
         added = hit + new
         self._blocks.setdefault(request_id, []).extend(added)
         self._position_blocks.setdefault(request_id, []).extend(added[0::groups])
@@ -141,18 +154,19 @@ class GroupedKVCacheManager(KVCacheManager):
     def release_out_of_window(self, request_id: str, first_position: int) -> None:
         """Give back every window group's blocks wholly before the window of position `first_position` (oldest
         first); full groups keep theirs."""
-        blocks, groups = self._blocks[request_id], self.num_groups
+        blocks, groups, block_size = self._blocks[request_id], self.num_groups, self.block_size
         released = self._group_released[request_id]
         num_position_blocks = len(blocks) // groups
         for group, window in enumerate(self.group_windows):
             if not window:
-                continue
-            first_kept = min(max(first_position - window + 1, 0) // self.block_size, num_position_blocks)
-            for index in range(group + released[group] * groups, group + first_kept * groups, groups):
-                if blocks[index] != NO_BLOCK:
-                    self._release(blocks[index])
-                    blocks[index] = NO_BLOCK
-            released[group] = max(released[group], first_kept)
+                continue  # a full group keeps every block
+            first_kept = min(max(first_position - window + 1, 0) // block_size, num_position_blocks)
+            if first_kept <= released[group]:
+                continue  # every decode step but one in block_size: nothing new falls out of the window
+            run = slice(group + released[group] * groups, group + first_kept * groups, groups)  # group's entries
+            self._release_blocks([block for block in blocks[run] if block != NO_BLOCK])
+            blocks[run] = [NO_BLOCK] * (first_kept - released[group])
+            released[group] = first_kept
 
     def cache_blocks(self, request: HashableRequest, num_tokens: int) -> list[tuple[int, int]]:
         """Publish every group's blocks of the request's full position blocks within its first `num_tokens`
@@ -170,14 +184,18 @@ class GroupedKVCacheManager(KVCacheManager):
             return []
         hashes = extend_block_hashes(request, end * bs, bs)
         offered = []
+        cached, block_hash, on_cached, prefixes = self._cached, self._block_hash, self.hooks.on_cached, _GROUP_PREFIXES
         for index in range(start, end):
-            for group in range(groups):
-                block, key = blocks[index * groups + group], group_key(hashes[index], group)
-                if block != NO_BLOCK and self._block_hash[block] is None and key not in self._cached:
-                    self._block_hash[block] = key
-                    self._cached[key] = block
-                    self.hooks.on_cached(block, key)
-            holder = self._cached.get(hashes[index])
+            position_hash = hashes[index]
+            for group, block in enumerate(blocks[index * groups : (index + 1) * groups]):
+                if block == NO_BLOCK or block_hash[block] is not None:
+                    continue  # given back, or already caching a prefix (a hit block)
+                key = prefixes[group] + position_hash if group else position_hash  # `group_key`, inlined
+                if key not in cached:
+                    block_hash[block] = key
+                    cached[key] = block
+                    on_cached(block, key)
+            holder = cached.get(position_hash)
             if holder is not None:
                 offered.append((index, holder))
         self._num_published[request_id] = end
