@@ -16,7 +16,12 @@ from framework.layers.attention import triton_paged_attention as tpa
 from framework.layers.attention import triton_prefill_attention as tpf
 from framework.layers.attention.kv_groups import group_metadata
 from framework.layers.attention.paged import store_kv_reference
-from framework.layers.kernels.block_table import compute_kv_slot_mapping_reference, compute_kv_slot_mapping_triton
+from framework.layers.kernels.block_table import (
+    compute_kv_slot_mapping_reference,
+    compute_kv_slot_mapping_triton,
+    group_kv_slot_mapping_reference,
+    group_kv_slot_mapping_triton,
+)
 from framework.params.kv_groups import kv_group_layout
 
 BLOCK_SIZE = 8
@@ -90,3 +95,29 @@ def test_slot_mapping_kernel_reads_a_group_view() -> None:
     view = wide[:, 2 * width :]
     expected = compute_kv_slot_mapping_reference(token_rows, positions, view, BLOCK_SIZE, 7)
     torch.testing.assert_close(compute_kv_slot_mapping_triton(token_rows, positions, view, BLOCK_SIZE, 7), expected)
+
+
+def test_every_groups_slots_in_one_launch_equal_each_groups_own() -> None:
+    """`group_kv_slot_mapping` (reference and Triton kernel) equals, row g - 1, the slot map computed from group
+    g's columns alone, with -1 wherever group 0's slot is -1 (padding: mid-batch and at the end)."""
+    _, wide, width = _case_with_wide_table()
+    token_rows = torch.tensor([0, 1, 1, 2, 3, 0, 2], dtype=torch.int64)
+    positions = torch.tensor([70, 0, 36, 50, 5, 0, 61], dtype=torch.int64)
+    group0 = compute_kv_slot_mapping_reference(token_rows, positions, wide[:, :width], BLOCK_SIZE)
+    group0[5] = -1  # a padding token inside the step (a dummy row's): stores in no group
+    expected = torch.stack(
+        [
+            torch.where(
+                group0 >= 0,
+                compute_kv_slot_mapping_reference(
+                    token_rows, positions, wide[:, g * width : (g + 1) * width], BLOCK_SIZE
+                ),
+                -1,
+            )
+            for g in (1, 2)
+        ]
+    )
+    reference = group_kv_slot_mapping_reference(token_rows, positions, group0, wide, 3, BLOCK_SIZE)
+    triton_out = group_kv_slot_mapping_triton(token_rows, positions, group0, wide, 3, BLOCK_SIZE)
+    assert torch.equal(reference, expected) and torch.equal(triton_out, expected)
+    assert (expected[:, 5] == -1).all() and (expected >= 0).sum() == 12

@@ -38,6 +38,22 @@ def compute_kv_slot_mapping_reference(
     return kv_slots
 
 
+def group_kv_slot_mapping_reference(
+    token_rows: torch.Tensor,  # [T] int64: batch_row of each token
+    positions: torch.Tensor,  # [T] int64
+    group0_slots: torch.Tensor,  # [T] int64: group 0's KV slot of each token (negative: padding, stores nothing)
+    block_tables: torch.Tensor,  # [R, G * M] int32: group g's table in columns g * M .. (g + 1) * M
+    num_groups: int,  # G
+    block_size: int,
+) -> torch.Tensor:
+    """[G - 1, T] int64: the KV slot of each token in KV groups 1 .. G - 1 (row g - 1: group g), read from each
+    group's columns; PAD_KV_SLOT wherever group 0's slot is negative (a padding token stores in no group)."""
+    tables = block_tables.unflatten(1, (num_groups, block_tables.shape[1] // num_groups))[:, 1:]  # [R, G - 1, M]
+    blocks = tables[token_rows, :, positions // block_size].long()  # [T, G - 1]
+    slots = blocks * block_size + (positions % block_size)[:, None]
+    return torch.where(group0_slots[:, None] >= 0, slots, PAD_KV_SLOT).T.contiguous()
+
+
 # ---- Triton kernels ------------------------------------------------------------------------------------
 
 
@@ -114,6 +130,59 @@ def compute_kv_slot_mapping_triton(
     return out
 
 
+@triton.jit(do_not_specialize=["num_tokens"])  # per-step sizes: no recompiles mid-run
+def _group_kv_slot_mapping_kernel(
+    token_rows_ptr,
+    positions_ptr,
+    group0_slots_ptr,
+    table_ptr,
+    table_stride,
+    group_width,
+    out_ptr,
+    num_tokens,
+    block_size,
+    BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    group = tl.program_id(1) + 1  # groups 1 .. G - 1: group 0's slots are the step's own
+    valid = t < num_tokens
+    stores = valid & (tl.load(group0_slots_ptr + t, mask=valid, other=-1) >= 0)
+    row = tl.load(token_rows_ptr + t, mask=stores, other=0)
+    pos = tl.load(positions_ptr + t, mask=stores, other=0)
+    column = group * group_width + pos // block_size
+    block = tl.load(table_ptr + row * table_stride + column, mask=stores, other=0).to(tl.int64)
+    kv_slot = tl.where(stores, block * block_size + pos % block_size, -1)
+    tl.store(out_ptr + (group - 1).to(tl.int64) * num_tokens + t, kv_slot, mask=valid)
+
+
+def group_kv_slot_mapping_triton(
+    token_rows: torch.Tensor,
+    positions: torch.Tensor,
+    group0_slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    num_groups: int,
+    block_size: int,
+) -> torch.Tensor:
+    """Triton version of `group_kv_slot_mapping_reference`: one launch for every group (one per group, plus a
+    masking `where` each, before)."""
+    num_tokens = positions.numel()
+    out = torch.empty(num_groups - 1, num_tokens, dtype=torch.int64, device=positions.device)
+    if num_tokens and num_groups > 1:
+        _group_kv_slot_mapping_kernel[(cdiv(num_tokens, 1024), num_groups - 1)](
+            token_rows,
+            positions,
+            group0_slots,
+            block_tables,
+            block_tables.stride(0),
+            block_tables.shape[1] // num_groups,
+            out,
+            num_tokens,
+            block_size,
+            BLOCK=1024,
+        )
+    return out
+
+
 def gather_block_tables(idx_mapping: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     """Dispatching gather: Triton on CUDA, the reference elsewhere."""
     fn = gather_block_tables_triton if idx_mapping.is_cuda else gather_block_tables_reference
@@ -130,3 +199,16 @@ def compute_kv_slot_mapping(
     """Dispatching KV-slot mapping: Triton on CUDA, the reference elsewhere."""
     fn = compute_kv_slot_mapping_triton if positions.is_cuda else compute_kv_slot_mapping_reference
     return fn(token_rows, positions, batch_block_table, block_size, num_padded_tokens)
+
+
+def group_kv_slot_mapping(
+    token_rows: torch.Tensor,
+    positions: torch.Tensor,
+    group0_slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    num_groups: int,
+    block_size: int,
+) -> torch.Tensor:
+    """Dispatching per-group KV-slot mapping: Triton on CUDA, the reference elsewhere."""
+    fn = group_kv_slot_mapping_triton if positions.is_cuda else group_kv_slot_mapping_reference
+    return fn(token_rows, positions, group0_slots, block_tables, num_groups, block_size)
