@@ -1,6 +1,7 @@
 """The grouped KV manager's per-step paths against their definitions: `find_cached_blocks` (which looks no group
 up past group 0's first miss), `cache_blocks` and `release_out_of_window` (which give back through one
-`_release_blocks` call per group, the hook the engine tests poison released blocks through)."""
+`_release_blocks` call per group, the hook the engine tests poison released blocks through), and `allocate`, which
+hands each group a run of the free queue."""
 
 from __future__ import annotations
 
@@ -96,3 +97,15 @@ def test_publications_and_releases_follow_their_definitions() -> None:
     assert len(released) == len(set(released)) and set(released) <= set(taken)
     kv.free("a")
     assert sorted(released) == sorted(taken) and kv.num_free_blocks == 1024
+
+
+def test_each_group_takes_a_run_of_the_free_queue() -> None:
+    """A chunk's new blocks, on a fresh pool: each group's are consecutive ids (its K/V side by side in the KV
+    tensors), still listed interleaved (position block j of group g at j * G + g)."""
+    kv = GroupedKVCacheManager(256, BLOCK, WINDOWS)
+    new = kv.allocate("a", 10 * BLOCK)
+    assert new is not None and sorted(new) == list(range(40))
+    groups = len(WINDOWS)
+    for g in range(groups):
+        assert new[g::groups] == list(range(g * 10, (g + 1) * 10))
+    assert kv.blocks_of("a") == new

@@ -143,7 +143,11 @@ class GroupedKVCacheManager(KVCacheManager):
             if self._ref_cnt[block] == 0:
                 del self._free[block]
             self._ref_cnt[block] += 1
-        new = self._take_free_blocks(max(need, 0))
+        taken = self._take_free_blocks(max(need, 0))
+        # Each group takes a run of the free queue (on a fresh pool, consecutive ids), interleaved afterwards: a
+        # group's position blocks then lie side by side in the KV tensors rather than G blocks apart.
+        per_group = len(taken) // groups
+        new = [taken[group * per_group + j] for j in range(per_group) for group in range(groups)]
         added = hit + new
         self._blocks.setdefault(request_id, []).extend(added)
         self._position_blocks.setdefault(request_id, []).extend(added[0::groups])
