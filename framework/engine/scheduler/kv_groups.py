@@ -146,8 +146,9 @@ class GroupedKVCacheManager(KVCacheManager):
         taken = self._take_free_blocks(max(need, 0))
         # Each group takes a run of the free queue (on a fresh pool, consecutive ids), interleaved afterwards: a
         # group's position blocks then lie side by side in the KV tensors rather than G blocks apart.
-        per_group = len(taken) // groups
-        new = [taken[group * per_group + j] for j in range(per_group) for group in range(groups)]
+        per_group, new = len(taken) // groups, list(taken)
+        for group in range(groups):
+            new[group::groups] = taken[group * per_group : (group + 1) * per_group]
         added = hit + new
         self._blocks.setdefault(request_id, []).extend(added)
         self._position_blocks.setdefault(request_id, []).extend(added[0::groups])
