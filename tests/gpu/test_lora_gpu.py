@@ -128,7 +128,7 @@ def test_graph_replays_follow_the_token_map_without_a_host_sync(
     each replay equals the reference for the map of that replay. Eager calls queue without a host sync. Per-row
     kernels at 32 tokens; at 256 the split-K shrink (its partials summed by the segment expand)."""
     monkeypatch.setattr(lora, "SPLIT_K_MAX_TOKENS", split_max)
-    tokens = LoraTokens(num_tokens, torch.device(DEVICE))
+    tokens = LoraTokens(num_tokens, SLOTS, torch.device(DEVICE))
     shapes = [ProjectionShape(1024, 2048), ProjectionShape(1024, 1024), ProjectionShape(1024, 1024)]
     group = LoraGroup(0, ("q_proj", "k_proj", "v_proj"), shapes, SLOTS, RANK, tokens, DTYPE, torch.device(DEVICE))
     group.lora_a.normal_(std=0.03)
