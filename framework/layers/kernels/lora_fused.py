@@ -229,7 +229,8 @@ def lora_shrink_expand_triton(
     block_n: int = FUSED_BLOCK_N,
     block_m: int = FUSED_BLOCK_M,
 ) -> None:
-    """The fused shrink + expand, in place: one launch of `(L, cdiv(T, block_m), column tiles)` programs."""
+    """The fused shrink + expand, in place: one launch of `(L, cdiv(T, block_m), column tiles)` programs (8 warps
+    for 512-column tiles: with 4, ptxas spills the merged-projection variant at 255 registers)."""
     num_tokens, n = y.shape
     k = x.shape[1]
     num_slots, _, rank = lora_b.shape
@@ -247,7 +248,7 @@ def lora_shrink_expand_triton(
         y, x, lora_a, lora_b, sorted_rows, slot_bounds, tiles, num_tokens, k, n, rank,
         y.stride(0), x.stride(0), lora_a.stride(0), lora_a.stride(1), lora_b.stride(0), lora_b.stride(1),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=_block_r(rank), BLOCK_K=FUSED_BLOCK_K, PARTS=parts is not None,
-        **_dot_options(x.dtype),
+        num_warps=8 if block_n >= 512 else 4, **_dot_options(x.dtype),
     )  # fmt: skip
 
 
