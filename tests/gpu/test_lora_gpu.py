@@ -130,7 +130,7 @@ def test_split_shrink_partials_at_real_shapes(geometry: str, group: str, num_tok
         assert torch.equal(got[~has], out[~has]), "a row without an adapter was written"
 
 
-@pytest.mark.parametrize("num_tokens,block_n", [(1, 512), (8, 128), (64, 256), (256, 128), (4096, 512)])
+@pytest.mark.parametrize("num_tokens,block_n", [(1, 512), (64, 256), (4096, 128)])
 @pytest.mark.parametrize("group", ["qkv", "o", "gate_up", "down"])
 @pytest.mark.parametrize("geometry", list(GROUPS))
 def test_grouped_launches_equal_reference_at_real_shapes(
