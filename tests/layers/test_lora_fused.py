@@ -148,26 +148,29 @@ def test_shapes_are_checked() -> None:
         lora_shrink_expand_triton(y, x, a, b, rows, bounds, LoraPartLayout([0, 20, 48], CPU))
 
 
-def _view_segments(tokens: LoraTokens, num_tokens: int) -> tuple[list[int], list[int]]:
+def _view_segments(tokens: LoraTokens) -> tuple[list[int], list[int]]:
     bounds = tokens.slot_bounds.tolist()
     return tokens.sorted_rows[bounds[0] : bounds[-1]].tolist(), [b - bounds[0] for b in bounds]
 
 
-def test_token_buffer_stages_a_step_in_one_contiguous_copy() -> None:
+def test_token_buffer_stages_a_step_in_one_contiguous_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """`stage` lays a step out so one copy of its range writes the map and the sorted layout; a later step with
-    fewer tokens and no adapter clears what the earlier one wrote."""
+    fewer tokens and no adapter clears what the earlier one wrote; a step above `FUSED_MAX_TOKENS` (whose forwards
+    never read the layout) sends it empty rather than leave an earlier step's segments."""
+    monkeypatch.setattr(lora_fused, "FUSED_MAX_TOKENS", 8)
     tokens = LoraTokens(max_tokens=13, max_loras=3, device=CPU)
     assert tokens.slot_bounds.tolist() == [tokens.rows_end] * 4  # nothing staged yet: every segment empty
     host = np.zeros(tokens.buffer.shape[0], dtype=np.int32)
-    steps = [(np.array([2, 2, -1, 0, 1, 1, 0, 2], dtype=np.int32), 8), (np.full(5, -1, dtype=np.int32), 8)]
-    for per_token, count in steps:
+    mixed = np.array([2, 2, -1, 0, 1, 1, 0, 2], dtype=np.int32)
+    big = np.array([1, 0] * 6, dtype=np.int32)
+    steps = [(mixed, 8, True), (np.full(5, -1, dtype=np.int32), 8, True), (mixed, 8, True), (big, 12, False)]
+    for per_token, count, grouped in steps:
         host[:] = 99  # whatever the host buffer held: only the returned range is copied
         start, stop = tokens.stage(host, per_token, count)
         tokens.buffer[start:stop] = torch.from_numpy(host[start:stop])
-        want_rows, want_bounds = lora_segments(per_token, 3)
-        assert _view_segments(tokens, len(per_token)) == (want_rows.tolist(), want_bounds.tolist())
+        want_rows, want_bounds = lora_segments(per_token if grouped else per_token[:0], 3)
+        assert _view_segments(tokens) == (want_rows.tolist(), want_bounds.tolist())
         assert tokens.token_lora[:count].tolist() == [*per_token.tolist(), *[-1] * (count - len(per_token))]
-    assert tokens.token_lora.tolist() == [-1] * 13
 
 
 @pytest.mark.parametrize("parts", [("q_proj", "k_proj", "v_proj"), ("o_proj",)])
@@ -182,13 +185,8 @@ def test_group_takes_the_fused_launch_when_opted_in(parts: tuple[str, ...], monk
     gen = torch.Generator().manual_seed(28)
     group.lora_a.copy_(torch.randn(group.lora_a.shape, generator=gen) * 0.2)
     group.lora_b.copy_(torch.randn(group.lora_b.shape, generator=gen) * 0.2)
-    per_token = _round_robin(num_tokens, slots).numpy()
-    host = np.zeros(tokens.buffer.shape[0], dtype=np.int32)
-    start, stop = tokens.stage(host, per_token, num_tokens)
-    tokens.buffer[start:stop] = torch.from_numpy(host[start:stop])
     x = torch.randn(num_tokens, 48, generator=gen)
     out = torch.randn(num_tokens, group.offsets[-1], generator=gen)
-    want = group.add(x, out.clone())  # default: the shrink + expand pair
     calls: list[int] = []
     real = lora_fused.lora_shrink_expand_triton
 
@@ -197,6 +195,13 @@ def test_group_takes_the_fused_launch_when_opted_in(parts: tuple[str, ...], monk
         real(*args, **kwargs)
 
     monkeypatch.setattr(lora_fused, "lora_shrink_expand_triton", counted)
+    monkeypatch.setattr(lora_fused, "FUSED_MAX_TOKENS", num_tokens)
+    host = np.zeros(tokens.buffer.shape[0], dtype=np.int32)
+    start, stop = tokens.stage(host, _round_robin(num_tokens, slots).numpy(), num_tokens)
+    tokens.buffer[start:stop] = torch.from_numpy(host[start:stop])
+    monkeypatch.setattr(lora_fused, "FUSED_MAX_TOKENS", 0)
+    want = group.add(x, out.clone())  # default: the shrink + expand pair
+    assert calls == []
     monkeypatch.setattr(lora_fused, "FUSED_MAX_TOKENS", num_tokens)
     torch.testing.assert_close(group.add(x, out.clone()), want, atol=1e-4, rtol=1e-4)
     assert calls == [1]

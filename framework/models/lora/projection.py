@@ -50,8 +50,12 @@ class LoraTokens:
     def stage(self, host: np.ndarray, per_token: np.ndarray, count: int) -> tuple[int, int]:
         """Lay a step out in `host` (int32, `buffer`'s size and layout): the token map `per_token` ([T] slots),
         -1 up to `count` (>= T: rows an earlier step wrote), and its sorted layout; returns the range
-        `[start, stop)` of `buffer` to copy from `host`."""
-        rows, bounds = lora_segments(per_token, self.num_slots)
+        `[start, stop)` of `buffer` to copy from `host`. Only forwards of up to `FUSED_MAX_TOKENS` tokens read the
+        layout: a larger step sends it empty (no sort on the host; never an older step's segments)."""
+        if len(per_token) <= lora_fused.FUSED_MAX_TOKENS:
+            rows, bounds = lora_segments(per_token, self.num_slots)
+        else:
+            rows, bounds = per_token[:0], np.zeros(self.num_slots + 1, dtype=np.int32)
         start = self.rows_end - len(rows)
         host[start : self.rows_end] = rows
         host[self.rows_end : self.rows_end + len(bounds)] = bounds + start
