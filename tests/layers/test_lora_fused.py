@@ -146,6 +146,8 @@ def test_shapes_are_checked() -> None:
         lora_shrink_expand_triton(y, x, a, b, rows, bounds[:2])
     with pytest.raises(ValueError, match="2 part"):
         lora_shrink_expand_triton(y, x, a, b, rows, bounds, LoraPartLayout([0, 20, 48], CPU))
+    with pytest.raises(ValueError, match="not whole parts of rank 3"):
+        lora_shrink_sorted_triton(x, a, rows, bounds, 3)
 
 
 def _view_segments(tokens: LoraTokens) -> tuple[list[int], list[int]]:

@@ -71,9 +71,9 @@ def lora_segments_of(token_lora: torch.Tensor, num_slots: int) -> tuple[torch.Te
     return torch.from_numpy(rows).to(device), torch.from_numpy(bounds).to(device)
 
 
-def _check_segments(lora_b: torch.Tensor, slot_bounds: torch.Tensor) -> None:
-    if slot_bounds.shape[0] != lora_b.shape[0] + 1:
-        raise ValueError(f"slot_bounds has {slot_bounds.shape[0]} entries, expected {lora_b.shape[0] + 1} (slots + 1)")
+def _check_segments(stacked: torch.Tensor, slot_bounds: torch.Tensor) -> None:
+    if slot_bounds.shape[0] != stacked.shape[0] + 1:  # A or B: [L, ...]
+        raise ValueError(f"slot_bounds has {slot_bounds.shape[0]} entries, expected {stacked.shape[0] + 1} (slots + 1)")
 
 
 # ---- reference -----------------------------------------------------------------------------------------
@@ -263,6 +263,9 @@ def lora_shrink_sorted_triton(
     """The shrink over the sorted layout: one program per (slot, row tile of its segment, part)."""
     num_tokens, k = x.shape
     num_slots, rows_a, _ = lora_a.shape
+    _check_segments(lora_a, slot_bounds)
+    if rows_a % rank:
+        raise ValueError(f"A has {rows_a} rows, not whole parts of rank {rank}")
     out = torch.empty(num_tokens, rows_a, dtype=torch.float32, device=x.device)
     if num_tokens == 0:
         return out
