@@ -12,7 +12,8 @@ adapter slot, both), `segment16` (16-row shrink tiles), `splitS` (the shrink's K
 expand summing the S partials), `split4/row` (the same partials into the per-row expand). Over the tokens grouped
 by adapter (`framework.layers.kernels.lora_fused`, the layout built outside the timing as `LoraState` builds it
 once per step): `fusedN` (shrink and expand in one launch, N-column tiles; its time in the shrink column, 0 in the
-expand's) and `sorted` (the unfused pair over the same layout, no slot dimension: against `fused` it isolates the
+expand's), `fused256x4` (4 such tiles a program, every part's xa computed once for them) and `sorted` (the
+unfused pair over the same layout, no slot dimension: against `fused` it isolates the
 launch count, against `segment` the work the slot-masked kernels repeat per adapter). `default` marks the
 variant the dispatch picks at that T. The last table sums the four groups: one decoder layer's LoRA cost per
 variant and T against its four base GEMMs, the figure that sets `SPLIT_K_MAX_TOKENS` and `ROW_EXPAND_MAX_TOKENS`.
@@ -59,8 +60,14 @@ VARIANTS: dict[str, tuple[str, dict[str, int], str]] = {
     "split16": ("split", {"splits": 16}, "segment"),
     "split4/row": ("split", {"splits": 4}, "row"),
 }
-# name: column tile width of the fused launch, or 0 for the unfused sorted pair (grouped rows, lora_fused.py)
-GROUPED_VARIANTS: dict[str, int] = {"fused128": 128, "fused256": 256, "fused512": 512, "sorted": 0}
+# name: (column tile width, column tiles a program) of the fused launch, or (0, 0) for the unfused sorted pair
+GROUPED_VARIANTS: dict[str, tuple[int, int]] = {
+    "fused128": (128, 1),
+    "fused256": (256, 1),
+    "fused512": (512, 1),
+    "fused256x4": (256, 4),
+    "sorted": (0, 0),
+}
 NAMES = (*VARIANTS, *GROUPED_VARIANTS)
 
 
@@ -117,9 +124,12 @@ def bench_group(
         splits = xa.shape[0] if xa.dim() == 3 else 1
         result["variants"][name] = _entry(t_shrink, t_expand, result["base_ms"], splits)
     rows, bounds = lora_segments_of(token_lora, adapters)
-    for name, block_n in GROUPED_VARIANTS.items():
+    for name, (block_n, tiles) in GROUPED_VARIANTS.items():
         if block_n:
-            fused = partial(lora_shrink_expand_triton, y, x, lora_a, lora_b, rows, bounds, layout, block_n)
+            fused = partial(
+                lora_shrink_expand_triton, y, x, lora_a, lora_b, rows, bounds, layout, block_n=block_n,
+                tiles_per_program=tiles,
+            )  # fmt: skip
             fused()  # compile (and build the layout's tile table for this width) before the graph capture
             result["variants"][name] = _entry(time(fused), 0.0, result["base_ms"], 1)
             continue

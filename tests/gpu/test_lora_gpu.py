@@ -151,10 +151,12 @@ def test_grouped_launches_equal_reference_at_real_shapes(
     want, fused, pair = out.clone(), out.clone(), out.clone()
     lora_shrink_expand_reference(want, x, a, b, token_lora, layout)
     lora_shrink_expand_triton(fused, x, a, b, rows, bounds, layout, block_n=block_n)
+    wide = out.clone()  # four column tiles a program, every part's xa computed once (the benchmark's fused256x4)
+    lora_shrink_expand_triton(wide, x, a, b, rows, bounds, layout, block_n=block_n, tiles_per_program=4)
     xa = lora_shrink_sorted_triton(x, a, rows, bounds, RANK)
     lora_expand_sorted_triton(pair, xa, b, rows, bounds, layout, block_n=block_n)
     has = token_lora >= 0
-    for got in (fused, pair):
+    for got in (fused, wide, pair):
         torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
         assert torch.equal(got[~has], out[~has]), "a row without an adapter was written"
 

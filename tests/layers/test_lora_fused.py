@@ -44,8 +44,9 @@ def _spread(kind: str, num_tokens: int, slots: int, token_lora: torch.Tensor) ->
 
 def _fused(y, x, a, b, token_lora, parts=None, variant="fused", block_n=32):  # type: ignore[no-untyped-def]
     rows, bounds = lora_segments_of(token_lora, b.shape[0])
-    if variant == "fused":
-        lora_shrink_expand_triton(y, x, a, b, rows, bounds, parts, block_n=block_n)
+    if variant.startswith("fused"):  # "fused": one column tile a program; "fusedxT": T tiles a program
+        tiles = int(variant.partition("x")[2] or 1)
+        lora_shrink_expand_triton(y, x, a, b, rows, bounds, parts, block_n=block_n, tiles_per_program=tiles)
     else:
         xa = lora_shrink_sorted_triton(x, a, rows, bounds, b.shape[2])
         lora_expand_sorted_triton(y, xa, b, rows, bounds, parts, block_n=block_n)
@@ -54,7 +55,7 @@ def _fused(y, x, a, b, token_lora, parts=None, variant="fused", block_n=32):  # 
 SHAPES = [(1, 64, 96, 8, 2), (7, 100, 40, 16, 3), (101, 72, 96, 16, 3), (37, 64, 130, 4, 4)]  # T, K, N, R, L
 
 
-@pytest.mark.parametrize("variant", ["fused", "sorted"])
+@pytest.mark.parametrize("variant", ["fused", "fusedx3", "sorted"])
 @pytest.mark.parametrize("spread", ["segments", "round_robin", "one"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_grouped_launches_equal_the_reference(shape: tuple[int, ...], spread: str, variant: str) -> None:
@@ -78,11 +79,12 @@ def test_bfloat16_equals_the_reference(variant: str) -> None:
     torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("variant", ["fused", "sorted"])
+@pytest.mark.parametrize("variant", ["fused", "fusedx2", "fusedx3", "sorted"])
 @pytest.mark.parametrize("sizes", PART_SIZES, ids=lambda s: "-".join(map(str, s)))
 def test_merged_parts_read_their_own_rank_block(sizes: tuple[int, ...], variant: str) -> None:
     """Merged q/k/v: part p's columns take A's rows and xa's columns p*R .. p*R+R-1 and B's rows of part p; parts
-    are not multiples of the 32-column tile, so a tile that straddled two parts would mix them."""
+    are not multiples of the 32-column tile, so a tile that straddled two parts would mix them. `fusedxT`: a
+    program's T column tiles span parts (every part's xa computed once), the last program holds fewer."""
     rank, slots, num_tokens = 8, 3, 40
     x, a, b, _, y = _case(num_tokens, 48, sum(sizes), rank * len(sizes), slots, seed=23, dtype=torch.float32)
     token_lora = _round_robin(num_tokens, slots)

@@ -128,13 +128,15 @@ def _shrink_rows(
 
 @triton.jit
 def _expand_rows(
-    y_ptr, b_ptr, xa, rows, live, slot, cols, end, R, stride_yt, stride_bl, stride_bn,
+    y_ptr, b_ptr, xa, rows, live, slot, cols, end, rank_first, R, stride_yt, stride_bl, stride_bn,
     BLOCK_R: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """y[rows, cols] += xa @ B[slot, cols]^T (xa [BLOCK_M, BLOCK_R] float32, rounded to B's dtype for the dot)."""
+    """y[rows, cols] += xa[:, rank_first : rank_first + R] @ B[slot, cols]^T (xa [BLOCK_M, BLOCK_R] float32,
+    rounded to B's dtype for the dot): B's tile is placed at xa's columns of this part, zero elsewhere."""
     ranks = tl.arange(0, BLOCK_R)
-    b_ptrs = b_ptr + slot * stride_bl + cols[None, :] * stride_bn + ranks[:, None]
-    b = tl.load(b_ptrs, mask=(cols[None, :] < end) & (ranks[:, None] < R), other=0.0)  # [BLOCK_R, BLOCK_N]
+    b_ptrs = b_ptr + slot * stride_bl + cols[None, :] * stride_bn + (ranks[:, None] - rank_first)
+    mine = (ranks[:, None] >= rank_first) & (ranks[:, None] < rank_first + R)
+    b = tl.load(b_ptrs, mask=(cols[None, :] < end) & mine, other=0.0)  # [BLOCK_R, BLOCK_N]
     xa = xa.to(b.dtype)
     if UPCAST:
         xa, b = xa.to(tl.float32), b.to(tl.float32)
@@ -147,22 +149,34 @@ def _expand_rows(
 
 @triton.jit
 def _lora_fused_segment_kernel(
-    y_ptr, x_ptr, a_ptr, b_ptr, rows_ptr, bounds_ptr, tiles_ptr, T, K, N, R,
+    y_ptr, x_ptr, a_ptr, b_ptr, rows_ptr, bounds_ptr, tiles_ptr, T, K, N, R, A_ROWS, COL_TILES,
     stride_yt, stride_xt, stride_al, stride_ar, stride_bl, stride_bn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr, PARTS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_RA: tl.constexpr,
+    BLOCK_K: tl.constexpr, TILES: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, PARTS: tl.constexpr,
 ):  # fmt: skip
-    slot, tile, col_tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot, tile, col_group = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows, live, any_row = _segment_rows(rows_ptr, bounds_ptr, slot, tile, T, BLOCK_M)
     if not any_row:  # past this slot's segment: read no weight
         return
-    cols, end, xa_col = _expand_columns(tiles_ptr, col_tile, N, R, BLOCK_N, PARTS)
-    xa = _shrink_rows(
-        x_ptr, a_ptr, rows, live, slot, xa_col, K, R, stride_xt, stride_al, stride_ar,
-        BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PRECISION,
-    )  # fmt: skip
-    _expand_rows(y_ptr, b_ptr, xa, rows, live, slot, cols, end, R, stride_yt, stride_bl, stride_bn,
-                 BLOCK_R, UPCAST, PRECISION)  # fmt: skip
+    if TILES == 1:  # one column tile: only its part's R columns of xa
+        cols, end, xa_col = _expand_columns(tiles_ptr, col_group, N, R, BLOCK_N, PARTS)
+        xa = _shrink_rows(
+            x_ptr, a_ptr, rows, live, slot, xa_col, K, R, stride_xt, stride_al, stride_ar,
+            BLOCK_M, BLOCK_R, BLOCK_K, UPCAST, PRECISION,
+        )  # fmt: skip
+        _expand_rows(y_ptr, b_ptr, xa, rows, live, slot, cols, end, 0, R, stride_yt, stride_bl, stride_bn,
+                     BLOCK_R, UPCAST, PRECISION)  # fmt: skip
+    else:  # TILES column tiles, maybe of several parts: every part's xa (all A_ROWS of A) once, reused by each
+        xa = _shrink_rows(
+            x_ptr, a_ptr, rows, live, slot, 0, K, A_ROWS, stride_xt, stride_al, stride_ar,
+            BLOCK_M, BLOCK_RA, BLOCK_K, UPCAST, PRECISION,
+        )  # fmt: skip
+        for i in range(TILES):
+            col_tile = col_group * TILES + i
+            if col_tile < COL_TILES:  # the last group may hold fewer tiles
+                cols, end, xa_col = _expand_columns(tiles_ptr, col_tile, N, R, BLOCK_N, PARTS)
+                _expand_rows(y_ptr, b_ptr, xa, rows, live, slot, cols, end, xa_col, R, stride_yt, stride_bl,
+                             stride_bn, BLOCK_RA, UPCAST, PRECISION)  # fmt: skip
 
 
 @triton.jit
@@ -201,7 +215,7 @@ def _lora_expand_sorted_kernel(
     ranks = tl.arange(0, BLOCK_R)
     xa_ptrs = xa_ptr + rows[:, None] * stride_xat + xa_col + ranks[None, :]
     xa = tl.load(xa_ptrs, mask=live[:, None] & (ranks[None, :] < R), other=0.0)
-    _expand_rows(y_ptr, b_ptr, xa, rows, live, slot, cols, end, R, stride_yt, stride_bl, stride_bn,
+    _expand_rows(y_ptr, b_ptr, xa, rows, live, slot, cols, end, 0, R, stride_yt, stride_bl, stride_bn,
                  BLOCK_R, UPCAST, PRECISION)  # fmt: skip
 
 
@@ -228,9 +242,12 @@ def lora_shrink_expand_triton(
     parts: Optional[LoraPartLayout] = None,
     block_n: int = FUSED_BLOCK_N,
     block_m: int = FUSED_BLOCK_M,
+    tiles_per_program: int = 1,
 ) -> None:
-    """The fused shrink + expand, in place: one launch of `(L, cdiv(T, block_m), column tiles)` programs (8 warps
-    for 512-column tiles: with 4, ptxas spills the merged-projection variant at 255 registers)."""
+    """The fused shrink + expand, in place: one launch of `(L, cdiv(T, block_m), cdiv(column tiles,
+    tiles_per_program))` programs (8 warps for 512-column tiles: with 4, ptxas spills the merged-projection variant
+    at 255 registers). `tiles_per_program` > 1: a program computes every part's xa once and expands that many
+    column tiles with it (fewer recomputed shrinks on wide groups, fewer programs at decode sizes)."""
     num_tokens, n = y.shape
     k = x.shape[1]
     num_slots, _, rank = lora_b.shape
@@ -244,10 +261,12 @@ def lora_shrink_expand_triton(
     if num_tokens == 0:
         return
     tiles, col_tiles = _column_tiles(n, parts, block_n, slot_bounds)
-    _lora_fused_segment_kernel[(num_slots, cdiv(num_tokens, block_m), col_tiles)](
-        y, x, lora_a, lora_b, sorted_rows, slot_bounds, tiles, num_tokens, k, n, rank,
+    grid = (num_slots, cdiv(num_tokens, block_m), cdiv(col_tiles, tiles_per_program))
+    _lora_fused_segment_kernel[grid](
+        y, x, lora_a, lora_b, sorted_rows, slot_bounds, tiles, num_tokens, k, n, rank, lora_a.shape[1], col_tiles,
         y.stride(0), x.stride(0), lora_a.stride(0), lora_a.stride(1), lora_b.stride(0), lora_b.stride(1),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=_block_r(rank), BLOCK_K=FUSED_BLOCK_K, PARTS=parts is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=_block_r(rank), BLOCK_RA=_block_r(lora_a.shape[1]),
+        BLOCK_K=FUSED_BLOCK_K, TILES=tiles_per_program, PARTS=parts is not None,
         num_warps=8 if block_n >= 512 else 4, **_dot_options(x.dtype),
     )  # fmt: skip
 
