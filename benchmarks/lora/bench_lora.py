@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 
 from framework.entrypoints.llm import LLM
 from framework.layers.kernels import lora as lora_kernels
+from framework.layers.kernels import lora_fused
 from framework.models.lora.adapter import ATTENTION_PARTS
 from framework.models.lora.projection import lora_targets
 from framework.params.lora_request import LoRARequest
@@ -116,15 +117,24 @@ def main() -> None:
         help="steps of up to this many tokens take the split-K shrink (sets lora.SPLIT_K_MAX_TOKENS in this process; "
         "one GPU runs the engine here); default: the module's value",
     )
+    parser.add_argument(
+        "--fused-max-tokens",
+        type=int,
+        default=None,
+        help="steps of up to this many tokens take the fused shrink + expand over tokens grouped by adapter (sets "
+        "lora_fused.FUSED_MAX_TOKENS in this process); default: the module's value (0: off)",
+    )
     args = parser.parse_args()
     if args.split_k_max_tokens is not None:
         lora_kernels.SPLIT_K_MAX_TOKENS = args.split_k_max_tokens
+    if args.fused_max_tokens is not None:
+        lora_fused.FUSED_MAX_TOKENS = args.fused_max_tokens
     with tempfile.TemporaryDirectory() as tmp:
         results = [run_config(args.geometry, n, args, Path(tmp)) for n in args.adapters]
     base = next((r["out_tok_s"] for r in results if r["adapters"] == 0), None)
     print(
         f"{torch.cuda.get_device_name()}  {args.geometry}  {args.requests} nano requests, rank {RANK}, 7 projections, "
-        f"split-K shrink up to {lora_kernels.SPLIT_K_MAX_TOKENS} tokens"
+        f"split-K shrink up to {lora_kernels.SPLIT_K_MAX_TOKENS} tokens, fused up to {lora_fused.FUSED_MAX_TOKENS}"
     )
     print(f"{'adapters':>8} {'out tok/s':>10} {'vs base':>8}  rounds")
     for r in results:
@@ -133,6 +143,7 @@ def main() -> None:
         print(f"{r['adapters']:>8} {r['out_tok_s']:>10.0f} {ratio:>8}  {', '.join(f'{x:.0f}' for x in r['rounds'])}")
     meta = {"device": torch.cuda.get_device_name(), "geometry": args.geometry, "requests": args.requests, "rank": RANK}
     meta["split_k_max_tokens"] = lora_kernels.SPLIT_K_MAX_TOKENS
+    meta["fused_max_tokens"] = lora_fused.FUSED_MAX_TOKENS
     Path(f"{args.out}.json").write_text(json.dumps({**meta, "results": results}, indent=2))
     import matplotlib
 

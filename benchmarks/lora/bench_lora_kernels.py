@@ -9,7 +9,12 @@ events (`graph_event_ms`): the engine replays decode graphs, so launch gaps of t
 
 Variants (`framework.layers.kernels.lora`): `row` (per token row, both kernels), `segment` (tiles of 32 rows per
 adapter slot, both), `segment16` (16-row shrink tiles), `splitS` (the shrink's K cut into S ranges, the segment
-expand summing the S partials), `split4/row` (the same partials into the per-row expand). `default` marks the
+expand summing the S partials), `split4/row` (the same partials into the per-row expand). Over the tokens grouped
+by adapter (`framework.layers.kernels.lora_fused`, the layout built outside the timing as `LoraState` builds it
+once per step): `fusedN` (shrink and expand in one launch, N-column tiles; its time in the shrink column, 0 in the
+expand's), `fused256x4` (4 such tiles a program, every part's xa computed once for them) and `sorted` (the
+unfused pair over the same layout, no slot dimension: against `fused` it isolates the
+launch count, against `segment` the work the slot-masked kernels repeat per adapter). `default` marks the
 variant the dispatch picks at that T. The last table sums the four groups: one decoder layer's LoRA cost per
 variant and T against its four base GEMMs, the figure that sets `SPLIT_K_MAX_TOKENS` and `ROW_EXPAND_MAX_TOKENS`.
 Prints the tables, writes `<out>.json` and `<out>.png`.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from typing import Any, Callable, Optional
 
 import torch
@@ -30,6 +36,12 @@ from torch.nn import functional as F
 from benchmarks.cuda_timing import graph_event_ms
 from framework.layers.kernels import lora
 from framework.layers.kernels.lora import LoraPartLayout, lora_expand_triton, lora_shrink_triton
+from framework.layers.kernels.lora_fused import (
+    lora_expand_sorted_triton,
+    lora_segments_of,
+    lora_shrink_expand_triton,
+    lora_shrink_sorted_triton,
+)
 from framework.models.presets import PRESETS
 
 RANK = 16
@@ -48,6 +60,15 @@ VARIANTS: dict[str, tuple[str, dict[str, int], str]] = {
     "split16": ("split", {"splits": 16}, "segment"),
     "split4/row": ("split", {"splits": 4}, "row"),
 }
+# name: (column tile width, column tiles a program) of the fused launch, or (0, 0) for the unfused sorted pair
+GROUPED_VARIANTS: dict[str, tuple[int, int]] = {
+    "fused128": (128, 1),
+    "fused256": (256, 1),
+    "fused512": (512, 1),
+    "fused256x4": (256, 4),
+    "sorted": (0, 0),
+}
+NAMES = (*VARIANTS, *GROUPED_VARIANTS)
 
 
 def projection_groups(geometry: str) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -101,14 +122,33 @@ def bench_group(
         t_shrink = time(lambda: lora_shrink_triton(x, lora_a, token_lora, variant=shrink, **kwargs))  # noqa: B023
         t_expand = time(lambda: lora_expand_triton(y, xa, lora_b, token_lora, layout, variant=expand))  # noqa: B023
         splits = xa.shape[0] if xa.dim() == 3 else 1
-        result["variants"][name] = {
-            "shrink_ms": t_shrink,
-            "expand_ms": t_expand,
-            "lora_ms": t_shrink + t_expand,
-            "vs_base": (t_shrink + t_expand) / result["base_ms"],
-            "splits": splits,
-        }
+        result["variants"][name] = _entry(t_shrink, t_expand, result["base_ms"], splits)
+    rows, bounds = lora_segments_of(token_lora, adapters)
+    for name, (block_n, tiles) in GROUPED_VARIANTS.items():
+        if block_n:
+            fused = partial(
+                lora_shrink_expand_triton, y, x, lora_a, lora_b, rows, bounds, layout, block_n=block_n,
+                tiles_per_program=tiles,
+            )  # fmt: skip
+            fused()  # compile (and build the layout's tile table for this width) before the graph capture
+            result["variants"][name] = _entry(time(fused), 0.0, result["base_ms"], 1)
+            continue
+        xa = lora_shrink_sorted_triton(x, lora_a, rows, bounds, RANK)
+        t_shrink = time(lambda: lora_shrink_sorted_triton(x, lora_a, rows, bounds, RANK))  # noqa: B023
+        t_expand = time(lambda: lora_expand_sorted_triton(y, xa, lora_b, rows, bounds, layout))  # noqa: B023
+        result["variants"][name] = _entry(t_shrink, t_expand, result["base_ms"], 1)
     return result
+
+
+def _entry(t_shrink: float, t_expand: float, base_ms: float, splits: int) -> dict[str, Any]:
+    lora_ms = t_shrink + t_expand
+    return {
+        "shrink_ms": t_shrink,
+        "expand_ms": t_expand,
+        "lora_ms": lora_ms,
+        "vs_base": lora_ms / base_ms,
+        "splits": splits,
+    }
 
 
 def _plot(rows: list[dict[str, Any]], path: str) -> None:
@@ -128,7 +168,7 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
             mine = [r for r in rows if (r["geometry"], r["adapters"], r["group"]) == (geometry, adapters, group)]
             tokens = [r["tokens"] for r in mine]
             ax.plot(tokens, [r["base_ms"] * 1e3 for r in mine], "k--", label="base GEMM")
-            for name in VARIANTS:
+            for name in NAMES:
                 ax.plot(tokens, [r["variants"][name]["lora_ms"] * 1e3 for r in mine], marker=".", label=name)
             ax.set_xscale("log", base=2)
             ax.set_title(f"{geometry} {group}, {adapters} adapter(s)", fontsize=9)
@@ -144,9 +184,9 @@ def _layer_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     layers: dict[tuple[str, int, int], dict[str, Any]] = {}
     for r in rows:
         key = (r["geometry"], r["adapters"], r["tokens"])
-        layer = layers.setdefault(key, {"base_ms": 0.0, "variants": dict.fromkeys(VARIANTS, 0.0), "default": "?"})
+        layer = layers.setdefault(key, {"base_ms": 0.0, "variants": dict.fromkeys(NAMES, 0.0), "default": "?"})
         layer["base_ms"] += r["base_ms"]
-        for name in VARIANTS:
+        for name in NAMES:
             layer["variants"][name] += r["variants"][name]["lora_ms"]
         if r["group"] == "qkv":
             layer["default"] = r["default"]
@@ -159,7 +199,7 @@ def _layer_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _print_layers(layers: list[dict[str, Any]]) -> None:
     print("One decoder layer (the four groups): LoRA us per variant (* = default), base GEMMs us, best, best / base")
-    print(f"{'geometry':11} {'T':>4} {'L':>2} {'base us':>8} " + " ".join(f"{n:>10}" for n in VARIANTS) + "  best")
+    print(f"{'geometry':11} {'T':>4} {'L':>2} {'base us':>8} " + " ".join(f"{n:>10}" for n in NAMES) + "  best")
     for layer in layers:
         cells = " ".join(f"{t * 1e3:9.1f}{'*' if n == layer['default'] else ' '}" for n, t in layer["variants"].items())
         best = layer["variants"][layer["best"]] / layer["base_ms"]
@@ -180,7 +220,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("bench_lora_kernels needs a CUDA GPU (none found): nothing measured", file=sys.stderr)
         return 2
     print(f"{torch.cuda.get_device_name()}, rank {RANK}; us per launch pair (shrink+expand), * = dispatch default")
-    head = " ".join(f"{name:>13}" for name in VARIANTS)
+    head = " ".join(f"{name:>13}" for name in NAMES)
     print(f"{'geometry':11} {'group':8} {'K':>5} {'N':>6} {'T':>4} {'L':>2} {'base us':>8} {head}")
     rows = []
     for geometry in args.geometry:

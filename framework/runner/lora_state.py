@@ -74,8 +74,9 @@ class LoraSlots:
 
 class LoraState:
     """Per request slot: the GPU adapter slot of its adapter (-1: none). Before each forward, `prepare` writes
-    `LoraTokens.token_lora` (every token of the step: its row's adapter; the rest -1) with one host-to-device copy,
-    so decode graphs, full-step graphs and prefill pieces read it from a fixed address."""
+    `LoraTokens.token_lora` (every token of the step: its row's adapter; the rest -1) and the same tokens grouped by
+    adapter (`LoraTokens.stage`) with one host-to-device copy, so decode graphs, full-step graphs and prefill pieces
+    read them from fixed addresses."""
 
     def __init__(
         self,
@@ -86,13 +87,13 @@ class LoraState:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        self.tokens = LoraTokens(max_tokens, device)
+        self.tokens = LoraTokens(max_tokens, config.max_loras, device)
         enable_small_batch(model, 0)  # the one-row GEMV path has no LoRA hook: one-row forwards take the GEMMs
         self.groups = attach_lora(model, config.max_loras, config.max_rank, self.tokens, dtype, device)
         self.slots = LoraSlots(config, model, self.groups)
         self.slot_lora = np.full(max_reqs + 1, -1, dtype=np.int32)  # req_slot -> GPU slot (+1: the dummy slot)
         self._staged: dict[int, int] = {}
-        self._ring = HostRing(max_tokens, device)
+        self._ring = HostRing(self.tokens.buffer.shape[0], device)
         self._dirty = 0  # token_lora[:_dirty] may hold adapters; everything after it is -1
 
     def add_request(self, slot: int, new: NewRequestData) -> None:
@@ -117,9 +118,8 @@ class LoraState:
         per_token = np.repeat(rows, output.num_scheduled_tokens)
         count = max(len(per_token), self._dirty)
         index, host, array = self._ring.take()
-        array[: len(per_token)] = per_token
-        array[len(per_token) : count] = -1
-        self.tokens.token_lora[:count].copy_(host[:count], non_blocking=True)
+        start, stop = self.tokens.stage(array, per_token, count)
+        self.tokens.buffer[start:stop].copy_(host[start:stop], non_blocking=True)
         self._ring.sent(index)
         self._dirty = len(per_token) if (rows >= 0).any() else 0
 

@@ -85,7 +85,7 @@ GPU_PIECES_EXTRA=(
 )
 GPU_PIECES_LAST=(
   "kvtier 70 test_host_kv_tier_gpu.py"
-  "lora 80 test_lora_gpu.py"
+  "lora 90 test_lora_gpu.py"
   "gdn 100 test_gdn_gpu.py"
   "gdnparallel 120 test_parallel_gdn_gpu.py"
   "gemma4 120 test_gemma4_gpu.py"

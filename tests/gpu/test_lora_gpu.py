@@ -4,8 +4,10 @@ graph safety, and an engine with adapters (decode graphs, full-step graphs, pref
 Shapes: every projection group of the Qwen3-0.6B and Qwen3-8B geometries (merged q/k/v, o, merged gate/up,
 down), rank 16, 8 adapter slots, bfloat16, at token counts that take the per-row kernels (1, 8, 64) and the
 segment kernels (65, 512, 4096), with segments of several adapters and rows without one; the split-K shrink's
-partials through both expands at decode batch sizes (65, 256, 512), adapters round robin.
-Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_lora_gpu.py` (~1 min).
+partials through both expands at decode batch sizes (65, 256, 512), adapters round robin; the fused shrink + expand
+and the unfused sorted pair over the tokens grouped by adapter (`lora_fused`) at every group and 1 to 4096 tokens,
+and in a CUDA graph whose token map and layout change between replays.
+Run: `PYTHONPATH=$PWD python -m pytest -q tests/gpu/test_lora_gpu.py` (~1.5 min).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,13 +24,20 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1 is set: GPU kernels would be interpreted", allow_module_level=True)
 
-from framework.layers.kernels import lora  # noqa: E402
+from framework.layers.kernels import lora, lora_fused  # noqa: E402
 from framework.layers.kernels.lora import (  # noqa: E402
     LoraPartLayout,
     lora_expand_reference,
     lora_expand_triton,
     lora_shrink_reference,
     lora_shrink_triton,
+)
+from framework.layers.kernels.lora_fused import (  # noqa: E402
+    lora_expand_sorted_triton,
+    lora_segments_of,
+    lora_shrink_expand_reference,
+    lora_shrink_expand_triton,
+    lora_shrink_sorted_triton,
 )
 from framework.models.lora.adapter import ProjectionShape  # noqa: E402
 from framework.models.lora.projection import LoraGroup, LoraTokens  # noqa: E402
@@ -120,15 +130,51 @@ def test_split_shrink_partials_at_real_shapes(geometry: str, group: str, num_tok
         assert torch.equal(got[~has], out[~has]), "a row without an adapter was written"
 
 
-@pytest.mark.parametrize("num_tokens,split_max", [(32, 0), (256, 256)], ids=["per_row", "split"])
+@pytest.mark.parametrize("num_tokens,block_n", [(1, 512), (64, 256), (4096, 128)])
+@pytest.mark.parametrize("group", ["qkv", "o", "gate_up", "down"])
+@pytest.mark.parametrize("geometry", list(GROUPS))
+def test_grouped_launches_equal_reference_at_real_shapes(
+    geometry: str, group: str, num_tokens: int, block_n: int
+) -> None:
+    """The fused launch (each column tile width the benchmark sweeps) and the sorted pair against the reference
+    composition: decode sizes with each row's adapter drawn at random, prefill sizes in segments, rows without one."""
+    k, parts = GROUPS[geometry][group]
+    torch.manual_seed(num_tokens + block_n)
+    x = torch.randn(num_tokens, k, device=DEVICE, dtype=DTYPE)
+    a = (torch.randn(SLOTS, len(parts) * RANK, k, device=DEVICE) / k**0.5).to(DTYPE)
+    offsets = [sum(parts[:i]) for i in range(len(parts) + 1)]
+    b = (torch.randn(SLOTS, offsets[-1], RANK, device=DEVICE) / RANK**0.5).to(DTYPE)
+    layout = LoraPartLayout(offsets, torch.device(DEVICE)) if len(parts) > 1 else None
+    token_lora = _token_lora(num_tokens, seed=num_tokens + 1)
+    rows, bounds = lora_segments_of(token_lora, SLOTS)
+    out = torch.randn(num_tokens, offsets[-1], device=DEVICE, dtype=DTYPE)
+    want, fused, pair = out.clone(), out.clone(), out.clone()
+    lora_shrink_expand_reference(want, x, a, b, token_lora, layout)
+    lora_shrink_expand_triton(fused, x, a, b, rows, bounds, layout, block_n=block_n)
+    wide = out.clone()  # four column tiles a program, every part's xa computed once (the benchmark's fused256x4)
+    lora_shrink_expand_triton(wide, x, a, b, rows, bounds, layout, block_n=block_n, tiles_per_program=4)
+    xa = lora_shrink_sorted_triton(x, a, rows, bounds, RANK)
+    lora_expand_sorted_triton(pair, xa, b, rows, bounds, layout, block_n=block_n)
+    has = token_lora >= 0
+    for got in (fused, wide, pair):
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
+        assert torch.equal(got[~has], out[~has]), "a row without an adapter was written"
+
+
+@pytest.mark.parametrize(
+    "num_tokens,split_max,fused_max", [(32, 0, 0), (256, 256, 0), (64, 0, 64)], ids=["per_row", "split", "fused"]
+)
 def test_graph_replays_follow_the_token_map_without_a_host_sync(
-    num_tokens: int, split_max: int, monkeypatch: pytest.MonkeyPatch
+    num_tokens: int, split_max: int, fused_max: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One capture of a group's update; the adapters of the rows change between replays (a tensor input), and
     each replay equals the reference for the map of that replay. Eager calls queue without a host sync. Per-row
-    kernels at 32 tokens; at 256 the split-K shrink (its partials summed by the segment expand)."""
+    kernels at 32 tokens; at 256 the split-K shrink (its partials summed by the segment expand); at 64 with
+    `FUSED_MAX_TOKENS` raised the fused launch over the layout staged with the map."""
     monkeypatch.setattr(lora, "SPLIT_K_MAX_TOKENS", split_max)
-    tokens = LoraTokens(num_tokens, torch.device(DEVICE))
+    monkeypatch.setattr(lora_fused, "FUSED_MAX_TOKENS", fused_max)
+    tokens = LoraTokens(num_tokens, SLOTS, torch.device(DEVICE))
+    host = np.empty(tokens.buffer.shape[0], dtype=np.int32)
     shapes = [ProjectionShape(1024, 2048), ProjectionShape(1024, 1024), ProjectionShape(1024, 1024)]
     group = LoraGroup(0, ("q_proj", "k_proj", "v_proj"), shapes, SLOTS, RANK, tokens, DTYPE, torch.device(DEVICE))
     group.lora_a.normal_(std=0.03)
@@ -146,7 +192,8 @@ def test_graph_replays_follow_the_token_map_without_a_host_sync(
         token_lora = torch.randint(
             -1, SLOTS, (num_tokens,), generator=torch.Generator().manual_seed(seed), dtype=torch.int32
         )
-        tokens.token_lora[:num_tokens].copy_(token_lora.to(DEVICE))
+        start, stop = tokens.stage(host, token_lora.numpy(), num_tokens)  # as LoraState.prepare: one copy
+        tokens.buffer[start:stop].copy_(torch.from_numpy(host[start:stop]))
         static_out.zero_()
         graph.replay()
         want = torch.zeros_like(out)

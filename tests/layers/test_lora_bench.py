@@ -27,7 +27,9 @@ def test_every_variant_runs_and_feeds_the_tables(tmp_path: Path) -> None:
         return 0.001 * len(calls)
 
     timed = bench.bench_group(136, (40, 24), 70, 3, device=torch.device("cpu"), time=fake_time)
-    assert set(timed["variants"]) == set(bench.VARIANTS) and len(calls) == 1 + 2 * len(bench.VARIANTS)
+    assert set(timed["variants"]) == set(bench.NAMES)
+    assert len(calls) == 1 + 2 * len(bench.VARIANTS) + 4 + 2  # base, each pair, four fused launches, the sorted pair
+    assert timed["variants"]["fused256"]["expand_ms"] == 0.0 and timed["variants"]["sorted"]["expand_ms"] > 0
     assert timed["variants"]["split4"]["splits"] == 3 and timed["variants"]["split2"]["splits"] == 2  # 3 K steps
     assert bench.default_variant(70, 1024) == "split4/row" and bench.default_variant(300, 1024) == "segment"
     row = {"geometry": "g", "group": "qkv", "adapters": 3, "tokens": 70, "default": bench.default_variant(70, 1024)}

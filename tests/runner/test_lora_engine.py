@@ -1,6 +1,7 @@
 """LoRA in the engine: a batch mixing four adapters and the base equals each request run alone; prefix-cache
 blocks are keyed by adapter; GPU slots are evicted least recently used; bad adapters are refused by name and
-disturb nothing already loaded; PEFT's merged `qkv_proj` / `gate_up_proj` layout equals the separate one."""
+disturb nothing already loaded; PEFT's merged `qkv_proj` / `gate_up_proj` layout equals the separate one; the
+opt-in fused launch over the per-step sorted layout gives the default launches' tokens."""
 
 from __future__ import annotations
 
@@ -190,3 +191,33 @@ def test_graph_replays_with_changing_adapters_equal_eager(files) -> None:  # typ
     got = graphed.generate(*args, use_tqdm=False, lora_request=lora)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert counts.full_step_replays > 5, "the decode steps should replay the captured step"
+
+
+def test_fused_launch_over_the_staged_layout_equals_the_default(files, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`FUSED_MAX_TOKENS` raised: every group runs the fused Triton launch (interpreter) over the layout `LoraState`
+    staged for the step, under chunked prefill with prefill and decode rows of several adapters in one step; each
+    forward's layout groups exactly its tokens with an adapter by slot, and the tokens equal the default pair's."""
+    from framework.layers.kernels import lora_fused
+    from framework.models.lora import projection
+
+    base, loras = files
+    kwargs = {"max_loras": 4, "max_num_batched_tokens": 24}
+    names: list[Optional[str]] = [None, *loras]
+    prompts, lora = [PROMPTS[i % len(PROMPTS)] for i in range(len(names))], [loras.get(n) for n in names]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    want = _llm(base, **kwargs).generate(prompts, params, use_tqdm=False, lora_request=lora)
+    checked: list[int] = []
+
+    def fused(y, x, lora_a, lora_b, token_lora, sorted_rows, slot_bounds, backend, parts) -> None:  # type: ignore[no-untyped-def]
+        bounds = slot_bounds.tolist()
+        staged = [[r for r in sorted_rows[s:e].tolist() if r < x.shape[0]] for s, e in zip(bounds, bounds[1:])]
+        rows, starts = lora_fused.lora_segments(token_lora.numpy(), len(bounds) - 1)
+        assert staged == [rows[s:e].tolist() for s, e in zip(starts, starts[1:])], "layout != the step's token map"
+        checked.append(int((token_lora >= 0).sum()))
+        lora_fused.lora_shrink_expand(y, x, lora_a, lora_b, token_lora, sorted_rows, slot_bounds, "triton", parts)
+
+    monkeypatch.setattr(lora_fused, "FUSED_MAX_TOKENS", 1 << 20)
+    monkeypatch.setattr(projection, "lora_shrink_expand", fused)
+    got = _llm(base, **kwargs).generate(prompts, params, use_tqdm=False, lora_request=lora)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert len(checked) > 8 and max(checked) > 12, f"adapter tokens per fused launch: {checked}"

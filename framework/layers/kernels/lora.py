@@ -55,6 +55,7 @@ SEGMENT_BLOCK_M = 32  # token rows per program of the segment kernels
 SHRINK_BLOCK_K = 64  # K columns per loop step of the segment shrink
 ROW_BLOCK_N = 128  # output columns per program of the per-row expand
 SEGMENT_BLOCK_N = 64  # output columns per program of the segment expand
+FUSED_BLOCK_N = 256  # output columns per program of the fused shrink + expand (lora_fused.py)
 
 
 def _part_tiles(offsets: Sequence[int], block_n: int, device: torch.device) -> torch.Tensor:
@@ -76,8 +77,19 @@ class LoraPartLayout:
         if len(offsets) < 2 or offsets[0] != 0 or any(b <= a for a, b in zip(offsets, offsets[1:])):
             raise ValueError(f"part offsets must start at 0 and strictly increase, got {list(offsets)}")
         self.offsets = tuple(int(o) for o in offsets)  # [P + 1] column boundaries
-        self.row_tiles = _part_tiles(self.offsets, ROW_BLOCK_N, device)  # [tiles, 3] int32
-        self.segment_tiles = _part_tiles(self.offsets, SEGMENT_BLOCK_N, device)  # [tiles, 3] int32
+        self.device = device
+        self._tiles: dict[int, torch.Tensor] = {}
+        self.row_tiles = self.tiles(ROW_BLOCK_N)  # [tiles, 3] int32
+        self.segment_tiles = self.tiles(SEGMENT_BLOCK_N)  # [tiles, 3] int32
+        self.tiles(FUSED_BLOCK_N)
+
+    def tiles(self, block_n: int) -> torch.Tensor:
+        """[tiles, 3] int32 table of column tiles `block_n` wide; built on the first call for a width, then kept
+        (the default widths are built here: a CUDA graph never captures the host-to-device copy)."""
+        table = self._tiles.get(block_n)
+        if table is None:
+            table = self._tiles[block_n] = _part_tiles(self.offsets, block_n, self.device)
+        return table
 
     @property
     def num_parts(self) -> int:

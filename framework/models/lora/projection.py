@@ -7,26 +7,62 @@ rank below `R` is zero-padded, a part an adapter does not target is zero, so eve
 CUDA graph reads fixed addresses.
 
 Every group of a model reads one `[max_tokens]` int32 buffer, `LoraTokens.token_lora`: the adapter slot of each
-token of the step (-1: none). The runner's `LoraState` writes it before the forward (graph replay or eager).
+token of the step (-1: none), and the same tokens grouped by slot (`sorted_rows`, `slot_bounds`) for the fused
+launch (`framework.layers.kernels.lora_fused`, taken up to `FUSED_MAX_TOKENS` tokens; 0 by default: off). The
+runner's `LoraState` writes both before the forward (graph replay or eager), in one host-to-device copy.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import nn
 
+from framework.layers.kernels import lora_fused
 from framework.layers.kernels.lora import LoraPartLayout, lora_expand, lora_shrink
+from framework.layers.kernels.lora_fused import lora_segments, lora_shrink_expand
 from framework.models.lora.adapter import ATTENTION_PARTS, MLP_PARTS, LoraAdapter, LoraTargets, ProjectionShape
+
+
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4  # int32 views start 16 bytes apart (Triton specialises pointers on 16-byte alignment)
 
 
 class LoraTokens:
     """The step's token -> adapter slot map every group reads: `token_lora [max_tokens]` int32, -1 = no adapter
-    (also every entry past the step's tokens, which CUDA graphs' padding rows read)."""
+    (also every entry past the step's tokens, which CUDA graphs' padding rows read), and its tokens grouped by
+    slot (`lora_fused.lora_segments`): `sorted_rows` (token rows) and `slot_bounds [max_loras + 1]` (positions in
+    `sorted_rows`). All are views of one int32 `buffer` laid out `[sorted rows | slot bounds | token map]`, a step's
+    sorted rows packed against the end of their region, so one copy of a contiguous range writes a whole step."""
 
-    def __init__(self, max_tokens: int, device: torch.device) -> None:
-        self.token_lora = torch.full((max_tokens,), -1, dtype=torch.int32, device=device)
+    def __init__(self, max_tokens: int, max_loras: int, device: torch.device) -> None:
+        self.num_slots = max_loras
+        self.rows_end = _round4(max_tokens)  # sorted rows: buffer[rows_end - A : rows_end] for A adapter tokens
+        self.map_start = self.rows_end + _round4(max_loras + 1)
+        self.buffer = torch.full((self.map_start + max_tokens,), -1, dtype=torch.int32, device=device)
+        self.sorted_rows = self.buffer[: self.rows_end]
+        self.slot_bounds = self.buffer[self.rows_end : self.rows_end + max_loras + 1]
+        self.slot_bounds.fill_(self.rows_end)  # every slot's segment empty
+        self.token_lora = self.buffer[self.map_start :]
+
+    def stage(self, host: np.ndarray, per_token: np.ndarray, count: int) -> tuple[int, int]:
+        """Lay a step out in `host` (int32, `buffer`'s size and layout): the token map `per_token` ([T] slots),
+        -1 up to `count` (>= T: rows an earlier step wrote), and its sorted layout; returns the range
+        `[start, stop)` of `buffer` to copy from `host`. Only forwards of up to `FUSED_MAX_TOKENS` tokens read the
+        layout: a larger step sends it empty (no sort on the host; never an older step's segments)."""
+        if len(per_token) <= lora_fused.FUSED_MAX_TOKENS:
+            rows, bounds = lora_segments(per_token, self.num_slots)
+        else:
+            rows, bounds = per_token[:0], np.zeros(self.num_slots + 1, dtype=np.int32)
+        start = self.rows_end - len(rows)
+        host[start : self.rows_end] = rows
+        host[self.rows_end : self.rows_end + len(bounds)] = bounds + start
+        first = self.map_start
+        host[first : first + len(per_token)] = per_token
+        host[first + len(per_token) : first + count] = -1
+        return start, first + count
 
 
 class LoraGroup:
@@ -55,6 +91,11 @@ class LoraGroup:
     def add(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out[t, part columns] += x[t] @ A_part^T @ B_part^T of token t's adapter; x [T, in], out [T, sum out]."""
         token_lora = self.tokens.token_lora[: x.shape[0]]
+        if 0 < x.shape[0] <= lora_fused.FUSED_MAX_TOKENS:  # one launch over the step's tokens grouped by adapter
+            rows, bounds = self.tokens.sorted_rows, self.tokens.slot_bounds
+            lora_shrink_expand(out, x, self.lora_a, self.lora_b, token_lora, rows, bounds, self.kernel_backend,
+                               self.layout)  # fmt: skip
+            return out
         xa = lora_shrink(x, self.lora_a, token_lora, self.kernel_backend)  # [T, parts * R] float32
         lora_expand(out, xa, self.lora_b, token_lora, self.kernel_backend, parts=self.layout)
         return out
