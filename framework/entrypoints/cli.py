@@ -27,6 +27,8 @@ USAGE = """usage: mrv2 {run,bench,serve} [HYDRA OVERRIDES...]
   mrv2 bench experiment=serve_nano      the "nano" requests through mrv2 serve (streaming HTTP) vs offline
   mrv2 bench experiment=prefix_bench    a shared 2,000-token system prompt, prefix caching off vs on
   mrv2 bench experiment=prefix_bench_hybrid   the same on the Mamba hybrid (jamba-1024)
+  mrv2 bench experiment=qwen3_5         nano on the Qwen3.5-0.8B geometry (Gated DeltaNet hybrid)
+  mrv2 bench experiment=prefix_bench_qwen3_5  the shared-prompt workload on it (DeltaNet snapshots)
   mrv2 bench experiment=multiturn       64 conversations x 8 turns over 8K contexts, host KV tier off vs on
   mrv2 bench experiment=gemma3_long cache.kv_groups=true   KV bytes per token at 32K (then =false)
   mrv2 serve                            an OpenAI-compatible server on 127.0.0.1:8000 (docs/serving.md)

@@ -8,8 +8,9 @@ absent it falls back to `random_tiny`. `qwen3-0.6b` is the geometry of the "nano
 expert) for CPU runs, and `jamba-1024` the hybrid benchmark geometry: Jamba's block structure (one attention
 layer in eight, at offset 4; Mamba d_state 16, d_conv 4, expand 2; vocabulary 65536) at hidden size 1024 and 16
 layers, a dense MLP in every layer. `qwen3_5-tiny` is a small Gated DeltaNet hybrid (Qwen3.5 text: linear and
-full attention alternating, 4 layers, hidden 64) for CPU runs. All use the byte-level tokenizer (token = UTF-8
-byte, 256 = end of text).
+full attention alternating, 4 layers, hidden 64) for CPU runs; `qwen3_5-0.8b` and `qwen3_5-35b-a3b` are the
+geometries of Qwen3.5-0.8B's and Qwen3.5-35B-A3B's text models with random weights (the Qwen3.5 benchmarks). All
+use the byte-level tokenizer (token = UTF-8 byte, 256 = end of text).
 `whisper-tiny`, `whisper-base` and `whisper-small` are Whisper geometries (encoder-decoder, audio prompts).
 `qwen3-moe-tiny` is a small Qwen3-MoE (8 experts, top-2) for CPU runs, and `qwen3-30b-a3b` the MoE benchmark
 geometry: Qwen3-30B-A3B's shapes (48 layers, hidden 2048, 128 experts of intermediate 768, top-8, 32/4 heads;
@@ -83,6 +84,22 @@ _TINY_DECODER: dict[str, Any] = {
     "max_position_embeddings": 1024,
     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
     "tie_word_embeddings": True,
+    "eos_token_id": BYTE_EOS_ID,
+}
+
+# What the Qwen3.5 text geometries share (every released size): full attention every fourth layer, 2 KV heads of
+# 256 with a gated output and a quarter of each head rotary, Gated DeltaNet heads of 128 with a 4-wide conv.
+_QWEN3_5_TEXT: dict[str, Any] = {
+    "vocab_size": 248320,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "full_attention_interval": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
     "eos_token_id": BYTE_EOS_ID,
 }
 
@@ -188,6 +205,38 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 1024,
         "tie_word_embeddings": True,
         "eos_token_id": BYTE_EOS_ID,
+    },
+    # Qwen3.5-0.8B's text model, the family's smallest (24 layers, three Gated DeltaNet layers to one gated
+    # full-attention layer; 16 key / 16 value linear heads of 128; 8/2 attention heads of 256, a quarter rotary;
+    # vocabulary 248,320, tied; about 0.75B parameters) with random weights: the Qwen3.5 nano benchmark model.
+    "qwen3_5-0.8b": {
+        **_QWEN3_5_TEXT,
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "hidden_size": 1024,
+        "intermediate_size": 3584,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 8,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16,
+        "tie_word_embeddings": True,
+    },
+    # Qwen3.5-35B-A3B's text model (40 layers in the same 3:1 pattern; 256 experts of 512, top-8, one shared
+    # expert of 512; 16 key / 32 value linear heads; 16/2 attention heads of 256; about 34.7B parameters, 69 GB in
+    # bf16: fits one H200) with random weights.
+    "qwen3_5-35b-a3b": {
+        **_QWEN3_5_TEXT,
+        "architectures": ["Qwen3_5MoeForCausalLM"],
+        "hidden_size": 2048,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 16,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "norm_topk_prob": True,
+        "tie_word_embeddings": False,
     },
     "qwen3-moe-tiny": {
         **_TINY_DECODER,

@@ -63,7 +63,8 @@ def test_bench_ranges_checked():
             "model=nope",
             "available model options: gemma-3-4b, gemma-4-default, gpt-oss-20b, gpt-oss-20b-mxfp4, hf, jamba-1024, "
             "jamba-tiny, "
-            "qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, qwen3_5-tiny, random_tiny, tiny, whisper-tiny",
+            "qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, qwen3_5-0.8b, qwen3_5-35b-a3b, qwen3_5-tiny, random_tiny, "
+            "tiny, whisper-tiny",
         ),
         ("runner=v9", "available runner options: auto, v1, v2"),
         ("scheduler.max_num_seqs.x=1", "has no sub-keys"),

@@ -19,6 +19,8 @@
 #                    Qwen3-0.6B and 8B groups; lora_kernels.json / .png under OUT_DIR/lora_kernels), then
 #                    benchmarks/lora/bench_lora.py --rounds 2 (nano, base vs 1 and 8 adapters; docs/lora.md "Speed";
 #                    extra arguments in LORA_BENCH_ARGS, e.g. "--split-k-max-tokens 512" for the split-K shrink)
+#   qwen3_5_bench    `mrv2 bench experiment=qwen3_5` (nano on the Qwen3.5-0.8B geometry), then
+#                    `experiment=prefix_bench_qwen3_5` (caching off, then on) under OUT_DIR/qwen3_5, OUT_DIR/qwen3_5_prefix
 #   moe_tune         benchmarks/moe/tune_moe_tiles.py (the fused MoE tile table of this GPU, Qwen3-30B-A3B bf16; extra
 #                    arguments in MOE_TUNE_ARGS, e.g. "--quick" or "--geometry gpt-oss-20b") under OUT_DIR/moe_tune:
 #                    copy its <GPU>.json to framework/layers/kernels/moe_configs/ (docs/moe.md, "Tuned tiles")
@@ -163,6 +165,11 @@ print("KV bytes per token: groups %.0f, full %.0f, full / groups = %.2fx" % (r[0
       # shellcheck disable=SC2086  # LORA_BENCH_ARGS: one word per argument
       step lora_nano 340 python3 benchmarks/lora/bench_lora.py --rounds 2 --out "$out/lora_nano/lora_bench" \
         ${LORA_BENCH_ARGS:-}
+      ;;
+    qwen3_5_bench)
+      step qwen3_5 300 python3 -m framework.entrypoints.cli bench experiment=qwen3_5 bench.output_dir="$out/qwen3_5"
+      step qwen3_5_prefix 240 python3 -m framework.entrypoints.cli bench experiment=prefix_bench_qwen3_5 \
+        bench.output_dir="$out/qwen3_5_prefix"
       ;;
     moe_tune)
       # shellcheck disable=SC2086  # MOE_TUNE_ARGS: one word per argument
