@@ -125,6 +125,7 @@ def main() -> None:
         "lora_fused.FUSED_MAX_TOKENS in this process); default: the module's value (0: off)",
     )
     args = parser.parse_args()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # before the runs: their results must have a place
     if args.split_k_max_tokens is not None:
         lora_kernels.SPLIT_K_MAX_TOKENS = args.split_k_max_tokens
     if args.fused_max_tokens is not None:

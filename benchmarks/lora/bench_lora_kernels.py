@@ -28,6 +28,7 @@ import argparse
 import json
 import sys
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -216,6 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
     parser.add_argument("--adapters", nargs="+", type=int, default=list(ADAPTERS))
     args = parser.parse_args(argv)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # before the runs: their results must have a place
     if not torch.cuda.is_available():
         print("bench_lora_kernels needs a CUDA GPU (none found): nothing measured", file=sys.stderr)
         return 2

@@ -311,8 +311,8 @@ class CacheConfig(KVTierFields):
         False,
         description="Models mixing full-attention and sliding-window layers (gpt-oss, Gemma 3): one block table per "
         "KV group from one block pool, so window layers keep only the blocks their window reads "
-        "(docs/sliding-window.md#kv-memory): Gemma 3 4B keeps 5.3x less KV per token at 32K context, at 9 % of "
-        "throughput. Off: every layer shares one table and keeps every block.",
+        "(docs/sliding-window.md#kv-memory): Gemma 3 4B keeps 5.3x less KV per token at 32K context, slower per "
+        "request so far (the page has the figures). Off: every layer shares one table and keeps every block.",
     )
     mamba_snapshot_slots: Optional[int] = Field(
         None,

@@ -174,3 +174,45 @@ def test_moe_mtp_speculation_keeps_greedy_tokens(tmp_path, name: str) -> None:  
 
     spec, fused = {"qwen3_next": (QWEN3_NEXT, False), "qwen3_5_moe": (QWEN3_5_MOE, True)}[name]
     _mtp_keeps_greedy_tokens(tmp_path, spec, fused)
+
+
+def test_first_launch_compiles_every_variant_of_both_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`warm_delta_rule_variants`: after a geometry's first dispatch (a plain decode step), steps with snapshots, tails
+    or prefill rows, through either kernel, compile nothing new. Control: without the warm-up, a step with snapshots
+    compiles in the step that first takes it."""
+    from framework.entrypoints.bench.triton_compiles import compiled_variants, new_variants
+    from framework.layers.kernels import gated_delta_rule as gdr
+    from framework.layers.kernels.gated_delta_rule import DeltaRuleInputs, gated_delta_rule_varlen
+    from framework.layers.kernels.state_snapshots import build_snapshot_targets
+
+    monkeypatch.setattr(gdr, "_WARMED", set())
+    dev = torch.device("cuda")
+
+    def step(dk: int, lens: list[int], tails: bool = False, snaps: bool = False, decode: bool = False) -> None:
+        hk, h, t, rows = 2, 4, sum(lens), len(lens)  # key widths no other test compiles (BLOCK_K 64 and 128)
+        inp = DeltaRuleInputs(
+            torch.randn(t, hk, dk, device=dev).bfloat16(), torch.randn(t, hk, dk, device=dev).bfloat16(),
+            torch.randn(t, h, 48, device=dev).bfloat16(), -torch.rand(t, h, device=dev), torch.rand(t, h, device=dev),
+        )  # fmt: skip
+        state, pool = torch.zeros(rows, h, dk, 48, device=dev), torch.zeros(2, h, dk, 48, device=dev)
+        qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+        idx = torch.arange(rows, dtype=torch.int32, device=dev)
+        tail = torch.zeros(rows, 2, h, dk, 48, device=dev) if tails else None
+        targets = build_snapshot_targets([rows - 1], [1], [0], rows, dev) if snaps else None
+        gated_delta_rule_varlen(inp, state, idx, qsl, tail, targets, pool if snaps else None, pure_decode=decode)
+        torch.cuda.synchronize()
+
+    with monkeypatch.context() as off:
+        off.setattr(gdr, "warm_delta_rule_variants", lambda inp, state: None)
+        step(48, [1, 1], decode=True)
+        before = compiled_variants()
+        step(48, [1, 3], snaps=True)
+        assert new_variants(before, compiled_variants()), "the control compiled nothing: the check cannot see it"
+
+    step(80, [1, 1], decode=True)
+    before = compiled_variants()
+    for lens in ([1, 3], [200, 100]):  # the recurrent kernel, then the chunked one
+        for tails in (False, True):
+            for snaps in (False, True):
+                step(80, lens, tails, snaps)
+    assert new_variants(before, compiled_variants()) == {}

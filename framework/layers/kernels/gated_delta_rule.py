@@ -358,6 +358,7 @@ def gated_delta_rule_varlen(
     verification). On the CPU: the batched one-step update for a pure decode batch (one token per row, no tails
     or snapshots), else the chunked PyTorch form."""
     if inp.v.is_cuda:
+        warm_delta_rule_variants(inp, state)
         if not pure_decode and inp.v.shape[0] >= CHUNK_MIN_TOKENS_PER_ROW * idx_mapping.numel():
             return chunk_gated_delta_rule_varlen_triton(
                 *inp, state, idx_mapping, query_start_loc, tail_states, snapshots, snapshot_pool
@@ -370,3 +371,46 @@ def gated_delta_rule_varlen(
     return gated_delta_rule_varlen_chunked(
         inp, state, idx_mapping, query_start_loc, tail_states, snapshots, snapshot_pool
     )
+
+
+# What this process has compiled ahead (`warm_delta_rule_variants`): per device, dtype and head geometry. A record
+# like Triton's own kernel cache, which it mirrors; never cleared.
+_WARMED: set[tuple] = set()
+
+
+def warm_delta_rule_variants(inp: DeltaRuleInputs, state: torch.Tensor) -> None:
+    """Compile both delta-rule kernels with and without tails and snapshots at a geometry's first eager launch on a
+    GPU, on a one-row batch of zero tokens in scratch buffers.
+
+    Which variant a step takes depends on its rows: a mixed step of decode rows and short prefill chunks that ends a
+    block takes the recurrent kernel with snapshots, which neither a warm-up's prefill nor its decode graphs run, so
+    without this it compiled inside a served step (seen in the Qwen3.5 nano benchmark). Nothing on the CPU or while
+    a CUDA graph is captured (the next eager launch warms)."""
+    device = inp.v.device
+    _, num_k_heads, dk = inp.k.shape
+    num_heads, dv = inp.v.shape[1:]
+    key = (device, inp.v.dtype, num_k_heads, dk, num_heads, dv)
+    if key in _WARMED or not _may_compile(device):
+        return
+    _WARMED.add(key)
+
+    def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    one = DeltaRuleInputs(
+        zeros(1, num_k_heads, dk, dtype=inp.q.dtype), zeros(1, num_k_heads, dk, dtype=inp.k.dtype),
+        zeros(1, num_heads, dv, dtype=inp.v.dtype), zeros(1, num_heads), zeros(1, num_heads),
+    )  # fmt: skip
+    scratch = zeros(1, num_heads, dk, dv)
+    rows = (zeros(1, dtype=torch.int32), zeros(2, dtype=torch.int32))  # idx_mapping, query_start_loc: no tokens
+    targets = SnapshotTargets(zeros(2, dtype=torch.int32), zeros(1, dtype=torch.int32), zeros(1, dtype=torch.int32))
+    for tails in (None, zeros(1, 2, num_heads, dk, dv)):
+        for snapshots in (None, targets):
+            pool = scratch if snapshots is not None else None
+            gated_delta_rule_varlen_triton(one, scratch, *rows, tails, snapshots, pool)
+            chunk_gated_delta_rule_varlen_triton(*one, scratch, *rows, tails, snapshots, pool)
+
+
+def _may_compile(device: torch.device) -> bool:
+    """Launching compiles: a GPU, eagerly (a launch inside a capture would be recorded into the graph)."""
+    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
