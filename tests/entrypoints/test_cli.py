@@ -62,8 +62,8 @@ def test_multirun_sweeps_temperature(tmp_path):
             ["model=nope"],
             "model=nope: unknown option; available model options: gemma-3-4b, gemma-4-default, gpt-oss-20b, "
             "gpt-oss-20b-mxfp4, hf, "
-            "jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, qwen3_5-tiny, random_tiny, tiny, "
-            "whisper-tiny",
+            "jamba-1024, jamba-tiny, qwen3-0.6b, qwen3-30b-a3b, qwen3-moe-tiny, qwen3_5-0.8b, qwen3_5-35b-a3b, "
+            "qwen3_5-tiny, random_tiny, tiny, whisper-tiny",
         ),
         (["scheduler.max_num_seqs=-3"], "scheduler.max_num_seqs: Input should be greater than or equal to 1"),
         (["model=hf", "model.path=/does/not/exist"], "model directory '/does/not/exist' does not exist"),

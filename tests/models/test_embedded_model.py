@@ -100,7 +100,8 @@ def test_unknown_preset_lists_the_shipped_names_too():
         ValueError,
         match="embedded presets: gemma-3-4b, gemma-4-default, gpt-oss-20b, gpt-oss-20b-mxfp4, jamba-1024, jamba-tiny, "
         "qwen3-0.6b, "
-        "qwen3-30b-a3b, qwen3-8b, qwen3-moe-tiny, qwen3_5-tiny, random_tiny, tiny, whisper-base",
+        "qwen3-30b-a3b, qwen3-8b, qwen3-moe-tiny, qwen3_5-0.8b, qwen3_5-35b-a3b, qwen3_5-tiny, random_tiny, tiny, "
+        "whisper-base",
     ):
         LLM("nope", device="cpu")
 
