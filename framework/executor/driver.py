@@ -25,7 +25,7 @@ from framework.executor.launch import (
     torchrun_place,
 )
 from framework.executor.messages import Command, encode_command
-from framework.executor.worker import build_rank, leave_groups, serve, worker_main
+from framework.executor.worker import SHUTDOWN_MEET, build_rank, leave_groups, serve, worker_main
 from framework.layers.parallel.context import ParallelContext
 from framework.models.loaded import LoadedModel
 from framework.models.setup import read_model_config
@@ -93,6 +93,7 @@ class _Workers:
         self.closed = True
         try:
             self.send(Command("shutdown"))
+            self.ctx.meet(SHUTDOWN_MEET)  # every rank has read the command before any leaves the groups
         except Exception as err:  # a rank already gone: nothing to tell it
             logger.warning("mrv2: could not tell every rank to shut down: %s", err)
         # Leave the groups before waiting for the workers: NCCL tears a communicator down collectively, so a

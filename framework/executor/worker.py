@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import traceback
+from datetime import timedelta
 from typing import Optional
 
 import torch
@@ -49,12 +50,21 @@ def build_rank(config: Mrv2Config, ctx: ParallelContext, device: torch.device) -
     return loaded, runner
 
 
+# How long a rank shutting down waits for the others at the meeting before leaving the groups (a rank that died
+# never arrives: the wait ends and shutdown goes on).
+SHUTDOWN_MEET = timedelta(seconds=60)
+
+
 def serve(runner: ModelRunnerV2, ctx: ParallelContext) -> None:
     """Run the driver's commands on `runner` until it sends "shutdown"."""
     while True:
         command = decode_command(ctx.broadcast_bytes())  # CommandDecodeError on anything but a valid command
         if command.kind == "shutdown":
             runner.release_cuda_graphs()
+            try:
+                ctx.meet(SHUTDOWN_MEET)  # the driver meets here too before anyone leaves the groups
+            except Exception as err:  # the driver is gone: leave anyway
+                logger.warning("mrv2: the shutdown meeting did not complete: %s", err)
             return
         if command.kind == "step":
             runner.execute_model(command.payload)

@@ -143,6 +143,19 @@ class ParallelContext:
             broadcast(buf)
         return (data or b"") if self.is_driver else buf.numpy().tobytes()
 
+    def meet(self, timeout: timedelta) -> None:
+        """Wait until every rank arrives here (a barrier of the host group, bounded by `timeout`).
+
+        Shutdown meets here before the groups are left: a rank that tore its connections down while another still
+        read the last message could end that process in an abort at exit (seen once in a while on CPU ranks)."""
+        if self.world_size == 1:
+            return
+        import torch.distributed as dist
+
+        opts = dist.BarrierOptions()
+        opts.timeout = timeout
+        self.cpu_group.barrier(opts).wait()
+
     def min_over_ranks(self, value: int) -> int:
         """The smallest `value` over all ranks (e.g. KV blocks that fit every device)."""
         if self.world_size == 1:
