@@ -94,8 +94,8 @@ class _Workers:
         try:
             self.send(Command("shutdown"))
             self.ctx.meet(SHUTDOWN_MEET)  # every rank has read the command before any leaves the groups
-        except Exception as err:  # a rank already gone: nothing to tell it
-            logger.warning("mrv2: could not tell every rank to shut down: %s", err)
+        except Exception as err:  # a rank already gone: nothing to tell it, or it never comes to the meeting
+            logger.warning("mrv2: could not tell every rank to shut down, or not meet them all: %s", err)
         # Leave the groups before waiting for the workers: NCCL tears a communicator down collectively, so a
         # worker's `destroy_process_group` blocks until the driver's runs too (joining first deadlocked on 2 GPUs).
         leave_groups()

@@ -36,6 +36,13 @@ def triton_enabled(device: torch.device, *tensors: Optional[torch.Tensor], backe
     return kernel_backend(device, backend) == "triton"
 
 
+def launch_compiles(device: torch.device) -> bool:
+    """Whether a Triton launch on `device` now compiles a missing variant: on a GPU, eagerly (a launch inside a CUDA
+    graph capture would be recorded into the graph; the interpreter compiles nothing). The kernels' warm-ups ask
+    it before compiling ahead."""
+    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+
+
 def kernel_fits(t: Optional[torch.Tensor], dtype: torch.dtype) -> bool:
     """None, or a tensor of `dtype` whose last dim is contiguous."""
     return t is None or (t.dtype == dtype and t.stride(-1) == 1)
